@@ -1,0 +1,262 @@
+//! Every header lockmesh reads or writes, and the parsers for their values.
+//!
+//! Callers send the `x-lock-*` headers. Headers starting with [`INTERNAL_PREFIX`] are
+//! lockmesh's own: the Wasm filter removes any a client sent before it sets its own,
+//! so the arbiter can trust them. Identity never travels in a header: the arbiter
+//! reads the mTLS peer's SPIFFE ID from Envoy's connection attributes.
+
+use crate::{
+    key::{KeyError, LockKey},
+    token::FencingToken,
+};
+
+/// The lock key; its first `/`-separated segment is the namespace.
+pub const KEY: &str = "x-lock-key";
+/// How long an acquire may wait, in milliseconds; `0` tries once.
+pub const WAIT_MS: &str = "x-lock-wait-ms";
+/// The session (etcd lease) the hold attaches to, 16 lowercase hex characters.
+pub const SESSION: &str = "x-lock-session";
+/// A per-process instance id, set by the SDK; enables leak detection (ADR-13).
+pub const INSTANCE: &str = "x-lock-instance";
+/// A fencing token: read by release, validate and fences; added to transparent
+/// requests forwarded upstream; never forwarded from a client.
+pub const TOKEN: &str = "x-lock-token";
+/// The class the caller expects; refused if it is not the key's class.
+pub const CLASS: &str = "x-lock-class";
+/// Epoch of the token forwarded upstream in transparent mode (diagnostic only).
+pub const EPOCH: &str = "x-lock-epoch";
+/// Revision of the token forwarded upstream in transparent mode (diagnostic only).
+pub const REVISION: &str = "x-lock-revision";
+
+/// Every caller-facing lock header (each may appear at most once).
+pub const LOCK_HEADERS: [&str; 6] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS];
+
+/// Prefix of headers only lockmesh may set.
+pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
+/// The stable error code of a refused request, on every error response.
+pub const ERROR: &str = "x-lockmesh-error";
+/// Set by the filter: the wait budget left, in ms, when it passed the request on.
+/// The arbiter counts the caller's deadline from this, so time queued in the filter
+/// is part of the wait.
+pub const BUDGET_MS: &str = "x-lockmesh-budget-ms";
+/// Set by the filter: proof the request went through it (its value is the filter
+/// protocol version). The arbiter refuses lock requests without it.
+pub const FILTERED: &str = "x-lockmesh-filtered";
+/// Filter protocol version carried in [`FILTERED`].
+pub const FILTER_PROTOCOL: &str = "1";
+/// Sealed state, on every arbiter response (`false` or the seal reason).
+pub const SEALED: &str = "x-lockmesh-sealed";
+
+/// Headers clients may try to forge to pass as someone else; always removed.
+pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-id", "x-lockmesh-identity"];
+
+/// Longest value accepted for any lock header except the key.
+pub const MAX_VALUE_LEN: usize = 64;
+
+/// A refused header: which one and why. Messages never echo the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{header}: {why}")]
+pub struct HeaderError {
+    /// The header's name.
+    pub header: &'static str,
+    /// What is wrong, without the value.
+    pub why: String,
+}
+
+impl HeaderError {
+    fn new(header: &'static str, why: impl Into<String>) -> Self {
+        Self { header, why: why.into() }
+    }
+}
+
+/// A session id: an etcd lease id, shown as 16 lowercase hex characters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(i64);
+
+impl SessionId {
+    /// From an etcd lease id (must be positive).
+    pub fn from_lease(id: i64) -> Option<Self> {
+        (id > 0).then_some(Self(id))
+    }
+    /// The etcd lease id.
+    pub fn lease(self) -> i64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Parses `x-lock-key`.
+pub fn parse_key(raw: &[u8]) -> Result<LockKey, HeaderError> {
+    LockKey::parse(raw).map_err(|e: KeyError| HeaderError::new(KEY, e.to_string()))
+}
+
+fn decimal(header: &'static str, raw: &[u8], max_digits: usize) -> Result<u64, HeaderError> {
+    if raw.is_empty() || raw.len() > max_digits || !raw.iter().all(u8::is_ascii_digit) {
+        return Err(HeaderError::new(header, format!("must be 1-{max_digits} decimal digits")));
+    }
+    if raw.len() > 1 && raw[0] == b'0' {
+        return Err(HeaderError::new(header, "must not have leading zeros"));
+    }
+    raw.iter()
+        .try_fold(0u64, |acc, d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+        .ok_or_else(|| HeaderError::new(header, "is out of range"))
+}
+
+/// Parses `x-lock-wait-ms`: a canonical decimal of at most 7 digits (the maximum
+/// wait is a configuration limit, checked by whoever applies it).
+pub fn parse_wait_ms(raw: &[u8]) -> Result<u64, HeaderError> {
+    decimal(WAIT_MS, raw, 7)
+}
+
+/// Parses the internal budget header (same form as the wait).
+pub fn parse_budget_ms(raw: &[u8]) -> Result<u64, HeaderError> {
+    decimal(BUDGET_MS, raw, 7)
+}
+
+/// Parses `x-lock-session`: exactly 16 lowercase hex characters, nonzero.
+pub fn parse_session(raw: &[u8]) -> Result<SessionId, HeaderError> {
+    let ok = raw.len() == 16 && raw.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    let v = ok
+        .then(|| std::str::from_utf8(raw).ok().and_then(|s| u64::from_str_radix(s, 16).ok()))
+        .flatten()
+        .and_then(|v| i64::try_from(v).ok())
+        .and_then(SessionId::from_lease);
+    v.ok_or_else(|| HeaderError::new(SESSION, "must be 16 lowercase hex characters naming a session"))
+}
+
+/// Parses `x-lock-instance`: 1-64 characters of `[A-Za-z0-9._:-]`.
+pub fn parse_instance(raw: &[u8]) -> Result<String, HeaderError> {
+    if raw.is_empty()
+        || raw.len() > MAX_VALUE_LEN
+        || !raw.iter().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(b))
+    {
+        return Err(HeaderError::new(INSTANCE, "must be 1-64 characters of [A-Za-z0-9._:-]"));
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
+/// Parses `x-lock-token`.
+pub fn parse_token(raw: &[u8]) -> Result<FencingToken, HeaderError> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| HeaderError::new(TOKEN, "must be a canonical decimal fencing token"))
+}
+
+/// Parses `x-lock-class`.
+pub fn parse_class(raw: &[u8]) -> Result<crate::ClassName, HeaderError> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| crate::ClassName::parse(s).ok())
+        .ok_or_else(|| HeaderError::new(CLASS, "must be 1-63 characters of [a-z0-9-]"))
+}
+
+/// The lock headers of one request, each validated, in canonical form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockHeaders {
+    /// `x-lock-key`.
+    pub key: Option<LockKey>,
+    /// `x-lock-wait-ms`.
+    pub wait_ms: Option<u64>,
+    /// `x-lock-session`.
+    pub session: Option<SessionId>,
+    /// `x-lock-instance`.
+    pub instance: Option<String>,
+    /// `x-lock-token`.
+    pub token: Option<FencingToken>,
+    /// `x-lock-class`.
+    pub class: Option<crate::ClassName>,
+}
+
+/// Parses every lock header from `(name, value)` pairs as the host delivers them
+/// (names lowercase). A lock header that appears twice is refused, whatever the
+/// values: two values leave it open which one a later hop would read.
+pub fn parse_lock_headers<'a, I>(headers: I) -> Result<LockHeaders, HeaderError>
+where
+    I: IntoIterator<Item = (&'a str, &'a [u8])>,
+{
+    let mut seen = [false; LOCK_HEADERS.len()];
+    let mut out = LockHeaders::default();
+    for (name, value) in headers {
+        let Some(i) = LOCK_HEADERS.iter().position(|h| name.eq_ignore_ascii_case(h)) else {
+            continue;
+        };
+        if seen[i] {
+            return Err(HeaderError::new(LOCK_HEADERS[i], "appears more than once"));
+        }
+        seen[i] = true;
+        match i {
+            0 => out.key = Some(parse_key(value)?),
+            1 => out.wait_ms = Some(parse_wait_ms(value)?),
+            2 => out.session = Some(parse_session(value)?),
+            3 => out.instance = Some(parse_instance(value)?),
+            4 => out.token = Some(parse_token(value)?),
+            _ => out.class = Some(parse_class(value)?),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(h: &[(&'static str, &'static [u8])]) -> Result<LockHeaders, HeaderError> {
+        parse_lock_headers(h.iter().map(|(n, v)| (*n, *v)))
+    }
+
+    #[test]
+    fn parses_a_full_set() {
+        let h = parse(&[
+            ("x-lock-key", b"ns/a"),
+            ("x-lock-wait-ms", b"1500"),
+            ("x-lock-session", b"00000000000000ff"),
+            ("x-lock-instance", b"pod-1:42"),
+            ("x-lock-token", b"281474976710657"),
+            ("x-lock-class", b"default"),
+            ("x-other", b"\xff\xfe"),
+        ])
+        .unwrap();
+        assert_eq!(h.wait_ms, Some(1500));
+        assert_eq!(h.session.unwrap().lease(), 255);
+        assert_eq!(h.session.unwrap().to_string(), "00000000000000ff");
+        assert_eq!(h.token.unwrap().epoch(), 1);
+    }
+
+    #[test]
+    fn names_the_header_and_never_echoes_the_value() {
+        let e = parse(&[("x-lock-wait-ms", b"01")]).unwrap_err();
+        assert_eq!(e.header, WAIT_MS);
+        let e = parse(&[("x-lock-key", b"ns/a"), ("X-Lock-Key", b"ns/a")]).unwrap_err();
+        assert_eq!(e.to_string(), "x-lock-key: appears more than once");
+        let e = parse(&[("x-lock-session", b"SECRETSECRETSECR")]).unwrap_err();
+        assert!(!e.to_string().contains("SECRET"));
+        for bad in [&b""[..], b"0000000000000000", b"ffffffffffffffff", b"00000000000000FF", b"1"] {
+            assert!(parse_session(bad).is_err());
+        }
+        assert!(parse_wait_ms(b"99999999").is_err());
+        assert!(parse_instance(&[b'a'; 65]).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            which in 0usize..6,
+            raw in proptest::collection::vec(any::<u8>(), 0..80),
+        ) {
+            let _ = parse_lock_headers([(LOCK_HEADERS[which], &raw[..])]);
+        }
+
+        #[test]
+        fn accepted_wait_values_round_trip(v in 0u64..10_000_000) {
+            prop_assert_eq!(parse_wait_ms(v.to_string().as_bytes()).unwrap(), v);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The lockmesh protocol shared by the Wasm filter, the arbiter, the fence proxy and
+//! the holder SDK. Nothing here does I/O, so it builds for `wasm32-wasip1`.
+//!
+//! # Layout
+//! - [`headers`]: every header name and the parsers that turn raw header bytes into
+//!   validated values (one canonical form each).
+//! - [`key`]: [`LockKey`] and its domain-separated SHA-256 digest, the only form a key
+//!   takes in etcd key names, logs and metrics.
+//! - [`token`]: [`FencingToken`], `epoch x 2^48 + commit revision`.
+//! - [`code`]: the stable error codes and the HTTP status each maps to.
+//! - [`class`]: the class schema and the longest-prefix registry lookup.
+#![forbid(unsafe_code)]
+
+pub mod class;
+pub mod code;
+pub mod headers;
+pub mod key;
+pub mod token;
+
+pub use class::{ClassName, ClassRegistry, ClassSpec};
+pub use code::{Code, Reason};
+pub use key::{KeyDigest, LockKey};
+pub use token::FencingToken;

@@ -1,0 +1,198 @@
+//! The HTTP API, answered by the arbiter through ext_proc (`docs/API.md`).
+//!
+//! Envoy hands the request headers over; nothing here reads a body. Every route is
+//! answered with an `ImmediateResponse`, so a lock API request never reaches an
+//! upstream.
+
+use std::sync::Arc;
+
+use lockmesh_core::{
+    headers::{self, LockHeaders},
+    ClassSpec, Code, LockKey,
+};
+use serde_json::json;
+use tokio::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    lock::{mutex::AcquireRequest, session::Caller, Store},
+    respond::{ApiError, ApiResponse},
+    state::State,
+};
+
+/// A request as the arbiter sees it.
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    /// `:method`.
+    pub method: String,
+    /// `:path` without the query.
+    pub path: String,
+    /// Parsed lock headers.
+    pub lock: LockHeaders,
+    /// The filter's budget, ms (time already spent queued in the filter removed).
+    pub budget_ms: Option<u64>,
+    /// Verified SPIFFE ID from Envoy's connection attributes.
+    pub identity: String,
+    /// When this arbiter received the request.
+    pub received: Instant,
+}
+
+/// What an acquire needs to undo if its answer cannot be delivered.
+pub struct Undo {
+    /// The request.
+    pub req: AcquireRequest,
+    /// The grant.
+    pub grant: crate::lock::mutex::Grant,
+}
+
+fn need<T>(v: Option<T>, header: &str) -> Result<T, ApiError> {
+    v.ok_or_else(|| ApiError::new(Code::BadRequest, format!("{header}: required")))
+}
+
+fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
+    let reg = state.registry();
+    let class = reg.class_of(key).clone();
+    if let Some(asked) = &lock.class {
+        if asked.as_str() != class.name.as_str() {
+            return Err(ApiError::new(
+                Code::ClassMismatch,
+                format!("{}: the key's class is {}, not {asked}", headers::CLASS, class.name),
+            ));
+        }
+    }
+    Ok(class)
+}
+
+/// The wait this request may spend, from the filter's budget (or its own header).
+pub fn wait_of(state: &State, req: &ApiRequest) -> Result<Duration, ApiError> {
+    let ms = req.budget_ms.or(req.lock.wait_ms).unwrap_or(0);
+    if ms > state.config.max_wait_ms {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!("{}: {ms} ms is above the maximum {} ms", headers::WAIT_MS, state.config.max_wait_ms),
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// Answers one API request. `undo` receives a grant whose answer may be lost.
+pub async fn handle(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> (ApiResponse, Option<Undo>) {
+    match route(state, req, cancel).await {
+        Ok(r) => r,
+        Err(e) => (e.into(), None),
+    }
+}
+
+async fn route(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> Result<(ApiResponse, Option<Undo>), ApiError> {
+    let store: &Arc<Store> = &state.store;
+    let caller = Caller { identity: req.identity.clone(), instance: req.lock.instance.clone() };
+    let lock = &req.lock;
+    let r = match (req.method.as_str(), req.path.as_str()) {
+        ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
+        ("POST", "/v1/locks/release") => {
+            let key = need(lock.key.clone(), headers::KEY)?;
+            let token = need(lock.token, headers::TOKEN)?;
+            store.release(&key, token, &caller, lock.session).await?;
+            ApiResponse::ok(json!({ "released": true }))
+        }
+        ("GET", "/v1/locks") => {
+            let key = need(lock.key.clone(), headers::KEY)?;
+            let class = class_for(state, lock, &key)?;
+            let holders = store.inspect(&key, &caller, lock.session).await?;
+            let holders: Vec<_> = holders
+                .into_iter()
+                .map(|h| {
+                    let mut v = json!({ "identity": h.identity, "age_ms": h.age_ms });
+                    if let Some((token, session)) = h.own {
+                        v["token"] = json!(token.to_string());
+                        v["session"] = json!(session.to_string());
+                        v["you"] = json!(true);
+                    }
+                    v
+                })
+                .collect();
+            ApiResponse::ok(json!({
+                "class": class.name,
+                "max_holders": class.max_holders,
+                "holders": holders,
+                "waiting_here": store.queues().len(&key.digest()),
+            }))
+        }
+        ("POST", "/v1/sessions") => {
+            let class = match (&lock.class, &lock.key) {
+                (_, Some(key)) => class_for(state, lock, key)?,
+                (Some(c), None) => state
+                    .registry()
+                    .get(c.as_str())
+                    .cloned()
+                    .ok_or_else(|| ApiError::new(Code::BadRequest, format!("{}: no class {c}", headers::CLASS)))?,
+                (None, None) => state.registry().default_class().clone(),
+            };
+            let sid = store.open_session(&caller, &class).await?;
+            let mut r = ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": class.ttl_s, "class": class.name }));
+            r.headers.push((headers::SESSION, sid.to_string()));
+            r
+        }
+        ("POST", "/v1/sessions/keepalive") => {
+            let sid = need(lock.session, headers::SESSION)?;
+            let ttl = store.keepalive(sid, &caller).await?;
+            ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": ttl }))
+        }
+        ("POST", "/v1/sessions/close") => {
+            let sid = need(lock.session, headers::SESSION)?;
+            store.close_session(sid, &caller).await?;
+            ApiResponse::ok(json!({ "closed": true }))
+        }
+        ("GET", "/v1/sessions/holds") => {
+            let sid = need(lock.session, headers::SESSION)?;
+            let holds = store.session_holds(sid, &caller).await?;
+            let holds: Vec<_> = holds
+                .into_iter()
+                .map(|h| {
+                    json!({
+                        "key": h.key, "token": h.token.to_string(), "epoch": h.token.epoch(),
+                        "revision": h.token.revision(), "class": h.class, "acquired_ms": h.acquired_ms,
+                    })
+                })
+                .collect();
+            ApiResponse::ok(json!({ "session": sid.to_string(), "holds": holds }))
+        }
+        (m, p) => return Err(ApiError::new(Code::NotFound, format!("no route {m} {p}"))),
+    };
+    Ok((r, None))
+}
+
+async fn acquire(
+    state: &Arc<State>,
+    req: &ApiRequest,
+    caller: Caller,
+    cancel: &CancellationToken,
+) -> Result<(ApiResponse, Option<Undo>), ApiError> {
+    let lock = &req.lock;
+    let key = need(lock.key.clone(), headers::KEY)?;
+    let class = class_for(state, lock, &key)?;
+    let wait = wait_of(state, req)?;
+    let areq = AcquireRequest {
+        key,
+        class,
+        caller,
+        session: lock.session,
+        deadline: req.received + wait,
+        try_once: wait.is_zero(),
+    };
+    let grant = state.store.acquire(&areq, cancel).await?;
+    let g = &grant;
+    let mut r = ApiResponse::ok(json!({
+        "token": g.token.to_string(),
+        "epoch": g.token.epoch(),
+        "revision": g.token.revision(),
+        "session": g.session.to_string(),
+        "ttl_s": g.ttl_s,
+        "class": g.class,
+        "existing": g.existing,
+        "new_session": g.new_session,
+    }));
+    r.headers.push((headers::TOKEN, g.token.to_string()));
+    r.headers.push((headers::SESSION, g.session.to_string()));
+    Ok((r, Some(Undo { req: areq, grant })))
+}

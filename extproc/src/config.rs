@@ -1,0 +1,198 @@
+//! The arbiter's configuration file (YAML, unknown fields refused).
+//!
+//! Parsing has two stages: [`RawConfig`] (serde) becomes [`Config`] through
+//! validation that collects every error, each prefixed with the file and field path
+//! (`arbiter.yaml: etcd.root: must start with '/'`). `--check-config` runs the same
+//! code as startup. Relative paths are relative to the config file.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use lockmesh_core::class::{ClassRegistry, RawRegistry};
+use serde::Deserialize;
+
+/// Default `max_wait_ms`.
+pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+/// Ceiling of `max_wait_ms` (Envoy's ext_proc timeout ceiling is one hour).
+pub const MAX_WAIT_CEILING_MS: u64 = 3_600_000;
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// ext_proc gRPC listen address (mTLS), e.g. `0.0.0.0:18051`.
+    pub listen: String,
+    /// Admin HTTP listen address: `/healthz`, `/readyz`, `/metrics`. Keep it off
+    /// the mesh's public listeners.
+    pub admin_listen: String,
+    /// Server certificate and the Envoys allowed to call.
+    pub tls: RawTls,
+    /// etcd connection and key root.
+    pub etcd: RawEtcd,
+    /// Path of the class registry YAML.
+    pub registry_file: String,
+    /// Longest wait an acquire may ask for, ms. Default 30000. Keep it below the
+    /// Envoy listener's `request_timeout` and ext_proc `max_message_timeout`.
+    pub max_wait_ms: Option<u64>,
+}
+
+/// TLS settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// PEM server certificate chain.
+    pub cert: String,
+    /// PEM private key.
+    pub key: String,
+    /// PEM CA bundle that client certificates must chain to.
+    pub client_ca: String,
+    /// SPIFFE IDs (URI SAN) of lockmesh's own Envoys; any other client is refused.
+    pub allowed_clients: Vec<String>,
+}
+
+/// etcd settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEtcd {
+    /// Client URLs, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// Key prefix of this deployment, e.g. `/lockmesh`. Several deployments can
+    /// share one etcd under different roots.
+    pub root: String,
+    /// Timeout of one etcd call, ms. Default 2000.
+    pub op_timeout_ms: Option<u64>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// ext_proc listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address.
+    pub admin_listen: SocketAddr,
+    /// Server certificate PEM.
+    pub tls_cert: Vec<u8>,
+    /// Server key PEM.
+    pub tls_key: Vec<u8>,
+    /// Client CA PEM.
+    pub client_ca: Vec<u8>,
+    /// Allowed Envoy SPIFFE IDs.
+    pub allowed_clients: Vec<String>,
+    /// etcd endpoints.
+    pub etcd_endpoints: Vec<String>,
+    /// Key root, no trailing slash.
+    pub etcd_root: String,
+    /// etcd call timeout.
+    pub op_timeout_ms: u64,
+    /// Registry file path.
+    pub registry_file: PathBuf,
+    /// The registry as loaded at startup.
+    pub registry: ClassRegistry,
+    /// Longest wait.
+    pub max_wait_ms: u64,
+}
+
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Loads and validates a registry file; errors are `file: path: message`.
+pub fn load_registry(path: &Path) -> Result<ClassRegistry, Vec<String>> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+    let raw: RawRegistry = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+    ClassRegistry::try_from_raw(&raw).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Reads, parses and validates `path`, collecting every error.
+    pub fn load(path: &Path) -> Result<Self, Vec<String>> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::try_from_raw(raw, base, &name)
+    }
+
+    /// Validates a parsed file.
+    pub fn try_from_raw(raw: RawConfig, base: &Path, name: &str) -> Result<Self, Vec<String>> {
+        let mut errs = Vec::new();
+        let mut err = |field: &str, msg: String| errs.push(format!("{name}: {field}: {msg}"));
+        let listen = raw.listen.parse::<SocketAddr>().map_err(|e| err("listen", format!("{:?} is not host:port: {e}", raw.listen)));
+        let admin_listen = raw
+            .admin_listen
+            .parse::<SocketAddr>()
+            .map_err(|e| err("admin_listen", format!("{:?} is not host:port: {e}", raw.admin_listen)));
+        let mut read = |field: &str, p: &str| {
+            std::fs::read(resolve(base, p)).map_err(|e| err(field, format!("cannot read {p:?}: {e}"))).unwrap_or_default()
+        };
+        let tls_cert = read("tls.cert", &raw.tls.cert);
+        let tls_key = read("tls.key", &raw.tls.key);
+        let client_ca = read("tls.client_ca", &raw.tls.client_ca);
+        let mut errs2 = Vec::new();
+        if raw.tls.allowed_clients.is_empty() {
+            errs2.push(format!("{name}: tls.allowed_clients: must name at least one Envoy SPIFFE ID"));
+        }
+        for (i, c) in raw.tls.allowed_clients.iter().enumerate() {
+            if !c.starts_with("spiffe://") {
+                errs2.push(format!("{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
+            }
+        }
+        if raw.etcd.endpoints.is_empty() {
+            errs2.push(format!("{name}: etcd.endpoints: must list at least one endpoint"));
+        }
+        for (i, e) in raw.etcd.endpoints.iter().enumerate() {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                errs2.push(format!("{name}: etcd.endpoints[{i}]: {e:?} must start with http:// or https://"));
+            }
+        }
+        let root = raw.etcd.root.trim_end_matches('/').to_owned();
+        if !raw.etcd.root.starts_with('/')
+            || root.is_empty()
+            || !root.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+            || root.contains("//")
+        {
+            errs2.push(format!("{name}: etcd.root: {:?} must be like /lockmesh ([A-Za-z0-9/_.-], starting with '/', not '/' alone)", raw.etcd.root));
+        }
+        let op_timeout_ms = raw.etcd.op_timeout_ms.unwrap_or(2000);
+        if !(100..=60_000).contains(&op_timeout_ms) {
+            errs2.push(format!("{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"));
+        }
+        let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
+        if max_wait_ms > MAX_WAIT_CEILING_MS {
+            errs2.push(format!("{name}: max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
+        }
+        let registry_file = resolve(base, &raw.registry_file);
+        let registry = load_registry(&registry_file).map_err(|e| {
+            errs2.push(format!("{name}: registry_file:"));
+            errs2.extend(e.into_iter().map(|m| format!("  {m}")));
+        });
+        errs.extend(errs2);
+        match (listen, admin_listen, registry) {
+            (Ok(listen), Ok(admin_listen), Ok(registry)) if errs.is_empty() => Ok(Config {
+                listen,
+                admin_listen,
+                tls_cert,
+                tls_key,
+                client_ca,
+                allowed_clients: raw.tls.allowed_clients,
+                etcd_endpoints: raw.etcd.endpoints,
+                etcd_root: root,
+                op_timeout_ms,
+                registry_file,
+                registry,
+                max_wait_ms,
+            }),
+            _ => Err(errs),
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The lockmesh arbiter: an Envoy ext_proc gRPC service that answers the lock API
+//! (`docs/API.md`) by granting locks in etcd and minting fencing tokens.
+//!
+//! # Layout
+//! - [`config`]: the YAML configuration and its validation.
+//! - [`server`]: the ext_proc stream handling (the commit point is the answer to
+//!   `request_headers`).
+//! - [`api`]: routes of the HTTP API.
+//! - [`lock`]: the etcd recipe: sessions, grants, releases, waiting.
+//! - [`respond`]: the one error-to-response table.
+//! - [`admin`]: health, readiness and metrics.
+//! - [`tls`]: mTLS peer identity.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod api;
+pub mod config;
+pub mod lock;
+pub mod metrics;
+pub mod respond;
+pub mod server;
+pub mod state;
+pub mod tls;
+
+use std::{sync::Arc, time::Duration};
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+pub use self::config::Config;
+
+/// Runs the arbiter on bound listeners until `shutdown` resolves.
+pub async fn run(
+    grpc: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let store = lock::Store::connect(
+        &config.etcd_endpoints,
+        &config.etcd_root,
+        Duration::from_millis(config.op_timeout_ms),
+    )
+    .await?;
+    // Load (or create) the epoch record before serving; retried by readiness later.
+    if let Err(e) = store.refresh_epoch().await {
+        tracing::warn!(error = %e, "epoch record not loaded yet; grants wait for etcd");
+    }
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&config.tls_cert, &config.tls_key))
+        .client_ca_root(Certificate::from_pem(&config.client_ca));
+    let state = Arc::new(state::State::new(config, store));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin_task = tokio::spawn(admin::run(admin, state.clone(), {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.changed().await;
+        }
+    }));
+    let svc = ExternalProcessorServer::new(server::Arbiter::new(state.clone()));
+    tracing::info!(listen = %state.config.listen, admin = %state.config.admin_listen, "arbiter serving");
+    Server::builder()
+        .tls_config(tls)?
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .add_service(svc)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown)
+        .await?;
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    Ok(())
+}

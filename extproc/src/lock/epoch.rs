@@ -1,0 +1,105 @@
+//! The epoch record (ADR-03): the current epoch and the etcd cluster it was minted
+//! for. Every grant compares the record's mod revision, so a grant can never carry
+//! an epoch that is not current at its commit. The restore seal that builds on it
+//! (cluster id mismatch, durable high-water marks, the guarded epoch advance) has
+//! its own module once restore safety lands; this one refuses to serve on a cluster
+//! id mismatch already.
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::{LockError, Store};
+
+/// The first epoch of a new deployment.
+pub const FIRST_EPOCH: u64 = 1;
+
+/// The epoch record as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// Current epoch, below 2^15.
+    pub epoch: u64,
+    /// The etcd cluster id it was minted for, 16 hex digits.
+    pub cluster_id: String,
+}
+
+/// What the arbiter knows of the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochState {
+    /// Current epoch.
+    pub epoch: u64,
+    /// Mod revision of the record; grants compare it.
+    pub mod_revision: i64,
+    /// Cluster id the epoch is bound to.
+    pub cluster_id: u64,
+}
+
+/// Cached epoch state.
+#[derive(Default)]
+pub struct EpochCell(std::sync::RwLock<Option<EpochState>>);
+
+/// Formats a cluster id the way the record stores it.
+pub fn cluster_hex(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The cached epoch state, loading it on first use.
+    pub async fn epoch_state(&self) -> Result<EpochState, LockError> {
+        if let Some(s) = self.epoch.0.read().ok().and_then(|g| g.clone()) {
+            return Ok(s);
+        }
+        self.refresh_epoch().await
+    }
+
+    /// Checks a response's cluster id against the epoch record's.
+    pub(crate) fn check_cluster(&self, state: &EpochState, header_cluster: Option<u64>) -> Result<(), LockError> {
+        match header_cluster {
+            Some(c) if c != state.cluster_id => Err(LockError::Sealed(format!(
+                "etcd cluster id {} differs from the epoch record's {}",
+                cluster_hex(c),
+                cluster_hex(state.cluster_id)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads the epoch record (linearizable), creating epoch 1 on a fresh root.
+    pub async fn refresh_epoch(&self) -> Result<EpochState, LockError> {
+        let key = self.keys().epoch();
+        for _ in 0..3 {
+            let r = self.call(self.client().get(key.as_str(), None)).await?;
+            let header_cluster = r.header().map(|h| h.cluster_id());
+            if let Some(kv) = r.kvs().first() {
+                let rec: EpochRecord = serde_json::from_slice(kv.value())
+                    .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
+                let cluster_id = u64::from_str_radix(&rec.cluster_id, 16)
+                    .map_err(|_| LockError::Internal("epoch record cluster_id is not hex".into()))?;
+                let state = EpochState { epoch: rec.epoch, mod_revision: kv.mod_revision(), cluster_id };
+                self.check_cluster(&state, header_cluster)?;
+                if let Ok(mut g) = self.epoch.0.write() {
+                    *g = Some(state.clone());
+                }
+                return Ok(state);
+            }
+            // A fresh root: create epoch 1 bound to this cluster, once.
+            let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
+            let rec = EpochRecord { epoch: FIRST_EPOCH, cluster_id: cluster_hex(cluster) };
+            let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.as_str(), value, None::<PutOptions>)]);
+            self.call(self.client().txn(txn)).await?;
+            tracing::info!(epoch = FIRST_EPOCH, cluster = %cluster_hex(cluster), "created the epoch record");
+        }
+        Err(LockError::Internal("epoch record could not be read".into()))
+    }
+
+    /// Drops the cached state so the next grant reloads it.
+    pub(crate) fn forget_epoch(&self) {
+        if let Ok(mut g) = self.epoch.0.write() {
+            *g = None;
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The etcd lock recipe: sessions, grants, releases and waiting.
+//!
+//! Every grant is one etcd transaction that compares the epoch record, the key's
+//! holder slots and the session's lease, and puts the hold on that lease; the token
+//! is `epoch x 2^48 + the commit revision` (ADR-02). A watch only triggers another
+//! transaction (ADR-15); nothing is granted from memory (ADR-04).
+//!
+//! # Layout
+//! - [`keys`]: the etcd key layout.
+//! - [`epoch`]: the epoch record and the cluster it was minted for.
+//! - [`session`]: sessions (one lease each) and their owners.
+//! - [`mutex`]: grant, release and inspection.
+//! - [`wait`]: the per-key FIFO of waiters on this arbiter.
+
+pub mod epoch;
+pub mod keys;
+pub mod mutex;
+pub mod session;
+pub mod wait;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use etcd_client::Client;
+use lockmesh_core::{headers::SessionId, Reason};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+pub use self::{epoch::EpochState, keys::Keys};
+
+/// Why a lock operation did not succeed. Messages never carry a key or a token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// Not granted before the deadline.
+    #[error("the key is held")]
+    Contended(Reason),
+    /// The same identity and instance holds the key under another session (ADR-13).
+    #[error("this identity and instance already hold the key under another session")]
+    Leaked,
+    /// The token is not a current grant of the key.
+    #[error("the token is not a current grant of the key")]
+    NotHolder,
+    /// The session is unknown, expired or not the caller's.
+    #[error("the session does not exist, has expired or is not yours")]
+    SessionExpired,
+    /// The session's TTL differs from the class TTL.
+    #[error("session ttl {session}s does not match class {class} ttl {class_ttl}s; open a session for that class")]
+    SessionClassMismatch {
+        /// Session TTL.
+        session: u64,
+        /// The key's class.
+        class: String,
+        /// Its TTL.
+        class_ttl: u64,
+    },
+    /// The cluster is sealed until an epoch advance.
+    #[error("the lock service is sealed: {0}")]
+    Sealed(String),
+    /// etcd could not be reached or answered with an error; nothing was granted.
+    #[error("etcd unavailable: {0}")]
+    Unavailable(String),
+    /// The caller went away; anything granted for it was released.
+    #[error("the caller went away")]
+    Cancelled,
+    /// Unexpected state.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A session record, immutable for the session's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// SPIFFE ID of the creator, the only identity that may use the session.
+    pub owner: String,
+    /// The creator's declared instance, if any; then requests must carry it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The class it was opened for.
+    pub class: String,
+    /// Lease TTL, seconds.
+    pub ttl_s: u64,
+    /// Creation time, unix ms (informational).
+    pub created_ms: u64,
+}
+
+/// A hold's value. The raw key sits here (never in key names) for the holder's own
+/// listing; the token is derived from the key's create revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldRecord {
+    /// The raw lock key.
+    pub key: String,
+    /// Holder identity.
+    pub owner: String,
+    /// Holder instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Epoch compared by the granting transaction.
+    pub epoch: u64,
+    /// Class at grant time.
+    pub class: String,
+    /// Grant time, unix ms (for ages; never used for safety).
+    pub acquired_ms: u64,
+}
+
+/// The arbiter's handle on etcd.
+pub struct Store {
+    client: Client,
+    keys: Keys,
+    op_timeout: Duration,
+    epoch: epoch::EpochCell,
+    sessions: Mutex<HashMap<SessionId, Arc<SessionRecord>>>,
+    marker: Mutex<Option<(i64, tokio::time::Instant)>>,
+    queues: wait::Queues,
+}
+
+/// Unix time in ms.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn unavailable(e: etcd_client::Error) -> LockError {
+    // etcd's errors do not echo keys or values.
+    LockError::Unavailable(e.to_string())
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Connects and loads (or creates) the epoch record.
+    pub async fn connect(endpoints: &[String], root: &str, op_timeout: Duration) -> Result<Arc<Self>, LockError> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(op_timeout)
+            .with_timeout(op_timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+        let client = tokio::time::timeout(op_timeout, Client::connect(endpoints, Some(opts)))
+            .await
+            .map_err(|_| LockError::Unavailable("connect timed out".into()))?
+            .map_err(unavailable)?;
+        let store = Arc::new(Self {
+            client,
+            keys: Keys::new(root),
+            op_timeout,
+            epoch: epoch::EpochCell::default(),
+            sessions: Mutex::new(HashMap::new()),
+            marker: Mutex::new(None),
+            queues: wait::Queues::default(),
+        });
+        Ok(store)
+    }
+
+    /// The key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// A client handle (cheap clone sharing the channel).
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Runs an etcd call under the operation timeout.
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(self.op_timeout, f).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {:?}", self.op_timeout))),
+        }
+    }
+
+    /// A lease to hang audit markers on; re-granted every minute (TTL 120 s) so
+    /// markers do not accumulate.
+    pub(crate) async fn marker_lease(&self) -> Result<i64, LockError> {
+        let mut m = self.marker.lock().await;
+        if let Some((id, at)) = *m {
+            if at.elapsed() < Duration::from_secs(60) {
+                return Ok(id);
+            }
+        }
+        let r = self.call(self.client().lease_grant(120, None)).await?;
+        *m = Some((r.id(), tokio::time::Instant::now()));
+        Ok(r.id())
+    }
+
+    /// Forgets a cached marker lease (it was not found).
+    pub(crate) async fn drop_marker_lease(&self) {
+        *self.marker.lock().await = None;
+    }
+
+    /// The waiter queues.
+    pub fn queues(&self) -> &wait::Queues {
+        &self.queues
+    }
+
+    /// Checks reachability with a linearizable read of the epoch record.
+    pub async fn ready(&self) -> Result<(), LockError> {
+        self.refresh_epoch().await.map(|_| ())
+    }
+}

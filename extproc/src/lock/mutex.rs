@@ -1,0 +1,375 @@
+//! Grants, releases and inspection.
+//!
+//! The grant transaction (one per grant, so each token is unique):
+//!
+//! ```text
+//! compare  mod_revision(<root>/sys/epoch) == E.mod_revision   epoch unchanged
+//!          create_revision(<root>/l/<d>/h/ prefix) == 0        no holder (empty range)
+//!          lease(<root>/s/<sid>) == sid                        session alive *at commit*
+//! then     put <root>/l/<d>/h/0000 = hold   (lease sid)
+//! else     get holders, session record, epoch record          classify the refusal
+//! ```
+//!
+//! The session compare is what keeps a waiter whose session expired while it
+//! waited from being granted (etcd #11456). Release compares the hold's create
+//! revision (the token's revision), never deletes by name (etcd #22082).
+
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken, KeyDigest, LockKey, Reason};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{now_ms, session::Caller, HoldRecord, LockError, SessionRecord, Store};
+
+/// An acquire as the API hands it over.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The key.
+    pub key: LockKey,
+    /// Its class (from the registry).
+    pub class: ClassSpec,
+    /// Who asks.
+    pub caller: Caller,
+    /// An existing session to attach to; `None` opens one for this grant.
+    pub session: Option<SessionId>,
+    /// When to give up.
+    pub deadline: Instant,
+    /// Try once (`x-lock-wait-ms: 0`).
+    pub try_once: bool,
+}
+
+/// A granted (or already held) lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token.
+    pub token: FencingToken,
+    /// The session carrying the hold.
+    pub session: SessionId,
+    /// Its TTL.
+    pub ttl_s: u64,
+    /// The key's class.
+    pub class: String,
+    /// True when the session already held the key (idempotent re-acquire).
+    pub existing: bool,
+    /// True when this acquire opened the session.
+    pub new_session: bool,
+}
+
+/// A holder as inspection shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderView {
+    /// Holder identity.
+    pub identity: String,
+    /// Time held, ms (from the grant's wall clock; informational).
+    pub age_ms: u64,
+    /// Token and session, only when the caller is this holder.
+    pub own: Option<(FencingToken, SessionId)>,
+}
+
+pub(crate) enum Attempt {
+    Granted(Grant),
+    Refused { reason: Reason, revision: i64 },
+    EpochMoved,
+}
+
+fn hold_of(kv: &KeyValue) -> Option<HoldRecord> {
+    serde_json::from_slice(kv.value()).ok()
+}
+
+fn internal(e: impl std::fmt::Display) -> LockError {
+    LockError::Internal(e.to_string())
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Acquires `req.key`, waiting up to its deadline. A grant that commits after
+    /// `cancel` fired is released before this returns `Cancelled`.
+    pub async fn acquire(self: &Arc<Self>, req: &AcquireRequest, cancel: &CancellationToken) -> Result<Grant, LockError> {
+        let (sid, new_record) = match req.session {
+            Some(sid) => {
+                let rec = self.owned_session(sid, &req.caller).await?;
+                if rec.ttl_s != req.class.ttl_s {
+                    return Err(LockError::SessionClassMismatch {
+                        session: rec.ttl_s,
+                        class: req.class.name.to_string(),
+                        class_ttl: req.class.ttl_s,
+                    });
+                }
+                (sid, None)
+            }
+            None => (self.grant_lease(req.class.ttl_s).await?, Some(Self::new_record(&req.caller, &req.class))),
+        };
+        let opened = new_record.is_some();
+        let result = self.acquire_in(req, sid, new_record, cancel).await;
+        match result {
+            Ok(mut g) if cancel.is_cancelled() => {
+                // The caller left while the grant committed: release it at once.
+                g.new_session = opened;
+                self.undo(req, &g).await;
+                Err(LockError::Cancelled)
+            }
+            Ok(mut g) => {
+                g.new_session = opened;
+                Ok(g)
+            }
+            Err(e) => {
+                if opened {
+                    self.revoke_quietly(sid).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases a grant made for a caller that can no longer receive it.
+    pub async fn undo(&self, req: &AcquireRequest, g: &Grant) {
+        if g.existing {
+            return;
+        }
+        if g.new_session {
+            self.revoke_quietly(g.session).await;
+        } else if let Err(e) = self.release(&req.key, g.token, &req.caller, Some(g.session)).await {
+            tracing::warn!(error = %e, key = %req.key.digest().short(), "could not release an orphaned grant; it ends with its session");
+        }
+    }
+
+    async fn acquire_in(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        sid: SessionId,
+        mut new_record: Option<SessionRecord>,
+        cancel: &CancellationToken,
+    ) -> Result<Grant, LockError> {
+        let d = req.key.digest();
+        let ticket = self.queues().enter(&d);
+        if !ticket.is_head() {
+            // Others wait here first. An explicit session may already hold the key
+            // (idempotent re-acquire) or leak it: answer that without queueing.
+            if new_record.is_none() {
+                if let Some(r) = self.peek(req, &d, sid).await? {
+                    return r;
+                }
+            }
+            if req.try_once {
+                return Err(LockError::Contended(Reason::KeyGated));
+            }
+            ticket.wait_head(req.deadline, cancel).await?;
+        }
+        let mut epoch_moves = 0;
+        loop {
+            match self.try_grant(req, &d, sid, new_record.as_ref()).await? {
+                Attempt::Granted(g) => return Ok(g),
+                Attempt::EpochMoved => {
+                    epoch_moves += 1;
+                    if epoch_moves > 3 {
+                        return Err(LockError::Unavailable("the epoch record keeps changing".into()));
+                    }
+                }
+                Attempt::Refused { reason, revision } => {
+                    // The failure branch wrote the session record; later attempts
+                    // compare it like any other session.
+                    new_record = None;
+                    if req.try_once || Instant::now() >= req.deadline {
+                        return Err(LockError::Contended(reason));
+                    }
+                    match reason {
+                        Reason::KeyGated => self.wait_change(&d, revision, req.deadline, cancel, &ticket).await?,
+                        Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the holders once to answer an idempotent re-acquire or a leak.
+    async fn peek(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Result<Grant, LockError>>, LockError> {
+        let r = self.call(self.client().get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))).await?;
+        Ok(self.classify_holders(req, sid, r.kvs()))
+    }
+
+    fn classify_holders(&self, req: &AcquireRequest, sid: SessionId, kvs: &[KeyValue]) -> Option<Result<Grant, LockError>> {
+        for kv in kvs {
+            let Some(h) = hold_of(kv) else { continue };
+            if kv.lease() == sid.lease() {
+                let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
+                return Some(FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| Grant {
+                    token,
+                    session: sid,
+                    ttl_s: req.class.ttl_s,
+                    class: req.class.name.to_string(),
+                    existing: true,
+                    new_session: false,
+                }));
+            }
+            if req.caller.instance.is_some() && h.owner == req.caller.identity && h.instance == req.caller.instance {
+                return Some(Err(LockError::Leaked));
+            }
+        }
+        None
+    }
+
+    /// One grant transaction.
+    pub(crate) async fn try_grant(
+        &self,
+        req: &AcquireRequest,
+        d: &KeyDigest,
+        sid: SessionId,
+        new_record: Option<&SessionRecord>,
+    ) -> Result<Attempt, LockError> {
+        let ep = self.epoch_state().await?;
+        let k = self.keys();
+        let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, 0), k.session(sid));
+        let lease = PutOptions::new().with_lease(sid.lease());
+        let mut when = vec![
+            Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
+            Compare::create_revision(holds.as_str(), CompareOp::Equal, 0).with_prefix(),
+        ];
+        let mut then = Vec::with_capacity(2);
+        let mut els = Vec::with_capacity(4);
+        match new_record {
+            // A session opened for this acquire: its lease was just granted and a
+            // put on a dead lease fails the whole transaction.
+            Some(rec) => {
+                let v = serde_json::to_vec(rec).map_err(internal)?;
+                then.push(TxnOp::put(sess_key.as_str(), v.clone(), Some(lease.clone())));
+                els.push(TxnOp::put(sess_key.as_str(), v, Some(lease.clone())));
+            }
+            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
+        }
+        let hold = HoldRecord {
+            key: req.key.as_str().to_owned(),
+            owner: req.caller.identity.clone(),
+            instance: req.caller.instance.clone(),
+            epoch: ep.epoch,
+            class: req.class.name.to_string(),
+            acquired_ms: now_ms(),
+        };
+        then.push(TxnOp::put(slot.as_str(), serde_json::to_vec(&hold).map_err(internal)?, Some(lease)));
+        els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
+        els.push(TxnOp::get(sess_key.as_str(), None));
+        els.push(TxnOp::get(epoch_key.as_str(), None));
+        let txn = Txn::new().when(when).and_then(then).or_else(els);
+        let r = self.call(self.client().txn(txn)).await?;
+        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
+        let (revision, cluster) = (header.revision(), header.cluster_id());
+        if let Err(e) = self.check_cluster(&ep, Some(cluster)) {
+            if r.succeeded() {
+                let _ = self.call(self.client().delete(slot.as_str(), None)).await;
+            }
+            return Err(e);
+        }
+        if r.succeeded() {
+            let rev = u64::try_from(revision).unwrap_or(u64::MAX);
+            return match FencingToken::mint(ep.epoch, rev) {
+                Ok(token) => Ok(Attempt::Granted(Grant {
+                    token,
+                    session: sid,
+                    ttl_s: req.class.ttl_s,
+                    class: req.class.name.to_string(),
+                    existing: false,
+                    new_session: false,
+                })),
+                Err(e) => {
+                    // Revision space exhausted: never hand out a token that does not fit.
+                    let _ = self.call(self.client().delete(slot.as_str(), None)).await;
+                    Err(LockError::Sealed(e.to_string()))
+                }
+            };
+        }
+        let ops = r.op_responses();
+        let mut gets = ops.iter().filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(holders), Some(sess), Some(epoch)) = (gets.next(), gets.next(), gets.next()) else {
+            return Err(internal("etcd txn failure branch without the expected reads"));
+        };
+        if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
+            self.forget_epoch();
+            return Ok(Attempt::EpochMoved);
+        }
+        if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {
+            self.forget_session(sid).await;
+            return Err(LockError::SessionExpired);
+        }
+        if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
+            return r.map(Attempt::Granted);
+        }
+        let reason = if holders.kvs().is_empty() { Reason::LockContended } else { Reason::KeyGated };
+        Ok(Attempt::Refused { reason, revision })
+    }
+
+    /// Releases the grant `token` of `key`. A token that is not a current grant
+    /// releases nothing (`NotHolder`); a retried release of a finished grant can
+    /// never delete a successor, because the compare is on the hold's create
+    /// revision.
+    pub async fn release(&self, key: &LockKey, token: FencingToken, caller: &Caller, session: Option<SessionId>) -> Result<(), LockError> {
+        if let Some(sid) = session {
+            self.owned_session(sid, caller).await?;
+        }
+        let ep = self.epoch_state().await?;
+        if token.epoch() != ep.epoch {
+            return Err(LockError::NotHolder);
+        }
+        let d = key.digest();
+        let rev = i64::try_from(token.revision()).map_err(internal)?;
+        let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let kv = holds.kvs().iter().find(|kv| kv.create_revision() == rev).ok_or(LockError::NotHolder)?;
+        let hold = hold_of(kv).ok_or(LockError::NotHolder)?;
+        // Only the holder releases (a token seen in transit is not enough), and
+        // through its own session when it names one.
+        if hold.owner != caller.identity || session.is_some_and(|s| s.lease() != kv.lease()) {
+            return Err(LockError::NotHolder);
+        }
+        let hold_key = kv.key().to_vec();
+        let marker = serde_json::json!({ "epoch": hold.epoch, "revision": rev, "released_ms": now_ms() }).to_string();
+        for _ in 0..2 {
+            let lease = self.marker_lease().await?;
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(hold_key.clone(), CompareOp::Equal, rev),
+                    Compare::mod_revision(hold_key.clone(), CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([
+                    TxnOp::delete(hold_key.clone(), None::<DeleteOptions>),
+                    TxnOp::put(self.keys().release_marker(&d), marker.clone(), Some(PutOptions::new().with_lease(lease))),
+                ]);
+            match self.call(self.client().txn(txn)).await {
+                Ok(r) if r.succeeded() => {
+                    self.queues().hint(&d);
+                    return Ok(());
+                }
+                Ok(_) => return Err(LockError::NotHolder),
+                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable("could not obtain a marker lease".into()))
+    }
+
+    /// The holders of `key`. Tokens and sessions are shown only to their holder
+    /// (same identity, naming its session).
+    pub async fn inspect(&self, key: &LockKey, caller: &Caller, session: Option<SessionId>) -> Result<Vec<HolderView>, LockError> {
+        if let Some(sid) = session {
+            self.owned_session(sid, caller).await?;
+        }
+        let d = key.digest();
+        let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let now = now_ms();
+        let mut out = Vec::new();
+        for kv in r.kvs() {
+            let Some(h) = hold_of(kv) else { continue };
+            let own = (h.owner == caller.identity && session.is_some_and(|s| s.lease() == kv.lease()))
+                .then(|| {
+                    let rev = u64::try_from(kv.create_revision()).ok()?;
+                    Some((FencingToken::mint(h.epoch, rev).ok()?, SessionId::from_lease(kv.lease())?))
+                })
+                .flatten();
+            out.push(HolderView { identity: h.owner, age_ms: now.saturating_sub(h.acquired_ms), own });
+        }
+        Ok(out)
+    }
+}

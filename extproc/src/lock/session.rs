@@ -1,0 +1,201 @@
+//! Sessions (ADR-10): one etcd lease each, owned by the identity (and declared
+//! instance) that opened it. Holds attach to the lease, so closing or expiring the
+//! session releases all of them in one committed entry. The arbiter never renews a
+//! session on a holder's behalf.
+
+use std::sync::Arc;
+
+use etcd_client::{GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken};
+
+use super::{now_ms, HoldRecord, LockError, SessionRecord, Store};
+
+/// Who is asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Verified SPIFFE ID.
+    pub identity: String,
+    /// Declared instance (`x-lock-instance`).
+    pub instance: Option<String>,
+}
+
+/// A hold as its own session sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnHold {
+    /// The raw key.
+    pub key: String,
+    /// The grant's token.
+    pub token: FencingToken,
+    /// Class at grant time.
+    pub class: String,
+    /// Grant time, unix ms.
+    pub acquired_ms: u64,
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Grants a lease for a new session. The record is written by the caller (in
+    /// the first grant transaction, or by [`Store::open_session`]).
+    pub(crate) async fn grant_lease(&self, ttl_s: u64) -> Result<SessionId, LockError> {
+        let ttl = i64::try_from(ttl_s).map_err(|_| LockError::Internal("ttl out of range".into()))?;
+        let r = self.call(self.client().lease_grant(ttl, None)).await?;
+        SessionId::from_lease(r.id()).ok_or_else(|| LockError::Internal("etcd granted lease id 0".into()))
+    }
+
+    /// The session record for a new session of `class`.
+    pub(crate) fn new_record(caller: &Caller, class: &ClassSpec) -> SessionRecord {
+        SessionRecord {
+            owner: caller.identity.clone(),
+            instance: caller.instance.clone(),
+            class: class.name.to_string(),
+            ttl_s: class.ttl_s,
+            created_ms: now_ms(),
+        }
+    }
+
+    /// Opens a session for `class` (`POST /v1/sessions`).
+    pub async fn open_session(&self, caller: &Caller, class: &ClassSpec) -> Result<SessionId, LockError> {
+        let sid = self.grant_lease(class.ttl_s).await?;
+        let rec = Self::new_record(caller, class);
+        let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
+        let opts = Some(PutOptions::new().with_lease(sid.lease()));
+        if let Err(e) = self.call(self.client().put(self.keys().session(sid), value, opts)).await {
+            self.revoke_quietly(sid).await;
+            return Err(e);
+        }
+        self.sessions.lock().await.insert(sid, Arc::new(rec));
+        Ok(sid)
+    }
+
+    /// The record of a session the caller owns; `SessionExpired` for an unknown,
+    /// expired or foreign session (the three are indistinguishable on purpose).
+    pub async fn owned_session(&self, sid: SessionId, caller: &Caller) -> Result<Arc<SessionRecord>, LockError> {
+        let cached = self.sessions.lock().await.get(&sid).cloned();
+        let rec = match cached {
+            Some(r) => r,
+            None => {
+                let r = self.call(self.client().get(self.keys().session(sid), None)).await?;
+                let kv = r.kvs().first().ok_or(LockError::SessionExpired)?;
+                if kv.lease() != sid.lease() {
+                    return Err(LockError::SessionExpired);
+                }
+                let rec: SessionRecord = serde_json::from_slice(kv.value())
+                    .map_err(|e| LockError::Internal(format!("session record is not valid: {e}")))?;
+                let rec = Arc::new(rec);
+                let mut cache = self.sessions.lock().await;
+                if cache.len() > 100_000 {
+                    cache.clear();
+                }
+                cache.insert(sid, rec.clone());
+                rec
+            }
+        };
+        let instance_ok = rec.instance.is_none() || rec.instance == caller.instance;
+        if rec.owner != caller.identity || !instance_ok {
+            return Err(LockError::SessionExpired);
+        }
+        Ok(rec)
+    }
+
+    /// Renews a session once (`POST /v1/sessions/keepalive`); returns the TTL etcd
+    /// reports. Renewal is leader-served; a lost quorum fails it (fail closed).
+    pub async fn keepalive(&self, sid: SessionId, caller: &Caller) -> Result<u64, LockError> {
+        self.owned_session(sid, caller).await?;
+        let ttl = self
+            .call(async {
+                let (mut keeper, mut stream) = self.client().lease_keep_alive(sid.lease()).await?;
+                keeper.keep_alive().await?;
+                // The first reply belongs to the request lease_keep_alive sent itself.
+                let mut last = None;
+                for _ in 0..2 {
+                    match stream.message().await? {
+                        Some(r) => last = Some(r.ttl()),
+                        None => break,
+                    }
+                }
+                Ok(last)
+            })
+            .await;
+        match ttl {
+            Ok(Some(t)) if t > 0 => Ok(u64::try_from(t).unwrap_or(0)),
+            Ok(_) => {
+                self.forget_session(sid).await;
+                Err(LockError::SessionExpired)
+            }
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
+                self.forget_session(sid).await;
+                Err(LockError::SessionExpired)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Closes a session, releasing every hold on it in one committed entry.
+    pub async fn close_session(&self, sid: SessionId, caller: &Caller) -> Result<(), LockError> {
+        self.owned_session(sid, caller).await?;
+        // The close marker lets an audit reader tell this from an expiry.
+        if let Ok(lease) = self.marker_lease().await {
+            let marker = serde_json::json!({ "closed_ms": now_ms() }).to_string();
+            let opts = Some(PutOptions::new().with_lease(lease));
+            if self.call(self.client().put(self.keys().close_marker(sid), marker, opts)).await.is_err() {
+                self.drop_marker_lease().await;
+            }
+        }
+        let r = self.call(self.client().lease_revoke(sid.lease())).await;
+        self.forget_session(sid).await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => Err(LockError::SessionExpired),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lists the holds attached to a session (for a client that lost an acquire's
+    /// response).
+    pub async fn session_holds(&self, sid: SessionId, caller: &Caller) -> Result<Vec<OwnHold>, LockError> {
+        self.owned_session(sid, caller).await?;
+        let ttl = self
+            .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
+            .await?;
+        if ttl.ttl() <= 0 {
+            self.forget_session(sid).await;
+            return Err(LockError::SessionExpired);
+        }
+        let prefix = self.keys().all_locks();
+        let hold_keys: Vec<Vec<u8>> = ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect();
+        if hold_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let gets: Vec<TxnOp> = hold_keys.iter().map(|k| TxnOp::get(k.clone(), None::<GetOptions>)).collect();
+        let r = self.call(self.client().txn(Txn::new().and_then(gets))).await?;
+        let mut out = Vec::new();
+        for op in r.op_responses() {
+            let TxnOpResponse::Get(g) = op else { continue };
+            for kv in g.kvs() {
+                if kv.lease() != sid.lease() {
+                    continue;
+                }
+                let Ok(h) = serde_json::from_slice::<HoldRecord>(kv.value()) else { continue };
+                let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
+                if let Ok(token) = FencingToken::mint(h.epoch, rev) {
+                    out.push(OwnHold { key: h.key, token, class: h.class, acquired_ms: h.acquired_ms });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn forget_session(&self, sid: SessionId) {
+        self.sessions.lock().await.remove(&sid);
+    }
+
+    /// Revokes a lease, ignoring failures (used to drop a session this arbiter
+    /// created for a request that did not get its lock).
+    pub(crate) async fn revoke_quietly(&self, sid: SessionId) {
+        if let Err(e) = self.call(self.client().lease_revoke(sid.lease())).await {
+            tracing::warn!(error = %e, "could not revoke an unused session; it expires with its ttl");
+        }
+        self.forget_session(sid).await;
+    }
+}

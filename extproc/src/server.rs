@@ -1,0 +1,251 @@
+//! The ext_proc service (`envoy.service.ext_proc.v3.ExternalProcessor`).
+//!
+//! One gRPC stream per HTTP request. Rules this module keeps, because Envoy forwards
+//! a request **unlocked** when a processor ends the stream with OK before answering
+//! (ENVOY-NOTES §1.5):
+//! - every `request_headers` message gets an explicit answer: an
+//!   `ImmediateResponse` (API routes) or a refusal; a stream that cannot be answered
+//!   ends with a non-OK status, never OK;
+//! - a stream whose first message is `response_headers` is a local reply from an
+//!   earlier filter (the Wasm filter's 400): it is passed through and released
+//!   nothing;
+//! - while an acquire waits, an inbound end or error, or Envoy closing our
+//!   response stream, cancels the wait; a grant that commits anyway is released.
+
+use std::{collections::HashMap, pin::Pin, sync::Arc};
+
+use envoy_types::pb::{
+    envoy::{
+        config::core::v3::{HeaderValue, HeaderValueOption},
+        r#type::v3::HttpStatus,
+        service::ext_proc::v3::{
+            external_processor_server::ExternalProcessor, processing_request, processing_response,
+            HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
+        },
+    },
+    google::protobuf::{value::Kind, Duration as PbDuration, Struct},
+};
+use futures::Stream;
+use lockmesh_core::{headers, Code};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    api::{self, ApiRequest},
+    metrics::route_label,
+    respond::{ApiError, ApiResponse},
+    state::State,
+};
+
+/// Attribute carrying the downstream peer's SPIFFE ID.
+pub const PEER_URI_SAN: &str = "connection.uri_san_peer_certificate";
+const ATTR_NS: &str = "envoy.filters.http.ext_proc";
+
+/// The ext_proc service.
+pub struct Arbiter {
+    state: Arc<State>,
+}
+
+impl Arbiter {
+    /// A service over `state`.
+    pub fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+}
+
+type Out = Result<ProcessingResponse, Status>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Arbiter {
+    type ProcessStream = Pin<Box<dyn Stream<Item = Out> + Send + 'static>>;
+
+    async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<Self::ProcessStream>, Status> {
+        // Only lockmesh's own Envoys may call: they vouch for the identity attributes.
+        let peer_ok = request
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())))
+            .is_some_and(|id| self.state.config.allowed_clients.iter().any(|a| *a == id));
+        if !peer_ok {
+            return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));
+        }
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(serve_stream(self.state.clone(), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn header_map(h: &[HeaderValue]) -> Vec<(String, Vec<u8>)> {
+    h.iter()
+        .map(|v| {
+            let raw = if v.raw_value.is_empty() { v.value.as_bytes().to_vec() } else { v.raw_value.clone() };
+            (v.key.to_ascii_lowercase(), raw)
+        })
+        .collect()
+}
+
+fn attr_string(attrs: &HashMap<String, Struct>, name: &str) -> Option<String> {
+    match attrs.get(ATTR_NS)?.fields.get(name)?.kind.as_ref()? {
+        Kind::StringValue(s) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn immediate(r: &ApiResponse, details: &str) -> ProcessingResponse {
+    let mut set = vec![opt("content-type", "application/json")];
+    set.extend(r.headers.iter().map(|(k, v)| opt(k, v)));
+    ProcessingResponse {
+        response: Some(processing_response::Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus { code: i32::from(r.status) }),
+            headers: Some(HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
+            body: r.body.clone().into_bytes(),
+            grpc_status: None,
+            details: details.to_owned(),
+        })),
+        ..Default::default()
+    }
+}
+
+fn opt(k: &str, v: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue { key: k.to_owned(), value: String::new(), raw_value: v.as_bytes().to_vec() }),
+        ..Default::default()
+    }
+}
+
+fn refusal(code: Code, message: &str) -> ApiResponse {
+    ApiError::new(code, message).into()
+}
+
+async fn serve_stream(state: Arc<State>, mut inbound: Streaming<ProcessingRequest>, tx: mpsc::Sender<Out>) {
+    let first = match inbound.message().await {
+        Ok(Some(m)) => m,
+        // Nothing to answer: the request was already gone.
+        _ => return,
+    };
+    match first.request {
+        Some(processing_request::Request::RequestHeaders(h)) => {
+            let hdrs = h.headers.map(|m| header_map(&m.headers)).unwrap_or_default();
+            request_headers(&state, &first.attributes, hdrs, inbound, tx).await;
+        }
+        Some(processing_request::Request::ResponseHeaders(_)) => {
+            // A local reply made before ext_proc (e.g. the filter's 400): pass it on.
+            let resp = ProcessingResponse {
+                response: Some(processing_response::Response::ResponseHeaders(HeadersResponse::default())),
+                ..Default::default()
+            };
+            let _ = tx.send(Ok(resp)).await;
+        }
+        _ => {
+            let _ = tx.send(Err(Status::failed_precondition("unexpected first ext_proc message"))).await;
+        }
+    }
+}
+
+async fn request_headers(
+    state: &Arc<State>,
+    attrs: &HashMap<String, Struct>,
+    hdrs: Vec<(String, Vec<u8>)>,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: mpsc::Sender<Out>,
+) {
+    let received = tokio::time::Instant::now();
+    let get = |n: &str| hdrs.iter().find(|(k, _)| k == n).map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    let method = get(":method").unwrap_or_default();
+    let path = get(":path").unwrap_or_default();
+    let path = path.split('?').next().unwrap_or_default().to_owned();
+    let route = route_label(&method, &path);
+    let answer = |r: ApiResponse| {
+        state.metrics.request(route, code_of(&r));
+        immediate(&r, "lockmesh")
+    };
+    // The filter stamps every request it passed; without the stamp the request did
+    // not go through it, and its headers cannot be trusted.
+    if get(headers::FILTERED).as_deref() != Some(headers::FILTER_PROTOCOL) {
+        let r = refusal(Code::Internal, "the request did not pass the lockmesh filter");
+        let _ = tx.send(Ok(answer(r))).await;
+        return;
+    }
+    let Some(identity) = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://")) else {
+        let _ = tx.send(Ok(answer(refusal(Code::Unauthenticated, "a verified SPIFFE client certificate is required")))).await;
+        return;
+    };
+    let lock = match headers::parse_lock_headers(hdrs.iter().map(|(k, v)| (k.as_str(), v.as_slice()))) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = tx.send(Ok(answer(refusal(Code::BadRequest, &e.to_string())))).await;
+            return;
+        }
+    };
+    let budget_ms = match hdrs.iter().find(|(k, _)| k == headers::BUDGET_MS) {
+        Some((_, v)) => match headers::parse_budget_ms(v) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                let _ = tx.send(Ok(answer(refusal(Code::Internal, &e.to_string())))).await;
+                return;
+            }
+        },
+        None => None,
+    };
+    let req = ApiRequest { method, path, lock, budget_ms, identity, received };
+    if route == "acquire" {
+        if let Ok(wait) = api::wait_of(state, &req) {
+            if !wait.is_zero() {
+                // Stretch Envoy's per-message timer to cover the wait (one override
+                // per processing state; it must come before the answer).
+                let t = wait + std::time::Duration::from_secs(2);
+                let ovr = ProcessingResponse {
+                    override_message_timeout: Some(PbDuration {
+                        seconds: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+                        nanos: i32::try_from(t.subsec_nanos()).unwrap_or(0),
+                    }),
+                    ..Default::default()
+                };
+                if tx.send(Ok(ovr)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let cancel = CancellationToken::new();
+    let mut task = tokio::spawn({
+        let (state, req, cancel) = (state.clone(), req.clone(), cancel.clone());
+        async move { api::handle(&state, &req, &cancel).await }
+    });
+    let mut inbound_open = true;
+    let (resp, undo) = loop {
+        tokio::select! {
+            r = &mut task => match r {
+                Ok(r) => break r,
+                Err(_) => break (refusal(Code::Internal, "request handler failed"), None),
+            },
+            // Nothing more is expected from Envoy while we hold the request: an
+            // end, an error or a stray message all mean the caller is gone.
+            _ = inbound.message(), if inbound_open => {
+                inbound_open = false;
+                cancel.cancel();
+            }
+            _ = tx.closed(), if !cancel.is_cancelled() => cancel.cancel(),
+        }
+    };
+    let delivered = !cancel.is_cancelled() && tx.send(Ok(answer(resp))).await.is_ok();
+    if let Some(u) = undo {
+        if !delivered {
+            state.metrics.abandoned();
+            state.store.undo(&u.req, &u.grant).await;
+        }
+    }
+}
+
+fn code_of(r: &ApiResponse) -> &'static str {
+    if r.status == 200 {
+        return "ok";
+    }
+    r.headers
+        .iter()
+        .find(|(k, _)| *k == headers::ERROR)
+        .and_then(|(_, v)| Code::parse(v))
+        .map_or("other", Code::as_str)
+}

@@ -1,0 +1,31 @@
+//! Shared arbiter state.
+
+use std::sync::{Arc, RwLock};
+
+use lockmesh_core::ClassRegistry;
+
+use crate::{config::Config, lock::Store, metrics::Metrics};
+
+/// Everything a request handler needs.
+pub struct State {
+    /// Validated configuration.
+    pub config: Config,
+    /// The etcd recipe.
+    pub store: Arc<Store>,
+    /// Counters for `/metrics`.
+    pub metrics: Metrics,
+    registry: RwLock<Arc<ClassRegistry>>,
+}
+
+impl State {
+    /// New state.
+    pub fn new(config: Config, store: Arc<Store>) -> Self {
+        let registry = RwLock::new(Arc::new(config.registry.clone()));
+        Self { config, store, metrics: Metrics::default(), registry }
+    }
+
+    /// The current class registry.
+    pub fn registry(&self) -> Arc<ClassRegistry> {
+        self.registry.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+}
