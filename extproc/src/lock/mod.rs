@@ -170,6 +170,21 @@ impl Store {
         }
     }
 
+    /// Runs an etcd call for a request with a deadline: the call may take the
+    /// caller's remaining wait, at least 500 ms and at most the operation timeout,
+    /// so an unreachable etcd answers `unavailable` close to the caller's deadline.
+    pub(crate) async fn call_by<T, F>(&self, deadline: tokio::time::Instant, f: F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let t = left.clamp(Duration::from_millis(500), self.op_timeout);
+        match tokio::time::timeout(t, f).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {t:?}"))),
+        }
+    }
+
     /// A lease to hang audit markers on; re-granted every minute (TTL 120 s) so
     /// markers do not accumulate.
     pub(crate) async fn marker_lease(&self) -> Result<i64, LockError> {

@@ -186,7 +186,8 @@ impl Store {
 
     /// Reads the holders once to answer an idempotent re-acquire or a leak.
     async fn peek(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Result<Grant, LockError>>, LockError> {
-        let r = self.call(self.client().get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))).await?;
+        let opts = Some(GetOptions::new().with_prefix());
+        let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
         Ok(self.classify_holders(req, sid, r.kvs()))
     }
 
@@ -252,7 +253,10 @@ impl Store {
         els.push(TxnOp::get(sess_key.as_str(), None));
         els.push(TxnOp::get(epoch_key.as_str(), None));
         let txn = Txn::new().when(when).and_then(then).or_else(els);
-        let r = self.call(self.client().txn(txn)).await?;
+        // An unknown outcome (timeout) may still commit: with a session opened for
+        // this acquire the caller revokes it; with the caller's own session the
+        // hold shows in GET /v1/sessions/holds (docs/API.md).
+        let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if let Err(e) = self.check_cluster(&ep, Some(cluster)) {
