@@ -103,7 +103,24 @@ impl Store {
             None => (self.grant_lease(req.class.ttl_s).await?, Some(Self::new_record(&req.caller, &req.class))),
         };
         let opened = new_record.is_some();
+        // A session opened for this acquire is unknown to the caller until the
+        // answer: the arbiter renews it while the acquire waits, and only then.
+        let renew = opened.then(|| {
+            let (store, ttl) = (self.clone(), req.class.ttl_s.max(1));
+            tokio::spawn(async move {
+                let period = std::time::Duration::from_millis(ttl * 1000 / 3);
+                loop {
+                    tokio::time::sleep(period).await;
+                    if let Err(e) = store.call(store.client().lease_keep_alive(sid.lease())).await {
+                        tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
+                    }
+                }
+            })
+        });
         let result = self.acquire_in(req, sid, new_record, cancel).await;
+        if let Some(r) = renew {
+            r.abort();
+        }
         match result {
             Ok(mut g) if cancel.is_cancelled() => {
                 // The caller left while the grant committed: release it at once.

@@ -101,28 +101,11 @@ impl Store {
     /// Renews a session once (`POST /v1/sessions/keepalive`); returns the TTL etcd
     /// reports. Renewal is leader-served; a lost quorum fails it (fail closed).
     pub async fn keepalive(&self, sid: SessionId, caller: &Caller) -> Result<u64, LockError> {
-        self.owned_session(sid, caller).await?;
-        let ttl = self
-            .call(async {
-                let (mut keeper, mut stream) = self.client().lease_keep_alive(sid.lease()).await?;
-                keeper.keep_alive().await?;
-                // The first reply belongs to the request lease_keep_alive sent itself.
-                let mut last = None;
-                for _ in 0..2 {
-                    match stream.message().await? {
-                        Some(r) => last = Some(r.ttl()),
-                        None => break,
-                    }
-                }
-                Ok(last)
-            })
-            .await;
-        match ttl {
-            Ok(Some(t)) if t > 0 => Ok(u64::try_from(t).unwrap_or(0)),
-            Ok(_) => {
-                self.forget_session(sid).await;
-                Err(LockError::SessionExpired)
-            }
+        let rec = self.owned_session(sid, caller).await?;
+        // lease_keep_alive sends one renewal and reads its answer; a TTL of zero
+        // (the lease is gone) comes back as "lease not found".
+        match self.call(self.client().lease_keep_alive(sid.lease())).await {
+            Ok(_) => Ok(rec.ttl_s),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 self.forget_session(sid).await;
                 Err(LockError::SessionExpired)
