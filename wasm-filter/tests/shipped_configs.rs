@@ -1,0 +1,46 @@
+//! Runs the filter's configuration parser over every plugin configuration embedded
+//! in `envoy-config/*.yaml` (Proxy-Wasm has no offline validation hook), and checks
+//! that every shipped filter fails closed and has no test-only switch set.
+
+use serde_yaml::Value;
+
+const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Mapping(m) => {
+            if m.get("@type").and_then(Value::as_str) == Some(WASM_TYPE) {
+                out.push(v);
+            }
+            m.values().for_each(|c| walk(c, out));
+        }
+        Value::Sequence(s) => s.iter().for_each(|c| walk(c, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_shipped_plugin_configuration_parses_and_fails_closed() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-config");
+    let mut found = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut filters = Vec::new();
+        walk(&doc, &mut filters);
+        for f in filters {
+            let name = path.display();
+            let cfg = &f["config"];
+            assert_eq!(cfg["failure_policy"].as_str(), Some("FAIL_CLOSED"), "{name}: wasm filter must fail closed");
+            let value = cfg["configuration"]["value"].as_str().unwrap_or("");
+            let parsed = lockmesh_wasm_filter::config::parse(value.as_bytes())
+                .unwrap_or_else(|e| panic!("{name}: plugin configuration refused: {e:?}"));
+            assert_eq!(parsed.test_trap_header, None, "{name}: test-only switch set in a shipped config");
+            found += 1;
+        }
+    }
+    assert!(found >= 1, "no Wasm filter found in envoy-config/");
+}
