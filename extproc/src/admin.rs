@@ -18,7 +18,9 @@ pub async fn run(
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .with_state(state);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {

@@ -46,12 +46,19 @@ impl Metrics {
         s.push_str("# TYPE lockmesh_arbiter_requests_total counter\n");
         if let Ok(m) = self.requests.lock() {
             for ((route, code), n) in m.iter() {
-                let _ = writeln!(s, "lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}");
+                let _ = writeln!(
+                    s,
+                    "lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}"
+                );
             }
         }
         s.push_str("# HELP lockmesh_arbiter_abandoned_grants_total Grants released at once because the caller had gone.\n");
         s.push_str("# TYPE lockmesh_arbiter_abandoned_grants_total counter\n");
-        let _ = writeln!(s, "lockmesh_arbiter_abandoned_grants_total {}", self.abandoned.lock().map(|g| *g).unwrap_or(0));
+        let _ = writeln!(
+            s,
+            "lockmesh_arbiter_abandoned_grants_total {}",
+            self.abandoned.lock().map(|g| *g).unwrap_or(0)
+        );
         s.push_str("# HELP lockmesh_arbiter_waiting_keys Keys with at least one waiter queued on this arbiter.\n");
         s.push_str("# TYPE lockmesh_arbiter_waiting_keys gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_waiting_keys {waiting_keys}");

@@ -29,14 +29,19 @@ struct RawConfig {
 /// Parses the plugin configuration; every error carries its field path.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
     let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
-        RawConfig { max_wait_ms: None, test_trap_header: None }
+        RawConfig {
+            max_wait_ms: None,
+            test_trap_header: None,
+        }
     } else {
         serde_json::from_slice(bytes).map_err(|e| vec![format!("configuration: {e}")])?
     };
     let mut errs = Vec::new();
     let max_wait_ms = raw.max_wait_ms.unwrap_or(30_000);
     if max_wait_ms > MAX_WAIT_CEILING_MS {
-        errs.push(format!("max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
+        errs.push(format!(
+            "max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"
+        ));
     }
     if let Some(h) = &raw.test_trap_header {
         if h.is_empty() || !h.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
@@ -44,7 +49,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
         }
     }
     if errs.is_empty() {
-        Ok(Config { max_wait_ms, test_trap_header: raw.test_trap_header })
+        Ok(Config {
+            max_wait_ms,
+            test_trap_header: raw.test_trap_header,
+        })
     } else {
         Err(errs)
     }
@@ -57,7 +65,10 @@ mod tests {
     #[test]
     fn defaults_and_errors() {
         assert_eq!(parse(b"").unwrap().max_wait_ms, 30_000);
-        assert_eq!(parse(br#"{"max_wait_ms": 5000}"#).unwrap().max_wait_ms, 5000);
+        assert_eq!(
+            parse(br#"{"max_wait_ms": 5000}"#).unwrap().max_wait_ms,
+            5000
+        );
         assert_eq!(
             parse(br#"{"max_wait_ms": 99999999, "test_trap_header": "X"}"#).unwrap_err(),
             vec![

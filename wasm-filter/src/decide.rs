@@ -31,35 +31,55 @@ pub enum Decision {
 
 impl Decision {
     fn reject(code: Code, message: &str) -> Self {
-        Decision::Reject { status: u32::from(code.http_status()), code, body: error_body(code, message, None) }
+        Decision::Reject {
+            status: u32::from(code.http_status()),
+            code,
+            body: error_body(code, message, None),
+        }
     }
 }
 
 /// Checks a SPIFFE ID's shape: `spiffe://trust-domain/path`, printable ASCII.
 pub fn valid_spiffe_id(id: &[u8]) -> bool {
-    let Some(rest) = id.strip_prefix(b"spiffe://") else { return false };
+    let Some(rest) = id.strip_prefix(b"spiffe://") else {
+        return false;
+    };
     let td_len = rest.iter().position(|b| *b == b'/').unwrap_or(rest.len());
     id.len() <= MAX_SPIFFE_ID_LEN
         && td_len > 0
-        && rest[..td_len].iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(b))
+        && rest[..td_len]
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(b))
         && rest.iter().all(|b| b.is_ascii_graphic())
 }
 
 /// Decides a request from its headers (names lowercase, raw value bytes) and the
 /// mTLS peer's URI SAN, if any.
-pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san: Option<&[u8]>) -> Decision {
+pub fn on_request_headers(
+    cfg: &Config,
+    hdrs: &[(String, Vec<u8>)],
+    peer_uri_san: Option<&[u8]>,
+) -> Decision {
     // Authenticate first: an unauthenticated caller learns nothing about its headers.
     // There is no insecure mode: without a verified SPIFFE ID nothing passes.
     if !peer_uri_san.is_some_and(valid_spiffe_id) {
-        return Decision::reject(Code::Unauthenticated, "a verified SPIFFE client certificate is required");
+        return Decision::reject(
+            Code::Unauthenticated,
+            "a verified SPIFFE client certificate is required",
+        );
     }
-    let lock = match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
-        Ok(h) => h,
-        Err(e) => return Decision::reject(Code::BadRequest, &e.to_string()),
-    };
+    let lock =
+        match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
+            Ok(h) => h,
+            Err(e) => return Decision::reject(Code::BadRequest, &e.to_string()),
+        };
     if let Some(w) = lock.wait_ms {
         if w > cfg.max_wait_ms {
-            let msg = format!("{}: {w} ms is above the maximum {} ms", headers::WAIT_MS, cfg.max_wait_ms);
+            let msg = format!(
+                "{}: {w} ms is above the maximum {} ms",
+                headers::WAIT_MS,
+                cfg.max_wait_ms
+            );
             return Decision::reject(Code::BadRequest, &msg);
         }
     }
@@ -93,7 +113,10 @@ mod tests {
     }
 
     fn h(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
-        pairs.iter().map(|(n, v)| (n.to_string(), v.to_vec())).collect()
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect()
     }
 
     const ID: &[u8] = b"spiffe://lockmesh.test/ns/payments/sa/worker";
@@ -101,7 +124,14 @@ mod tests {
     #[test]
     fn unauthenticated_is_refused_first() {
         let d = on_request_headers(&cfg(), &h(&[("x-lock-key", b"bad key")]), None);
-        assert!(matches!(d, Decision::Reject { status: 401, code: Code::Unauthenticated, .. }));
+        assert!(matches!(
+            d,
+            Decision::Reject {
+                status: 401,
+                code: Code::Unauthenticated,
+                ..
+            }
+        ));
         let d = on_request_headers(&cfg(), &[], Some(b"https://evil"));
         assert!(matches!(d, Decision::Reject { status: 401, .. }));
     }
@@ -109,7 +139,9 @@ mod tests {
     #[test]
     fn bad_headers_name_the_header() {
         let d = on_request_headers(&cfg(), &h(&[("x-lock-wait-ms", b"-1")]), Some(ID));
-        let Decision::Reject { status, body, .. } = d else { panic!() };
+        let Decision::Reject { status, body, .. } = d else {
+            panic!()
+        };
         assert_eq!(status, 400);
         assert!(body.contains("x-lock-wait-ms"), "{body}");
         let d = on_request_headers(&cfg(), &h(&[("x-lock-wait-ms", b"30001")]), Some(ID));
@@ -129,8 +161,17 @@ mod tests {
             ]),
             Some(ID),
         );
-        let Decision::Forward { remove, set } = d else { panic!() };
-        assert_eq!(remove, vec!["x-lockmesh-budget-ms", "x-forwarded-client-cert", "x-lock-epoch"]);
+        let Decision::Forward { remove, set } = d else {
+            panic!()
+        };
+        assert_eq!(
+            remove,
+            vec![
+                "x-lockmesh-budget-ms",
+                "x-forwarded-client-cert",
+                "x-lock-epoch"
+            ]
+        );
         assert!(set.contains(&(headers::BUDGET_MS, "250".into())));
         assert!(set.contains(&(headers::FILTERED, "1".into())));
     }

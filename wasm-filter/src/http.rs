@@ -32,16 +32,29 @@ impl Request {
 }
 
 fn reply(status: u32, code: Code, body: &str) -> Action {
-    let hdrs = vec![("content-type", "application/json"), (headers::ERROR, code.as_str())];
+    let hdrs = vec![
+        ("content-type", "application/json"),
+        (headers::ERROR, code.as_str()),
+    ];
     if let Err(e) = hostcalls::send_http_response(status, hdrs, Some(body.as_bytes())) {
-        let _ = hostcalls::log(LogLevel::Error, &format!("lockmesh: local reply failed: {e:?}"));
+        let _ = hostcalls::log(
+            LogLevel::Error,
+            &format!("lockmesh: local reply failed: {e:?}"),
+        );
     }
     Action::Pause
 }
 
 fn internal(what: &str) -> Action {
-    let _ = hostcalls::log(LogLevel::Error, &format!("lockmesh: {what}; refusing the request"));
-    reply(500, Code::Internal, &error_body(Code::Internal, "lock filter error", None))
+    let _ = hostcalls::log(
+        LogLevel::Error,
+        &format!("lockmesh: {what}; refusing the request"),
+    );
+    reply(
+        500,
+        Code::Internal,
+        &error_body(Code::Internal, "lock filter error", None),
+    )
 }
 
 impl Context for Request {}
@@ -51,10 +64,11 @@ impl HttpContext for Request {
         let Some(cfg) = self.config.clone() else {
             return internal("no configuration");
         };
-        let hdrs: Vec<(String, Vec<u8>)> = match hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
-            Ok(h) => h,
-            Err(e) => return internal(&format!("cannot read request headers: {e:?}")),
-        };
+        let hdrs: Vec<(String, Vec<u8>)> =
+            match hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
+                Ok(h) => h,
+                Err(e) => return internal(&format!("cannot read request headers: {e:?}")),
+            };
         if let Some(trap) = &cfg.test_trap_header {
             if hdrs.iter().any(|(n, _)| n == trap) {
                 // TEST ONLY (config test_trap_header): prove that a VM trap fails closed.
@@ -74,7 +88,9 @@ impl HttpContext for Request {
                     }
                 }
                 for (name, value) in &set {
-                    if let Err(e) = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)) {
+                    if let Err(e) =
+                        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value))
+                    {
                         return internal(&format!("cannot set a header: {e:?}"));
                     }
                 }

@@ -28,21 +28,30 @@ impl RootContext for Root {
         let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(b) => b.unwrap_or_default(),
             Err(e) => {
-                let _ = hostcalls::log(LogLevel::Error, &format!("lockmesh: cannot read plugin configuration: {e:?}"));
+                let _ = hostcalls::log(
+                    LogLevel::Error,
+                    &format!("lockmesh: cannot read plugin configuration: {e:?}"),
+                );
                 return false;
             }
         };
         match config::parse(&bytes) {
             Ok(c) => {
                 if c.test_trap_header.is_some() {
-                    let _ = hostcalls::log(LogLevel::Warn, "lockmesh: TEST ONLY test_trap_header is set");
+                    let _ = hostcalls::log(
+                        LogLevel::Warn,
+                        "lockmesh: TEST ONLY test_trap_header is set",
+                    );
                 }
                 self.config = Some(Rc::new(c));
                 true
             }
             Err(errs) => {
                 for e in errs {
-                    let _ = hostcalls::log(LogLevel::Error, &format!("lockmesh plugin configuration: {e}"));
+                    let _ = hostcalls::log(
+                        LogLevel::Error,
+                        &format!("lockmesh plugin configuration: {e}"),
+                    );
                 }
                 false
             }

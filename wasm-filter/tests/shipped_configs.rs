@@ -34,11 +34,18 @@ fn every_shipped_plugin_configuration_parses_and_fails_closed() {
         for f in filters {
             let name = path.display();
             let cfg = &f["config"];
-            assert_eq!(cfg["failure_policy"].as_str(), Some("FAIL_CLOSED"), "{name}: wasm filter must fail closed");
+            assert_eq!(
+                cfg["failure_policy"].as_str(),
+                Some("FAIL_CLOSED"),
+                "{name}: wasm filter must fail closed"
+            );
             let value = cfg["configuration"]["value"].as_str().unwrap_or("");
             let parsed = lockmesh_wasm_filter::config::parse(value.as_bytes())
                 .unwrap_or_else(|e| panic!("{name}: plugin configuration refused: {e:?}"));
-            assert_eq!(parsed.test_trap_header, None, "{name}: test-only switch set in a shipped config");
+            assert_eq!(
+                parsed.test_trap_header, None,
+                "{name}: test-only switch set in a shipped config"
+            );
             found += 1;
         }
     }

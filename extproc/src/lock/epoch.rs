@@ -54,7 +54,11 @@ impl Store {
     }
 
     /// Checks a response's cluster id against the epoch record's.
-    pub(crate) fn check_cluster(&self, state: &EpochState, header_cluster: Option<u64>) -> Result<(), LockError> {
+    pub(crate) fn check_cluster(
+        &self,
+        state: &EpochState,
+        header_cluster: Option<u64>,
+    ) -> Result<(), LockError> {
         match header_cluster {
             Some(c) if c != state.cluster_id => Err(LockError::Sealed(format!(
                 "etcd cluster id {} differs from the epoch record's {}",
@@ -74,9 +78,14 @@ impl Store {
             if let Some(kv) = r.kvs().first() {
                 let rec: EpochRecord = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
-                let cluster_id = u64::from_str_radix(&rec.cluster_id, 16)
-                    .map_err(|_| LockError::Internal("epoch record cluster_id is not hex".into()))?;
-                let state = EpochState { epoch: rec.epoch, mod_revision: kv.mod_revision(), cluster_id };
+                let cluster_id = u64::from_str_radix(&rec.cluster_id, 16).map_err(|_| {
+                    LockError::Internal("epoch record cluster_id is not hex".into())
+                })?;
+                let state = EpochState {
+                    epoch: rec.epoch,
+                    mod_revision: kv.mod_revision(),
+                    cluster_id,
+                };
                 self.check_cluster(&state, header_cluster)?;
                 if let Ok(mut g) = self.epoch.0.write() {
                     *g = Some(state.clone());
@@ -84,8 +93,12 @@ impl Store {
                 return Ok(state);
             }
             // A fresh root: create epoch 1 bound to this cluster, once.
-            let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
-            let rec = EpochRecord { epoch: FIRST_EPOCH, cluster_id: cluster_hex(cluster) };
+            let cluster = header_cluster
+                .ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
+            let rec = EpochRecord {
+                epoch: FIRST_EPOCH,
+                cluster_id: cluster_hex(cluster),
+            };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])

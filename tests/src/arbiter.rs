@@ -1,0 +1,332 @@
+//! The arbiter (`lockmesh-extproc`) as a real process.
+//!
+//! The builder writes `arbiter.yaml` and `registry.yaml` into a temporary
+//! directory and runs `lockmesh-extproc --config arbiter.yaml` with
+//! `RUST_LOG=info`. Readiness is admin `GET /readyz` answering 200.
+//!
+//! Binary: `ARBITER_BIN`, else `<target>/<profile>/lockmesh-extproc` next to
+//! this test binary; build it with `cargo build -p lockmesh-extproc`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Result};
+use tempfile::TempDir;
+
+use crate::certs::DevPki;
+use crate::paths::{profile_dir, temp_dir};
+use crate::ports::free_port;
+use crate::probe::http_get;
+use crate::process::ChildProcess;
+
+/// The registry the scenarios use unless they need another one.
+pub const DEFAULT_TEST_REGISTRY: &str = r#"platform: { min_ttl_s: 2 }
+classes:
+  - name: default
+    default: true
+    ttl_s: 15
+  - name: short
+    prefixes: ["short"]
+    ttl_s: 3
+"#;
+
+/// How long the arbiter may take until `/readyz` answers 200.
+pub const ARBITER_READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Options for an [`ArbiterProcess`].
+#[derive(Clone, Debug)]
+pub struct ArbiterBuilder {
+    cert_dir: PathBuf,
+    trust_domain: String,
+    endpoints: Vec<String>,
+    root: String,
+    registry: String,
+    extra_yaml: Vec<String>,
+    max_wait_ms: u64,
+    grpc_port: Option<u16>,
+    admin_port: Option<u16>,
+    rust_log: String,
+}
+
+/// A running arbiter; killed on drop, its log printed if the test panics.
+#[derive(Debug)]
+pub struct ArbiterProcess {
+    grpc_port: u16,
+    admin_port: u16,
+    config_path: PathBuf,
+    process: ChildProcess,
+    _dir: TempDir,
+}
+
+// === impl ArbiterBuilder ===
+
+impl ArbiterBuilder {
+    /// etcd client URLs (`etcd.endpoints`).
+    pub fn etcd_endpoints(mut self, endpoints: Vec<String>) -> Self {
+        self.endpoints = endpoints;
+        self
+    }
+
+    /// The key prefix all of this arbiter's keys live under (`etcd.root`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The registry YAML text, written to `registry.yaml`. Default
+    /// [`DEFAULT_TEST_REGISTRY`].
+    pub fn registry(mut self, yaml: impl Into<String>) -> Self {
+        self.registry = yaml.into();
+        self
+    }
+
+    /// `max_wait_ms`. Default 30000.
+    pub fn max_wait_ms(mut self, ms: u64) -> Self {
+        self.max_wait_ms = ms;
+        self
+    }
+
+    /// A raw YAML line appended to the config (for fields the builder does
+    /// not know). Top-level keys start in column 0.
+    pub fn extra_yaml(mut self, line: impl Into<String>) -> Self {
+        self.extra_yaml.push(line.into());
+        self
+    }
+
+    /// The gRPC port. Default: a free port.
+    pub fn grpc_port(mut self, port: u16) -> Self {
+        self.grpc_port = Some(port);
+        self
+    }
+
+    /// The admin port. Default: a free port.
+    pub fn admin_port(mut self, port: u16) -> Self {
+        self.admin_port = Some(port);
+        self
+    }
+
+    /// `RUST_LOG` for the arbiter. Default `info`.
+    pub fn rust_log(mut self, filter: impl Into<String>) -> Self {
+        self.rust_log = filter.into();
+        self
+    }
+
+    /// The config YAML for the given ports and registry file.
+    pub fn render(&self, grpc_port: u16, admin_port: u16, registry_file: &Path) -> String {
+        let d = self.cert_dir.display();
+        let quoted = |v: &[String]| {
+            v.iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut yaml = format!(
+            "listen: \"127.0.0.1:{grpc_port}\"\n\
+             admin_listen: \"127.0.0.1:{admin_port}\"\n\
+             tls:\n  \
+               cert: \"{d}/arbiter.pem\"\n  \
+               key: \"{d}/arbiter-key.pem\"\n  \
+               client_ca: \"{d}/ca.pem\"\n  \
+               allowed_clients: [\"spiffe://{td}/lockmesh/envoy\"]\n\
+             etcd:\n  \
+               endpoints: [{endpoints}]\n  \
+               root: {root:?}\n\
+             registry_file: \"{registry}\"\n\
+             max_wait_ms: {max_wait}\n",
+            td = self.trust_domain,
+            endpoints = quoted(&self.endpoints),
+            root = self.root,
+            registry = registry_file.display(),
+            max_wait = self.max_wait_ms,
+        );
+        for line in &self.extra_yaml {
+            yaml.push_str(line);
+            yaml.push('\n');
+        }
+        yaml
+    }
+
+    /// Writes the config, starts the arbiter and waits until `/readyz` is 200.
+    pub async fn start(self) -> Result<ArbiterProcess> {
+        ensure!(!self.endpoints.is_empty(), "arbiter needs etcd endpoints");
+        ensure!(
+            self.root.starts_with('/'),
+            "etcd root {:?} must start with /",
+            self.root
+        );
+        let bin = arbiter_bin()?;
+        let dir = temp_dir("arbiter-")?;
+        let grpc_port = self.grpc_port.unwrap_or_else(free_port);
+        let admin_port = self.admin_port.unwrap_or_else(free_port);
+        let registry_file = dir.path().join("registry.yaml");
+        std::fs::write(&registry_file, &self.registry)?;
+        let config_path = dir.path().join("arbiter.yaml");
+        std::fs::write(
+            &config_path,
+            self.render(grpc_port, admin_port, &registry_file),
+        )?;
+        let process = ChildProcess::new(
+            "arbiter",
+            bin,
+            vec!["--config".into(), config_path.display().to_string()],
+            dir.path().join("arbiter.log"),
+        )
+        .env("RUST_LOG", &self.rust_log);
+        let arbiter = ArbiterProcess {
+            grpc_port,
+            admin_port,
+            config_path,
+            process,
+            _dir: dir,
+        };
+        arbiter.process.start()?;
+        arbiter.wait_ready().await?;
+        Ok(arbiter)
+    }
+}
+
+// === impl ArbiterProcess ===
+
+impl ArbiterProcess {
+    /// A builder using `pki`'s `arbiter.pem`, `ca.pem` and Envoy's SPIFFE ID.
+    pub fn builder(pki: &DevPki) -> ArbiterBuilder {
+        ArbiterBuilder {
+            cert_dir: pki.dir().to_path_buf(),
+            trust_domain: pki.trust_domain().to_owned(),
+            endpoints: Vec::new(),
+            root: String::new(),
+            registry: DEFAULT_TEST_REGISTRY.to_owned(),
+            extra_yaml: Vec::new(),
+            max_wait_ms: 30_000,
+            grpc_port: None,
+            admin_port: None,
+            rust_log: "info".into(),
+        }
+    }
+
+    /// The ext_proc gRPC (mTLS) port.
+    pub fn grpc_port(&self) -> u16 {
+        self.grpc_port
+    }
+
+    /// The admin HTTP port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The config file in use (`registry.yaml` is next to it).
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The log file (stdout and stderr, appended across restarts).
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    /// The pid while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// SIGKILL (a crash).
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+
+    /// SIGTERM, then wait (SIGKILL after 10 s).
+    pub async fn stop(&self) -> Result<()> {
+        self.process.stop(Duration::from_secs(10)).await
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&self) -> Result<()> {
+        self.process.pause()
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) -> Result<()> {
+        self.process.resume()
+    }
+
+    /// Stops it if running, starts it again with the same config and ports,
+    /// and waits until ready.
+    pub async fn restart(&self) -> Result<()> {
+        self.stop().await?;
+        self.process.start()?;
+        self.wait_ready().await
+    }
+
+    /// Admin `GET path` (status, body), e.g. `/metrics`.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        let resp = http_get(self.admin_port, path).await?;
+        Ok((resp.status, resp.body))
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        let port = self.admin_port;
+        self.process
+            .wait_ready(ARBITER_READY_TIMEOUT, async || {
+                let resp = http_get(port, "/readyz").await?;
+                if resp.status != 200 {
+                    bail!("/readyz: {} {}", resp.status, resp.body.trim());
+                }
+                Ok(())
+            })
+            .await
+    }
+}
+
+/// The arbiter binary, or a fix-it error.
+pub fn arbiter_bin() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ARBITER_BIN").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let path = profile_dir().join("lockmesh-extproc");
+    if !path.is_file() {
+        bail!(
+            "arbiter not built: run cargo build -p lockmesh-extproc (scripts/test does it); looked for {}",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_documented_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
+        let yaml = ArbiterProcess::builder(&pki)
+            .etcd_endpoints(vec![
+                "http://127.0.0.1:1".into(),
+                "http://127.0.0.1:2".into(),
+            ])
+            .root("/t/x-1")
+            .extra_yaml("future_field: 1")
+            .render(10, 11, Path::new("/r/registry.yaml"));
+        let d = pki.dir().display();
+        assert_eq!(
+            yaml,
+            format!(
+                r#"listen: "127.0.0.1:10"
+admin_listen: "127.0.0.1:11"
+tls:
+  cert: "{d}/arbiter.pem"
+  key: "{d}/arbiter-key.pem"
+  client_ca: "{d}/ca.pem"
+  allowed_clients: ["spiffe://lockmesh.test/lockmesh/envoy"]
+etcd:
+  endpoints: ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+  root: "/t/x-1"
+registry_file: "/r/registry.yaml"
+max_wait_ms: 30000
+future_field: 1
+"#
+            )
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! A whole scenario stack: etcd, arbiter(s), Envoy, a backend and clients.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use lockmesh_tests::Stack;
+//! let stack = Stack::builder("grant-and-release")
+//!     .envoy_config("lock-tier")
+//!     .start()
+//!     .await?;
+//! let worker = stack.client("payments", "worker")?;
+//! let resp = worker.post("/jobs/run", &[]).await?;
+//! assert_eq!(resp.status, 200);
+//! # Ok(()) }
+//! ```
+//!
+//! Start order: etcd (the binary-wide shared one unless `own_etcd`), the
+//! backend and the PKI together; then the arbiters and Envoy together (their
+//! ports are chosen up front, and Envoy is ready before its upstreams are).
+
+use std::ops::Deref;
+
+use anyhow::{Context as _, Result};
+use tempfile::TempDir;
+
+use crate::arbiter::{ArbiterProcess, DEFAULT_TEST_REGISTRY};
+use crate::backend::Backend;
+use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
+use crate::client::LockClient;
+use crate::envoy::EnvoyProcess;
+use crate::etcd::{shared_etcd, EtcdCluster};
+use crate::paths::temp_dir;
+use crate::ports::free_port;
+use crate::unique_prefix;
+
+/// Options for a [`Stack`].
+#[derive(Clone, Debug)]
+pub struct StackBuilder {
+    name: String,
+    envoy_config: Option<String>,
+    envoy_concurrency: u32,
+    envoy_replacements: Vec<(String, String)>,
+    registry: String,
+    arbiters: usize,
+    arbiter_extra_yaml: Vec<String>,
+    max_wait_ms: Option<u64>,
+    own_etcd: Option<usize>,
+}
+
+/// A running scenario stack. Drop order: Envoy, arbiters, backend, etcd, PKI.
+#[derive(Debug)]
+pub struct Stack {
+    envoy: Option<EnvoyProcess>,
+    arbiters: Vec<ArbiterProcess>,
+    backend: Backend,
+    etcd: EtcdHandle,
+    root: String,
+    pki: DevPki,
+    _pki_dir: TempDir,
+}
+
+/// The shared etcd or a cluster owned by one stack.
+#[derive(Debug)]
+pub enum EtcdHandle {
+    /// [`shared_etcd`]: never killed by a test.
+    Shared(&'static EtcdCluster),
+    /// Started for this stack (`own_etcd`); free to kill, pause, restore.
+    Owned(EtcdCluster),
+}
+
+// === impl StackBuilder ===
+
+impl StackBuilder {
+    /// Envoy config `<repo>/envoy-config/<name>.yaml`. Without it no Envoy runs.
+    pub fn envoy_config(mut self, name: impl Into<String>) -> Self {
+        self.envoy_config = Some(name.into());
+        self
+    }
+
+    /// Envoy `--concurrency`. Default 2.
+    pub fn envoy_concurrency(mut self, n: u32) -> Self {
+        self.envoy_concurrency = n;
+        self
+    }
+
+    /// An extra text replacement in the Envoy config (must match).
+    pub fn envoy_replace(mut self, from: impl Into<String>, to: impl Into<String>) -> Self {
+        self.envoy_replacements.push((from.into(), to.into()));
+        self
+    }
+
+    /// The registry YAML for the arbiters. Default [`DEFAULT_TEST_REGISTRY`].
+    pub fn registry(mut self, yaml: impl Into<String>) -> Self {
+        self.registry = yaml.into();
+        self
+    }
+
+    /// Number of arbiter replicas (same etcd root). Envoy talks to the first.
+    /// Default 1.
+    pub fn arbiters(mut self, n: usize) -> Self {
+        self.arbiters = n;
+        self
+    }
+
+    /// A raw YAML line appended to every arbiter config.
+    pub fn arbiter_extra_yaml(mut self, line: impl Into<String>) -> Self {
+        self.arbiter_extra_yaml.push(line.into());
+        self
+    }
+
+    /// The arbiters' `max_wait_ms`. Default 30000.
+    pub fn max_wait_ms(mut self, ms: u64) -> Self {
+        self.max_wait_ms = Some(ms);
+        self
+    }
+
+    /// Starts a private etcd cluster of `members` instead of the shared one.
+    pub fn own_etcd(mut self, members: usize) -> Self {
+        self.own_etcd = Some(members);
+        self
+    }
+
+    /// Starts everything and waits until each part is ready.
+    pub async fn start(self) -> Result<Stack> {
+        let pki_dir = temp_dir("pki-")?;
+        let etcd = async {
+            Ok::<_, anyhow::Error>(match self.own_etcd {
+                None => EtcdHandle::Shared(shared_etcd().await),
+                Some(n) => EtcdHandle::Owned(EtcdCluster::builder().members(n).start().await?),
+            })
+        };
+        let pki = async { DevPki::generate(pki_dir.path(), TEST_TRUST_DOMAIN) };
+        let (etcd, backend, pki) = tokio::try_join!(etcd, Backend::start(), pki)?;
+
+        let root = unique_prefix(&self.name);
+        let grpc_ports: Vec<u16> = (0..self.arbiters).map(|_| free_port()).collect();
+        let arbiters = grpc_ports.iter().map(|&port| {
+            let mut b = ArbiterProcess::builder(&pki)
+                .etcd_endpoints(etcd.endpoints())
+                .root(&root)
+                .registry(&self.registry)
+                .grpc_port(port);
+            if let Some(ms) = self.max_wait_ms {
+                b = b.max_wait_ms(ms);
+            }
+            for line in &self.arbiter_extra_yaml {
+                b = b.extra_yaml(line);
+            }
+            b.start()
+        });
+        let envoy = async {
+            let Some(config) = &self.envoy_config else {
+                return Ok(None);
+            };
+            let mut b = EnvoyProcess::builder(config)
+                .concurrency(self.envoy_concurrency)
+                .cert_dir(pki.dir())
+                .upstream_port(backend.port());
+            if let Some(&port) = grpc_ports.first() {
+                b = b.arbiter_port(port);
+            }
+            for (from, to) in &self.envoy_replacements {
+                b = b.replace(from, to);
+            }
+            b.start().await.map(Some)
+        };
+        let (arbiters, envoy) = tokio::try_join!(futures::future::try_join_all(arbiters), envoy)
+            .with_context(|| format!("start stack {}", self.name))?;
+        Ok(Stack {
+            envoy,
+            arbiters,
+            backend,
+            etcd,
+            root,
+            pki,
+            _pki_dir: pki_dir,
+        })
+    }
+}
+
+// === impl Stack ===
+
+impl Stack {
+    /// A builder; `name` labels the etcd root (`/t/<name>-<random>`).
+    pub fn builder(name: impl Into<String>) -> StackBuilder {
+        StackBuilder {
+            name: name.into(),
+            envoy_config: None,
+            envoy_concurrency: 2,
+            envoy_replacements: Vec::new(),
+            registry: DEFAULT_TEST_REGISTRY.to_owned(),
+            arbiters: 1,
+            arbiter_extra_yaml: Vec::new(),
+            max_wait_ms: None,
+            own_etcd: None,
+        }
+    }
+
+    /// The Envoy process.
+    ///
+    /// # Panics
+    ///
+    /// If the stack was built without `envoy_config`.
+    pub fn envoy(&self) -> &EnvoyProcess {
+        match &self.envoy {
+            Some(envoy) => envoy,
+            None => panic!("this stack has no Envoy: call .envoy_config(..) on the builder"),
+        }
+    }
+
+    /// Arbiter replica `i` (panics if out of range).
+    pub fn arbiter(&self, i: usize) -> &ArbiterProcess {
+        &self.arbiters[i]
+    }
+
+    /// All arbiter replicas.
+    pub fn arbiters(&self) -> &[ArbiterProcess] {
+        &self.arbiters
+    }
+
+    /// The recording upstream.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The etcd cluster (shared or owned).
+    pub fn etcd(&self) -> &EtcdCluster {
+        &self.etcd
+    }
+
+    /// The etcd key prefix of this stack's arbiters (`etcd.root`).
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The stack's PKI (trust domain `lockmesh.test`).
+    pub fn pki(&self) -> &DevPki {
+        &self.pki
+    }
+
+    /// A client presenting the workload identity `spiffe://lockmesh.test/ns/<ns>/sa/<sa>`.
+    pub fn client(&self, ns: &str, sa: &str) -> Result<LockClient> {
+        let cert = self.pki.client(ns, sa)?;
+        self.client_with(Some((&cert.cert_path, &cert.key_path)))
+    }
+
+    /// A client presenting no client certificate.
+    pub fn anonymous_client(&self) -> Result<LockClient> {
+        self.client_with(None)
+    }
+
+    /// A client presenting `spiffe://lockmesh.test/ns/<ns>/sa/<sa>` signed by
+    /// the rogue CA.
+    pub fn rogue_client(&self, ns: &str, sa: &str) -> Result<LockClient> {
+        let cert = self.pki.rogue_as(ns, sa)?;
+        self.client_with(Some((&cert.cert_path, &cert.key_path)))
+    }
+
+    fn client_with(
+        &self,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<LockClient> {
+        LockClient::new(
+            self.envoy().listener_port(),
+            &self.pki.ca_cert_path(),
+            identity,
+        )
+    }
+}
+
+// === impl EtcdHandle ===
+
+impl Deref for EtcdHandle {
+    type Target = EtcdCluster;
+
+    fn deref(&self) -> &EtcdCluster {
+        match self {
+            EtcdHandle::Shared(cluster) => cluster,
+            EtcdHandle::Owned(cluster) => cluster,
+        }
+    }
+}

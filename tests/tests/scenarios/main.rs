@@ -1,0 +1,10 @@
+//! The one scenario test binary (one binary per STYLE §6: 2-core machines).
+//!
+//! Each module is a group of scenarios; they share the lazily started etcd
+//! (`lockmesh_tests::shared_etcd`) and each uses its own key prefix.
+
+// A test binary: assertions by unwrap are the point, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod core_lock;
+mod harness_selftest;
