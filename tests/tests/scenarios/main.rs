@@ -6,5 +6,7 @@
 // A test binary: assertions by unwrap are the point, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod arbiter_direct;
+mod configs;
 mod core_lock;
 mod harness_selftest;
