@@ -17,6 +17,7 @@ pub async fn run(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -31,5 +32,20 @@ async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {
 }
 
 async fn metrics(AxState(state): AxState<Arc<State>>) -> String {
-    state.metrics.render(state.store.queues().keys_waiting())
+    let seal = state.store.seal().current().map(|s| (s.reason, s.since_ms));
+    state.metrics.render(state.store.queues().keys_waiting(), seal)
+}
+
+/// Seal state and marks as JSON (numbers only: no key, token or identity).
+async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<serde_json::Value> {
+    let seal = state.store.seal().current();
+    let m = state.store.seal().marks();
+    axum::Json(serde_json::json!({
+        "sealed": seal.is_some(),
+        "seal_reason": seal.as_ref().map(|s| s.reason.as_str()),
+        "seal_detail": seal.as_ref().map(|s| s.detail.clone()),
+        "sealed_since_ms": seal.as_ref().map(|s| s.since_ms),
+        "marks": { "cluster_id": m.cluster_id, "epoch": m.epoch, "revision": m.revision,
+                   "raft_term": m.raft_term, "raft_index": m.raft_index, "updated_ms": m.updated_ms },
+    }))
 }

@@ -106,6 +106,8 @@ async fn route(
         instance: req.lock.instance.clone(),
     };
     let lock = &req.lock;
+    // Sealed: every request is refused until the epoch advances.
+    state.store.unsealed()?;
     let r = match (req.method.as_str(), req.path.as_str()) {
         ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
         ("POST", "/v1/locks/release") => {

@@ -36,6 +36,10 @@ pub struct RawConfig {
     /// Longest wait an acquire may ask for, ms. Default 30000. Keep it below the
     /// Envoy listener's `request_timeout` and ext_proc `max_message_timeout`.
     pub max_wait_ms: Option<u64>,
+    /// File holding this arbiter's durable high-water marks (restore detection).
+    /// Put it on a volume that survives restarts and rescheduling. Without it an
+    /// arbiter detects restores only while it runs.
+    pub marks_file: Option<String>,
 }
 
 /// TLS settings.
@@ -92,6 +96,8 @@ pub struct Config {
     pub registry: ClassRegistry,
     /// Longest wait.
     pub max_wait_ms: u64,
+    /// Durable marks file.
+    pub marks_file: Option<PathBuf>,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -216,6 +222,7 @@ impl Config {
                 registry_file,
                 registry,
                 max_wait_ms,
+                marks_file: raw.marks_file.map(|p| resolve(base, &p)),
             }),
             _ => Err(errs),
         }

@@ -41,12 +41,28 @@ pub async fn run(
         &config.etcd_endpoints,
         &config.etcd_root,
         Duration::from_millis(config.op_timeout_ms),
+        config.marks_file.as_deref(),
     )
     .await?;
-    // Load (or create) the epoch record before serving; retried by readiness later.
-    if let Err(e) = store.refresh_epoch().await {
-        tracing::warn!(error = %e, "epoch record not loaded yet; grants wait for etcd");
+    if config.marks_file.is_none() {
+        tracing::warn!("no marks_file: restores are detected only while this arbiter runs, not across its restarts");
     }
+    // Check the seal (and load or create the epoch record) before serving; a
+    // checker repeats it every second so a restore is noticed without traffic.
+    if let Err(e) = store.check_seal().await {
+        tracing::warn!(error = %e, "etcd not reachable yet; every request fails closed until it is");
+    }
+    let checker = tokio::spawn({
+        let store = store.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Err(e) = store.check_seal().await {
+                    tracing::debug!(error = %e, "seal check could not reach etcd");
+                }
+            }
+        }
+    });
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(&config.tls_cert, &config.tls_key))
         .client_ca_root(Certificate::from_pem(&config.client_ca));
@@ -67,6 +83,7 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown)
         .await?;
     let _ = stop_tx.send(true);
+    checker.abort();
     let _ = admin_task.await;
     Ok(())
 }

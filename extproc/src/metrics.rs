@@ -40,7 +40,7 @@ impl Metrics {
     }
 
     /// The text exposition.
-    pub fn render(&self, waiting_keys: usize) -> String {
+    pub fn render(&self, waiting_keys: usize, seal: Option<(crate::lock::seal::SealReason, u64)>) -> String {
         let mut s = String::new();
         s.push_str("# HELP lockmesh_arbiter_requests_total API requests answered, by route and result code.\n");
         s.push_str("# TYPE lockmesh_arbiter_requests_total counter\n");
@@ -62,6 +62,15 @@ impl Metrics {
         s.push_str("# HELP lockmesh_arbiter_waiting_keys Keys with at least one waiter queued on this arbiter.\n");
         s.push_str("# TYPE lockmesh_arbiter_waiting_keys gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_waiting_keys {waiting_keys}");
+        s.push_str("# HELP lockmesh_arbiter_sealed 1 while the arbiter is sealed for this reason (restore safety).\n");
+        s.push_str("# TYPE lockmesh_arbiter_sealed gauge\n");
+        for r in crate::lock::seal::SealReason::ALL {
+            let v = u8::from(seal.is_some_and(|(sr, _)| sr == r));
+            let _ = writeln!(s, "lockmesh_arbiter_sealed{{reason=\"{}\"}} {v}", r.as_str());
+        }
+        s.push_str("# HELP lockmesh_arbiter_sealed_since_seconds Unix time the current seal was declared (0 when unsealed).\n");
+        s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
+        let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
         s
     }
 }

@@ -195,8 +195,10 @@ async fn request_headers(
     let path = get(":path").unwrap_or_default();
     let path = path.split('?').next().unwrap_or_default().to_owned();
     let route = route_label(&method, &path);
-    let answer = |r: ApiResponse| {
+    let answer = |mut r: ApiResponse| {
         state.metrics.request(route, code_of(&r));
+        let sealed = state.store.seal().current().map_or("false", |s| s.reason.as_str());
+        r.headers.push((headers::SEALED, sealed.to_owned()));
         immediate(&r, "lockmesh")
     };
     // The filter stamps every request it passed; without the stamp the request did

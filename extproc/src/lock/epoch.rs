@@ -20,6 +20,10 @@ pub struct EpochRecord {
     pub epoch: u64,
     /// The etcd cluster id it was minted for, 16 hex digits.
     pub cluster_id: String,
+    /// An explicit seal (an epoch advance in progress): every arbiter refuses
+    /// requests while it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
 }
 
 /// What the arbiter knows of the record.
@@ -31,6 +35,8 @@ pub struct EpochState {
     pub mod_revision: i64,
     /// Cluster id the epoch is bound to.
     pub cluster_id: u64,
+    /// Explicit seal reason, if any.
+    pub sealed: Option<String>,
 }
 
 /// Cached epoch state.
@@ -60,11 +66,11 @@ impl Store {
         header_cluster: Option<u64>,
     ) -> Result<(), LockError> {
         match header_cluster {
-            Some(c) if c != state.cluster_id => Err(LockError::Sealed(format!(
-                "etcd cluster id {} differs from the epoch record's {}",
-                cluster_hex(c),
-                cluster_hex(state.cluster_id)
-            ))),
+            Some(c) if c != state.cluster_id => {
+                let detail = format!("etcd cluster id {} differs from the epoch record's {}", cluster_hex(c), cluster_hex(state.cluster_id));
+                self.seal().seal(super::seal::SealReason::ClusterIdMismatch, detail.clone());
+                Err(LockError::Sealed(detail))
+            }
             _ => Ok(()),
         }
     }
@@ -85,6 +91,7 @@ impl Store {
                     epoch: rec.epoch,
                     mod_revision: kv.mod_revision(),
                     cluster_id,
+                    sealed: rec.sealed,
                 };
                 self.check_cluster(&state, header_cluster)?;
                 if let Ok(mut g) = self.epoch.0.write() {
@@ -95,9 +102,17 @@ impl Store {
             // A fresh root: create epoch 1 bound to this cluster, once.
             let cluster = header_cluster
                 .ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
+            if self.seal().marks().epoch > 0 {
+                // This arbiter has seen an epoch here before: a missing record means
+                // the store went back to before it existed.
+                let why = "the epoch record is missing".to_string();
+                self.seal().seal(super::seal::SealReason::EpochBehindMark, why.clone());
+                return Err(LockError::Sealed(why));
+            }
             let rec = EpochRecord {
                 epoch: FIRST_EPOCH,
                 cluster_id: cluster_hex(cluster),
+                sealed: None,
             };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()
@@ -107,6 +122,47 @@ impl Store {
             tracing::info!(epoch = FIRST_EPOCH, cluster = %cluster_hex(cluster), "created the epoch record");
         }
         Err(LockError::Internal("epoch record could not be read".into()))
+    }
+
+    /// One seal check (see [`super::seal`]): a linearizable read of the epoch
+    /// record, the leader's raft position, then the comparison with the marks,
+    /// which are persisted when they moved.
+    pub async fn check_seal(&self) -> Result<(), LockError> {
+        let floor = self.seal().revision_floor();
+        let state = match self.refresh_epoch().await {
+            Ok(s) => s,
+            Err(LockError::Sealed(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let r = self.call(self.client().get(self.keys().epoch(), None)).await?;
+        let h = r.header().ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
+        let raft = self.leader_position().await;
+        self.seal().check(h.cluster_id(), state.cluster_id, state.epoch, state.sealed.as_deref(), floor, h.revision(), raft);
+        if let Err(e) = self.seal().persist() {
+            tracing::error!(error = %e, "cannot persist the high-water marks");
+        }
+        Ok(())
+    }
+
+    /// The (term, index) of the member that leads, taken only from a member that
+    /// serves a linearizable read itself (a deposed or lagging member cannot).
+    async fn leader_position(&self) -> Option<(u64, u64)> {
+        for m in &self.members {
+            let Ok(s) = self.call(m.clone().status()).await else { continue };
+            let Some(h) = s.header() else { continue };
+            if s.leader() != h.member_id() {
+                continue;
+            }
+            if self.call(m.clone().get(self.keys().epoch(), None)).await.is_err() {
+                return None;
+            }
+            let Ok(s2) = self.call(m.clone().status()).await else { return None };
+            if s2.leader() == h.member_id() && s2.raft_term() == s.raft_term() {
+                return Some((s2.raft_term(), s2.raft_index()));
+            }
+            return None;
+        }
+        None
     }
 
     /// Drops the cached state so the next grant reloads it.

@@ -15,6 +15,7 @@
 pub mod epoch;
 pub mod keys;
 pub mod mutex;
+pub mod seal;
 pub mod session;
 pub mod wait;
 
@@ -110,6 +111,9 @@ pub struct Store {
     sessions: Mutex<HashMap<SessionId, Arc<SessionRecord>>>,
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
+    seal: seal::Seal,
+    /// One client per endpoint, to find the member that leads (seal checks).
+    members: Vec<Client>,
 }
 
 /// Unix time in ms.
@@ -132,15 +136,27 @@ impl Store {
         endpoints: &[String],
         root: &str,
         op_timeout: Duration,
+        marks_file: Option<&std::path::Path>,
     ) -> Result<Arc<Self>, LockError> {
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(op_timeout)
             .with_timeout(op_timeout)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
-        let client = tokio::time::timeout(op_timeout, Client::connect(endpoints, Some(opts)))
-            .await
-            .map_err(|_| LockError::Unavailable("connect timed out".into()))?
-            .map_err(unavailable)?;
+        let connect = |eps: Vec<String>| {
+            let opts = opts.clone();
+            async move {
+                tokio::time::timeout(op_timeout, Client::connect(eps, Some(opts)))
+                    .await
+                    .map_err(|_| LockError::Unavailable("connect timed out".into()))?
+                    .map_err(unavailable)
+            }
+        };
+        let client = connect(endpoints.to_vec()).await?;
+        let mut members = Vec::new();
+        for e in endpoints {
+            members.push(connect(vec![e.clone()]).await?);
+        }
+        let seal = seal::Seal::load(marks_file, root).map_err(LockError::Internal)?;
         let store = Arc::new(Self {
             client,
             keys: Keys::new(root),
@@ -149,6 +165,8 @@ impl Store {
             sessions: Mutex::new(HashMap::new()),
             marker: Mutex::new(None),
             queues: wait::Queues::default(),
+            seal,
+            members,
         });
         Ok(store)
     }
@@ -222,8 +240,22 @@ impl Store {
         &self.queues
     }
 
-    /// Checks reachability with a linearizable read of the epoch record.
+    /// The seal state.
+    pub fn seal(&self) -> &seal::Seal {
+        &self.seal
+    }
+
+    /// Refuses with `Sealed` while sealed.
+    pub fn unsealed(&self) -> Result<(), LockError> {
+        match self.seal.current() {
+            Some(s) => Err(LockError::Sealed(format!("{}: {}", s.reason.as_str(), s.detail))),
+            None => Ok(()),
+        }
+    }
+
+    /// Ready: etcd answers a linearizable read and the service is not sealed.
     pub async fn ready(&self) -> Result<(), LockError> {
-        self.refresh_epoch().await.map(|_| ())
+        self.check_seal().await?;
+        self.unsealed()
     }
 }

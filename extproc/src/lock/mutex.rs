@@ -276,7 +276,12 @@ impl Store {
         sid: SessionId,
         new_record: Option<&SessionRecord>,
     ) -> Result<Attempt, LockError> {
+        self.unsealed()?;
         let ep = self.epoch_state().await?;
+        if let Some(why) = &ep.sealed {
+            return Err(LockError::Sealed(why.clone()));
+        }
+        let floor = self.seal().revision_floor();
         let k = self.keys();
         let (epoch_key, holds, slot, sess_key) =
             (k.epoch(), k.holds(d), k.slot(d, 0), k.session(sid));
@@ -333,12 +338,17 @@ impl Store {
             .header()
             .ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
-        if let Err(e) = self.check_cluster(&ep, Some(cluster)) {
+        let behind = revision < floor;
+        if behind {
+            self.seal().seal(super::seal::SealReason::RevisionBehindMark, format!("grant revision {revision} below mark {floor}"));
+        }
+        if let Err(e) = self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
                 let _ = self.call(self.client().delete(slot.as_str(), None)).await;
             }
             return Err(e);
         }
+        self.seal().observe_revision(revision);
         if r.succeeded() {
             let rev = u64::try_from(revision).unwrap_or(u64::MAX);
             return match FencingToken::mint(ep.epoch, rev) {

@@ -1,0 +1,303 @@
+//! Restore safety: the seal (ADR-03, corrected by ETCD-NOTES).
+//!
+//! `etcdutl snapshot restore` with the original `--initial-cluster` and token keeps
+//! the cluster id, rolls revisions back (or, with `--bump-revision`, ahead) and
+//! brings restored holds back. So the arbiter keeps a durable high-water mark of
+//! what it has seen, in a small local file, and seals when the cluster is behind it:
+//!
+//! | check | source (linearizable only) | restore it catches |
+//! |---|---|---|
+//! | cluster id | every response header vs mark and epoch record | a restore that changed the id |
+//! | revision | linearizable reads and grant commits vs the revision floor | restore without bump |
+//! | epoch | the epoch record vs mark | a restore to before an advance |
+//! | raft (term, index) | status of the member that is leader, read after a linearizable read through it | restore with bump (the raft log restarts) |
+//!
+//! A lagging follower cannot seal: revisions come from linearizable answers only,
+//! and raft positions only from a member that proves it leads by serving a
+//! linearizable read itself. The seal clears only when the epoch record shows a
+//! newer epoch without an explicit seal (the guarded epoch advance); marks are
+//! then re-based on the new epoch.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::now_ms;
+
+/// Why the arbiter is sealed (a bounded metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealReason {
+    /// The etcd cluster id differs from the mark or the epoch record.
+    ClusterIdMismatch,
+    /// A linearizable revision is below the mark.
+    RevisionBehindMark,
+    /// The epoch record's epoch is below the mark.
+    EpochBehindMark,
+    /// The leader's raft (term, index) is below the mark.
+    RaftBehindMark,
+    /// The epoch record carries an explicit seal (an epoch advance in progress).
+    Explicit,
+}
+
+impl SealReason {
+    /// Every reason, for metrics.
+    pub const ALL: [SealReason; 5] = [
+        SealReason::ClusterIdMismatch,
+        SealReason::RevisionBehindMark,
+        SealReason::EpochBehindMark,
+        SealReason::RaftBehindMark,
+        SealReason::Explicit,
+    ];
+
+    /// The wire and label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SealReason::ClusterIdMismatch => "cluster_id_mismatch",
+            SealReason::RevisionBehindMark => "revision_behind_mark",
+            SealReason::EpochBehindMark => "epoch_behind_mark",
+            SealReason::RaftBehindMark => "raft_behind_mark",
+            SealReason::Explicit => "explicit",
+        }
+    }
+}
+
+/// The current seal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealInfo {
+    /// Why.
+    pub reason: SealReason,
+    /// Detail for operators (numbers, never keys or tokens).
+    pub detail: String,
+    /// When it was declared, unix ms.
+    pub since_ms: u64,
+}
+
+/// The durable high-water mark.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marks {
+    /// The key root these marks belong to.
+    pub root: String,
+    /// Cluster id (16 hex digits), empty until first seen.
+    pub cluster_id: String,
+    /// Highest epoch seen.
+    pub epoch: u64,
+    /// Highest linearizable revision seen in this epoch.
+    pub revision: i64,
+    /// Highest leader raft term seen in this epoch.
+    pub raft_term: u64,
+    /// Highest leader raft index seen at that term.
+    pub raft_index: u64,
+    /// Last update, unix ms.
+    pub updated_ms: u64,
+}
+
+/// Seal state and marks.
+pub struct Seal {
+    path: Option<PathBuf>,
+    marks: Mutex<Marks>,
+    persisted: Mutex<Marks>,
+    state: Mutex<Option<SealInfo>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// === impl Seal ===
+
+impl Seal {
+    /// Loads marks from `path` (a missing file starts empty). A file written for
+    /// another root is refused.
+    pub fn load(path: Option<&Path>, root: &str) -> Result<Self, String> {
+        let mut marks = Marks { root: root.to_owned(), ..Marks::default() };
+        if let Some(p) = path {
+            match std::fs::read(p) {
+                Ok(b) => {
+                    let m: Marks = serde_json::from_slice(&b).map_err(|e| format!("{}: not a marks file: {e}", p.display()))?;
+                    if m.root != root {
+                        return Err(format!("{}: marks belong to root {:?}, not {root:?}", p.display(), m.root));
+                    }
+                    marks = m;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("{}: {e}", p.display())),
+            }
+        }
+        Ok(Self {
+            path: path.map(Path::to_owned),
+            persisted: Mutex::new(marks.clone()),
+            marks: Mutex::new(marks),
+            state: Mutex::new(None),
+        })
+    }
+
+    /// The seal, if sealed.
+    pub fn current(&self) -> Option<SealInfo> {
+        lock(&self.state).clone()
+    }
+
+    /// The marks in memory.
+    pub fn marks(&self) -> Marks {
+        lock(&self.marks).clone()
+    }
+
+    /// The lowest revision a linearizable answer to a request sent now may carry.
+    pub fn revision_floor(&self) -> i64 {
+        lock(&self.marks).revision
+    }
+
+    /// Declares a seal (the first reason stays until the epoch advances).
+    pub fn seal(&self, reason: SealReason, detail: String) {
+        let mut s = lock(&self.state);
+        if s.is_none() {
+            tracing::error!(reason = reason.as_str(), %detail, "SEALED: the lock service refuses every request until an operator advances the epoch");
+            *s = Some(SealInfo { reason, detail, since_ms: now_ms() });
+        }
+    }
+
+    /// Raises the revision mark after a linearizable answer.
+    pub fn observe_revision(&self, rev: i64) {
+        let mut m = lock(&self.marks);
+        if rev > m.revision {
+            m.revision = rev;
+        }
+    }
+
+    /// Checks one round of linearizable observations against the marks and, if
+    /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
+    pub fn check(&self, cluster: u64, record_cluster: u64, epoch: u64, explicit: Option<&str>, floor: i64, revision: i64, raft: Option<(u64, u64)>) {
+        let cluster_hex = super::epoch::cluster_hex(cluster);
+        let mut m = lock(&self.marks);
+        if epoch > m.epoch && explicit.is_none() {
+            // A newer epoch without an explicit seal: the guarded advance happened.
+            // Marks restart in the new epoch; any seal clears.
+            if self.current().is_some() {
+                tracing::warn!(epoch, "epoch advanced: unsealed");
+            }
+            *m = Marks { root: m.root.clone(), cluster_id: cluster_hex.clone(), epoch, revision, raft_term: 0, raft_index: 0, updated_ms: now_ms() };
+            if let Some((t, i)) = raft {
+                (m.raft_term, m.raft_index) = (t, i);
+            }
+            *lock(&self.state) = None;
+            return;
+        }
+        let verdict = if let Some(why) = explicit {
+            Some((SealReason::Explicit, format!("epoch record sealed: {why}")))
+        } else if (!m.cluster_id.is_empty() && m.cluster_id != cluster_hex) || cluster != record_cluster {
+            Some((SealReason::ClusterIdMismatch, format!("cluster {cluster_hex}, mark {:?}, epoch record {}", m.cluster_id, super::epoch::cluster_hex(record_cluster))))
+        } else if epoch < m.epoch {
+            Some((SealReason::EpochBehindMark, format!("epoch {epoch} below mark {}", m.epoch)))
+        } else if revision < floor {
+            Some((SealReason::RevisionBehindMark, format!("revision {revision} below mark {floor}")))
+        } else if let Some((t, i)) = raft.filter(|ti| *ti < (m.raft_term, m.raft_index)) {
+            Some((SealReason::RaftBehindMark, format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index)))
+        } else {
+            None
+        };
+        match verdict {
+            Some((reason, detail)) => {
+                drop(m);
+                self.seal(reason, detail);
+            }
+            None if self.current().is_none() => {
+                m.cluster_id = cluster_hex;
+                m.epoch = m.epoch.max(epoch);
+                m.revision = m.revision.max(revision);
+                if let Some(ti) = raft {
+                    if ti > (m.raft_term, m.raft_index) {
+                        (m.raft_term, m.raft_index) = ti;
+                    }
+                }
+                m.updated_ms = now_ms();
+            }
+            None => {}
+        }
+    }
+
+    /// Writes the marks durably (temp file, fsync, rename) when they changed.
+    pub fn persist(&self) -> std::io::Result<()> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let m = self.marks();
+        {
+            let p = lock(&self.persisted);
+            if (p.epoch, p.revision, p.raft_term, p.raft_index, &p.cluster_id) == (m.epoch, m.revision, m.raft_term, m.raft_index, &m.cluster_id) {
+                return Ok(());
+            }
+        }
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(&m).map_err(std::io::Error::other)?)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        *lock(&self.persisted) = m;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seal() -> Seal {
+        Seal::load(None, "/r").unwrap()
+    }
+
+    #[test]
+    fn a_healthy_history_never_seals_and_raises_marks() {
+        let s = seal();
+        s.check(7, 7, 1, None, 0, 10, Some((2, 20)));
+        s.check(7, 7, 1, None, 10, 15, Some((2, 25)));
+        s.check(7, 7, 1, None, 15, 15, Some((3, 5))); // new term, index restarts counting
+        assert_eq!(s.current(), None);
+        let m = s.marks();
+        assert_eq!((m.epoch, m.revision, m.raft_term, m.raft_index), (1, 15, 3, 5));
+    }
+
+    #[test]
+    fn each_restore_signature_seals_and_only_an_advance_unseals() {
+        for (cluster, epoch, rev, raft, want) in [
+            (8, 1, 20, Some((3, 9)), SealReason::ClusterIdMismatch),
+            (7, 0, 20, Some((3, 9)), SealReason::EpochBehindMark),
+            (7, 1, 12, Some((3, 9)), SealReason::RevisionBehindMark),
+            (7, 1, 1_000_020, Some((2, 4)), SealReason::RaftBehindMark),
+        ] {
+            let s = seal();
+            s.check(7, 7, 1, None, 0, 15, Some((3, 9)));
+            s.check(cluster, cluster, epoch, None, 15, rev, raft);
+            assert_eq!(s.current().map(|i| i.reason), Some(want));
+            // Catching up does not unseal; a new epoch does.
+            s.check(7, 7, 1, None, 15, 2_000_000, Some((9, 9)));
+            assert!(s.current().is_some());
+            s.check(7, 7, 2, Some("advance in progress"), 15, 30, Some((3, 10)));
+            assert!(s.current().is_some());
+            s.check(7, 7, 2, None, 15, 30, Some((3, 10)));
+            assert_eq!(s.current(), None);
+            assert_eq!(s.marks().epoch, 2);
+        }
+    }
+
+    #[test]
+    fn marks_survive_a_restart_and_refuse_another_root() {
+        let dir = std::env::temp_dir().join(format!("lockmesh-seal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("marks.json");
+        let s = Seal::load(Some(&p), "/r").unwrap();
+        s.check(7, 7, 1, None, 0, 42, Some((2, 9)));
+        s.persist().unwrap();
+        let again = Seal::load(Some(&p), "/r").unwrap();
+        assert_eq!(again.marks().revision, 42);
+        assert!(Seal::load(Some(&p), "/other").is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
