@@ -14,7 +14,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(health))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
@@ -24,9 +24,20 @@ pub async fn run(
         .await
 }
 
+fn seal_line(state: &State) -> String {
+    match state.store.seal().current() {
+        Some(s) => format!("sealed: {} ({})\n", s.reason.as_str(), s.detail),
+        None => "sealed: false\n".into(),
+    }
+}
+
+async fn health(AxState(state): AxState<Arc<State>>) -> String {
+    format!("ok\n{}", seal_line(&state))
+}
+
 async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {
     match state.store.ready().await {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Ok(()) => (StatusCode::OK, format!("ready\n{}", seal_line(&state))),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
 }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod lock;
 pub mod metrics;
 pub mod respond;
+pub mod restore;
 pub mod server;
 pub mod state;
 pub mod tls;

@@ -24,6 +24,9 @@ pub struct EpochRecord {
     /// requests while it is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<String>,
+    /// The epoch an advance in progress moves to (set with `sealed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
 }
 
 /// What the arbiter knows of the record.
@@ -113,6 +116,7 @@ impl Store {
                 epoch: FIRST_EPOCH,
                 cluster_id: cluster_hex(cluster),
                 sealed: None,
+                target: None,
             };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()

@@ -253,9 +253,10 @@ impl Store {
         }
     }
 
-    /// Ready: etcd answers a linearizable read and the service is not sealed.
+    /// Ready: etcd answers a linearizable read. A sealed arbiter stays ready: it
+    /// answers every request with `sealed`, which callers must see (a removed
+    /// endpoint would only show as an anonymous 503).
     pub async fn ready(&self) -> Result<(), LockError> {
-        self.check_seal().await?;
-        self.unsealed()
+        self.check_seal().await
     }
 }

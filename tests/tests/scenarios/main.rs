@@ -10,3 +10,4 @@ mod arbiter_direct;
 mod configs;
 mod core_lock;
 mod harness_selftest;
+mod restore;

@@ -1,0 +1,132 @@
+//! `lockctl`: operator commands for lockmesh.
+//!
+//! - `lockctl epoch-advance`: the guarded epoch advance (seal, advance and delete
+//!   restored holds, revoke restored sessions, unseal); resumable.
+//! - `lockctl restore`: restore an etcd snapshot with a revision bump into each
+//!   member's data directory, wait for the members to be started, then run the
+//!   epoch advance. Safe to re-run after a crash at any step.
+//!
+//! The restore runbook is `docs/OPERATIONS.md`.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use lockmesh_extproc::restore::{self, Member, RestoreError};
+
+/// lockmesh operator commands.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Advance the epoch: seal, advance (deleting restored holds and waiters),
+    /// revoke restored sessions, unseal. Refused if --expected-epoch is stale.
+    EpochAdvance(Advance),
+    /// Restore a snapshot (with a revision bump) into every member's data
+    /// directory, wait for etcd, then advance the epoch.
+    Restore(Restore),
+}
+
+#[derive(Args)]
+struct Advance {
+    /// etcd client URLs, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    /// lockmesh key root, e.g. /lockmesh.
+    #[arg(long)]
+    root: String,
+    /// The epoch you believe is current; the advance is refused if it is not.
+    #[arg(long)]
+    expected_epoch: u64,
+    /// The new epoch. Without it, one above the highest epoch in the --marks files.
+    #[arg(long)]
+    new_epoch: Option<u64>,
+    /// Arbiter marks files (their `marks_file`), to take the new epoch from.
+    #[arg(long)]
+    marks: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+struct Restore {
+    /// The etcd snapshot file.
+    #[arg(long)]
+    snapshot: PathBuf,
+    /// A member to restore: NAME=DATA_DIR=PEER_URL (repeat for each member).
+    #[arg(long = "member", required = true)]
+    members: Vec<String>,
+    /// --initial-cluster-token of the restored cluster.
+    #[arg(long)]
+    initial_cluster_token: String,
+    /// Revision bump (etcdutl --bump-revision).
+    #[arg(long, default_value_t = restore::DEFAULT_BUMP)]
+    bump_revision: u64,
+    /// The etcdutl binary.
+    #[arg(long, default_value = "etcdutl")]
+    etcdutl: PathBuf,
+    /// How long to wait for the restored members to answer.
+    #[arg(long, default_value_t = 600)]
+    wait_timeout_s: u64,
+    #[command(flatten)]
+    advance: Advance,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockctl: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut out = std::io::stdout();
+    let result = rt.block_on(async {
+        match cli.cmd {
+            Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
+            Cmd::Restore(r) => {
+                let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
+                let target = target_of(&r.advance)?;
+                println!("restore: new epoch will be {target}");
+                restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
+                let mut c = restore::wait_for_etcd(&r.advance.endpoints, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
+                restore::advance(&mut c, &r.advance.root, r.advance.expected_epoch, target, &mut out).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ (RestoreError::NoTarget | RestoreError::TargetTooLow { .. } | RestoreError::EpochExhausted(_))) => {
+            eprintln!("lockctl: {e}");
+            ExitCode::from(64)
+        }
+        Err(e) => {
+            eprintln!("lockctl: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn target_of(a: &Advance) -> Result<u64, RestoreError> {
+    let marks: Vec<&std::path::Path> = a.marks.iter().map(PathBuf::as_path).collect();
+    restore::choose_epoch(a.expected_epoch, a.new_epoch, &marks)
+}
+
+async fn advance(a: &Advance, out: &mut std::io::Stdout) -> Result<(), RestoreError> {
+    let target = target_of(a)?;
+    let mut c = restore::wait_for_etcd(&a.endpoints, Duration::from_secs(30), out).await?;
+    restore::advance(&mut c, &a.root, a.expected_epoch, target, out).await
+}
+
+fn parse_member(s: &str) -> Result<Member, RestoreError> {
+    let mut parts = s.splitn(3, '=');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), Some(dir), Some(peer)) if !name.is_empty() && !dir.is_empty() && peer.starts_with("http") => {
+            Ok(Member { name: name.into(), data_dir: dir.into(), peer_url: peer.into() })
+        }
+        _ => Err(RestoreError::Other(format!("--member {s:?}: expected NAME=DATA_DIR=PEER_URL"))),
+    }
+}

@@ -1,0 +1,278 @@
+//! Issue 3: restore safety. Each scenario issues real tokens, takes a real etcd
+//! snapshot, restores it with the ORIGINAL `--initial-cluster` and token (so the
+//! cluster id stays the same), and checks that the arbiter seals, grants nothing,
+//! and that after the guarded epoch advance every new token is above every token
+//! issued before the restore.
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use lockmesh_tests::{client::LockClient, eventually, paths::profile_dir, Stack};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const ACQ: &str = "/v1/locks/acquire";
+
+fn lockctl() -> PathBuf {
+    profile_dir().join("lockctl")
+}
+
+fn token(r: &lockmesh_tests::Resp) -> u64 {
+    r.json["token"].as_str().unwrap_or_else(|| panic!("no token: {}", r.body)).parse().unwrap()
+}
+
+async fn status(st: &Stack, i: usize) -> serde_json::Value {
+    let (code, body) = st.arbiter(i).admin_get("/status").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// A stack on its own one-member etcd with a durable marks file.
+async fn stack(name: &str, marks: &std::path::Path) -> Stack {
+    Stack::builder(name)
+        .envoy_config("lock-tier")
+        .own_etcd(1)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Waits until the marks file holds at least `rev` (the checker persists every second).
+async fn marks_reach(marks: &std::path::Path, rev: u64) {
+    eventually(Duration::from_secs(10), async || {
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(marks)?)?;
+        anyhow::ensure!(m["revision"].as_u64().unwrap_or(0) >= rev, "marks at {}", m["revision"]);
+        Ok(())
+    })
+    .await;
+}
+
+async fn wait_sealed(st: &Stack) -> String {
+    eventually(Duration::from_secs(15), async || {
+        let s = status(st, 0).await;
+        anyhow::ensure!(s["sealed"] == true, "not sealed: {s}");
+        Ok(s["seal_reason"].as_str().unwrap_or_default().to_owned())
+    })
+    .await
+}
+
+async fn grants(c: &LockClient, prefix: &str, n: usize) -> Vec<u64> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let r = c.post(ACQ, &[("x-lock-key", &format!("payments/{prefix}-{i}"))]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        v.push(token(&r));
+    }
+    v
+}
+
+async fn advance(st: &Stack, expected: u64, new: u64) -> std::process::Output {
+    tokio::process::Command::new(lockctl())
+        .args(["epoch-advance", "--endpoints", &st.etcd().endpoints().join(","), "--root", st.root()])
+        .args(["--expected-epoch", &expected.to_string(), "--new-epoch", &new.to_string()])
+        .output()
+        .await
+        .unwrap()
+}
+
+async fn assert_refused_sealed(c: &LockClient, reason: &str) {
+    let r = c.post(ACQ, &[("x-lock-key", "payments/while-sealed")]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("sealed")), "{}", r.body);
+    assert_eq!(r.header("x-lockmesh-sealed"), Some(reason), "{:?}", r.headers);
+}
+
+/// The shared body of the hand-run restore scenarios.
+async fn hand_run_restore(name: &str, bump: Option<u64>, restart_arbiter: bool, want_reason: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let st = stack(name, &marks).await;
+    let a = st.client("payments", "a").unwrap();
+    // A hold that the snapshot captures, then more grants after the snapshot.
+    let restored = a.post(ACQ, &[("x-lock-key", "payments/restored")]).await.unwrap();
+    let restored_session = restored.json["session"].as_str().unwrap().to_owned();
+    let mut before = grants(&a, "pre", 3).await;
+    let snap = dir.path().join("snap.db");
+    st.etcd().snapshot_save(&snap).await.unwrap();
+    before.extend(grants(&a, "post", 5).await);
+    let max_before = *before.iter().max().unwrap();
+    marks_reach(&marks, max_before & ((1 << 48) - 1)).await;
+
+    if restart_arbiter {
+        st.arbiter(0).stop().await.unwrap();
+    }
+    st.etcd().restore_from(&snap, bump).await.unwrap();
+    if restart_arbiter {
+        st.arbiter(0).restart().await.unwrap();
+    }
+    let reason = wait_sealed(&st).await;
+    assert_eq!(reason, want_reason);
+    assert_refused_sealed(&a, want_reason).await;
+    let (_, health) = st.arbiter(0).admin_get("/healthz").await.unwrap();
+    assert!(health.contains(&format!("sealed: {want_reason}")), "{health}");
+    let (_, metrics) = st.arbiter(0).admin_get("/metrics").await.unwrap();
+    assert!(metrics.contains(&format!("lockmesh_arbiter_sealed{{reason=\"{want_reason}\"}} 1")), "{metrics}");
+    // Nothing was granted while sealed: the key stays free in etcd.
+    let mut etcd = st.etcd().client().await.unwrap();
+    let r = a.get("/v1/locks", &[("x-lock-key", "payments/while-sealed")]).await.unwrap();
+    assert_eq!(r.code(), 503, "{}", r.body);
+    let held = etcd.get(format!("{}/l/", st.root()), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(held.kvs().len(), 4, "only the restored holds may exist");
+
+    let out = advance(&st, 1, 2).await;
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), async || {
+        let s = status(&st, 0).await;
+        anyhow::ensure!(s["sealed"] == false, "still sealed: {s}");
+        Ok(())
+    })
+    .await;
+    let after = grants(&a, "after", 3).await;
+    for t in &after {
+        assert!(*t > max_before, "token {t} after the restore is not above {max_before}");
+        assert_eq!(t >> 48, 2, "token {t} is not in epoch 2");
+    }
+    // The holder whose hold the snapshot brought back cannot renew.
+    let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", &restored_session)]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (410, Some("session_expired")), "{}", r.body);
+}
+
+#[tokio::test]
+async fn hand_run_restore_without_bump_seals_while_the_arbiter_runs() {
+    hand_run_restore("restore-nobump", None, false, "revision_behind_mark").await;
+}
+
+#[tokio::test]
+async fn hand_run_restore_with_bump_seals_after_an_arbiter_restart() {
+    hand_run_restore("restore-bump", Some(1_000_000), true, "raft_behind_mark").await;
+}
+
+#[tokio::test]
+async fn a_stale_epoch_advance_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = stack("restore-stale", &dir.path().join("marks.json")).await;
+    let a = st.client("payments", "a").unwrap();
+    let t1 = token(&a.post(ACQ, &[("x-lock-key", "payments/x")]).await.unwrap());
+    let mut etcd = st.etcd().client().await.unwrap();
+    let epoch_key = format!("{}/sys/epoch", st.root());
+    let before = etcd.get(epoch_key.as_str(), None).await.unwrap().kvs()[0].clone();
+    let out = advance(&st, 7, 8).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected epoch 7 but the epoch record holds 1: nothing changed"));
+    let after = etcd.get(epoch_key.as_str(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!((before.mod_revision(), before.value()), (after.mod_revision(), after.value()));
+    // The hold is untouched and the service unsealed.
+    let h = a.get("/v1/locks", &[("x-lock-key", "payments/x")]).await.unwrap();
+    assert_eq!(h.json["holders"].as_array().map(Vec::len), Some(1), "{}", h.body);
+    assert_eq!(status(&st, 0).await["sealed"], false);
+    assert!(t1 >> 48 == 1);
+}
+
+#[tokio::test]
+async fn the_restore_command_runs_end_to_end_and_resumes_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let st = stack("restore-cmd", &marks).await;
+    let a = st.client("payments", "a").unwrap();
+    let restored = a.post(ACQ, &[("x-lock-key", "payments/held")]).await.unwrap();
+    let session = restored.json["session"].as_str().unwrap().to_owned();
+    let snap = dir.path().join("snap.db");
+    st.etcd().snapshot_save(&snap).await.unwrap();
+    let before = grants(&a, "later", 4).await;
+    let max_before = *before.iter().max().unwrap();
+    marks_reach(&marks, max_before & ((1 << 48) - 1)).await;
+
+    let m = st.etcd().member(0);
+    m.stop().await.unwrap();
+    std::fs::remove_dir_all(m.data_dir()).unwrap();
+    let etcdutl = lockmesh_tests::etcd::etcdutl_bin().unwrap();
+    let cmd = || {
+        let mut c = tokio::process::Command::new(lockctl());
+        c.args(["restore", "--snapshot", snap.to_str().unwrap()])
+            .arg(format!("--member={}={}={}", m.name(), m.data_dir().display(), m.peer_url()))
+            .args(["--initial-cluster-token", st.etcd().token(), "--etcdutl", etcdutl.to_str().unwrap()])
+            .args(["--endpoints", &st.etcd().endpoints().join(","), "--root", st.root()])
+            .args(["--expected-epoch", "1", "--marks", marks.to_str().unwrap(), "--wait-timeout-s", "60"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    // First run: restores, waits for etcd; we start etcd, and kill the command as
+    // soon as it has sealed (step 1), before it deletes or revokes anything.
+    let mut first = cmd().spawn().unwrap();
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let mut log = Vec::new();
+    while let Some(l) = lines.next_line().await.unwrap() {
+        log.push(l.clone());
+        if l.starts_with("waiting for etcd") {
+            m.restart().await.unwrap();
+        }
+        if l.starts_with("1/4 sealed") {
+            first.kill().await.unwrap();
+            break;
+        }
+    }
+    assert!(log.iter().any(|l| l.contains("headroom")), "{log:?}");
+    let reason = wait_sealed(&st).await;
+    assert_eq!(reason, "explicit");
+    assert_refused_sealed(&a, "explicit").await;
+    // Re-run: the restore is kept, the advance resumes from the record's state.
+    let out = cmd().output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("already holds this restore"), "{text}");
+    assert!(text.contains("2/4 advanced") && text.contains("3/4 revoked") && text.contains("4/4 unsealed"), "{text}");
+    // A third run finds nothing to do.
+    let out = cmd().output().await.unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done: epoch 2 is current"));
+    eventually(Duration::from_secs(10), async || {
+        anyhow::ensure!(status(&st, 0).await["sealed"] == false, "still sealed");
+        Ok(())
+    })
+    .await;
+    let after = token(&a.post(ACQ, &[("x-lock-key", "payments/held")]).await.unwrap());
+    assert!(after > max_before && after >> 48 == 2, "{after} vs {max_before}");
+    let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await.unwrap();
+    assert_eq!(r.code(), 410, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_lagging_member_does_not_seal_a_healthy_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Stack::builder("restore-lag")
+        .envoy_config("lock-tier")
+        .own_etcd(3)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", dir.path().join("marks.json").display().to_string()))
+        .start()
+        .await
+        .unwrap();
+    let a = st.client("payments", "a").unwrap();
+    grants(&a, "warm", 3).await;
+    // Find a follower and freeze it while the others keep committing.
+    let mut lagging = None;
+    for i in 0..3 {
+        let mut c = etcd_client::Client::connect([st.etcd().member(i).client_url()], None).await.unwrap();
+        let s = c.status().await.unwrap();
+        if s.leader() != s.header().unwrap().member_id() {
+            lagging = Some(i);
+            break;
+        }
+    }
+    let f = st.etcd().member(lagging.unwrap());
+    f.pause().unwrap();
+    let mut ok = 0;
+    for i in 0..20 {
+        let r = a.post(ACQ, &[("x-lock-key", &format!("payments/lag-{i}"))]).await.unwrap();
+        if r.code() == 200 {
+            ok += 1;
+        }
+    }
+    assert!(ok > 0, "nothing was granted while one member of three was paused");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.resume().unwrap();
+    // While it catches up, and after, nothing seals.
+    for _ in 0..6 {
+        assert_eq!(status(&st, 0).await["sealed"], false);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let r = a.post(ACQ, &[("x-lock-key", "payments/after-lag")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+}
