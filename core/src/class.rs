@@ -139,16 +139,10 @@ impl ClassRegistry {
         let min_ttl = raw.platform.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S);
         let max_ttl = raw.platform.max_ttl_s.unwrap_or(PLATFORM_MAX_TTL_S);
         if min_ttl < ETCD_MIN_TTL_S {
-            err(
-                "platform.min_ttl_s".into(),
-                format!("{min_ttl}s is below etcd's lease floor {ETCD_MIN_TTL_S}s"),
-            );
+            err("platform.min_ttl_s".into(), format!("{min_ttl}s is below etcd's lease floor {ETCD_MIN_TTL_S}s"));
         }
         if max_ttl < min_ttl {
-            err(
-                "platform.max_ttl_s".into(),
-                format!("{max_ttl}s is below min_ttl_s {min_ttl}s"),
-            );
+            err("platform.max_ttl_s".into(), format!("{max_ttl}s is below min_ttl_s {min_ttl}s"));
         }
         let mut classes = Vec::new();
         let mut defaults = Vec::new();
@@ -167,10 +161,7 @@ impl ClassRegistry {
             }
             let ttl_s = c.ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S);
             if ttl_s < min_ttl || ttl_s > max_ttl {
-                err(
-                    at("ttl_s"),
-                    format!("{ttl_s}s is outside the platform range {min_ttl}s to {max_ttl}s"),
-                );
+                err(at("ttl_s"), format!("{ttl_s}s is outside the platform range {min_ttl}s to {max_ttl}s"));
             }
             let max_holders = c.max_holders.unwrap_or(1);
             if max_holders == 0 {
@@ -181,15 +172,9 @@ impl ClassRegistry {
             }
             for (j, p) in c.prefixes.iter().enumerate() {
                 if !valid_prefix(p) {
-                    err(
-                        at(&format!("prefixes[{j}]")),
-                        format!("{p:?} is not a namespace or namespace/path"),
-                    );
+                    err(at(&format!("prefixes[{j}]")), format!("{p:?} is not a namespace or namespace/path"));
                 } else if let Some((_, other)) = prefixes.iter().find(|(q, _)| q == p) {
-                    err(
-                        at(&format!("prefixes[{j}]")),
-                        format!("{p:?} is already claimed by classes[{other}]"),
-                    );
+                    err(at(&format!("prefixes[{j}]")), format!("{p:?} is already claimed by classes[{other}]"));
                 } else {
                     prefixes.push((p.clone(), i));
                 }
@@ -198,43 +183,24 @@ impl ClassRegistry {
                 defaults.push(i);
             }
             if let Some(name) = name {
-                classes.push(ClassSpec {
-                    name,
-                    prefixes: c.prefixes.clone(),
-                    ttl_s,
-                    max_holders,
-                });
+                classes.push(ClassSpec { name, prefixes: c.prefixes.clone(), ttl_s, max_holders });
             }
         }
         match defaults.len() {
             1 => {}
             0 => err("classes".into(), "no class has default: true".into()),
-            _ => err(
-                "classes".into(),
-                format!(
-                    "{} classes have default: true; exactly one may",
-                    defaults.len()
-                ),
-            ),
+            _ => err("classes".into(), format!("{} classes have default: true; exactly one may", defaults.len())),
         }
         if !errs.is_empty() {
             return Err(errs);
         }
         prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        Ok(Self {
-            classes,
-            default: defaults[0],
-            prefixes,
-        })
+        Ok(Self { classes, default: defaults[0], prefixes })
     }
 
     /// The class of `key`: the longest covering prefix, else the default class.
     pub fn class_of(&self, key: &LockKey) -> &ClassSpec {
-        let i = self
-            .prefixes
-            .iter()
-            .find(|(p, _)| covers(p, key.as_str()))
-            .map_or(self.default, |(_, i)| *i);
+        let i = self.prefixes.iter().find(|(p, _)| covers(p, key.as_str())).map_or(self.default, |(_, i)| *i);
         &self.classes[i]
     }
 
@@ -256,9 +222,7 @@ impl ClassRegistry {
     /// True when some class names this namespace in a prefix (metrics label
     /// namespaces from the registry only, never from callers).
     pub fn knows_namespace(&self, ns: &str) -> bool {
-        self.prefixes
-            .iter()
-            .any(|(p, _)| p.split('/').next() == Some(ns))
+        self.prefixes.iter().any(|(p, _)| p.split('/').next() == Some(ns))
     }
 }
 
@@ -267,10 +231,7 @@ mod tests {
     use super::*;
 
     fn raw(classes: Vec<RawClass>) -> RawRegistry {
-        RawRegistry {
-            platform: RawPlatform::default(),
-            classes,
-        }
+        RawRegistry { platform: RawPlatform::default(), classes }
     }
 
     fn class(name: &str, prefixes: &[&str], ttl: Option<u64>, default: bool) -> RawClass {
@@ -291,12 +252,7 @@ mod tests {
             class("orders", &["payments/orders"], Some(60), false),
         ]))
         .unwrap();
-        let of = |k: &str| {
-            r.class_of(&LockKey::parse(k.as_bytes()).unwrap())
-                .name
-                .as_str()
-                .to_owned()
-        };
+        let of = |k: &str| r.class_of(&LockKey::parse(k.as_bytes()).unwrap()).name.as_str().to_owned();
         assert_eq!(of("payments/orders/1"), "orders");
         assert_eq!(of("payments/orders-archive/1"), "pay");
         assert_eq!(of("payments/x"), "pay");
@@ -309,8 +265,7 @@ mod tests {
     fn collects_every_error_with_its_path() {
         let mut bad = class("Bad Name", &["ok", "no//good"], Some(1), true);
         bad.max_holders = Some(0);
-        let e = ClassRegistry::try_from_raw(&raw(vec![bad, class("x", &["ok"], Some(400), true)]))
-            .unwrap_err();
+        let e = ClassRegistry::try_from_raw(&raw(vec![bad, class("x", &["ok"], Some(400), true)])).unwrap_err();
         let s: Vec<String> = e.iter().map(ToString::to_string).collect();
         assert_eq!(
             s,

@@ -48,11 +48,7 @@ pub const FILTER_PROTOCOL: &str = "1";
 pub const SEALED: &str = "x-lockmesh-sealed";
 
 /// Headers clients may try to forge to pass as someone else; always removed.
-pub const FORGEABLE_IDENTITY: [&str; 3] = [
-    "x-forwarded-client-cert",
-    "x-spiffe-id",
-    "x-lockmesh-identity",
-];
+pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-id", "x-lockmesh-identity"];
 
 /// Longest value accepted for any lock header except the key.
 pub const MAX_VALUE_LEN: usize = 64;
@@ -69,10 +65,7 @@ pub struct HeaderError {
 
 impl HeaderError {
     fn new(header: &'static str, why: impl Into<String>) -> Self {
-        Self {
-            header,
-            why: why.into(),
-        }
+        Self { header, why: why.into() }
     }
 }
 
@@ -104,18 +97,13 @@ pub fn parse_key(raw: &[u8]) -> Result<LockKey, HeaderError> {
 
 fn decimal(header: &'static str, raw: &[u8], max_digits: usize) -> Result<u64, HeaderError> {
     if raw.is_empty() || raw.len() > max_digits || !raw.iter().all(u8::is_ascii_digit) {
-        return Err(HeaderError::new(
-            header,
-            format!("must be 1-{max_digits} decimal digits"),
-        ));
+        return Err(HeaderError::new(header, format!("must be 1-{max_digits} decimal digits")));
     }
     if raw.len() > 1 && raw[0] == b'0' {
         return Err(HeaderError::new(header, "must not have leading zeros"));
     }
     raw.iter()
-        .try_fold(0u64, |acc, d| {
-            acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-        })
+        .try_fold(0u64, |acc, d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))
         .ok_or_else(|| HeaderError::new(header, "is out of range"))
 }
 
@@ -132,39 +120,22 @@ pub fn parse_budget_ms(raw: &[u8]) -> Result<u64, HeaderError> {
 
 /// Parses `x-lock-session`: exactly 16 lowercase hex characters, nonzero.
 pub fn parse_session(raw: &[u8]) -> Result<SessionId, HeaderError> {
-    let ok = raw.len() == 16
-        && raw
-            .iter()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    let ok = raw.len() == 16 && raw.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
     let v = ok
-        .then(|| {
-            std::str::from_utf8(raw)
-                .ok()
-                .and_then(|s| u64::from_str_radix(s, 16).ok())
-        })
+        .then(|| std::str::from_utf8(raw).ok().and_then(|s| u64::from_str_radix(s, 16).ok()))
         .flatten()
         .and_then(|v| i64::try_from(v).ok())
         .and_then(SessionId::from_lease);
-    v.ok_or_else(|| {
-        HeaderError::new(
-            SESSION,
-            "must be 16 lowercase hex characters naming a session",
-        )
-    })
+    v.ok_or_else(|| HeaderError::new(SESSION, "must be 16 lowercase hex characters naming a session"))
 }
 
 /// Parses `x-lock-instance`: 1-64 characters of `[A-Za-z0-9._:-]`.
 pub fn parse_instance(raw: &[u8]) -> Result<String, HeaderError> {
     if raw.is_empty()
         || raw.len() > MAX_VALUE_LEN
-        || !raw
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(b))
+        || !raw.iter().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(b))
     {
-        return Err(HeaderError::new(
-            INSTANCE,
-            "must be 1-64 characters of [A-Za-z0-9._:-]",
-        ));
+        return Err(HeaderError::new(INSTANCE, "must be 1-64 characters of [A-Za-z0-9._:-]"));
     }
     Ok(String::from_utf8_lossy(raw).into_owned())
 }
@@ -212,10 +183,7 @@ where
     let mut seen = [false; LOCK_HEADERS.len()];
     let mut out = LockHeaders::default();
     for (name, value) in headers {
-        let Some(i) = LOCK_HEADERS
-            .iter()
-            .position(|h| name.eq_ignore_ascii_case(h))
-        else {
+        let Some(i) = LOCK_HEADERS.iter().position(|h| name.eq_ignore_ascii_case(h)) else {
             continue;
         };
         if seen[i] {
@@ -269,13 +237,7 @@ mod tests {
         assert_eq!(e.to_string(), "x-lock-key: appears more than once");
         let e = parse(&[("x-lock-session", b"SECRETSECRETSECR")]).unwrap_err();
         assert!(!e.to_string().contains("SECRET"));
-        for bad in [
-            &b""[..],
-            b"0000000000000000",
-            b"ffffffffffffffff",
-            b"00000000000000FF",
-            b"1",
-        ] {
+        for bad in [&b""[..], b"0000000000000000", b"ffffffffffffffff", b"00000000000000FF", b"1"] {
             assert!(parse_session(bad).is_err());
         }
         assert!(parse_wait_ms(b"99999999").is_err());

@@ -57,8 +57,7 @@ pub fn valid_namespace(ns: &str) -> bool {
     let b = ns.as_bytes();
     !b.is_empty()
         && b.len() <= MAX_NAMESPACE_LEN
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -129,8 +128,7 @@ impl LockKey {
 pub fn covers(prefix: &str, key: &str) -> bool {
     let prefix = prefix.trim_end_matches('/');
     prefix.is_empty()
-        || (key.starts_with(prefix)
-            && (key.len() == prefix.len() || key.as_bytes()[prefix.len()] == b'/'))
+        || (key.starts_with(prefix) && (key.len() == prefix.len() || key.as_bytes()[prefix.len()] == b'/'))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -160,10 +158,8 @@ impl KeyDigest {
 
     /// Parses 64 lowercase hex characters (as shown by inspection tools).
     pub fn parse(s: &str) -> Option<Self> {
-        (s.len() == 64
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-        .then(|| Self(s.to_owned()))
+        (s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+            .then(|| Self(s.to_owned()))
     }
 
     /// A 16-character prefix, enough to tell keys apart in a log line.
@@ -196,9 +192,7 @@ mod tests {
         assert!(k.has_prefix("payments/orders"));
         assert!(k.has_prefix("payments/orders/"));
         assert!(!k.has_prefix("payments/ord"));
-        assert!(!LockKey::parse(b"payments/orders-archive")
-            .unwrap()
-            .has_prefix("payments/orders"));
+        assert!(!LockKey::parse(b"payments/orders-archive").unwrap().has_prefix("payments/orders"));
     }
 
     #[test]
@@ -221,10 +215,7 @@ mod tests {
             assert_eq!(LockKey::parse(raw).unwrap_err(), *want, "{raw:?}");
         }
         let long = [b"a/".as_slice(), &[b'x'; MAX_KEY_LEN]].concat();
-        assert_eq!(
-            LockKey::parse(&long).unwrap_err(),
-            KeyError::TooLong(MAX_KEY_LEN + 2)
-        );
+        assert_eq!(LockKey::parse(&long).unwrap_err(), KeyError::TooLong(MAX_KEY_LEN + 2));
     }
 
     #[test]

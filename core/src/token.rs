@@ -110,40 +110,16 @@ mod tests {
 
     #[test]
     fn refuses_exhausted_epoch_and_revision() {
-        assert_eq!(
-            FencingToken::mint(EPOCH_LIMIT, 1),
-            Err(TokenError::EpochExhausted(EPOCH_LIMIT))
-        );
-        assert_eq!(
-            FencingToken::mint(0, REVISION_LIMIT),
-            Err(TokenError::RevisionExhausted(REVISION_LIMIT))
-        );
+        assert_eq!(FencingToken::mint(EPOCH_LIMIT, 1), Err(TokenError::EpochExhausted(EPOCH_LIMIT)));
+        assert_eq!(FencingToken::mint(0, REVISION_LIMIT), Err(TokenError::RevisionExhausted(REVISION_LIMIT)));
         assert_eq!(FencingToken::mint(0, 0), Err(TokenError::ZeroRevision));
-        assert!(
-            FencingToken::mint(EPOCH_LIMIT - 1, REVISION_LIMIT - 1)
-                .unwrap()
-                .get()
-                <= i64::MAX as u64
-        );
+        assert!(FencingToken::mint(EPOCH_LIMIT - 1, REVISION_LIMIT - 1).unwrap().get() <= i64::MAX as u64);
     }
 
     #[test]
     fn parses_only_canonical_decimal() {
-        assert_eq!(
-            "281474976710657".parse::<FencingToken>().unwrap().epoch(),
-            1
-        );
-        for bad in [
-            "",
-            "0",
-            "01",
-            "+1",
-            "-1",
-            "1.0",
-            " 1",
-            "abc",
-            "99999999999999999999999",
-        ] {
+        assert_eq!("281474976710657".parse::<FencingToken>().unwrap().epoch(), 1);
+        for bad in ["", "0", "01", "+1", "-1", "1.0", " 1", "abc", "99999999999999999999999"] {
             assert!(bad.parse::<FencingToken>().is_err(), "{bad:?}");
         }
     }

@@ -19,9 +19,7 @@ pub async fn run(
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
 fn seal_line(state: &State) -> String {

@@ -56,11 +56,7 @@ fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSp
         if asked.as_str() != class.name.as_str() {
             return Err(ApiError::new(
                 Code::ClassMismatch,
-                format!(
-                    "{}: the key's class is {}, not {asked}",
-                    headers::CLASS,
-                    class.name
-                ),
+                format!("{}: the key's class is {}, not {asked}", headers::CLASS, class.name),
             ));
         }
     }
@@ -73,22 +69,14 @@ pub fn wait_of(state: &State, req: &ApiRequest) -> Result<Duration, ApiError> {
     if ms > state.config.max_wait_ms {
         return Err(ApiError::new(
             Code::BadRequest,
-            format!(
-                "{}: {ms} ms is above the maximum {} ms",
-                headers::WAIT_MS,
-                state.config.max_wait_ms
-            ),
+            format!("{}: {ms} ms is above the maximum {} ms", headers::WAIT_MS, state.config.max_wait_ms),
         ));
     }
     Ok(Duration::from_millis(ms))
 }
 
 /// Answers one API request. `undo` receives a grant whose answer may be lost.
-pub async fn handle(
-    state: &Arc<State>,
-    req: &ApiRequest,
-    cancel: &CancellationToken,
-) -> (ApiResponse, Option<Undo>) {
+pub async fn handle(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> (ApiResponse, Option<Undo>) {
     match route(state, req, cancel).await {
         Ok(r) => r,
         Err(e) => (e.into(), None),
@@ -101,10 +89,7 @@ async fn route(
     cancel: &CancellationToken,
 ) -> Result<(ApiResponse, Option<Undo>), ApiError> {
     let store: &Arc<Store> = &state.store;
-    let caller = Caller {
-        identity: req.identity.clone(),
-        instance: req.lock.instance.clone(),
-    };
+    let caller = Caller { identity: req.identity.clone(), instance: req.lock.instance.clone() };
     let lock = &req.lock;
     // Sealed: every request is refused until the epoch advances.
     state.store.unsealed()?;
@@ -142,18 +127,16 @@ async fn route(
         ("POST", "/v1/sessions") => {
             let class = match (&lock.class, &lock.key) {
                 (_, Some(key)) => class_for(state, lock, key)?,
-                (Some(c), None) => state.registry().get(c.as_str()).cloned().ok_or_else(|| {
-                    ApiError::new(
-                        Code::BadRequest,
-                        format!("{}: no class {c}", headers::CLASS),
-                    )
-                })?,
+                (Some(c), None) => state
+                    .registry()
+                    .get(c.as_str())
+                    .cloned()
+                    .ok_or_else(|| ApiError::new(Code::BadRequest, format!("{}: no class {c}", headers::CLASS)))?,
                 (None, None) => state.registry().default_class().clone(),
             };
             let sid = store.open_session(&caller, &class).await?;
-            let mut r = ApiResponse::ok(
-                json!({ "session": sid.to_string(), "ttl_s": class.ttl_s, "class": class.name }),
-            );
+            let mut r =
+                ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": class.ttl_s, "class": class.name }));
             r.headers.push((headers::SESSION, sid.to_string()));
             r
         }

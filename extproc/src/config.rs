@@ -112,11 +112,9 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 /// Loads and validates a registry file; errors are `file: path: message`.
 pub fn load_registry(path: &Path) -> Result<ClassRegistry, Vec<String>> {
     let name = path.display();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
     let raw: RawRegistry = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
-    ClassRegistry::try_from_raw(&raw)
-        .map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+    ClassRegistry::try_from_raw(&raw).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
 }
 
 // === impl Config ===
@@ -125,10 +123,8 @@ impl Config {
     /// Reads, parses and validates `path`, collecting every error.
     pub fn load(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawConfig =
-            serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::try_from_raw(raw, base, &name)
     }
@@ -141,12 +137,10 @@ impl Config {
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| err("listen", format!("{:?} is not host:port: {e}", raw.listen)));
-        let admin_listen = raw.admin_listen.parse::<SocketAddr>().map_err(|e| {
-            err(
-                "admin_listen",
-                format!("{:?} is not host:port: {e}", raw.admin_listen),
-            )
-        });
+        let admin_listen = raw
+            .admin_listen
+            .parse::<SocketAddr>()
+            .map_err(|e| err("admin_listen", format!("{:?} is not host:port: {e}", raw.admin_listen)));
         let mut read = |field: &str, p: &str| {
             std::fs::read(resolve(base, p))
                 .map_err(|e| err(field, format!("cannot read {p:?}: {e}")))
@@ -157,50 +151,39 @@ impl Config {
         let client_ca = read("tls.client_ca", &raw.tls.client_ca);
         let mut errs2 = Vec::new();
         if raw.tls.allowed_clients.is_empty() {
-            errs2.push(format!(
-                "{name}: tls.allowed_clients: must name at least one Envoy SPIFFE ID"
-            ));
+            errs2.push(format!("{name}: tls.allowed_clients: must name at least one Envoy SPIFFE ID"));
         }
         for (i, c) in raw.tls.allowed_clients.iter().enumerate() {
             if !c.starts_with("spiffe://") {
-                errs2.push(format!(
-                    "{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"
-                ));
+                errs2.push(format!("{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
             }
         }
         if raw.etcd.endpoints.is_empty() {
-            errs2.push(format!(
-                "{name}: etcd.endpoints: must list at least one endpoint"
-            ));
+            errs2.push(format!("{name}: etcd.endpoints: must list at least one endpoint"));
         }
         for (i, e) in raw.etcd.endpoints.iter().enumerate() {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
-                errs2.push(format!(
-                    "{name}: etcd.endpoints[{i}]: {e:?} must start with http:// or https://"
-                ));
+                errs2.push(format!("{name}: etcd.endpoints[{i}]: {e:?} must start with http:// or https://"));
             }
         }
         let root = raw.etcd.root.trim_end_matches('/').to_owned();
         if !raw.etcd.root.starts_with('/')
             || root.is_empty()
-            || !root
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+            || !root.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
             || root.contains("//")
         {
-            errs2.push(format!("{name}: etcd.root: {:?} must be like /lockmesh ([A-Za-z0-9/_.-], starting with '/', not '/' alone)", raw.etcd.root));
+            errs2.push(format!(
+                "{name}: etcd.root: {:?} must be like /lockmesh ([A-Za-z0-9/_.-], starting with '/', not '/' alone)",
+                raw.etcd.root
+            ));
         }
         let op_timeout_ms = raw.etcd.op_timeout_ms.unwrap_or(2000);
         if !(100..=60_000).contains(&op_timeout_ms) {
-            errs2.push(format!(
-                "{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"
-            ));
+            errs2.push(format!("{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"));
         }
         let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
         if max_wait_ms > MAX_WAIT_CEILING_MS {
-            errs2.push(format!(
-                "{name}: max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"
-            ));
+            errs2.push(format!("{name}: max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
         }
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {

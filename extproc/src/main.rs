@@ -21,9 +21,7 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
     let (path, check) = match (args.config, args.check_config) {

@@ -46,19 +46,15 @@ impl Metrics {
         s.push_str("# TYPE lockmesh_arbiter_requests_total counter\n");
         if let Ok(m) = self.requests.lock() {
             for ((route, code), n) in m.iter() {
-                let _ = writeln!(
-                    s,
-                    "lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}"
-                );
+                let _ = writeln!(s, "lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}");
             }
         }
-        s.push_str("# HELP lockmesh_arbiter_abandoned_grants_total Grants released at once because the caller had gone.\n");
-        s.push_str("# TYPE lockmesh_arbiter_abandoned_grants_total counter\n");
-        let _ = writeln!(
-            s,
-            "lockmesh_arbiter_abandoned_grants_total {}",
-            self.abandoned.lock().map(|g| *g).unwrap_or(0)
+        s.push_str(
+            "# HELP lockmesh_arbiter_abandoned_grants_total Grants released at once because the caller had gone.\n",
         );
+        s.push_str("# TYPE lockmesh_arbiter_abandoned_grants_total counter\n");
+        let _ =
+            writeln!(s, "lockmesh_arbiter_abandoned_grants_total {}", self.abandoned.lock().map(|g| *g).unwrap_or(0));
         s.push_str("# HELP lockmesh_arbiter_waiting_keys Keys with at least one waiter queued on this arbiter.\n");
         s.push_str("# TYPE lockmesh_arbiter_waiting_keys gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_waiting_keys {waiting_keys}");
@@ -68,7 +64,9 @@ impl Metrics {
             let v = u8::from(seal.is_some_and(|(sr, _)| sr == r));
             let _ = writeln!(s, "lockmesh_arbiter_sealed{{reason=\"{}\"}} {v}", r.as_str());
         }
-        s.push_str("# HELP lockmesh_arbiter_sealed_since_seconds Unix time the current seal was declared (0 when unsealed).\n");
+        s.push_str(
+            "# HELP lockmesh_arbiter_sealed_since_seconds Unix time the current seal was declared (0 when unsealed).\n",
+        );
         s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
         s

@@ -30,11 +30,7 @@ pub struct ApiError {
 impl ApiError {
     /// A refusal with `code`.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            reason: None,
-        }
+        Self { code, message: message.into(), reason: None }
     }
 }
 
@@ -56,11 +52,7 @@ impl From<LockError> for ApiError {
             LockError::Contended(r) => Some(r),
             _ => None,
         };
-        Self {
-            code,
-            message: e.to_string(),
-            reason,
-        }
+        Self { code, message: e.to_string(), reason }
     }
 }
 
@@ -70,22 +62,14 @@ impl From<ApiError> for ApiResponse {
         if matches!(e.code, Code::Unavailable | Code::Sealed | Code::Draining) {
             headers.push(("retry-after", "1".to_owned()));
         }
-        ApiResponse {
-            status: e.code.http_status(),
-            body: error_body(e.code, &e.message, e.reason),
-            headers,
-        }
+        ApiResponse { status: e.code.http_status(), body: error_body(e.code, &e.message, e.reason), headers }
     }
 }
 
 impl ApiResponse {
     /// A 200 with a JSON body.
     pub fn ok(body: serde_json::Value) -> Self {
-        Self {
-            status: 200,
-            body: body.to_string(),
-            headers: Vec::new(),
-        }
+        Self { status: 200, body: body.to_string(), headers: Vec::new() }
     }
 }
 

@@ -110,7 +110,13 @@ async fn read_record(client: &mut Client, keys: &Keys) -> Result<(EpochRecord, i
     Ok((rec, kv.mod_revision(), cluster))
 }
 
-async fn put_record(client: &mut Client, keys: &Keys, mod_rev: i64, rec: &EpochRecord, extra: Vec<TxnOp>) -> Result<bool, RestoreError> {
+async fn put_record(
+    client: &mut Client,
+    keys: &Keys,
+    mod_rev: i64,
+    rec: &EpochRecord,
+    extra: Vec<TxnOp>,
+) -> Result<bool, RestoreError> {
     let mut ops = vec![TxnOp::put(keys.epoch(), serde_json::to_vec(rec).map_err(other)?, None::<PutOptions>)];
     ops.extend(extra);
     let txn = Txn::new().when([Compare::mod_revision(keys.epoch(), CompareOp::Equal, mod_rev)]).and_then(ops);
@@ -119,7 +125,13 @@ async fn put_record(client: &mut Client, keys: &Keys, mod_rev: i64, rec: &EpochR
 
 /// Runs (or resumes) the epoch advance from `expected` to `target`, printing each
 /// step and what it verified.
-pub async fn advance(client: &mut Client, root: &str, expected: u64, target: u64, out: &mut impl Write) -> Result<(), RestoreError> {
+pub async fn advance(
+    client: &mut Client,
+    root: &str,
+    expected: u64,
+    target: u64,
+    out: &mut impl Write,
+) -> Result<(), RestoreError> {
     let keys = Keys::new(root);
     let say = |out: &mut dyn Write, s: String| {
         let _ = writeln!(out, "{s}");
@@ -182,7 +194,10 @@ pub async fn advance(client: &mut Client, root: &str, expected: u64, target: u64
                 say(out, format!("3/4 revoked {revoked} restored session leases; verified: no session and no hold left under {root}"));
                 let open = EpochRecord { epoch: target, cluster_id: bound.clone(), sealed: None, target: None };
                 if put_record(client, &keys, mod_rev, &open, vec![]).await? {
-                    say(out, format!("4/4 unsealed: epoch {target}; every new token is above every token issued before"));
+                    say(
+                        out,
+                        format!("4/4 unsealed: epoch {target}; every new token is above every token issued before"),
+                    );
                 }
             }
             (current, _, _) => return Err(RestoreError::StaleExpected { expected, current }),
@@ -210,7 +225,14 @@ pub struct Member {
 /// Restores `snapshot` into each member's data directory with `etcdutl`, bumping
 /// revisions by `bump` (checked against 2^48). A directory that already holds this
 /// restore (its stamp matches) is kept, so a re-run continues.
-pub fn restore_snapshot(etcdutl: &Path, snapshot: &Path, members: &[Member], token: &str, bump: u64, out: &mut impl Write) -> Result<(), RestoreError> {
+pub fn restore_snapshot(
+    etcdutl: &Path,
+    snapshot: &Path,
+    members: &[Member],
+    token: &str,
+    bump: u64,
+    out: &mut impl Write,
+) -> Result<(), RestoreError> {
     let status = std::process::Command::new(etcdutl)
         .args(["snapshot", "status", "-w", "json"])
         .arg(snapshot)
@@ -226,7 +248,11 @@ pub fn restore_snapshot(etcdutl: &Path, snapshot: &Path, members: &[Member], tok
     if headroom < MIN_HEADROOM {
         return Err(RestoreError::Headroom { rev, bump, headroom });
     }
-    let _ = writeln!(out, "snapshot revision {rev}, bump {bump}: revisions restart at {}, headroom {headroom} under 2^48", rev + bump);
+    let _ = writeln!(
+        out,
+        "snapshot revision {rev}, bump {bump}: revisions restart at {}, headroom {headroom} under 2^48",
+        rev + bump
+    );
     let cluster: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
     let stamp_text = format!("{{\"snapshot_hash\":{hash},\"bump\":{bump}}}");
     for m in members {
@@ -261,7 +287,11 @@ pub fn restore_snapshot(etcdutl: &Path, snapshot: &Path, members: &[Member], tok
 }
 
 /// Waits until etcd at `endpoints` answers, printing once that it waits.
-pub async fn wait_for_etcd(endpoints: &[String], timeout: Duration, out: &mut impl Write) -> Result<Client, RestoreError> {
+pub async fn wait_for_etcd(
+    endpoints: &[String],
+    timeout: Duration,
+    out: &mut impl Write,
+) -> Result<Client, RestoreError> {
     let _ = writeln!(out, "waiting for etcd at {} (start the restored members now)", endpoints.join(","));
     let _ = out.flush();
     let end = tokio::time::Instant::now() + timeout;
@@ -290,7 +320,10 @@ mod tests {
         assert!(matches!(choose_epoch(1, None, &[]), Err(RestoreError::NoTarget)));
         assert_eq!(choose_epoch(1, Some(2), &[]).unwrap(), 2);
         assert!(matches!(choose_epoch(3, Some(3), &[]), Err(RestoreError::TargetTooLow { .. })));
-        assert!(matches!(choose_epoch(EPOCH_LIMIT - 1, None, &[Path::new("/nonexistent")]), Err(RestoreError::Other(_))));
+        assert!(matches!(
+            choose_epoch(EPOCH_LIMIT - 1, None, &[Path::new("/nonexistent")]),
+            Err(RestoreError::Other(_))
+        ));
         assert!(matches!(choose_epoch(EPOCH_LIMIT - 1, Some(EPOCH_LIMIT), &[]), Err(RestoreError::EpochExhausted(_))));
     }
 }

@@ -19,9 +19,8 @@ use envoy_types::pb::{
         config::core::v3::{HeaderValue, HeaderValueOption},
         r#type::v3::HttpStatus,
         service::ext_proc::v3::{
-            external_processor_server::ExternalProcessor, processing_request, processing_response,
-            HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingRequest,
-            ProcessingResponse,
+            external_processor_server::ExternalProcessor, processing_request, processing_response, HeaderMutation,
+            HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
         },
     },
     google::protobuf::{value::Kind, Duration as PbDuration, Struct},
@@ -70,11 +69,9 @@ impl ExternalProcessor for Arbiter {
         let peer_ok = request
             .peer_certs()
             .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())))
-            .is_some_and(|id| self.state.config.allowed_clients.iter().any(|a| *a == id));
+            .is_some_and(|id| self.state.config.allowed_clients.contains(&id));
         if !peer_ok {
-            return Err(Status::permission_denied(
-                "client certificate is not an allowed lockmesh Envoy",
-            ));
+            return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));
         }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
@@ -86,11 +83,7 @@ impl ExternalProcessor for Arbiter {
 fn header_map(h: &[HeaderValue]) -> Vec<(String, Vec<u8>)> {
     h.iter()
         .map(|v| {
-            let raw = if v.raw_value.is_empty() {
-                v.value.as_bytes().to_vec()
-            } else {
-                v.raw_value.clone()
-            };
+            let raw = if v.raw_value.is_empty() { v.value.as_bytes().to_vec() } else { v.raw_value.clone() };
             (v.key.to_ascii_lowercase(), raw)
         })
         .collect()
@@ -107,31 +100,20 @@ fn immediate(r: &ApiResponse, details: &str) -> ProcessingResponse {
     let mut set = vec![opt("content-type", "application/json")];
     set.extend(r.headers.iter().map(|(k, v)| opt(k, v)));
     ProcessingResponse {
-        response: Some(processing_response::Response::ImmediateResponse(
-            ImmediateResponse {
-                status: Some(HttpStatus {
-                    code: i32::from(r.status),
-                }),
-                headers: Some(HeaderMutation {
-                    set_headers: set,
-                    remove_headers: Vec::new(),
-                }),
-                body: r.body.clone().into_bytes(),
-                grpc_status: None,
-                details: details.to_owned(),
-            },
-        )),
+        response: Some(processing_response::Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus { code: i32::from(r.status) }),
+            headers: Some(HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
+            body: r.body.clone().into_bytes(),
+            grpc_status: None,
+            details: details.to_owned(),
+        })),
         ..Default::default()
     }
 }
 
 fn opt(k: &str, v: &str) -> HeaderValueOption {
     HeaderValueOption {
-        header: Some(HeaderValue {
-            key: k.to_owned(),
-            value: String::new(),
-            raw_value: v.as_bytes().to_vec(),
-        }),
+        header: Some(HeaderValue { key: k.to_owned(), value: String::new(), raw_value: v.as_bytes().to_vec() }),
         ..Default::default()
     }
 }
@@ -140,11 +122,7 @@ fn refusal(code: Code, message: &str) -> ApiResponse {
     ApiError::new(code, message).into()
 }
 
-async fn serve_stream(
-    state: Arc<State>,
-    mut inbound: Streaming<ProcessingRequest>,
-    tx: mpsc::Sender<Out>,
-) {
+async fn serve_stream(state: Arc<State>, mut inbound: Streaming<ProcessingRequest>, tx: mpsc::Sender<Out>) {
     let first = match inbound.message().await {
         Ok(Some(m)) => m,
         // Nothing to answer: the request was already gone.
@@ -152,28 +130,19 @@ async fn serve_stream(
     };
     match first.request {
         Some(processing_request::Request::RequestHeaders(h)) => {
-            let hdrs = h
-                .headers
-                .map(|m| header_map(&m.headers))
-                .unwrap_or_default();
+            let hdrs = h.headers.map(|m| header_map(&m.headers)).unwrap_or_default();
             request_headers(&state, &first.attributes, hdrs, inbound, tx).await;
         }
         Some(processing_request::Request::ResponseHeaders(_)) => {
             // A local reply made before ext_proc (e.g. the filter's 400): pass it on.
             let resp = ProcessingResponse {
-                response: Some(processing_response::Response::ResponseHeaders(
-                    HeadersResponse::default(),
-                )),
+                response: Some(processing_response::Response::ResponseHeaders(HeadersResponse::default())),
                 ..Default::default()
             };
             let _ = tx.send(Ok(resp)).await;
         }
         _ => {
-            let _ = tx
-                .send(Err(Status::failed_precondition(
-                    "unexpected first ext_proc message",
-                )))
-                .await;
+            let _ = tx.send(Err(Status::failed_precondition("unexpected first ext_proc message"))).await;
         }
     }
 }
@@ -186,11 +155,7 @@ async fn request_headers(
     tx: mpsc::Sender<Out>,
 ) {
     let received = tokio::time::Instant::now();
-    let get = |n: &str| {
-        hdrs.iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    };
+    let get = |n: &str| hdrs.iter().find(|(k, _)| k == n).map(|(_, v)| String::from_utf8_lossy(v).into_owned());
     let method = get(":method").unwrap_or_default();
     let path = get(":path").unwrap_or_default();
     let path = path.split('?').next().unwrap_or_default().to_owned();
@@ -204,53 +169,34 @@ async fn request_headers(
     // The filter stamps every request it passed; without the stamp the request did
     // not go through it, and its headers cannot be trusted.
     if get(headers::FILTERED).as_deref() != Some(headers::FILTER_PROTOCOL) {
-        let r = refusal(
-            Code::Internal,
-            "the request did not pass the lockmesh filter",
-        );
+        let r = refusal(Code::Internal, "the request did not pass the lockmesh filter");
         let _ = tx.send(Ok(answer(r))).await;
         return;
     }
-    let Some(identity) = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://"))
-    else {
+    let Some(identity) = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://")) else {
         let _ = tx
-            .send(Ok(answer(refusal(
-                Code::Unauthenticated,
-                "a verified SPIFFE client certificate is required",
-            ))))
+            .send(Ok(answer(refusal(Code::Unauthenticated, "a verified SPIFFE client certificate is required"))))
             .await;
         return;
     };
-    let lock =
-        match headers::parse_lock_headers(hdrs.iter().map(|(k, v)| (k.as_str(), v.as_slice()))) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = tx
-                    .send(Ok(answer(refusal(Code::BadRequest, &e.to_string()))))
-                    .await;
-                return;
-            }
-        };
+    let lock = match headers::parse_lock_headers(hdrs.iter().map(|(k, v)| (k.as_str(), v.as_slice()))) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = tx.send(Ok(answer(refusal(Code::BadRequest, &e.to_string())))).await;
+            return;
+        }
+    };
     let budget_ms = match hdrs.iter().find(|(k, _)| k == headers::BUDGET_MS) {
         Some((_, v)) => match headers::parse_budget_ms(v) {
             Ok(b) => Some(b),
             Err(e) => {
-                let _ = tx
-                    .send(Ok(answer(refusal(Code::Internal, &e.to_string()))))
-                    .await;
+                let _ = tx.send(Ok(answer(refusal(Code::Internal, &e.to_string())))).await;
                 return;
             }
         },
         None => None,
     };
-    let req = ApiRequest {
-        method,
-        path,
-        lock,
-        budget_ms,
-        identity,
-        received,
-    };
+    let req = ApiRequest { method, path, lock, budget_ms, identity, received };
     if route == "acquire" {
         if let Ok(wait) = api::wait_of(state, &req) {
             if !wait.is_zero() {
@@ -304,9 +250,5 @@ fn code_of(r: &ApiResponse) -> &'static str {
     if r.status == 200 {
         return "ok";
     }
-    r.headers
-        .iter()
-        .find(|(k, _)| *k == headers::ERROR)
-        .and_then(|(_, v)| Code::parse(v))
-        .map_or("other", Code::as_str)
+    r.headers.iter().find(|(k, _)| *k == headers::ERROR).and_then(|(_, v)| Code::parse(v)).map_or("other", Code::as_str)
 }

@@ -21,19 +21,11 @@ impl State {
     /// New state.
     pub fn new(config: Config, store: Arc<Store>) -> Self {
         let registry = RwLock::new(Arc::new(config.registry.clone()));
-        Self {
-            config,
-            store,
-            metrics: Metrics::default(),
-            registry,
-        }
+        Self { config, store, metrics: Metrics::default(), registry }
     }
 
     /// The current class registry.
     pub fn registry(&self) -> Arc<ClassRegistry> {
-        self.registry
-            .read()
-            .map(|g| g.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.registry.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
     }
 }

@@ -91,8 +91,17 @@ fn main() -> ExitCode {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
                 let target = target_of(&r.advance)?;
                 println!("restore: new epoch will be {target}");
-                restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
-                let mut c = restore::wait_for_etcd(&r.advance.endpoints, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
+                restore::restore_snapshot(
+                    &r.etcdutl,
+                    &r.snapshot,
+                    &members,
+                    &r.initial_cluster_token,
+                    r.bump_revision,
+                    &mut out,
+                )?;
+                let mut c =
+                    restore::wait_for_etcd(&r.advance.endpoints, Duration::from_secs(r.wait_timeout_s), &mut out)
+                        .await?;
                 restore::advance(&mut c, &r.advance.root, r.advance.expected_epoch, target, &mut out).await
             }
         }

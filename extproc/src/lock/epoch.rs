@@ -63,14 +63,14 @@ impl Store {
     }
 
     /// Checks a response's cluster id against the epoch record's.
-    pub(crate) fn check_cluster(
-        &self,
-        state: &EpochState,
-        header_cluster: Option<u64>,
-    ) -> Result<(), LockError> {
+    pub(crate) fn check_cluster(&self, state: &EpochState, header_cluster: Option<u64>) -> Result<(), LockError> {
         match header_cluster {
             Some(c) if c != state.cluster_id => {
-                let detail = format!("etcd cluster id {} differs from the epoch record's {}", cluster_hex(c), cluster_hex(state.cluster_id));
+                let detail = format!(
+                    "etcd cluster id {} differs from the epoch record's {}",
+                    cluster_hex(c),
+                    cluster_hex(state.cluster_id)
+                );
                 self.seal().seal(super::seal::SealReason::ClusterIdMismatch, detail.clone());
                 Err(LockError::Sealed(detail))
             }
@@ -87,15 +87,10 @@ impl Store {
             if let Some(kv) = r.kvs().first() {
                 let rec: EpochRecord = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
-                let cluster_id = u64::from_str_radix(&rec.cluster_id, 16).map_err(|_| {
-                    LockError::Internal("epoch record cluster_id is not hex".into())
-                })?;
-                let state = EpochState {
-                    epoch: rec.epoch,
-                    mod_revision: kv.mod_revision(),
-                    cluster_id,
-                    sealed: rec.sealed,
-                };
+                let cluster_id = u64::from_str_radix(&rec.cluster_id, 16)
+                    .map_err(|_| LockError::Internal("epoch record cluster_id is not hex".into()))?;
+                let state =
+                    EpochState { epoch: rec.epoch, mod_revision: kv.mod_revision(), cluster_id, sealed: rec.sealed };
                 self.check_cluster(&state, header_cluster)?;
                 if let Ok(mut g) = self.epoch.0.write() {
                     *g = Some(state.clone());
@@ -103,8 +98,7 @@ impl Store {
                 return Ok(state);
             }
             // A fresh root: create epoch 1 bound to this cluster, once.
-            let cluster = header_cluster
-                .ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
+            let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
             if self.seal().marks().epoch > 0 {
                 // This arbiter has seen an epoch here before: a missing record means
                 // the store went back to before it existed.
@@ -112,12 +106,7 @@ impl Store {
                 self.seal().seal(super::seal::SealReason::EpochBehindMark, why.clone());
                 return Err(LockError::Sealed(why));
             }
-            let rec = EpochRecord {
-                epoch: FIRST_EPOCH,
-                cluster_id: cluster_hex(cluster),
-                sealed: None,
-                target: None,
-            };
+            let rec = EpochRecord { epoch: FIRST_EPOCH, cluster_id: cluster_hex(cluster), sealed: None, target: None };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
@@ -141,7 +130,15 @@ impl Store {
         let r = self.call(self.client().get(self.keys().epoch(), None)).await?;
         let h = r.header().ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
         let raft = self.leader_position().await;
-        self.seal().check(h.cluster_id(), state.cluster_id, state.epoch, state.sealed.as_deref(), floor, h.revision(), raft);
+        self.seal().check(&super::seal::Observation {
+            cluster: h.cluster_id(),
+            record_cluster: state.cluster_id,
+            epoch: state.epoch,
+            explicit: state.sealed.as_deref(),
+            floor,
+            revision: h.revision(),
+            raft,
+        });
         if let Err(e) = self.seal().persist() {
             tracing::error!(error = %e, "cannot persist the high-water marks");
         }

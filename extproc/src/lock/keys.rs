@@ -24,9 +24,7 @@ pub struct Keys {
 impl Keys {
     /// `root` without a trailing slash, e.g. `/lockmesh`.
     pub fn new(root: &str) -> Self {
-        Self {
-            root: root.trim_end_matches('/').to_owned(),
-        }
+        Self { root: root.trim_end_matches('/').to_owned() }
     }
 
     /// The epoch record.
@@ -87,9 +85,6 @@ mod tests {
         assert!(!slot.contains("secret"));
         assert!(slot.starts_with(&k.holds(&d)));
         assert_eq!(k.digest_of_hold(slot.as_bytes()), Some(d));
-        assert_eq!(
-            k.session(SessionId::from_lease(0x1f).unwrap()),
-            "/t/x/s/000000000000001f"
-        );
+        assert_eq!(k.session(SessionId::from_lease(0x1f).unwrap()), "/t/x/s/000000000000001f");
     }
 }

@@ -188,21 +188,14 @@ impl Store {
     {
         match tokio::time::timeout(self.op_timeout, f).await {
             Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(LockError::Unavailable(format!(
-                "etcd did not answer within {:?}",
-                self.op_timeout
-            ))),
+            Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {:?}", self.op_timeout))),
         }
     }
 
     /// Runs an etcd call for a request with a deadline: the call may take the
     /// caller's remaining wait, at least 500 ms and at most the operation timeout,
     /// so an unreachable etcd answers `unavailable` close to the caller's deadline.
-    pub(crate) async fn call_by<T, F>(
-        &self,
-        deadline: tokio::time::Instant,
-        f: F,
-    ) -> Result<T, LockError>
+    pub(crate) async fn call_by<T, F>(&self, deadline: tokio::time::Instant, f: F) -> Result<T, LockError>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -210,9 +203,7 @@ impl Store {
         let t = left.clamp(Duration::from_millis(500), self.op_timeout);
         match tokio::time::timeout(t, f).await {
             Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(LockError::Unavailable(format!(
-                "etcd did not answer within {t:?}"
-            ))),
+            Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {t:?}"))),
         }
     }
 

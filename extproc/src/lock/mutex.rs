@@ -16,9 +16,7 @@
 
 use std::sync::Arc;
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken, KeyDigest, LockKey, Reason};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -106,10 +104,7 @@ impl Store {
                 }
                 (sid, None)
             }
-            None => (
-                self.grant_lease(req.class.ttl_s).await?,
-                Some(Self::new_record(&req.caller, &req.class)),
-            ),
+            None => (self.grant_lease(req.class.ttl_s).await?, Some(Self::new_record(&req.caller, &req.class))),
         };
         let opened = new_record.is_some();
         // A session opened for this acquire is unknown to the caller until the
@@ -120,10 +115,7 @@ impl Store {
                 let period = std::time::Duration::from_millis(ttl * 1000 / 3);
                 loop {
                     tokio::time::sleep(period).await;
-                    if let Err(e) = store
-                        .call(store.client().lease_keep_alive(sid.lease()))
-                        .await
-                    {
+                    if let Err(e) = store.call(store.client().lease_keep_alive(sid.lease())).await {
                         tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
                     }
                 }
@@ -160,10 +152,7 @@ impl Store {
         }
         if g.new_session {
             self.revoke_quietly(g.session).await;
-        } else if let Err(e) = self
-            .release(&req.key, g.token, &req.caller, Some(g.session))
-            .await
-        {
+        } else if let Err(e) = self.release(&req.key, g.token, &req.caller, Some(g.session)).await {
             tracing::warn!(error = %e, key = %req.key.digest().short(), "could not release an orphaned grant; it ends with its session");
         }
     }
@@ -197,9 +186,7 @@ impl Store {
                 Attempt::EpochMoved => {
                     epoch_moves += 1;
                     if epoch_moves > 3 {
-                        return Err(LockError::Unavailable(
-                            "the epoch record keeps changing".into(),
-                        ));
+                        return Err(LockError::Unavailable("the epoch record keeps changing".into()));
                     }
                 }
                 Attempt::Refused { reason, revision } => {
@@ -210,10 +197,7 @@ impl Store {
                         return Err(LockError::Contended(reason));
                     }
                     match reason {
-                        Reason::KeyGated => {
-                            self.wait_change(&d, revision, req.deadline, cancel, &ticket)
-                                .await?
-                        }
+                        Reason::KeyGated => self.wait_change(&d, revision, req.deadline, cancel, &ticket).await?,
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
                     }
                 }
@@ -229,9 +213,7 @@ impl Store {
         sid: SessionId,
     ) -> Result<Option<Result<Grant, LockError>>, LockError> {
         let opts = Some(GetOptions::new().with_prefix());
-        let r = self
-            .call_by(req.deadline, self.client().get(self.keys().holds(d), opts))
-            .await?;
+        let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
         Ok(self.classify_holders(req, sid, r.kvs()))
     }
 
@@ -245,23 +227,16 @@ impl Store {
             let Some(h) = hold_of(kv) else { continue };
             if kv.lease() == sid.lease() {
                 let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
-                return Some(
-                    FencingToken::mint(h.epoch, rev)
-                        .map_err(internal)
-                        .map(|token| Grant {
-                            token,
-                            session: sid,
-                            ttl_s: req.class.ttl_s,
-                            class: req.class.name.to_string(),
-                            existing: true,
-                            new_session: false,
-                        }),
-                );
+                return Some(FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| Grant {
+                    token,
+                    session: sid,
+                    ttl_s: req.class.ttl_s,
+                    class: req.class.name.to_string(),
+                    existing: true,
+                    new_session: false,
+                }));
             }
-            if req.caller.instance.is_some()
-                && h.owner == req.caller.identity
-                && h.instance == req.caller.instance
-            {
+            if req.caller.instance.is_some() && h.owner == req.caller.identity && h.instance == req.caller.instance {
                 return Some(Err(LockError::Leaked));
             }
         }
@@ -283,8 +258,7 @@ impl Store {
         }
         let floor = self.seal().revision_floor();
         let k = self.keys();
-        let (epoch_key, holds, slot, sess_key) =
-            (k.epoch(), k.holds(d), k.slot(d, 0), k.session(sid));
+        let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, 0), k.session(sid));
         let lease = PutOptions::new().with_lease(sid.lease());
         let mut when = vec![
             Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
@@ -297,18 +271,10 @@ impl Store {
             // put on a dead lease fails the whole transaction.
             Some(rec) => {
                 let v = serde_json::to_vec(rec).map_err(internal)?;
-                then.push(TxnOp::put(
-                    sess_key.as_str(),
-                    v.clone(),
-                    Some(lease.clone()),
-                ));
+                then.push(TxnOp::put(sess_key.as_str(), v.clone(), Some(lease.clone())));
                 els.push(TxnOp::put(sess_key.as_str(), v, Some(lease.clone())));
             }
-            None => when.push(Compare::lease(
-                sess_key.as_str(),
-                CompareOp::Equal,
-                sid.lease(),
-            )),
+            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
         }
         let hold = HoldRecord {
             key: req.key.as_str().to_owned(),
@@ -318,15 +284,8 @@ impl Store {
             class: req.class.name.to_string(),
             acquired_ms: now_ms(),
         };
-        then.push(TxnOp::put(
-            slot.as_str(),
-            serde_json::to_vec(&hold).map_err(internal)?,
-            Some(lease),
-        ));
-        els.push(TxnOp::get(
-            holds.as_str(),
-            Some(GetOptions::new().with_prefix()),
-        ));
+        then.push(TxnOp::put(slot.as_str(), serde_json::to_vec(&hold).map_err(internal)?, Some(lease)));
+        els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
         els.push(TxnOp::get(sess_key.as_str(), None));
         els.push(TxnOp::get(epoch_key.as_str(), None));
         let txn = Txn::new().when(when).and_then(then).or_else(els);
@@ -334,13 +293,14 @@ impl Store {
         // this acquire the caller revokes it; with the caller's own session the
         // hold shows in GET /v1/sessions/holds (docs/API.md).
         let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
-        let header = r
-            .header()
-            .ok_or_else(|| internal("etcd txn response without header"))?;
+        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         let behind = revision < floor;
         if behind {
-            self.seal().seal(super::seal::SealReason::RevisionBehindMark, format!("grant revision {revision} below mark {floor}"));
+            self.seal().seal(
+                super::seal::SealReason::RevisionBehindMark,
+                format!("grant revision {revision} below mark {floor}"),
+            );
         }
         if let Err(e) = self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
@@ -372,11 +332,8 @@ impl Store {
             TxnOpResponse::Get(g) => Some(g),
             _ => None,
         });
-        let (Some(holders), Some(sess), Some(epoch)) = (gets.next(), gets.next(), gets.next())
-        else {
-            return Err(internal(
-                "etcd txn failure branch without the expected reads",
-            ));
+        let (Some(holders), Some(sess), Some(epoch)) = (gets.next(), gets.next(), gets.next()) else {
+            return Err(internal("etcd txn failure branch without the expected reads"));
         };
         if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
             self.forget_epoch();
@@ -389,11 +346,7 @@ impl Store {
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
         }
-        let reason = if holders.kvs().is_empty() {
-            Reason::LockContended
-        } else {
-            Reason::KeyGated
-        };
+        let reason = if holders.kvs().is_empty() { Reason::LockContended } else { Reason::KeyGated };
         Ok(Attempt::Refused { reason, revision })
     }
 
@@ -417,17 +370,8 @@ impl Store {
         }
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
-        let holds = self
-            .call(
-                self.client()
-                    .get(self.keys().holds(&d), Some(GetOptions::new().with_prefix())),
-            )
-            .await?;
-        let kv = holds
-            .kvs()
-            .iter()
-            .find(|kv| kv.create_revision() == rev)
-            .ok_or(LockError::NotHolder)?;
+        let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let kv = holds.kvs().iter().find(|kv| kv.create_revision() == rev).ok_or(LockError::NotHolder)?;
         let hold = hold_of(kv).ok_or(LockError::NotHolder)?;
         // Only the holder releases (a token seen in transit is not enough), and
         // through its own session when it names one.
@@ -435,9 +379,7 @@ impl Store {
             return Err(LockError::NotHolder);
         }
         let hold_key = kv.key().to_vec();
-        let marker =
-            serde_json::json!({ "epoch": hold.epoch, "revision": rev, "released_ms": now_ms() })
-                .to_string();
+        let marker = serde_json::json!({ "epoch": hold.epoch, "revision": rev, "released_ms": now_ms() }).to_string();
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
             let txn = Txn::new()
@@ -459,15 +401,11 @@ impl Store {
                     return Ok(());
                 }
                 Ok(_) => return Err(LockError::NotHolder),
-                Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
-                    self.drop_marker_lease().await
-                }
+                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
                 Err(e) => return Err(e),
             }
         }
-        Err(LockError::Unavailable(
-            "could not obtain a marker lease".into(),
-        ))
+        Err(LockError::Unavailable("could not obtain a marker lease".into()))
     }
 
     /// The holders of `key`. Tokens and sessions are shown only to their holder
@@ -482,31 +420,18 @@ impl Store {
             self.owned_session(sid, caller).await?;
         }
         let d = key.digest();
-        let r = self
-            .call(
-                self.client()
-                    .get(self.keys().holds(&d), Some(GetOptions::new().with_prefix())),
-            )
-            .await?;
+        let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
         let now = now_ms();
         let mut out = Vec::new();
         for kv in r.kvs() {
             let Some(h) = hold_of(kv) else { continue };
-            let own = (h.owner == caller.identity
-                && session.is_some_and(|s| s.lease() == kv.lease()))
-            .then(|| {
-                let rev = u64::try_from(kv.create_revision()).ok()?;
-                Some((
-                    FencingToken::mint(h.epoch, rev).ok()?,
-                    SessionId::from_lease(kv.lease())?,
-                ))
-            })
-            .flatten();
-            out.push(HolderView {
-                identity: h.owner,
-                age_ms: now.saturating_sub(h.acquired_ms),
-                own,
-            });
+            let own = (h.owner == caller.identity && session.is_some_and(|s| s.lease() == kv.lease()))
+                .then(|| {
+                    let rev = u64::try_from(kv.create_revision()).ok()?;
+                    Some((FencingToken::mint(h.epoch, rev).ok()?, SessionId::from_lease(kv.lease())?))
+                })
+                .flatten();
+            out.push(HolderView { identity: h.owner, age_ms: now.saturating_sub(h.acquired_ms), own });
         }
         Ok(out)
     }

@@ -94,6 +94,25 @@ pub struct Marks {
     pub updated_ms: u64,
 }
 
+/// One round of linearizable observations.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// Cluster id in the response header.
+    pub cluster: u64,
+    /// Cluster id in the epoch record.
+    pub record_cluster: u64,
+    /// Epoch in the epoch record.
+    pub epoch: u64,
+    /// The record's explicit seal.
+    pub explicit: Option<&'a str>,
+    /// The revision floor captured before the read was sent.
+    pub floor: i64,
+    /// The read's revision.
+    pub revision: i64,
+    /// The leader's (term, index), if a member proved it leads.
+    pub raft: Option<(u64, u64)>,
+}
+
 /// Seal state and marks.
 pub struct Seal {
     path: Option<PathBuf>,
@@ -116,7 +135,8 @@ impl Seal {
         if let Some(p) = path {
             match std::fs::read(p) {
                 Ok(b) => {
-                    let m: Marks = serde_json::from_slice(&b).map_err(|e| format!("{}: not a marks file: {e}", p.display()))?;
+                    let m: Marks =
+                        serde_json::from_slice(&b).map_err(|e| format!("{}: not a marks file: {e}", p.display()))?;
                     if m.root != root {
                         return Err(format!("{}: marks belong to root {:?}, not {root:?}", p.display(), m.root));
                     }
@@ -168,7 +188,8 @@ impl Seal {
 
     /// Checks one round of linearizable observations against the marks and, if
     /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
-    pub fn check(&self, cluster: u64, record_cluster: u64, epoch: u64, explicit: Option<&str>, floor: i64, revision: i64, raft: Option<(u64, u64)>) {
+    pub fn check(&self, o: &Observation<'_>) {
+        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft } = *o;
         let cluster_hex = super::epoch::cluster_hex(cluster);
         let mut m = lock(&self.marks);
         if epoch > m.epoch && explicit.is_none() {
@@ -177,7 +198,15 @@ impl Seal {
             if self.current().is_some() {
                 tracing::warn!(epoch, "epoch advanced: unsealed");
             }
-            *m = Marks { root: m.root.clone(), cluster_id: cluster_hex.clone(), epoch, revision, raft_term: 0, raft_index: 0, updated_ms: now_ms() };
+            *m = Marks {
+                root: m.root.clone(),
+                cluster_id: cluster_hex.clone(),
+                epoch,
+                revision,
+                raft_term: 0,
+                raft_index: 0,
+                updated_ms: now_ms(),
+            };
             if let Some((t, i)) = raft {
                 (m.raft_term, m.raft_index) = (t, i);
             }
@@ -187,13 +216,23 @@ impl Seal {
         let verdict = if let Some(why) = explicit {
             Some((SealReason::Explicit, format!("epoch record sealed: {why}")))
         } else if (!m.cluster_id.is_empty() && m.cluster_id != cluster_hex) || cluster != record_cluster {
-            Some((SealReason::ClusterIdMismatch, format!("cluster {cluster_hex}, mark {:?}, epoch record {}", m.cluster_id, super::epoch::cluster_hex(record_cluster))))
+            Some((
+                SealReason::ClusterIdMismatch,
+                format!(
+                    "cluster {cluster_hex}, mark {:?}, epoch record {}",
+                    m.cluster_id,
+                    super::epoch::cluster_hex(record_cluster)
+                ),
+            ))
         } else if epoch < m.epoch {
             Some((SealReason::EpochBehindMark, format!("epoch {epoch} below mark {}", m.epoch)))
         } else if revision < floor {
             Some((SealReason::RevisionBehindMark, format!("revision {revision} below mark {floor}")))
         } else if let Some((t, i)) = raft.filter(|ti| *ti < (m.raft_term, m.raft_index)) {
-            Some((SealReason::RaftBehindMark, format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index)))
+            Some((
+                SealReason::RaftBehindMark,
+                format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index),
+            ))
         } else {
             None
         };
@@ -223,7 +262,9 @@ impl Seal {
         let m = self.marks();
         {
             let p = lock(&self.persisted);
-            if (p.epoch, p.revision, p.raft_term, p.raft_index, &p.cluster_id) == (m.epoch, m.revision, m.raft_term, m.raft_index, &m.cluster_id) {
+            if (p.epoch, p.revision, p.raft_term, p.raft_index, &p.cluster_id)
+                == (m.epoch, m.revision, m.raft_term, m.raft_index, &m.cluster_id)
+            {
                 return Ok(());
             }
         }
@@ -253,12 +294,24 @@ mod tests {
         Seal::load(None, "/r").unwrap()
     }
 
+    fn obs(
+        cluster: u64,
+        record_cluster: u64,
+        epoch: u64,
+        explicit: Option<&str>,
+        floor: i64,
+        revision: i64,
+        raft: Option<(u64, u64)>,
+    ) -> Observation<'_> {
+        Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft }
+    }
+
     #[test]
     fn a_healthy_history_never_seals_and_raises_marks() {
         let s = seal();
-        s.check(7, 7, 1, None, 0, 10, Some((2, 20)));
-        s.check(7, 7, 1, None, 10, 15, Some((2, 25)));
-        s.check(7, 7, 1, None, 15, 15, Some((3, 5))); // new term, index restarts counting
+        s.check(&obs(7, 7, 1, None, 0, 10, Some((2, 20))));
+        s.check(&obs(7, 7, 1, None, 10, 15, Some((2, 25))));
+        s.check(&obs(7, 7, 1, None, 15, 15, Some((3, 5)))); // new term, index restarts counting
         assert_eq!(s.current(), None);
         let m = s.marks();
         assert_eq!((m.epoch, m.revision, m.raft_term, m.raft_index), (1, 15, 3, 5));
@@ -273,15 +326,15 @@ mod tests {
             (7, 1, 1_000_020, Some((2, 4)), SealReason::RaftBehindMark),
         ] {
             let s = seal();
-            s.check(7, 7, 1, None, 0, 15, Some((3, 9)));
-            s.check(cluster, cluster, epoch, None, 15, rev, raft);
+            s.check(&obs(7, 7, 1, None, 0, 15, Some((3, 9))));
+            s.check(&obs(cluster, cluster, epoch, None, 15, rev, raft));
             assert_eq!(s.current().map(|i| i.reason), Some(want));
             // Catching up does not unseal; a new epoch does.
-            s.check(7, 7, 1, None, 15, 2_000_000, Some((9, 9)));
+            s.check(&obs(7, 7, 1, None, 15, 2_000_000, Some((9, 9))));
             assert!(s.current().is_some());
-            s.check(7, 7, 2, Some("advance in progress"), 15, 30, Some((3, 10)));
+            s.check(&obs(7, 7, 2, Some("advance in progress"), 15, 30, Some((3, 10))));
             assert!(s.current().is_some());
-            s.check(7, 7, 2, None, 15, 30, Some((3, 10)));
+            s.check(&obs(7, 7, 2, None, 15, 30, Some((3, 10))));
             assert_eq!(s.current(), None);
             assert_eq!(s.marks().epoch, 2);
         }
@@ -293,7 +346,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("marks.json");
         let s = Seal::load(Some(&p), "/r").unwrap();
-        s.check(7, 7, 1, None, 0, 42, Some((2, 9)));
+        s.check(&obs(7, 7, 1, None, 0, 42, Some((2, 9))));
         s.persist().unwrap();
         let again = Seal::load(Some(&p), "/r").unwrap();
         assert_eq!(again.marks().revision, 42);

@@ -38,11 +38,9 @@ impl Store {
     /// Grants a lease for a new session. The record is written by the caller (in
     /// the first grant transaction, or by [`Store::open_session`]).
     pub(crate) async fn grant_lease(&self, ttl_s: u64) -> Result<SessionId, LockError> {
-        let ttl =
-            i64::try_from(ttl_s).map_err(|_| LockError::Internal("ttl out of range".into()))?;
+        let ttl = i64::try_from(ttl_s).map_err(|_| LockError::Internal("ttl out of range".into()))?;
         let r = self.call(self.client().lease_grant(ttl, None)).await?;
-        SessionId::from_lease(r.id())
-            .ok_or_else(|| LockError::Internal("etcd granted lease id 0".into()))
+        SessionId::from_lease(r.id()).ok_or_else(|| LockError::Internal("etcd granted lease id 0".into()))
     }
 
     /// The session record for a new session of `class`.
@@ -57,19 +55,12 @@ impl Store {
     }
 
     /// Opens a session for `class` (`POST /v1/sessions`).
-    pub async fn open_session(
-        &self,
-        caller: &Caller,
-        class: &ClassSpec,
-    ) -> Result<SessionId, LockError> {
+    pub async fn open_session(&self, caller: &Caller, class: &ClassSpec) -> Result<SessionId, LockError> {
         let sid = self.grant_lease(class.ttl_s).await?;
         let rec = Self::new_record(caller, class);
         let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
-        if let Err(e) = self
-            .call(self.client().put(self.keys().session(sid), value, opts))
-            .await
-        {
+        if let Err(e) = self.call(self.client().put(self.keys().session(sid), value, opts)).await {
             self.revoke_quietly(sid).await;
             return Err(e);
         }
@@ -79,25 +70,18 @@ impl Store {
 
     /// The record of a session the caller owns; `SessionExpired` for an unknown,
     /// expired or foreign session (the three are indistinguishable on purpose).
-    pub async fn owned_session(
-        &self,
-        sid: SessionId,
-        caller: &Caller,
-    ) -> Result<Arc<SessionRecord>, LockError> {
+    pub async fn owned_session(&self, sid: SessionId, caller: &Caller) -> Result<Arc<SessionRecord>, LockError> {
         let cached = self.sessions.lock().await.get(&sid).cloned();
         let rec = match cached {
             Some(r) => r,
             None => {
-                let r = self
-                    .call(self.client().get(self.keys().session(sid), None))
-                    .await?;
+                let r = self.call(self.client().get(self.keys().session(sid), None)).await?;
                 let kv = r.kvs().first().ok_or(LockError::SessionExpired)?;
                 if kv.lease() != sid.lease() {
                     return Err(LockError::SessionExpired);
                 }
-                let rec: SessionRecord = serde_json::from_slice(kv.value()).map_err(|e| {
-                    LockError::Internal(format!("session record is not valid: {e}"))
-                })?;
+                let rec: SessionRecord = serde_json::from_slice(kv.value())
+                    .map_err(|e| LockError::Internal(format!("session record is not valid: {e}")))?;
                 let rec = Arc::new(rec);
                 let mut cache = self.sessions.lock().await;
                 if cache.len() > 100_000 {
@@ -137,14 +121,7 @@ impl Store {
         if let Ok(lease) = self.marker_lease().await {
             let marker = serde_json::json!({ "closed_ms": now_ms() }).to_string();
             let opts = Some(PutOptions::new().with_lease(lease));
-            if self
-                .call(
-                    self.client()
-                        .put(self.keys().close_marker(sid), marker, opts),
-                )
-                .await
-                .is_err()
-            {
+            if self.call(self.client().put(self.keys().close_marker(sid), marker, opts)).await.is_err() {
                 self.drop_marker_lease().await;
             }
         }
@@ -152,50 +129,29 @@ impl Store {
         self.forget_session(sid).await;
         match r {
             Ok(_) => Ok(()),
-            Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
-                Err(LockError::SessionExpired)
-            }
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => Err(LockError::SessionExpired),
             Err(e) => Err(e),
         }
     }
 
     /// Lists the holds attached to a session (for a client that lost an acquire's
     /// response).
-    pub async fn session_holds(
-        &self,
-        sid: SessionId,
-        caller: &Caller,
-    ) -> Result<Vec<OwnHold>, LockError> {
+    pub async fn session_holds(&self, sid: SessionId, caller: &Caller) -> Result<Vec<OwnHold>, LockError> {
         self.owned_session(sid, caller).await?;
         let ttl = self
-            .call(
-                self.client().lease_time_to_live(
-                    sid.lease(),
-                    Some(LeaseTimeToLiveOptions::new().with_keys()),
-                ),
-            )
+            .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
             .await?;
         if ttl.ttl() <= 0 {
             self.forget_session(sid).await;
             return Err(LockError::SessionExpired);
         }
         let prefix = self.keys().all_locks();
-        let hold_keys: Vec<Vec<u8>> = ttl
-            .keys()
-            .iter()
-            .filter(|k| k.starts_with(prefix.as_bytes()))
-            .cloned()
-            .collect();
+        let hold_keys: Vec<Vec<u8>> = ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect();
         if hold_keys.is_empty() {
             return Ok(Vec::new());
         }
-        let gets: Vec<TxnOp> = hold_keys
-            .iter()
-            .map(|k| TxnOp::get(k.clone(), None::<GetOptions>))
-            .collect();
-        let r = self
-            .call(self.client().txn(Txn::new().and_then(gets)))
-            .await?;
+        let gets: Vec<TxnOp> = hold_keys.iter().map(|k| TxnOp::get(k.clone(), None::<GetOptions>)).collect();
+        let r = self.call(self.client().txn(Txn::new().and_then(gets))).await?;
         let mut out = Vec::new();
         for op in r.op_responses() {
             let TxnOpResponse::Get(g) = op else { continue };
@@ -208,12 +164,7 @@ impl Store {
                 };
                 let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
                 if let Ok(token) = FencingToken::mint(h.epoch, rev) {
-                    out.push(OwnHold {
-                        key: h.key,
-                        token,
-                        class: h.class,
-                        acquired_ms: h.acquired_ms,
-                    });
+                    out.push(OwnHold { key: h.key, token, class: h.class, acquired_ms: h.acquired_ms });
                 }
             }
         }

@@ -61,12 +61,7 @@ impl Queues {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let q = map.entry(d.clone()).or_default();
         q.order.push_back(id);
-        Ticket {
-            queues: self,
-            digest: d.clone(),
-            id,
-            notify: q.notify.clone(),
-        }
+        Ticket { queues: self, digest: d.clone(), id, notify: q.notify.clone() }
     }
 
     /// Wakes the head of `d`'s queue (a release of `d` went through here).
@@ -116,11 +111,7 @@ impl Ticket<'_> {
     }
 
     /// Waits until first in line, the deadline (`Contended`) or cancellation.
-    pub async fn wait_head(
-        &self,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(), LockError> {
+    pub async fn wait_head(&self, deadline: Instant, cancel: &CancellationToken) -> Result<(), LockError> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -170,28 +161,15 @@ impl Store {
         notified.as_mut().enable();
         let jitter = rand::rng().random_range(0.8..1.2);
         let poll = Instant::now() + POLL.mul_f64(jitter);
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
         let holds = self.keys().holds(d);
         let watch = async {
             let mut client = self.client();
-            match tokio::time::timeout(
-                Duration::from_secs(2),
-                client.watch(holds.as_str(), Some(opts)),
-            )
-            .await
-            {
+            match tokio::time::timeout(Duration::from_secs(2), client.watch(holds.as_str(), Some(opts))).await {
                 Ok(Ok(mut stream)) => loop {
                     match stream.message().await {
                         Ok(Some(r)) if r.canceled() => return, // compacted: retry now
-                        Ok(Some(r))
-                            if r.events()
-                                .iter()
-                                .any(|e| e.event_type() == EventType::Delete) =>
-                        {
-                            return
-                        }
+                        Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Delete) => return,
                         Ok(Some(_)) => {}
                         // A broken watch is only a lost hint: the poll still runs.
                         Ok(None) | Err(_) => std::future::pending::<()>().await,
