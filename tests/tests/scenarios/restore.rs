@@ -276,3 +276,13 @@ async fn a_lagging_member_does_not_seal_a_healthy_cluster() {
     let r = a.post(ACQ, &[("x-lock-key", "payments/after-lag")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
 }
+
+#[tokio::test]
+async fn hand_run_restore_without_bump_seals_after_an_arbiter_restart() {
+    hand_run_restore("restore-nobump-restart", None, true, "revision_behind_mark").await;
+}
+
+#[tokio::test]
+async fn hand_run_restore_with_bump_seals_while_the_arbiter_runs() {
+    hand_run_restore("restore-bump-running", Some(1_000_000), false, "raft_behind_mark").await;
+}
