@@ -94,3 +94,29 @@ fn walk<'a>(
         _ => {}
     }
 }
+
+/// A wait the filter admits must fit inside the ext_proc `max_message_timeout` and
+/// the listener's `request_timeout`, or Envoy would cut a legitimate wait short.
+#[test]
+fn waits_fit_inside_envoys_timeouts() {
+    let secs = |v: &serde_yaml::Value| v.as_str().and_then(|s| s.strip_suffix('s')).and_then(|s| s.parse::<f64>().ok());
+    for path in shipped() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let (mut procs, mut wasms) = (Vec::new(), Vec::new());
+        walk(&doc, &mut procs, &mut wasms);
+        for w in &wasms {
+            let conf: serde_json::Value =
+                serde_json::from_str(w["config"]["configuration"]["value"].as_str().unwrap_or("{}")).unwrap();
+            let wait_s = conf["max_wait_ms"].as_f64().unwrap_or(30_000.0) / 1000.0;
+            for p in &procs {
+                let max = secs(&p["max_message_timeout"]).expect("ext_proc max_message_timeout");
+                assert!(wait_s + 2.0 <= max, "{}: max wait {wait_s}s + 2s > max_message_timeout {max}s", path.display());
+            }
+            for rt in text.lines().filter_map(|l| l.trim().strip_prefix("request_timeout:")) {
+                let rt: f64 = rt.trim().trim_end_matches('s').parse().unwrap();
+                assert!(wait_s + 5.0 <= rt, "{}: max wait {wait_s}s leaves no margin under request_timeout {rt}s", path.display());
+            }
+        }
+    }
+}

@@ -11,3 +11,4 @@ mod configs;
 mod core_lock;
 mod harness_selftest;
 mod restore;
+mod classes_min;
