@@ -70,6 +70,19 @@ impl Keys {
     }
 }
 
+/// The end of the range of every key starting with `prefix` (etcd's prefix end:
+/// the prefix with its last byte incremented).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

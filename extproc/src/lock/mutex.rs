@@ -21,7 +21,7 @@ use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken, KeyDigest, Lock
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{now_ms, session::Caller, HoldRecord, LockError, SessionRecord, Store};
+use super::{keys, now_ms, session::Caller, HoldRecord, LockError, SessionRecord, Store};
 
 /// An acquire as the API hands it over.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ pub struct HolderView {
 
 pub(crate) enum Attempt {
     Granted(Grant),
-    Refused { reason: Reason, revision: i64 },
+    Refused { reason: Reason, revision: i64, free_slot: u32 },
     EpochMoved,
 }
 
@@ -180,8 +180,11 @@ impl Store {
             ticket.wait_head(req.deadline, cancel).await?;
         }
         let mut epoch_moves = 0;
+        // The slot to try: the lowest free one the last refusal saw.
+        let mut slot = 0;
+        let mut conflicts = 0;
         loop {
-            match self.try_grant(req, &d, sid, new_record.as_ref()).await? {
+            match self.try_grant(req, &d, sid, new_record.as_ref(), slot).await? {
                 Attempt::Granted(g) => return Ok(g),
                 Attempt::EpochMoved => {
                     epoch_moves += 1;
@@ -189,10 +192,17 @@ impl Store {
                         return Err(LockError::Unavailable("the epoch record keeps changing".into()));
                     }
                 }
-                Attempt::Refused { reason, revision } => {
+                Attempt::Refused { reason, revision, free_slot } => {
                     // The failure branch wrote the session record; later attempts
                     // compare it like any other session.
                     new_record = None;
+                    slot = free_slot;
+                    // A conflict with a concurrent grant or release is not a wait:
+                    // even a try-once retries it a few times.
+                    if reason == Reason::LockContended && conflicts < 4 {
+                        conflicts += 1;
+                        continue;
+                    }
                     if req.try_once || Instant::now() >= req.deadline {
                         return Err(LockError::Contended(reason));
                     }
@@ -243,13 +253,18 @@ impl Store {
         None
     }
 
-    /// One grant transaction.
+    /// One grant transaction, into holder slot `slot` of a key with at most
+    /// `max_holders` = N holders. It compares that the slot is empty and that no
+    /// hold exists at slot N or above; since holds exist only as slot keys, the key
+    /// then has at most N holders at the commit, however many arbiters race. For
+    /// N = 1 the two compares say "no holder at all".
     pub(crate) async fn try_grant(
         &self,
         req: &AcquireRequest,
         d: &KeyDigest,
         sid: SessionId,
         new_record: Option<&SessionRecord>,
+        slot: u32,
     ) -> Result<Attempt, LockError> {
         self.unsealed()?;
         let ep = self.epoch_state().await?;
@@ -258,11 +273,15 @@ impl Store {
         }
         let floor = self.seal().revision_floor();
         let k = self.keys();
-        let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, 0), k.session(sid));
+        let n = req.class.max_holders.max(1);
+        let slot_no = slot.min(n - 1);
+        let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
         let lease = PutOptions::new().with_lease(sid.lease());
         let mut when = vec![
             Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
-            Compare::create_revision(holds.as_str(), CompareOp::Equal, 0).with_prefix(),
+            Compare::create_revision(slot.as_str(), CompareOp::Equal, 0),
+            // Empty range [slot N, end of the key's holds): no holder above the limit.
+            Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)),
         ];
         let mut then = Vec::with_capacity(2);
         let mut els = Vec::with_capacity(4);
@@ -346,8 +365,15 @@ impl Store {
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
         }
-        let reason = if holders.kvs().is_empty() { Reason::LockContended } else { Reason::KeyGated };
-        Ok(Attempt::Refused { reason, revision })
+        let taken: Vec<Vec<u8>> = holders.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        let free_slot = (0..n).find(|s| !taken.contains(&k.slot(d, *s).into_bytes()));
+        let within = holders.kvs().iter().all(|kv| kv.key() < k.slot(d, n).as_bytes());
+        // A free slot under the limit means a concurrent grant or release moved
+        // under us: retry at once. Otherwise the key is at its limit.
+        match free_slot {
+            Some(s) if within => Ok(Attempt::Refused { reason: Reason::LockContended, revision, free_slot: s }),
+            _ => Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 }),
+        }
     }
 
     /// Releases the grant `token` of `key`. A token that is not a current grant

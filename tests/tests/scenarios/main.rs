@@ -12,3 +12,4 @@ mod core_lock;
 mod harness_selftest;
 mod restore;
 mod classes_min;
+mod semaphore;
