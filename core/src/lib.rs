@@ -13,6 +13,7 @@
 
 pub mod class;
 pub mod code;
+pub mod grant;
 pub mod headers;
 pub mod key;
 pub mod token;

@@ -1,81 +1,219 @@
 //! Plugin configuration: a JSON object in `PluginConfig.configuration`
 //! (a `google.protobuf.StringValue`). Parsing is pure so a host-side test can run it
 //! over every configuration embedded in `envoy-config/*.yaml`.
+//!
+//! ```json
+//! {"max_wait_ms": 30000, "max_queue_per_key": 1000,
+//!  "namespaces": ["payments", "billing"],
+//!  "grants": [{"identity": "spiffe://lockmesh.local/ns/payments/",
+//!              "prefixes": ["payments"], "operations": ["acquire", "inspect"]}],
+//!  "local_limits": [{"prefix": "payments/reports", "max_in_flight": 20, "approximate": true}]}
+//! ```
 
+use lockmesh_core::{
+    grant::{valid_key_prefix, GrantSet, RawGrant},
+    key::{covers, valid_namespace},
+    LockKey,
+};
 use serde::Deserialize;
+use serde_json::Value;
 
 /// Upper bound of `max_wait_ms`: an hour, Envoy's own ext_proc timeout ceiling.
 pub const MAX_WAIT_CEILING_MS: u64 = 3_600_000;
+/// Default of `max_queue_per_key`.
+pub const DEFAULT_MAX_QUEUE_PER_KEY: usize = 1000;
+/// Upper bound of `max_queue_per_key` and of `local_limits[].max_in_flight`.
+pub const MAX_QUEUE_CEILING: u64 = 100_000;
+/// Most `namespaces` (each is a metric label value).
+pub const MAX_NAMESPACES: usize = 256;
+/// The metric label of a namespace not in `namespaces`, or of a request without a key.
+pub const OTHER_NAMESPACE: &str = "other";
 
 /// The filter's configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Config {
-    /// Longest `x-lock-wait-ms` accepted; longer asks get `400 bad_request`. Must stay
-    /// below the listener's request timeout and the ext_proc message timeout.
+    /// Longest `x-lock-wait-ms` accepted, ms; longer asks get `400 bad_request`. Must
+    /// stay below the listener's request timeout and the ext_proc `max_message_timeout`.
+    /// Default 30000.
     pub max_wait_ms: u64,
+    /// Most acquire requests queued for one key on one worker, not counting the one
+    /// passed on; one more is answered `429 queue_full`. Default 1000.
+    pub max_queue_per_key: usize,
+    /// The registry's namespaces: the only values the `ns` metric label takes (others
+    /// are counted as `other`). Default none.
+    pub namespaces: Vec<String>,
+    /// Who may do what to which key prefixes (ADR-19). Default none: every request is
+    /// answered `403 denied`.
+    pub grants: GrantSet,
+    /// Tier-1 approximate in-flight limits per key prefix. Default none.
+    pub local_limits: Vec<LocalLimit>,
     /// TEST ONLY: a request carrying this header traps the VM, so tests can prove a
     /// VM crash fails closed. Never set in a deployed config.
     pub test_trap_header: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+/// A Tier-1 local limit (seed ADR-033 Tier 1): at most `max_in_flight` acquire
+/// requests for keys under `prefix` inside one Envoy at once (queued in the filter or
+/// waiting at the arbiter). Exact per Envoy, approximate across the fleet: the
+/// fleet-wide bound is `max_in_flight x lock-tier Envoy replicas`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalLimit {
+    /// Key prefix (`namespace` or `namespace/path`), matched on `/` boundaries; a key
+    /// counts against the longest matching prefix only.
+    pub prefix: String,
+    /// Most acquire requests in flight in this Envoy.
+    pub max_in_flight: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    /// Default 30000 ms.
     max_wait_ms: Option<u64>,
+    max_queue_per_key: Option<u64>,
+    #[serde(default)]
+    namespaces: Vec<String>,
+    /// Deserialised one by one, so an error names its element.
+    #[serde(default)]
+    grants: Vec<Value>,
+    #[serde(default)]
+    local_limits: Vec<Value>,
     test_trap_header: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLocalLimit {
+    #[serde(default)]
+    prefix: String,
+    max_in_flight: Option<u64>,
+    /// Must be `true`: the operator acknowledges the limit is approximate.
+    approximate: Option<bool>,
+}
+
+// === impl Config ===
+
+impl Config {
+    /// The metric label of `key`'s namespace (`key` is a validated key's text).
+    pub fn ns_label<'a>(&'a self, key: Option<&str>) -> &'a str {
+        let ns = key.and_then(|k| k.split('/').next());
+        ns.and_then(|ns| self.namespaces.iter().find(|n| n.as_str() == ns)).map_or(OTHER_NAMESPACE, String::as_str)
+    }
+
+    /// The local limit `key` counts against: the longest covering prefix.
+    pub fn local_limit(&self, key: &LockKey) -> Option<&LocalLimit> {
+        self.local_limits.iter().filter(|l| covers(&l.prefix, key.as_str())).max_by_key(|l| l.prefix.len())
+    }
 }
 
 /// Parses the plugin configuration; every error carries its field path.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
     let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
-        RawConfig {
-            max_wait_ms: None,
-            test_trap_header: None,
-        }
+        RawConfig::default()
     } else {
         serde_json::from_slice(bytes).map_err(|e| vec![format!("configuration: {e}")])?
     };
     let mut errs = Vec::new();
     let max_wait_ms = raw.max_wait_ms.unwrap_or(30_000);
     if max_wait_ms > MAX_WAIT_CEILING_MS {
+        errs.push(format!("max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
+    }
+    let max_queue = raw.max_queue_per_key.unwrap_or(DEFAULT_MAX_QUEUE_PER_KEY as u64);
+    if max_queue == 0 || max_queue > MAX_QUEUE_CEILING {
+        errs.push(format!("max_queue_per_key: {max_queue} is outside 1 to {MAX_QUEUE_CEILING}"));
+    }
+    if raw.namespaces.len() > MAX_NAMESPACES {
         errs.push(format!(
-            "max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"
+            "namespaces: {} entries, above the maximum {MAX_NAMESPACES} (each is a metric label)",
+            raw.namespaces.len()
         ));
     }
+    for (i, ns) in raw.namespaces.iter().enumerate() {
+        if !valid_namespace(ns) {
+            errs.push(format!(
+                "namespaces[{i}]: {ns:?} must be 1-63 characters of [a-z0-9-], starting and ending alphanumeric"
+            ));
+        } else if raw.namespaces[..i].contains(ns) {
+            errs.push(format!("namespaces[{i}]: {ns:?} is listed twice"));
+        }
+    }
+    let mut raw_grants = Vec::with_capacity(raw.grants.len());
+    for (i, v) in raw.grants.into_iter().enumerate() {
+        match RawGrant::deserialize(v) {
+            Ok(g) => raw_grants.push(g),
+            Err(e) => {
+                errs.push(format!("grants[{i}]: {e}"));
+                // Keep indexes aligned for the validation below.
+                raw_grants.push(RawGrant {
+                    identity: "spiffe://invalid/".into(),
+                    prefixes: vec!["invalid".into()],
+                    operations: vec!["inspect".into()],
+                });
+            }
+        }
+    }
+    let grants = match GrantSet::try_from_raw(&raw_grants) {
+        Ok(g) => g,
+        Err(e) => {
+            errs.extend(e.iter().map(ToString::to_string));
+            GrantSet::default()
+        }
+    };
+    let local_limits = local_limits(raw.local_limits, &mut errs);
     if let Some(h) = &raw.test_trap_header {
         if h.is_empty() || !h.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
             errs.push("test_trap_header: must be a lowercase header name".into());
         }
     }
-    if errs.is_empty() {
-        Ok(Config {
-            max_wait_ms,
-            test_trap_header: raw.test_trap_header,
-        })
-    } else {
-        Err(errs)
+    if !errs.is_empty() {
+        return Err(errs);
     }
+    Ok(Config {
+        max_wait_ms,
+        max_queue_per_key: usize::try_from(max_queue).unwrap_or(DEFAULT_MAX_QUEUE_PER_KEY),
+        namespaces: raw.namespaces,
+        grants,
+        local_limits,
+        test_trap_header: raw.test_trap_header,
+    })
+}
+
+fn local_limits(raw: Vec<Value>, errs: &mut Vec<String>) -> Vec<LocalLimit> {
+    let mut out: Vec<LocalLimit> = Vec::new();
+    for (i, v) in raw.into_iter().enumerate() {
+        let l = match RawLocalLimit::deserialize(v) {
+            Ok(l) => l,
+            Err(e) => {
+                errs.push(format!("local_limits[{i}]: {e}"));
+                continue;
+            }
+        };
+        let at = |f: &str| format!("local_limits[{i}].{f}");
+        let mut ok = true;
+        if !valid_key_prefix(&l.prefix) {
+            errs.push(format!("{}: {:?} is not a namespace or namespace/path", at("prefix"), l.prefix));
+            ok = false;
+        } else if out.iter().any(|o| o.prefix == l.prefix) {
+            errs.push(format!("{}: {:?} is listed twice", at("prefix"), l.prefix));
+            ok = false;
+        }
+        let max = l.max_in_flight.unwrap_or(0);
+        if max == 0 || max > MAX_QUEUE_CEILING {
+            errs.push(format!("{}: {max} is outside 1 to {MAX_QUEUE_CEILING}", at("max_in_flight")));
+            ok = false;
+        }
+        if l.approximate != Some(true) {
+            errs.push(format!(
+                "{}: must be true: the limit holds per Envoy, so across the fleet it is max_in_flight x lock-tier replicas",
+                at("approximate")
+            ));
+            ok = false;
+        }
+        if ok {
+            out.push(LocalLimit { prefix: l.prefix, max_in_flight: u32::try_from(max).unwrap_or(u32::MAX) });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_and_errors() {
-        assert_eq!(parse(b"").unwrap().max_wait_ms, 30_000);
-        assert_eq!(
-            parse(br#"{"max_wait_ms": 5000}"#).unwrap().max_wait_ms,
-            5000
-        );
-        assert_eq!(
-            parse(br#"{"max_wait_ms": 99999999, "test_trap_header": "X"}"#).unwrap_err(),
-            vec![
-                "max_wait_ms: 99999999 is above the ceiling 3600000".to_string(),
-                "test_trap_header: must be a lowercase header name".to_string()
-            ]
-        );
-        assert!(parse(br#"{"max_wait": 1}"#).unwrap_err()[0].contains("unknown field"));
-    }
-}
+mod tests;

@@ -1,13 +1,20 @@
 //! The per-request context.
 //!
-//! `on_http_request_headers` may answer locally (returning `Pause` after
-//! `send_http_response`, which Envoy performs after the callback returns) or
-//! continue. Any host-call failure answers `500 internal`, never forwarding: lock
-//! routes fail closed.
+//! - `on_http_request_headers` decides ([`crate::decide`]); a refusal is answered
+//!   locally (`send_http_response`, performed by Envoy after the callback returns, and
+//!   `Pause`). A passed request has its internal and identity headers removed and the
+//!   filter's mark set; an acquire then goes through its key's queue
+//!   ([`crate::worker`]): `Continue` with its budget when it is the key's head here,
+//!   `Pause` when queued (another context or the tick resumes or answers it later).
+//!   Any host-call failure answers `500 internal`, never forwarding: lock routes fail
+//!   closed.
+//! - `on_done` (and `Drop`, should the host delete a context without `on_done`): the
+//!   request ended, answered or abandoned; its queue place and local-limit slot are
+//!   given back and the next waiter of its key is handed the key.
 
-use std::rc::Rc;
+use std::{cell::RefCell, rc::Rc};
 
-use lockmesh_core::{code::error_body, headers, Code};
+use lockmesh_core::LockKey;
 use proxy_wasm::{
     hostcalls,
     traits::{Context, HttpContext},
@@ -15,60 +22,77 @@ use proxy_wasm::{
 };
 
 use crate::{
-    config::Config,
+    abi,
     decide::{self, Decision},
+    metrics::Outcome,
+    route::Route,
+    worker::{self, now_ms, Refusal, Step, Ticket, Worker},
 };
 
 /// One HTTP request.
 pub struct Request {
-    config: Option<Rc<Config>>,
+    ctx: u32,
+    worker: Rc<RefCell<Worker>>,
+    /// Held from admission to the end of an acquire: its queue place and slot.
+    ticket: Option<Ticket>,
 }
 
 impl Request {
-    /// A request context under `config` (`None` refuses everything).
-    pub fn new(config: Option<Rc<Config>>) -> Self {
-        Self { config }
+    /// Request context `ctx` of `worker`.
+    pub fn new(ctx: u32, worker: Rc<RefCell<Worker>>) -> Self {
+        Self { ctx, worker, ticket: None }
     }
-}
 
-fn reply(status: u32, code: Code, body: &str) -> Action {
-    let hdrs = vec![
-        ("content-type", "application/json"),
-        (headers::ERROR, code.as_str()),
-    ];
-    if let Err(e) = hostcalls::send_http_response(status, hdrs, Some(body.as_bytes())) {
-        let _ = hostcalls::log(
-            LogLevel::Error,
-            &format!("lockmesh: local reply failed: {e:?}"),
-        );
+    fn finish(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        match self.worker.try_borrow_mut() {
+            Ok(mut w) => w.finish(self.ctx, ticket, now_ms()),
+            Err(_) => {
+                let _ = hostcalls::log(
+                    LogLevel::Critical,
+                    "lockmesh: worker state busy at request end; its key stays blocked here",
+                );
+            }
+        }
     }
-    Action::Pause
 }
 
 fn internal(what: &str) -> Action {
-    let _ = hostcalls::log(
-        LogLevel::Error,
-        &format!("lockmesh: {what}; refusing the request"),
-    );
-    reply(
-        500,
-        Code::Internal,
-        &error_body(Code::Internal, "lock filter error", None),
-    )
+    let _ = hostcalls::log(LogLevel::Error, &format!("lockmesh: {what}; refusing the request"));
+    worker::reply(&Refusal::internal());
+    Action::Pause
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        self.finish();
+        // Hand-overs moved the effective context; later host calls are ours again.
+        let _ = hostcalls::set_effective_context(self.ctx);
+        true
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(cfg) = self.config.clone() else {
+        let worker = self.worker.clone();
+        let Ok(mut w) = worker.try_borrow_mut() else {
+            return internal("worker state busy");
+        };
+        let Some(cfg) = w.config() else {
             return internal("no configuration");
         };
-        let hdrs: Vec<(String, Vec<u8>)> =
-            match hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
-                Ok(h) => h,
-                Err(e) => return internal(&format!("cannot read request headers: {e:?}")),
-            };
+        let hdrs: Vec<(String, Vec<u8>)> = match hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
+            Ok(h) => h,
+            Err(e) => return internal(&format!("cannot read request headers: {e:?}")),
+        };
         if let Some(trap) = &cfg.test_trap_header {
             if hdrs.iter().any(|(n, _)| n == trap) {
                 // TEST ONLY (config test_trap_header): prove that a VM trap fails closed.
@@ -79,22 +103,54 @@ impl HttpContext for Request {
             Ok(p) => p.filter(|p| !p.is_empty()),
             Err(e) => return internal(&format!("cannot read the peer certificate: {e:?}")),
         };
-        match decide::on_request_headers(&cfg, &hdrs, peer.as_deref()) {
-            Decision::Reject { status, code, body } => reply(status, code, &body),
-            Decision::Forward { remove, set } => {
-                for name in &remove {
-                    if let Err(e) = hostcalls::remove_map_value(MapType::HttpRequestHeaders, name) {
-                        return internal(&format!("cannot remove a header: {e:?}"));
-                    }
+        let pass = match decide::on_request_headers(&cfg, &hdrs, peer.as_deref()) {
+            Decision::Reject { status, code, body } => {
+                // The namespace of the key, when the key itself is well formed.
+                let key = hdrs
+                    .iter()
+                    .find(|(n, _)| n == lockmesh_core::headers::KEY)
+                    .and_then(|(_, v)| LockKey::parse(v).ok());
+                let ns = cfg.ns_label(key.as_ref().map(LockKey::as_str));
+                w.metrics().request(ns, Outcome::of_code(code));
+                worker::reply(&Refusal { status, code, body, outcome: Outcome::of_code(code) });
+                return Action::Pause;
+            }
+            Decision::Pass(p) => p,
+        };
+        let ns = cfg.ns_label(pass.key.as_ref().map(|k| k.as_str())).to_owned();
+        for name in &pass.remove {
+            if let Err(e) = hostcalls::remove_map_value(MapType::HttpRequestHeaders, name) {
+                w.metrics().request(&ns, Outcome::Internal);
+                return internal(&format!("cannot remove a header: {e:?}"));
+            }
+        }
+        for (name, value) in &pass.set {
+            if abi::set_request_header(name, value).is_err() {
+                w.metrics().request(&ns, Outcome::Internal);
+                return internal("cannot set a header");
+            }
+        }
+        let (Route::Acquire, Some(key)) = (pass.route, &pass.key) else {
+            w.metrics().request(&ns, Outcome::Forwarded);
+            return Action::Continue;
+        };
+        let (step, ticket) = w.admit(&cfg, self.ctx, key, pass.wait_ms, now_ms());
+        self.ticket = ticket;
+        match step {
+            Step::Forward { budget_ms } => {
+                let budget = budget_ms.to_string();
+                if abi::set_request_header(lockmesh_core::headers::BUDGET_MS, &budget).is_err() {
+                    w.metrics().request(&ns, Outcome::Internal);
+                    return internal("cannot set the budget header");
                 }
-                for (name, value) in &set {
-                    if let Err(e) =
-                        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value))
-                    {
-                        return internal(&format!("cannot set a header: {e:?}"));
-                    }
-                }
+                w.metrics().request(&ns, Outcome::Forwarded);
                 Action::Continue
+            }
+            Step::Pause => Action::Pause,
+            Step::Refuse(r) => {
+                w.metrics().request(&ns, r.outcome);
+                worker::reply(&r);
+                Action::Pause
             }
         }
     }

@@ -1,11 +1,15 @@
-//! The root context: reads and validates the plugin configuration.
+//! The root context: reads and validates the plugin configuration, and ticks.
 //!
 //! `on_configure` runs for every root context in every worker VM, on the main thread
-//! and under `envoy --mode validate`; it only parses, so it is idempotent. Returning
-//! `false` makes Envoy reject the configuration (startup fails, an xDS update is
-//! NACKed); every error is logged at `error` level with its field path first.
+//! and under `envoy --mode validate`; it only parses and starts the tick, so it is
+//! idempotent. Returning `false` makes Envoy reject the configuration (startup fails,
+//! an xDS update is NACKed); every error is logged at `error` level with its field
+//! path first.
+//!
+//! `on_tick` (every [`TICK`]) answers queued waiters whose deadline passed and passes
+//! on heads that became first in the Envoy-wide backlog ([`crate::worker`]).
 
-use std::rc::Rc;
+use std::{cell::RefCell, rc::Rc, time::Duration};
 
 use proxy_wasm::{
     hostcalls,
@@ -13,12 +17,30 @@ use proxy_wasm::{
     types::{BufferType, ContextType, LogLevel},
 };
 
-use crate::{config, http::Request};
+use crate::{
+    config,
+    http::Request,
+    worker::{now_ms, Worker},
+};
+
+/// The tick period: the lateness bound of a filter-side deadline and of a hand-over
+/// between workers.
+pub const TICK: Duration = Duration::from_millis(100);
 
 /// The root context.
-#[derive(Default)]
 pub struct Root {
-    config: Option<Rc<config::Config>>,
+    worker: Rc<RefCell<Worker>>,
+}
+
+impl Root {
+    /// Root context `id`.
+    pub fn new(id: u32) -> Self {
+        Self { worker: Rc::new(RefCell::new(Worker::new(id))) }
+    }
+}
+
+fn log(level: LogLevel, msg: &str) {
+    let _ = hostcalls::log(level, msg);
 }
 
 impl Context for Root {}
@@ -28,40 +50,53 @@ impl RootContext for Root {
         let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(b) => b.unwrap_or_default(),
             Err(e) => {
-                let _ = hostcalls::log(
-                    LogLevel::Error,
-                    &format!("lockmesh: cannot read plugin configuration: {e:?}"),
-                );
+                log(LogLevel::Error, &format!("lockmesh: cannot read plugin configuration: {e:?}"));
                 return false;
             }
         };
-        match config::parse(&bytes) {
-            Ok(c) => {
-                if c.test_trap_header.is_some() {
-                    let _ = hostcalls::log(
-                        LogLevel::Warn,
-                        "lockmesh: TEST ONLY test_trap_header is set",
-                    );
-                }
-                self.config = Some(Rc::new(c));
-                true
-            }
+        let c = match config::parse(&bytes) {
+            Ok(c) => c,
             Err(errs) => {
                 for e in errs {
-                    let _ = hostcalls::log(
-                        LogLevel::Error,
-                        &format!("lockmesh plugin configuration: {e}"),
-                    );
+                    log(LogLevel::Error, &format!("lockmesh plugin configuration: {e}"));
                 }
-                false
+                return false;
             }
+        };
+        if c.test_trap_header.is_some() {
+            log(LogLevel::Warn, "lockmesh: TEST ONLY test_trap_header is set");
         }
+        if c.grants.is_empty() {
+            log(LogLevel::Warn, "lockmesh: no grants configured; every request will be denied");
+        }
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            log(LogLevel::Error, "lockmesh: worker state busy in on_configure");
+            return false;
+        };
+        w.configure(c);
+        if let Err(e) = hostcalls::set_tick_period(TICK) {
+            log(LogLevel::Error, &format!("lockmesh: cannot start the tick: {e:?}"));
+            return false;
+        }
+        true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let root_id = match self.worker.try_borrow_mut() {
+            Ok(mut w) => {
+                w.tick(now_ms());
+                w.root_id()
+            }
+            Err(_) => return,
+        };
+        // Hand-overs moved the effective context to requests; take it back.
+        let _ = hostcalls::set_effective_context(root_id);
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Without a configuration (cannot happen after a successful on_configure) the
         // request context refuses everything: fail closed.
-        Some(Box::new(Request::new(self.config.clone())))
+        Some(Box::new(Request::new(context_id, self.worker.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -2,6 +2,9 @@
 //! in `envoy-config/*.yaml` (Proxy-Wasm has no offline validation hook), and checks
 //! that every shipped filter fails closed and has no test-only switch set.
 
+// A test binary: assertions by unwrap are the point, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_yaml::Value;
 
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -19,6 +22,20 @@ fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
+/// `scripts/up`'s identities (trust domain `lockmesh.local`) can use the demo.
+fn demo_identities_are_granted_their_own_namespace(c: &lockmesh_wasm_filter::config::Config) {
+    use lockmesh_core::{grant::Operation, LockKey};
+    let key = |k: &str| LockKey::parse(k.as_bytes()).unwrap();
+    let worker = "spiffe://lockmesh.local/ns/payments/sa/worker";
+    let job = "spiffe://lockmesh.local/ns/billing/sa/job";
+    for op in [Operation::Acquire, Operation::Inspect] {
+        assert!(c.grants.allowed(worker, &key("payments/order-42"), op));
+        assert!(c.grants.allowed(job, &key("billing/batch/1"), op));
+        assert!(!c.grants.allowed(job, &key("payments/order-42"), op));
+    }
+    assert!(!c.grants.allowed(worker, &key("payments/x"), Operation::Admin));
+}
+
 #[test]
 fn every_shipped_plugin_configuration_parses_and_fails_closed() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-config");
@@ -34,18 +51,14 @@ fn every_shipped_plugin_configuration_parses_and_fails_closed() {
         for f in filters {
             let name = path.display();
             let cfg = &f["config"];
-            assert_eq!(
-                cfg["failure_policy"].as_str(),
-                Some("FAIL_CLOSED"),
-                "{name}: wasm filter must fail closed"
-            );
+            assert_eq!(cfg["failure_policy"].as_str(), Some("FAIL_CLOSED"), "{name}: wasm filter must fail closed");
             let value = cfg["configuration"]["value"].as_str().unwrap_or("");
             let parsed = lockmesh_wasm_filter::config::parse(value.as_bytes())
                 .unwrap_or_else(|e| panic!("{name}: plugin configuration refused: {e:?}"));
-            assert_eq!(
-                parsed.test_trap_header, None,
-                "{name}: test-only switch set in a shipped config"
-            );
+            assert_eq!(parsed.test_trap_header, None, "{name}: test-only switch set in a shipped config");
+            if path.ends_with("lock-tier.yaml") {
+                demo_identities_are_granted_their_own_namespace(&parsed);
+            }
             found += 1;
         }
     }

@@ -396,6 +396,20 @@ impl Store {
         }
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
+        let marker =
+            serde_json::json!({ "epoch": token.epoch(), "revision": rev, "released_ms": now_ms() }).to_string();
+        if let Some(sid) = session {
+            // One round trip for the common case: a mutex hold (slot 0) on the
+            // caller's own session, whose owner was checked above.
+            let slot0 = self.keys().slot(&d, 0);
+            let cmp = vec![
+                Compare::create_revision(slot0.as_str(), CompareOp::Equal, rev),
+                Compare::lease(slot0.as_str(), CompareOp::Equal, sid.lease()),
+            ];
+            if self.release_txn(&d, slot0.into_bytes(), cmp, &marker).await? {
+                return Ok(());
+            }
+        }
         let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
         let kv = holds.kvs().iter().find(|kv| kv.create_revision() == rev).ok_or(LockError::NotHolder)?;
         let hold = hold_of(kv).ok_or(LockError::NotHolder)?;
@@ -404,29 +418,39 @@ impl Store {
         if hold.owner != caller.identity || session.is_some_and(|s| s.lease() != kv.lease()) {
             return Err(LockError::NotHolder);
         }
-        let hold_key = kv.key().to_vec();
-        let marker = serde_json::json!({ "epoch": hold.epoch, "revision": rev, "released_ms": now_ms() }).to_string();
+        let cmp = vec![
+            Compare::create_revision(kv.key(), CompareOp::Equal, rev),
+            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+        ];
+        if self.release_txn(&d, kv.key().to_vec(), cmp, &marker).await? {
+            Ok(())
+        } else {
+            Err(LockError::NotHolder)
+        }
+    }
+
+    /// Deletes `hold_key` under `cmp` and writes the release marker in the same
+    /// transaction (so an audit reader tells a release from an expiry). Returns
+    /// whether the compares held.
+    async fn release_txn(
+        &self,
+        d: &KeyDigest,
+        hold_key: Vec<u8>,
+        cmp: Vec<Compare>,
+        marker: &str,
+    ) -> Result<bool, LockError> {
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(hold_key.clone(), CompareOp::Equal, rev),
-                    Compare::mod_revision(hold_key.clone(), CompareOp::Equal, kv.mod_revision()),
-                ])
-                .and_then([
-                    TxnOp::delete(hold_key.clone(), None::<DeleteOptions>),
-                    TxnOp::put(
-                        self.keys().release_marker(&d),
-                        marker.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                ]);
+            let txn = Txn::new().when(cmp.clone()).and_then([
+                TxnOp::delete(hold_key.clone(), None::<DeleteOptions>),
+                TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
+            ]);
             match self.call(self.client().txn(txn)).await {
                 Ok(r) if r.succeeded() => {
-                    self.queues().hint(&d);
-                    return Ok(());
+                    self.queues().hint(d);
+                    return Ok(true);
                 }
-                Ok(_) => return Err(LockError::NotHolder),
+                Ok(_) => return Ok(false),
                 Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
                 Err(e) => return Err(e),
             }

@@ -31,18 +31,11 @@ fn lock_tier_with_upstream(name: &str) -> StackBuilder {
 }
 
 fn token(r: &lockmesh_tests::client::Resp) -> u64 {
-    r.json["token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no token in {}", r.body))
-        .parse()
-        .unwrap()
+    r.json["token"].as_str().unwrap_or_else(|| panic!("no token in {}", r.body)).parse().unwrap()
 }
 
 fn s(r: &lockmesh_tests::client::Resp, field: &str) -> String {
-    r.json[field]
-        .as_str()
-        .unwrap_or_else(|| panic!("no {field} in {}", r.body))
-        .to_owned()
+    r.json[field].as_str().unwrap_or_else(|| panic!("no {field} in {}", r.body)).to_owned()
 }
 
 async fn holders(c: &LockClient, key: &str) -> Vec<serde_json::Value> {
@@ -69,37 +62,18 @@ async fn acquire_release_and_the_waiter_gets_a_greater_token() {
     assert_eq!(r1.json["revision"].as_u64(), Some(t1 & ((1 << 48) - 1)));
     assert_eq!(r1.header("x-lock-token"), Some(t1.to_string().as_str()));
 
-    let waiter = tokio::spawn(async move {
-        b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")])
-            .await
-            .unwrap()
-    });
-    eventually_true(Duration::from_secs(10), "b queued", || async {
-        waiting_here(&a, k).await == 1
-    })
-    .await;
+    let waiter =
+        tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")]).await.unwrap() });
+    eventually_true(Duration::from_secs(10), "b queued", || async { waiting_here(&a, k).await == 1 }).await;
     assert!(!waiter.is_finished(), "b was granted while a held the key");
-    let rel = a
-        .post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())])
-        .await
-        .unwrap();
+    let rel = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap();
     assert_eq!(rel.code(), 200, "{}", rel.body);
-    let r2 = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .unwrap()
-        .unwrap();
+    let r2 = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
     assert_eq!(r2.code(), 200, "{}", r2.body);
-    assert!(
-        token(&r2) > t1,
-        "successor token {} not above {t1}",
-        token(&r2)
-    );
+    assert!(token(&r2) > t1, "successor token {} not above {t1}", token(&r2));
     let h = holders(&a, k).await;
     assert_eq!(h.len(), 1);
-    assert_eq!(
-        h[0]["identity"],
-        st.pki().workload_spiffe_id("payments", "b")
-    );
+    assert_eq!(h[0]["identity"], st.pki().workload_spiffe_id("payments", "b"));
 }
 
 #[tokio::test]
@@ -111,37 +85,16 @@ async fn try_once_and_deadline_answer_contended() {
     assert_eq!(a.post(ACQ, &[("x-lock-key", k)]).await.unwrap().code(), 200);
 
     let t = Instant::now();
-    let r = b
-        .post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "0")])
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code"), s(&r, "reason")),
-        (409, "contended".into(), "key_gated".into())
-    );
+    let r = b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "0")]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code"), s(&r, "reason")), (409, "contended".into(), "key_gated".into()));
     assert_eq!(r.header("x-lockmesh-error"), Some("contended"));
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "try-once waited {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(3), "try-once waited {:?}", t.elapsed());
 
     let t = Instant::now();
-    let r = b
-        .post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "800")])
-        .await
-        .unwrap();
+    let r = b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "800")]).await.unwrap();
     assert_eq!(r.code(), 409, "{}", r.body);
-    assert!(
-        t.elapsed() >= Duration::from_millis(800),
-        "gave up early: {:?}",
-        t.elapsed()
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "deadline overrun: {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() >= Duration::from_millis(800), "gave up early: {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "deadline overrun: {:?}", t.elapsed());
     assert_eq!(holders(&a, k).await.len(), 1);
 }
 
@@ -151,34 +104,16 @@ async fn session_expiry_frees_holds_and_the_session_is_gone() {
     let a = st.client("payments", "a").unwrap();
     let b = st.client("payments", "b").unwrap();
     let k = "short/job-1"; // class `short`: ttl 3 s
-    let r = a
-        .post("/v1/sessions", &[("x-lock-class", "short")])
-        .await
-        .unwrap();
+    let r = a.post("/v1/sessions", &[("x-lock-class", "short")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
     let sa = s(&r, "session");
-    let ta = token(
-        &a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sa)])
-            .await
-            .unwrap(),
-    );
+    let ta = token(&a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sa)]).await.unwrap());
     // a never renews: its hold must end with its session, and b get the key.
-    let r = b
-        .post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")])
-        .await
-        .unwrap();
+    let r = b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
     assert!(token(&r) > ta);
-    let r = a
-        .post("/v1/sessions/keepalive", &[("x-lock-session", &sa)])
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (410, "session_expired".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", &sa)]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (410, "session_expired".into()), "{}", r.body);
 }
 
 #[tokio::test]
@@ -187,77 +122,31 @@ async fn a_session_that_expires_while_waiting_gets_nothing() {
     let a = st.client("payments", "a").unwrap();
     let b = st.client("payments", "b").unwrap();
     let k = "short/job-2";
-    let sa = s(
-        &a.post("/v1/sessions", &[("x-lock-class", "short")])
-            .await
-            .unwrap(),
-        "session",
-    );
-    let ta = token(
-        &a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sa)])
-            .await
-            .unwrap(),
-    );
+    let sa = s(&a.post("/v1/sessions", &[("x-lock-class", "short")]).await.unwrap(), "session");
+    let ta = token(&a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sa)]).await.unwrap());
     // a keeps its session alive; b's session (never renewed) expires while b waits.
     let keeper = {
         let (a, sa) = (st.client("payments", "a").unwrap(), sa.clone());
         tokio::spawn(async move {
             loop {
-                let r = a
-                    .post("/v1/sessions/keepalive", &[("x-lock-session", &sa)])
-                    .await
-                    .unwrap();
+                let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", &sa)]).await.unwrap();
                 assert_eq!(r.code(), 200, "a's keepalive failed: {}", r.body);
                 tokio::time::sleep(Duration::from_millis(700)).await;
             }
         })
     };
-    let sb = s(
-        &b.post("/v1/sessions", &[("x-lock-class", "short")])
-            .await
-            .unwrap(),
-        "session",
-    );
+    let sb = s(&b.post("/v1/sessions", &[("x-lock-class", "short")]).await.unwrap(), "session");
     let waiter = tokio::spawn(async move {
-        b.post(
-            ACQ,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-session", &sb),
-                ("x-lock-wait-ms", "20000"),
-            ],
-        )
-        .await
-        .unwrap()
+        b.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sb), ("x-lock-wait-ms", "20000")]).await.unwrap()
     });
     tokio::time::sleep(Duration::from_secs(5)).await; // past b's 3 s TTL
-    let rel = a
-        .post(
-            REL,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-token", &ta.to_string()),
-                ("x-lock-session", &sa),
-            ],
-        )
-        .await
-        .unwrap();
+    let rel =
+        a.post(REL, &[("x-lock-key", k), ("x-lock-token", &ta.to_string()), ("x-lock-session", &sa)]).await.unwrap();
     assert_eq!(rel.code(), 200, "{}", rel.body);
-    let r = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .unwrap()
-        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
     keeper.abort();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (410, "session_expired".into()),
-        "{}",
-        r.body
-    );
-    assert!(
-        holders(&a, k).await.is_empty(),
-        "the expired session was granted the key"
-    );
+    assert_eq!((r.code(), s(&r, "code")), (410, "session_expired".into()), "{}", r.body);
+    assert!(holders(&a, k).await.is_empty(), "the expired session was granted the key");
 }
 
 #[tokio::test]
@@ -267,53 +156,21 @@ async fn a_stale_release_never_frees_the_successor() {
     let b = st.client("payments", "b").unwrap();
     let k = "payments/order-3";
     let t1 = token(&a.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
-    assert_eq!(
-        a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())])
-            .await
-            .unwrap()
-            .code(),
-        200
-    );
+    assert_eq!(a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap().code(), 200);
     let t2 = token(&b.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
     assert!(t2 > t1);
     // a retries its release (a lost answer, say): it must not touch b's grant.
-    let r = a
-        .post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())])
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (409, "not_holder".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (409, "not_holder".into()), "{}", r.body);
     // b's own token from another identity is refused too, and a made-up one.
-    let r = a
-        .post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())])
-        .await
-        .unwrap();
+    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())]).await.unwrap();
     assert_eq!(r.code(), 409, "{}", r.body);
-    let r = a
-        .post(
-            REL,
-            &[("x-lock-key", k), ("x-lock-token", &(t2 + 1).to_string())],
-        )
-        .await
-        .unwrap();
+    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &(t2 + 1).to_string())]).await.unwrap();
     assert_eq!(r.code(), 409, "{}", r.body);
     let h = holders(&a, k).await;
     assert_eq!(h.len(), 1);
-    assert_eq!(
-        h[0]["identity"],
-        st.pki().workload_spiffe_id("payments", "b")
-    );
-    assert_eq!(
-        b.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())])
-            .await
-            .unwrap()
-            .code(),
-        200
-    );
+    assert_eq!(h[0]["identity"], st.pki().workload_spiffe_id("payments", "b"));
+    assert_eq!(b.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())]).await.unwrap().code(), 200);
     assert!(holders(&a, k).await.is_empty());
 }
 
@@ -325,104 +182,34 @@ async fn reacquire_is_idempotent_and_a_leak_is_named() {
     let open = |inst: &'static str| {
         let a = &a;
         async move {
-            let r = a
-                .post("/v1/sessions", &[("x-lock-instance", inst)])
-                .await
-                .unwrap();
+            let r = a.post("/v1/sessions", &[("x-lock-instance", inst)]).await.unwrap();
             assert_eq!(r.code(), 200, "{}", r.body);
             s(&r, "session")
         }
     };
     let s1 = open("pod-1").await;
-    let r1 = a
-        .post(
-            ACQ,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-session", &s1),
-                ("x-lock-instance", "pod-1"),
-            ],
-        )
-        .await
-        .unwrap();
+    let r1 = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s1), ("x-lock-instance", "pod-1")]).await.unwrap();
     assert_eq!(r1.code(), 200, "{}", r1.body);
-    let again = a
-        .post(
-            ACQ,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-session", &s1),
-                ("x-lock-instance", "pod-1"),
-            ],
-        )
-        .await
-        .unwrap();
+    let again = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s1), ("x-lock-instance", "pod-1")]).await.unwrap();
     assert_eq!(again.code(), 200, "{}", again.body);
     assert_eq!(token(&again), token(&r1));
     assert_eq!(again.json["existing"], true);
     // Same identity and instance, another session: a leak, not contention.
     let s2 = open("pod-1").await;
-    let r = a
-        .post(
-            ACQ,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-session", &s2),
-                ("x-lock-instance", "pod-1"),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (409, "leaked".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s2), ("x-lock-instance", "pod-1")]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (409, "leaked".into()), "{}", r.body);
     // Another instance (a replica) contends normally.
     let s3 = open("pod-2").await;
-    let r = a
-        .post(
-            ACQ,
-            &[
-                ("x-lock-key", k),
-                ("x-lock-session", &s3),
-                ("x-lock-instance", "pod-2"),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (409, "contended".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s3), ("x-lock-instance", "pod-2")]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (409, "contended".into()), "{}", r.body);
     // A session opened with an instance cannot be used without it.
-    let r = a
-        .post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s1)])
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (410, "session_expired".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &s1)]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (410, "session_expired".into()), "{}", r.body);
     // The session's holder can list its holds (for a lost acquire answer).
-    let r = a
-        .get(
-            "/v1/sessions/holds",
-            &[("x-lock-session", &s1), ("x-lock-instance", "pod-1")],
-        )
-        .await
-        .unwrap();
+    let r = a.get("/v1/sessions/holds", &[("x-lock-session", &s1), ("x-lock-instance", "pod-1")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(r.json["holds"][0]["key"], k);
-    assert_eq!(
-        r.json["holds"][0]["token"].as_str(),
-        Some(token(&r1).to_string().as_str())
-    );
+    assert_eq!(r.json["holds"][0]["token"].as_str(), Some(token(&r1).to_string().as_str()));
 }
 
 #[tokio::test]
@@ -432,111 +219,41 @@ async fn inspection_by_another_caller_reveals_no_token_revision_or_session() {
     let b = st.client("billing", "b").unwrap();
     let k = "payments/order-5";
     let r = a.post(ACQ, &[("x-lock-key", k)]).await.unwrap();
-    let (t, rev, sid) = (
-        token(&r),
-        r.json["revision"].as_u64().unwrap(),
-        s(&r, "session"),
-    );
+    let (t, rev, sid) = (token(&r), r.json["revision"].as_u64().unwrap(), s(&r, "session"));
     let seen = b.get("/v1/locks", &[("x-lock-key", k)]).await.unwrap();
     assert_eq!(seen.code(), 200, "{}", seen.body);
-    assert_eq!(
-        seen.json["holders"][0]["identity"],
-        st.pki().workload_spiffe_id("payments", "a")
-    );
-    for secret in [
-        t.to_string(),
-        sid.clone(),
-        format!("\"revision\":{rev}"),
-        format!(":{rev},"),
-        format!(":{rev}}}"),
-    ] {
-        assert!(
-            !seen.body.contains(&secret),
-            "inspection leaked {secret:?}: {}",
-            seen.body
-        );
+    assert_eq!(seen.json["holders"][0]["identity"], st.pki().workload_spiffe_id("payments", "a"));
+    for secret in [t.to_string(), sid.clone(), format!("\"revision\":{rev}"), format!(":{rev},"), format!(":{rev}}}")] {
+        assert!(!seen.body.contains(&secret), "inspection leaked {secret:?}: {}", seen.body);
     }
     // b naming a's session learns nothing either (not its session).
-    let seen = b
-        .get("/v1/locks", &[("x-lock-key", k), ("x-lock-session", &sid)])
-        .await
-        .unwrap();
+    let seen = b.get("/v1/locks", &[("x-lock-key", k), ("x-lock-session", &sid)]).await.unwrap();
     assert!(!seen.body.contains(&t.to_string()), "{}", seen.body);
     // The holder itself, naming its session, sees its token.
-    let own = a
-        .get("/v1/locks", &[("x-lock-key", k), ("x-lock-session", &sid)])
-        .await
-        .unwrap();
-    assert_eq!(
-        own.json["holders"][0]["token"].as_str(),
-        Some(t.to_string().as_str()),
-        "{}",
-        own.body
-    );
+    let own = a.get("/v1/locks", &[("x-lock-key", k), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!(own.json["holders"][0]["token"].as_str(), Some(t.to_string().as_str()), "{}", own.body);
 }
 
 #[tokio::test]
 async fn etcd_down_answers_unavailable_and_grants_nothing() {
-    let st = lock_tier("core-etcd-down")
-        .own_etcd(1)
-        .start()
-        .await
-        .unwrap();
+    let st = lock_tier("core-etcd-down").own_etcd(1).start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let r = a.post("/v1/sessions", &[]).await.unwrap();
     let sid = s(&r, "session");
-    assert_eq!(
-        a.post(ACQ, &[("x-lock-key", "payments/before")])
-            .await
-            .unwrap()
-            .code(),
-        200
-    );
+    assert_eq!(a.post(ACQ, &[("x-lock-key", "payments/before")]).await.unwrap().code(), 200);
     st.etcd().member(0).kill();
     let t = Instant::now();
-    let r = a
-        .post(
-            ACQ,
-            &[
-                ("x-lock-key", "payments/during"),
-                ("x-lock-wait-ms", "3000"),
-            ],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (503, "unavailable".into()),
-        "{}",
-        r.body
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(8),
-        "took {:?}",
-        t.elapsed()
-    );
-    let r = a
-        .post("/v1/sessions/keepalive", &[("x-lock-session", &sid)])
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (503, "unavailable".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(ACQ, &[("x-lock-key", "payments/during"), ("x-lock-wait-ms", "3000")]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (503, "unavailable".into()), "{}", r.body);
+    assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
+    let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (503, "unavailable".into()), "{}", r.body);
     st.etcd().member(0).restart().await.unwrap();
     // Nothing was granted while etcd was down.
     lockmesh_tests::eventually(Duration::from_secs(15), async || {
-        let r = a
-            .get("/v1/locks", &[("x-lock-key", "payments/during")])
-            .await?;
+        let r = a.get("/v1/locks", &[("x-lock-key", "payments/during")]).await?;
         anyhow::ensure!(r.code() == 200, "not ready: {}", r.body);
-        anyhow::ensure!(
-            r.json["holders"].as_array().is_some_and(|h| h.is_empty()),
-            "granted: {}",
-            r.body
-        );
+        anyhow::ensure!(r.json["holders"].as_array().is_some_and(|h| h.is_empty()), "granted: {}", r.body);
         Ok(())
     })
     .await;
@@ -550,32 +267,14 @@ async fn a_caller_that_leaves_while_waiting_leaves_nothing_behind() {
     let t1 = token(&a.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
     let b = st.client("payments", "b").unwrap();
     let url = format!("{}{ACQ}", b.base_url());
-    let req = b
-        .http()
-        .post(url)
-        .header("x-lock-key", k)
-        .header("x-lock-wait-ms", "20000");
+    let req = b.http().post(url).header("x-lock-key", k).header("x-lock-wait-ms", "20000");
     let gone = tokio::time::timeout(Duration::from_millis(1500), req.send()).await;
-    assert!(
-        gone.is_err(),
-        "the waiter was answered while a held the key"
-    );
-    eventually_true(Duration::from_secs(10), "waiter left the queue", || async {
-        waiting_here(&a, k).await == 0
-    })
-    .await;
-    assert_eq!(
-        a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())])
-            .await
-            .unwrap()
-            .code(),
-        200
-    );
+    assert!(gone.is_err(), "the waiter was answered while a held the key");
+    eventually_true(Duration::from_secs(10), "waiter left the queue", || async { waiting_here(&a, k).await == 0 })
+        .await;
+    assert_eq!(a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap().code(), 200);
     tokio::time::sleep(Duration::from_millis(1500)).await; // longer than one poll period
-    assert!(
-        holders(&a, k).await.is_empty(),
-        "the departed waiter was granted the key"
-    );
+    assert!(holders(&a, k).await.is_empty(), "the departed waiter was granted the key");
 }
 
 #[tokio::test]
@@ -586,20 +285,13 @@ async fn many_waiters_are_all_served_without_5xx() {
     for i in 0..40 {
         let c = st.client("payments", &format!("w{}", i % 4)).unwrap();
         tasks.push(tokio::spawn(async move {
-            let r = c
-                .post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "30000")])
-                .await
-                .unwrap();
+            let r = c.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "30000")]).await.unwrap();
             assert_eq!(r.code(), 200, "waiter {i}: {}", r.body);
             let t = token(&r);
             let rel = c
                 .post(
                     REL,
-                    &[
-                        ("x-lock-key", k),
-                        ("x-lock-token", &t.to_string()),
-                        ("x-lock-session", &s(&r, "session")),
-                    ],
+                    &[("x-lock-key", k), ("x-lock-token", &t.to_string()), ("x-lock-session", &s(&r, "session"))],
                 )
                 .await
                 .unwrap();
@@ -618,42 +310,21 @@ async fn many_waiters_are_all_served_without_5xx() {
 
 #[tokio::test]
 async fn killing_the_arbiter_mid_wait_fails_closed() {
-    let st = lock_tier_with_upstream("core-kill-arb")
-        .start()
-        .await
-        .unwrap();
+    let st = lock_tier_with_upstream("core-kill-arb").start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let k = "payments/order-7";
     assert_eq!(a.post(ACQ, &[("x-lock-key", k)]).await.unwrap().code(), 200);
     let b = st.client("payments", "b").unwrap();
-    let waiter = tokio::spawn(async move {
-        b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")])
-            .await
-            .unwrap()
-    });
-    eventually_true(Duration::from_secs(10), "b queued", || async {
-        waiting_here(&a, k).await == 1
-    })
-    .await;
+    let waiter =
+        tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")]).await.unwrap() });
+    eventually_true(Duration::from_secs(10), "b queued", || async { waiting_here(&a, k).await == 1 }).await;
     st.arbiter(0).kill();
-    let r = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        r.code() >= 500,
-        "killed arbiter answered {}: {}",
-        r.code(),
-        r.body
-    );
+    let r = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
+    assert!(r.code() >= 500, "killed arbiter answered {}: {}", r.code(), r.body);
     // Later requests fail too, and none ever reaches the upstream.
     let r = a.post(ACQ, &[("x-lock-key", "payments/x")]).await.unwrap();
     assert!(r.code() >= 500, "{}", r.body);
-    assert!(
-        st.backend().requests().is_empty(),
-        "a request reached the upstream: {:?}",
-        st.backend().requests()
-    );
+    assert!(st.backend().requests().is_empty(), "a request reached the upstream: {:?}", st.backend().requests());
 }
 
 #[tokio::test]
@@ -669,65 +340,31 @@ async fn overflowing_the_ext_proc_cluster_fails_closed() {
     assert_eq!(a.post(ACQ, &[("x-lock-key", k)]).await.unwrap().code(), 200);
     let b = st.client("payments", "b").unwrap();
     // b's wait occupies the only ext_proc stream the cluster allows.
-    let _waiter = tokio::spawn(async move {
-        b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")])
-            .await
-    });
+    let _waiter = tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")]).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let r = a
-        .post(ACQ, &[("x-lock-key", "payments/other")])
-        .await
-        .unwrap();
-    assert!(
-        r.code() >= 500,
-        "overflow answered {}: {}",
-        r.code(),
-        r.body
-    );
-    let overflow = st
-        .envoy()
-        .stat("cluster.lockmesh_arbiter.upstream_rq_pending_overflow")
-        .await
-        .unwrap()
-        .unwrap_or(0)
-        + st.envoy()
-            .stat("cluster.lockmesh_arbiter.upstream_rq_active_overflow")
-            .await
-            .unwrap()
-            .unwrap_or(0);
+    let r = a.post(ACQ, &[("x-lock-key", "payments/other")]).await.unwrap();
+    assert!(r.code() >= 500, "overflow answered {}: {}", r.code(), r.body);
+    let overflow = st.envoy().stat("cluster.lockmesh_arbiter.upstream_rq_pending_overflow").await.unwrap().unwrap_or(0)
+        + st.envoy().stat("cluster.lockmesh_arbiter.upstream_rq_active_overflow").await.unwrap().unwrap_or(0);
     assert!(overflow > 0, "no overflow counted");
-    assert!(
-        st.backend().requests().is_empty(),
-        "a request reached the upstream: {:?}",
-        st.backend().requests()
-    );
+    assert!(st.backend().requests().is_empty(), "a request reached the upstream: {:?}", st.backend().requests());
 }
 
 #[tokio::test]
 async fn a_crashed_filter_vm_fails_closed() {
     let st = lock_tier_with_upstream("core-vm-crash")
-        .envoy_replace(
-            r#"'{"max_wait_ms": 30000}'"#,
-            r#"'{"max_wait_ms": 30000, "test_trap_header": "x-test-trap"}'"#,
-        )
+        .envoy_replace(r#"'{"max_wait_ms": 30000, "#, r#"'{"max_wait_ms": 30000, "test_trap_header": "x-test-trap", "#)
         .envoy_concurrency(1)
         .start()
         .await
         .unwrap();
     let a = st.client("payments", "a").unwrap();
-    let r = a
-        .post(ACQ, &[("x-lock-key", "payments/vm"), ("x-test-trap", "1")])
-        .await
-        .unwrap();
+    let r = a.post(ACQ, &[("x-lock-key", "payments/vm"), ("x-test-trap", "1")]).await.unwrap();
     assert!(r.code() >= 500, "trap answered {}: {}", r.code(), r.body);
     // The VM is dead (FAIL_CLOSED): later requests fail, none is forwarded.
     let r = a.post(ACQ, &[("x-lock-key", "payments/vm")]).await.unwrap();
     assert!(r.code() >= 500, "after the trap {}: {}", r.code(), r.body);
-    assert!(
-        st.backend().requests().is_empty(),
-        "a request reached the upstream: {:?}",
-        st.backend().requests()
-    );
+    assert!(st.backend().requests().is_empty(), "a request reached the upstream: {:?}", st.backend().requests());
 }
 
 #[tokio::test]
@@ -748,10 +385,7 @@ async fn forged_identity_and_internal_headers_are_ignored() {
     let r = a.post(ACQ, &h).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
     let seen = holders(&a, "payments/order-9").await;
-    assert_eq!(
-        seen[0]["identity"],
-        st.pki().workload_spiffe_id("payments", "a")
-    );
+    assert_eq!(seen[0]["identity"], st.pki().workload_spiffe_id("payments", "a"));
     // A forged budget does not turn a try-once into a wait.
     let b = st.client("payments", "b").unwrap();
     let mut h = vec![("x-lock-key", "payments/order-9")];
@@ -759,49 +393,18 @@ async fn forged_identity_and_internal_headers_are_ignored() {
     let t = Instant::now();
     let r = b.post(ACQ, &h).await.unwrap();
     assert_eq!(r.code(), 409, "{}", r.body);
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "a forged budget made it wait {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(3), "a forged budget made it wait {:?}", t.elapsed());
     // Duplicated and malformed lock headers are refused by the filter, naming them.
-    let r = a
-        .post(
-            ACQ,
-            &[("x-lock-key", "payments/a"), ("x-lock-key", "payments/a")],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.code(), s(&r, "code")),
-        (400, "bad_request".into()),
-        "{}",
-        r.body
-    );
+    let r = a.post(ACQ, &[("x-lock-key", "payments/a"), ("x-lock-key", "payments/a")]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (400, "bad_request".into()), "{}", r.body);
     assert!(s(&r, "message").contains("x-lock-key"), "{}", r.body);
-    let r = a
-        .post(
-            ACQ,
-            &[("x-lock-key", "payments/a"), ("x-lock-wait-ms", "1e3")],
-        )
-        .await
-        .unwrap();
+    let r = a.post(ACQ, &[("x-lock-key", "payments/a"), ("x-lock-wait-ms", "1e3")]).await.unwrap();
     assert!(s(&r, "message").contains("x-lock-wait-ms"), "{}", r.body);
 }
 
 #[tokio::test]
 async fn the_lock_tier_refuses_callers_without_a_valid_certificate() {
     let st = lock_tier("core-mtls").start().await.unwrap();
-    assert!(st
-        .anonymous_client()
-        .unwrap()
-        .post(ACQ, &[("x-lock-key", "payments/x")])
-        .await
-        .is_err());
-    assert!(st
-        .rogue_client("payments", "a")
-        .unwrap()
-        .post(ACQ, &[("x-lock-key", "payments/x")])
-        .await
-        .is_err());
+    assert!(st.anonymous_client().unwrap().post(ACQ, &[("x-lock-key", "payments/x")]).await.is_err());
+    assert!(st.rogue_client("payments", "a").unwrap().post(ACQ, &[("x-lock-key", "payments/x")]).await.is_err());
 }

@@ -13,3 +13,4 @@ mod harness_selftest;
 mod restore;
 mod classes_min;
 mod semaphore;
+mod filter;

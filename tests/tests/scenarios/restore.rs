@@ -156,7 +156,9 @@ async fn a_stale_epoch_advance_changes_nothing() {
     let before = etcd.get(epoch_key.as_str(), None).await.unwrap().kvs()[0].clone();
     let out = advance(&st, 7, 8).await;
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected epoch 7 but the epoch record holds 1: nothing changed"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected epoch 7 but the epoch record holds 1: nothing changed")
+    );
     let after = etcd.get(epoch_key.as_str(), None).await.unwrap().kvs()[0].clone();
     assert_eq!((before.mod_revision(), before.value()), (after.mod_revision(), after.value()));
     // The hold is untouched and the service unsealed.
@@ -211,9 +213,11 @@ async fn the_restore_command_runs_end_to_end_and_resumes_after_a_kill() {
         }
     }
     assert!(log.iter().any(|l| l.contains("headroom")), "{log:?}");
+    // Sealed by whichever detector saw it first: the arbiter's own raft check
+    // (the restore was bumped) or the command's explicit seal.
     let reason = wait_sealed(&st).await;
-    assert_eq!(reason, "explicit");
-    assert_refused_sealed(&a, "explicit").await;
+    assert!(reason == "explicit" || reason == "raft_behind_mark", "{reason}");
+    assert_refused_sealed(&a, &reason).await;
     // Re-run: the restore is kept, the advance resumes from the record's state.
     let out = cmd().output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

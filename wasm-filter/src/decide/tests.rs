@@ -1,0 +1,127 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn cfg() -> Config {
+    crate::config::parse(
+        br#"{"grants": [
+            {"identity": "spiffe://lockmesh.test/ns/payments/", "prefixes": ["payments"], "operations": ["acquire", "inspect"]},
+            {"identity": "spiffe://lockmesh.test/ns/ops/sa/admin", "prefixes": ["payments"], "operations": ["admin"]}]}"#,
+    )
+    .unwrap()
+}
+
+fn h(method: &str, path: &str, pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+    [(":method", method.as_bytes()), (":path", path.as_bytes())]
+        .iter()
+        .chain(pairs)
+        .map(|(n, v)| (n.to_string(), v.to_vec()))
+        .collect()
+}
+
+fn acq(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+    h("POST", "/v1/locks/acquire", pairs)
+}
+
+const ID: &[u8] = b"spiffe://lockmesh.test/ns/payments/sa/worker";
+const BILLING: &[u8] = b"spiffe://lockmesh.test/ns/billing/sa/job";
+
+fn http_status(d: &Decision) -> u32 {
+    match d {
+        Decision::Reject { status, .. } => *status,
+        Decision::Pass(_) => 200,
+    }
+}
+
+#[test]
+fn unauthenticated_is_refused_first() {
+    let d = on_request_headers(&cfg(), &h("GET", "/nope", &[("x-lock-key", b"bad key")]), None);
+    assert!(matches!(d, Decision::Reject { status: 401, code: Code::Unauthenticated, .. }));
+    let d = on_request_headers(&cfg(), &[], Some(b"https://evil"));
+    assert_eq!(http_status(&d), 401);
+}
+
+#[test]
+fn unknown_routes_and_bad_headers() {
+    assert_eq!(http_status(&on_request_headers(&cfg(), &h("GET", "/x", &[]), Some(ID))), 404);
+    let d = on_request_headers(&cfg(), &acq(&[("x-lock-wait-ms", b"-1")]), Some(ID));
+    let Decision::Reject { status, body, .. } = d else { panic!() };
+    assert_eq!(status, 400);
+    assert!(body.contains("x-lock-wait-ms"), "{body}");
+    let d = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"payments/a"), ("x-lock-wait-ms", b"30001")]), Some(ID));
+    assert_eq!(http_status(&d), 400);
+    let d = on_request_headers(&cfg(), &acq(&[]), Some(ID));
+    assert_eq!(d, Decision::reject(Code::BadRequest, "x-lock-key: required"));
+}
+
+#[test]
+fn denial_is_one_answer_decided_by_grants() {
+    let held = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"payments/held")]), Some(BILLING));
+    let missing = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"payments/none")]), Some(BILLING));
+    assert_eq!(held, missing);
+    assert_eq!(
+        held,
+        Decision::Reject {
+            status: 403,
+            code: Code::Denied,
+            body: r#"{"code":"denied","message":"not permitted"}"#.into()
+        }
+    );
+    // Keyless session routes need some acquire grant.
+    let open = h("POST", "/v1/sessions", &[]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &open, Some(BILLING))), 403);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &open, Some(ID))), 200);
+    // Operations are separate: inspect yes, admin no; outside the prefix no.
+    let insp = h("GET", "/v1/locks", &[("x-lock-key", b"payments/a")]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &insp, Some(ID))), 200);
+    let admin = h("POST", "/v1/admin/seal", &[]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &admin, Some(ID))), 403);
+    let admin_id = b"spiffe://lockmesh.test/ns/ops/sa/admin";
+    assert_eq!(http_status(&on_request_headers(&cfg(), &admin, Some(admin_id))), 200);
+    let other = acq(&[("x-lock-key", b"payments-archive/a")]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &other, Some(ID))), 403);
+}
+
+#[test]
+fn strips_internal_and_identity_headers() {
+    let d = on_request_headers(
+        &cfg(),
+        &acq(&[
+            ("x-lock-key", b"payments/a"),
+            ("x-lock-wait-ms", b"250"),
+            ("x-lockmesh-budget-ms", b"999999"),
+            ("x-forwarded-client-cert", b"By=spiffe://x"),
+            ("x-lock-epoch", b"9"),
+        ]),
+        Some(ID),
+    );
+    let Decision::Pass(p) = d else { panic!() };
+    assert_eq!(p.remove, vec!["x-forwarded-client-cert", "x-lock-epoch", "x-lockmesh-budget-ms"]);
+    assert_eq!(p.set, vec![(headers::FILTERED, "1".to_string())]);
+    assert_eq!((p.route, p.wait_ms), (Route::Acquire, 250));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #[test]
+    fn never_panics(
+        method in prop_oneof![Just(b"POST".to_vec()), Just(b"GET".to_vec()), proptest::collection::vec(any::<u8>(), 0..8)],
+        path in prop_oneof![Just(b"/v1/locks/acquire".to_vec()), Just(b"/v1/sessions".to_vec()),
+                            Just(b"/v1/admin/x".to_vec()), proptest::collection::vec(any::<u8>(), 0..40)],
+        names in proptest::collection::vec(prop_oneof![
+            Just("x-lock-key".to_string()), Just("x-lock-wait-ms".to_string()),
+            Just("x-lock-session".to_string()), Just("x-lock-token".to_string()),
+            Just("x-lock-class".to_string()), Just("x-lock-instance".to_string()),
+            Just("x-lockmesh-x".to_string()), "[a-z-]{1,12}"], 0..8),
+        vals in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..600), 8),
+        id in proptest::option::of(prop_oneof![Just(ID.to_vec()), proptest::collection::vec(any::<u8>(), 0..64)]),
+    ) {
+        let mut hdrs = vec![(":method".to_string(), method), (":path".to_string(), path)];
+        hdrs.extend(names.into_iter().zip(vals));
+        let d = on_request_headers(&cfg(), &hdrs, id.as_deref());
+        if let Decision::Pass(p) = d {
+            prop_assert!(!p.route.needs_key() || p.key.is_some());
+            prop_assert!(p.wait_ms <= cfg().max_wait_ms);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The filter's metrics (ADR-22): labels are the namespace (from the configured
+//! `namespaces`, else `other`) and the outcome, never a key, token or identity.
+//!
+//! Proxy-Wasm metrics have names only, so labels are encoded in the name and the
+//! bootstrap's `stats_config.stats_tags` turns them back into tags (Prometheus:
+//! `lockmesh_filter_requests{ns="payments",outcome="denied"}`):
+//!
+//! | Name | Type | Meaning |
+//! |---|---|---|
+//! | `lockmesh_filter_requests.ns.<ns>.outcome.<outcome>` | counter | requests by what the filter did ([`Outcome`]) |
+//! | `lockmesh_filter_queue_depth.ns.<ns>` | gauge | acquire requests queued in the filter (summed over workers) |
+//! | `lockmesh_filter_queue_wait_ms.ns.<ns>` | histogram | time a waiter spent queued, ms, on leaving the queue |
+//!
+//! Metrics are defined lazily, per name, so only label combinations that occur exist;
+//! names are bounded by `namespaces` x outcomes.
+
+use std::collections::BTreeMap;
+
+use lockmesh_core::Code;
+use proxy_wasm::{hostcalls, types::MetricType};
+
+/// What the filter did with a request (the `outcome` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Passed on to the arbiter (at once, or after queueing).
+    Forwarded,
+    /// `400`: a malformed, duplicated or missing lock header.
+    BadRequest,
+    /// `403`: no grant allows it.
+    Denied,
+    /// `401`: no verified SPIFFE ID.
+    Unauthenticated,
+    /// `404`: unknown route.
+    NotFound,
+    /// `429`: the key's queue on this worker is full.
+    QueueFull,
+    /// `409` from the filter: a try-once behind others, or a waiter whose deadline
+    /// passed while queued.
+    ContendedLocal,
+    /// `429` from a Tier-1 local limit, which is approximate (per Envoy).
+    LimitedApprox,
+    /// A queued waiter whose caller went away.
+    Cancelled,
+    /// `500`: the filter could not do its job (a host call failed).
+    Internal,
+}
+
+/// Lazily defined metric ids, by name.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    ids: BTreeMap<String, u32>,
+}
+
+// === impl Outcome ===
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Denied => "denied",
+            Outcome::Unauthenticated => "unauthenticated",
+            Outcome::NotFound => "not_found",
+            Outcome::QueueFull => "queue_full",
+            Outcome::ContendedLocal => "contended_local",
+            Outcome::LimitedApprox => "limited_approx",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Internal => "internal",
+        }
+    }
+
+    /// The outcome of a refusal decided by [`crate::decide`].
+    pub fn of_code(code: Code) -> Self {
+        match code {
+            Code::Unauthenticated => Outcome::Unauthenticated,
+            Code::Denied => Outcome::Denied,
+            Code::NotFound => Outcome::NotFound,
+            Code::QueueFull => Outcome::QueueFull,
+            Code::Contended => Outcome::ContendedLocal,
+            Code::Internal => Outcome::Internal,
+            _ => Outcome::BadRequest,
+        }
+    }
+}
+
+/// The request counter's name.
+pub fn requests_name(ns: &str, outcome: Outcome) -> String {
+    format!("lockmesh_filter_requests.ns.{ns}.outcome.{}", outcome.as_str())
+}
+
+/// The queue depth gauge's name.
+pub fn queue_depth_name(ns: &str) -> String {
+    format!("lockmesh_filter_queue_depth.ns.{ns}")
+}
+
+/// The queue wait histogram's name.
+pub fn queue_wait_name(ns: &str) -> String {
+    format!("lockmesh_filter_queue_wait_ms.ns.{ns}")
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    fn id(&mut self, kind: MetricType, name: String) -> Option<u32> {
+        if let Some(id) = self.ids.get(&name) {
+            return Some(*id);
+        }
+        let id = hostcalls::define_metric(kind, &name).ok()?;
+        self.ids.insert(name, id);
+        Some(id)
+    }
+
+    /// Counts one request with `outcome`.
+    pub fn request(&mut self, ns: &str, outcome: Outcome) {
+        if let Some(id) = self.id(MetricType::Counter, requests_name(ns, outcome)) {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    /// Moves the queue depth gauge by `delta`.
+    pub fn queue_depth(&mut self, ns: &str, delta: i64) {
+        if let Some(id) = self.id(MetricType::Gauge, queue_depth_name(ns)) {
+            let _ = hostcalls::increment_metric(id, delta);
+        }
+    }
+
+    /// Records a waiter's time in the queue.
+    pub fn queue_wait(&mut self, ns: &str, ms: u64) {
+        if let Some(id) = self.id(MetricType::Histogram, queue_wait_name(ns)) {
+            let _ = hostcalls::record_metric(id, ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_only_namespace_and_outcome() {
+        assert_eq!(requests_name("payments", Outcome::Denied), "lockmesh_filter_requests.ns.payments.outcome.denied");
+        assert_eq!(queue_depth_name("other"), "lockmesh_filter_queue_depth.ns.other");
+        assert_eq!(Outcome::of_code(Code::ClassMismatch), Outcome::BadRequest);
+    }
+}

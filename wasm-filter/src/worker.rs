@@ -1,0 +1,365 @@
+//! The filter's state in one root context of one worker VM, and the host glue around
+//! the pure [`Queues`]: Tier-1 local limits, the Envoy-wide backlog, pausing,
+//! hand-over and expiry. Every host-call failure fails closed (the request is
+//! refused, nothing is forwarded) or, for cleanup, is logged and left to the roster's
+//! staleness bound.
+//!
+//! # Tier-1 local limits (approximate)
+//!
+//! `local_limits` caps the acquire requests for keys under a prefix that are inside
+//! **one Envoy** at once, queued in the filter or waiting at the arbiter, counted in
+//! shared data across its workers (a roster per prefix, updated by CAS). A request over
+//! the limit is answered `429 queue_full` (`x-lockmesh-error: queue_full`,
+//! `retry-after: 1`, message "the key's prefix is at its local in-flight limit"),
+//! counted as outcome `limited_approx`. It is a load-shedding bound, exact per Envoy
+//! and approximate across the fleet: the fleet-wide bound is `max_in_flight x
+//! lock-tier Envoy replicas`. It is also approximate over time: a slot is held from
+//! admission to the request's end (`on_done`), and a slot a trapped VM never gave back
+//! is reclaimed only `max_wait_ms + 60 s` after it was taken. Releases and other
+//! routes are never limited. Why `queue_full` rather than `contended`: try-lock
+//! callers read `contended` as "someone else holds it, skip the work", which would be
+//! wrong for a shed request whose key may be free; `queue_full` says "back off and
+//! retry", which is right.
+
+use std::rc::Rc;
+
+use lockmesh_core::{code::error_body, headers, Code, LockKey, Reason};
+use proxy_wasm::{
+    hostcalls,
+    types::{LogLevel, Status},
+};
+
+use crate::{
+    abi,
+    config::Config,
+    metrics::{Metrics, Outcome},
+    queue::{Admission, Left, Promotion, Queues, Waiter},
+    roster::{backlog_bucket, limit_roster, Entry, BACKLOG_GRACE_MS},
+    shared,
+};
+
+/// How long past `max_wait_ms` a local-limit slot can be held before it is stale.
+pub const SLOT_SLACK_MS: u64 = 60_000;
+/// The record name inside a local-limit roster.
+const SLOTS: &str = "slots";
+/// The body message of a `409 contended` answered by the filter (as the arbiter's).
+pub const CONTENDED_MESSAGE: &str = "the key is held";
+
+/// One root context's state, shared with its HTTP contexts.
+pub struct Worker {
+    root_id: u32,
+    config: Option<Rc<Config>>,
+    owner: Option<u32>,
+    queues: Queues,
+    metrics: Metrics,
+}
+
+/// What an admitted acquire holds until its request ends ([`Worker::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    key: String,
+    limit: Option<String>,
+}
+
+/// What the HTTP context does with an acquire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Continue with this budget (ms) in `x-lockmesh-budget-ms`.
+    Forward {
+        /// The budget.
+        budget_ms: u64,
+    },
+    /// Pause: it is queued.
+    Pause,
+    /// Answer locally.
+    Refuse(Refusal),
+}
+
+/// A local answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// HTTP status.
+    pub status: u32,
+    /// Stable code.
+    pub code: Code,
+    /// JSON body.
+    pub body: String,
+    /// The metric outcome.
+    pub outcome: Outcome,
+}
+
+impl Refusal {
+    fn new(code: Code, message: &str, reason: Option<Reason>, outcome: Outcome) -> Self {
+        Self { status: u32::from(code.http_status()), code, body: error_body(code, message, reason), outcome }
+    }
+    fn contended() -> Self {
+        Self::new(Code::Contended, CONTENDED_MESSAGE, Some(Reason::KeyGated), Outcome::ContendedLocal)
+    }
+    /// A filter failure: nothing was forwarded.
+    pub fn internal() -> Self {
+        Self::new(Code::Internal, "lock filter error", None, Outcome::Internal)
+    }
+}
+
+/// Wall-clock milliseconds (the host's clock, shared by every worker).
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn log(level: LogLevel, msg: &str) {
+    let _ = hostcalls::log(level, &format!("lockmesh: {msg}"));
+}
+
+/// Answers `ctx`'s request locally, from any context.
+pub fn reply_to(ctx: u32, r: &Refusal) {
+    if hostcalls::set_effective_context(ctx).is_err() {
+        return; // gone: nobody to answer
+    }
+    reply(r);
+}
+
+/// Answers the effective context's request locally.
+pub fn reply(r: &Refusal) {
+    let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, r.code.as_str())];
+    if r.code == Code::QueueFull {
+        hdrs.push(("retry-after", "1"));
+    }
+    if let Err(e) = abi::send_http_response(r.status, &hdrs, r.body.as_bytes()) {
+        log(LogLevel::Warn, &format!("local reply failed: status {}", e.0));
+    }
+}
+
+// === impl Worker ===
+
+impl Worker {
+    /// The state of root context `root_id`, not configured yet.
+    pub fn new(root_id: u32) -> Self {
+        Self { root_id, config: None, owner: None, queues: Queues::default(), metrics: Metrics::default() }
+    }
+
+    /// The root context id.
+    pub fn root_id(&self) -> u32 {
+        self.root_id
+    }
+
+    /// Installs a validated configuration.
+    pub fn configure(&mut self, config: Config) {
+        self.config = Some(Rc::new(config));
+    }
+
+    /// The configuration (`None` before `on_configure` succeeded).
+    pub fn config(&self) -> Option<Rc<Config>> {
+        self.config.clone()
+    }
+
+    /// The metrics.
+    pub fn metrics(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    fn owner(&mut self) -> Result<u32, Status> {
+        if let Some(o) = self.owner {
+            return Ok(o);
+        }
+        let o = shared::new_owner_tag()?;
+        self.owner = Some(o);
+        Ok(o)
+    }
+
+    /// Admits acquire `ctx` for `key`: its local limit, then its key's queue.
+    pub fn admit(&mut self, cfg: &Config, ctx: u32, key: &LockKey, wait_ms: u64, now: u64) -> (Step, Option<Ticket>) {
+        let Ok(owner) = self.owner() else {
+            return (Step::Refuse(Refusal::internal()), None);
+        };
+        let mut ticket = Ticket { key: key.as_str().to_owned(), limit: None };
+        if let Some(l) = cfg.local_limit(key) {
+            let entry = Entry { owner, ctx, expires_ms: now + cfg.max_wait_ms + SLOT_SLACK_MS };
+            let max = usize::try_from(l.max_in_flight).unwrap_or(usize::MAX);
+            let taken = shared::update_roster(&limit_roster(&l.prefix), now, |r| {
+                let free = r.live(SLOTS, now) < max;
+                if free {
+                    r.push(SLOTS, entry);
+                }
+                free
+            });
+            match taken {
+                Ok(true) => ticket.limit = Some(l.prefix.clone()),
+                Ok(false) => {
+                    let r = Refusal::new(
+                        Code::QueueFull,
+                        "the key's prefix is at its local in-flight limit",
+                        None,
+                        Outcome::LimitedApprox,
+                    );
+                    return (Step::Refuse(r), None);
+                }
+                Err(_) => return (Step::Refuse(Refusal::internal()), None),
+            }
+        }
+        let bucket = backlog_bucket(&ticket.key);
+        let older_elsewhere = match shared::read_roster(&bucket) {
+            Ok(r) => r.first_live(&ticket.key, now).is_some(),
+            Err(_) => return self.refuse(ctx, ticket, Refusal::internal(), now),
+        };
+        let max_queue = cfg.max_queue_per_key;
+        match self.queues.admit(&ticket.key, ctx, now, wait_ms, older_elsewhere, max_queue) {
+            Admission::Forward => (Step::Forward { budget_ms: wait_ms }, Some(ticket)),
+            Admission::Queued => {
+                let entry = Entry { owner, ctx, expires_ms: now + wait_ms + BACKLOG_GRACE_MS };
+                let k = ticket.key.clone();
+                if shared::update_roster(&bucket, now, |r| r.push(&k, entry)).is_err() {
+                    self.queues.leave(&ticket.key, ctx);
+                    return self.refuse(ctx, ticket, Refusal::internal(), now);
+                }
+                self.metrics.queue_depth(cfg.ns_label(Some(&ticket.key)), 1);
+                (Step::Pause, Some(ticket))
+            }
+            Admission::Contended => self.refuse(ctx, ticket, Refusal::contended(), now),
+            Admission::QueueFull => {
+                let r = Refusal::new(
+                    Code::QueueFull,
+                    "too many requests are queued for this key",
+                    None,
+                    Outcome::QueueFull,
+                );
+                self.refuse(ctx, ticket, r, now)
+            }
+        }
+    }
+
+    /// Refuses after a slot may have been taken: gives the slot back.
+    fn refuse(&mut self, ctx: u32, ticket: Ticket, r: Refusal, now: u64) -> (Step, Option<Ticket>) {
+        self.release_slot(ctx, ticket.limit.as_deref(), now);
+        (Step::Refuse(r), None)
+    }
+
+    fn release_slot(&mut self, ctx: u32, limit: Option<&str>, now: u64) {
+        let (Some(prefix), Some(owner)) = (limit, self.owner) else {
+            return;
+        };
+        if shared::update_roster(&limit_roster(prefix), now, |r| r.remove(SLOTS, owner, ctx)).is_err() {
+            log(LogLevel::Warn, "a local-limit slot could not be given back; it goes stale");
+        }
+    }
+
+    /// The request of `ctx` ended (`on_done`, or the context was dropped): gives back
+    /// its slot and its place, and hands the key to the next waiter.
+    pub fn finish(&mut self, ctx: u32, ticket: Ticket, now: u64) {
+        self.release_slot(ctx, ticket.limit.as_deref(), now);
+        match self.queues.leave(&ticket.key, ctx) {
+            Left::InFlight => self.pump(&ticket.key, now),
+            Left::Waiting(w) => {
+                self.left_queue(&ticket.key, &w, now);
+                self.count(&ticket.key, Outcome::Cancelled);
+            }
+            Left::Absent => {}
+        }
+    }
+
+    /// The periodic tick: answers waiters past their deadline, and passes on heads
+    /// that became first in the backlog through another worker.
+    pub fn tick(&mut self, now: u64) {
+        for (key, w) in self.queues.expire(now) {
+            self.left_queue(&key, &w, now);
+            self.count(&key, Outcome::ContendedLocal);
+            reply_to(w.ctx, &Refusal::contended());
+        }
+        for key in self.queues.keys_with_waiters() {
+            self.pump(&key, now);
+        }
+    }
+
+    fn count(&mut self, key: &str, outcome: Outcome) {
+        let Some(cfg) = self.config.clone() else {
+            return;
+        };
+        self.metrics.request(cfg.ns_label(Some(key)), outcome);
+    }
+
+    /// Bookkeeping for a waiter leaving the queue: backlog entry, gauge, histogram.
+    fn left_queue(&mut self, key: &str, w: &Waiter, now: u64) {
+        if let Some(owner) = self.owner {
+            let removed = shared::update_roster(&backlog_bucket(key), now, |r| r.remove(key, owner, w.ctx));
+            if removed.is_err() {
+                log(LogLevel::Warn, "a backlog entry could not be removed; it goes stale");
+            }
+        }
+        if let Some(cfg) = self.config.clone() {
+            let ns = cfg.ns_label(Some(key));
+            self.metrics.queue_depth(ns, -1);
+            self.metrics.queue_wait(ns, now.saturating_sub(w.received_ms));
+        }
+    }
+
+    /// Passes `key`'s next waiter on if the head slot is free and it is first in the
+    /// Envoy-wide backlog; answers expired waiters met on the way. Leaves the
+    /// effective context on whatever it last touched: callers restore their own.
+    fn pump(&mut self, key: &str, now: u64) {
+        let Some(owner) = self.owner else {
+            return;
+        };
+        loop {
+            // Unreadable backlog: pass the head on rather than strand it (order is
+            // best effort, liveness is not).
+            let backlog = shared::read_roster(&backlog_bucket(key)).unwrap_or_default();
+            let first = backlog.first_live(key, now);
+            let is_first = |ctx: u32| match first {
+                None => true,
+                Some(e) => (e.owner, e.ctx) == (owner, ctx) || !backlog.contains(key, owner, ctx),
+            };
+            let Some(p) = self.queues.promote(key, now, is_first) else {
+                return;
+            };
+            match p {
+                Promotion::Expired(w) => {
+                    self.left_queue(key, &w, now);
+                    self.count(key, Outcome::ContendedLocal);
+                    reply_to(w.ctx, &Refusal::contended());
+                }
+                Promotion::Forward { waiter, budget_ms } => {
+                    self.left_queue(key, &waiter, now);
+                    match hand_over(waiter.ctx, budget_ms) {
+                        HandOver::Resumed => {
+                            self.count(key, Outcome::Forwarded);
+                            return;
+                        }
+                        HandOver::Gone => {
+                            self.queues.leave(key, waiter.ctx);
+                            self.count(key, Outcome::Cancelled);
+                        }
+                        HandOver::Failed => {
+                            self.queues.leave(key, waiter.ctx);
+                            self.count(key, Outcome::Internal);
+                            reply(&Refusal::internal());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum HandOver {
+    Resumed,
+    /// The context no longer exists (its caller left): skip it.
+    Gone,
+    /// The context exists but could not be resumed; it is now the effective context.
+    Failed,
+}
+
+/// Resumes paused request `ctx` with `budget_ms` left (ENVOY-NOTES §2.3: check
+/// `set_effective_context` before anything else; a dead context returns `Err`).
+fn hand_over(ctx: u32, budget_ms: u64) -> HandOver {
+    if hostcalls::set_effective_context(ctx).is_err() {
+        return HandOver::Gone;
+    }
+    let budget = budget_ms.to_string();
+    if abi::set_request_header(headers::BUDGET_MS, &budget).is_err() || abi::resume_http_request().is_err() {
+        log(LogLevel::Error, "a queued request could not be resumed");
+        return HandOver::Failed;
+    }
+    HandOver::Resumed
+}
