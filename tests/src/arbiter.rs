@@ -114,12 +114,7 @@ impl ArbiterBuilder {
     /// The config YAML for the given ports and registry file.
     pub fn render(&self, grpc_port: u16, admin_port: u16, registry_file: &Path) -> String {
         let d = self.cert_dir.display();
-        let quoted = |v: &[String]| {
-            v.iter()
-                .map(|s| format!("{s:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let quoted = |v: &[String]| v.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
         let mut yaml = format!(
             "listen: \"127.0.0.1:{grpc_port}\"\n\
              admin_listen: \"127.0.0.1:{admin_port}\"\n\
@@ -149,11 +144,7 @@ impl ArbiterBuilder {
     /// Writes the config, starts the arbiter and waits until `/readyz` is 200.
     pub async fn start(self) -> Result<ArbiterProcess> {
         ensure!(!self.endpoints.is_empty(), "arbiter needs etcd endpoints");
-        ensure!(
-            self.root.starts_with('/'),
-            "etcd root {:?} must start with /",
-            self.root
-        );
+        ensure!(self.root.starts_with('/'), "etcd root {:?} must start with /", self.root);
         let bin = arbiter_bin()?;
         let dir = temp_dir("arbiter-")?;
         let grpc_port = self.grpc_port.unwrap_or_else(free_port);
@@ -161,10 +152,7 @@ impl ArbiterBuilder {
         let registry_file = dir.path().join("registry.yaml");
         std::fs::write(&registry_file, &self.registry)?;
         let config_path = dir.path().join("arbiter.yaml");
-        std::fs::write(
-            &config_path,
-            self.render(grpc_port, admin_port, &registry_file),
-        )?;
+        std::fs::write(&config_path, self.render(grpc_port, admin_port, &registry_file))?;
         let process = ChildProcess::new(
             "arbiter",
             bin,
@@ -172,13 +160,7 @@ impl ArbiterBuilder {
             dir.path().join("arbiter.log"),
         )
         .env("RUST_LOG", &self.rust_log);
-        let arbiter = ArbiterProcess {
-            grpc_port,
-            admin_port,
-            config_path,
-            process,
-            _dir: dir,
-        };
+        let arbiter = ArbiterProcess { grpc_port, admin_port, config_path, process, _dir: dir };
         arbiter.process.start()?;
         arbiter.wait_ready().await?;
         Ok(arbiter)
@@ -301,10 +283,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
         let yaml = ArbiterProcess::builder(&pki)
-            .etcd_endpoints(vec![
-                "http://127.0.0.1:1".into(),
-                "http://127.0.0.1:2".into(),
-            ])
+            .etcd_endpoints(vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()])
             .root("/t/x-1")
             .extra_yaml("future_field: 1")
             .render(10, 11, Path::new("/r/registry.yaml"));

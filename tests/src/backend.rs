@@ -51,10 +51,7 @@ type Recorded = Arc<Mutex<Vec<RecordedRequest>>>;
 impl RecordedRequest {
     /// The first value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -63,25 +60,17 @@ impl RecordedRequest {
 impl Backend {
     /// Binds a free loopback port and starts serving on the current runtime.
     pub async fn start() -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .context("bind backend")?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.context("bind backend")?;
         let port = listener.local_addr()?.port();
         ports::reserve(port);
         let requests: Recorded = Arc::default();
-        let app = Router::new()
-            .fallback(handle)
-            .with_state(Arc::clone(&requests));
+        let app = Router::new().fallback(handle).with_state(Arc::clone(&requests));
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "test backend failed");
             }
         });
-        Ok(Self {
-            port,
-            requests,
-            task,
-        })
+        Ok(Self { port, requests, task })
     }
 
     /// The port it listens on (127.0.0.1).
@@ -100,9 +89,7 @@ impl Backend {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RecordedRequest>> {
-        self.requests
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -120,31 +107,18 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> &'static str {
-    let delay = headers
-        .get(DELAY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    let delay = headers.get(DELAY_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let record = RecordedRequest {
         method: method.to_string(),
-        path: uri
-            .path_and_query()
-            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        path: uri.path_and_query().map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
         headers: headers
             .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
+            .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
             .collect(),
         body,
         received_at: Instant::now(),
     };
-    requests
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .push(record);
+    requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(record);
     if let Some(ms) = delay {
         // The requested hold time of the simulated critical section.
         tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use rcgen::{
-    date_time_ymd, BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    date_time_ymd, BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 
 /// The SPIFFE path of the identity Envoy presents to the arbiter.
@@ -98,38 +98,13 @@ impl DevPki {
         let rogue_ca = load_or_create_ca(&dir, "rogue-ca", "rogue CA (untrusted)")?;
         write_atomic(&td_file, format!("{trust_domain}\n").as_bytes(), 0o644)?;
 
-        let pki = Self {
-            dir,
-            trust_domain: trust_domain.to_owned(),
-            ca,
-            rogue_ca,
-        };
+        let pki = Self { dir, trust_domain: trust_domain.to_owned(), ca, rogue_ca };
         pki.ensure_leaf(&pki.ca, "envoy", Leaf::Server { cn: "envoy" })?;
-        pki.ensure_leaf(
-            &pki.ca,
-            "arbiter",
-            Leaf::Server {
-                cn: "lockmesh-extproc",
-            },
-        )?;
+        pki.ensure_leaf(&pki.ca, "arbiter", Leaf::Server { cn: "lockmesh-extproc" })?;
         let envoy_id = pki.envoy_spiffe_id();
-        pki.ensure_leaf(
-            &pki.ca,
-            "envoy-client",
-            Leaf::Client {
-                cn: "envoy",
-                spiffe_id: &envoy_id,
-            },
-        )?;
+        pki.ensure_leaf(&pki.ca, "envoy-client", Leaf::Client { cn: "envoy", spiffe_id: &envoy_id })?;
         let rogue_id = pki.workload_spiffe_id("default", "rogue");
-        pki.ensure_leaf(
-            &pki.rogue_ca,
-            "rogue",
-            Leaf::Client {
-                cn: "rogue",
-                spiffe_id: &rogue_id,
-            },
-        )?;
+        pki.ensure_leaf(&pki.rogue_ca, "rogue", Leaf::Client { cn: "rogue", spiffe_id: &rogue_id })?;
         Ok(pki)
     }
 
@@ -205,14 +180,7 @@ impl DevPki {
         check_ns_sa(ns, sa)?;
         let stem = format!("rogue-{ns}_{sa}");
         let id = self.workload_spiffe_id(ns, sa);
-        self.ensure_leaf(
-            &self.rogue_ca,
-            &stem,
-            Leaf::Client {
-                cn: sa,
-                spiffe_id: &id,
-            },
-        )?;
+        self.ensure_leaf(&self.rogue_ca, &stem, Leaf::Client { cn: sa, spiffe_id: &id })?;
         Ok(self.client_cert(&stem, id))
     }
 
@@ -230,30 +198,17 @@ impl DevPki {
     }
 
     fn pair(&self, stem: &str) -> CertPair {
-        CertPair {
-            cert_path: self.dir.join(format!("{stem}.pem")),
-            key_path: self.dir.join(format!("{stem}-key.pem")),
-        }
+        CertPair { cert_path: self.dir.join(format!("{stem}.pem")), key_path: self.dir.join(format!("{stem}-key.pem")) }
     }
 
     fn client_cert(&self, stem: &str, spiffe_id: String) -> ClientCert {
-        let CertPair {
-            cert_path,
-            key_path,
-        } = self.pair(stem);
-        ClientCert {
-            cert_path,
-            key_path,
-            spiffe_id,
-        }
+        let CertPair { cert_path, key_path } = self.pair(stem);
+        ClientCert { cert_path, key_path, spiffe_id }
     }
 
     /// Writes `<stem>.pem` and `<stem>-key.pem` signed by `issuer` unless both exist.
     fn ensure_leaf(&self, issuer: &Issuer<'_, KeyPair>, stem: &str, leaf: Leaf<'_>) -> Result<()> {
-        let CertPair {
-            cert_path,
-            key_path,
-        } = self.pair(stem);
+        let CertPair { cert_path, key_path } = self.pair(stem);
         if cert_path.exists() && key_path.exists() {
             return Ok(());
         }
@@ -273,19 +228,14 @@ impl DevPki {
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             }
             Leaf::Client { cn, spiffe_id } => {
-                ensure!(
-                    spiffe_id.starts_with("spiffe://"),
-                    "{spiffe_id:?} is not a spiffe:// URI"
-                );
+                ensure!(spiffe_id.starts_with("spiffe://"), "{spiffe_id:?} is not a spiffe:// URI");
                 params.distinguished_name.push(DnType::CommonName, cn);
                 params.subject_alt_names = vec![SanType::URI(spiffe_id.try_into()?)];
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             }
         }
         let key = KeyPair::generate()?;
-        let cert = params
-            .signed_by(&key, issuer)
-            .with_context(|| format!("sign {stem}"))?;
+        let cert = params.signed_by(&key, issuer).with_context(|| format!("sign {stem}"))?;
         // Key first: the cert's presence is what marks the pair complete.
         write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
         write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
@@ -316,22 +266,15 @@ fn load_or_create_ca(dir: &Path, stem: &str, cn: &str) -> Result<Issuer<'static,
         })?;
         let key = KeyPair::from_pem(&key_pem)?;
         let cert_pem = fs::read_to_string(&cert_path)?;
-        return Issuer::from_ca_cert_pem(&cert_pem, key)
-            .with_context(|| format!("load CA {}", cert_path.display()));
+        return Issuer::from_ca_cert_pem(&cert_pem, key).with_context(|| format!("load CA {}", cert_path.display()));
     }
     let mut params = CertificateParams::default();
     params.not_before = date_time_ymd(2020, 1, 1);
     params.not_after = date_time_ymd(2100, 1, 1);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.distinguished_name.remove(DnType::CommonName);
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "lockmesh");
+    params.distinguished_name.push(DnType::OrganizationName, "lockmesh");
     params.distinguished_name.push(DnType::CommonName, cn);
     let key = KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
@@ -399,18 +342,12 @@ mod tests {
         let ca_before = fs::read(pki.ca_cert_path()).unwrap();
         let envoy_before = fs::read(pki.envoy_server().cert_path).unwrap();
         let worker = pki.client("payments", "worker").unwrap();
-        assert_eq!(
-            worker.spiffe_id,
-            "spiffe://lockmesh.test/ns/payments/sa/worker"
-        );
+        assert_eq!(worker.spiffe_id, "spiffe://lockmesh.test/ns/payments/sa/worker");
         assert!(worker.cert_path.ends_with("payments_worker.pem"));
 
         let again = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
         assert_eq!(fs::read(again.ca_cert_path()).unwrap(), ca_before);
-        assert_eq!(
-            fs::read(again.envoy_server().cert_path).unwrap(),
-            envoy_before
-        );
+        assert_eq!(fs::read(again.envoy_server().cert_path).unwrap(), envoy_before);
         let worker_pem = fs::read(&worker.cert_path).unwrap();
         assert_eq!(again.client("payments", "worker").unwrap(), worker);
         assert_eq!(fs::read(&worker.cert_path).unwrap(), worker_pem);

@@ -51,16 +51,12 @@ impl LockClient {
             .resolve("localhost", SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .timeout(REQUEST_TIMEOUT);
         if let Some((cert, key)) = identity {
-            let mut pem =
-                std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?;
+            let mut pem = std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?;
             pem.push(b'\n');
             pem.extend(std::fs::read(key).with_context(|| format!("read {}", key.display()))?);
             builder = builder.identity(reqwest::Identity::from_pem(&pem)?);
         }
-        Ok(Self {
-            http: builder.build()?,
-            base_url: format!("https://localhost:{port}"),
-        })
+        Ok(Self { http: builder.build()?, base_url: format!("https://localhost:{port}") })
     }
 
     /// `https://localhost:<port>`.
@@ -84,37 +80,19 @@ impl LockClient {
     }
 
     /// Any request; `path` starts with `/`.
-    pub async fn request(
-        &self,
-        method: Method,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Vec<u8>,
-    ) -> Result<Resp> {
+    pub async fn request(&self, method: Method, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Result<Resp> {
         let url = format!("{}{path}", self.base_url);
         let mut req = self.http.request(method.clone(), &url).body(body);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {url}"))?;
+        let resp = req.send().await.with_context(|| format!("{method} {url}"))?;
         let status = resp.status();
         let headers = resp.headers().clone();
         let version = resp.version();
-        let body = resp
-            .text()
-            .await
-            .with_context(|| format!("{method} {url}: read body"))?;
+        let body = resp.text().await.with_context(|| format!("{method} {url}: read body"))?;
         let json = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-        Ok(Resp {
-            status,
-            headers,
-            json,
-            body,
-            version,
-        })
+        Ok(Resp { status, headers, json, body, version })
     }
 }
 

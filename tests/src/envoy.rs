@@ -137,14 +137,11 @@ impl EnvoyBuilder {
 
     fn render_inner(&self, cert_dir: Option<&Path>) -> Result<Rendered> {
         let path = &self.config;
-        let mut text = std::fs::read_to_string(path)
-            .with_context(|| format!("read envoy config {}", path.display()))?;
+        let mut text =
+            std::fs::read_to_string(path).with_context(|| format!("read envoy config {}", path.display()))?;
         for (from, to) in &self.replacements {
             if !text.contains(from.as_str()) {
-                bail!(
-                    "{}: requested replacement {from:?} not found in the config",
-                    path.display()
-                );
+                bail!("{}: requested replacement {from:?} not found in the config", path.display());
             }
             text = text.replace(from.as_str(), to);
         }
@@ -164,25 +161,16 @@ impl EnvoyBuilder {
         }
         if text.contains(CERT_DIR_PREFIX) {
             let Some(dir) = cert_dir else {
-                bail!(
-                    "{} uses {CERT_DIR_PREFIX} but no cert_dir was given",
-                    path.display()
-                );
+                bail!("{} uses {CERT_DIR_PREFIX} but no cert_dir was given", path.display());
             };
-            let dir = dir
-                .canonicalize()
-                .with_context(|| format!("cert dir {}", dir.display()))?;
+            let dir = dir.canonicalize().with_context(|| format!("cert dir {}", dir.display()))?;
             text = text.replace(CERT_DIR_PREFIX, &format!("{}/", dir.display()));
         }
         if text.contains(WASM_MODULE_PATH) {
             let module = wasm_module()?;
             text = text.replace(WASM_MODULE_PATH, &module.display().to_string());
         }
-        Ok(Rendered {
-            text,
-            listener_port,
-            admin_port,
-        })
+        Ok(Rendered { text, listener_port, admin_port })
     }
 
     /// Renders the config, starts Envoy and waits until admin `/ready` is `LIVE`.
@@ -206,8 +194,7 @@ impl EnvoyBuilder {
             "--drain-time-s".into(),
             "1".into(),
         ];
-        let process = ChildProcess::new("envoy", envoy, args, dir.path().join("envoy.stdio.log"))
-            .extra_log(log);
+        let process = ChildProcess::new("envoy", envoy, args, dir.path().join("envoy.stdio.log")).extra_log(log);
         let envoy = EnvoyProcess {
             listener_port: rendered.listener_port,
             admin_port: rendered.admin_port,
@@ -229,9 +216,7 @@ impl EnvoyBuilder {
         let dir = temp_dir("envoy-validate-")?;
         let cert_dir = match &self.cert_dir {
             Some(d) => d.clone(),
-            None => DevPki::generate(dir.path().join("certs"), TEST_TRUST_DOMAIN)?
-                .dir()
-                .to_path_buf(),
+            None => DevPki::generate(dir.path().join("certs"), TEST_TRUST_DOMAIN)?.dir().to_path_buf(),
         };
         let rendered = self.render_inner(Some(&cert_dir))?;
         let config_path = dir.path().join("envoy.yaml");
@@ -247,16 +232,8 @@ impl EnvoyBuilder {
             .output()
             .await
             .with_context(|| format!("run {}", envoy.display()))?;
-        let output = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(if out.status.success() {
-            Ok(output)
-        } else {
-            Err(output)
-        })
+        let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        Ok(if out.status.success() { Ok(output) } else { Err(output) })
     }
 }
 
@@ -269,9 +246,7 @@ impl EnvoyProcess {
         let config = if name.contains('/') || name.ends_with(".yaml") {
             PathBuf::from(name)
         } else {
-            repo_root()
-                .join("envoy-config")
-                .join(format!("{name}.yaml"))
+            repo_root().join("envoy-config").join(format!("{name}.yaml"))
         };
         EnvoyBuilder {
             config,
@@ -289,9 +264,7 @@ impl EnvoyProcess {
     /// Runs `envoy --mode validate` on `config_path` (a path, or a name in
     /// `envoy-config/` as for [`EnvoyProcess::builder`]) after the standard
     /// substitutions (throwaway PKI, free ports). See [`EnvoyBuilder::validate`].
-    pub async fn validate(
-        config_path: impl AsRef<Path>,
-    ) -> Result<std::result::Result<String, String>> {
+    pub async fn validate(config_path: impl AsRef<Path>) -> Result<std::result::Result<String, String>> {
         let path = config_path.as_ref().display().to_string();
         Self::builder(&path).validate().await
     }
@@ -394,8 +367,7 @@ fn parse_stat(stats: &str, name: &str) -> Option<u64> {
 
 /// Whether `needle` occurs not followed by another digit.
 fn contains_token(text: &str, needle: &str) -> bool {
-    text.match_indices(needle)
-        .any(|(i, _)| !next_is_digit(text, i + needle.len()))
+    text.match_indices(needle).any(|(i, _)| !next_is_digit(text, i + needle.len()))
 }
 
 /// Replaces `needle` wherever it is not followed by another digit
@@ -416,10 +388,7 @@ fn replace_token(text: &str, needle: &str, to: &str) -> String {
 }
 
 fn next_is_digit(text: &str, at: usize) -> bool {
-    text[at..]
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_digit())
+    text[at..].chars().next().is_some_and(|c| c.is_ascii_digit())
 }
 
 #[cfg(test)]
@@ -454,9 +423,7 @@ mod tests {
         );
         let missing = builder.replace("no such text", "x").render().unwrap_err();
         assert!(missing.to_string().contains("not found"), "{missing}");
-        let no_certs = EnvoyProcess::builder(cfg.to_str().unwrap())
-            .render()
-            .unwrap_err();
+        let no_certs = EnvoyProcess::builder(cfg.to_str().unwrap()).render().unwrap_err();
         assert!(no_certs.to_string().contains("no cert_dir"), "{no_certs}");
     }
 

@@ -92,17 +92,10 @@ impl EtcdBuilder {
     }
 
     async fn start_in(self, dir: TempDir) -> Result<EtcdCluster> {
-        ensure!(
-            self.members >= 1,
-            "an etcd cluster needs at least one member"
-        );
+        ensure!(self.members >= 1, "an etcd cluster needs at least one member");
         let etcd = etcd_bin()?;
-        let token = self
-            .token
-            .unwrap_or_else(|| format!("lockmesh-test-{:016x}", rand::random::<u64>()));
-        let ports: Vec<(u16, u16)> = (0..self.members)
-            .map(|_| (free_port(), free_port()))
-            .collect();
+        let token = self.token.unwrap_or_else(|| format!("lockmesh-test-{:016x}", rand::random::<u64>()));
+        let ports: Vec<(u16, u16)> = (0..self.members).map(|_| (free_port(), free_port())).collect();
         let initial_cluster = ports
             .iter()
             .enumerate()
@@ -131,26 +124,10 @@ impl EtcdBuilder {
                 "--log-level=info".into(),
             ];
             args.extend(self.extra_args.iter().cloned());
-            let process = ChildProcess::new(
-                format!("etcd-{name}"),
-                &etcd,
-                args,
-                member_dir.join("etcd.log"),
-            );
-            members.push(EtcdMember {
-                name,
-                client_port,
-                peer_port,
-                data_dir,
-                process,
-            });
+            let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));
+            members.push(EtcdMember { name, client_port, peer_port, data_dir, process });
         }
-        let cluster = EtcdCluster {
-            members,
-            token,
-            initial_cluster,
-            _dir: dir,
-        };
+        let cluster = EtcdCluster { members, token, initial_cluster, _dir: dir };
         // All members must run before any can elect a leader and be healthy.
         for m in &cluster.members {
             m.process.start()?;
@@ -165,13 +142,7 @@ impl EtcdBuilder {
 impl EtcdCluster {
     /// A builder for a 1-member cluster.
     pub fn builder() -> EtcdBuilder {
-        EtcdBuilder {
-            members: 1,
-            token: None,
-            heartbeat_ms: 100,
-            election_ms: 1000,
-            extra_args: Vec::new(),
-        }
+        EtcdBuilder { members: 1, token: None, heartbeat_ms: 100, election_ms: 1000, extra_args: Vec::new() }
     }
 
     /// Client URLs of all members, `http://127.0.0.1:<port>`.
@@ -220,11 +191,8 @@ impl EtcdCluster {
 
     /// `etcdctl snapshot save <path>` against the first running member.
     pub async fn snapshot_save(&self, path: impl AsRef<Path>) -> Result<()> {
-        let member = self
-            .members
-            .iter()
-            .find(|m| m.process.is_running())
-            .context("snapshot_save: no etcd member is running")?;
+        let member =
+            self.members.iter().find(|m| m.process.is_running()).context("snapshot_save: no etcd member is running")?;
         let path = path.as_ref();
         run_tool(
             etcdctl_bin()?,
@@ -245,17 +213,12 @@ impl EtcdCluster {
     /// starts the members again on their old ports.
     pub async fn restore_from(&self, snapshot: impl AsRef<Path>, bump: Option<u64>) -> Result<()> {
         let snapshot = snapshot.as_ref();
-        ensure!(
-            snapshot.is_file(),
-            "snapshot {} does not exist",
-            snapshot.display()
-        );
+        ensure!(snapshot.is_file(), "snapshot {} does not exist", snapshot.display());
         let etcdutl = etcdutl_bin()?;
         futures::future::try_join_all(self.members.iter().map(EtcdMember::stop)).await?;
         for m in &self.members {
             if m.data_dir.exists() {
-                std::fs::remove_dir_all(&m.data_dir)
-                    .with_context(|| format!("remove {}", m.data_dir.display()))?;
+                std::fs::remove_dir_all(&m.data_dir).with_context(|| format!("remove {}", m.data_dir.display()))?;
             }
             let mut args = vec![
                 "snapshot".into(),
@@ -353,11 +316,7 @@ impl EtcdMember {
 
     /// Polls `/health` until it answers `"health":"true"` ([`ETCD_READY_TIMEOUT`]).
     pub async fn wait_healthy(&self) -> Result<()> {
-        self.process
-            .wait_ready(ETCD_READY_TIMEOUT, async || {
-                self.check_health(Duration::from_secs(2)).await
-            })
-            .await
+        self.process.wait_ready(ETCD_READY_TIMEOUT, async || self.check_health(Duration::from_secs(2)).await).await
     }
 
     async fn check_health(&self, timeout: Duration) -> Result<()> {
@@ -435,18 +394,9 @@ async fn run_tool(program: PathBuf, args: &[String]) -> Result<String> {
         .output()
         .await
         .with_context(|| format!("run {}", program.display()))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
-        bail!(
-            "{} {} failed ({}):\n{text}",
-            program.display(),
-            args.join(" "),
-            out.status
-        );
+        bail!("{} {} failed ({}):\n{text}", program.display(), args.join(" "), out.status);
     }
     Ok(text)
 }

@@ -19,11 +19,7 @@ pub fn repo_root() -> PathBuf {
 pub fn target_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
         let dir = PathBuf::from(dir);
-        return if dir.is_absolute() {
-            dir
-        } else {
-            repo_root().join(dir)
-        };
+        return if dir.is_absolute() { dir } else { repo_root().join(dir) };
     }
     profile_dir_from_exe()
         .and_then(|profile| profile.parent().map(Path::to_path_buf))
@@ -57,15 +53,9 @@ fn profile_dir_from_exe() -> Option<PathBuf> {
 /// A pinned binary: `$env_var` if set, else `default`; fails with
 /// `"<what> not installed: run scripts/setup"` when it does not exist.
 pub fn tool(env_var: &str, default: PathBuf, what: &str) -> Result<PathBuf> {
-    let path = std::env::var_os(env_var)
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or(default);
+    let path = std::env::var_os(env_var).filter(|p| !p.is_empty()).map(PathBuf::from).unwrap_or(default);
     if !path.is_file() {
-        bail!(
-            "{what} not installed: run scripts/setup (looked for {}; override with {env_var})",
-            path.display()
-        );
+        bail!("{what} not installed: run scripts/setup (looked for {}; override with {env_var})", path.display());
     }
     Ok(path)
 }
@@ -126,16 +116,7 @@ mod tests {
 
     #[test]
     fn missing_tool_names_the_setup_command() {
-        let err = tool(
-            "LOCKMESH_TESTS_NO_SUCH_VAR",
-            "/nonexistent/x".into(),
-            "frob",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with("frob not installed: run scripts/setup"),
-            "{err}"
-        );
+        let err = tool("LOCKMESH_TESTS_NO_SUCH_VAR", "/nonexistent/x".into(), "frob").unwrap_err().to_string();
+        assert!(err.starts_with("frob not installed: run scripts/setup"), "{err}");
     }
 }

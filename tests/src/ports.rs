@@ -46,10 +46,7 @@ pub fn free_port() -> u16 {
 /// Used for ports the harness binds itself (the test backend binds `:0`
 /// directly and keeps the socket), so [`free_port`] never hands them out.
 pub fn reserve(port: u16) -> bool {
-    handed_out()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .insert(port)
+    handed_out().lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(port)
 }
 
 #[cfg(test)]

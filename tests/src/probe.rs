@@ -39,9 +39,7 @@ pub async fn http_get_within(port: u16, path: &str, timeout: Duration) -> Result
 
 async fn get(port: u16, path: &str) -> Result<ProbeResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAccept: */*\r\n\r\n"
-    );
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;
@@ -49,10 +47,7 @@ async fn get(port: u16, path: &str) -> Result<ProbeResponse> {
 }
 
 fn parse(raw: &[u8]) -> Result<ProbeResponse> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of headers in response")?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers in response")?;
     let head = String::from_utf8_lossy(&raw[..split]);
     let body = &raw[split + 4..];
     let mut lines = head.split("\r\n");
@@ -66,28 +61,17 @@ fn parse(raw: &[u8]) -> Result<ProbeResponse> {
         let lower = line.to_ascii_lowercase();
         lower.starts_with("transfer-encoding:") && lower.contains("chunked")
     });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_vec()
-    };
-    Ok(ProbeResponse {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    })
+    let body = if chunked { dechunk(body)? } else { body.to_vec() };
+    Ok(ProbeResponse { status, body: String::from_utf8_lossy(&body).into_owned() })
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     loop {
-        let eol = data
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("truncated chunk size line")?;
+        let eol = data.windows(2).position(|w| w == b"\r\n").context("truncated chunk size line")?;
         let size_field = String::from_utf8_lossy(&data[..eol]);
         let size_hex = size_field.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .with_context(|| format!("bad chunk size {size_hex:?}"))?;
+        let size = usize::from_str_radix(size_hex, 16).with_context(|| format!("bad chunk size {size_hex:?}"))?;
         data = &data[eol + 2..];
         if size == 0 {
             return Ok(out);

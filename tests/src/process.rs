@@ -127,8 +127,8 @@ impl ChildProcess {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child = spawn_with_pdeathsig(cmd)
-            .with_context(|| format!("spawn {}: {}", self.name, self.command_line()))?;
+        let child =
+            spawn_with_pdeathsig(cmd).with_context(|| format!("spawn {}: {}", self.name, self.command_line()))?;
         *slot = Some(child);
         Ok(())
     }
@@ -173,10 +173,7 @@ impl ChildProcess {
         let mut waited = Duration::ZERO;
         while !all_threads_stopped(pid) {
             if waited >= deadline {
-                bail!(
-                    "{}: threads still running {deadline:?} after SIGSTOP",
-                    self.name
-                );
+                bail!("{}: threads still running {deadline:?} after SIGSTOP", self.name);
             }
             // A bounded wait of a few ms at most in practice; pause() stays sync.
             std::thread::sleep(Duration::from_millis(1));
@@ -213,9 +210,7 @@ impl ChildProcess {
     /// Sends `signal` to the running process.
     pub fn signal(&self, signal: libc::c_int) -> Result<()> {
         let mut slot = self.slot();
-        let child = slot
-            .as_mut()
-            .ok_or_else(|| anyhow!("{} was never started", self.name))?;
+        let child = slot.as_mut().ok_or_else(|| anyhow!("{} was never started", self.name))?;
         if let Some(status) = child.try_wait()? {
             bail!("{} is not running (exited: {status})", self.name);
         }
@@ -224,8 +219,7 @@ impl ChildProcess {
         // unreaped child (checked above under the lock), so it cannot have been
         // reused by another process.
         if unsafe { libc::kill(pid, signal) } != 0 {
-            return Err(io::Error::last_os_error())
-                .with_context(|| format!("kill({pid}, {signal}) for {}", self.name));
+            return Err(io::Error::last_os_error()).with_context(|| format!("kill({pid}, {signal}) for {}", self.name));
         }
         Ok(())
     }
@@ -233,31 +227,19 @@ impl ChildProcess {
     /// Polls `probe` every [`POLL_INTERVAL`] until it succeeds, the process
     /// exits (error with its log), or `timeout` passes (error with the last
     /// probe error and the log).
-    pub async fn wait_ready(
-        &self,
-        timeout: Duration,
-        mut probe: impl AsyncFnMut() -> Result<()>,
-    ) -> Result<()> {
+    pub async fn wait_ready(&self, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<()>) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut last_err = anyhow!("not probed yet");
         loop {
             if let Some(status) = self.exit_status() {
-                bail!(
-                    "{} exited during startup ({status})\n{}",
-                    self.name,
-                    self.log_tails()
-                );
+                bail!("{} exited during startup ({status})\n{}", self.name, self.log_tails());
             }
             match probe().await {
                 Ok(()) => return Ok(()),
                 Err(e) => last_err = e,
             }
             if Instant::now() >= deadline {
-                bail!(
-                    "{} not ready after {timeout:?}: {last_err:#}\n{}",
-                    self.name,
-                    self.log_tails()
-                );
+                bail!("{} not ready after {timeout:?}: {last_err:#}\n{}", self.name, self.log_tails());
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
@@ -267,20 +249,14 @@ impl ChildProcess {
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         for path in std::iter::once(&self.log_path).chain(&self.extra_logs) {
-            out.push_str(&format!(
-                "----- last {LOG_TAIL_LINES} lines of {} log {} -----\n",
-                self.name,
-                path.display()
-            ));
+            out.push_str(&format!("----- last {LOG_TAIL_LINES} lines of {} log {} -----\n", self.name, path.display()));
             out.push_str(&tail(path, LOG_TAIL_LINES));
         }
         out
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Child>> {
-        self.child
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -348,12 +324,8 @@ fn spawn_with_pdeathsig(mut cmd: Command) -> io::Result<Child> {
         });
     }
     let (reply_tx, reply_rx) = mpsc::channel();
-    spawner()
-        .send((cmd, reply_tx))
-        .map_err(|_| io::Error::other("spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("spawner thread dropped the request"))?
+    spawner().send((cmd, reply_tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
+    reply_rx.recv().map_err(|_| io::Error::other("spawner thread dropped the request"))?
 }
 
 /// The sender to the spawner thread, started on first use.
@@ -363,13 +335,11 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         // Detached on purpose: it must outlive every test thread (see module doc).
         // The sender lives in a static, so `recv` never fails and it never exits.
-        let spawned = std::thread::Builder::new()
-            .name("lockmesh-spawner".into())
-            .spawn(move || {
-                while let Ok((mut cmd, reply)) = rx.recv() {
-                    let _ = reply.send(cmd.spawn());
-                }
-            });
+        let spawned = std::thread::Builder::new().name("lockmesh-spawner".into()).spawn(move || {
+            while let Ok((mut cmd, reply)) = rx.recv() {
+                let _ = reply.send(cmd.spawn());
+            }
+        });
         if let Err(e) = spawned {
             panic!("cannot start the spawner thread: {e}");
         }
@@ -385,12 +355,7 @@ mod tests {
     async fn start_pause_stop_and_log() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("sh.log");
-        let p = ChildProcess::new(
-            "sh",
-            "/bin/sh",
-            vec!["-c".into(), "echo hello; exec sleep 30".into()],
-            &log,
-        );
+        let p = ChildProcess::new("sh", "/bin/sh", vec!["-c".into(), "echo hello; exec sleep 30".into()], &log);
         p.start().unwrap();
         assert!(p.is_running());
         assert!(p.start().is_err(), "double start must fail");
@@ -422,11 +387,7 @@ mod tests {
             dir.path().join("x.log"),
         );
         p.start().unwrap();
-        let err = p
-            .wait_ready(Duration::from_secs(5), async || anyhow::bail!("never"))
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = p.wait_ready(Duration::from_secs(5), async || anyhow::bail!("never")).await.unwrap_err().to_string();
         assert!(err.contains("exited during startup"), "{err}");
         assert!(err.contains("boom"), "{err}");
     }

@@ -165,15 +165,7 @@ impl StackBuilder {
         };
         let (arbiters, envoy) = tokio::try_join!(futures::future::try_join_all(arbiters), envoy)
             .with_context(|| format!("start stack {}", self.name))?;
-        Ok(Stack {
-            envoy,
-            arbiters,
-            backend,
-            etcd,
-            root,
-            pki,
-            _pki_dir: pki_dir,
-        })
+        Ok(Stack { envoy, arbiters, backend, etcd, root, pki, _pki_dir: pki_dir })
     }
 }
 
@@ -255,15 +247,8 @@ impl Stack {
         self.client_with(Some((&cert.cert_path, &cert.key_path)))
     }
 
-    fn client_with(
-        &self,
-        identity: Option<(&std::path::Path, &std::path::Path)>,
-    ) -> Result<LockClient> {
-        LockClient::new(
-            self.envoy().listener_port(),
-            &self.pki.ca_cert_path(),
-            identity,
-        )
+    fn client_with(&self, identity: Option<(&std::path::Path, &std::path::Path)>) -> Result<LockClient> {
+        LockClient::new(self.envoy().listener_port(), &self.pki.ca_cert_path(), identity)
     }
 }
 

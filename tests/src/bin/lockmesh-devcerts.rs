@@ -42,11 +42,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             // --help and --version also arrive here, on stdout.
-            return if e.use_stderr() {
-                ExitCode::from(EX_USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if e.use_stderr() { ExitCode::from(EX_USAGE) } else { ExitCode::SUCCESS };
         }
     };
     match run(&args) {
@@ -74,9 +70,7 @@ fn run(args: &Args) -> Result<()> {
 /// Parses `<namespace>/<service account>`.
 fn parse_client(value: &str) -> Result<(String, String), String> {
     match value.split_once('/') {
-        Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
-            Ok((ns.to_owned(), sa.to_owned()))
-        }
+        Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => Ok((ns.to_owned(), sa.to_owned())),
         _ => Err("expected <namespace>/<service account>".to_owned()),
     }
 }

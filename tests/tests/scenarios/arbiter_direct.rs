@@ -8,8 +8,8 @@ use envoy_types::pb::{
     envoy::{
         config::core::v3::{HeaderMap, HeaderValue},
         service::ext_proc::v3::{
-            external_processor_client::ExternalProcessorClient, processing_request,
-            processing_response, HttpHeaders, ProcessingRequest,
+            external_processor_client::ExternalProcessorClient, processing_request, processing_response, HttpHeaders,
+            ProcessingRequest,
         },
     },
     google::protobuf::{value::Kind, Struct, Value},
@@ -18,17 +18,11 @@ use lockmesh_tests::Stack;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 fn forged_request(identity: &str) -> ProcessingRequest {
-    let h = |k: &str, v: &str| HeaderValue {
-        key: k.into(),
-        value: String::new(),
-        raw_value: v.as_bytes().to_vec(),
-    };
+    let h = |k: &str, v: &str| HeaderValue { key: k.into(), value: String::new(), raw_value: v.as_bytes().to_vec() };
     let attrs = Struct {
         fields: [(
             "connection.uri_san_peer_certificate".to_string(),
-            Value {
-                kind: Some(Kind::StringValue(identity.into())),
-            },
+            Value { kind: Some(Kind::StringValue(identity.into())) },
         )]
         .into_iter()
         .collect(),
@@ -58,10 +52,7 @@ async fn call(
         .ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()))
         .domain_name("localhost");
     if let Some((c, k)) = cert {
-        tls = tls.identity(Identity::from_pem(
-            std::fs::read(c).unwrap(),
-            std::fs::read(k).unwrap(),
-        ));
+        tls = tls.identity(Identity::from_pem(std::fs::read(c).unwrap(), std::fs::read(k).unwrap()));
     }
     let ch = Channel::from_shared(format!("https://127.0.0.1:{}", st.arbiter(0).grpc_port()))
         .unwrap()
@@ -90,22 +81,15 @@ async fn a_direct_call_without_envoys_certificate_is_refused() {
     let ca = st.pki().ca_cert_path();
     // A workload certificate from the same CA: TLS succeeds, the arbiter refuses.
     let w = st.pki().client("billing", "boss").unwrap();
-    let e = call(&st, Some((&w.cert_path, &w.key_path)), &ca)
-        .await
-        .unwrap_err();
+    let e = call(&st, Some((&w.cert_path, &w.key_path)), &ca).await.unwrap_err();
     assert!(e.contains("PermissionDenied"), "{e}");
     // No client certificate, or one from another CA: the handshake fails.
     assert!(call(&st, None, &ca).await.is_err());
     let r = st.pki().rogue();
-    assert!(call(&st, Some((&r.cert_path, &r.key_path)), &ca)
-        .await
-        .is_err());
+    assert!(call(&st, Some((&r.cert_path, &r.key_path)), &ca).await.is_err());
     // Even Envoy's own certificate does not let a request skip the filter.
     let env = st.pki().envoy_client();
-    match call(&st, Some((&env.cert_path, &env.key_path)), &ca)
-        .await
-        .unwrap()
-    {
+    match call(&st, Some((&env.cert_path, &env.key_path)), &ca).await.unwrap() {
         processing_response::Response::ImmediateResponse(i) => {
             assert_eq!(i.status.unwrap().code, 500);
             assert!(String::from_utf8_lossy(&i.body).contains("did not pass the lockmesh filter"));
@@ -115,14 +99,7 @@ async fn a_direct_call_without_envoys_certificate_is_refused() {
     // Nothing was granted by any of these.
     let mut etcd = st.etcd().client().await.unwrap();
     let held = etcd
-        .get(
-            format!("{}/l/", st.root()),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
+        .get(format!("{}/l/", st.root()), Some(etcd_client::GetOptions::new().with_prefix().with_count_only()))
         .await
         .unwrap();
     assert_eq!(held.count(), 0);

@@ -12,7 +12,12 @@ async fn the_registry_decides_the_class_and_its_ttl() {
     let a = st.client("payments", "a").unwrap();
     // The class comes from the key (longest prefix), with its TTL.
     let r = a.post(ACQ, &[("x-lock-key", "short/job")]).await.unwrap();
-    assert_eq!((r.code(), r.json["class"].as_str(), r.json["ttl_s"].as_u64()), (200, Some("short"), Some(3)), "{}", r.body);
+    assert_eq!(
+        (r.code(), r.json["class"].as_str(), r.json["ttl_s"].as_u64()),
+        (200, Some("short"), Some(3)),
+        "{}",
+        r.body
+    );
     let r = a.post(ACQ, &[("x-lock-key", "payments/p")]).await.unwrap();
     assert_eq!((r.json["class"].as_str(), r.json["ttl_s"].as_u64()), (Some("default"), Some(15)), "{}", r.body);
     // A caller cannot choose another class.

@@ -19,15 +19,9 @@ fn shipped() -> Vec<std::path::PathBuf> {
 #[tokio::test]
 async fn every_shipped_config_passes_envoy_validate() {
     for path in shipped() {
-        let verdict = EnvoyProcess::builder(path.to_str().unwrap())
-            .validate()
-            .await
-            .unwrap();
+        let verdict = EnvoyProcess::builder(path.to_str().unwrap()).validate().await.unwrap();
         if let Err(out) = verdict {
-            panic!(
-                "{} rejected by envoy --mode validate:\n{out}",
-                path.display()
-            );
+            panic!("{} rejected by envoy --mode validate:\n{out}", path.display());
         }
     }
 }
@@ -42,30 +36,14 @@ fn no_shipped_config_can_fail_open() {
         let mut wasms = Vec::new();
         walk(&doc, &mut procs, &mut wasms);
         for p in &procs {
-            assert_ne!(
-                p["failure_mode_allow"].as_bool(),
-                Some(true),
-                "{name}: ext_proc failure_mode_allow"
-            );
-            assert_ne!(
-                p["observability_mode"].as_bool(),
-                Some(true),
-                "{name}: ext_proc observability_mode"
-            );
-            assert_ne!(
-                p["disable_immediate_response"].as_bool(),
-                Some(true),
-                "{name}: immediate responses disabled"
-            );
+            assert_ne!(p["failure_mode_allow"].as_bool(), Some(true), "{name}: ext_proc failure_mode_allow");
+            assert_ne!(p["observability_mode"].as_bool(), Some(true), "{name}: ext_proc observability_mode");
+            assert_ne!(p["disable_immediate_response"].as_bool(), Some(true), "{name}: immediate responses disabled");
         }
         for w in &wasms {
             let policy = w["config"]["failure_policy"].as_str();
             assert_eq!(policy, Some("FAIL_CLOSED"), "{name}: wasm failure_policy");
-            assert_ne!(
-                w["config"]["fail_open"].as_bool(),
-                Some(true),
-                "{name}: wasm fail_open"
-            );
+            assert_ne!(w["config"]["fail_open"].as_bool(), Some(true), "{name}: wasm fail_open");
         }
         if !procs.is_empty() {
             assert!(
@@ -76,15 +54,13 @@ fn no_shipped_config_can_fail_open() {
     }
 }
 
-fn walk<'a>(
-    v: &'a serde_yaml::Value,
-    procs: &mut Vec<&'a serde_yaml::Value>,
-    wasms: &mut Vec<&'a serde_yaml::Value>,
-) {
+fn walk<'a>(v: &'a serde_yaml::Value, procs: &mut Vec<&'a serde_yaml::Value>, wasms: &mut Vec<&'a serde_yaml::Value>) {
     match v {
         serde_yaml::Value::Mapping(m) => {
             match m.get("@type").and_then(|t| t.as_str()) {
-                Some("type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor") => procs.push(v),
+                Some("type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor") => {
+                    procs.push(v)
+                }
                 Some("type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm") => wasms.push(v),
                 _ => {}
             }
@@ -111,11 +87,19 @@ fn waits_fit_inside_envoys_timeouts() {
             let wait_s = conf["max_wait_ms"].as_f64().unwrap_or(30_000.0) / 1000.0;
             for p in &procs {
                 let max = secs(&p["max_message_timeout"]).expect("ext_proc max_message_timeout");
-                assert!(wait_s + 2.0 <= max, "{}: max wait {wait_s}s + 2s > max_message_timeout {max}s", path.display());
+                assert!(
+                    wait_s + 2.0 <= max,
+                    "{}: max wait {wait_s}s + 2s > max_message_timeout {max}s",
+                    path.display()
+                );
             }
             for rt in text.lines().filter_map(|l| l.trim().strip_prefix("request_timeout:")) {
                 let rt: f64 = rt.trim().trim_end_matches('s').parse().unwrap();
-                assert!(wait_s + 5.0 <= rt, "{}: max wait {wait_s}s leaves no margin under request_timeout {rt}s", path.display());
+                assert!(
+                    wait_s + 5.0 <= rt,
+                    "{}: max wait {wait_s}s leaves no margin under request_timeout {rt}s",
+                    path.display()
+                );
             }
         }
     }

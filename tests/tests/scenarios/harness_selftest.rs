@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use lockmesh_tests::{
-    assert_eventually, eventually, shared_etcd, Backend, DevPki, EtcdCluster, LockClient,
-};
+use lockmesh_tests::{assert_eventually, eventually, shared_etcd, Backend, DevPki, EtcdCluster, LockClient};
 use x509_parser::extensions::GeneralName;
 use x509_parser::pem::parse_x509_pem;
 
@@ -42,12 +40,7 @@ async fn harness_etcd_single_member_is_healthy_and_serves_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harness_etcd_three_members_survive_one_kill() {
-    let etcd = EtcdCluster::builder()
-        .members(3)
-        .token("selftest-3")
-        .start()
-        .await
-        .unwrap();
+    let etcd = EtcdCluster::builder().members(3).token("selftest-3").start().await.unwrap();
     assert_eq!(etcd.endpoints().len(), 3);
     assert_eq!(etcd.token(), "selftest-3");
     for m in etcd.members() {
@@ -62,9 +55,7 @@ async fn harness_etcd_three_members_survive_one_kill() {
         Ok(())
     });
     assert!(!etcd.member(0).is_healthy().await);
-    let mut client = etcd_client::Client::connect(&etcd.endpoints()[1..], None)
-        .await
-        .unwrap();
+    let mut client = etcd_client::Client::connect(&etcd.endpoints()[1..], None).await.unwrap();
     client.put("/t/selftest3/k", "v", None).await.unwrap();
 }
 
@@ -99,31 +90,14 @@ fn harness_pki_workload_cert_has_exactly_the_spiffe_uri_san() {
     let dir = tempfile::tempdir().unwrap();
     let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
     let worker = pki.client("payments", "worker").unwrap();
-    assert_eq!(
-        worker.spiffe_id,
-        "spiffe://lockmesh.test/ns/payments/sa/worker"
-    );
+    assert_eq!(worker.spiffe_id, "spiffe://lockmesh.test/ns/payments/sa/worker");
 
     let pem = std::fs::read(&worker.cert_path).unwrap();
     let (_, pem) = parse_x509_pem(&pem).unwrap();
     let cert = pem.parse_x509().unwrap();
-    let sans = &cert
-        .subject_alternative_name()
-        .unwrap()
-        .unwrap()
-        .value
-        .general_names;
-    assert_eq!(
-        sans,
-        &vec![GeneralName::URI(
-            "spiffe://lockmesh.test/ns/payments/sa/worker"
-        )]
-    );
-    let cn: Vec<_> = cert
-        .subject()
-        .iter_common_name()
-        .map(|c| c.as_str().unwrap())
-        .collect();
+    let sans = &cert.subject_alternative_name().unwrap().unwrap().value.general_names;
+    assert_eq!(sans, &vec![GeneralName::URI("spiffe://lockmesh.test/ns/payments/sa/worker")]);
+    let cn: Vec<_> = cert.subject().iter_common_name().map(|c| c.as_str().unwrap()).collect();
     assert_eq!(cn, ["worker"]);
     let eku = cert.extended_key_usage().unwrap().unwrap().value;
     assert!(eku.client_auth && !eku.server_auth);
@@ -141,19 +115,11 @@ fn harness_pki_workload_cert_has_exactly_the_spiffe_uri_san() {
 
     // Envoy's client identity and the server SANs.
     let envoy_client = pki.envoy_client();
-    assert_eq!(
-        envoy_client.spiffe_id,
-        "spiffe://lockmesh.test/lockmesh/envoy"
-    );
+    assert_eq!(envoy_client.spiffe_id, "spiffe://lockmesh.test/lockmesh/envoy");
     let server_pem = std::fs::read(pki.envoy_server().cert_path).unwrap();
     let (_, server_pem) = parse_x509_pem(&server_pem).unwrap();
     let server = server_pem.parse_x509().unwrap();
-    let sans = &server
-        .subject_alternative_name()
-        .unwrap()
-        .unwrap()
-        .value
-        .general_names;
+    let sans = &server.subject_alternative_name().unwrap().unwrap().value.general_names;
     assert_eq!(sans.len(), 2);
     assert!(sans.contains(&GeneralName::DNSName("localhost")));
     assert!(sans.contains(&GeneralName::IPAddress(&[127, 0, 0, 1])));
@@ -182,10 +148,7 @@ async fn harness_backend_records_requests_and_delays() {
     assert_eq!(reqs[0].path, "/jobs/run?x=1");
     assert_eq!(reqs[0].header("X-Selftest"), Some("job-1"));
     assert_eq!(&reqs[0].body[..], b"payload");
-    let n = eventually(Duration::from_secs(1), async || {
-        Ok(backend.requests().len())
-    })
-    .await;
+    let n = eventually(Duration::from_secs(1), async || Ok(backend.requests().len())).await;
     assert_eq!(n, 1);
 }
 
@@ -194,25 +157,19 @@ fn harness_lock_client_accepts_the_pki() {
     let dir = tempfile::tempdir().unwrap();
     let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
     let c = pki.client("billing", "job").unwrap();
-    let client =
-        LockClient::new(1, &pki.ca_cert_path(), Some((&c.cert_path, &c.key_path))).unwrap();
+    let client = LockClient::new(1, &pki.ca_cert_path(), Some((&c.cert_path, &c.key_path))).unwrap();
     assert_eq!(client.base_url(), "https://localhost:1");
     LockClient::new(1, &pki.ca_cert_path(), None).unwrap();
 }
 
 /// The harness's own Envoy fixture (not a shipped config): mTLS in, backend out.
 fn envoy_fixture() -> String {
-    lockmesh_tests::repo_root()
-        .join("tests/fixtures/envoy-selftest.yaml")
-        .display()
-        .to_string()
+    lockmesh_tests::repo_root().join("tests/fixtures/envoy-selftest.yaml").display().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harness_envoy_fixture_validates_and_a_bad_edit_does_not() {
-    let ok = lockmesh_tests::EnvoyProcess::validate(envoy_fixture())
-        .await
-        .unwrap();
+    let ok = lockmesh_tests::EnvoyProcess::validate(envoy_fixture()).await.unwrap();
     assert!(ok.is_ok(), "{ok:?}");
     let bad = lockmesh_tests::EnvoyProcess::builder(&envoy_fixture())
         .replace("SANITIZE_SET", "NO_SUCH_MODE")
@@ -233,10 +190,7 @@ async fn harness_stack_envoy_mtls_identities_reach_the_backend() {
     assert!(stack.root().starts_with("/t/harness-envoy-"));
 
     let worker = stack.client("payments", "worker").unwrap();
-    let resp = worker
-        .post("/jobs/run", &[("x-selftest", "job-1")])
-        .await
-        .unwrap();
+    let resp = worker.post("/jobs/run", &[("x-selftest", "job-1")]).await.unwrap();
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.body, "ok");
     assert_eq!(resp.version, reqwest::Version::HTTP_2);
@@ -244,22 +198,13 @@ async fn harness_stack_envoy_mtls_identities_reach_the_backend() {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].header("x-selftest"), Some("job-1"));
     // Envoy always adds the cert hash; the URI field is the one identity.
-    let xfcc = reqs[0]
-        .header("x-forwarded-client-cert")
-        .unwrap_or_default();
-    assert!(
-        xfcc.ends_with(";URI=spiffe://lockmesh.test/ns/payments/sa/worker"),
-        "{xfcc}"
-    );
+    let xfcc = reqs[0].header("x-forwarded-client-cert").unwrap_or_default();
+    assert!(xfcc.ends_with(";URI=spiffe://lockmesh.test/ns/payments/sa/worker"), "{xfcc}");
 
     // No client certificate, or one from the rogue CA: no request gets through.
     let anonymous = stack.anonymous_client().unwrap().get("/", &[]).await;
     assert!(anonymous.is_err(), "{anonymous:?}");
-    let rogue = stack
-        .rogue_client("payments", "worker")
-        .unwrap()
-        .get("/", &[])
-        .await;
+    let rogue = stack.rogue_client("payments", "worker").unwrap().get("/", &[]).await;
     assert!(rogue.is_err(), "{rogue:?}");
     assert_eq!(stack.backend().requests().len(), 1);
 

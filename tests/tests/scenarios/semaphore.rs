@@ -57,11 +57,20 @@ async fn race(st: &Stack, key: &'static str, clients: usize, rounds: usize) {
             let s = c.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
             let sid = s.json["session"].as_str().unwrap().to_owned();
             for _ in 0..rounds {
-                let r = c.post("/v1/locks/acquire", &[("x-lock-key", key), ("x-lock-session", &sid), ("x-lock-wait-ms", "30000")]).await.unwrap();
+                let r = c
+                    .post(
+                        "/v1/locks/acquire",
+                        &[("x-lock-key", key), ("x-lock-session", &sid), ("x-lock-wait-ms", "30000")],
+                    )
+                    .await
+                    .unwrap();
                 assert_eq!(r.code(), 200, "{}", r.body);
                 let t = r.json["token"].as_str().unwrap().to_owned();
                 tokio::time::sleep(Duration::from_millis(150)).await;
-                let rel = c.post("/v1/locks/release", &[("x-lock-key", key), ("x-lock-token", &t), ("x-lock-session", &sid)]).await.unwrap();
+                let rel = c
+                    .post("/v1/locks/release", &[("x-lock-key", key), ("x-lock-token", &t), ("x-lock-session", &sid)])
+                    .await
+                    .unwrap();
                 assert_eq!(rel.code(), 200, "{}", rel.body);
             }
         }));
@@ -105,7 +114,8 @@ async fn a_full_pool_gates_and_a_release_admits_the_next() {
     }
     let r = c.post("/v1/locks/acquire", &[("x-lock-key", "payments/pool/b")]).await.unwrap();
     assert_eq!((r.code(), r.json["reason"].as_str()), (409, Some("key_gated")), "{}", r.body);
-    let rel = c.post("/v1/locks/release", &[("x-lock-key", "payments/pool/b"), ("x-lock-token", &tokens[1])]).await.unwrap();
+    let rel =
+        c.post("/v1/locks/release", &[("x-lock-key", "payments/pool/b"), ("x-lock-token", &tokens[1])]).await.unwrap();
     assert_eq!(rel.code(), 200, "{}", rel.body);
     let r = c.post("/v1/locks/acquire", &[("x-lock-key", "payments/pool/b")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
