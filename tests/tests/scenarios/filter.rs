@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::{stream, StreamExt};
 use lockmesh_tests::{client::LockClient, eventually_true, probe::http_get, EnvoyProcess, Resp};
-use lockmesh_tests::{repo_root, Stack, StackBuilder};
+use lockmesh_tests::{Stack, StackBuilder};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use reqwest::Method;
 use tokio::time::Instant;
@@ -22,17 +22,6 @@ const REL: &str = "/v1/locks/release";
 /// The shipped lock tier.
 fn lock_tier(name: &str) -> StackBuilder {
     Stack::builder(name).envoy_config("lock-tier")
-}
-
-/// The shipped plugin configuration, quotes included, as written in the file.
-pub fn shipped_plugin_config() -> String {
-    let path = repo_root().join("envoy-config/lock-tier.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    text.lines()
-        .filter_map(|l| l.trim_start().strip_prefix("value: "))
-        .find(|v| v.starts_with(r#"'{"max_wait_ms""#))
-        .unwrap_or_else(|| panic!("no plugin configuration in {}", path.display()))
-        .to_owned()
 }
 
 /// `lock_tier` with `fields` (JSON members, e.g. `"max_queue_per_key": 2`) added to
