@@ -34,6 +34,7 @@ pub mod certs;
 pub mod client;
 pub mod envoy;
 pub mod etcd;
+pub mod load;
 pub mod paths;
 pub mod ports;
 pub mod probe;
@@ -58,10 +59,7 @@ pub const EVENTUALLY_INTERVAL: Duration = Duration::from_millis(50);
 /// # Panics
 ///
 /// After `deadline`, with the last error (a test assertion, by design).
-pub async fn eventually<T>(
-    deadline: Duration,
-    mut check: impl AsyncFnMut() -> anyhow::Result<T>,
-) -> T {
+pub async fn eventually<T>(deadline: Duration, mut check: impl AsyncFnMut() -> anyhow::Result<T>) -> T {
     let end = Instant::now() + deadline;
     loop {
         match check().await {
@@ -117,8 +115,5 @@ pub fn unique_prefix(name: &str) -> String {
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }

@@ -7,10 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod arbiter_direct;
+mod classes_min;
 mod configs;
 mod core_lock;
-mod harness_selftest;
-mod restore;
-mod classes_min;
-mod semaphore;
 mod filter;
+mod harness_selftest;
+mod load_smoke;
+mod restore;
+mod semaphore;

@@ -1,0 +1,238 @@
+//! `lockmesh-load`: acquire → release cycles through lockmesh and, against the
+//! same etcd in the same run, through etcd's v3lock service and a raw
+//! put-if-absent transaction; prints progress each second and a summary table
+//! (docs/BENCHMARKS.md).
+//!
+//! ```text
+//! cargo build --release --target wasm32-wasip1 -p lockmesh-wasm-filter
+//! cargo build -p lockmesh-extproc -p lockmesh-tests --bin lockmesh-load
+//! target/debug/lockmesh-load --seconds 15 --concurrency 8 --mode uncontended,hot,contended --keys 16
+//! ```
+//!
+//! By default it starts its own stack with the test harness (one etcd member, one
+//! arbiter, the lock-tier Envoy with `--concurrency 2`). With `--etcd` and/or
+//! `--envoy https://localhost:PORT --ca --cert --key` it loads an existing
+//! deployment on loopback instead. Exits 64 on invalid arguments, 1 on a failure,
+//! a workload that could not run, or any token that did not strictly increase.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context as _, Result};
+use clap::Parser;
+use lockmesh_tests::load::{self, LoadOptions, Mode, Target, Workload};
+use lockmesh_tests::Stack;
+
+/// Exit code for invalid arguments (EX_USAGE).
+const EX_USAGE: u8 = 64;
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(about = "Load lockmesh, etcd's v3lock and a raw etcd txn lock side by side")]
+struct Args {
+    /// Measured seconds per workload and mode (at most 600).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Seconds of unmeasured cycles before each measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Clients per key (hot, contended), or keys of one client each (uncontended).
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Key modes, comma-separated: uncontended, hot, contended.
+    #[arg(long, default_value = "uncontended")]
+    mode: String,
+    /// Keys in contended mode (each with --concurrency clients).
+    #[arg(long, default_value_t = 16)]
+    keys: usize,
+    /// Workloads, comma-separated: lockmesh, etcd-lock, raw-txn.
+    #[arg(long, default_value = "lockmesh,etcd-lock,raw-txn")]
+    workloads: String,
+    /// `x-lock-wait-ms` of lockmesh acquires; the limit of every workload's acquire.
+    #[arg(long, default_value_t = 30_000)]
+    wait_ms: u64,
+    /// Speak HTTP/1.1 to the lock tier (default: HTTP/2 with prior knowledge).
+    #[arg(long)]
+    http1: bool,
+    /// Envoy `--concurrency` of the stack this tool starts.
+    #[arg(long, default_value_t = 2)]
+    envoy_concurrency: u32,
+    /// An existing etcd on loopback: comma-separated `http://127.0.0.1:PORT`.
+    #[arg(long, value_name = "ENDPOINTS")]
+    etcd: Option<String>,
+    /// An existing lock tier on loopback: `https://localhost:PORT`.
+    #[arg(long, value_name = "URL", requires_all = ["ca", "cert", "key"])]
+    envoy: Option<String>,
+    /// CA certificate (PEM) the lock tier's server certificate chains to.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM, a SPIFFE URI SAN) every client presents.
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Lock keys start with this (`namespace[/more]`); with --envoy, choose a prefix
+    /// the certificate's identity is granted (e.g. `payments/load`).
+    #[arg(long, default_value = "load")]
+    key_prefix: String,
+    /// The cost of the Wasm filter and ext_proc on a plain forwarded route. Not
+    /// available yet: it needs an Envoy config with a forwarding route.
+    #[arg(long)]
+    filter_tax: bool,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(EX_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
+    let opts = match options(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("lockmesh-load: {e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockmesh-load: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(&args, &opts)) {
+        Ok(report) => {
+            print!("{}", report.render());
+            let failed = report.results.iter().any(|r| r.failed.is_some());
+            if report.token_violations() > 0 || failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("lockmesh-load: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn options(a: &Args) -> Result<LoadOptions> {
+    if a.filter_tax {
+        bail!(
+            "--filter-tax is not available yet: it needs an Envoy config with a plain \
+             forwarding route through the same filters, which does not exist yet"
+        );
+    }
+    ensure!(
+        a.seconds.is_finite() && a.warmup.is_finite() && a.warmup >= 0.0,
+        "--seconds and --warmup must be finite, --warmup not negative"
+    );
+    let opts = LoadOptions {
+        seconds: Duration::from_secs_f64(a.seconds.max(0.0)),
+        warmup: Duration::from_secs_f64(a.warmup),
+        concurrency: a.concurrency,
+        keys: a.keys,
+        modes: load::parse_list::<Mode>(&a.mode).context("--mode")?,
+        workloads: load::parse_list::<Workload>(&a.workloads).context("--workloads")?,
+        wait_ms: a.wait_ms,
+        http1: a.http1,
+        progress: !a.quiet,
+        keep_grants: false,
+    };
+    opts.validate()?;
+    if a.envoy.is_some() || a.etcd.is_some() {
+        if opts.workloads.contains(&Workload::Lockmesh) {
+            ensure!(a.envoy.is_some(), "the lockmesh workload needs --envoy");
+        }
+        if opts.workloads.iter().any(|w| *w != Workload::Lockmesh) {
+            ensure!(a.etcd.is_some(), "the etcd workloads need --etcd");
+        }
+    }
+    Ok(opts)
+}
+
+/// `host:port` of a loopback URL with scheme `scheme`, or an error.
+fn loopback_port(url: &str, scheme: &str) -> Result<u16> {
+    let u = reqwest::Url::parse(url).with_context(|| format!("{url:?} is not a URL"))?;
+    ensure!(u.scheme() == scheme, "{url}: the scheme must be {scheme}");
+    let host = u.host_str().unwrap_or_default();
+    ensure!(matches!(host, "localhost" | "127.0.0.1" | "[::1]"), "{url}: loopback only (localhost, 127.0.0.1)");
+    u.port().with_context(|| format!("{url}: give the port"))
+}
+
+async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
+    if a.envoy.is_some() || a.etcd.is_some() {
+        let etcd: Vec<String> = match &a.etcd {
+            Some(list) => list.split(',').map(|s| s.trim().to_owned()).collect(),
+            None => Vec::new(),
+        };
+        for e in &etcd {
+            loopback_port(e, "http").context("--etcd")?;
+        }
+        let port = match &a.envoy {
+            Some(u) => Some(loopback_port(u, "https").context("--envoy")?),
+            None => None,
+        };
+        let file = |p: &Option<PathBuf>| p.clone().unwrap_or_default();
+        let target =
+            Target::external(etcd, port, file(&a.ca), file(&a.cert), file(&a.key)).with_key_prefix(&a.key_prefix);
+        println!("target: existing deployment ({}); run id below", describe_machine());
+        return load::run(&target, opts).await;
+    }
+    let st = Stack::builder("load")
+        .envoy_config("lock-tier")
+        .envoy_concurrency(a.envoy_concurrency)
+        .own_etcd(1)
+        .start()
+        .await
+        .context(
+            "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
+        )?;
+    println!(
+        "stack: etcd {} ({}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
+        st.etcd().endpoints().join(","),
+        tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
+        st.envoy().listener_port(),
+        a.envoy_concurrency,
+        tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
+        describe_machine()
+    );
+    load::run(&Target::from_stack(&st).with_key_prefix(&a.key_prefix), opts).await
+}
+
+fn load_bin(p: Result<PathBuf>) -> Option<PathBuf> {
+    p.ok()
+}
+
+/// The first line of `<bin> --version`.
+fn tool_version(bin: Option<PathBuf>) -> String {
+    bin.and_then(|b| std::process::Command::new(b).arg("--version").output().ok())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_owned())
+        })
+        .unwrap_or_else(|| "version unknown".into())
+}
+
+/// `N cores, <CPU model>`.
+fn describe_machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {model}")
+}

@@ -1,0 +1,148 @@
+//! CPU time of the processes under load, from `/proc` (Linux only; elsewhere
+//! every figure is absent).
+//!
+//! Per process: `utime + stime` from `/proc/<pid>/stat`; the machine: busy and
+//! total jiffies from the `cpu` line of `/proc/stat`. Both count in USER_HZ, which
+//! Linux fixes at 100 for user space.
+
+use tokio::time::Instant;
+
+/// Jiffies per second in `/proc` (USER_HZ).
+const USER_HZ: f64 = 100.0;
+
+/// The pids whose CPU time is reported.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Procs {
+    /// The (first) etcd member.
+    pub etcd: Option<u32>,
+    /// The lock-tier Envoy.
+    pub envoy: Option<u32>,
+    /// The (first) arbiter.
+    pub arbiter: Option<u32>,
+}
+
+/// CPU counters at one instant.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    at: Instant,
+    procs: Procs,
+    ticks: [Option<u64>; 4],
+    machine: Option<(u64, u64)>,
+}
+
+/// CPU used between two samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// Wall time, seconds.
+    pub secs: f64,
+    /// CPU seconds of etcd, Envoy, the arbiter and this process.
+    pub etcd: Option<f64>,
+    /// See `etcd`.
+    pub envoy: Option<f64>,
+    /// See `etcd`.
+    pub arbiter: Option<f64>,
+    /// See `etcd`.
+    pub load: Option<f64>,
+    /// CPU seconds of the whole machine (all cores).
+    pub machine: Option<f64>,
+    /// Cores (`nproc`).
+    pub cores: usize,
+}
+
+fn proc_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields
+    // 14 and 15 of the whole line, 12th and 13th after the name.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).take(8).filter_map(|x| x.parse().ok()).collect();
+    if v.len() < 8 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    let idle = v[3] + v[4];
+    Some((total - idle, total))
+}
+
+/// The pid of a running process whose command line contains `needle` and whose
+/// program name ends with `program` (e.g. Envoy by its config path).
+pub fn find_pid(needle: &str, program: &str) -> Option<u32> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let mut args = cmd.split(|b| *b == 0);
+        let argv0 = String::from_utf8_lossy(args.next()?);
+        let hit = argv0.ends_with(program) && args.any(|a| String::from_utf8_lossy(a).contains(needle));
+        hit.then_some(pid)
+    })
+}
+
+// === impl Sample ===
+
+impl Sample {
+    /// Reads the counters of `procs`, this process and the machine now.
+    pub fn take(procs: &Procs) -> Self {
+        let t = |p: Option<u32>| p.and_then(|p| proc_ticks(&p.to_string()));
+        Self {
+            at: Instant::now(),
+            procs: *procs,
+            ticks: [t(procs.etcd), t(procs.envoy), t(procs.arbiter), proc_ticks("self")],
+            machine: machine_ticks(),
+        }
+    }
+
+    /// CPU used from `earlier` to `self`.
+    pub fn since(&self, earlier: &Sample) -> Usage {
+        let d = |i: usize| match (self.ticks[i], earlier.ticks[i]) {
+            (Some(a), Some(b)) if a >= b => Some((a - b) as f64 / USER_HZ),
+            _ => None,
+        };
+        let machine = match (self.machine, earlier.machine) {
+            (Some((a, _)), Some((b, _))) if a >= b => Some((a - b) as f64 / USER_HZ),
+            _ => None,
+        };
+        debug_assert_eq!(self.procs.etcd, earlier.procs.etcd);
+        Usage {
+            secs: (self.at - earlier.at).as_secs_f64(),
+            etcd: d(0),
+            envoy: d(1),
+            arbiter: d(2),
+            load: d(3),
+            machine,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+// === impl Usage ===
+
+impl Usage {
+    /// Machine CPU not used by the four processes, seconds: whatever else ran.
+    pub fn other(&self) -> Option<f64> {
+        let ours: f64 = [self.etcd, self.envoy, self.arbiter, self.load].iter().flatten().sum();
+        self.machine.map(|m| (m - ours).max(0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process_and_the_machine() {
+        let a = Sample::take(&Procs::default());
+        let b = Sample::take(&Procs::default());
+        let u = b.since(&a);
+        if cfg!(target_os = "linux") {
+            assert!(u.load.is_some() && u.machine.is_some(), "{u:?}");
+        }
+        assert_eq!(u.etcd, None);
+    }
+}

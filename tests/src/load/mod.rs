@@ -1,0 +1,489 @@
+//! The load tool's core (`lockmesh-load`, docs/BENCHMARKS.md): C clients run
+//! acquire → release cycles for D seconds in three workloads, one after the other,
+//! against the same etcd:
+//!
+//! - `lockmesh`: the full path over mTLS HTTP/2, client → Envoy → Wasm filter →
+//!   ext_proc arbiter → etcd. Each client opens its own session first and keeps it
+//!   alive every TTL/3 in the background.
+//! - `etcd-lock`: etcd's own v3lock service (`Lock` with a lease, then `Unlock`),
+//!   each client with its own lease kept alive.
+//! - `raw-txn`: the two-writes floor: a put-if-absent transaction on the key with
+//!   the client's lease, then a delete; a refused client watches the key for its
+//!   delete (1 s poll as a backstop) and tries again.
+//!
+//! Every grant is recorded in grant order per key: tokens must strictly increase
+//! per key (and, for `lockmesh` and `raw-txn`, be unique across keys), and where
+//! several clients share a key the order of grants shows whether waiters were
+//! served first come, first served.
+//!
+//! # Layout
+//! - [`record`]: what one workload run records (latencies, grants, FIFO, errors).
+//! - [`report`]: results, ratios and the summary table.
+//! - [`cpu`]: CPU time of etcd, Envoy, the arbiter and this process.
+//! - `drive`: one client's cycle loop; `lockmesh`, `v3lock`, `txn`, `lease`: the
+//!   three workloads' clients.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context as _, Result};
+use tokio::time::Instant;
+
+use crate::certs::DevPki;
+use crate::stack::Stack;
+
+pub mod cpu;
+mod drive;
+mod lease;
+mod lockmesh;
+pub mod record;
+pub mod report;
+mod txn;
+mod v3lock;
+
+pub use self::record::GrantRecord;
+pub use self::report::{Percentiles, Report, WorkloadResult};
+
+/// Longest measurement a run accepts per workload (keeps memory and time bounded).
+pub const MAX_SECONDS: f64 = 600.0;
+/// Most clients one workload may run.
+pub const MAX_CLIENTS: usize = 1024;
+/// How long all clients of a workload may take to connect and open sessions.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A workload: what one acquire → release cycle goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Workload {
+    /// The lock API through Envoy, the Wasm filter and the arbiter.
+    Lockmesh,
+    /// etcd's v3lock service.
+    EtcdLock,
+    /// A put-if-absent transaction and a delete.
+    RawTxn,
+}
+
+/// How clients map onto keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// C keys, one client each.
+    Uncontended,
+    /// One key, C clients.
+    Hot,
+    /// K keys, C clients each.
+    Contended,
+}
+
+/// Keys and clients per key of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Number of keys.
+    pub keys: usize,
+    /// Clients per key.
+    pub per_key: usize,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Measured time per workload and mode.
+    pub seconds: Duration,
+    /// Cycles before the measurement starts (not counted; tokens still checked).
+    pub warmup: Duration,
+    /// Clients per key (`hot`, `contended`), or keys of one client each (`uncontended`).
+    pub concurrency: usize,
+    /// Keys in `contended` mode.
+    pub keys: usize,
+    /// Modes, run in this order.
+    pub modes: Vec<Mode>,
+    /// Workloads, run in this order within each mode.
+    pub workloads: Vec<Workload>,
+    /// `x-lock-wait-ms` of lockmesh acquires; every workload gives up an acquire
+    /// after this (plus 5 s) and counts an error.
+    pub wait_ms: u64,
+    /// Speak HTTP/1.1 to the lock tier instead of HTTP/2 (prior knowledge).
+    pub http1: bool,
+    /// Print a progress line each second on stderr.
+    pub progress: bool,
+    /// Keep every grant in [`WorkloadResult::grants`] (tests).
+    pub keep_grants: bool,
+}
+
+/// Where the load goes.
+pub struct Target<'a> {
+    lock_tier: Option<LockTier<'a>>,
+    etcd: Vec<String>,
+    etcd_prefix: String,
+    key_namespace: String,
+    procs: cpu::Procs,
+}
+
+/// The lock-tier Envoy and how clients authenticate to it.
+struct LockTier<'a> {
+    port: u16,
+    ca: PathBuf,
+    identity: Identity<'a>,
+}
+
+enum Identity<'a> {
+    /// One workload identity per client, `load/w<i>`, from the dev PKI.
+    PerClient(&'a DevPki),
+    /// Every client presents the same certificate.
+    Shared { cert: PathBuf, key: PathBuf },
+}
+
+/// What one client of a workload needs to know.
+#[derive(Clone)]
+pub(crate) struct Plan {
+    workload: Workload,
+    window: Window,
+    wait_ms: u64,
+    cycles: Arc<AtomicU64>,
+}
+
+/// The measured interval.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+// === impl Workload ===
+
+impl Workload {
+    /// Every workload, in the order the tool runs them.
+    pub const ALL: [Workload; 3] = [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Lockmesh => "lockmesh",
+            Workload::EtcdLock => "etcd-lock",
+            Workload::RawTxn => "raw-txn",
+        }
+    }
+
+    /// Whether tokens are commit revisions of write transactions, hence unique
+    /// across keys. etcd-lock's token is the Lock response's header revision, which
+    /// after a wait is a read's revision: only per-key order holds.
+    pub fn tokens_unique(self) -> bool {
+        !matches!(self, Workload::EtcdLock)
+    }
+}
+
+impl FromStr for Workload {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .with_context(|| format!("unknown workload {s:?}: lockmesh, etcd-lock or raw-txn"))
+    }
+}
+
+// === impl Mode ===
+
+impl Mode {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Uncontended => "uncontended",
+            Mode::Hot => "hot",
+            Mode::Contended => "contended",
+        }
+    }
+
+    /// Keys and clients per key for `concurrency` and `keys` (see [`LoadOptions`]).
+    pub fn shape(self, concurrency: usize, keys: usize) -> Shape {
+        match self {
+            Mode::Uncontended => Shape { keys: concurrency, per_key: 1 },
+            Mode::Hot => Shape { keys: 1, per_key: concurrency },
+            Mode::Contended => Shape { keys, per_key: concurrency },
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        [Mode::Uncontended, Mode::Hot, Mode::Contended]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .with_context(|| format!("unknown mode {s:?}: uncontended, hot or contended"))
+    }
+}
+
+/// Parses a comma-separated list (`"lockmesh,raw-txn"`), refusing duplicates.
+pub fn parse_list<T: FromStr<Err = anyhow::Error> + PartialEq>(s: &str) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let v: T = part.parse()?;
+        ensure!(!out.contains(&v), "{part:?} is listed twice");
+        out.push(v);
+    }
+    ensure!(!out.is_empty(), "the list is empty");
+    Ok(out)
+}
+
+// === impl Shape ===
+
+impl Shape {
+    /// Number of clients.
+    pub fn clients(self) -> usize {
+        self.keys * self.per_key
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.keys, self.per_key)
+    }
+}
+
+// === impl LoadOptions ===
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            seconds: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            concurrency: 8,
+            keys: 16,
+            modes: vec![Mode::Uncontended],
+            workloads: Workload::ALL.to_vec(),
+            wait_ms: 30_000,
+            http1: false,
+            progress: false,
+            keep_grants: false,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// Checks the bounds: at most [`MAX_SECONDS`] per workload and
+    /// [`MAX_CLIENTS`] clients in any mode.
+    pub fn validate(&self) -> Result<()> {
+        let secs = self.seconds.as_secs_f64();
+        ensure!(secs > 0.0 && secs <= MAX_SECONDS, "seconds: {secs} must be in (0, {MAX_SECONDS}]");
+        ensure!(self.warmup.as_secs_f64() <= 60.0, "warmup: at most 60 s");
+        ensure!(self.concurrency >= 1, "concurrency: at least 1");
+        ensure!(self.keys >= 1, "keys: at least 1");
+        ensure!(!self.modes.is_empty(), "modes: none given");
+        ensure!(!self.workloads.is_empty(), "workloads: none given");
+        ensure!((1..=60_000).contains(&self.wait_ms), "wait_ms: {} must be in 1..=60000", self.wait_ms);
+        for m in &self.modes {
+            let n = m.shape(self.concurrency, self.keys).clients();
+            ensure!(n <= MAX_CLIENTS, "{} mode would run {n} clients, above {MAX_CLIENTS}", m.name());
+        }
+        Ok(())
+    }
+}
+
+// === impl Target ===
+
+impl<'a> Target<'a> {
+    /// A harness stack: its Envoy (one `load/w<i>` identity per client), its etcd,
+    /// keys under its root, and its processes for CPU accounting.
+    pub fn from_stack(st: &'a Stack) -> Self {
+        let procs = cpu::Procs {
+            etcd: st.etcd().members().first().and_then(|m| m.pid()),
+            arbiter: st.arbiters().first().and_then(|a| a.pid()),
+            envoy: cpu::find_pid(&st.envoy().config_path().display().to_string(), "envoy"),
+        };
+        Self {
+            lock_tier: Some(LockTier {
+                port: st.envoy().listener_port(),
+                ca: st.pki().ca_cert_path(),
+                identity: Identity::PerClient(st.pki()),
+            }),
+            etcd: st.etcd().endpoints(),
+            etcd_prefix: format!("{}/load", st.root()),
+            key_namespace: "load".into(),
+            procs,
+        }
+    }
+
+    /// An existing deployment on loopback: etcd `endpoints` (plain `http://`), and
+    /// optionally the lock tier on `https://localhost:<envoy_port>` with one client
+    /// certificate for every client. Keys: `load/...` (see [`Target::with_key_prefix`])
+    /// and `/lockmesh-load/...`.
+    pub fn external(etcd: Vec<String>, envoy_port: Option<u16>, ca: PathBuf, cert: PathBuf, key: PathBuf) -> Self {
+        Self {
+            lock_tier: envoy_port.map(|port| LockTier { port, ca, identity: Identity::Shared { cert, key } }),
+            etcd,
+            etcd_prefix: "/lockmesh-load".into(),
+            key_namespace: "load".into(),
+            procs: cpu::Procs::default(),
+        }
+    }
+
+    /// Lock keys start with `prefix` (`namespace[/more]`) instead of `load`, e.g. a
+    /// prefix the client certificate's identity is granted.
+    pub fn with_key_prefix(mut self, prefix: &str) -> Self {
+        self.key_namespace = prefix.trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// The processes whose CPU time is reported (external runs: none).
+    pub fn with_procs(mut self, procs: cpu::Procs) -> Self {
+        self.procs = procs;
+        self
+    }
+
+    fn key_name(&self, w: Workload, run: &str, mode: Mode, k: usize) -> String {
+        match w {
+            Workload::Lockmesh => format!("{}/{run}/{}/k{k:04}", self.key_namespace, mode.name()),
+            _ => format!("{}/{run}/{}/{}/k{k:04}", self.etcd_prefix, w.name(), mode.name()),
+        }
+    }
+}
+
+// === impl LockTier ===
+
+impl LockTier<'_> {
+    /// Certificate and key of client `i`.
+    fn identity(&self, i: usize) -> Result<(PathBuf, PathBuf)> {
+        match &self.identity {
+            Identity::PerClient(pki) => {
+                let c = pki.client("load", &format!("w{i}"))?;
+                Ok((c.cert_path, c.key_path))
+            }
+            Identity::Shared { cert, key } => Ok((cert.clone(), key.clone())),
+        }
+    }
+}
+
+// === impl Window ===
+
+impl Window {
+    fn contains(&self, t: Instant) -> bool {
+        t >= self.start && t < self.end
+    }
+}
+
+/// Runs every mode × workload of `opts` against `target`, one after the other.
+/// A workload that cannot start is reported as failed; the others still run.
+pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
+    opts.validate()?;
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    let mut results = Vec::new();
+    for &mode in &opts.modes {
+        for &w in &opts.workloads {
+            if w == Workload::Lockmesh && target.lock_tier.is_none() {
+                bail!("the lockmesh workload needs the lock tier (--envoy)");
+            }
+            if w != Workload::Lockmesh && target.etcd.is_empty() {
+                bail!("the {} workload needs etcd endpoints (--etcd)", w.name());
+            }
+            results.push(run_one(target, opts, &run_id, mode, w).await);
+        }
+    }
+    Ok(Report { run_id, seconds: opts.seconds.as_secs_f64(), results })
+}
+
+async fn run_one(
+    target: &Target<'_>,
+    opts: &LoadOptions,
+    run_id: &str,
+    mode: Mode,
+    workload: Workload,
+) -> WorkloadResult {
+    let shape = mode.shape(opts.concurrency, opts.keys);
+    let mut result = WorkloadResult::new(mode, workload, shape);
+    let keys: Vec<String> = (0..shape.keys).map(|k| target.key_name(workload, run_id, mode, k)).collect();
+    let rec = Arc::new(record::Recorder::new(shape.keys, workload.tokens_unique(), opts.keep_grants));
+    if opts.progress {
+        eprintln!(
+            "[{} {}] {} clients on {} keys: connecting",
+            mode.name(),
+            workload.name(),
+            shape.clients(),
+            shape.keys
+        );
+    }
+    let setups = (0..shape.clients()).map(|i| {
+        let key = &keys[i % shape.keys];
+        drive::Worker::setup(workload, target, i, key, opts, rec.clone())
+    });
+    let workers = match tokio::time::timeout(SETUP_TIMEOUT, futures::future::try_join_all(setups)).await {
+        Ok(Ok(w)) => w,
+        Ok(Err(e)) => {
+            result.failed = Some(format!("setup: {e:#}"));
+            return result;
+        }
+        Err(_) => {
+            result.failed = Some(format!("setup: not done within {SETUP_TIMEOUT:?}"));
+            return result;
+        }
+    };
+    result.http_version = workers.iter().find_map(drive::Worker::http_version);
+
+    let t0 = Instant::now();
+    let window = Window { start: t0 + opts.warmup, end: t0 + opts.warmup + opts.seconds };
+    let plan = Plan { workload, window, wait_ms: opts.wait_ms, cycles: Arc::new(AtomicU64::new(0)) };
+    let tasks: Vec<_> = workers
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let key = i % shape.keys;
+            tokio::spawn(drive::drive(w, plan.clone(), i, key, keys[key].clone(), rec.clone()))
+        })
+        .collect();
+
+    tokio::time::sleep_until(window.start).await;
+    let c0 = cpu::Sample::take(&target.procs);
+    let mut tick = window.start;
+    let mut last = 0;
+    while tick < window.end {
+        tick = (tick + Duration::from_secs(1)).min(window.end);
+        tokio::time::sleep_until(tick).await;
+        let n = plan.cycles.load(Ordering::Relaxed);
+        if opts.progress {
+            eprintln!(
+                "[{} {}] {:>5.1}s  cycles {n:>8}  (+{})",
+                mode.name(),
+                workload.name(),
+                (tick - window.start).as_secs_f64(),
+                n - last
+            );
+        }
+        last = n;
+    }
+    let c1 = cpu::Sample::take(&target.procs);
+    result.cpu = Some(c1.since(&c0));
+
+    // Clients finish the cycle they are in; a stuck one is abandoned after the
+    // longest acquire wait.
+    let drain = Duration::from_millis(opts.wait_ms) + Duration::from_secs(15);
+    let joined = tokio::time::timeout(drain, futures::future::join_all(tasks)).await;
+    let mut driven = Vec::new();
+    match joined {
+        Ok(all) => {
+            for r in all {
+                match r {
+                    Ok(d) => driven.push(d),
+                    Err(e) => rec.error("client task", &e.to_string()),
+                }
+            }
+        }
+        Err(_) => rec.error("drain", "clients still busy after the deadline; abandoned"),
+    }
+    let mut acquire = Vec::new();
+    let mut release = Vec::new();
+    let mut closing = Vec::new();
+    for d in driven {
+        acquire.extend(d.acquire_us);
+        release.extend(d.release_us);
+        closing.push(d.worker.close());
+    }
+    futures::future::join_all(closing).await;
+    result.finish(plan.cycles.load(Ordering::Relaxed), acquire, release, &rec);
+    if opts.progress {
+        eprintln!("[{} {}] done: {:.1} cycles/s", mode.name(), workload.name(), result.cycles_per_s);
+    }
+    result
+}

@@ -1,0 +1,307 @@
+//! Results: one [`WorkloadResult`] per mode × workload, the summary table, the
+//! ratios of lockmesh to the two etcd baselines, FIFO and CPU per cycle.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::cpu::Usage;
+use super::record::{Fairness, GrantRecord, Recorder};
+use super::{Mode, Shape, Workload};
+
+/// Latency percentiles (nearest rank), microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Percentiles {
+    /// Samples.
+    pub n: usize,
+    /// Median.
+    pub p50: u32,
+    /// 99th percentile.
+    pub p99: u32,
+    /// Largest sample.
+    pub max: u32,
+}
+
+/// What one mode × workload run measured.
+#[derive(Clone, Debug)]
+pub struct WorkloadResult {
+    /// Key mode.
+    pub mode: Mode,
+    /// Workload.
+    pub workload: Workload,
+    /// Keys × clients per key.
+    pub shape: Shape,
+    /// Cycles whose release answered inside the window.
+    pub cycles: u64,
+    /// `cycles` per second of the window.
+    pub cycles_per_s: f64,
+    /// Acquire latency (request sent → grant received), grants inside the window.
+    pub acquire: Percentiles,
+    /// Release latency, releases inside the window.
+    pub release: Percentiles,
+    /// Errors by kind (whole run, warmup and drain included).
+    pub errors: BTreeMap<String, u64>,
+    /// Grants whose token did not strictly increase over the key's previous grant.
+    pub out_of_order: u64,
+    /// Tokens seen twice across keys (`lockmesh`, `raw-txn`).
+    pub duplicates: u64,
+    /// FIFO figures, when clients share keys.
+    pub fairness: Option<Fairness>,
+    /// CPU used during the window.
+    pub cpu: Option<Usage>,
+    /// HTTP version the lock tier answered with (`lockmesh`).
+    pub http_version: Option<String>,
+    /// Why the workload did not run, if it did not.
+    pub failed: Option<String>,
+    /// Every grant in grant order per key, when asked for (`keep_grants`).
+    pub grants: Vec<GrantRecord>,
+    seconds: f64,
+}
+
+/// Every result of a run.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Random id in every key name of the run.
+    pub run_id: String,
+    /// Measured seconds per workload.
+    pub seconds: f64,
+    /// Results in run order.
+    pub results: Vec<WorkloadResult>,
+}
+
+/// Nearest-rank percentiles of `v` (sorted here).
+pub fn percentiles(mut v: Vec<u32>) -> Percentiles {
+    if v.is_empty() {
+        return Percentiles::default();
+    }
+    v.sort_unstable();
+    let rank = |p: f64| {
+        let i = (p / 100.0 * v.len() as f64).ceil() as usize;
+        v[i.clamp(1, v.len()) - 1]
+    };
+    Percentiles { n: v.len(), p50: rank(50.0), p99: rank(99.0), max: v[v.len() - 1] }
+}
+
+fn ms(us: u32) -> String {
+    format!("{:.2}", f64::from(us) / 1000.0)
+}
+
+// === impl WorkloadResult ===
+
+impl WorkloadResult {
+    pub(crate) fn new(mode: Mode, workload: Workload, shape: Shape) -> Self {
+        Self {
+            mode,
+            workload,
+            shape,
+            cycles: 0,
+            cycles_per_s: 0.0,
+            acquire: Percentiles::default(),
+            release: Percentiles::default(),
+            errors: BTreeMap::new(),
+            out_of_order: 0,
+            duplicates: 0,
+            fairness: None,
+            cpu: None,
+            http_version: None,
+            failed: None,
+            grants: Vec::new(),
+            seconds: 0.0,
+        }
+    }
+
+    pub(crate) fn finish(&mut self, cycles: u64, acq: Vec<u32>, rel: Vec<u32>, rec: &Recorder) {
+        self.seconds = self.cpu.map_or(0.0, |c| c.secs);
+        self.cycles = cycles;
+        self.cycles_per_s = if self.seconds > 0.0 { cycles as f64 / self.seconds } else { 0.0 };
+        self.acquire = percentiles(acq);
+        self.release = percentiles(rel);
+        self.errors = rec.errors();
+        self.out_of_order = rec.out_of_order();
+        self.duplicates = rec.duplicates();
+        self.fairness = (self.shape.per_key > 1).then(|| rec.fairness());
+        self.grants = rec.grants();
+    }
+
+    /// Token violations of any kind (a safety bug if not zero).
+    pub fn token_violations(&self) -> u64 {
+        self.out_of_order + self.duplicates
+    }
+
+    /// Errors of any kind.
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// CPU milliseconds per cycle of etcd, Envoy, the arbiter and the load tool.
+    pub fn cpu_ms_per_cycle(&self) -> [Option<f64>; 4] {
+        let Some(c) = self.cpu.filter(|_| self.cycles > 0) else {
+            return [None; 4];
+        };
+        let per = |s: Option<f64>| s.map(|s| s * 1000.0 / self.cycles as f64);
+        [per(c.etcd), per(c.envoy), per(c.arbiter), per(c.load)]
+    }
+}
+
+// === impl Report ===
+
+impl Report {
+    /// Token violations over every result.
+    pub fn token_violations(&self) -> u64 {
+        self.results.iter().map(WorkloadResult::token_violations).sum()
+    }
+
+    fn find(&self, mode: Mode, w: Workload) -> Option<&WorkloadResult> {
+        self.results.iter().find(|r| r.mode == mode && r.workload == w && r.failed.is_none())
+    }
+
+    /// The summary: the table, ratios per mode, FIFO, CPU per cycle, errors.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<12} {:<10} {:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7}",
+            "mode",
+            "workload",
+            "keys",
+            "cycles/s",
+            "cycles",
+            "acq p50",
+            "acq p99",
+            "acq max",
+            "rel p50",
+            "rel p99",
+            "errors",
+            "tokens"
+        );
+        for r in &self.results {
+            if let Some(f) = &r.failed {
+                let _ = writeln!(s, "{:<12} {:<10} failed: {f}", r.mode.name(), r.workload.name());
+                continue;
+            }
+            let tokens = match r.token_violations() {
+                0 => "ok".to_owned(),
+                n => format!("{n} BAD"),
+            };
+            let _ = writeln!(
+                s,
+                "{:<12} {:<10} {:>6} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7}",
+                r.mode.name(),
+                r.workload.name(),
+                r.shape.to_string(),
+                r.cycles_per_s,
+                r.cycles,
+                ms(r.acquire.p50),
+                ms(r.acquire.p99),
+                ms(r.acquire.max),
+                ms(r.release.p50),
+                ms(r.release.p99),
+                r.error_count(),
+                tokens
+            );
+        }
+        let _ = writeln!(s, "(latencies in ms; keys = keys x clients per key)");
+        self.render_ratios(&mut s);
+        self.render_fairness(&mut s);
+        self.render_cpu(&mut s);
+        for r in &self.results {
+            for (e, n) in &r.errors {
+                let _ = writeln!(s, "error {} {}: {n} x {e}", r.mode.name(), r.workload.name());
+            }
+        }
+        s
+    }
+
+    fn render_ratios(&self, s: &mut String) {
+        let modes: Vec<Mode> = self.results.iter().map(|r| r.mode).fold(Vec::new(), |mut v, m| {
+            if !v.contains(&m) {
+                v.push(m);
+            }
+            v
+        });
+        for m in modes {
+            let Some(lm) = self.find(m, Workload::Lockmesh) else {
+                continue;
+            };
+            let mut parts = Vec::new();
+            for base in [Workload::EtcdLock, Workload::RawTxn] {
+                if let Some(b) = self.find(m, base).filter(|b| b.cycles_per_s > 0.0) {
+                    parts.push(format!("lockmesh/{} {:.2}x cycles/s", base.name(), lm.cycles_per_s / b.cycles_per_s));
+                }
+            }
+            if let Some(b) = self.find(m, Workload::RawTxn).filter(|b| b.acquire.p99 > 0) {
+                parts.push(format!(
+                    "acquire p99 lockmesh/raw-txn {:.2}x",
+                    f64::from(lm.acquire.p99) / f64::from(b.acquire.p99)
+                ));
+            }
+            if !parts.is_empty() {
+                let _ = writeln!(s, "ratios {}: {}", m.name(), parts.join(", "));
+            }
+        }
+    }
+
+    fn render_fairness(&self, s: &mut String) {
+        for r in self.results.iter().filter(|r| r.failed.is_none()) {
+            let Some(f) = r.fairness else { continue };
+            let verdict = if f.max_by_one <= 1 {
+                "FIFO kept"
+            } else if f.max_by_one == 2 && f.overtaken_waits * 100 <= f.waits {
+                "FIFO kept (client-side races only)"
+            } else {
+                "not FIFO"
+            };
+            let _ = writeln!(
+                s,
+                "fifo {} {}: {verdict}: at most {} grants to one client during another's wait, \
+                 {} to all others (FIFO bound {}); {} of {} waits overtaken",
+                r.mode.name(),
+                r.workload.name(),
+                f.max_by_one,
+                f.max_total,
+                r.shape.per_key - 1,
+                f.overtaken_waits,
+                f.waits
+            );
+        }
+    }
+
+    fn render_cpu(&self, s: &mut String) {
+        for r in self.results.iter().filter(|r| r.failed.is_none()) {
+            let Some(c) = r.cpu else { continue };
+            let [e, v, a, l] = r.cpu_ms_per_cycle();
+            let f = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.3}"));
+            let busy =
+                |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{:.0}%", 100.0 * x / (c.secs * c.cores as f64)));
+            let _ = writeln!(
+                s,
+                "cpu {} {}: ms/cycle etcd {} envoy {} arbiter {} load {}; machine busy {} \
+                 of {} cores, other processes {}",
+                r.mode.name(),
+                r.workload.name(),
+                f(e),
+                f(v),
+                f(a),
+                f(l),
+                busy(c.machine),
+                c.cores,
+                busy(c.other())
+            );
+        }
+        if let Some(v) = self.results.iter().find_map(|r| r.http_version.clone()) {
+            let _ = writeln!(s, "lock tier answered over {v}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let p = percentiles((1..=100).rev().collect());
+        assert_eq!((p.n, p.p50, p.p99, p.max), (100, 50, 99, 100));
+        assert_eq!(percentiles(vec![7]).p99, 7);
+        assert_eq!(percentiles(Vec::new()), Percentiles::default());
+    }
+}
