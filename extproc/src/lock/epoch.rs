@@ -80,10 +80,17 @@ impl Store {
 
     /// Reads the epoch record (linearizable), creating epoch 1 on a fresh root.
     pub async fn refresh_epoch(&self) -> Result<EpochState, LockError> {
+        self.load_epoch().await.map(|(state, _, _)| state)
+    }
+
+    /// [`Store::refresh_epoch`], also returning the read's header revision and
+    /// cluster id (the seal check compares them, so it needs no second read).
+    async fn load_epoch(&self) -> Result<(EpochState, i64, u64), LockError> {
         let key = self.keys().epoch();
         for _ in 0..3 {
             let r = self.call(self.client().get(key.as_str(), None)).await?;
             let header_cluster = r.header().map(|h| h.cluster_id());
+            let header_revision = r.header().map_or(0, |h| h.revision());
             if let Some(kv) = r.kvs().first() {
                 let rec: EpochRecord = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
@@ -95,7 +102,7 @@ impl Store {
                 if let Ok(mut g) = self.epoch.0.write() {
                     *g = Some(state.clone());
                 }
-                return Ok(state);
+                return Ok((state, header_revision, header_cluster.unwrap_or(cluster_id)));
             }
             // A fresh root: create epoch 1 bound to this cluster, once.
             let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
@@ -122,21 +129,19 @@ impl Store {
     /// which are persisted when they moved.
     pub async fn check_seal(&self) -> Result<(), LockError> {
         let floor = self.seal().revision_floor();
-        let state = match self.refresh_epoch().await {
+        let (state, revision, cluster) = match self.load_epoch().await {
             Ok(s) => s,
             Err(LockError::Sealed(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let r = self.call(self.client().get(self.keys().epoch(), None)).await?;
-        let h = r.header().ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
         let raft = self.leader_position().await;
         self.seal().check(&super::seal::Observation {
-            cluster: h.cluster_id(),
+            cluster,
             record_cluster: state.cluster_id,
             epoch: state.epoch,
             explicit: state.sealed.as_deref(),
             floor,
-            revision: h.revision(),
+            revision,
             raft,
         });
         if let Err(e) = self.seal().persist() {
