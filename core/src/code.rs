@@ -35,6 +35,8 @@ pub enum Code {
     QueueFull,
     /// The route is unknown.
     NotFound,
+    /// A transparent-mode route requires `x-lock-key` and the request has none.
+    LockRequired,
     /// A bug or an unexpected state; nothing was granted.
     Internal,
 }
@@ -50,7 +52,7 @@ pub enum Reason {
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 15] = [
+    pub const ALL: [Code; 16] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -65,6 +67,7 @@ impl Code {
         Code::Draining,
         Code::QueueFull,
         Code::NotFound,
+        Code::LockRequired,
         Code::Internal,
     ];
 
@@ -85,6 +88,7 @@ impl Code {
             Code::Draining => "draining",
             Code::QueueFull => "queue_full",
             Code::NotFound => "not_found",
+            Code::LockRequired => "lock_required",
             Code::Internal => "internal",
         }
     }
@@ -98,6 +102,7 @@ impl Code {
             Code::NotFound => 404,
             Code::Contended | Code::Leaked | Code::NotHolder => 409,
             Code::SessionExpired => 410,
+            Code::LockRequired => 428,
             Code::QueueFull => 429,
             Code::Internal => 500,
             Code::Sealed | Code::Unavailable | Code::Draining => 503,

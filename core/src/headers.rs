@@ -46,6 +46,15 @@ pub const FILTERED: &str = "x-lockmesh-filtered";
 pub const FILTER_PROTOCOL: &str = "1";
 /// Sealed state, on every arbiter response (`false` or the seal reason).
 pub const SEALED: &str = "x-lockmesh-sealed";
+/// Set by the filter on a transparent-mode request: the id of the filter's worker
+/// VM (32 hex characters), whose per-class sessions carry the request's hold.
+pub const VM: &str = "x-lockmesh-vm";
+/// Set by the filter on a transparent-mode request: the hold id (a decimal counter,
+/// unique within the VM), by which the filter releases the hold when the request ends.
+pub const HOLD: &str = "x-lockmesh-hold";
+/// Set by the filter on a transparent-mode route that allows unlocked requests, when
+/// the request carries no `x-lock-key`: the arbiter passes it on without a lock.
+pub const UNLOCKED: &str = "x-lockmesh-unlocked";
 
 /// Headers clients may try to forge to pass as someone else; always removed.
 pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-id", "x-lockmesh-identity"];
