@@ -1,15 +1,27 @@
-//! The class schema (ADR-11, ADR-24) and the registry lookup.
+//! The class schema (ADR-01, ADR-04, ADR-07, ADR-11, ADR-14, ADR-24) and the
+//! registry lookup.
 //!
 //! A key's class is decided here, by the longest prefix that covers the key on a `/`
 //! boundary, never by the caller. The raw documents (`Raw*`) are what YAML files and
-//! the Kubernetes CRDs carry; [`ClassRegistry::try_from_raw`] validates them and
-//! reports every error with its field path, not only the first.
+//! the Kubernetes CRDs carry (a `LockClass` is one entry of `classes`, a `LockGrant`
+//! one entry of `grants`); [`ClassRegistry::try_from_raw`] validates them and
+//! reports every error with its field path, not only the first. Field names are
+//! snake_case; the CRD spellings (`maxHolders`, `riskOwner`, ...) are accepted as
+//! aliases.
+//!
+//! # Layout
+//! - [`cost`]: the renewal cost and liveness bound of a class (ADR-11).
+
+pub mod cost;
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::key::{covers, valid_namespace, LockKey};
+use crate::{
+    grant::{GrantSet, RawGrant},
+    key::{covers, valid_namespace, LockKey},
+};
 
 /// Platform TTL floor (ADR-11).
 pub const PLATFORM_MIN_TTL_S: u64 = 5;
@@ -17,6 +29,9 @@ pub const PLATFORM_MIN_TTL_S: u64 = 5;
 pub const PLATFORM_MAX_TTL_S: u64 = 300;
 /// Platform default TTL (ADR-11).
 pub const PLATFORM_DEFAULT_TTL_S: u64 = 15;
+/// TTL floor of advisory classes (ADR-11): a false expiry there can produce a
+/// duplicate write.
+pub const PLATFORM_ADVISORY_MIN_TTL_S: u64 = 30;
 /// etcd's own lease floor with default timing: a registry may not go below it.
 pub const ETCD_MIN_TTL_S: u64 = 2;
 
@@ -50,11 +65,15 @@ impl fmt::Display for ClassName {
 #[serde(deny_unknown_fields)]
 pub struct RawRegistry {
     /// Platform limits; production leaves them at the ADR-11 defaults. Test
-    /// registries may lower the TTL floor (never below etcd's 2 s).
+    /// registries may lower the TTL floors (never below etcd's 2 s).
     #[serde(default)]
     pub platform: RawPlatform,
-    /// The classes. Exactly one has `default: true`.
+    /// The classes (`LockClass` documents). Exactly one has `default: true`.
     pub classes: Vec<RawClass>,
+    /// Prefix grants (`LockGrant` documents). When present the arbiter re-checks
+    /// every request against them (the filter checks first).
+    #[serde(default)]
+    pub grants: Vec<RawGrant>,
 }
 
 /// Platform limits.
@@ -65,9 +84,11 @@ pub struct RawPlatform {
     pub min_ttl_s: Option<u64>,
     /// Highest TTL a class may choose, seconds. Default 300.
     pub max_ttl_s: Option<u64>,
+    /// Lowest TTL an advisory class may choose, seconds. Default 30.
+    pub advisory_min_ttl_s: Option<u64>,
 }
 
-/// One class as written in YAML.
+/// One class (a `LockClass`) as written in YAML.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClass {
@@ -77,13 +98,74 @@ pub struct RawClass {
     /// `/` boundaries; the longest match across all classes wins.
     #[serde(default)]
     pub prefixes: Vec<String>,
-    /// Session TTL in seconds for holds of this class. Default 15.
+    /// Cluster tier (ADR-07): `coord` or `entity`. Default `entity`.
+    pub tier: Option<String>,
+    /// Session TTL in seconds for holds of this class. Default 15; advisory
+    /// classes at least 30.
+    #[serde(alias = "ttlSeconds")]
     pub ttl_s: Option<u64>,
-    /// Most holders of one key at once. Default 1 (a mutex).
+    /// Required (ADR-01): `fenced` (mutual exclusion claimed, enforced at the
+    /// resource; needs a passing pause test) or `advisory` (ordered grants only;
+    /// needs `risk_owner` and `waiver_expiry`).
+    pub enforcement: Option<String>,
+    /// Who owns the risk of an advisory class.
+    #[serde(alias = "riskOwner")]
+    pub risk_owner: Option<String>,
+    /// When an advisory waiver ends, `YYYY-MM-DD` (UTC). An expired waiver is
+    /// reported, not refused.
+    #[serde(alias = "waiverExpiry", alias = "waiverExpires")]
+    pub waiver_expiry: Option<String>,
+    /// What happens without an etcd quorum (ADR-04): `closed` (the only value
+    /// for now). Default `closed`.
+    #[serde(alias = "onQuorumLoss")]
+    pub on_quorum_loss: Option<String>,
+    /// Most holders of one key at once. Default 1 (a mutex). Fenced classes
+    /// need 1.
+    #[serde(alias = "maxHolders")]
     pub max_holders: Option<u32>,
+    /// Waiter order (ADR-14): `memory` (per-arbiter FIFO). Default `memory`.
+    pub fairness: Option<String>,
+    /// Path of the PauseTestResult document a fenced class rests on (ADR-17).
+    #[serde(alias = "pauseTestResult")]
+    pub pause_test_result: Option<String>,
     /// The class of keys no prefix covers. Exactly one class sets it.
     #[serde(default)]
     pub default: bool,
+}
+
+/// The cluster tier of a class (ADR-07).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Few long-held coordination locks (leader election).
+    Coord,
+    /// Many short entity locks.
+    Entity,
+}
+
+/// What a class claims (ADR-01).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Mutual exclusion, enforced where the write lands.
+    Fenced,
+    /// Ordered, expiring grants only, with a registered risk.
+    Advisory {
+        /// The named risk owner.
+        risk_owner: String,
+        /// Waiver end, days since 1970-01-01 (UTC).
+        waiver_expiry_day: i64,
+    },
+}
+
+/// Waiter order (ADR-14).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fairness {
+    /// Per-arbiter in-memory FIFO.
+    Memory,
+    /// Durable waiter keys ordered by create revision.
+    Durable,
 }
 
 /// A validated class.
@@ -93,10 +175,19 @@ pub struct ClassSpec {
     pub name: ClassName,
     /// Prefixes it governs.
     pub prefixes: Vec<String>,
+    /// Tier.
+    pub tier: Tier,
     /// Session TTL, seconds.
     pub ttl_s: u64,
-    /// Most holders of one key.
+    /// Enforcement posture.
+    pub enforcement: Enforcement,
+    /// Most holders of one key (the desired limit; the authoritative one is the
+    /// arbiter's policy record).
     pub max_holders: u32,
+    /// Waiter order.
+    pub fairness: Fairness,
+    /// The pause-test result file of a fenced class, as written.
+    pub pause_test_result: Option<String>,
 }
 
 /// One validation error: where and why.
@@ -115,18 +206,49 @@ impl fmt::Display for FieldError {
 }
 
 /// The validated registry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ClassRegistry {
     classes: Vec<ClassSpec>,
     default: usize,
     /// `(prefix, class index)`, longest prefix first.
     prefixes: Vec<(String, usize)>,
+    /// The LockGrant documents, when the registry carries any.
+    grants: Option<GrantSet>,
+}
+
+impl PartialEq for ClassRegistry {
+    fn eq(&self, o: &Self) -> bool {
+        self.classes == o.classes && self.default == o.default && self.prefixes == o.prefixes
+    }
 }
 
 fn valid_prefix(p: &str) -> bool {
     let mut segs = p.split('/');
     let ns_ok = segs.next().is_some_and(valid_namespace);
     ns_ok && (!p.contains('/') || LockKey::parse(p.as_bytes()).is_ok())
+}
+
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date (proleptic Gregorian).
+pub fn parse_day(s: &str) -> Option<i64> {
+    let mut it = s.splitn(3, '-');
+    let (y, m, d) = (it.next()?, it.next()?, it.next()?);
+    if y.len() != 4 || m.len() != 2 || d.len() != 2 {
+        return None;
+    }
+    let (y, m, d): (i64, i64, i64) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let mdays = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if !(1..=12).contains(&m) || d < 1 || d > mdays[usize::try_from(m - 1).ok()?] {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some(era * 146_097 + doe - 719_468)
 }
 
 // === impl ClassRegistry ===
@@ -138,8 +260,15 @@ impl ClassRegistry {
         let mut err = |path: String, message: String| errs.push(FieldError { path, message });
         let min_ttl = raw.platform.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S);
         let max_ttl = raw.platform.max_ttl_s.unwrap_or(PLATFORM_MAX_TTL_S);
+        let adv_min = raw.platform.advisory_min_ttl_s.unwrap_or(PLATFORM_ADVISORY_MIN_TTL_S);
         if min_ttl < ETCD_MIN_TTL_S {
             err("platform.min_ttl_s".into(), format!("{min_ttl}s is below etcd's lease floor {ETCD_MIN_TTL_S}s"));
+        }
+        if adv_min < ETCD_MIN_TTL_S {
+            err(
+                "platform.advisory_min_ttl_s".into(),
+                format!("{adv_min}s is below etcd's lease floor {ETCD_MIN_TTL_S}s"),
+            );
         }
         if max_ttl < min_ttl {
             err("platform.max_ttl_s".into(), format!("{max_ttl}s is below min_ttl_s {min_ttl}s"));
@@ -159,17 +288,107 @@ impl ClassRegistry {
             if raw.classes[..i].iter().any(|o| o.name == c.name) {
                 err(at("name"), format!("{:?} is defined twice", c.name));
             }
-            let ttl_s = c.ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S);
-            if ttl_s < min_ttl || ttl_s > max_ttl {
-                err(at("ttl_s"), format!("{ttl_s}s is outside the platform range {min_ttl}s to {max_ttl}s"));
-            }
+            let tier = match c.tier.as_deref() {
+                None | Some("entity") => Some(Tier::Entity),
+                Some("coord") => Some(Tier::Coord),
+                Some(t) => {
+                    err(at("tier"), format!("{t:?} is not coord or entity"));
+                    None
+                }
+            };
             let max_holders = c.max_holders.unwrap_or(1);
             if max_holders == 0 {
                 err(
                     at("max_holders"),
-                    "must be at least 1: 0 would pause every key of the class; remove its grants instead".into(),
+                    "must be at least 1: 0 would pause every key of the class, not one key; \
+                     remove the class's grants to stop it"
+                        .into(),
                 );
             }
+            let enforcement = match c.enforcement.as_deref() {
+                Some("fenced") => {
+                    if max_holders > 1 {
+                        err(
+                            at("max_holders"),
+                            format!(
+                                "{max_holders} with enforcement fenced: a high-water fence admits one holder at a \
+                                 time; use 1, or declare the class advisory"
+                            ),
+                        );
+                    }
+                    for (f, set) in
+                        [("risk_owner", c.risk_owner.is_some()), ("waiver_expiry", c.waiver_expiry.is_some())]
+                    {
+                        if set {
+                            err(at(f), "only advisory classes carry a waiver".into());
+                        }
+                    }
+                    Some(Enforcement::Fenced)
+                }
+                Some("advisory") => {
+                    let owner = c.risk_owner.as_deref().map(str::trim).filter(|o| !o.is_empty());
+                    if owner.is_none() {
+                        err(at("risk_owner"), "required for an advisory class (ADR-01): name who owns the risk".into());
+                    }
+                    let day = match c.waiver_expiry.as_deref() {
+                        None => {
+                            err(at("waiver_expiry"), "required for an advisory class (ADR-01): YYYY-MM-DD".into());
+                            None
+                        }
+                        Some(s) => {
+                            let d = parse_day(s);
+                            if d.is_none() {
+                                err(at("waiver_expiry"), format!("{s:?} is not a date YYYY-MM-DD"));
+                            }
+                            d
+                        }
+                    };
+                    owner
+                        .zip(day)
+                        .map(|(o, d)| Enforcement::Advisory { risk_owner: o.to_owned(), waiver_expiry_day: d })
+                }
+                Some(e) => {
+                    err(at("enforcement"), format!("{e:?} is not fenced or advisory"));
+                    None
+                }
+                None => {
+                    err(at("enforcement"), "required (ADR-01): fenced or advisory".into());
+                    None
+                }
+            };
+            if enforcement != Some(Enforcement::Fenced) && c.pause_test_result.is_some() {
+                err(at("pause_test_result"), "only a fenced class rests on a pause test".into());
+            }
+            let ttl_s = c.ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S);
+            if ttl_s < min_ttl || ttl_s > max_ttl {
+                err(at("ttl_s"), format!("{ttl_s}s is outside the platform range {min_ttl}s to {max_ttl}s"));
+            } else if c.enforcement.as_deref() == Some("advisory") && ttl_s < adv_min {
+                err(
+                    at("ttl_s"),
+                    format!("{ttl_s}s is below the advisory floor {adv_min}s (a false expiry can duplicate a write)"),
+                );
+            }
+            match c.on_quorum_loss.as_deref() {
+                None | Some("closed") => {}
+                Some("open") => err(
+                    at("on_quorum_loss"),
+                    "open is not offered yet (ADR-04: every class fails closed until the spool and \
+                     reconciliation exist)"
+                        .into(),
+                ),
+                Some(o) => err(at("on_quorum_loss"), format!("{o:?} is not closed")),
+            }
+            let fairness = match c.fairness.as_deref() {
+                None | Some("memory") => Some(Fairness::Memory),
+                Some("durable") => {
+                    err(at("fairness"), "durable is not implemented by this arbiter yet; use memory (ADR-14)".into());
+                    None
+                }
+                Some(f) => {
+                    err(at("fairness"), format!("{f:?} is not memory or durable"));
+                    None
+                }
+            };
             for (j, p) in c.prefixes.iter().enumerate() {
                 if !valid_prefix(p) {
                     err(at(&format!("prefixes[{j}]")), format!("{p:?} is not a namespace or namespace/path"));
@@ -182,8 +401,17 @@ impl ClassRegistry {
             if c.default {
                 defaults.push(i);
             }
-            if let Some(name) = name {
-                classes.push(ClassSpec { name, prefixes: c.prefixes.clone(), ttl_s, max_holders });
+            if let (Some(name), Some(tier), Some(enforcement), Some(fairness)) = (name, tier, enforcement, fairness) {
+                classes.push(ClassSpec {
+                    name,
+                    prefixes: c.prefixes.clone(),
+                    tier,
+                    ttl_s,
+                    enforcement,
+                    max_holders,
+                    fairness,
+                    pause_test_result: c.pause_test_result.clone(),
+                });
             }
         }
         match defaults.len() {
@@ -191,11 +419,18 @@ impl ClassRegistry {
             0 => err("classes".into(), "no class has default: true".into()),
             _ => err("classes".into(), format!("{} classes have default: true; exactly one may", defaults.len())),
         }
+        let grants = match GrantSet::try_from_raw(&raw.grants) {
+            Ok(g) => (!raw.grants.is_empty()).then_some(g),
+            Err(e) => {
+                errs.extend(e);
+                None
+            }
+        };
         if !errs.is_empty() {
             return Err(errs);
         }
         prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        Ok(Self { classes, default: defaults[0], prefixes })
+        Ok(Self { classes, default: defaults[0], prefixes, grants })
     }
 
     /// The class of `key`: the longest covering prefix, else the default class.
@@ -219,65 +454,56 @@ impl ClassRegistry {
         &self.classes
     }
 
+    /// The LockGrant documents, if the registry carries any.
+    pub fn grants(&self) -> Option<&GrantSet> {
+        self.grants.as_ref()
+    }
+
+    /// The prefix-to-class map (`(prefix, class)`, longest prefix first) and the
+    /// default class: what the authoritative map in etcd records.
+    pub fn prefix_map(&self) -> (Vec<(String, String)>, String) {
+        let map = self.prefixes.iter().map(|(p, i)| (p.clone(), self.classes[*i].name.to_string())).collect();
+        (map, self.default_class().name.to_string())
+    }
+
     /// True when some class names this namespace in a prefix (metrics label
     /// namespaces from the registry only, never from callers).
     pub fn knows_namespace(&self, ns: &str) -> bool {
         self.prefixes.iter().any(|(p, _)| p.split('/').next() == Some(ns))
     }
+
+    /// What a valid registry should still tell its owner: expired waivers, as
+    /// `(path, message)` with `today` in days since 1970-01-01.
+    pub fn warnings(&self, today: i64) -> Vec<FieldError> {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match &c.enforcement {
+                Enforcement::Advisory { risk_owner, waiver_expiry_day } if *waiver_expiry_day < today => {
+                    Some(FieldError {
+                        path: format!("classes[{i}].waiver_expiry"),
+                        message: format!(
+                            "the advisory waiver of class {} expired {} days ago; renew it on the record or fence \
+                             the class (risk owner {risk_owner})",
+                            c.name,
+                            today - waiver_expiry_day
+                        ),
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Classes whose advisory waiver has expired by `today`.
+    pub fn expired_waivers(&self, today: i64) -> Vec<&ClassName> {
+        self.classes
+            .iter()
+            .filter(|c| matches!(c.enforcement, Enforcement::Advisory { waiver_expiry_day, .. } if waiver_expiry_day < today))
+            .map(|c| &c.name)
+            .collect()
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw(classes: Vec<RawClass>) -> RawRegistry {
-        RawRegistry { platform: RawPlatform::default(), classes }
-    }
-
-    fn class(name: &str, prefixes: &[&str], ttl: Option<u64>, default: bool) -> RawClass {
-        RawClass {
-            name: name.into(),
-            prefixes: prefixes.iter().map(|s| s.to_string()).collect(),
-            ttl_s: ttl,
-            max_holders: None,
-            default,
-        }
-    }
-
-    #[test]
-    fn longest_prefix_on_segment_boundaries() {
-        let r = ClassRegistry::try_from_raw(&raw(vec![
-            class("default", &[], None, true),
-            class("pay", &["payments"], Some(30), false),
-            class("orders", &["payments/orders"], Some(60), false),
-        ]))
-        .unwrap();
-        let of = |k: &str| r.class_of(&LockKey::parse(k.as_bytes()).unwrap()).name.as_str().to_owned();
-        assert_eq!(of("payments/orders/1"), "orders");
-        assert_eq!(of("payments/orders-archive/1"), "pay");
-        assert_eq!(of("payments/x"), "pay");
-        assert_eq!(of("other/x"), "default");
-        assert!(r.knows_namespace("payments"));
-        assert!(!r.knows_namespace("other"));
-    }
-
-    #[test]
-    fn collects_every_error_with_its_path() {
-        let mut bad = class("Bad Name", &["ok", "no//good"], Some(1), true);
-        bad.max_holders = Some(0);
-        let e = ClassRegistry::try_from_raw(&raw(vec![bad, class("x", &["ok"], Some(400), true)])).unwrap_err();
-        let s: Vec<String> = e.iter().map(ToString::to_string).collect();
-        assert_eq!(
-            s,
-            vec![
-                "classes[0].name: \"Bad Name\" must be 1-63 characters of [a-z0-9-], starting and ending alphanumeric",
-                "classes[0].ttl_s: 1s is outside the platform range 5s to 300s",
-                "classes[0].max_holders: must be at least 1: 0 would pause every key of the class; remove its grants instead",
-                "classes[0].prefixes[1]: \"no//good\" is not a namespace or namespace/path",
-                "classes[1].ttl_s: 400s is outside the platform range 5s to 300s",
-                "classes[1].prefixes[0]: \"ok\" is already claimed by classes[0]",
-                "classes: 2 classes have default: true; exactly one may",
-            ]
-        );
-    }
-}
+mod tests;

@@ -20,14 +20,20 @@ use crate::probe::http_get;
 use crate::process::ChildProcess;
 
 /// The registry the scenarios use unless they need another one.
-pub const DEFAULT_TEST_REGISTRY: &str = r#"platform: { min_ttl_s: 2 }
+pub const DEFAULT_TEST_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
 classes:
   - name: default
     default: true
     ttl_s: 15
+    enforcement: advisory
+    risk_owner: lockmesh-tests
+    waiver_expiry: "2099-12-31"
   - name: short
     prefixes: ["short"]
     ttl_s: 3
+    enforcement: advisory
+    risk_owner: lockmesh-tests
+    waiver_expiry: "2099-12-31"
 "#;
 
 /// How long the arbiter may take until `/readyz` answers 200.
