@@ -9,6 +9,7 @@
 //! - [`token`]: [`FencingToken`], `epoch x 2^48 + commit revision`.
 //! - [`code`]: the stable error codes and the HTTP status each maps to.
 //! - [`class`]: the class schema and the longest-prefix registry lookup.
+//! - [`policy`]: a class's authoritative limit and the limit-change protocol.
 #![forbid(unsafe_code)]
 
 pub mod class;
@@ -16,6 +17,7 @@ pub mod code;
 pub mod grant;
 pub mod headers;
 pub mod key;
+pub mod policy;
 pub mod token;
 
 pub use class::{ClassName, ClassRegistry, ClassSpec};
