@@ -1,0 +1,264 @@
+//! The injector's one `Config`: what the injected fence-proxy container looks like.
+//!
+//! Read from a YAML file (`--config`) with unknown keys refused; every field is
+//! optional and has the default documented on it. Parsing goes `RawConfig` (serde)
+//! to `Config` (validated), collecting every error with its field path.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+
+/// Default fence-proxy image. A placeholder: pin your registry's digest in production.
+pub const DEFAULT_IMAGE: &str = "ghcr.io/lockmesh/fence-proxy:0.1.0";
+/// Default port of fence-proxy's admin listener (health, readiness, metrics).
+pub const DEFAULT_ADMIN_PORT: u16 = 15300;
+/// Default loopback port the store is moved to when its pod names none.
+pub const DEFAULT_BACKEND_PORT: u16 = 15081;
+/// Default UID the fence-proxy container runs as (the distroless `nonroot` user).
+pub const DEFAULT_RUN_AS_USER: i64 = 65532;
+/// Default size of the marks volume claim a StatefulSet gets.
+pub const DEFAULT_MARKS_SIZE: &str = "1Gi";
+
+/// The validated injector configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// fence-proxy image reference. Default [`DEFAULT_IMAGE`].
+    pub image: String,
+    /// `imagePullPolicy` of the injected container: `Always`, `IfNotPresent` or
+    /// `Never`. Default `IfNotPresent`.
+    pub image_pull_policy: String,
+    /// Port of fence-proxy's admin listener (probes and metrics hit it).
+    /// Default [`DEFAULT_ADMIN_PORT`].
+    pub admin_port: u16,
+    /// Loopback port the store moves to when the pod's
+    /// `lockmesh.io/fence-backend-port` is absent. Default [`DEFAULT_BACKEND_PORT`].
+    pub default_backend_port: u16,
+    /// UID (and, when the pod sets none, `fsGroup`) of the fence-proxy container.
+    /// Default [`DEFAULT_RUN_AS_USER`].
+    pub run_as_user: i64,
+    /// Container resource requests (`cpu`, `memory`). Default 50m and 32Mi.
+    pub requests: BTreeMap<String, String>,
+    /// Container resource limits (`cpu`, `memory`). Default 1 CPU and 256Mi.
+    pub limits: BTreeMap<String, String>,
+    /// Storage request of the marks claim template added to StatefulSets, unless
+    /// the pod template sets `lockmesh.io/fence-marks-size`. Default 1Gi.
+    pub marks_size: String,
+    /// HTTP path of fence-proxy's readiness endpoint on the admin port. Default `/readyz`.
+    pub readiness_path: String,
+    /// HTTP path of fence-proxy's liveness endpoint on the admin port. Default `/healthz`.
+    pub liveness_path: String,
+}
+
+/// One configuration error, with the file and field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {field}: {message}")]
+pub struct ConfigError {
+    /// The file read (or `<inline>`).
+    pub file: String,
+    /// Dotted field path, or `-` for a syntax error.
+    pub field: String,
+    /// Why the value is refused.
+    pub message: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    image: Option<String>,
+    image_pull_policy: Option<String>,
+    admin_port: Option<u16>,
+    default_backend_port: Option<u16>,
+    run_as_user: Option<i64>,
+    resources: Option<RawResources>,
+    marks_size: Option<String>,
+    readiness_path: Option<String>,
+    liveness_path: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResources {
+    requests: Option<BTreeMap<String, String>>,
+    limits: Option<BTreeMap<String, String>>,
+}
+
+// === impl Config ===
+
+impl Default for Config {
+    fn default() -> Self {
+        let pair = |cpu: &str, mem: &str| {
+            BTreeMap::from([("cpu".to_owned(), cpu.to_owned()), ("memory".to_owned(), mem.to_owned())])
+        };
+        Self {
+            image: DEFAULT_IMAGE.to_owned(),
+            image_pull_policy: "IfNotPresent".to_owned(),
+            admin_port: DEFAULT_ADMIN_PORT,
+            default_backend_port: DEFAULT_BACKEND_PORT,
+            run_as_user: DEFAULT_RUN_AS_USER,
+            requests: pair("50m", "32Mi"),
+            limits: pair("1", "256Mi"),
+            marks_size: DEFAULT_MARKS_SIZE.to_owned(),
+            readiness_path: "/readyz".to_owned(),
+            liveness_path: "/healthz".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file (the same code serves startup and
+    /// `--check-config`).
+    pub fn load(path: &Path) -> Result<Self, Vec<ConfigError>> {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text, &file),
+            Err(e) => Err(vec![ConfigError { file, field: "-".into(), message: format!("cannot read: {e}") }]),
+        }
+    }
+
+    /// Parses YAML text; `file` only labels the errors. Returns every error found.
+    pub fn parse(text: &str, file: &str) -> Result<Self, Vec<ConfigError>> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| {
+                vec![ConfigError { file: file.to_owned(), field: "-".into(), message: e.to_string() }]
+            })?
+        };
+        Self::try_from_raw(raw, file)
+    }
+
+    fn try_from_raw(raw: RawConfig, file: &str) -> Result<Self, Vec<ConfigError>> {
+        let mut errs = Vec::new();
+        let mut err = |field: &str, message: String| {
+            errs.push(ConfigError { file: file.to_owned(), field: field.to_owned(), message })
+        };
+        let mut c = Self::default();
+        if let Some(image) = raw.image {
+            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+                err("image", format!("must be a non-empty image reference without spaces, got {image:?}"));
+            }
+            c.image = image;
+        }
+        if let Some(p) = raw.image_pull_policy {
+            if !matches!(p.as_str(), "Always" | "IfNotPresent" | "Never") {
+                err("image_pull_policy", format!("must be Always, IfNotPresent or Never, got {p:?}"));
+            }
+            c.image_pull_policy = p;
+        }
+        for (field, value, slot) in [
+            ("admin_port", raw.admin_port, &mut c.admin_port),
+            ("default_backend_port", raw.default_backend_port, &mut c.default_backend_port),
+        ] {
+            if let Some(v) = value {
+                if v == 0 {
+                    err(field, "must be a port in 1..=65535, got 0".into());
+                }
+                *slot = v;
+            }
+        }
+        if c.admin_port == c.default_backend_port {
+            err("admin_port", format!("must differ from default_backend_port, both are {}", c.admin_port));
+        }
+        if let Some(uid) = raw.run_as_user {
+            if uid <= 0 {
+                err("run_as_user", format!("must be a non-root uid above 0, got {uid}"));
+            }
+            c.run_as_user = uid;
+        }
+        if let Some(r) = raw.resources {
+            for (name, map, slot) in [("requests", r.requests, &mut c.requests), ("limits", r.limits, &mut c.limits)] {
+                let Some(map) = map else { continue };
+                for (k, v) in &map {
+                    if !matches!(k.as_str(), "cpu" | "memory" | "ephemeral-storage") {
+                        err(&format!("resources.{name}.{k}"), "unknown resource: use cpu, memory or ephemeral-storage".into());
+                    } else if !is_quantity(v) {
+                        err(&format!("resources.{name}.{k}"), format!("{v:?} is not a Kubernetes quantity"));
+                    }
+                }
+                *slot = map;
+            }
+        }
+        if let Some(size) = raw.marks_size {
+            if !is_quantity(&size) {
+                err("marks_size", format!("{size:?} is not a Kubernetes quantity (for example 1Gi)"));
+            }
+            c.marks_size = size;
+        }
+        for (field, value, slot) in [
+            ("readiness_path", raw.readiness_path, &mut c.readiness_path),
+            ("liveness_path", raw.liveness_path, &mut c.liveness_path),
+        ] {
+            if let Some(p) = value {
+                if !p.starts_with('/') {
+                    err(field, format!("must be an absolute HTTP path, got {p:?}"));
+                }
+                *slot = p;
+            }
+        }
+        if errs.is_empty() {
+            Ok(c)
+        } else {
+            Err(errs)
+        }
+    }
+}
+
+/// Whether `s` is a Kubernetes resource quantity: digits with an optional
+/// fraction, then an optional SI or binary suffix (`500m`, `1.5`, `256Mi`, `1G`).
+pub fn is_quantity(s: &str) -> bool {
+    let digits_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(digits_end);
+    let mut parts = num.split('.');
+    let whole_ok = parts.next().is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()));
+    let frac_ok = parts.next().is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()));
+    whole_ok
+        && frac_ok
+        && parts.next().is_none()
+        && matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default() {
+        assert_eq!(Config::parse("", "c.yaml").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_field() {
+        let errs = Config::parse(
+            "image_pull_policy: Sometimes\nadmin_port: 15081\nmarks_size: lots\nreadiness_path: readyz\nresources: {limits: {gpu: '1'}}\n",
+            "c.yaml",
+        )
+        .unwrap_err();
+        let got: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "c.yaml: image_pull_policy: must be Always, IfNotPresent or Never, got \"Sometimes\"",
+                "c.yaml: admin_port: must differ from default_backend_port, both are 15081",
+                "c.yaml: resources.limits.gpu: unknown resource: use cpu, memory or ephemeral-storage",
+                "c.yaml: marks_size: \"lots\" is not a Kubernetes quantity (for example 1Gi)",
+                "c.yaml: readiness_path: must be an absolute HTTP path, got \"readyz\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let errs = Config::parse("imagee: x\n", "c.yaml").unwrap_err();
+        assert!(errs[0].message.contains("unknown field `imagee`"), "{errs:?}");
+    }
+
+    #[test]
+    fn quantities() {
+        for ok in ["1", "500m", "1.5", "256Mi", "1Gi", "10G"] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in ["", "Gi", "1.", ".5", "1GB", "-1", "1 Gi", "1.2.3"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! The one pure injection function shared by `lockmesh-inject` and the webhook:
+//! an object (Pod, Deployment or StatefulSet, as JSON) and the injector
+//! [`Config`] in, the object with fence-proxy in front of its store out.
+//!
+//! What injection does to an opted-in pod (template), all or nothing:
+//! - the store's client-facing `containerPort` entry (number, name, protocol) is
+//!   moved from the store container to the injected `lockmesh-fence` container, so
+//!   Services (by `targetPort` number or name) and clients now reach fence-proxy;
+//! - the store is told to listen on `127.0.0.1:<backend port>` through the
+//!   environment variables named by the pod's annotations;
+//! - fence-proxy gets its ConfigMap mounted read-only, a persistent volume for
+//!   its marks (a named claim, or a StatefulSet claim template; never scratch
+//!   space), resources, readiness and liveness probes on its admin port, a
+//!   non-root read-only security context, and env telling it where to listen
+//!   and forward;
+//! - labels `lockmesh.io/fenced` and `lockmesh.io/fenced-backend-port` (selected by
+//!   the NetworkPolicy) and the `lockmesh.io/fence-status` annotation, whose
+//!   presence makes a second injection a no-op.
+
+use serde_json::{json, Map, Value};
+
+use crate::{
+    annotations::{self, FenceRequest, PortRef, Request},
+    config::Config,
+    refusal::{Code, InjectError, Refusal},
+};
+
+/// Name of the injected container.
+pub const CONTAINER: &str = "lockmesh-fence";
+/// Name of the injected ConfigMap volume.
+pub const CONFIG_VOLUME: &str = "lockmesh-fence-config";
+/// Name of the marks volume (and of the StatefulSet claim template).
+pub const MARKS_VOLUME: &str = "lockmesh-fence-marks";
+/// Where fence-proxy's ConfigMap is mounted.
+pub const CONFIG_DIR: &str = "/etc/lockmesh/fence";
+/// The key fence-proxy reads from its ConfigMap.
+pub const CONFIG_FILE: &str = "fence-proxy.yaml";
+/// Where the marks volume is mounted.
+pub const MARKS_DIR: &str = "/var/lib/lockmesh/marks";
+/// Name of fence-proxy's admin container port.
+pub const ADMIN_PORT_NAME: &str = "fence-admin";
+/// Env: the address fence-proxy listens on for clients.
+pub const ENV_LISTEN: &str = "LOCKMESH_FENCE_LISTEN";
+/// Env: the URL fence-proxy forwards admitted requests to (the store on loopback).
+pub const ENV_UPSTREAM: &str = "LOCKMESH_FENCE_UPSTREAM";
+/// Env: the address of fence-proxy's admin listener.
+pub const ENV_ADMIN_LISTEN: &str = "LOCKMESH_FENCE_ADMIN_LISTEN";
+/// Env: the directory of fence-proxy's durable marks.
+pub const ENV_MARKS_DIR: &str = "LOCKMESH_FENCE_MARKS_DIR";
+
+/// The result of [`inject`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// No opt-in, or a kind without a pod template: nothing to do.
+    Untouched,
+    /// The `lockmesh.io/fence-status` annotation is present: nothing to do.
+    AlreadyInjected,
+    /// The fence was injected.
+    Injected(Injected),
+}
+
+/// An injected object and what the caller should know about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    /// The whole object, injected.
+    pub object: Value,
+    /// Advice that does not refuse the injection (for example a store probe that
+    /// now goes through fence-proxy).
+    pub warnings: Vec<String>,
+    /// The loopback port the store moved to.
+    pub backend_port: u16,
+}
+
+/// Where the marks volume comes from, by workload kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MarksSource {
+    /// A bare Pod: an existing `lockmesh-fence-marks` PVC volume (a StatefulSet's
+    /// pod) or the claim named by annotation.
+    PodVolumeOrClaim,
+    /// A Deployment: the claim named by annotation (one replica).
+    Claim,
+    /// A StatefulSet: a claim template per replica.
+    ClaimTemplate,
+}
+
+/// Injects fence-proxy into `object` if its pod (template) opted in.
+///
+/// Pure: no I/O, the input is not modified, and `inject` of an injected object
+/// returns [`Outcome::AlreadyInjected`]. Kinds other than Pod, Deployment and
+/// StatefulSet are untouched unless their pod template opted in, which is refused
+/// (they cannot keep one fence with its own persistent marks per store).
+pub fn inject(object: &Value, config: &Config) -> Result<Outcome, InjectError> {
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
+    let mut out = object.clone();
+    let result = match kind {
+        "Pod" => inject_template(&mut out, "", MarksSource::PodVolumeOrClaim, config),
+        "Deployment" => {
+            let shape = deployment_shape(object);
+            match inject_template(&mut out, "spec.template.", MarksSource::Claim, config) {
+                Ok(Some(_)) if !shape.is_empty() => Err(shape),
+                Err(mut errs) => {
+                    errs.extend(shape);
+                    Err(errs)
+                }
+                other => other,
+            }
+        }
+        "StatefulSet" => inject_template(&mut out, "spec.template.", MarksSource::ClaimTemplate, config),
+        _ => {
+            return match refuse_other_kind(object, kind) {
+                Some(r) => Err(vec![r].into()),
+                None => Ok(Outcome::Untouched),
+            }
+        }
+    };
+    match result {
+        Ok(None) => {
+            let at = if kind == "Pod" { "metadata" } else { "spec.template.metadata" };
+            let meta = if kind == "Pod" { object.get("metadata") } else { object.pointer("/spec/template/metadata") };
+            match annotations::read(meta.and_then(|m| m.get("annotations")), at) {
+                Ok(Request::AlreadyInjected) => Ok(Outcome::AlreadyInjected),
+                _ => Ok(Outcome::Untouched),
+            }
+        }
+        Ok(Some((warnings, backend_port))) => Ok(Outcome::Injected(Injected { object: out, warnings, backend_port })),
+        Err(errs) => Err(errs.into()),
+    }
+}
+
+/// A Deployment keeps one fence per store only with one replica and no overlap
+/// between the old and the new pod on the same marks claim.
+fn deployment_shape(object: &Value) -> Vec<Refusal> {
+    let mut errs = Vec::new();
+    let replicas = object.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    if replicas > 1 {
+        errs.push(Refusal::new(
+            Code::WorkloadShape,
+            "spec.replicas",
+            format!("a fenced Deployment must have at most 1 replica, got {replicas}: replicas would share one marks claim (a second writer); use a StatefulSet, which gets a claim per replica"),
+        ));
+    }
+    let strategy = object.pointer("/spec/strategy/type").and_then(Value::as_str).unwrap_or("RollingUpdate");
+    if strategy != "Recreate" {
+        errs.push(Refusal::new(
+            Code::WorkloadShape,
+            "spec.strategy.type",
+            format!("must be Recreate for a fenced Deployment, got {strategy}: a rolling update runs the old and the new fence on one marks claim at once"),
+        ));
+    }
+    errs
+}
+
+fn refuse_other_kind(object: &Value, kind: &str) -> Option<Refusal> {
+    let (pointer, at) = match kind {
+        "CronJob" => ("/spec/jobTemplate/spec/template/metadata/annotations", "spec.jobTemplate.spec.template.metadata"),
+        _ => ("/spec/template/metadata/annotations", "spec.template.metadata"),
+    };
+    let opted_in = object.pointer(pointer).and_then(|a| a.get(annotations::FENCE)).and_then(Value::as_str);
+    (opted_in == Some("enabled")).then(|| {
+        Refusal::new(
+            Code::WorkloadShape,
+            format!("{at}.annotations[\"{}\"]", annotations::FENCE),
+            format!("kind {kind} cannot be fenced: only a Pod, a single-replica Deployment or a StatefulSet keeps one fence with its own persistent marks per store"),
+        )
+    })
+}
+
+/// Injects into the pod template at `at` (`""` for a Pod, `spec.template.` for a
+/// workload). `Ok(None)`: not requested or already injected.
+fn inject_template(
+    root: &mut Value,
+    at: &str,
+    marks: MarksSource,
+    config: &Config,
+) -> Result<Option<(Vec<String>, u16)>, Vec<Refusal>> {
+    let tpl_pointer = if at.is_empty() { "" } else { "/spec/template" };
+    let Some(tpl) = root.pointer(tpl_pointer) else {
+        return Err(vec![Refusal::new(Code::Malformed, at.trim_end_matches('.'), "missing pod template")]);
+    };
+    let req = match annotations::read(tpl.pointer("/metadata/annotations"), &format!("{at}metadata"))? {
+        Request::Inject(r) => r,
+        Request::NotRequested | Request::AlreadyInjected => return Ok(None),
+    };
+    let has_claim_template = existing_claim_template(root).is_some();
+    let plan = plan(tpl, at, &req, marks, has_claim_template, config)?;
+    let Some(tpl) = root.pointer_mut(tpl_pointer) else {
+        return Err(vec![Refusal::new(Code::Malformed, at, "missing pod template")]);
+    };
+    apply(tpl, &plan, config);
+    if plan.add_claim_template {
+        let size = req.marks_size.clone().unwrap_or_else(|| config.marks_size.clone());
+        let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}});
+        if let Some(class) = &req.marks_storage_class {
+            spec["storageClassName"] = json!(class);
+        }
+        let claim = json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": MARKS_VOLUME, "labels": {annotations::FENCED_LABEL: "true"}},
+            "spec": spec,
+        });
+        if let Some(spec) = root.get_mut("spec").and_then(Value::as_object_mut) {
+            array_at(spec, "volumeClaimTemplates").push(claim);
+        }
+    }
+    Ok(Some((plan.warnings, plan.backend_port)))
+}
+
+/// `Some(index)` when a StatefulSet already has a claim template for the marks.
+fn existing_claim_template(root: &Value) -> Option<usize> {
+    root.pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)?
+        .iter()
+        .position(|t| t.pointer("/metadata/name").and_then(Value::as_str) == Some(MARKS_VOLUME))
+}
+
+/// Everything decided before the template is touched.
+struct Plan {
+    store: usize,
+    port_index: usize,
+    port: Value,
+    public_port: u16,
+    backend_port: u16,
+    config_map: String,
+    /// The marks volume to add to the pod, if the pod has none.
+    marks_volume: Option<Value>,
+    marks_desc: String,
+    /// Whether a StatefulSet needs the marks claim template added.
+    add_claim_template: bool,
+    backend_port_env: Option<String>,
+    backend_host_env: Option<String>,
+    add_fs_group: bool,
+    warnings: Vec<String>,
+}
+
+fn plan(
+    tpl: &Value,
+    at: &str,
+    req: &FenceRequest,
+    marks: MarksSource,
+    has_claim_template: bool,
+    config: &Config,
+) -> Result<Plan, Vec<Refusal>> {
+    let mut errs = Vec::new();
+    let ann = |k: &str| format!("{at}metadata.annotations[\"{k}\"]");
+    let empty = Vec::new();
+    let containers = tpl.pointer("/spec/containers").and_then(Value::as_array).unwrap_or(&empty);
+    let init = tpl.pointer("/spec/initContainers").and_then(Value::as_array).unwrap_or(&empty);
+    let volumes = tpl.pointer("/spec/volumes").and_then(Value::as_array).unwrap_or(&empty);
+    if containers.is_empty() {
+        return Err(vec![Refusal::new(Code::Malformed, format!("{at}spec.containers"), "must list at least one container")]);
+    }
+    let name_of = |c: &Value| c.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
+    if containers.iter().chain(init).any(|c| name_of(c) == CONTAINER) {
+        errs.push(Refusal::new(
+            Code::NameClash,
+            format!("{at}spec.containers"),
+            format!("a container named {CONTAINER} already exists but {} is absent: remove it or the status annotation was lost", annotations::STATUS),
+        ));
+    }
+    if volumes.iter().any(|v| name_of(v) == CONFIG_VOLUME) {
+        errs.push(Refusal::new(Code::NameClash, format!("{at}spec.volumes"), format!("a volume named {CONFIG_VOLUME} already exists")));
+    }
+
+    // The store container.
+    let store = match &req.store_container {
+        Some(name) => containers.iter().position(|c| name_of(c) == *name).or_else(|| {
+            errs.push(Refusal::new(Code::StoreContainer, ann(annotations::STORE_CONTAINER), format!("no container named {name:?}")));
+            None
+        }),
+        None if containers.len() == 1 => Some(0),
+        None => {
+            errs.push(Refusal::new(
+                Code::StoreContainer,
+                ann(annotations::STORE_CONTAINER),
+                format!("required: the pod has {} containers, name the store's", containers.len()),
+            ));
+            None
+        }
+    };
+
+    // The client-facing port, moved to the proxy.
+    let mut port = None;
+    if let Some(si) = store {
+        let sname = name_of(&containers[si]);
+        let ports = containers[si].get("ports").and_then(Value::as_array).unwrap_or(&empty);
+        let field = ann(annotations::STORE_PORT);
+        let found = match &req.store_port {
+            Some(r) => ports.iter().position(|p| port_matches(p, r)).or_else(|| {
+                errs.push(Refusal::new(Code::StorePort, field.clone(), format!("container {sname:?} declares no such port ({})", port_ref_str(r))));
+                None
+            }),
+            None if ports.len() == 1 => Some(0),
+            None => {
+                errs.push(Refusal::new(
+                    Code::StorePort,
+                    field.clone(),
+                    format!("required: container {sname:?} declares {} ports, name the one clients use", ports.len()),
+                ));
+                None
+            }
+        };
+        if let Some(pi) = found {
+            let p = &ports[pi];
+            let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+            let number = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0);
+            match number {
+                Some(_) if proto != "TCP" => errs.push(Refusal::new(
+                    Code::StorePort,
+                    field,
+                    format!("port {} of container {sname:?} is {proto}: fence-proxy fronts HTTP over TCP only", p.get("containerPort").unwrap_or(&Value::Null)),
+                )),
+                Some(n) => port = Some((pi, p.clone(), n)),
+                None => errs.push(Refusal::new(Code::Malformed, format!("{at}spec.containers[{si}].ports[{pi}].containerPort"), "must be a port number 1-65535")),
+            }
+        }
+    }
+
+    // The backend port, and how the store learns it.
+    let backend_port = req.backend_port.unwrap_or(config.default_backend_port);
+    if req.backend_port.is_none() && req.backend_port_env.is_none() {
+        errs.push(Refusal::new(
+            Code::StoreNotMoved,
+            ann(annotations::BACKEND_PORT_ENV),
+            format!(
+                "nothing moves the store off its client port: set {} to the environment variable your store reads its listen port from, or set {} to the loopback port the store is already configured to listen on",
+                annotations::BACKEND_PORT_ENV,
+                annotations::BACKEND_PORT
+            ),
+        ));
+    }
+    let mut used: Vec<(u16, String)> = Vec::new();
+    for c in containers.iter().chain(init) {
+        for p in c.get("ports").and_then(Value::as_array).unwrap_or(&empty) {
+            if let Some(n) = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()) {
+                used.push((n, format!("port {n} of container {:?}", name_of(c))));
+            }
+            if p.get("name").and_then(Value::as_str) == Some(ADMIN_PORT_NAME) {
+                errs.push(Refusal::new(Code::PortConflict, format!("{at}spec.containers"), format!("container {:?} already has a port named {ADMIN_PORT_NAME}", name_of(c))));
+            }
+        }
+    }
+    for (n, what) in &used {
+        if *n == backend_port {
+            errs.push(Refusal::new(Code::PortConflict, ann(annotations::BACKEND_PORT), format!("backend port {backend_port} is already {what}")));
+        }
+        if *n == config.admin_port {
+            errs.push(Refusal::new(
+                Code::PortConflict,
+                format!("{at}spec.containers"),
+                format!("fence-proxy's admin port {} (injector config admin_port) is already {what}", config.admin_port),
+            ));
+        }
+    }
+    if backend_port == config.admin_port {
+        errs.push(Refusal::new(Code::PortConflict, ann(annotations::BACKEND_PORT), format!("backend port {backend_port} is fence-proxy's admin port")));
+    }
+
+    let Some(config_map) = req.config_map.clone() else {
+        errs.push(Refusal::new(
+            Code::ConfigMapMissing,
+            ann(annotations::CONFIG_MAP),
+            format!("required: name the ConfigMap holding fence-proxy's {CONFIG_FILE} (its routes, keys and verification keys)"),
+        ));
+        return Err(errs);
+    };
+
+    // The marks: persistent, never scratch space.
+    let existing = volumes.iter().find(|v| name_of(v) == MARKS_VOLUME);
+    let mut marks_volume = None;
+    let mut marks_desc = String::new();
+    let mut add_claim_template = false;
+    match (existing, marks) {
+        (Some(v), _) => match v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str) {
+            Some(claim) if req.marks_claim.as_deref().is_none_or(|c| c == claim) => marks_desc = format!("claim:{claim}"),
+            Some(claim) => errs.push(Refusal::new(
+                Code::NameClash,
+                ann(annotations::MARKS_CLAIM),
+                format!("names a claim but volume {MARKS_VOLUME} already mounts claim {claim:?}"),
+            )),
+            None => errs.push(Refusal::new(
+                Code::MarksNotPersistent,
+                format!("{at}spec.volumes"),
+                format!("volume {MARKS_VOLUME} must be a persistentVolumeClaim: marks in scratch space are lost on reschedule, and a stale token would pass"),
+            )),
+        },
+        (None, MarksSource::ClaimTemplate) => {
+            if req.marks_claim.is_some() {
+                errs.push(Refusal::new(
+                    Code::WorkloadShape,
+                    ann(annotations::MARKS_CLAIM),
+                    "not allowed on a StatefulSet: each replica gets its own claim from a volumeClaimTemplate, one named claim would be shared by every replica",
+                ));
+            }
+            marks_desc = format!("template:{MARKS_VOLUME}");
+            add_claim_template = !has_claim_template;
+        }
+        (None, MarksSource::PodVolumeOrClaim | MarksSource::Claim) => match &req.marks_claim {
+            Some(claim) => {
+                marks_volume = Some(json!({"name": MARKS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}));
+                marks_desc = format!("claim:{claim}");
+            }
+            None => errs.push(Refusal::new(
+                Code::MarksClaimMissing,
+                ann(annotations::MARKS_CLAIM),
+                format!(
+                    "required: name an existing PersistentVolumeClaim for fence-proxy's marks (or, for a StatefulSet's pods, add a volumeClaimTemplate named {MARKS_VOLUME}); marks are never kept in scratch space, they must survive a restart and a reschedule"
+                ),
+            )),
+        },
+    }
+
+    let (Some(store), Some((port_index, port, public_port))) = (store, port) else { return Err(errs) };
+    if public_port == config.admin_port {
+        errs.push(Refusal::new(Code::PortConflict, ann(annotations::STORE_PORT), format!("store port {public_port} is fence-proxy's admin port (injector config admin_port)")));
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    let warnings = probe_warnings(&containers[store], &port, public_port);
+    let add_fs_group = tpl.pointer("/spec/securityContext/fsGroup").is_none();
+    Ok(Plan {
+        store,
+        port_index,
+        port,
+        public_port,
+        backend_port,
+        config_map,
+        marks_volume,
+        marks_desc,
+        add_claim_template,
+        backend_port_env: req.backend_port_env.clone(),
+        backend_host_env: req.backend_host_env.clone(),
+        add_fs_group,
+        warnings,
+    })
+}
+
+fn port_matches(p: &Value, r: &PortRef) -> bool {
+    match r {
+        PortRef::Number(n) => p.get("containerPort").and_then(Value::as_u64) == Some(u64::from(*n)),
+        PortRef::Name(name) => p.get("name").and_then(Value::as_str) == Some(name),
+    }
+}
+
+fn port_ref_str(r: &PortRef) -> String {
+    match r {
+        PortRef::Number(n) => format!("number {n}"),
+        PortRef::Name(n) => format!("name {n:?}"),
+    }
+}
+
+/// Store probes on the moved port now reach fence-proxy, not the store.
+fn probe_warnings(store: &Value, port: &Value, number: u16) -> Vec<String> {
+    let sname = store.get("name").and_then(Value::as_str).unwrap_or("");
+    let pname = port.get("name").and_then(Value::as_str);
+    let hits = |v: Option<&Value>| match v {
+        Some(Value::Number(n)) => n.as_u64() == Some(u64::from(number)),
+        Some(Value::String(s)) => Some(s.as_str()) == pname,
+        _ => false,
+    };
+    let mut out = Vec::new();
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let Some(p) = store.get(probe) else { continue };
+        if let Some(h) = p.get("httpGet").filter(|h| hits(h.get("port"))) {
+            let path = h.get("path").and_then(Value::as_str).unwrap_or("/");
+            out.push(format!(
+                "container {sname:?} {probe} (GET {path} on port {number}) now passes through fence-proxy: list GET {path} as a read route in {CONFIG_FILE}, or it is treated as a write and refused"
+            ));
+        } else if p.get("grpc").is_some_and(|g| hits(g.get("port"))) {
+            out.push(format!("container {sname:?} {probe} (gRPC on port {number}) now reaches fence-proxy, which fronts HTTP/1 stores only: use an exec probe"));
+        } else if p.get("tcpSocket").is_some_and(|t| hits(t.get("port"))) {
+            out.push(format!("container {sname:?} {probe} (TCP on port {number}) now checks fence-proxy's listener, not the store"));
+        }
+    }
+    out
+}
+
+fn apply(tpl: &mut Value, plan: &Plan, config: &Config) {
+    let fence = fence_container(plan, config);
+    let Some(spec) = tpl.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    if let Some(store) = spec.get_mut("containers").and_then(|c| c.get_mut(plan.store)).and_then(Value::as_object_mut) {
+        let ports = array_at(store, "ports");
+        ports.remove(plan.port_index);
+        if ports.is_empty() {
+            store.remove("ports");
+        }
+        let env = array_at(store, "env");
+        if let Some(name) = &plan.backend_port_env {
+            set_env(env, name, &plan.backend_port.to_string());
+        }
+        if let Some(name) = &plan.backend_host_env {
+            set_env(env, name, "127.0.0.1");
+        }
+        if env.is_empty() {
+            store.remove("env");
+        }
+    }
+    array_at(spec, "containers").push(fence);
+    let volumes = array_at(spec, "volumes");
+    volumes.push(json!({"name": CONFIG_VOLUME, "configMap": {"name": plan.config_map}}));
+    if let Some(v) = &plan.marks_volume {
+        volumes.push(v.clone());
+    }
+    if plan.add_fs_group {
+        // The marks claim must be writable by fence-proxy's non-root user.
+        object_at(spec, "securityContext").insert("fsGroup".into(), json!(config.run_as_user));
+    }
+    let Some(meta) = tpl.as_object_mut().map(|t| object_at(t, "metadata")) else { return };
+    let labels = object_at(meta, "labels");
+    labels.insert(annotations::FENCED_LABEL.into(), json!("true"));
+    labels.insert(annotations::BACKEND_PORT_LABEL.into(), json!(plan.backend_port.to_string()));
+    let status = json!({
+        "version": 1,
+        "container": CONTAINER,
+        "storePort": plan.public_port,
+        "backendPort": plan.backend_port,
+        "marks": plan.marks_desc,
+        "image": config.image,
+    });
+    object_at(meta, "annotations").insert(annotations::STATUS.into(), json!(status.to_string()));
+}
+
+fn fence_container(plan: &Plan, config: &Config) -> Value {
+    let admin = config.admin_port;
+    let probe = |path: &str, period: u32| {
+        json!({"httpGet": {"path": path, "port": ADMIN_PORT_NAME}, "periodSeconds": period, "timeoutSeconds": 2, "failureThreshold": 3})
+    };
+    json!({
+        "name": CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "args": ["--config", format!("{CONFIG_DIR}/{CONFIG_FILE}")],
+        "env": [
+            {"name": ENV_LISTEN, "value": format!("0.0.0.0:{}", plan.public_port)},
+            {"name": ENV_UPSTREAM, "value": format!("http://127.0.0.1:{}", plan.backend_port)},
+            {"name": ENV_ADMIN_LISTEN, "value": format!("0.0.0.0:{admin}")},
+            {"name": ENV_MARKS_DIR, "value": MARKS_DIR},
+        ],
+        "ports": [plan.port, {"name": ADMIN_PORT_NAME, "containerPort": admin, "protocol": "TCP"}],
+        "readinessProbe": probe(&config.readiness_path, 5),
+        "livenessProbe": probe(&config.liveness_path, 10),
+        "resources": {"requests": config.requests, "limits": config.limits},
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": config.run_as_user,
+            "readOnlyRootFilesystem": true,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": true},
+            {"name": MARKS_VOLUME, "mountPath": MARKS_DIR},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    })
+}
+
+fn set_env(env: &mut Vec<Value>, name: &str, value: &str) {
+    let entry = json!({"name": name, "value": value});
+    match env.iter_mut().find(|e| e.get("name").and_then(Value::as_str) == Some(name)) {
+        Some(e) => *e = entry,
+        None => env.push(entry),
+    }
+}
+
+/// The array at `key`, created (or replacing a non-array) if needed.
+fn array_at<'a>(m: &'a mut Map<String, Value>, key: &str) -> &'a mut Vec<Value> {
+    let slot = m.entry(key).or_insert_with(|| json!([]));
+    if !slot.is_array() {
+        *slot = json!([]);
+    }
+    match slot {
+        Value::Array(a) => a,
+        // Const-like invariant: the slot was made an array just above.
+        _ => unreachable!("just made an array"),
+    }
+}
+
+/// The object at `key`, created (or replacing a non-object) if needed.
+fn object_at<'a>(m: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let slot = m.entry(key).or_insert_with(|| json!({}));
+    if !slot.is_object() {
+        *slot = json!({});
+    }
+    match slot {
+        Value::Object(o) => o,
+        // Const-like invariant: the slot was made an object just above.
+        _ => unreachable!("just made an object"),
+    }
+}

@@ -1,0 +1,198 @@
+//! The mutating admission webhook's decision: an `admission.k8s.io/v1`
+//! AdmissionReview request in, the AdmissionReview response out, with the
+//! injection as a base64 JSONPatch. No I/O here; `server` carries it over TLS.
+//!
+//! Answers:
+//! - a Pod CREATE that opted in: allowed, with the patch (and warnings);
+//! - a Pod without the opt-in, an injected Pod, another kind or operation:
+//!   allowed, no patch;
+//! - a Pod that opted in but cannot be injected: denied (HTTP code 400 in the
+//!   status), the message listing every reason with its code and field.
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{
+    config::Config,
+    inject::{inject, Outcome},
+    patch,
+};
+
+/// The only AdmissionReview version served.
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+
+/// An AdmissionReview (request or response form). Unknown fields are ignored:
+/// the API server sends more than the webhook needs.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReview {
+    /// Must be [`API_VERSION`].
+    pub api_version: String,
+    /// Must be `AdmissionReview`.
+    pub kind: String,
+    /// Set by the API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<AdmissionRequest>,
+    /// Set by the webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<AdmissionResponse>,
+}
+
+/// The parts of an admission request the injector reads.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    /// Echoed in the response.
+    pub uid: String,
+    /// The object's group/version/kind.
+    pub kind: GroupVersionKind,
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
+    pub operation: String,
+    /// The request's namespace (logged; an object may lack its own).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The object being admitted.
+    #[serde(default)]
+    pub object: Option<Value>,
+    /// Whether the request is a dry run (answered the same; the injector has no side effects).
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+/// A group/version/kind triple.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct GroupVersionKind {
+    /// API group (`""` for the core group).
+    #[serde(default)]
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+}
+
+/// The webhook's answer.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    /// The request's uid.
+    pub uid: String,
+    /// Whether the object is admitted.
+    pub allowed: bool,
+    /// Why not, when denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Base64 of the JSON Patch, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    /// `JSONPatch` when `patch` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<String>,
+    /// Shown to the user by kubectl.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// A denial's status (a subset of `metav1.Status`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Status {
+    /// HTTP-style code.
+    pub code: u16,
+    /// Reason (`BadRequest`).
+    pub reason: String,
+    /// The full message.
+    pub message: String,
+}
+
+/// Why a body is not a review the webhook can answer (HTTP 400, no review).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// Not JSON of the AdmissionReview shape.
+    #[error("body is not an AdmissionReview: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Wrong apiVersion or kind.
+    #[error("apiVersion must be {API_VERSION} and kind AdmissionReview, got {api_version} {kind}")]
+    Version {
+        /// What was sent.
+        api_version: String,
+        /// What was sent.
+        kind: String,
+    },
+    /// No `request` member.
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+}
+
+/// What a review decided, for logs and metrics (never the object itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Patched.
+    Injected,
+    /// Allowed without a patch (not opted in, already injected, other kind or operation).
+    Untouched,
+    /// Denied.
+    Denied,
+}
+
+/// Answers one AdmissionReview body.
+pub fn review(body: &[u8], config: &Config) -> Result<(AdmissionReview, Verdict), ReviewError> {
+    let review: AdmissionReview = serde_json::from_slice(body)?;
+    if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
+        return Err(ReviewError::Version { api_version: review.api_version, kind: review.kind });
+    }
+    let request = review.request.ok_or(ReviewError::NoRequest)?;
+    let (response, verdict) = respond(&request, config);
+    Ok((
+        AdmissionReview { api_version: API_VERSION.into(), kind: "AdmissionReview".into(), request: None, response: Some(response) },
+        verdict,
+    ))
+}
+
+fn respond(request: &AdmissionRequest, config: &Config) -> (AdmissionResponse, Verdict) {
+    let allow = AdmissionResponse {
+        uid: request.uid.clone(),
+        allowed: true,
+        status: None,
+        patch: None,
+        patch_type: None,
+        warnings: Vec::new(),
+    };
+    let is_pod = request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
+    let Some(pod) = request.object.as_ref().filter(|_| is_pod && request.operation == "CREATE") else {
+        return (allow, Verdict::Untouched);
+    };
+    // The API server may send the object without apiVersion/kind; the request says what it is.
+    let mut pod = pod.clone();
+    if let Some(m) = pod.as_object_mut() {
+        m.entry("kind").or_insert_with(|| Value::from("Pod"));
+        m.entry("apiVersion").or_insert_with(|| Value::from("v1"));
+    }
+    match inject(&pod, config) {
+        Ok(Outcome::Injected(injected)) => {
+            let ops = patch::diff(&pod, &injected.object);
+            match serde_json::to_vec(&ops) {
+                Ok(json) => (
+                    AdmissionResponse {
+                        patch: Some(base64::engine::general_purpose::STANDARD.encode(json)),
+                        patch_type: Some("JSONPatch".into()),
+                        warnings: injected.warnings,
+                        ..allow
+                    },
+                    Verdict::Injected,
+                ),
+                Err(e) => (deny(allow, format!("lockmesh fence injection failed: cannot encode the patch: {e}")), Verdict::Denied),
+            }
+        }
+        Ok(Outcome::Untouched | Outcome::AlreadyInjected) => (allow, Verdict::Untouched),
+        Err(e) => (deny(allow, format!("lockmesh fence injection refused: {e}")), Verdict::Denied),
+    }
+}
+
+fn deny(base: AdmissionResponse, message: String) -> AdmissionResponse {
+    AdmissionResponse {
+        allowed: false,
+        status: Some(Status { code: 400, reason: "BadRequest".into(), message }),
+        ..base
+    }
+}
