@@ -49,7 +49,8 @@ fn need<T>(v: Option<T>, header: &str) -> Result<T, ApiError> {
     v.ok_or_else(|| ApiError::new(Code::BadRequest, format!("{header}: required")))
 }
 
-fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
+/// The key's class from the registry; refuses an `x-lock-class` that names another.
+pub fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
     let reg = state.registry();
     let class = reg.class_of(key).clone();
     if let Some(asked) = &lock.class {
@@ -186,6 +187,8 @@ async fn acquire(
         session: lock.session,
         deadline: req.received + wait,
         try_once: wait.is_zero(),
+        hold_id: None,
+        session_owner: None,
     };
     let grant = state.store.acquire(&areq, cancel).await?;
     let g = &grant;

@@ -10,11 +10,14 @@
 //! - [`respond`]: the one error-to-response table.
 //! - [`admin`]: health, readiness and metrics.
 //! - [`tls`]: mTLS peer identity.
+//! - [`transparent`]: request-scoped locks held for a request's life.
+//! - [`internal`]: the filter's own calls (VM session renewal, releases).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod api;
 pub mod config;
+pub mod internal;
 pub mod lock;
 pub mod metrics;
 pub mod respond;
@@ -22,6 +25,7 @@ pub mod restore;
 pub mod server;
 pub mod state;
 pub mod tls;
+pub mod transparent;
 
 use std::{sync::Arc, time::Duration};
 
@@ -75,11 +79,13 @@ pub async fn run(
         }
     }));
     let svc = ExternalProcessorServer::new(server::Arbiter::new(state.clone()));
+    // The filter's own calls share the port (and its mTLS) with ext_proc.
+    let routes = tonic::service::Routes::new(svc).into_axum_router().merge(internal::router(state.clone()));
     tracing::info!(listen = %state.config.listen, admin = %state.config.admin_listen, "arbiter serving");
     Server::builder()
         .tls_config(tls)?
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .add_service(svc)
+        .add_routes(tonic::service::Routes::from(routes))
         // TCP_NODELAY: an answer is several small writes on one stream; with Nagle
         // the last one waits for Envoy's delayed ACK (~40 ms per request).
         .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), shutdown)

@@ -19,8 +19,8 @@ use envoy_types::pb::{
         config::core::v3::{HeaderValue, HeaderValueOption},
         r#type::v3::HttpStatus,
         service::ext_proc::v3::{
-            external_processor_server::ExternalProcessor, processing_request, processing_response, HeaderMutation,
-            HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
+            external_processor_server::ExternalProcessor, processing_request, processing_response, CommonResponse,
+            HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
         },
     },
     google::protobuf::{value::Kind, Duration as PbDuration, Struct},
@@ -37,6 +37,7 @@ use crate::{
     metrics::route_label,
     respond::{ApiError, ApiResponse},
     state::State,
+    transparent,
 };
 
 /// Attribute carrying the downstream peer's SPIFFE ID.
@@ -66,16 +67,16 @@ impl ExternalProcessor for Arbiter {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         // Only lockmesh's own Envoys may call: they vouch for the identity attributes.
-        let peer_ok = request
+        let envoy = request
             .peer_certs()
             .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())))
-            .is_some_and(|id| self.state.config.allowed_clients.contains(&id));
-        if !peer_ok {
+            .filter(|id| self.state.config.allowed_clients.contains(id));
+        let Some(envoy) = envoy else {
             return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));
-        }
+        };
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(serve_stream(self.state.clone(), inbound, tx));
+        tokio::spawn(serve_stream(self.state.clone(), envoy, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -122,7 +123,42 @@ fn refusal(code: Code, message: &str) -> ApiResponse {
     ApiError::new(code, message).into()
 }
 
-async fn serve_stream(state: Arc<State>, mut inbound: Streaming<ProcessingRequest>, tx: mpsc::Sender<Out>) {
+/// What the arbiter answers to `request_headers`.
+pub enum Answer {
+    /// An `ImmediateResponse`: the request never reaches an upstream.
+    Reply(ApiResponse),
+    /// Transparent mode: the lock is held; the request goes on upstream with these
+    /// header changes.
+    Forward {
+        /// Headers to set (overwriting any of the same name).
+        set: Vec<(&'static str, String)>,
+        /// Headers to remove.
+        remove: Vec<&'static str>,
+    },
+}
+
+fn forward(set: &[(&'static str, String)], remove: &[&'static str]) -> ProcessingResponse {
+    let headers = HeadersResponse {
+        response: Some(CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers: set.iter().map(|(k, v)| opt(k, v)).collect(),
+                remove_headers: remove.iter().map(|h| (*h).to_owned()).collect(),
+            }),
+            ..Default::default()
+        }),
+    };
+    ProcessingResponse {
+        response: Some(processing_response::Response::RequestHeaders(headers)),
+        ..Default::default()
+    }
+}
+
+async fn serve_stream(
+    state: Arc<State>,
+    envoy: String,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: mpsc::Sender<Out>,
+) {
     let first = match inbound.message().await {
         Ok(Some(m)) => m,
         // Nothing to answer: the request was already gone.
@@ -131,7 +167,7 @@ async fn serve_stream(state: Arc<State>, mut inbound: Streaming<ProcessingReques
     match first.request {
         Some(processing_request::Request::RequestHeaders(h)) => {
             let hdrs = h.headers.map(|m| header_map(&m.headers)).unwrap_or_default();
-            request_headers(&state, &first.attributes, hdrs, inbound, tx).await;
+            request_headers(&state, &envoy, &first.attributes, hdrs, inbound, tx).await;
         }
         Some(processing_request::Request::ResponseHeaders(_)) => {
             // A local reply made before ext_proc (e.g. the filter's 400): pass it on.
@@ -149,6 +185,7 @@ async fn serve_stream(state: Arc<State>, mut inbound: Streaming<ProcessingReques
 
 async fn request_headers(
     state: &Arc<State>,
+    envoy: &str,
     attrs: &HashMap<String, Struct>,
     hdrs: Vec<(String, Vec<u8>)>,
     mut inbound: Streaming<ProcessingRequest>,
@@ -159,7 +196,10 @@ async fn request_headers(
     let method = get(":method").unwrap_or_default();
     let path = get(":path").unwrap_or_default();
     let path = path.split('?').next().unwrap_or_default().to_owned();
-    let route = route_label(&method, &path);
+    // Transparent mode (the filter marked it): a request-scoped lock, or a request
+    // its route lets through unlocked. Trusted only with the filter's stamp below.
+    let mode = transparent::mode(&hdrs);
+    let route = if matches!(mode, Ok(Some(_))) { "transparent" } else { route_label(&method, &path) };
     let answer = |mut r: ApiResponse| {
         state.metrics.request(route, code_of(&r));
         let sealed = state.store.seal().current().map_or("false", |s| s.reason.as_str());
@@ -196,8 +236,20 @@ async fn request_headers(
         },
         None => None,
     };
+    let mode = match mode {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = tx.send(Ok(answer(e.into()))).await;
+            return;
+        }
+    };
+    if let Some(transparent::Mode::Unlocked) = mode {
+        state.metrics.request(route, "unlocked");
+        let _ = tx.send(Ok(forward(&[], &transparent::INTERNAL))).await;
+        return;
+    }
     let req = ApiRequest { method, path, lock, budget_ms, identity, received };
-    if route == "acquire" {
+    if route == "acquire" || route == "transparent" {
         if let Ok(wait) = api::wait_of(state, &req) {
             if !wait.is_zero() {
                 // Stretch Envoy's per-message timer to cover the wait (one override
@@ -218,15 +270,25 @@ async fn request_headers(
     }
     let cancel = CancellationToken::new();
     let mut task = tokio::spawn({
-        let (state, req, cancel) = (state.clone(), req.clone(), cancel.clone());
-        async move { api::handle(&state, &req, &cancel).await }
+        let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), envoy.to_owned());
+        async move {
+            match mode {
+                Some(transparent::Mode::Locked { vm, hold }) => {
+                    transparent::acquire(&state, &envoy, &vm, hold, &req, &cancel).await
+                }
+                _ => {
+                    let (r, undo) = api::handle(&state, &req, &cancel).await;
+                    (Answer::Reply(r), undo)
+                }
+            }
+        }
     });
     let mut inbound_open = true;
     let (resp, undo) = loop {
         tokio::select! {
             r = &mut task => match r {
                 Ok(r) => break r,
-                Err(_) => break (refusal(Code::Internal, "request handler failed"), None),
+                Err(_) => break (Answer::Reply(refusal(Code::Internal, "request handler failed")), None),
             },
             // Nothing more is expected from Envoy while we hold the request: an
             // end, an error or a stray message all mean the caller is gone.
@@ -237,7 +299,14 @@ async fn request_headers(
             _ = tx.closed(), if !cancel.is_cancelled() => cancel.cancel(),
         }
     };
-    let delivered = !cancel.is_cancelled() && tx.send(Ok(answer(resp))).await.is_ok();
+    let msg = match resp {
+        Answer::Reply(r) => answer(r),
+        Answer::Forward { set, remove } => {
+            state.metrics.request(route, "ok");
+            forward(&set, &remove)
+        }
+    };
+    let delivered = !cancel.is_cancelled() && tx.send(Ok(msg)).await.is_ok();
     if let Some(u) = undo {
         if !delivered {
             state.metrics.abandoned();

@@ -50,6 +50,41 @@ pub struct Config {
     /// TEST ONLY: a request carrying this header traps the VM, so tests can prove a
     /// VM crash fails closed. Never set in a deployed config.
     pub test_trap_header: Option<String>,
+    /// Serve the lock API routes (`/v1/...`). Default true; an inbound sidecar in
+    /// front of an application sets it false, so its paths are the application's.
+    pub api: bool,
+    /// Transparent, request-scoped locks (`docs/TRANSPARENT.md`). Default none.
+    pub transparent: Option<Transparent>,
+}
+
+/// Transparent mode: routes whose requests hold their `x-lock-key` for their life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transparent {
+    /// The Envoy cluster of the arbiters (the ext_proc cluster): the filter's root
+    /// context calls it to renew its VM's sessions and to release holds.
+    pub arbiter_cluster: String,
+    /// `:authority` of those calls. Default `lockmesh-arbiter`.
+    pub arbiter_authority: String,
+    /// Timeout of each call, ms. Default 2000.
+    pub callout_timeout_ms: u64,
+    /// How often the VM's keepalive also reconciles (releases holds of requests that
+    /// ended but whose release was lost), ms. Default 5000.
+    pub reconcile_every_ms: u64,
+    /// The transparent routes; the longest matching `path_prefix` wins.
+    pub routes: Vec<TransparentRoute>,
+}
+
+/// One transparent route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransparentRoute {
+    /// Path prefix, matched on `/` boundaries (`/orders` matches `/orders` and
+    /// `/orders/1`, not `/orders-archive`); `/` matches every path.
+    pub path_prefix: String,
+    /// Let requests without `x-lock-key` through unlocked. Default false: they are
+    /// answered `428 lock_required` and never reach the upstream.
+    pub allow_unlocked: bool,
+    /// The wait when the request has no `x-lock-wait-ms`, ms. Default 5000.
+    pub default_wait_ms: u64,
 }
 
 /// A Tier-1 local limit (seed ADR-033 Tier 1): at most `max_in_flight` acquire
@@ -78,6 +113,29 @@ struct RawConfig {
     #[serde(default)]
     local_limits: Vec<Value>,
     test_trap_header: Option<String>,
+    api: Option<bool>,
+    transparent: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTransparent {
+    #[serde(default)]
+    arbiter_cluster: String,
+    arbiter_authority: Option<String>,
+    callout_timeout_ms: Option<u64>,
+    reconcile_every_ms: Option<u64>,
+    #[serde(default)]
+    routes: Vec<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTransparentRoute {
+    #[serde(default)]
+    path_prefix: String,
+    allow_unlocked: Option<bool>,
+    default_wait_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -97,6 +155,12 @@ impl Config {
     pub fn ns_label<'a>(&'a self, key: Option<&str>) -> &'a str {
         let ns = key.and_then(|k| k.split('/').next());
         ns.and_then(|ns| self.namespaces.iter().find(|n| n.as_str() == ns)).map_or(OTHER_NAMESPACE, String::as_str)
+    }
+
+    /// The transparent route of `path` (without its query), if any.
+    pub fn transparent_route(&self, path: &[u8]) -> Option<&TransparentRoute> {
+        let t = self.transparent.as_ref()?;
+        t.routes.iter().filter(|r| path_covers(r.path_prefix.as_bytes(), path)).max_by_key(|r| r.path_prefix.len())
     }
 
     /// The local limit `key` counts against: the longest covering prefix.
@@ -164,16 +228,110 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
             errs.push("test_trap_header: must be a lowercase header name".into());
         }
     }
+    let transparent = raw.transparent.and_then(|v| transparent(v, max_wait_ms, &mut errs));
+    let api = raw.api.unwrap_or(true);
+    if !api && transparent.is_none() {
+        errs.push("api: false needs transparent routes, or the filter would refuse every request".into());
+    }
     if !errs.is_empty() {
         return Err(errs);
     }
     Ok(Config {
+        api,
+        transparent,
         max_wait_ms,
         max_queue_per_key: usize::try_from(max_queue).unwrap_or(DEFAULT_MAX_QUEUE_PER_KEY),
         namespaces: raw.namespaces,
         grants,
         local_limits,
         test_trap_header: raw.test_trap_header,
+    })
+}
+
+/// Whether path prefix `prefix` covers `path` on a `/` boundary.
+pub fn path_covers(prefix: &[u8], path: &[u8]) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || prefix.ends_with(b"/") || rest.starts_with(b"/"),
+        None => false,
+    }
+}
+
+fn valid_path_prefix(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 1024
+        && !p.contains("//")
+        && !p.contains(['?', '#'])
+        && p.bytes().all(|b| b.is_ascii_graphic())
+}
+
+fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Transparent> {
+    let t = match RawTransparent::deserialize(v) {
+        Ok(t) => t,
+        Err(e) => {
+            errs.push(format!("transparent: {e}"));
+            return None;
+        }
+    };
+    let before = errs.len();
+    let cluster_ok = !t.arbiter_cluster.is_empty()
+        && t.arbiter_cluster.len() <= 255
+        && t.arbiter_cluster.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !cluster_ok {
+        errs.push("transparent.arbiter_cluster: required, the name of the arbiters' Envoy cluster".into());
+    }
+    let authority = t.arbiter_authority.unwrap_or_else(|| "lockmesh-arbiter".into());
+    if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) {
+        errs.push("transparent.arbiter_authority: must be a host name".into());
+    }
+    let callout_timeout_ms = t.callout_timeout_ms.unwrap_or(2000);
+    if !(100..=60_000).contains(&callout_timeout_ms) {
+        errs.push(format!("transparent.callout_timeout_ms: {callout_timeout_ms} is outside 100 to 60000"));
+    }
+    let reconcile_every_ms = t.reconcile_every_ms.unwrap_or(5000);
+    if !(1000..=600_000).contains(&reconcile_every_ms) {
+        errs.push(format!("transparent.reconcile_every_ms: {reconcile_every_ms} is outside 1000 to 600000"));
+    }
+    if t.routes.is_empty() {
+        errs.push("transparent.routes: at least one route is required".into());
+    }
+    let mut routes: Vec<TransparentRoute> = Vec::new();
+    for (i, v) in t.routes.into_iter().enumerate() {
+        let at = |f: &str| format!("transparent.routes[{i}].{f}");
+        let r = match RawTransparentRoute::deserialize(v) {
+            Ok(r) => r,
+            Err(e) => {
+                errs.push(format!("transparent.routes[{i}]: {e}"));
+                continue;
+            }
+        };
+        if !valid_path_prefix(&r.path_prefix) {
+            errs.push(format!(
+                "{}: {:?} must start with '/', without '//', '?' or '#', printable ASCII",
+                at("path_prefix"),
+                r.path_prefix
+            ));
+            continue;
+        }
+        if routes.iter().any(|o| o.path_prefix == r.path_prefix) {
+            errs.push(format!("{}: {:?} is listed twice", at("path_prefix"), r.path_prefix));
+            continue;
+        }
+        let default_wait_ms = r.default_wait_ms.unwrap_or(5000).min(max_wait_ms);
+        if r.default_wait_ms.is_some_and(|w| w > max_wait_ms) {
+            errs.push(format!("{}: above max_wait_ms {max_wait_ms}", at("default_wait_ms")));
+        }
+        routes.push(TransparentRoute {
+            path_prefix: r.path_prefix,
+            allow_unlocked: r.allow_unlocked.unwrap_or(false),
+            default_wait_ms,
+        });
+    }
+    (errs.len() == before).then_some(Transparent {
+        arbiter_cluster: t.arbiter_cluster,
+        arbiter_authority: authority,
+        callout_timeout_ms,
+        reconcile_every_ms,
+        routes,
     })
 }
 

@@ -21,6 +21,8 @@ use crate::{config::Config, route::Route};
 pub const MAX_SPIFFE_ID_LEN: usize = 2048;
 /// The message of every denial: it names nothing, so it reveals nothing.
 pub const DENIED_MESSAGE: &str = "not permitted";
+/// The grant-proof header, stripped from transparent requests like the token.
+const PROOF: &str = "x-lock-proof";
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +53,8 @@ pub struct Pass {
     pub remove: Vec<String>,
     /// Headers to set before it goes on ([`crate::worker`] adds the budget).
     pub set: Vec<(&'static str, String)>,
+    /// A transparent route's request without `x-lock-key`, allowed through unlocked.
+    pub unlocked: bool,
 }
 
 impl Decision {
@@ -91,8 +95,14 @@ pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san
         Some(id) => id,
         None => return Decision::reject(Code::Unauthenticated, "a verified SPIFFE client certificate is required"),
     };
-    let Some(route) = Route::of(header(hdrs, ":method"), header(hdrs, ":path")) else {
-        return Decision::reject(Code::NotFound, "no such route");
+    let path = header(hdrs, ":path");
+    let path = path.split(|b| *b == b'?').next().unwrap_or_default();
+    let api_route = if cfg.api { Route::of(header(hdrs, ":method"), path) } else { None };
+    let transparent = if api_route.is_none() { cfg.transparent_route(path) } else { None };
+    let route = match (api_route, transparent) {
+        (Some(r), _) => r,
+        (None, Some(_)) => Route::Transparent,
+        (None, None) => return Decision::reject(Code::NotFound, "no such route"),
     };
     let lock = match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
         Ok(h) => h,
@@ -107,9 +117,21 @@ pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san
     if route.needs_key() && lock.key.is_none() {
         return Decision::reject(Code::BadRequest, &format!("{}: required", headers::KEY));
     }
+    let unlocked = match (transparent, &lock.key) {
+        (Some(t), None) if t.allow_unlocked => true,
+        (Some(_), None) => {
+            let msg = format!("{}: required on this route; the request was not forwarded", headers::KEY);
+            return Decision::reject(Code::LockRequired, &msg);
+        }
+        _ => false,
+    };
+    // A transparent request waits by default (its route's default wait).
+    let wait_ms = lock.wait_ms.or(transparent.map(|t| t.default_wait_ms)).unwrap_or(0);
     let op = route.operation();
     let allowed = match &lock.key {
         Some(key) => cfg.grants.allowed(identity, key, op),
+        // An unlocked request on a transparent route needs no lock grant.
+        None if unlocked => true,
         None => cfg.grants.holds_any(identity, op),
     };
     if !allowed {
@@ -126,15 +148,22 @@ pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san
         })
         .cloned()
         .collect();
+    if route == Route::Transparent {
+        // The upstream must never see a lock header it could mistake for a grant.
+        remove.extend(
+            hdrs.iter()
+                .map(|(n, _)| n)
+                .filter(|n| [headers::TOKEN, headers::SESSION, headers::INSTANCE, PROOF].contains(&n.as_str()))
+                .cloned(),
+        );
+    }
     remove.sort_unstable();
     remove.dedup();
-    Decision::Pass(Pass {
-        route,
-        key: lock.key,
-        wait_ms: lock.wait_ms.unwrap_or(0),
-        remove,
-        set: vec![(headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())],
-    })
+    let mut set = vec![(headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())];
+    if unlocked {
+        set.push((headers::UNLOCKED, "1".to_owned()));
+    }
+    Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })
 }
 
 #[cfg(test)]

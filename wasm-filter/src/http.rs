@@ -14,7 +14,7 @@
 
 use std::{cell::RefCell, rc::Rc};
 
-use lockmesh_core::LockKey;
+use lockmesh_core::{headers, LockKey};
 use proxy_wasm::{
     hostcalls,
     traits::{Context, HttpContext},
@@ -108,7 +108,7 @@ impl HttpContext for Request {
                 // The namespace of the key, when the key itself is well formed.
                 let key = hdrs
                     .iter()
-                    .find(|(n, _)| n == lockmesh_core::headers::KEY)
+                    .find(|(n, _)| n == headers::KEY)
                     .and_then(|(_, v)| LockKey::parse(v).ok());
                 let ns = cfg.ns_label(key.as_ref().map(LockKey::as_str));
                 w.metrics().request(ns, Outcome::of_code(code));
@@ -130,16 +130,40 @@ impl HttpContext for Request {
                 return internal("cannot set a header");
             }
         }
-        let (Route::Acquire, Some(key)) = (pass.route, &pass.key) else {
+        if pass.unlocked {
+            w.metrics().request(&ns, Outcome::Unlocked);
+            return Action::Continue;
+        }
+        let (true, Some(key)) = (pass.route.queues(), &pass.key) else {
             w.metrics().request(&ns, Outcome::Forwarded);
             return Action::Continue;
         };
-        let (step, ticket) = w.admit(&cfg, self.ctx, key, pass.wait_ms, now_ms());
+        let now = now_ms();
+        let hold = if pass.route == Route::Transparent {
+            // The request's own hold: this VM's session carries it, the hold number
+            // releases it when the request ends.
+            let Ok((vm, n)) = w.open_hold(now) else {
+                w.metrics().request(&ns, Outcome::Internal);
+                return internal("cannot open a transparent hold");
+            };
+            let hold = n.to_string();
+            if abi::set_request_header(headers::VM, &vm).is_err()
+                || abi::set_request_header(headers::HOLD, &hold).is_err()
+            {
+                // Not admitted: nothing to release (the hold number just stays unused).
+                w.metrics().request(&ns, Outcome::Internal);
+                return internal("cannot set the hold headers");
+            }
+            Some(n)
+        } else {
+            None
+        };
+        let (step, ticket) = w.admit(&cfg, self.ctx, key, pass.wait_ms, hold, now);
         self.ticket = ticket;
         match step {
             Step::Forward { budget_ms } => {
                 let budget = budget_ms.to_string();
-                if abi::set_request_header(lockmesh_core::headers::BUDGET_MS, &budget).is_err() {
+                if abi::set_request_header(headers::BUDGET_MS, &budget).is_err() {
                     w.metrics().request(&ns, Outcome::Internal);
                     return internal("cannot set the budget header");
                 }

@@ -20,6 +20,7 @@
 //!   guarantees what order).
 //! - [`roster`]: the Envoy-wide rosters in shared data (backlog, local limits), pure.
 //! - [`shared`]: shared-data compare-and-swap updates.
+//! - [`transparent`]: request-scoped locks: hold numbers, releases, VM renewal.
 //! - [`metrics`]: metric names and lazily defined ids.
 //! - [`abi`]: host calls whose SDK wrappers would panic on an error status.
 //! - [`config`]: plugin configuration parsing, pure.
@@ -39,6 +40,7 @@ pub mod root;
 pub mod roster;
 pub mod route;
 pub mod shared;
+pub mod transparent;
 pub mod worker;
 
 proxy_wasm::main! {{

@@ -10,6 +10,7 @@
 //! | `lockmesh_filter_requests.ns.<ns>.outcome.<outcome>` | counter | requests by what the filter did ([`Outcome`]) |
 //! | `lockmesh_filter_queue_depth.ns.<ns>` | gauge | acquire requests queued in the filter (summed over workers) |
 //! | `lockmesh_filter_queue_wait_ms.ns.<ns>` | histogram | time a waiter spent queued, ms, on leaving the queue |
+//! | `lockmesh_filter_transparent_releases.result.<ok\|failed>` | counter | release calls for transparent holds |
 //!
 //! Metrics are defined lazily, per name, so only label combinations that occur exist;
 //! names are bounded by `namespaces` x outcomes.
@@ -43,6 +44,10 @@ pub enum Outcome {
     Cancelled,
     /// `500`: the filter could not do its job (a host call failed).
     Internal,
+    /// `428`: a transparent route's request without `x-lock-key`.
+    LockRequired,
+    /// A transparent route's request without `x-lock-key`, let through unlocked.
+    Unlocked,
 }
 
 /// Lazily defined metric ids, by name.
@@ -67,6 +72,8 @@ impl Outcome {
             Outcome::LimitedApprox => "limited_approx",
             Outcome::Cancelled => "cancelled",
             Outcome::Internal => "internal",
+            Outcome::LockRequired => "lock_required",
+            Outcome::Unlocked => "unlocked",
         }
     }
 
@@ -79,6 +86,7 @@ impl Outcome {
             Code::QueueFull => Outcome::QueueFull,
             Code::Contended => Outcome::ContendedLocal,
             Code::Internal => Outcome::Internal,
+            Code::LockRequired => Outcome::LockRequired,
             _ => Outcome::BadRequest,
         }
     }
@@ -122,6 +130,14 @@ impl Metrics {
     pub fn queue_depth(&mut self, ns: &str, delta: i64) {
         if let Some(id) = self.id(MetricType::Gauge, queue_depth_name(ns)) {
             let _ = hostcalls::increment_metric(id, delta);
+        }
+    }
+
+    /// Counts a transparent hold's release call by result.
+    pub fn release(&mut self, ok: bool) {
+        let name = format!("lockmesh_filter_transparent_releases.result.{}", if ok { "ok" } else { "failed" });
+        if let Some(id) = self.id(MetricType::Counter, name) {
+            let _ = hostcalls::increment_metric(id, 1);
         }
     }
 

@@ -6,8 +6,11 @@
 //! an xDS update is NACKed); every error is logged at `error` level with its field
 //! path first.
 //!
-//! `on_tick` (every [`TICK`]) answers queued waiters whose deadline passed and passes
-//! on heads that became first in the Envoy-wide backlog ([`crate::worker`]).
+//! `on_tick` (every [`TICK`]) answers queued waiters whose deadline passed, passes
+//! on heads that became first in the Envoy-wide backlog ([`crate::worker`]) and
+//! makes the transparent-mode calls that are due. `on_queue_ready` (this root's
+//! wake-up queue) does the same at once when a request ends: a key's next waiter on
+//! this worker, a release. `on_http_call_response` reads those calls' answers.
 
 use std::{cell::RefCell, rc::Rc, time::Duration};
 
@@ -43,7 +46,24 @@ fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }
 
-impl Context for Root {}
+impl Root {
+    /// Takes the effective context back (hand-overs moved it to requests), then
+    /// makes the transparent-mode calls that are due, bound to the root.
+    fn calls(&mut self) {
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            let _ = hostcalls::set_effective_context(w.root_id());
+            w.calls(now_ms());
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            w.on_call_response(token_id, body_size, now_ms());
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -82,15 +102,23 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let root_id = match self.worker.try_borrow_mut() {
+        match self.worker.try_borrow_mut() {
             Ok(mut w) => {
+                // Registered here, on the worker's own thread, so wake-ups reach it.
+                w.register_wake();
                 w.tick(now_ms());
-                w.root_id()
             }
             Err(_) => return,
-        };
-        // Hand-overs moved the effective context to requests; take it back.
-        let _ = hostcalls::set_effective_context(root_id);
+        }
+        self.calls();
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        match self.worker.try_borrow_mut() {
+            Ok(mut w) => w.on_wake(queue_id, now_ms()),
+            Err(_) => return,
+        }
+        self.calls();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -28,6 +28,9 @@ pub enum Route {
     Validate,
     /// Any method under `/v1/admin/`.
     Admin,
+    /// A transparent-mode route (`docs/TRANSPARENT.md`): the request itself holds
+    /// its `x-lock-key` for its life; queues like an acquire.
+    Transparent,
 }
 
 /// Prefix of the operator routes.
@@ -63,11 +66,17 @@ impl Route {
             | Route::SessionOpen
             | Route::SessionKeepalive
             | Route::SessionClose
-            | Route::SessionHolds => Operation::Acquire,
+            | Route::SessionHolds
+            | Route::Transparent => Operation::Acquire,
             Route::Inspect => Operation::Inspect,
             Route::Validate => Operation::Validate,
             Route::Admin => Operation::Admin,
         }
+    }
+
+    /// Routes that hold a key and so go through its queue.
+    pub fn queues(self) -> bool {
+        matches!(self, Route::Acquire | Route::Transparent)
     }
 
     /// Routes that cannot be answered without `x-lock-key`.

@@ -26,7 +26,7 @@ use std::rc::Rc;
 use lockmesh_core::{code::error_body, headers, Code, LockKey, Reason};
 use proxy_wasm::{
     hostcalls,
-    types::{LogLevel, Status},
+    types::{LogLevel, MapType, Status},
 };
 
 use crate::{
@@ -36,6 +36,7 @@ use crate::{
     queue::{Admission, Left, Promotion, Queues, Waiter},
     roster::{backlog_bucket, limit_roster, Entry, BACKLOG_GRACE_MS},
     shared,
+    transparent::{new_vm_id, Call, Holds},
 };
 
 /// How long past `max_wait_ms` a local-limit slot can be held before it is stale.
@@ -52,6 +53,11 @@ pub struct Worker {
     owner: Option<u32>,
     queues: Queues,
     metrics: Metrics,
+    /// Transparent mode (created with the first transparent request).
+    holds: Option<Holds>,
+    /// This root's wake-up queue: other workers and this worker's finished requests
+    /// post to it, so hand-overs and releases do not wait for the tick.
+    wake: Option<u32>,
 }
 
 /// What an admitted acquire holds until its request ends ([`Worker::finish`]).
@@ -59,6 +65,18 @@ pub struct Worker {
 pub struct Ticket {
     key: String,
     limit: Option<String>,
+    /// A transparent request's hold number.
+    hold: Option<u64>,
+}
+
+/// A wake-up item: run the releases due.
+const WAKE_RELEASES: &[u8] = b"r";
+/// A wake-up item prefix: pass this key's next waiter on (the key follows).
+const WAKE_KEY: &[u8] = b"k:";
+
+/// The name of the wake-up queue of the root with owner tag `owner`.
+fn wake_queue_name(owner: u32) -> String {
+    format!("lockmesh.wake.{owner}")
 }
 
 /// What the HTTP context does with an acquire.
@@ -137,7 +155,148 @@ pub fn reply(r: &Refusal) {
 impl Worker {
     /// The state of root context `root_id`, not configured yet.
     pub fn new(root_id: u32) -> Self {
-        Self { root_id, config: None, owner: None, queues: Queues::default(), metrics: Metrics::default() }
+        Self {
+            root_id,
+            config: None,
+            owner: None,
+            queues: Queues::default(),
+            metrics: Metrics::default(),
+            holds: None,
+            wake: None,
+        }
+    }
+
+    /// A hold number for a transparent request, and this VM's id.
+    pub fn open_hold(&mut self, now: u64) -> Result<(String, u64), Status> {
+        if self.holds.is_none() {
+            let owner = self.owner()?;
+            let ns = hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            self.holds = Some(Holds::new(new_vm_id(ns, owner ^ self.root_id.rotate_left(16))));
+        }
+        let h = self.holds.as_mut().ok_or(Status::InternalFailure)?;
+        let n = h.open(now);
+        Ok((h.vm().to_owned(), n))
+    }
+
+    /// Registers this root's wake-up queue (on its own worker thread: the tick).
+    pub fn register_wake(&mut self) {
+        if self.wake.is_some() {
+            return;
+        }
+        let Ok(owner) = self.owner() else { return };
+        match hostcalls::register_shared_queue(&wake_queue_name(owner)) {
+            Ok(q) => self.wake = Some(q),
+            Err(e) => log(LogLevel::Warn, &format!("no wake-up queue ({e:?}); hand-overs wait for the tick")),
+        }
+    }
+
+    /// Posts `item` to the wake-up queue of the root with owner tag `owner`.
+    fn wake(&self, owner: u32, item: &[u8]) {
+        let q = if Some(owner) == self.owner {
+            self.wake
+        } else {
+            hostcalls::resolve_shared_queue("", &wake_queue_name(owner)).ok().flatten()
+        };
+        if let Some(q) = q {
+            let _ = hostcalls::enqueue_shared_queue(q, Some(item));
+        }
+    }
+
+    /// Drains wake-up queue `queue`: releases due and keys to pass on.
+    pub fn on_wake(&mut self, queue: u32, now: u64) {
+        if Some(queue) != self.wake {
+            return;
+        }
+        let mut keys = Vec::new();
+        while let Ok(Some(item)) = hostcalls::dequeue_shared_queue(queue) {
+            if let Some(k) = item.strip_prefix(WAKE_KEY) {
+                if let Ok(k) = std::str::from_utf8(k) {
+                    keys.push(k.to_owned());
+                }
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        for k in keys {
+            self.pump(&k, now);
+        }
+    }
+
+    /// Makes the transparent-mode calls that are due (releases, keepalive). Called
+    /// from the root context with the root as the effective context, so the calls
+    /// are bound to the root and outlive any request.
+    pub fn calls(&mut self, now: u64) {
+        let (Some(cfg), Some(holds)) = (self.config.clone(), self.holds.as_mut()) else {
+            return;
+        };
+        let Some(t) = cfg.transparent.as_ref() else { return };
+        let timeout = std::time::Duration::from_millis(t.callout_timeout_ms);
+        let send = |path: &str, body: &[u8]| {
+            let hdrs = vec![
+                (":method", "POST"),
+                (":path", path),
+                (":authority", t.arbiter_authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            hostcalls::dispatch_http_call(&t.arbiter_cluster, hdrs, Some(body), vec![], timeout)
+        };
+        for r in holds.due_releases(now) {
+            let call = Call::Release(r.clone());
+            match send(crate::transparent::RELEASE_PATH, &holds.release_body(&r)) {
+                Ok(token) => holds.sent(token, call, now),
+                Err(e) => {
+                    log(LogLevel::Warn, &format!("a release call could not be made ({e:?}); retrying"));
+                    holds.not_sent(call, now);
+                }
+            }
+        }
+        if let Some(reconcile) = holds.keepalive_due(now, t.reconcile_every_ms) {
+            let call = Call::Keepalive { reconcile };
+            match send(crate::transparent::KEEPALIVE_PATH, &holds.keepalive_body(reconcile)) {
+                Ok(token) => holds.sent(token, call, now),
+                Err(e) => {
+                    log(LogLevel::Warn, &format!("a keepalive call could not be made ({e:?}); retrying"));
+                    holds.not_sent(call, now);
+                }
+            }
+        }
+    }
+
+    /// The answer to callout `token` (read from the host's call response).
+    pub fn on_call_response(&mut self, token: u32, body_size: usize, now: u64) {
+        let Some(holds) = self.holds.as_mut() else { return };
+        let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u32>().ok()))
+            .unwrap_or(0);
+        let body = if body_size > 0 {
+            hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpCallResponseBody, 0, body_size.min(65_536))
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        match holds.answered(token, status, &body, now) {
+            Some(Call::Release(_)) if status != 200 => {
+                self.metrics.release(false);
+                log(LogLevel::Warn, &format!("a transparent release failed with status {status}; retrying"));
+            }
+            Some(Call::Release(_)) => self.metrics.release(true),
+            Some(Call::Keepalive { .. }) if status != 200 => {
+                log(LogLevel::Warn, &format!("the VM keepalive failed with status {status}; retrying"));
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether transparent-mode calls wait for a later tick.
+    pub fn has_pending_calls(&self) -> bool {
+        self.holds.as_ref().is_some_and(Holds::has_pending)
     }
 
     /// The root context id.
@@ -170,11 +329,19 @@ impl Worker {
     }
 
     /// Admits acquire `ctx` for `key`: its local limit, then its key's queue.
-    pub fn admit(&mut self, cfg: &Config, ctx: u32, key: &LockKey, wait_ms: u64, now: u64) -> (Step, Option<Ticket>) {
+    pub fn admit(
+        &mut self,
+        cfg: &Config,
+        ctx: u32,
+        key: &LockKey,
+        wait_ms: u64,
+        hold: Option<u64>,
+        now: u64,
+    ) -> (Step, Option<Ticket>) {
         let Ok(owner) = self.owner() else {
             return (Step::Refuse(Refusal::internal()), None);
         };
-        let mut ticket = Ticket { key: key.as_str().to_owned(), limit: None };
+        let mut ticket = Ticket { key: key.as_str().to_owned(), limit: None, hold };
         if let Some(l) = cfg.local_limit(key) {
             let entry = Entry { owner, ctx, expires_ms: now + cfg.max_wait_ms + SLOT_SLACK_MS };
             let max = usize::try_from(l.max_in_flight).unwrap_or(usize::MAX);
@@ -233,7 +400,20 @@ impl Worker {
     /// Refuses after a slot may have been taken: gives the slot back.
     fn refuse(&mut self, ctx: u32, ticket: Ticket, r: Refusal, now: u64) -> (Step, Option<Ticket>) {
         self.release_slot(ctx, ticket.limit.as_deref(), now);
+        self.end_hold(&ticket, false, now);
         (Step::Refuse(r), None)
+    }
+
+    /// A transparent request ended; a release is queued if it reached the arbiter.
+    fn end_hold(&mut self, ticket: &Ticket, forwarded: bool, now: u64) {
+        let (Some(n), Some(holds)) = (ticket.hold, self.holds.as_mut()) else {
+            return;
+        };
+        if holds.end(&ticket.key, n, forwarded, now) {
+            if let Some(owner) = self.owner {
+                self.wake(owner, WAKE_RELEASES);
+            }
+        }
     }
 
     fn release_slot(&mut self, ctx: u32, limit: Option<&str>, now: u64) {
@@ -250,12 +430,27 @@ impl Worker {
     pub fn finish(&mut self, ctx: u32, ticket: Ticket, now: u64) {
         self.release_slot(ctx, ticket.limit.as_deref(), now);
         match self.queues.leave(&ticket.key, ctx) {
-            Left::InFlight => self.pump(&ticket.key, now),
+            Left::InFlight => {
+                self.end_hold(&ticket, true, now);
+                self.pump(&ticket.key, now);
+                self.wake_next_elsewhere(&ticket.key, now);
+            }
             Left::Waiting(w) => {
+                self.end_hold(&ticket, false, now);
                 self.left_queue(&ticket.key, &w, now);
                 self.count(&ticket.key, Outcome::Cancelled);
             }
-            Left::Absent => {}
+            Left::Absent => self.end_hold(&ticket, false, now),
+        }
+    }
+
+    /// When the key's oldest waiter in this Envoy sits on another worker, wakes that
+    /// worker now instead of leaving it to its tick.
+    fn wake_next_elsewhere(&self, key: &str, now: u64) {
+        let Some(me) = self.owner else { return };
+        let Ok(backlog) = shared::read_roster(&backlog_bucket(key)) else { return };
+        if let Some(first) = backlog.first_live(key, now).filter(|e| e.owner != me) {
+            self.wake(first.owner, &[WAKE_KEY, key.as_bytes()].concat());
         }
     }
 

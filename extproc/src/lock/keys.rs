@@ -7,6 +7,7 @@
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
+//! <root>/v/<vm>/<class>            transparent-mode VM session id      session lease
 //! ```
 //!
 //! Holds sit in numbered slots under `h/` so a key can have N holders without a
@@ -62,6 +63,17 @@ impl Keys {
     /// The release marker of a key.
     pub fn release_marker(&self, d: &KeyDigest) -> String {
         format!("{}/r/{d}", self.root)
+    }
+
+    /// The session of a transparent-mode filter VM for one class (value: the session
+    /// id; on the session's lease, so it goes with it).
+    pub fn vm_session(&self, vm: &str, class: &str) -> String {
+        format!("{}/v/{vm}/{class}", self.root)
+    }
+
+    /// The prefix of every session of a filter VM.
+    pub fn vm_sessions(&self, vm: &str) -> String {
+        format!("{}/v/{vm}/", self.root)
     }
 
     /// The close marker of a session.

@@ -10,6 +10,7 @@
 //! - [`epoch`]: the epoch record and the cluster it was minted for.
 //! - [`session`]: sessions (one lease each) and their owners.
 //! - [`mutex`]: grant, release and inspection.
+//! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter.
 
 pub mod epoch;
@@ -17,6 +18,7 @@ pub mod keys;
 pub mod mutex;
 pub mod seal;
 pub mod session;
+pub mod vm;
 pub mod wait;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -100,6 +102,10 @@ pub struct HoldRecord {
     pub class: String,
     /// Grant time, unix ms (for ages; never used for safety).
     pub acquired_ms: u64,
+    /// Transparent mode: `<vm>/<n>`, the filter's id for the request that holds it,
+    /// by which the filter releases it when the request ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<String>,
 }
 
 /// The arbiter's handle on etcd.
@@ -109,6 +115,7 @@ pub struct Store {
     op_timeout: Duration,
     epoch: epoch::EpochCell,
     sessions: Mutex<HashMap<SessionId, Arc<SessionRecord>>>,
+    vms: vm::VmSessions,
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
     seal: seal::Seal,
@@ -163,6 +170,7 @@ impl Store {
             op_timeout,
             epoch: epoch::EpochCell::default(),
             sessions: Mutex::new(HashMap::new()),
+            vms: vm::VmSessions::default(),
             marker: Mutex::new(None),
             queues: wait::Queues::default(),
             seal,

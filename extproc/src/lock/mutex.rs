@@ -38,6 +38,13 @@ pub struct AcquireRequest {
     pub deadline: Instant,
     /// Try once (`x-lock-wait-ms: 0`).
     pub try_once: bool,
+    /// Transparent mode: the filter's hold id (`<vm>/<n>`), recorded in the hold.
+    /// A hold of the same session with another hold id is another request's: it
+    /// occupies the key like any holder (never an idempotent re-acquire).
+    pub hold_id: Option<String>,
+    /// Transparent mode: the session's owner (the Envoy and its VM), when it is not
+    /// `caller` (the downstream identity the hold is recorded for).
+    pub session_owner: Option<Caller>,
 }
 
 /// A granted (or already held) lock.
@@ -74,7 +81,7 @@ pub(crate) enum Attempt {
     EpochMoved,
 }
 
-fn hold_of(kv: &KeyValue) -> Option<HoldRecord> {
+pub(crate) fn hold_of(kv: &KeyValue) -> Option<HoldRecord> {
     serde_json::from_slice(kv.value()).ok()
 }
 
@@ -94,7 +101,7 @@ impl Store {
     ) -> Result<Grant, LockError> {
         let (sid, new_record) = match req.session {
             Some(sid) => {
-                let rec = self.owned_session(sid, &req.caller).await?;
+                let rec = self.owned_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller)).await?;
                 if rec.ttl_s != req.class.ttl_s {
                     return Err(LockError::SessionClassMismatch {
                         session: rec.ttl_s,
@@ -152,6 +159,10 @@ impl Store {
         }
         if g.new_session {
             self.revoke_quietly(g.session).await;
+        } else if let Some(hold) = &req.hold_id {
+            if let Err(e) = self.release_hold(&req.key.digest(), g.session, hold).await {
+                tracing::warn!(error = %e, key = %req.key.digest().short(), "could not release an orphaned transparent grant; it ends with its request's reconcile or its session");
+            }
         } else if let Err(e) = self.release(&req.key, g.token, &req.caller, Some(g.session)).await {
             tracing::warn!(error = %e, key = %req.key.digest().short(), "could not release an orphaned grant; it ends with its session");
         }
@@ -235,7 +246,7 @@ impl Store {
     ) -> Option<Result<Grant, LockError>> {
         for kv in kvs {
             let Some(h) = hold_of(kv) else { continue };
-            if kv.lease() == sid.lease() {
+            if kv.lease() == sid.lease() && h.hold_id == req.hold_id {
                 let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
                 return Some(FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| Grant {
                     token,
@@ -302,6 +313,7 @@ impl Store {
             epoch: ep.epoch,
             class: req.class.name.to_string(),
             acquired_ms: now_ms(),
+            hold_id: req.hold_id.clone(),
         };
         then.push(TxnOp::put(slot.as_str(), serde_json::to_vec(&hold).map_err(internal)?, Some(lease)));
         els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
@@ -432,7 +444,7 @@ impl Store {
     /// Deletes `hold_key` under `cmp` and writes the release marker in the same
     /// transaction (so an audit reader tells a release from an expiry). Returns
     /// whether the compares held.
-    async fn release_txn(
+    pub(crate) async fn release_txn(
         &self,
         d: &KeyDigest,
         hold_key: Vec<u8>,

@@ -15,3 +15,4 @@ mod harness_selftest;
 mod load_smoke;
 mod restore;
 mod semaphore;
+mod transparent;

@@ -1,0 +1,264 @@
+//! Transparent-mode sessions: the holds of request-scoped locks (`docs/TRANSPARENT.md`).
+//!
+//! A transparent request's hold is carried by a session of the **filter worker VM**
+//! that passed it on, one per VM and class (so the session's TTL is the class TTL).
+//! The session is owned by the Envoy (its SPIFFE ID, as the ext_proc client) and the
+//! VM (its random id, as the session's instance); the hold itself records the
+//! downstream caller's identity. The filter renews every session of its VM from its
+//! tick ([`Store::vm_keepalive`]): a dead Envoy or a trapped VM stops renewing, and
+//! its holds expire within the class TTL. When a request ends the filter releases its
+//! hold by hold id ([`Store::vm_release`]); its keepalives also carry the hold ids
+//! still open, so a hold whose release was lost is released by the next reconcile.
+//!
+//! ```text
+//! <root>/v/<vm>/<class>  = session id     (on the session's lease)
+//! <root>/s/<session>     = session record (owner: the Envoy, instance: the VM)
+//! ```
+//!
+//! The index key is created in the same transaction as the session record, only if
+//! absent, so two arbiters opening a VM's session for one class at once agree on one.
+
+use std::{collections::HashMap, sync::Arc};
+
+use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
+use tokio::sync::Mutex;
+
+use super::{mutex::hold_of, now_ms, session::Caller, LockError, SessionRecord, Store};
+
+/// Length of a VM id: 32 lowercase hex characters (128 random bits).
+pub const VM_ID_LEN: usize = 32;
+/// Most open hold ids a keepalive may list.
+pub const MAX_OPEN_HOLDS: usize = 100_000;
+
+/// This arbiter's cache of VM sessions, by (VM, class).
+#[derive(Default)]
+pub struct VmSessions {
+    by_vm_class: Mutex<HashMap<(String, String), SessionId>>,
+}
+
+/// What a VM keepalive found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmStatus {
+    /// Sessions renewed.
+    pub sessions: usize,
+    /// The shortest TTL among them, seconds (0 without sessions).
+    pub min_ttl_s: u64,
+    /// Holds released by the reconcile.
+    pub reconciled: usize,
+}
+
+/// A filter's reconcile: the hold numbers it still has open, and the next number it
+/// will give out. Holds numbered below `next` and not open belong to ended requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconcile {
+    /// Open hold numbers.
+    pub open: Vec<u64>,
+    /// The VM's next hold number.
+    pub next: u64,
+}
+
+/// Checks a VM id's form.
+pub fn valid_vm_id(vm: &str) -> bool {
+    vm.len() == VM_ID_LEN && vm.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The hold id recorded for hold number `n` of `vm`.
+pub fn hold_id(vm: &str, n: u64) -> String {
+    format!("{vm}/{n}")
+}
+
+fn hold_number(vm: &str, id: &str) -> Option<u64> {
+    id.strip_prefix(vm)?.strip_prefix('/')?.parse().ok()
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The caller that owns `vm`'s sessions.
+    pub fn vm_owner(envoy: &str, vm: &str) -> Caller {
+        Caller { identity: envoy.to_owned(), instance: Some(vm.to_owned()) }
+    }
+
+    /// The session of `vm` (of the Envoy `envoy`) for `class`, opened on first use.
+    pub async fn vm_session(&self, envoy: &str, vm: &str, class: &ClassSpec) -> Result<SessionId, LockError> {
+        let cache_key = (vm.to_owned(), class.name.to_string());
+        if let Some(sid) = self.vms.by_vm_class.lock().await.get(&cache_key).copied() {
+            return Ok(sid);
+        }
+        let owner = Self::vm_owner(envoy, vm);
+        let index = self.keys().vm_session(vm, class.name.as_str());
+        for _ in 0..3 {
+            // An existing session of this VM and class (opened by any arbiter).
+            let r = self.call(self.client().get(index.as_str(), None)).await?;
+            if let Some(kv) = r.kvs().first() {
+                let sid = SessionId::from_lease(kv.lease()).ok_or(LockError::SessionExpired)?;
+                let rec = self.owned_session(sid, &owner).await?;
+                if rec.ttl_s == class.ttl_s {
+                    self.vms.by_vm_class.lock().await.insert(cache_key, sid);
+                    return Ok(sid);
+                }
+                // The class TTL changed: holds on the old session keep its TTL until
+                // they end; new holds go to a session with the new TTL.
+                let _ = self.call(self.client().delete(index.as_str(), None)).await;
+                continue;
+            }
+            let sid = self.grant_lease(class.ttl_s).await?;
+            let rec = SessionRecord {
+                owner: owner.identity.clone(),
+                instance: owner.instance.clone(),
+                class: class.name.to_string(),
+                ttl_s: class.ttl_s,
+                created_ms: now_ms(),
+            };
+            let v = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
+            let lease = Some(PutOptions::new().with_lease(sid.lease()));
+            let txn = Txn::new()
+                .when([Compare::create_revision(index.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(self.keys().session(sid), v, lease.clone()),
+                    TxnOp::put(index.as_str(), sid.to_string(), lease),
+                ]);
+            match self.call(self.client().txn(txn)).await {
+                Ok(r) if r.succeeded() => {
+                    self.sessions.lock().await.insert(sid, Arc::new(rec));
+                    self.vms.by_vm_class.lock().await.insert(cache_key, sid);
+                    return Ok(sid);
+                }
+                // Another arbiter opened it first: use theirs.
+                Ok(_) => self.revoke_quietly(sid).await,
+                Err(e) => {
+                    self.revoke_quietly(sid).await;
+                    return Err(e);
+                }
+            }
+        }
+        Err(LockError::Unavailable("the VM session keeps changing".into()))
+    }
+
+    /// Forgets a cached VM session (it expired).
+    pub async fn forget_vm_session(&self, vm: &str, class: &str) {
+        self.vms.by_vm_class.lock().await.remove(&(vm.to_owned(), class.to_owned()));
+    }
+
+    /// Releases the hold `hold_id` of the key with digest `d` on session `sid`, if it
+    /// still exists; returns whether one was released.
+    pub(crate) async fn release_hold(&self, d: &KeyDigest, sid: SessionId, hold_id: &str) -> Result<bool, LockError> {
+        let r = self.call(self.client().get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))).await?;
+        let Some(kv) = r
+            .kvs()
+            .iter()
+            .find(|kv| kv.lease() == sid.lease() && hold_of(kv).and_then(|h| h.hold_id).as_deref() == Some(hold_id))
+        else {
+            return Ok(false);
+        };
+        let marker = serde_json::json!({
+            "revision": kv.create_revision(), "released_ms": now_ms(), "transparent": true,
+        })
+        .to_string();
+        let cmp = vec![
+            Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
+            Compare::lease(kv.key(), CompareOp::Equal, sid.lease()),
+        ];
+        self.release_txn(d, kv.key().to_vec(), cmp, &marker).await
+    }
+
+    /// Releases hold number `n` of `vm` on `key` (the filter's request ended).
+    pub async fn vm_release(&self, envoy: &str, vm: &str, key: &LockKey, n: u64) -> Result<bool, LockError> {
+        let owner = Self::vm_owner(envoy, vm);
+        let d = key.digest();
+        let id = hold_id(vm, n);
+        let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let Some(kv) = r.kvs().iter().find(|kv| hold_of(kv).and_then(|h| h.hold_id).as_deref() == Some(id.as_str()))
+        else {
+            return Ok(false);
+        };
+        // Only the VM's own Envoy may release it.
+        let sid = SessionId::from_lease(kv.lease()).ok_or(LockError::NotHolder)?;
+        self.owned_session(sid, &owner).await.map_err(|_| LockError::NotHolder)?;
+        self.release_hold(&d, sid, &id).await
+    }
+
+    /// Renews every session of `vm`, and with `reconcile` releases its holds whose
+    /// requests have ended.
+    pub async fn vm_keepalive(
+        &self,
+        envoy: &str,
+        vm: &str,
+        reconcile: Option<&Reconcile>,
+    ) -> Result<VmStatus, LockError> {
+        let owner = Self::vm_owner(envoy, vm);
+        let prefix = self.keys().vm_sessions(vm);
+        let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        let mut status = VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
+        for kv in r.kvs() {
+            let Some(sid) = SessionId::from_lease(kv.lease()) else { continue };
+            let Ok(rec) = self.owned_session(sid, &owner).await else { continue };
+            match self.call(self.client().lease_keep_alive(sid.lease())).await {
+                Ok(_) => {}
+                Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
+                    self.forget_session(sid).await;
+                    self.forget_vm_session(vm, &rec.class).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            status.sessions += 1;
+            status.min_ttl_s = if status.min_ttl_s == 0 { rec.ttl_s } else { status.min_ttl_s.min(rec.ttl_s) };
+            if let Some(rc) = reconcile {
+                status.reconciled += self.reconcile_session(sid, vm, rc).await?;
+            }
+        }
+        Ok(status)
+    }
+
+    async fn reconcile_session(&self, sid: SessionId, vm: &str, rc: &Reconcile) -> Result<usize, LockError> {
+        let ttl = self
+            .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
+            .await?;
+        let prefix = self.keys().all_locks();
+        let hold_keys: Vec<Vec<u8>> = ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect();
+        if hold_keys.is_empty() {
+            return Ok(0);
+        }
+        let gets: Vec<TxnOp> = hold_keys.iter().map(|k| TxnOp::get(k.clone(), None::<GetOptions>)).collect();
+        let r = self.call(self.client().txn(Txn::new().and_then(gets))).await?;
+        let mut released = 0;
+        for op in r.op_responses() {
+            let TxnOpResponse::Get(g) = op else { continue };
+            for kv in g.kvs() {
+                let Some(id) = hold_of(kv).and_then(|h| h.hold_id) else { continue };
+                let Some(n) = hold_number(vm, &id) else { continue };
+                if n >= rc.next || rc.open.contains(&n) {
+                    continue;
+                }
+                let Some(d) = self.keys().digest_of_hold(kv.key()) else { continue };
+                if self.release_hold(&d, sid, &id).await? {
+                    released += 1;
+                }
+            }
+        }
+        if released > 0 {
+            tracing::info!(released, "reconcile released transparent holds whose requests had ended");
+        }
+        Ok(released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_ids_and_hold_numbers() {
+        let vm = "0123456789abcdef0123456789abcdef";
+        assert!(valid_vm_id(vm));
+        assert!(!valid_vm_id(&vm.to_uppercase()));
+        assert!(!valid_vm_id(&vm[1..]));
+        assert!(!valid_vm_id("0123456789abcdef0123456789abcdeg"));
+        assert_eq!(hold_number(vm, &hold_id(vm, 42)), Some(42));
+        assert_eq!(hold_number(vm, "ffffffffffffffffffffffffffffffff/42"), None);
+        assert_eq!(hold_number(vm, &format!("{vm}/x")), None);
+        assert_eq!(hold_number(vm, &format!("{vm}42")), None);
+    }
+}

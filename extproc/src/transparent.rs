@@ -1,0 +1,172 @@
+//! Transparent, request-scoped locks (`docs/TRANSPARENT.md`): the arbiter's half.
+//!
+//! The Wasm filter on a transparent route marks a request with its worker VM's id
+//! and a hold number ([`headers::VM`], [`headers::HOLD`]). The arbiter then grants
+//! the request's `x-lock-key` on that VM's session for the key's class
+//! ([`crate::lock::vm`]) and answers `request_headers` with a `CONTINUE` that adds the
+//! grant (`x-lock-token`, `x-lock-epoch`, `x-lock-revision`) and removes the internal
+//! headers, so the upstream sees the token and never a client-supplied one (the
+//! filter already stripped those; the set here overwrites in any case). A request
+//! that is not granted gets the API's error answer and never reaches the upstream.
+//!
+//! The hold ends when the filter releases it (the request ended), when the VM stops
+//! renewing its sessions (Envoy died, the VM trapped), or by a reconcile.
+
+use std::sync::Arc;
+
+use lockmesh_core::{headers, Code};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    api::{self, ApiRequest, Undo},
+    lock::{
+        mutex::AcquireRequest,
+        session::Caller,
+        vm::{self, valid_vm_id},
+        LockError, Store,
+    },
+    respond::ApiError,
+    server::Answer,
+    state::State,
+};
+
+/// Internal headers removed before a transparent request goes upstream.
+pub const INTERNAL: [&str; 7] = [
+    headers::FILTERED,
+    headers::BUDGET_MS,
+    headers::VM,
+    headers::HOLD,
+    headers::UNLOCKED,
+    headers::SESSION,
+    headers::INSTANCE,
+];
+
+/// How the filter marked a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Hold `x-lock-key` for the request's life, on `vm`'s session, as hold `hold`.
+    Locked {
+        /// The filter VM.
+        vm: String,
+        /// The hold number.
+        hold: u64,
+    },
+    /// The route lets requests without `x-lock-key` through unlocked.
+    Unlocked,
+}
+
+fn header<'a>(hdrs: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+    hdrs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+}
+
+/// The request's transparent mode, if the filter marked one. A malformed mark is an
+/// internal error: only the filter sets these headers.
+pub fn mode(hdrs: &[(String, Vec<u8>)]) -> Result<Option<Mode>, ApiError> {
+    let bad = |what: &str| ApiError::new(Code::Internal, format!("the filter's {what} header is malformed"));
+    if header(hdrs, headers::UNLOCKED).is_some() {
+        if header(hdrs, headers::UNLOCKED) != Some(b"1") || header(hdrs, headers::VM).is_some() {
+            return Err(bad(headers::UNLOCKED));
+        }
+        return Ok(Some(Mode::Unlocked));
+    }
+    let Some(vm) = header(hdrs, headers::VM) else {
+        return Ok(None);
+    };
+    let vm = std::str::from_utf8(vm).ok().filter(|v| valid_vm_id(v)).ok_or_else(|| bad(headers::VM))?;
+    let hold = header(hdrs, headers::HOLD)
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .filter(|h| !h.is_empty() && h.len() <= 20 && h.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| bad(headers::HOLD))?;
+    Ok(Some(Mode::Locked { vm: vm.to_owned(), hold }))
+}
+
+/// Grants a transparent request's lock and answers how it goes on.
+pub async fn acquire(
+    state: &Arc<State>,
+    envoy: &str,
+    vm: &str,
+    hold: u64,
+    req: &ApiRequest,
+    cancel: &CancellationToken,
+) -> (Answer, Option<Undo>) {
+    match grant(state, envoy, vm, hold, req, cancel).await {
+        Ok((set, undo)) => (Answer::Forward { set, remove: INTERNAL.to_vec() }, Some(undo)),
+        Err(e) => (Answer::Reply(e.into()), None),
+    }
+}
+
+async fn grant(
+    state: &Arc<State>,
+    envoy: &str,
+    vm: &str,
+    hold: u64,
+    req: &ApiRequest,
+    cancel: &CancellationToken,
+) -> Result<(Vec<(&'static str, String)>, Undo), ApiError> {
+    let store: &Arc<Store> = &state.store;
+    store.unsealed()?;
+    let key = req
+        .lock
+        .key
+        .clone()
+        .ok_or_else(|| ApiError::new(Code::LockRequired, format!("{}: required on this route", headers::KEY)))?;
+    let class = api::class_for(state, &req.lock, &key)?;
+    let wait = api::wait_of(state, req)?;
+    let mut areq = AcquireRequest {
+        key,
+        class,
+        caller: Caller { identity: req.identity.clone(), instance: None },
+        session: None,
+        deadline: req.received + wait,
+        try_once: wait.is_zero(),
+        hold_id: Some(vm::hold_id(vm, hold)),
+        session_owner: Some(Store::vm_owner(envoy, vm)),
+    };
+    // A VM session that expired (the filter stopped renewing for a while) is
+    // replaced once.
+    let mut tries = 0;
+    let grant = loop {
+        areq.session = Some(store.vm_session(envoy, vm, &areq.class).await?);
+        match store.acquire(&areq, cancel).await {
+            Err(LockError::SessionExpired) if tries == 0 => {
+                tries += 1;
+                store.forget_vm_session(vm, areq.class.name.as_str()).await;
+            }
+            r => break r?,
+        }
+    };
+    let t = grant.token;
+    let set = vec![
+        (headers::TOKEN, t.to_string()),
+        (headers::EPOCH, t.epoch().to_string()),
+        (headers::REVISION, t.revision().to_string()),
+    ];
+    Ok((set, Undo { req: areq, grant }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())).collect()
+    }
+
+    #[test]
+    fn reads_the_filter_marks_strictly() {
+        let vm = "0123456789abcdef0123456789abcdef";
+        assert_eq!(mode(&h(&[("x-lock-key", "a/b")])), Ok(None));
+        assert_eq!(
+            mode(&h(&[(headers::VM, vm), (headers::HOLD, "7")])),
+            Ok(Some(Mode::Locked { vm: vm.to_owned(), hold: 7 }))
+        );
+        assert_eq!(mode(&h(&[(headers::UNLOCKED, "1")])), Ok(Some(Mode::Unlocked)));
+        assert!(mode(&h(&[(headers::UNLOCKED, "yes")])).is_err());
+        assert!(mode(&h(&[(headers::UNLOCKED, "1"), (headers::VM, vm)])).is_err());
+        assert!(mode(&h(&[(headers::VM, "short"), (headers::HOLD, "7")])).is_err());
+        assert!(mode(&h(&[(headers::VM, vm)])).is_err());
+        assert!(mode(&h(&[(headers::VM, vm), (headers::HOLD, "-1")])).is_err());
+        assert!(mode(&h(&[(headers::VM, vm), (headers::HOLD, "99999999999999999999999")])).is_err());
+    }
+}

@@ -1,0 +1,280 @@
+//! Transparent, request-scoped locks in the inbound-sidecar shape
+//! (`envoy-config/inbound-sidecar.yaml`): a real Envoy with two workers in front of
+//! the recording backend, the arbiter and etcd. A request carrying `x-lock-key`
+//! holds the key from its grant until it ends; the backend plays the application.
+
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use lockmesh_tests::{backend::DELAY_HEADER, eventually_true, LockClient, Stack, StackBuilder};
+use reqwest::Method;
+use tokio::time::Instant;
+
+fn sidecar(name: &str) -> StackBuilder {
+    Stack::builder(name).envoy_config("inbound-sidecar")
+}
+
+/// The token the backend saw on its `i`-th request.
+fn seen_token(st: &Stack, i: usize) -> u64 {
+    let reqs = st.backend().requests();
+    let r = &reqs[i];
+    r.header("x-lock-token").unwrap_or_else(|| panic!("request {i} reached the backend without a token")).parse().unwrap()
+}
+
+/// `lockmesh_arbiter_requests_total{route, code}` of the first arbiter.
+async fn arbiter_count(st: &Stack, route: &str, code: &str) -> u64 {
+    let (_, body) = st.arbiter(0).admin_get("/metrics").await.unwrap();
+    let prefix = format!("lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} ");
+    body.lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+/// The transparent-mode VM ids with a session under the stack's root.
+async fn vm_ids(st: &Stack) -> Vec<String> {
+    let mut c = st.etcd().client().await.unwrap();
+    let prefix = format!("{}/v/", st.root());
+    let r = c.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let mut ids: Vec<String> = r
+        .kvs()
+        .iter()
+        .filter_map(|kv| std::str::from_utf8(kv.key()).ok()?.strip_prefix(&prefix)?.split('/').next().map(str::to_owned))
+        .collect();
+    ids.dedup();
+    ids
+}
+
+/// Number of holds under the stack's root.
+async fn holds(st: &Stack) -> usize {
+    let mut c = st.etcd().client().await.unwrap();
+    let prefix = format!("{}/l/", st.root());
+    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() as usize
+}
+
+#[tokio::test]
+async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged_tokens() {
+    let st = sidecar("tp-refuse").start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+
+    // No x-lock-key on a locked route: refused, never forwarded.
+    let r = c.post("/orders/1", &[("x-lock-token", "999999999")]).await.unwrap();
+    assert_eq!(r.code(), 428, "{}", r.body);
+    assert_eq!(r.header("x-lockmesh-error"), Some("lock_required"));
+    assert!(st.backend().requests().is_empty(), "an unlocked request reached the upstream");
+
+    // A route that allows unlocked requests forwards them without any lock header.
+    let r = c.get("/public/info", &[("x-lock-token", "999999999"), ("x-lockmesh-vm", "x")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let seen = st.backend().requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("x-lock-token"), None, "a forged token reached the upstream");
+    assert!(seen[0].headers.iter().all(|(k, _)| !k.starts_with("x-lockmesh-")), "{:?}", seen[0].headers);
+
+    // With a key: the upstream sees the arbiter's token, never the forged one.
+    let forged = "281474976710656999";
+    let r = c
+        .post("/orders/2", &[("x-lock-key", "payments/order-2"), ("x-lock-token", forged), ("x-lock-session", "00000000000000ff")])
+        .await
+        .unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let seen = st.backend().requests();
+    assert_eq!(seen.len(), 2);
+    let locked = &seen[1];
+    let token = locked.header("x-lock-token").unwrap();
+    assert_ne!(token, forged);
+    let token: u64 = token.parse().unwrap();
+    let epoch: u64 = locked.header("x-lock-epoch").unwrap().parse().unwrap();
+    let rev: u64 = locked.header("x-lock-revision").unwrap().parse().unwrap();
+    assert_eq!(token, (epoch << 48) + rev);
+    assert_eq!(locked.header("x-lock-session"), None);
+    assert!(locked.headers.iter().all(|(k, _)| !k.starts_with("x-lockmesh-")), "{:?}", locked.headers);
+
+    // The request ended, so its hold is released by the filter's release call (not
+    // left to the reconcile: the arbiter counted the call).
+    eventually_true(Duration::from_secs(5), "the hold is released after the response", || async {
+        holds(&st).await == 0 && arbiter_count(&st, "vm_release", "ok").await >= 1
+    })
+    .await;
+
+    // Not permitted: the same denial as the API, nothing forwarded.
+    let r = c.post("/orders/3", &[("x-lock-key", "billing/x")]).await.unwrap();
+    assert_eq!(r.code(), 403, "{}", r.body);
+    assert_eq!(st.backend().requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_second_request_for_the_key_waits_until_the_first_response_completes() {
+    let st = sidecar("tp-order").start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let b = st.client("payments", "b").unwrap();
+    let key = "payments/order-7";
+
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move {
+            let r = a.post("/orders/7", &[("x-lock-key", key), (DELAY_HEADER, "1500")]).await.unwrap();
+            (r, ())
+        }
+    });
+    eventually_true(Duration::from_secs(10), "the first request reached the backend", || async {
+        st.backend().requests().len() == 1
+    })
+    .await;
+    let second = b.post("/orders/7", &[("x-lock-key", key), ("x-lock-wait-ms", "10000")]).await.unwrap();
+    let (first, ()) = first.await.unwrap();
+    assert_eq!(first.code(), 200, "{}", first.body);
+    assert_eq!(second.code(), 200, "{}", second.body);
+    let seen = st.backend().requests();
+    assert_eq!(seen.len(), 2);
+    // The upstream spent 1.5 s on the first request; the second arrived after that.
+    assert!(
+        seen[1].received_at >= seen[0].received_at + Duration::from_millis(1500),
+        "the second request reached the upstream {:?} after the first, inside its 1.5 s",
+        seen[1].received_at - seen[0].received_at
+    );
+    assert!(seen_token(&st, 1) > seen_token(&st, 0), "tokens must increase in grant order");
+
+    // A try-once while the key is held is answered contended, not forwarded.
+    let held = tokio::spawn({
+        let a = a.clone();
+        async move { a.post("/orders/7", &[("x-lock-key", key), (DELAY_HEADER, "1500")]).await.unwrap() }
+    });
+    eventually_true(Duration::from_secs(10), "the third request reached the backend", || async {
+        st.backend().requests().len() == 3
+    })
+    .await;
+    let r = b.post("/orders/7", &[("x-lock-key", key), ("x-lock-wait-ms", "0")]).await.unwrap();
+    assert_eq!(r.code(), 409, "{}", r.body);
+    assert_eq!(r.header("x-lockmesh-error"), Some("contended"));
+    assert_eq!(held.await.unwrap().code(), 200);
+    assert_eq!(st.backend().requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_downstream_reset_releases_the_hold() {
+    let st = sidecar("tp-reset").start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    let key = "payments/order-9";
+
+    // The first caller gives up (its connection closes) while the upstream is
+    // still working on a 20 s request.
+    let quitter = LockClient::new(
+        st.envoy().listener_port(),
+        &st.pki().ca_cert_path(),
+        Some((&st.pki().client("payments", "quitter").unwrap().cert_path, &st.pki().client("payments", "quitter").unwrap().key_path)),
+    )
+    .unwrap();
+    let gave_up = tokio::spawn(async move {
+        let url = format!("{}/orders/9", quitter.base_url());
+        let req = quitter.http().request(Method::POST, url).header("x-lock-key", key).header(DELAY_HEADER, "20000");
+        tokio::time::timeout(Duration::from_secs(2), req.send()).await.is_err()
+    });
+    assert!(gave_up.await.unwrap(), "the first request should still have been running");
+    assert_eq!(st.backend().requests().len(), 1);
+
+    // The key is free again long before the first request's 20 s or its TTL (15 s).
+    let start = Instant::now();
+    let r = c.post("/orders/9", &[("x-lock-key", key), ("x-lock-wait-ms", "10000")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert!(start.elapsed() < Duration::from_secs(8), "the reset did not release the hold ({:?})", start.elapsed());
+    assert!(seen_token(&st, 1) > seen_token(&st, 0));
+    assert!(arbiter_count(&st, "vm_release", "ok").await >= 1, "released by the reconcile, not by the reset");
+}
+
+#[tokio::test]
+async fn the_reconcile_releases_holds_whose_requests_ended_and_only_envoys_may_call_it() {
+    let st = sidecar("tp-reconcile").start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    let running = tokio::spawn(async move {
+        c.post("/jobs/3", &[("x-lock-key", "payments/job-3"), (DELAY_HEADER, "4000")]).await.unwrap()
+    });
+    eventually_true(Duration::from_secs(10), "the request reached the backend", || async {
+        st.backend().requests().len() == 1
+    })
+    .await;
+    assert_eq!(holds(&st).await, 1);
+    let vms = vm_ids(&st).await;
+    assert_eq!(vms.len(), 1, "one VM session: {vms:?}");
+    let pki = st.pki();
+    let envoy = pki.envoy_client();
+    let as_envoy =
+        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&envoy.cert_path, &envoy.key_path))).unwrap();
+    let call = |client: LockClient, path: &'static str, body: serde_json::Value| async move {
+        client.request(Method::POST, path, &[("content-type", "application/json")], body.to_string().into_bytes()).await.unwrap()
+    };
+
+    // A workload may not call the filter's internal routes, even with a valid cert.
+    let w = pki.client("payments", "worker").unwrap();
+    let as_workload = LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&w.cert_path, &w.key_path))).unwrap();
+    let r = call(as_workload, "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1000 })).await;
+    assert_eq!(r.code(), 403, "{}", r.body);
+    assert_eq!(holds(&st).await, 1);
+
+    // Malformed bodies are refused with the field named.
+    let r = call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": "nope" })).await;
+    assert_eq!(r.code(), 400, "{}", r.body);
+    assert!(r.body.contains("vm"), "{}", r.body);
+
+    // A keepalive whose reconcile lists the hold as open keeps it.
+    let r = call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [0], "next": 1 })).await;
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert_eq!(r.json["sessions"], 1);
+    assert_eq!(r.json["reconciled"], 0);
+    assert_eq!(holds(&st).await, 1);
+    // One that says hold 0 has ended releases it (here: while the request still
+    // runs, as if its release had been lost and the filter then forgot it).
+    let r = call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1 })).await;
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert_eq!(r.json["reconciled"], 1, "{}", r.body);
+    assert_eq!(holds(&st).await, 0);
+    // Releasing what is gone is not an error.
+    let r = call(as_envoy, "/internal/v1/vm/release", serde_json::json!({ "vm": vms[0], "key": "payments/job-3", "hold": 0 })).await;
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert_eq!(r.json["released"], false);
+    assert_eq!(running.await.unwrap().code(), 200);
+}
+
+#[tokio::test]
+async fn killing_envoy_mid_request_frees_the_key_within_its_ttl() {
+    let st = sidecar("tp-kill").start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    // Class `short`: TTL 3 s.
+    let pending = tokio::spawn(async move {
+        let _ = c.post("/jobs/1", &[("x-lock-key", "short/job-1"), (DELAY_HEADER, "60000")]).await;
+    });
+    eventually_true(Duration::from_secs(10), "the request reached the backend", || async {
+        st.backend().requests().len() == 1
+    })
+    .await;
+    assert_eq!(holds(&st).await, 1, "the request should hold its key");
+    let killed = Instant::now();
+    st.envoy().kill();
+    // Nothing renews the VM's session any more: the hold ends with it (TTL 3 s;
+    // etcd may extend a lease by an election timeout, and the check polls).
+    eventually_true(Duration::from_secs(10), "the hold expired after Envoy died", || async {
+        holds(&st).await == 0
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(took >= Duration::from_millis(1500), "released too early for an expiry ({took:?})");
+    assert!(took <= Duration::from_secs(3 + 5), "held past TTL plus slack ({took:?})");
+    pending.abort();
+}
+
+#[tokio::test]
+async fn a_long_request_keeps_its_hold_past_the_ttl() {
+    let st = sidecar("tp-renew").start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    let other = st.client("payments", "other").unwrap();
+    // Class `short` (TTL 3 s): the request takes 7 s, so its session must be renewed.
+    let long = tokio::spawn(async move {
+        c.post("/jobs/2", &[("x-lock-key", "short/job-2"), (DELAY_HEADER, "7000")]).await.unwrap()
+    });
+    eventually_true(Duration::from_secs(10), "the request reached the backend", || async {
+        st.backend().requests().len() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let r = other.post("/jobs/2", &[("x-lock-key", "short/job-2"), ("x-lock-wait-ms", "0")]).await.unwrap();
+    assert_eq!(r.code(), 409, "the hold lapsed while its request ran: {}", r.body);
+    assert_eq!(long.await.unwrap().code(), 200);
+    assert_eq!(st.backend().requests().len(), 1);
+}
