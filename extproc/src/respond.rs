@@ -47,6 +47,7 @@ impl From<LockError> for ApiError {
             // Nobody is left to read it; answered for completeness.
             LockError::Cancelled => Code::Unavailable,
             LockError::Internal(_) => Code::Internal,
+            LockError::Draining(_) => Code::Draining,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),

@@ -7,6 +7,8 @@
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
+//! <root>/sys/classmap              authoritative prefix-to-class map   no lease
+//! <root>/c/<class>                 authoritative class policy          no lease
 //! <root>/v/<vm>/<class>            transparent-mode VM session id      session lease
 //! ```
 //!
@@ -74,6 +76,21 @@ impl Keys {
     /// The prefix of every session of a filter VM.
     pub fn vm_sessions(&self, vm: &str) -> String {
         format!("{}/v/{vm}/", self.root)
+    }
+
+    /// The authoritative prefix-to-class map (`lock::policy`).
+    pub fn class_map(&self) -> String {
+        format!("{}/sys/classmap", self.root)
+    }
+
+    /// The authoritative policy of a class.
+    pub fn class_policy(&self, class: &str) -> String {
+        format!("{}/c/{class}", self.root)
+    }
+
+    /// The prefix of every class policy.
+    pub fn class_policies(&self) -> String {
+        format!("{}/c/", self.root)
     }
 
     /// The close marker of a session.

@@ -16,6 +16,7 @@
 pub mod epoch;
 pub mod keys;
 pub mod mutex;
+pub mod policy;
 pub mod seal;
 pub mod session;
 pub mod vm;
@@ -67,6 +68,10 @@ pub enum LockError {
     /// Unexpected state.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The key's class is draining a limit change: nothing is granted until it
+    /// activates or is cancelled.
+    #[error("{0}")]
+    Draining(String),
 }
 
 /// A session record, immutable for the session's life.
@@ -119,6 +124,7 @@ pub struct Store {
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
     seal: seal::Seal,
+    policies: policy::PolicyCache,
     /// One client per endpoint, to find the member that leads (seal checks).
     members: Vec<Client>,
 }
@@ -174,6 +180,7 @@ impl Store {
             marker: Mutex::new(None),
             queues: wait::Queues::default(),
             seal,
+            policies: policy::PolicyCache::default(),
             members,
         });
         Ok(store)
@@ -232,6 +239,11 @@ impl Store {
     /// Forgets a cached marker lease (it was not found).
     pub(crate) async fn drop_marker_lease(&self) {
         *self.marker.lock().await = None;
+    }
+
+    /// The cached authoritative class policies.
+    pub(crate) fn policy_cache(&self) -> &policy::PolicyCache {
+        &self.policies
     }
 
     /// The waiter queues.

@@ -10,6 +10,9 @@
 //! else     get holders, session record, epoch record          classify the refusal
 //! ```
 //!
+//! Every grant also compares the mod revisions of the authoritative class map and
+//! of its class's policy record (`lock::policy`), and takes N from that record.
+//!
 //! The session compare is what keeps a waiter whose session expired while it
 //! waited from being granted (etcd #11456). Release compares the hold's create
 //! revision (the token's revision), never deletes by name (etcd #22082).
@@ -282,9 +285,11 @@ impl Store {
         if let Some(why) = &ep.sealed {
             return Err(LockError::Sealed(why.clone()));
         }
+        // The authoritative class and limit (the policy records), compared below.
+        let gate = self.policy_gate(req).await?;
         let floor = self.seal().revision_floor();
         let k = self.keys();
-        let n = req.class.max_holders.max(1);
+        let n = gate.limit;
         let slot_no = slot.min(n - 1);
         let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
         let lease = PutOptions::new().with_lease(sid.lease());
@@ -319,6 +324,8 @@ impl Store {
         els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
         els.push(TxnOp::get(sess_key.as_str(), None));
         els.push(TxnOp::get(epoch_key.as_str(), None));
+        when.extend(gate.compares());
+        els.extend(gate.reads());
         let txn = Txn::new().when(when).and_then(then).or_else(els);
         // An unknown outcome (timeout) may still commit: with a session opened for
         // this acquire the caller revokes it; with the caller's own session the
@@ -368,6 +375,9 @@ impl Store {
         };
         if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
             self.forget_epoch();
+            return Ok(Attempt::EpochMoved);
+        }
+        if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }
         if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {

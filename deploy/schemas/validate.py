@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Validates Kubernetes manifests offline and fails on any warning.
+
+Built-in kinds are checked with kubernetes-validate (strict: unknown fields are
+errors) against every Kubernetes version named by --kubernetes-version. Other
+kinds are checked against the JSON Schema in this folder named
+<kind lowercased>.<apiVersion with / as ->.json (Draft 2020-12). A kind that has
+neither schema is an error, never a warning: nothing passes unchecked.
+
+Usage: validate.py [--kubernetes-version V]... FILE...
+Exit 0 when every document of every file is valid, 1 otherwise; one line per
+document (OK/ERROR) on stdout. Run it with the venv scripts/setup installs:
+.tools/k8s-validate/bin/python deploy/schemas/validate.py FILE...
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def custom_schema(api_version, kind):
+    path = HERE / ("%s.%s.json" % (kind.lower(), api_version.replace("/", "-")))
+    if not path.is_file():
+        return None, path
+    return json.loads(path.read_text()), path
+
+
+def check(doc, versions):
+    """Returns a list of problems of one document (empty when valid)."""
+    if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
+        return ["not a Kubernetes object (apiVersion and kind required)"]
+    api_version, kind = doc["apiVersion"], doc["kind"]
+    schema, path = custom_schema(api_version, kind)
+    if schema is not None:
+        validator = jsonschema.Draft202012Validator(schema)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        return ["%s: %s (schema %s)" % ("/".join(map(str, e.absolute_path)) or "<root>", e.message, path.name)
+                for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+    problems = []
+    for version in versions:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            return ["no schema for %s %s: not a built-in kind of Kubernetes %s and no %s" % (api_version, kind, version, path.name)]
+        except kubernetes_validate.ValidationError as e:
+            where = "/".join(map(str, e.path)) or "<root>"
+            problems.append("Kubernetes %s: %s: %s" % (version, where, e.message))
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubernetes-version", action="append", dest="versions")
+    parser.add_argument("files", nargs="+")
+    args = parser.parse_args()
+    versions = args.versions or ["1.30.0", "1.37.0"]
+    failed = 0
+    for name in args.files:
+        try:
+            docs = [d for d in yaml.safe_load_all(pathlib.Path(name).read_text()) if d is not None]
+        except (OSError, yaml.YAMLError) as e:
+            print("ERROR %s: cannot read: %s" % (name, e))
+            failed += 1
+            continue
+        if not docs:
+            print("ERROR %s: no documents" % name)
+            failed += 1
+        for i, doc in enumerate(docs, 1):
+            what = "%s#%d %s/%s" % (name, i, doc.get("kind", "?") if isinstance(doc, dict) else "?",
+                                     (doc.get("metadata") or {}).get("name", "?") if isinstance(doc, dict) else "?")
+            problems = check(doc, versions)
+            if problems:
+                failed += 1
+                for p in problems:
+                    print("ERROR %s: %s" % (what, p))
+            else:
+                print("OK %s" % what)
+    print("%d document(s) failed" % failed if failed else "all documents valid")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
