@@ -1,0 +1,278 @@
+//! The HTTP API of the lock tier (docs/API.md), one method per route, with every
+//! failure classified by what it says about the request's effect:
+//!
+//! - [`CallError::NotSent`]: the connection could not be made; nothing happened.
+//! - [`CallError::Refused`]: the service answered with `{code, message}`; the
+//!   request had no effect beyond what the code says.
+//! - [`CallError::Unknown`]: the request may have been acted on (timeout, reset,
+//!   an answer without a lockmesh error body such as Envoy's 500/504).
+
+use std::time::Duration;
+
+use lockmesh_core::{
+    headers::{self, SessionId},
+    FencingToken,
+};
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::{ledger::Grant, Config, Error};
+
+/// A client for one lock tier, one identity and one instance id.
+#[derive(Clone, Debug)]
+pub(crate) struct Api {
+    http: reqwest::Client,
+    base: String,
+    instance: String,
+}
+
+/// How a call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// Nothing was sent.
+    NotSent(String),
+    /// The service's refusal.
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Stable code.
+        code: String,
+        /// Message.
+        message: String,
+        /// `reason`, for `contended`.
+        reason: Option<String>,
+    },
+    /// Sent; the effect is unknown.
+    Unknown(String),
+}
+
+/// An acquire's answer.
+#[derive(Clone, Debug)]
+pub(crate) struct Acquired {
+    pub grant: Grant,
+}
+
+/// An opened session.
+#[derive(Clone, Debug)]
+pub(crate) struct Opened {
+    pub session: SessionId,
+    pub ttl_s: u64,
+}
+
+// === impl CallError ===
+
+impl CallError {
+    /// The service's code, if it answered one.
+    pub(crate) fn code(&self) -> Option<&str> {
+        match self {
+            CallError::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The public error for a call whose unknown effect needs no resolution.
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            CallError::NotSent(m) => Error::Unavailable(m),
+            CallError::Unknown(m) => Error::Unavailable(m),
+            CallError::Refused { code, reason, .. } if code == "contended" => {
+                Error::Contended { reason: reason.unwrap_or_else(|| "key_gated".into()) }
+            }
+            CallError::Refused { status, code, message, .. } => Error::Refused { status, code, message },
+        }
+    }
+}
+
+// === impl Api ===
+
+impl Api {
+    /// Builds the HTTPS client: the configured CA only, the client certificate,
+    /// HTTP/2 or HTTP/1.1 by ALPN.
+    pub(crate) fn new(config: &Config, instance: String) -> Result<Self, Error> {
+        config.validate()?;
+        let read = |field: &'static str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| Error::Config { field, why: format!("cannot read {}: {e}", p.display()) })
+        };
+        let ca = read("ca_pem", &config.ca_pem)?;
+        let mut pem = read("cert_pem", &config.cert_pem)?;
+        pem.push(b'\n');
+        pem.extend(read("key_pem", &config.key_pem)?);
+        let ca = reqwest::Certificate::from_pem(&ca)
+            .map_err(|e| Error::Config { field: "ca_pem", why: format!("not a PEM certificate: {e}") })?;
+        let identity = reqwest::Identity::from_pem(&pem)
+            .map_err(|e| Error::Config { field: "cert_pem", why: format!("not a PEM certificate and key: {e}") })?;
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(identity)
+            .connect_timeout(config.request_timeout)
+            .tcp_nodelay(true);
+        if let Some(addr) = config.resolve {
+            let host =
+                config.endpoint.trim_start_matches("https://").split([':', '/']).next().unwrap_or_default().to_owned();
+            b = b.resolve(&host, addr);
+        }
+        let http = b.build().map_err(|e| Error::Config { field: "endpoint", why: format!("https client: {e}") })?;
+        Ok(Self { http, base: config.endpoint.clone(), instance })
+    }
+
+    /// The per-process instance id sent as `x-lock-instance`.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        hdrs: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> Result<Value, CallError> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base)).timeout(timeout);
+        req = req.header(headers::INSTANCE, &self.instance);
+        for (name, value) in hdrs {
+            req = req.header(*name, value);
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            // Without a connection nothing was sent; everything else may have been.
+            Err(e) if e.is_connect() => return Err(CallError::NotSent(error_chain(&e))),
+            Err(e) => return Err(CallError::Unknown(error_chain(&e))),
+        };
+        let status = resp.status().as_u16();
+        let has_code = resp.headers().contains_key(headers::ERROR);
+        let body = resp.text().await.map_err(|e| CallError::Unknown(error_chain(&e)))?;
+        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if (200..300).contains(&status) {
+            return Ok(json);
+        }
+        match json.get("code").and_then(Value::as_str) {
+            Some(code) if has_code || status < 500 => Err(CallError::Refused {
+                status,
+                code: code.to_owned(),
+                message: json.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                reason: json.get("reason").and_then(Value::as_str).map(str::to_owned),
+            }),
+            _ => Err(CallError::Unknown(format!("status {status} without a lockmesh error body"))),
+        }
+    }
+
+    /// `POST /v1/sessions` for the class of `key`.
+    pub(crate) async fn open_session(&self, key: &str, timeout: Duration) -> Result<Opened, CallError> {
+        let v = self.call(Method::POST, "/v1/sessions", &[(headers::KEY, key.to_owned())], timeout).await?;
+        let session = session_field(&v)?;
+        let ttl_s = v.get("ttl_s").and_then(Value::as_u64).ok_or_else(|| bad("ttl_s"))?;
+        Ok(Opened { session, ttl_s })
+    }
+
+    /// `POST /v1/sessions/keepalive`.
+    pub(crate) async fn keepalive(&self, session: SessionId, timeout: Duration) -> Result<(), CallError> {
+        self.call(Method::POST, "/v1/sessions/keepalive", &[(headers::SESSION, session.to_string())], timeout)
+            .await
+            .map(drop)
+    }
+
+    /// `POST /v1/locks/acquire` on `session`.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        session: SessionId,
+        wait: Duration,
+        class: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Acquired, CallError> {
+        let mut h = vec![
+            (headers::KEY, key.to_owned()),
+            (headers::SESSION, session.to_string()),
+            (headers::WAIT_MS, wait.as_millis().to_string()),
+        ];
+        if let Some(c) = class {
+            h.push((headers::CLASS, c.to_owned()));
+        }
+        let v = self.call(Method::POST, "/v1/locks/acquire", &h, timeout).await?;
+        let grant = grant_of(&v, key)?;
+        if grant.session != session {
+            return Err(CallError::Unknown("the grant names another session".into()));
+        }
+        Ok(Acquired { grant })
+    }
+
+    /// `POST /v1/locks/release` of exactly this grant.
+    pub(crate) async fn release(&self, g: &Grant, timeout: Duration) -> Result<(), CallError> {
+        let h = [
+            (headers::KEY, g.key.clone()),
+            (headers::TOKEN, g.token.to_string()),
+            (headers::SESSION, g.session.to_string()),
+        ];
+        self.call(Method::POST, "/v1/locks/release", &h, timeout).await.map(drop)
+    }
+
+    /// `GET /v1/sessions/holds`.
+    pub(crate) async fn holds(&self, session: SessionId, timeout: Duration) -> Result<Vec<Grant>, CallError> {
+        let v =
+            self.call(Method::GET, "/v1/sessions/holds", &[(headers::SESSION, session.to_string())], timeout).await?;
+        let holds = v.get("holds").and_then(Value::as_array).ok_or_else(|| bad("holds"))?;
+        holds
+            .iter()
+            .map(|h| {
+                let key = h.get("key").and_then(Value::as_str).ok_or_else(|| bad("holds[].key"))?;
+                let mut g = grant_of(h, key)?;
+                g.session = session;
+                Ok(g)
+            })
+            .collect()
+    }
+
+    /// `POST /v1/sessions/close`.
+    pub(crate) async fn close(&self, session: SessionId, timeout: Duration) -> Result<(), CallError> {
+        self.call(Method::POST, "/v1/sessions/close", &[(headers::SESSION, session.to_string())], timeout)
+            .await
+            .map(drop)
+    }
+}
+
+fn bad(field: &str) -> CallError {
+    CallError::Unknown(format!("answer without a valid {field}"))
+}
+
+fn session_field(v: &Value) -> Result<SessionId, CallError> {
+    v.get("session")
+        .and_then(Value::as_str)
+        .and_then(|s| headers::parse_session(s.as_bytes()).ok())
+        .ok_or_else(|| bad("session"))
+}
+
+/// A grant from an acquire answer or a hold listing (which has no session or
+/// ttl: the caller fills them in).
+fn grant_of(v: &Value, key: &str) -> Result<Grant, CallError> {
+    let token = v
+        .get("token")
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<FencingToken>().ok())
+        .ok_or_else(|| bad("token"))?;
+    let session = match v.get("session") {
+        Some(_) => session_field(v)?,
+        None => SessionId::from_lease(1).ok_or_else(|| bad("session"))?,
+    };
+    Ok(Grant {
+        key: key.to_owned(),
+        token,
+        session,
+        ttl_s: v.get("ttl_s").and_then(Value::as_u64).unwrap_or(0),
+        class: v.get("class").and_then(Value::as_str).unwrap_or_default().to_owned(),
+    })
+}
+
+/// The error and its sources on one line (reqwest hides the useful part in the
+/// chain).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,378 @@
+//! [`Client`]: one workload identity talking to one lock tier; its sessions (one
+//! per TTL), its re-entrancy ledger and its fence callback.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, OnceLock,
+    },
+    time::Duration,
+};
+
+use lockmesh_core::headers::{self, SessionId};
+use tokio::{sync::Notify, time::Instant};
+
+use crate::{
+    api::Api,
+    clock::LossReason,
+    guard::LockGuard,
+    ledger::{Enter, Ledger},
+    session::{Session, SessionStatus},
+    Config, Error,
+};
+
+/// Most keys whose session TTL is remembered (the memory is cleared past this).
+const MAX_KNOWN_KEYS: usize = 65_536;
+
+/// What the fence callback is told: the session and every hold it carried are
+/// lost. Stop using their tokens; the resource's fence rejects them anyway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceEvent {
+    /// The lost session (16 hex digits).
+    pub session: String,
+    /// Why it is lost.
+    pub reason: LossReason,
+    /// The keys held on it when it was lost, sorted.
+    pub keys: Vec<String>,
+}
+
+/// The fence callback type: called once per lost session, on a runtime thread; it
+/// must not block.
+pub type OnFence = Arc<dyn Fn(FenceEvent) + Send + Sync>;
+
+/// Options of one [`Client::lock`] call.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    /// How long the acquire may wait for the key (`x-lock-wait-ms`). Default 0:
+    /// try once.
+    pub wait: Duration,
+    /// Refuse unless the key's class is this one (`x-lock-class`). Default none.
+    pub class: Option<String>,
+    /// Client-side bound of the acquire request. Default `wait + acquire_slack`.
+    /// Past it the outcome is unknown and resolved in the background.
+    pub timeout: Option<Duration>,
+}
+
+/// Requests this client sent, by route (for tests and dashboards).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `POST /v1/sessions`.
+    pub sessions_opened: u64,
+    /// `POST /v1/locks/acquire`.
+    pub acquires: u64,
+    /// `POST /v1/locks/release`.
+    pub releases: u64,
+    /// `GET /v1/sessions/holds`.
+    pub hold_listings: u64,
+}
+
+/// A handle to the SDK; cheap to clone. Create one per workload identity.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// Shared state behind [`Client`] and every [`LockGuard`].
+pub(crate) struct Inner {
+    pub(crate) api: Api,
+    pub(crate) config: Config,
+    on_fence: OnFence,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    opening: tokio::sync::Mutex<()>,
+    key_ttl: Mutex<HashMap<String, u64>>,
+    pub(crate) ledger: Mutex<Ledger>,
+    /// Notified when a key stops being acquired or released.
+    pub(crate) changed: Notify,
+    pub(crate) runtime: tokio::runtime::Handle,
+    max_epoch: AtomicU64,
+    pub(crate) counters: [AtomicU64; 4],
+}
+
+// === impl LockOptions ===
+
+impl LockOptions {
+    /// Wait up to `wait` for the key.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Expect the key's class to be `class`.
+    pub fn class(mut self, class: impl Into<String>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+
+    /// Bound the acquire request to `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+// === impl Client ===
+
+impl Client {
+    /// A client for `config`. `on_fence` is required (ADR-12): it runs once for
+    /// each session lost, with the keys it held. Must be called inside a tokio
+    /// runtime (the keepalives run on it).
+    pub fn new(config: Config, on_fence: impl Fn(FenceEvent) + Send + Sync + 'static) -> Result<Self, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
+            field: "runtime",
+            why: "Client::new must run inside a tokio runtime".into(),
+        })?;
+        let api = Api::new(&config, instance_id().to_owned())?;
+        let inner = Inner {
+            api,
+            config,
+            on_fence: Arc::new(on_fence),
+            sessions: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+            key_ttl: Mutex::new(HashMap::new()),
+            ledger: Mutex::new(Ledger::default()),
+            changed: Notify::new(),
+            runtime,
+            max_epoch: AtomicU64::new(0),
+            counters: Default::default(),
+        };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Acquires `key`, or counts one more nesting if this process holds it
+    /// (ADR-13: only the outermost acquire reaches the service). Refused with
+    /// [`Error::Draining`] while the key's session cannot start new work.
+    ///
+    /// Cancel-safe: if this future is dropped, an acquire already sent runs to its
+    /// end in the background and any hold it made is released. An acquire whose
+    /// answer is lost returns [`Error::OutcomeUnknown`] and is resolved the same
+    /// way; calling `lock` again is safe.
+    pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, Error> {
+        headers::parse_key(key.as_bytes()).map_err(|e| Error::Config { field: "key", why: e.why })?;
+        let give_up = Instant::now() + opts.wait;
+        let inner = &self.inner;
+        loop {
+            let session = inner.session_for(key).await?;
+            if let Some(r) = session.lost() {
+                inner.fence(&session, r);
+                continue;
+            }
+            if !session.status().can_start {
+                return Err(Error::Draining);
+            }
+            let notified = inner.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let entered = inner.ledger().enter(key, session.id);
+            match entered {
+                Enter::Nested(grant) => {
+                    let session = inner.session_by_id(grant.session).unwrap_or(session);
+                    return Ok(LockGuard::new(inner.clone(), session, grant));
+                }
+                Enter::Busy => {
+                    tokio::select! {
+                        _ = notified => continue,
+                        _ = tokio::time::sleep_until(give_up) => {
+                            return Err(Error::Contended { reason: "acquiring_here".into() })
+                        }
+                    }
+                }
+                Enter::Acquire => {
+                    let wait = give_up.saturating_duration_since(Instant::now());
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let task = crate::acquire::Acquire {
+                        inner: inner.clone(),
+                        session,
+                        key: key.to_owned(),
+                        wait,
+                        class: opts.class.clone(),
+                        timeout: opts.timeout.unwrap_or(wait + inner.config.acquire_slack),
+                    };
+                    inner.runtime.spawn(task.run(tx));
+                    return rx.await.unwrap_or(Err(Error::OutcomeUnknown));
+                }
+            }
+        }
+    }
+
+    /// The per-process instance id this client sends as `x-lock-instance`.
+    pub fn instance(&self) -> &str {
+        self.inner.api.instance()
+    }
+
+    /// Keys this process holds, with their re-entrancy counts.
+    pub fn held(&self) -> Vec<(String, u32)> {
+        self.inner.ledger().held()
+    }
+
+    /// Whether no key is held, being acquired or being released.
+    pub fn is_idle(&self) -> bool {
+        self.inner.ledger().is_empty()
+    }
+
+    /// The live sessions.
+    pub fn sessions(&self) -> Vec<SessionStatus> {
+        let mut v: Vec<_> = self.inner.sessions().values().map(|s| s.public_status()).collect();
+        v.sort_by_key(|s| s.ttl_s);
+        v
+    }
+
+    /// Requests sent so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        let get = |i: usize| c[i].load(Ordering::Relaxed);
+        Stats { sessions_opened: get(0), acquires: get(1), releases: get(2), hold_listings: get(3) }
+    }
+
+    /// Closes every session (each releases all its holds in one committed
+    /// entry). Guards still alive report [`LossReason::Closed`]; the fence callback
+    /// is not called. Failures are ignored: an unclosed session expires with its TTL.
+    pub async fn shutdown(&self) {
+        let sessions: Vec<_> = self.inner.sessions().drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.stop_keepalive();
+            if s.mark_lost(LossReason::Closed) {
+                self.inner.ledger().forget_session(s.id);
+                let _ = self.inner.api.close(s.id, self.inner.config.request_timeout).await;
+            }
+        }
+        self.inner.changed.notify_waiters();
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("endpoint", &self.inner.config.endpoint).finish_non_exhaustive()
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    pub(crate) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn count(&self, i: usize) {
+        self.counters[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn live_session_for_key(&self, key: &str) -> Option<Arc<Session>> {
+        let ttl = *self.key_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key)?;
+        self.sessions().get(&ttl).filter(|s| s.lost().is_none()).cloned()
+    }
+
+    /// The live session for `key`'s TTL, opening one if needed (one per TTL: the
+    /// service attaches a key only to a session with its class's TTL).
+    async fn session_for(self: &Arc<Self>, key: &str) -> Result<Arc<Session>, Error> {
+        if let Some(s) = self.live_session_for_key(key) {
+            return Ok(s);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(s) = self.live_session_for_key(key) {
+            return Ok(s);
+        }
+        let sent = Instant::now();
+        self.count(0);
+        let opened = self.api.open_session(key, self.config.request_timeout).await.map_err(|e| e.into_error())?;
+        {
+            let mut known = self.key_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if known.len() >= MAX_KNOWN_KEYS {
+                known.clear();
+            }
+            known.insert(key.to_owned(), opened.ttl_s);
+        }
+        let existing = self.sessions().get(&opened.ttl_s).filter(|s| s.lost().is_none()).cloned();
+        let margin = self.config.margin;
+        let problem = if existing.is_some() {
+            None
+        } else if margin >= Duration::from_secs(opened.ttl_s) {
+            Some(Error::Config {
+                field: "margin",
+                why: format!("{margin:?} is not below the session ttl {}s", opened.ttl_s),
+            })
+        } else {
+            None
+        };
+        if existing.is_some() || problem.is_some() {
+            // Not needed (another key of this TTL opened one first) or not usable.
+            let (api, sid, t) = (self.api.clone(), opened.session, self.config.request_timeout);
+            self.runtime.spawn(async move { api.close(sid, t).await });
+        }
+        if let Some(e) = problem {
+            return Err(e);
+        }
+        if let Some(s) = existing {
+            return Ok(s);
+        }
+        let session = Session::new(opened.session, opened.ttl_s, sent, margin);
+        session.start_keepalive(Arc::downgrade(self), &self.runtime);
+        self.sessions().insert(opened.ttl_s, session.clone());
+        Ok(session)
+    }
+
+    pub(crate) fn session_by_id(&self, id: SessionId) -> Option<Arc<Session>> {
+        self.sessions().values().find(|s| s.id == id).cloned()
+    }
+
+    /// The session and every hold on it are lost: forget them, run the fence
+    /// callback once, and (unless the service already dropped it) close the
+    /// session in the background so its holds end as soon as the service hears.
+    pub(crate) fn fence(&self, session: &Arc<Session>, reason: LossReason) {
+        if !session.mark_lost(reason) {
+            return;
+        }
+        session.stop_keepalive();
+        {
+            let mut sessions = self.sessions();
+            if sessions.get(&session.ttl_s).is_some_and(|s| s.id == session.id) {
+                sessions.remove(&session.ttl_s);
+            }
+        }
+        let lost = self.ledger().forget_session(session.id);
+        self.changed.notify_waiters();
+        tracing::warn!(reason = reason.as_str(), holds = lost.len(), ttl_s = session.ttl_s, "session fenced");
+        let keys = lost.into_iter().map(|g| g.key).collect();
+        (self.on_fence)(FenceEvent { session: session.id.to_string(), reason, keys });
+        if reason != LossReason::SessionExpired {
+            let (api, sid, t) = (self.api.clone(), session.id, self.config.request_timeout);
+            self.runtime.spawn(async move { api.close(sid, t).await });
+        }
+    }
+
+    /// A grant or listing showed `epoch`: every session holding an older grant is
+    /// lost (the service advanced the epoch; older tokens are void).
+    pub(crate) fn observe_epoch(&self, epoch: u64) {
+        let prev = self.max_epoch.fetch_max(epoch, Ordering::SeqCst);
+        if epoch <= prev {
+            return;
+        }
+        let stale = self.ledger().sessions_below_epoch(epoch);
+        for sid in stale {
+            if let Some(s) = self.session_by_id(sid) {
+                self.fence(&s, LossReason::EpochChanged);
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Sessions are not closed here (no runtime to await on): they expire with
+        // their TTL, and so do their holds. `Client::shutdown` closes them.
+        for s in self.sessions().values() {
+            s.stop_keepalive();
+        }
+    }
+}
+
+/// This process's instance id (`x-lock-instance`): the pid and 64 random bits,
+/// chosen once per process.
+pub fn instance_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| format!("p{}-{:016x}", std::process::id(), rand::random::<u64>()))
+}

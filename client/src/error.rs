@@ -1,0 +1,98 @@
+//! The SDK's one error type. Every variant has a stable [`Error::code`]; service
+//! refusals keep the service's own code. Messages never contain a key or a token.
+
+use crate::clock::LossReason;
+
+/// Why an SDK call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is invalid (`field` names it).
+    #[error("{field}: {why}")]
+    Config {
+        /// The configuration field.
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The key was not granted within the wait (`contended`): it is at its limit
+    /// of holders, a grant raced, or this process's own acquire of the key was
+    /// still in flight (`reason` `acquiring_here`).
+    #[error("not granted within the wait ({reason})")]
+    Contended {
+        /// The service's reason (`key_gated`, `lock_contended`) or `acquiring_here`.
+        reason: String,
+    },
+    /// The service refused the request with a code other than `contended`.
+    #[error("refused: {status} {code}: {message}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// The service's stable error code.
+        code: String,
+        /// The service's message (never a key or token).
+        message: String,
+    },
+    /// Nothing reached the lock service (connection refused, TLS failure, or an
+    /// error answer from Envoy before the arbiter): nothing was granted.
+    #[error("lock service unreachable: {0}")]
+    Unavailable(String),
+    /// The acquire was sent but its answer was lost (timeout, connection reset,
+    /// Envoy 5xx after forwarding). The SDK resolves it in the background and
+    /// releases the hold if one was made; calling `lock` again is safe.
+    #[error("the acquire's outcome is unknown; it is being resolved and any hold released")]
+    OutcomeUnknown,
+    /// The session (and every hold on it) is lost.
+    #[error("session lost ({0})")]
+    SessionLost(LossReason),
+    /// The session for this key cannot start new work (a keepalive failed).
+    #[error("the session is draining: a keepalive failed, no new work may start")]
+    Draining,
+}
+
+// === impl Error ===
+
+impl Error {
+    /// A stable code: the service's code for refusals, else one of `config`,
+    /// `contended`, `unavailable`, `outcome_unknown`, `session_lost`, `draining`.
+    pub fn code(&self) -> &str {
+        match self {
+            Error::Config { .. } => "config",
+            Error::Contended { .. } => "contended",
+            Error::Refused { code, .. } => code,
+            Error::Unavailable(_) => "unavailable",
+            Error::OutcomeUnknown => "outcome_unknown",
+            Error::SessionLost(_) => "session_lost",
+            Error::Draining => "draining",
+        }
+    }
+
+    /// Whether trying again later may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Config { .. } => false,
+            Error::Contended { .. }
+            | Error::Unavailable(_)
+            | Error::OutcomeUnknown
+            | Error::SessionLost(_)
+            | Error::Draining => true,
+            Error::Refused { code, .. } => {
+                matches!(code.as_str(), "queue_full" | "sealed" | "unavailable" | "draining" | "session_expired")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_stable_and_refusals_keep_the_service_code() {
+        let e = Error::Refused { status: 409, code: "leaked".into(), message: "m".into() };
+        assert_eq!((e.code(), e.retryable()), ("leaked", false));
+        let e = Error::Refused { status: 503, code: "sealed".into(), message: "m".into() };
+        assert!(e.retryable());
+        assert_eq!(Error::SessionLost(LossReason::Deadline).to_string(), "session lost (deadline)");
+        assert_eq!(Error::OutcomeUnknown.code(), "outcome_unknown");
+    }
+}
