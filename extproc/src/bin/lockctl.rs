@@ -5,6 +5,8 @@
 //! - `lockctl restore`: restore an etcd snapshot with a revision bump into each
 //!   member's data directory, wait for the members to be started, then run the
 //!   epoch advance. Safe to re-run after a crash at any step.
+//! - `lockctl run KEY -- CMD ARGS...`: run a command under a lock (the holder
+//!   SDK's `lockmesh_client::run`).
 //!
 //! The restore runbook is `docs/OPERATIONS.md`.
 
@@ -29,6 +31,10 @@ enum Cmd {
     /// Restore a snapshot (with a revision bump) into every member's data
     /// directory, wait for etcd, then advance the epoch.
     Restore(Restore),
+    /// Run a command while holding a lock (like `etcdctl lock`): the token is in
+    /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
+    /// then SIGKILL after --grace-ms. Exits with the command's code.
+    Run(lockmesh_client::run::RunArgs),
 }
 
 #[derive(Args)]
@@ -83,9 +89,15 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // `run` exits with its command's code (see lockmesh_client::run).
+    let cmd = match cli.cmd {
+        Cmd::Run(args) => return ExitCode::from(rt.block_on(lockmesh_client::run::main(args))),
+        cmd => cmd,
+    };
     let mut out = std::io::stdout();
     let result = rt.block_on(async {
-        match cli.cmd {
+        match cmd {
+            Cmd::Run(_) => Ok(()), // answered above
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
