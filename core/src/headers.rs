@@ -27,6 +27,9 @@ pub const CLASS: &str = "x-lock-class";
 pub const EPOCH: &str = "x-lock-epoch";
 /// Revision of the token forwarded upstream in transparent mode (diagnostic only).
 pub const REVISION: &str = "x-lock-revision";
+/// The arbiter's signed grant proof (`v1.<kid>.<payload>.<sig>`, see `proof`): on
+/// acquire answers, and carried with the token on writes to a fenced resource.
+pub const PROOF: &str = "x-lock-proof";
 
 /// Every caller-facing lock header (each may appear at most once).
 pub const LOCK_HEADERS: [&str; 6] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS];

@@ -10,6 +10,8 @@
 //! - [`code`]: the stable error codes and the HTTP status each maps to.
 //! - [`class`]: the class schema and the longest-prefix registry lookup.
 //! - [`policy`]: a class's authoritative limit and the limit-change protocol.
+//! - [`pause`]: the pause test result document and its validity check.
+//! - `proof` (feature `proof`): Ed25519 grant proofs that fences verify offline.
 #![forbid(unsafe_code)]
 
 pub mod class;
@@ -17,7 +19,10 @@ pub mod code;
 pub mod grant;
 pub mod headers;
 pub mod key;
+pub mod pause;
 pub mod policy;
+#[cfg(feature = "proof")]
+pub mod proof;
 pub mod token;
 
 pub use class::{ClassName, ClassRegistry, ClassSpec};

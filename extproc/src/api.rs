@@ -165,6 +165,15 @@ async fn route(
                 .collect();
             ApiResponse::ok(json!({ "session": sid.to_string(), "holds": holds }))
         }
+        ("POST", "/v1/tokens/validate") => {
+            let key = need(lock.key.clone(), headers::KEY)?;
+            let token = need(lock.token, headers::TOKEN)?;
+            if !state.validate_limiter.try_take() {
+                return Ok((crate::validate::rate_limited(), None));
+            }
+            let current = crate::validate::is_current(store, &key, token).await?;
+            ApiResponse::ok(json!({ "current": current }))
+        }
         (m, p) => return Err(ApiError::new(Code::NotFound, format!("no route {m} {p}"))),
     };
     Ok((r, None))
@@ -192,6 +201,7 @@ async fn acquire(
     };
     let grant = state.store.acquire(&areq, cancel).await?;
     let g = &grant;
+    let proof = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, g.token, &g.class);
     let mut r = ApiResponse::ok(json!({
         "token": g.token.to_string(),
         "epoch": g.token.epoch(),
@@ -201,8 +211,12 @@ async fn acquire(
         "class": g.class,
         "existing": g.existing,
         "new_session": g.new_session,
+        "proof": proof,
     }));
     r.headers.push((headers::TOKEN, g.token.to_string()));
+    if let Some(p) = proof {
+        r.headers.push((headers::PROOF, p));
+    }
     r.headers.push((headers::SESSION, g.session.to_string()));
     Ok((r, Some(Undo { req: areq, grant })))
 }

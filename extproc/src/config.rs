@@ -17,6 +17,8 @@ use serde::Deserialize;
 pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 /// Ceiling of `max_wait_ms` (Envoy's ext_proc timeout ceiling is one hour).
 pub const MAX_WAIT_CEILING_MS: u64 = 3_600_000;
+/// Default `validate_rate_per_s`.
+pub const DEFAULT_VALIDATE_RATE_PER_S: u32 = 100;
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -40,6 +42,22 @@ pub struct RawConfig {
     /// Put it on a volume that survives restarts and rescheduling. Without it an
     /// arbiter detects restores only while it runs.
     pub marks_file: Option<String>,
+    /// Grant proof signing key. Without it the arbiter grants as usual but omits
+    /// proofs (`x-lock-proof`), and fence-proxy cannot be used with it.
+    pub signing: Option<RawSigning>,
+    /// Token bucket rate of `POST /v1/tokens/validate`, requests per second on this
+    /// arbiter (burst: the same number). Over it: `429 rate_limited`. Default 100.
+    pub validate_rate_per_s: Option<u32>,
+}
+
+/// Grant proof signing (`docs/FENCING.md`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSigning {
+    /// PKCS#8 PEM Ed25519 private key (`openssl genpkey -algorithm ed25519`).
+    pub key_file: String,
+    /// Key id fences look the public key up by: 1-32 characters of `[a-z0-9_-]`.
+    pub key_id: String,
 }
 
 /// TLS settings.
@@ -98,6 +116,10 @@ pub struct Config {
     pub max_wait_ms: u64,
     /// Durable marks file.
     pub marks_file: Option<PathBuf>,
+    /// Grant proof signer, if configured.
+    pub signing: Option<crate::signing::Signer>,
+    /// ValidateToken rate, requests per second.
+    pub validate_rate_per_s: u32,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -185,6 +207,15 @@ impl Config {
         if max_wait_ms > MAX_WAIT_CEILING_MS {
             errs2.push(format!("{name}: max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
         }
+        let signing = raw.signing.as_ref().and_then(|sg| {
+            crate::signing::Signer::load(&resolve(base, &sg.key_file), &sg.key_id)
+                .map_err(|e| errs2.push(format!("{name}: signing.{e}")))
+                .ok()
+        });
+        let validate_rate_per_s = raw.validate_rate_per_s.unwrap_or(DEFAULT_VALIDATE_RATE_PER_S);
+        if !(1..=100_000).contains(&validate_rate_per_s) {
+            errs2.push(format!("{name}: validate_rate_per_s: {validate_rate_per_s} is outside 1 to 100000"));
+        }
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));
@@ -206,6 +237,8 @@ impl Config {
                 registry,
                 max_wait_ms,
                 marks_file: raw.marks_file.map(|p| resolve(base, &p)),
+                signing,
+                validate_rate_per_s,
             }),
             _ => Err(errs),
         }

@@ -12,6 +12,8 @@
 //! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
 //! - [`internal`]: the filter's own calls (VM session renewal, releases).
+//! - [`signing`]: grant proofs for fences.
+//! - [`validate`]: ValidateToken, the linearizable "is this token current" read.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -23,9 +25,11 @@ pub mod metrics;
 pub mod respond;
 pub mod restore;
 pub mod server;
+pub mod signing;
 pub mod state;
 pub mod tls;
 pub mod transparent;
+pub mod validate;
 
 use std::{sync::Arc, time::Duration};
 
@@ -48,6 +52,9 @@ pub async fn run(
         config.marks_file.as_deref(),
     )
     .await?;
+    if config.signing.is_none() {
+        tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
+    }
     if config.marks_file.is_none() {
         tracing::warn!("no marks_file: restores are detected only while this arbiter runs, not across its restarts");
     }

@@ -14,6 +14,8 @@ pub struct State {
     pub store: Arc<Store>,
     /// Counters for `/metrics`.
     pub metrics: Metrics,
+    /// The ValidateToken rate limit (`validate_rate_per_s`).
+    pub validate_limiter: crate::validate::RateLimiter,
     registry: RwLock<Arc<ClassRegistry>>,
 }
 
@@ -21,7 +23,8 @@ impl State {
     /// New state.
     pub fn new(config: Config, store: Arc<Store>) -> Self {
         let registry = RwLock::new(Arc::new(config.registry.clone()));
-        Self { config, store, metrics: Metrics::default(), registry }
+        let validate_limiter = crate::validate::RateLimiter::new(config.validate_rate_per_s);
+        Self { config, store, metrics: Metrics::default(), validate_limiter, registry }
     }
 
     /// The current class registry.

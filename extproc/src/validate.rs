@@ -1,0 +1,138 @@
+//! ValidateToken (ADR-16's fallback): `POST /v1/tokens/validate` answers whether a
+//! token is the current grant of a key, for resources that can store nothing.
+//!
+//! The answer comes from one linearizable etcd read (a read-only transaction) of the
+//! key's hold slots and the epoch record, at one revision: `current` is true when a
+//! hold of the key has the token's revision as its create revision, that hold was
+//! granted in the token's epoch, and the token's epoch is the record's. It is rate
+//! limited by its own token bucket (`validate_rate_per_s`), separately from lock
+//! traffic: over the rate the answer is `429 rate_limited` and etcd is not read.
+//!
+//! "Current" is true at the read's revision only: a resource that validates and then
+//! writes is not fenced against a pause between the two (docs/FENCING.md).
+
+use std::sync::Mutex;
+
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{headers, FencingToken, LockKey};
+use tokio::time::Instant;
+
+use crate::{
+    lock::{epoch::EpochRecord, HoldRecord, LockError, Store},
+    respond::ApiResponse,
+};
+
+/// The stable code of a validate call over its rate.
+pub const RATE_LIMITED: &str = "rate_limited";
+
+/// A token bucket: `rate` tokens per second, burst `rate`.
+#[derive(Debug)]
+pub struct RateLimiter {
+    rate: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+// === impl RateLimiter ===
+
+impl RateLimiter {
+    /// A full bucket of `rate_per_s` (at least 1).
+    pub fn new(rate_per_s: u32) -> Self {
+        let rate = f64::from(rate_per_s.max(1));
+        Self { rate, state: Mutex::new((rate, Instant::now())) }
+    }
+
+    /// Takes one token if there is one.
+    pub fn try_take(&self) -> bool {
+        self.try_take_at(Instant::now())
+    }
+
+    /// [`RateLimiter::try_take`] at `now` (monotonic; an earlier `now` adds nothing).
+    pub fn try_take_at(&self, now: Instant) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, at) = *g;
+        let refilled = (tokens + now.saturating_duration_since(at).as_secs_f64() * self.rate).min(self.rate);
+        if refilled >= 1.0 {
+            *g = (refilled - 1.0, now);
+            true
+        } else {
+            *g = (refilled, now);
+            false
+        }
+    }
+}
+
+/// The `429 rate_limited` answer.
+pub fn rate_limited() -> ApiResponse {
+    let body = serde_json::json!({
+        "code": RATE_LIMITED,
+        "message": "validate calls are over this arbiter's validate_rate_per_s; retry later",
+    })
+    .to_string();
+    ApiResponse {
+        status: 429,
+        body,
+        headers: vec![(headers::ERROR, RATE_LIMITED.to_owned()), ("retry-after", "1".to_owned())],
+    }
+}
+
+/// Whether `token` is the current grant of `key`, by one linearizable read.
+pub async fn is_current(store: &Store, key: &LockKey, token: FencingToken) -> Result<bool, LockError> {
+    let k = store.keys();
+    let txn = Txn::new().and_then([
+        TxnOp::get(k.holds(&key.digest()), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(k.epoch(), None),
+    ]);
+    let r = store.call(store.client().txn(txn)).await?;
+    let mut ranges = r.op_responses().into_iter().filter_map(|op| match op {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let (Some(holds), Some(epoch)) = (ranges.next(), ranges.next()) else {
+        return Err(LockError::Internal("validate read returned fewer ranges than asked".into()));
+    };
+    let record: EpochRecord = match epoch.kvs().first() {
+        Some(kv) => serde_json::from_slice(kv.value())
+            .map_err(|e| LockError::Internal(format!("epoch record does not parse: {e}")))?,
+        // No epoch record yet: nothing was ever granted under this root.
+        None => return Ok(false),
+    };
+    if let Some(why) = record.sealed {
+        return Err(LockError::Sealed(why));
+    }
+    if token.epoch() != record.epoch {
+        return Ok(false);
+    }
+    let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
+    Ok(holds.kvs().iter().any(|kv| {
+        kv.create_revision() == rev
+            && serde_json::from_slice::<HoldRecord>(kv.value()).is_ok_and(|h| h.epoch == token.epoch())
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_allows_its_rate_and_refills() {
+        let b = RateLimiter::new(3);
+        let t0 = Instant::now();
+        assert!(b.try_take_at(t0) && b.try_take_at(t0) && b.try_take_at(t0));
+        assert!(!b.try_take_at(t0));
+        let t1 = t0 + std::time::Duration::from_millis(340);
+        assert!(b.try_take_at(t1));
+        assert!(!b.try_take_at(t1));
+        let t2 = t1 + std::time::Duration::from_secs(10);
+        assert!(b.try_take_at(t2) && b.try_take_at(t2) && b.try_take_at(t2));
+        assert!(!b.try_take_at(t2));
+    }
+
+    #[test]
+    fn rate_limited_has_a_stable_code() {
+        let r = rate_limited();
+        assert_eq!(r.status, 429);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["code"], RATE_LIMITED);
+        assert!(r.headers.contains(&("x-lockmesh-error", RATE_LIMITED.to_owned())));
+    }
+}

@@ -1,0 +1,269 @@
+//! fence-proxy's configuration file (YAML, unknown fields refused).
+//!
+//! [`RawConfig`] (serde) becomes [`Config`] through validation that collects every
+//! error, each prefixed with the file and field path
+//! (`fence.yaml: routes[1].lock_key: ...`). `--check-config` runs the same code as
+//! startup. Relative paths are relative to the config file.
+//!
+//! ```yaml
+//! listen: "0.0.0.0:8080"          # clients reach the store through this
+//! admin_listen: "0.0.0.0:8081"    # /healthz /readyz /metrics
+//! upstream: "http://127.0.0.1:9000"
+//! marks_dir: /var/lib/lockmesh-fence   # a persistent volume, never scratch space
+//! trusted_keys:
+//!   - { key_id: k2026-01, public_key_file: /etc/lockmesh/grant-k2026-01.pub.pem }
+//! routes:
+//!   - name: items
+//!     path: /items/{id}
+//!     reads: [GET, HEAD]
+//!     resource: "items/{id}"
+//!     lock_key: "orders/items/{id}"
+//!     equal: strict
+//! ```
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use ed25519_dalek::{pkcs8::DecodePublicKey as _, VerifyingKey};
+use lockmesh_core::proof::{KeyId, Verifier};
+use serde::Deserialize;
+
+use crate::route::{EqualRule, Route, Template};
+
+/// Default `upstream_timeout_ms`.
+pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
+/// Default `max_body_bytes`.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Client-facing listen address, `host:port`.
+    pub listen: String,
+    /// Admin listen address: `/healthz`, `/readyz`, `/metrics`.
+    pub admin_listen: String,
+    /// The store, `http://host:port` (plain HTTP on a loopback or pod-local address).
+    pub upstream: String,
+    /// Directory of the durable marks (a persistent volume). Created if missing.
+    /// One fence-proxy process per directory: a second one is refused.
+    pub marks_dir: String,
+    /// Timeout of one forwarded request, ms. Default 10000.
+    pub upstream_timeout_ms: Option<u64>,
+    /// Largest request body forwarded, bytes. Default 16 MiB.
+    pub max_body_bytes: Option<usize>,
+    /// Public keys that grant proofs may be signed with, by key id (several during
+    /// a rotation).
+    pub trusted_keys: Vec<RawTrustedKey>,
+    /// Equal-token rule of routes that do not set one: `strict` (default) or `allow`.
+    pub default_equal: Option<EqualRule>,
+    /// Routes, matched in order; the first whose path template matches wins.
+    pub routes: Vec<RawRoute>,
+    /// Guard of every path no route matches. Without it such requests are refused
+    /// (`403 unlisted_route`): an unlisted route is a write nobody can authorise.
+    pub unlisted: Option<RawGuard>,
+}
+
+/// A trusted public key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTrustedKey {
+    /// The arbiter's `signing.key_id`.
+    pub key_id: String,
+    /// SPKI PEM Ed25519 public key (`-----BEGIN PUBLIC KEY-----`).
+    pub public_key_file: String,
+}
+
+/// One route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Name used in metrics labels and logs.
+    pub name: String,
+    /// Path template: `/` segments, literal or `{var}` (one whole segment).
+    pub path: String,
+    /// Methods that are reads here (pass through). Every other method is a write.
+    #[serde(default)]
+    pub reads: Vec<String>,
+    /// Resource id template (`{var}` from the path, `{header:name}` from a header).
+    pub resource: String,
+    /// Template of the lock key that guards the resource.
+    pub lock_key: String,
+    /// Equal-token rule: `strict` or `allow`. Default `default_equal`.
+    pub equal: Option<EqualRule>,
+}
+
+/// The guard of unlisted routes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGuard {
+    /// Resource id (templates may use `{header:name}` only).
+    pub resource: String,
+    /// Lock key template.
+    pub lock_key: String,
+    /// Equal-token rule.
+    pub equal: Option<EqualRule>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Client-facing listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address.
+    pub admin_listen: SocketAddr,
+    /// `http://host:port` of the store, without a trailing slash.
+    pub upstream: String,
+    /// Marks directory.
+    pub marks_dir: PathBuf,
+    /// Forwarded request timeout.
+    pub upstream_timeout: Duration,
+    /// Largest body.
+    pub max_body_bytes: usize,
+    /// Trusted keys.
+    pub verifier: Verifier,
+    /// Routes in order.
+    pub routes: Vec<Route>,
+    /// Guard of unlisted routes.
+    pub unlisted: Option<Route>,
+}
+
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        base.join(p)
+    }
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Reads, parses and validates `path`, collecting every error.
+    pub fn load(path: &Path) -> Result<Self, Vec<String>> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        Self::try_from_raw(raw, path.parent().unwrap_or(Path::new(".")), &name)
+    }
+
+    /// Validates a parsed file.
+    pub fn try_from_raw(raw: RawConfig, base: &Path, name: &str) -> Result<Self, Vec<String>> {
+        let mut errs = Vec::new();
+        let mut err = |field: &str, msg: String| errs.push(format!("{name}: {field}: {msg}"));
+        let listen = raw
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| err("listen", format!("{:?} is not host:port: {e}", raw.listen)));
+        let admin_listen = raw
+            .admin_listen
+            .parse::<SocketAddr>()
+            .map_err(|e| err("admin_listen", format!("{:?} is not host:port: {e}", raw.admin_listen)));
+        let upstream = raw.upstream.trim_end_matches('/').to_owned();
+        match upstream.strip_prefix("http://") {
+            Some(hp) if !hp.is_empty() && !hp.contains('/') => {}
+            _ => err("upstream", format!("{:?} must be http://host:port (no path)", raw.upstream)),
+        }
+        if raw.marks_dir.is_empty() {
+            err("marks_dir", "must name a directory on a persistent volume".into());
+        }
+        let timeout_ms = raw.upstream_timeout_ms.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_MS);
+        if !(100..=600_000).contains(&timeout_ms) {
+            err("upstream_timeout_ms", format!("{timeout_ms} is outside 100 to 600000"));
+        }
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 || max_body_bytes > 1 << 30 {
+            err("max_body_bytes", format!("{max_body_bytes} is outside 1 to 1073741824"));
+        }
+        let mut verifier = Verifier::new();
+        if raw.trusted_keys.is_empty() {
+            err("trusted_keys", "must list at least one public key (the arbiter's signing key)".into());
+        }
+        for (i, k) in raw.trusted_keys.iter().enumerate() {
+            let kid = KeyId::parse(&k.key_id).map_err(|e| err(&format!("trusted_keys[{i}].key_id"), e));
+            let file = resolve(base, &k.public_key_file);
+            let key = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))
+                .and_then(|pem| {
+                    VerifyingKey::from_public_key_pem(&pem).map_err(|_| {
+                        format!("{} is not an SPKI PEM Ed25519 public key (BEGIN PUBLIC KEY)", file.display())
+                    })
+                })
+                .map_err(|e| err(&format!("trusted_keys[{i}].public_key_file"), e));
+            if let (Ok(kid), Ok(key)) = (kid, key) {
+                if verifier.key_ids().any(|k| *k == kid) {
+                    err(&format!("trusted_keys[{i}].key_id"), format!("{kid} is listed twice"));
+                }
+                verifier.insert(kid, key);
+            }
+        }
+        let default_equal = raw.default_equal.unwrap_or(EqualRule::Strict);
+        if raw.routes.is_empty() && raw.unlisted.is_none() {
+            err("routes", "must list at least one route (or an unlisted guard)".into());
+        }
+        let mut routes = Vec::new();
+        for (i, r) in raw.routes.iter().enumerate() {
+            let at = |f: &str| format!("routes[{i}].{f}");
+            if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                err(&at("name"), format!("{:?} must be 1+ characters of [A-Za-z0-9_-]", r.name));
+            }
+            if routes.iter().any(|x: &Route| x.name == r.name) {
+                err(&at("name"), format!("{:?} is used by an earlier route", r.name));
+            }
+            let path = Template::parse_path(&r.path).map_err(|e| err(&at("path"), e));
+            let vars = path.as_ref().map(Template::vars).unwrap_or_default();
+            let resource = Template::parse(&r.resource, &vars).map_err(|e| err(&at("resource"), e));
+            let lock_key = Template::parse(&r.lock_key, &vars).map_err(|e| err(&at("lock_key"), e));
+            let mut reads = Vec::new();
+            for (j, m) in r.reads.iter().enumerate() {
+                if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+                    err(&format!("routes[{i}].reads[{j}]"), format!("{m:?} is not an upper-case HTTP method"));
+                }
+                reads.push(m.clone());
+            }
+            if let (Ok(path), Ok(resource), Ok(lock_key)) = (path, resource, lock_key) {
+                routes.push(Route {
+                    name: r.name.clone(),
+                    path: Some(path),
+                    reads,
+                    resource,
+                    lock_key,
+                    equal: r.equal.unwrap_or(default_equal),
+                });
+            }
+        }
+        let unlisted = raw.unlisted.as_ref().and_then(|g| {
+            let resource = Template::parse(&g.resource, &[]).map_err(|e| err("unlisted.resource", e));
+            let lock_key = Template::parse(&g.lock_key, &[]).map_err(|e| err("unlisted.lock_key", e));
+            match (resource, lock_key) {
+                (Ok(resource), Ok(lock_key)) => Some(Route {
+                    name: "unlisted".into(),
+                    path: None,
+                    reads: Vec::new(),
+                    resource,
+                    lock_key,
+                    equal: g.equal.unwrap_or(default_equal),
+                }),
+                _ => None,
+            }
+        });
+        match (listen, admin_listen) {
+            (Ok(listen), Ok(admin_listen)) if errs.is_empty() => Ok(Config {
+                listen,
+                admin_listen,
+                upstream,
+                marks_dir: resolve(base, &raw.marks_dir),
+                upstream_timeout: Duration::from_millis(timeout_ms),
+                max_body_bytes,
+                verifier,
+                routes,
+                unlisted,
+            }),
+            _ => Err(errs),
+        }
+    }
+}

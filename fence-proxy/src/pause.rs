@@ -1,0 +1,1 @@
+//! The pause test kit (ADR-17).

@@ -1,0 +1,1 @@
+//! Reference fences inside stores (the first recommendation, ADR-16).
