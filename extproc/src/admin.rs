@@ -42,7 +42,9 @@ async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {
 
 async fn metrics(AxState(state): AxState<Arc<State>>) -> String {
     let seal = state.store.seal().current().map(|s| (s.reason, s.since_ms));
-    state.metrics.render(state.store.queues().keys_waiting(), seal)
+    let mut out = state.metrics.render(state.store.queues().keys_waiting(), seal);
+    out.push_str(&crate::registry::render_metrics(&state).await);
+    out
 }
 
 /// Seal state and marks as JSON (numbers only: no key, token or identity).
@@ -56,5 +58,6 @@ async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<serde_json::V
         "sealed_since_ms": seal.as_ref().map(|s| s.since_ms),
         "marks": { "cluster_id": m.cluster_id, "epoch": m.epoch, "revision": m.revision,
                    "raft_term": m.raft_term, "raft_index": m.raft_index, "updated_ms": m.updated_ms },
+        "classes": crate::registry::status_json(&state).await,
     }))
 }

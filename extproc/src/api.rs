@@ -94,6 +94,8 @@ async fn route(
     let lock = &req.lock;
     // Sealed: every request is refused until the epoch advances.
     state.store.unsealed()?;
+    // Defence in depth: the registry's LockGrants, when it carries any.
+    crate::registry::authorise(state, req)?;
     let r = match (req.method.as_str(), req.path.as_str()) {
         ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
         ("POST", "/v1/locks/release") => {

@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lockmesh_core::class::{ClassRegistry, RawRegistry};
+use lockmesh_core::class::ClassRegistry;
 use serde::Deserialize;
 
 /// Default `max_wait_ms`.
@@ -133,10 +133,7 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 
 /// Loads and validates a registry file; errors are `file: path: message`.
 pub fn load_registry(path: &Path) -> Result<ClassRegistry, Vec<String>> {
-    let name = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-    let raw: RawRegistry = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
-    ClassRegistry::try_from_raw(&raw).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+    crate::registry::load(path)
 }
 
 // === impl Config ===

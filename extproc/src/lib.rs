@@ -18,10 +18,13 @@
 
 pub mod admin;
 pub mod api;
+pub mod classctl;
 pub mod config;
 pub mod internal;
 pub mod lock;
 pub mod metrics;
+pub mod reconcile;
+pub mod registry;
 pub mod respond;
 pub mod restore;
 pub mod server;
@@ -78,6 +81,12 @@ pub async fn run(
         .identity(Identity::from_pem(&config.tls_cert, &config.tls_key))
         .client_ca_root(Certificate::from_pem(&config.client_ca));
     let state = Arc::new(state::State::new(config, store));
+    // The authoritative class records (created from the registry if missing), and
+    // the registry's hot reload.
+    if let Err(e) = state.store.bootstrap_policies(&state.registry()).await {
+        tracing::warn!(error = %e, "could not create the class policy records yet; grants create them");
+    }
+    let reloader = tokio::spawn(registry::watch(state.clone(), state.config.registry_file.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(admin::run(admin, state.clone(), {
         let mut rx = stop_rx.clone();
@@ -99,6 +108,7 @@ pub async fn run(
         .await?;
     let _ = stop_tx.send(true);
     checker.abort();
+    reloader.abort();
     let _ = admin_task.await;
     Ok(())
 }

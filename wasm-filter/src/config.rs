@@ -275,7 +275,8 @@ fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Tra
     let before = errs.len();
     let cluster_ok = !t.arbiter_cluster.is_empty()
         && t.arbiter_cluster.len() <= 255
-        && t.arbiter_cluster.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        // `|` too: Istio names outbound clusters `outbound|<port>||<host>`.
+        && t.arbiter_cluster.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.|".contains(&b));
     if !cluster_ok {
         errs.push("transparent.arbiter_cluster: required, the name of the arbiters' Envoy cluster".into());
     }

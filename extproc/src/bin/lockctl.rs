@@ -8,6 +8,9 @@
 //! - `lockctl run KEY -- CMD ARGS...`: run a command under a lock (the holder
 //!   SDK's `lockmesh_client::run`).
 //!
+//! - `lockctl class check|cost FILE`, `lockctl limit change|resume|cancel|show`:
+//!   class registries and limit changes (`docs/CLASSES.md`).
+//!
 //! The restore runbook is `docs/OPERATIONS.md`.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -31,6 +34,12 @@ enum Cmd {
     /// Restore a snapshot (with a revision bump) into every member's data
     /// directory, wait for etcd, then advance the epoch.
     Restore(Restore),
+    /// Class registry files: `check FILE`, `cost FILE` (docs/CLASSES.md).
+    #[command(subcommand)]
+    Class(lockmesh_extproc::classctl::ClassCmd),
+    /// Class limits: `change`, `resume`, `cancel`, `show` (docs/CLASSES.md).
+    #[command(subcommand)]
+    Limit(lockmesh_extproc::classctl::LimitCmd),
     /// Run a command while holding a lock (like `etcdctl lock`): the token is in
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
     /// then SIGKILL after --grace-ms. Exits with the command's code.
@@ -89,6 +98,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // `class` and `limit` have their own exit codes (lockmesh_extproc::classctl).
+    match &cli.cmd {
+        Cmd::Class(c) => return rt.block_on(lockmesh_extproc::classctl::class(c)),
+        Cmd::Limit(l) => return rt.block_on(lockmesh_extproc::classctl::limit(l)),
+        _ => {}
+    }
     // `run` exits with its command's code (see lockmesh_client::run).
     let cmd = match cli.cmd {
         Cmd::Run(args) => return ExitCode::from(rt.block_on(lockmesh_client::run::main(args))),
@@ -98,6 +113,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cmd {
             Cmd::Run(_) => Ok(()), // answered above
+            Cmd::Class(_) | Cmd::Limit(_) => Ok(()), // answered above
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
