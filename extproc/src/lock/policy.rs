@@ -1,0 +1,250 @@
+//! The authoritative class policies and prefix-to-class map in etcd, and the gate
+//! every grant transaction passes (`docs/CLASSES.md`).
+//!
+//! ```text
+//! <root>/sys/classmap      {"map":[[prefix,class]..],"default":class,...}   no lease
+//! <root>/c/<class>         ClassPolicy {limit,state,change_epoch,...}        no lease
+//! ```
+//!
+//! The YAML registry is desired state; these records are what grants obey. Each
+//! grant transaction compares the mod revision of the class map and of its class's
+//! policy record as this arbiter read them, so a grant commits only under the map
+//! and limit that are authoritative at its commit: an arbiter with an older view
+//! fails the compare, re-reads and retries, and two arbiters never apply different
+//! classes or limits to one key. A draining policy admits nothing (`draining`). A
+//! key whose class in this arbiter's registry is not its authoritative class is
+//! refused (`unavailable`) rather than guessed.
+//!
+//! Missing records are created from the registry (compare-create, so concurrent
+//! arbiters agree on the first writer's). Changes after that go through
+//! `lockctl limit` ([`crate::reconcile`]).
+
+use std::{collections::HashMap, sync::Mutex};
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{
+    key::covers,
+    policy::{ChangeNote, ClassPolicy},
+    ClassRegistry, LockKey,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{mutex::AcquireRequest, now_ms, LockError, Store};
+
+/// The authoritative prefix-to-class map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassMapRecord {
+    /// `(prefix, class)`, longest prefix first.
+    pub map: Vec<(String, String)>,
+    /// The class of keys no prefix covers.
+    pub default: String,
+    /// Who wrote it, when and why.
+    pub last: ChangeNote,
+}
+
+/// This arbiter's cached view of the records, with their mod revisions.
+#[derive(Default)]
+pub struct PolicyCache {
+    policies: Mutex<HashMap<String, (ClassPolicy, i64)>>,
+    map: Mutex<Option<(ClassMapRecord, i64)>>,
+}
+
+/// What one grant transaction adds: the limit, and the compares that pin it.
+#[derive(Debug, Clone)]
+pub struct PolicyGate {
+    /// The authoritative limit of holders per key.
+    pub limit: u32,
+    /// The class the map gives the key.
+    pub class: String,
+    policy_key: String,
+    policy_rev: i64,
+    map_key: String,
+    map_rev: i64,
+}
+
+// === impl ClassMapRecord ===
+
+impl ClassMapRecord {
+    /// The map a registry desires.
+    pub fn from_registry(reg: &ClassRegistry, note: ChangeNote) -> Self {
+        let (map, default) = reg.prefix_map();
+        Self { map, default, last: note }
+    }
+
+    /// The class of `key`: the longest covering prefix, else the default.
+    pub fn class_of(&self, key: &str) -> &str {
+        self.map.iter().find(|(p, _)| covers(p, key)).map_or(self.default.as_str(), |(_, c)| c.as_str())
+    }
+
+    /// True when `reg` desires exactly this map.
+    pub fn matches(&self, reg: &ClassRegistry) -> bool {
+        let (map, default) = reg.prefix_map();
+        self.map == map && self.default == default
+    }
+}
+
+// === impl PolicyGate ===
+
+impl PolicyGate {
+    /// The compares a grant transaction must add.
+    pub fn compares(&self) -> Vec<Compare> {
+        vec![
+            Compare::mod_revision(self.policy_key.as_str(), CompareOp::Equal, self.policy_rev),
+            Compare::mod_revision(self.map_key.as_str(), CompareOp::Equal, self.map_rev),
+        ]
+    }
+
+    /// The reads a grant's failure branch must add (after its own).
+    pub fn reads(&self) -> Vec<TxnOp> {
+        vec![TxnOp::get(self.policy_key.as_str(), None), TxnOp::get(self.map_key.as_str(), None)]
+    }
+}
+
+fn note(actor: &str, action: &str, reason: &str) -> ChangeNote {
+    ChangeNote { actor: actor.into(), reason: reason.into(), at_ms: now_ms(), action: action.into() }
+}
+
+fn internal(e: impl std::fmt::Display) -> LockError {
+    LockError::Internal(e.to_string())
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The gate of one grant: the authoritative class and limit of `req.key`.
+    pub(crate) async fn policy_gate(&self, req: &AcquireRequest) -> Result<PolicyGate, LockError> {
+        let (map, map_rev) = self.class_map(req).await?;
+        let class = map.class_of(req.key.as_str()).to_owned();
+        if class != req.class.name.as_str() {
+            return Err(LockError::Unavailable(format!(
+                "this arbiter's registry gives the key class {}, the authoritative map gives {class}: refusing \
+                 rather than guessing until the registry is applied",
+                req.class.name
+            )));
+        }
+        let (policy, policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+        if !policy.admits() {
+            return Err(LockError::Draining(format!(
+                "class {class} is draining a limit change to {} (change epoch {}); new grants wait for its \
+                 activation or cancel",
+                policy.pending_target.unwrap_or(policy.limit),
+                policy.change_epoch
+            )));
+        }
+        Ok(PolicyGate {
+            limit: policy.limit.max(1),
+            class: class.clone(),
+            policy_key: self.keys().class_policy(&class),
+            policy_rev,
+            map_key: self.keys().class_map(),
+            map_rev,
+        })
+    }
+
+    /// After a failed grant transaction: true (and caches dropped) when the policy
+    /// or the map moved since the gate was read, so the grant must be retried.
+    pub(crate) fn policy_moved(&self, gate: &PolicyGate, ops: &[TxnOpResponse]) -> bool {
+        let gets: Vec<&etcd_client::GetResponse> = ops
+            .iter()
+            .filter_map(|o| match o {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let rev =
+            |g: Option<&&etcd_client::GetResponse>| g.and_then(|g| g.kvs().first()).map_or(0, KeyValue::mod_revision);
+        let n = gets.len();
+        let (p, m) = (rev(gets.get(n.wrapping_sub(2))), rev(gets.get(n.wrapping_sub(1))));
+        let moved = n >= 2 && (p != gate.policy_rev || m != gate.map_rev);
+        if moved {
+            self.forget_policies();
+        }
+        moved
+    }
+
+    /// Drops the cached records (they moved).
+    pub fn forget_policies(&self) {
+        self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    async fn class_map(&self, req: &AcquireRequest) -> Result<(ClassMapRecord, i64), LockError> {
+        if let Some(m) = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(m);
+        }
+        let key = self.keys().class_map();
+        let r = self.call_by(req.deadline, self.client().get(key.as_str(), None)).await?;
+        let m = match r.kvs().first() {
+            Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
+            None => {
+                return Err(LockError::Unavailable("no authoritative class map yet; the arbiter creates it".into()))
+            }
+        };
+        *self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
+        Ok(m)
+    }
+
+    /// The authoritative policy of `class` (cached), created with `create_limit`
+    /// if it does not exist yet.
+    pub async fn class_policy(&self, class: &str, create_limit: Option<u32>) -> Result<(ClassPolicy, i64), LockError> {
+        if let Some(p) = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).get(class) {
+            return Ok(p.clone());
+        }
+        let key = self.keys().class_policy(class);
+        let r = self.call(self.client().get(key.as_str(), None)).await?;
+        let found = match r.kvs().first() {
+            Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
+            None => {
+                let limit =
+                    create_limit.ok_or_else(|| LockError::Unavailable(format!("no policy for class {class}")))?;
+                let p = ClassPolicy::new(
+                    class,
+                    &format!("{class}/{}", now_ms()),
+                    limit,
+                    note("arbiter", "create", "bootstrap from the registry"),
+                )
+                .map_err(internal)?;
+                self.create_if_missing(&key, &p).await?;
+                return Box::pin(self.class_policy(class, None)).await;
+            }
+        };
+        self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).insert(class.to_owned(), found.clone());
+        Ok(found)
+    }
+
+    async fn create_if_missing<T: Serialize>(&self, key: &str, v: &T) -> Result<(), LockError> {
+        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key,
+            serde_json::to_vec(v).map_err(internal)?,
+            None,
+        )]);
+        self.call(self.client().txn(txn)).await.map(|_| ())
+    }
+
+    /// Creates the map and every class's policy that do not exist yet from
+    /// `reg` (the first writer wins; later differences are reported, not applied).
+    pub async fn bootstrap_policies(&self, reg: &ClassRegistry) -> Result<(), LockError> {
+        let map = ClassMapRecord::from_registry(reg, note("arbiter", "create", "bootstrap from the registry"));
+        self.create_if_missing(&self.keys().class_map(), &map).await?;
+        for c in reg.classes() {
+            self.class_policy(c.name.as_str(), Some(c.max_holders)).await?;
+        }
+        self.forget_policies();
+        Ok(())
+    }
+
+    /// Every policy record and the map, read now (for `/status` and metrics).
+    pub async fn read_policies(&self) -> Result<(Vec<ClassPolicy>, Option<ClassMapRecord>), LockError> {
+        let prefix = self.keys().class_policies();
+        let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        let policies = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
+        let m = self.call(self.client().get(self.keys().class_map(), None)).await?;
+        let map = m.kvs().first().and_then(|kv| serde_json::from_slice(kv.value()).ok());
+        Ok((policies, map))
+    }
+}
+
+/// True when `key`'s authoritative class is `class` under `map`.
+pub fn in_class(map: &ClassMapRecord, key: &LockKey, class: &str) -> bool {
+    map.class_of(key.as_str()) == class
+}

@@ -1,0 +1,242 @@
+//! The class registry file: loading (the same code for startup, hot reload and
+//! `lockctl class check`), hot reload, the arbiter's defence-in-depth re-check of
+//! LockGrant authorisation, and the class part of `/status` and `/metrics`.
+//!
+//! Hot reload (ADR-24): a task reads the file every second and compares its bytes
+//! with the last ones seen. A valid new file replaces the registry at once; its
+//! classes' missing policy records are created. An invalid one is refused with
+//! every error logged, the last good set keeps serving, and `/status` and the
+//! `lockmesh_arbiter_registry_reload_errors` gauge show the refusal until a good
+//! file arrives. Limits (`max_holders`) and the prefix map are desired state: a
+//! reload does not change the authoritative records (`lockctl limit` does), and
+//! `/status` shows where desired and authoritative differ.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use lockmesh_core::{
+    class::{Enforcement, RawRegistry},
+    grant::Operation,
+    ClassRegistry,
+};
+use serde_json::{json, Value};
+
+use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
+
+/// How often the registry file is read for changes.
+pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
+
+/// The outcome of the last reload attempts.
+#[derive(Debug, Default)]
+pub struct ReloadStatus(Mutex<ReloadInner>);
+
+#[derive(Debug, Default, Clone)]
+struct ReloadInner {
+    /// Hash of the bytes last seen (good or bad).
+    seen: Option<u64>,
+    /// Errors of the current file, if it was refused.
+    errors: Vec<String>,
+    loaded_ms: u64,
+    reloads: u64,
+    refused: u64,
+}
+
+/// Days since 1970-01-01 now (UTC).
+pub fn today() -> i64 {
+    i64::try_from(now_ms() / 86_400_000).unwrap_or(i64::MAX)
+}
+
+/// Loads and validates a registry file; errors are `file: path: message`, every
+/// one. A fenced class must name a pause-test result file (relative to the
+/// registry); checking its verdict is not wired in yet (see docs/CLASSES.md).
+pub fn load(path: &Path) -> Result<ClassRegistry, Vec<String>> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+    parse(&text).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+}
+
+/// Parses and validates registry text.
+pub fn parse(text: &str) -> Result<ClassRegistry, Vec<String>> {
+    let raw: RawRegistry = serde_yaml::from_str(text).map_err(|e| vec![e.to_string()])?;
+    ClassRegistry::try_from_raw(&raw).map_err(|errs| errs.into_iter().map(|e| e.to_string()).collect())
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+// === impl ReloadStatus ===
+
+impl ReloadStatus {
+    fn get(&self) -> ReloadInner {
+        self.0.lock().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ReloadInner)) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g);
+    }
+}
+
+/// Reads `path` every [`RELOAD_PERIOD`] and swaps in a changed, valid registry.
+pub async fn watch(state: Arc<State>, path: PathBuf) {
+    if let Ok(bytes) = std::fs::read(&path) {
+        state.registry_status.update(|s| {
+            s.seen = Some(hash(&bytes));
+            s.loaded_ms = now_ms();
+        });
+    }
+    loop {
+        tokio::time::sleep(RELOAD_PERIOD).await;
+        reload_once(&state, &path).await;
+    }
+}
+
+/// One reload check (also called by tests).
+pub async fn reload_once(state: &State, path: &Path) {
+    let Ok(bytes) = std::fs::read(path) else {
+        // A missing file (mid-rename) is not a new registry: keep serving.
+        return;
+    };
+    let h = hash(&bytes);
+    if state.registry_status.get().seen == Some(h) {
+        return;
+    }
+    match load(path) {
+        Ok(reg) => {
+            for w in reg.warnings(today()) {
+                tracing::warn!(warning = %w, "class registry");
+            }
+            if let Err(e) = state.store.bootstrap_policies(&reg).await {
+                // The records of new classes are created on first grant instead.
+                tracing::warn!(error = %e, "could not create the policy records of the reloaded registry yet");
+            }
+            state.set_registry(reg);
+            state.registry_status.update(|s| {
+                s.seen = Some(h);
+                s.errors.clear();
+                s.loaded_ms = now_ms();
+                s.reloads += 1;
+            });
+            tracing::info!(file = %path.display(), "class registry reloaded");
+        }
+        Err(errs) => {
+            for e in &errs {
+                tracing::error!(error = %e, "class registry refused; the last good registry keeps serving");
+            }
+            state.registry_status.update(|s| {
+                s.seen = Some(h);
+                s.errors = errs;
+                s.refused += 1;
+            });
+        }
+    }
+}
+
+/// The arbiter's own authorisation check (ADR-19, defence in depth): when the
+/// registry carries LockGrant documents, the request's identity must hold the
+/// route's operation on its key (routes without a key: somewhere).
+pub fn authorise(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
+    let reg = state.registry();
+    let Some(grants) = reg.grants() else { return Ok(()) };
+    let op = match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/v1/locks") => Operation::Inspect,
+        (_, p) if p.starts_with("/v1/validate") => Operation::Validate,
+        (_, p) if p.starts_with("/v1/admin") => Operation::Admin,
+        _ => Operation::Acquire,
+    };
+    let ok = match &req.lock.key {
+        Some(key) => grants.allowed(&req.identity, key, op),
+        None => grants.holds_any(&req.identity, op),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(lockmesh_core::Code::Denied, "not permitted"))
+    }
+}
+
+/// The class part of `/status`: registry reload state, each class's desired and
+/// authoritative policy, and draining ages.
+pub async fn status_json(state: &State) -> Value {
+    let r = state.registry_status.get();
+    let reg = state.registry();
+    let now = now_ms();
+    let (policies, map) = match state.store.read_policies().await {
+        Ok(p) => p,
+        Err(e) => return json!({ "error": e.to_string() }),
+    };
+    let classes: Vec<Value> = reg
+        .classes()
+        .iter()
+        .map(|c| {
+            let p = policies.iter().find(|p| p.class == c.name.as_str());
+            let waiver = match &c.enforcement {
+                Enforcement::Advisory { waiver_expiry_day, risk_owner } => {
+                    json!({ "risk_owner": risk_owner, "expired": *waiver_expiry_day < today() })
+                }
+                Enforcement::Fenced => Value::Null,
+            };
+            json!({
+                "name": c.name, "ttl_s": c.ttl_s, "tier": c.tier, "desired_limit": c.max_holders,
+                "advisory": waiver,
+                "limit": p.map(|p| p.limit), "state": p.map(|p| p.state), "change_epoch": p.map(|p| p.change_epoch),
+                "pending_target": p.and_then(|p| p.pending_target), "policy_id": p.map(|p| p.policy_id.clone()),
+                "draining_age_ms": p.and_then(|p| p.draining_age_ms(now)),
+                "last_change": p.map(|p| p.last.clone()),
+                "desired_differs": p.is_none_or(|p| p.limit != c.max_holders),
+            })
+        })
+        .collect();
+    json!({
+        "registry": { "valid": r.errors.is_empty(), "errors": r.errors, "loaded_ms": r.loaded_ms,
+                      "reloads": r.reloads, "refused": r.refused },
+        "map_matches_registry": map.as_ref().map(|m| m.matches(&reg)),
+        "classes": classes,
+    })
+}
+
+/// The class part of `/metrics` (labels: class names from the registry only).
+pub async fn render_metrics(state: &State) -> String {
+    let mut s = String::new();
+    let r = state.registry_status.get();
+    s.push_str("# HELP lockmesh_arbiter_registry_reload_errors Errors of the refused registry file (0: the file in use is the file on disk).\n");
+    s.push_str("# TYPE lockmesh_arbiter_registry_reload_errors gauge\n");
+    let _ = writeln!(s, "lockmesh_arbiter_registry_reload_errors {}", r.errors.len());
+    s.push_str("# HELP lockmesh_arbiter_registry_reloads_total Registry files loaded after startup.\n");
+    s.push_str("# TYPE lockmesh_arbiter_registry_reloads_total counter\n");
+    let _ = writeln!(s, "lockmesh_arbiter_registry_reloads_total {}", r.reloads);
+    let reg = state.registry();
+    s.push_str("# HELP lockmesh_arbiter_class_waiver_expired 1 when an advisory class's waiver has expired.\n");
+    s.push_str("# TYPE lockmesh_arbiter_class_waiver_expired gauge\n");
+    let expired = reg.expired_waivers(today());
+    for c in reg.classes() {
+        let _ = writeln!(
+            s,
+            "lockmesh_arbiter_class_waiver_expired{{class=\"{}\"}} {}",
+            c.name,
+            u8::from(expired.contains(&&c.name))
+        );
+    }
+    let Ok((policies, _)) = state.store.read_policies().await else { return s };
+    let now = now_ms();
+    s.push_str("# HELP lockmesh_arbiter_class_limit The authoritative holder limit per key of a class.\n");
+    s.push_str("# TYPE lockmesh_arbiter_class_limit gauge\n");
+    for p in policies.iter().filter(|p| reg.get(&p.class).is_some()) {
+        let _ = writeln!(s, "lockmesh_arbiter_class_limit{{class=\"{}\"}} {}", p.class, p.limit);
+    }
+    s.push_str("# HELP lockmesh_arbiter_class_draining_seconds How long a class has been draining a limit change (0: active).\n");
+    s.push_str("# TYPE lockmesh_arbiter_class_draining_seconds gauge\n");
+    for p in policies.iter().filter(|p| reg.get(&p.class).is_some()) {
+        let age = p.draining_age_ms(now).map_or(0.0, |ms| ms as f64 / 1000.0);
+        let _ = writeln!(s, "lockmesh_arbiter_class_draining_seconds{{class=\"{}\"}} {age:.3}", p.class);
+    }
+    s
+}
