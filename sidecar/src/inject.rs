@@ -495,6 +495,20 @@ fn apply(tpl: &mut Value, plan: &Plan, config: &Config) {
         if env.is_empty() {
             store.remove("env");
         }
+        // The kubelet resolves a named probe port in the probe's own container, and
+        // the name moved to fence-proxy: point such probes at the number (they now
+        // reach fence-proxy, as the warnings say).
+        if let Some(name) = plan.port.get("name").and_then(Value::as_str) {
+            for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+                for handler in ["httpGet", "tcpSocket", "grpc"] {
+                    if let Some(port) = store.get_mut(probe).and_then(|p| p.get_mut(handler)).and_then(|h| h.get_mut("port")) {
+                        if port.as_str() == Some(name) {
+                            *port = json!(plan.public_port);
+                        }
+                    }
+                }
+            }
+        }
     }
     array_at(spec, "containers").push(fence);
     let volumes = array_at(spec, "volumes");

@@ -12,6 +12,7 @@ mod configs;
 mod core_lock;
 mod filter;
 mod harness_selftest;
+mod limits;
 mod load_smoke;
 mod restore;
 mod semaphore;

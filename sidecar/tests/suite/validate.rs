@@ -1,0 +1,175 @@
+//! Offline validation of every shipped manifest in deploy/ and of the injector's
+//! output: built-in kinds against Kubernetes' schemas (kubernetes-validate,
+//! strict), Istio kinds against deploy/schemas/*.json, failing on any warning.
+//! The validator runs from the venv scripts/setup installs; if it is missing the
+//! test fails with the command that installs it, it never skips. Also: the
+//! kustomize layout references only files that exist and leaves none out, the
+//! shipped NetworkPolicy is the one the code generates, and the Istio example's
+//! plugin configuration is accepted by the Wasm filter's own parser.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::fixtures::{self, repo_root};
+
+/// YAML files in deploy/ that are not Kubernetes objects.
+const NOT_OBJECTS: [&str; 2] = ["kustomization.yaml", "injector.yaml"];
+
+fn python() -> PathBuf {
+    let p = repo_root().join(".tools/k8s-validate/bin/python");
+    assert!(
+        p.is_file(),
+        "{} is missing: run ./scripts/setup (it installs kubernetes-validate and jsonschema into .tools/k8s-validate)",
+        p.display()
+    );
+    p
+}
+
+/// Runs deploy/schemas/validate.py; returns (success, combined output).
+fn validate(files: &[PathBuf]) -> (bool, String) {
+    let out = Command::new(python())
+        .arg(repo_root().join("deploy/schemas/validate.py"))
+        .args(files)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "yaml") {
+            out.push(p);
+        }
+    }
+    out.sort();
+}
+
+fn shipped_objects() -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    yaml_files(&repo_root().join("deploy"), &mut all);
+    all.retain(|p| !NOT_OBJECTS.contains(&p.file_name().unwrap().to_str().unwrap()));
+    assert!(all.len() >= 10, "expected the shipped manifests, found {all:?}");
+    all
+}
+
+#[test]
+fn shipped_manifests_validate_against_kubernetes_and_istio_schemas() {
+    let files = shipped_objects();
+    let (ok, out) = validate(&files);
+    assert!(ok, "{out}");
+    assert!(!out.contains("WARN") && !out.contains("ERROR"), "{out}");
+    for kind in ["MutatingWebhookConfiguration", "Deployment", "Service", "NetworkPolicy", "WasmPlugin", "EnvoyFilter"] {
+        assert!(out.contains(&format!(" {kind}/")), "{kind} was not validated:\n{out}");
+    }
+}
+
+#[test]
+fn injector_output_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = vec![fixtures::dir().join("manifests/store.injected.yaml")];
+    for golden in ["pod-opted-in", "pod-statefulset-replica"] {
+        let pod = fixtures::json(&format!("golden/{golden}.json"));
+        let path = dir.path().join(format!("{golden}.yaml"));
+        std::fs::write(&path, serde_yaml::to_string(&pod).unwrap()).unwrap();
+        files.push(path);
+    }
+    let (ok, out) = validate(&files);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("OK ").count(), 10, "{out}");
+}
+
+#[test]
+fn the_validator_fails_on_bad_builtin_and_custom_objects_and_unknown_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: a, image: b, imagePullPolicy: Sometimes, bogus: 1}]\n", "'bogus' was unexpected"),
+        ("ef.yaml", "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: e}\nspec:\n  configPatches: [{applyTo: HTTP_FILTR}]\n", "'HTTP_FILTR' is not one of"),
+        ("wp.yaml", "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: w}\nspec: {failStrategy: FAIL_CLOSE}\n", "'url' is a required property"),
+        ("crd.yaml", "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: c}\nspec: {}\n", "no schema for cert-manager.io/v1 Certificate"),
+    ];
+    for (name, text, want) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (ok, out) = validate(&[path]);
+        assert!(!ok, "{name} passed:\n{out}");
+        assert!(out.contains(want), "{name}: expected {want:?} in:\n{out}");
+    }
+}
+
+#[derive(Deserialize)]
+struct Kustomization {
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default, rename = "configMapGenerator")]
+    generators: Vec<Generator>,
+}
+
+#[derive(Deserialize)]
+struct Generator {
+    #[serde(default)]
+    files: Vec<String>,
+}
+
+/// Every kustomization references existing files or folders with a
+/// kustomization, and every shipped object is referenced by one.
+#[test]
+fn kustomize_layout_is_closed() {
+    let mut all = Vec::new();
+    yaml_files(&repo_root().join("deploy"), &mut all);
+    let mut referenced = Vec::new();
+    for k in all.iter().filter(|p| p.file_name().unwrap() == "kustomization.yaml") {
+        let dir = k.parent().unwrap();
+        let parsed: Kustomization = serde_yaml::from_str(&std::fs::read_to_string(k).unwrap()).unwrap();
+        for r in &parsed.resources {
+            let target = dir.join(r);
+            assert!(
+                target.is_file() || target.join("kustomization.yaml").is_file(),
+                "{}: resource {r} does not exist",
+                k.display()
+            );
+            if target.is_file() {
+                referenced.push(target.canonicalize().unwrap());
+            }
+        }
+        for f in parsed.generators.iter().flat_map(|g| &g.files) {
+            assert!(dir.join(f).is_file(), "{}: generator file {f} does not exist", k.display());
+        }
+    }
+    for obj in shipped_objects() {
+        assert!(referenced.contains(&obj.canonicalize().unwrap()), "{} is in no kustomization", obj.display());
+    }
+}
+
+#[test]
+fn shipped_network_policy_is_the_generated_one() {
+    let path = repo_root().join("deploy/fence/networkpolicy-backend-15081.yaml");
+    let shipped: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(shipped, lockmesh_sidecar::policy::network_policy(None, lockmesh_sidecar::config::DEFAULT_BACKEND_PORT));
+}
+
+#[test]
+fn istio_example_plugin_config_is_accepted_by_the_filter_and_fails_closed() {
+    let root = repo_root().join("deploy/istio");
+    let plugin: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("wasmplugin.yaml")).unwrap()).unwrap();
+    assert_eq!(plugin["spec"]["failStrategy"], "FAIL_CLOSE");
+    let config = serde_json::to_vec(&plugin["spec"]["pluginConfig"]).unwrap();
+    if let Err(errs) = lockmesh_wasm_filter::config::parse(&config) {
+        panic!("the filter refuses the WasmPlugin's pluginConfig: {errs:?}");
+    }
+    // ext_proc in the EnvoyFilter never fails open and calls the cluster the filter calls.
+    let filter: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap()).unwrap();
+    let proc = &filter["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["extension_config"]["typed_config"];
+    assert_eq!(proc["failure_mode_allow"], false);
+    assert_eq!(proc["grpc_service"]["envoy_grpc"]["cluster_name"], plugin["spec"]["pluginConfig"]["transparent"]["arbiter_cluster"]);
+    let text = std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap();
+    assert!(text.contains("envoy.reloadable_features.ext_proc_fail_close_spurious_resp: true"));
+}
