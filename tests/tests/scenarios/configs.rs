@@ -104,3 +104,87 @@ fn waits_fit_inside_envoys_timeouts() {
         }
     }
 }
+
+const HCM: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+const EXT_PROC: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor";
+const WITH_MATCHER: &str = "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
+
+fn find_all<'a>(v: &'a serde_yaml::Value, ty: &str, out: &mut Vec<&'a serde_yaml::Value>) {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            if m.get("@type").and_then(|t| t.as_str()) == Some(ty) {
+                out.push(v);
+            }
+            m.values().for_each(|c| find_all(c, ty, out));
+        }
+        serde_yaml::Value::Sequence(s) => s.iter().for_each(|c| find_all(c, ty, out)),
+        _ => {}
+    }
+}
+
+/// Every connection manager with the lockmesh filter: a route that forwards to an
+/// upstream passes the filter and then ext_proc (the only skip allowed is the
+/// filter's own unlocked mark), nothing disables them per route, and a lock tier
+/// (lock API on, no transparent routes) forwards nothing at all.
+#[test]
+fn no_shipped_route_forwards_without_its_lock() {
+    for path in shipped() {
+        let name = path.display();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut hcms = Vec::new();
+        find_all(&doc, HCM, &mut hcms);
+        for hcm in hcms {
+            let filters = hcm["http_filters"].as_sequence().unwrap();
+            let ty = |f: &serde_yaml::Value| f["typed_config"]["@type"].as_str().unwrap_or_default().to_owned();
+            let Some(wasm_at) = filters.iter().position(|f| ty(f) == WASM) else { continue };
+            let proc_at = filters
+                .iter()
+                .position(|f| {
+                    ty(f) == EXT_PROC
+                        || (ty(f) == WITH_MATCHER
+                            && f["typed_config"]["extension_config"]["typed_config"]["@type"].as_str()
+                                == Some(EXT_PROC))
+                })
+                .unwrap_or_else(|| panic!("{name}: the lockmesh filter without ext_proc"));
+            let router_at = filters.iter().position(|f| ty(f).ends_with("router.v3.Router")).unwrap();
+            assert!(wasm_at < proc_at && proc_at < router_at, "{name}: filter order must be wasm, ext_proc, router");
+            let proc = &filters[proc_at]["typed_config"];
+            if ty(&filters[proc_at]) == WITH_MATCHER {
+                let tree = &proc["xds_matcher"]["matcher_tree"];
+                assert_eq!(
+                    tree["input"]["typed_config"]["header_name"].as_str(),
+                    Some("x-lockmesh-unlocked"),
+                    "{name}"
+                );
+                let map = tree["exact_match_map"]["map"].as_mapping().unwrap();
+                assert_eq!(map.len(), 1, "{name}: ext_proc may be skipped on one mark only");
+                assert!(map.get("1").is_some(), "{name}");
+                assert!(
+                    proc["xds_matcher"].get("on_no_match").is_none(),
+                    "{name}: no default action may skip ext_proc"
+                );
+            }
+            let route_config = &hcm["route_config"];
+            let text = serde_yaml::to_string(route_config).unwrap();
+            assert!(!text.contains("typed_per_filter_config"), "{name}: per-route filter config could disable a lock");
+            let conf: serde_json::Value = serde_json::from_str(
+                filters[wasm_at]["typed_config"]["config"]["configuration"]["value"].as_str().unwrap_or("{}"),
+            )
+            .unwrap();
+            let lock_tier = conf["api"].as_bool() != Some(false) && conf.get("transparent").is_none();
+            let mut forwarding = Vec::new();
+            for vh in route_config["virtual_hosts"].as_sequence().unwrap() {
+                for r in vh["routes"].as_sequence().unwrap() {
+                    if r.get("route").is_some() {
+                        forwarding.push(r);
+                    }
+                }
+            }
+            if lock_tier {
+                assert!(forwarding.is_empty(), "{name}: a lock tier must never forward a request upstream");
+            }
+        }
+    }
+}

@@ -103,3 +103,44 @@ proptest! {
         let _ = parse(doc.to_string().as_bytes());
     }
 }
+
+#[test]
+fn transparent_routes_and_their_errors() {
+    let c = parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "arb", "routes": [
+              {"path_prefix": "/"}, {"path_prefix": "/orders", "allow_unlocked": true, "default_wait_ms": 100}]}}"#,
+    )
+    .unwrap();
+    assert!(!c.api);
+    let t = c.transparent.as_ref().unwrap();
+    assert_eq!(
+        (t.arbiter_authority.as_str(), t.callout_timeout_ms, t.reconcile_every_ms),
+        ("lockmesh-arbiter", 2000, 5000)
+    );
+    assert_eq!(c.transparent_route(b"/orders/1").unwrap().default_wait_ms, 100);
+    assert_eq!(c.transparent_route(b"/orders").unwrap().path_prefix, "/orders");
+    assert_eq!(c.transparent_route(b"/orders-old").unwrap().path_prefix, "/");
+    assert_eq!(c.transparent_route(b"/x").unwrap().default_wait_ms, 5000);
+    let e = parse(
+        br#"{"api": false, "max_wait_ms": 1000, "transparent": {"arbiter_cluster": "", "callout_timeout_ms": 5,
+              "reconcile_every_ms": 1, "routes": [{"path_prefix": "orders"}, {"path_prefix": "/a"},
+              {"path_prefix": "/a"}, {"path_prefix": "/b", "default_wait_ms": 5000}, {"path": "/c"}]}}"#,
+    )
+    .unwrap_err();
+    let want = [
+        "transparent.arbiter_cluster: required",
+        "transparent.callout_timeout_ms: 5 is outside",
+        "transparent.reconcile_every_ms: 1 is outside",
+        "transparent.routes[0].path_prefix: \"orders\" must start with '/'",
+        "transparent.routes[2].path_prefix: \"/a\" is listed twice",
+        "transparent.routes[3].default_wait_ms: above max_wait_ms 1000",
+        "transparent.routes[4]: unknown field `path`",
+    ];
+    for w in want {
+        assert!(e.iter().any(|m| m.starts_with(w)), "missing {w:?} in {e:#?}");
+    }
+    let e = parse(br#"{"api": false}"#).unwrap_err();
+    assert!(e[0].starts_with("api: false needs transparent routes"), "{e:?}");
+    let e = parse(br#"{"transparent": {"arbiter_cluster": "a", "routes": []}}"#).unwrap_err();
+    assert!(e[0].starts_with("transparent.routes: at least one"), "{e:?}");
+}

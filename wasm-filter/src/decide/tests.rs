@@ -125,3 +125,66 @@ proptest! {
         }
     }
 }
+
+fn sidecar() -> Config {
+    crate::config::parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "lockmesh_arbiter",
+              "routes": [{"path_prefix": "/", "default_wait_ms": 2000},
+                         {"path_prefix": "/public", "allow_unlocked": true}]},
+             "grants": [{"identity": "spiffe://lockmesh.test/ns/payments/", "prefixes": ["payments"], "operations": ["acquire"]}]}"#,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_transparent_route_needs_a_key_unless_it_allows_unlocked_requests() {
+    let d = on_request_headers(&sidecar(), &h("POST", "/orders/1", &[]), Some(ID));
+    let Decision::Reject { status, code, body } = d else { panic!("{d:?}") };
+    assert_eq!((status, code), (428, Code::LockRequired));
+    assert!(body.contains("x-lock-key"), "{body}");
+    // Unlocked, with every lock and internal header stripped and the mark set.
+    let d = on_request_headers(
+        &sidecar(),
+        &h(
+            "GET",
+            "/public/x?y=1",
+            &[("x-lock-token", b"5"), ("x-lockmesh-unlocked", b"1"), ("x-lock-session", b"00000000000000ff")],
+        ),
+        Some(BILLING),
+    );
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert!(p.unlocked && p.key.is_none() && p.route == Route::Transparent);
+    assert_eq!(p.remove, ["x-lock-session", "x-lock-token", "x-lockmesh-unlocked"]);
+    assert!(p.set.contains(&(headers::UNLOCKED, "1".to_owned())));
+    // `/public-old` is not under `/public`: it is a locked route.
+    assert_eq!(http_status(&on_request_headers(&sidecar(), &h("GET", "/public-old", &[]), Some(ID))), 428);
+}
+
+#[test]
+fn a_transparent_request_is_authorised_queued_and_stripped_of_tokens() {
+    let d = on_request_headers(
+        &sidecar(),
+        &h("POST", "/orders/1", &[("x-lock-key", b"payments/o-1"), ("x-lock-token", b"42"), ("x-lock-proof", b"v1.x")]),
+        Some(ID),
+    );
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert!(!p.unlocked && p.route.queues());
+    assert_eq!(p.wait_ms, 2000, "the route's default wait");
+    assert_eq!(p.remove, ["x-lock-proof", "x-lock-token"]);
+    assert!(!p.set.iter().any(|(n, _)| *n == headers::UNLOCKED));
+    // An explicit wait wins; over the maximum is refused.
+    let d = on_request_headers(
+        &sidecar(),
+        &h("POST", "/o", &[("x-lock-key", b"payments/o-1"), ("x-lock-wait-ms", b"0")]),
+        Some(ID),
+    );
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert_eq!(p.wait_ms, 0);
+    // Another namespace: the one denial.
+    let d = on_request_headers(&sidecar(), &h("POST", "/o", &[("x-lock-key", b"billing/o-1")]), Some(ID));
+    assert_eq!(d, Decision::denied());
+    // The API routes are not served on a sidecar (api: false): they are app paths.
+    let d = on_request_headers(&sidecar(), &acq(&[("x-lock-key", b"payments/o-1")]), Some(ID));
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert_eq!(p.route, Route::Transparent);
+}
