@@ -37,6 +37,9 @@ pub enum Code {
     NotFound,
     /// A transparent-mode route requires `x-lock-key` and the request has none.
     LockRequired,
+    /// The caller is over a rate limit (its identity's on the lock tier, or
+    /// ValidateToken's); nothing was queued or read.
+    RateLimited,
     /// A bug or an unexpected state; nothing was granted.
     Internal,
 }
@@ -52,7 +55,7 @@ pub enum Reason {
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 16] = [
+    pub const ALL: [Code; 17] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -68,6 +71,7 @@ impl Code {
         Code::QueueFull,
         Code::NotFound,
         Code::LockRequired,
+        Code::RateLimited,
         Code::Internal,
     ];
 
@@ -89,6 +93,7 @@ impl Code {
             Code::QueueFull => "queue_full",
             Code::NotFound => "not_found",
             Code::LockRequired => "lock_required",
+            Code::RateLimited => "rate_limited",
             Code::Internal => "internal",
         }
     }
@@ -103,7 +108,7 @@ impl Code {
             Code::Contended | Code::Leaked | Code::NotHolder => 409,
             Code::SessionExpired => 410,
             Code::LockRequired => 428,
-            Code::QueueFull => 429,
+            Code::QueueFull | Code::RateLimited => 429,
             Code::Internal => 500,
             Code::Sealed | Code::Unavailable | Code::Draining => 503,
         }
