@@ -15,6 +15,7 @@
 //! - [`envoy`]: [`EnvoyProcess`] from a shipped `envoy-config/*.yaml`.
 //! - [`arbiter`]: [`ArbiterProcess`] (`lockmesh-extproc`).
 //! - [`backend`]: [`Backend`], the recording upstream.
+//! - [`fence`]: the grant signing key, [`fence::KvStore`] and [`fence::FenceProxyProcess`].
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
 //! - [`stack`]: [`Stack`], all of the above for one scenario.
 //!
@@ -34,6 +35,7 @@ pub mod certs;
 pub mod client;
 pub mod envoy;
 pub mod etcd;
+pub mod fence;
 pub mod load;
 pub mod paths;
 pub mod ports;

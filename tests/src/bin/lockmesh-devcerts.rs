@@ -7,7 +7,8 @@
 //!
 //! Writes the CA, Envoy's and the arbiter's server certs, Envoy's client cert,
 //! one client cert per `--client <namespace>/<service account>` and a rogue
-//! cert (see `lockmesh_tests::certs`), then prints every file. Existing files
+//! cert (see `lockmesh_tests::certs`) and the Ed25519 grant signing key pair
+//! (`grant-signing-key.pem`, `grant-signing-pub.pem`), then prints every file. Existing files
 //! are kept, so running it again changes nothing. Exits 64 on invalid
 //! arguments and 1 on any other failure.
 
@@ -57,6 +58,9 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<()> {
     let pki = DevPki::generate(&args.out, &args.trust_domain)
         .with_context(|| format!("generate PKI in {}", args.out.display()))?;
+    let signing = lockmesh_tests::fence::ensure_signing_key(&args.out).context("grant signing key")?;
+    println!("# grant signing key {} -> {}", signing.kid, signing.key_file.display());
+    println!("{}", signing.pub_file.display());
     for (ns, sa) in &args.clients {
         let cert = pki.client(ns, sa)?;
         println!("# {} -> {}", cert.spiffe_id, cert.cert_path.display());

@@ -10,6 +10,7 @@ mod arbiter_direct;
 mod classes_min;
 mod configs;
 mod core_lock;
+mod fencing;
 mod filter;
 mod harness_selftest;
 mod limits;

@@ -1,1 +1,0 @@
-//! Reference fences inside stores (the first recommendation, ADR-16).
