@@ -176,9 +176,11 @@ pub fn read(annotations: Option<&Value>, at: &str) -> Result<Request, Vec<Refusa
             }
         }
     }
-    for (k, v) in
-        [(CONFIG_MAP, &req.config_map), (MARKS_CLAIM, &req.marks_claim), (MARKS_STORAGE_CLASS, &req.marks_storage_class)]
-    {
+    for (k, v) in [
+        (CONFIG_MAP, &req.config_map),
+        (MARKS_CLAIM, &req.marks_claim),
+        (MARKS_STORAGE_CLASS, &req.marks_storage_class),
+    ] {
         if let Some(v) = v {
             if !is_dns_subdomain(v) {
                 bad(k, format!("{v:?} is not an object name (a DNS-1123 subdomain)"));

@@ -120,9 +120,8 @@ impl Config {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| {
-                vec![ConfigError { file: file.to_owned(), field: "-".into(), message: e.to_string() }]
-            })?
+            serde_yaml::from_str(text)
+                .map_err(|e| vec![ConfigError { file: file.to_owned(), field: "-".into(), message: e.to_string() }])?
         };
         Self::try_from_raw(raw, file)
     }
@@ -170,7 +169,10 @@ impl Config {
                 let Some(map) = map else { continue };
                 for (k, v) in &map {
                     if !matches!(k.as_str(), "cpu" | "memory" | "ephemeral-storage") {
-                        err(&format!("resources.{name}.{k}"), "unknown resource: use cpu, memory or ephemeral-storage".into());
+                        err(
+                            &format!("resources.{name}.{k}"),
+                            "unknown resource: use cpu, memory or ephemeral-storage".into(),
+                        );
                     } else if !is_quantity(v) {
                         err(&format!("resources.{name}.{k}"), format!("{v:?} is not a Kubernetes quantity"));
                     }

@@ -20,10 +20,14 @@
 use serde_json::{json, Map, Value};
 
 use crate::{
-    annotations::{self, FenceRequest, PortRef, Request},
+    annotations::{self, Request},
     config::Config,
     refusal::{Code, InjectError, Refusal},
 };
+
+mod plan;
+
+use plan::{plan, Plan};
 
 /// Name of the injected container.
 pub const CONTAINER: &str = "lockmesh-fence";
@@ -152,7 +156,9 @@ fn deployment_shape(object: &Value) -> Vec<Refusal> {
 
 fn refuse_other_kind(object: &Value, kind: &str) -> Option<Refusal> {
     let (pointer, at) = match kind {
-        "CronJob" => ("/spec/jobTemplate/spec/template/metadata/annotations", "spec.jobTemplate.spec.template.metadata"),
+        "CronJob" => {
+            ("/spec/jobTemplate/spec/template/metadata/annotations", "spec.jobTemplate.spec.template.metadata")
+        }
         _ => ("/spec/template/metadata/annotations", "spec.template.metadata"),
     };
     let opted_in = object.pointer(pointer).and_then(|a| a.get(annotations::FENCE)).and_then(Value::as_str);
@@ -214,268 +220,6 @@ fn existing_claim_template(root: &Value) -> Option<usize> {
         .position(|t| t.pointer("/metadata/name").and_then(Value::as_str) == Some(MARKS_VOLUME))
 }
 
-/// Everything decided before the template is touched.
-struct Plan {
-    store: usize,
-    port_index: usize,
-    port: Value,
-    public_port: u16,
-    backend_port: u16,
-    config_map: String,
-    /// The marks volume to add to the pod, if the pod has none.
-    marks_volume: Option<Value>,
-    marks_desc: String,
-    /// Whether a StatefulSet needs the marks claim template added.
-    add_claim_template: bool,
-    backend_port_env: Option<String>,
-    backend_host_env: Option<String>,
-    add_fs_group: bool,
-    warnings: Vec<String>,
-}
-
-fn plan(
-    tpl: &Value,
-    at: &str,
-    req: &FenceRequest,
-    marks: MarksSource,
-    has_claim_template: bool,
-    config: &Config,
-) -> Result<Plan, Vec<Refusal>> {
-    let mut errs = Vec::new();
-    let ann = |k: &str| format!("{at}metadata.annotations[\"{k}\"]");
-    let empty = Vec::new();
-    let containers = tpl.pointer("/spec/containers").and_then(Value::as_array).unwrap_or(&empty);
-    let init = tpl.pointer("/spec/initContainers").and_then(Value::as_array).unwrap_or(&empty);
-    let volumes = tpl.pointer("/spec/volumes").and_then(Value::as_array).unwrap_or(&empty);
-    if containers.is_empty() {
-        return Err(vec![Refusal::new(Code::Malformed, format!("{at}spec.containers"), "must list at least one container")]);
-    }
-    let name_of = |c: &Value| c.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
-    if containers.iter().chain(init).any(|c| name_of(c) == CONTAINER) {
-        errs.push(Refusal::new(
-            Code::NameClash,
-            format!("{at}spec.containers"),
-            format!("a container named {CONTAINER} already exists but {} is absent: remove it or the status annotation was lost", annotations::STATUS),
-        ));
-    }
-    if volumes.iter().any(|v| name_of(v) == CONFIG_VOLUME) {
-        errs.push(Refusal::new(Code::NameClash, format!("{at}spec.volumes"), format!("a volume named {CONFIG_VOLUME} already exists")));
-    }
-
-    // The store container.
-    let store = match &req.store_container {
-        Some(name) => containers.iter().position(|c| name_of(c) == *name).or_else(|| {
-            errs.push(Refusal::new(Code::StoreContainer, ann(annotations::STORE_CONTAINER), format!("no container named {name:?}")));
-            None
-        }),
-        None if containers.len() == 1 => Some(0),
-        None => {
-            errs.push(Refusal::new(
-                Code::StoreContainer,
-                ann(annotations::STORE_CONTAINER),
-                format!("required: the pod has {} containers, name the store's", containers.len()),
-            ));
-            None
-        }
-    };
-
-    // The client-facing port, moved to the proxy.
-    let mut port = None;
-    if let Some(si) = store {
-        let sname = name_of(&containers[si]);
-        let ports = containers[si].get("ports").and_then(Value::as_array).unwrap_or(&empty);
-        let field = ann(annotations::STORE_PORT);
-        let found = match &req.store_port {
-            Some(r) => ports.iter().position(|p| port_matches(p, r)).or_else(|| {
-                errs.push(Refusal::new(Code::StorePort, field.clone(), format!("container {sname:?} declares no such port ({})", port_ref_str(r))));
-                None
-            }),
-            None if ports.len() == 1 => Some(0),
-            None => {
-                errs.push(Refusal::new(
-                    Code::StorePort,
-                    field.clone(),
-                    format!("required: container {sname:?} declares {} ports, name the one clients use", ports.len()),
-                ));
-                None
-            }
-        };
-        if let Some(pi) = found {
-            let p = &ports[pi];
-            let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
-            let number = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0);
-            match number {
-                Some(_) if proto != "TCP" => errs.push(Refusal::new(
-                    Code::StorePort,
-                    field,
-                    format!("port {} of container {sname:?} is {proto}: fence-proxy fronts HTTP over TCP only", p.get("containerPort").unwrap_or(&Value::Null)),
-                )),
-                Some(n) => port = Some((pi, p.clone(), n)),
-                None => errs.push(Refusal::new(Code::Malformed, format!("{at}spec.containers[{si}].ports[{pi}].containerPort"), "must be a port number 1-65535")),
-            }
-        }
-    }
-
-    // The backend port, and how the store learns it.
-    let backend_port = req.backend_port.unwrap_or(config.default_backend_port);
-    if req.backend_port.is_none() && req.backend_port_env.is_none() {
-        errs.push(Refusal::new(
-            Code::StoreNotMoved,
-            ann(annotations::BACKEND_PORT_ENV),
-            format!(
-                "nothing moves the store off its client port: set {} to the environment variable your store reads its listen port from, or set {} to the loopback port the store is already configured to listen on",
-                annotations::BACKEND_PORT_ENV,
-                annotations::BACKEND_PORT
-            ),
-        ));
-    }
-    let mut used: Vec<(u16, String)> = Vec::new();
-    for c in containers.iter().chain(init) {
-        for p in c.get("ports").and_then(Value::as_array).unwrap_or(&empty) {
-            if let Some(n) = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()) {
-                used.push((n, format!("port {n} of container {:?}", name_of(c))));
-            }
-            if p.get("name").and_then(Value::as_str) == Some(ADMIN_PORT_NAME) {
-                errs.push(Refusal::new(Code::PortConflict, format!("{at}spec.containers"), format!("container {:?} already has a port named {ADMIN_PORT_NAME}", name_of(c))));
-            }
-        }
-    }
-    for (n, what) in &used {
-        if *n == backend_port {
-            errs.push(Refusal::new(Code::PortConflict, ann(annotations::BACKEND_PORT), format!("backend port {backend_port} is already {what}")));
-        }
-        if *n == config.admin_port {
-            errs.push(Refusal::new(
-                Code::PortConflict,
-                format!("{at}spec.containers"),
-                format!("fence-proxy's admin port {} (injector config admin_port) is already {what}", config.admin_port),
-            ));
-        }
-    }
-    if backend_port == config.admin_port {
-        errs.push(Refusal::new(Code::PortConflict, ann(annotations::BACKEND_PORT), format!("backend port {backend_port} is fence-proxy's admin port")));
-    }
-
-    let Some(config_map) = req.config_map.clone() else {
-        errs.push(Refusal::new(
-            Code::ConfigMapMissing,
-            ann(annotations::CONFIG_MAP),
-            format!("required: name the ConfigMap holding fence-proxy's {CONFIG_FILE} (its routes, keys and verification keys)"),
-        ));
-        return Err(errs);
-    };
-
-    // The marks: persistent, never scratch space.
-    let existing = volumes.iter().find(|v| name_of(v) == MARKS_VOLUME);
-    let mut marks_volume = None;
-    let mut marks_desc = String::new();
-    let mut add_claim_template = false;
-    match (existing, marks) {
-        (Some(v), _) => match v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str) {
-            Some(claim) if req.marks_claim.as_deref().is_none_or(|c| c == claim) => marks_desc = format!("claim:{claim}"),
-            Some(claim) => errs.push(Refusal::new(
-                Code::NameClash,
-                ann(annotations::MARKS_CLAIM),
-                format!("names a claim but volume {MARKS_VOLUME} already mounts claim {claim:?}"),
-            )),
-            None => errs.push(Refusal::new(
-                Code::MarksNotPersistent,
-                format!("{at}spec.volumes"),
-                format!("volume {MARKS_VOLUME} must be a persistentVolumeClaim: marks in scratch space are lost on reschedule, and a stale token would pass"),
-            )),
-        },
-        (None, MarksSource::ClaimTemplate) => {
-            if req.marks_claim.is_some() {
-                errs.push(Refusal::new(
-                    Code::WorkloadShape,
-                    ann(annotations::MARKS_CLAIM),
-                    "not allowed on a StatefulSet: each replica gets its own claim from a volumeClaimTemplate, one named claim would be shared by every replica",
-                ));
-            }
-            marks_desc = format!("template:{MARKS_VOLUME}");
-            add_claim_template = !has_claim_template;
-        }
-        (None, MarksSource::PodVolumeOrClaim | MarksSource::Claim) => match &req.marks_claim {
-            Some(claim) => {
-                marks_volume = Some(json!({"name": MARKS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}));
-                marks_desc = format!("claim:{claim}");
-            }
-            None => errs.push(Refusal::new(
-                Code::MarksClaimMissing,
-                ann(annotations::MARKS_CLAIM),
-                format!(
-                    "required: name an existing PersistentVolumeClaim for fence-proxy's marks (or, for a StatefulSet's pods, add a volumeClaimTemplate named {MARKS_VOLUME}); marks are never kept in scratch space, they must survive a restart and a reschedule"
-                ),
-            )),
-        },
-    }
-
-    let (Some(store), Some((port_index, port, public_port))) = (store, port) else { return Err(errs) };
-    if public_port == config.admin_port {
-        errs.push(Refusal::new(Code::PortConflict, ann(annotations::STORE_PORT), format!("store port {public_port} is fence-proxy's admin port (injector config admin_port)")));
-    }
-    if !errs.is_empty() {
-        return Err(errs);
-    }
-    let warnings = probe_warnings(&containers[store], &port, public_port);
-    let add_fs_group = tpl.pointer("/spec/securityContext/fsGroup").is_none();
-    Ok(Plan {
-        store,
-        port_index,
-        port,
-        public_port,
-        backend_port,
-        config_map,
-        marks_volume,
-        marks_desc,
-        add_claim_template,
-        backend_port_env: req.backend_port_env.clone(),
-        backend_host_env: req.backend_host_env.clone(),
-        add_fs_group,
-        warnings,
-    })
-}
-
-fn port_matches(p: &Value, r: &PortRef) -> bool {
-    match r {
-        PortRef::Number(n) => p.get("containerPort").and_then(Value::as_u64) == Some(u64::from(*n)),
-        PortRef::Name(name) => p.get("name").and_then(Value::as_str) == Some(name),
-    }
-}
-
-fn port_ref_str(r: &PortRef) -> String {
-    match r {
-        PortRef::Number(n) => format!("number {n}"),
-        PortRef::Name(n) => format!("name {n:?}"),
-    }
-}
-
-/// Store probes on the moved port now reach fence-proxy, not the store.
-fn probe_warnings(store: &Value, port: &Value, number: u16) -> Vec<String> {
-    let sname = store.get("name").and_then(Value::as_str).unwrap_or("");
-    let pname = port.get("name").and_then(Value::as_str);
-    let hits = |v: Option<&Value>| match v {
-        Some(Value::Number(n)) => n.as_u64() == Some(u64::from(number)),
-        Some(Value::String(s)) => Some(s.as_str()) == pname,
-        _ => false,
-    };
-    let mut out = Vec::new();
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
-        let Some(p) = store.get(probe) else { continue };
-        if let Some(h) = p.get("httpGet").filter(|h| hits(h.get("port"))) {
-            let path = h.get("path").and_then(Value::as_str).unwrap_or("/");
-            out.push(format!(
-                "container {sname:?} {probe} (GET {path} on port {number}) now passes through fence-proxy: list GET {path} as a read route in {CONFIG_FILE}, or it is treated as a write and refused"
-            ));
-        } else if p.get("grpc").is_some_and(|g| hits(g.get("port"))) {
-            out.push(format!("container {sname:?} {probe} (gRPC on port {number}) now reaches fence-proxy, which fronts HTTP/1 stores only: use an exec probe"));
-        } else if p.get("tcpSocket").is_some_and(|t| hits(t.get("port"))) {
-            out.push(format!("container {sname:?} {probe} (TCP on port {number}) now checks fence-proxy's listener, not the store"));
-        }
-    }
-    out
-}
-
 fn apply(tpl: &mut Value, plan: &Plan, config: &Config) {
     let fence = fence_container(plan, config);
     let Some(spec) = tpl.get_mut("spec").and_then(Value::as_object_mut) else { return };
@@ -501,7 +245,9 @@ fn apply(tpl: &mut Value, plan: &Plan, config: &Config) {
         if let Some(name) = plan.port.get("name").and_then(Value::as_str) {
             for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
                 for handler in ["httpGet", "tcpSocket", "grpc"] {
-                    if let Some(port) = store.get_mut(probe).and_then(|p| p.get_mut(handler)).and_then(|h| h.get_mut("port")) {
+                    if let Some(port) =
+                        store.get_mut(probe).and_then(|p| p.get_mut(handler)).and_then(|h| h.get_mut("port"))
+                    {
                         if port.as_str() == Some(name) {
                             *port = json!(plan.public_port);
                         }
@@ -537,9 +283,7 @@ fn apply(tpl: &mut Value, plan: &Plan, config: &Config) {
 
 fn fence_container(plan: &Plan, config: &Config) -> Value {
     let admin = config.admin_port;
-    let probe = |path: &str, period: u32| {
-        json!({"httpGet": {"path": path, "port": ADMIN_PORT_NAME}, "periodSeconds": period, "timeoutSeconds": 2, "failureThreshold": 3})
-    };
+    let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": ADMIN_PORT_NAME}, "periodSeconds": period, "timeoutSeconds": 2, "failureThreshold": 3});
     json!({
         "name": CONTAINER,
         "image": config.image,

@@ -90,7 +90,10 @@ mod tests {
         let ops = diff(&json!({"a": [1], "gone": true}), &json!({"a": [1, 2]}));
         assert_eq!(
             ops,
-            [Operation::Replace { path: "/a".into(), value: json!([1, 2]) }, Operation::Remove { path: "/gone".into() }]
+            [
+                Operation::Replace { path: "/a".into(), value: json!([1, 2]) },
+                Operation::Remove { path: "/gone".into() }
+            ]
         );
     }
 }

@@ -153,7 +153,9 @@ pub async fn run(
                 match certs.reload() {
                     Ok(true) => tracing::info!("serving certificate reloaded"),
                     Ok(false) => {}
-                    Err(e) => tracing::error!(error = %e, "serving certificate rotation failed to load; keeping the old one"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "serving certificate rotation failed to load; keeping the old one")
+                    }
                 }
             }
         })
@@ -206,7 +208,9 @@ async fn mutate(State(config): State<Arc<Config>>, body: Bytes) -> impl IntoResp
             }
             match serde_json::to_vec(&answer) {
                 Ok(json) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], json).into_response(),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the review: {e}\n")).into_response(),
+                Err(e) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the review: {e}\n")).into_response()
+                }
             }
         }
         Err(e) => {
@@ -215,4 +219,3 @@ async fn mutate(State(config): State<Arc<Config>>, body: Bytes) -> impl IntoResp
         }
     }
 }
-

@@ -144,7 +144,12 @@ pub fn review(body: &[u8], config: &Config) -> Result<(AdmissionReview, Verdict)
     let request = review.request.ok_or(ReviewError::NoRequest)?;
     let (response, verdict) = respond(&request, config);
     Ok((
-        AdmissionReview { api_version: API_VERSION.into(), kind: "AdmissionReview".into(), request: None, response: Some(response) },
+        AdmissionReview {
+            api_version: API_VERSION.into(),
+            kind: "AdmissionReview".into(),
+            request: None,
+            response: Some(response),
+        },
         verdict,
     ))
 }
@@ -181,7 +186,10 @@ fn respond(request: &AdmissionRequest, config: &Config) -> (AdmissionResponse, V
                     },
                     Verdict::Injected,
                 ),
-                Err(e) => (deny(allow, format!("lockmesh fence injection failed: cannot encode the patch: {e}")), Verdict::Denied),
+                Err(e) => (
+                    deny(allow, format!("lockmesh fence injection failed: cannot encode the patch: {e}")),
+                    Verdict::Denied,
+                ),
             }
         }
         Ok(Outcome::Untouched | Outcome::AlreadyInjected) => (allow, Verdict::Untouched),

@@ -28,7 +28,9 @@ fn docs(yaml: &str) -> Vec<Value> {
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).unwrap_or_else(|| panic!("no {kind} {name}"))
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
 #[test]
@@ -54,7 +56,11 @@ fn multi_document_manifest_is_injected_like_kube_inject() {
     let templates = sts["spec"]["volumeClaimTemplates"].as_array().unwrap();
     let marks = templates.iter().find(|t| t["metadata"]["name"] == "lockmesh-fence-marks").unwrap();
     assert_eq!(marks["spec"]["resources"]["requests"]["storage"], "2Gi");
-    assert!(sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap().iter().all(|v| v["name"] != "lockmesh-fence-marks"));
+    assert!(sts["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|v| v["name"] != "lockmesh-fence-marks"));
     // The Deployment mounts the named claim; its store was already on 9090.
     let dep = find(&after, "Deployment", "ledger-store");
     let vols = dep["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
@@ -84,7 +90,12 @@ fn refused_objects_fail_with_every_reason() {
     assert!(out.stdout.is_empty(), "nothing is written when a document is refused");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("document 1 (Deployment shop/cache): [workload_shape] spec.replicas: a fenced Deployment must have at most 1 replica, got 3"), "{stderr}");
-    assert!(stderr.contains("[workload_shape] spec.strategy.type: must be Recreate for a fenced Deployment, got RollingUpdate"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "[workload_shape] spec.strategy.type: must be Recreate for a fenced Deployment, got RollingUpdate"
+        ),
+        "{stderr}"
+    );
     assert!(stderr.contains("document 2 (DaemonSet d): [workload_shape]"), "{stderr}");
 }
 

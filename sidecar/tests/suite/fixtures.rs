@@ -32,9 +32,10 @@ pub fn golden_json(rel: &str, got: &Value) {
         std::fs::write(&path, serde_json::to_string_pretty(got).unwrap() + "\n").unwrap();
         return;
     }
-    let want: Value = serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (run with LOCKMESH_BLESS=1 to create it)", path.display())
-    }))
+    let want: Value = serde_json::from_slice(
+        &std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with LOCKMESH_BLESS=1 to create it)", path.display())),
+    )
     .unwrap();
     assert!(
         *got == want,

@@ -73,7 +73,13 @@ async fn tls_webhook_process_answers_an_admission_review() {
     assert_eq!(health.status(), 200);
 
     let body = fixtures::admission("pod-opted-in.json");
-    let resp = client.post(format!("{base}/mutate")).header("content-type", "application/json").body(body).send().await.unwrap();
+    let resp = client
+        .post(format!("{base}/mutate"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), reqwest::Version::HTTP_11);
     let review: Value = resp.json().await.unwrap();
@@ -86,7 +92,8 @@ async fn tls_webhook_process_answers_an_admission_review() {
     let patch: Value = serde_json::from_slice(&patch).unwrap();
     assert!(patch.as_array().unwrap().iter().any(|op| op["path"] == "/spec/containers"), "{patch}");
 
-    let untouched = client.post(format!("{base}/mutate")).body(fixtures::admission("pod-no-annotation.json")).send().await.unwrap();
+    let untouched =
+        client.post(format!("{base}/mutate")).body(fixtures::admission("pod-no-annotation.json")).send().await.unwrap();
     let review: Value = untouched.json().await.unwrap();
     assert_eq!(review["response"]["allowed"], true);
     assert!(review["response"].get("patch").is_none());

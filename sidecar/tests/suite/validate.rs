@@ -32,11 +32,7 @@ fn python() -> PathBuf {
 
 /// Runs deploy/schemas/validate.py; returns (success, combined output).
 fn validate(files: &[PathBuf]) -> (bool, String) {
-    let out = Command::new(python())
-        .arg(repo_root().join("deploy/schemas/validate.py"))
-        .args(files)
-        .output()
-        .unwrap();
+    let out = Command::new(python()).arg(repo_root().join("deploy/schemas/validate.py")).args(files).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
@@ -67,7 +63,8 @@ fn shipped_manifests_validate_against_kubernetes_and_istio_schemas() {
     let (ok, out) = validate(&files);
     assert!(ok, "{out}");
     assert!(!out.contains("WARN") && !out.contains("ERROR"), "{out}");
-    for kind in ["MutatingWebhookConfiguration", "Deployment", "Service", "NetworkPolicy", "WasmPlugin", "EnvoyFilter"] {
+    for kind in ["MutatingWebhookConfiguration", "Deployment", "Service", "NetworkPolicy", "WasmPlugin", "EnvoyFilter"]
+    {
         assert!(out.contains(&format!(" {kind}/")), "{kind} was not validated:\n{out}");
     }
 }
@@ -167,9 +164,13 @@ fn istio_example_plugin_config_is_accepted_by_the_filter_and_fails_closed() {
     }
     // ext_proc in the EnvoyFilter never fails open and calls the cluster the filter calls.
     let filter: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap()).unwrap();
-    let proc = &filter["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["extension_config"]["typed_config"];
+    let proc =
+        &filter["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["extension_config"]["typed_config"];
     assert_eq!(proc["failure_mode_allow"], false);
-    assert_eq!(proc["grpc_service"]["envoy_grpc"]["cluster_name"], plugin["spec"]["pluginConfig"]["transparent"]["arbiter_cluster"]);
+    assert_eq!(
+        proc["grpc_service"]["envoy_grpc"]["cluster_name"],
+        plugin["spec"]["pluginConfig"]["transparent"]["arbiter_cluster"]
+    );
     let text = std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap();
     assert!(text.contains("envoy.reloadable_features.ext_proc_fail_close_spurious_resp: true"));
 }

@@ -73,7 +73,10 @@ fn opted_in_pod_gets_the_fence_with_its_marks_claim() {
     assert_eq!(env(store, "LEDGER_BIND").as_deref(), Some("127.0.0.1"));
     assert_eq!(env(store, "LEDGER_DATA").as_deref(), Some("/data"), "unrelated env must survive");
     let marks = out["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == inject::MARKS_VOLUME).unwrap();
-    assert_eq!(marks, &json!({"name": inject::MARKS_VOLUME, "persistentVolumeClaim": {"claimName": "ledger-fence-marks"}}));
+    assert_eq!(
+        marks,
+        &json!({"name": inject::MARKS_VOLUME, "persistentVolumeClaim": {"claimName": "ledger-fence-marks"}})
+    );
     assert!(!serde_json::to_string(&out).unwrap().contains("emptyDir"));
     assert!(fence["readinessProbe"]["httpGet"].is_object() && fence["livenessProbe"]["httpGet"].is_object());
     assert!(fence["resources"]["limits"]["memory"].is_string());
@@ -88,7 +91,8 @@ fn statefulset_replica_keeps_its_claim_and_is_warned_about_its_probe() {
     assert_eq!(verdict, Verdict::Injected, "{response:?}");
     let out = patched(&response, &pod);
     fixtures::golden_json("golden/pod-statefulset-replica.json", &out);
-    let vols: Vec<&Value> = out["spec"]["volumes"].as_array().unwrap().iter().filter(|v| v["name"] == inject::MARKS_VOLUME).collect();
+    let vols: Vec<&Value> =
+        out["spec"]["volumes"].as_array().unwrap().iter().filter(|v| v["name"] == inject::MARKS_VOLUME).collect();
     assert_eq!(vols.len(), 1, "the controller's marks volume is reused, not duplicated");
     let store = container(&out, "orders");
     assert_eq!(store["ports"], json!([{"name": "gossip", "containerPort": 7946, "protocol": "TCP"}]));
@@ -146,7 +150,12 @@ fn marks_in_scratch_space_are_denied() {
     let (response, verdict, _) = answer(&fixtures::admission("pod-emptydir-marks.json"));
     assert_eq!(verdict, Verdict::Denied);
     let message = response.status.unwrap().message;
-    assert!(message.contains("[marks_not_persistent] spec.volumes: volume lockmesh-fence-marks must be a persistentVolumeClaim"), "{message}");
+    assert!(
+        message.contains(
+            "[marks_not_persistent] spec.volumes: volume lockmesh-fence-marks must be a persistentVolumeClaim"
+        ),
+        "{message}"
+    );
 }
 
 #[test]
@@ -175,5 +184,8 @@ fn bad_bodies_are_errors_not_reviews() {
     assert!(review(b"not json", &Config::default()).is_err());
     let v1beta1 = br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE"}}"#;
     let e = review(v1beta1, &Config::default()).unwrap_err().to_string();
-    assert_eq!(e, "apiVersion must be admission.k8s.io/v1 and kind AdmissionReview, got admission.k8s.io/v1beta1 AdmissionReview");
+    assert_eq!(
+        e,
+        "apiVersion must be admission.k8s.io/v1 and kind AdmissionReview, got admission.k8s.io/v1beta1 AdmissionReview"
+    );
 }
