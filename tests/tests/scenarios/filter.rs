@@ -540,3 +540,28 @@ async fn ten_thousand_malformed_header_sets_never_crash_the_filter() {
         assert_eq!(r.code(), 200, "after the storm: {}", r.body);
     }
 }
+
+#[tokio::test]
+async fn the_lock_tier_rate_limits_each_identity_on_its_own() {
+    let st = lock_tier("flt-ratelimit")
+        .envoy_replace(
+            "token_bucket: { max_tokens: 2000, tokens_per_fill: 2000, fill_interval: 1s }",
+            "token_bucket: { max_tokens: 3, tokens_per_fill: 3, fill_interval: 3600s }",
+        )
+        .start()
+        .await
+        .unwrap();
+    let a = st.client("payments", "noisy").unwrap();
+    let b = st.client("payments", "quiet").unwrap();
+    let inspect = |c: LockClient| async move { c.get("/v1/locks", &[("x-lock-key", "payments/rl")]).await.unwrap() };
+    for _ in 0..3 {
+        assert_eq!(inspect(a.clone()).await.code(), 200);
+    }
+    let before = arbiter_requests(&st).await;
+    let r = inspect(a.clone()).await;
+    assert_eq!(r.code(), 429, "{}", r.body);
+    assert_eq!(r.header("x-lockmesh-error"), Some("rate_limited"));
+    assert_eq!(arbiter_requests(&st).await, before, "a rate-limited request reached the arbiter");
+    // Another identity has its own bucket.
+    assert_eq!(inspect(b).await.code(), 200);
+}
