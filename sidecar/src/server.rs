@@ -90,6 +90,11 @@ impl CertFiles {
         Ok(true)
     }
 
+    /// The DER of the leaf certificate now served.
+    pub fn leaf(&self) -> Option<Vec<u8>> {
+        self.current.read().ok().and_then(|c| c.1.cert.first().map(|d| d.as_ref().to_vec()))
+    }
+
     /// A rustls server configuration serving these files, HTTP/1.1 by ALPN.
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());

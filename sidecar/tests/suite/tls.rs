@@ -118,3 +118,28 @@ async fn tls_webhook_process_answers_an_admission_review() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// A rotated pair is served after `reload`; a broken rotation is an error and the
+/// old pair stays.
+#[test]
+fn certificate_rotation_is_picked_up_and_a_broken_one_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let files = lockmesh_sidecar::server::CertFiles::load(&cert, &key).unwrap();
+    let first = files.leaf().unwrap();
+    assert!(!files.reload().unwrap(), "nothing changed");
+    let touch = |p: &std::path::Path, secs: u64| {
+        let t = std::time::SystemTime::now() + Duration::from_secs(secs);
+        std::fs::File::options().write(true).open(p).unwrap().set_modified(t).unwrap();
+    };
+    pki(dir.path());
+    touch(&cert, 10);
+    assert!(files.reload().unwrap());
+    let second = files.leaf().unwrap();
+    assert_ne!(first, second);
+    std::fs::write(&key, "not a key").unwrap();
+    touch(&key, 20);
+    assert!(files.reload().is_err());
+    assert_eq!(files.leaf().unwrap(), second, "the old pair is kept");
+}
