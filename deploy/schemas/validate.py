@@ -24,6 +24,17 @@ import yaml
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+class Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1 timestamps: like kubectl (sigs.k8s.io/yaml),
+    an unquoted 2026-05-04T09:12:31Z stays a string."""
+
+
+Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def custom_schema(api_version, kind):
     path = HERE / ("%s.%s.json" % (kind.lower(), api_version.replace("/", "-")))
     if not path.is_file():
@@ -63,7 +74,7 @@ def main():
     failed = 0
     for name in args.files:
         try:
-            docs = [d for d in yaml.safe_load_all(pathlib.Path(name).read_text()) if d is not None]
+            docs = [d for d in yaml.load_all(pathlib.Path(name).read_text(), Loader=Loader) if d is not None]
         except (OSError, yaml.YAMLError) as e:
             print("ERROR %s: cannot read: %s" % (name, e))
             failed += 1
