@@ -122,7 +122,14 @@ impl Store {
                 req.class.name
             )));
         }
-        let (policy, policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+        let (mut policy, mut policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+        if !policy.admits() {
+            // A cached draining record may have been activated or cancelled since:
+            // a refusal is decided on a fresh read (an admitting cache is checked
+            // by the grant's compare instead).
+            self.forget_policies();
+            (policy, policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+        }
         if !policy.admits() {
             return Err(LockError::Draining(format!(
                 "class {class} is draining a limit change to {} (change epoch {}); new grants wait for its \
