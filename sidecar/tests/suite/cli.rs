@@ -115,3 +115,42 @@ fn check_config_uses_the_startup_parser() {
 fn repo_root_file(rel: &str) -> std::path::PathBuf {
     fixtures::repo_root().join(rel)
 }
+
+/// The example ConfigMap's fence-proxy.yaml is accepted by fence-proxy's own
+/// loader, and agrees with the env the injector gives the fence container (the
+/// fields the env overrides).
+#[test]
+fn example_fence_config_is_accepted_by_fence_proxy_and_matches_the_injected_env() {
+    let input = std::fs::read_to_string(fixtures::dir().join("manifests/store.yaml")).unwrap();
+    let all = docs(&input);
+    let cm = find(&all, "ConfigMap", "orders-fence");
+    let dir = tempfile::tempdir().unwrap();
+    let mount = format!("{}/", dir.path().display());
+    for (key, value) in cm["data"].as_object().unwrap() {
+        let text = value.as_str().unwrap().replace("/etc/lockmesh/fence/", &mount);
+        std::fs::write(dir.path().join(key), text).unwrap();
+    }
+    let config = lockmesh_fence_proxy::Config::load(&dir.path().join("fence-proxy.yaml"))
+        .unwrap_or_else(|errs| panic!("fence-proxy refuses the example config: {errs:#?}"));
+
+    let out = run(&input, &[]);
+    let after = docs(&String::from_utf8(out.stdout).unwrap());
+    let sts = find(&after, "StatefulSet", "orders-store");
+    let fence = sts["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == lockmesh_sidecar::inject::CONTAINER)
+        .unwrap();
+    let env = |name: &str| {
+        fence["env"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap()["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    use lockmesh_sidecar::inject::{ENV_ADMIN_LISTEN, ENV_LISTEN, ENV_MARKS_DIR, ENV_UPSTREAM};
+    assert_eq!(config.listen.to_string(), env(ENV_LISTEN));
+    assert_eq!(config.admin_listen.to_string(), env(ENV_ADMIN_LISTEN));
+    assert_eq!(config.upstream, env(ENV_UPSTREAM));
+    assert_eq!(config.marks_dir.display().to_string(), env(ENV_MARKS_DIR));
+}
