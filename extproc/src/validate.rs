@@ -14,16 +14,13 @@
 use std::sync::Mutex;
 
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
-use lockmesh_core::{headers, FencingToken, LockKey};
+use lockmesh_core::{Code, FencingToken, LockKey};
 use tokio::time::Instant;
 
 use crate::{
     lock::{epoch::EpochRecord, HoldRecord, LockError, Store},
-    respond::ApiResponse,
+    respond::{ApiError, ApiResponse},
 };
-
-/// The stable code of a validate call over its rate.
-pub const RATE_LIMITED: &str = "rate_limited";
 
 /// A token bucket: `rate` tokens per second, burst `rate`.
 #[derive(Debug)]
@@ -61,18 +58,14 @@ impl RateLimiter {
     }
 }
 
-/// The `429 rate_limited` answer.
+/// The `429 rate_limited` answer (with `retry-after: 1`).
 pub fn rate_limited() -> ApiResponse {
-    let body = serde_json::json!({
-        "code": RATE_LIMITED,
-        "message": "validate calls are over this arbiter's validate_rate_per_s; retry later",
-    })
-    .to_string();
-    ApiResponse {
-        status: 429,
-        body,
-        headers: vec![(headers::ERROR, RATE_LIMITED.to_owned()), ("retry-after", "1".to_owned())],
-    }
+    let mut r = ApiResponse::from(ApiError::new(
+        Code::RateLimited,
+        "validate calls are over this arbiter's validate_rate_per_s; retry later",
+    ));
+    r.headers.push(("retry-after", "1".to_owned()));
+    r
 }
 
 /// Whether `token` is the current grant of `key`, by one linearizable read.
@@ -132,7 +125,7 @@ mod tests {
         let r = rate_limited();
         assert_eq!(r.status, 429);
         let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-        assert_eq!(v["code"], RATE_LIMITED);
-        assert!(r.headers.contains(&("x-lockmesh-error", RATE_LIMITED.to_owned())));
+        assert_eq!(v["code"], "rate_limited");
+        assert!(r.headers.contains(&("x-lockmesh-error", "rate_limited".to_owned())));
     }
 }

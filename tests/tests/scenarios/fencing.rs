@@ -177,3 +177,172 @@ async fn the_pause_kit_passes_behind_fence_proxy_and_fails_against_the_bare_stor
     assert!(store.get("/short/p2").unwrap().ends_with("-late"));
     assert!(check_pause_result(&doc, "short", now()).is_err());
 }
+
+// --- fence-proxy alone (a real process in front of a real HTTP store) ---------
+
+fn minter(key: &SigningKey) -> ed25519_dalek::SigningKey {
+    use ed25519_dalek::pkcs8::DecodePrivateKey as _;
+    ed25519_dalek::SigningKey::from_pkcs8_pem(&std::fs::read_to_string(&key.key_file).unwrap()).unwrap()
+}
+
+fn mint(k: &ed25519_dalek::SigningKey, lock_key: &str, token: u64) -> String {
+    use lockmesh_core::{proof, ClassName, FencingToken, LockKey};
+    let c = proof::GrantClaims::new(
+        &LockKey::parse(lock_key.as_bytes()).unwrap(),
+        FencingToken::from_packed(token).unwrap(),
+        ClassName::parse("default").unwrap(),
+    );
+    proof::sign(k, &proof::KeyId::parse("dev1").unwrap(), &c)
+}
+
+async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut r = reqwest::Client::new().request(method.parse().unwrap(), url).body(body.to_owned());
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let r = r.send().await.unwrap();
+    let code = r.headers().get("x-lockmesh-error").map(|v| v.to_str().unwrap_or_default().to_owned());
+    (r.status().as_u16(), code.unwrap_or_default())
+}
+
+const ALLOW_ROUTES: &str = "routes:\n  - name: items\n    path: /items/{id}\n    reads: [GET]\n    resource: \"items/{id}\"\n    lock_key: \"payments/items/{id}\"\n  - name: logs\n    path: /logs/{id}\n    resource: \"logs/{id}\"\n    lock_key: \"payments/logs/{id}\"\n    equal: allow";
+
+async fn fence_alone(
+    marks: Option<&std::path::Path>,
+) -> (KvStore, FenceProxyProcess, ed25519_dalek::SigningKey, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let store = KvStore::start().await.unwrap();
+    let mut b = FenceProxyProcess::builder(store.port()).trust(&key.kid, &key.pub_file).routes(ALLOW_ROUTES);
+    if let Some(m) = marks {
+        b = b.marks_dir(m);
+    }
+    let fence = b.start().await.unwrap();
+    let k = minter(&key);
+    (store, fence, k, dir)
+}
+
+#[tokio::test]
+async fn missing_garbage_oversized_forged_and_unsigned_grants_are_refused_and_leave_the_mark() {
+    let (store, fence, k, _dir) = fence_alone(None).await;
+    let url = format!("{}/items/1", fence.url());
+    let big = (1u64 << 50) + 5;
+    let forged = mint(&ed25519_dalek::SigningKey::from_bytes(&[3; 32]), "payments/items/1", big);
+    let oversized = format!("v1.dev1.{}.x", "A".repeat(600));
+    let cases: Vec<(Vec<(&str, &str)>, u16, &str)> = vec![
+        (vec![], 428, "grant_required"),
+        (vec![("x-lock-token", "999999")], 428, "grant_required"),
+        (vec![("x-lock-proof", "garbage")], 400, "bad_token"),
+        (vec![("x-lock-proof", &oversized)], 400, "bad_token"),
+        (vec![("x-lock-proof", &forged)], 403, "bad_proof"),
+    ];
+    for (h, status, code) in &cases {
+        assert_eq!(send("PUT", &url, h, "x").await, (*status, (*code).to_owned()), "{h:?}");
+    }
+    assert!(store.requests().is_empty(), "a refused write reached the store");
+    // The forged large token did not raise the mark: a small genuine one still writes.
+    let p = mint(&k, "payments/items/1", 7);
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p)], "ok7").await.0, 200);
+    assert_eq!(store.get("/items/1").as_deref(), Some("ok7"));
+}
+
+#[tokio::test]
+async fn unlisted_routes_and_methods_are_writes_and_reads_pass_through() {
+    let (store, fence, k, _dir) = fence_alone(None).await;
+    let base = fence.url();
+    assert_eq!(send("GET", &format!("{base}/items/1"), &[], "").await.0, 404, "a read passes through to the store");
+    assert_eq!(send("GET", &format!("{base}/other"), &[], "").await, (403, "unlisted_route".into()));
+    assert_eq!(send("DELETE", &format!("{base}/items/1"), &[], "").await, (428, "grant_required".into()));
+    assert_eq!(send("GET", &format!("{base}/logs/1"), &[], "").await, (428, "grant_required".into()));
+    let p = mint(&k, "payments/items/1", 9);
+    assert_eq!(send("DELETE", &format!("{base}/items/1"), &[("x-lock-proof", &p)], "").await.0, 200);
+    assert_eq!(store.requests().len(), 2, "only the read and the granted delete reached the store");
+}
+
+#[tokio::test]
+async fn strict_refuses_an_equal_token_and_allow_accepts_it() {
+    let (store, fence, k, _dir) = fence_alone(None).await;
+    let base = fence.url();
+    let p = mint(&k, "payments/items/1", 20);
+    assert_eq!(send("PUT", &format!("{base}/items/1"), &[("x-lock-proof", &p)], "a").await.0, 200);
+    assert_eq!(
+        send("PUT", &format!("{base}/items/1"), &[("x-lock-proof", &p)], "b").await,
+        (409, "stale_token".into())
+    );
+    let p = mint(&k, "payments/logs/1", 20);
+    assert_eq!(send("PUT", &format!("{base}/logs/1"), &[("x-lock-proof", &p)], "a").await.0, 200);
+    assert_eq!(send("PUT", &format!("{base}/logs/1"), &[("x-lock-proof", &p)], "b").await.0, 200);
+    let p = mint(&k, "payments/logs/1", 19);
+    assert_eq!(send("PUT", &format!("{base}/logs/1"), &[("x-lock-proof", &p)], "c").await, (409, "stale_token".into()));
+    assert_eq!((store.get("/items/1").as_deref(), store.get("/logs/1").as_deref()), (Some("a"), Some("b")));
+}
+
+#[tokio::test]
+async fn marks_survive_a_restart_and_a_second_fence_on_the_same_marks_is_refused() {
+    let marks = tempfile::tempdir().unwrap();
+    let (store, fence, k, dir) = fence_alone(Some(marks.path())).await;
+    let url = format!("{}/items/1", fence.url());
+    let p10 = mint(&k, "payments/items/1", 10);
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p10)], "ten").await.0, 200);
+    // A second fence-proxy on the same marks volume refuses to start.
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let second = FenceProxyProcess::builder(store.port())
+        .trust(&key.kid, &key.pub_file)
+        .routes(ALLOW_ROUTES)
+        .marks_dir(marks.path())
+        .start()
+        .await;
+    assert!(second.is_err(), "a second fence on the same marks started");
+    fence.restart().await.unwrap();
+    let p9 = mint(&k, "payments/items/1", 9);
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p9)], "nine").await, (409, "stale_token".into()));
+    assert_eq!(store.get("/items/1").as_deref(), Some("ten"));
+}
+
+#[tokio::test]
+async fn concurrent_writes_to_one_resource_are_serialised() {
+    let (store, fence, k, _dir) = fence_alone(None).await;
+    let url = format!("{}/logs/1", fence.url());
+    let writes = (1..=8u64).map(|t| {
+        let (url, p) = (url.clone(), mint(&k, "payments/logs/1", 100 + t));
+        async move { send("PUT", &url, &[("x-lock-proof", &p), ("x-test-delay-ms", "150")], &t.to_string()).await }
+    });
+    let results = futures::future::join_all(writes).await;
+    assert!(results.iter().all(|(s, _)| *s == 200 || *s == 409), "{results:?}");
+    assert_eq!(store.max_in_flight(), 1, "two writes to one resource were in the store at once");
+    // Forwarded writes reached the store in increasing token order.
+    let seen: Vec<u64> = store.requests().iter().map(|r| r.body.parse().unwrap()).collect();
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // Different resources are not serialised against each other.
+    let other = format!("{}/logs/2", fence.url());
+    let (p2, p1) = (mint(&k, "payments/logs/2", 5), mint(&k, "payments/logs/1", 500));
+    let (h2, h1) = (
+        [("x-lock-proof", p2.as_str()), ("x-test-delay-ms", "300")],
+        [("x-lock-proof", p1.as_str()), ("x-test-delay-ms", "300")],
+    );
+    let (a, b) = tokio::join!(send("PUT", &other, &h2, "x"), send("PUT", &url, &h1, "y"));
+    assert_eq!((a.0, b.0), (200, 200));
+    assert_eq!(store.max_in_flight(), 2);
+}
+
+#[tokio::test]
+async fn store_down_answers_store_unavailable_and_nothing_is_forwarded_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let dead = lockmesh_tests::free_port();
+    let fence =
+        FenceProxyProcess::builder(dead).trust(&key.kid, &key.pub_file).routes(ALLOW_ROUTES).start().await.unwrap();
+    let p = mint(&minter(&key), "payments/items/1", 30);
+    assert_eq!(
+        send("PUT", &format!("{}/items/1", fence.url()), &[("x-lock-proof", &p)], "x").await,
+        (502, "store_unavailable".into())
+    );
+    // Strict: the mark advanced before forwarding, so the grant is used up.
+    assert_eq!(
+        send("PUT", &format!("{}/items/1", fence.url()), &[("x-lock-proof", &p)], "x").await,
+        (409, "stale_token".into())
+    );
+    let (code, metrics) = fence.admin_get("/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("outcome=\"store_unavailable\"") && !metrics.contains("items/1"), "{metrics}");
+}
