@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
 use lockmesh_tests::load::{self, LoadOptions, Mode, Target, Workload};
 use lockmesh_tests::Stack;
@@ -77,8 +77,9 @@ struct Args {
     /// the certificate's identity is granted (e.g. `payments/load`).
     #[arg(long, default_value = "load")]
     key_prefix: String,
-    /// The cost of the Wasm filter and ext_proc on a plain forwarded route. Not
-    /// available yet: it needs an Envoy config with a forwarding route.
+    /// Instead of lock cycles: the cost of the lockmesh filters on a forwarded route
+    /// (inbound-sidecar.yaml): plain Envoy vs unlocked requests through the filter vs
+    /// transparent request-scoped locks, --concurrency clients, --seconds each.
     #[arg(long)]
     filter_tax: bool,
     /// No progress lines.
@@ -108,6 +109,24 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if args.filter_tax {
+        let (secs, warm) = (opts.seconds, opts.warmup);
+        return match rt.block_on(load::tax::run(args.concurrency, secs, warm, !args.quiet)) {
+            Ok(results) => {
+                println!("machine: {}", describe_machine());
+                print!("{}", load::tax::render(&results, args.concurrency, secs));
+                if results.iter().any(|r| r.errors > 0) {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                }
+            }
+            Err(e) => {
+                eprintln!("lockmesh-load: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     match rt.block_on(run(&args, &opts)) {
         Ok(report) => {
             print!("{}", report.render());
@@ -126,12 +145,6 @@ fn main() -> ExitCode {
 }
 
 fn options(a: &Args) -> Result<LoadOptions> {
-    if a.filter_tax {
-        bail!(
-            "--filter-tax is not available yet: it needs an Envoy config with a plain \
-             forwarding route through the same filters, which does not exist yet"
-        );
-    }
     ensure!(
         a.seconds.is_finite() && a.warmup.is_finite() && a.warmup >= 0.0,
         "--seconds and --warmup must be finite, --warmup not negative"

@@ -41,6 +41,7 @@ mod lease;
 mod lockmesh;
 pub mod record;
 pub mod report;
+pub mod tax;
 mod txn;
 mod v3lock;
 

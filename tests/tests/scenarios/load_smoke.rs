@@ -48,3 +48,16 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
     assert_eq!(lockmesh.workload, Workload::Lockmesh);
     assert_eq!(lockmesh.http_version.as_deref(), Some("HTTP/2.0"));
 }
+
+#[tokio::test]
+async fn the_filter_tax_workloads_all_complete_requests() {
+    let results = load::tax::run(2, Duration::from_secs(1), Duration::from_millis(200), false).await.unwrap();
+    let table = load::tax::render(&results, 2, Duration::from_secs(1));
+    println!("{table}");
+    let names: Vec<_> = results.iter().map(|r| r.name).collect();
+    assert_eq!(names, ["plain", "unlocked", "transparent"], "{table}");
+    for r in &results {
+        assert_eq!(r.errors, 0, "{}: {table}", r.name);
+        assert!(r.rps > 0.0, "{}: no request completed\n{table}", r.name);
+    }
+}

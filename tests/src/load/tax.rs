@@ -1,0 +1,181 @@
+//! `lockmesh-load --filter-tax`: what the lockmesh filters cost on a forwarded route,
+//! in one run, against one backend:
+//!
+//! - `plain`: an Envoy with the inbound sidecar's listener (mTLS, same HCM, same
+//!   route) but only the router: the baseline;
+//! - `unlocked`: the shipped `inbound-sidecar.yaml`, requests on its
+//!   `allow_unlocked` route without lock headers (the Wasm filter runs; ext_proc is
+//!   skipped): the filter's tax on ordinary traffic;
+//! - `transparent`: the same Envoy, each request with its own `x-lock-key`
+//!   (distinct keys): a request-scoped lock per request (grant, forward, release).
+//!
+//! Each runs C concurrent clients (HTTP/2 over mTLS, one connection each) for D
+//! seconds after a warm-up; the table shows requests per second, latency p50/p99
+//! and the ratio to `plain`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use tokio::time::Instant;
+
+use crate::client::LockClient;
+use crate::envoy::EnvoyProcess;
+use crate::paths::repo_root;
+use crate::stack::Stack;
+
+/// One measured workload.
+#[derive(Debug, Clone)]
+pub struct TaxResult {
+    /// `plain`, `unlocked` or `transparent`.
+    pub name: &'static str,
+    /// Completed requests per second.
+    pub rps: f64,
+    /// Latency p50, ms.
+    pub p50_ms: f64,
+    /// Latency p99, ms.
+    pub p99_ms: f64,
+    /// Requests not answered 200.
+    pub errors: u64,
+}
+
+/// The inbound-sidecar config with every HTTP filter but the router removed.
+fn plain_config() -> Result<PathBuf> {
+    let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&src)?)?;
+    let filters = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["http_filters"]
+        .as_sequence_mut()
+        .context("inbound-sidecar.yaml: no http_filters where expected")?;
+    filters.retain(|f| f["name"].as_str() == Some("envoy.filters.http.router"));
+    if filters.len() != 1 {
+        bail!("inbound-sidecar.yaml: expected one router filter");
+    }
+    let dir = std::env::temp_dir().join(format!("lockmesh-tax-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("plain-sidecar.yaml");
+    std::fs::write(&out, serde_yaml::to_string(&doc)?)?;
+    Ok(out)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn drive(
+    name: &'static str,
+    clients: &[LockClient],
+    seconds: Duration,
+    warmup: Duration,
+    progress: bool,
+) -> Result<TaxResult> {
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, measuring, stop, done, errors, lat) =
+            (c.clone(), measuring.clone(), stop.clone(), done.clone(), errors.clone(), lat.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut mine = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let t = Instant::now();
+                let r = if name == "transparent" {
+                    let key = format!("load/tax-{i}-{n}");
+                    c.get("/orders/x", &[("x-lock-key", key.as_str()), ("x-lock-wait-ms", "5000")]).await
+                } else {
+                    c.get("/public/x", &[]).await
+                };
+                let ok = matches!(&r, Ok(r) if r.code() == 200);
+                if measuring.load(Ordering::Relaxed) {
+                    if ok {
+                        mine.push(t.elapsed().as_secs_f64() * 1000.0);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            if let Ok(mut l) = lat.lock() {
+                l.extend(mine);
+            }
+        }));
+    }
+    tokio::time::sleep(warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    while start.elapsed() < seconds {
+        tokio::time::sleep(Duration::from_secs(1).min(seconds)).await;
+        if progress {
+            let n = done.load(Ordering::Relaxed);
+            println!("  {name:<12} {:>5.1}s {n:>8} requests", start.elapsed().as_secs_f64());
+        }
+    }
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut l = lat.lock().map(|l| l.clone()).unwrap_or_default();
+    l.sort_by(f64::total_cmp);
+    Ok(TaxResult {
+        name,
+        rps: done.load(Ordering::Relaxed) as f64 / elapsed,
+        p50_ms: percentile(&l, 0.5),
+        p99_ms: percentile(&l, 0.99),
+        errors: errors.load(Ordering::Relaxed),
+    })
+}
+
+/// Runs the three workloads; `concurrency` clients, `seconds` each.
+pub async fn run(concurrency: usize, seconds: Duration, warmup: Duration, progress: bool) -> Result<Vec<TaxResult>> {
+    let st = Stack::builder("tax").envoy_config("inbound-sidecar").own_etcd(1).start().await?;
+    let plain = EnvoyProcess::builder(plain_config()?.to_str().context("temp path")?)
+        .cert_dir(st.pki().dir())
+        .upstream_port(st.backend().port())
+        .start()
+        .await?;
+    let clients = |port: u16| -> Result<Vec<LockClient>> {
+        let id = st.pki().client("load", "tax")?;
+        (0..concurrency)
+            .map(|_| LockClient::new(port, &st.pki().ca_cert_path(), Some((&id.cert_path, &id.key_path))))
+            .collect()
+    };
+    let mut out = Vec::new();
+    out.push(drive("plain", &clients(plain.listener_port())?, seconds, warmup, progress).await?);
+    st.backend().clear();
+    out.push(drive("unlocked", &clients(st.envoy().listener_port())?, seconds, warmup, progress).await?);
+    st.backend().clear();
+    out.push(drive("transparent", &clients(st.envoy().listener_port())?, seconds, warmup, progress).await?);
+    st.backend().clear();
+    Ok(out)
+}
+
+/// The summary table.
+pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> String {
+    let base = results.iter().find(|r| r.name == "plain").map_or(0.0, |r| r.rps);
+    let mut s = format!(
+        "filter tax: {concurrency} clients, {:.0} s each, HTTP/2 over mTLS, inbound-sidecar.yaml, recording backend\n",
+        seconds.as_secs_f64()
+    );
+    s.push_str("| workload | req/s | p50 ms | p99 ms | errors | req/s vs plain |\n|---|---|---|---|---|---|\n");
+    for r in results {
+        let ratio = if base > 0.0 { r.rps / base } else { 0.0 };
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.2} | {:.2} | {} | {:.2}x |\n",
+            r.name, r.rps, r.p50_ms, r.p99_ms, r.errors, ratio
+        ));
+    }
+    s
+}
