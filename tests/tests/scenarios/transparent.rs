@@ -18,7 +18,10 @@ fn sidecar(name: &str) -> StackBuilder {
 fn seen_token(st: &Stack, i: usize) -> u64 {
     let reqs = st.backend().requests();
     let r = &reqs[i];
-    r.header("x-lock-token").unwrap_or_else(|| panic!("request {i} reached the backend without a token")).parse().unwrap()
+    r.header("x-lock-token")
+        .unwrap_or_else(|| panic!("request {i} reached the backend without a token"))
+        .parse()
+        .unwrap()
 }
 
 /// `lockmesh_arbiter_requests_total{route, code}` of the first arbiter.
@@ -36,7 +39,9 @@ async fn vm_ids(st: &Stack) -> Vec<String> {
     let mut ids: Vec<String> = r
         .kvs()
         .iter()
-        .filter_map(|kv| std::str::from_utf8(kv.key()).ok()?.strip_prefix(&prefix)?.split('/').next().map(str::to_owned))
+        .filter_map(|kv| {
+            std::str::from_utf8(kv.key()).ok()?.strip_prefix(&prefix)?.split('/').next().map(str::to_owned)
+        })
         .collect();
     ids.dedup();
     ids
@@ -67,11 +72,17 @@ async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].header("x-lock-token"), None, "a forged token reached the upstream");
     assert!(seen[0].headers.iter().all(|(k, _)| !k.starts_with("x-lockmesh-")), "{:?}", seen[0].headers);
+    // ... and without a round trip to the arbiter (ext_proc is skipped for them).
+    assert_eq!(arbiter_count(&st, "transparent", "unlocked").await, 0);
+    assert_eq!(arbiter_count(&st, "transparent", "ok").await, 0);
 
     // With a key: the upstream sees the arbiter's token, never the forged one.
     let forged = "281474976710656999";
     let r = c
-        .post("/orders/2", &[("x-lock-key", "payments/order-2"), ("x-lock-token", forged), ("x-lock-session", "00000000000000ff")])
+        .post(
+            "/orders/2",
+            &[("x-lock-key", "payments/order-2"), ("x-lock-token", forged), ("x-lock-session", "00000000000000ff")],
+        )
         .await
         .unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
@@ -85,6 +96,7 @@ async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged
     let rev: u64 = locked.header("x-lock-revision").unwrap().parse().unwrap();
     assert_eq!(token, (epoch << 48) + rev);
     assert_eq!(locked.header("x-lock-session"), None);
+    assert_eq!(arbiter_count(&st, "transparent", "ok").await, 1);
     assert!(locked.headers.iter().all(|(k, _)| !k.starts_with("x-lockmesh-")), "{:?}", locked.headers);
 
     // The request ended, so its hold is released by the filter's release call (not
@@ -159,7 +171,10 @@ async fn a_downstream_reset_releases_the_hold() {
     let quitter = LockClient::new(
         st.envoy().listener_port(),
         &st.pki().ca_cert_path(),
-        Some((&st.pki().client("payments", "quitter").unwrap().cert_path, &st.pki().client("payments", "quitter").unwrap().key_path)),
+        Some((
+            &st.pki().client("payments", "quitter").unwrap().cert_path,
+            &st.pki().client("payments", "quitter").unwrap().key_path,
+        )),
     )
     .unwrap();
     let gave_up = tokio::spawn(async move {
@@ -196,15 +211,22 @@ async fn the_reconcile_releases_holds_whose_requests_ended_and_only_envoys_may_c
     let pki = st.pki();
     let envoy = pki.envoy_client();
     let as_envoy =
-        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&envoy.cert_path, &envoy.key_path))).unwrap();
+        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&envoy.cert_path, &envoy.key_path)))
+            .unwrap();
     let call = |client: LockClient, path: &'static str, body: serde_json::Value| async move {
-        client.request(Method::POST, path, &[("content-type", "application/json")], body.to_string().into_bytes()).await.unwrap()
+        client
+            .request(Method::POST, path, &[("content-type", "application/json")], body.to_string().into_bytes())
+            .await
+            .unwrap()
     };
 
     // A workload may not call the filter's internal routes, even with a valid cert.
     let w = pki.client("payments", "worker").unwrap();
-    let as_workload = LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&w.cert_path, &w.key_path))).unwrap();
-    let r = call(as_workload, "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1000 })).await;
+    let as_workload =
+        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&w.cert_path, &w.key_path))).unwrap();
+    let r =
+        call(as_workload, "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1000 }))
+            .await;
     assert_eq!(r.code(), 403, "{}", r.body);
     assert_eq!(holds(&st).await, 1);
 
@@ -214,19 +236,31 @@ async fn the_reconcile_releases_holds_whose_requests_ended_and_only_envoys_may_c
     assert!(r.body.contains("vm"), "{}", r.body);
 
     // A keepalive whose reconcile lists the hold as open keeps it.
-    let r = call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [0], "next": 1 })).await;
+    let r = call(
+        as_envoy.clone(),
+        "/internal/v1/vm/keepalive",
+        serde_json::json!({ "vm": vms[0], "open": [0], "next": 1 }),
+    )
+    .await;
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(r.json["sessions"], 1);
     assert_eq!(r.json["reconciled"], 0);
     assert_eq!(holds(&st).await, 1);
     // One that says hold 0 has ended releases it (here: while the request still
     // runs, as if its release had been lost and the filter then forgot it).
-    let r = call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1 })).await;
+    let r =
+        call(as_envoy.clone(), "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1 }))
+            .await;
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(r.json["reconciled"], 1, "{}", r.body);
     assert_eq!(holds(&st).await, 0);
     // Releasing what is gone is not an error.
-    let r = call(as_envoy, "/internal/v1/vm/release", serde_json::json!({ "vm": vms[0], "key": "payments/job-3", "hold": 0 })).await;
+    let r = call(
+        as_envoy,
+        "/internal/v1/vm/release",
+        serde_json::json!({ "vm": vms[0], "key": "payments/job-3", "hold": 0 }),
+    )
+    .await;
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(r.json["released"], false);
     assert_eq!(running.await.unwrap().code(), 200);
@@ -249,10 +283,8 @@ async fn killing_envoy_mid_request_frees_the_key_within_its_ttl() {
     st.envoy().kill();
     // Nothing renews the VM's session any more: the hold ends with it (TTL 3 s;
     // etcd may extend a lease by an election timeout, and the check polls).
-    eventually_true(Duration::from_secs(10), "the hold expired after Envoy died", || async {
-        holds(&st).await == 0
-    })
-    .await;
+    eventually_true(Duration::from_secs(10), "the hold expired after Envoy died", || async { holds(&st).await == 0 })
+        .await;
     let took = killed.elapsed();
     assert!(took >= Duration::from_millis(1500), "released too early for an expiry ({took:?})");
     assert!(took <= Duration::from_secs(3 + 5), "held past TTL plus slack ({took:?})");
@@ -277,4 +309,49 @@ async fn a_long_request_keeps_its_hold_past_the_ttl() {
     assert_eq!(r.code(), 409, "the hold lapsed while its request ran: {}", r.body);
     assert_eq!(long.await.unwrap().code(), 200);
     assert_eq!(st.backend().requests().len(), 1);
+}
+
+#[tokio::test]
+async fn the_application_sidecar_carries_lock_calls_to_the_lock_tier_as_the_application() {
+    let st = Stack::builder("tp-appside").envoy_config("lock-tier").start().await.unwrap();
+    let worker = st.pki().client("payments", "worker").unwrap();
+    let listen = lockmesh_tests::free_port();
+    // Replacements run before the harness's own port substitution: the admin port
+    // becomes the harness's (so it can wait for /ready), 18000 the lock tier's.
+    let sidecar = lockmesh_tests::EnvoyProcess::builder("app-sidecar")
+        .cert_dir(st.pki().dir())
+        .listener_port(st.envoy().listener_port())
+        .replace("port_value: 15001", format!("port_value: {listen}"))
+        .replace("port_value: 15000", "port_value: 18001")
+        .start()
+        .await
+        .unwrap();
+    let plain = reqwest::Client::new();
+    let url = |p: &str| format!("http://127.0.0.1:{listen}{p}");
+    let r = plain.post(url("/v1/locks/acquire")).header("x-lock-key", "payments/app-1").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let (token, session) = (v["token"].as_str().unwrap().to_owned(), v["session"].as_str().unwrap().to_owned());
+    // The lock tier saw the application's identity: the same caller, calling the lock
+    // tier directly with its own certificate, sees itself as the holder.
+    let direct = st.client("payments", "worker").unwrap();
+    let r = direct.get("/v1/locks", &[("x-lock-key", "payments/app-1"), ("x-lock-session", &session)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert_eq!(r.json["holders"][0]["identity"], worker.spiffe_id.as_str());
+    assert_eq!(r.json["holders"][0]["you"], true);
+    // A namespace the application is not granted is denied through the sidecar too.
+    let r = plain.post(url("/v1/locks/acquire")).header("x-lock-key", "billing/x").send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    // Anything but the lock API is not routed.
+    assert_eq!(plain.get(url("/other")).send().await.unwrap().status(), 404);
+    let r = plain
+        .post(url("/v1/locks/release"))
+        .header("x-lock-key", "payments/app-1")
+        .header("x-lock-token", &token)
+        .header("x-lock-session", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(sidecar);
 }
