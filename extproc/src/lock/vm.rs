@@ -113,12 +113,10 @@ impl Store {
             };
             let v = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let lease = Some(PutOptions::new().with_lease(sid.lease()));
-            let txn = Txn::new()
-                .when([Compare::create_revision(index.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(self.keys().session(sid), v, lease.clone()),
-                    TxnOp::put(index.as_str(), sid.to_string(), lease),
-                ]);
+            let txn = Txn::new().when([Compare::create_revision(index.as_str(), CompareOp::Equal, 0)]).and_then([
+                TxnOp::put(self.keys().session(sid), v, lease.clone()),
+                TxnOp::put(index.as_str(), sid.to_string(), lease),
+            ]);
             match self.call(self.client().txn(txn)).await {
                 Ok(r) if r.succeeded() => {
                     self.sessions.lock().await.insert(sid, Arc::new(rec));
