@@ -50,6 +50,13 @@ pub(super) fn plan(
             "must list at least one container",
         )]);
     }
+    if tpl.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true) {
+        errs.push(Refusal::new(
+            Code::WorkloadShape,
+            format!("{at}spec.hostNetwork"),
+            "a fenced pod cannot use the host network: its loopback is the node's, so every host process and host-network pod would reach the store's own port, and no NetworkPolicy applies",
+        ));
+    }
     let name_of = |c: &Value| c.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
     if containers.iter().chain(init).any(|c| name_of(c) == CONTAINER) {
         errs.push(Refusal::new(

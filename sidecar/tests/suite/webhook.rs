@@ -189,3 +189,16 @@ fn bad_bodies_are_errors_not_reviews() {
         "apiVersion must be admission.k8s.io/v1 and kind AdmissionReview, got admission.k8s.io/v1beta1 AdmissionReview"
     );
 }
+
+#[test]
+fn host_network_pods_are_refused() {
+    let mut body: Value = serde_json::from_slice(&fixtures::admission("pod-opted-in.json")).unwrap();
+    body["request"]["object"]["spec"]["hostNetwork"] = json!(true);
+    let (response, verdict, _) = answer(&serde_json::to_vec(&body).unwrap());
+    assert_eq!(verdict, Verdict::Denied);
+    let message = response.status.unwrap().message;
+    assert!(
+        message.contains("[workload_shape] spec.hostNetwork: a fenced pod cannot use the host network"),
+        "{message}"
+    );
+}
