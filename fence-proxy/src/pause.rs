@@ -20,8 +20,10 @@ use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
     process::{Child, ChildStdout, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+use tokio::time::Instant;
 
 use lockmesh_core::{
     headers,

@@ -229,7 +229,8 @@ async fn missing_garbage_oversized_forged_and_unsigned_grants_are_refused_and_le
     let big = (1u64 << 50) + 5;
     let forged = mint(&ed25519_dalek::SigningKey::from_bytes(&[3; 32]), "payments/items/1", big);
     let oversized = format!("v1.dev1.{}.x", "A".repeat(600));
-    let cases: Vec<(Vec<(&str, &str)>, u16, &str)> = vec![
+    type Case<'a> = (Vec<(&'a str, &'a str)>, u16, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (vec![], 428, "grant_required"),
         (vec![("x-lock-token", "999999")], 428, "grant_required"),
         (vec![("x-lock-proof", "garbage")], 400, "bad_token"),
