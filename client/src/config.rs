@@ -29,7 +29,7 @@ pub struct Config {
     /// Default 5 s.
     pub acquire_slack: Duration,
     /// Timeout of requests that do not wait (open, release, holds, close).
-    /// Keepalives use the smaller of this and TTL/3. Default 5 s.
+    /// Keepalives use the smaller of this and TTL/6. Default 5 s.
     pub request_timeout: Duration,
     /// The lock tier's request timeout (Envoy `request_timeout`, 45 s in the shipped
     /// config): an acquire whose answer was lost is checked once more this long

@@ -135,7 +135,8 @@ async fn keepalive_loop(inner: Weak<Inner>, session: Arc<Session>) {
             return;
         };
         let (api, request_timeout) = api;
-        let timeout = request_timeout.min(Duration::from_secs(session.ttl_s) / 3);
+        // Well inside the interval, so a failure is seen long before the deadline.
+        let timeout = request_timeout.min(Duration::from_secs(session.ttl_s) / 6);
         let sent = Instant::now();
         let answer = tokio::select! {
             _ = sleep_until(deadline) => break LossReason::Deadline,

@@ -16,5 +16,6 @@ mod harness_selftest;
 mod limits;
 mod load_smoke;
 mod restore;
+mod sdk;
 mod semaphore;
 mod transparent;
