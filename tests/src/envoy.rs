@@ -216,7 +216,12 @@ impl EnvoyBuilder {
         let dir = temp_dir("envoy-validate-")?;
         let cert_dir = match &self.cert_dir {
             Some(d) => d.clone(),
-            None => DevPki::generate(dir.path().join("certs"), TEST_TRUST_DOMAIN)?.dir().to_path_buf(),
+            None => {
+                let pki = DevPki::generate(dir.path().join("certs"), TEST_TRUST_DOMAIN)?;
+                // The application sidecar presents the demo workload's certificate.
+                pki.client("payments", "worker")?;
+                pki.dir().to_path_buf()
+            }
         };
         let rendered = self.render_inner(Some(&cert_dir))?;
         let config_path = dir.path().join("envoy.yaml");

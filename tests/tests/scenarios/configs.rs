@@ -188,3 +188,20 @@ fn no_shipped_route_forwards_without_its_lock() {
         }
     }
 }
+
+/// The shipped configs are rendered from `envoy-config/src/` (shared fragments, one
+/// grants list): an edit to a rendered file, or a source not rendered, fails here.
+#[test]
+fn the_shipped_configs_are_generated_from_their_sources() {
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("scripts/gen-envoy-configs"))
+        .arg("--check")
+        .output()
+        .expect("python3 runs scripts/gen-envoy-configs");
+    assert!(
+        out.status.success(),
+        "envoy-config/ is stale; run scripts/gen-envoy-configs\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
