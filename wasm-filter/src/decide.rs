@@ -159,10 +159,14 @@ pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san
     }
     remove.sort_unstable();
     remove.dedup();
-    let mut set = vec![(headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())];
-    if unlocked {
-        set.push((headers::UNLOCKED, "1".to_owned()));
-    }
+    // An unlocked request skips ext_proc, so it needs only the unlocked mark (the
+    // route removes it before the upstream); everything else carries the filter's
+    // stamp, which the arbiter requires.
+    let set = if unlocked {
+        vec![(headers::UNLOCKED, "1".to_owned())]
+    } else {
+        vec![(headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())]
+    };
     Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })
 }
 

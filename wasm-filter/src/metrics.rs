@@ -50,10 +50,15 @@ pub enum Outcome {
     Unlocked,
 }
 
-/// Lazily defined metric ids, by name.
+/// Number of [`Outcome`]s.
+const OUTCOMES: usize = 12;
+
+/// Lazily defined metric ids, by name; request counters also by namespace and
+/// outcome, so counting a request allocates nothing once its counter exists.
 #[derive(Debug, Default)]
 pub struct Metrics {
     ids: BTreeMap<String, u32>,
+    requests: BTreeMap<String, [Option<u32>; OUTCOMES]>,
 }
 
 // === impl Outcome ===
@@ -121,7 +126,22 @@ impl Metrics {
 
     /// Counts one request with `outcome`.
     pub fn request(&mut self, ns: &str, outcome: Outcome) {
-        if let Some(id) = self.id(MetricType::Counter, requests_name(ns, outcome)) {
+        let slot = outcome as usize;
+        let cached = self.requests.get(ns).and_then(|ids| ids.get(slot).copied().flatten());
+        let id = match cached {
+            Some(id) => Some(id),
+            None => {
+                let id = self.id(MetricType::Counter, requests_name(ns, outcome));
+                if let Some(id) = id {
+                    let ids = self.requests.entry(ns.to_owned()).or_insert([None; OUTCOMES]);
+                    if let Some(s) = ids.get_mut(slot) {
+                        *s = Some(id);
+                    }
+                }
+                id
+            }
+        };
+        if let Some(id) = id {
             let _ = hostcalls::increment_metric(id, 1);
         }
     }
@@ -158,5 +178,6 @@ mod tests {
         assert_eq!(requests_name("payments", Outcome::Denied), "lockmesh_filter_requests.ns.payments.outcome.denied");
         assert_eq!(queue_depth_name("other"), "lockmesh_filter_queue_depth.ns.other");
         assert_eq!(Outcome::of_code(Code::ClassMismatch), Outcome::BadRequest);
+        assert_eq!(Outcome::Unlocked as usize, OUTCOMES - 1, "OUTCOMES counts every outcome");
     }
 }

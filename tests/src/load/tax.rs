@@ -39,6 +39,8 @@ pub struct TaxResult {
     pub p99_ms: f64,
     /// Requests not answered 200.
     pub errors: u64,
+    /// Envoy CPU time per completed request, µs (from /proc; `None` if unreadable).
+    pub envoy_cpu_us: Option<f64>,
 }
 
 /// The inbound-sidecar config with every HTTP filter but the router removed.
@@ -70,6 +72,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 async fn drive(
     name: &'static str,
+    envoy_pid: Option<u32>,
     clients: &[LockClient],
     seconds: Duration,
     warmup: Duration,
@@ -112,6 +115,8 @@ async fn drive(
         }));
     }
     tokio::time::sleep(warmup).await;
+    let procs = super::cpu::Procs { envoy: envoy_pid, ..Default::default() };
+    let cpu_before = super::cpu::Sample::take(&procs);
     measuring.store(true, Ordering::Relaxed);
     let start = Instant::now();
     while start.elapsed() < seconds {
@@ -123,15 +128,18 @@ async fn drive(
     }
     measuring.store(false, Ordering::Relaxed);
     let elapsed = start.elapsed().as_secs_f64();
+    let envoy_cpu = super::cpu::Sample::take(&procs).since(&cpu_before).envoy;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
     }
     let mut l = lat.lock().map(|l| l.clone()).unwrap_or_default();
     l.sort_by(f64::total_cmp);
+    let completed = done.load(Ordering::Relaxed);
     Ok(TaxResult {
         name,
-        rps: done.load(Ordering::Relaxed) as f64 / elapsed,
+        envoy_cpu_us: envoy_cpu.filter(|_| completed > 0).map(|s| s * 1e6 / completed as f64),
+        rps: completed as f64 / elapsed,
         p50_ms: percentile(&l, 0.5),
         p99_ms: percentile(&l, 0.99),
         errors: errors.load(Ordering::Relaxed),
@@ -152,12 +160,15 @@ pub async fn run(concurrency: usize, seconds: Duration, warmup: Duration, progre
             .map(|_| LockClient::new(port, &st.pki().ca_cert_path(), Some((&id.cert_path, &id.key_path))))
             .collect()
     };
+    let pid_of = |e: &EnvoyProcess| super::cpu::find_pid(&e.config_path().display().to_string(), "envoy");
+    let (plain_pid, sidecar_pid) = (pid_of(&plain), pid_of(st.envoy()));
     let mut out = Vec::new();
-    out.push(drive("plain", &clients(plain.listener_port())?, seconds, warmup, progress).await?);
+    out.push(drive("plain", plain_pid, &clients(plain.listener_port())?, seconds, warmup, progress).await?);
     st.backend().clear();
-    out.push(drive("unlocked", &clients(st.envoy().listener_port())?, seconds, warmup, progress).await?);
+    let sidecar = clients(st.envoy().listener_port())?;
+    out.push(drive("unlocked", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
     st.backend().clear();
-    out.push(drive("transparent", &clients(st.envoy().listener_port())?, seconds, warmup, progress).await?);
+    out.push(drive("transparent", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
     st.backend().clear();
     Ok(out)
 }
@@ -169,11 +180,14 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
         "filter tax: {concurrency} clients, {:.0} s each, HTTP/2 over mTLS, inbound-sidecar.yaml, recording backend\n",
         seconds.as_secs_f64()
     );
-    s.push_str("| workload | req/s | p50 ms | p99 ms | errors | req/s vs plain |\n|---|---|---|---|---|---|\n");
+    s.push_str(
+        "| workload | req/s | p50 ms | p99 ms | errors | req/s vs plain | Envoy CPU µs/req |\n|---|---|---|---|---|---|---|\n",
+    );
     for r in results {
         let ratio = if base > 0.0 { r.rps / base } else { 0.0 };
+        let cpu = r.envoy_cpu_us.map_or_else(|| "n/a".to_owned(), |c| format!("{c:.0}"));
         s.push_str(&format!(
-            "| {} | {:.0} | {:.2} | {:.2} | {} | {:.2}x |\n",
+            "| {} | {:.0} | {:.2} | {:.2} | {} | {:.2}x | {cpu} |\n",
             r.name, r.rps, r.p50_ms, r.p99_ms, r.errors, ratio
         ));
     }
