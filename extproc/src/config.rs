@@ -48,6 +48,11 @@ pub struct RawConfig {
     /// Token bucket rate of `POST /v1/tokens/validate`, requests per second on this
     /// arbiter (burst: the same number). Over it: `429 rate_limited`. Default 100.
     pub validate_rate_per_s: Option<u32>,
+    /// TEST ONLY: planted bugs for the release gate (`docs/GATE.md`):
+    /// `skip_epoch_compare`, `release_by_key_name`, `count_before_lock`. Refused
+    /// unless the environment sets `LOCKMESH_TEST_FAULTS=1`. Default none.
+    #[serde(default)]
+    pub test_faults: Vec<String>,
 }
 
 /// Grant proof signing (`docs/FENCING.md`).
@@ -120,6 +125,8 @@ pub struct Config {
     pub signing: Option<crate::signing::Signer>,
     /// ValidateToken rate, requests per second.
     pub validate_rate_per_s: u32,
+    /// TEST ONLY planted bugs (see `RawConfig::test_faults`).
+    pub test_faults: Vec<crate::test_faults::TestFault>,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -213,6 +220,19 @@ impl Config {
         if !(1..=100_000).contains(&validate_rate_per_s) {
             errs2.push(format!("{name}: validate_rate_per_s: {validate_rate_per_s} is outside 1 to 100000"));
         }
+        let mut test_faults = Vec::new();
+        for (i, f) in raw.test_faults.iter().enumerate() {
+            match crate::test_faults::TestFault::parse(f) {
+                Some(t) => test_faults.push(t),
+                None => errs2.push(format!("{name}: test_faults[{i}]: {f:?} is not a known planted bug")),
+            }
+        }
+        if !test_faults.is_empty() && std::env::var(crate::test_faults::ENV).as_deref() != Ok("1") {
+            errs2.push(format!(
+                "{name}: test_faults: planted bugs for the release gate, refused unless {}=1",
+                crate::test_faults::ENV
+            ));
+        }
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));
@@ -236,6 +256,7 @@ impl Config {
                 marks_file: raw.marks_file.map(|p| resolve(base, &p)),
                 signing,
                 validate_rate_per_s,
+                test_faults,
             }),
             _ => Err(errs),
         }

@@ -30,6 +30,7 @@ pub mod restore;
 pub mod server;
 pub mod signing;
 pub mod state;
+pub mod test_faults;
 pub mod tls;
 pub mod transparent;
 pub mod validate;
@@ -55,6 +56,7 @@ pub async fn run(
         config.marks_file.as_deref(),
     )
     .await?;
+    crate::test_faults::install(&config.test_faults);
     if config.signing.is_none() {
         tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
     }

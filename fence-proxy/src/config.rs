@@ -65,6 +65,11 @@ pub struct RawConfig {
     /// Guard of every path no route matches. Without it such requests are refused
     /// (`403 unlisted_route`): an unlisted route is a write nobody can authorise.
     pub unlisted: Option<RawGuard>,
+    /// TEST ONLY (the release gate's planted bug, docs/GATE.md): forward writes whose
+    /// token is below the mark. Refused unless the environment sets
+    /// `LOCKMESH_TEST_FAULTS=1`; never in a shipped config. Default false.
+    #[serde(default)]
+    pub accept_lower_tokens: bool,
 }
 
 /// A trusted public key.
@@ -129,6 +134,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Guard of unlisted routes.
     pub unlisted: Option<Route>,
+    /// TEST ONLY planted bug: stale tokens are forwarded (see `RawConfig`).
+    pub accept_lower_tokens: bool,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -251,6 +258,11 @@ impl Config {
                 _ => None,
             }
         });
+        if raw.accept_lower_tokens && std::env::var("LOCKMESH_TEST_FAULTS").as_deref() != Ok("1") {
+            errs.push(format!(
+                "{name}: accept_lower_tokens: a planted bug for the release gate, refused unless LOCKMESH_TEST_FAULTS=1"
+            ));
+        }
         match (listen, admin_listen) {
             (Ok(listen), Ok(admin_listen)) if errs.is_empty() => Ok(Config {
                 listen,
@@ -262,6 +274,7 @@ impl Config {
                 verifier,
                 routes,
                 unlisted,
+                accept_lower_tokens: raw.accept_lower_tokens,
             }),
             _ => Err(errs),
         }

@@ -42,6 +42,9 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    if config.accept_lower_tokens {
+        tracing::error!("TEST FAULT PLANTED: accept_lower_tokens forwards stale writes; this fence does not fence");
+    }
     if check {
         println!("{}: OK", path.display());
         return ExitCode::SUCCESS;

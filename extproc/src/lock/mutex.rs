@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{keys, now_ms, session::Caller, HoldRecord, LockError, SessionRecord, Store};
+use crate::test_faults::{self, TestFault};
 
 /// An acquire as the API hands it over.
 #[derive(Debug, Clone)]
@@ -291,7 +292,7 @@ impl Store {
         let k = self.keys();
         let n = gate.limit;
         let slot_no = slot.min(n - 1);
-        let (epoch_key, holds, slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
+        let (epoch_key, holds, mut slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
         let lease = PutOptions::new().with_lease(sid.lease());
         let mut when = vec![
             Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
@@ -299,6 +300,20 @@ impl Store {
             // Empty range [slot N, end of the key's holds): no holder above the limit.
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)),
         ];
+        if test_faults::on(TestFault::SkipEpochCompare) {
+            when.remove(0); // PLANTED BUG (release gate): no epoch compare.
+        }
+        if test_faults::on(TestFault::CountBeforeLock) {
+            // PLANTED BUG (release gate): count the holders, then lock without comparing.
+            let opts = Some(GetOptions::new().with_prefix().with_count_only());
+            let c = self.call(self.client().get(holds.as_str(), opts)).await?;
+            let revision = c.header().map_or(0, |h| h.revision());
+            if c.count() >= i64::from(n) {
+                return Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 });
+            }
+            when.truncate(1);
+            slot = k.slot(d, 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0));
+        }
         let mut then = Vec::with_capacity(2);
         let mut els = Vec::with_capacity(4);
         match new_record {
@@ -424,10 +439,15 @@ impl Store {
             // One round trip for the common case: a mutex hold (slot 0) on the
             // caller's own session, whose owner was checked above.
             let slot0 = self.keys().slot(&d, 0);
-            let cmp = vec![
-                Compare::create_revision(slot0.as_str(), CompareOp::Equal, rev),
-                Compare::lease(slot0.as_str(), CompareOp::Equal, sid.lease()),
-            ];
+            let cmp = if test_faults::on(TestFault::ReleaseByKeyName) {
+                // PLANTED BUG (release gate): delete by key name (etcd #22082).
+                vec![Compare::version(slot0.as_str(), CompareOp::Greater, 0)]
+            } else {
+                vec![
+                    Compare::create_revision(slot0.as_str(), CompareOp::Equal, rev),
+                    Compare::lease(slot0.as_str(), CompareOp::Equal, sid.lease()),
+                ]
+            };
             if self.release_txn(&d, slot0.into_bytes(), cmp, &marker).await? {
                 return Ok(());
             }
