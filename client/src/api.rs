@@ -57,6 +57,7 @@ pub(crate) struct Acquired {
 pub(crate) struct Opened {
     pub session: SessionId,
     pub ttl_s: u64,
+    pub class: String,
 }
 
 // === impl CallError ===
@@ -163,7 +164,8 @@ impl Api {
         let v = self.call(Method::POST, "/v1/sessions", &[(headers::KEY, key.to_owned())], timeout).await?;
         let session = session_field(&v)?;
         let ttl_s = v.get("ttl_s").and_then(Value::as_u64).ok_or_else(|| bad("ttl_s"))?;
-        Ok(Opened { session, ttl_s })
+        let class = v.get("class").and_then(Value::as_str).unwrap_or_default().to_owned();
+        Ok(Opened { session, ttl_s, class })
     }
 
     /// `POST /v1/sessions/keepalive`.

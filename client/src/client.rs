@@ -80,7 +80,9 @@ pub(crate) struct Inner {
     on_fence: OnFence,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     opening: tokio::sync::Mutex<()>,
+    /// TTL of keys and classes seen in session opens (which the registry decides).
     key_ttl: Mutex<HashMap<String, u64>>,
+    class_ttl: Mutex<HashMap<String, u64>>,
     pub(crate) ledger: Mutex<Ledger>,
     /// Notified when a key stops being acquired or released.
     pub(crate) changed: Notify,
@@ -130,6 +132,7 @@ impl Client {
             sessions: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             key_ttl: Mutex::new(HashMap::new()),
+            class_ttl: Mutex::new(HashMap::new()),
             ledger: Mutex::new(Ledger::default()),
             changed: Notify::new(),
             runtime,
@@ -152,7 +155,7 @@ impl Client {
         let give_up = Instant::now() + opts.wait;
         let inner = &self.inner;
         loop {
-            let session = inner.session_for(key).await?;
+            let session = inner.session_for(key, opts.class.as_deref()).await?;
             if let Some(r) = session.lost() {
                 inner.fence(&session, r);
                 continue;
@@ -261,19 +264,28 @@ impl Inner {
         self.counters[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn live_session_for_key(&self, key: &str) -> Option<Arc<Session>> {
-        let ttl = *self.key_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key)?;
+    /// The live session for the TTL of `key` (or of the class the caller named, if
+    /// its TTL is known).
+    fn live_session_for_key(&self, key: &str, class: Option<&str>) -> Option<Arc<Session>> {
+        let by_key = self.key_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).copied();
+        let by_class = || {
+            let classes = self.class_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            class.and_then(|c| classes.get(c).copied())
+        };
+        let ttl = by_key.or_else(by_class)?;
         self.sessions().get(&ttl).filter(|s| s.lost().is_none()).cloned()
     }
 
     /// The live session for `key`'s TTL, opening one if needed (one per TTL: the
-    /// service attaches a key only to a session with its class's TTL).
-    async fn session_for(self: &Arc<Self>, key: &str) -> Result<Arc<Session>, Error> {
-        if let Some(s) = self.live_session_for_key(key) {
+    /// service attaches a key only to a session with its class's TTL). The first
+    /// use of a key discovers its TTL by opening a session for it (the registry
+    /// decides the class), unless `class` names a class whose TTL is known.
+    async fn session_for(self: &Arc<Self>, key: &str, class: Option<&str>) -> Result<Arc<Session>, Error> {
+        if let Some(s) = self.live_session_for_key(key, class) {
             return Ok(s);
         }
         let _opening = self.opening.lock().await;
-        if let Some(s) = self.live_session_for_key(key) {
+        if let Some(s) = self.live_session_for_key(key, class) {
             return Ok(s);
         }
         let sent = Instant::now();
@@ -285,6 +297,10 @@ impl Inner {
                 known.clear();
             }
             known.insert(key.to_owned(), opened.ttl_s);
+        }
+        if !opened.class.is_empty() {
+            let mut classes = self.class_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            classes.insert(opened.class.clone(), opened.ttl_s);
         }
         let existing = self.sessions().get(&opened.ttl_s).filter(|s| s.lost().is_none()).cloned();
         let margin = self.config.margin;

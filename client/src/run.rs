@@ -7,7 +7,9 @@
 //! - When the lock is lost (the fence deadline passed, the service dropped the
 //!   session, or the epoch changed) the child gets SIGTERM, then SIGKILL after the
 //!   grace period.
-//! - SIGTERM and SIGINT sent to `lockctl` are passed on to the child.
+//! - SIGTERM and SIGINT sent to `lockctl` are passed on to the child, and the
+//!   child gets SIGTERM if `lockctl` dies (Linux `PR_SET_PDEATHSIG`): its lock
+//!   ends with `lockctl`'s session.
 //! - The exit code is the child's (128 + the signal number if a signal ended it);
 //!   the lock is released when the child ends. Codes of `lockctl` itself: 64 a
 //!   usage or configuration error, 75 the lock was not granted within the wait,
@@ -137,6 +139,7 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
         .env("LOCKMESH_SESSION", guard.session())
         .env("LOCKMESH_TTL_S", guard.ttl().as_secs().to_string())
         .kill_on_drop(true);
+    signal_child::term_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(source) => {

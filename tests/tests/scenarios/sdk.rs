@@ -186,6 +186,29 @@ async fn nested_acquires_reach_the_service_once() {
 }
 
 #[tokio::test]
+async fn one_keepalive_per_session_however_many_holds() {
+    let st = lock_tier("sdk-batch").start().await.unwrap();
+    let (client, _) = sdk(config(&st, "payments", "batch"));
+    let short = || LockOptions::default().class("short");
+    let mut guards = vec![client.lock("short/sdk-batch-0", short()).await.unwrap()];
+    for i in 1..6 {
+        guards.push(client.lock(&format!("short/sdk-batch-{i}"), short()).await.unwrap());
+    }
+    assert!(guards.iter().all(|g| g.session() == guards[0].session()), "holds of one TTL on several sessions");
+    assert_eq!((client.sessions().len(), client.stats().sessions_opened), (1, 1));
+    // Six holds, one session, TTL 3 s: about one keepalive a second, not six.
+    let k0 = requests(&st, "keepalive", "ok").await;
+    sleep(Duration::from_millis(3500)).await;
+    let n = requests(&st, "keepalive", "ok").await - k0;
+    assert!((2..=4).contains(&n), "{n} keepalives in 3.5 s for one session of six holds");
+    assert!(guards.iter().all(|g| g.can_start()));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert!(client.is_idle());
+}
+
+#[tokio::test]
 async fn an_abandoned_acquire_leaves_no_hold() {
     let st = lock_tier("sdk-abandon").start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
@@ -369,4 +392,24 @@ async fn lockctl_run_kills_a_command_that_ignores_sigterm_when_the_session_is_re
     assert!(stderr.contains("sending SIGKILL"), "{stderr}");
     assert!(revoked.elapsed() >= Duration::from_millis(500), "killed before the grace period");
     assert!(holders(&a, k).await.is_empty());
+}
+
+#[tokio::test]
+async fn lockctl_run_killed_takes_its_command_with_it() {
+    let st = lock_tier("sdk-run-pdeath").start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = format!(
+        "trap 'echo term >> {o}; exit 0' TERM; echo started > {o}; while :; do sleep 0.1; done",
+        o = out.display()
+    );
+    let mut child = lockctl_run(&st, "pdeath", "payments/sdk-run-pdeath", &[], &script).spawn().unwrap();
+    wait_for_file(&out).await;
+    // SIGKILL: lockctl cannot pass anything on; the kernel tells the command.
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    eventually_true(Duration::from_secs(5), "the command got SIGTERM when lockctl died", || async {
+        std::fs::read_to_string(&out).unwrap_or_default().contains("term")
+    })
+    .await;
 }
