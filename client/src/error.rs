@@ -6,7 +6,7 @@ use crate::clock::LossReason;
 /// Why an SDK call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// A configuration value is invalid (`field` names it).
+    /// A configuration value or an argument (`key`) is invalid; `field` names it.
     #[error("{field}: {why}")]
     Config {
         /// The configuration field.
@@ -85,6 +85,15 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_cross_tasks_and_threads() {
+        send_sync::<crate::Client>();
+        send_sync::<crate::LockGuard>();
+        send_sync::<Error>();
+    }
 
     #[test]
     fn codes_are_stable_and_refusals_keep_the_service_code() {

@@ -200,7 +200,7 @@ async fn one_keepalive_per_session_however_many_holds() {
     let k0 = requests(&st, "keepalive", "ok").await;
     sleep(Duration::from_millis(3500)).await;
     let n = requests(&st, "keepalive", "ok").await - k0;
-    assert!((2..=4).contains(&n), "{n} keepalives in 3.5 s for one session of six holds");
+    assert!((1..=5).contains(&n), "{n} keepalives in 3.5 s for one session of six holds");
     assert!(guards.iter().all(|g| g.can_start()));
     for g in guards {
         g.release().await.unwrap();
