@@ -145,7 +145,7 @@ async fn route(
         }
         ("POST", "/v1/sessions/keepalive") => {
             let sid = need(lock.session, headers::SESSION)?;
-            let ttl = store.keepalive(sid, &caller).await?;
+            let ttl = store.keepalive(sid, &caller).await.inspect_err(|e| state.metrics.renewal_failure(e))?;
             ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": ttl }))
         }
         ("POST", "/v1/sessions/close") => {
@@ -201,7 +201,11 @@ async fn acquire(
         hold_id: None,
         session_owner: None,
     };
-    let grant = state.store.acquire(&areq, cancel).await?;
+    let result = state.store.acquire(&areq, cancel).await;
+    let labels = crate::metrics::lock_labels(&state.registry(), &areq.key);
+    let outcome = crate::metrics::outcome_label(&result);
+    state.metrics.acquire(labels, outcome, req.received.elapsed().as_secs_f64());
+    let grant = result?;
     let g = &grant;
     let proof = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, g.token, &g.class);
     let mut r = ApiResponse::ok(json!({

@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod audit;
 pub mod classctl;
 pub mod config;
 pub mod internal;
@@ -73,7 +74,9 @@ pub async fn run(
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                if let Err(e) = store.check_seal().await {
+                let r = store.check_seal().await;
+                metrics::ETCD.observe(r.is_ok());
+                if let Err(e) = r {
                     tracing::debug!(error = %e, "seal check could not reach etcd");
                 }
             }

@@ -1,7 +1,155 @@
-//! Prometheus metrics. Labels are bounded enums only (route, code); never a key,
-//! token, session or identity (ADR-22).
+//! Prometheus metrics. Labels are namespace (only a namespace the registry names;
+//! anything else is `other`), class, tier, and bounded enums (route, code, outcome,
+//! reason, state); never a key, token, session or identity (ADR-22). The cluster
+//! label is added by the scrape (ServiceMonitor relabelling), not here.
 
-use std::{collections::BTreeMap, fmt::Write, sync::Mutex};
+use std::{
+    collections::BTreeMap,
+    fmt::Write,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Mutex,
+    },
+};
+
+use lockmesh_core::{ClassRegistry, LockKey};
+
+/// Grant latency buckets, seconds (a grant that waits counts its wait).
+pub const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Hold time buckets, seconds.
+pub const HOLD_BUCKETS: &[f64] = &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
+
+/// The bounded labels of a lock metric: namespace, class, tier.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LockLabels {
+    /// The key's namespace when the registry names it in a prefix, else `other`.
+    pub namespace: String,
+    /// The key's class (from the registry).
+    pub class: String,
+    /// The class's tier.
+    pub tier: &'static str,
+}
+
+/// A Prometheus histogram with fixed buckets.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// The arbiter's view of etcd, updated by the seal checker every second.
+#[derive(Debug, Default)]
+pub struct EtcdHealth {
+    reachable: AtomicBool,
+    failing_since_ms: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// etcd reachability as the seal checker last saw it (a process-wide fact).
+pub static ETCD: EtcdHealth =
+    EtcdHealth { reachable: AtomicBool::new(false), failing_since_ms: AtomicU64::new(0), failures: AtomicU64::new(0) };
+
+/// The tier label of a tier.
+pub fn tier_label(t: lockmesh_core::class::Tier) -> &'static str {
+    match t {
+        lockmesh_core::class::Tier::Coord => "coord",
+        lockmesh_core::class::Tier::Entity => "entity",
+    }
+}
+
+/// The labels of `key` under `reg`: its namespace only if the registry names it.
+pub fn lock_labels(reg: &ClassRegistry, key: &LockKey) -> LockLabels {
+    let class = reg.class_of(key);
+    let ns = key.namespace();
+    LockLabels {
+        namespace: if reg.knows_namespace(ns) { ns.to_owned() } else { "other".to_owned() },
+        class: class.name.to_string(),
+        tier: tier_label(class.tier),
+    }
+}
+
+/// The labels of a raw key string (audit records); unparsable keys are `other`.
+pub fn labels_of_raw(reg: &ClassRegistry, key: &str) -> LockLabels {
+    match LockKey::parse(key.as_bytes()) {
+        Ok(k) => lock_labels(reg, &k),
+        Err(_) => LockLabels { namespace: "other".into(), class: "other".into(), tier: "entity" },
+    }
+}
+
+// === impl LockLabels ===
+
+impl LockLabels {
+    /// `namespace="..",class="..",tier=".."`.
+    pub fn render(&self) -> String {
+        format!("namespace=\"{}\",class=\"{}\",tier=\"{}\"", self.namespace, self.class, self.tier)
+    }
+}
+
+// === impl Histogram ===
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending upper bounds; `+Inf` is implied).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, v: f64) {
+        for (i, b) in self.bounds.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// Appends the `_bucket`, `_sum` and `_count` lines of `name{labels}`.
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    }
+}
+
+// === impl EtcdHealth ===
+
+impl EtcdHealth {
+    /// Records one seal check's outcome.
+    pub fn observe(&self, ok: bool) {
+        self.reachable.store(ok, Ordering::Relaxed);
+        if ok {
+            self.failing_since_ms.store(0, Ordering::Relaxed);
+        } else {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            let _ =
+                self.failing_since_ms.compare_exchange(0, crate::lock::now_ms(), Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// The exposition lines.
+    pub fn render(&self, s: &mut String) {
+        s.push_str("# HELP lockmesh_arbiter_etcd_reachable 1 when the last seal check read the epoch record linearizably (etcd has quorum and answers).\n");
+        s.push_str("# TYPE lockmesh_arbiter_etcd_reachable gauge\n");
+        let _ = writeln!(s, "lockmesh_arbiter_etcd_reachable {}", u8::from(self.reachable.load(Ordering::Relaxed)));
+        s.push_str("# HELP lockmesh_arbiter_quorum_lost_seconds How long linearizable reads have been failing (0 while they succeed).\n");
+        s.push_str("# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n");
+        let since = self.failing_since_ms.load(Ordering::Relaxed);
+        let age = if since == 0 { 0.0 } else { crate::lock::now_ms().saturating_sub(since) as f64 / 1000.0 };
+        let _ = writeln!(s, "lockmesh_arbiter_quorum_lost_seconds {age:.3}");
+        s.push_str("# HELP lockmesh_arbiter_etcd_check_failures_total Seal checks that could not read etcd.\n");
+        s.push_str("# TYPE lockmesh_arbiter_etcd_check_failures_total counter\n");
+        let _ = writeln!(s, "lockmesh_arbiter_etcd_check_failures_total {}", self.failures.load(Ordering::Relaxed));
+    }
+}
 
 /// The route label of a request path: a closed set.
 pub fn route_label(method: &str, path: &str) -> &'static str {
@@ -22,9 +170,79 @@ pub fn route_label(method: &str, path: &str) -> &'static str {
 pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     abandoned: Mutex<u64>,
+    acquires: Mutex<BTreeMap<(LockLabels, &'static str), u64>>,
+    grant_latency: Mutex<BTreeMap<LockLabels, Histogram>>,
+    renewal_failures: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// The outcome label of an acquire: a closed set.
+pub fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockError>) -> &'static str {
+    use crate::lock::LockError as E;
+    match r {
+        Ok(_) => "granted",
+        Err(E::Contended(lockmesh_core::Reason::KeyGated)) => "key_gated",
+        Err(E::Contended(lockmesh_core::Reason::LockContended)) => "lock_contended",
+        Err(E::Leaked) => "leaked",
+        Err(E::SessionExpired | E::SessionClassMismatch { .. }) => "session",
+        Err(E::Sealed(_)) => "sealed",
+        Err(E::Unavailable(_)) => "unavailable",
+        Err(E::Cancelled) => "cancelled",
+        Err(E::Draining(_)) => "draining",
+        Err(E::NotHolder | E::Internal(_)) => "error",
+    }
 }
 
 impl Metrics {
+    /// Counts one acquire by outcome, and its latency when granted.
+    pub fn acquire(&self, labels: LockLabels, outcome: &'static str, seconds: f64) {
+        if outcome == "granted" {
+            if let Ok(mut h) = self.grant_latency.lock() {
+                h.entry(labels.clone()).or_insert_with(|| Histogram::new(LATENCY_BUCKETS)).observe(seconds);
+            }
+        }
+        if let Ok(mut m) = self.acquires.lock() {
+            *m.entry((labels, outcome)).or_default() += 1;
+        }
+    }
+
+    /// Counts a failed session renewal: `expired` (the session is gone) or
+    /// `unavailable` (etcd did not answer).
+    pub fn renewal_failure(&self, e: &crate::lock::LockError) {
+        let reason = if matches!(e, crate::lock::LockError::SessionExpired) { "expired" } else { "unavailable" };
+        if let Ok(mut m) = self.renewal_failures.lock() {
+            *m.entry(reason).or_default() += 1;
+        }
+    }
+
+    fn render_locks(&self, s: &mut String) {
+        s.push_str("# HELP lockmesh_arbiter_acquires_total Acquires answered, by outcome (granted, key_gated: the key is at its limit, lock_contended: lost a race, draining, sealed, ...).\n");
+        s.push_str("# TYPE lockmesh_arbiter_acquires_total counter\n");
+        if let Ok(m) = self.acquires.lock() {
+            for ((l, outcome), n) in m.iter() {
+                let _ = writeln!(s, "lockmesh_arbiter_acquires_total{{{},outcome=\"{outcome}\"}} {n}", l.render());
+            }
+        }
+        s.push_str("# HELP lockmesh_arbiter_grant_latency_seconds Time from receiving an acquire to its grant, waits included.\n");
+        s.push_str("# TYPE lockmesh_arbiter_grant_latency_seconds histogram\n");
+        if let Ok(m) = self.grant_latency.lock() {
+            for (l, h) in m.iter() {
+                h.render(s, "lockmesh_arbiter_grant_latency_seconds", &l.render());
+            }
+        }
+        s.push_str("# HELP lockmesh_arbiter_renewal_failures_total Session keepalives refused (expired) or failed (unavailable).\n");
+        s.push_str("# TYPE lockmesh_arbiter_renewal_failures_total counter\n");
+        if let Ok(m) = self.renewal_failures.lock() {
+            for reason in ["expired", "unavailable"] {
+                let _ = writeln!(
+                    s,
+                    "lockmesh_arbiter_renewal_failures_total{{reason=\"{reason}\"}} {}",
+                    m.get(reason).copied().unwrap_or(0)
+                );
+            }
+        }
+        ETCD.render(s);
+    }
+
     /// Counts one answered request.
     pub fn request(&self, route: &'static str, code: &'static str) {
         if let Ok(mut m) = self.requests.lock() {
@@ -69,6 +287,35 @@ impl Metrics {
         );
         s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
+        self.render_locks(&mut s);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_labels_come_from_the_registry() {
+        let mut h = Histogram::new(&[1.0, 2.0]);
+        h.observe(0.5);
+        h.observe(1.5);
+        h.observe(9.0);
+        let mut s = String::new();
+        h.render(&mut s, "x", "class=\"a\"");
+        assert!(s.contains("x_bucket{class=\"a\",le=\"1\"} 1\n"));
+        assert!(s.contains("x_bucket{class=\"a\",le=\"2\"} 2\n"));
+        assert!(s.contains("x_bucket{class=\"a\",le=\"+Inf\"} 3\n"));
+        assert!(s.contains("x_count{class=\"a\"} 3\n"));
+        let reg = crate::registry::parse(
+            "classes:\n  - name: pay\n    prefixes: [payments]\n    ttl_s: 15\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 15\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
+        )
+        .unwrap();
+        let l = labels_of_raw(&reg, "payments/order-1");
+        assert_eq!((l.namespace.as_str(), l.class.as_str()), ("payments", "pay"));
+        // A caller-chosen namespace never becomes a label value.
+        let l = labels_of_raw(&reg, "attacker-chosen-ns/x");
+        assert_eq!((l.namespace.as_str(), l.class.as_str()), ("other", "d"));
     }
 }

@@ -40,6 +40,9 @@ enum Cmd {
     /// Class limits: `change`, `resume`, `cancel`, `show` (docs/CLASSES.md).
     #[command(subcommand)]
     Limit(lockmesh_extproc::classctl::LimitCmd),
+    /// Audit queries: `history KEY`, `by-identity ID --since --until`, `longest`,
+    /// `expiries` (docs/AUDIT.md).
+    Audit(lockmesh_extproc::audit::cli::AuditArgs),
     /// Run a command while holding a lock (like `etcdctl lock`): the token is in
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
     /// then SIGKILL after --grace-ms. Exits with the command's code.
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
     match &cli.cmd {
         Cmd::Class(c) => return rt.block_on(lockmesh_extproc::classctl::class(c)),
         Cmd::Limit(l) => return rt.block_on(lockmesh_extproc::classctl::limit(l)),
+        Cmd::Audit(a) => return rt.block_on(lockmesh_extproc::audit::cli::main(a)),
         _ => {}
     }
     // `run` exits with its command's code (see lockmesh_client::run).
@@ -113,7 +117,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cmd {
             Cmd::Run(_) => Ok(()), // answered above
-            Cmd::Class(_) | Cmd::Limit(_) => Ok(()), // answered above
+            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) => Ok(()), // answered above
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
