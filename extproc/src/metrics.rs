@@ -309,7 +309,7 @@ mod tests {
         assert!(s.contains("x_bucket{class=\"a\",le=\"+Inf\"} 3\n"));
         assert!(s.contains("x_count{class=\"a\"} 3\n"));
         let reg = crate::registry::parse(
-            "classes:\n  - name: pay\n    prefixes: [payments]\n    ttl_s: 15\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 15\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
+            "classes:\n  - name: pay\n    prefixes: [payments]\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
         )
         .unwrap();
         let l = labels_of_raw(&reg, "payments/order-1");

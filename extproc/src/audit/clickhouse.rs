@@ -179,7 +179,7 @@ mod tests {
             head.starts_with("POST /?query=INSERT%20INTO%20lockmesh.audit_events%20FORMAT%20JSONEachRow HTTP/1.1\r\n")
         );
         assert!(head.contains("Host: ch.internal:8124\r\n"));
-        assert!(head.contains("X-ClickHouse-User: tailer\r\n") && head.contains("X-ClickHouse-Key: pw\r\n"));
+        assert!(head.contains("X-ClickHouse-User: tailer\r\n") && head.ends_with("\r\nX-ClickHouse-Key: pw"));
         assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())));
         let lines: Vec<serde_json::Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 2);

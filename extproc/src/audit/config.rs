@@ -34,6 +34,9 @@ pub struct RawConfig {
     pub compaction_window_s: Option<u64>,
     /// This replica's name in the election (default: hostname and pid).
     pub instance: Option<String>,
+    /// TTL of the election lease, seconds (renewed every third of it). A crashed
+    /// leader is replaced within it. Default 10.
+    pub election_ttl_s: Option<u64>,
     /// The class registry (labels: namespace and tier from it, never from keys it
     /// does not know). Optional.
     pub registry_file: Option<String>,
@@ -77,6 +80,8 @@ pub struct Config {
     pub compaction_window_s: u64,
     /// Election name.
     pub instance: String,
+    /// Election lease TTL, seconds.
+    pub election_ttl_s: u64,
     /// Registry, if given.
     pub registry: Option<lockmesh_core::ClassRegistry>,
     /// Seal on restore.
@@ -132,6 +137,10 @@ impl Config {
         if compaction_window_s < 2 {
             errs.push(format!("{name}: compaction_window_s: {compaction_window_s} is below 2"));
         }
+        let election_ttl_s = raw.election_ttl_s.unwrap_or(10);
+        if !(3..=300).contains(&election_ttl_s) {
+            errs.push(format!("{name}: election_ttl_s: {election_ttl_s} is outside 3 to 300"));
+        }
         let registry = raw.registry_file.as_ref().and_then(|p| {
             crate::registry::load(&resolve(base, p))
                 .map_err(|e| {
@@ -174,6 +183,7 @@ impl Config {
                 checkpoint_interval_ms,
                 compaction_window_s,
                 instance,
+                election_ttl_s,
                 registry,
                 seal_on_restore: raw.seal_on_restore.unwrap_or(true),
                 clickhouse,

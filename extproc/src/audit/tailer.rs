@@ -4,8 +4,9 @@
 //! # Election
 //! One tailer writes per cluster root. Replicas campaign for
 //! `<root>/sys/audit-leader` with a create-if-absent transaction putting their
-//! name on a 10 s lease they renew every 3 s. A replica that cannot renew stops
-//! tailing at once (it may have lost the key); the key goes with the lease and
+//! name on a lease (`election_ttl_s`, default 10 s) they renew every third of
+//! it. A replica that cannot renew stops tailing at once (it may have lost the
+//! key); the key goes with the lease and
 //! another replica takes over from the checkpoint in *its* store. Two tailers
 //! briefly overlapping would write the same events under the same keys (each to
 //! its own store), so an overlap duplicates nothing.
@@ -32,9 +33,6 @@ use crate::lock::{
     epoch::{cluster_hex, EpochRecord},
     now_ms, Keys,
 };
-
-/// Lease TTL of the election key, seconds.
-pub const LEADER_TTL_S: i64 = 10;
 
 /// A running tailer's shared parts.
 pub struct Tailer {
@@ -110,7 +108,8 @@ impl Tailer {
         let mut client = connect(&self.cfg).await?;
         let lease =
             loop {
-                let lease = client.lease_grant(LEADER_TTL_S, None).await.map_err(e2s)?.id();
+                let ttl = i64::try_from(self.cfg.election_ttl_s).unwrap_or(10);
+                let lease = client.lease_grant(ttl, None).await.map_err(e2s)?.id();
                 let key = self.leader_key();
                 let txn = Txn::new().when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)]).and_then([
                     TxnOp::put(key.as_str(), self.cfg.instance.as_str(), Some(PutOptions::new().with_lease(lease))),
@@ -129,10 +128,11 @@ impl Tailer {
         let lost = stop.child_token();
         let keeper = tokio::spawn({
             let (mut c, lost) = (client.clone(), lost.clone());
+            let period = Duration::from_millis(self.cfg.election_ttl_s * 1000 / 3);
             async move {
                 loop {
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                    let r = tokio::time::timeout(Duration::from_secs(3), c.lease_keep_alive(lease)).await;
+                    tokio::time::sleep(period).await;
+                    let r = tokio::time::timeout(period, c.lease_keep_alive(lease)).await;
                     if !matches!(r, Ok(Ok(_))) {
                         tracing::warn!("audit tailer could not renew its election lease; stepping down");
                         lost.cancel();
