@@ -52,6 +52,7 @@ pub struct ArbiterBuilder {
     grpc_port: Option<u16>,
     admin_port: Option<u16>,
     rust_log: String,
+    envs: Vec<(String, String)>,
 }
 
 /// A running arbiter; killed on drop, its log printed if the test panics.
@@ -117,6 +118,12 @@ impl ArbiterBuilder {
         self
     }
 
+    /// An environment variable for the arbiter process.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
     /// The config YAML for the given ports and registry file.
     pub fn render(&self, grpc_port: u16, admin_port: u16, registry_file: &Path) -> String {
         let d = self.cert_dir.display();
@@ -159,13 +166,16 @@ impl ArbiterBuilder {
         std::fs::write(&registry_file, &self.registry)?;
         let config_path = dir.path().join("arbiter.yaml");
         std::fs::write(&config_path, self.render(grpc_port, admin_port, &registry_file))?;
-        let process = ChildProcess::new(
+        let mut process = ChildProcess::new(
             "arbiter",
             bin,
             vec!["--config".into(), config_path.display().to_string()],
             dir.path().join("arbiter.log"),
         )
         .env("RUST_LOG", &self.rust_log);
+        for (k, v) in &self.envs {
+            process = process.env(k, v);
+        }
         let arbiter = ArbiterProcess { grpc_port, admin_port, config_path, process, _dir: dir };
         arbiter.process.start()?;
         arbiter.wait_ready().await?;
@@ -189,6 +199,7 @@ impl ArbiterProcess {
             grpc_port: None,
             admin_port: None,
             rust_log: "info".into(),
+            envs: Vec::new(),
         }
     }
 

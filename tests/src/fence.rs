@@ -192,6 +192,7 @@ pub struct FenceProxyBuilder {
     routes_yaml: String,
     extra_yaml: Vec<String>,
     marks_dir: Option<PathBuf>,
+    envs: Vec<(String, String)>,
 }
 
 /// A running fence-proxy; killed on drop.
@@ -224,6 +225,12 @@ impl FenceProxyBuilder {
         self
     }
 
+    /// An environment variable for the fence-proxy process.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
     /// Keep the marks in `dir` (default: the process's temp dir).
     pub fn marks_dir(mut self, dir: &Path) -> Self {
         self.marks_dir = Some(dir.to_owned());
@@ -251,13 +258,16 @@ impl FenceProxyBuilder {
         }
         let config_path = dir.path().join("fence.yaml");
         std::fs::write(&config_path, yaml)?;
-        let process = ChildProcess::new(
+        let mut process = ChildProcess::new(
             "fence-proxy",
             fence_proxy_bin()?,
             vec!["--config".into(), config_path.display().to_string()],
             dir.path().join("fence.log"),
         )
         .env("RUST_LOG", "info");
+        for (k, v) in &self.envs {
+            process = process.env(k, v);
+        }
         let f = FenceProxyProcess { port, admin_port, marks_dir, config_path, process, _dir: dir };
         f.process.start()?;
         f.wait_ready().await?;
@@ -274,6 +284,7 @@ impl FenceProxyProcess {
             routes_yaml: String::new(),
             extra_yaml: Vec::new(),
             marks_dir: None,
+            envs: Vec::new(),
         }
     }
 

@@ -36,6 +36,7 @@ pub mod client;
 pub mod envoy;
 pub mod etcd;
 pub mod fence;
+pub mod gate;
 pub mod load;
 pub mod paths;
 pub mod ports;

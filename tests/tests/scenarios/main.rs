@@ -12,6 +12,7 @@ mod configs;
 mod core_lock;
 mod fencing;
 mod filter;
+mod gate;
 mod harness_selftest;
 mod limits;
 mod load_smoke;

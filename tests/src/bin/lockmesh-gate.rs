@@ -1,0 +1,149 @@
+//! `lockmesh-gate`: the long release gate (docs/GATE.md), and the holder process
+//! the gate's histories run.
+//!
+//! ```text
+//! cargo build --release --target wasm32-wasip1 -p lockmesh-wasm-filter
+//! cargo build -p lockmesh-extproc -p lockmesh-fence-proxy -p lockmesh-tests --bin lockmesh-gate
+//! target/debug/lockmesh-gate long --minutes 60 --out gate-out
+//! ```
+//!
+//! `long` runs fault-injected histories back to back on fresh systems, prints a
+//! line per history while it runs and a summary at the end (histories checked,
+//! faults injected by kind, violations). Exit 0 only when every history passed;
+//! 1 on a violation, a checker timeout or a history that could not run; 64 on
+//! invalid arguments. `holder` is the client loop (started by the gate itself).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockmesh_tests::gate::{self, holder::HolderArgs, schedule, GateOptions};
+use tokio::time::Instant;
+
+#[derive(Debug, Parser)]
+#[command(about = "The lockmesh release gate: fault-injected histories, checked")]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run histories until the time is up, then print the summary.
+    Long {
+        /// Total minutes (histories start while time remains).
+        #[arg(long, default_value_t = 60.0)]
+        minutes: f64,
+        /// Faults per history.
+        #[arg(long, default_value_t = 12)]
+        faults: usize,
+        /// Seconds of fault-free load between faults.
+        #[arg(long, default_value_t = 2.0)]
+        gap_s: f64,
+        /// Where failing histories are written.
+        #[arg(long, default_value = "gate-out")]
+        out: PathBuf,
+    },
+    /// A gate client process (internal).
+    Holder(HolderArgs),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lockmesh_tests::gate=info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockmesh-gate: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match args.cmd {
+        Cmd::Holder(h) => match rt.block_on(gate::holder::run(h)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lockmesh-gate holder: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Cmd::Long { minutes, faults, gap_s, out } => {
+            if !(minutes > 0.0 && gap_s >= 0.0 && faults > 0) {
+                eprintln!("lockmesh-gate: --minutes and --faults must be positive, --gap-s not negative");
+                return ExitCode::from(64);
+            }
+            rt.block_on(long(Duration::from_secs_f64(minutes * 60.0), faults, Duration::from_secs_f64(gap_s), out))
+        }
+    }
+}
+
+async fn long(total: Duration, faults: usize, gap: Duration, out: PathBuf) -> ExitCode {
+    let start = Instant::now();
+    let (mut histories, mut failed, mut errors) = (0usize, 0usize, 0usize);
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut grants, mut ops, mut writes) = (0usize, 0usize, 0usize);
+    println!(
+        "lockmesh-gate long: {:.0} min, {faults} faults per history, output in {}",
+        total.as_secs_f64() / 60.0,
+        out.display()
+    );
+    while start.elapsed() < total {
+        let n = histories + errors + 1;
+        let plan = schedule::random(faults);
+        let t0 = Instant::now();
+        match gate::run_history(GateOptions::gate(&format!("gate{n}")), &plan, gap, &out).await {
+            Ok((h, v, path)) => {
+                histories += 1;
+                for (k, c) in h.faults_by_kind() {
+                    *by_kind.entry(k).or_default() += c;
+                }
+                if let gate::Verdict::Pass(s) = &v {
+                    grants += s.grants;
+                    ops += s.ops;
+                    writes += s.writes;
+                }
+                let took = t0.elapsed().as_secs();
+                match path {
+                    None => println!(
+                        "[{:>5}s] history {n}: {} ({took}s, {} faults)",
+                        start.elapsed().as_secs(),
+                        v.explain(),
+                        h.faults.len()
+                    ),
+                    Some(p) => {
+                        failed += 1;
+                        println!(
+                            "[{:>5}s] history {n}: {}\n  written to {}",
+                            start.elapsed().as_secs(),
+                            v.explain(),
+                            p.display()
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                println!("[{:>5}s] history {n}: could not run: {e:#}", start.elapsed().as_secs());
+            }
+        }
+    }
+    println!("\n== lockmesh-gate summary ({:.1} min) ==", start.elapsed().as_secs_f64() / 60.0);
+    println!("histories checked: {histories} ({failed} failed; {errors} could not run)");
+    println!("checked: {grants} committed grants, {ops} client operations, {writes} fenced writes");
+    println!("faults injected by kind:");
+    for (k, c) in &by_kind {
+        println!("  {k:<18} {c}");
+    }
+    println!(
+        "violations: {}",
+        if failed == 0 { "none".to_owned() } else { format!("{failed} histories (see {})", out.display()) }
+    );
+    if failed == 0 && errors == 0 && histories > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

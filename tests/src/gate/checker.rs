@@ -1,0 +1,499 @@
+//! The gate's checker: exact checks over the store's revision-ordered history,
+//! and linking checks between client operations and that history.
+//!
+//! | check | over | property |
+//! |---|---|---|
+//! | `fence_monotonic` | store writes, arrival order | per resource, each accepted token is above every token accepted before (strict rule) |
+//! | `fence_genuine` | store writes × etcd | each accepted token is a committed grant of the route's lock key |
+//! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex) |
+//! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
+//! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
+//! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores |
+//! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
+//! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
+//!
+//! Why not a Porcupine search: every lock operation is an etcd transaction, so the
+//! watch gives a total order of commits; client operations are linked to it by
+//! token (a token is a commit revision), with unknown outcomes allowed either way.
+//! The search a linearizability checker does is then unnecessary.
+//!
+//! A check that does not finish within its budget is a failure ([`Verdict::TimedOut`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::history::{token_of, EpochValue, EtcdEvent, History, HoldValue, MarkerValue, Outcome};
+
+/// How long after a quorum-loss window opens an old leader may still answer
+/// (election timeout and a round trip, doubled for 2 starved cores).
+pub const QUORUM_LOSS_GRACE_US: u64 = 3_000_000;
+
+/// One violated property, with the smallest window that shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    /// The check's name (table in the module doc).
+    pub check: &'static str,
+    /// A readable explanation naming the grants, tokens and times involved.
+    pub explanation: String,
+    /// Store segment of the revisions (0 before any restore).
+    pub segment: usize,
+    /// First and last revision involved (0, 0 when not a store property).
+    pub revisions: (i64, i64),
+    /// First and last time involved, unix µs.
+    pub time_us: (u64, u64),
+}
+
+/// What was checked.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Committed grants in the etcd history.
+    pub grants: usize,
+    /// Release transactions.
+    pub releases: usize,
+    /// Client operations.
+    pub ops: usize,
+    /// Store writes.
+    pub writes: usize,
+    /// Segments (1 + restores).
+    pub segments: usize,
+}
+
+/// The checker's answer.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Every property held.
+    Pass(Stats),
+    /// At least one property was violated.
+    Fail(Stats, Vec<Violation>),
+    /// The checker ran out of time: the gate fails, it never passes.
+    TimedOut {
+        /// The budget.
+        budget: Duration,
+        /// The check that was running.
+        stage: &'static str,
+    },
+    /// The history itself is incomplete (the recorder lost the store): fails.
+    Incomplete(Vec<String>),
+}
+
+struct Budget {
+    deadline: Instant,
+    budget: Duration,
+    ticks: u64,
+}
+
+struct TimedOut(&'static str);
+
+/// A committed grant.
+#[derive(Debug, Clone)]
+struct Grant {
+    segment: usize,
+    revision: i64,
+    key: String,
+    epoch: u64,
+    token: u64,
+    observed_us: u64,
+    /// When its hold was deleted (observed), if it was.
+    closed_us: Option<u64>,
+}
+
+#[derive(Clone, Default)]
+struct State {
+    /// Open holds: etcd key → index into the grants list.
+    open: HashMap<String, usize>,
+    epoch: Option<EpochValue>,
+}
+
+// === impl Budget ===
+
+impl Budget {
+    fn tick(&mut self, stage: &'static str) -> Result<(), TimedOut> {
+        if self.ticks % 256 == 0 && Instant::now() >= self.deadline {
+            return Err(TimedOut(stage));
+        }
+        self.ticks += 1;
+        Ok(())
+    }
+}
+
+// === impl Verdict ===
+
+impl Verdict {
+    /// Whether the gate passes.
+    pub fn passed(&self) -> bool {
+        matches!(self, Verdict::Pass(_))
+    }
+
+    /// The violations (empty unless `Fail`).
+    pub fn violations(&self) -> &[Violation] {
+        match self {
+            Verdict::Fail(_, v) => v,
+            _ => &[],
+        }
+    }
+
+    /// A readable one-paragraph account.
+    pub fn explain(&self) -> String {
+        match self {
+            Verdict::Pass(s) => format!(
+                "pass: {} grants, {} releases, {} client ops, {} store writes, {} segments",
+                s.grants, s.releases, s.ops, s.writes, s.segments
+            ),
+            Verdict::Fail(_, v) => {
+                let mut out = format!("FAIL: {} violation(s)\n", v.len());
+                for x in v.iter().take(20) {
+                    out.push_str(&format!("  [{}] {}\n", x.check, x.explanation));
+                }
+                out
+            }
+            Verdict::TimedOut { budget, stage } => {
+                format!(
+                    "FAIL: the checker did not finish within {budget:?} (in {stage}); a timed-out check fails the gate"
+                )
+            }
+            Verdict::Incomplete(g) => format!("FAIL: the history is incomplete: {}", g.join("; ")),
+        }
+    }
+}
+
+/// Checks `h` within `budget`.
+pub fn check(h: &History, budget: Duration) -> Verdict {
+    let mut b = Budget { deadline: Instant::now() + budget, budget, ticks: 0 };
+    if !h.gaps.is_empty() {
+        return Verdict::Incomplete(h.gaps.clone());
+    }
+    match check_in(h, &mut b) {
+        Ok((stats, v)) if v.is_empty() => Verdict::Pass(stats),
+        Ok((stats, v)) => Verdict::Fail(stats, v),
+        Err(TimedOut(stage)) => Verdict::TimedOut { budget: b.budget, stage },
+    }
+}
+
+fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), TimedOut> {
+    let mut v = Vec::new();
+    let mut stats = Stats { ops: h.ops.len(), writes: h.writes.len(), segments: h.segments.len(), ..Stats::default() };
+    let grants = replay(h, b, &mut v, &mut stats)?;
+    check_fence(h, b, &grants, &mut v)?;
+    check_clients(h, b, &grants, &mut v)?;
+    check_quorum_loss(h, b, &mut v)?;
+    Ok((stats, v))
+}
+
+fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
+    let rest = key.strip_prefix(root)?;
+    if rest == "/sys/epoch" {
+        return Some(("epoch", ""));
+    }
+    if let Some(r) = rest.strip_prefix("/l/") {
+        let (digest, _) = r.split_once("/h/")?;
+        return Some(("hold", digest));
+    }
+    rest.strip_prefix("/r/").map(|d| ("marker", d))
+}
+
+/// Replays every segment (each from the state at its snapshot revision) and runs
+/// the store checks; returns every committed grant.
+fn replay(h: &History, b: &mut Budget, v: &mut Vec<Violation>, stats: &mut Stats) -> Result<Vec<Grant>, TimedOut> {
+    let mut grants: Vec<Grant> = Vec::new();
+    let mut start = State::default();
+    for (si, seg) in h.segments.iter().enumerate() {
+        let next_base = h.segments.get(si + 1).map(|s| s.base_revision);
+        let mut st = start.clone();
+        let mut captured: Option<State> = None;
+        let mut i = 0;
+        while i < seg.events.len() {
+            let rev = seg.events[i].revision;
+            if let Some(nb) = next_base {
+                if captured.is_none() && rev > nb {
+                    captured = Some(st.clone());
+                }
+            }
+            let mut j = i;
+            while j < seg.events.len() && seg.events[j].revision == rev {
+                j += 1;
+            }
+            apply_txn(h, b, si, &seg.events[i..j], &mut st, &mut grants, v, stats)?;
+            i = j;
+        }
+        start = captured.unwrap_or(st);
+    }
+    Ok(grants)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_txn(
+    h: &History,
+    b: &mut Budget,
+    si: usize,
+    txn: &[EtcdEvent],
+    st: &mut State,
+    grants: &mut Vec<Grant>,
+    v: &mut Vec<Violation>,
+    stats: &mut Stats,
+) -> Result<(), TimedOut> {
+    let epoch_before = st.epoch.clone();
+    let mut deleted: Vec<(String, usize)> = Vec::new();
+    let mut markers: Vec<(String, MarkerValue, &EtcdEvent)> = Vec::new();
+    for e in txn {
+        b.tick("replay")?;
+        let Some((kind, digest)) = parse_kind(&h.root, &e.key) else { continue };
+        match (kind, e.put) {
+            ("epoch", true) => st.epoch = serde_json::from_str(&e.value).ok(),
+            ("hold", true) if e.prev_value.is_none() => {
+                let Ok(hv) = serde_json::from_str::<HoldValue>(&e.value) else { continue };
+                let g = Grant {
+                    segment: si,
+                    revision: e.revision,
+                    key: hv.key.clone(),
+                    epoch: hv.epoch,
+                    token: token_of(hv.epoch, e.create_revision),
+                    observed_us: e.observed_us,
+                    closed_us: None,
+                };
+                stats.grants += 1;
+                match &epoch_before {
+                    Some(ep) if ep.epoch != hv.epoch => v.push(Violation {
+                        check: "grant_epoch_current",
+                        explanation: format!(
+                            "grant of {} at revision {} carries epoch {} but the epoch record held epoch {} at its commit",
+                            hv.key, e.revision, hv.epoch, ep.epoch
+                        ),
+                        segment: si,
+                        revisions: (e.revision, e.revision),
+                        time_us: (e.observed_us, e.observed_us),
+                    }),
+                    Some(ep) if ep.sealed.is_some() => v.push(Violation {
+                        check: "grant_epoch_current",
+                        explanation: format!(
+                            "grant of {} at revision {} committed while the epoch record carried an explicit seal ({:?})",
+                            hv.key,
+                            e.revision,
+                            ep.sealed.as_deref().unwrap_or_default()
+                        ),
+                        segment: si,
+                        revisions: (e.revision, e.revision),
+                        time_us: (e.observed_us, e.observed_us),
+                    }),
+                    _ => {}
+                }
+                grants.push(g);
+                st.open.insert(e.key.clone(), grants.len() - 1);
+                let prefix = format!("{}/l/{digest}/h/", h.root);
+                let open: Vec<usize> =
+                    st.open.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, gi)| *gi).collect();
+                let limit = h.limit_of(&hv.key);
+                if open.len() > limit {
+                    let first = open.iter().map(|gi| grants[*gi].revision).min().unwrap_or(e.revision);
+                    let mut toks: Vec<u64> = open.iter().map(|gi| grants[*gi].token).collect();
+                    toks.sort_unstable();
+                    v.push(Violation {
+                        check: "holders_within_limit",
+                        explanation: format!(
+                            "{} has {} committed, unclosed holds at revision {} (limit {limit}); their tokens: {toks:?}",
+                            hv.key,
+                            open.len(),
+                            e.revision
+                        ),
+                        segment: si,
+                        revisions: (first, e.revision),
+                        time_us: (e.observed_us, e.observed_us),
+                    });
+                }
+            }
+            ("hold", false) => {
+                if let Some(gi) = st.open.remove(&e.key) {
+                    if grants[gi].segment == si {
+                        grants[gi].closed_us = Some(e.observed_us);
+                    }
+                    deleted.push((digest.to_owned(), gi));
+                }
+            }
+            ("marker", true) => {
+                if let Ok(m) = serde_json::from_str::<MarkerValue>(&e.value) {
+                    markers.push((digest.to_owned(), m, e));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (digest, m, e) in markers {
+        stats.releases += 1;
+        for (d, gi) in &deleted {
+            let g = &grants[*gi];
+            if *d == digest && (g.epoch != m.epoch || g.revision != m.revision) {
+                v.push(Violation {
+                    check: "release_frees_only_its_grant",
+                    explanation: format!(
+                        "a release naming grant {} (epoch {} revision {}) of {} deleted the hold of grant {} (revision {}): a successor was freed",
+                        token_of(m.epoch, m.revision),
+                        m.epoch,
+                        m.revision,
+                        g.key,
+                        g.token,
+                        g.revision
+                    ),
+                    segment: si,
+                    revisions: (m.revision.min(g.revision), e.revision),
+                    time_us: (g.observed_us, e.observed_us),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_fence(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+    let granted: HashSet<(&str, u64)> = grants.iter().map(|g| (g.key.as_str(), g.token)).collect();
+    let mut mark: HashMap<&str, u64> = HashMap::new();
+    for (i, w) in h.writes.iter().enumerate() {
+        b.tick("fence")?;
+        if let Some(&m) = mark.get(w.resource.as_str()) {
+            if w.token <= m {
+                v.push(Violation {
+                    check: "fence_monotonic",
+                    explanation: format!(
+                        "the store accepted write #{i} to {} with token {} after it had accepted token {m} (strict rule: only a greater token writes); body {:?}",
+                        w.resource, w.token, w.body
+                    ),
+                    segment: 0,
+                    revisions: (0, 0),
+                    time_us: (0, 0),
+                });
+            }
+        }
+        let m = mark.entry(w.resource.as_str()).or_insert(0);
+        *m = (*m).max(w.token);
+        if !granted.contains(&(w.lock_key.as_str(), w.token)) {
+            v.push(Violation {
+                check: "fence_genuine",
+                explanation: format!(
+                    "the store accepted write #{i} to {} with token {}, which is no committed grant of {}",
+                    w.resource, w.token, w.lock_key
+                ),
+                segment: 0,
+                revisions: (0, 0),
+                time_us: (0, 0),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+    let mut by_token: HashMap<(&str, u64), Vec<usize>> = HashMap::new();
+    for (i, g) in grants.iter().enumerate() {
+        by_token.entry((g.key.as_str(), g.token)).or_default().push(i);
+    }
+    // Acquires handed out: (segment, revision) order per key.
+    let mut handed: BTreeMap<&str, Vec<(usize, i64, u64, u64)>> = BTreeMap::new();
+    let mut seen_tokens: HashMap<u64, &str> = HashMap::new();
+    for op in &h.ops {
+        b.tick("clients")?;
+        if op.outcome != Outcome::Ok {
+            continue;
+        }
+        let Some(t) = op.token else { continue };
+        // The latest committed grant with this token observed before the answer.
+        let g = by_token
+            .get(&(op.key.as_str(), t))
+            .and_then(|ix| ix.iter().rev().find(|&&i| grants[i].observed_us <= op.ret_us + 1_000_000).copied());
+        match op.op.as_str() {
+            "acquire" => {
+                let Some(gi) = g else {
+                    v.push(Violation {
+                        check: "tokens_increase",
+                        explanation: format!(
+                            "{} was handed token {t} for {} at {} but no committed grant of that key carries it",
+                            op.process, op.key, op.ret_us
+                        ),
+                        segment: 0,
+                        revisions: (0, 0),
+                        time_us: (op.call_us, op.ret_us),
+                    });
+                    continue;
+                };
+                if let Some(other) = seen_tokens.insert(t, op.process.as_str()) {
+                    v.push(Violation {
+                        check: "tokens_increase",
+                        explanation: format!(
+                            "token {t} of {} was handed out twice ({other} and {})",
+                            op.key, op.process
+                        ),
+                        segment: grants[gi].segment,
+                        revisions: (grants[gi].revision, grants[gi].revision),
+                        time_us: (op.call_us, op.ret_us),
+                    });
+                }
+                let gr = &grants[gi];
+                handed.entry(op.key.as_str()).or_default().push((gr.segment, gr.revision, t, op.ret_us));
+            }
+            "release" => {
+                if let Some(closed) = g.and_then(|gi| grants[gi].closed_us) {
+                    if closed < op.call_us {
+                        v.push(Violation {
+                            check: "release_of_open_grant",
+                            explanation: format!(
+                                "{}'s release of token {t} of {} answered success, but that grant's hold was already gone {} ms before the release was called",
+                                op.process,
+                                op.key,
+                                (op.call_us - closed) / 1000
+                            ),
+                            segment: 0,
+                            revisions: (0, 0),
+                            time_us: (closed, op.ret_us),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, mut list) in handed {
+        list.sort_unstable();
+        for w in list.windows(2) {
+            b.tick("tokens")?;
+            let ((s0, r0, t0, at0), (s1, r1, t1, at1)) = (w[0], w[1]);
+            if t1 <= t0 {
+                v.push(Violation {
+                    check: "tokens_increase",
+                    explanation: format!(
+                        "{key}: the grant at segment {s1} revision {r1} handed out token {t1}, not above token {t0} of the earlier grant at segment {s0} revision {r0}{}",
+                        if s1 > s0 { " (across a restore)" } else { "" }
+                    ),
+                    segment: s1,
+                    revisions: (r0.min(r1), r0.max(r1)),
+                    time_us: (at0.min(at1), at0.max(at1)),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+    for &(start, end) in &h.quorum_loss {
+        for op in &h.ops {
+            b.tick("quorum_loss")?;
+            let renewing = op.op == "acquire" || op.op == "keepalive";
+            if renewing && op.outcome == Outcome::Ok && op.call_us >= start + QUORUM_LOSS_GRACE_US && op.ret_us <= end {
+                v.push(Violation {
+                    check: "quorum_loss_grants_nothing",
+                    explanation: format!(
+                        "{}'s {} of {} answered success at {} although no etcd majority ran from {start} to {end}",
+                        op.process, op.op, op.key, op.ret_us
+                    ),
+                    segment: 0,
+                    revisions: (0, 0),
+                    time_us: (op.call_us, op.ret_us),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

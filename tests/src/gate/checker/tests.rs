@@ -1,0 +1,189 @@
+use super::*;
+use crate::gate::history::{ClientOp, Segment, StoreWrite};
+
+const ROOT: &str = "/g";
+const D: &str = "d0";
+
+fn ev(rev: i64, put: bool, key: &str, value: &str, create: i64, prev: Option<&str>) -> EtcdEvent {
+    EtcdEvent {
+        revision: rev,
+        put,
+        key: key.to_owned(),
+        value: value.to_owned(),
+        create_revision: create,
+        lease: 7,
+        prev_value: prev.map(str::to_owned),
+        prev_create_revision: None,
+        observed_us: u64::try_from(rev).unwrap() * 1000,
+    }
+}
+
+fn epoch(rev: i64, e: u64) -> EtcdEvent {
+    ev(rev, true, "/g/sys/epoch", &format!(r#"{{"epoch":{e},"cluster_id":"1"}}"#), 1, None)
+}
+
+fn grant(rev: i64, slot: u32, key: &str, e: u64) -> EtcdEvent {
+    let k = format!("{ROOT}/l/{D}/h/{slot:04}");
+    ev(rev, true, &k, &format!(r#"{{"key":"{key}","epoch":{e},"owner":"x"}}"#), rev, None)
+}
+
+fn del(rev: i64, slot: u32) -> EtcdEvent {
+    ev(rev, false, &format!("{ROOT}/l/{D}/h/{slot:04}"), "", 0, Some("{}"))
+}
+
+fn marker(rev: i64, e: u64, r: i64) -> EtcdEvent {
+    ev(rev, true, &format!("{ROOT}/r/{D}"), &format!(r#"{{"epoch":{e},"revision":{r}}}"#), rev, None)
+}
+
+fn op(op: &str, token: u64, call: u64, ret: u64) -> ClientOp {
+    ClientOp {
+        process: "h0".into(),
+        op: op.into(),
+        key: "k/a".into(),
+        token: Some(token),
+        call_us: call,
+        ret_us: ret,
+        outcome: Outcome::Ok,
+        status: 200,
+        code: None,
+    }
+}
+
+fn base(events: Vec<EtcdEvent>) -> History {
+    History {
+        root: ROOT.into(),
+        limits: vec![("k/sem".into(), 3)],
+        segments: vec![Segment { base_revision: 0, events }],
+        ..History::default()
+    }
+}
+
+fn t(e: u64, r: i64) -> u64 {
+    token_of(e, r)
+}
+
+fn checks(h: &History) -> Vec<&'static str> {
+    let verdict = check(h, Duration::from_secs(5));
+    verdict.violations().iter().map(|v| v.check).collect()
+}
+
+#[test]
+fn a_correct_history_passes() {
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), marker(3, 1, 2), grant(4, 0, "k/a", 1)]);
+    h.ops = vec![
+        op("acquire", t(1, 2), 1000, 2500),
+        op("release", t(1, 2), 2600, 3500),
+        op("acquire", t(1, 4), 3000, 4500),
+    ];
+    h.writes = vec![
+        StoreWrite { resource: "/items/a".into(), lock_key: "k/a".into(), token: t(1, 2), body: String::new() },
+        StoreWrite { resource: "/items/a".into(), lock_key: "k/a".into(), token: t(1, 4), body: String::new() },
+    ];
+    let v = check(&h, Duration::from_secs(5));
+    assert!(v.passed(), "{}", v.explain());
+}
+
+#[test]
+fn a_second_mutex_holder_is_caught() {
+    let h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), grant(3, 1, "k/a", 1)]);
+    assert_eq!(checks(&h), vec!["holders_within_limit"]);
+    // Three holders of a semaphore key with N = 3 are fine, a fourth is not.
+    let sem = |r, s| grant(r, s, "k/sem/1", 1);
+    let h = base(vec![epoch(1, 1), sem(2, 0), sem(3, 1), sem(4, 2)]);
+    assert!(checks(&h).is_empty());
+    let h = base(vec![epoch(1, 1), sem(2, 0), sem(3, 1), sem(4, 2), sem(5, 1003)]);
+    assert_eq!(checks(&h), vec!["holders_within_limit"]);
+}
+
+#[test]
+fn a_stale_epoch_grant_and_a_grant_while_sealed_are_caught() {
+    let h = base(vec![epoch(1, 1), epoch(2, 2), grant(3, 0, "k/a", 1)]);
+    assert_eq!(checks(&h), vec!["grant_epoch_current"]);
+    let sealed = ev(2, true, "/g/sys/epoch", r#"{"epoch":1,"cluster_id":"1","sealed":"advance"}"#, 1, None);
+    let h = base(vec![epoch(1, 1), sealed, grant(3, 0, "k/a", 1)]);
+    assert_eq!(checks(&h), vec!["grant_epoch_current"]);
+}
+
+#[test]
+fn a_release_that_frees_a_successor_is_caught() {
+    // Grant 2 released at 3; grant 4 deleted at 5 by a release naming grant 2.
+    let h = base(vec![
+        epoch(1, 1),
+        grant(2, 0, "k/a", 1),
+        del(3, 0),
+        marker(3, 1, 2),
+        grant(4, 0, "k/a", 1),
+        del(5, 0),
+        marker(5, 1, 2),
+    ]);
+    assert_eq!(checks(&h), vec!["release_frees_only_its_grant"]);
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), grant(4, 0, "k/a", 1)]);
+    h.ops = vec![op("release", t(1, 2), 3500, 3600)];
+    assert_eq!(checks(&h), vec!["release_of_open_grant"]);
+}
+
+#[test]
+fn a_fence_that_accepts_a_lower_token_is_caught() {
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), grant(4, 0, "k/a", 1)]);
+    let w = |tok| StoreWrite { resource: "/items/a".into(), lock_key: "k/a".into(), token: tok, body: String::new() };
+    h.writes = vec![w(t(1, 4)), w(t(1, 2))];
+    assert_eq!(checks(&h), vec!["fence_monotonic"]);
+    h.writes = vec![w(t(1, 99))];
+    assert_eq!(checks(&h), vec!["fence_genuine"]);
+}
+
+#[test]
+fn tokens_must_increase_across_a_restore() {
+    // Segment 0 hands out revision 10; the restore goes back to revision 5 and a
+    // grant there in epoch 1 (revision 7) is handed out: lower than before.
+    let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0)]);
+    h.segments.push(Segment { base_revision: 5, events: vec![grant(7, 0, "k/a", 1)] });
+    h.ops = vec![op("acquire", t(1, 10), 9000, 10_500), op("acquire", t(1, 7), 6000, 7500)];
+    assert_eq!(checks(&h), vec!["tokens_increase"]);
+    // After an epoch advance the same revision gives a greater token: fine.
+    h.segments[1].events = vec![epoch(6, 2), grant(7, 0, "k/a", 2)];
+    h.ops[1].token = Some(t(2, 7));
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // A token no committed grant carries.
+    h.ops[1].token = Some(t(2, 8));
+    assert_eq!(checks(&h), vec!["tokens_increase"]);
+}
+
+#[test]
+fn nothing_is_granted_or_renewed_in_a_quorum_loss_window() {
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1)]);
+    h.quorum_loss = vec![(10_000_000, 20_000_000)];
+    let mut k = op("keepalive", t(1, 2), 14_000_000, 14_100_000);
+    h.ops = vec![k.clone()];
+    assert_eq!(checks(&h), vec!["quorum_loss_grants_nothing"]);
+    // Within the grace an old leader may still answer; a refusal is always fine.
+    k.call_us = 11_000_000;
+    h.ops = vec![k.clone()];
+    assert!(checks(&h).is_empty());
+    k.call_us = 14_000_000;
+    k.outcome = Outcome::Unknown;
+    h.ops = vec![k];
+    assert!(checks(&h).is_empty());
+}
+
+#[test]
+fn a_checker_that_runs_out_of_time_fails() {
+    let mut events = vec![epoch(1, 1)];
+    for r in 2..5000 {
+        events.push(grant(r, 0, "k/a", 1));
+        events.push(del(r, 0));
+    }
+    let h = base(events);
+    let v = check(&h, Duration::ZERO);
+    assert!(matches!(v, Verdict::TimedOut { .. }), "{}", v.explain());
+    assert!(!v.passed());
+    assert!(v.explain().contains("did not finish"), "{}", v.explain());
+    assert!(check(&h, Duration::from_secs(30)).passed());
+}
+
+#[test]
+fn an_incomplete_history_fails() {
+    let mut h = base(vec![]);
+    h.gaps.push("watch compacted at 7".into());
+    assert!(!check(&h, Duration::from_secs(1)).passed());
+}

@@ -1,0 +1,174 @@
+//! A userspace TCP fault proxy for one link (loopback only): it forwards bytes
+//! both ways, and on command cuts the link (closes every connection and refuses
+//! new ones: a partition) or delays every chunk (a slow link). No network
+//! namespaces or root needed; nothing leaves 127.0.0.1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::ports;
+
+/// What the link does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkMode {
+    /// Forward.
+    Pass,
+    /// Partitioned: existing connections are closed, new ones closed at once.
+    Cut,
+    /// Forward each chunk after this delay.
+    Delay(Duration),
+}
+
+/// One proxied link `127.0.0.1:<port>` → `127.0.0.1:<target>`.
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    mode: Arc<watch::Sender<LinkMode>>,
+    task: JoinHandle<()>,
+}
+
+// === impl FaultProxy ===
+
+impl FaultProxy {
+    /// Starts a proxy to `target_port` on a free loopback port.
+    pub async fn start(target_port: u16) -> Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let port = listener.local_addr()?.port();
+        ports::reserve(port);
+        let (tx, _) = watch::channel(LinkMode::Pass);
+        let mode = Arc::new(tx);
+        let m = mode.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let rx = m.subscribe();
+                tokio::spawn(serve(down, target_port, rx));
+            }
+        });
+        Ok(Self { port, mode, task })
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Changes the link's behaviour (applies to open connections at once).
+    pub fn set(&self, mode: LinkMode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> LinkMode {
+        *self.mode.borrow()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>) {
+    if *mode.borrow() == LinkMode::Cut {
+        return;
+    }
+    let Ok(up) = TcpStream::connect(("127.0.0.1", target)).await else { return };
+    let _ = down.set_nodelay(true);
+    let _ = up.set_nodelay(true);
+    let (dr, dw) = down.into_split();
+    let (ur, uw) = up.into_split();
+    let a = pump(dr, uw, mode.clone());
+    let b = pump(ur, dw, mode.clone());
+    let cut = async {
+        loop {
+            if *mode.borrow_and_update() == LinkMode::Cut {
+                return;
+            }
+            if mode.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = a => {}
+        _ = b => {}
+        () = cut => {}
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mode: watch::Receiver<LinkMode>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let m = *mode.borrow();
+        match m {
+            LinkMode::Cut => return,
+            LinkMode::Delay(d) => tokio::time::sleep(d).await,
+            LinkMode::Pass => {}
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn forwards_cuts_and_heals() {
+        let echo = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let target = echo.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 64];
+                    while let Ok(n) = s.read(&mut b).await {
+                        if n == 0 || s.write_all(&b[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let p = FaultProxy::start(target).await.unwrap();
+        let mut c = TcpStream::connect(("127.0.0.1", p.port())).await.unwrap();
+        c.write_all(b"hi").await.unwrap();
+        let mut b = [0u8; 2];
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"hi");
+        p.set(LinkMode::Cut);
+        let mut one = [0u8; 1];
+        let r = tokio::time::timeout(Duration::from_secs(2), c.read(&mut one)).await.unwrap();
+        assert!(matches!(r, Ok(0) | Err(_)), "the open connection is closed by a cut");
+        let mut c2 = TcpStream::connect(("127.0.0.1", p.port())).await.unwrap();
+        let _ = c2.write_all(b"x").await;
+        let r = tokio::time::timeout(Duration::from_secs(2), c2.read(&mut one)).await.unwrap();
+        assert!(matches!(r, Ok(0) | Err(_)), "a new connection is refused while cut");
+        p.set(LinkMode::Pass);
+        let mut c3 = TcpStream::connect(("127.0.0.1", p.port())).await.unwrap();
+        c3.write_all(b"ok").await.unwrap();
+        c3.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ok");
+    }
+}

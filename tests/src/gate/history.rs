@@ -1,0 +1,183 @@
+//! What a gate run records: client operations, the store's revision-ordered
+//! history (an etcd watch with previous values), the writes the fenced store
+//! accepted, and the fault schedule. Everything is plain serde data so a failing
+//! history can be written out and checked again.
+
+use serde::{Deserialize, Serialize};
+
+/// Microseconds since the unix epoch (one clock for the gate and its holders:
+/// the gate never steps clocks).
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The outcome of one client operation. An unknown outcome stays unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The service (or store) answered success.
+    Ok,
+    /// It answered a refusal: nothing happened.
+    Fail,
+    /// No answer (timeout, connection lost, 5xx from Envoy without a code).
+    Unknown,
+}
+
+/// One client operation with its call and return times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientOp {
+    /// The holder process (`h0`, `s1`, ...).
+    pub process: String,
+    /// `acquire`, `write`, `keepalive`, `release` or `close`.
+    pub op: String,
+    /// The lock key.
+    pub key: String,
+    /// The token the op carried (write, release) or received (acquire).
+    pub token: Option<u64>,
+    /// Call time, unix µs.
+    pub call_us: u64,
+    /// Return time, unix µs.
+    pub ret_us: u64,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// HTTP status (0 without an answer) and error code, for reading.
+    pub status: u16,
+    /// `x-lockmesh-error` code, if any.
+    pub code: Option<String>,
+}
+
+/// One event of the etcd watch on the run's root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdEvent {
+    /// Revision at which it committed (several events share one transaction's).
+    pub revision: i64,
+    /// `true` for a put, `false` for a delete.
+    pub put: bool,
+    /// The etcd key.
+    pub key: String,
+    /// The new value (put), as text.
+    pub value: String,
+    /// The key's create revision after a put.
+    pub create_revision: i64,
+    /// The lease of the put.
+    pub lease: i64,
+    /// The previous value, if any (prev_kv).
+    pub prev_value: Option<String>,
+    /// The previous create revision, if any.
+    pub prev_create_revision: Option<i64>,
+    /// When the recorder received it, unix µs (after the commit).
+    pub observed_us: u64,
+}
+
+/// The store history between two restores.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// The snapshot revision this segment was restored from (0 for the first).
+    pub base_revision: i64,
+    /// Events in revision order, all above `base_revision`.
+    pub events: Vec<EtcdEvent>,
+}
+
+/// A write the fenced store received (accepted by fence-proxy), in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreWrite {
+    /// The resource path (`/items/<id>`).
+    pub resource: String,
+    /// The lock key guarding it.
+    pub lock_key: String,
+    /// The forwarded `x-lock-token`.
+    pub token: u64,
+    /// The body (`<process>:<token>`).
+    pub body: String,
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// Kind (`member_kill`, `quorum_loss`, `restore`, ...).
+    pub kind: String,
+    /// What exactly (which member, arbiter, holder).
+    pub detail: String,
+    /// Start, unix µs.
+    pub start_us: u64,
+    /// End (healed), unix µs.
+    pub end_us: u64,
+}
+
+/// Everything one gate run recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    /// The etcd key root of the run.
+    pub root: String,
+    /// Holder limit per lock-key prefix (`payments/gate/sem` → 3); others are 1.
+    pub limits: Vec<(String, usize)>,
+    /// Store segments, one per restore plus the first.
+    pub segments: Vec<Segment>,
+    /// Client operations (any order; the checker sorts).
+    pub ops: Vec<ClientOp>,
+    /// Writes the store received, in arrival order.
+    pub writes: Vec<StoreWrite>,
+    /// The fault schedule as executed.
+    pub faults: Vec<Fault>,
+    /// Quorum-loss windows, unix µs (start, end): no member majority ran.
+    pub quorum_loss: Vec<(u64, u64)>,
+    /// Set when the recorder could not follow the store (a gap): the run fails.
+    pub gaps: Vec<String>,
+}
+
+/// A hold record as the arbiter stores it (the fields the checker needs).
+#[derive(Debug, Clone, Deserialize)]
+pub struct HoldValue {
+    /// The lock key.
+    pub key: String,
+    /// The epoch of the grant.
+    pub epoch: u64,
+}
+
+/// A release marker (`<root>/r/<digest>`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct MarkerValue {
+    /// The released grant's epoch.
+    pub epoch: u64,
+    /// The released grant's revision.
+    pub revision: i64,
+}
+
+/// The epoch record (`<root>/sys/epoch`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct EpochValue {
+    /// Current epoch.
+    pub epoch: u64,
+    /// Explicit seal of an advance in progress.
+    #[serde(default)]
+    pub sealed: Option<String>,
+}
+
+// === impl History ===
+
+impl History {
+    /// The holder limit of `key` (longest matching prefix on `/` boundaries; 1 if none).
+    pub fn limit_of(&self, key: &str) -> usize {
+        self.limits
+            .iter()
+            .filter(|(p, _)| key == p || key.starts_with(&format!("{p}/")))
+            .max_by_key(|(p, _)| p.len())
+            .map_or(1, |(_, n)| *n)
+    }
+
+    /// Counts of faults by kind, sorted by kind.
+    pub fn faults_by_kind(&self) -> Vec<(String, usize)> {
+        let mut m = std::collections::BTreeMap::<String, usize>::new();
+        for f in &self.faults {
+            *m.entry(f.kind.clone()).or_default() += 1;
+        }
+        m.into_iter().collect()
+    }
+}
+
+/// The epoch×2^48 + revision token of a grant.
+pub fn token_of(epoch: u64, revision: i64) -> u64 {
+    (epoch << 48) | (u64::try_from(revision).unwrap_or(0) & ((1 << 48) - 1))
+}
