@@ -53,6 +53,7 @@ pub struct EnvoyBuilder {
     listener_port: Option<u16>,
     admin_port: Option<u16>,
     arbiter_port: Option<u16>,
+    arbiter_ports: Vec<u16>,
     upstream_port: Option<u16>,
     cert_dir: Option<PathBuf>,
     replacements: Vec<(String, String)>,
@@ -95,6 +96,16 @@ impl EnvoyBuilder {
     /// Arbiter gRPC port (replaces `port_value: 18051`). Default: an unused free port.
     pub fn arbiter_port(mut self, port: u16) -> Self {
         self.arbiter_port = Some(port);
+        self
+    }
+
+    /// Several arbiter gRPC ports: the arbiter endpoint entry (the `- endpoint:`
+    /// block ending in `port_value: 18051`) is rendered once per port, so the
+    /// cluster's ring hash spreads keys over all of them. Overrides
+    /// [`EnvoyBuilder::arbiter_port`]; rendering fails if the config has no such
+    /// entry.
+    pub fn arbiter_ports(mut self, ports: impl IntoIterator<Item = u16>) -> Self {
+        self.arbiter_ports = ports.into_iter().collect();
         self
     }
 
@@ -144,6 +155,10 @@ impl EnvoyBuilder {
                 bail!("{}: requested replacement {from:?} not found in the config", path.display());
             }
             text = text.replace(from.as_str(), to);
+        }
+        if !self.arbiter_ports.is_empty() {
+            text = render_endpoints(&text, &self.arbiter_ports)
+                .with_context(|| format!("{}: arbiter endpoints", path.display()))?;
         }
         let listener_port = self.listener_port.unwrap_or_else(free_port);
         let admin_port = self.admin_port.unwrap_or_else(free_port);
@@ -258,6 +273,7 @@ impl EnvoyProcess {
             listener_port: None,
             admin_port: None,
             arbiter_port: None,
+            arbiter_ports: Vec::new(),
             upstream_port: None,
             cert_dir: None,
             replacements: Vec::new(),
@@ -370,6 +386,23 @@ fn parse_stat(stats: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// Repeats the `- endpoint:` entry that ends with `port_value: 18051` once per
+/// port (each with its port), keeping its indentation.
+fn render_endpoints(text: &str, ports: &[u16]) -> Result<String> {
+    let needle = format!("port_value: {DEFAULT_ARBITER_PORT}");
+    let Some((at, _)) = text.match_indices(&needle).find(|(i, _)| !next_is_digit(text, i + needle.len())) else {
+        bail!("no {needle:?} to render arbiter endpoints at");
+    };
+    let Some(entry) = text[..at].rfind("- endpoint:") else {
+        bail!("{needle:?} is not inside a `- endpoint:` entry");
+    };
+    let start = text[..entry].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i + 1);
+    let block = &text[start..end];
+    let rendered: String = ports.iter().map(|p| replace_token(block, &needle, &format!("port_value: {p}"))).collect();
+    Ok(format!("{}{rendered}{}", &text[..start], &text[end..]))
+}
+
 /// Whether `needle` occurs not followed by another digit.
 fn contains_token(text: &str, needle: &str) -> bool {
     text.match_indices(needle).any(|(i, _)| !next_is_digit(text, i + needle.len()))
@@ -430,6 +463,27 @@ mod tests {
         assert!(missing.to_string().contains("not found"), "{missing}");
         let no_certs = EnvoyProcess::builder(cfg.to_str().unwrap()).render().unwrap_err();
         assert!(no_certs.to_string().contains("no cert_dir"), "{no_certs}");
+    }
+
+    #[test]
+    fn renders_one_endpoint_per_arbiter() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("x.yaml");
+        let entry =
+            "          - lb_endpoints:\n              - endpoint:\n                  address:\n                    \
+                     socket_address: { address: 127.0.0.1, port_value: 18051 }\n";
+        std::fs::write(&cfg, format!("a: 1\n{entry}tls: {{}}\n")).unwrap();
+        let text = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([7001, 7002]).render().unwrap();
+        let one = |p: u16| {
+            format!(
+                "              - endpoint:\n                  address:\n                    \
+                 socket_address: {{ address: 127.0.0.1, port_value: {p} }}\n"
+            )
+        };
+        assert_eq!(text, format!("a: 1\n          - lb_endpoints:\n{}{}tls: {{}}\n", one(7001), one(7002)));
+        std::fs::write(&cfg, "a: {port_value: 18051}\n").unwrap();
+        let err = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([1]).render().unwrap_err();
+        assert!(format!("{err:#}").contains("endpoint"), "{err:#}");
     }
 
     #[test]

@@ -44,12 +44,16 @@ pub struct StackBuilder {
     arbiter_extra_yaml: Vec<String>,
     max_wait_ms: Option<u64>,
     own_etcd: Option<usize>,
+    fleet: Option<usize>,
+    envoy_arbiters: Vec<(usize, Vec<usize>)>,
 }
 
-/// A running scenario stack. Drop order: Envoy, arbiters, backend, etcd, PKI.
+/// A running scenario stack. Drop order: Envoys, arbiters, backend, etcd, PKI.
 #[derive(Debug)]
 pub struct Stack {
     envoy: Option<EnvoyProcess>,
+    /// Envoys 1.. of a fleet ([`StackBuilder::envoys`]).
+    more_envoys: Vec<EnvoyProcess>,
     arbiters: Vec<ArbiterProcess>,
     backend: Backend,
     etcd: EtcdHandle,
@@ -113,6 +117,23 @@ impl StackBuilder {
         self
     }
 
+    /// A fleet of `n` Envoys (same config), each with an arbiter cluster listing
+    /// every arbiter (one endpoint per arbiter, ring hash on `x-lock-key` as
+    /// shipped). Without this call one Envoy talks to the first arbiter only.
+    pub fn envoys(mut self, n: usize) -> Self {
+        self.fleet = Some(n.max(1));
+        self
+    }
+
+    /// Envoy `envoy` of a fleet lists only the arbiters `arbiters` (indices), e.g.
+    /// to make two Envoys disagree on membership so that two arbiters race for
+    /// every key. Implies [`StackBuilder::envoys`] of at least `envoy + 1`.
+    pub fn envoy_arbiters(mut self, envoy: usize, arbiters: &[usize]) -> Self {
+        self.fleet = Some(self.fleet.unwrap_or(1).max(envoy + 1));
+        self.envoy_arbiters.push((envoy, arbiters.to_vec()));
+        self
+    }
+
     /// Starts a private etcd cluster of `members` instead of the shared one.
     pub fn own_etcd(mut self, members: usize) -> Self {
         self.own_etcd = Some(members);
@@ -147,25 +168,41 @@ impl StackBuilder {
             }
             b.start()
         });
-        let envoy = async {
-            let Some(config) = &self.envoy_config else {
-                return Ok(None);
-            };
-            let mut b = EnvoyProcess::builder(config)
-                .concurrency(self.envoy_concurrency)
-                .cert_dir(pki.dir())
-                .upstream_port(backend.port());
-            if let Some(&port) = grpc_ports.first() {
-                b = b.arbiter_port(port);
+        let envoy_at = |i: usize| {
+            let config = self.envoy_config.clone();
+            let (pki, backend, grpc_ports) = (&pki, &backend, &grpc_ports);
+            let this = &self;
+            async move {
+                let Some(config) = config else {
+                    return Ok(None);
+                };
+                let mut b = EnvoyProcess::builder(&config)
+                    .concurrency(this.envoy_concurrency)
+                    .cert_dir(pki.dir())
+                    .upstream_port(backend.port());
+                if this.fleet.is_some() {
+                    let only = this.envoy_arbiters.iter().rev().find(|(e, _)| *e == i).map(|(_, a)| a);
+                    let ports: Vec<u16> = match only {
+                        Some(idx) => idx.iter().filter_map(|&a| grpc_ports.get(a).copied()).collect(),
+                        None => grpc_ports.clone(),
+                    };
+                    b = b.arbiter_ports(ports);
+                } else if let Some(&port) = grpc_ports.first() {
+                    b = b.arbiter_port(port);
+                }
+                for (from, to) in &this.envoy_replacements {
+                    b = b.replace(from, to);
+                }
+                b.start().await.map(Some)
             }
-            for (from, to) in &self.envoy_replacements {
-                b = b.replace(from, to);
-            }
-            b.start().await.map(Some)
         };
-        let (arbiters, envoy) = tokio::try_join!(futures::future::try_join_all(arbiters), envoy)
+        let envoys = futures::future::try_join_all((0..self.fleet.unwrap_or(1)).map(envoy_at));
+        let (arbiters, envoys) = tokio::try_join!(futures::future::try_join_all(arbiters), envoys)
             .with_context(|| format!("start stack {}", self.name))?;
-        Ok(Stack { envoy, arbiters, backend, etcd, root, pki, _pki_dir: pki_dir })
+        let mut envoys = envoys.into_iter().flatten();
+        let envoy = envoys.next();
+        let more_envoys = envoys.collect();
+        Ok(Stack { envoy, more_envoys, arbiters, backend, etcd, root, pki, _pki_dir: pki_dir })
     }
 }
 
@@ -184,6 +221,8 @@ impl Stack {
             arbiter_extra_yaml: Vec::new(),
             max_wait_ms: None,
             own_etcd: None,
+            fleet: None,
+            envoy_arbiters: Vec::new(),
         }
     }
 
@@ -197,6 +236,26 @@ impl Stack {
             Some(envoy) => envoy,
             None => panic!("this stack has no Envoy: call .envoy_config(..) on the builder"),
         }
+    }
+
+    /// Envoy `i` of a fleet (0 is [`Stack::envoy`]).
+    ///
+    /// # Panics
+    ///
+    /// If there is no Envoy `i`.
+    pub fn envoy_at(&self, i: usize) -> &EnvoyProcess {
+        match i {
+            0 => self.envoy(),
+            _ => match self.more_envoys.get(i - 1) {
+                Some(envoy) => envoy,
+                None => panic!("this stack has no Envoy {i}: call .envoys(n) on the builder"),
+            },
+        }
+    }
+
+    /// How many Envoys run.
+    pub fn envoy_count(&self) -> usize {
+        usize::from(self.envoy.is_some()) + self.more_envoys.len()
     }
 
     /// Arbiter replica `i` (panics if out of range).
@@ -233,6 +292,16 @@ impl Stack {
     pub fn client(&self, ns: &str, sa: &str) -> Result<LockClient> {
         let cert = self.pki.client(ns, sa)?;
         self.client_with(Some((&cert.cert_path, &cert.key_path)))
+    }
+
+    /// Like [`Stack::client`], through Envoy `i` of a fleet.
+    pub fn client_at(&self, i: usize, ns: &str, sa: &str) -> Result<LockClient> {
+        let cert = self.pki.client(ns, sa)?;
+        LockClient::new(
+            self.envoy_at(i).listener_port(),
+            &self.pki.ca_cert_path(),
+            Some((&cert.cert_path, &cert.key_path)),
+        )
     }
 
     /// A client presenting no client certificate.
