@@ -254,8 +254,22 @@ pub fn parse_day(s: &str) -> Option<i64> {
 // === impl ClassRegistry ===
 
 impl ClassRegistry {
-    /// Validates a raw registry, collecting every error.
+    /// Validates a raw registry's structure, collecting every error. It does not
+    /// verify the pause-test results of fenced classes: the arbiter's loader uses
+    /// [`ClassRegistry::try_from_raw_with`] (this is for tools and tests that only
+    /// read the structure).
     pub fn try_from_raw(raw: &RawRegistry) -> Result<Self, Vec<FieldError>> {
+        Self::try_from_raw_with(raw, &|_, _| Ok(()))
+    }
+
+    /// Validates a raw registry, collecting every error, and asks `pause_check`
+    /// about every fenced class (its name and its `pause_test_result` as
+    /// written): an `Err` is reported at `classes[i].pause_test_result` (ADR-17:
+    /// no fenced class without a passing, unexpired pause test of its own).
+    pub fn try_from_raw_with(
+        raw: &RawRegistry,
+        pause_check: &dyn Fn(&str, Option<&str>) -> Result<(), String>,
+    ) -> Result<Self, Vec<FieldError>> {
         let mut errs = Vec::new();
         let mut err = |path: String, message: String| errs.push(FieldError { path, message });
         let min_ttl = raw.platform.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S);
@@ -322,6 +336,9 @@ impl ClassRegistry {
                         if set {
                             err(at(f), "only advisory classes carry a waiver".into());
                         }
+                    }
+                    if let Err(m) = pause_check(&c.name, c.pause_test_result.as_deref()) {
+                        err(at("pause_test_result"), m);
                     }
                     Some(Enforcement::Fenced)
                 }

@@ -144,3 +144,21 @@ fn yaml_to_json(_: &str) -> serde_json::Value {
         "grants": [ { "identity": "spiffe://td/ns/a/", "prefixes": ["a"], "operations": ["acquire"] } ]
     })
 }
+
+#[test]
+fn fenced_classes_are_put_to_the_pause_check() {
+    let mut f = class("f", &["f"], None, false);
+    f.pause_test_result = Some("f.yaml".into());
+    let r = raw(vec![class("d", &[], None, true), f]);
+    let asked = std::cell::RefCell::new(Vec::new());
+    let check = |c: &str, file: Option<&str>| {
+        asked.borrow_mut().push((c.to_owned(), file.map(str::to_owned)));
+        match file {
+            Some(_) => Ok(()),
+            None => Err("required".to_owned()),
+        }
+    };
+    let e = ClassRegistry::try_from_raw_with(&r, &check).unwrap_err();
+    assert_eq!(e.iter().map(ToString::to_string).collect::<Vec<_>>(), vec!["classes[0].pause_test_result: required"]);
+    assert_eq!(*asked.borrow(), vec![("d".to_owned(), None), ("f".to_owned(), Some("f.yaml".to_owned()))]);
+}
