@@ -90,7 +90,7 @@ async fn planted_fence_accepting_lower_tokens_is_caught() {
         };
         assert_eq!(put(&first.json, "a-first").await, 200);
         // A is "paused": it never renews, its session expires, B is granted.
-        let second = b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "9000")]).await.unwrap();
+        let second = b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
         assert_eq!(second.code(), 200, "{}", second.body);
         assert_eq!(put(&second.json, "b-second").await, 200);
         let late = put(&first.json, "a-late").await;
