@@ -5,6 +5,10 @@
 //! (`fence.yaml: routes[1].lock_key: ...`). `--check-config` runs the same code as
 //! startup. Relative paths are relative to the config file.
 //!
+//! `listen`, `admin_listen`, `upstream` and `marks_dir` can be overridden by the
+//! `LOCKMESH_FENCE_*` variables declared in [`env`] (the injector sets them); a
+//! field an override supplies may be left out of the file.
+//!
 //! ```yaml
 //! listen: "0.0.0.0:8080"          # clients reach the store through this
 //! admin_listen: "0.0.0.0:8081"    # /healthz /readyz /metrics
@@ -33,6 +37,10 @@ use serde::Deserialize;
 
 use crate::route::{EqualRule, Route, Template};
 
+pub mod env;
+
+use self::env::{EnvSource, Origin, ProcessEnv};
+
 /// Default `upstream_timeout_ms`.
 pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
 /// Default `max_body_bytes`.
@@ -42,25 +50,37 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    /// Client-facing listen address, `host:port`.
-    pub listen: String,
-    /// Admin listen address: `/healthz`, `/readyz`, `/metrics`.
-    pub admin_listen: String,
+    /// Client-facing listen address, `host:port`. Required unless
+    /// `LOCKMESH_FENCE_LISTEN` is set (which overrides it).
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// Admin listen address: `/healthz`, `/readyz`, `/metrics`. Required unless
+    /// `LOCKMESH_FENCE_ADMIN_LISTEN` is set (which overrides it).
+    #[serde(default)]
+    pub admin_listen: Option<String>,
     /// The store, `http://host:port` (plain HTTP on a loopback or pod-local address).
-    pub upstream: String,
+    /// Required unless `LOCKMESH_FENCE_UPSTREAM` is set (which overrides it).
+    #[serde(default)]
+    pub upstream: Option<String>,
     /// Directory of the durable marks (a persistent volume). Created if missing.
-    /// One fence-proxy process per directory: a second one is refused.
-    pub marks_dir: String,
+    /// One fence-proxy process per directory: a second one is refused. Required
+    /// unless `LOCKMESH_FENCE_MARKS_DIR` is set (which overrides it; a relative
+    /// value is then relative to the working directory).
+    #[serde(default)]
+    pub marks_dir: Option<String>,
     /// Timeout of one forwarded request, ms. Default 10000.
     pub upstream_timeout_ms: Option<u64>,
     /// Largest request body forwarded, bytes. Default 16 MiB.
     pub max_body_bytes: Option<usize>,
     /// Public keys that grant proofs may be signed with, by key id (several during
-    /// a rotation).
+    /// a rotation). At least one.
+    #[serde(default)]
     pub trusted_keys: Vec<RawTrustedKey>,
     /// Equal-token rule of routes that do not set one: `strict` (default) or `allow`.
     pub default_equal: Option<EqualRule>,
-    /// Routes, matched in order; the first whose path template matches wins.
+    /// Routes, matched in order; the first whose path template matches wins. At
+    /// least one, unless `unlisted` guards every path.
+    #[serde(default)]
     pub routes: Vec<RawRoute>,
     /// Guard of every path no route matches. Without it such requests are refused
     /// (`403 unlisted_route`): an unlisted route is a write nobody can authorise.
@@ -150,34 +170,63 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 // === impl Config ===
 
 impl Config {
-    /// Reads, parses and validates `path`, collecting every error.
+    /// Reads, parses and validates `path` with the process environment's
+    /// overrides, collecting every error. What startup and `--check-config` run.
     pub fn load(path: &Path) -> Result<Self, Vec<String>> {
+        Self::load_with(path, &ProcessEnv)
+    }
+
+    /// [`Config::load`] with the overrides taken from `env`.
+    pub fn load_with(path: &Path, env: &dyn EnvSource) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
         let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
-        Self::try_from_raw(raw, path.parent().unwrap_or(Path::new(".")), &name)
+        Self::try_from_raw(raw, path.parent().unwrap_or(Path::new(".")), &name, env)
     }
 
-    /// Validates a parsed file.
-    pub fn try_from_raw(raw: RawConfig, base: &Path, name: &str) -> Result<Self, Vec<String>> {
+    /// Validates a parsed file, applying the overrides of `env`.
+    pub fn try_from_raw(raw: RawConfig, base: &Path, name: &str, env: &dyn EnvSource) -> Result<Self, Vec<String>> {
         let mut errs = Vec::new();
+        // The four overridable fields: (value, how an error names it, origin).
+        let mut field = |var: &str, fname: &str, file: &Option<String>| match env::pick(env, var, file.as_ref()) {
+            Err(m) => {
+                errs.push(format!("{var} (overrides {name}: {fname}): {m}"));
+                None
+            }
+            Ok(None) => {
+                errs.push(format!("{name}: {fname}: missing (set it in the file or in {var})"));
+                None
+            }
+            Ok(Some((v, Origin::File))) => Some((v, format!("{name}: {fname}"), Origin::File)),
+            Ok(Some((v, Origin::Env))) => Some((v, format!("{var} (overrides {name}: {fname})"), Origin::Env)),
+        };
+        let listen = field(env::LISTEN, "listen", &raw.listen);
+        let admin_listen = field(env::ADMIN_LISTEN, "admin_listen", &raw.admin_listen);
+        let upstream = field(env::UPSTREAM, "upstream", &raw.upstream);
+        let marks_dir = field(env::MARKS_DIR, "marks_dir", &raw.marks_dir);
+        let mut addr = |f: Option<(String, String, Origin)>| {
+            let (v, at, _) = f?;
+            v.parse::<SocketAddr>().map_err(|e| errs.push(format!("{at}: {v:?} is not host:port: {e}"))).ok()
+        };
+        let (listen, admin_listen) = (addr(listen), addr(admin_listen));
+        let upstream = upstream.and_then(|(v, at, _)| {
+            let u = v.trim_end_matches('/').to_owned();
+            match u.strip_prefix("http://") {
+                Some(hp) if !hp.is_empty() && !hp.contains('/') => Some(u),
+                _ => {
+                    errs.push(format!("{at}: {v:?} must be http://host:port (no path)"));
+                    None
+                }
+            }
+        });
+        let marks_dir = marks_dir.and_then(|(v, at, origin)| {
+            if v.trim().is_empty() {
+                errs.push(format!("{at}: must name a directory on a persistent volume"));
+                return None;
+            }
+            Some(if origin == Origin::Env { PathBuf::from(v) } else { resolve(base, &v) })
+        });
         let mut err = |field: &str, msg: String| errs.push(format!("{name}: {field}: {msg}"));
-        let listen = raw
-            .listen
-            .parse::<SocketAddr>()
-            .map_err(|e| err("listen", format!("{:?} is not host:port: {e}", raw.listen)));
-        let admin_listen = raw
-            .admin_listen
-            .parse::<SocketAddr>()
-            .map_err(|e| err("admin_listen", format!("{:?} is not host:port: {e}", raw.admin_listen)));
-        let upstream = raw.upstream.trim_end_matches('/').to_owned();
-        match upstream.strip_prefix("http://") {
-            Some(hp) if !hp.is_empty() && !hp.contains('/') => {}
-            _ => err("upstream", format!("{:?} must be http://host:port (no path)", raw.upstream)),
-        }
-        if raw.marks_dir.is_empty() {
-            err("marks_dir", "must name a directory on a persistent volume".into());
-        }
         let timeout_ms = raw.upstream_timeout_ms.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_MS);
         if !(100..=600_000).contains(&timeout_ms) {
             err("upstream_timeout_ms", format!("{timeout_ms} is outside 100 to 600000"));
@@ -258,17 +307,17 @@ impl Config {
                 _ => None,
             }
         });
-        if raw.accept_lower_tokens && std::env::var("LOCKMESH_TEST_FAULTS").as_deref() != Ok("1") {
+        if raw.accept_lower_tokens && env.var(env::TEST_FAULTS).as_deref() != Some("1") {
             errs.push(format!(
                 "{name}: accept_lower_tokens: a planted bug for the release gate, refused unless LOCKMESH_TEST_FAULTS=1"
             ));
         }
-        match (listen, admin_listen) {
-            (Ok(listen), Ok(admin_listen)) if errs.is_empty() => Ok(Config {
+        match (listen, admin_listen, upstream, marks_dir) {
+            (Some(listen), Some(admin_listen), Some(upstream), Some(marks_dir)) if errs.is_empty() => Ok(Config {
                 listen,
                 admin_listen,
                 upstream,
-                marks_dir: resolve(base, &raw.marks_dir),
+                marks_dir,
                 upstream_timeout: Duration::from_millis(timeout_ms),
                 max_body_bytes,
                 verifier,

@@ -12,6 +12,7 @@
 //! - [`server`]: the proxy, admin endpoints and graceful shutdown.
 //! - [`respond`]: the one error-to-response table.
 //! - [`pause`]: the pause test kit (ADR-17) behind `lockmesh-pausekit`.
+//! - [`store`]: reference fences inside the store (PostgreSQL fence column).
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -20,6 +21,7 @@ pub mod pause;
 pub mod respond;
 pub mod route;
 pub mod server;
+pub mod store;
 pub mod token;
 
 pub use self::config::Config;

@@ -12,8 +12,12 @@
 //!    `.json` path). Pass: the late write was refused and the resource does not hold
 //!    it.
 //!
-//! The resource is HTTP: `PUT <url>` writes the body, `GET <url>` reads it back.
-//! Progress goes to stderr; tokens and proofs are never printed.
+//! The resource is HTTP (`PUT <url>` writes the body, `GET <url>` reads it back,
+//! e.g. through fence-proxy), or the PostgreSQL reference fence when the URL is
+//! `postgres://...`: row `<lock key>` of `--pg-table`, written with the fenced
+//! statement of [`crate::store::postgres`] (strict); an applied write counts as
+//! 200, a stale one as 409. Progress goes to stderr; tokens and proofs are never
+//! printed.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -29,6 +33,14 @@ use lockmesh_core::{
     headers,
     pause::{PauseEvidence, PauseTestResult, MAX_VALIDITY_S, SCHEMA_VERSION},
 };
+
+use crate::{
+    route::EqualRule,
+    store::postgres::{self, PgFence, PgFenceError, WriteOutcome},
+};
+
+/// Default `--pg-table`.
+pub const DEFAULT_PG_TABLE: &str = "lockmesh_pause_test";
 
 /// How the kit reaches the lock tier and the resource.
 #[derive(Clone, Debug, clap::Args)]
@@ -48,9 +60,56 @@ pub struct Target {
     /// The lock key guarding the resource.
     #[arg(long)]
     pub lock_key: String,
-    /// The resource URL (`PUT` writes, `GET` reads), e.g. through fence-proxy.
+    /// The resource URL (`PUT` writes, `GET` reads), e.g. through fence-proxy; or a
+    /// `postgres://` URL for the PostgreSQL reference fence.
     #[arg(long)]
     pub resource_url: String,
+    /// With a `postgres://` resource: the fenced table (created if missing); the
+    /// row is the lock key.
+    #[arg(long, default_value = DEFAULT_PG_TABLE)]
+    pub pg_table: String,
+}
+
+/// Why the kit could not run (a failed verdict is not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum KitError {
+    /// A certificate, key or CA file could not be read.
+    #[error("cannot read {0}")]
+    Read(String, #[source] std::io::Error),
+    /// The TLS client could not be built from the CA, certificate and key.
+    #[error("tls client")]
+    Tls(#[source] reqwest::Error),
+    /// An argument is not usable.
+    #[error("{0}")]
+    BadArgument(String),
+    /// The lock tier refused the acquire.
+    #[error("acquire answered {status} {code}")]
+    Acquire {
+        /// HTTP status.
+        status: u16,
+        /// The `code` of the answer.
+        code: String,
+    },
+    /// A request to the lock tier or the HTTP resource failed.
+    #[error("{0} request failed")]
+    Http(&'static str, #[source] reqwest::Error),
+    /// The PostgreSQL resource failed.
+    #[error(transparent)]
+    Postgres(#[from] PgFenceError),
+    /// The holder child broke the line protocol, or signalling it failed.
+    #[error("{0}")]
+    Holder(String),
+    /// I/O with the holder child or the result file.
+    #[error("i/o")]
+    Io(#[from] std::io::Error),
+    /// The result document could not be encoded.
+    #[error("encode the result document: {0}")]
+    Encode(String),
+}
+
+enum Resource {
+    Http(String),
+    Postgres { fence: PgFence, client: tokio_postgres::Client, row: String },
 }
 
 /// One acquired grant.
@@ -66,51 +125,95 @@ pub struct Grant {
     pub class: String,
 }
 
-/// An HTTP client for the lock tier and the resource.
+/// Clients for the lock tier and the resource.
 pub struct Kit {
     target: Target,
     http: reqwest::Client,
     plain: reqwest::Client,
+    resource: Resource,
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// What the result document names as the resource: the URL without credentials.
+fn describe(t: &Target) -> String {
+    if !is_postgres(&t.resource_url) {
+        return t.resource_url.clone();
+    }
+    let url = match reqwest::Url::parse(&t.resource_url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.to_string()
+        }
+        Err(_) => "postgres://(unparsable)".into(),
+    };
+    format!("postgresql reference fence {url} table {} row {}", t.pg_table, t.lock_key)
 }
 
 // === impl Kit ===
 
 impl Kit {
-    /// Builds the mTLS client. `localhost` resolves to 127.0.0.1.
-    pub fn new(target: Target) -> anyhow::Result<Self> {
-        let ca = std::fs::read(&target.ca)?;
-        let mut pem = std::fs::read(&target.cert)?;
+    /// Builds the mTLS client and connects to the resource. `localhost` resolves
+    /// to 127.0.0.1.
+    pub async fn new(target: Target) -> Result<Self, KitError> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| KitError::Read(p.display().to_string(), e));
+        let ca = read(&target.ca)?;
+        let mut pem = read(&target.cert)?;
         pem.push(b'\n');
-        pem.extend(std::fs::read(&target.key)?);
-        let url = reqwest::Url::parse(&target.lock_url)?;
+        pem.extend(read(&target.key)?);
+        let url = reqwest::Url::parse(&target.lock_url)
+            .map_err(|e| KitError::BadArgument(format!("--lock-url {:?}: {e}", target.lock_url)))?;
         let port = url.port().unwrap_or(443);
         let http = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
-            .identity(reqwest::Identity::from_pem(&pem)?)
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).map_err(KitError::Tls)?)
+            .identity(reqwest::Identity::from_pem(&pem).map_err(KitError::Tls)?)
             .resolve("localhost", SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .timeout(Duration::from_secs(60))
-            .build()?;
-        let plain = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-        Ok(Self { target, http, plain })
+            .build()
+            .map_err(KitError::Tls)?;
+        let plain = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().map_err(KitError::Tls)?;
+        let resource = if is_postgres(&target.resource_url) {
+            let fence = PgFence::try_new(&target.pg_table, EqualRule::Strict)?;
+            let client = postgres::connect(&target.resource_url).await?;
+            Resource::Postgres { fence, client, row: target.lock_key.clone() }
+        } else {
+            Resource::Http(target.resource_url.clone())
+        };
+        Ok(Self { target, http, plain, resource })
+    }
+
+    /// Creates the PostgreSQL resource's table if missing (a no-op for HTTP).
+    pub async fn prepare(&self) -> Result<(), KitError> {
+        if let Resource::Postgres { fence, client, .. } = &self.resource {
+            fence.ensure_table(client).await?;
+        }
+        Ok(())
     }
 
     /// Acquires the lock key, waiting up to `wait_ms`.
-    pub async fn acquire(&self, wait_ms: u64) -> anyhow::Result<Grant> {
+    pub async fn acquire(&self, wait_ms: u64) -> Result<Grant, KitError> {
         let r = self
             .http
             .post(format!("{}/v1/locks/acquire", self.target.lock_url))
             .header(headers::KEY, &self.target.lock_key)
             .header(headers::WAIT_MS, wait_ms.to_string())
             .send()
-            .await?;
+            .await
+            .map_err(|e| KitError::Http("acquire", e))?;
         let status = r.status();
         let v: serde_json::Value = r.json().await.unwrap_or_default();
-        anyhow::ensure!(status.is_success(), "acquire answered {status} {}", v["code"]);
+        if !status.is_success() {
+            return Err(KitError::Acquire { status: status.as_u16(), code: v["code"].to_string() });
+        }
         let s = |f: &str| v[f].as_str().map(str::to_owned);
         Ok(Grant {
-            token: s("token").ok_or_else(|| anyhow::anyhow!("acquire answer has no token"))?,
+            token: s("token").ok_or_else(|| KitError::Holder("the acquire answer has no token".into()))?,
             proof: s("proof"),
             ttl_s: v["ttl_s"].as_u64().unwrap_or(0),
             class: s("class").unwrap_or_default(),
@@ -128,26 +231,47 @@ impl Kit {
             .await;
     }
 
-    /// Writes `value` with the grant; returns the HTTP status.
-    pub async fn write(&self, g: &Grant, value: &str) -> anyhow::Result<u16> {
-        let mut req = self.plain.put(&self.target.resource_url).header(headers::TOKEN, &g.token).body(value.to_owned());
-        if let Some(p) = &g.proof {
-            req = req.header(headers::PROOF, p);
+    /// Writes `value` with the grant; returns the HTTP status (PostgreSQL: 200
+    /// applied, 409 stale).
+    pub async fn write(&self, g: &Grant, value: &str) -> Result<u16, KitError> {
+        match &self.resource {
+            Resource::Http(url) => {
+                let mut req = self.plain.put(url).header(headers::TOKEN, &g.token).body(value.to_owned());
+                if let Some(p) = &g.proof {
+                    req = req.header(headers::PROOF, p);
+                }
+                Ok(req.send().await.map_err(|e| KitError::Http("resource write", e))?.status().as_u16())
+            }
+            Resource::Postgres { fence, client, row } => {
+                let token = headers::parse_token(g.token.as_bytes())
+                    .map_err(|e| KitError::Holder(format!("the grant's token: {e}")))?;
+                Ok(match fence.write(client, row, value, token).await? {
+                    WriteOutcome::Applied => 200,
+                    WriteOutcome::Stale => 409,
+                })
+            }
         }
-        Ok(req.send().await?.status().as_u16())
     }
 
-    /// Reads the resource's current value.
-    pub async fn read(&self) -> anyhow::Result<String> {
-        Ok(self.plain.get(&self.target.resource_url).send().await?.text().await?)
+    /// Reads the resource's current value (empty when there is none).
+    pub async fn read(&self) -> Result<String, KitError> {
+        match &self.resource {
+            Resource::Http(url) => {
+                let r = self.plain.get(url).send().await.map_err(|e| KitError::Http("resource read", e))?;
+                r.text().await.map_err(|e| KitError::Http("resource read", e))
+            }
+            Resource::Postgres { fence, client, row } => {
+                Ok(fence.read(client, row).await?.map(|(v, _)| v).unwrap_or_default())
+            }
+        }
     }
 }
 
 /// The holder child: acquire, write `<run>-first`, report, wait for `GO` on stdin,
 /// write `<run>-late`, report. Protocol lines on stdout: `ACQUIRED <token> <ttl_s>
 /// <class>`, `WROTE <status>`, `LATE <status>`.
-pub async fn holder(target: Target, run: &str) -> anyhow::Result<()> {
-    let kit = Kit::new(target)?;
+pub async fn holder(target: Target, run: &str) -> Result<(), KitError> {
+    let kit = Kit::new(target).await?;
     let g = kit.acquire(10_000).await?;
     let mut out = std::io::stdout();
     writeln!(out, "ACQUIRED {} {} {}", g.token, g.ttl_s, g.class)?;
@@ -172,21 +296,21 @@ impl Progress {
     }
 }
 
-fn read_line(r: &mut BufReader<ChildStdout>, prefix: &str) -> anyhow::Result<Vec<String>> {
+fn read_line(r: &mut BufReader<ChildStdout>, prefix: &str) -> Result<Vec<String>, KitError> {
     let mut line = String::new();
     r.read_line(&mut line)?;
     let parts: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-    anyhow::ensure!(
-        parts.first().map(String::as_str) == Some(prefix),
-        "holder said {:?}, expected {prefix}",
-        line.trim()
-    );
+    if parts.first().map(String::as_str) != Some(prefix) {
+        return Err(KitError::Holder(format!("holder said {:?}, expected {prefix}", line.trim())));
+    }
     Ok(parts[1..].to_vec())
 }
 
-fn signal(child: &Child, sig: &str) -> anyhow::Result<()> {
+fn signal(child: &Child, sig: &str) -> Result<(), KitError> {
     let st = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status()?;
-    anyhow::ensure!(st.success(), "kill -{sig} {} failed", child.id());
+    if !st.success() {
+        return Err(KitError::Holder(format!("kill -{sig} {} failed", child.id())));
+    }
     Ok(())
 }
 
@@ -195,14 +319,16 @@ fn unix_now() -> u64 {
 }
 
 /// Runs the whole test and returns the result document (also on a failed verdict).
-pub async fn run(target: Target, validity_s: u64) -> anyhow::Result<PauseTestResult> {
+pub async fn run(target: Target, validity_s: u64) -> Result<PauseTestResult, KitError> {
     let run = format!("run{:08x}", rand::random::<u32>());
     let mut p = Progress(Vec::new(), Instant::now());
-    let kit = Kit::new(target.clone())?;
+    let kit = Kit::new(target.clone()).await?;
+    kit.prepare().await?;
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .arg("holder")
         .args(["--lock-url", &target.lock_url, "--lock-key", &target.lock_key, "--resource-url", &target.resource_url])
+        .args(["--pg-table", &target.pg_table])
         .arg("--ca")
         .arg(&target.ca)
         .arg("--cert")
@@ -225,7 +351,7 @@ pub async fn run(target: Target, validity_s: u64) -> anyhow::Result<PauseTestRes
     Ok(PauseTestResult {
         schema_version: SCHEMA_VERSION.into(),
         class,
-        resource: target.resource_url.clone(),
+        resource: describe(&target),
         time_unix_s: now,
         expires_unix_s: now + validity_s.clamp(1, MAX_VALIDITY_S),
         verdict,
@@ -238,8 +364,8 @@ async fn drive(
     child: &mut Child,
     run: &str,
     p: &mut Progress,
-) -> anyhow::Result<(PauseEvidence, String, Grant)> {
-    let mut out = BufReader::new(child.stdout.take().ok_or_else(|| anyhow::anyhow!("no child stdout"))?);
+) -> Result<(PauseEvidence, String, Grant), KitError> {
+    let mut out = BufReader::new(child.stdout.take().ok_or_else(|| KitError::Holder("no child stdout".into()))?);
     let a = tokio::task::block_in_place(|| read_line(&mut out, "ACQUIRED"))?;
     let (t1, ttl_s, class) = (
         a.first().cloned().unwrap_or_default(),
@@ -266,7 +392,7 @@ async fn drive(
     let paused_ms = u64::try_from(paused_at.elapsed().as_millis()).unwrap_or(u64::MAX);
     signal(child, "CONT")?;
     p.step(format!("holder resumed (SIGCONT) after {paused_ms} ms; it writes {run}-late with its old grant"));
-    let stdin = child.stdin.as_mut().ok_or_else(|| anyhow::anyhow!("no child stdin"))?;
+    let stdin = child.stdin.as_mut().ok_or_else(|| KitError::Holder("no child stdin".into()))?;
     writeln!(stdin, "GO")?;
     stdin.flush()?;
     let l = tokio::task::block_in_place(|| read_line(&mut out, "LATE"))?;
@@ -291,11 +417,11 @@ async fn drive(
 }
 
 /// Writes `doc` as YAML, or JSON when `path` ends in `.json`.
-pub fn write_doc(doc: &PauseTestResult, path: &std::path::Path) -> anyhow::Result<()> {
+pub fn write_doc(doc: &PauseTestResult, path: &std::path::Path) -> Result<(), KitError> {
     let text = if path.extension().is_some_and(|e| e == "json") {
-        serde_json::to_string_pretty(doc)?
+        serde_json::to_string_pretty(doc).map_err(|e| KitError::Encode(e.to_string()))?
     } else {
-        serde_yaml::to_string(doc)?
+        serde_yaml::to_string(doc).map_err(|e| KitError::Encode(e.to_string()))?
     };
     std::fs::write(path, text)?;
     Ok(())

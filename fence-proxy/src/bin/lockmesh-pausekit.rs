@@ -54,7 +54,7 @@ async fn main() -> ExitCode {
         Cmd::Holder { target, run } => match pause::holder(target, &run).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("pausekit holder: {e:#}");
+                eprintln!("pausekit holder: {:#}", anyhow::Error::from(e));
                 ExitCode::from(2)
             }
         },
@@ -62,12 +62,12 @@ async fn main() -> ExitCode {
             let doc = match pause::run(target, validity_s).await {
                 Ok(d) => d,
                 Err(e) => {
-                    eprintln!("pausekit: the run failed: {e:#}");
+                    eprintln!("pausekit: the run failed: {:#}", anyhow::Error::from(e));
                     return ExitCode::from(2);
                 }
             };
             if let Err(e) = pause::write_doc(&doc, &out) {
-                eprintln!("pausekit: cannot write {}: {e:#}", out.display());
+                eprintln!("pausekit: cannot write {}: {:#}", out.display(), anyhow::Error::from(e));
                 return ExitCode::from(2);
             }
             eprintln!("pausekit: verdict {:?}, written to {}", doc.verdict, out.display());
