@@ -15,6 +15,7 @@ use tokio::{
 };
 
 use crate::{
+    api::CallError,
     client::Inner,
     clock::{ClockStatus, KeepaliveClock, LossReason},
 };
@@ -119,43 +120,176 @@ impl Session {
     }
 }
 
-/// Renews `session` until it is lost. The deadline is raced against every sleep
-/// and every request, so the fence runs on time even while a keepalive hangs.
+/// Renews `session` until it is lost, then fences it.
 async fn keepalive_loop(inner: Weak<Inner>, session: Arc<Session>) {
-    let reason = loop {
+    let Some((api, request_timeout)) = inner.upgrade().map(|i| (i.api.clone(), i.config.request_timeout)) else {
+        return;
+    };
+    // Well inside the interval, so a failure is seen long before the deadline.
+    let timeout = request_timeout.min(Duration::from_secs(session.ttl_s) / 6);
+    let reason = renew_until_lost(&session, || api.keepalive(session.id, timeout)).await;
+    match inner.upgrade() {
+        Some(inner) => inner.fence(&session, reason),
+        None => {
+            session.mark_lost(reason);
+        }
+    }
+}
+
+/// The keepalive schedule: one `renew` every TTL/3 (faster while draining), each
+/// failure starting the drain, `session_expired` ending the session at once. The
+/// deadline is raced against every sleep and every renewal, so the loss is
+/// returned on time even while a renewal hangs.
+async fn renew_until_lost<F, Fut>(session: &Session, mut renew: F) -> LossReason
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), CallError>>,
+{
+    loop {
         let (deadline, interval) = {
             let c = session.clock();
             (c.deadline(), c.next_interval())
         };
         tokio::select! {
-            _ = sleep_until(deadline) => break LossReason::Deadline,
+            _ = sleep_until(deadline) => return LossReason::Deadline,
             _ = sleep_until(Instant::now() + interval) => {}
         }
-        let Some(api) = inner.upgrade().map(|i| (i.api.clone(), i.config.request_timeout)) else {
-            return;
-        };
-        let (api, request_timeout) = api;
-        // Well inside the interval, so a failure is seen long before the deadline.
-        let timeout = request_timeout.min(Duration::from_secs(session.ttl_s) / 6);
         let sent = Instant::now();
         let answer = tokio::select! {
-            _ = sleep_until(deadline) => break LossReason::Deadline,
-            r = api.keepalive(session.id, timeout) => r,
+            _ = sleep_until(deadline) => return LossReason::Deadline,
+            r = renew() => r,
         };
         match answer {
             Ok(()) => session.clock().on_ack(sent),
-            Err(e) if e.code() == Some("session_expired") => break LossReason::SessionExpired,
+            Err(e) if e.code() == Some("session_expired") => return LossReason::SessionExpired,
             Err(e) => {
                 session.clock().on_fail(sent);
                 // No session id, key or token in logs (ADR-22).
                 tracing::warn!(ttl_s = session.ttl_s, error = ?e.code(), "keepalive failed: no new work may start");
             }
         }
-    };
-    match inner.upgrade() {
-        Some(inner) => inner.fence(&session, reason),
-        None => {
-            session.mark_lost(reason);
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::time::advance;
+
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A session of TTL 3 s and margin 1 s, renewed by `renew` on a task.
+    fn start<F, Fut>(renew: F) -> (Arc<Session>, Instant, tokio::task::JoinHandle<LossReason>)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), CallError>> + Send,
+    {
+        let t0 = Instant::now();
+        let s = Session::new(SessionId::from_lease(7).unwrap(), 3, t0, Duration::from_secs(1));
+        let s2 = s.clone();
+        let task = tokio::spawn(async move { renew_until_lost(&s2, renew).await });
+        (s, t0, task)
+    }
+
+    async fn at(t: Instant) {
+        tokio::time::sleep_until(t).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_renewal_per_interval_and_the_drain_starts_at_the_first_failure() {
+        // Renewal 1 succeeds at once, renewal 2 is answered 200 ms after it was sent;
+        // from the 3rd on they hang for 500 ms (the keepalive timeout) and fail.
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let (s, t0, task) = start(move || {
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    Ok(())
+                } else if n == 2 {
+                    tokio::time::sleep(ms(200)).await;
+                    Ok(())
+                } else {
+                    tokio::time::sleep(ms(500)).await;
+                    Err(CallError::Unknown("timed out".into()))
+                }
+            }
+        });
+        at(t0 + ms(2900)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one renewal per TTL/3");
+        assert!(s.status().can_start);
+        // The 3rd renewal is sent at 3.2 s (1 s after the 2nd was answered) and
+        // fails at 3.7 s.
+        at(t0 + ms(3690)).await;
+        assert!(s.status().can_start, "drained before any renewal failed");
+        at(t0 + ms(3710)).await;
+        let st = s.status();
+        assert!(!st.can_start, "can_start must turn false at the first failed keepalive");
+        assert_eq!((st.failed, st.lost), (1, None));
+        // The deadline counts from the *send* time of the last ack (2 s, not its
+        // answer at 2.2 s): 2 s + 3 s - 1 s = 4 s.
+        assert_eq!(st.deadline, t0 + ms(4000));
+        at(t0 + ms(3990)).await;
+        assert_eq!(s.status().lost, None);
+        advance(ms(20)).await;
+        assert_eq!(task.await.unwrap(), LossReason::Deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_renewal_does_not_delay_the_fence() {
+        let (s, t0, task) = start(|| std::future::pending());
+        let reason = task.await.unwrap();
+        assert_eq!(reason, LossReason::Deadline);
+        assert_eq!(Instant::now(), t0 + ms(2000), "fenced at open send time + ttl - margin");
+        assert!(!s.status().can_start);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_blip_ends_the_drain_and_moves_the_deadline() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let (s, t0, task) = start(move || {
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    Err(CallError::Refused {
+                        status: 503,
+                        code: "unavailable".into(),
+                        message: String::new(),
+                        reason: None,
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        at(t0 + ms(1100)).await;
+        assert!(!s.status().can_start, "the failed renewal at 1 s drains");
+        // Retried 300 ms later (TTL/10), acknowledged: work may start again.
+        at(t0 + ms(1400)).await;
+        let st = s.status();
+        assert!(st.can_start);
+        assert_eq!(st.deadline, t0 + ms(1300) + ms(2000));
+        assert!(!task.is_finished());
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn session_expired_is_loss_at_once() {
+        let (_s, t0, task) = start(|| async {
+            Err(CallError::Refused {
+                status: 410,
+                code: "session_expired".into(),
+                message: String::new(),
+                reason: None,
+            })
+        });
+        assert_eq!(task.await.unwrap(), LossReason::SessionExpired);
+        assert_eq!(Instant::now(), t0 + ms(1000), "at the first renewal, not at the deadline");
     }
 }
