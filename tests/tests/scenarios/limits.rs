@@ -103,3 +103,30 @@ async fn lowering_drains_verifies_and_activates_only_within_the_target() {
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(j["policy"]["last"]["actor"], "test");
 }
+
+#[tokio::test]
+async fn a_verification_that_times_out_leaves_the_old_limit_draining() {
+    let st = Stack::builder("limits-vi").envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap();
+    let c = st.client("payments", "a").unwrap();
+    let key = [("x-lock-key", "payments/pool/vi")];
+    for _ in 0..2 {
+        let r = c.post(ACQ, &key).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    }
+    // A zero bound: the scan cannot finish, so the answer is bounded and honest.
+    let t0 = std::time::Instant::now();
+    let (code, j, err) = lockctl(&st, &["change", "--to", "1", "--verify-timeout-ms", "0"]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "not bounded: {:?}", t0.elapsed());
+    assert_eq!((code, j["outcome"].as_str()), (2, Some("verification_incomplete")), "{j} {err}");
+    assert_eq!((j["policy"]["limit"].as_u64(), j["policy"]["state"].as_str()), (Some(3), Some("draining")), "{j}");
+    let r = c.post(ACQ, &key).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("draining")), "{}", r.body);
+    // With time to finish, the same pending change reports the truth (2 > 1).
+    let epoch = j["policy"]["change_epoch"].as_u64().unwrap().to_string();
+    let (code, j, _) = lockctl(&st, &["resume", "--epoch", &epoch, "--to", "1"]);
+    assert_eq!((code, j["outcome"].as_str(), j["observed"].as_u64()), (2, Some("over_target"), Some(2)), "{j}");
+    let (code, j, _) = lockctl(&st, &["cancel", "--epoch", &epoch, "--to", "1"]);
+    assert_eq!((code, j["policy"]["limit"].as_u64()), (0, Some(3)), "{j}");
+    let r = c.post(ACQ, &key).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+}
