@@ -242,7 +242,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hanging_renewal_does_not_delay_the_fence() {
-        let (s, t0, task) = start(|| std::future::pending());
+        let (s, t0, task) = start(std::future::pending);
         let reason = task.await.unwrap();
         assert_eq!(reason, LossReason::Deadline);
         assert_eq!(Instant::now(), t0 + ms(2000), "fenced at open send time + ttl - margin");
