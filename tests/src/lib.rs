@@ -16,6 +16,7 @@
 //! - [`arbiter`]: [`ArbiterProcess`] (`lockmesh-extproc`).
 //! - [`backend`]: [`Backend`], the recording upstream.
 //! - [`fence`]: the grant signing key, [`fence::KvStore`] and [`fence::FenceProxyProcess`].
+//! - [`postgres`]: [`postgres::PostgresProcess`], a real PostgreSQL for the reference fence.
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
 //! - [`stack`]: [`Stack`], all of the above for one scenario.
 //!
@@ -40,6 +41,7 @@ pub mod gate;
 pub mod load;
 pub mod paths;
 pub mod ports;
+pub mod postgres;
 pub mod probe;
 pub mod process;
 pub mod stack;

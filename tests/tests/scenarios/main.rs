@@ -17,6 +17,7 @@ mod gate;
 mod harness_selftest;
 mod limits;
 mod load_smoke;
+mod pg_fence;
 mod restore;
 mod sdk;
 mod semaphore;
