@@ -62,6 +62,14 @@ pub enum AuditCmd {
         #[arg(long)]
         since: Option<String>,
     },
+    /// Events of one kind: gap, restore, limit_change, epoch, force_release, ...
+    Events {
+        /// The event kind.
+        kind: String,
+        /// Window start: unix ms or an age. Default: the beginning.
+        #[arg(long)]
+        since: Option<String>,
+    },
 }
 
 /// Parses a time: unix ms, or an age (`30s`, `15m`, `2h`, `7d`) before `now_ms`.
@@ -104,6 +112,18 @@ pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
                 .unwrap_or(now_ms),
         },
         AuditCmd::Longest { limit } => Query::Longest { limit: *limit },
+        AuditCmd::Events { kind, since } => Query::Events {
+            kind: super::EventKind::parse(kind).ok_or_else(|| {
+                let all: Vec<&str> = super::EventKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!("KIND: {kind:?} is not one of {}", all.join(", "))
+            })?,
+            since_ms: since
+                .as_deref()
+                .map(|s| parse_time(s, now_ms))
+                .transpose()
+                .map_err(|e| format!("--since: {e}"))?
+                .unwrap_or(0),
+        },
         AuditCmd::Expiries { since } => Query::Expiries {
             since_ms: since
                 .as_deref()
@@ -200,5 +220,7 @@ mod tests {
         assert_eq!(digest.len(), 64);
         assert!(!digest.contains("order"));
         assert!(query_of(&AuditCmd::History { key: "nonamespace".into() }, 0).is_err());
+        let e = query_of(&AuditCmd::Events { kind: "gapp".into(), since: None }, 0).unwrap_err();
+        assert!(e.starts_with("KIND: \"gapp\" is not one of grant, release"), "{e}");
     }
 }

@@ -35,6 +35,13 @@ pub enum Query {
         /// Window start, unix ms.
         since_ms: u64,
     },
+    /// Events of one kind (gaps, restores, limit changes...) since a time.
+    Events {
+        /// The kind.
+        kind: EventKind,
+        /// Window start, unix ms.
+        since_ms: u64,
+    },
 }
 
 /// A hold with its duration.
@@ -98,6 +105,9 @@ pub fn run(store: &Store, q: &Query, now_ms: u64) -> Result<Answer, StoreError> 
                 .into_iter()
                 .filter(|e| e.kind == EventKind::Expiry && e.at_ms >= *since_ms)
                 .collect(),
+        },
+        Query::Events { kind, since_ms } => Answer::Events {
+            events: store.events()?.into_iter().filter(|e| e.kind == *kind && e.at_ms >= *since_ms).collect(),
         },
     })
 }

@@ -23,6 +23,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
+        // Colour codes only on a terminal: log files stay greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let (path, check) = match (args.config, args.check_config) {
         (_, Some(p)) => (p, true),

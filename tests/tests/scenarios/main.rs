@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod arbiter_direct;
+mod audit;
 mod classes_min;
 mod configs;
 mod core_lock;
@@ -17,6 +18,7 @@ mod gate;
 mod harness_selftest;
 mod limits;
 mod load_smoke;
+mod observability;
 mod pg_fence;
 mod restore;
 mod sdk;
