@@ -9,6 +9,7 @@
 //! - [`lock`]: the etcd recipe: sessions, grants, releases, waiting.
 //! - [`respond`]: the one error-to-response table.
 //! - [`admin`]: health, readiness and metrics.
+//! - [`admin_action`]: two-person force release and epoch advance (`lockctl admin`).
 //! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
 //! - [`internal`]: the filter's own calls (VM session renewal, releases).
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admin_action;
 pub mod api;
 pub mod audit;
 pub mod classctl;

@@ -43,6 +43,9 @@ enum Cmd {
     /// Audit queries: `history KEY`, `by-identity ID --since --until`, `longest`,
     /// `expiries` (docs/AUDIT.md).
     Audit(lockmesh_extproc::audit::cli::AuditArgs),
+    /// Two-person admin actions: `request force-release KEY|epoch-advance`,
+    /// `approve ID`, `show ID`, `list` (docs/ADMIN.md).
+    Admin(lockmesh_extproc::admin_action::cli::AdminArgs),
     /// Run a command while holding a lock (like `etcdctl lock`): the token is in
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
     /// then SIGKILL after --grace-ms. Exits with the command's code.
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
         Cmd::Class(c) => return rt.block_on(lockmesh_extproc::classctl::class(c)),
         Cmd::Limit(l) => return rt.block_on(lockmesh_extproc::classctl::limit(l)),
         Cmd::Audit(a) => return rt.block_on(lockmesh_extproc::audit::cli::main(a)),
+        Cmd::Admin(a) => return rt.block_on(lockmesh_extproc::admin_action::cli::main(a)),
         _ => {}
     }
     // `run` exits with its command's code (see lockmesh_client::run).
@@ -116,8 +120,8 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout();
     let result = rt.block_on(async {
         match cmd {
-            Cmd::Run(_) => Ok(()), // answered above
-            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) => Ok(()), // answered above
+            Cmd::Run(_) => Ok(()),                                                   // answered above
+            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) | Cmd::Admin(_) => Ok(()), // answered above
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
