@@ -111,7 +111,7 @@ struct State {
 
 impl Budget {
     fn tick(&mut self, stage: &'static str) -> Result<(), TimedOut> {
-        if self.ticks % 256 == 0 && Instant::now() >= self.deadline {
+        if self.ticks.is_multiple_of(256) && Instant::now() >= self.deadline {
             return Err(TimedOut(stage));
         }
         self.ticks += 1;
@@ -396,10 +396,12 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
             continue;
         }
         let Some(t) = op.token else { continue };
-        // The latest committed grant with this token observed before the answer.
-        let g = by_token
-            .get(&(op.key.as_str(), t))
-            .and_then(|ix| ix.iter().rev().find(|&&i| grants[i].observed_us <= op.ret_us + 1_000_000).copied());
+        // The latest committed grant with this token observed before the answer (a
+        // restore can reuse a revision); else the last one (the watch may observe a
+        // commit late, e.g. while the member it streams from is paused).
+        let g = by_token.get(&(op.key.as_str(), t)).and_then(|ix| {
+            ix.iter().rev().find(|&&i| grants[i].observed_us <= op.ret_us + 1_000_000).or(ix.last()).copied()
+        });
         match op.op.as_str() {
             "acquire" => {
                 let Some(gi) = g else {

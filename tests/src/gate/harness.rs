@@ -134,7 +134,7 @@ impl GateCluster {
     /// starts at revision 1).
     pub async fn start(opts: GateOptions) -> Result<Self> {
         let dir = temp_dir("gate-")?;
-        let pki = DevPki::generate(&dir.path().join("pki"), TEST_TRUST_DOMAIN)?;
+        let pki = DevPki::generate(dir.path().join("pki"), TEST_TRUST_DOMAIN)?;
         let key = ensure_signing_key(&dir.path().join("signing"))?;
         let etcd = EtcdCluster::builder().members(opts.members).start().await?;
         let root = unique_prefix(&opts.name);
