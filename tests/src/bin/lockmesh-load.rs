@@ -82,6 +82,11 @@ struct Args {
     /// transparent request-scoped locks, --concurrency clients, --seconds each.
     #[arg(long)]
     filter_tax: bool,
+    /// Instead of lock cycles: attach HOLDS holds to SESSIONS sessions, renew them for
+    /// three TTL/3 intervals and report keepalives and etcd's raft proposals and lease
+    /// renewals over that window (e.g. `10000:10`).
+    #[arg(long, value_name = "HOLDS:SESSIONS")]
+    renewal: Option<String>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -109,6 +114,28 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(spec) = &args.renewal {
+        let parsed = spec.split_once(':').and_then(|(h, s)| Some((h.parse::<usize>().ok()?, s.parse::<usize>().ok()?)));
+        let Some((holds, sessions)) = parsed else {
+            eprintln!("lockmesh-load: --renewal wants HOLDS:SESSIONS, e.g. 10000:10");
+            return ExitCode::from(EX_USAGE);
+        };
+        return match rt.block_on(load::renewal::run(holds, sessions, !args.quiet)) {
+            Ok(r) => {
+                println!("machine: {}", describe_machine());
+                print!("{}", load::renewal::render(&r));
+                if r.holds_after == r.holds {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("lockmesh-load: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if args.filter_tax {
         let (secs, warm) = (opts.seconds, opts.warmup);
         return match rt.block_on(load::tax::run(args.concurrency, secs, warm, !args.quiet)) {

@@ -40,6 +40,7 @@ mod drive;
 mod lease;
 mod lockmesh;
 pub mod record;
+pub mod renewal;
 pub mod report;
 pub mod tax;
 mod txn;
