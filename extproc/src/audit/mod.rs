@@ -10,8 +10,8 @@
 //! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, admin port.
 //! - [`stats`]: the tailer's metrics.
 //! - [`clickhouse`]: the optional ClickHouse sink and its DDL.
-//! - [`config`]: `audit.yaml`.
-//! - [`cli`]: `lockctl audit ...`.
+//! - [`config`]: the configuration file, `audit.yaml`.
+//! - [`cli`]: the `lockctl audit` queries.
 
 pub mod cli;
 pub mod clickhouse;
