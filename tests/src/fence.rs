@@ -193,6 +193,8 @@ pub struct FenceProxyBuilder {
     extra_yaml: Vec<String>,
     marks_dir: Option<PathBuf>,
     envs: Vec<(String, String)>,
+    from_env: bool,
+    upstream_timeout_ms: u64,
 }
 
 /// A running fence-proxy; killed on drop.
@@ -237,15 +239,42 @@ impl FenceProxyBuilder {
         self
     }
 
+    /// `upstream_timeout_ms` (default 3000).
+    pub fn upstream_timeout_ms(mut self, ms: u64) -> Self {
+        self.upstream_timeout_ms = ms;
+        self
+    }
+
+    /// Give `listen`, `admin_listen`, `upstream` and `marks_dir` in the
+    /// `LOCKMESH_FENCE_*` variables, as the injector does, and write decoys (other
+    /// free ports, a dead upstream, another directory) into the file: the fence only
+    /// becomes ready, and only reaches the store, if the variables win.
+    pub fn addresses_from_env(mut self) -> Self {
+        self.from_env = true;
+        self
+    }
+
     /// Writes the config, starts the fence and waits for `/readyz`.
-    pub async fn start(self) -> Result<FenceProxyProcess> {
+    pub async fn start(mut self) -> Result<FenceProxyProcess> {
         let dir = temp_dir("fence-")?;
         let (port, admin_port) = (free_port(), free_port());
         let marks_dir = self.marks_dir.clone().unwrap_or_else(|| dir.path().join("marks"));
+        let upstream = format!("http://127.0.0.1:{}", self.upstream_port);
+        let (f_port, f_admin, f_upstream, f_marks) = if self.from_env {
+            self.envs.extend([
+                ("LOCKMESH_FENCE_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+                ("LOCKMESH_FENCE_ADMIN_LISTEN".to_owned(), format!("127.0.0.1:{admin_port}")),
+                ("LOCKMESH_FENCE_UPSTREAM".to_owned(), upstream),
+                ("LOCKMESH_FENCE_MARKS_DIR".to_owned(), marks_dir.display().to_string()),
+            ]);
+            (free_port(), free_port(), format!("http://127.0.0.1:{}", free_port()), dir.path().join("decoy-marks"))
+        } else {
+            (port, admin_port, upstream, marks_dir.clone())
+        };
         let mut yaml = format!(
-            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\nupstream: \"http://127.0.0.1:{}\"\nmarks_dir: {:?}\nupstream_timeout_ms: 3000\ntrusted_keys:\n",
-            self.upstream_port,
-            marks_dir.display().to_string()
+            "listen: \"127.0.0.1:{f_port}\"\nadmin_listen: \"127.0.0.1:{f_admin}\"\nupstream: \"{f_upstream}\"\nmarks_dir: {:?}\nupstream_timeout_ms: {}\ntrusted_keys:\n",
+            f_marks.display().to_string(),
+            self.upstream_timeout_ms
         );
         for (kid, f) in &self.trusted {
             yaml.push_str(&format!("  - {{ key_id: {kid:?}, public_key_file: {:?} }}\n", f.display().to_string()));
@@ -285,6 +314,8 @@ impl FenceProxyProcess {
             extra_yaml: Vec::new(),
             marks_dir: None,
             envs: Vec::new(),
+            from_env: false,
+            upstream_timeout_ms: 3000,
         }
     }
 

@@ -347,3 +347,90 @@ async fn store_down_answers_store_unavailable_and_nothing_is_forwarded_later() {
     assert_eq!(code, 200);
     assert!(metrics.contains("outcome=\"store_unavailable\"") && !metrics.contains("items/1"), "{metrics}");
 }
+
+#[tokio::test]
+async fn fence_proxy_takes_its_addresses_from_the_lockmesh_fence_env_over_its_file() {
+    // The file names decoy ports, a dead upstream and another marks directory; the
+    // LOCKMESH_FENCE_* variables (as the injector sets them) name the real ones.
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let store = KvStore::start().await.unwrap();
+    let fence = FenceProxyProcess::builder(store.port())
+        .trust(&key.kid, &key.pub_file)
+        .routes(ALLOW_ROUTES)
+        .addresses_from_env()
+        .start()
+        .await
+        .expect("ready on the admin address of LOCKMESH_FENCE_ADMIN_LISTEN");
+    let p = mint(&minter(&key), "payments/items/1", 40);
+    let url = format!("{}/items/1", fence.url());
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p)], "via-env").await.0, 200);
+    assert_eq!(store.get("/items/1").as_deref(), Some("via-env"), "forwarded to LOCKMESH_FENCE_UPSTREAM");
+    assert!(fence.marks_dir().join("marks.redb").is_file(), "marks in LOCKMESH_FENCE_MARKS_DIR");
+    let decoy = fence.config_path().parent().unwrap().join("decoy-marks");
+    assert!(!decoy.exists(), "the file's marks_dir was used");
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p)], "again").await, (409, "stale_token".into()));
+}
+
+#[tokio::test]
+async fn a_store_that_does_not_answer_in_time_gets_store_timeout_and_the_strict_grant_is_used_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let store = KvStore::start().await.unwrap();
+    let fence = FenceProxyProcess::builder(store.port())
+        .trust(&key.kid, &key.pub_file)
+        .routes(ALLOW_ROUTES)
+        .upstream_timeout_ms(300)
+        .start()
+        .await
+        .unwrap();
+    let k = minter(&key);
+    let url = format!("{}/items/1", fence.url());
+    let p = mint(&k, "payments/items/1", 50);
+    let started = std::time::Instant::now();
+    let slow = [("x-lock-proof", p.as_str()), ("x-test-delay-ms", "1500")];
+    assert_eq!(send("PUT", &url, &slow, "slow").await, (504, "store_timeout".into()));
+    assert!(started.elapsed() < Duration::from_millis(1400), "answered after {:?}", started.elapsed());
+    // The store did receive it: whether it landed is unknown to the client.
+    assert!(store.requests().iter().any(|r| r.body == "slow"));
+    // The mark advanced before forwarding: under strict the same grant is used up ...
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p)], "retry").await, (409, "stale_token".into()));
+    // ... and the next grant writes (the resource lock was released at the timeout).
+    let p2 = mint(&k, "payments/items/1", 51);
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p2)], "next").await.0, 200);
+    let (_, metrics) = fence.admin_get("/metrics").await.unwrap();
+    assert!(metrics.contains("outcome=\"store_timeout\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn validate_token_over_its_rate_gets_429_rate_limited_through_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let st = Stack::builder("fence-validate-rate")
+        .envoy_config("lock-tier")
+        .envoy_replace(PAYMENTS_GRANT, PAYMENTS_GRANT_VALIDATE)
+        .arbiter_extra_yaml(key.arbiter_yaml())
+        .arbiter_extra_yaml("validate_rate_per_s: 2")
+        .start()
+        .await
+        .unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let k = "payments/validate-rate";
+    let (t, _) = acquire(&a, k).await;
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        answers.push(a.post(VALIDATE, &[("x-lock-key", k), ("x-lock-token", &t)]).await.unwrap());
+    }
+    let ok = answers.iter().filter(|r| r.code() == 200).count();
+    let limited: Vec<&Resp> = answers.iter().filter(|r| r.code() == 429).collect();
+    assert!((1..=3).contains(&ok), "the burst is the rate (2, +1 refill at most): {ok} answered 200");
+    assert_eq!(ok + limited.len(), answers.len(), "only 200 or 429");
+    let r = limited.first().expect("no request was rate limited");
+    assert_eq!((r.json["code"].as_str(), r.header("x-lockmesh-error")), (Some("rate_limited"), Some("rate_limited")));
+    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.body);
+    // Acquire is not rate limited by it, and the bucket refills.
+    let a2 = a.post(ACQ, &[("x-lock-key", "payments/validate-rate-2")]).await.unwrap();
+    assert_eq!(a2.code(), 200, "{}", a2.body);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(validate(&a, k, &t).await, "the bucket refilled");
+}
