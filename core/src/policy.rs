@@ -75,6 +75,10 @@ pub struct ClassPolicy {
     /// Unix ms the class started draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining_since_ms: Option<u64>,
+    /// True while the class drains for a prefix-map change (`lockctl class
+    /// apply`) rather than a limit change: [`ClassPolicy::finish_move`] ends it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending_move: bool,
     /// The last transition.
     pub last: ChangeNote,
 }
@@ -158,7 +162,47 @@ impl ClassPolicy {
             change_epoch: 1,
             pending_target: None,
             draining_since_ms: None,
+            pending_move: false,
             last: note,
+        })
+    }
+
+    /// Drains the class for a prefix-map change: no grant of it commits until
+    /// [`ClassPolicy::finish_move`] (written in the same transaction as the new
+    /// map, or alone to cancel). A class already draining for a move is returned
+    /// unchanged (the apply resumes); one draining a limit change is refused.
+    pub fn begin_move(&self, note: ChangeNote) -> Result<Self, PolicyError> {
+        if self.pending_move {
+            return Ok(self.clone());
+        }
+        self.idle()?;
+        Ok(Self {
+            state: PolicyState::Draining,
+            change_epoch: self.change_epoch + 1,
+            pending_move: true,
+            draining_since_ms: Some(note.at_ms),
+            last: note,
+            ..self.clone()
+        })
+    }
+
+    /// Ends a move drain begun at change epoch `epoch`: active again, same limit.
+    pub fn finish_move(&self, epoch: u64, note: ChangeNote) -> Result<Self, PolicyError> {
+        if !(self.pending_move && self.change_epoch == epoch) {
+            return Err(PolicyError::Stale {
+                epoch,
+                target: self.limit,
+                current_epoch: self.change_epoch,
+                current_target: self.pending_target,
+            });
+        }
+        Ok(Self {
+            state: PolicyState::Active,
+            change_epoch: self.change_epoch + 1,
+            pending_move: false,
+            draining_since_ms: None,
+            last: note,
+            ..self.clone()
         })
     }
 
@@ -286,5 +330,22 @@ mod tests {
         assert_eq!(c.draining_age_ms(100), None);
         assert_eq!(d.draining_age_ms(100), Some(90));
         assert_eq!(a.raise(4, note("raise")).unwrap().limit, 4);
+    }
+
+    #[test]
+    fn a_move_drains_resumes_and_finishes_without_touching_the_limit() {
+        let p = ClassPolicy::new("c", "c/1", 3, note("create")).unwrap();
+        let m = p.begin_move(note("move")).unwrap();
+        assert!(!m.admits() && m.pending_move);
+        assert_eq!((m.change_epoch, m.limit, m.pending_target), (2, 3, None));
+        assert_eq!(m.begin_move(note("move")).unwrap(), m, "a second apply resumes");
+        assert!(matches!(m.begin_lower(1, note("drain")), Err(PolicyError::ChangePending { .. })));
+        assert!(matches!(m.check_pending(2, 3), Err(PolicyError::Stale { .. })), "not a limit change");
+        assert!(matches!(m.finish_move(1, note("apply")), Err(PolicyError::Stale { .. })));
+        let f = m.finish_move(2, note("apply")).unwrap();
+        assert!(f.admits() && !f.pending_move);
+        assert_eq!((f.change_epoch, f.limit), (3, 3));
+        let d = p.begin_lower(1, note("drain")).unwrap();
+        assert!(matches!(d.begin_move(note("move")), Err(PolicyError::ChangePending { .. })));
     }
 }

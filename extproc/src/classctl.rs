@@ -5,6 +5,11 @@
 //!   warnings (expired waivers).
 //! - `class cost FILE`: per class, the keepalive load and the liveness bound of
 //!   its TTL (ADR-11), for the review of a class change.
+//! - `class apply FILE --endpoints .. --root ..`: makes the file's prefix map
+//!   authoritative through the drain discipline ([`crate::reconcile`]'s
+//!   `apply`): exit 0 applied, unchanged or cancelled; 2 still draining (`held`
+//!   or `verification_incomplete`: re-run to resume, or `--cancel`); 3 refused; 1
+//!   etcd or conflict; 64 invalid file.
 //! - `limit change|resume|cancel|show`: the limit-change protocol on the
 //!   authoritative policy records ([`crate::reconcile`]). Each prints one JSON
 //!   line. Exit 0: raised, activated, cancelled or shown; 2: still draining
@@ -17,7 +22,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Args, Subcommand};
 use lockmesh_core::class::cost::{self, CostInput, DEFAULT_ELECTION_TIMEOUT_MS};
 
-use crate::reconcile::{Admin, AdminError, Outcome};
+use crate::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
 
 /// `lockctl class ...`.
 #[derive(Subcommand, Debug)]
@@ -43,6 +48,29 @@ pub enum ClassCmd {
         /// Only this class.
         #[arg(long)]
         class: Option<String>,
+    },
+    /// Make the file's prefix-to-class map authoritative (drain, verify, apply).
+    Apply {
+        /// The registry YAML.
+        file: PathBuf,
+        /// etcd client URLs, comma separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        endpoints: Vec<String>,
+        /// lockmesh key root, e.g. /lockmesh.
+        #[arg(long)]
+        root: String,
+        /// Who asks (recorded with the change).
+        #[arg(long, default_value = "lockctl")]
+        actor: String,
+        /// Why (recorded with the change).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Bound of the verification scan, ms (then `verification_incomplete`).
+        #[arg(long, default_value_t = 10_000)]
+        verify_timeout_ms: u64,
+        /// Reopen the classes a pending apply drained, keeping the old map.
+        #[arg(long)]
+        cancel: bool,
     },
 }
 
@@ -112,6 +140,7 @@ pub enum LimitCmd {
 /// Runs `lockctl class ...`.
 pub async fn class(cmd: &ClassCmd) -> ExitCode {
     let (file, cost_args) = match cmd {
+        ClassCmd::Apply { file, .. } => return apply(cmd, file).await,
         ClassCmd::Check { file } => (file, None),
         ClassCmd::Cost { file, sessions, leader_changes, election_timeout_ms, class } => {
             let input = CostInput {
@@ -146,6 +175,35 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
+    let ClassCmd::Apply { endpoints, root, actor, reason, verify_timeout_ms, cancel, .. } = cmd else {
+        return ExitCode::from(64);
+    };
+    let reg = match crate::registry::load(file) {
+        Ok(r) => r,
+        Err(errs) => {
+            for e in errs {
+                eprintln!("  {e}");
+            }
+            return ExitCode::from(64);
+        }
+    };
+    let admin = match Admin::connect(endpoints, root, actor).await {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
+    };
+    match admin.apply_map(&reg, reason, Duration::from_millis(*verify_timeout_ms), *cancel).await {
+        Ok(o) => {
+            println!("{}", serde_json::to_string(&o).unwrap_or_default());
+            match o {
+                ApplyOutcome::Held { .. } | ApplyOutcome::VerificationIncomplete { .. } => ExitCode::from(2),
+                _ => ExitCode::SUCCESS,
+            }
+        }
+        Err(e) => fail(&e),
+    }
 }
 
 /// Runs `lockctl limit ...`.

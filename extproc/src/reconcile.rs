@@ -24,6 +24,10 @@ use tokio::time::Instant;
 
 use crate::lock::{keys::prefix_end, now_ms, policy::ClassMapRecord, HoldRecord, Keys};
 
+mod apply;
+
+pub use apply::ApplyOutcome;
+
 /// Holds read per verification page.
 pub const VERIFY_PAGE: i64 = 500;
 
@@ -213,10 +217,25 @@ impl Admin {
             .first()
             .and_then(|kv| serde_json::from_slice(kv.value()).ok())
             .ok_or_else(|| AdminError::Etcd("no authoritative class map".into()))?;
+        let mut counts: HashMap<Vec<u8>, u32> = HashMap::new();
+        let keys = self.keys.clone();
+        let read = self
+            .scan_holds(|h, hold_key| {
+                if map.class_of(&h.key) == class {
+                    let d = keys.digest_of_hold(hold_key).map(|d| d.to_string().into_bytes());
+                    *counts.entry(d.unwrap_or_else(|| hold_key.to_vec())).or_default() += 1;
+                }
+            })
+            .await?;
+        Ok((counts.values().copied().max().unwrap_or(0), read))
+    }
+
+    /// Reads every hold under the root in pages of [`VERIFY_PAGE`], calling `f`
+    /// with each record and its etcd key; returns how many were read.
+    async fn scan_holds(&self, mut f: impl FnMut(&HoldRecord, &[u8])) -> Result<u64, AdminError> {
         let prefix = self.keys.all_locks();
         let end = prefix_end(&prefix);
         let mut from = prefix.clone().into_bytes();
-        let mut counts: HashMap<Vec<u8>, u32> = HashMap::new();
         let mut read = 0u64;
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_limit(VERIFY_PAGE);
@@ -224,10 +243,7 @@ impl Admin {
             for kv in r.kvs() {
                 read += 1;
                 let Ok(h) = serde_json::from_slice::<HoldRecord>(kv.value()) else { continue };
-                if map.class_of(&h.key) == class {
-                    let d = self.keys.digest_of_hold(kv.key()).map(|d| d.to_string().into_bytes());
-                    *counts.entry(d.unwrap_or_else(|| kv.key().to_vec())).or_default() += 1;
-                }
+                f(&h, kv.key());
             }
             match r.kvs().last() {
                 Some(last) if r.more() => {
@@ -237,6 +253,6 @@ impl Admin {
                 _ => break,
             }
         }
-        Ok((counts.values().copied().max().unwrap_or(0), read))
+        Ok(read)
     }
 }

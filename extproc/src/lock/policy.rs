@@ -113,7 +113,12 @@ fn internal(e: impl std::fmt::Display) -> LockError {
 impl Store {
     /// The gate of one grant: the authoritative class and limit of `req.key`.
     pub(crate) async fn policy_gate(&self, req: &AcquireRequest) -> Result<PolicyGate, LockError> {
-        let (map, map_rev) = self.class_map(req).await?;
+        let (mut map, mut map_rev) = self.class_map(req).await?;
+        if map.class_of(req.key.as_str()) != req.class.name.as_str() {
+            // The cached map may predate an apply: a refusal is decided on a fresh read.
+            self.forget_policies();
+            (map, map_rev) = self.class_map(req).await?;
+        }
         let class = map.class_of(req.key.as_str()).to_owned();
         if class != req.class.name.as_str() {
             return Err(LockError::Unavailable(format!(

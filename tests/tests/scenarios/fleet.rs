@@ -236,3 +236,95 @@ async fn two_arbiters_racing_for_every_key_never_exceed_the_limit() {
     let (a0, a1) = (acquires_served(&st, 0).await, acquires_served(&st, 1).await);
     assert_eq!((a0, a1), (64, 64), "each arbiter served its Envoy's 16 + 16 clients x 2 rounds");
 }
+
+/// Polls arbiter `i`'s `/status` until its registry has been reloaded `n` times.
+async fn reloaded(st: &Stack, i: usize, n: u64) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = st.arbiter(i).admin_get("/status").await.unwrap();
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if s["classes"]["registry"]["reloads"].as_u64() >= Some(n) {
+            return s["classes"].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "arbiter {i} never reloaded: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `lockctl class apply FILE` against the stack's etcd root.
+fn apply(st: &Stack, file: &std::path::Path) -> (i32, serde_json::Value, String) {
+    let eps = st.etcd().endpoints().join(",");
+    let out = std::process::Command::new(lockmesh_tests::paths::profile_dir().join("lockctl"))
+        .args(["class", "apply"])
+        .arg(file)
+        .args(["--endpoints", &eps, "--root", st.root(), "--actor", "test", "--reason", "split the pool"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn reassigning_a_prefix_drains_and_never_yields_two_holders_of_one_key() {
+    let st = Stack::builder("fleet-move")
+        .envoy_config("lock-tier")
+        .arbiters(2)
+        .envoys(2)
+        .registry(REGISTRY)
+        .start()
+        .await
+        .unwrap();
+    let from = next_revision(&st).await;
+    let key = "payments/pool/m/1";
+    let (c0, c1) = (st.client_at(0, "payments", "a").unwrap(), st.client_at(1, "payments", "b").unwrap());
+    let mut held = Vec::new();
+    for c in [&c0, &c1] {
+        let r = c.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+        assert_eq!((r.code(), r.json["class"].as_str()), (200, Some("pool")), "{}", r.body);
+        held.push(r.json["token"].as_str().unwrap().to_owned());
+    }
+    // The registry moves payments/pool/m to a mutex class; every arbiter reloads it.
+    let v2 = format!(
+        "{REGISTRY}  - {{ name: solo, prefixes: [\"payments/pool/m\"], ttl_s: 15, enforcement: advisory, \
+         risk_owner: t, waiver_expiry: \"2099-12-31\" }}\n"
+    );
+    for (i, a) in st.arbiters().iter().enumerate() {
+        std::fs::write(a.config_path().with_file_name("registry.yaml"), &v2).unwrap();
+        let s = reloaded(&st, i, 1).await;
+        assert_eq!(s["map_matches_registry"], false, "{s}");
+    }
+    // Desired is not authoritative: the moved key is refused rather than guessed.
+    let r = c0.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("unavailable")), "{}", r.body);
+    // Apply while the key is held: both classes drain, nothing switches.
+    let file = st.arbiter(0).config_path().with_file_name("registry.yaml");
+    let (code, j, err) = apply(&st, &file);
+    assert_eq!((code, j["outcome"].as_str(), j["held"].as_u64()), (2, Some("held"), Some(2)), "{j} {err}");
+    assert_eq!(j["classes"], serde_json::json!(["pool", "solo"]), "{j}");
+    let r = c1.post(ACQ, &[("x-lock-key", "payments/pool/other")]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("draining")), "{}", r.body);
+    for (c, t) in [(&c0, &held[0]), (&c1, &held[1])] {
+        let r = c.post(REL, &[("x-lock-key", key), ("x-lock-token", t)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    }
+    // Released: the re-run applies the map and reopens both classes at once.
+    let (code, j, err) = apply(&st, &file);
+    assert_eq!((code, j["outcome"].as_str()), (0, Some("applied")), "{j} {err}");
+    let mut etcd = st.etcd().client().await.unwrap();
+    let m = etcd.get(format!("{}/sys/classmap", st.root()), None).await.unwrap();
+    let switched = m.kvs()[0].mod_revision();
+    for i in 0..2 {
+        assert_eq!(reloaded(&st, i, 1).await["map_matches_registry"], true);
+    }
+    let r = c1.post(ACQ, &[("x-lock-key", "payments/pool/other")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    // The key is now a mutex across the fleet.
+    let seen = race(&st, key, 8, 2, Duration::from_millis(30)).await;
+    let before = replay(&st, from).await;
+    let after = replay(&st, switched).await;
+    assert_eq!(before.max.get(&digest(key)), Some(&2), "{:?}", before.spans.get(&digest(key)));
+    assert_eq!(after.max.get(&digest(key)), Some(&1), "{:?}", after.spans.get(&digest(key)));
+    check_seen(&after, key, &seen);
+    assert!(before.spans[&digest(key)].iter().all(|s| s.end.is_some_and(|e| e < switched) || s.create > switched));
+}
