@@ -311,10 +311,21 @@ impl GateCluster {
         self.etcd.snapshot_save(&snap).await?;
         let base = snapshot_revision(&snap).await?;
         tokio::time::sleep(lost).await;
+        // The old cluster goes away now: cut the arbiters (the only writers) first,
+        // so the barrier orders after every commit and nothing lands unrecorded
+        // between the barrier and the shutdown.
+        let modes: Vec<LinkMode> =
+            self.proxies.iter().map(|row| row.first().map_or(LinkMode::Pass, FaultProxy::mode)).collect();
+        for i in 0..self.proxies.len() {
+            self.set_links(i, LinkMode::Cut);
+        }
         self.recorder.barrier(Duration::from_secs(30)).await?;
         self.recorder.stop();
         self.etcd.restore_from(&snap, None).await?;
         self.recorder.new_segment(base);
+        for (i, m) in modes.into_iter().enumerate() {
+            self.set_links(i, m);
+        }
         let expected = self.epoch();
         self.epoch_advance(expected, expected + 1).await?;
         *self.epoch.lock().unwrap_or_else(|p| p.into_inner()) = expected + 1;
