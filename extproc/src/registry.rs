@@ -28,6 +28,8 @@ use serde_json::{json, Value};
 
 use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
 
+pub mod crd;
+
 /// How often the registry file is read for changes.
 pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 
