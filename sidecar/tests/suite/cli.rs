@@ -116,11 +116,11 @@ fn repo_root_file(rel: &str) -> std::path::PathBuf {
     fixtures::repo_root().join(rel)
 }
 
-/// The example ConfigMap's fence-proxy.yaml is accepted by fence-proxy's own
-/// loader, and agrees with the env the injector gives the fence container (the
-/// fields the env overrides).
+/// The example ConfigMap's fence-proxy.yaml (routes and keys only) is accepted by
+/// fence-proxy's own loader with the env the injector gives the fence container,
+/// which supplies the addresses; without that env it is refused.
 #[test]
-fn example_fence_config_is_accepted_by_fence_proxy_and_matches_the_injected_env() {
+fn example_fence_config_is_accepted_by_fence_proxy_with_the_injected_env() {
     let input = std::fs::read_to_string(fixtures::dir().join("manifests/store.yaml")).unwrap();
     let all = docs(&input);
     let cm = find(&all, "ConfigMap", "orders-fence");
@@ -130,9 +130,7 @@ fn example_fence_config_is_accepted_by_fence_proxy_and_matches_the_injected_env(
         let text = value.as_str().unwrap().replace("/etc/lockmesh/fence/", &mount);
         std::fs::write(dir.path().join(key), text).unwrap();
     }
-    let config = lockmesh_fence_proxy::Config::load(&dir.path().join("fence-proxy.yaml"))
-        .unwrap_or_else(|errs| panic!("fence-proxy refuses the example config: {errs:#?}"));
-
+    let file = dir.path().join("fence-proxy.yaml");
     let out = run(&input, &[]);
     let after = docs(&String::from_utf8(out.stdout).unwrap());
     let sts = find(&after, "StatefulSet", "orders-store");
@@ -142,15 +140,23 @@ fn example_fence_config_is_accepted_by_fence_proxy_and_matches_the_injected_env(
         .iter()
         .find(|c| c["name"] == lockmesh_sidecar::inject::CONTAINER)
         .unwrap();
-    let env = |name: &str| {
-        fence["env"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap()["value"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    let env: std::collections::HashMap<String, String> = fence["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    let config = lockmesh_fence_proxy::Config::load_with(&file, &env)
+        .unwrap_or_else(|errs| panic!("fence-proxy refuses the example config with the injected env: {errs:#?}"));
     use lockmesh_sidecar::inject::{ENV_ADMIN_LISTEN, ENV_LISTEN, ENV_MARKS_DIR, ENV_UPSTREAM};
-    assert_eq!(config.listen.to_string(), env(ENV_LISTEN));
-    assert_eq!(config.admin_listen.to_string(), env(ENV_ADMIN_LISTEN));
-    assert_eq!(config.upstream, env(ENV_UPSTREAM));
-    assert_eq!(config.marks_dir.display().to_string(), env(ENV_MARKS_DIR));
+    assert_eq!(config.listen.to_string(), env[ENV_LISTEN]);
+    assert_eq!(config.admin_listen.to_string(), env[ENV_ADMIN_LISTEN]);
+    assert_eq!(config.upstream, env[ENV_UPSTREAM]);
+    assert_eq!(config.marks_dir.display().to_string(), env[ENV_MARKS_DIR]);
+    // The names the injector sets are the ones fence-proxy reads.
+    let read: Vec<&str> = lockmesh_fence_proxy::config::env::OVERRIDES.iter().map(|(v, _)| *v).collect();
+    assert_eq!(read, [ENV_LISTEN, ENV_ADMIN_LISTEN, ENV_UPSTREAM, ENV_MARKS_DIR]);
+    // Without the env the file lacks the addresses.
+    let errs = lockmesh_fence_proxy::Config::load_with(&file, &lockmesh_fence_proxy::config::env::NoEnv).unwrap_err();
+    assert_eq!(errs.len(), 4, "{errs:#?}");
 }
