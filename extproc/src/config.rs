@@ -90,6 +90,63 @@ pub struct RawEtcd {
     pub root: String,
     /// Timeout of one etcd call, ms. Default 2000.
     pub op_timeout_ms: Option<u64>,
+    /// Client TLS to etcd (`https://` endpoints need it; docs/OPERATIONS.md).
+    pub tls: Option<RawEtcdTls>,
+    /// etcd user (auth enabled), with `password_file`.
+    pub user: Option<String>,
+    /// File holding the etcd user's password (trailing newline ignored).
+    pub password_file: Option<String>,
+}
+
+/// etcd client TLS settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEtcdTls {
+    /// CA bundle (PEM) that signed etcd's server certificate.
+    pub ca: String,
+    /// Client certificate (PEM), if etcd requires one.
+    pub cert: Option<String>,
+    /// Client key (PEM), with `cert`.
+    pub key: Option<String>,
+}
+
+/// How the arbiter authenticates to etcd (TLS and a user); the password never
+/// appears in `Debug` output.
+#[derive(Clone, Default)]
+pub struct EtcdClientAuth {
+    /// CA PEM, when TLS is on.
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate and key PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// User and password.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdClientAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdClientAuth")
+            .field("tls", &self.ca.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+impl EtcdClientAuth {
+    /// Applies TLS and the user to etcd connect options.
+    pub fn apply(&self, mut opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
+        if let Some((u, p)) = &self.user {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        if let Some(ca) = &self.ca {
+            let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+            if let Some((c, k)) = &self.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(c, k));
+            }
+            opts = opts.with_tls(tls);
+        }
+        opts
+    }
 }
 
 /// The validated configuration.
@@ -113,6 +170,8 @@ pub struct Config {
     pub etcd_root: String,
     /// etcd call timeout.
     pub op_timeout_ms: u64,
+    /// etcd TLS and user.
+    pub etcd_auth: EtcdClientAuth,
     /// Registry file path.
     pub registry_file: PathBuf,
     /// The registry as loaded at startup.
@@ -136,6 +195,54 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
     } else {
         base.join(p)
     }
+}
+
+/// Validates `etcd.tls`, `etcd.user` and `etcd.password_file` against the endpoints.
+fn etcd_auth(raw: &RawEtcd, base: &Path, name: &str, errs: &mut Vec<String>) -> EtcdClientAuth {
+    let mut auth = EtcdClientAuth::default();
+    let read = |field: &str, p: &str, errs: &mut Vec<String>| {
+        std::fs::read(resolve(base, p)).map_err(|e| errs.push(format!("{name}: {field}: cannot read {p:?}: {e}"))).ok()
+    };
+    let https = raw.endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    match &raw.tls {
+        Some(t) => {
+            if https != raw.endpoints.len() {
+                errs.push(format!("{name}: etcd.endpoints: with etcd.tls every endpoint must be https://"));
+            }
+            auth.ca = read("etcd.tls.ca", &t.ca, errs);
+            match (&t.cert, &t.key) {
+                (Some(c), Some(k)) => {
+                    if let (Some(c), Some(k)) = (read("etcd.tls.cert", c, errs), read("etcd.tls.key", k, errs)) {
+                        auth.identity = Some((c, k));
+                    }
+                }
+                (None, None) => {}
+                (Some(_), None) => errs.push(format!("{name}: etcd.tls.key: required with etcd.tls.cert")),
+                (None, Some(_)) => errs.push(format!("{name}: etcd.tls.cert: required with etcd.tls.key")),
+            }
+        }
+        None if https > 0 => {
+            errs.push(format!("{name}: etcd.tls: required for https:// endpoints (etcd.tls.ca names the CA)"))
+        }
+        None => {}
+    }
+    match (&raw.user, &raw.password_file) {
+        (Some(u), Some(p)) => {
+            if u.is_empty() {
+                errs.push(format!("{name}: etcd.user: must not be empty"));
+            }
+            if let Some(pw) = read("etcd.password_file", p, errs) {
+                match String::from_utf8(pw) {
+                    Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.clone(), pw.trim_end().to_owned())),
+                    _ => errs.push(format!("{name}: etcd.password_file: {p:?} must hold a non-empty UTF-8 password")),
+                }
+            }
+        }
+        (Some(_), None) => errs.push(format!("{name}: etcd.password_file: required with etcd.user")),
+        (None, Some(_)) => errs.push(format!("{name}: etcd.user: required with etcd.password_file")),
+        (None, None) => {}
+    }
+    auth
 }
 
 /// Loads and validates a registry file; errors are `file: path: message`.
@@ -233,6 +340,7 @@ impl Config {
                 crate::test_faults::ENV
             ));
         }
+        let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));
@@ -250,6 +358,7 @@ impl Config {
                 etcd_endpoints: raw.etcd.endpoints,
                 etcd_root: root,
                 op_timeout_ms,
+                etcd_auth,
                 registry_file,
                 registry,
                 max_wait_ms,

@@ -52,11 +52,12 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let store = lock::Store::connect(
+    let store = lock::Store::connect_with(
         &config.etcd_endpoints,
         &config.etcd_root,
         Duration::from_millis(config.op_timeout_ms),
         config.marks_file.as_deref(),
+        &config.etcd_auth,
     )
     .await?;
     crate::test_faults::install(&config.test_faults);

@@ -48,6 +48,7 @@ pub struct ArbiterBuilder {
     root: String,
     registry: String,
     extra_yaml: Vec<String>,
+    etcd_yaml: Vec<String>,
     max_wait_ms: u64,
     grpc_port: Option<u16>,
     admin_port: Option<u16>,
@@ -124,6 +125,12 @@ impl ArbiterBuilder {
         self
     }
 
+    /// A line added under `etcd:` (e.g. `user: arbiter`), for etcd TLS and auth.
+    pub fn etcd_yaml(mut self, line: impl Into<String>) -> Self {
+        self.etcd_yaml.push(line.into());
+        self
+    }
+
     /// The config YAML for the given ports and registry file.
     pub fn render(&self, grpc_port: u16, admin_port: u16, registry_file: &Path) -> String {
         let d = self.cert_dir.display();
@@ -147,6 +154,11 @@ impl ArbiterBuilder {
             registry = registry_file.display(),
             max_wait = self.max_wait_ms,
         );
+        if !self.etcd_yaml.is_empty() {
+            let at = yaml.find("registry_file:").unwrap_or(yaml.len());
+            let lines: String = self.etcd_yaml.iter().map(|l| format!("  {l}\n")).collect();
+            yaml.insert_str(at, &lines);
+        }
         for line in &self.extra_yaml {
             yaml.push_str(line);
             yaml.push('\n');
@@ -195,6 +207,7 @@ impl ArbiterProcess {
             root: String::new(),
             registry: DEFAULT_TEST_REGISTRY.to_owned(),
             extra_yaml: Vec::new(),
+            etcd_yaml: Vec::new(),
             max_wait_ms: 30_000,
             grpc_port: None,
             admin_port: None,

@@ -32,6 +32,7 @@ pub struct EtcdCluster {
     members: Vec<EtcdMember>,
     token: String,
     initial_cluster: String,
+    client_tls: Option<EtcdTls>,
     // Dropped after the members (fields drop in declaration order).
     _dir: TempDir,
 }
@@ -44,6 +45,19 @@ pub struct EtcdBuilder {
     heartbeat_ms: u64,
     election_ms: u64,
     extra_args: Vec<String>,
+    client_tls: Option<EtcdTls>,
+}
+
+/// Client TLS of an etcd cluster (ADR-05): server certificate, key and the CA
+/// clients trust.
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    /// Server certificate PEM (SAN 127.0.0.1).
+    pub cert: PathBuf,
+    /// Server key PEM.
+    pub key: PathBuf,
+    /// CA that signed `cert` (what clients pass as their trust root).
+    pub ca: PathBuf,
 }
 
 /// One etcd process of a cluster.
@@ -54,6 +68,8 @@ pub struct EtcdMember {
     peer_port: u16,
     data_dir: PathBuf,
     process: ChildProcess,
+    scheme: &'static str,
+    health_port: u16,
 }
 
 // === impl EtcdBuilder ===
@@ -85,6 +101,13 @@ impl EtcdBuilder {
         self
     }
 
+    /// Client TLS: `https://` client URLs served with `tls`; `/health` moves to a
+    /// plain-HTTP metrics listener for the harness's probes.
+    pub fn client_tls(mut self, tls: EtcdTls) -> Self {
+        self.client_tls = Some(tls);
+        self
+    }
+
     /// Starts all members at once and waits until each reports healthy.
     pub async fn start(self) -> Result<EtcdCluster> {
         let dir = temp_dir("etcd-")?;
@@ -103,6 +126,7 @@ impl EtcdBuilder {
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::with_capacity(self.members);
+        let scheme = if self.client_tls.is_some() { "https" } else { "http" };
         for (i, &(client_port, peer_port)) in ports.iter().enumerate() {
             let name = format!("m{i}");
             let member_dir = dir.path().join(&name);
@@ -111,8 +135,8 @@ impl EtcdBuilder {
             let mut args = vec![
                 format!("--name={name}"),
                 format!("--data-dir={}", data_dir.display()),
-                format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+                format!("--listen-client-urls={scheme}://127.0.0.1:{client_port}"),
+                format!("--advertise-client-urls={scheme}://127.0.0.1:{client_port}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
                 format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
                 format!("--initial-cluster={initial_cluster}"),
@@ -123,11 +147,18 @@ impl EtcdBuilder {
                 "--logger=zap".into(),
                 "--log-level=info".into(),
             ];
+            let mut health_port = client_port;
+            if let Some(t) = &self.client_tls {
+                health_port = free_port();
+                args.push(format!("--cert-file={}", t.cert.display()));
+                args.push(format!("--key-file={}", t.key.display()));
+                args.push(format!("--listen-metrics-urls=http://127.0.0.1:{health_port}"));
+            }
             args.extend(self.extra_args.iter().cloned());
             let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));
-            members.push(EtcdMember { name, client_port, peer_port, data_dir, process });
+            members.push(EtcdMember { name, client_port, peer_port, data_dir, process, scheme, health_port });
         }
-        let cluster = EtcdCluster { members, token, initial_cluster, _dir: dir };
+        let cluster = EtcdCluster { members, token, initial_cluster, client_tls: self.client_tls, _dir: dir };
         // All members must run before any can elect a leader and be healthy.
         for m in &cluster.members {
             m.process.start()?;
@@ -142,7 +173,14 @@ impl EtcdBuilder {
 impl EtcdCluster {
     /// A builder for a 1-member cluster.
     pub fn builder() -> EtcdBuilder {
-        EtcdBuilder { members: 1, token: None, heartbeat_ms: 100, election_ms: 1000, extra_args: Vec::new() }
+        EtcdBuilder {
+            members: 1,
+            token: None,
+            heartbeat_ms: 100,
+            election_ms: 1000,
+            extra_args: Vec::new(),
+            client_tls: None,
+        }
     }
 
     /// Client URLs of all members, `http://127.0.0.1:<port>`.
@@ -181,12 +219,44 @@ impl EtcdCluster {
         Ok(())
     }
 
-    /// A gRPC client on all endpoints.
+    /// A gRPC client on all endpoints (over TLS when the cluster has it).
     pub async fn client(&self) -> Result<etcd_client::Client> {
+        self.connect(None).await
+    }
+
+    /// A gRPC client logged in as `user` (auth enabled).
+    pub async fn client_as(&self, user: &str, password: &str) -> Result<etcd_client::Client> {
+        self.connect(Some((user, password))).await
+    }
+
+    /// The client TLS settings, if any.
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.client_tls.as_ref()
+    }
+
+    async fn connect(&self, user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
         let endpoints = self.endpoints();
-        etcd_client::Client::connect(&endpoints, None)
+        let mut opts = etcd_client::ConnectOptions::new();
+        if let Some(t) = &self.client_tls {
+            let ca = std::fs::read(&t.ca).with_context(|| format!("read {}", t.ca.display()))?;
+            opts = opts.with_tls(etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca)));
+        }
+        if let Some((u, p)) = user {
+            opts = opts.with_user(u, p);
+        }
+        etcd_client::Client::connect(&endpoints, Some(opts))
             .await
             .with_context(|| format!("connect etcd client to {endpoints:?}"))
+    }
+
+    /// Enables auth: creates `root` (password `root_password`) with the root
+    /// role, then turns auth on. Every later client must log in.
+    pub async fn enable_auth(&self, root_password: &str) -> Result<()> {
+        let mut c = self.client().await?;
+        c.user_add("root", root_password, None).await.context("user add root")?;
+        c.user_grant_role("root", "root").await.context("grant root")?;
+        c.auth_enable().await.context("auth enable")?;
+        Ok(())
     }
 
     /// `etcdctl snapshot save <path>` against the first running member.
@@ -251,9 +321,9 @@ impl EtcdMember {
         &self.name
     }
 
-    /// `http://127.0.0.1:<client port>`.
+    /// `http://127.0.0.1:<client port>` (`https://` with client TLS).
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
 
     /// `http://127.0.0.1:<peer port>`.
@@ -320,7 +390,7 @@ impl EtcdMember {
     }
 
     async fn check_health(&self, timeout: Duration) -> Result<()> {
-        let resp = http_get_within(self.client_port, "/health", timeout).await?;
+        let resp = http_get_within(self.health_port, "/health", timeout).await?;
         let body: String = resp.body.chars().filter(|c| !c.is_whitespace()).collect();
         if resp.status != 200 || !body.contains(r#""health":"true""#) {
             bail!("/health: {} {}", resp.status, resp.body.trim());

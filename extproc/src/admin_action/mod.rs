@@ -20,6 +20,7 @@
 //! Refusals carry a stable code ([`AdminError::code`]); `docs/ADMIN.md` lists them.
 
 pub mod cli;
+pub mod etcd_roles;
 pub mod flow;
 pub mod jwt;
 

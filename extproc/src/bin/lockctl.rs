@@ -46,6 +46,13 @@ enum Cmd {
     /// Two-person admin actions: `request force-release KEY|epoch-advance`,
     /// `approve ID`, `show ID`, `list` (docs/ADMIN.md).
     Admin(lockmesh_extproc::admin_action::cli::AdminArgs),
+    /// Print the etcdctl commands that create lockmesh's etcd roles and users
+    /// (least privilege per component, docs/ADMIN.md) and enable auth.
+    EtcdRoles {
+        /// lockmesh key root.
+        #[arg(long, default_value = "/lockmesh")]
+        root: String,
+    },
     /// Run a command while holding a lock (like `etcdctl lock`): the token is in
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
     /// then SIGKILL after --grace-ms. Exits with the command's code.
@@ -110,6 +117,10 @@ fn main() -> ExitCode {
         Cmd::Limit(l) => return rt.block_on(lockmesh_extproc::classctl::limit(l)),
         Cmd::Audit(a) => return rt.block_on(lockmesh_extproc::audit::cli::main(a)),
         Cmd::Admin(a) => return rt.block_on(lockmesh_extproc::admin_action::cli::main(a)),
+        Cmd::EtcdRoles { root } => {
+            print!("{}", lockmesh_extproc::admin_action::etcd_roles::etcdctl_script(root));
+            return ExitCode::SUCCESS;
+        }
         _ => {}
     }
     // `run` exits with its command's code (see lockmesh_client::run).
@@ -120,8 +131,8 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout();
     let result = rt.block_on(async {
         match cmd {
-            Cmd::Run(_) => Ok(()),                                                   // answered above
-            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) | Cmd::Admin(_) => Ok(()), // answered above
+            Cmd::Run(_) => Ok(()), // answered above
+            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) | Cmd::Admin(_) | Cmd::EtcdRoles { .. } => Ok(()), // answered above
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;

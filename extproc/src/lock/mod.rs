@@ -151,7 +151,19 @@ impl Store {
         op_timeout: Duration,
         marks_file: Option<&std::path::Path>,
     ) -> Result<Arc<Self>, LockError> {
-        let opts = etcd_client::ConnectOptions::new()
+        Self::connect_with(endpoints, root, op_timeout, marks_file, &Default::default()).await
+    }
+
+    /// [`Store::connect`] with etcd TLS and a user (`etcd.tls`, `etcd.user`).
+    pub async fn connect_with(
+        endpoints: &[String],
+        root: &str,
+        op_timeout: Duration,
+        marks_file: Option<&std::path::Path>,
+        auth: &crate::config::EtcdClientAuth,
+    ) -> Result<Arc<Self>, LockError> {
+        let opts = auth
+            .apply(etcd_client::ConnectOptions::new())
             .with_connect_timeout(op_timeout)
             .with_timeout(op_timeout)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));

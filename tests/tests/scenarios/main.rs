@@ -12,6 +12,7 @@ mod audit;
 mod classes_min;
 mod configs;
 mod core_lock;
+mod etcd_auth;
 mod fencing;
 mod fleet;
 mod filter;

@@ -1,0 +1,135 @@
+//! The etcd roles of a lockmesh deployment (ADR-05, ADR-20): one per component,
+//! each with the least it needs under the key root. `lockctl etcd-roles` prints
+//! them as `etcdctl` commands; the test suite applies the same definitions.
+//!
+//! etcd's permissions are read, write or readwrite on a key or prefix; *write
+//! covers put and delete alike*. So the admin role, which must delete holds, can
+//! also put under `l/`: what it cannot write is everything else the arbiter owns
+//! (sessions, epoch, class policies, markers). Epoch advance and session revokes
+//! (a lease revoke needs write on every key on the lease) need the separate
+//! break-glass role `lockmesh-admin-epoch`.
+
+/// A permission type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Perm {
+    /// Range and watch.
+    Read,
+    /// Put and delete.
+    Write,
+    /// Both.
+    ReadWrite,
+}
+
+/// One permission on a key (or, with `prefix`, every key starting with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Type.
+    pub perm: Perm,
+    /// Key or prefix.
+    pub key: String,
+    /// Whether `key` is a prefix.
+    pub prefix: bool,
+}
+
+/// A role: name, what it is for, and its grants.
+#[derive(Debug, Clone)]
+pub struct Role {
+    /// etcd role (and user) name.
+    pub name: &'static str,
+    /// Who uses it.
+    pub purpose: &'static str,
+    /// Its permissions.
+    pub grants: Vec<Grant>,
+}
+
+fn g(perm: Perm, root: &str, rest: &str, prefix: bool) -> Grant {
+    Grant { perm, key: format!("{root}/{rest}"), prefix }
+}
+
+/// The roles for key root `root`.
+pub fn roles(root: &str) -> Vec<Role> {
+    let r = root.trim_end_matches('/');
+    let rw = |rest: &str, prefix: bool| g(Perm::ReadWrite, r, rest, prefix);
+    vec![
+        Role {
+            name: "lockmesh-arbiter",
+            purpose: "the arbiter: holds, sessions, markers, waiters, VM sessions, class policies, the epoch record",
+            grants: vec![
+                rw("sys/epoch", false),
+                rw("sys/classmap", false),
+                rw("s/", true),
+                rw("l/", true),
+                rw("r/", true),
+                rw("x/", true),
+                rw("c/", true),
+                rw("v/", true),
+                rw("q/", true),
+            ],
+        },
+        Role {
+            name: "lockmesh-admin",
+            purpose: "two-person force release: read the root, delete holds, write force records and admin requests",
+            grants: vec![
+                g(Perm::Read, r, "", true),
+                g(Perm::Write, r, "l/", true),
+                g(Perm::Write, r, "f/", true),
+                g(Perm::Write, r, "adm/", true),
+            ],
+        },
+        Role {
+            name: "lockmesh-admin-epoch",
+            purpose: "break glass: approved epoch advance and restore, session revokes (the whole root)",
+            grants: vec![rw("", true)],
+        },
+        Role {
+            name: "lockmesh-audit",
+            purpose: "the audit tailer: watch the root, and its election key",
+            grants: vec![g(Perm::Read, r, "", true), rw("sys/audit-leader", false)],
+        },
+    ]
+}
+
+/// `etcdctl` commands creating the roles and one user per role (passwords are
+/// read interactively: `--interactive`), then enabling auth.
+pub fn etcdctl_script(root: &str) -> String {
+    let mut s = String::from(
+        "# lockmesh etcd roles (ADR-05). Run with ETCDCTL_ENDPOINTS, ETCDCTL_CACERT and a root login.\n\
+         etcdctl user add root --interactive\n",
+    );
+    for role in roles(root) {
+        s.push_str(&format!("\n# {}: {}\netcdctl role add {}\n", role.name, role.purpose, role.name));
+        for gr in &role.grants {
+            let perm = match gr.perm {
+                Perm::Read => "read",
+                Perm::Write => "write",
+                Perm::ReadWrite => "readwrite",
+            };
+            let prefix = if gr.prefix { " --prefix=true" } else { "" };
+            s.push_str(&format!("etcdctl role grant-permission {}{prefix} {perm} {}\n", role.name, gr.key));
+        }
+        s.push_str(&format!(
+            "etcdctl user add {} --interactive\netcdctl user grant-role {} {}\n",
+            role.name, role.name, role.name
+        ));
+    }
+    s.push_str("\netcdctl auth enable\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_role_writes_only_holds_force_records_and_requests() {
+        let rs = roles("/lm/");
+        let admin = rs.iter().find(|r| r.name == "lockmesh-admin").unwrap();
+        let writes: Vec<&str> = admin.grants.iter().filter(|g| g.perm != Perm::Read).map(|g| g.key.as_str()).collect();
+        assert_eq!(writes, ["/lm/l/", "/lm/f/", "/lm/adm/"]);
+        let audit = rs.iter().find(|r| r.name == "lockmesh-audit").unwrap();
+        assert!(audit.grants.iter().filter(|g| g.perm != Perm::Read).all(|g| g.key == "/lm/sys/audit-leader"));
+        let s = etcdctl_script("/lm");
+        assert!(s.contains("etcdctl role grant-permission lockmesh-admin --prefix=true write /lm/f/\n"), "{s}");
+        assert!(s.ends_with("etcdctl auth enable\n"));
+    }
+}
