@@ -190,6 +190,10 @@ pub struct ClassSpec {
     pub pause_test_result: Option<String>,
 }
 
+/// The pause-test check of a fenced class: its name and its `pause_test_result`
+/// as written; `Err` says why the class may not claim `fenced`.
+pub type PauseCheck<'a> = dyn Fn(&str, Option<&str>) -> Result<(), String> + 'a;
+
 /// One validation error: where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -266,10 +270,7 @@ impl ClassRegistry {
     /// about every fenced class (its name and its `pause_test_result` as
     /// written): an `Err` is reported at `classes[i].pause_test_result` (ADR-17:
     /// no fenced class without a passing, unexpired pause test of its own).
-    pub fn try_from_raw_with(
-        raw: &RawRegistry,
-        pause_check: &dyn Fn(&str, Option<&str>) -> Result<(), String>,
-    ) -> Result<Self, Vec<FieldError>> {
+    pub fn try_from_raw_with(raw: &RawRegistry, pause_check: &PauseCheck<'_>) -> Result<Self, Vec<FieldError>> {
         let mut errs = Vec::new();
         let mut err = |path: String, message: String| errs.push(FieldError { path, message });
         let min_ttl = raw.platform.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S);

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use lockmesh_core::LockKey;
 use lockmesh_tests::Stack;
 
@@ -66,8 +66,10 @@ async fn next_revision(st: &Stack) -> i64 {
 async fn replay(st: &Stack, from: i64) -> Replay {
     let mut c = st.etcd().client().await.unwrap();
     let prefix = format!("{}/l/", st.root());
-    let now = c.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
-    let end = now.header().unwrap().revision();
+    // A sentinel under the prefix ends the history: the shared etcd's latest
+    // revision may belong to another test's keys, which this watch never sees.
+    let sentinel = format!("{prefix}~history-end");
+    let end = c.put(sentinel.as_str(), "", None).await.unwrap().header().unwrap().revision();
     let opts = WatchOptions::new().with_prefix().with_start_revision(from).with_prev_key();
     let mut w = c.watch(prefix.as_str(), Some(opts)).await.unwrap();
     // slot key -> (digest, create revision) of the open holds
@@ -81,6 +83,9 @@ async fn replay(st: &Stack, from: i64) -> Replay {
         for e in r.events() {
             let kv = e.kv().unwrap();
             seen = seen.max(kv.mod_revision());
+            if kv.key() == sentinel.as_bytes() {
+                continue;
+            }
             let create = match e.event_type() {
                 EventType::Put => kv.create_revision(),
                 EventType::Delete => e.prev_kv().map(|p| p.create_revision()).unwrap_or(0),
