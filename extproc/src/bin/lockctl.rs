@@ -20,7 +20,13 @@ use lockmesh_extproc::restore::{self, Member, RestoreError};
 
 /// lockmesh operator commands.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "lockmesh operator commands: restore and epoch advance, class registries and limits, \
+             audit queries, two-person admin actions, etcd roles, and running a command under a lock",
+    after_help = "Every command's --help explains it; docs/OPERATIONS.md, docs/CLASSES.md, docs/AUDIT.md \
+                  and docs/ADMIN.md are the runbooks."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
