@@ -94,7 +94,8 @@ pub fn roles(root: &str) -> Vec<Role> {
 pub fn etcdctl_script(root: &str) -> String {
     let mut s = String::from(
         "# lockmesh etcd roles (ADR-05). Run with ETCDCTL_ENDPOINTS, ETCDCTL_CACERT and a root login.\n\
-         etcdctl user add root --interactive\n",
+         etcdctl user add root --interactive\n\
+         etcdctl user grant-role root root\n",
     );
     for role in roles(root) {
         s.push_str(&format!("\n# {}: {}\netcdctl role add {}\n", role.name, role.purpose, role.name));
@@ -130,6 +131,7 @@ mod tests {
         assert!(audit.grants.iter().filter(|g| g.perm != Perm::Read).all(|g| g.key == "/lm/sys/audit-leader"));
         let s = etcdctl_script("/lm");
         assert!(s.contains("etcdctl role grant-permission lockmesh-admin --prefix=true write /lm/f/\n"), "{s}");
+        assert!(s.contains("etcdctl user grant-role root root\n"), "{s}");
         assert!(s.ends_with("etcdctl auth enable\n"));
     }
 }
