@@ -433,7 +433,12 @@ impl Worker {
             Left::InFlight => {
                 self.end_hold(&ticket, true, now);
                 self.pump(&ticket.key, now);
-                self.wake_next_elsewhere(&ticket.key, now);
+                // Only when nothing of ours is in flight for the key: waking another
+                // worker while our next waiter travels to the arbiter would let both
+                // race there, and arrival order could swap them.
+                if self.queues.in_flight(&ticket.key).is_none() {
+                    self.wake_next_elsewhere(&ticket.key, now);
+                }
             }
             Left::Waiting(w) => {
                 self.end_hold(&ticket, false, now);
