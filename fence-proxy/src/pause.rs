@@ -109,7 +109,7 @@ pub enum KitError {
 
 enum Resource {
     Http(String),
-    Postgres { fence: PgFence, client: tokio_postgres::Client, row: String },
+    Postgres { fence: PgFence, client: Box<tokio_postgres::Client>, row: String },
 }
 
 /// One acquired grant.
@@ -181,7 +181,7 @@ impl Kit {
         let resource = if is_postgres(&target.resource_url) {
             let fence = PgFence::try_new(&target.pg_table, EqualRule::Strict)?;
             let client = postgres::connect(&target.resource_url).await?;
-            Resource::Postgres { fence, client, row: target.lock_key.clone() }
+            Resource::Postgres { fence, client: Box::new(client), row: target.lock_key.clone() }
         } else {
             Resource::Http(target.resource_url.clone())
         };
@@ -191,7 +191,7 @@ impl Kit {
     /// Creates the PostgreSQL resource's table if missing (a no-op for HTTP).
     pub async fn prepare(&self) -> Result<(), KitError> {
         if let Resource::Postgres { fence, client, .. } = &self.resource {
-            fence.ensure_table(client).await?;
+            fence.ensure_table(client.as_ref()).await?;
         }
         Ok(())
     }
@@ -245,7 +245,7 @@ impl Kit {
             Resource::Postgres { fence, client, row } => {
                 let token = headers::parse_token(g.token.as_bytes())
                     .map_err(|e| KitError::Holder(format!("the grant's token: {e}")))?;
-                Ok(match fence.write(client, row, value, token).await? {
+                Ok(match fence.write(client.as_ref(), row, value, token).await? {
                     WriteOutcome::Applied => 200,
                     WriteOutcome::Stale => 409,
                 })
@@ -261,7 +261,7 @@ impl Kit {
                 r.text().await.map_err(|e| KitError::Http("resource read", e))
             }
             Resource::Postgres { fence, client, row } => {
-                Ok(fence.read(client, row).await?.map(|(v, _)| v).unwrap_or_default())
+                Ok(fence.read(client.as_ref(), row).await?.map(|(v, _)| v).unwrap_or_default())
             }
         }
     }
