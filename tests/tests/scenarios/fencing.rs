@@ -387,7 +387,7 @@ async fn a_store_that_does_not_answer_in_time_gets_store_timeout_and_the_strict_
     let k = minter(&key);
     let url = format!("{}/items/1", fence.url());
     let p = mint(&k, "payments/items/1", 50);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let slow = [("x-lock-proof", p.as_str()), ("x-test-delay-ms", "1500")];
     assert_eq!(send("PUT", &url, &slow, "slow").await, (504, "store_timeout".into()));
     assert!(started.elapsed() < Duration::from_millis(1400), "answered after {:?}", started.elapsed());
