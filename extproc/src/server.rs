@@ -147,10 +147,7 @@ fn forward(set: &[(&'static str, String)], remove: &[&'static str]) -> Processin
             ..Default::default()
         }),
     };
-    ProcessingResponse {
-        response: Some(processing_response::Response::RequestHeaders(headers)),
-        ..Default::default()
-    }
+    ProcessingResponse { response: Some(processing_response::Response::RequestHeaders(headers)), ..Default::default() }
 }
 
 async fn serve_stream(

@@ -26,7 +26,14 @@ impl State {
     pub fn new(config: Config, store: Arc<Store>) -> Self {
         let registry = RwLock::new(Arc::new(config.registry.clone()));
         let validate_limiter = crate::validate::RateLimiter::new(config.validate_rate_per_s);
-        Self { config, store, metrics: Metrics::default(), validate_limiter, registry_status: Default::default(), registry }
+        Self {
+            config,
+            store,
+            metrics: Metrics::default(),
+            validate_limiter,
+            registry_status: Default::default(),
+            registry,
+        }
     }
 
     /// Replaces the class registry (a valid reload).

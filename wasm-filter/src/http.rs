@@ -106,10 +106,7 @@ impl HttpContext for Request {
         let pass = match decide::on_request_headers(&cfg, &hdrs, peer.as_deref()) {
             Decision::Reject { status, code, body } => {
                 // The namespace of the key, when the key itself is well formed.
-                let key = hdrs
-                    .iter()
-                    .find(|(n, _)| n == headers::KEY)
-                    .and_then(|(_, v)| LockKey::parse(v).ok());
+                let key = hdrs.iter().find(|(n, _)| n == headers::KEY).and_then(|(_, v)| LockKey::parse(v).ok());
                 let ns = cfg.ns_label(key.as_ref().map(LockKey::as_str));
                 w.metrics().request(ns, Outcome::of_code(code));
                 worker::reply(&Refusal { status, code, body, outcome: Outcome::of_code(code) });
