@@ -42,6 +42,9 @@ pub enum Code {
     RateLimited,
     /// A bug or an unexpected state; nothing was granted.
     Internal,
+    /// The key's namespace is homed in another region (ADR-08); the answer names
+    /// it. Nothing was forwarded.
+    WrongRegion,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -55,7 +58,7 @@ pub enum Reason {
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 17] = [
+    pub const ALL: [Code; 18] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -73,6 +76,7 @@ impl Code {
         Code::LockRequired,
         Code::RateLimited,
         Code::Internal,
+        Code::WrongRegion,
     ];
 
     /// The wire string.
@@ -95,6 +99,7 @@ impl Code {
             Code::LockRequired => "lock_required",
             Code::RateLimited => "rate_limited",
             Code::Internal => "internal",
+            Code::WrongRegion => "wrong_region",
         }
     }
 
@@ -105,6 +110,7 @@ impl Code {
             Code::Unauthenticated => 401,
             Code::Denied => 403,
             Code::NotFound => 404,
+            Code::WrongRegion => 421,
             Code::Contended | Code::Leaked | Code::NotHolder => 409,
             Code::SessionExpired => 410,
             Code::LockRequired => 428,

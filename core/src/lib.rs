@@ -11,6 +11,7 @@
 //! - [`class`]: the class schema and the longest-prefix registry lookup.
 //! - [`policy`]: a class's authoritative limit and the limit-change protocol.
 //! - [`pause`]: the pause test result document and its validity check.
+//! - [`shard`]: the shard map and rendezvous homing of keys on clusters (ADR-07, ADR-09).
 //! - `proof` (feature `proof`): Ed25519 grant proofs that fences verify offline.
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod pause;
 pub mod policy;
 #[cfg(feature = "proof")]
 pub mod proof;
+pub mod shard;
 pub mod token;
 
 pub use class::{ClassName, ClassRegistry, ClassSpec};
