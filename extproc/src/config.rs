@@ -48,11 +48,42 @@ pub struct RawConfig {
     /// Token bucket rate of `POST /v1/tokens/validate`, requests per second on this
     /// arbiter (burst: the same number). Over it: `429 rate_limited`. Default 100.
     pub validate_rate_per_s: Option<u32>,
+    /// Two-person admin actions executed by this arbiter (`docs/ADMIN.md`): who may
+    /// call them and how operators' tokens are verified. Without it the admin
+    /// routes answer `admin.not_configured`.
+    pub operators: Option<RawOperators>,
     /// TEST ONLY: planted bugs for the release gate (`docs/GATE.md`):
     /// `skip_epoch_compare`, `release_by_key_name`, `count_before_lock`. Refused
     /// unless the environment sets `LOCKMESH_TEST_FAULTS=1`. Default none.
     #[serde(default)]
     pub test_faults: Vec<String>,
+}
+
+/// Two-person admin actions (`operators:`, `docs/ADMIN.md`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOperators {
+    /// SPIFFE IDs (URI SAN) of the admin tooling (`lockctl admin`'s client
+    /// certificate) allowed to call the admin routes on the ext_proc port. Never an
+    /// Envoy of `tls.allowed_clients`.
+    pub allowed_clients: Vec<String>,
+    /// The identity provider's JWKS (JSON file), re-read on every admin call so a
+    /// rotated key applies without a restart.
+    pub jwks_file: String,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`. Default `lockmesh-admin`.
+    pub audience: Option<String>,
+    /// Required role in `roles` or `realm_access.roles`. Default `lock-operator`;
+    /// `""` for none.
+    pub role: Option<String>,
+    /// Require an MFA sign-in (`amr`). Default false.
+    pub require_mfa: Option<bool>,
+    /// Freshness: a token's `iat` must be at most this many seconds old. Default
+    /// 900; 0 turns the check off.
+    pub max_token_age_s: Option<u64>,
+    /// Longest approval window a request may ask for, seconds. Default 86400.
+    pub max_request_ttl_s: Option<u64>,
 }
 
 /// Grant proof signing (`docs/FENCING.md`).
@@ -149,6 +180,96 @@ impl EtcdClientAuth {
     }
 }
 
+/// Default `operators.max_token_age_s`.
+pub const DEFAULT_MAX_TOKEN_AGE_S: u64 = 900;
+/// Default `operators.max_request_ttl_s`.
+pub const DEFAULT_MAX_REQUEST_TTL_S: u64 = 86_400;
+
+/// Validated `operators`.
+#[derive(Debug, Clone)]
+pub struct Operators {
+    /// SPIFFE IDs allowed to call the admin routes.
+    pub allowed_clients: Vec<String>,
+    /// JWKS file (re-read on every call).
+    pub jwks_file: PathBuf,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`.
+    pub audience: String,
+    /// Required role, if any.
+    pub role: Option<String>,
+    /// Require MFA.
+    pub require_mfa: bool,
+    /// Token freshness bound, seconds (`None`: off).
+    pub max_token_age_s: Option<u64>,
+    /// Longest approval window, seconds.
+    pub max_request_ttl_s: u64,
+}
+
+impl Operators {
+    /// A verifier for operators' tokens with the JWKS as the file holds it now.
+    pub fn verifier(&self) -> Result<crate::admin_action::jwt::Verifier, crate::admin_action::AdminError> {
+        use crate::admin_action::{jwt, AdminError};
+        let text = std::fs::read_to_string(&self.jwks_file)
+            .map_err(|e| AdminError::Jwks(format!("{}: {e}", self.jwks_file.display())))?;
+        Ok(jwt::Verifier::new(jwt::Jwks::parse(&text)?, self.issuer.clone(), self.audience.clone())
+            .with_role(self.role.clone())
+            .with_mfa(self.require_mfa)
+            .with_max_age(self.max_token_age_s))
+    }
+}
+
+fn operators(raw: &RawOperators, envoys: &[String], base: &Path, name: &str, errs: &mut Vec<String>) -> Operators {
+    if raw.allowed_clients.is_empty() {
+        errs.push(format!(
+            "{name}: operators.allowed_clients: must name at least one SPIFFE ID (lockctl's certificate)"
+        ));
+    }
+    for (i, c) in raw.allowed_clients.iter().enumerate() {
+        if !c.starts_with("spiffe://") {
+            errs.push(format!("{name}: operators.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
+        } else if envoys.contains(c) {
+            errs.push(format!(
+                "{name}: operators.allowed_clients[{i}]: {c:?} is an Envoy (tls.allowed_clients); admin tooling needs its own identity"
+            ));
+        }
+    }
+    let jwks_file = resolve(base, &raw.jwks_file);
+    match std::fs::read_to_string(&jwks_file) {
+        Ok(t) => {
+            if let Err(e) = crate::admin_action::jwt::Jwks::parse(&t) {
+                errs.push(format!("{name}: operators.jwks_file: {e}"));
+            }
+        }
+        Err(e) => errs.push(format!("{name}: operators.jwks_file: cannot read {:?}: {e}", raw.jwks_file)),
+    }
+    if raw.issuer.is_empty() {
+        errs.push(format!("{name}: operators.issuer: must not be empty"));
+    }
+    let audience = raw.audience.clone().unwrap_or_else(|| "lockmesh-admin".into());
+    if audience.is_empty() {
+        errs.push(format!("{name}: operators.audience: must not be empty"));
+    }
+    let max_request_ttl_s = raw.max_request_ttl_s.unwrap_or(DEFAULT_MAX_REQUEST_TTL_S);
+    if !(60..=30 * 86_400).contains(&max_request_ttl_s) {
+        errs.push(format!("{name}: operators.max_request_ttl_s: {max_request_ttl_s} is outside 60 to 2592000"));
+    }
+    let max_token_age_s = raw.max_token_age_s.unwrap_or(DEFAULT_MAX_TOKEN_AGE_S);
+    if max_token_age_s > 86_400 {
+        errs.push(format!("{name}: operators.max_token_age_s: {max_token_age_s} is above 86400"));
+    }
+    Operators {
+        allowed_clients: raw.allowed_clients.clone(),
+        jwks_file,
+        issuer: raw.issuer.clone(),
+        audience,
+        role: Some(raw.role.clone().unwrap_or_else(|| "lock-operator".into())).filter(|r| !r.is_empty()),
+        require_mfa: raw.require_mfa.unwrap_or(false),
+        max_token_age_s: Some(max_token_age_s).filter(|s| *s > 0),
+        max_request_ttl_s,
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -186,6 +307,8 @@ pub struct Config {
     pub validate_rate_per_s: u32,
     /// TEST ONLY planted bugs (see `RawConfig::test_faults`).
     pub test_faults: Vec<crate::test_faults::TestFault>,
+    /// Two-person admin actions, if configured.
+    pub operators: Option<Operators>,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -341,6 +464,7 @@ impl Config {
             ));
         }
         let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
+        let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));
@@ -366,6 +490,7 @@ impl Config {
                 signing,
                 validate_rate_per_s,
                 test_faults,
+                operators,
             }),
             _ => Err(errs),
         }

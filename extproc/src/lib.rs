@@ -104,7 +104,11 @@ pub async fn run(
     }));
     let svc = ExternalProcessorServer::new(server::Arbiter::new(state.clone()));
     // The filter's own calls share the port (and its mTLS) with ext_proc.
-    let routes = tonic::service::Routes::new(svc).into_axum_router().merge(internal::router(state.clone()));
+    // So do the two-person admin actions, for `operators.allowed_clients` only.
+    let routes = tonic::service::Routes::new(svc)
+        .into_axum_router()
+        .merge(internal::router(state.clone()))
+        .merge(admin_action::server::router(state.clone()));
     tracing::info!(listen = %state.config.listen, admin = %state.config.admin_listen, "arbiter serving");
     Server::builder()
         .tls_config(tls)?

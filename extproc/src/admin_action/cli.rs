@@ -1,18 +1,18 @@
 //! `lockctl admin`: request, show, approve and list two-person admin actions
-//! (`docs/ADMIN.md`).
+//! (`docs/ADMIN.md`). The arbiter executes them ([`super::server`]): this tool
+//! only carries the operator's token to it over mTLS and prints the answer.
+//!
+//! [`EtcdArgs`] and [`connect`] stay for the other commands that read etcd.
 
 use std::{io::Write, path::PathBuf, process::ExitCode};
 
 use clap::{Args, Subcommand};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use lockmesh_core::ClassRegistry;
 use serde_json::json;
 
 use super::{
     flow::{self, Action},
-    io,
-    jwt::{Jwks, Operator, Verifier},
-    AdminError,
+    io, server, AdminError,
 };
 
 /// How to reach etcd (shared by the admin commands).
@@ -41,25 +41,33 @@ pub struct EtcdArgs {
     pub etcd_key: Option<PathBuf>,
 }
 
-/// How operators' tokens are verified.
+/// How to reach an arbiter, which executes the actions (its ext_proc port, mTLS).
+#[derive(Args, Debug, Clone)]
+pub struct ArbiterArgs {
+    /// The arbiter's ext_proc URL, e.g. https://lockmesh-arbiter.lockmesh-system:18051 (required).
+    #[arg(long, global = true, env = "LOCKMESH_ARBITER_URL")]
+    pub arbiter: Option<String>,
+    /// CA bundle (PEM) that signed the arbiter's server certificate (required).
+    #[arg(long, global = true, env = "LOCKMESH_ARBITER_CA")]
+    pub arbiter_ca: Option<PathBuf>,
+    /// This tool's client certificate (PEM); its SPIFFE ID must be in the
+    /// arbiter's `operators.allowed_clients` (required).
+    #[arg(long, global = true, env = "LOCKMESH_ADMIN_CERT")]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, global = true, env = "LOCKMESH_ADMIN_KEY")]
+    pub key: Option<PathBuf>,
+    /// The name to verify the arbiter's certificate against when the URL's host
+    /// is not in it (e.g. https://127.0.0.1:18051 through `kubectl port-forward`).
+    #[arg(long, global = true)]
+    pub server_name: Option<String>,
+}
+
+/// The operator's identity token.
 #[derive(Args, Debug, Clone)]
 pub struct IdentityArgs {
-    /// The identity provider's JWKS (a JSON file, e.g. saved from its jwks_uri).
-    #[arg(long, env = "LOCKMESH_ADMIN_JWKS")]
-    pub jwks: PathBuf,
-    /// Required `iss`.
-    #[arg(long, env = "LOCKMESH_ADMIN_ISSUER")]
-    pub issuer: String,
-    /// Required `aud`.
-    #[arg(long, env = "LOCKMESH_ADMIN_AUDIENCE", default_value = "lockmesh-admin")]
-    pub audience: String,
-    /// Required role (in `roles` or Keycloak's `realm_access.roles`); "" for none.
-    #[arg(long, env = "LOCKMESH_ADMIN_ROLE", default_value = "lock-operator")]
-    pub role: String,
-    /// Require an MFA sign-in (`amr`).
-    #[arg(long)]
-    pub require_mfa: bool,
-    /// The operator's token (prefer the environment variable: argv is visible to others).
+    /// The operator's token (prefer the environment variable: argv is visible to
+    /// others). The arbiter verifies it against its JWKS (`operators` in its config).
     #[arg(long, env = "LOCKMESH_ADMIN_TOKEN", hide_env_values = true)]
     pub token: String,
 }
@@ -70,10 +78,7 @@ pub struct AdminArgs {
     #[command(subcommand)]
     cmd: AdminCmd,
     #[command(flatten)]
-    etcd: EtcdArgs,
-    /// Class registry, to show whether the key's class is fenced.
-    #[arg(long, global = true)]
-    registry: Option<PathBuf>,
+    arbiter: ArbiterArgs,
     /// JSON output.
     #[arg(long, global = true)]
     json: bool,
@@ -84,7 +89,7 @@ enum AdminCmd {
     /// Ask for an action; a different operator must approve it.
     #[command(subcommand)]
     Request(RequestCmd),
-    /// Approve (and execute) a pending request as a different operator.
+    /// Approve (and so execute) a pending request as a different operator.
     Approve {
         /// The request id.
         id: String,
@@ -104,7 +109,7 @@ enum AdminCmd {
 enum RequestCmd {
     /// Release every hold of KEY (deleting the holds and writing a force record in one transaction).
     ForceRelease {
-        /// The lock key.
+        /// The lock key (only its digest is sent).
         key: String,
         /// Why (required).
         #[arg(long, default_value = "")]
@@ -163,20 +168,84 @@ pub async fn connect(a: &EtcdArgs) -> Result<Client, AdminError> {
     Client::connect(&a.endpoints, Some(opts)).await.map_err(io)
 }
 
-fn verify(i: &IdentityArgs) -> Result<Operator, AdminError> {
-    let text = String::from_utf8(read(&i.jwks)?).map_err(|_| AdminError::Jwks("not UTF-8".into()))?;
-    let v = Verifier::new(Jwks::parse(&text)?, i.issuer.clone(), i.audience.clone())
-        .with_role(Some(i.role.clone()))
-        .with_mfa(i.require_mfa);
-    v.verify(&i.token, crate::lock::now_ms() / 1000)
+/// A refusal as the arbiter (or this tool) states it: a stable code and a message.
+#[derive(Debug)]
+struct Refusal {
+    code: String,
+    message: String,
 }
 
-fn registry(p: &Option<PathBuf>) -> Result<Option<ClassRegistry>, AdminError> {
-    match p {
-        None => Ok(None),
-        Some(p) => crate::registry::load(p)
-            .map(Some)
-            .map_err(|errs| io(format!("--registry {}: {}", p.display(), errs.join("; ")))),
+impl From<AdminError> for Refusal {
+    fn from(e: AdminError) -> Self {
+        Self { code: e.code().into(), message: e.to_string() }
+    }
+}
+
+/// The HTTPS client of an arbiter's admin routes.
+struct Arbiter {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Arbiter {
+    async fn new(a: &ArbiterArgs) -> Result<Self, AdminError> {
+        let need =
+            |v: &Option<PathBuf>, flag: &str| v.clone().ok_or_else(|| io(format!("{flag}: required (docs/ADMIN.md)")));
+        let url = a.arbiter.clone().ok_or_else(|| io("--arbiter: required (or LOCKMESH_ARBITER_URL)"))?;
+        let rest = url.strip_prefix("https://").ok_or_else(|| io("--arbiter: must be an https:// URL"))?;
+        let (ca, cert, key) = (need(&a.arbiter_ca, "--arbiter-ca")?, need(&a.cert, "--cert")?, need(&a.key, "--key")?);
+        let mut pem = read(&cert)?;
+        pem.push(b'\n');
+        pem.extend(read(&key)?);
+        let ca = reqwest::Certificate::from_pem(&read(&ca)?).map_err(|e| io(format!("--arbiter-ca: {e}")))?;
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| io(format!("--cert/--key: {e}")))?;
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(identity)
+            .http2_prior_knowledge()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .timeout(std::time::Duration::from_secs(150));
+        let hostport = rest.split('/').next().unwrap_or_default();
+        let base = match &a.server_name {
+            Some(name) => {
+                let addr = tokio::net::lookup_host(hostport)
+                    .await
+                    .ok()
+                    .and_then(|mut it| it.next())
+                    .ok_or_else(|| io(format!("--arbiter: cannot resolve {hostport:?} (host:port)")))?;
+                b = b.resolve(name, addr);
+                format!("https://{name}:{}", addr.port())
+            }
+            None => format!("https://{hostport}"),
+        };
+        let http = b.build().map_err(|e| io(format!("https client: {e}")))?;
+        Ok(Self { http, base })
+    }
+
+    /// POSTs `body` to `path` (with the operator's token if any); the answer's
+    /// JSON, or the arbiter's refusal.
+    async fn call(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+        token: Option<&str>,
+    ) -> Result<serde_json::Value, Refusal> {
+        let mut rq = self.http.post(format!("{}{path}", self.base)).json(&body);
+        if let Some(t) = token {
+            rq = rq.bearer_auth(t.trim());
+        }
+        // reqwest's errors name the URL, never a header: the token stays out.
+        let resp = rq.send().await.map_err(|e| Refusal::from(io(format!("arbiter {}: {e}", self.base))))?;
+        let status = resp.status();
+        let v: serde_json::Value = resp.json().await.map_err(|e| Refusal::from(io(format!("arbiter answer: {e}"))))?;
+        if status.is_success() {
+            return Ok(v);
+        }
+        let code = v["error"].as_str().unwrap_or("admin.unavailable").to_owned();
+        let message = v["message"].as_str().map_or_else(|| format!("arbiter answered {status}"), str::to_owned);
+        Err(Refusal { code, message })
     }
 }
 
@@ -204,50 +273,36 @@ fn print_preview(out: &mut impl Write, p: &flow::Preview) {
     }
 }
 
-/// Runs `lockctl admin`. Exit codes: 0 done, 65 refused request, 77 identity
-/// refused (bad, expired or same operator), 1 etcd or file trouble.
+/// Runs `lockctl admin`: every command is executed by the arbiter, which verifies
+/// the tokens and writes etcd with its own role. Exit codes: 0 done, 65 refused
+/// request, 77 identity refused (bad, expired, stale or same operator, or this
+/// tool's certificate), 1 arbiter, etcd or file trouble.
 pub async fn main(a: &AdminArgs) -> ExitCode {
     let mut out = std::io::stdout();
-    let (step, id) = match &a.cmd {
-        AdminCmd::Request(_) => ("request", None),
-        AdminCmd::Approve { id, .. } => ("approve", Some(id.as_str())),
-        AdminCmd::Show { id } => ("show", Some(id.as_str())),
-        AdminCmd::List => ("list", None),
-    };
-    let mut client = match connect(&a.etcd).await {
+    let arbiter = match Arbiter::new(&a.arbiter).await {
         Ok(c) => c,
-        Err(e) => return fail(a.json, &e),
+        Err(e) => return fail(a.json, &e.into()),
     };
-    let mut who = None;
-    let res = run(a, &mut client, &mut who, &mut out).await;
-    match res {
+    match run(a, &arbiter, &mut out).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if matches!(step, "request" | "approve") {
-                flow::log_refusal(&mut client, &a.etcd.root, step, id, who.as_ref(), &e).await;
-            }
-            fail(a.json, &e)
-        }
+        Err(r) => fail(a.json, &r),
     }
 }
 
-fn fail(json: bool, e: &AdminError) -> ExitCode {
+fn fail(json: bool, r: &Refusal) -> ExitCode {
     if json {
-        println!("{}", json!({"error": e.code(), "message": e.to_string()}));
+        println!("{}", json!({"error": r.code, "message": r.message}));
     }
-    eprintln!("lockctl admin: refused [{}]: {e}", e.code());
-    ExitCode::from(e.exit_code())
+    eprintln!("lockctl admin: refused [{}]: {}", r.code, r.message);
+    ExitCode::from(super::exit_code_of(&r.code))
 }
 
-async fn run(
-    a: &AdminArgs,
-    client: &mut Client,
-    who: &mut Option<Operator>,
-    out: &mut impl Write,
-) -> Result<(), AdminError> {
-    let root = a.etcd.root.as_str();
-    let reg = registry(&a.registry)?;
-    let emit = |out: &mut dyn Write, v: serde_json::Value| {
+fn parse<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, Refusal> {
+    serde_json::from_value(v.clone()).map_err(|e| Refusal::from(io(format!("arbiter answer: {e}"))))
+}
+
+async fn run(a: &AdminArgs, arbiter: &Arbiter, out: &mut impl Write) -> Result<(), Refusal> {
+    let emit = |out: &mut dyn Write, v: &serde_json::Value| {
         let _ = writeln!(out, "{v}");
     };
     match &a.cmd {
@@ -269,45 +324,44 @@ async fn run(
                     identity,
                 ),
             };
-            let op = verify(identity)?;
-            *who = Some(op.clone());
-            let req = flow::request(client, root, action, reason, &op, *ttl_s).await?;
-            let p = flow::preview(client, root, &req.id, reg.as_ref()).await?;
+            let body = json!({ "action": action, "reason": reason, "ttl_s": ttl_s });
+            let v = arbiter.call(server::REQUEST, body, Some(&identity.token)).await?;
             if a.json {
-                emit(out, serde_json::to_value(&p).map_err(io)?);
+                emit(out, &v);
             } else {
-                let _ = writeln!(
-                    out,
-                    "requested {}: a different operator must run `lockctl admin approve {}`",
-                    req.id, req.id
-                );
+                let p: flow::Preview = parse(&v)?;
+                let id = &p.request.id;
+                let _ = writeln!(out, "requested {id}: a different operator must run `lockctl admin approve {id}`");
                 print_preview(out, &p);
             }
         }
         AdminCmd::Show { id } => {
-            let p = flow::preview(client, root, id, reg.as_ref()).await?;
+            let v = arbiter.call(server::SHOW, json!({ "id": id }), None).await?;
             if a.json {
-                emit(out, serde_json::to_value(&p).map_err(io)?);
+                emit(out, &v);
             } else {
-                print_preview(out, &p);
+                print_preview(out, &parse(&v)?);
             }
         }
         AdminCmd::Approve { id, identity } => {
-            let op = verify(identity)?;
-            *who = Some(op.clone());
-            // What the approver approves: shown before it executes.
-            let p = flow::preview(client, root, id, reg.as_ref()).await?;
+            // What the approver approves is shown first; the arbiter then executes
+            // only if the holds are still exactly the ones shown.
+            let shown = arbiter.call(server::SHOW, json!({ "id": id }), None).await?;
+            let p: flow::Preview = parse(&shown)?;
             if !a.json {
                 print_preview(out, &p);
             }
-            let o = flow::approve(client, root, id, &op, reg.as_ref()).await?;
+            let revs: Option<Vec<i64>> = matches!(p.request.action, Action::ForceRelease { .. })
+                .then(|| p.holds.iter().map(|h| h.grant_revision).collect());
+            let v = arbiter.call(server::APPROVE, json!({ "id": id, "shown": revs }), Some(&identity.token)).await?;
             if a.json {
-                emit(out, json!({"preview": p, "outcome": o}));
+                emit(out, &v);
             } else {
+                let o: flow::Outcome = parse(&v["outcome"])?;
+                let by = o.request.approver.as_ref().map_or("-", |op| op.sub.as_str());
                 let _ = writeln!(
                     out,
-                    "approved by {}: executed at revision {} ({} holds released, {} sessions revoked)",
-                    op.sub,
+                    "approved by {by}: executed at revision {} ({} holds released, {} sessions revoked)",
                     o.revision,
                     o.released.len(),
                     o.sessions_revoked
@@ -318,11 +372,12 @@ async fn run(
             }
         }
         AdminCmd::List => {
-            let reqs = flow::list(client, root).await?;
-            let log = flow::read_log(client, root).await?;
+            let v = arbiter.call(server::LIST, json!({}), None).await?;
             if a.json {
-                emit(out, json!({"requests": reqs, "log": log}));
+                emit(out, &v);
             } else {
+                let reqs: Vec<flow::AdminRequest> = parse(&v["requests"])?;
+                let log: Vec<flow::LogEntry> = parse(&v["log"])?;
                 for r in &reqs {
                     let _ = writeln!(out, "{} {:?} by {} {:?}: {}", r.id, r.state, r.requester.sub, r.action, r.reason);
                 }

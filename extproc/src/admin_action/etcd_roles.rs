@@ -3,10 +3,12 @@
 //! them as `etcdctl` commands; the test suite applies the same definitions.
 //!
 //! etcd's permissions are read, write or readwrite on a key or prefix; *write
-//! covers put and delete alike*. So the admin role, which must delete holds, can
-//! also put under `l/`: what it cannot write is everything else the arbiter owns
-//! (sessions, epoch, class policies, markers). Epoch advance and session revokes
-//! (a lease revoke needs write on every key on the lease) need the separate
+//! covers put and delete alike*. A role that may delete holds may put one. So the
+//! approved two-person actions (force release, epoch advance) are executed by the
+//! **arbiter** with its own role, which puts and deletes holds anyway, after it
+//! verified both operators ([`super::server`]); the operators' role
+//! `lockmesh-admin` only reads. `lockctl restore` and `lockctl epoch-advance`
+//! without approval (a restored cluster, no arbiter serving) need the separate
 //! break-glass role `lockmesh-admin-epoch`.
 
 /// A permission type.
@@ -53,7 +55,8 @@ pub fn roles(root: &str) -> Vec<Role> {
     vec![
         Role {
             name: "lockmesh-arbiter",
-            purpose: "the arbiter: holds, sessions, markers, waiters, VM sessions, class policies, the epoch record",
+            purpose: "the arbiter: holds, sessions, markers, waiters, VM sessions, class policies, the epoch record; \
+                      executes approved admin actions (force records, admin requests and their log)",
             grants: vec![
                 rw("sys/epoch", false),
                 rw("sys/classmap", false),
@@ -64,17 +67,15 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("c/", true),
                 rw("v/", true),
                 rw("q/", true),
+                rw("f/", true),
+                rw("adm/", true),
             ],
         },
         Role {
             name: "lockmesh-admin",
-            purpose: "two-person force release: read the root, delete holds, write force records and admin requests",
-            grants: vec![
-                g(Perm::Read, r, "", true),
-                g(Perm::Write, r, "l/", true),
-                g(Perm::Write, r, "f/", true),
-                g(Perm::Write, r, "adm/", true),
-            ],
+            purpose:
+                "operators' inspection (lockctl): read the root; writes nothing (the arbiter executes admin actions)",
+            grants: vec![g(Perm::Read, r, "", true)],
         },
         Role {
             name: "lockmesh-admin-epoch",
@@ -122,15 +123,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_admin_role_writes_only_holds_force_records_and_requests() {
+    fn the_admin_role_only_reads_and_the_arbiter_executes() {
         let rs = roles("/lm/");
         let admin = rs.iter().find(|r| r.name == "lockmesh-admin").unwrap();
-        let writes: Vec<&str> = admin.grants.iter().filter(|g| g.perm != Perm::Read).map(|g| g.key.as_str()).collect();
-        assert_eq!(writes, ["/lm/l/", "/lm/f/", "/lm/adm/"]);
+        assert!(admin.grants.iter().all(|g| g.perm == Perm::Read), "{:?}", admin.grants);
+        let arb = rs.iter().find(|r| r.name == "lockmesh-arbiter").unwrap();
+        let writes: Vec<&str> = arb.grants.iter().filter(|g| g.perm != Perm::Read).map(|g| g.key.as_str()).collect();
+        for k in ["/lm/l/", "/lm/f/", "/lm/adm/", "/lm/s/", "/lm/sys/epoch"] {
+            assert!(writes.contains(&k), "arbiter cannot write {k}: {writes:?}");
+        }
+        assert!(!writes.contains(&"/lm/sys/audit-leader") && !writes.contains(&"/lm/"), "{writes:?}");
         let audit = rs.iter().find(|r| r.name == "lockmesh-audit").unwrap();
         assert!(audit.grants.iter().filter(|g| g.perm != Perm::Read).all(|g| g.key == "/lm/sys/audit-leader"));
         let s = etcdctl_script("/lm");
-        assert!(s.contains("etcdctl role grant-permission lockmesh-admin --prefix=true write /lm/f/\n"), "{s}");
+        assert!(s.contains("etcdctl role grant-permission lockmesh-admin --prefix=true read /lm/\n"), "{s}");
+        assert!(s.contains("etcdctl role grant-permission lockmesh-arbiter --prefix=true readwrite /lm/f/\n"), "{s}");
         assert!(s.contains("etcdctl user grant-role root root\n"), "{s}");
         assert!(s.ends_with("etcdctl auth enable\n"));
     }

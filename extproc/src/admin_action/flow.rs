@@ -95,7 +95,7 @@ pub struct HoldView {
 }
 
 /// What the approver is shown: the holds and whether their class is fenced.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Preview {
     /// The request.
     pub request: AdminRequest,
@@ -146,7 +146,7 @@ pub struct LogEntry {
 }
 
 /// What an approval did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     /// The request after approval.
     pub request: AdminRequest,
@@ -342,13 +342,17 @@ pub async fn preview(
     Ok(Preview { request, holds, enforcement, warning })
 }
 
-/// Approves and executes request `id` as `approver`.
+/// Approves and executes request `id` as `approver`. With `shown`, the grant
+/// revisions of the holds the approver was shown (a force release): approval is
+/// refused with [`AdminError::HoldsChanged`] unless the key's holds are exactly
+/// those, so it releases what was shown and nothing else.
 pub async fn approve(
     client: &mut Client,
     root: &str,
     id: &str,
     approver: &Operator,
     registry: Option<&ClassRegistry>,
+    shown: Option<&[i64]>,
 ) -> Result<Outcome, AdminError> {
     for _ in 0..5 {
         let (req, req_rev) = read_request(client, root, id).await?;
@@ -371,6 +375,17 @@ pub async fn approve(
         match &req.action {
             Action::ForceRelease { digest, revoke_session } => {
                 let holds = holds_of(client, root, digest).await?;
+                if let Some(shown) = shown {
+                    let mut now_revs: Vec<i64> = holds.iter().map(|h| h.grant_revision).collect();
+                    let mut shown = shown.to_vec();
+                    now_revs.sort_unstable();
+                    shown.sort_unstable();
+                    if now_revs != shown {
+                        return Err(AdminError::HoldsChanged(format!(
+                            "shown grant revisions {shown:?}, now {now_revs:?}"
+                        )));
+                    }
+                }
                 if holds.is_empty() {
                     done.state = State::Void;
                     let put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);

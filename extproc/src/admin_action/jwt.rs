@@ -61,6 +61,7 @@ pub struct Verifier {
     audience: String,
     role: Option<String>,
     require_mfa: bool,
+    max_age_s: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +78,7 @@ struct Claims {
     aud: Option<serde_json::Value>,
     exp: Option<u64>,
     nbf: Option<u64>,
+    iat: Option<u64>,
     #[serde(default)]
     roles: Vec<String>,
     #[serde(default)]
@@ -151,7 +153,14 @@ impl Jwks {
 impl Verifier {
     /// A verifier accepting tokens of `issuer` for `audience` signed by a key of `jwks`.
     pub fn new(jwks: Jwks, issuer: impl Into<String>, audience: impl Into<String>) -> Self {
-        Self { jwks, issuer: issuer.into(), audience: audience.into(), role: None, require_mfa: false }
+        Self { jwks, issuer: issuer.into(), audience: audience.into(), role: None, require_mfa: false, max_age_s: None }
+    }
+
+    /// Also require a recent sign-in: `iat` present and at most `max_age_s`
+    /// seconds old (the freshness of an approval). `None` or 0: no such check.
+    pub fn with_max_age(mut self, max_age_s: Option<u64>) -> Self {
+        self.max_age_s = max_age_s.filter(|s| *s > 0);
+        self
     }
 
     /// Also require this role in `roles` or Keycloak's `realm_access.roles`.
@@ -220,6 +229,16 @@ impl Verifier {
         }
         if claims.nbf.is_some_and(|nbf| nbf > now_s.saturating_add(LEEWAY_S)) {
             return Err(invalid("not valid yet (nbf)"));
+        }
+        if let Some(max) = self.max_age_s {
+            let iat = claims.iat.ok_or_else(|| invalid("no iat claim (a sign-in time is required)"))?;
+            if iat > now_s.saturating_add(LEEWAY_S) {
+                return Err(invalid("issued in the future (iat)"));
+            }
+            let age_s = now_s.saturating_sub(iat);
+            if age_s > max.saturating_add(LEEWAY_S) {
+                return Err(AdminError::TokenStale { age_s, max_s: max });
+            }
         }
         if claims.iss.as_deref() != Some(self.issuer.as_str()) {
             return Err(invalid("iss is not the configured issuer"));
@@ -341,6 +360,20 @@ mod tests {
         assert!(matches!(v.verify(&idp.token(&c).unwrap(), now), Err(AdminError::MfaMissing)));
         c["amr"] = json!(["pwd", "otp"]);
         assert_eq!(v.verify(&idp.token(&c).unwrap(), now).unwrap().sub, "alice");
+        // Freshness: iat present, not in the future, at most max_age_s old.
+        let v = v.with_max_age(Some(900));
+        c["iat"] = json!(now - 60);
+        assert!(v.verify(&idp.token(&c).unwrap(), now).is_ok(), "signed in a minute ago: fresh");
+        c["exp"] = json!(now + 7200);
+        c["iat"] = json!(now - 1800);
+        assert!(matches!(
+            v.verify(&idp.token(&c).unwrap(), now),
+            Err(AdminError::TokenStale { age_s: 1800, max_s: 900 })
+        ));
+        c.as_object_mut().unwrap().remove("iat");
+        assert!(matches!(v.verify(&idp.token(&c).unwrap(), now), Err(AdminError::TokenInvalid(_))));
+        c["iat"] = json!(now + 3600);
+        assert!(matches!(v.verify(&idp.token(&c).unwrap(), now), Err(AdminError::TokenInvalid(_))));
     }
 
     #[test]

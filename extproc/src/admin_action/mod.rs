@@ -23,6 +23,7 @@ pub mod cli;
 pub mod etcd_roles;
 pub mod flow;
 pub mod jwt;
+pub mod server;
 
 /// Why an admin action was refused or failed. Nothing changed unless the variant
 /// says so.
@@ -39,6 +40,14 @@ pub enum AdminError {
     TokenExpired {
         /// Seconds since `exp`.
         ago_s: u64,
+    },
+    /// The token's sign-in (`iat`) is older than the configured freshness bound.
+    #[error("token refused: signed in {age_s} s ago, more than {max_s} s; sign in again")]
+    TokenStale {
+        /// Seconds since `iat`.
+        age_s: u64,
+        /// The bound (`operators.max_token_age_s`).
+        max_s: u64,
     },
     /// The token lacks the operator role.
     #[error("token refused: the role {0:?} is required")]
@@ -74,6 +83,20 @@ pub enum AdminError {
     /// The key has no hold to release.
     #[error("no hold on this key (digest {0}); nothing to release")]
     NoHold(String),
+    /// The holds changed between what the approver was shown and the approval.
+    #[error(
+        "the key's holds changed since they were shown ({0}); nothing changed: show the request and approve again"
+    )]
+    HoldsChanged(String),
+    /// The caller's certificate is not one of `operators.allowed_clients`.
+    #[error("client certificate {0:?} may not call admin actions (operators.allowed_clients)")]
+    ClientDenied(String),
+    /// The arbiter has no `operators` section: admin actions are off.
+    #[error("admin actions are not configured on this arbiter (operators in its config)")]
+    NotConfigured,
+    /// The request to the arbiter is malformed (field path and why).
+    #[error("bad admin call: {0}")]
+    BadCall(String),
     /// The lock key is not a valid key.
     #[error("KEY: {0}")]
     BadKey(String),
@@ -92,6 +115,7 @@ impl AdminError {
             Self::Jwks(_) => "admin.jwks_invalid",
             Self::TokenInvalid(_) => "admin.token_invalid",
             Self::TokenExpired { .. } => "admin.token_expired",
+            Self::TokenStale { .. } => "admin.token_stale",
             Self::RoleMissing(_) => "admin.role_missing",
             Self::MfaMissing => "admin.mfa_missing",
             Self::ReasonMissing => "admin.reason_missing",
@@ -101,6 +125,10 @@ impl AdminError {
             Self::RequestExpired(_) => "admin.request_expired",
             Self::NoHold(_) => "admin.no_hold",
             Self::BadKey(_) => "admin.bad_key",
+            Self::HoldsChanged(_) => "admin.holds_changed",
+            Self::ClientDenied(_) => "admin.client_denied",
+            Self::NotConfigured => "admin.not_configured",
+            Self::BadCall(_) => "admin.bad_call",
             Self::Advance(_) => "admin.advance_failed",
             Self::Io(_) => "admin.unavailable",
         }
@@ -109,12 +137,40 @@ impl AdminError {
     /// The process exit code: 77 (EX_NOPERM) for identity refusals, 65 for a
     /// refused request, 1 for etcd or file trouble.
     pub fn exit_code(&self) -> u8 {
-        match self {
-            Self::TokenInvalid(_) | Self::TokenExpired { .. } | Self::RoleMissing(_) | Self::MfaMissing => 77,
-            Self::SameOperator { .. } => 77,
-            Self::Io(_) | Self::Jwks(_) | Self::Advance(_) => 1,
-            _ => 65,
+        exit_code_of(self.code())
+    }
+
+    /// The HTTP status the arbiter answers this refusal with.
+    pub fn http_status(&self) -> u16 {
+        match exit_code_of(self.code()) {
+            77 => 403,
+            65 => 409,
+            _ if matches!(self, Self::NotConfigured) => 404,
+            _ => 503,
         }
+    }
+}
+
+/// The exit code of a refusal by its stable code (the arbiter answers codes;
+/// `lockctl` exits with this): 77 identity, 65 request, 1 etcd, files or the arbiter.
+pub fn exit_code_of(code: &str) -> u8 {
+    match code {
+        "admin.token_invalid"
+        | "admin.token_expired"
+        | "admin.token_stale"
+        | "admin.role_missing"
+        | "admin.mfa_missing"
+        | "admin.same_operator"
+        | "admin.client_denied" => 77,
+        "admin.reason_missing"
+        | "admin.request_not_found"
+        | "admin.request_not_pending"
+        | "admin.request_expired"
+        | "admin.no_hold"
+        | "admin.bad_key"
+        | "admin.holds_changed"
+        | "admin.bad_call" => 65,
+        _ => 1,
     }
 }
 

@@ -1,13 +1,16 @@
 //! Issue 9: two-person admin actions through the real `lockctl admin` against a
-//! live stack (etcd, arbiter, Envoy): force release and epoch advance refuse one
-//! operator, the same operator twice, bad or expired tokens and a missing reason,
-//! and succeed with two operators plus a reason, leaving records.
+//! live stack (etcd, arbiter, Envoy). `lockctl` carries each operator's token to
+//! the arbiter over mTLS (its admin client certificate) and the arbiter verifies
+//! and executes: force release and epoch advance refuse one operator, the same
+//! operator twice, bad, expired or stale tokens, a caller certificate that is not
+//! an admin client and a missing reason, and succeed with two operators plus a
+//! reason, leaving records.
 
 use std::{path::Path, process::Command, time::Duration};
 
 use etcd_client::GetOptions;
 use lockmesh_extproc::admin_action::jwt::mint::Issuer;
-use lockmesh_tests::{eventually, paths::profile_dir, Stack};
+use lockmesh_tests::{eventually, paths::profile_dir, ClientCert, Stack, TEST_TRUST_DOMAIN};
 use serde_json::{json, Value};
 
 const ACQ: &str = "/v1/locks/acquire";
@@ -22,28 +25,46 @@ fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
-/// A token for `sub` with the operator role, expiring `exp_in` seconds from now.
+/// A token for `sub` with the operator role, signed in a minute ago and expiring
+/// `exp_in` seconds from now.
 fn token(idp: &Issuer, sub: &str, exp_in: i64) -> String {
     let exp = (now_s() as i64 + exp_in) as u64;
-    idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": sub, "exp": exp,
+    idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": sub, "exp": exp, "iat": now_s() - 60,
         "realm_access": {"roles": ["lock-operator"]}}))
         .unwrap()
 }
 
+/// The arbiter's `operators` section: lockctl's certificate is the admin client.
+pub fn operators_yaml(jwks: &Path, issuer: &str) -> String {
+    format!(
+        "operators: {{ allowed_clients: [\"spiffe://{TEST_TRUST_DOMAIN}/ns/lockmesh-system/sa/lockctl\"], \
+         jwks_file: {:?}, issuer: {issuer:?}, max_token_age_s: 900 }}",
+        jwks.display().to_string()
+    )
+}
+
 struct Admin<'a> {
     st: &'a Stack,
-    jwks: std::path::PathBuf,
-    registry: std::path::PathBuf,
+    cert: ClientCert,
 }
 
 impl Admin<'_> {
+    fn new(st: &Stack) -> Admin<'_> {
+        Admin { st, cert: st.pki().client("lockmesh-system", "lockctl").unwrap() }
+    }
+
     /// `lockctl admin <args> --json` with `tok` in LOCKMESH_ADMIN_TOKEN: (exit code, JSON).
     fn run(&self, args: &[&str], tok: Option<&str>) -> (i32, Value) {
+        self.run_as(&self.cert, args, tok)
+    }
+
+    /// [`Admin::run`] with another client certificate.
+    fn run_as(&self, cert: &ClientCert, args: &[&str], tok: Option<&str>) -> (i32, Value) {
         let mut c = Command::new(profile_dir().join("lockctl"));
-        c.arg("admin").args(args).args(["--json", "--root", self.st.root()]);
-        c.arg("--endpoints").arg(self.st.etcd().endpoints().join(","));
-        c.arg("--registry").arg(&self.registry);
-        c.env("LOCKMESH_ADMIN_JWKS", &self.jwks).env("LOCKMESH_ADMIN_ISSUER", ISS);
+        c.arg("admin").args(args).arg("--json");
+        c.arg("--arbiter").arg(format!("https://127.0.0.1:{}", self.st.arbiter(0).grpc_port()));
+        c.arg("--arbiter-ca").arg(self.st.pki().ca_cert_path());
+        c.arg("--cert").arg(&cert.cert_path).arg("--key").arg(&cert.key_path);
         match tok {
             Some(t) => c.env("LOCKMESH_ADMIN_TOKEN", t),
             None => c.env_remove("LOCKMESH_ADMIN_TOKEN"),
@@ -61,10 +82,15 @@ impl Admin<'_> {
 }
 
 async fn setup(name: &str, dir: &Path) -> (Stack, Issuer) {
-    let st = Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap();
     let idp = Issuer::generate("k1").unwrap();
     std::fs::write(dir.join("jwks.json"), idp.jwks()).unwrap();
-    std::fs::write(dir.join("registry.yaml"), REGISTRY).unwrap();
+    let st = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .arbiter_extra_yaml(operators_yaml(&dir.join("jwks.json"), ISS))
+        .start()
+        .await
+        .unwrap();
     (st, idp)
 }
 
@@ -78,7 +104,7 @@ async fn count(st: &Stack, prefix: &str) -> usize {
 async fn force_release_needs_two_operators_and_a_reason() {
     let dir = tempfile::tempdir().unwrap();
     let (st, idp) = setup("admin-force", dir.path()).await;
-    let adm = Admin { st: &st, jwks: dir.path().join("jwks.json"), registry: dir.path().join("registry.yaml") };
+    let adm = Admin::new(&st);
     let c = st.client("payments", "holder").unwrap();
     let r = c.post(ACQ, &[("x-lock-key", "payments/admin/leaked")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
@@ -94,9 +120,25 @@ async fn force_release_needs_two_operators_and_a_reason() {
     let forged = token(&Issuer::generate("k1").unwrap(), "alice", 600);
     let (code, j) = adm.run(&["request", "force-release", key, "--reason", "leak"], Some(&forged));
     assert_eq!((code, j["error"].as_str()), (77, Some("admin.token_invalid")), "{j}");
-    let no_role = idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "eve", "exp": now_s() + 600})).unwrap();
+    let no_role = idp
+        .token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "eve", "exp": now_s() + 600, "iat": now_s()}))
+        .unwrap();
     let (code, j) = adm.run(&["request", "force-release", key, "--reason", "leak"], Some(&no_role));
     assert_eq!((code, j["error"].as_str()), (77, Some("admin.role_missing")), "{j}");
+    // Freshness: a valid token whose sign-in is older than max_token_age_s.
+    let stale = idp
+        .token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "alice", "exp": now_s() + 600,
+            "iat": now_s() - 3600, "roles": ["lock-operator"]}))
+        .unwrap();
+    let (code, j) = adm.run(&["request", "force-release", key, "--reason", "leak"], Some(&stale));
+    assert_eq!((code, j["error"].as_str()), (77, Some("admin.token_stale")), "{j}");
+    // A valid operator through a certificate that is not an admin client (the
+    // holder's workload, the lock-tier Envoy): refused before the token, unrecorded.
+    let workload = st.pki().client("payments", "holder").unwrap();
+    for cert in [&workload, &st.pki().envoy_client()] {
+        let (code, j) = adm.run_as(cert, &["request", "force-release", key, "--reason", "leak"], Some(&alice));
+        assert_eq!((code, j["error"].as_str()), (77, Some("admin.client_denied")), "{j}");
+    }
     assert_eq!(count(&st, "adm/req/").await, 0);
 
     // One operator: a pending request that shows the holder and the posture, and releases nothing.
@@ -165,6 +207,7 @@ async fn force_release_needs_two_operators_and_a_reason() {
         ("request", "admin.token_expired"),
         ("request", "admin.token_invalid"),
         ("request", "admin.role_missing"),
+        ("request", "admin.token_stale"),
         ("request", "ok"),
         ("approve", "admin.same_operator"),
         ("approve", "ok"),
@@ -178,7 +221,7 @@ async fn force_release_needs_two_operators_and_a_reason() {
 async fn epoch_advance_needs_two_operators() {
     let dir = tempfile::tempdir().unwrap();
     let (st, idp) = setup("admin-epoch", dir.path()).await;
-    let adm = Admin { st: &st, jwks: dir.path().join("jwks.json"), registry: dir.path().join("registry.yaml") };
+    let adm = Admin::new(&st);
     let c = st.client("payments", "a").unwrap();
     let r = c.post(ACQ, &[("x-lock-key", "payments/admin/e1")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);

@@ -1,15 +1,22 @@
 //! Issue 9 (ADR-05, ADR-20): etcd with client TLS and auth on, one role per
 //! component (`lockmesh_extproc::admin_action::etcd_roles`, the definitions
-//! `lockctl etcd-roles` prints). Each role is refused a write outside its job, and
-//! the arbiter serves a lock cycle through Envoy over that etcd, logged in as its
-//! own user; a force release runs as the admin user.
+//! `lockctl etcd-roles` prints). Each role is refused a write outside its job (the
+//! operators' `lockmesh-admin` role can neither put nor delete a hold), and the
+//! arbiter serves a lock cycle through Envoy over that etcd, logged in as its own
+//! user; an approved force release is executed by that arbiter, deleting the hold
+//! and writing the force record in one transaction the audit decoder reads as a
+//! force release.
 
-use std::path::Path;
-
-use etcd_client::{Client, GetOptions, Permission};
-use lockmesh_extproc::admin_action::{
-    etcd_roles::{roles, Perm},
-    jwt::mint::Issuer,
+use etcd_client::{Client, EventType, GetOptions, Permission, WatchOptions};
+use lockmesh_extproc::{
+    admin_action::{
+        etcd_roles::{roles, Perm},
+        jwt::mint::Issuer,
+    },
+    audit::{
+        decode::{decode, Change, Context, Op, Prev},
+        EventKind,
+    },
 };
 use lockmesh_tests::{
     etcd::EtcdTls, paths::profile_dir, unique_prefix, ArbiterProcess, Backend, DevPki, EnvoyProcess, EtcdCluster,
@@ -80,24 +87,30 @@ async fn each_role_is_refused_a_write_outside_its_job() {
 
     let hold = format!("{root}/l/00ff/h/0000");
     let as_ = |u: &'static str| etcd.client_as(u, Box::leak(pw(u).into_boxed_str()));
-    // The arbiter: holds yes; force records, admin requests, the audit election no.
+    // The arbiter: holds, force records and admin requests (it executes approved
+    // admin actions); not the audit election, nothing outside its root.
     let mut arb = as_("lockmesh-arbiter").await.unwrap();
     put(&mut arb, hold.clone()).await.unwrap();
     put(&mut arb, format!("{root}/sys/epoch")).await.unwrap();
-    denied(put(&mut arb, format!("{root}/f/00ff")).await, "arbiter writes a force record");
-    denied(put(&mut arb, format!("{root}/adm/req/1")).await, "arbiter writes an admin request");
+    put(&mut arb, format!("{root}/f/00ff")).await.unwrap();
+    put(&mut arb, format!("{root}/adm/req/1")).await.unwrap();
     denied(put(&mut arb, format!("{root}/sys/audit-leader")).await, "arbiter takes the audit election");
     denied(put(&mut arb, "/elsewhere/k".into()).await, "arbiter writes outside its root");
-    // The admin: delete holds and write force records; no session, epoch or class policy.
+    // The operators' admin role reads, and writes nothing: no hold put or deleted,
+    // no force record, no admin request, no session, epoch or class policy.
     let mut adm = as_("lockmesh-admin").await.unwrap();
     let n = adm.get(format!("{root}/l/"), Some(GetOptions::new().with_prefix())).await.unwrap().kvs().len();
     assert_eq!(n, 1);
-    put(&mut adm, format!("{root}/f/00ff")).await.unwrap();
-    adm.delete(hold.clone(), None).await.unwrap();
+    denied(put(&mut adm, format!("{root}/l/00fe/h/0000")).await, "admin puts a hold");
+    denied(adm.delete(hold.clone(), None).await.map(|_| ()).map_err(|e| e.to_string()), "admin deletes a hold");
+    denied(put(&mut adm, format!("{root}/f/00ff")).await, "admin writes a force record");
+    denied(put(&mut adm, format!("{root}/adm/req/2")).await, "admin writes an admin request");
     denied(put(&mut adm, format!("{root}/s/00000000000000ff")).await, "admin puts a session");
     denied(put(&mut adm, format!("{root}/sys/epoch")).await, "admin puts the epoch record");
     denied(put(&mut adm, format!("{root}/c/default")).await, "admin puts a class policy");
     denied(put(&mut adm, format!("{root}/r/00ff")).await, "admin puts a release marker");
+    let n = adm.get(format!("{root}/l/"), Some(GetOptions::new().with_prefix())).await.unwrap().kvs().len();
+    assert_eq!(n, 1, "the hold is still there");
     // The audit tailer: reads everything, writes only its election key.
     let mut aud = as_("lockmesh-audit").await.unwrap();
     assert!(aud.get(format!("{root}/"), Some(GetOptions::new().with_prefix())).await.is_ok());
@@ -114,6 +127,8 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     let etcd = secured(&pki, &root).await;
     let pw_file = dir.path().join("arbiter.pw");
     std::fs::write(&pw_file, format!("{}\n", pw("lockmesh-arbiter"))).unwrap();
+    let idp = Issuer::generate("k").unwrap();
+    std::fs::write(dir.path().join("jwks.json"), idp.jwks()).unwrap();
     let arbiter = ArbiterProcess::builder(&pki)
         .etcd_endpoints(etcd.endpoints())
         .root(&root)
@@ -121,6 +136,7 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
         .etcd_yaml(format!("tls: {{ ca: {:?} }}", pki.ca_cert_path().display().to_string()))
         .etcd_yaml("user: lockmesh-arbiter")
         .etcd_yaml(format!("password_file: {:?}", pw_file.display().to_string()))
+        .extra_yaml(crate::admin::operators_yaml(&dir.path().join("jwks.json"), "https://idp"))
         .start()
         .await
         .unwrap();
@@ -142,30 +158,29 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     let r = c.post("/v1/locks/release", &[key[0], ("x-lock-token", &tok)]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
 
-    // A force release as the admin user (TLS + password), two operators.
+    // A force release approved by two operators, executed by the arbiter as its
+    // own etcd user (lockctl holds no etcd credentials at all).
     let r = c.post("/v1/locks/acquire", &[("x-lock-key", "payments/tls/leak")]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
-    let idp = Issuer::generate("k").unwrap();
-    std::fs::write(dir.path().join("jwks.json"), idp.jwks()).unwrap();
-    let adm_pw = dir.path().join("admin.pw");
-    std::fs::write(&adm_pw, pw("lockmesh-admin")).unwrap();
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let tok = |sub: &str| {
-        idp.token(
-            &json!({"iss": "https://idp", "aud": "lockmesh-admin", "sub": sub, "exp": exp, "roles": ["lock-operator"]}),
-        )
-        .unwrap()
+        idp.token(&json!({"iss": "https://idp", "aud": "lockmesh-admin", "sub": sub, "exp": now + 600,
+            "iat": now - 5, "roles": ["lock-operator"]}))
+            .unwrap()
     };
-    let run = |args: &[&str], t: &str, pwf: &Path| {
+    let lockctl = pki.client("lockmesh-system", "lockctl").unwrap();
+    let run = |args: &[&str], t: &str| {
         let out = std::process::Command::new(profile_dir().join("lockctl"))
             .arg("admin")
             .args(args)
-            .args(["--json", "--root", &root, "--endpoints", &etcd.endpoints().join(",")])
-            .args(["--etcd-user", "lockmesh-admin", "--etcd-ca", &pki.ca_cert_path().display().to_string()])
-            .arg("--etcd-password-file")
-            .arg(pwf)
-            .env("LOCKMESH_ADMIN_JWKS", dir.path().join("jwks.json"))
-            .env("LOCKMESH_ADMIN_ISSUER", "https://idp")
+            .arg("--json")
+            .args(["--arbiter", &format!("https://127.0.0.1:{}", arbiter.grpc_port())])
+            .arg("--arbiter-ca")
+            .arg(pki.ca_cert_path())
+            .arg("--cert")
+            .arg(&lockctl.cert_path)
+            .arg("--key")
+            .arg(&lockctl.key_path)
             .env("LOCKMESH_ADMIN_TOKEN", t)
             .output()
             .unwrap();
@@ -173,17 +188,51 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
             serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("")).unwrap_or_default();
         (out.status.code().unwrap_or(-1), v, String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    let (code, p, err) =
-        run(&["request", "force-release", "payments/tls/leak", "--reason", "drill"], &tok("alice"), &adm_pw);
+    let (code, p, err) = run(&["request", "force-release", "payments/tls/leak", "--reason", "drill"], &tok("alice"));
     assert_eq!(code, 0, "{p} {err}");
     let id = p["request"]["id"].as_str().unwrap().to_owned();
-    let (code, o, err) = run(&["approve", &id], &tok("bob"), &adm_pw);
+    let digest = p["request"]["action"]["digest"].as_str().unwrap().to_owned();
+    let (code, o, err) = run(&["approve", &id], &tok("bob"));
     assert_eq!(code, 0, "{o} {err}");
     assert_eq!(o["outcome"]["released"].as_array().unwrap().len(), 1, "{o}");
-    // A wrong etcd password is refused by etcd.
-    let bad = dir.path().join("bad.pw");
-    std::fs::write(&bad, "nope").unwrap();
-    let (code, _, err) = run(&["list"], &tok("bob"), &bad);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("admin.unavailable"), "{err}");
+    let rev = o["outcome"]["revision"].as_i64().unwrap();
+
+    // One transaction: the hold's delete and the force record at that revision,
+    // which the audit decoder (reading as the audit user) calls a force release.
+    let mut aud = etcd.client_as("lockmesh-audit", &pw("lockmesh-audit")).await.unwrap();
+    let f = aud.get(format!("{root}/f/{digest}"), None).await.unwrap();
+    assert_eq!(f.kvs().first().map(|kv| kv.mod_revision()), Some(rev), "force record at the release's revision");
+    let opts = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(rev);
+    let mut stream = aud.watch(format!("{root}/"), Some(opts)).await.unwrap();
+    let resp =
+        tokio::time::timeout(std::time::Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    let changes: Vec<Change> = resp
+        .events()
+        .iter()
+        .filter_map(|e| {
+            let kv = e.kv()?;
+            (kv.mod_revision() == rev).then(|| Change {
+                op: if e.event_type() == EventType::Delete { Op::Delete } else { Op::Put },
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                lease: kv.lease(),
+                create_revision: kv.create_revision(),
+                prev: e.prev_kv().map(|p| Prev {
+                    value: p.value().to_vec(),
+                    lease: p.lease(),
+                    create_revision: p.create_revision(),
+                }),
+            })
+        })
+        .collect();
+    let deleted = changes.iter().filter(|c| c.op == Op::Delete && c.key.windows(3).any(|w| w == b"/h/")).count();
+    assert_eq!(deleted, 1, "the hold is deleted at the force record's revision: {changes:?}");
+    let ctx = Context { root: &root, cluster_id: "00", timeline: 0, epoch: 1, now_ms: 0, closed: &|_: &str| false };
+    let events = decode(&ctx, rev, &changes).events;
+    let forced: Vec<_> = events.iter().filter(|e| e.kind == EventKind::ForceRelease).collect();
+    assert_eq!(forced.len(), 1, "{events:?}");
+    assert_eq!(forced[0].digest.as_deref(), Some(digest.as_str()));
+    assert_eq!(forced[0].key.as_deref(), Some("payments/tls/leak"));
+    let n = aud.get(format!("{root}/l/"), Some(GetOptions::new().with_prefix())).await.unwrap().kvs().len();
+    assert_eq!(n, 0, "no hold left");
 }
