@@ -260,11 +260,18 @@ impl EnvoyBuilder {
 // === impl EnvoyProcess ===
 
 impl EnvoyProcess {
-    /// A builder for `<repo>/envoy-config/<name>.yaml`; `name` may also be a
-    /// path to a YAML file (anything containing `/` or ending in `.yaml`).
+    /// A builder for `<repo>/envoy-config/<name>.yaml` (or the frozen copy
+    /// `$LOCKMESH_BIN_DIR/envoy-config/<name>.yaml` when there is one); `name`
+    /// may also be a path to a YAML file (anything containing `/` or ending in
+    /// `.yaml`).
     pub fn builder(name: &str) -> EnvoyBuilder {
+        let frozen = crate::paths::frozen_bin_dir()
+            .map(|d| d.join("envoy-config").join(format!("{name}.yaml")))
+            .filter(|p| p.is_file());
         let config = if name.contains('/') || name.ends_with(".yaml") {
             PathBuf::from(name)
+        } else if let Some(p) = frozen {
+            p
         } else {
             repo_root().join("envoy-config").join(format!("{name}.yaml"))
         };
@@ -363,7 +370,10 @@ impl EnvoyProcess {
 
 /// The built Wasm filter, or a fix-it error.
 pub fn wasm_module() -> Result<PathBuf> {
-    let path = target_dir().join("wasm32-wasip1/release/lockmesh_wasm_filter.wasm");
+    let path = match crate::paths::frozen_bin_dir() {
+        Some(dir) => dir.join("lockmesh_wasm_filter.wasm"),
+        None => target_dir().join("wasm32-wasip1/release/lockmesh_wasm_filter.wasm"),
+    };
     if !path.is_file() {
         bail!(
             "wasm filter not built: run cargo build --release --target wasm32-wasip1 -p lockmesh-wasm-filter (scripts/test does it); looked for {}",

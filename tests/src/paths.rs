@@ -26,10 +26,28 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"))
 }
 
+/// The environment variable naming a frozen copy of the built binaries (see
+/// [`profile_dir`]).
+pub const BIN_DIR_ENV: &str = "LOCKMESH_BIN_DIR";
+
+/// A frozen copy of the built binaries, if `LOCKMESH_BIN_DIR` names one.
+///
+/// A long gate run (docs/GATE.md) lasts an hour while others rebuild
+/// `target/debug`; it copies `lockmesh-gate`, `lockmesh-extproc`, `lockctl`,
+/// `lockmesh-fence-proxy` and `lockmesh_wasm_filter.wasm` into one directory and
+/// runs them from there.
+pub fn frozen_bin_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os(BIN_DIR_ENV).filter(|d| !d.is_empty())?);
+    Some(if dir.is_absolute() { dir } else { repo_root().join(dir) })
+}
+
 /// The directory of the host build profile this binary was built with
 /// (`<target>/debug` normally), where workspace binaries such as
-/// `lockmesh-extproc` are.
+/// `lockmesh-extproc` are; `LOCKMESH_BIN_DIR` overrides it ([`frozen_bin_dir`]).
 pub fn profile_dir() -> PathBuf {
+    if let Some(dir) = frozen_bin_dir() {
+        return dir;
+    }
     if let Some(profile) = profile_dir_from_exe() {
         // Only trust the executable's location if it is under the target dir
         // (it is not when CARGO_TARGET_DIR points elsewhere than it was built).

@@ -237,7 +237,12 @@ fn apply_txn(
     let epoch_before = st.epoch.clone();
     let mut deleted: Vec<(String, usize)> = Vec::new();
     let mut markers: Vec<(String, MarkerValue, &EtcdEvent)> = Vec::new();
-    for e in txn {
+    // One revision is one transaction: its deletes come before its puts, so a
+    // hand-off (the release of `h/0000` and the grant of `h/0000.1` in one
+    // transaction) is a release and then a grant, never two holds at once.
+    let mut ordered: Vec<&EtcdEvent> = txn.iter().collect();
+    ordered.sort_by_key(|e| e.put);
+    for e in ordered {
         b.tick("replay")?;
         let Some((kind, digest)) = parse_kind(&h.root, &e.key) else { continue };
         match (kind, e.put) {

@@ -46,6 +46,7 @@ fn op(op: &str, token: u64, call: u64, ret: u64) -> ClientOp {
         outcome: Outcome::Ok,
         status: 200,
         code: None,
+        skew_ms: 0,
     }
 }
 
@@ -81,6 +82,20 @@ fn a_correct_history_passes() {
     ];
     let v = check(&h, Duration::from_secs(5));
     assert!(v.passed(), "{}", v.explain());
+}
+
+#[test]
+fn a_hand_off_in_one_transaction_is_a_release_then_a_grant() {
+    // The watch lists the successor's put (slot 0's other name) before the
+    // release's delete: one revision, deletes first, one holder throughout.
+    let alt = format!("{ROOT}/l/{D}/h/0000.1");
+    let next = ev(3, true, &alt, r#"{"key":"k/a","epoch":1,"owner":"y"}"#, 3, None);
+    let h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), next, marker(3, 1, 2), del(3, 0)]);
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // Without the delete the successor is a second holder.
+    let next = ev(3, true, &alt, r#"{"key":"k/a","epoch":1,"owner":"y"}"#, 3, None);
+    let h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), next]);
+    assert_eq!(checks(&h), vec!["holders_within_limit"]);
 }
 
 #[test]
