@@ -12,9 +12,10 @@
 //! thread lives as long as the test binary, so children die with the binary
 //! even when `Drop` never runs (statics, `process::exit`, SIGKILL of the test).
 
-// This is the one module of the crate that uses `unsafe`: `pre_exec` (which
-// runs `prctl` between fork and exec) and `kill(2)` for SIGSTOP, SIGCONT and
-// SIGTERM have no safe std API. Both calls are async-signal-safe libc calls.
+// This is the module of the crate that uses `unsafe` (with `gate::history::now_us`,
+// a raw clock_gettime): `pre_exec` (which runs `prctl`, and `unlink` of a
+// libfaketime leftover, between fork and exec) and `kill(2)` for SIGSTOP, SIGCONT
+// and SIGTERM have no safe std API. All are async-signal-safe libc calls.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -121,14 +122,15 @@ impl ChildProcess {
             .open(&self.log_path)
             .with_context(|| format!("open log {}", self.log_path.display()))?;
         writeln!(log, "=== lockmesh-tests: starting {}", self.command_line())?;
+        let faketime = self.preloads_faketime();
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child =
-            spawn_with_pdeathsig(cmd).with_context(|| format!("spawn {}: {}", self.name, self.command_line()))?;
+        let child = spawn_with_pdeathsig(cmd, faketime)
+            .with_context(|| format!("spawn {}: {}", self.name, self.command_line()))?;
         *slot = Some(child);
         Ok(())
     }
@@ -159,7 +161,21 @@ impl ChildProcess {
             // Errors mean the process is already gone; both calls reap or no-op.
             let _ = child.kill();
             let _ = child.wait();
+            if self.preloads_faketime() {
+                remove_faketime_shm(child.id());
+            }
         }
+    }
+
+    /// Whether the child runs under libfaketime (the gate's clock steps).
+    ///
+    /// libfaketime keeps `/dev/shm/faketime_shm_<pid>` and
+    /// `/dev/shm/sem.faketime_sem_<pid>` while a process runs and leaves them when
+    /// it is killed; a later process that gets the same pid then dies at start
+    /// ("shm_open failed: File exists"). Such a child removes its own pid's
+    /// leftovers before exec, and [`ChildProcess::kill`] removes them after the reap.
+    fn preloads_faketime(&self) -> bool {
+        self.envs.iter().any(|(k, v)| k == "LD_PRELOAD" && v.contains("faketime"))
     }
 
     /// SIGSTOP: the process stays alive but does nothing (a GC pause, a frozen VM).
@@ -306,11 +322,47 @@ fn all_threads_stopped(pid: u32) -> bool {
     })
 }
 
-/// Spawns `cmd` from the spawner thread, with SIGKILL as its parent-death signal.
-fn spawn_with_pdeathsig(mut cmd: Command) -> io::Result<Child> {
+/// libfaketime's shared-memory names for a pid (see `ChildProcess::preloads_faketime`).
+const FAKETIME_SHM: [&[u8]; 2] = [b"/dev/shm/faketime_shm_", b"/dev/shm/sem.faketime_sem_"];
+
+/// Removes libfaketime's leftovers of a reaped child.
+fn remove_faketime_shm(pid: u32) {
+    for prefix in FAKETIME_SHM {
+        let _ = std::fs::remove_file(format!("{}{pid}", String::from_utf8_lossy(prefix)));
+    }
+}
+
+/// In a forked child before exec: unlinks libfaketime's leftovers of an earlier
+/// process with this pid. Async-signal-safe (getpid, unlink; no allocation).
+fn unlink_own_faketime_shm() {
+    // SAFETY: getpid(2) has no preconditions.
+    let mut n = unsafe { libc::getpid() }.unsigned_abs();
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for prefix in FAKETIME_SHM {
+        let mut path = [0u8; 48];
+        let digits = &digits[start..];
+        path[..prefix.len()].copy_from_slice(prefix);
+        path[prefix.len()..prefix.len() + digits.len()].copy_from_slice(digits);
+        // SAFETY: `path` is NUL-terminated (zeroed past the digits; 26 + 10 < 48).
+        unsafe { libc::unlink(path.as_ptr().cast()) };
+    }
+}
+
+/// Spawns `cmd` from the spawner thread, with SIGKILL as its parent-death signal
+/// (and libfaketime's leftovers of its pid removed first if `faketime`).
+fn spawn_with_pdeathsig(mut cmd: Command, faketime: bool) -> io::Result<Child> {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe calls (prctl, getppid); it allocates nothing.
+    // async-signal-safe calls (prctl, getppid, getpid, unlink); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -319,6 +371,9 @@ fn spawn_with_pdeathsig(mut cmd: Command) -> io::Result<Child> {
             // The test binary may have died between fork and prctl.
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 return Err(io::Error::other("parent exited before exec"));
+            }
+            if faketime {
+                unlink_own_faketime_shm();
             }
             Ok(())
         });

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use tempfile::TempDir;
 
+use super::clock::{ClockMode, FakeClock};
 use super::faultproxy::{FaultProxy, LinkMode};
 use super::history::{now_us, Fault, History, StoreWrite};
 use super::holder::read_ops;
@@ -65,6 +66,10 @@ pub struct GateOptions {
     pub mutex_keys: usize,
     /// Semaphore keys.
     pub sem_keys: usize,
+    /// Run arbiters 0 and 1 and holders h0 and h1 under libfaketime (wall clock
+    /// only for the first of each, wall and monotonic for the second), so the
+    /// schedule can step their clocks ([`super::clock`]).
+    pub clock_steps: bool,
 }
 
 /// A holder process and its output.
@@ -76,6 +81,8 @@ pub struct HolderProc {
     pub process: ChildProcess,
     /// Its JSON-lines output.
     pub out: PathBuf,
+    /// Its stepped clock, if it runs under libfaketime.
+    pub clock: Option<FakeClock>,
 }
 
 /// The running system, its recorder and what was injected.
@@ -89,6 +96,8 @@ pub struct GateCluster {
     pub arbiters: Vec<ArbiterProcess>,
     /// `proxies[arbiter][member]`.
     pub proxies: Vec<Vec<FaultProxy>>,
+    /// The stepped clock of each arbiter that runs under libfaketime.
+    pub arbiter_clocks: Vec<Option<FakeClock>>,
     /// fence-proxy.
     pub fence: FenceProxyProcess,
     /// The store behind it.
@@ -123,6 +132,7 @@ impl GateOptions {
             fence_accepts_lower: false,
             mutex_keys: 3,
             sem_keys: 2,
+            clock_steps: true,
         }
     }
 }
@@ -156,6 +166,7 @@ impl GateCluster {
             proxies.push(row);
         }
         let mut arbiters = Vec::new();
+        let mut arbiter_clocks = Vec::new();
         for (i, row) in proxies.iter().enumerate() {
             let mut b = ArbiterProcess::builder(&pki)
                 .etcd_endpoints(row.iter().map(FaultProxy::url).collect())
@@ -172,6 +183,14 @@ impl GateCluster {
                     .extra_yaml(format!("test_faults: [{}]", opts.arbiter_faults.join(", ")))
                     .env(TEST_FAULTS_ENV, "1");
             }
+            let clock = match clock_mode(&opts, i) {
+                Some(mode) => Some(FakeClock::new(dir.path(), &format!("arbiter {i}"), mode)?),
+                None => None,
+            };
+            for (k, v) in clock.iter().flat_map(FakeClock::env) {
+                b = b.env(k, v);
+            }
+            arbiter_clocks.push(clock);
             arbiters.push(b);
         }
         let arbiters = futures::future::try_join_all(arbiters.into_iter().map(|b| b.start())).await?;
@@ -186,6 +205,7 @@ impl GateCluster {
             envoys,
             arbiters,
             proxies,
+            arbiter_clocks,
             fence,
             store,
             recorder,
@@ -222,6 +242,17 @@ impl GateCluster {
 
     /// Starts a holder process looping over `keys` (fenced writes if `fenced`).
     pub fn spawn_holder(&mut self, name: &str, keys: &[String], fenced: bool) -> Result<()> {
+        self.spawn_holder_with_clock(name, keys, fenced, None)
+    }
+
+    /// [`GateCluster::spawn_holder`], under libfaketime with a clock in `mode` if given.
+    pub fn spawn_holder_with_clock(
+        &mut self,
+        name: &str,
+        keys: &[String],
+        fenced: bool,
+        mode: Option<ClockMode>,
+    ) -> Result<()> {
         let cert = self.pki.client("payments", &format!("gate-{name}"))?;
         let out = self.dir.path().join(format!("ops-{name}.jsonl"));
         let ports: Vec<String> = self.envoy_ports().iter().map(u16::to_string).collect();
@@ -238,23 +269,32 @@ impl GateCluster {
         if fenced {
             args.push(format!("--fence-url={}", self.fence.url()));
         }
-        let process = ChildProcess::new(
+        let clock = match mode {
+            Some(mode) => Some(FakeClock::new(self.dir.path(), name, mode)?),
+            None => None,
+        };
+        let mut process = ChildProcess::new(
             format!("holder-{name}"),
             gate_bin()?,
             args,
             self.dir.path().join(format!("holder-{name}.log")),
         );
+        for (k, v) in clock.iter().flat_map(FakeClock::env) {
+            process = process.env(k, v);
+        }
         process.start()?;
-        self.holders.push(HolderProc { name: name.into(), process, out });
+        self.holders.push(HolderProc { name: name.into(), process, out, clock });
         Ok(())
     }
 
     /// Starts the standard workload: `fenced` holders on the mutex keys and `sem`
-    /// holders on the semaphore keys.
+    /// holders on the semaphore keys. With `clock_steps`, h0 runs with a stepped
+    /// wall clock and h1 with stepped wall and monotonic clocks.
     pub fn spawn_workload(&mut self, fenced: usize, sem: usize) -> Result<()> {
         let (m, s) = (self.mutex_keys(), self.sem_keys());
         for i in 0..fenced {
-            self.spawn_holder(&format!("h{i}"), &m, true)?;
+            let mode = clock_mode(&self.opts, i);
+            self.spawn_holder_with_clock(&format!("h{i}"), &m, true, mode)?;
         }
         for i in 0..sem {
             self.spawn_holder(&format!("s{i}"), &s, false)?;
@@ -399,6 +439,17 @@ impl GateCluster {
                 StoreWrite { resource: r.path.clone(), lock_key: format!("{MUTEX_PREFIX}/{id}"), token, body: r.body }
             })
             .collect()
+    }
+}
+
+/// The clock of arbiter or fenced holder `i` under `clock_steps`: the first runs
+/// with a stepped wall clock, the second with stepped wall and monotonic clocks.
+fn clock_mode(opts: &GateOptions, i: usize) -> Option<ClockMode> {
+    match i {
+        _ if !opts.clock_steps => None,
+        0 => Some(ClockMode::Wall),
+        1 => Some(ClockMode::WallAndMonotonic),
+        _ => None,
     }
 }
 

@@ -5,12 +5,36 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Microseconds since the unix epoch (one clock for the gate and its holders:
-/// the gate never steps clocks).
+/// Microseconds since the unix epoch on the machine's real clock: one time line
+/// for the gate, its recorder and its holders, also in a holder whose clock the
+/// gate steps (a raw `clock_gettime` system call, which libfaketime, interposing
+/// the libc function, does not see).
 pub fn now_us() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime(2) writes one timespec through the valid pointer it
+    // is given and has no other precondition.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::syscall(libc::SYS_clock_gettime, libc::CLOCK_REALTIME, &raw mut ts) };
+    if rc != 0 {
+        return process_now_us();
+    }
+    let us = i128::from(ts.tv_sec) * 1_000_000 + i128::from(ts.tv_nsec) / 1000;
+    u64::try_from(us).unwrap_or(0)
+}
+
+/// Microseconds since the unix epoch on this process's own clock (`SystemTime`:
+/// stepped under libfaketime).
+pub fn process_now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// How far this process's wall clock is from the real one, ms (0 unless stepped).
+pub fn clock_skew_ms() -> i64 {
+    let own = i128::from(process_now_us());
+    let real = i128::from(now_us());
+    i64::try_from((own - real) / 1000).unwrap_or(0)
 }
 
 /// The outcome of one client operation. An unknown outcome stays unknown.
@@ -46,6 +70,10 @@ pub struct ClientOp {
     pub status: u16,
     /// `x-lockmesh-error` code, if any.
     pub code: Option<String>,
+    /// How far the process's own wall clock was from the real one at the call,
+    /// ms (non-zero while the gate steps its clock, [`super::clock`]).
+    #[serde(default)]
+    pub skew_ms: i64,
 }
 
 /// One event of the etcd watch on the run's root.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use super::history::{now_us, ClientOp, Outcome};
+use super::history::{clock_skew_ms, now_us, ClientOp, Outcome};
 use crate::client::LockClient;
 
 /// Per-request timeout of a holder: an answer later than this is unknown.
@@ -92,6 +92,7 @@ impl Holder {
             outcome,
             status,
             code,
+            skew_ms: clock_skew_ms(),
         };
         if let Ok(line) = serde_json::to_string(&rec) {
             // One write per line: a killed holder leaves at most one torn line.

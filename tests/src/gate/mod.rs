@@ -11,6 +11,7 @@
 //! - [`recorder`]: the etcd watch with previous values (the store's history).
 //! - [`history`]: what a run records.
 //! - [`schedule`]: fault kinds and their injection.
+//! - [`clock`]: clock steps of holders and arbiters (libfaketime).
 //! - [`checker`]: the checks; a timeout fails.
 //! - [`report`]: writes a failing history, its smallest window and the schedule.
 //!
@@ -18,6 +19,7 @@
 //! `lockmesh-gate long`).
 
 pub mod checker;
+pub mod clock;
 pub mod faultproxy;
 pub mod harness;
 pub mod history;

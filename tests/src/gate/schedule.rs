@@ -1,17 +1,23 @@
 //! The fault schedule: each fault is injected, held, healed and recorded with its
-//! start and end time. Pauses "past the TTL" last [`PAST_TTL`].
+//! start and end time. Pauses "past the TTL" last [`PAST_TTL`]; clock steps are
+//! held for [`CLOCK_HOLD`] (their effect is the step itself, see [`super::clock`]).
 
 use std::time::Duration;
 
 use anyhow::Result;
 use rand::seq::SliceRandom as _;
 
+use super::clock::{ClockStep, FakeClock, STEPS};
 use super::faultproxy::LinkMode;
 use super::harness::{GateCluster, GATE_TTL_S};
 use super::history::now_us;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
 pub const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
+
+/// How long a clock step that is stepped back is held: longer than a preloaded
+/// process takes to see it ([`super::clock::CACHE_S`]).
+pub const CLOCK_HOLD: Duration = Duration::from_secs(2);
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +44,22 @@ pub enum FaultKind {
     EnvoyRestart,
     /// Snapshot, keep serving, restore with the original cluster id, advance the epoch.
     Restore,
+    /// Step the clock of a fenced holder (libfaketime; wall, or wall and monotonic).
+    HolderClockStep,
+    /// Step the clock of an arbiter (libfaketime; wall, or wall and monotonic).
+    ArbiterClockStep,
 }
 
 /// Every kind, in the quick gate's order.
-pub const ALL: [FaultKind; 11] = [
+pub const ALL: [FaultKind; 13] = [
     FaultKind::HolderPause,
+    FaultKind::HolderClockStep,
     FaultKind::MemberKill,
     FaultKind::ArbiterPartition,
     FaultKind::LeaderPause,
     FaultKind::SlowLink,
     FaultKind::ArbiterPause,
+    FaultKind::ArbiterClockStep,
     FaultKind::LeaderIsolation,
     FaultKind::ArbiterRestart,
     FaultKind::EnvoyRestart,
@@ -72,6 +84,8 @@ impl FaultKind {
             FaultKind::ArbiterRestart => "arbiter_restart",
             FaultKind::EnvoyRestart => "envoy_restart",
             FaultKind::Restore => "restore",
+            FaultKind::HolderClockStep => "holder_clock_step",
+            FaultKind::ArbiterClockStep => "arbiter_clock_step",
         }
     }
 }
@@ -169,6 +183,17 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             g.envoys[i].restart().await?;
             g.note(name, format!("envoy {i}"), start);
         }
+        FaultKind::HolderClockStep | FaultKind::ArbiterClockStep => {
+            let clocks: Vec<&FakeClock> = if kind == FaultKind::HolderClockStep {
+                g.holders.iter().filter_map(|h| h.clock.as_ref()).collect()
+            } else {
+                g.arbiter_clocks.iter().flatten().collect()
+            };
+            if let Some(c) = clocks.get(rand::random_range(0..clocks.len().max(1))) {
+                let step = STEPS[rand::random_range(0..STEPS.len())];
+                step_clock(g, name, c, step, CLOCK_HOLD).await?;
+            }
+        }
         FaultKind::Restore => {
             let base = g.restore(Duration::from_secs(2)).await?;
             g.note(
@@ -178,6 +203,26 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Steps `clock` by `step`, holds it for `hold` and steps it back unless the step
+/// is kept; records the fault as `kind`.
+pub async fn step_clock(g: &GateCluster, kind: &str, clock: &FakeClock, step: ClockStep, hold: Duration) -> Result<()> {
+    let start = now_us();
+    clock.step(step)?;
+    tokio::time::sleep(hold).await;
+    let (end, how) = if step.kept() { (clock.step_offset(), "kept") } else { (clock.heal()?, "then back") };
+    g.note(
+        kind,
+        format!(
+            "{} ({} clock) stepped {:+} s, {how}; offset now {end:+} s",
+            clock.label(),
+            clock.mode().name(),
+            step.seconds()
+        ),
+        start,
+    );
     Ok(())
 }
 

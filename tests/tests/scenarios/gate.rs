@@ -1,12 +1,14 @@
 //! Issue 7: the release gate. The quick gate (every fault kind once on the full
 //! topology, safety properties only, no timing asserts), and one short targeted
 //! scenario per planted bug showing the checker catches it (each with its
-//! control: the same scenario without the bug passes), and a checker that runs
-//! out of time failing the gate. docs/GATE.md.
+//! control: the same scenario without the bug passes), a checker that runs
+//! out of time failing the gate, and clock steps (libfaketime) of holders and
+//! arbiters that leave fencing and the holder limit intact. docs/GATE.md.
 
 use std::time::Duration;
 
 use lockmesh_tests::client::LockClient;
+use lockmesh_tests::gate::clock::{ClockMode, ClockStep};
 use lockmesh_tests::gate::faultproxy::LinkMode;
 use lockmesh_tests::gate::harness::{GateCluster, GateOptions, MUTEX_PREFIX, SEM_PREFIX};
 use lockmesh_tests::gate::{check, report, schedule, Verdict, CHECK_BUDGET};
@@ -15,7 +17,7 @@ const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
 
 fn small(name: &str) -> GateOptions {
-    GateOptions { members: 1, arbiters: 1, envoys: 1, ..GateOptions::gate(name) }
+    GateOptions { members: 1, arbiters: 1, envoys: 1, clock_steps: false, ..GateOptions::gate(name) }
 }
 
 /// Checks the history; on failure writes the report and returns the verdict.
@@ -207,4 +209,81 @@ async fn a_checker_that_runs_out_of_time_fails_the_gate() {
     assert!(text.contains("did not finish"), "{text}");
     let full = check(&h, CHECK_BUDGET);
     assert!(full.passed(), "{}", full.explain());
+}
+
+#[tokio::test]
+async fn stepped_clocks_of_holders_and_arbiters_break_neither_fencing_nor_the_limit() {
+    // Arbiter 0 and h0 run with a stepped wall clock, arbiter 1 and h1 with stepped
+    // wall and monotonic clocks (libfaketime); Envoy i reaches only arbiter i and the
+    // holders use both, so both arbiters grant. etcd keeps its own clock.
+    let opts = GateOptions {
+        members: 1,
+        envoys: 2,
+        envoy_per_arbiter: true,
+        mutex_keys: 1,
+        sem_keys: 1,
+        ..GateOptions::gate("clock-steps")
+    };
+    let mut g = GateCluster::start(opts).await.unwrap();
+    g.spawn_workload(3, 3).unwrap();
+    assert_eq!(g.holders[0].clock.as_ref().map(|c| c.mode()), Some(ClockMode::Wall));
+    assert_eq!(g.holders[1].clock.as_ref().map(|c| c.mode()), Some(ClockMode::WallAndMonotonic));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Forward and large steps first, all four processes at once, held long enough
+    // for each to read its clock again (within a second) and to complete
+    // operations under the step.
+    let hold = Duration::from_secs(5);
+    let (h0, h1) = (g.holders[0].clock.as_ref().unwrap(), g.holders[1].clock.as_ref().unwrap());
+    let (a0, a1) = (g.arbiter_clocks[0].as_ref().unwrap(), g.arbiter_clocks[1].as_ref().unwrap());
+    let steps = tokio::join!(
+        schedule::step_clock(&g, "holder_clock_step", h0, ClockStep::Backward30, hold),
+        schedule::step_clock(&g, "holder_clock_step", h1, ClockStep::Forward30, hold),
+        schedule::step_clock(&g, "arbiter_clock_step", a0, ClockStep::ForwardHour, hold),
+        schedule::step_clock(&g, "arbiter_clock_step", a1, ClockStep::Forward30, hold),
+    );
+    for r in [steps.0, steps.1, steps.2, steps.3] {
+        r.unwrap();
+    }
+    // Then monotonic clocks stepped back: the stepped holder's and arbiter's
+    // pending sleeps and timeouts stall (the holder wakes after its session may
+    // have expired and writes with its old token: the fence must refuse it).
+    let hold = Duration::from_secs(3);
+    let steps = tokio::join!(
+        schedule::step_clock(&g, "holder_clock_step", h1, ClockStep::Backward30, hold),
+        schedule::step_clock(&g, "arbiter_clock_step", a1, ClockStep::Backward30, hold),
+    );
+    for r in [steps.0, steps.1] {
+        r.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let h = g.finish().await.unwrap();
+    let v = check(&h, CHECK_BUDGET);
+    if !v.passed() {
+        let dir = report::write(g.dir(), &h, &v).unwrap();
+        panic!("{}", std::fs::read_to_string(dir.join("violation.txt")).unwrap());
+    }
+    // The steps took effect: the holders saw them in their own clocks, the
+    // arbiters in the acquisition times they wrote into the holds.
+    let skew = |p: &str, lo: i64, hi: i64| h.ops.iter().any(|o| o.process == p && (lo..=hi).contains(&o.skew_ms));
+    assert!(skew("h0", -31_000, -29_000), "h0 never ran 30 s behind");
+    let h1: Vec<(u64, i64, &str)> =
+        h.ops.iter().filter(|o| o.process == "h1").map(|o| (o.call_us, o.skew_ms, o.op.as_str())).collect();
+    assert!(skew("h1", 29_000, 31_000), "h1 never ran 30 s ahead: {h1:?} faults {:?}", h.faults);
+    let hold_skews_s: Vec<i64> = h
+        .segments
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|e| e.put && e.key.contains("/h/"))
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(&e.value).ok()?;
+            let acquired_ms = i64::try_from(v["acquired_ms"].as_u64()?).ok()?;
+            Some((acquired_ms - i64::try_from(e.observed_us / 1000).ok()?) / 1000)
+        })
+        .collect();
+    let near = |lo: i64, hi: i64| hold_skews_s.iter().any(|s| (lo..=hi).contains(s));
+    assert!(near(3590, 3610), "no grant by arbiter 0 an hour ahead: {hold_skews_s:?}");
+    assert!(near(25, 35), "no grant by arbiter 1 30 s ahead: {hold_skews_s:?}");
+    let Verdict::Pass(s) = v else { unreachable!() };
+    assert!(s.grants > 20 && s.writes > 5, "the workload ran: {s:?}");
+    assert_eq!(h.faults.len(), 6, "{:?}", h.faults);
 }
