@@ -1,5 +1,6 @@
 //! The admin HTTP listener: `/healthz` (the process runs), `/readyz` (etcd answers a
-//! linearizable read of the epoch record) and `/metrics`.
+//! linearizable read of the epoch record), `/status` (version, seal, marks, classes),
+//! `/metrics`, and the read-only console (`/console`, [`crate::console`]).
 
 use std::sync::Arc;
 
@@ -18,7 +19,8 @@ pub async fn run(
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
-        .with_state(state);
+        .with_state(state.clone())
+        .merge(crate::console::router(state));
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
@@ -47,11 +49,12 @@ async fn metrics(AxState(state): AxState<Arc<State>>) -> String {
     out
 }
 
-/// Seal state and marks as JSON (numbers only: no key, token or identity).
+/// Version, seal state and marks as JSON (numbers only: no key, token or identity).
 async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<serde_json::Value> {
     let seal = state.store.seal().current();
     let m = state.store.seal().marks();
     axum::Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
         "sealed": seal.is_some(),
         "seal_reason": seal.as_ref().map(|s| s.reason.as_str()),
         "seal_detail": seal.as_ref().map(|s| s.detail.clone()),

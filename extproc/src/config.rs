@@ -52,6 +52,11 @@ pub struct RawConfig {
     /// call them and how operators' tokens are verified. Without it the admin
     /// routes answer `admin.not_configured`.
     pub operators: Option<RawOperators>,
+    /// The read-only web console on the admin port (`/console`,
+    /// `docs/OPERATIONS.md`). Its API checks operators' tokens exactly as the
+    /// admin actions do (`operators`); without `operators` it answers
+    /// `admin.not_configured`.
+    pub console: Option<RawConsole>,
     /// TEST ONLY: planted bugs for the release gate (`docs/GATE.md`):
     /// `skip_epoch_compare`, `release_by_key_name`, `count_before_lock`. Refused
     /// unless the environment sets `LOCKMESH_TEST_FAULTS=1`. Default none.
@@ -84,6 +89,47 @@ pub struct RawOperators {
     pub max_token_age_s: Option<u64>,
     /// Longest approval window a request may ask for, seconds. Default 86400.
     pub max_request_ttl_s: Option<u64>,
+}
+
+/// The console (`console:`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsole {
+    /// The audit tailer's admin address (`http://host:port`), whose query API
+    /// feeds the recent-events panel. Without it the panel says that no audit
+    /// store is configured.
+    pub audit_url: Option<String>,
+    /// Recent audit events shown. Default 20 (1 to 200).
+    pub audit_events: Option<usize>,
+}
+
+/// Validated `console`.
+#[derive(Debug, Clone, Default)]
+pub struct Console {
+    /// The audit tailer's admin address, if any.
+    pub audit_url: Option<String>,
+    /// Recent audit events shown.
+    pub audit_events: usize,
+}
+
+/// Default `console.audit_events`.
+pub const DEFAULT_CONSOLE_AUDIT_EVENTS: usize = 20;
+
+fn console(raw: Option<&RawConsole>, name: &str, errs: &mut Vec<String>) -> Console {
+    let Some(raw) = raw else {
+        return Console { audit_url: None, audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS };
+    };
+    if let Some(u) = &raw.audit_url {
+        let hostport = u.strip_prefix("http://").map(|h| h.trim_end_matches('/'));
+        if hostport.is_none_or(|h| h.is_empty() || h.contains('/')) {
+            errs.push(format!("{name}: console.audit_url: {u:?} must be http://host:port (the tailer's admin_listen)"));
+        }
+    }
+    let audit_events = raw.audit_events.unwrap_or(DEFAULT_CONSOLE_AUDIT_EVENTS);
+    if !(1..=200).contains(&audit_events) {
+        errs.push(format!("{name}: console.audit_events: {audit_events} is outside 1 to 200"));
+    }
+    Console { audit_url: raw.audit_url.clone(), audit_events }
 }
 
 /// Grant proof signing (`docs/FENCING.md`).
@@ -309,6 +355,8 @@ pub struct Config {
     pub test_faults: Vec<crate::test_faults::TestFault>,
     /// Two-person admin actions, if configured.
     pub operators: Option<Operators>,
+    /// The console.
+    pub console: Console,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -465,6 +513,7 @@ impl Config {
         }
         let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
+        let console = console(raw.console.as_ref(), name, &mut errs2);
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));
@@ -491,6 +540,7 @@ impl Config {
                 validate_rate_per_s,
                 test_faults,
                 operators,
+                console,
             }),
             _ => Err(errs),
         }

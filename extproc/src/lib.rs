@@ -9,6 +9,9 @@
 //! - [`lock`]: the etcd recipe: sessions, grants, releases, waiting.
 //! - [`respond`]: the one error-to-response table.
 //! - [`admin`]: health, readiness and metrics.
+//! - [`console`]: the read-only web console on the admin port.
+//! - [`inspect`], [`doctor`], [`etcd_view`]: read-only operator views (`lockctl
+//!   inspect`, `saturated`, `doctor`; the console).
 //! - [`admin_action`]: two-person force release and epoch advance (`lockctl admin`).
 //! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
@@ -23,6 +26,10 @@ pub mod api;
 pub mod audit;
 pub mod classctl;
 pub mod config;
+pub mod console;
+pub mod doctor;
+pub mod etcd_view;
+pub mod inspect;
 pub mod internal;
 pub mod lock;
 pub mod metrics;

@@ -135,6 +135,21 @@ impl EtcdHealth {
         }
     }
 
+    /// True when the last seal check read etcd linearizably.
+    pub fn reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
+    }
+
+    /// How long linearizable reads have been failing at `now_ms`, ms (0 while they succeed).
+    pub fn failing_for_ms(&self, now_ms: u64) -> u64 {
+        let since = self.failing_since_ms.load(Ordering::Relaxed);
+        if since == 0 {
+            0
+        } else {
+            now_ms.saturating_sub(since)
+        }
+    }
+
     /// The exposition lines.
     pub fn render(&self, s: &mut String) {
         s.push_str("# HELP lockmesh_arbiter_etcd_reachable 1 when the last seal check read the epoch record linearizably (etcd has quorum and answers).\n");

@@ -62,6 +62,12 @@ pub enum AuditCmd {
         #[arg(long)]
         since: Option<String>,
     },
+    /// The most recent events (of the tailer's current history), newest first.
+    Recent {
+        /// How many (at most 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
     /// Events of one kind: gap, restore, limit_change, epoch, force_release, ...
     Events {
         /// The event kind.
@@ -112,6 +118,7 @@ pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
                 .unwrap_or(now_ms),
         },
         AuditCmd::Longest { limit } => Query::Longest { limit: *limit },
+        AuditCmd::Recent { limit } => Query::Recent { limit: *limit },
         AuditCmd::Events { kind, since } => Query::Events {
             kind: super::EventKind::parse(kind).ok_or_else(|| {
                 let all: Vec<&str> = super::EventKind::ALL.iter().map(|k| k.as_str()).collect();
@@ -135,7 +142,9 @@ pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
     })
 }
 
-async fn post(url: &str, body: &str) -> Result<String, String> {
+/// POSTs a query (`body`, JSON) to the tailer's `/v1/audit/query` at `url`
+/// (`http://host:port`) and returns the answer's body.
+pub(crate) async fn post(url: &str, body: &str) -> Result<String, String> {
     let hostport = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("--url {url:?} must start with http://"))?

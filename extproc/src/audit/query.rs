@@ -35,6 +35,11 @@ pub enum Query {
         /// Window start, unix ms.
         since_ms: u64,
     },
+    /// The most recent events of the current history, newest first.
+    Recent {
+        /// How many.
+        limit: usize,
+    },
     /// Events of one kind (gaps, restores, limit changes...) since a time.
     Events {
         /// The kind.
@@ -43,6 +48,9 @@ pub enum Query {
         since_ms: u64,
     },
 }
+
+/// Most events a `recent` query answers.
+pub const MAX_RECENT: usize = 1000;
 
 /// A hold with its duration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +114,7 @@ pub fn run(store: &Store, q: &Query, now_ms: u64) -> Result<Answer, StoreError> 
                 .filter(|e| e.kind == EventKind::Expiry && e.at_ms >= *since_ms)
                 .collect(),
         },
+        Query::Recent { limit } => Answer::Events { events: store.recent((*limit).min(MAX_RECENT))? },
         Query::Events { kind, since_ms } => Answer::Events {
             events: store.events()?.into_iter().filter(|e| e.kind == *kind && e.at_ms >= *since_ms).collect(),
         },

@@ -188,6 +188,24 @@ impl Store {
         Ok(out)
     }
 
+    /// The `limit` most recent events, newest first: those of the checkpoint's
+    /// history (cluster id and timeline), read backwards in revision order, so the
+    /// cost is the limit, not the store's size. Empty before the first checkpoint.
+    pub fn recent(&self, limit: usize) -> Result<Vec<AuditEvent>, StoreError> {
+        let Some(cp) = self.checkpoint()? else { return Ok(Vec::new()) };
+        let tx = self.db.begin_read().map_err(err)?;
+        let t = tx.open_table(EVENTS).map_err(err)?;
+        // Event keys are `<cluster>/<timeline:08>/<revision:020>/...`; '0' follows '/'.
+        let (lo, hi) =
+            (format!("{}/{:08}/", cp.cluster_id, cp.timeline), format!("{}/{:08}0", cp.cluster_id, cp.timeline));
+        let mut out = Vec::new();
+        for r in t.range(lo.as_str()..hi.as_str()).map_err(err)?.rev().take(limit) {
+            let (_, v) = r.map_err(err)?;
+            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+        }
+        Ok(out)
+    }
+
     /// The history of one key (by digest), in revision order.
     pub fn history(&self, digest: &str) -> Result<Vec<AuditEvent>, StoreError> {
         let tx = self.db.begin_read().map_err(err)?;
@@ -260,6 +278,15 @@ mod tests {
         assert_eq!(holds.len(), 1);
         assert_eq!(holds[0].end.as_ref().map(|e| e.kind), Some(EventKind::Expiry));
         assert_eq!(s.checkpoint().unwrap().unwrap().revision, 12);
+        // Recent: newest first, bounded, only the checkpoint's history.
+        let cp = Checkpoint { revision: 14, cluster_id: "00000000000000aa".into(), ..Default::default() };
+        s.apply(&[ev(14, EventKind::Grant, 14)], &cp).unwrap();
+        let revs: Vec<i64> = s.recent(2).unwrap().iter().map(|e| e.revision).collect();
+        assert_eq!(revs, [14, 12]);
+        assert_eq!(s.recent(10).unwrap().len(), 3);
+        let other = Checkpoint { timeline: 1, ..cp };
+        s.apply(&[], &other).unwrap();
+        assert!(s.recent(10).unwrap().is_empty(), "another timeline's history has no events yet");
         drop(s);
         std::fs::remove_dir_all(dir).unwrap();
     }

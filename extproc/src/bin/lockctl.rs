@@ -10,6 +10,9 @@
 //!
 //! - `lockctl class check|cost FILE`, `lockctl limit change|resume|cancel|show`:
 //!   class registries and limit changes (`docs/CLASSES.md`).
+//! - `lockctl inspect KEY`, `lockctl saturated`, `lockctl doctor`: read-only views
+//!   of a key, of the keys at their limit (by digest) and of everything an
+//!   operator must act on (`docs/OPERATIONS.md`).
 //!
 //! The restore runbook is `docs/OPERATIONS.md`.
 
@@ -22,8 +25,9 @@ use lockmesh_extproc::restore::{self, Member, RestoreError};
 #[derive(Parser)]
 #[command(
     version,
-    about = "lockmesh operator commands: restore and epoch advance, class registries and limits, \
-             audit queries, two-person admin actions, etcd roles, and running a command under a lock",
+    about = "lockmesh operator commands: inspect a key, saturated keys by digest, class check and cost, \
+             limit change/resume/cancel, two-person force release and epoch advance, restore, audit \
+             queries, running a command under a lock, and doctor",
     after_help = "Every command's --help explains it; docs/OPERATIONS.md, docs/CLASSES.md, docs/AUDIT.md \
                   and docs/ADMIN.md are the runbooks."
 )]
@@ -34,24 +38,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// A key's holders (identity, session, epoch, age), authoritative class, limit
+    /// and state; with --admin-url and an operator token, its waiters.
+    Inspect(lockmesh_extproc::inspect::cli::InspectArgs),
+    /// The keys at their class's authoritative limit, by digest, fullest and
+    /// oldest first (one scan of every open hold).
+    Saturated(lockmesh_extproc::inspect::cli::SaturatedArgs),
+    /// Class registry files: `check FILE`, `cost FILE`, `apply FILE` (docs/CLASSES.md).
+    #[command(subcommand)]
+    Class(lockmesh_extproc::classctl::ClassCmd),
+    /// Class limits: `change`, `resume`, `cancel`, `show` (docs/CLASSES.md).
+    #[command(subcommand)]
+    Limit(lockmesh_extproc::classctl::LimitCmd),
+    /// The shard map and fenced moves: `show`, `apply`, `cancel` (docs/SCALE.md).
+    Shard(lockmesh_extproc::shardctl::ShardArgs),
+    /// Two-person admin actions: `request force-release KEY|epoch-advance`,
+    /// `approve ID`, `show ID`, `list` (docs/ADMIN.md).
+    Admin(lockmesh_extproc::admin_action::cli::AdminArgs),
     /// Advance the epoch: seal, advance (deleting restored holds and waiters),
     /// revoke restored sessions, unseal. Refused if --expected-epoch is stale.
     EpochAdvance(Advance),
     /// Restore a snapshot (with a revision bump) into every member's data
     /// directory, wait for etcd, then advance the epoch.
     Restore(Restore),
-    /// Class registry files: `check FILE`, `cost FILE` (docs/CLASSES.md).
-    #[command(subcommand)]
-    Class(lockmesh_extproc::classctl::ClassCmd),
-    /// Class limits: `change`, `resume`, `cancel`, `show` (docs/CLASSES.md).
-    #[command(subcommand)]
-    Limit(lockmesh_extproc::classctl::LimitCmd),
     /// Audit queries: `history KEY`, `by-identity ID --since --until`, `longest`,
-    /// `expiries` (docs/AUDIT.md).
+    /// `expiries`, `events KIND`, `recent` (docs/AUDIT.md).
     Audit(lockmesh_extproc::audit::cli::AuditArgs),
-    /// Two-person admin actions: `request force-release KEY|epoch-advance`,
-    /// `approve ID`, `show ID`, `list` (docs/ADMIN.md).
-    Admin(lockmesh_extproc::admin_action::cli::AdminArgs),
     /// Print the etcdctl commands that create lockmesh's etcd roles and users
     /// (least privilege per component, docs/ADMIN.md) and enable auth.
     EtcdRoles {
@@ -63,6 +75,11 @@ enum Cmd {
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
     /// then SIGKILL after --grace-ms. Exits with the command's code.
     Run(lockmesh_client::run::RunArgs),
+    /// Check everything an operator must act on: versions (lockctl, arbiters, etcd),
+    /// seal, etcd members and quorum, draining classes, fenced classes without a
+    /// passing pause test, advisory classes with expired waivers. Exit 0 healthy,
+    /// 1 something is wrong, 64 bad arguments.
+    Doctor(lockmesh_extproc::doctor::DoctorArgs),
 }
 
 #[derive(Args)]
@@ -121,8 +138,12 @@ fn main() -> ExitCode {
     match &cli.cmd {
         Cmd::Class(c) => return rt.block_on(lockmesh_extproc::classctl::class(c)),
         Cmd::Limit(l) => return rt.block_on(lockmesh_extproc::classctl::limit(l)),
+        Cmd::Shard(s) => return rt.block_on(lockmesh_extproc::shardctl::main(s)),
         Cmd::Audit(a) => return rt.block_on(lockmesh_extproc::audit::cli::main(a)),
         Cmd::Admin(a) => return rt.block_on(lockmesh_extproc::admin_action::cli::main(a)),
+        Cmd::Inspect(a) => return rt.block_on(lockmesh_extproc::inspect::cli::inspect(a)),
+        Cmd::Saturated(a) => return rt.block_on(lockmesh_extproc::inspect::cli::saturated_main(a)),
+        Cmd::Doctor(a) => return rt.block_on(lockmesh_extproc::doctor::main(a)),
         Cmd::EtcdRoles { root } => {
             print!("{}", lockmesh_extproc::admin_action::etcd_roles::etcdctl_script(root));
             return ExitCode::SUCCESS;
@@ -138,7 +159,16 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cmd {
             Cmd::Run(_) => Ok(()), // answered above
-            Cmd::Class(_) | Cmd::Limit(_) | Cmd::Audit(_) | Cmd::Admin(_) | Cmd::EtcdRoles { .. } => Ok(()), // answered above
+            // answered above
+            Cmd::Class(_)
+            | Cmd::Limit(_)
+            | Cmd::Shard(_)
+            | Cmd::Audit(_)
+            | Cmd::Admin(_)
+            | Cmd::EtcdRoles { .. }
+            | Cmd::Inspect(_)
+            | Cmd::Saturated(_)
+            | Cmd::Doctor(_) => Ok(()),
             Cmd::EpochAdvance(a) => advance(&a, &mut out).await,
             Cmd::Restore(r) => {
                 let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;

@@ -1,0 +1,144 @@
+//! The etcd cluster as an operator needs to see it (`lockctl doctor`, the
+//! console): every member with its server version, raft position and errors, who
+//! leads, whether a quorum of voting members answers, and active alarms.
+//!
+//! Each member is asked through its own connection (its advertised client URL),
+//! so an unreachable member shows as such instead of being hidden by the client's
+//! balancing; the caller supplies the connections (`connect`).
+
+use std::time::Duration;
+
+use etcd_client::{AlarmAction, AlarmType, Client};
+use serde::Serialize;
+
+/// One member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberView {
+    /// Member id, 16 hex digits.
+    pub id: String,
+    /// Member name.
+    pub name: String,
+    /// The client URL it was asked at (none: not started).
+    pub url: Option<String>,
+    /// A raft learner (not voting).
+    pub learner: bool,
+    /// It answered its status request.
+    pub reachable: bool,
+    /// etcd server version.
+    pub version: Option<String>,
+    /// It is the leader.
+    pub leader: bool,
+    /// Raft term.
+    pub raft_term: Option<u64>,
+    /// Raft index.
+    pub raft_index: Option<u64>,
+    /// Backend size, bytes.
+    pub db_size: Option<i64>,
+    /// Errors the member reports, or why it could not be asked.
+    pub errors: Vec<String>,
+}
+
+/// The cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ClusterView {
+    /// Cluster id, 16 hex digits.
+    pub cluster_id: Option<String>,
+    /// Members, in member-list order.
+    pub members: Vec<MemberView>,
+    /// The leader's id, when the answering members agree on one.
+    pub leader: Option<String>,
+    /// Voting members.
+    pub voting: usize,
+    /// Voting members that answered.
+    pub voting_reachable: usize,
+    /// A majority of voting members answered and a leader is known.
+    pub quorum: bool,
+    /// Active alarms (`NOSPACE`, `CORRUPT`) with the member that raised them.
+    pub alarms: Vec<String>,
+    /// Why the member list could not be read, if it could not.
+    pub error: Option<String>,
+}
+
+/// Reads the member list through `client`, then each member's status through a
+/// connection from `connect(url)`; every call is bounded by `timeout`.
+pub async fn cluster_view<F, Fut>(client: &mut Client, timeout: Duration, connect: F) -> ClusterView
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Client, String>>,
+{
+    let mut view = ClusterView::default();
+    let list = match tokio::time::timeout(timeout, client.member_list()).await {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => {
+            view.error = Some(format!("member list: {e}"));
+            return view;
+        }
+        Err(_) => {
+            view.error = Some(format!("member list: no answer within {timeout:?}"));
+            return view;
+        }
+    };
+    view.cluster_id = list.header().map(|h| format!("{:016x}", h.cluster_id()));
+    let mut leaders = Vec::new();
+    for m in list.members() {
+        let mut mv = MemberView {
+            id: format!("{:016x}", m.id()),
+            name: m.name().to_owned(),
+            url: m.client_urls().first().cloned(),
+            learner: m.is_learner(),
+            reachable: false,
+            version: None,
+            leader: false,
+            raft_term: None,
+            raft_index: None,
+            db_size: None,
+            errors: Vec::new(),
+        };
+        if let Some(url) = mv.url.clone() {
+            let status = async {
+                let mut c = tokio::time::timeout(timeout, connect(url.clone()))
+                    .await
+                    .map_err(|_| format!("connect: no answer within {timeout:?}"))??;
+                tokio::time::timeout(timeout, c.status())
+                    .await
+                    .map_err(|_| format!("status: no answer within {timeout:?}"))?
+                    .map_err(|e| format!("status: {e}"))
+            };
+            match status.await {
+                Ok(s) => {
+                    mv.reachable = true;
+                    mv.version = Some(s.version().to_owned());
+                    mv.raft_term = Some(s.raft_term());
+                    mv.raft_index = Some(s.raft_index());
+                    mv.db_size = Some(s.db_size());
+                    mv.errors = s.errors().to_vec();
+                    if s.leader() != 0 {
+                        leaders.push(s.leader());
+                    }
+                    mv.leader = s.leader() == m.id();
+                }
+                Err(e) => mv.errors.push(e),
+            }
+        } else {
+            mv.errors.push("not started (no client URL)".into());
+        }
+        view.members.push(mv);
+    }
+    view.voting = view.members.iter().filter(|m| !m.learner).count();
+    view.voting_reachable = view.members.iter().filter(|m| !m.learner && m.reachable).count();
+    leaders.sort_unstable();
+    leaders.dedup();
+    if let [one] = leaders.as_slice() {
+        view.leader = Some(format!("{one:016x}"));
+    }
+    view.quorum = view.voting > 0 && view.voting_reachable * 2 > view.voting && view.leader.is_some();
+    if let Ok(Ok(a)) = tokio::time::timeout(timeout, client.alarm(AlarmAction::Get, AlarmType::None, None)).await {
+        view.alarms = a
+            .alarms()
+            .iter()
+            .filter(|a| a.alarm() != AlarmType::None)
+            .map(|a| format!("{} on member {:016x}", a.alarm().as_str_name(), a.member_id()))
+            .collect();
+    }
+    view
+}
