@@ -43,6 +43,8 @@ pub struct Undo {
     pub req: AcquireRequest,
     /// The grant.
     pub grant: crate::lock::mutex::Grant,
+    /// The cluster that granted it.
+    pub store: Arc<Store>,
 }
 
 fn need<T>(v: Option<T>, header: &str) -> Result<T, ApiError> {
@@ -89,25 +91,32 @@ async fn route(
     req: &ApiRequest,
     cancel: &CancellationToken,
 ) -> Result<(ApiResponse, Option<Undo>), ApiError> {
-    let store: &Arc<Store> = &state.store;
+    let tiers = &state.tiers;
     let caller = Caller { identity: req.identity.clone(), instance: req.lock.instance.clone() };
     let lock = &req.lock;
     // Sealed: every request is refused until the epoch advances.
     state.store.unsealed()?;
     // Defence in depth: the registry's LockGrants, when it carries any.
     crate::registry::authorise(state, req)?;
+    // A key homed in another region is redirected, never forwarded (ADR-08).
+    if let Some(key) = &lock.key {
+        if let Some(region) = tiers.wrong_region(key) {
+            return Ok((crate::tiers::wrong_region_response(key.namespace(), region), None));
+        }
+    }
     let r = match (req.method.as_str(), req.path.as_str()) {
         ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
         ("POST", "/v1/locks/release") => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let token = need(lock.token, headers::TOKEN)?;
-            store.release(&key, token, &caller, lock.session).await?;
+            let class = state.registry().class_of(&key).clone();
+            tiers.release(&class, &key, token, &caller, lock.session).await?;
             ApiResponse::ok(json!({ "released": true }))
         }
         ("GET", "/v1/locks") => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let class = class_for(state, lock, &key)?;
-            let holders = store.inspect(&key, &caller, lock.session).await?;
+            let (holders, store) = tiers.inspect(&class, &key, &caller, lock.session).await?;
             let holders: Vec<_> = holders
                 .into_iter()
                 .map(|h| {
@@ -137,7 +146,7 @@ async fn route(
                     .ok_or_else(|| ApiError::new(Code::BadRequest, format!("{}: no class {c}", headers::CLASS)))?,
                 (None, None) => state.registry().default_class().clone(),
             };
-            let sid = store.open_session(&caller, &class).await?;
+            let sid = tiers.open_session(&caller, &class, lock.key.as_ref()).await?;
             let mut r =
                 ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": class.ttl_s, "class": class.name }));
             r.headers.push((headers::SESSION, sid.to_string()));
@@ -145,17 +154,17 @@ async fn route(
         }
         ("POST", "/v1/sessions/keepalive") => {
             let sid = need(lock.session, headers::SESSION)?;
-            let ttl = store.keepalive(sid, &caller).await.inspect_err(|e| state.metrics.renewal_failure(e))?;
+            let ttl = tiers.keepalive(sid, &caller).await.inspect_err(|e| state.metrics.renewal_failure(e))?;
             ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": ttl }))
         }
         ("POST", "/v1/sessions/close") => {
             let sid = need(lock.session, headers::SESSION)?;
-            store.close_session(sid, &caller).await?;
+            tiers.close_session(sid, &caller).await?;
             ApiResponse::ok(json!({ "closed": true }))
         }
         ("GET", "/v1/sessions/holds") => {
             let sid = need(lock.session, headers::SESSION)?;
-            let holds = store.session_holds(sid, &caller).await?;
+            let holds = tiers.session_holds(sid, &caller).await?;
             let holds: Vec<_> = holds
                 .into_iter()
                 .map(|h| {
@@ -173,7 +182,8 @@ async fn route(
             if !state.validate_limiter.try_take() {
                 return Ok((crate::validate::rate_limited(), None));
             }
-            let current = crate::validate::is_current(store, &key, token).await?;
+            let class = state.registry().class_of(&key).clone();
+            let current = tiers.is_current(&class, &key, token).await?;
             ApiResponse::ok(json!({ "current": current }))
         }
         (m, p) => return Err(ApiError::new(Code::NotFound, format!("no route {m} {p}"))),
@@ -201,7 +211,11 @@ async fn acquire(
         hold_id: None,
         session_owner: None,
     };
-    let result = state.store.acquire(&areq, cancel).await;
+    let result = state.tiers.acquire(&areq, cancel).await;
+    let (result, store) = match result {
+        Ok((g, s)) => (Ok(g), Some(s)),
+        Err(e) => (Err(e), None),
+    };
     let labels = crate::metrics::lock_labels(&state.registry(), &areq.key);
     let outcome = crate::metrics::outcome_label(&result);
     state.metrics.acquire(labels, outcome, req.received.elapsed().as_secs_f64());
@@ -224,5 +238,5 @@ async fn acquire(
         r.headers.push((headers::PROOF, p));
     }
     r.headers.push((headers::SESSION, g.session.to_string()));
-    Ok((r, Some(Undo { req: areq, grant })))
+    Ok((r, store.map(|store| Undo { req: areq, grant, store })))
 }

@@ -57,6 +57,14 @@ pub struct RawConfig {
     /// admin actions do (`operators`); without `operators` it answers
     /// `admin.not_configured`.
     pub console: Option<RawConsole>,
+    /// More etcd clusters by name (like `etcd:` without `root`; `etcd:` is the coord
+    /// cluster, `coord`), `docs/SCALE.md`. Default none: one cluster backs both tiers.
+    #[serde(default)]
+    pub clusters: std::collections::BTreeMap<String, crate::topology::RawCluster>,
+    /// The entity tier's clusters for the first shard map (`tiers.entity`).
+    pub tiers: Option<crate::topology::RawTiers>,
+    /// The region of this arbiter and the home region of each namespace (ADR-08).
+    pub region: Option<crate::topology::RawRegion>,
     /// TEST ONLY: planted bugs for the release gate (`docs/GATE.md`):
     /// `skip_epoch_compare`, `release_by_key_name`, `count_before_lock`. Refused
     /// unless the environment sets `LOCKMESH_TEST_FAULTS=1`. Default none.
@@ -176,7 +184,7 @@ pub struct RawEtcd {
 }
 
 /// etcd client TLS settings.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEtcdTls {
     /// CA bundle (PEM) that signed etcd's server certificate.
@@ -339,6 +347,8 @@ pub struct Config {
     pub op_timeout_ms: u64,
     /// etcd TLS and user.
     pub etcd_auth: EtcdClientAuth,
+    /// More clusters, the entity tier and regional homing (`crate::topology`).
+    pub topology: crate::topology::Topology,
     /// Registry file path.
     pub registry_file: PathBuf,
     /// The registry as loaded at startup.
@@ -511,6 +521,14 @@ impl Config {
                 crate::test_faults::ENV
             ));
         }
+        let topology = crate::topology::Topology::from_raw(
+            &raw.clusters,
+            raw.tiers.as_ref(),
+            raw.region.as_ref(),
+            name,
+            &mut errs2,
+            &mut |r, e| etcd_auth(r, base, name, e),
+        );
         let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
         let console = console(raw.console.as_ref(), name, &mut errs2);
@@ -532,6 +550,7 @@ impl Config {
                 etcd_root: root,
                 op_timeout_ms,
                 etcd_auth,
+                topology,
                 registry_file,
                 registry,
                 max_wait_ms,

@@ -100,7 +100,7 @@ async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Respons
             _ => return Err(ApiError::new(Code::BadRequest, "open, next: both or neither, at most 100000 open")),
         };
         state.store.unsealed()?;
-        let s = state.store.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await?;
+        let s = state.tiers.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await?;
         // Renew three times per shortest TTL; without sessions, poll every second.
         let renew_ms = if s.min_ttl_s == 0 { 1000 } else { (s.min_ttl_s * 1000 / 3).max(500) };
         state.metrics.request("vm_keepalive", "ok");
@@ -121,7 +121,9 @@ async fn release(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
         let b: ReleaseBody = body(req).await?;
         check_vm(&b.vm)?;
         let key = LockKey::parse(b.key.as_bytes()).map_err(|e| ApiError::new(Code::BadRequest, format!("key: {e}")))?;
-        let released = state.store.vm_release(&envoy, &b.vm, &key, b.hold).await?;
+        let class = state.registry().class_of(&key).clone();
+        let store = state.tiers.route(&class, &key, false).await?;
+        let released = store.vm_release(&envoy, &b.vm, &key, b.hold).await?;
         state.metrics.request("vm_release", "ok");
         Ok::<_, ApiError>(Json(json!({ "released": released })))
     };

@@ -15,6 +15,8 @@
 //! - [`admin_action`]: two-person force release and epoch advance (`lockctl admin`).
 //! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
+//! - [`tiers`], [`topology`], [`shardctl`]: several etcd clusters (coord and entity
+//!   tiers, shards, moves) and regional homing (`docs/SCALE.md`).
 //! - [`internal`]: the filter's own calls (VM session renewal, releases).
 //! - [`signing`]: grant proofs for fences.
 //! - [`validate`]: ValidateToken, the linearizable "is this token current" read.
@@ -38,10 +40,13 @@ pub mod registry;
 pub mod respond;
 pub mod restore;
 pub mod server;
+pub mod shardctl;
 pub mod signing;
 pub mod state;
 pub mod test_faults;
+pub mod tiers;
 pub mod tls;
+pub mod topology;
 pub mod transparent;
 pub mod validate;
 
@@ -67,6 +72,8 @@ pub async fn run(
         &config.etcd_auth,
     )
     .await?;
+    // Every other cluster; names the clusters before any epoch record is created.
+    let tiers = Arc::new(tiers::Tiers::connect(&config, store.clone()).await?);
     crate::test_faults::install(&config.test_faults);
     if config.signing.is_none() {
         tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
@@ -95,12 +102,23 @@ pub async fn run(
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(&config.tls_cert, &config.tls_key))
         .client_ca_root(Certificate::from_pem(&config.client_ca));
-    let state = Arc::new(state::State::new(config, store));
+    let state = Arc::new(state::State::new(config, store).with_tiers(tiers));
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.
-    if let Err(e) = state.store.bootstrap_policies(&state.registry()).await {
-        tracing::warn!(error = %e, "could not create the class policy records yet; grants create them");
+    // With the shard map and every cluster's home record (`tiers`), retried every
+    // second until it succeeds.
+    if let Err(e) = state.tiers.bootstrap(&state.registry()).await {
+        tracing::warn!(error = %e, "could not create the shard map, home or class policy records yet; retrying");
     }
+    let tiers_task = tokio::spawn({
+        let state = state.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                state.tiers.tick(&state.registry()).await;
+            }
+        }
+    });
     let reloader = tokio::spawn(registry::watch(state.clone(), state.config.registry_file.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(admin::run(admin, state.clone(), {
@@ -127,6 +145,7 @@ pub async fn run(
         .await?;
     let _ = stop_tx.send(true);
     checker.abort();
+    tiers_task.abort();
     reloader.abort();
     let _ = admin_task.await;
     Ok(())

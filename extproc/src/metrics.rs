@@ -200,7 +200,7 @@ pub fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockErro
         Err(E::Leaked) => "leaked",
         Err(E::SessionExpired | E::SessionClassMismatch { .. }) => "session",
         Err(E::Sealed(_)) => "sealed",
-        Err(E::Unavailable(_)) => "unavailable",
+        Err(E::Unavailable(_) | E::Moved) => "unavailable",
         Err(E::Cancelled) => "cancelled",
         Err(E::Draining(_)) => "draining",
         Err(E::NotHolder | E::Internal(_)) => "error",

@@ -143,7 +143,7 @@ pub async fn reload_once(state: &State, path: &Path) {
             for w in reg.warnings(today()) {
                 tracing::warn!(warning = %w, "class registry");
             }
-            if let Err(e) = state.store.bootstrap_policies(&reg).await {
+            if let Err(e) = state.tiers.bootstrap_policies(&reg).await {
                 // The records of new classes are created on first grant instead.
                 tracing::warn!(error = %e, "could not create the policy records of the reloaded registry yet");
             }

@@ -48,6 +48,8 @@ impl From<LockError> for ApiError {
             LockError::Cancelled => Code::Unavailable,
             LockError::Internal(_) => Code::Internal,
             LockError::Draining(_) => Code::Draining,
+            // Routed again by `tiers`; answered only if the map keeps changing.
+            LockError::Moved => Code::Unavailable,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),

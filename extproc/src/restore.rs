@@ -151,6 +151,7 @@ pub async fn advance(
                     cluster_id: rec.cluster_id.clone(),
                     sealed: Some(format!("epoch advance {expected} -> {target} in progress")),
                     target: Some(target),
+                    prior: rec.prior.clone(),
                 };
                 if put_record(client, &keys, mod_rev, &sealed, vec![]).await? {
                     say(out, format!("1/4 sealed: epoch record {expected} carries an explicit seal; every arbiter refuses requests"));
@@ -165,6 +166,8 @@ pub async fn advance(
                     cluster_id: bound.clone(),
                     sealed: Some(format!("epoch advance {expected} -> {target}: revoking restored sessions")),
                     target: Some(target),
+                    // Every hold is deleted below: no older epoch stays live.
+                    prior: Vec::new(),
                 };
                 let del = |p: String| TxnOp::delete(p, Some(DeleteOptions::new().with_prefix()));
                 let holds = count(client, &keys.all_locks()).await?;
@@ -192,7 +195,8 @@ pub async fn advance(
                     return Err(other(format!("{left} sessions or holds remain after revoking; re-run")));
                 }
                 say(out, format!("3/4 revoked {revoked} restored session leases; verified: no session and no hold left under {root}"));
-                let open = EpochRecord { epoch: target, cluster_id: bound.clone(), sealed: None, target: None };
+                let open =
+                    EpochRecord { epoch: target, cluster_id: bound.clone(), sealed: None, target: None, prior: Vec::new() };
                 if put_record(client, &keys, mod_rev, &open, vec![]).await? {
                     say(
                         out,

@@ -307,7 +307,7 @@ async fn request_headers(
     if let Some(u) = undo {
         if !delivered {
             state.metrics.abandoned();
-            state.store.undo(&u.req, &u.grant).await;
+            u.store.undo(&u.req, &u.grant).await;
         }
     }
 }

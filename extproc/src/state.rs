@@ -10,8 +10,10 @@ use crate::{config::Config, lock::Store, metrics::Metrics};
 pub struct State {
     /// Validated configuration.
     pub config: Config,
-    /// The etcd recipe.
+    /// The etcd recipe on the coord cluster (the only cluster unless `clusters:`).
     pub store: Arc<Store>,
+    /// Every cluster and where each key goes (`crate::tiers`).
+    pub tiers: Arc<crate::tiers::Tiers>,
     /// Counters for `/metrics`.
     pub metrics: Metrics,
     /// The ValidateToken rate limit (`validate_rate_per_s`).
@@ -22,18 +24,30 @@ pub struct State {
 }
 
 impl State {
-    /// New state.
+    /// New state over one cluster (`store`) ([`State::with_tiers`] for more).
     pub fn new(config: Config, store: Arc<Store>) -> Self {
         let registry = RwLock::new(Arc::new(config.registry.clone()));
         let validate_limiter = crate::validate::RateLimiter::new(config.validate_rate_per_s);
+        let tiers = Arc::new(crate::tiers::Tiers::new(
+            [(store.cluster_name().to_owned(), store.clone())].into(),
+            vec![store.cluster_name().to_owned()],
+            config.topology.region.clone(),
+        ));
         Self {
             config,
             store,
+            tiers,
             metrics: Metrics::default(),
             validate_limiter,
             registry_status: Default::default(),
             registry,
         }
+    }
+
+    /// The same state over `tiers` (whose coord store is `store`).
+    pub fn with_tiers(mut self, tiers: Arc<crate::tiers::Tiers>) -> Self {
+        self.tiers = tiers;
+        self
     }
 
     /// Replaces the class registry (a valid reload).

@@ -90,6 +90,12 @@ pub async fn acquire(
     req: &ApiRequest,
     cancel: &CancellationToken,
 ) -> (Answer, Option<Undo>) {
+    // A key homed in another region is redirected, never forwarded (ADR-08).
+    if let Some(key) = &req.lock.key {
+        if let Some(region) = state.tiers.wrong_region(key) {
+            return (Answer::Reply(crate::tiers::wrong_region_response(key.namespace(), region)), None);
+        }
+    }
     match grant(state, envoy, vm, hold, req, cancel).await {
         Ok((set, undo)) => (Answer::Forward { set, remove: INTERNAL.to_vec() }, Some(undo)),
         Err(e) => (Answer::Reply(e.into()), None),
@@ -104,8 +110,7 @@ async fn grant(
     req: &ApiRequest,
     cancel: &CancellationToken,
 ) -> Result<(Vec<(&'static str, String)>, Undo), ApiError> {
-    let store: &Arc<Store> = &state.store;
-    store.unsealed()?;
+    state.store.unsealed()?;
     let key = req
         .lock
         .key
@@ -124,16 +129,19 @@ async fn grant(
         session_owner: Some(Store::vm_owner(envoy, vm)),
     };
     // A VM session that expired (the filter stopped renewing for a while) is
-    // replaced once.
-    let mut tries = 0;
-    let grant = loop {
+    // replaced once. Each cluster has its own VM sessions; a key whose home moved
+    // is routed again (`crate::tiers`).
+    let (mut tries, mut moves) = (0, 0);
+    let (grant, store) = loop {
+        let store: Arc<Store> = state.tiers.route(&areq.class, &areq.key, moves > 0).await?;
         areq.session = Some(store.vm_session(envoy, vm, &areq.class).await?);
         match store.acquire(&areq, cancel).await {
             Err(LockError::SessionExpired) if tries == 0 => {
                 tries += 1;
                 store.forget_vm_session(vm, areq.class.name.as_str()).await;
             }
-            r => break r?,
+            Err(LockError::Moved) if moves < 3 => moves += 1,
+            r => break (r?, store),
         }
     };
     let t = grant.token;
@@ -142,7 +150,7 @@ async fn grant(
         (headers::EPOCH, t.epoch().to_string()),
         (headers::REVISION, t.revision().to_string()),
     ];
-    Ok((set, Undo { req: areq, grant }))
+    Ok((set, Undo { req: areq, grant, store }))
 }
 
 #[cfg(test)]

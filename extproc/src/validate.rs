@@ -92,7 +92,8 @@ pub async fn is_current(store: &Store, key: &LockKey, token: FencingToken) -> Re
     if let Some(why) = record.sealed {
         return Err(LockError::Sealed(why));
     }
-    if token.epoch() != record.epoch {
+    // The current epoch, or an older one a move's advance kept live (`lock::home`).
+    if token.epoch() != record.epoch && !record.prior.contains(&token.epoch()) {
         return Ok(false);
     }
     let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;

@@ -60,6 +60,12 @@ pub fn roles(root: &str) -> Vec<Role> {
             grants: vec![
                 rw("sys/epoch", false),
                 rw("sys/classmap", false),
+                // Several clusters (docs/SCALE.md): the shard map and epoch counter
+                // (coord), every cluster's home record, session extensions.
+                rw("sys/shardmap", false),
+                rw("sys/epochs", false),
+                rw("sys/home", false),
+                rw("sx/", true),
                 rw("s/", true),
                 rw("l/", true),
                 rw("r/", true),

@@ -27,6 +27,11 @@ pub struct EpochRecord {
     /// The epoch an advance in progress moves to (set with `sealed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<u64>,
+    /// Earlier epochs of this cluster whose holds may still be live: a move's
+    /// epoch advance keeps them (`lock::home`); a restore advance clears them with
+    /// the holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prior: Vec<u64>,
 }
 
 /// What the arbiter knows of the record.
@@ -40,6 +45,16 @@ pub struct EpochState {
     pub cluster_id: u64,
     /// Explicit seal reason, if any.
     pub sealed: Option<String>,
+    /// Earlier epochs whose holds may still be live ([`EpochRecord::prior`]).
+    pub prior: Vec<u64>,
+}
+
+impl EpochState {
+    /// True when a hold granted in `epoch` may still be live on this cluster: the
+    /// current epoch, or one a move's advance kept.
+    pub fn holds_epoch(&self, epoch: u64) -> bool {
+        epoch == self.epoch || self.prior.contains(&epoch)
+    }
 }
 
 /// Cached epoch state.
@@ -96,8 +111,13 @@ impl Store {
                     .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
                 let cluster_id = u64::from_str_radix(&rec.cluster_id, 16)
                     .map_err(|_| LockError::Internal("epoch record cluster_id is not hex".into()))?;
-                let state =
-                    EpochState { epoch: rec.epoch, mod_revision: kv.mod_revision(), cluster_id, sealed: rec.sealed };
+                let state = EpochState {
+                    epoch: rec.epoch,
+                    mod_revision: kv.mod_revision(),
+                    cluster_id,
+                    sealed: rec.sealed,
+                    prior: rec.prior,
+                };
                 self.check_cluster(&state, header_cluster)?;
                 if let Ok(mut g) = self.epoch.0.write() {
                     *g = Some(state.clone());
@@ -113,13 +133,17 @@ impl Store {
                 self.seal().seal(super::seal::SealReason::EpochBehindMark, why.clone());
                 return Err(LockError::Sealed(why));
             }
-            let rec = EpochRecord { epoch: FIRST_EPOCH, cluster_id: cluster_hex(cluster), sealed: None, target: None };
+            // One cluster: epoch 1. Several: allocated from the coord cluster's
+            // counter, so no two clusters share an epoch (`lock::home`).
+            let first = self.first_epoch().await?;
+            let rec =
+                EpochRecord { epoch: first, cluster_id: cluster_hex(cluster), sealed: None, target: None, prior: Vec::new() };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.as_str(), value, None::<PutOptions>)]);
             self.call(self.client().txn(txn)).await?;
-            tracing::info!(epoch = FIRST_EPOCH, cluster = %cluster_hex(cluster), "created the epoch record");
+            tracing::info!(epoch = first, cluster = %cluster_hex(cluster), "created the epoch record");
         }
         Err(LockError::Internal("epoch record could not be read".into()))
     }

@@ -7,6 +7,8 @@
 //!
 //! # Layout
 //! - [`keys`]: the etcd key layout.
+//! - [`home`]: which cluster a key lives on, the home fence of every grant, epoch
+//!   allocation and session extension across clusters (ADR-07, ADR-09).
 //! - [`epoch`]: the epoch record and the cluster it was minted for.
 //! - [`session`]: sessions (one lease each) and their owners.
 //! - [`mutex`]: grant, release and inspection.
@@ -14,6 +16,7 @@
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter.
 
 pub mod epoch;
+pub mod home;
 pub mod keys;
 pub mod mutex;
 pub mod policy;
@@ -72,6 +75,10 @@ pub enum LockError {
     /// activates or is cancelled.
     #[error("{0}")]
     Draining(String),
+    /// The key lives on another cluster than the one asked (a stale routing view
+    /// met a moved home record): route again with a fresh shard map.
+    #[error("the key's home cluster changed; the arbiter routes it again")]
+    Moved,
 }
 
 /// A session record, immutable for the session's life.
@@ -127,6 +134,8 @@ pub struct Store {
     policies: policy::PolicyCache,
     /// One client per endpoint, to find the member that leads (seal checks).
     members: Vec<Client>,
+    /// The cluster's name, epoch source and home record (`home`).
+    home: home::HomeCell,
 }
 
 /// Unix time in ms.
@@ -194,6 +203,7 @@ impl Store {
             seal,
             policies: policy::PolicyCache::default(),
             members,
+            home: home::HomeCell::new(root),
         });
         Ok(store)
     }

@@ -18,6 +18,10 @@
 //! Missing records are created from the registry (compare-create, so concurrent
 //! arbiters agree on the first writer's). Changes after that go through
 //! `lockctl limit` ([`crate::reconcile`]).
+//!
+//! The gate also carries the key's home fence (`lock::home`): the grant compares
+//! the granting cluster's home record, so a grant never commits on a cluster the
+//! shard map has moved the key away from (or while it moves).
 
 use std::{collections::HashMap, sync::Mutex};
 
@@ -60,6 +64,7 @@ pub struct PolicyGate {
     policy_rev: i64,
     map_key: String,
     map_rev: i64,
+    home: super::home::HomeGate,
 }
 
 // === impl ClassMapRecord ===
@@ -91,12 +96,13 @@ impl PolicyGate {
         vec![
             Compare::mod_revision(self.policy_key.as_str(), CompareOp::Equal, self.policy_rev),
             Compare::mod_revision(self.map_key.as_str(), CompareOp::Equal, self.map_rev),
+            self.home.compare(),
         ]
     }
 
-    /// The reads a grant's failure branch must add (after its own).
+    /// The reads a grant's failure branch must add (after its own, last).
     pub fn reads(&self) -> Vec<TxnOp> {
-        vec![TxnOp::get(self.policy_key.as_str(), None), TxnOp::get(self.map_key.as_str(), None)]
+        vec![TxnOp::get(self.policy_key.as_str(), None), TxnOp::get(self.map_key.as_str(), None), self.home.read()]
     }
 }
 
@@ -143,6 +149,9 @@ impl Store {
                 policy.change_epoch
             )));
         }
+        // Where the key lives: refused here if the shard map homes it elsewhere or
+        // it is moving (compared by the grant like the records above).
+        let home = self.home_gate(&class, &req.key).await?;
         Ok(PolicyGate {
             limit: policy.limit.max(1),
             class: class.clone(),
@@ -150,11 +159,13 @@ impl Store {
             policy_rev,
             map_key: self.keys().class_map(),
             map_rev,
+            home,
         })
     }
 
-    /// After a failed grant transaction: true (and caches dropped) when the policy
-    /// or the map moved since the gate was read, so the grant must be retried.
+    /// After a failed grant transaction: true (and caches dropped) when the policy,
+    /// the map or the home record moved since the gate was read, so the grant must
+    /// be retried. `ops` ends with the gate's [`PolicyGate::reads`].
     pub(crate) fn policy_moved(&self, gate: &PolicyGate, ops: &[TxnOpResponse]) -> bool {
         let gets: Vec<&etcd_client::GetResponse> = ops
             .iter()
@@ -166,10 +177,14 @@ impl Store {
         let rev =
             |g: Option<&&etcd_client::GetResponse>| g.and_then(|g| g.kvs().first()).map_or(0, KeyValue::mod_revision);
         let n = gets.len();
-        let (p, m) = (rev(gets.get(n.wrapping_sub(2))), rev(gets.get(n.wrapping_sub(1))));
-        let moved = n >= 2 && (p != gate.policy_rev || m != gate.map_rev);
+        let (p, m) = (rev(gets.get(n.wrapping_sub(3))), rev(gets.get(n.wrapping_sub(2))));
+        let home_moved = n >= 3 && gate.home.moved(gets.get(n - 1).copied());
+        let moved = n >= 3 && (p != gate.policy_rev || m != gate.map_rev || home_moved);
         if moved {
             self.forget_policies();
+        }
+        if home_moved {
+            self.forget_home();
         }
         moved
     }

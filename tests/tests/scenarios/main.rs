@@ -25,6 +25,7 @@ mod load_smoke;
 mod observability;
 mod pg_fence;
 mod restore;
+mod scale;
 mod sdk;
 mod semaphore;
 mod transparent;

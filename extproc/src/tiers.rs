@@ -1,0 +1,573 @@
+//! The clusters behind one arbiter, and where each request goes (ADR-07, ADR-08,
+//! ADR-09; `docs/SCALE.md`).
+//!
+//! The arbiter holds one [`Store`] per etcd cluster (one client and key root each).
+//! A key's store is decided here, never by the caller: keys of the map's coord
+//! classes go to the coord cluster, every other key to its entity home (namespace
+//! override, else rendezvous over the shards), by the shard map read from the coord
+//! cluster (polled every second and re-read whenever a grant meets a moved home
+//! record). Routing may be stale; the grant's home fence (`lock::home`) is what
+//! makes it safe, and a grant refused with [`LockError::Moved`] is routed again.
+//!
+//! **Sessions.** A session is one lease id. It is opened on one cluster (the key's
+//! home when the open names a key, else its class's tier) and **extended** with the
+//! same lease id to any other cluster the first time it holds a key there; its home
+//! records the extension. A keepalive renews the lease on every cluster and fails
+//! (`session_expired`) if any cluster the session extends to lost it; a close revokes
+//! it everywhere; listing its holds reads every cluster it extends to. With one
+//! cluster none of this costs anything: every call goes straight to it.
+//!
+//! **Regions.** A key whose namespace is homed to another region is refused with
+//! `421 wrong_region` naming the region, before any etcd is touched; nothing is
+//! forwarded.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, RwLock},
+    time::Duration,
+};
+
+use futures::future::join_all;
+use lockmesh_core::{
+    class::Tier,
+    headers::SessionId,
+    policy::ChangeNote,
+    shard::{rendezvous, ShardMap},
+    ClassRegistry, ClassSpec, Code, LockKey,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::Config,
+    lock::{
+        home::{MapRecord, COORD_CLUSTER},
+        mutex::{AcquireRequest, Grant},
+        now_ms,
+        session::{Caller, OwnHold},
+        LockError, Store,
+    },
+    respond::{ApiError, ApiResponse},
+    topology::{Region, Topology},
+};
+
+/// How many times a request is routed again after a moved home record.
+const REROUTES: usize = 3;
+
+/// The response header naming the region a refused key is homed in.
+pub const REGION_HEADER: &str = "x-lockmesh-region";
+
+/// Every cluster of one arbiter and its routing view.
+pub struct Tiers {
+    stores: BTreeMap<String, Arc<Store>>,
+    entity: Vec<String>,
+    region: Option<Region>,
+    map: RwLock<Option<ShardMap>>,
+    homes: Mutex<HashMap<SessionId, String>>,
+    bootstrapped: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// === impl Tiers ===
+
+impl Tiers {
+    /// Connects to every configured cluster. The coord store is `coord`
+    /// (connected by the caller from `etcd:`).
+    pub async fn connect(config: &Config, coord: Arc<Store>) -> Result<Self, LockError> {
+        let topo: &Topology = &config.topology;
+        let split = topo.is_split();
+        coord.set_cluster(COORD_CLUSTER, split.then_some(&coord));
+        let mut stores = BTreeMap::from([(COORD_CLUSTER.to_owned(), coord.clone())]);
+        for c in &topo.clusters {
+            let marks = Topology::marks_file(config.marks_file.as_deref(), &c.name);
+            let s = Store::connect_with(
+                &c.endpoints,
+                &config.etcd_root,
+                Duration::from_millis(config.op_timeout_ms),
+                marks.as_deref(),
+                &c.auth,
+            )
+            .await?;
+            s.set_cluster(&c.name, Some(&coord));
+            stores.insert(c.name.clone(), s);
+        }
+        Ok(Self::new(stores, topo.entity.clone(), topo.region.clone()))
+    }
+
+    /// Tiers over connected stores (named already).
+    pub fn new(stores: BTreeMap<String, Arc<Store>>, entity: Vec<String>, region: Option<Region>) -> Self {
+        Self {
+            stores,
+            entity,
+            region,
+            map: RwLock::new(None),
+            homes: Mutex::new(HashMap::new()),
+            bootstrapped: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The coord cluster's store.
+    pub fn coord(&self) -> &Arc<Store> {
+        &self.stores[COORD_CLUSTER]
+    }
+
+    /// A cluster's store by name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Store>> {
+        self.stores.get(name)
+    }
+
+    /// Every store, coord first.
+    pub fn stores(&self) -> impl Iterator<Item = &Arc<Store>> {
+        std::iter::once(self.coord()).chain(self.stores.iter().filter(|(n, _)| *n != COORD_CLUSTER).map(|(_, s)| s))
+    }
+
+    /// Every store by name.
+    pub fn by_name(&self) -> &BTreeMap<String, Arc<Store>> {
+        &self.stores
+    }
+
+    fn split(&self) -> bool {
+        self.stores.len() > 1
+    }
+
+    /// Creates what is missing: the coord cluster's shard map (from the config's
+    /// entity clusters and the registry's coord classes), every cluster's home
+    /// record (from that map) and class policy records. The first writer wins.
+    pub async fn bootstrap(&self, reg: &ClassRegistry) -> Result<(), LockError> {
+        let coord = self.coord();
+        if coord.read_map().await?.is_none() {
+            let coord_classes =
+                reg.classes().iter().filter(|c| c.tier == Tier::Coord).map(|c| c.name.to_string());
+            let map = ShardMap::initial(COORD_CLUSTER, &self.entity, coord_classes);
+            let rec = MapRecord {
+                current: map,
+                pending: None,
+                last: ChangeNote {
+                    actor: "arbiter".into(),
+                    reason: "bootstrap from the arbiter config and registry".into(),
+                    at_ms: now_ms(),
+                    action: "create".into(),
+                },
+            };
+            coord.put_map(&rec, 0).await?;
+        }
+        let (map, _) = coord.read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map".into()))?;
+        for c in map.current.clusters() {
+            if !self.stores.contains_key(&c) {
+                tracing::warn!(cluster = %c, "the shard map homes keys on a cluster this arbiter's config does not name; its keys answer unavailable here");
+            }
+        }
+        for s in self.stores() {
+            s.create_home_if_missing(&map).await?;
+            s.bootstrap_policies(reg).await?;
+        }
+        self.warn_tiers(reg, &map.current);
+        self.set_map(map.current);
+        self.bootstrapped.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Creates missing class policy records on every cluster (a registry reload).
+    pub async fn bootstrap_policies(&self, reg: &ClassRegistry) -> Result<(), LockError> {
+        for s in self.stores() {
+            s.bootstrap_policies(reg).await?;
+        }
+        if let Some(m) = self.current_map() {
+            self.warn_tiers(reg, &m);
+        }
+        Ok(())
+    }
+
+    fn warn_tiers(&self, reg: &ClassRegistry, map: &ShardMap) {
+        for c in reg.classes() {
+            if (c.tier == Tier::Coord) != map.coord_classes.contains(c.name.as_str()) {
+                tracing::warn!(class = %c.name, "the registry's tier of this class differs from the shard map's; it takes effect through lockctl shard apply (a fenced move), not before");
+            }
+        }
+    }
+
+    /// One background round (every second): seal checks of the clusters other
+    /// than the coord one (the coord one has its own checker), the bootstrap until
+    /// it succeeded, and a fresh read of the shard map.
+    pub async fn tick(&self, reg: &ClassRegistry) {
+        for s in self.stores().skip(1) {
+            if let Err(e) = s.check_seal().await {
+                tracing::debug!(cluster = s.cluster_name(), error = %e, "seal check could not reach etcd");
+            }
+        }
+        if !self.bootstrapped.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Err(e) = self.bootstrap(reg).await {
+                tracing::debug!(error = %e, "could not create the shard map or home records yet");
+            }
+            return;
+        }
+        if !self.split() {
+            return;
+        }
+        if let Err(e) = self.refresh_map().await {
+            tracing::debug!(error = %e, "could not read the shard map");
+        }
+    }
+
+    fn set_map(&self, m: ShardMap) {
+        let mut g = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_none_or(|old| old.version <= m.version) {
+            *g = Some(m);
+        }
+    }
+
+    /// The routing map, as last read.
+    pub fn current_map(&self) -> Option<ShardMap> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the coord map now.
+    pub async fn refresh_map(&self) -> Result<ShardMap, LockError> {
+        let (rec, _) =
+            self.coord().read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map yet".into()))?;
+        self.set_map(rec.current.clone());
+        Ok(rec.current)
+    }
+
+    async fn map(&self, fresh: bool) -> Result<ShardMap, LockError> {
+        match self.current_map() {
+            Some(m) if !fresh => Ok(m),
+            _ => self.refresh_map().await,
+        }
+    }
+
+    /// The store of `key` of class `class`; `fresh` re-reads the map first.
+    pub async fn route(&self, class: &ClassSpec, key: &LockKey, fresh: bool) -> Result<Arc<Store>, LockError> {
+        if !self.split() {
+            return Ok(self.coord().clone());
+        }
+        let map = self.map(fresh).await?;
+        let home = map.home(class.name.as_str(), key.as_str()).unwrap_or(COORD_CLUSTER);
+        self.stores.get(home).cloned().ok_or_else(|| {
+            LockError::Unavailable(format!(
+                "the shard map homes this key on cluster {home}, which this arbiter's config does not name"
+            ))
+        })
+    }
+
+    /// The store a session of `class` opens on when no key is named: the coord
+    /// cluster for a coord class, else the shard the class's name hashes to.
+    async fn class_home(&self, class: &ClassSpec) -> Result<Arc<Store>, LockError> {
+        if !self.split() {
+            return Ok(self.coord().clone());
+        }
+        let map = self.map(false).await?;
+        let home = if map.coord_classes.contains(class.name.as_str()) {
+            COORD_CLUSTER
+        } else {
+            rendezvous(&map.shards, class.name.as_str()).unwrap_or(COORD_CLUSTER)
+        };
+        Ok(self.stores.get(home).unwrap_or(self.coord()).clone())
+    }
+
+    /// The region `key`'s namespace is homed to, when it is not this arbiter's.
+    pub fn wrong_region(&self, key: &LockKey) -> Option<&str> {
+        self.region.as_ref()?.elsewhere(key.namespace())
+    }
+
+    /// Acquires on the key's home, routing again after a moved home record. The
+    /// grant's store comes back with it (a lost answer is undone there).
+    pub async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        cancel: &CancellationToken,
+    ) -> Result<(Grant, Arc<Store>), LockError> {
+        for attempt in 0..=REROUTES {
+            let store = self.route(&req.class, &req.key, attempt > 0).await?;
+            if let Some(sid) = req.session {
+                self.ensure_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller), &store).await?;
+            }
+            match store.acquire(req, cancel).await {
+                Err(LockError::Moved) => continue,
+                Ok(g) => {
+                    if g.new_session {
+                        lock(&self.homes).insert(g.session, store.cluster_name().to_owned());
+                    }
+                    return Ok((g, store));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable("the key's home keeps moving; retry".into()))
+    }
+
+    /// Opens a session of `class` on the home of `key` (or of the class).
+    pub async fn open_session(
+        &self,
+        caller: &Caller,
+        class: &ClassSpec,
+        key: Option<&LockKey>,
+    ) -> Result<SessionId, LockError> {
+        let store = match key {
+            Some(k) => self.route(class, k, false).await?,
+            None => self.class_home(class).await?,
+        };
+        let sid = store.open_session(caller, class).await?;
+        lock(&self.homes).insert(sid, store.cluster_name().to_owned());
+        Ok(sid)
+    }
+
+    /// The cluster session `sid` was opened on: cached, else found by reading its
+    /// record on every cluster.
+    async fn session_home(&self, sid: SessionId) -> Result<Arc<Store>, LockError> {
+        if !self.split() {
+            return Ok(self.coord().clone());
+        }
+        if let Some(h) = lock(&self.homes).get(&sid).cloned() {
+            if let Some(s) = self.stores.get(&h) {
+                return Ok(s.clone());
+            }
+        }
+        let reads = join_all(self.stores.values().map(|s| s.session_copy(sid))).await;
+        let mut home = None;
+        for (name, r) in self.stores.keys().zip(reads) {
+            if let Ok(Some(c)) = r {
+                home = Some(c.home.unwrap_or_else(|| name.clone()));
+                break;
+            }
+        }
+        let home = home.ok_or(LockError::SessionExpired)?;
+        let store = self.stores.get(&home).cloned().ok_or(LockError::SessionExpired)?;
+        let mut cache = lock(&self.homes);
+        if cache.len() > 100_000 {
+            cache.clear();
+        }
+        cache.insert(sid, home);
+        Ok(store)
+    }
+
+    /// Makes session `sid` (owned by `owner`) usable on `target`: nothing when it
+    /// was opened there or already extends there, else an extension (its home's
+    /// lease must be alive), recorded on its home.
+    async fn ensure_session(&self, sid: SessionId, owner: &Caller, target: &Arc<Store>) -> Result<(), LockError> {
+        if !self.split() {
+            return Ok(());
+        }
+        let home = self.session_home(sid).await?;
+        if Arc::ptr_eq(&home, target) || target.session_copy(sid).await?.is_some() {
+            return Ok(());
+        }
+        let rec = home.owned_session(sid, owner).await?;
+        if !home.lease_alive(sid).await? {
+            home.forget_session(sid).await;
+            return Err(LockError::SessionExpired);
+        }
+        target.extend_session(sid, &rec, home.cluster_name()).await?;
+        if let Err(e) = home.mark_extension(sid, target.cluster_name()).await {
+            let _ = target.revoke_lease(sid).await;
+            return Err(e);
+        }
+        tracing::debug!(home = home.cluster_name(), to = target.cluster_name(), "session extended to another cluster");
+        Ok(())
+    }
+
+    /// Renews a session everywhere; `SessionExpired` (and the session revoked
+    /// everywhere) when a cluster it extends to lost it. Returns the TTL.
+    pub async fn keepalive(&self, sid: SessionId, caller: &Caller) -> Result<u64, LockError> {
+        let home = self.session_home(sid).await?;
+        let ttl = home.keepalive(sid, caller).await?;
+        if !self.split() {
+            return Ok(ttl);
+        }
+        let marked = home.extensions(sid).await?;
+        let others: Vec<&Arc<Store>> = self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)).collect();
+        let renewed = join_all(others.iter().map(|s| s.renew_lease(sid))).await;
+        for (s, r) in others.iter().zip(renewed) {
+            if !marked.iter().any(|m| m == s.cluster_name()) {
+                continue;
+            }
+            match r {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(cluster = s.cluster_name(), "a session lost its lease on a cluster it extends to: revoking it everywhere");
+                    self.revoke_everywhere(sid).await;
+                    return Err(LockError::SessionExpired);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ttl)
+    }
+
+    async fn revoke_everywhere(&self, sid: SessionId) {
+        for s in self.stores.values() {
+            if let Err(e) = s.revoke_lease(sid).await {
+                tracing::warn!(cluster = s.cluster_name(), error = %e, "could not revoke a lost session; it expires with its ttl");
+            }
+        }
+        lock(&self.homes).remove(&sid);
+    }
+
+    /// Closes a session on every cluster (its home last).
+    pub async fn close_session(&self, sid: SessionId, caller: &Caller) -> Result<(), LockError> {
+        let home = self.session_home(sid).await?;
+        if self.split() {
+            home.owned_session(sid, caller).await?;
+            for s in self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)) {
+                s.revoke_lease(sid).await?;
+            }
+        }
+        lock(&self.homes).remove(&sid);
+        home.close_session(sid, caller).await
+    }
+
+    /// Every hold of a session, on every cluster it extends to.
+    pub async fn session_holds(&self, sid: SessionId, caller: &Caller) -> Result<Vec<OwnHold>, LockError> {
+        let home = self.session_home(sid).await?;
+        let mut holds = home.session_holds(sid, caller).await?;
+        if self.split() {
+            for c in home.extensions(sid).await? {
+                let Some(s) = self.stores.get(&c) else { continue };
+                match s.session_holds(sid, caller).await {
+                    Ok(h) => holds.extend(h),
+                    // Lost there: the next keepalive says so.
+                    Err(LockError::SessionExpired) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(holds)
+    }
+
+    /// Releases grant `token` of `key` on its home. A stale routing view (the map
+    /// moved) is corrected once; a session that lives elsewhere but not here
+    /// answers `not_holder`, not `session_expired`.
+    pub async fn release(
+        &self,
+        class: &ClassSpec,
+        key: &LockKey,
+        token: lockmesh_core::FencingToken,
+        caller: &Caller,
+        session: Option<SessionId>,
+    ) -> Result<(), LockError> {
+        let mut store = self.route(class, key, false).await?;
+        for attempt in 0..2 {
+            match store.release(key, token, caller, session).await {
+                Err(e @ (LockError::NotHolder | LockError::SessionExpired)) if self.split() => {
+                    if attempt == 0 {
+                        let fresh = self.route(class, key, true).await?;
+                        if !Arc::ptr_eq(&fresh, &store) {
+                            store = fresh;
+                            continue;
+                        }
+                    }
+                    if e == LockError::SessionExpired {
+                        if let Some(sid) = session {
+                            if self.alive_elsewhere(sid, &store).await {
+                                return Err(LockError::NotHolder);
+                            }
+                        }
+                    }
+                    return Err(e);
+                }
+                r => return r,
+            }
+        }
+        Err(LockError::NotHolder)
+    }
+
+    /// True when session `sid` is alive on its home and that home is not `here`.
+    async fn alive_elsewhere(&self, sid: SessionId, here: &Arc<Store>) -> bool {
+        match self.session_home(sid).await {
+            Ok(home) if !Arc::ptr_eq(&home, here) => home.lease_alive(sid).await.unwrap_or(false),
+            _ => false,
+        }
+    }
+
+    /// The holders of `key` on its home. A session that does not extend there
+    /// holds nothing there: it is checked on its home and not shown as a holder.
+    pub async fn inspect(
+        &self,
+        class: &ClassSpec,
+        key: &LockKey,
+        caller: &Caller,
+        session: Option<SessionId>,
+    ) -> Result<(Vec<crate::lock::mutex::HolderView>, Arc<Store>), LockError> {
+        let store = self.route(class, key, false).await?;
+        let mut session = session;
+        if let (true, Some(sid)) = (self.split(), session) {
+            if store.session_copy(sid).await?.is_none() {
+                self.session_home(sid).await?.owned_session(sid, caller).await?;
+                session = None;
+            }
+        }
+        let holders = store.inspect(key, caller, session).await?;
+        Ok((holders, store))
+    }
+
+    /// ValidateToken on the key's home (a stale routing view corrected once).
+    pub async fn is_current(
+        &self,
+        class: &ClassSpec,
+        key: &LockKey,
+        token: lockmesh_core::FencingToken,
+    ) -> Result<bool, LockError> {
+        let store = self.route(class, key, false).await?;
+        let current = crate::validate::is_current(&store, key, token).await?;
+        if current || !self.split() {
+            return Ok(current);
+        }
+        let fresh = self.route(class, key, true).await?;
+        if Arc::ptr_eq(&fresh, &store) {
+            return Ok(false);
+        }
+        crate::validate::is_current(&fresh, key, token).await
+    }
+
+    /// Renews every transparent-mode VM session of `vm` on every cluster.
+    pub async fn vm_keepalive(
+        &self,
+        envoy: &str,
+        vm: &str,
+        reconcile: Option<&crate::lock::vm::Reconcile>,
+    ) -> Result<crate::lock::vm::VmStatus, LockError> {
+        let mut total = crate::lock::vm::VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
+        for s in self.stores() {
+            let st = s.vm_keepalive(envoy, vm, reconcile).await?;
+            total.sessions += st.sessions;
+            total.reconciled += st.reconciled;
+            if st.min_ttl_s > 0 {
+                total.min_ttl_s = if total.min_ttl_s == 0 { st.min_ttl_s } else { total.min_ttl_s.min(st.min_ttl_s) };
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// The `421 wrong_region` answer: the code, a message and the `region` field,
+/// with the region in [`REGION_HEADER`] too.
+pub fn wrong_region_response(namespace: &str, region: &str) -> ApiResponse {
+    let e = ApiError::new(
+        Code::WrongRegion,
+        format!("namespace {namespace} is homed in region {region}: send the request to that region's lock tier"),
+    );
+    let mut r = ApiResponse::from(e);
+    if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&r.body) {
+        v["region"] = serde_json::json!(region);
+        r.body = v.to_string();
+    }
+    r.headers.push((REGION_HEADER, region.to_owned()));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redirect_names_the_region_in_body_and_header() {
+        let r = wrong_region_response("search", "us-1");
+        assert_eq!(r.status, 421);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!((v["code"].as_str(), v["region"].as_str()), (Some("wrong_region"), Some("us-1")));
+        assert!(r.headers.contains(&(REGION_HEADER, "us-1".to_owned())));
+        assert!(r.headers.contains(&("x-lockmesh-error", "wrong_region".to_owned())));
+    }
+}
