@@ -398,10 +398,7 @@ impl ClassRegistry {
             }
             let fairness = match c.fairness.as_deref() {
                 None | Some("memory") => Some(Fairness::Memory),
-                Some("durable") => {
-                    err(at("fairness"), "durable is not implemented by this arbiter yet; use memory (ADR-14)".into());
-                    None
-                }
+                Some("durable") => Some(Fairness::Durable),
                 Some(f) => {
                     err(at("fairness"), format!("{f:?} is not memory or durable"));
                     None

@@ -48,6 +48,9 @@ pub struct RawConfig {
     /// Token bucket rate of `POST /v1/tokens/validate`, requests per second on this
     /// arbiter (burst: the same number). Over it: `429 rate_limited`. Default 100.
     pub validate_rate_per_s: Option<u32>,
+    /// Hand a released key to its next waiter in the release transaction
+    /// (docs/CLASSES.md). Default true; false only to measure what it saves.
+    pub handoff: Option<bool>,
     /// Two-person admin actions executed by this arbiter (`docs/ADMIN.md`): who may
     /// call them and how operators' tokens are verified. Without it the admin
     /// routes answer `admin.not_configured`.
@@ -355,6 +358,8 @@ pub struct Config {
     pub registry: ClassRegistry,
     /// Longest wait.
     pub max_wait_ms: u64,
+    /// One-transaction hand-off on release.
+    pub handoff: bool,
     /// Durable marks file.
     pub marks_file: Option<PathBuf>,
     /// Grant proof signer, if configured.
@@ -554,6 +559,7 @@ impl Config {
                 registry_file,
                 registry,
                 max_wait_ms,
+                handoff: raw.handoff.unwrap_or(true),
                 marks_file: raw.marks_file.map(|p| resolve(base, &p)),
                 signing,
                 validate_rate_per_s,

@@ -75,6 +75,7 @@ pub async fn run(
     // Every other cluster; names the clusters before any epoch record is created.
     let tiers = Arc::new(tiers::Tiers::connect(&config, store.clone()).await?);
     crate::test_faults::install(&config.test_faults);
+    lock::wait::HANDOFF.store(config.handoff, std::sync::atomic::Ordering::Relaxed);
     if config.signing.is_none() {
         tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
     }

@@ -302,6 +302,7 @@ impl Metrics {
         );
         s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
+        crate::lock::wait::HANDOFFS.render(&mut s);
         self.render_locks(&mut s);
         s
     }

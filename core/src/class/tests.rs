@@ -68,7 +68,7 @@ fn postures_are_checked_field_by_field() {
     let mut adv = class("a", &["a"], Some(15), false);
     adv.enforcement = Some("advisory".into());
     adv.waiver_expiry = Some("2026-02-30".into());
-    adv.fairness = Some("durable".into());
+    adv.fairness = Some("fifo".into());
     adv.on_quorum_loss = Some("open".into());
     adv.pause_test_result = Some("p.yaml".into());
     let mut none = class("n", &[], None, false);
@@ -90,7 +90,7 @@ fn postures_are_checked_field_by_field() {
             "classes[1].ttl_s: 15s is below the advisory floor 30s (a false expiry can duplicate a write)",
             "classes[1].on_quorum_loss: open is not offered yet (ADR-04: every class fails closed until the spool \
              and reconciliation exist)",
-            "classes[1].fairness: durable is not implemented by this arbiter yet; use memory (ADR-14)",
+            "classes[1].fairness: \"fifo\" is not memory or durable",
             "classes[2].tier: \"edge\" is not coord or entity",
             "classes[2].enforcement: required (ADR-01): fenced or advisory",
             "grants[0].prefixes: must list at least one key prefix",

@@ -99,7 +99,9 @@ fn place<'k>(root: &str, key: &'k [u8]) -> Place<'k> {
     let Some(rest) = s.strip_prefix(root).and_then(|r| r.strip_prefix('/')) else { return Place::Other };
     let parts: Vec<&str> = rest.split('/').collect();
     match parts.as_slice() {
-        ["l", d, "h", slot] => slot.parse().map_or(Place::Other, |slot| Place::Hold { digest: d, slot }),
+        ["l", d, "h", slot] => {
+            crate::lock::Keys::parse_slot(slot).map_or(Place::Other, |slot| Place::Hold { digest: d, slot })
+        }
         ["r", d] => Place::ReleaseMarker(d),
         ["x", sid] => Place::CloseMarker(sid),
         ["s", sid] => Place::Session(sid),

@@ -5,6 +5,8 @@
 //! <root>/sys/epoch                 {"epoch":E,"cluster_id":"..."}      no lease
 //! <root>/s/<session>               session record                      session lease
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
+//! <root>/l/<digest>/h/<slot:04>.1  the same slot, after a hand-off     session lease
+//! <root>/q/<digest>/<waiter>       a durable waiter (fairness: durable) arbiter lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
 //! <root>/sys/classmap              authoritative prefix-to-class map   no lease
@@ -15,6 +17,13 @@
 //! Holds sit in numbered slots under `h/` so a key can have N holders without a
 //! migration; a mutex uses slot `0000`. A hold's create revision is its grant's
 //! commit revision, so the token needs no extra state.
+//!
+//! A slot has two names, `<slot:04>` and `<slot:04>.1`, both inside the slot's
+//! range `[<slot:04>, <slot+1:04>)`, and at most one of them exists. A hand-off
+//! (`mutex`) deletes the releasing hold and creates the next holder's under the
+//! slot's other name in one transaction: etcd refuses a transaction that deletes
+//! and puts the same key, and overwriting the key would keep its create revision
+//! (the old holder's token). Grants compare the whole slot range empty.
 
 use lockmesh_core::{headers::SessionId, KeyDigest};
 
@@ -48,6 +57,46 @@ impl Keys {
     /// One hold slot.
     pub fn slot(&self, d: &KeyDigest, slot: u32) -> String {
         format!("{}/l/{d}/h/{slot:04}", self.root)
+    }
+
+    /// The slot's other name: `<slot:04>` <-> `<slot:04>.1` (see the module docs).
+    pub fn other_name(hold_key: &[u8]) -> Vec<u8> {
+        match hold_key.strip_suffix(b".1") {
+            Some(base) => base.to_vec(),
+            None => [hold_key, b".1"].concat(),
+        }
+    }
+
+    /// The slot number of a hold key's last segment (`0003` or `0003.1`).
+    pub fn parse_slot(last: &str) -> Option<u32> {
+        let n = last.strip_suffix(".1").unwrap_or(last);
+        if n.len() < 4 || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        n.parse().ok()
+    }
+
+    /// The slot of a hold key, when it is one.
+    pub fn slot_of(&self, hold_key: &[u8]) -> Option<u32> {
+        let s = std::str::from_utf8(hold_key).ok()?;
+        let rest = s.strip_prefix(&self.all_locks())?;
+        let (_, slot) = rest.split_once("/h/")?;
+        Self::parse_slot(slot)
+    }
+
+    /// The prefix of every durable waiter of every key.
+    pub fn all_waiters(&self) -> String {
+        format!("{}/q/", self.root)
+    }
+
+    /// The prefix of a key's durable waiters (`fairness: durable`).
+    pub fn waiters(&self, d: &KeyDigest) -> String {
+        format!("{}/q/{d}/", self.root)
+    }
+
+    /// One durable waiter: `<arbiter lease:016x>-<seq:016x>`.
+    pub fn waiter(&self, d: &KeyDigest, lease: i64, seq: u64) -> String {
+        format!("{}/q/{d}/{lease:016x}-{seq:016x}", self.root)
     }
 
     /// The prefix of all holds of all keys.
@@ -128,5 +177,24 @@ mod tests {
         assert!(slot.starts_with(&k.holds(&d)));
         assert_eq!(k.digest_of_hold(slot.as_bytes()), Some(d));
         assert_eq!(k.session(SessionId::from_lease(0x1f).unwrap()), "/t/x/s/000000000000001f");
+    }
+
+    #[test]
+    fn a_slots_two_names_sort_inside_its_range() {
+        let k = Keys::new("/t");
+        let d = LockKey::parse(b"ns/k").unwrap().digest();
+        let (s0, s1) = (k.slot(&d, 0), k.slot(&d, 1));
+        let alt = Keys::other_name(s0.as_bytes());
+        assert_eq!(alt, format!("{s0}.1").into_bytes());
+        assert_eq!(Keys::other_name(&alt), s0.as_bytes());
+        assert!(s0.as_bytes() < alt.as_slice() && alt.as_slice() < s1.as_bytes());
+        assert_eq!(k.slot_of(&alt), Some(0));
+        assert_eq!(k.slot_of(s1.as_bytes()), Some(1));
+        assert_eq!(k.slot_of(k.waiters(&d).as_bytes()), None);
+        assert_eq!(Keys::parse_slot("12"), None);
+        assert_eq!(Keys::parse_slot("0012.2"), None);
+        assert!(k.waiter(&d, 1, 2).starts_with(&k.waiters(&d)));
+        assert!(!k.waiter(&d, 1, 2).starts_with(&k.all_locks()));
+        assert!(k.waiter(&d, 1, 2).starts_with(&k.all_waiters()));
     }
 }

@@ -13,8 +13,10 @@
 //! - [`session`]: sessions (one lease each) and their owners.
 //! - [`mutex`]: grant, release and inspection.
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
-//! - [`wait`]: the per-key FIFO of waiters on this arbiter.
+//! - [`wait`]: the per-key FIFO of waiters on this arbiter, and the hand-off.
+//! - [`durable`]: waiters queued in etcd (`fairness: durable`).
 
+pub mod durable;
 pub mod epoch;
 pub mod home;
 pub mod keys;

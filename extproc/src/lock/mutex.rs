@@ -20,11 +20,16 @@
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken, KeyDigest, LockKey, Reason};
+use lockmesh_core::{class::Fairness, headers::SessionId, ClassSpec, FencingToken, KeyDigest, LockKey, Reason};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{keys, now_ms, session::Caller, HoldRecord, LockError, SessionRecord, Store};
+use super::{
+    keys, now_ms,
+    session::Caller,
+    wait::{Handed, Offer},
+    HoldRecord, Keys, LockError, SessionRecord, Store,
+};
 use crate::test_faults::{self, TestFault};
 
 /// An acquire as the API hands it over.
@@ -83,6 +88,68 @@ pub(crate) enum Attempt {
     Granted(Grant),
     Refused { reason: Reason, revision: i64, free_slot: u32 },
     EpochMoved,
+}
+
+/// The waiter-order compares of a grant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fair<'a> {
+    /// Memory fairness: the arbiter's FIFO orders waiters; nothing to compare.
+    Memory,
+    /// Durable, arriving: no durable waiter may be queued for the key.
+    Arrival,
+    /// Durable, queued as `key` (created at `rev`): it must still exist and be the
+    /// oldest waiter; the grant deletes it.
+    Waiter { key: &'a str, rev: i64 },
+}
+
+impl Fair<'_> {
+    fn compares(&self, k: &Keys, d: &KeyDigest) -> Vec<Compare> {
+        let q = k.waiters(d);
+        match *self {
+            Fair::Memory => vec![],
+            // An empty range compares as one key with create revision 0.
+            Fair::Arrival => {
+                vec![Compare::create_revision(q.as_str(), CompareOp::Equal, 0).with_range(keys::prefix_end(&q))]
+            }
+            // A range compare holds only if it holds for every key in the range:
+            // every waiter was queued at or after this one.
+            Fair::Waiter { key, rev } => vec![
+                Compare::create_revision(key, CompareOp::Equal, rev),
+                Compare::create_revision(q.as_str(), CompareOp::Greater, rev - 1).with_range(keys::prefix_end(&q)),
+            ],
+        }
+    }
+
+    fn ops(&self) -> Vec<TxnOp> {
+        match *self {
+            Fair::Waiter { key, .. } => vec![TxnOp::delete(key, None::<DeleteOptions>)],
+            _ => vec![],
+        }
+    }
+}
+
+/// What a release's hand-off attempt did.
+enum HandOff {
+    /// Released and granted to the waiter.
+    Handed(Grant),
+    /// Released; the grant was taken back (sealed, or another cluster answered).
+    ReleasedOnly,
+    /// Nothing was written.
+    NotDone,
+}
+
+/// The hold value a grant of `req` at `epoch` writes.
+fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
+    let hold = HoldRecord {
+        key: req.key.as_str().to_owned(),
+        owner: req.caller.identity.clone(),
+        instance: req.caller.instance.clone(),
+        epoch,
+        class: req.class.name.to_string(),
+        acquired_ms: now_ms(),
+        hold_id: req.hold_id.clone(),
+    };
+    serde_json::to_vec(&hold).map_err(internal)
 }
 
 pub(crate) fn hold_of(kv: &KeyValue) -> Option<HoldRecord> {
@@ -180,6 +247,10 @@ impl Store {
         cancel: &CancellationToken,
     ) -> Result<Grant, LockError> {
         let d = req.key.digest();
+        if req.class.fairness == Fairness::Durable {
+            // Waiters queue in etcd instead of this arbiter's memory.
+            return self.acquire_durable(req, sid, new_record, cancel).await;
+        }
         let ticket = self.queues().enter(&d);
         if !ticket.is_head() {
             // Others wait here first. An explicit session may already hold the key
@@ -199,7 +270,7 @@ impl Store {
         let mut slot = 0;
         let mut conflicts = 0;
         loop {
-            match self.try_grant(req, &d, sid, new_record.as_ref(), slot).await? {
+            match self.try_grant(req, &d, sid, new_record.as_ref(), slot, Fair::Memory).await? {
                 Attempt::Granted(g) => return Ok(g),
                 Attempt::EpochMoved => {
                     epoch_moves += 1;
@@ -222,7 +293,16 @@ impl Store {
                         return Err(LockError::Contended(reason));
                     }
                     match reason {
-                        Reason::KeyGated => self.wait_change(&d, revision, req.deadline, cancel, &ticket).await?,
+                        Reason::KeyGated => {
+                            // The session record exists now (the refusal wrote it),
+                            // so a release here may hand the key over directly.
+                            let offer = Some((req, sid));
+                            if let Some(g) =
+                                self.wait_change(&d, revision, req.deadline, cancel, &ticket, offer).await?
+                            {
+                                return Ok(g);
+                            }
+                        }
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
                     }
                 }
@@ -231,7 +311,7 @@ impl Store {
     }
 
     /// Reads the holders once to answer an idempotent re-acquire or a leak.
-    async fn peek(
+    pub(crate) async fn peek(
         &self,
         req: &AcquireRequest,
         d: &KeyDigest,
@@ -273,6 +353,10 @@ impl Store {
     /// hold exists at slot N or above; since holds exist only as slot keys, the key
     /// then has at most N holders at the commit, however many arbiters race. For
     /// N = 1 the two compares say "no holder at all".
+    ///
+    /// `fair` adds the durable queue's compares (`lock::durable`): an arrival is
+    /// granted only while no durable waiter is queued, a waiter only while it is
+    /// the oldest, and its waiter key goes in the same transaction.
     pub(crate) async fn try_grant(
         &self,
         req: &AcquireRequest,
@@ -280,6 +364,7 @@ impl Store {
         sid: SessionId,
         new_record: Option<&SessionRecord>,
         slot: u32,
+        fair: Fair<'_>,
     ) -> Result<Attempt, LockError> {
         self.unsealed()?;
         let ep = self.epoch_state().await?;
@@ -296,7 +381,8 @@ impl Store {
         let lease = PutOptions::new().with_lease(sid.lease());
         let mut when = vec![
             Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
-            Compare::create_revision(slot.as_str(), CompareOp::Equal, 0),
+            // The slot's range is empty: neither of its two names (`keys`) is held.
+            Compare::create_revision(slot.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, slot_no + 1)),
             // Empty range [slot N, end of the key's holds): no holder above the limit.
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)),
         ];
@@ -326,16 +412,10 @@ impl Store {
             }
             None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
         }
-        let hold = HoldRecord {
-            key: req.key.as_str().to_owned(),
-            owner: req.caller.identity.clone(),
-            instance: req.caller.instance.clone(),
-            epoch: ep.epoch,
-            class: req.class.name.to_string(),
-            acquired_ms: now_ms(),
-            hold_id: req.hold_id.clone(),
-        };
-        then.push(TxnOp::put(slot.as_str(), serde_json::to_vec(&hold).map_err(internal)?, Some(lease)));
+        let hold = hold_record(req, ep.epoch)?;
+        then.push(TxnOp::put(slot.as_str(), hold, Some(lease)));
+        when.extend(fair.compares(k, d));
+        then.extend(fair.ops());
         els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
         els.push(TxnOp::get(sess_key.as_str(), None));
         els.push(TxnOp::get(epoch_key.as_str(), None));
@@ -402,8 +482,8 @@ impl Store {
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
         }
-        let taken: Vec<Vec<u8>> = holders.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-        let free_slot = (0..n).find(|s| !taken.contains(&k.slot(d, *s).into_bytes()));
+        let taken: Vec<u32> = holders.kvs().iter().filter_map(|kv| k.slot_of(kv.key())).collect();
+        let free_slot = (0..n).find(|s| !taken.contains(s));
         let within = holders.kvs().iter().all(|kv| kv.key() < k.slot(d, n).as_bytes());
         // A free slot under the limit means a concurrent grant or release moved
         // under us: retry at once. Otherwise the key is at its limit.
@@ -437,18 +517,22 @@ impl Store {
             serde_json::json!({ "epoch": token.epoch(), "revision": rev, "released_ms": now_ms() }).to_string();
         if let Some(sid) = session {
             // One round trip for the common case: a mutex hold (slot 0) on the
-            // caller's own session, whose owner was checked above.
-            let slot0 = self.keys().slot(&d, 0);
+            // caller's own session, whose owner was checked above. A hold this
+            // arbiter handed over sits under the slot's other name.
+            let mut slot0 = self.keys().slot(&d, 0).into_bytes();
+            if self.queues().take_handed_name(&d, rev) {
+                slot0 = Keys::other_name(&slot0);
+            }
             let cmp = if test_faults::on(TestFault::ReleaseByKeyName) {
                 // PLANTED BUG (release gate): delete by key name (etcd #22082).
-                vec![Compare::version(slot0.as_str(), CompareOp::Greater, 0)]
+                vec![Compare::version(slot0.clone(), CompareOp::Greater, 0)]
             } else {
                 vec![
-                    Compare::create_revision(slot0.as_str(), CompareOp::Equal, rev),
-                    Compare::lease(slot0.as_str(), CompareOp::Equal, sid.lease()),
+                    Compare::create_revision(slot0.clone(), CompareOp::Equal, rev),
+                    Compare::lease(slot0.clone(), CompareOp::Equal, sid.lease()),
                 ]
             };
-            if self.release_txn(&d, slot0.into_bytes(), cmp, &marker).await? {
+            if self.release_txn(&d, slot0, cmp, &marker).await? {
                 return Ok(());
             }
         }
@@ -474,6 +558,11 @@ impl Store {
     /// Deletes `hold_key` under `cmp` and writes the release marker in the same
     /// transaction (so an audit reader tells a release from an expiry). Returns
     /// whether the compares held.
+    ///
+    /// When the key's gated head waiter on this arbiter posted an offer, the
+    /// release first tries to hand the slot over in the same transaction
+    /// ([`Store::handoff`]); whatever stops the hand-off, the plain release still
+    /// runs: a hand-off never makes a release fail.
     pub(crate) async fn release_txn(
         &self,
         d: &KeyDigest,
@@ -481,6 +570,29 @@ impl Store {
         cmp: Vec<Compare>,
         marker: &str,
     ) -> Result<bool, LockError> {
+        if let Some(offer) = self.queues().take_offer(d) {
+            let outcome = self.handoff(d, &hold_key, &cmp, marker, &offer).await;
+            let c = &super::wait::HANDOFFS;
+            let (answer, result, counter) = match outcome {
+                Ok(HandOff::Handed(g)) => (Handed::Granted(g), Some(Ok(true)), &c.granted),
+                Ok(HandOff::ReleasedOnly) => (Handed::Retry, Some(Ok(true)), &c.released_only),
+                Ok(HandOff::NotDone) => (Handed::Retry, None, &c.not_done),
+                // Unknown outcome: the caller retries its release like any other;
+                // the waiter's own transaction finds its hold if this committed.
+                Err(e) => (Handed::Retry, Some(Err(e)), &c.failed),
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Err(Handed::Granted(g)) = offer.tx.send(answer) {
+                // The waiter is gone (its task ended): take its grant back.
+                self.drop_grant(d, &g).await;
+            }
+            if let Some(r) = result {
+                if matches!(r, Ok(true)) {
+                    self.queues().hint(d);
+                }
+                return r;
+            }
+        }
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
             let txn = Txn::new().when(cmp.clone()).and_then([
@@ -498,6 +610,130 @@ impl Store {
             }
         }
         Err(LockError::Unavailable("could not obtain a marker lease".into()))
+    }
+
+    /// Releases `hold_key` (under the release compares `release_cmp`) and grants
+    /// the offering waiter the same slot under its other name, in one transaction:
+    ///
+    /// ```text
+    /// compare  release_cmp                                  the caller's grant
+    ///          mod_revision(epoch) == E.mod_revision        epoch unchanged
+    ///          lease(<root>/s/<waiter sid>) == waiter sid    waiter's session alive
+    ///          create_revision(other name) == 0             the other name is free
+    ///          create_revision([slot N, end)) == 0          nothing above the limit
+    ///          policy and class map mod revisions           same as a grant
+    /// then     delete hold_key, put release marker, put other name = hold (waiter lease)
+    /// ```
+    ///
+    /// The slot keeps exactly one hold, so the count of holds of the key is the same
+    /// before and after: the limit holds as it held before. The new hold is a new
+    /// key, so its create revision (the token) is this commit's revision, above
+    /// every earlier one. Anything that stops the hand-off before the transaction
+    /// (a draining class, a slot above a lowered limit, a sealed service, durable
+    /// fairness) returns `NotDone` and the caller releases plainly; so does a failed
+    /// compare.
+    async fn handoff(
+        &self,
+        d: &KeyDigest,
+        hold_key: &[u8],
+        release_cmp: &[Compare],
+        marker: &str,
+        offer: &Offer,
+    ) -> Result<HandOff, LockError> {
+        let req = &offer.req;
+        if req.class.fairness != Fairness::Memory || self.unsealed().is_err() {
+            return Ok(HandOff::NotDone);
+        }
+        let Ok(ep) = self.epoch_state().await else { return Ok(HandOff::NotDone) };
+        if ep.sealed.is_some() {
+            return Ok(HandOff::NotDone);
+        }
+        let Ok(gate) = self.policy_gate(req).await else { return Ok(HandOff::NotDone) };
+        let k = self.keys();
+        let n = gate.limit;
+        match k.slot_of(hold_key) {
+            Some(s) if s < n && k.digest_of_hold(hold_key).as_ref() == Some(d) => {}
+            _ => return Ok(HandOff::NotDone),
+        }
+        let new_key = Keys::other_name(hold_key);
+        let mut when = release_cmp.to_vec();
+        if !test_faults::on(TestFault::SkipEpochCompare) {
+            when.push(Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision));
+        }
+        when.push(Compare::lease(k.session(offer.sid), CompareOp::Equal, offer.sid.lease()));
+        when.push(Compare::create_revision(new_key.clone(), CompareOp::Equal, 0));
+        when.push(
+            Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
+        );
+        when.extend(gate.compares());
+        let hold = hold_record(req, ep.epoch)?;
+        let floor = self.seal().revision_floor();
+        let lease = self.marker_lease().await?;
+        let txn = Txn::new().when(when).and_then([
+            TxnOp::delete(hold_key.to_vec(), None::<DeleteOptions>),
+            TxnOp::put(k.release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
+            TxnOp::put(new_key.clone(), hold, Some(PutOptions::new().with_lease(offer.sid.lease()))),
+        ]);
+        let r = match self.call(self.client().txn(txn)).await {
+            Ok(r) => r,
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
+                // The marker lease lapsed (the waiter's is compared): nothing ran.
+                self.drop_marker_lease().await;
+                return Ok(HandOff::NotDone);
+            }
+            Err(e) => return Err(e),
+        };
+        if !r.succeeded() {
+            return Ok(HandOff::NotDone);
+        }
+        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
+        let (revision, cluster) = (header.revision(), header.cluster_id());
+        // The same checks as after a grant: a grant below the restore mark or on
+        // another cluster is taken back, the release stands.
+        if revision < floor {
+            self.seal().seal(
+                super::seal::SealReason::RevisionBehindMark,
+                format!("hand-off revision {revision} below mark {floor}"),
+            );
+        }
+        let token = FencingToken::mint(ep.epoch, u64::try_from(revision).unwrap_or(u64::MAX));
+        match (self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()), token) {
+            (Ok(()), Ok(token)) => {
+                self.seal().observe_revision(revision);
+                if new_key.ends_with(b".1") {
+                    self.queues().remember_handed_name(d, revision);
+                }
+                Ok(HandOff::Handed(Grant {
+                    token,
+                    session: offer.sid,
+                    ttl_s: req.class.ttl_s,
+                    class: req.class.name.to_string(),
+                    existing: false,
+                    new_session: false,
+                }))
+            }
+            _ => {
+                let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
+                let undo = Txn::new().when(cmp).and_then([TxnOp::delete(new_key, None::<DeleteOptions>)]);
+                let _ = self.call(self.client().txn(undo)).await;
+                Ok(HandOff::ReleasedOnly)
+            }
+        }
+    }
+
+    /// Deletes the hold of grant `g` of `d` (compared by create revision and
+    /// lease), for a grant nobody can receive any more.
+    async fn drop_grant(&self, d: &KeyDigest, g: &Grant) {
+        let Ok(rev) = i64::try_from(g.token.revision()) else { return };
+        let opts = Some(GetOptions::new().with_prefix());
+        let Ok(r) = self.call(self.client().get(self.keys().holds(d), opts)).await else { return };
+        if let Some(kv) = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease()) {
+            let cmp = [Compare::create_revision(kv.key(), CompareOp::Equal, rev)];
+            let txn = Txn::new().when(cmp).and_then([TxnOp::delete(kv.key(), None::<DeleteOptions>)]);
+            if self.call(self.client().txn(txn)).await.is_err() {
+                tracing::warn!(key = %d.short(), "could not take back a handed-over grant whose waiter left; it ends with its session");
+            }
+        }
     }
 
     /// The holders of `key`. Tokens and sessions are shown only to their holder

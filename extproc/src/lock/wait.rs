@@ -9,39 +9,144 @@
 //! release through this arbiter, or a jittered ~1 s poll that covers a lost
 //! notification or a watch cancelled by compaction. None of them grants anything:
 //! each only triggers another grant transaction.
+//!
+//! # Hand-off
+//!
+//! A gated head also posts an *offer* on its queue: its request and session. A
+//! release of the key through this arbiter takes the offer and tries to release and
+//! grant in one transaction (`mutex`), so a hot key costs one etcd write per
+//! hand-over instead of two. The offer is taken by exactly one side: the releaser
+//! (which then always answers the waiter: granted, or retry) or the waiter leaving
+//! its wait (withdrawn), so a waiter never runs its own grant while a hand-off for
+//! it may commit.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::Duration,
 };
 
 use etcd_client::{EventType, WatchOptions};
-use lockmesh_core::{KeyDigest, Reason};
+use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
 use rand::Rng;
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{oneshot, Notify},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 
-use super::{LockError, Store};
+use super::{
+    mutex::{AcquireRequest, Grant},
+    LockError, Store,
+};
 
 /// Base poll period while gated.
 pub const POLL: Duration = Duration::from_millis(1000);
+
+/// Whether releases hand keys over (config `handoff`; on by default, off only to
+/// measure what it saves). Process-wide: every cluster's store follows it.
+pub static HANDOFF: AtomicBool = AtomicBool::new(true);
+
+/// Hand-off attempts by result (a process-wide counter, rendered by `metrics`).
+pub static HANDOFFS: HandoffCounts = HandoffCounts {
+    granted: AtomicU64::new(0),
+    released_only: AtomicU64::new(0),
+    not_done: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+    offers: AtomicU64::new(0),
+};
+
+/// Counts of release hand-off attempts.
+pub struct HandoffCounts {
+    /// Released and granted in one transaction.
+    pub granted: AtomicU64,
+    /// Released, the grant taken back (sealed).
+    pub released_only: AtomicU64,
+    /// Not written (waiter's session gone, draining, compare failed): plain release.
+    pub not_done: AtomicU64,
+    /// etcd failed: outcome unknown, the release answered `unavailable`.
+    pub failed: AtomicU64,
+    /// Offers posted now (gated heads waiting for a release here).
+    pub offers: AtomicU64,
+}
+
+// === impl HandoffCounts ===
+
+impl HandoffCounts {
+    /// Writes `lockmesh_arbiter_handoffs_total{result}`.
+    pub fn render(&self, s: &mut String) {
+        use std::fmt::Write;
+        s.push_str("# HELP lockmesh_arbiter_handoffs_total Releases that tried to hand the key to a waiter in the same transaction, by result.\n");
+        s.push_str("# TYPE lockmesh_arbiter_handoffs_total counter\n");
+        for (result, n) in [
+            ("granted", &self.granted),
+            ("released_only", &self.released_only),
+            ("not_done", &self.not_done),
+            ("failed", &self.failed),
+        ] {
+            let _ = writeln!(s, "lockmesh_arbiter_handoffs_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
+        }
+        s.push_str("# HELP lockmesh_arbiter_handoff_offers Gated head waiters on this arbiter ready to take a key in its release transaction.\n");
+        s.push_str("# TYPE lockmesh_arbiter_handoff_offers gauge\n");
+        let _ = writeln!(s, "lockmesh_arbiter_handoff_offers {}", self.offers.load(Ordering::Relaxed));
+    }
+}
+
+/// How many hand-off hold names (`<slot>.1`) are remembered for the release fast
+/// path; past it the memory is dropped and releases take the read-first path.
+const HANDED_NAMES_MAX: usize = 65_536;
 
 #[derive(Default)]
 struct KeyQueue {
     order: VecDeque<u64>,
     /// Woken when the head changes or a release of the key passed through here.
     notify: Arc<Notify>,
+    /// The gated head's offer, when it waits for a release (see the module docs).
+    offer: Option<Offer>,
+}
+
+/// A gated head waiter's request, for a releaser to grant in its own transaction.
+pub(crate) struct Offer {
+    ticket: u64,
+    /// The waiter's acquire.
+    pub req: AcquireRequest,
+    /// The session its grant goes on.
+    pub sid: SessionId,
+    /// Where the releaser answers.
+    pub tx: oneshot::Sender<Handed>,
+}
+
+/// A releaser's answer to an offer.
+pub(crate) enum Handed {
+    /// Granted in the release transaction.
+    Granted(Grant),
+    /// Not granted: the waiter runs its own grant transaction.
+    Retry,
 }
 
 /// Per-key FIFO queues of waiters on this arbiter.
-#[derive(Default)]
 pub struct Queues {
     next: AtomicU64,
     map: Mutex<HashMap<KeyDigest, KeyQueue>>,
+    /// Holds this arbiter granted by hand-off under a slot's other name, by
+    /// (digest, token revision): the release fast path tries that name first.
+    handed_names: Mutex<HashSet<(KeyDigest, i64)>>,
+    /// This arbiter's lease for durable waiter keys (`lock::durable`).
+    pub(crate) durable: super::durable::WaiterLease,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            map: Mutex::default(),
+            handed_names: Mutex::default(),
+            durable: super::durable::WaiterLease::default(),
+        }
+    }
 }
 
 /// A place in a key's queue; leaving (drop) hands the head to the next waiter.
@@ -72,6 +177,70 @@ impl Queues {
         }
     }
 
+    /// Posts the head's offer; false (and nothing posted) when hand-off is off or
+    /// `ticket` is not the head.
+    pub(crate) fn post_offer(
+        &self,
+        d: &KeyDigest,
+        ticket: u64,
+        req: &AcquireRequest,
+        sid: SessionId,
+        tx: oneshot::Sender<Handed>,
+    ) -> bool {
+        if !HANDOFF.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(d) {
+            Some(q) if q.order.front() == Some(&ticket) => {
+                if q.offer.replace(Offer { ticket, req: req.clone(), sid, tx }).is_none() {
+                    HANDOFFS.offers.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes the offer of `d`'s head, if one is posted (a releaser).
+    pub(crate) fn take_offer(&self, d: &KeyDigest) -> Option<Offer> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let o = map.get_mut(d).and_then(|q| q.offer.take());
+        if o.is_some() {
+            HANDOFFS.offers.fetch_sub(1, Ordering::Relaxed);
+        }
+        o
+    }
+
+    /// Withdraws `ticket`'s offer; false when a releaser took it first.
+    fn withdraw_offer(&self, d: &KeyDigest, ticket: u64) -> bool {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(d) {
+            Some(q) if q.offer.as_ref().is_some_and(|o| o.ticket == ticket) => {
+                q.offer = None;
+                HANDOFFS.offers.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Remembers a hold granted by hand-off under a slot's other name.
+    pub(crate) fn remember_handed_name(&self, d: &KeyDigest, revision: i64) {
+        let mut names = self.handed_names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.len() >= HANDED_NAMES_MAX {
+            names.clear();
+        }
+        names.insert((d.clone(), revision));
+    }
+
+    /// Whether the hold of grant `revision` was created under a slot's other name
+    /// here (forgets it: a release asks once).
+    pub(crate) fn take_handed_name(&self, d: &KeyDigest, revision: i64) -> bool {
+        let mut names = self.handed_names.lock().unwrap_or_else(|p| p.into_inner());
+        names.remove(&(d.clone(), revision))
+    }
+
     /// Waiters queued for `d` here.
     pub fn len(&self, d: &KeyDigest) -> usize {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -93,6 +262,10 @@ impl Queues {
         if let Some(q) = map.get_mut(d) {
             let was_head = q.order.front() == Some(&id);
             q.order.retain(|x| *x != id);
+            if q.offer.as_ref().is_some_and(|o| o.ticket == id) {
+                q.offer = None;
+                HANDOFFS.offers.fetch_sub(1, Ordering::Relaxed);
+            }
             if q.order.is_empty() {
                 map.remove(d);
             } else if was_head {
@@ -147,7 +320,9 @@ pub async fn backoff(deadline: Instant, cancel: &CancellationToken) -> Result<()
 // === impl Store ===
 
 impl Store {
-    /// Waits for a reason to retry a gated grant.
+    /// Waits for a reason to retry a gated grant. With `offer` (the waiter's
+    /// request and session), a release through this arbiter may grant it in the
+    /// release transaction: then the grant is returned.
     pub(crate) async fn wait_change(
         &self,
         d: &KeyDigest,
@@ -155,7 +330,35 @@ impl Store {
         deadline: Instant,
         cancel: &CancellationToken,
         ticket: &Ticket<'_>,
-    ) -> Result<(), LockError> {
+        offer: Option<(&AcquireRequest, SessionId)>,
+    ) -> Result<Option<Grant>, LockError> {
+        let (tx, mut rx) = oneshot::channel();
+        let offered = offer.is_some_and(|(req, sid)| self.queues().post_offer(d, ticket.id, req, sid, tx));
+        let outcome = self.wait_change_in(d, revision, deadline, cancel, ticket, offered, &mut rx).await;
+        if let Some(g) = outcome.handed {
+            return Ok(Some(g));
+        }
+        if offered && !outcome.answered && !self.queues().withdraw_offer(d, ticket.id) {
+            // A releaser took the offer: its transaction decides, and it always
+            // answers (or drops the sender when its task ends).
+            if let Ok(Handed::Granted(g)) = rx.await {
+                return Ok(Some(g));
+            }
+        }
+        outcome.result.map(|()| None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_change_in(
+        &self,
+        d: &KeyDigest,
+        revision: i64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        ticket: &Ticket<'_>,
+        offered: bool,
+        rx: &mut oneshot::Receiver<Handed>,
+    ) -> WaitOutcome {
         let notified = ticket.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -178,11 +381,30 @@ impl Store {
                 _ => std::future::pending::<()>().await,
             }
         };
-        tokio::select! {
+        let handed = async {
+            if offered {
+                return rx.await;
+            }
+            std::future::pending().await
+        };
+        let result = tokio::select! {
+            h = handed => return match h {
+                Ok(Handed::Granted(g)) => WaitOutcome { handed: Some(g), answered: true, result: Ok(()) },
+                // Retry, or the releaser went away without answering.
+                Ok(Handed::Retry) | Err(_) => WaitOutcome { handed: None, answered: true, result: Ok(()) },
+            },
             _ = watch => Ok(()),
             _ = &mut notified => Ok(()),
             _ = tokio::time::sleep_until(poll.min(deadline)) => Ok(()),
             _ = cancel.cancelled() => Err(LockError::Cancelled),
-        }
+        };
+        WaitOutcome { handed: None, answered: false, result }
     }
+}
+
+struct WaitOutcome {
+    handed: Option<Grant>,
+    /// The releaser answered (the receiver is spent).
+    answered: bool,
+    result: Result<(), LockError>,
 }

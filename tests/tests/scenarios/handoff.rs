@@ -1,0 +1,141 @@
+//! Issue 5, item 8: the one-transaction hand-off. A release through the arbiter
+//! where the key's gated head waits grants that waiter in the release transaction
+//! itself (one etcd write per hand-over), and a hand-off whose waiter's session
+//! lease is gone still releases. Proved from etcd's own revisions and the
+//! arbiter's `lockmesh_arbiter_handoffs_total` counter, never from sleeps.
+
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use lockmesh_core::{FencingToken, LockKey};
+use lockmesh_tests::Stack;
+
+const ACQ: &str = "/v1/locks/acquire";
+const REL: &str = "/v1/locks/release";
+const KEY: &str = "payments/handoff/k";
+
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+classes:
+  - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+"#;
+
+async fn stack(name: &str) -> Stack {
+    Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap()
+}
+
+/// A metric's value on arbiter 0 (0 when absent).
+async fn metric(st: &Stack, line_prefix: &str) -> u64 {
+    let (_, m) = st.arbiter(0).admin_get("/metrics").await.unwrap();
+    m.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `n` gated heads have posted an offer on arbiter 0.
+async fn offers_reach(st: &Stack, n: u64) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(st, "lockmesh_arbiter_handoff_offers ").await != n {
+        assert!(tokio::time::Instant::now() < until, "no waiter posted a hand-off offer within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn token(r: &lockmesh_tests::Resp) -> FencingToken {
+    r.json["token"].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_release_hands_the_key_to_the_waiting_head_in_the_same_transaction() {
+    let st = stack("handoff-grant").await;
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let (ta, sa) = (token(&r), r.json["session"].as_str().unwrap().to_owned());
+    let waiter = tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000")]).await });
+    offers_reach(&st, 1).await;
+    let before = metric(&st, "lockmesh_arbiter_handoffs_total{result=\"granted\"}").await;
+
+    let ta_s = ta.to_string();
+    let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta_s), ("x-lock-session", &sa)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let rb = waiter.await.unwrap().unwrap();
+    assert_eq!(rb.code(), 200, "{}", rb.body);
+    let tb = token(&rb);
+    assert!(tb > ta, "the successor's token {tb} must exceed {ta}");
+    assert_eq!(metric(&st, "lockmesh_arbiter_handoffs_total{result=\"granted\"}").await, before + 1);
+
+    // One write: the release marker naming A's grant and B's hold were committed at
+    // B's token revision, and B's hold sits under the slot's other name.
+    let mut etcd = st.etcd().client().await.unwrap();
+    let d = LockKey::parse(KEY.as_bytes()).unwrap().digest();
+    let marker = etcd.get(format!("{}/r/{d}", st.root()), None).await.unwrap();
+    let m = &marker.kvs()[0];
+    assert_eq!(m.mod_revision() as u64, tb.revision(), "release and grant in one transaction");
+    let v: serde_json::Value = serde_json::from_slice(m.value()).unwrap();
+    assert_eq!(v["revision"].as_u64(), Some(ta.revision()), "the marker names A's grant: {v}");
+    let holds = etcd.get(format!("{}/l/{d}/h/", st.root()), Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(holds.kvs().len(), 1, "exactly one holder after the hand-off");
+    assert!(holds.kvs()[0].key_str().unwrap().ends_with("/h/0000.1"));
+    assert_eq!(holds.kvs()[0].create_revision() as u64, tb.revision());
+
+    // A's release again is refused (its grant is gone) and frees nothing.
+    let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta_s), ("x-lock-session", &sa)]).await.unwrap();
+    assert_eq!(r.code(), 409, "{}", r.body);
+    // B releases (the fast path finds the other name) and the key is free again.
+    let (tb_s, sb) = (tb.to_string(), rb.json["session"].as_str().unwrap().to_owned());
+    let b = st.client("payments", "b").unwrap();
+    let r = b.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &tb_s), ("x-lock-session", &sb)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert!(token(&r) > tb);
+}
+
+#[tokio::test]
+async fn a_hand_off_whose_waiter_lease_is_gone_still_releases() {
+    let st = stack("handoff-gone").await;
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let mut etcd = st.etcd().client().await.unwrap();
+    // The waiter's session is revoked in etcd while it waits; its arbiter notices
+    // only at its next poll (about a second), so the release right after the
+    // revoke meets the waiter's offer. If the waiter happened to poll in between,
+    // the precondition did not hold: try again (at most 3 times).
+    for attempt in 0..3 {
+        let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let (ta, sa) = (token(&r).to_string(), r.json["session"].as_str().unwrap().to_owned());
+        let r = b.post("/v1/sessions", &[("x-lock-key", KEY)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let sb = r.json["session"].as_str().unwrap().to_owned();
+        let b2 = st.client("payments", "b").unwrap();
+        let sb2 = sb.clone();
+        let waiter = tokio::spawn(async move {
+            b2.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000"), ("x-lock-session", &sb2)]).await
+        });
+        offers_reach(&st, 1).await;
+        let not_done = metric(&st, "lockmesh_arbiter_handoffs_total{result=\"not_done\"}").await;
+        etcd.lease_revoke(i64::from_str_radix(&sb, 16).unwrap()).await.unwrap();
+        let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta), ("x-lock-session", &sa)]).await.unwrap();
+        // The release succeeds whatever became of the hand-off.
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let rb = waiter.await.unwrap().unwrap();
+        assert_eq!((rb.code(), rb.json["code"].as_str()), (410, Some("session_expired")), "{}", rb.body);
+        // Nobody holds the key: the release freed it and granted nothing.
+        let d = LockKey::parse(KEY.as_bytes()).unwrap().digest();
+        let holds = etcd.get(format!("{}/l/{d}/h/", st.root()), Some(GetOptions::new().with_prefix())).await.unwrap();
+        assert_eq!(holds.kvs().len(), 0, "no holder after the release");
+        let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        assert!(token(&r) > ta.parse::<FencingToken>().unwrap());
+        let (t, s) = (token(&r).to_string(), r.json["session"].as_str().unwrap().to_owned());
+        let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &t), ("x-lock-session", &s)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        if metric(&st, "lockmesh_arbiter_handoffs_total{result=\"not_done\"}").await == not_done + 1 {
+            return;
+        }
+        eprintln!("attempt {attempt}: the waiter noticed its lost lease before the release; again");
+    }
+    panic!("the release never met the waiter's offer in 3 attempts");
+}
