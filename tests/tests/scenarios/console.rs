@@ -359,9 +359,8 @@ classes:
     assert_eq!(r.status().as_u16(), 401);
     assert_eq!(r.json::<Value>().await.unwrap()["code"], "admin.token_invalid");
     let now = now_s();
-    let no_role = idp
-        .token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "carol", "exp": now + 600, "iat": now}))
-        .unwrap();
+    let no_role =
+        idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "carol", "exp": now + 600, "iat": now})).unwrap();
     let r = http.get(&api).bearer_auth(&no_role).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 403);
     assert_eq!(r.json::<Value>().await.unwrap()["code"], "admin.role_missing");
