@@ -270,11 +270,15 @@ pub async fn apply(
             for c in next.clusters() {
                 store(tiers, &c)?;
             }
-            let intent = MapRecord { current: rec.current.clone(), pending: Some(next.clone()), last: note(o, "drain") };
+            let intent =
+                MapRecord { current: rec.current.clone(), pending: Some(next.clone()), last: note(o, "drain") };
             if !coord.put_map(&intent, rev).await? {
                 return Err(ShardError::Raced("the coord map document".into()));
             }
-            say(format!("0/5 intent: version {} -> {} recorded as pending in the coord cluster", rec.current.version, next.version));
+            say(format!(
+                "0/5 intent: version {} -> {} recorded as pending in the coord cluster",
+                rec.current.version, next.version
+            ));
             (rec.current.clone(), next)
         }
     };
@@ -365,7 +369,11 @@ async fn drain(s: &Store, cur: &ShardMap, next: &ShardMap, o: &MoveOptions) -> R
         };
         if let Some(h) = &rec {
             if h.current.version > cur.version {
-                return Err(ShardError::Raced(format!("cluster {} is at version {}", s.cluster_name(), h.current.version)));
+                return Err(ShardError::Raced(format!(
+                    "cluster {} is at version {}",
+                    s.cluster_name(),
+                    h.current.version
+                )));
             }
             match &h.pending {
                 Some(p) if p == next => return Ok(()),
@@ -509,7 +517,8 @@ pub async fn main(args: &ShardArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let o = MoveOptions { verify_timeout: Duration::from_secs(30), actor: conn.actor.clone(), reason: conn.reason.clone() };
+    let o =
+        MoveOptions { verify_timeout: Duration::from_secs(30), actor: conn.actor.clone(), reason: conn.reason.clone() };
     let mut say = |line: String| eprintln!("{line}");
     match &args.cmd {
         ShardCmd::Show(_) => match show(&tiers).await {
@@ -574,7 +583,12 @@ mod tests {
         assert_eq!(n.overrides.get("big").map(String::as_str), Some("shard-c"));
         assert!(n.coord_classes.contains("leader"));
         assert!(same_content(&Change::default().apply_to(&m), &m));
-        let back = Change { remove: vec!["shard-b".into()], unassign: vec!["big".into()], tier: vec![("leader".into(), false)], ..Default::default() };
+        let back = Change {
+            remove: vec!["shard-b".into()],
+            unassign: vec!["big".into()],
+            tier: vec![("leader".into(), false)],
+            ..Default::default()
+        };
         assert!(same_content(&back.apply_to(&n), &m));
     }
 }

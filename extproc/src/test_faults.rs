@@ -23,6 +23,10 @@ pub enum TestFault {
     /// A semaphore grant counts the holders, then puts its own hold without
     /// comparing the count: racing grants exceed N.
     CountBeforeLock,
+    /// The home fence admits a key its cluster's record homes elsewhere, and the
+    /// arbiter never re-reads the shard map (`lock::home`, `tiers`): after a move,
+    /// grants routed by the stale map commit on the keys' old home.
+    SkipHomeGate,
 }
 
 static ACTIVE: OnceLock<Vec<TestFault>> = OnceLock::new();
@@ -31,12 +35,13 @@ static ACTIVE: OnceLock<Vec<TestFault>> = OnceLock::new();
 
 impl TestFault {
     /// Parses a config name (`skip_epoch_compare`, `release_by_key_name`,
-    /// `count_before_lock`).
+    /// `count_before_lock`, `skip_home_gate`).
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip_epoch_compare" => Some(Self::SkipEpochCompare),
             "release_by_key_name" => Some(Self::ReleaseByKeyName),
             "count_before_lock" => Some(Self::CountBeforeLock),
+            "skip_home_gate" => Some(Self::SkipHomeGate),
             _ => None,
         }
     }

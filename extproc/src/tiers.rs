@@ -138,8 +138,7 @@ impl Tiers {
     pub async fn bootstrap(&self, reg: &ClassRegistry) -> Result<(), LockError> {
         let coord = self.coord();
         if coord.read_map().await?.is_none() {
-            let coord_classes =
-                reg.classes().iter().filter(|c| c.tier == Tier::Coord).map(|c| c.name.to_string());
+            let coord_classes = reg.classes().iter().filter(|c| c.tier == Tier::Coord).map(|c| c.name.to_string());
             let map = ShardMap::initial(COORD_CLUSTER, &self.entity, coord_classes);
             let rec = MapRecord {
                 current: map,
@@ -203,7 +202,7 @@ impl Tiers {
             }
             return;
         }
-        if !self.split() {
+        if !self.split() || crate::test_faults::on(crate::test_faults::TestFault::SkipHomeGate) {
             return;
         }
         if let Err(e) = self.refresh_map().await {
@@ -386,7 +385,10 @@ impl Tiers {
             match r {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::info!(cluster = s.cluster_name(), "a session lost its lease on a cluster it extends to: revoking it everywhere");
+                    tracing::info!(
+                        cluster = s.cluster_name(),
+                        "a session lost its lease on a cluster it extends to: revoking it everywhere"
+                    );
                     self.revoke_everywhere(sid).await;
                     return Err(LockError::SessionExpired);
                 }

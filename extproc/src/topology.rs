@@ -302,7 +302,10 @@ mod tests {
     fn each_cluster_has_its_own_marks_file() {
         let m = Path::new("/var/lib/lockmesh/marks.json");
         assert_eq!(Topology::marks_file(Some(m), "coord").unwrap(), m);
-        assert_eq!(Topology::marks_file(Some(m), "shard-a").unwrap(), Path::new("/var/lib/lockmesh/marks.json.shard-a"));
+        assert_eq!(
+            Topology::marks_file(Some(m), "shard-a").unwrap(),
+            Path::new("/var/lib/lockmesh/marks.json.shard-a")
+        );
         assert_eq!(Topology::marks_file(None, "shard-a"), None);
     }
 }

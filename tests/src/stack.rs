@@ -42,6 +42,7 @@ pub struct StackBuilder {
     registry: String,
     arbiters: usize,
     arbiter_extra_yaml: Vec<String>,
+    arbiter_env: Vec<(String, String)>,
     max_wait_ms: Option<u64>,
     own_etcd: Option<usize>,
     fleet: Option<usize>,
@@ -134,6 +135,12 @@ impl StackBuilder {
         self
     }
 
+    /// An environment variable for every arbiter process.
+    pub fn arbiter_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.arbiter_env.push((key.into(), value.into()));
+        self
+    }
+
     /// Starts a private etcd cluster of `members` instead of the shared one.
     pub fn own_etcd(mut self, members: usize) -> Self {
         self.own_etcd = Some(members);
@@ -165,6 +172,9 @@ impl StackBuilder {
             }
             for line in &self.arbiter_extra_yaml {
                 b = b.extra_yaml(line);
+            }
+            for (k, v) in &self.arbiter_env {
+                b = b.env(k, v);
             }
             b.start()
         });
@@ -219,6 +229,7 @@ impl Stack {
             registry: DEFAULT_TEST_REGISTRY.to_owned(),
             arbiters: 1,
             arbiter_extra_yaml: Vec::new(),
+            arbiter_env: Vec::new(),
             max_wait_ms: None,
             own_etcd: None,
             fleet: None,
