@@ -13,6 +13,7 @@ use lockmesh_core::{
 use serde_json::json;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     lock::{mutex::AcquireRequest, session::Caller, Store},
@@ -110,7 +111,10 @@ async fn route(
             let key = need(lock.key.clone(), headers::KEY)?;
             let token = need(lock.token, headers::TOKEN)?;
             let class = state.registry().class_of(&key).clone();
-            tiers.release(&class, &key, token, &caller, lock.session).await?;
+            let span = crate::telemetry::release_span(&state.registry(), &key);
+            let r = tiers.release(&class, &key, token, &caller, lock.session).instrument(span.clone()).await;
+            crate::telemetry::finish(&span, crate::telemetry::release_outcome(&r), None);
+            r?;
             ApiResponse::ok(json!({ "released": true }))
         }
         ("GET", "/v1/locks") => {
@@ -211,13 +215,15 @@ async fn acquire(
         hold_id: None,
         session_owner: None,
     };
-    let result = state.tiers.acquire(&areq, cancel).await;
+    let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
+    let result = state.tiers.acquire(&areq, cancel).instrument(span.clone()).await;
     let (result, store) = match result {
         Ok((g, s)) => (Ok(g), Some(s)),
         Err(e) => (Err(e), None),
     };
     let labels = crate::metrics::lock_labels(&state.registry(), &areq.key);
     let outcome = crate::metrics::outcome_label(&result);
+    crate::telemetry::finish(&span, outcome, Some(req.received.elapsed()));
     state.metrics.acquire(labels, outcome, req.received.elapsed().as_secs_f64());
     let grant = result?;
     let g = &grant;

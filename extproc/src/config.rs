@@ -55,6 +55,9 @@ pub struct RawConfig {
     /// call them and how operators' tokens are verified. Without it the admin
     /// routes answer `admin.not_configured`.
     pub operators: Option<RawOperators>,
+    /// Tracing spans exported to an OpenTelemetry collector over OTLP/HTTP
+    /// (`docs/OPERATIONS.md`). Default: off.
+    pub telemetry: Option<crate::telemetry::RawTelemetry>,
     /// The read-only web console on the admin port (`/console`,
     /// `docs/OPERATIONS.md`). Its API checks operators' tokens exactly as the
     /// admin actions do (`operators`); without `operators` it answers
@@ -370,6 +373,8 @@ pub struct Config {
     pub test_faults: Vec<crate::test_faults::TestFault>,
     /// Two-person admin actions, if configured.
     pub operators: Option<Operators>,
+    /// OTLP span export, if configured.
+    pub telemetry: Option<crate::telemetry::Telemetry>,
     /// The console.
     pub console: Console,
 }
@@ -536,6 +541,7 @@ impl Config {
         );
         let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
+        let telemetry = crate::telemetry::validate(raw.telemetry.as_ref(), "lockmesh-arbiter", name, &mut errs2);
         let console = console(raw.console.as_ref(), name, &mut errs2);
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
@@ -565,6 +571,7 @@ impl Config {
                 validate_rate_per_s,
                 test_faults,
                 operators,
+                telemetry,
                 console,
             }),
             _ => Err(errs),

@@ -13,6 +13,7 @@
 //! - [`inspect`], [`doctor`], [`etcd_view`]: read-only operator views (`lockctl
 //!   inspect`, `saturated`, `doctor`; the console).
 //! - [`admin_action`]: two-person force release and epoch advance (`lockctl admin`).
+//! - [`telemetry`]: tracing spans exported over OTLP/HTTP (`telemetry.otlp_endpoint`).
 //! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
 //! - [`tiers`], [`topology`], [`shardctl`]: several etcd clusters (coord and entity
@@ -45,6 +46,7 @@ pub mod signing;
 pub mod state;
 pub mod test_faults;
 pub mod tiers;
+pub mod telemetry;
 pub mod tls;
 pub mod topology;
 pub mod transparent;

@@ -5,6 +5,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
+use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, Layer};
 
 /// The lockmesh arbiter (Envoy ext_proc service).
 #[derive(Parser)]
@@ -20,9 +21,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_target(false)
+    // Logs as before (RUST_LOG, default info); spans for OTLP only once
+    // `telemetry` starts them, never in the log lines.
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer().with_target(false).with_filter(lockmesh_extproc::telemetry::log_filter()),
+        )
+        .with(lockmesh_extproc::telemetry::layer())
         .init();
     let (path, check) = match (args.config, args.check_config) {
         (_, Some(p)) => (p, true),
@@ -53,11 +58,15 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let exporter = config.telemetry.as_ref().and_then(lockmesh_extproc::telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let grpc = tokio::net::TcpListener::bind(config.listen).await?;
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
         lockmesh_extproc::run(grpc, admin, config, shutdown()).await
     });
+    if let Some(e) = exporter {
+        e.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

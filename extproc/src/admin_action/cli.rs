@@ -52,11 +52,11 @@ pub struct ArbiterArgs {
     pub arbiter_ca: Option<PathBuf>,
     /// This tool's client certificate (PEM); its SPIFFE ID must be in the
     /// arbiter's `operators.allowed_clients` (required).
-    #[arg(long, global = true, env = "LOCKMESH_ADMIN_CERT")]
-    pub cert: Option<PathBuf>,
+    #[arg(long = "cert", global = true, env = "LOCKMESH_ADMIN_CERT")]
+    pub cert_file: Option<PathBuf>,
     /// The client certificate's key (PEM).
-    #[arg(long, global = true, env = "LOCKMESH_ADMIN_KEY")]
-    pub key: Option<PathBuf>,
+    #[arg(long = "key", global = true, env = "LOCKMESH_ADMIN_KEY")]
+    pub key_file: Option<PathBuf>,
     /// The name to verify the arbiter's certificate against when the URL's host
     /// is not in it (e.g. https://127.0.0.1:18051 through `kubectl port-forward`).
     #[arg(long, global = true)]
@@ -193,7 +193,8 @@ impl Arbiter {
             |v: &Option<PathBuf>, flag: &str| v.clone().ok_or_else(|| io(format!("{flag}: required (docs/ADMIN.md)")));
         let url = a.arbiter.clone().ok_or_else(|| io("--arbiter: required (or LOCKMESH_ARBITER_URL)"))?;
         let rest = url.strip_prefix("https://").ok_or_else(|| io("--arbiter: must be an https:// URL"))?;
-        let (ca, cert, key) = (need(&a.arbiter_ca, "--arbiter-ca")?, need(&a.cert, "--cert")?, need(&a.key, "--key")?);
+        let (ca, cert, key) =
+            (need(&a.arbiter_ca, "--arbiter-ca")?, need(&a.cert_file, "--cert")?, need(&a.key_file, "--key")?);
         let mut pem = read(&cert)?;
         pem.push(b'\n');
         pem.extend(read(&key)?);

@@ -21,6 +21,14 @@ pub struct RawConfig {
     pub etcd_endpoints: Vec<String>,
     /// The lockmesh key root to audit, e.g. `/lockmesh` (the arbiters' `etcd.root`).
     pub etcd_root: String,
+    /// Client TLS to etcd, like the arbiter's `etcd.tls`: `{ca, cert, key}`;
+    /// `https://` endpoints need it, and with it every endpoint must be one.
+    pub etcd_tls: Option<crate::config::RawEtcdTls>,
+    /// etcd user (auth enabled; the role `lockmesh-audit`, docs/ADMIN.md), with
+    /// `etcd_password_file`.
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (trailing newline ignored).
+    pub etcd_password_file: Option<String>,
     /// The embedded store file (redb). Put it on a persistent volume: it holds the
     /// checkpoint, and the checkpoint is the restore detector.
     pub store_file: String,
@@ -70,6 +78,8 @@ pub struct Config {
     pub etcd_endpoints: Vec<String>,
     /// Key root, no trailing slash.
     pub etcd_root: String,
+    /// etcd TLS and user (the password stays out of `Debug`).
+    pub etcd_auth: crate::config::EtcdClientAuth,
     /// Store file.
     pub store_file: PathBuf,
     /// Admin listen address.
@@ -97,6 +107,56 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
     } else {
         base.join(p)
     }
+}
+
+/// Validates `etcd_tls`, `etcd_user` and `etcd_password_file` against the
+/// endpoints, as the arbiter validates its `etcd.tls`, `etcd.user` and
+/// `etcd.password_file`.
+fn etcd_auth(raw: &RawConfig, base: &Path, name: &str, errs: &mut Vec<String>) -> crate::config::EtcdClientAuth {
+    let mut auth = crate::config::EtcdClientAuth::default();
+    let read = |field: &str, p: &str, errs: &mut Vec<String>| {
+        std::fs::read(resolve(base, p)).map_err(|e| errs.push(format!("{name}: {field}: cannot read {p:?}: {e}"))).ok()
+    };
+    let https = raw.etcd_endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    match &raw.etcd_tls {
+        Some(t) => {
+            if https != raw.etcd_endpoints.len() {
+                errs.push(format!("{name}: etcd_endpoints: with etcd_tls every endpoint must be https://"));
+            }
+            auth.ca = read("etcd_tls.ca", &t.ca, errs);
+            match (&t.cert, &t.key) {
+                (Some(c), Some(k)) => {
+                    if let (Some(c), Some(k)) = (read("etcd_tls.cert", c, errs), read("etcd_tls.key", k, errs)) {
+                        auth.identity = Some((c, k));
+                    }
+                }
+                (None, None) => {}
+                (Some(_), None) => errs.push(format!("{name}: etcd_tls.key: required with etcd_tls.cert")),
+                (None, Some(_)) => errs.push(format!("{name}: etcd_tls.cert: required with etcd_tls.key")),
+            }
+        }
+        None if https > 0 => {
+            errs.push(format!("{name}: etcd_tls: required for https:// endpoints (etcd_tls.ca names the CA)"))
+        }
+        None => {}
+    }
+    match (&raw.etcd_user, &raw.etcd_password_file) {
+        (Some(u), Some(p)) => {
+            if u.is_empty() {
+                errs.push(format!("{name}: etcd_user: must not be empty"));
+            }
+            if let Some(pw) = read("etcd_password_file", p, errs) {
+                match String::from_utf8(pw) {
+                    Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.clone(), pw.trim_end().to_owned())),
+                    _ => errs.push(format!("{name}: etcd_password_file: {p:?} must hold a non-empty UTF-8 password")),
+                }
+            }
+        }
+        (Some(_), None) => errs.push(format!("{name}: etcd_password_file: required with etcd_user")),
+        (None, Some(_)) => errs.push(format!("{name}: etcd_user: required with etcd_password_file")),
+        (None, None) => {}
+    }
+    auth
 }
 
 // === impl Config ===
@@ -170,6 +230,7 @@ impl Config {
             .map_err(|e| errs.push(format!("{name}: clickhouse.{e}")))
             .ok()
         });
+        let etcd_auth = etcd_auth(&raw, base, name, &mut errs);
         let instance = raw.instance.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_default();
             format!("{host}-{}", std::process::id())
@@ -178,6 +239,7 @@ impl Config {
             Ok(admin_listen) if errs.is_empty() => Ok(Config {
                 etcd_endpoints: raw.etcd_endpoints,
                 etcd_root: root,
+                etcd_auth,
                 store_file: resolve(base, &raw.store_file),
                 admin_listen,
                 checkpoint_interval_ms,
@@ -209,5 +271,60 @@ mod tests {
             assert!(text.contains(&format!("audit.yaml: {want}")), "{want} missing in {text}");
         }
         assert!(serde_yaml::from_str::<RawConfig>("etcd_endpointz: []").is_err());
+    }
+
+    #[test]
+    fn etcd_tls_and_user_are_validated_with_field_paths() {
+        let dir = std::env::temp_dir().join(format!("lm-audit-cfg-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), "CA").unwrap();
+        std::fs::write(dir.join("pw"), "s3cret\n").unwrap();
+        let cfg = |extra: &str, eps: &str| {
+            let text = format!(
+                "etcd_endpoints: [{eps}]\netcd_root: /lm\nstore_file: a.redb\nadmin_listen: 127.0.0.1:0\n{extra}"
+            );
+            Config::try_from_raw(serde_yaml::from_str(&text).unwrap(), &dir, "audit.yaml")
+        };
+        let ok =
+            cfg("etcd_tls: { ca: ca.pem }\netcd_user: lockmesh-audit\netcd_password_file: pw\n", "\"https://e:2379\"")
+                .unwrap();
+        assert_eq!(ok.etcd_auth.ca.as_deref(), Some(&b"CA"[..]));
+        assert_eq!(ok.etcd_auth.user, Some(("lockmesh-audit".into(), "s3cret".into())));
+        assert!(!format!("{ok:?}").contains("s3cret"), "password in Debug");
+        let cases = [
+            ("", "\"https://e:2379\"", "audit.yaml: etcd_tls: required for https:// endpoints"),
+            (
+                "etcd_tls: { ca: ca.pem }\n",
+                "\"http://e:2379\"",
+                "audit.yaml: etcd_endpoints: with etcd_tls every endpoint",
+            ),
+            ("etcd_tls: { ca: missing.pem }\n", "\"https://e:2379\"", "audit.yaml: etcd_tls.ca: cannot read"),
+            (
+                "etcd_tls: { ca: ca.pem, cert: c.pem }\n",
+                "\"https://e:2379\"",
+                "audit.yaml: etcd_tls.key: required with etcd_tls.cert",
+            ),
+            ("etcd_user: a\n", "\"http://e:2379\"", "audit.yaml: etcd_password_file: required with etcd_user"),
+            (
+                "etcd_password_file: pw\n",
+                "\"http://e:2379\"",
+                "audit.yaml: etcd_user: required with etcd_password_file",
+            ),
+        ];
+        for (extra, eps, want) in cases {
+            let errs = cfg(extra, eps).unwrap_err();
+            assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:?}");
+        }
+    }
+
+    /// The shipped Kubernetes ConfigMap's audit.yaml uses only fields the tailer
+    /// knows, with TLS and the least-privilege etcd user.
+    #[test]
+    fn the_shipped_configmap_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/audit/configmap.yaml");
+        let cm: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let raw: RawConfig = serde_yaml::from_str(cm["data"]["audit.yaml"].as_str().unwrap()).unwrap();
+        assert_eq!(raw.etcd_user.as_deref(), Some("lockmesh-audit"));
+        assert!(raw.etcd_tls.is_some() && raw.etcd_endpoints.iter().all(|e| e.starts_with("https://")));
     }
 }

@@ -87,7 +87,9 @@ pub async fn run(
 }
 
 async fn connect(cfg: &Config) -> Result<Client, Error> {
-    let opts = etcd_client::ConnectOptions::new()
+    let opts = cfg
+        .etcd_auth
+        .apply(etcd_client::ConnectOptions::new())
         .with_connect_timeout(Duration::from_secs(3))
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
     tokio::time::timeout(Duration::from_secs(5), Client::connect(cfg.etcd_endpoints.clone(), Some(opts)))

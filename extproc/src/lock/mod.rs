@@ -240,7 +240,11 @@ impl Store {
     {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let t = left.clamp(Duration::from_millis(500), self.op_timeout);
-        match tokio::time::timeout(t, f).await {
+        // A `lockmesh.etcd` span (op by response type; the txn is the grant's).
+        let span = crate::telemetry::etcd_span::<T>();
+        let r = tokio::time::timeout(t, tracing::Instrument::instrument(f, span.clone())).await;
+        crate::telemetry::finish(&span, if matches!(r, Ok(Ok(_))) { "ok" } else { "error" }, None);
+        match r {
             Ok(r) => r.map_err(unavailable),
             Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {t:?}"))),
         }

@@ -18,8 +18,11 @@ use serde_json::Value;
 use crate::fixtures::{self, repo_root};
 
 /// YAML files in deploy/ that are not Kubernetes objects (`rules.yaml` is a plain
-/// Prometheus rules file, checked by promtool in the observability scenario).
-const NOT_OBJECTS: [&str; 3] = ["kustomization.yaml", "injector.yaml", "rules.yaml"];
+/// Prometheus rules file, checked by promtool in the observability scenario;
+/// `envoy.yaml` is the lock tier's Envoy config, rendered by
+/// scripts/gen-envoy-configs and checked by `envoy --mode validate` in the
+/// configs scenario).
+const NOT_OBJECTS: [&str; 4] = ["kustomization.yaml", "injector.yaml", "rules.yaml", "envoy.yaml"];
 
 fn python() -> PathBuf {
     let p = repo_root().join(".tools/k8s-validate/bin/python");
@@ -64,8 +67,21 @@ fn shipped_manifests_validate_against_kubernetes_and_istio_schemas() {
     let (ok, out) = validate(&files);
     assert!(ok, "{out}");
     assert!(!out.contains("WARN") && !out.contains("ERROR"), "{out}");
-    for kind in ["MutatingWebhookConfiguration", "Deployment", "Service", "NetworkPolicy", "WasmPlugin", "EnvoyFilter"]
-    {
+    // The lock tier and the audit tailer are in the base (issue 9).
+    for obj in ["Deployment/lockmesh-lock-tier", "StatefulSet/lockmesh-audit", "PodDisruptionBudget/lockmesh-audit"] {
+        assert!(out.contains(&format!(" {obj}")), "{obj} was not validated:\n{out}");
+    }
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "WasmPlugin",
+        "EnvoyFilter",
+    ] {
         assert!(out.contains(&format!(" {kind}/")), "{kind} was not validated:\n{out}");
     }
 }

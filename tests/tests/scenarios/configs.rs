@@ -205,3 +205,45 @@ fn the_shipped_configs_are_generated_from_their_sources() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The Kubernetes lock tier's config (`deploy/base/lock-tier/envoy.yaml`, the
+/// lock-tier-k8s variant rendered from the same template) passes the real `envoy
+/// --mode validate` with its mounted files pointed at a dev PKI and the built
+/// module, fails closed like the shipped ones, and exposes of the admin only GET
+/// /ready and /stats/prometheus on its health listener.
+#[tokio::test]
+async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed() {
+    let path = repo_root().join("deploy/base/lock-tier/envoy.yaml");
+    let verdict = EnvoyProcess::builder(path.to_str().unwrap())
+        .replace("/etc/lockmesh/tls/tls.crt", "run/certs/envoy.pem")
+        .replace("/etc/lockmesh/tls/tls.key", "run/certs/envoy-key.pem")
+        .replace("/etc/lockmesh/tls/ca.crt", "run/certs/ca.pem")
+        .replace("/etc/lockmesh/wasm/lockmesh_wasm_filter.wasm", lockmesh_tests::envoy::WASM_MODULE_PATH)
+        .validate()
+        .await
+        .unwrap();
+    if let Err(out) = verdict {
+        panic!("{} rejected by envoy --mode validate:\n{out}", path.display());
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let (mut procs, mut wasms) = (Vec::new(), Vec::new());
+    walk(&doc, &mut procs, &mut wasms);
+    assert_eq!((procs.len(), wasms.len()), (1, 1));
+    assert_eq!(procs[0]["failure_mode_allow"].as_bool(), Some(false));
+    assert_eq!(wasms[0]["config"]["failure_policy"].as_str(), Some("FAIL_CLOSED"));
+    assert!(text.contains("envoy.reloadable_features.ext_proc_fail_close_spurious_resp: true"));
+    assert_eq!(doc["admin"]["address"]["socket_address"]["address"].as_str(), Some("127.0.0.1"), "admin on loopback");
+    let listeners = doc["static_resources"]["listeners"].as_sequence().unwrap();
+    let health = listeners.iter().find(|l| l["name"] == "health").expect("health listener");
+    let hcm = &health["filter_chains"][0]["filters"][0]["typed_config"];
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"].as_sequence().unwrap();
+    let forwarded: Vec<&str> =
+        routes.iter().filter(|r| r.get("route").is_some()).filter_map(|r| r["match"]["path"].as_str()).collect();
+    assert_eq!(forwarded, ["/ready", "/stats/prometheus"], "only these reach the admin");
+    // The lock API listener never forwards.
+    let api = listeners.iter().find(|l| l["name"] == "lock_api").expect("lock_api listener");
+    let api_routes =
+        &api["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"];
+    assert!(api_routes.as_sequence().unwrap().iter().all(|r| r.get("route").is_none()), "the lock API forwards");
+}

@@ -204,8 +204,17 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     assert_eq!(f.kvs().first().map(|kv| kv.mod_revision()), Some(rev), "force record at the release's revision");
     let opts = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(rev);
     let mut stream = aud.watch(format!("{root}/"), Some(opts)).await.unwrap();
-    let resp =
-        tokio::time::timeout(std::time::Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    // The first answer only confirms the watch; the revision's events follow.
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            let r = stream.message().await.unwrap().unwrap();
+            if !r.events().is_empty() {
+                return r;
+            }
+        }
+    })
+    .await
+    .unwrap();
     let changes: Vec<Change> = resp
         .events()
         .iter()

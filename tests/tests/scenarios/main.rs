@@ -25,6 +25,7 @@ mod harness_selftest;
 mod limits;
 mod load_smoke;
 mod observability;
+mod otlp;
 mod pg_fence;
 mod restore;
 mod scale;
