@@ -101,7 +101,7 @@ async fn render(url: &str) -> String {
 
 /// The inner HTML of `<section id="ID">`.
 fn section<'a>(dom: &'a str, id: &str) -> &'a str {
-    let start = dom.find(&format!("<section id=\"{id}\">")).unwrap_or_else(|| panic!("no section {id}: {dom}"));
+    let start = dom.find(&format!("<section id=\"{id}\"")).unwrap_or_else(|| panic!("no section {id}: {dom}"));
     let rest = &dom[start..];
     &rest[..rest.find("</section>").unwrap()]
 }
