@@ -22,6 +22,7 @@
 //! | `lockmesh.acquire` | an acquire, receipt to answer | `class`, `namespace`, `tier`, `key_digest`, `outcome`, `wait_ms` |
 //! | `lockmesh.release` | a release | `class`, `namespace`, `tier`, `key_digest`, `outcome` |
 //! | `lockmesh.etcd` | an etcd call made for a caller under its deadline; `op=txn` under an acquire is the grant transaction | `op`, `outcome` |
+//! | `lockmesh.audit_commit` | the audit tailer's commit of a batch with its checkpoint | `events`, `outcome` |
 
 use std::{
     sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError},
@@ -41,7 +42,7 @@ pub const TARGET: &str = "lockmesh_otel";
 
 /// The only span fields that are exported (see the module docs).
 pub const ALLOWED: &[&str] =
-    &["class", "namespace", "tier", "outcome", "wait_ms", "op", "key_digest", "route", "code", "attempts"];
+    &["class", "namespace", "tier", "outcome", "wait_ms", "op", "key_digest", "route", "code", "attempts", "events"];
 
 /// Default `telemetry.export_interval_ms`.
 pub const DEFAULT_EXPORT_INTERVAL_MS: u64 = 1000;
@@ -454,6 +455,12 @@ pub fn finish(span: &tracing::Span, outcome: &str, waited: Option<Duration>) {
     if let Some(w) = waited {
         span.record("wait_ms", u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
     }
+}
+
+/// The span of the audit tailer's commit of `events` events with its checkpoint
+/// (`lockmesh.audit_commit`).
+pub fn audit_commit_span(events: usize) -> tracing::Span {
+    tracing::info_span!(target: TARGET, "lockmesh.audit_commit", events, outcome = tracing::field::Empty)
 }
 
 /// The span of one etcd call (`lockmesh.etcd`); `op` names the operation by

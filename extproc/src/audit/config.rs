@@ -53,6 +53,9 @@ pub struct RawConfig {
     pub seal_on_restore: Option<bool>,
     /// Also insert every event into ClickHouse (HTTP interface).
     pub clickhouse: Option<RawClickHouse>,
+    /// Tracing spans exported over OTLP/HTTP, like the arbiter's `telemetry`
+    /// (`docs/OPERATIONS.md`). Default: off.
+    pub telemetry: Option<crate::telemetry::RawTelemetry>,
 }
 
 /// The ClickHouse sink.
@@ -98,6 +101,8 @@ pub struct Config {
     pub seal_on_restore: bool,
     /// ClickHouse sink.
     pub clickhouse: Option<super::clickhouse::Sink>,
+    /// OTLP span export, if configured.
+    pub telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -231,6 +236,7 @@ impl Config {
             .ok()
         });
         let etcd_auth = etcd_auth(&raw, base, name, &mut errs);
+        let telemetry = crate::telemetry::validate(raw.telemetry.as_ref(), "lockmesh-audit", name, &mut errs);
         let instance = raw.instance.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_default();
             format!("{host}-{}", std::process::id())
@@ -249,6 +255,7 @@ impl Config {
                 registry,
                 seal_on_restore: raw.seal_on_restore.unwrap_or(true),
                 clickhouse,
+                telemetry,
             }),
             _ => Err(errs),
         }

@@ -199,6 +199,16 @@ impl Tailer {
 
     /// Commits `pending` with `cp` (ClickHouse first, when configured).
     async fn commit(&self, pending: &mut Vec<AuditEvent>, cp: &mut Checkpoint) -> Result<(), Error> {
+        // A `lockmesh.audit_commit` span for a batch that carries events (OTLP, when configured).
+        let span = (!pending.is_empty()).then(|| crate::telemetry::audit_commit_span(pending.len()));
+        let r = self.commit_batch(pending, cp).await;
+        if let Some(span) = &span {
+            crate::telemetry::finish(span, if r.is_ok() { "ok" } else { "error" }, None);
+        }
+        r
+    }
+
+    async fn commit_batch(&self, pending: &mut Vec<AuditEvent>, cp: &mut Checkpoint) -> Result<(), Error> {
         if let Some(sink) = &self.cfg.clickhouse {
             sink.insert(pending).await.map_err(e2s)?;
         }

@@ -5,6 +5,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
+use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, Layer};
 
 /// The lockmesh audit tailer.
 #[derive(Parser)]
@@ -20,11 +21,14 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+    // Logs (RUST_LOG, default info) and, once `telemetry` starts them, OTLP spans.
+    let log = tracing_subscriber::fmt::layer()
         .with_target(false)
         // Colour codes only on a terminal: log files stay greppable.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    tracing_subscriber::registry()
+        .with(log.with_filter(lockmesh_extproc::telemetry::log_filter()))
+        .with(lockmesh_extproc::telemetry::layer())
         .init();
     let (path, check) = match (args.config, args.check_config) {
         (_, Some(p)) => (p, true),
@@ -55,10 +59,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let exporter = config.telemetry.as_ref().and_then(lockmesh_extproc::telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
         lockmesh_extproc::audit::tailer::run(config, admin, shutdown()).await
     });
+    if let Some(e) = exporter {
+        e.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,8 +1,9 @@
-//! Issue 9 (ADR-22): the arbiter exports tracing spans over OTLP/HTTP (JSON) when
-//! `telemetry.otlp_endpoint` is set. A tiny collector in the test receives them:
-//! acquire and release spans carry class, namespace, tier, outcome and wait, the
-//! grant transaction is an etcd span inside its acquire's trace, and no exported
-//! byte holds a token, a raw key, a session or an identity.
+//! Issue 9 (ADR-22): the arbiter and the audit tailer export tracing spans over
+//! OTLP/HTTP (JSON) when `telemetry.otlp_endpoint` is set. A tiny collector in the
+//! test receives them: acquire and release spans carry class, namespace, tier,
+//! outcome and wait, the grant transaction is an etcd span inside its acquire's
+//! trace, the tailer's commits carry their event counts, and no exported byte holds
+//! a token, a raw key, a session or an identity.
 
 use std::{
     sync::{Arc, Mutex},
@@ -39,13 +40,15 @@ async fn collector() -> (u16, Received) {
     (port, got)
 }
 
-/// Every exported span, flattened.
-fn spans(got: &Received) -> Vec<Value> {
+/// Every exported span of `service` (`service.name`), flattened.
+fn spans(got: &Received, service: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for (_, body) in got.lock().unwrap().iter() {
         let v: Value = serde_json::from_slice(body).unwrap();
         for rs in v["resourceSpans"].as_array().unwrap() {
-            assert_eq!(rs["resource"]["attributes"][0]["value"]["stringValue"], "lockmesh-arbiter");
+            if rs["resource"]["attributes"][0]["value"]["stringValue"] != service {
+                continue;
+            }
             for ss in rs["scopeSpans"].as_array().unwrap() {
                 out.extend(ss["spans"].as_array().unwrap().iter().cloned());
             }
@@ -73,6 +76,8 @@ async fn spans_arrive_over_otlp_http_without_tokens_or_keys() {
         .start()
         .await
         .unwrap();
+    let telemetry = format!("telemetry: {{ otlp_endpoint: \"http://127.0.0.1:{port}\", export_interval_ms: 200 }}");
+    let _tailer = crate::audit::Tailer::start(&st, &telemetry).await;
     let c = st.client("payments", "otlp").unwrap();
     let key = "payments/otlp/order-77";
     let r = c.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
@@ -88,7 +93,7 @@ async fn spans_arrive_over_otlp_http_without_tokens_or_keys() {
 
     // Two acquires (granted, key_gated) and two releases (released, not_holder).
     let all = eventually(Duration::from_secs(15), async || {
-        let all = spans(&got);
+        let all = spans(&got, "lockmesh-arbiter");
         let outcomes: Vec<(&str, &str)> = all
             .iter()
             .filter(|s| s["name"] != "lockmesh.etcd")
@@ -128,8 +133,21 @@ async fn spans_arrive_over_otlp_http_without_tokens_or_keys() {
     assert_eq!(txn["traceId"], granted["traceId"]);
     assert_eq!(txn["kind"], 3, "SPAN_KIND_CLIENT");
 
+    // The tailer's commits of those events (one batch or more).
+    let commits = eventually(Duration::from_secs(15), async || {
+        let commits = spans(&got, "lockmesh-audit");
+        let events: u64 = commits
+            .iter()
+            .filter(|s| s["name"] == "lockmesh.audit_commit" && attr_str(s, "outcome") == Some("ok"))
+            .filter_map(|s| attr(s, "events")?["intValue"].as_str()?.parse::<u64>().ok())
+            .sum();
+        anyhow::ensure!(events >= 2, "audit commits with {events} events so far: {commits:?}");
+        Ok(commits)
+    })
+    .await;
+
     // Attribute keys are the allowed ones only, and no exported byte holds a secret.
-    for s in &all {
+    for s in all.iter().chain(&commits) {
         for a in s["attributes"].as_array().unwrap() {
             let k = a["key"].as_str().unwrap();
             assert!(lockmesh_extproc::telemetry::ALLOWED.contains(&k), "attribute {k} exported: {s}");
