@@ -138,6 +138,11 @@ enum HandOff {
     NotDone,
 }
 
+/// The commit revision a grant's token carries.
+fn token_revision(g: &Grant) -> i64 {
+    i64::try_from(g.token.revision()).unwrap_or(i64::MAX)
+}
+
 /// The hold value a grant of `req` at `epoch` writes.
 fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
@@ -265,13 +270,40 @@ impl Store {
             }
             ticket.wait_head(req.deadline, cancel).await?;
         }
+        // A mutex key granted here, with no release through here since, is most
+        // likely still held: instead of a grant transaction that can only be
+        // refused (a raft proposal), read the holders (no proposal; it also answers
+        // an idempotent re-acquire) and wait from that read's revision with an
+        // offer, so the holder's release hands the key over in its own transaction.
+        // A release anywhere shows in the watch from that revision.
+        if self.queues().held_since(&d).is_some() && new_record.is_none() && !req.try_once && req.class.max_holders == 1
+        {
+            let opts = Some(GetOptions::new().with_prefix());
+            let r = self.call_by(req.deadline, self.client().get(self.keys().holds(&d), opts)).await?;
+            if let Some(answer) = self.classify_holders(req, sid, r.kvs()) {
+                return answer;
+            }
+            if !r.kvs().is_empty() {
+                let revision = r.header().map_or(0, |h| h.revision());
+                if let Some(g) = self.wait_change(&d, revision, req.deadline, cancel, &ticket, Some((req, sid))).await?
+                {
+                    self.queues().note_held(&d, token_revision(&g));
+                    return Ok(g);
+                }
+            }
+        }
         let mut epoch_moves = 0;
         // The slot to try: the lowest free one the last refusal saw.
         let mut slot = 0;
         let mut conflicts = 0;
         loop {
             match self.try_grant(req, &d, sid, new_record.as_ref(), slot, Fair::Memory).await? {
-                Attempt::Granted(g) => return Ok(g),
+                Attempt::Granted(g) => {
+                    if req.class.max_holders == 1 && !g.existing {
+                        self.queues().note_held(&d, token_revision(&g));
+                    }
+                    return Ok(g);
+                }
                 Attempt::EpochMoved => {
                     epoch_moves += 1;
                     if epoch_moves > 3 {
@@ -300,6 +332,9 @@ impl Store {
                             if let Some(g) =
                                 self.wait_change(&d, revision, req.deadline, cancel, &ticket, offer).await?
                             {
+                                if req.class.max_holders == 1 {
+                                    self.queues().note_held(&d, token_revision(&g));
+                                }
                                 return Ok(g);
                             }
                         }
@@ -582,12 +617,15 @@ impl Store {
                 Err(e) => (Handed::Retry, Some(Err(e)), &c.failed),
             };
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let handed = matches!(answer, Handed::Granted(_));
             if let Err(Handed::Granted(g)) = offer.tx.send(answer) {
                 // The waiter is gone (its task ended): take its grant back.
                 self.drop_grant(d, &g).await;
             }
             if let Some(r) = result {
-                if matches!(r, Ok(true)) {
+                // Handed over: the key is held again and its waiter answered; the
+                // queue moves on when that waiter leaves it.
+                if matches!(r, Ok(true)) && !handed {
                     self.queues().hint(d);
                 }
                 return r;

@@ -134,6 +134,8 @@ pub struct Queues {
     /// Holds this arbiter granted by hand-off under a slot's other name, by
     /// (digest, token revision): the release fast path tries that name first.
     handed_names: Mutex<HashSet<(KeyDigest, i64)>>,
+    /// Mutex keys granted here with no release through here since.
+    held: Mutex<HashMap<KeyDigest, i64>>,
     /// This arbiter's lease for durable waiter keys (`lock::durable`).
     pub(crate) durable: super::durable::WaiterLease,
 }
@@ -144,6 +146,7 @@ impl Default for Queues {
             next: AtomicU64::new(0),
             map: Mutex::default(),
             handed_names: Mutex::default(),
+            held: Mutex::default(),
             durable: super::durable::WaiterLease::default(),
         }
     }
@@ -171,10 +174,30 @@ impl Queues {
 
     /// Wakes the head of `d`'s queue (a release of `d` went through here).
     pub fn hint(&self, d: &KeyDigest) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(d);
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(q) = map.get(d) {
             q.notify.notify_waiters();
         }
+    }
+
+    /// Notes a grant of mutex key `d` at `revision` made here, for the waiters
+    /// queued behind it.
+    /// Only a hint for the next acquire of `d` here: it reads the holders and waits
+    /// from that read instead of running a grant that can only be refused. Cleared
+    /// by a release through here; bounded like the hand-off names.
+    pub(crate) fn note_held(&self, d: &KeyDigest, revision: i64) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.len() >= HANDED_NAMES_MAX {
+            held.clear();
+        }
+        held.insert(d.clone(), revision);
+    }
+
+    /// The revision of the last grant of mutex key `d` here, when no release of it
+    /// passed through here since (see [`Queues::note_held`]).
+    pub(crate) fn held_since(&self, d: &KeyDigest) -> Option<i64> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).get(d).copied()
     }
 
     /// Posts the head's offer; false (and nothing posted) when hand-off is off or

@@ -90,6 +90,11 @@ struct Args {
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
+    /// A top-level line added to the config of the arbiter this tool starts
+    /// (repeatable), e.g. `--arbiter-yaml 'handoff: false'`. Set `ARBITER_BIN` to
+    /// run another build of the arbiter (e.g. target/release/lockmesh-extproc).
+    #[arg(long, value_name = "YAML")]
+    arbiter_yaml: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -228,15 +233,13 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         println!("target: existing deployment ({}); run id below", describe_machine());
         return load::run(&target, opts).await;
     }
-    let st = Stack::builder("load")
-        .envoy_config("lock-tier")
-        .envoy_concurrency(a.envoy_concurrency)
-        .own_etcd(1)
-        .start()
-        .await
-        .context(
-            "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
-        )?;
+    let mut b = Stack::builder("load").envoy_config("lock-tier").envoy_concurrency(a.envoy_concurrency).own_etcd(1);
+    for line in &a.arbiter_yaml {
+        b = b.arbiter_extra_yaml(line.clone());
+    }
+    let st = b.start().await.context(
+        "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
+    )?;
     println!(
         "stack: etcd {} ({}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
         st.etcd().endpoints().join(","),
@@ -245,6 +248,11 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         a.envoy_concurrency,
         tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
         describe_machine()
+    );
+    println!(
+        "arbiter: {} {}",
+        lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
+        if a.arbiter_yaml.is_empty() { String::new() } else { format!("with {:?}", a.arbiter_yaml) }
     );
     load::run(&Target::from_stack(&st).with_key_prefix(&a.key_prefix), opts).await
 }
