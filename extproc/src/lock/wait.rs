@@ -76,10 +76,10 @@ pub struct HandoffCounts {
 // === impl HandoffCounts ===
 
 impl HandoffCounts {
-    /// Writes `lockmesh_arbiter_handoffs_total{result}`.
+    /// Writes `lockmesh_arbiter_handoffs_total{outcome}`.
     pub fn render(&self, s: &mut String) {
         use std::fmt::Write;
-        s.push_str("# HELP lockmesh_arbiter_handoffs_total Releases that tried to hand the key to a waiter in the same transaction, by result.\n");
+        s.push_str("# HELP lockmesh_arbiter_handoffs_total Releases that tried to hand the key to a waiter in the same transaction, by outcome.\n");
         s.push_str("# TYPE lockmesh_arbiter_handoffs_total counter\n");
         for (result, n) in [
             ("granted", &self.granted),
@@ -87,7 +87,8 @@ impl HandoffCounts {
             ("not_done", &self.not_done),
             ("failed", &self.failed),
         ] {
-            let _ = writeln!(s, "lockmesh_arbiter_handoffs_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
+            let _ =
+                writeln!(s, "lockmesh_arbiter_handoffs_total{{outcome=\"{result}\"}} {}", n.load(Ordering::Relaxed));
         }
         s.push_str("# HELP lockmesh_arbiter_handoff_offers Gated head waiters on this arbiter ready to take a key in its release transaction.\n");
         s.push_str("# TYPE lockmesh_arbiter_handoff_offers gauge\n");

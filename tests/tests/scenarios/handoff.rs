@@ -55,7 +55,7 @@ async fn a_release_hands_the_key_to_the_waiting_head_in_the_same_transaction() {
     let (ta, sa) = (token(&r), r.json["session"].as_str().unwrap().to_owned());
     let waiter = tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000")]).await });
     offers_reach(&st, 1).await;
-    let before = metric(&st, "lockmesh_arbiter_handoffs_total{result=\"granted\"}").await;
+    let before = metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"granted\"}").await;
 
     let ta_s = ta.to_string();
     let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta_s), ("x-lock-session", &sa)]).await.unwrap();
@@ -64,7 +64,7 @@ async fn a_release_hands_the_key_to_the_waiting_head_in_the_same_transaction() {
     assert_eq!(rb.code(), 200, "{}", rb.body);
     let tb = token(&rb);
     assert!(tb > ta, "the successor's token {tb} must exceed {ta}");
-    assert_eq!(metric(&st, "lockmesh_arbiter_handoffs_total{result=\"granted\"}").await, before + 1);
+    assert_eq!(metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"granted\"}").await, before + 1);
 
     // One write: the release marker naming A's grant and B's hold were committed at
     // B's token revision, and B's hold sits under the slot's other name.
@@ -115,7 +115,7 @@ async fn a_hand_off_whose_waiter_lease_is_gone_still_releases() {
             b2.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000"), ("x-lock-session", &sb2)]).await
         });
         offers_reach(&st, 1).await;
-        let not_done = metric(&st, "lockmesh_arbiter_handoffs_total{result=\"not_done\"}").await;
+        let not_done = metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"not_done\"}").await;
         etcd.lease_revoke(i64::from_str_radix(&sb, 16).unwrap()).await.unwrap();
         let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta), ("x-lock-session", &sa)]).await.unwrap();
         // The release succeeds whatever became of the hand-off.
@@ -132,7 +132,7 @@ async fn a_hand_off_whose_waiter_lease_is_gone_still_releases() {
         let (t, s) = (token(&r).to_string(), r.json["session"].as_str().unwrap().to_owned());
         let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &t), ("x-lock-session", &s)]).await.unwrap();
         assert_eq!(r.code(), 200, "{}", r.body);
-        if metric(&st, "lockmesh_arbiter_handoffs_total{result=\"not_done\"}").await == not_done + 1 {
+        if metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"not_done\"}").await == not_done + 1 {
             return;
         }
         eprintln!("attempt {attempt}: the waiter noticed its lost lease before the release; again");
