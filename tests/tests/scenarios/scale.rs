@@ -515,9 +515,202 @@ async fn history(s: &Scale, cluster: &str) -> Vec<(i64, EventType, String, Strin
                 raw.unwrap_or_default(),
             ));
         }
-        if out.last().is_some_and(|(r, ..)| *r >= now) || resp.events().is_empty() && out.len() > 0 {
+        if out.last().is_some_and(|(r, ..)| *r >= now) || resp.events().is_empty() && !out.is_empty() {
             break 'read;
         }
     }
     out
+}
+
+/// Measurements, not tests (`docs/SCALE.md`): run on purpose with
+/// `cargo test -p lockmesh-tests --test scenarios -- scale::bench --ignored --nocapture --test-threads=1`.
+/// `LOCKMESH_SCALE_SECONDS` (default 5), `LOCKMESH_SCALE_CLIENTS` (default 32) and
+/// `LOCKMESH_SCALE_MEMBERS` (members per cluster, default 1) tune it.
+mod bench {
+    use super::*;
+
+    fn env(name: &str, default: u64) -> u64 {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    fn pct(mut v: Vec<Duration>) -> (f64, f64, usize) {
+        if v.is_empty() {
+            return (0.0, 0.0, 0);
+        }
+        v.sort();
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)].as_secs_f64() * 1000.0;
+        (at(0.5), at(0.99), v.len())
+    }
+
+    struct Run {
+        cycles_per_s: f64,
+        errors: usize,
+        coord_idle: (f64, f64, usize),
+        coord_storm: (f64, f64, usize),
+    }
+
+    /// A coord-tier client acquiring and releasing `billing/elect/x` in a loop
+    /// until `until`: its cycle latencies.
+    async fn coord_loop(c: LockClient, until: Instant) -> Vec<Duration> {
+        let mut lat = Vec::new();
+        while Instant::now() < until {
+            let t0 = Instant::now();
+            let r = c.post(ACQ, &[("x-lock-key", "billing/elect/x"), ("x-lock-wait-ms", "1000")]).await.unwrap();
+            if r.code() != 200 {
+                continue;
+            }
+            let t = token(&r).to_string();
+            let r = c.post(REL, &[("x-lock-key", "billing/elect/x"), ("x-lock-token", &t)]).await.unwrap();
+            assert_eq!(r.code(), 200, "{}", r.body);
+            lat.push(t0.elapsed());
+        }
+        lat
+    }
+
+    /// `shards` entity clusters (0: the coord cluster backs both tiers).
+    async fn run(shards: usize, members: usize, clients: usize, secs: u64) -> Run {
+        let names: Vec<String> = (0..shards).map(|i| format!("shard-{i}")).collect();
+        let clusters =
+            futures::future::try_join_all(names.iter().map(|_| EtcdCluster::builder().members(members).start()))
+                .await
+                .unwrap();
+        let mut yaml = String::new();
+        if shards > 0 {
+            yaml.push_str("clusters:\n");
+            for (n, c) in names.iter().zip(&clusters) {
+                let eps: Vec<String> = c.endpoints().iter().map(|e| format!("{e:?}")).collect();
+                yaml.push_str(&format!("  {n}:\n    endpoints: [{}]\n", eps.join(", ")));
+            }
+            yaml.push_str(&format!("tiers:\n  entity: [{}]\n", names.join(", ")));
+        }
+        let mut b = Stack::builder("scale-bench").envoy_config("lock-tier").registry(REGISTRY).own_etcd(members);
+        if !yaml.is_empty() {
+            b = b.arbiter_extra_yaml(yaml);
+        }
+        let st = b.start().await.unwrap();
+        // Coord latency alone.
+        let coord = st.client("billing", "leader").unwrap();
+        let coord_idle = pct(coord_loop(coord, Instant::now() + Duration::from_secs(3)).await);
+        // Each client: its own session and keys, acquire -> release cycles.
+        let mut tasks = Vec::new();
+        let until = Instant::now() + Duration::from_secs(secs);
+        for i in 0..clients {
+            let c = st.client("payments", &format!("c{i}")).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let r = c.post("/v1/sessions", &[("x-lock-key", &format!("payments/b{i}-0"))]).await.unwrap();
+                let sid = r.json["session"].as_str().unwrap().to_owned();
+                let (mut n, mut errors, mut j) = (0usize, 0usize, 0usize);
+                let mut renewed = Instant::now();
+                while Instant::now() < until {
+                    j += 1;
+                    let k = format!("payments/b{i}-{}", j % 16);
+                    if renewed.elapsed() > Duration::from_secs(4) {
+                        let _ = c.post("/v1/sessions/keepalive", &[("x-lock-session", &sid)]).await;
+                        renewed = Instant::now();
+                    }
+                    let r = c.post(ACQ, &[("x-lock-key", &k), ("x-lock-session", &sid)]).await.unwrap();
+                    if r.code() != 200 {
+                        errors += 1;
+                        continue;
+                    }
+                    let t = token(&r).to_string();
+                    let r = c
+                        .post(REL, &[("x-lock-key", &k), ("x-lock-token", &t), ("x-lock-session", &sid)])
+                        .await
+                        .unwrap();
+                    if r.code() == 200 {
+                        n += 1;
+                    } else {
+                        errors += 1;
+                    }
+                }
+                let _ = c.post("/v1/sessions/close", &[("x-lock-session", &sid)]).await;
+                (n, errors)
+            }));
+        }
+        let started = Instant::now();
+        let coord = st.client("billing", "leader").unwrap();
+        let coord_storm = pct(coord_loop(coord, until).await);
+        let (mut cycles, mut errors) = (0, 0);
+        for t in tasks {
+            let (n, e) = t.await.unwrap();
+            cycles += n;
+            errors += e;
+        }
+        let cycles_per_s = cycles as f64 / started.elapsed().as_secs_f64();
+        drop(st);
+        drop(clusters);
+        Run { cycles_per_s, errors, coord_idle, coord_storm }
+    }
+
+    /// Raw grant-shaped transactions (put-if-absent on a lease-less key, then delete)
+    /// straight to `n` single clusters, `clients` writers spread over them: the
+    /// store's own ceiling, without Envoy and the arbiter.
+    async fn raw(n: usize, members: usize, clients: usize, secs: u64) -> f64 {
+        let clusters = futures::future::try_join_all((0..n).map(|_| EtcdCluster::builder().members(members).start()))
+            .await
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(secs);
+        let mut tasks = Vec::new();
+        for i in 0..clients {
+            let mut c = clusters[i % n].client().await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut done = 0usize;
+                let key = format!("/bench/{i}");
+                while Instant::now() < until {
+                    let txn = etcd_client::Txn::new()
+                        .when([etcd_client::Compare::create_revision(key.as_str(), etcd_client::CompareOp::Equal, 0)])
+                        .and_then([etcd_client::TxnOp::put(key.as_str(), "h", None)]);
+                    c.txn(txn).await.unwrap();
+                    c.delete(key.as_str(), None).await.unwrap();
+                    done += 1;
+                }
+                done
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total as f64 / secs as f64
+    }
+
+    #[tokio::test]
+    #[ignore = "a measurement (docs/SCALE.md), not part of the test command"]
+    async fn shards_throughput_and_coord_latency_during_an_entity_storm() {
+        let (secs, clients, members) = (
+            env("LOCKMESH_SCALE_SECONDS", 5),
+            env("LOCKMESH_SCALE_CLIENTS", 32) as usize,
+            env("LOCKMESH_SCALE_MEMBERS", 1) as usize,
+        );
+        println!(
+            "scale bench: {clients} clients, {secs} s per run, {members} member(s) per etcd cluster, {} cores",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        let mut base = 0.0;
+        for n in 1..=3 {
+            let r = raw(n, members, clients, secs).await;
+            if n == 1 {
+                base = r;
+            }
+            println!("store only, {n} cluster(s): {r:.0} grant+delete cycles/s ({:.2}x one)", r / base);
+        }
+        let mut one = 0.0;
+        for shards in 0..=3 {
+            let r = run(shards, members, clients, secs).await;
+            if shards == 1 {
+                one = r.cycles_per_s;
+            }
+            let what = if shards == 0 {
+                "one cluster backs both tiers".to_owned()
+            } else {
+                format!("coord + {shards} entity shard(s)")
+            };
+            let ratio = if one > 0.0 { format!(" ({:.2}x one shard)", r.cycles_per_s / one) } else { String::new() };
+            println!(
+                "full path, {what}: {:.0} acquire+release cycles/s{ratio}, {} errors; coord cycle p50/p99 idle {:.1}/{:.1} ms (n={}), during the entity storm {:.1}/{:.1} ms (n={})",
+                r.cycles_per_s, r.errors, r.coord_idle.0, r.coord_idle.1, r.coord_idle.2, r.coord_storm.0, r.coord_storm.1, r.coord_storm.2
+            );
+        }
+    }
 }
