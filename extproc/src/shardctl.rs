@@ -409,8 +409,10 @@ async fn resume(s: &Store, next: &ShardMap, o: &MoveOptions) -> Result<(), Shard
 }
 
 /// No change asked and nothing pending in the coord map: resume clusters left
-/// with the current map pending (a crash after the flip) and revert clusters
-/// left with a change the coord map no longer has (a crash during a cancel).
+/// with the current map pending (a crash after the flip), revert clusters left
+/// with a change the coord map no longer has (a crash during a cancel), and bring
+/// forward a record behind the map (a cluster restored from an older snapshot,
+/// whose restore deleted its holds; it admits nothing until then).
 async fn finish(
     tiers: &Tiers,
     rec: &MapRecord,
@@ -421,7 +423,22 @@ async fn finish(
     let mut touched = 0;
     for s in tiers.stores() {
         let Some((h, rev)) = s.read_home().await? else { continue };
-        let Some(p) = &h.pending else { continue };
+        let Some(p) = &h.pending else {
+            if h.current.version < rec.current.version {
+                let fixed = HomeRecord::new(s.cluster_name(), rec.current.clone(), None, note(o, "repair"));
+                if !s.put_home(&fixed, rev).await? {
+                    return Err(ShardError::Raced(format!("the home record of {}", s.cluster_name())));
+                }
+                touched += 1;
+                say(format!(
+                    "{}: repair (record version {} brought to {})",
+                    s.cluster_name(),
+                    h.current.version,
+                    rec.current.version
+                ));
+            }
+            continue;
+        };
         let fixed = if *p == rec.current {
             HomeRecord::new(s.cluster_name(), rec.current.clone(), None, note(o, "resume"))
         } else {

@@ -211,6 +211,9 @@ impl Tiers {
     }
 
     fn set_map(&self, m: ShardMap) {
+        for s in self.stores.values() {
+            s.home_cell().raise_floor(m.version);
+        }
         let mut g = self.map.write().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|old| old.version <= m.version) {
             *g = Some(m);
@@ -350,8 +353,15 @@ impl Tiers {
             return Ok(());
         }
         let home = self.session_home(sid).await?;
-        if Arc::ptr_eq(&home, target) || target.session_copy(sid).await?.is_some() {
+        if Arc::ptr_eq(&home, target) {
             return Ok(());
+        }
+        // Already extended there (the record is cached after the first use; the
+        // grant compares the lease in any case).
+        match target.owned_session(sid, owner).await {
+            Ok(_) => return Ok(()),
+            Err(LockError::SessionExpired) => {}
+            Err(e) => return Err(e),
         }
         let rec = home.owned_session(sid, owner).await?;
         if !home.lease_alive(sid).await? {

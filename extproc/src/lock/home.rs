@@ -31,7 +31,10 @@
 //! ([`Store::extend_session`]); the home keeps a marker per extension, so keepalive,
 //! close and listing reach every cluster the session touched (`crate::tiers`).
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc, Mutex, OnceLock, Weak,
+};
 
 use etcd_client::{Compare, CompareOp, GetOptions, LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{headers::SessionId, policy::ChangeNote, shard::ShardMap, LockKey};
@@ -113,6 +116,9 @@ pub struct HomeCell {
     name: OnceLock<String>,
     epoch_source: OnceLock<Weak<Store>>,
     record: Mutex<Option<(HomeRecord, i64)>>,
+    /// The newest coord map version this arbiter has read: a record behind it
+    /// (a restored cluster) admits nothing until repaired.
+    floor: AtomicU64,
 }
 
 /// The epoch counter on the coord cluster.
@@ -185,7 +191,13 @@ impl HomeCell {
             name: OnceLock::new(),
             epoch_source: OnceLock::new(),
             record: Mutex::new(None),
+            floor: AtomicU64::new(0),
         }
+    }
+
+    /// Raises the map version this cluster's record must have reached.
+    pub fn raise_floor(&self, version: u64) {
+        self.floor.fetch_max(version, Ordering::Relaxed);
     }
 
     /// `<root>/sys/home`.
@@ -356,12 +368,32 @@ impl Store {
     /// cluster: `Moved` if the key lives elsewhere, `Draining` while it moves. A
     /// refusal is decided on a fresh read.
     pub(crate) async fn home_gate(&self, class: &str, key: &LockKey) -> Result<HomeGate, LockError> {
+        let floor = self.home.floor.load(Ordering::Relaxed);
+        let behind = |r: &HomeRecord| r.pending.as_ref().map_or(r.current.version, |p| p.version) < floor;
         let (mut rec, mut rev) = self.home_record().await?;
         let mut verdict = rec.admits(class, key.as_str());
-        if verdict != Admit::Here {
+        if verdict != Admit::Here || behind(&rec) {
             self.forget_home();
             (rec, rev) = self.home_record().await?;
             verdict = rec.admits(class, key.as_str());
+        }
+        if behind(&rec) {
+            // Every cluster that homes keys is resumed to each map it homes them in,
+            // so a record behind the coord map homes nothing now, unless the cluster
+            // was restored from an older snapshot: refuse until `lockctl shard
+            // apply` (no change) brings it forward.
+            tracing::error!(
+                cluster = self.cluster_name(),
+                recorded = rec.current.version,
+                floor,
+                "the home record is behind the shard map (a restored cluster?); refusing its keys"
+            );
+            return Err(LockError::Unavailable(format!(
+                "cluster {}'s home record (version {}) is behind the shard map (version {floor}); run lockctl \
+                 shard apply to repair it",
+                self.cluster_name(),
+                rec.current.version
+            )));
         }
         if verdict == Admit::Elsewhere && crate::test_faults::on(crate::test_faults::TestFault::SkipHomeGate) {
             verdict = Admit::Here; // PLANTED BUG (scale scenarios): a moved key is granted here.

@@ -241,6 +241,21 @@ async fn adding_a_shard_moves_only_keys_whose_home_changed_and_tokens_never_go_b
     // Nothing to do, and a second change is refused while none is pending.
     assert_eq!(s.lockctl(&["apply"]).1["outcome"], "unchanged");
     assert_eq!(s.lockctl(&["cancel"]).0, 3);
+    // A home record behind the map (as a restore from an older snapshot leaves it)
+    // admits nothing until `apply` repairs it.
+    let mut a = s.client_of("shard-a").await;
+    let home_key = format!("{}/sys/home", s.st.root());
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(a.get(home_key.as_str(), None).await.unwrap().kvs()[0].value()).unwrap();
+    rec["current"]["version"] = 1.into();
+    a.put(home_key.as_str(), rec.to_string(), None).await.unwrap();
+    let r = pay.post(ACQ, &[("x-lock-key", &stays)]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("unavailable")), "{}", r.body);
+    let (code, report, err) = s.lockctl(&["apply"]);
+    assert_eq!((code, report["outcome"].as_str()), (0, Some("resumed")), "{err}");
+    assert!(err.contains("repair"), "{err}");
+    let t = acquire(&pay, &stays).await;
+    release(&pay, &stays, t).await;
 }
 
 #[tokio::test]
