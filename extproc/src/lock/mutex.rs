@@ -543,7 +543,7 @@ impl Store {
             self.owned_session(sid, caller).await?;
         }
         let ep = self.epoch_state().await?;
-        if token.epoch() != ep.epoch {
+        if !ep.holds_epoch(token.epoch()) {
             return Err(LockError::NotHolder);
         }
         let d = key.digest();
