@@ -195,8 +195,13 @@ pub async fn advance(
                     return Err(other(format!("{left} sessions or holds remain after revoking; re-run")));
                 }
                 say(out, format!("3/4 revoked {revoked} restored session leases; verified: no session and no hold left under {root}"));
-                let open =
-                    EpochRecord { epoch: target, cluster_id: bound.clone(), sealed: None, target: None, prior: Vec::new() };
+                let open = EpochRecord {
+                    epoch: target,
+                    cluster_id: bound.clone(),
+                    sealed: None,
+                    target: None,
+                    prior: Vec::new(),
+                };
                 if put_record(client, &keys, mod_rev, &open, vec![]).await? {
                     say(
                         out,

@@ -136,8 +136,13 @@ impl Store {
             // One cluster: epoch 1. Several: allocated from the coord cluster's
             // counter, so no two clusters share an epoch (`lock::home`).
             let first = self.first_epoch().await?;
-            let rec =
-                EpochRecord { epoch: first, cluster_id: cluster_hex(cluster), sealed: None, target: None, prior: Vec::new() };
+            let rec = EpochRecord {
+                epoch: first,
+                cluster_id: cluster_hex(cluster),
+                sealed: None,
+                target: None,
+                prior: Vec::new(),
+            };
             let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
