@@ -209,8 +209,8 @@ impl Model for MoveModel {
                 };
                 n.ops[i] = Op::Idle;
                 if s.map == map && (0..2).all(|c| done[c].is_none_or(|r| r == s.records[c].rev)) {
-                    for c in 0..2 {
-                        if done[c].is_some() && s.records[c].rev < MAX_REC_REV {
+                    for (c, drained) in done.iter().enumerate() {
+                        if drained.is_some() && s.records[c].rev < MAX_REC_REV {
                             n.records[c] = Record { rev: s.records[c].rev + 1, draining: false };
                         }
                     }
