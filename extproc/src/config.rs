@@ -390,47 +390,82 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 
 /// Validates `etcd.tls`, `etcd.user` and `etcd.password_file` against the endpoints.
 fn etcd_auth(raw: &RawEtcd, base: &Path, name: &str, errs: &mut Vec<String>) -> EtcdClientAuth {
+    let parts = EtcdAuthFields {
+        endpoints: &raw.endpoints,
+        tls: raw.tls.as_ref(),
+        user: raw.user.as_deref(),
+        password_file: raw.password_file.as_deref(),
+    };
+    validate_etcd_auth(&parts, "etcd.", base, name, errs)
+}
+
+/// The etcd client fields the arbiter (`etcd.tls`, ...) and the audit tailer
+/// (`etcd_tls`, ...) share.
+pub(crate) struct EtcdAuthFields<'a> {
+    /// Endpoints.
+    pub endpoints: &'a [String],
+    /// TLS files.
+    pub tls: Option<&'a RawEtcdTls>,
+    /// etcd user.
+    pub user: Option<&'a str>,
+    /// File holding its password.
+    pub password_file: Option<&'a str>,
+}
+
+/// Validates etcd TLS and user fields against the endpoints; `prefix` spells the
+/// field paths (`etcd.` for the arbiter, `etcd_` for the tailer).
+pub(crate) fn validate_etcd_auth(
+    raw: &EtcdAuthFields<'_>,
+    prefix: &str,
+    base: &Path,
+    name: &str,
+    errs: &mut Vec<String>,
+) -> EtcdClientAuth {
     let mut auth = EtcdClientAuth::default();
     let read = |field: &str, p: &str, errs: &mut Vec<String>| {
-        std::fs::read(resolve(base, p)).map_err(|e| errs.push(format!("{name}: {field}: cannot read {p:?}: {e}"))).ok()
+        std::fs::read(resolve(base, p))
+            .map_err(|e| errs.push(format!("{name}: {prefix}{field}: cannot read {p:?}: {e}")))
+            .ok()
     };
     let https = raw.endpoints.iter().filter(|e| e.starts_with("https://")).count();
-    match &raw.tls {
+    match raw.tls {
         Some(t) => {
             if https != raw.endpoints.len() {
-                errs.push(format!("{name}: etcd.endpoints: with etcd.tls every endpoint must be https://"));
+                errs.push(format!("{name}: {prefix}endpoints: with {prefix}tls every endpoint must be https://"));
             }
-            auth.ca = read("etcd.tls.ca", &t.ca, errs);
+            auth.ca = read("tls.ca", &t.ca, errs);
             match (&t.cert, &t.key) {
                 (Some(c), Some(k)) => {
-                    if let (Some(c), Some(k)) = (read("etcd.tls.cert", c, errs), read("etcd.tls.key", k, errs)) {
+                    if let (Some(c), Some(k)) = (read("tls.cert", c, errs), read("tls.key", k, errs)) {
                         auth.identity = Some((c, k));
                     }
                 }
                 (None, None) => {}
-                (Some(_), None) => errs.push(format!("{name}: etcd.tls.key: required with etcd.tls.cert")),
-                (None, Some(_)) => errs.push(format!("{name}: etcd.tls.cert: required with etcd.tls.key")),
+                (Some(_), None) => errs.push(format!("{name}: {prefix}tls.key: required with {prefix}tls.cert")),
+                (None, Some(_)) => errs.push(format!("{name}: {prefix}tls.cert: required with {prefix}tls.key")),
             }
         }
         None if https > 0 => {
-            errs.push(format!("{name}: etcd.tls: required for https:// endpoints (etcd.tls.ca names the CA)"))
+            errs.push(format!("{name}: {prefix}tls: required for https:// endpoints ({prefix}tls.ca names the CA)"))
         }
         None => {}
     }
-    match (&raw.user, &raw.password_file) {
+    match (raw.user, raw.password_file) {
         (Some(u), Some(p)) => {
             if u.is_empty() {
-                errs.push(format!("{name}: etcd.user: must not be empty"));
+                errs.push(format!("{name}: {prefix}user: must not be empty"));
             }
-            if let Some(pw) = read("etcd.password_file", p, errs) {
+            if let Some(pw) = read("password_file", p, errs) {
                 match String::from_utf8(pw) {
-                    Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.clone(), pw.trim_end().to_owned())),
-                    _ => errs.push(format!("{name}: etcd.password_file: {p:?} must hold a non-empty UTF-8 password")),
+                    Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.to_owned(), pw.trim_end().to_owned())),
+                    _ => {
+                        errs.push(format!("{name}: {prefix}password_file: {p:?} must hold a non-empty UTF-8 password"))
+                    }
                 }
             }
         }
-        (Some(_), None) => errs.push(format!("{name}: etcd.password_file: required with etcd.user")),
-        (None, Some(_)) => errs.push(format!("{name}: etcd.user: required with etcd.password_file")),
+        (Some(_), None) => errs.push(format!("{name}: {prefix}password_file: required with {prefix}user")),
+        (None, Some(_)) => errs.push(format!("{name}: {prefix}user: required with {prefix}password_file")),
         (None, None) => {}
     }
     auth

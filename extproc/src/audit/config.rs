@@ -115,53 +115,15 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 }
 
 /// Validates `etcd_tls`, `etcd_user` and `etcd_password_file` against the
-/// endpoints, as the arbiter validates its `etcd.tls`, `etcd.user` and
-/// `etcd.password_file`.
+/// endpoints, with the arbiter's own validator.
 fn etcd_auth(raw: &RawConfig, base: &Path, name: &str, errs: &mut Vec<String>) -> crate::config::EtcdClientAuth {
-    let mut auth = crate::config::EtcdClientAuth::default();
-    let read = |field: &str, p: &str, errs: &mut Vec<String>| {
-        std::fs::read(resolve(base, p)).map_err(|e| errs.push(format!("{name}: {field}: cannot read {p:?}: {e}"))).ok()
+    let parts = crate::config::EtcdAuthFields {
+        endpoints: &raw.etcd_endpoints,
+        tls: raw.etcd_tls.as_ref(),
+        user: raw.etcd_user.as_deref(),
+        password_file: raw.etcd_password_file.as_deref(),
     };
-    let https = raw.etcd_endpoints.iter().filter(|e| e.starts_with("https://")).count();
-    match &raw.etcd_tls {
-        Some(t) => {
-            if https != raw.etcd_endpoints.len() {
-                errs.push(format!("{name}: etcd_endpoints: with etcd_tls every endpoint must be https://"));
-            }
-            auth.ca = read("etcd_tls.ca", &t.ca, errs);
-            match (&t.cert, &t.key) {
-                (Some(c), Some(k)) => {
-                    if let (Some(c), Some(k)) = (read("etcd_tls.cert", c, errs), read("etcd_tls.key", k, errs)) {
-                        auth.identity = Some((c, k));
-                    }
-                }
-                (None, None) => {}
-                (Some(_), None) => errs.push(format!("{name}: etcd_tls.key: required with etcd_tls.cert")),
-                (None, Some(_)) => errs.push(format!("{name}: etcd_tls.cert: required with etcd_tls.key")),
-            }
-        }
-        None if https > 0 => {
-            errs.push(format!("{name}: etcd_tls: required for https:// endpoints (etcd_tls.ca names the CA)"))
-        }
-        None => {}
-    }
-    match (&raw.etcd_user, &raw.etcd_password_file) {
-        (Some(u), Some(p)) => {
-            if u.is_empty() {
-                errs.push(format!("{name}: etcd_user: must not be empty"));
-            }
-            if let Some(pw) = read("etcd_password_file", p, errs) {
-                match String::from_utf8(pw) {
-                    Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.clone(), pw.trim_end().to_owned())),
-                    _ => errs.push(format!("{name}: etcd_password_file: {p:?} must hold a non-empty UTF-8 password")),
-                }
-            }
-        }
-        (Some(_), None) => errs.push(format!("{name}: etcd_password_file: required with etcd_user")),
-        (None, Some(_)) => errs.push(format!("{name}: etcd_user: required with etcd_password_file")),
-        (None, None) => {}
-    }
-    auth
+    crate::config::validate_etcd_auth(&parts, "etcd_", base, name, errs)
 }
 
 // === impl Config ===
