@@ -115,10 +115,16 @@ pub struct RawClass {
     /// reported, not refused.
     #[serde(alias = "waiverExpiry", alias = "waiverExpires")]
     pub waiver_expiry: Option<String>,
-    /// What happens without an etcd quorum (ADR-04): `closed` (the only value
-    /// for now). Default `closed`.
+    /// What happens without an etcd quorum (ADR-04): `closed` (grant nothing) or
+    /// `open` (grant from the arbiter's memory with token 0, spooled and audited
+    /// as unprotected). `open` needs `enforcement: advisory` and
+    /// `purpose: efficiency`. Default `closed`.
     #[serde(alias = "onQuorumLoss")]
     pub on_quorum_loss: Option<String>,
+    /// What a second holder costs (ADR-04): `correctness` (damage) or
+    /// `efficiency` (wasted work only). Unset says nothing; only a declared
+    /// efficiency class may fail open.
+    pub purpose: Option<String>,
     /// Most holders of one key at once. Default 1 (a mutex). Fenced classes
     /// need 1.
     #[serde(alias = "maxHolders")]
@@ -158,6 +164,28 @@ pub enum Enforcement {
     },
 }
 
+/// What a class does without an etcd quorum (ADR-04).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnQuorumLoss {
+    /// Grant nothing (every class unless declared otherwise).
+    #[default]
+    Closed,
+    /// Grant from the arbiter's memory with token 0, spooled and shipped to the
+    /// audit store as unprotected (advisory efficiency classes only).
+    Open,
+}
+
+/// What a second holder of a key costs (ADR-04).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// Two holders cause damage: the class may only fail closed.
+    Correctness,
+    /// Two holders only waste work: the class may fail open.
+    Efficiency,
+}
+
 /// Waiter order (ADR-14).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -188,6 +216,10 @@ pub struct ClassSpec {
     pub fairness: Fairness,
     /// The pause-test result file of a fenced class, as written.
     pub pause_test_result: Option<String>,
+    /// Without an etcd quorum: closed, or open (ADR-04).
+    pub on_quorum_loss: OnQuorumLoss,
+    /// Correctness or efficiency, when declared.
+    pub purpose: Option<Purpose>,
 }
 
 /// The pause-test check of a fenced class: its name and its `pause_test_result`
@@ -386,16 +418,60 @@ impl ClassRegistry {
                     format!("{ttl_s}s is below the advisory floor {adv_min}s (a false expiry can duplicate a write)"),
                 );
             }
-            match c.on_quorum_loss.as_deref() {
-                None | Some("closed") => {}
-                Some("open") => err(
-                    at("on_quorum_loss"),
-                    "open is not offered yet (ADR-04: every class fails closed until the spool and \
-                     reconciliation exist)"
-                        .into(),
-                ),
-                Some(o) => err(at("on_quorum_loss"), format!("{o:?} is not closed")),
-            }
+            let purpose = match c.purpose.as_deref() {
+                None => Some(None),
+                Some("correctness") => Some(Some(Purpose::Correctness)),
+                Some("efficiency") => Some(Some(Purpose::Efficiency)),
+                Some(p) => {
+                    err(at("purpose"), format!("{p:?} is not correctness or efficiency"));
+                    None
+                }
+            };
+            let on_quorum_loss = match c.on_quorum_loss.as_deref() {
+                None | Some("closed") => Some(OnQuorumLoss::Closed),
+                Some("open") => {
+                    // ADR-04: only a declared efficiency class that claims no
+                    // exclusion may grant without a quorum.
+                    let mut ok = true;
+                    if c.enforcement.as_deref() != Some("advisory") {
+                        ok = false;
+                        err(
+                            at("on_quorum_loss"),
+                            format!(
+                                "open needs enforcement advisory, not {}: a fenced class claims mutual exclusion, \
+                                 which a grant without a quorum cannot keep (ADR-04)",
+                                c.enforcement.as_deref().unwrap_or("unset")
+                            ),
+                        );
+                    }
+                    match c.purpose.as_deref() {
+                        Some("efficiency") => {}
+                        Some("correctness") => {
+                            ok = false;
+                            err(
+                                at("on_quorum_loss"),
+                                "open with purpose correctness: a correctness class may only declare closed (ADR-04)"
+                                    .into(),
+                            );
+                        }
+                        None => {
+                            ok = false;
+                            err(
+                                at("on_quorum_loss"),
+                                "open needs purpose: efficiency (ADR-04: only a declared efficiency class fails open)"
+                                    .into(),
+                            );
+                        }
+                        // Reported at `purpose` above.
+                        Some(_) => ok = false,
+                    }
+                    ok.then_some(OnQuorumLoss::Open)
+                }
+                Some(o) => {
+                    err(at("on_quorum_loss"), format!("{o:?} is not closed or open"));
+                    None
+                }
+            };
             let fairness = match c.fairness.as_deref() {
                 None | Some("memory") => Some(Fairness::Memory),
                 Some("durable") => Some(Fairness::Durable),
@@ -416,7 +492,9 @@ impl ClassRegistry {
             if c.default {
                 defaults.push(i);
             }
-            if let (Some(name), Some(tier), Some(enforcement), Some(fairness)) = (name, tier, enforcement, fairness) {
+            if let (Some(name), Some(tier), Some(enforcement), Some(fairness), Some(on_quorum_loss), Some(purpose)) =
+                (name, tier, enforcement, fairness, on_quorum_loss, purpose)
+            {
                 classes.push(ClassSpec {
                     name,
                     prefixes: c.prefixes.clone(),
@@ -426,6 +504,8 @@ impl ClassRegistry {
                     max_holders,
                     fairness,
                     pause_test_result: c.pause_test_result.clone(),
+                    on_quorum_loss,
+                    purpose,
                 });
             }
         }

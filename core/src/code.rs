@@ -45,6 +45,9 @@ pub enum Code {
     /// The key's namespace is homed in another region (ADR-08); the answer names
     /// it. Nothing was forwarded.
     WrongRegion,
+    /// A fail-open class's unprotected grant could not be spooled (the spool is at
+    /// its size cap or cannot be written, ADR-04): nothing was granted.
+    SpoolFull,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -58,7 +61,7 @@ pub enum Reason {
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 18] = [
+    pub const ALL: [Code; 19] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -77,6 +80,7 @@ impl Code {
         Code::RateLimited,
         Code::Internal,
         Code::WrongRegion,
+        Code::SpoolFull,
     ];
 
     /// The wire string.
@@ -100,6 +104,7 @@ impl Code {
             Code::RateLimited => "rate_limited",
             Code::Internal => "internal",
             Code::WrongRegion => "wrong_region",
+            Code::SpoolFull => "spool_full",
         }
     }
 
@@ -116,7 +121,7 @@ impl Code {
             Code::LockRequired => 428,
             Code::QueueFull | Code::RateLimited => 429,
             Code::Internal => 500,
-            Code::Sealed | Code::Unavailable | Code::Draining => 503,
+            Code::Sealed | Code::Unavailable | Code::Draining | Code::SpoolFull => 503,
         }
     }
 

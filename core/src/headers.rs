@@ -31,8 +31,18 @@ pub const REVISION: &str = "x-lock-revision";
 /// acquire answers, and carried with the token on writes to a fenced resource.
 pub const PROOF: &str = "x-lock-proof";
 
+/// An unprotected grant's id (ADR-04): on the answer to an acquire that a
+/// fail-open class got from the arbiter's memory during a quorum loss (its token
+/// is `0`: no fence accepts it); a release of that grant names it instead of a
+/// token. 32 lowercase hex characters.
+pub const GRANT: &str = "x-lock-grant";
+
+/// The token of an unprotected grant (fail-open class, quorum lost): no fencing
+/// token, no fence accepts it.
+pub const UNPROTECTED_TOKEN: &str = "0";
+
 /// Every caller-facing lock header (each may appear at most once).
-pub const LOCK_HEADERS: [&str; 6] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS];
+pub const LOCK_HEADERS: [&str; 7] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT];
 
 /// Prefix of headers only lockmesh may set.
 pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
@@ -160,6 +170,17 @@ pub fn parse_token(raw: &[u8]) -> Result<FencingToken, HeaderError> {
         .ok_or_else(|| HeaderError::new(TOKEN, "must be a canonical decimal fencing token"))
 }
 
+/// Length of an unprotected grant id ([`GRANT`]).
+pub const GRANT_ID_LEN: usize = 32;
+
+/// Parses `x-lock-grant`: exactly 32 lowercase hex characters.
+pub fn parse_grant(raw: &[u8]) -> Result<String, HeaderError> {
+    if raw.len() != GRANT_ID_LEN || !raw.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+        return Err(HeaderError::new(GRANT, "must be 32 lowercase hex characters naming an unprotected grant"));
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
 /// Parses `x-lock-class`.
 pub fn parse_class(raw: &[u8]) -> Result<crate::ClassName, HeaderError> {
     std::str::from_utf8(raw)
@@ -183,6 +204,8 @@ pub struct LockHeaders {
     pub token: Option<FencingToken>,
     /// `x-lock-class`.
     pub class: Option<crate::ClassName>,
+    /// `x-lock-grant`.
+    pub grant: Option<String>,
 }
 
 /// Parses every lock header from `(name, value)` pairs as the host delivers them
@@ -208,7 +231,8 @@ where
             2 => out.session = Some(parse_session(value)?),
             3 => out.instance = Some(parse_instance(value)?),
             4 => out.token = Some(parse_token(value)?),
-            _ => out.class = Some(parse_class(value)?),
+            5 => out.class = Some(parse_class(value)?),
+            _ => out.grant = Some(parse_grant(value)?),
         }
     }
     Ok(out)
@@ -253,6 +277,11 @@ mod tests {
             assert!(parse_session(bad).is_err());
         }
         assert!(parse_wait_ms(b"99999999").is_err());
+        let g = parse(&[("x-lock-grant", b"0123456789abcdef0123456789abcdef")]).unwrap();
+        assert_eq!(g.grant.as_deref(), Some("0123456789abcdef0123456789abcdef"));
+        for bad in [&b""[..], b"0123456789ABCDEF0123456789abcdef", b"0123456789abcdef", b"0"] {
+            assert_eq!(parse_grant(bad).unwrap_err().header, GRANT);
+        }
         assert!(parse_instance(&[b'a'; 65]).is_err());
     }
 
@@ -260,7 +289,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(4096))]
         #[test]
         fn arbitrary_bytes_never_panic(
-            which in 0usize..6,
+            which in 0usize..LOCK_HEADERS.len(),
             raw in proptest::collection::vec(any::<u8>(), 0..80),
         ) {
             let _ = parse_lock_headers([(LOCK_HEADERS[which], &raw[..])]);

@@ -116,6 +116,8 @@ mod tests {
             max_holders: 1,
             fairness: Fairness::Memory,
             pause_test_result: None,
+            on_quorum_loss: crate::class::OnQuorumLoss::Closed,
+            purpose: None,
         };
         let input = CostInput { sessions: 3000, election_timeout_ms: 1000, leader_changes: 1 };
         let c = estimate(&class, &input);

@@ -88,8 +88,8 @@ fn postures_are_checked_field_by_field() {
             "classes[1].waiver_expiry: \"2026-02-30\" is not a date YYYY-MM-DD",
             "classes[1].pause_test_result: only a fenced class rests on a pause test",
             "classes[1].ttl_s: 15s is below the advisory floor 30s (a false expiry can duplicate a write)",
-            "classes[1].on_quorum_loss: open is not offered yet (ADR-04: every class fails closed until the spool \
-             and reconciliation exist)",
+            "classes[1].on_quorum_loss: open needs purpose: efficiency (ADR-04: only a declared efficiency class \
+             fails open)",
             "classes[1].fairness: \"fifo\" is not memory or durable",
             "classes[2].tier: \"edge\" is not coord or entity",
             "classes[2].enforcement: required (ADR-01): fenced or advisory",
@@ -161,4 +161,48 @@ fn fenced_classes_are_put_to_the_pause_check() {
     let e = ClassRegistry::try_from_raw_with(&r, &check).unwrap_err();
     assert_eq!(e.iter().map(ToString::to_string).collect::<Vec<_>>(), vec!["classes[0].pause_test_result: required"]);
     assert_eq!(*asked.borrow(), vec![("d".to_owned(), None), ("f".to_owned(), Some("f.yaml".to_owned()))]);
+}
+
+#[test]
+fn only_a_declared_advisory_efficiency_class_may_fail_open() {
+    let advisory = |name: &str, purpose: Option<&str>| {
+        let mut c = class(name, &[name], Some(30), false);
+        c.enforcement = Some("advisory".into());
+        c.risk_owner = Some("team".into());
+        c.waiver_expiry = Some("2099-12-31".into());
+        c.on_quorum_loss = Some("open".into());
+        c.purpose = purpose.map(str::to_owned);
+        c
+    };
+    let mut fenced = class("f", &["f"], None, false);
+    fenced.on_quorum_loss = Some("open".into());
+    fenced.purpose = Some("efficiency".into());
+    let mut odd = class("o", &["o"], None, false);
+    odd.on_quorum_loss = Some("ajar".into());
+    odd.purpose = Some("speed".into());
+    let e = errors(&raw(vec![
+        class("d", &[], None, true),
+        fenced,
+        advisory("c", Some("correctness")),
+        advisory("u", None),
+        odd,
+    ]));
+    assert_eq!(
+        e,
+        vec![
+            "classes[1].on_quorum_loss: open needs enforcement advisory, not fenced: a fenced class claims mutual \
+             exclusion, which a grant without a quorum cannot keep (ADR-04)",
+            "classes[2].on_quorum_loss: open with purpose correctness: a correctness class may only declare closed \
+             (ADR-04)",
+            "classes[3].on_quorum_loss: open needs purpose: efficiency (ADR-04: only a declared efficiency class \
+             fails open)",
+            "classes[4].purpose: \"speed\" is not correctness or efficiency",
+            "classes[4].on_quorum_loss: \"ajar\" is not closed or open",
+        ]
+    );
+    let r = ClassRegistry::try_from_raw(&raw(vec![class("d", &[], None, true), advisory("e", Some("efficiency"))]))
+        .unwrap();
+    let e = r.get("e").unwrap();
+    assert_eq!((e.on_quorum_loss, e.purpose), (OnQuorumLoss::Open, Some(Purpose::Efficiency)));
+    assert_eq!(r.get("d").unwrap().on_quorum_loss, OnQuorumLoss::Closed);
 }
