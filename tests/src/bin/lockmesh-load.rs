@@ -13,7 +13,8 @@
 //! arbiter, the lock-tier Envoy with `--concurrency 2`). With `--etcd` and/or
 //! `--envoy https://localhost:PORT --ca --cert --key` it loads an existing
 //! deployment on loopback instead. Exits 64 on invalid arguments, 1 on a failure,
-//! a workload that could not run, or any token that did not strictly increase.
+//! a workload that could not run, or any token that did not strictly increase
+//! (`--scale`: on any false expiry).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -85,8 +86,23 @@ struct Args {
     /// Instead of lock cycles: attach HOLDS holds to SESSIONS sessions, renew them for
     /// three TTL/3 intervals and report keepalives and etcd's raft proposals and lease
     /// renewals over that window (e.g. `10000:10`).
-    #[arg(long, value_name = "HOLDS:SESSIONS")]
+    #[arg(long, value_name = "HOLDS:SESSIONS", conflicts_with = "scale")]
     renewal: Option<String>,
+    /// Instead of lock cycles: attach HOLDS holds (distinct keys, through the lock
+    /// tier) to SESSIONS sessions of a class with TTL --ttl, renew each session once
+    /// per TTL/3 through the full path and keep them --hold-minutes; fails on any
+    /// false expiry (e.g. `250000:40000`; docs/BENCHMARKS.md).
+    #[arg(long, value_name = "HOLDS:SESSIONS")]
+    scale: Option<String>,
+    /// --scale: minutes to keep the holds after attaching them.
+    #[arg(long, default_value_t = 10.0)]
+    hold_minutes: f64,
+    /// --scale: TTL of the sessions' class, seconds (5..=300).
+    #[arg(long, default_value_t = lockmesh_tests::load::scale::MAX_TTL_S)]
+    ttl: u64,
+    /// --scale: acquires in flight while attaching.
+    #[arg(long, default_value_t = 64)]
+    attach_concurrency: usize,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -119,9 +135,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(spec) = &args.scale {
+        return scale(&rt, &args, spec);
+    }
     if let Some(spec) = &args.renewal {
-        let parsed = spec.split_once(':').and_then(|(h, s)| Some((h.parse::<usize>().ok()?, s.parse::<usize>().ok()?)));
-        let Some((holds, sessions)) = parsed else {
+        let Some((holds, sessions)) = holds_sessions(spec) else {
             eprintln!("lockmesh-load: --renewal wants HOLDS:SESSIONS, e.g. 10000:10");
             return ExitCode::from(EX_USAGE);
         };
@@ -167,6 +185,65 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("lockmesh-load: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `HOLDS:SESSIONS`.
+fn holds_sessions(spec: &str) -> Option<(usize, usize)> {
+    spec.split_once(':').and_then(|(h, s)| Some((h.parse::<usize>().ok()?, s.parse::<usize>().ok()?)))
+}
+
+/// `--scale`: runs it and prints the report as a fenced text block.
+fn scale(rt: &tokio::runtime::Runtime, args: &Args, spec: &str) -> ExitCode {
+    let Some((holds, sessions)) = holds_sessions(spec) else {
+        eprintln!("lockmesh-load: --scale wants HOLDS:SESSIONS, e.g. 250000:40000");
+        return ExitCode::from(EX_USAGE);
+    };
+    let minutes = args.hold_minutes;
+    if !(minutes.is_finite() && minutes > 0.0 && minutes <= 60.0) {
+        eprintln!("lockmesh-load: --hold-minutes must be in (0, 60]");
+        return ExitCode::from(EX_USAGE);
+    }
+    let opts = load::scale::ScaleOptions {
+        holds,
+        sessions,
+        hold: Duration::from_secs_f64(minutes * 60.0),
+        ttl_s: args.ttl,
+        attach_concurrency: args.attach_concurrency,
+        envoy_concurrency: args.envoy_concurrency,
+        arbiter_yaml: args.arbiter_yaml.clone(),
+        progress: (!args.quiet).then_some(Duration::from_secs(10)),
+        starve: 0,
+    };
+    if let Err(e) = opts.validate() {
+        eprintln!("lockmesh-load: --scale: {e:#}");
+        return ExitCode::from(EX_USAGE);
+    }
+    match rt.block_on(load::scale::run(&opts)) {
+        Ok(r) => {
+            let command: Vec<String> = std::env::args().skip(1).collect();
+            println!("```text");
+            println!("$ lockmesh-load {}", command.join(" "));
+            println!(
+                "machine: {}; etcd: {}; envoy: {} --concurrency {}; arbiter: {}",
+                describe_machine(),
+                tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
+                tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
+                args.envoy_concurrency,
+                lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
+            );
+            print!("{}", r.render());
+            println!("```");
+            if r.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
             }
         }
         Err(e) => {

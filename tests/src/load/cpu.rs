@@ -1,9 +1,10 @@
-//! CPU time of the processes under load, from `/proc` (Linux only; elsewhere
-//! every figure is absent).
+//! CPU time and memory of the processes under load, from `/proc` (Linux only;
+//! elsewhere every figure is absent).
 //!
 //! Per process: `utime + stime` from `/proc/<pid>/stat`; the machine: busy and
 //! total jiffies from the `cpu` line of `/proc/stat`. Both count in USER_HZ, which
-//! Linux fixes at 100 for user space.
+//! Linux fixes at 100 for user space. Memory: `VmRSS` and `VmHWM` (peak RSS) from
+//! `/proc/<pid>/status`; the load average from `/proc/loadavg`.
 
 use tokio::time::Instant;
 
@@ -49,6 +50,31 @@ pub struct Usage {
     pub cores: usize,
 }
 
+/// Resident memory of one process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// `VmRSS`, KiB.
+    pub rss_kib: u64,
+    /// `VmHWM`: the highest RSS so far, KiB.
+    pub peak_kib: u64,
+}
+
+/// Resident memory of `pid` (`"self"` for this process).
+pub fn memory(pid: &str) -> Option<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    Some(Memory { rss_kib: field("VmRSS:")?, peak_kib: field("VmHWM:")? })
+}
+
+/// The 1-, 5- and 15-minute load averages (`uptime`).
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut v = text.split_whitespace().map(|x| x.parse::<f64>().ok());
+    Some([v.next()??, v.next()??, v.next()??])
+}
+
 fn proc_ticks(pid: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields
@@ -82,6 +108,26 @@ pub fn find_pid(needle: &str, program: &str) -> Option<u32> {
         let hit = argv0.ends_with(program) && args.any(|a| String::from_utf8_lossy(a).contains(needle));
         hit.then_some(pid)
     })
+}
+
+// === impl Procs ===
+
+impl Procs {
+    /// The first etcd member, the (first) lock-tier Envoy and the first arbiter of
+    /// a harness stack.
+    pub fn of_stack(st: &crate::Stack) -> Self {
+        Self {
+            etcd: st.etcd().members().first().and_then(|m| m.pid()),
+            arbiter: st.arbiters().first().and_then(|a| a.pid()),
+            envoy: find_pid(&st.envoy().config_path().display().to_string(), "envoy"),
+        }
+    }
+
+    /// Memory of etcd, Envoy, the arbiter and this process, in that order.
+    pub fn memory(&self) -> [Option<Memory>; 4] {
+        let m = |p: Option<u32>| p.and_then(|p| memory(&p.to_string()));
+        [m(self.etcd), m(self.envoy), m(self.arbiter), memory("self")]
+    }
 }
 
 // === impl Sample ===
@@ -142,6 +188,10 @@ mod tests {
         let u = b.since(&a);
         if cfg!(target_os = "linux") {
             assert!(u.load.is_some() && u.machine.is_some(), "{u:?}");
+            let m = memory("self").expect("own /proc/self/status");
+            assert!(m.rss_kib > 0 && m.peak_kib >= m.rss_kib, "{m:?}");
+            assert!(load_average().is_some());
+            assert_eq!(Procs::default().memory()[0], None);
         }
         assert_eq!(u.etcd, None);
     }

@@ -39,7 +39,9 @@ fn refused(status: reqwest::StatusCode, body: &serde_json::Value) -> anyhow::Err
     }
 }
 
-async fn post(
+/// `POST url` with `headers` and an empty body: status, HTTP version and the body as
+/// JSON (`Null` when it is not JSON).
+pub(crate) async fn post(
     http: &reqwest::Client,
     url: &str,
     headers: &[(&str, &str)],
@@ -53,6 +55,26 @@ async fn post(
     let bytes = resp.bytes().await?;
     let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     Ok((status, version, json))
+}
+
+/// An HTTP client of the lock tier on `https://localhost:<port>` (127.0.0.1) as
+/// (`cert`, `key`), trusting only `ca`: one connection, HTTP/2 with prior knowledge
+/// (or HTTP/1.1 with `http1`), `TCP_NODELAY`.
+pub(crate) fn lock_tier_http(port: u16, ca: &Path, cert: &Path, key: &Path, http1: bool) -> Result<reqwest::Client> {
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+    let mut pem = read(cert)?;
+    pem.push(b'\n');
+    pem.extend(read(key)?);
+    let builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&read(ca)?)?)
+        .identity(reqwest::Identity::from_pem(&pem)?)
+        .resolve("localhost", SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+        .timeout(REQUEST_TIMEOUT)
+        .tcp_nodelay(true);
+    let builder = if http1 { builder.http1_only() } else { builder.http2_prior_knowledge() };
+    Ok(builder.build()?)
 }
 
 // === impl LockmeshClient ===
@@ -71,21 +93,8 @@ impl LockmeshClient {
         wait_ms: u64,
         rec: Arc<Recorder>,
     ) -> Result<Self> {
-        let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
-        let mut pem = read(cert)?;
-        pem.push(b'\n');
-        pem.extend(read(key)?);
-        let builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&read(ca)?)?)
-            .identity(reqwest::Identity::from_pem(&pem)?)
-            .resolve("localhost", SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
-            .timeout(REQUEST_TIMEOUT)
-            .tcp_nodelay(true);
-        let builder = if http1 { builder.http1_only() } else { builder.http2_prior_knowledge() };
         let mut c = Self {
-            http: builder.build()?,
+            http: lock_tier_http(port, ca, cert, key, http1)?,
             base: format!("https://localhost:{port}"),
             class_key: class_key.to_owned(),
             wait_ms: wait_ms.to_string(),

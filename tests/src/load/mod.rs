@@ -19,7 +19,9 @@
 //! # Layout
 //! - [`record`]: what one workload run records (latencies, grants, FIFO, errors).
 //! - [`report`]: results, ratios and the summary table.
-//! - [`cpu`]: CPU time of etcd, Envoy, the arbiter and this process.
+//! - [`cpu`]: CPU time and memory of etcd, Envoy, the arbiter and this process.
+//! - [`renewal`]: many holds on few sessions kept alive (`--renewal`); [`scale`]:
+//!   the same at scale for minutes, watching for false expiries (`--scale`).
 //! - `drive`: one client's cycle loop; `lockmesh`, `v3lock`, `txn`, `lease`: the
 //!   three workloads' clients.
 
@@ -42,6 +44,7 @@ mod lockmesh;
 pub mod record;
 pub mod renewal;
 pub mod report;
+pub mod scale;
 pub mod tax;
 mod txn;
 mod v3lock;
@@ -291,11 +294,7 @@ impl<'a> Target<'a> {
     /// A harness stack: its Envoy (one `load/w<i>` identity per client), its etcd,
     /// keys under its root, and its processes for CPU accounting.
     pub fn from_stack(st: &'a Stack) -> Self {
-        let procs = cpu::Procs {
-            etcd: st.etcd().members().first().and_then(|m| m.pid()),
-            arbiter: st.arbiters().first().and_then(|a| a.pid()),
-            envoy: cpu::find_pid(&st.envoy().config_path().display().to_string(), "envoy"),
-        };
+        let procs = cpu::Procs::of_stack(st);
         Self {
             lock_tier: Some(LockTier {
                 port: st.envoy().listener_port(),

@@ -1,22 +1,138 @@
-//! `lockmesh-load --renewal HOLDS:SESSIONS`: what renewing many holds costs.
+//! Many holds on few sessions, kept alive through the lock tier: the machinery of
+//! `lockmesh-load --renewal HOLDS:SESSIONS` (what renewing costs: [`run`]) and of
+//! `--scale HOLDS:SESSIONS` (whether one etcd carries them for minutes without a
+//! false expiry: [`super::scale`]).
 //!
-//! Opens SESSIONS sessions through the lock tier, attaches HOLDS/SESSIONS holds of
-//! distinct keys to each (acquires with `x-lock-session`), then renews for three
-//! renewal intervals (TTL/3 each) with one keepalive per session per interval, and
-//! reads etcd's own Prometheus counters before and after that window:
-//! `etcd_server_proposals_committed_total` (raft proposals: a keepalive is not one)
-//! and `etcd_debugging_lease_renewed_total` (lease renewals etcd served). Holds ride
-//! their session's lease, so renewal cost is per session, not per hold.
+//! - [`Fleet::attach`] spreads HOLDS holds of distinct keys over SESSIONS sessions
+//!   (hold `j` on session `j mod SESSIONS`), every request through Envoy, the Wasm
+//!   filter and ext_proc to the arbiter, over [`CONNECTIONS`] HTTP/2 connections of
+//!   one workload identity. A session is opened by its first acquire (no
+//!   `x-lock-session`: the grant transaction writes the session record); its other
+//!   holds attach with `x-lock-session`.
+//! - A [`Renewer`] sends each session one `POST /v1/sessions/keepalive` per TTL/3,
+//!   spread evenly over that interval (SESSIONS / (TTL/3) keepalives a second, never
+//!   a burst), from the moment the session opens until it is stopped, through the
+//!   same full path. It counts answers, `410 session_expired` refusals (a false
+//!   expiry: nobody closes these sessions) and other failures, the longest gap
+//!   between two acknowledged renewals of one session, and how late it sent.
+//!
+//! `--renewal` then reads etcd's own Prometheus counters over three renewal
+//! intervals: `etcd_server_proposals_committed_total` (raft proposals: a keepalive
+//! is not one) and `etcd_debugging_lease_renewed_total` (lease renewals etcd
+//! served). Holds ride their session's lease, so renewal cost is per session, not
+//! per hold.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use futures::{stream, StreamExt};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::lockmesh::{lock_tier_http, post};
+use crate::client::REQUEST_TIMEOUT;
 use crate::stack::Stack;
 
-/// What the renewal window cost.
+/// HTTP/2 connections to the lock tier (requests go round-robin over them, so
+/// both Envoy workers get some).
+pub const CONNECTIONS: usize = 8;
+/// Keepalives in flight at most; when all are out, the renewer falls behind its
+/// schedule (reported as lag).
+const MAX_INFLIGHT: usize = 256;
+/// Attaching stops starting acquires after this many failed.
+const MAX_ATTACH_ERRORS: u64 = 100;
+
+/// The lock tier as one workload identity (`load/<sa>`) over several connections.
+#[derive(Clone)]
+pub(crate) struct Tier {
+    clients: Arc<Vec<reqwest::Client>>,
+    base: String,
+}
+
+/// What a [`Fleet`] holds.
+#[derive(Clone, Debug)]
+pub struct FleetSpec {
+    /// Holds in all.
+    pub holds: usize,
+    /// Sessions carrying them.
+    pub sessions: usize,
+    /// Lock keys are `<key_prefix>/s<session>/k<n>` (the prefix picks the class).
+    pub key_prefix: String,
+    /// Acquires in flight while attaching.
+    pub concurrency: usize,
+    /// A progress line on stderr this often while attaching; `None`: quiet.
+    pub progress: Option<Duration>,
+    /// Sessions `0..starve` are never renewed, so they expire one TTL after they
+    /// open: a planted fault showing that a false-expiry check can fail. 0 normally.
+    pub starve: usize,
+}
+
+/// Sessions, filled in as they open, and what the renewer knows of each.
+struct Sessions {
+    ids: Vec<OnceLock<String>>,
+    /// Milliseconds from `t0` to the last acknowledged renewal (or the open), plus
+    /// one; 0: not open yet.
+    last_ack_ms: Vec<AtomicU64>,
+    /// Answered `session_expired` once: not renewed again.
+    expired: Vec<AtomicBool>,
+    /// Sessions `0..starve` are not renewed ([`FleetSpec::starve`]).
+    starve: usize,
+    t0: Instant,
+}
+
+/// Holds attached to sessions through the lock tier.
+pub(crate) struct Fleet {
+    tier: Tier,
+    spec: FleetSpec,
+    sessions: Arc<Sessions>,
+    attached: Arc<AtomicU64>,
+}
+
+/// What attaching took.
+pub(crate) struct Attached {
+    /// The sessions' TTL, seconds, as the lock tier answered.
+    pub ttl_s: u64,
+    /// Renewing every session since it opened; stop it when done.
+    pub renewer: Renewer,
+    /// Seconds from the first acquire to the last grant.
+    pub secs: f64,
+}
+
+/// Keepalive counters (totals since the renewer started).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenewCounts {
+    /// Keepalives sent.
+    pub sent: u64,
+    /// Answered 200.
+    pub ok: u64,
+    /// Answered `410 session_expired`.
+    pub expired: u64,
+    /// Any other answer or a transport failure.
+    pub errors: u64,
+}
+
+#[derive(Default)]
+struct RenewStats {
+    sent: AtomicU64,
+    ok: AtomicU64,
+    expired: AtomicU64,
+    errors: AtomicU64,
+    max_gap_ms: AtomicU64,
+    max_lag_ms: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+/// Renews every open session once per TTL/3 in the background.
+pub(crate) struct Renewer {
+    stats: Arc<RenewStats>,
+    inflight: Arc<Semaphore>,
+    task: JoinHandle<()>,
+}
+
+/// What the `--renewal` window cost.
 #[derive(Debug, Clone)]
 pub struct RenewalReport {
     /// Holds attached.
@@ -29,8 +145,10 @@ pub struct RenewalReport {
     pub setup_s: f64,
     /// Renewal intervals measured.
     pub intervals: u32,
-    /// Keepalives sent by the holders (all answered 200).
+    /// Keepalives answered 200 during the window.
     pub keepalives: u64,
+    /// Keepalives that failed during the window (any answer but 200).
+    pub keepalive_failures: u64,
     /// Raft proposals committed during the window (etcd's counter).
     pub proposals: Option<u64>,
     /// Lease renewals etcd served during the window (etcd's counter).
@@ -40,7 +158,7 @@ pub struct RenewalReport {
 }
 
 /// Sum of the samples of `metric` (any labels) in etcd's `/metrics` text.
-fn counter(text: &str, metric: &str) -> Option<u64> {
+pub(crate) fn counter(text: &str, metric: &str) -> Option<u64> {
     let mut found = false;
     let mut sum = 0.0;
     for l in text.lines().filter(|l| !l.starts_with('#')) {
@@ -53,91 +171,375 @@ fn counter(text: &str, metric: &str) -> Option<u64> {
     found.then_some(sum as u64)
 }
 
-async fn etcd_metrics(url: &str) -> Result<String> {
+/// etcd's `/metrics` text.
+pub(crate) async fn etcd_metrics(url: &str) -> Result<String> {
     Ok(reqwest::get(format!("{url}/metrics")).await?.text().await?)
 }
 
-/// Runs the measurement on its own stack (one etcd member, one arbiter, the lock tier).
+/// How many keys etcd has under `prefix`.
+pub(crate) async fn count_prefix(etcd: &mut etcd_client::Client, prefix: String) -> Result<usize> {
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    Ok(etcd.get(prefix, Some(opts)).await.context("count keys")?.count() as usize)
+}
+
+fn ms_since(t0: Instant) -> u64 {
+    t0.elapsed().as_millis() as u64 + 1
+}
+
+// === impl Tier ===
+
+impl Tier {
+    /// `connections` connections to the stack's lock tier as `load/<sa>`.
+    pub fn connect(st: &Stack, sa: &str, connections: usize) -> Result<Self> {
+        let cert = st.pki().client("load", sa)?;
+        let ca = st.pki().ca_cert_path();
+        let port = st.envoy().listener_port();
+        let clients = (0..connections.max(1))
+            .map(|_| lock_tier_http(port, &ca, &cert.cert_path, &cert.key_path, false))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { clients: Arc::new(clients), base: format!("https://localhost:{port}") })
+    }
+
+    /// `POST path` on connection `i mod connections`: status and JSON body.
+    async fn post(&self, i: usize, path: &str, headers: &[(&str, &str)]) -> Result<(u16, serde_json::Value)> {
+        let http = &self.clients[i % self.clients.len()];
+        let (status, _, json) = post(http, &format!("{}{path}", self.base), headers).await?;
+        Ok((status.as_u16(), json))
+    }
+}
+
+// === impl FleetSpec ===
+
+impl FleetSpec {
+    /// Checks the shape: at least one session and one hold per session.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.sessions > 0 && self.holds >= self.sessions,
+            "HOLDS:SESSIONS needs HOLDS >= SESSIONS >= 1 (got {}:{})",
+            self.holds,
+            self.sessions
+        );
+        ensure!(self.concurrency >= 1, "attach concurrency: at least 1");
+        ensure!(self.starve < self.sessions, "starve: fewer than all sessions");
+        Ok(())
+    }
+
+    fn key(&self, hold: usize) -> String {
+        format!("{}/s{}/k{}", self.key_prefix, hold % self.sessions, hold / self.sessions)
+    }
+}
+
+// === impl Fleet ===
+
+impl Fleet {
+    /// A fleet of `spec` on `tier`; nothing is sent yet.
+    pub fn new(tier: Tier, spec: FleetSpec) -> Result<Self> {
+        spec.validate()?;
+        let n = spec.sessions;
+        let sessions = Sessions {
+            ids: (0..n).map(|_| OnceLock::new()).collect(),
+            last_ack_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            expired: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            starve: spec.starve,
+            t0: Instant::now(),
+        };
+        Ok(Self { tier, spec, sessions: Arc::new(sessions), attached: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// Holds granted so far.
+    pub fn attached(&self) -> u64 {
+        self.attached.load(Ordering::Relaxed)
+    }
+
+    /// Sessions opened so far.
+    pub fn opened(&self) -> usize {
+        self.sessions.ids.iter().filter(|s| s.get().is_some()).count()
+    }
+
+    /// Acquires hold `j`; the first hold of a session opens it.
+    async fn acquire(&self, j: usize) -> Result<()> {
+        let s = j % self.spec.sessions;
+        let key = self.spec.key(j);
+        let sid = self.sessions.ids[s].get();
+        if sid.is_none() && j >= self.spec.sessions {
+            bail!("session s{s} is not open (its first acquire failed)");
+        }
+        let mut headers = vec![("x-lock-key", key.as_str())];
+        if let Some(sid) = sid {
+            headers.push(("x-lock-session", sid.as_str()));
+        }
+        let (status, json) = self.tier.post(j, "/v1/locks/acquire", &headers).await?;
+        if status != 200 {
+            bail!("acquire: {status} {}", json["code"].as_str().unwrap_or("(no lockmesh error code)"));
+        }
+        if sid.is_none() {
+            let sid = json["session"].as_str().context("acquire: no session in the answer")?;
+            self.sessions.last_ack_ms[s].store(ms_since(self.sessions.t0), Ordering::Relaxed);
+            let _ = self.sessions.ids[s].set(sid.to_owned());
+        }
+        self.attached.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Attaches every hold: session 0 first (its answer gives the TTL), then the
+    /// renewer starts, then the other sessions' first holds, then the rest. Fails
+    /// if any acquire fails (after at most [`MAX_ATTACH_ERRORS`] failures), saying
+    /// how far it got.
+    pub async fn attach(&self) -> Result<Attached> {
+        let start = Instant::now();
+        let s0 = self.sessions.ids[0].get().is_none();
+        ensure!(s0, "attach runs once");
+        let (status, json) =
+            self.tier.post(0, "/v1/locks/acquire", &[("x-lock-key", &self.spec.key(0))]).await.context("acquire")?;
+        ensure!(status == 200, "first acquire: {status} {json}");
+        let ttl_s = json["ttl_s"].as_u64().context("first acquire: no ttl_s in the answer")?;
+        let sid = json["session"].as_str().context("first acquire: no session in the answer")?;
+        self.sessions.last_ack_ms[0].store(ms_since(self.sessions.t0), Ordering::Relaxed);
+        let _ = self.sessions.ids[0].set(sid.to_owned());
+        self.attached.store(1, Ordering::Relaxed);
+        let renewer = Renewer::start(self.tier.clone(), self.sessions.clone(), ttl_s);
+
+        let progress = self.spec.progress.map(|every| {
+            let (attached, sessions, stats, total) =
+                (self.attached.clone(), self.sessions.clone(), renewer.stats.clone(), self.spec.holds);
+            tokio::spawn(async move {
+                let mut last = 0;
+                loop {
+                    tokio::time::sleep(every).await;
+                    let n = attached.load(Ordering::Relaxed);
+                    let opened = sessions.ids.iter().filter(|s| s.get().is_some()).count();
+                    let c = stats.counts();
+                    eprintln!(
+                        "[attach {:>6.0}s] holds {n:>7}/{total} (+{:.0}/s)  sessions {opened:>6}  keepalives ok {} \
+                         expired {} failed {}{}",
+                        start.elapsed().as_secs_f64(),
+                        (n - last) as f64 / every.as_secs_f64(),
+                        c.ok,
+                        c.expired,
+                        c.errors,
+                        load_suffix()
+                    );
+                    last = n;
+                }
+            })
+        });
+        let errors = AtomicU64::new(0);
+        let first_error = Mutex::new(None::<String>);
+        let stop = AtomicBool::new(false);
+        // Every session's first hold (holds 1..SESSIONS), then every other hold:
+        // the first phase is over before the second starts, so a hold's session
+        // is open when it is sent.
+        let phases = [1..self.spec.sessions, self.spec.sessions..self.spec.holds];
+        for jobs in phases {
+            stream::iter(jobs)
+                .take_while(|_| futures::future::ready(!stop.load(Ordering::Relaxed)))
+                .for_each_concurrent(self.spec.concurrency, |j| {
+                    let (errors, first_error, stop) = (&errors, &first_error, &stop);
+                    async move {
+                        if let Err(e) = self.acquire(j).await {
+                            let n = errors.fetch_add(1, Ordering::Relaxed) + 1;
+                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(format!("{e:#}"));
+                            if n >= MAX_ATTACH_ERRORS {
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                })
+                .await;
+        }
+        if let Some(p) = progress {
+            p.abort();
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let failed = errors.load(Ordering::Relaxed);
+        if failed > 0 {
+            let first = first_error.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
+            let keepalives = renewer.counts();
+            renewer.stop().await;
+            bail!(
+                "attach: {} of {} holds attached ({} of {} sessions open) in {secs:.0} s; {failed} acquires failed, \
+                 first: {first}; keepalives so far: {keepalives:?}",
+                self.attached(),
+                self.spec.holds,
+                self.opened(),
+                self.spec.sessions
+            );
+        }
+        Ok(Attached { ttl_s, renewer, secs })
+    }
+}
+
+/// `  load 3.10` (the 1-minute load average), or nothing.
+pub(crate) fn load_suffix() -> String {
+    super::cpu::load_average().map(|l| format!("  load {:.2}", l[0])).unwrap_or_default()
+}
+
+// === impl RenewStats ===
+
+impl RenewStats {
+    fn counts(&self) -> RenewCounts {
+        RenewCounts {
+            sent: self.sent.load(Ordering::Relaxed),
+            ok: self.ok.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    fn failed(&self, what: String) {
+        self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(what);
+    }
+}
+
+// === impl RenewCounts ===
+
+impl RenewCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &RenewCounts) -> RenewCounts {
+        RenewCounts {
+            sent: self.sent - earlier.sent,
+            ok: self.ok - earlier.ok,
+            expired: self.expired - earlier.expired,
+            errors: self.errors - earlier.errors,
+        }
+    }
+}
+
+// === impl Renewer ===
+
+impl Renewer {
+    /// Starts renewing: slot `k mod n` at `start + k * (TTL/3) / n`, skipping
+    /// sessions not open yet and sessions that answered `session_expired`.
+    fn start(tier: Tier, sessions: Arc<Sessions>, ttl_s: u64) -> Self {
+        let stats = Arc::new(RenewStats::default());
+        let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT));
+        let period = Duration::from_millis(ttl_s.max(1) * 1000 / 3);
+        let task = {
+            let (stats, inflight) = (stats.clone(), inflight.clone());
+            tokio::spawn(async move {
+                let n = sessions.ids.len() as u64;
+                let start = Instant::now();
+                for k in 0u64.. {
+                    let due = start + period.mul_f64(k as f64 / n as f64);
+                    tokio::time::sleep_until(due).await;
+                    let Ok(permit) = inflight.clone().acquire_owned().await else { return };
+                    let lag = Instant::now().saturating_duration_since(due).as_millis() as u64;
+                    stats.max_lag_ms.fetch_max(lag, Ordering::Relaxed);
+                    let slot = (k % n) as usize;
+                    let Some(sid) = sessions.ids[slot].get().cloned() else { continue };
+                    if slot < sessions.starve || sessions.expired[slot].load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    stats.sent.fetch_add(1, Ordering::Relaxed);
+                    let (tier, sessions, stats) = (tier.clone(), sessions.clone(), stats.clone());
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        let r = tier.post(slot, "/v1/sessions/keepalive", &[("x-lock-session", &sid)]).await;
+                        match r {
+                            Ok((200, _)) => {
+                                stats.ok.fetch_add(1, Ordering::Relaxed);
+                                let now = ms_since(sessions.t0);
+                                let prev = sessions.last_ack_ms[slot].swap(now, Ordering::Relaxed);
+                                if prev > 0 {
+                                    stats.max_gap_ms.fetch_max(now.saturating_sub(prev), Ordering::Relaxed);
+                                }
+                            }
+                            Ok((410, j)) if j["code"] == "session_expired" => {
+                                stats.expired.fetch_add(1, Ordering::Relaxed);
+                                sessions.expired[slot].store(true, Ordering::Relaxed);
+                                stats.failed(format!("session s{slot}: keepalive answered 410 session_expired"));
+                            }
+                            Ok((status, j)) => {
+                                stats.errors.fetch_add(1, Ordering::Relaxed);
+                                let code = j["code"].as_str().unwrap_or("(no lockmesh error code)").to_owned();
+                                stats.failed(format!("session s{slot}: keepalive answered {status} {code}"));
+                            }
+                            Err(e) => {
+                                stats.errors.fetch_add(1, Ordering::Relaxed);
+                                stats.failed(format!("session s{slot}: keepalive: {e:#}"));
+                            }
+                        }
+                    });
+                }
+            })
+        };
+        Self { stats, inflight, task }
+    }
+
+    /// The counters so far.
+    pub fn counts(&self) -> RenewCounts {
+        self.stats.counts()
+    }
+
+    /// The longest gap between two acknowledged renewals of one session (or its
+    /// open and its first renewal) since the last call, and resets it.
+    pub fn take_max_gap(&self) -> Duration {
+        Duration::from_millis(self.stats.max_gap_ms.swap(0, Ordering::Relaxed))
+    }
+
+    /// How late the renewer sent a keepalive at most, since the last call.
+    pub fn take_max_lag(&self) -> Duration {
+        Duration::from_millis(self.stats.max_lag_ms.swap(0, Ordering::Relaxed))
+    }
+
+    /// The first failure seen, if any.
+    pub fn first_error(&self) -> Option<String> {
+        self.stats.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Stops sending and waits (up to the request timeout) for the keepalives in
+    /// flight.
+    pub async fn stop(self) {
+        self.task.abort();
+        let all = MAX_INFLIGHT as u32;
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT + Duration::from_secs(5), self.inflight.acquire_many(all)).await;
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs the `--renewal` measurement on its own stack (one etcd member, one arbiter,
+/// the lock tier): attach, then three renewal intervals of TTL/3 with etcd's
+/// counters read around them.
 pub async fn run(holds: usize, sessions: usize, progress: bool) -> Result<RenewalReport> {
-    ensure!(sessions > 0 && holds >= sessions, "--renewal HOLDS:SESSIONS needs HOLDS >= SESSIONS >= 1");
-    let st = Stack::builder("renewal").envoy_config("lock-tier").own_etcd(1).start().await?;
-    let c = st.client("load", "renewal")?;
-    let etcd_url = st.etcd().endpoints().first().cloned().context("etcd endpoint")?;
-    let mut sids = Vec::new();
-    let mut ttl_s = 0;
-    for _ in 0..sessions {
-        let r = c.post("/v1/sessions", &[("x-lock-key", "load/renewal/probe")]).await?;
-        ensure!(r.code() == 200, "open session: {} {}", r.code(), r.body);
-        ttl_s = r.json["ttl_s"].as_u64().context("ttl_s")?;
-        sids.push(r.json["session"].as_str().context("session")?.to_owned());
-    }
-    let per = holds / sessions;
-    let start = Instant::now();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    let keeper = {
-        // Keep the sessions alive while the holds are attached (it can take longer
-        // than a TTL).
-        let (c, sids) = (c.clone(), sids.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(ttl_s * 1000 / 3)).await;
-                for s in &sids {
-                    let _ = c.post("/v1/sessions/keepalive", &[("x-lock-session", s)]).await;
-                }
-            }
-        })
+    let spec = FleetSpec {
+        holds,
+        sessions,
+        key_prefix: "load/renewal".into(),
+        concurrency: 32,
+        progress: progress.then_some(Duration::from_secs(10)),
+        starve: 0,
     };
-    let jobs = (0..sessions).flat_map(|s| (0..per).map(move |i| (s, i)));
-    let results: Vec<Result<()>> = stream::iter(jobs)
-        .map(|(s, i)| {
-            let (c, sid, done) = (&c, &sids[s], &done);
-            async move {
-                let key = format!("load/renewal/s{s}/k{i}");
-                let r = c.post("/v1/locks/acquire", &[("x-lock-key", &key), ("x-lock-session", sid)]).await?;
-                if r.code() != 200 {
-                    bail!("acquire {}: {}", r.code(), r.body);
-                }
-                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                if progress && n % 1000 == 0 {
-                    println!("  attached {n} holds ({:.0} s)", start.elapsed().as_secs_f64());
-                }
-                Ok(())
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    keeper.abort();
-    for r in results {
-        r?;
-    }
-    let setup_s = start.elapsed().as_secs_f64();
+    spec.validate().context("--renewal")?;
+    let st = Stack::builder("renewal").envoy_config("lock-tier").own_etcd(1).start().await?;
+    let etcd_url = st.etcd().endpoints().first().cloned().context("etcd endpoint")?;
+    let fleet = Fleet::new(Tier::connect(&st, "renewal", CONNECTIONS)?, spec)?;
+    let Attached { ttl_s, renewer, secs: setup_s } = fleet.attach().await?;
     // The measured window: only renewals (and the arbiter's own 1 s seal check,
     // a read) reach etcd.
     let intervals = 3u32;
     let before = etcd_metrics(&etcd_url).await?;
-    let mut keepalives = 0;
-    for _ in 0..intervals {
-        for s in &sids {
-            let r = c.post("/v1/sessions/keepalive", &[("x-lock-session", s)]).await?;
-            ensure!(r.code() == 200, "keepalive: {} {}", r.code(), r.body);
-            keepalives += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(ttl_s * 1000 / 3)).await;
-    }
+    let c0 = renewer.counts();
+    tokio::time::sleep(Duration::from_millis(ttl_s * 1000 / 3) * intervals).await;
+    let c1 = renewer.counts();
     let after = etcd_metrics(&etcd_url).await?;
+    renewer.stop().await;
+    let window = c1.since(&c0);
     let delta = |m: &str| Some(counter(&after, m)?.saturating_sub(counter(&before, m)?));
     let mut etcd = st.etcd().client().await?;
-    let prefix = format!("{}/l/", st.root());
-    let holds_after =
-        etcd.get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await?.count() as usize;
+    let holds_after = count_prefix(&mut etcd, format!("{}/l/", st.root())).await?;
     Ok(RenewalReport {
-        holds: per * sessions,
+        holds,
         sessions,
         ttl_s,
         setup_s,
         intervals,
-        keepalives,
+        keepalives: window.ok,
+        keepalive_failures: window.expired + window.errors,
         proposals: delta("etcd_server_proposals_committed_total"),
         lease_renewals: delta("etcd_debugging_lease_renewed_total"),
         holds_after,
@@ -149,7 +551,7 @@ pub fn render(r: &RenewalReport) -> String {
     let opt = |v: Option<u64>| v.map_or_else(|| "n/a".to_owned(), |v| v.to_string());
     format!(
         "renewal: {} holds on {} sessions (TTL {} s; attached in {:.0} s)\n\
-         window: {} renewal intervals of TTL/3: {} keepalives sent ({:.1} per interval)\n\
+         window: {} renewal intervals of TTL/3: {} keepalives answered ({:.1} per interval, spread over it), {} failed\n\
          etcd during the window: {} raft proposals committed, {} lease renewals served\n\
          holds still present after the window: {} of {}\n",
         r.holds,
@@ -159,6 +561,7 @@ pub fn render(r: &RenewalReport) -> String {
         r.intervals,
         r.keepalives,
         r.keepalives as f64 / f64::from(r.intervals),
+        r.keepalive_failures,
         opt(r.proposals),
         opt(r.lease_renewals),
         r.holds_after,
@@ -175,5 +578,20 @@ mod tests {
         let t = "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo_total_other 9\nbar 1\n";
         assert_eq!(counter(t, "foo_total"), Some(5));
         assert_eq!(counter(t, "baz"), None);
+    }
+
+    #[test]
+    fn spreads_holds_over_sessions_with_distinct_keys() {
+        let spec =
+            FleetSpec { holds: 7, sessions: 3, key_prefix: "load/x".into(), concurrency: 1, progress: None, starve: 0 };
+        let keys: Vec<String> = (0..7).map(|j| spec.key(j)).collect();
+        assert_eq!(keys[0], "load/x/s0/k0");
+        assert_eq!(keys[3], "load/x/s0/k1");
+        assert_eq!(keys[6], "load/x/s0/k2");
+        assert_eq!(keys[5], "load/x/s2/k1");
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), 7);
+        assert!(FleetSpec { holds: 2, ..spec.clone() }.validate().is_err());
+        assert!(FleetSpec { sessions: 0, ..spec }.validate().is_err());
     }
 }

@@ -1,10 +1,13 @@
 //! The load tool (`lockmesh_tests::load`, the core of `lockmesh-load`) against a
 //! harness stack, briefly: every workload completes cycles, and every token is
-//! unique and strictly increasing per key in grant order. No timing is asserted.
+//! unique and strictly increasing per key in grant order; `--scale` keeps every
+//! hold and session past a TTL and sees a session it starves on purpose expire.
+//! No timing is asserted.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use lockmesh_tests::load::scale::ScaleOptions;
 use lockmesh_tests::load::{self, LoadOptions, Mode, Target, Workload};
 use lockmesh_tests::Stack;
 
@@ -60,4 +63,50 @@ async fn the_filter_tax_workloads_all_complete_requests() {
         assert_eq!(r.errors, 0, "{}: {table}", r.name);
         assert!(r.rps > 0.0, "{}: no request completed\n{table}", r.name);
     }
+}
+
+/// 200 holds on 20 sessions (TTL 5 s, renewed every 1.7 s through the lock tier)
+/// kept for 6 s: longer than the TTL, so only renewals keep them.
+fn small_scale(starve: usize) -> ScaleOptions {
+    ScaleOptions {
+        holds: 200,
+        sessions: 20,
+        hold: Duration::from_secs(if starve > 0 { 8 } else { 6 }),
+        ttl_s: 5,
+        attach_concurrency: 16,
+        progress: None,
+        starve,
+        ..ScaleOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn scale_keeps_every_hold_and_session_past_the_ttl() {
+    let r = load::scale::run(&small_scale(0)).await.unwrap();
+    let text = r.render();
+    println!("{text}");
+    assert_eq!(r.deletes.watch_ended, None, "{text}");
+    assert_eq!((r.holds_lost(), r.sessions_lost()), (0, 0), "false expiries\n{text}");
+    assert_eq!((r.holds_after, r.sessions_after), (200, 20), "{text}");
+    assert_eq!((r.deletes.holds, r.deletes.sessions), (0, 0), "{text}");
+    // Every session was renewed in the window (about 3.5 times each), all answered.
+    assert!(r.keepalives_window.ok >= 40, "{:?}\n{text}", r.keepalives_window);
+    assert_eq!((r.keepalives_window.expired, r.keepalives_window.errors), (0, 0), "{text}");
+    assert!(r.max_gap_window < Duration::from_secs(5), "a renewal gap reached the TTL\n{text}");
+    assert!(r.passed() && text.contains("no false expiry"), "{text}");
+}
+
+#[tokio::test]
+async fn scale_sees_a_session_it_starves_expire() {
+    // Session 0 (holds 0, 20, 40, ...: 10 of them) is never renewed: its lease
+    // expires and etcd deletes its holds and record, which the checks must catch,
+    // and nothing else.
+    let r = load::scale::run(&small_scale(1)).await.unwrap();
+    let text = r.render();
+    println!("{text}");
+    assert_eq!(r.deletes.watch_ended, None, "{text}");
+    assert_eq!((r.deletes.holds, r.deletes.sessions), (10, 1), "the watch saw\n{text}");
+    assert_eq!((r.holds_after, r.sessions_after), (190, 19), "{text}");
+    assert_eq!((r.holds_lost(), r.sessions_lost()), (10, 1), "{text}");
+    assert!(!r.passed() && text.contains("FAILED"), "{text}");
 }
