@@ -44,6 +44,11 @@ use crate::{
 pub const PEER_URI_SAN: &str = "connection.uri_san_peer_certificate";
 const ATTR_NS: &str = "envoy.filters.http.ext_proc";
 
+/// How long an acquire waits before the arbiter stretches Envoy's ext_proc
+/// `message_timeout` to cover its wait. Envoy's `message_timeout` must be longer
+/// (lockmesh's configs use 3 s; `docs/OPERATIONS.md`).
+pub const OVERRIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// The ext_proc service.
 pub struct Arbiter {
     state: Arc<State>,
@@ -246,25 +251,15 @@ async fn request_headers(
         return;
     }
     let req = ApiRequest { method, path, lock, budget_ms, identity, received };
-    if route == "acquire" || route == "transparent" {
-        if let Ok(wait) = api::wait_of(state, &req) {
-            if !wait.is_zero() {
-                // Stretch Envoy's per-message timer to cover the wait (one override
-                // per processing state; it must come before the answer).
-                let t = wait + std::time::Duration::from_secs(2);
-                let ovr = ProcessingResponse {
-                    override_message_timeout: Some(PbDuration {
-                        seconds: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
-                        nanos: i32::try_from(t.subsec_nanos()).unwrap_or(0),
-                    }),
-                    ..Default::default()
-                };
-                if tx.send(Ok(ovr)).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
+    // An acquire that may wait stretches Envoy's per-message timer to cover the
+    // wait, but only once it has waited OVERRIDE_AFTER: most grants answer well
+    // before Envoy's `message_timeout`, and the extra message would cost every
+    // acquire a gRPC frame in both processes.
+    let mut stretch = match route {
+        "acquire" | "transparent" => api::wait_of(state, &req).ok().filter(|w| !w.is_zero()),
+        _ => None,
+    };
+    let stretch_at = received + OVERRIDE_AFTER;
     let cancel = CancellationToken::new();
     let mut task = tokio::spawn({
         let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), envoy.to_owned());
@@ -294,6 +289,21 @@ async fn request_headers(
                 cancel.cancel();
             }
             _ = tx.closed(), if !cancel.is_cancelled() => cancel.cancel(),
+            _ = tokio::time::sleep_until(stretch_at), if stretch.is_some() => {
+                // One override per processing state; it must come before the answer,
+                // which this loop sends only after it.
+                let t = stretch.take().unwrap_or_default() + std::time::Duration::from_secs(2);
+                let ovr = ProcessingResponse {
+                    override_message_timeout: Some(PbDuration {
+                        seconds: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+                        nanos: i32::try_from(t.subsec_nanos()).unwrap_or(0),
+                    }),
+                    ..Default::default()
+                };
+                if tx.send(Ok(ovr)).await.is_err() {
+                    cancel.cancel();
+                }
+            }
         }
     };
     let msg = match resp {

@@ -27,6 +27,9 @@ use lockmesh_tests::Stack;
 
 /// Exit code for invalid arguments (EX_USAGE).
 const EX_USAGE: u8 = 64;
+/// `--filter-tax`: alternating rounds of plain and unlocked, so the baseline's own
+/// spread is measured in the same run.
+const TAX_ROUNDS: usize = 3;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -161,7 +164,7 @@ fn main() -> ExitCode {
     }
     if args.filter_tax {
         let (secs, warm) = (opts.seconds, opts.warmup);
-        return match rt.block_on(load::tax::run(args.concurrency, secs, warm, !args.quiet)) {
+        return match rt.block_on(load::tax::run(args.concurrency, secs, warm, TAX_ROUNDS, !args.quiet)) {
             Ok(results) => {
                 println!("machine: {}", describe_machine());
                 print!("{}", load::tax::render(&results, args.concurrency, secs));

@@ -39,6 +39,7 @@ use crate::stack::Stack;
 
 pub mod cpu;
 mod drive;
+pub mod etcdwork;
 mod lease;
 mod lockmesh;
 pub mod record;
@@ -437,6 +438,11 @@ async fn run_one(
 
     tokio::time::sleep_until(window.start).await;
     let c0 = cpu::Sample::take(&target.procs);
+    let etcd_metrics = target.etcd.first().cloned();
+    let e0 = match &etcd_metrics {
+        Some(url) => etcdwork::EtcdCounters::read(url).await,
+        None => None,
+    };
     let mut tick = window.start;
     let mut last = 0;
     while tick < window.end {
@@ -456,6 +462,10 @@ async fn run_one(
     }
     let c1 = cpu::Sample::take(&target.procs);
     result.cpu = Some(c1.since(&c0));
+    let e1 = match &etcd_metrics {
+        Some(url) => etcdwork::EtcdCounters::read(url).await,
+        None => None,
+    };
 
     // Clients finish the cycle they are in; a stuck one is abandoned after the
     // longest acquire wait.
@@ -483,6 +493,9 @@ async fn run_one(
     }
     futures::future::join_all(closing).await;
     result.finish(plan.cycles.load(Ordering::Relaxed), acquire, release, &rec);
+    if let (Some(before), Some(after)) = (&e0, &e1) {
+        result.etcd = after.per_cycle_since(before, result.cycles);
+    }
     if opts.progress {
         eprintln!("[{} {}] done: {:.1} cycles/s", mode.name(), workload.name(), result.cycles_per_s);
     }

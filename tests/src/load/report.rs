@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::cpu::Usage;
+use super::etcdwork::EtcdWork;
 use super::record::{Fairness, GrantRecord, Recorder};
 use super::{Mode, Shape, Workload};
 
@@ -48,6 +49,8 @@ pub struct WorkloadResult {
     pub fairness: Option<Fairness>,
     /// CPU used during the window.
     pub cpu: Option<Usage>,
+    /// What etcd did per cycle during the window (its own counters).
+    pub etcd: Option<EtcdWork>,
     /// HTTP version the lock tier answered with (`lockmesh`).
     pub http_version: Option<String>,
     /// Why the workload did not run, if it did not.
@@ -102,6 +105,7 @@ impl WorkloadResult {
             duplicates: 0,
             fairness: None,
             cpu: None,
+            etcd: None,
             http_version: None,
             failed: None,
             grants: Vec::new(),
@@ -238,6 +242,34 @@ impl Report {
                 let _ = writeln!(s, "ratios {}: {}", m.name(), parts.join(", "));
             }
         }
+        self.render_goals(s);
+    }
+
+    /// Issue #8's goals for the modes this run measured, each with its verdict.
+    fn render_goals(&self, s: &mut String) {
+        let verdict = |met: bool| if met { "met" } else { "NOT met" };
+        for (mode, floor) in [(Mode::Uncontended, 1.0), (Mode::Hot, 1.0), (Mode::Contended, 1.5)] {
+            let (Some(lm), Some(b)) = (self.find(mode, Workload::Lockmesh), self.find(mode, Workload::EtcdLock)) else {
+                continue;
+            };
+            if b.cycles_per_s > 0.0 {
+                let r = lm.cycles_per_s / b.cycles_per_s;
+                let _ = writeln!(
+                    s,
+                    "goal {}: cycles/s >= {floor:.1}x etcd-lock: {r:.2}x, {}",
+                    mode.name(),
+                    verdict(r >= floor)
+                );
+            }
+        }
+        let uncontended =
+            (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn));
+        if let (Some(lm), Some(b)) = uncontended {
+            if b.acquire.p99 > 0 {
+                let r = f64::from(lm.acquire.p99) / f64::from(b.acquire.p99);
+                let _ = writeln!(s, "goal uncontended: acquire p99 <= 1.5x raw-txn: {r:.2}x, {}", verdict(r <= 1.5));
+            }
+        }
     }
 
     fn render_fairness(&self, s: &mut String) {
@@ -286,6 +318,11 @@ impl Report {
                 c.cores,
                 busy(c.other())
             );
+        }
+        for r in self.results.iter().filter(|r| r.failed.is_none()) {
+            if let Some(e) = &r.etcd {
+                let _ = writeln!(s, "etcd {} {}: per cycle {}", r.mode.name(), r.workload.name(), e.summary());
+            }
         }
         if let Some(v) = self.results.iter().find_map(|r| r.http_version.clone()) {
             let _ = writeln!(s, "lock tier answered over {v}");

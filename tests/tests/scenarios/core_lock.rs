@@ -98,6 +98,34 @@ async fn try_once_and_deadline_answer_contended() {
     assert_eq!(holders(&a, k).await.len(), 1);
 }
 
+/// Envoy's ext_proc `message_timeout` is 3 s; the arbiter stretches it only for an
+/// acquire still waiting after a second. Both a wait that ends in a grant and one
+/// that runs out must get the arbiter's answer, never Envoy's timeout.
+#[tokio::test]
+async fn waits_longer_than_the_ext_proc_message_timeout_get_the_arbiters_answer() {
+    let st = lock_tier("core-long-wait").start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let (b, c) = (st.client("payments", "b").unwrap(), st.client("payments", "c").unwrap());
+    let k = "payments/order-long";
+    let r1 = a.post(ACQ, &[("x-lock-key", k)]).await.unwrap();
+    assert_eq!(r1.code(), 200, "{}", r1.body);
+    let started = Instant::now();
+    let granted =
+        tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "20000")]).await.unwrap() });
+    let refused =
+        tokio::spawn(async move { c.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "4000")]).await.unwrap() });
+    let r = tokio::time::timeout(Duration::from_secs(15), refused).await.unwrap().unwrap();
+    assert_eq!((r.code(), s(&r, "code")), (409, "contended".into()), "{}", r.body);
+    assert!(started.elapsed() >= Duration::from_secs(4), "gave up early: {:?}", started.elapsed());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!granted.is_finished(), "b was answered while a held the key");
+    let rel = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &token(&r1).to_string())]).await.unwrap();
+    assert_eq!(rel.code(), 200, "{}", rel.body);
+    let r2 = tokio::time::timeout(Duration::from_secs(10), granted).await.unwrap().unwrap();
+    assert_eq!(r2.code(), 200, "after {:?}: {}", started.elapsed(), r2.body);
+    assert!(token(&r2) > token(&r1));
+}
+
 #[tokio::test]
 async fn session_expiry_frees_holds_and_the_session_is_gone() {
     let st = lock_tier("core-expiry").start().await.unwrap();

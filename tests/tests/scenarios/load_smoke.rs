@@ -54,7 +54,7 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
 
 #[tokio::test]
 async fn the_filter_tax_workloads_all_complete_requests() {
-    let results = load::tax::run(2, Duration::from_secs(1), Duration::from_millis(200), false).await.unwrap();
+    let results = load::tax::run(2, Duration::from_secs(1), Duration::from_millis(200), 1, false).await.unwrap();
     let table = load::tax::render(&results, 2, Duration::from_secs(1));
     println!("{table}");
     let names: Vec<_> = results.iter().map(|r| r.name).collect();
