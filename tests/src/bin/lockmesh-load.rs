@@ -202,7 +202,7 @@ fn holds_sessions(spec: &str) -> Option<(usize, usize)> {
     spec.split_once(':').and_then(|(h, s)| Some((h.parse::<usize>().ok()?, s.parse::<usize>().ok()?)))
 }
 
-/// `--scale`: runs it and prints the report as a fenced text block.
+/// `--scale`: runs it and prints the report.
 fn scale(rt: &tokio::runtime::Runtime, args: &Args, spec: &str) -> ExitCode {
     let Some((holds, sessions)) = holds_sessions(spec) else {
         eprintln!("lockmesh-load: --scale wants HOLDS:SESSIONS, e.g. 250000:40000");
@@ -230,9 +230,6 @@ fn scale(rt: &tokio::runtime::Runtime, args: &Args, spec: &str) -> ExitCode {
     }
     match rt.block_on(load::scale::run(&opts)) {
         Ok(r) => {
-            let command: Vec<String> = std::env::args().skip(1).collect();
-            println!("```text");
-            println!("$ lockmesh-load {}", command.join(" "));
             println!(
                 "machine: {}; etcd: {}; envoy: {} --concurrency {}; arbiter: {}",
                 describe_machine(),
@@ -242,7 +239,6 @@ fn scale(rt: &tokio::runtime::Runtime, args: &Args, spec: &str) -> ExitCode {
                 lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
             );
             print!("{}", r.render());
-            println!("```");
             if r.passed() {
                 ExitCode::SUCCESS
             } else {
