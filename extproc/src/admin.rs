@@ -1,5 +1,6 @@
 //! The admin HTTP listener: `/healthz` (the process runs), `/readyz` (etcd answers a
-//! linearizable read of the epoch record), `/status` (version, seal, marks, classes),
+//! linearizable read of the epoch record, or a declared quorum loss leaves
+//! fail-open classes to serve), `/status` (version, seal, marks, classes, fail-open),
 //! `/metrics`, and the read-only console (`/console`, [`crate::console`]).
 
 use std::sync::Arc;
@@ -38,8 +39,19 @@ async fn health(AxState(state): AxState<Arc<State>>) -> String {
 async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {
     match state.store.ready().await {
         Ok(()) => (StatusCode::OK, format!("ready\n{}", seal_line(&state))),
+        // A declared quorum loss with a fail-open class to serve (ADR-04): this
+        // arbiter still answers those, so it stays in its Service; every other
+        // class answers `unavailable`.
+        Err(e) if fail_open_serving(&state) => {
+            (StatusCode::OK, format!("ready: quorum lost, fail-open classes only ({e})\n{}", seal_line(&state)))
+        }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
+}
+
+fn fail_open_serving(state: &State) -> bool {
+    let open = state.registry().classes().iter().any(|c| c.on_quorum_loss == lockmesh_core::class::OnQuorumLoss::Open);
+    open && state.tiers.fail_opens().any(|f| f.has_spool() && f.declared().is_some())
 }
 
 async fn metrics(AxState(state): AxState<Arc<State>>) -> String {
@@ -62,5 +74,13 @@ async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<serde_json::V
         "marks": { "cluster_id": m.cluster_id, "epoch": m.epoch, "revision": m.revision,
                    "raft_term": m.raft_term, "raft_index": m.raft_index, "updated_ms": m.updated_ms },
         "classes": crate::registry::status_json(&state).await,
+        "fail_open": state.tiers.fail_opens().map(|f| serde_json::json!({
+            "cluster": f.cluster(),
+            "spool": f.has_spool(),
+            "quorum_loss_declared": f.declared().is_some(),
+            "outage": f.declared().map(|o| o.id),
+            "spool_bytes": f.spool_bytes(),
+            "unprotected_holds": f.holds(),
+        })).collect::<Vec<_>>(),
     }))
 }

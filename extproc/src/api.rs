@@ -16,9 +16,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    failopen::FailOpen,
     lock::{mutex::AcquireRequest, session::Caller, Store},
     respond::{ApiError, ApiResponse},
     state::State,
+    tiers::Acquired,
 };
 
 /// A request as the arbiter sees it.
@@ -39,13 +41,37 @@ pub struct ApiRequest {
 }
 
 /// What an acquire needs to undo if its answer cannot be delivered.
-pub struct Undo {
-    /// The request.
-    pub req: AcquireRequest,
-    /// The grant.
-    pub grant: crate::lock::mutex::Grant,
-    /// The cluster that granted it.
-    pub store: Arc<Store>,
+pub enum Undo {
+    /// An etcd grant.
+    Grant {
+        /// The request.
+        req: AcquireRequest,
+        /// The grant.
+        grant: crate::lock::mutex::Grant,
+        /// The cluster that granted it.
+        store: Arc<Store>,
+    },
+    /// An unprotected grant (ADR-04): released from memory, its end spooled.
+    Unprotected {
+        /// The fail-open state holding it.
+        fail_open: Arc<FailOpen>,
+        /// The request.
+        req: AcquireRequest,
+        /// The grant id.
+        grant: String,
+    },
+}
+
+impl Undo {
+    /// Releases the grant nobody received.
+    pub async fn run(&self) {
+        match self {
+            Undo::Grant { req, grant, store } => store.undo(req, grant).await,
+            Undo::Unprotected { fail_open, req, grant } => {
+                let _ = fail_open.release(&req.key.digest(), grant, &req.caller, Some("caller_gone")).await;
+            }
+        }
+    }
 }
 
 fn need<T>(v: Option<T>, header: &str) -> Result<T, ApiError> {
@@ -107,6 +133,19 @@ async fn route(
     }
     let r = match (req.method.as_str(), req.path.as_str()) {
         ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
+        ("POST", "/v1/locks/release") if lock.grant.is_some() => {
+            // An unprotected grant (ADR-04) is released by its grant id, from memory.
+            let key = need(lock.key.clone(), headers::KEY)?;
+            if lock.token.is_some() {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    format!("{} and {}: name one grant, not both", headers::TOKEN, headers::GRANT),
+                ));
+            }
+            let grant = lock.grant.as_deref().unwrap_or_default();
+            tiers.release_unprotected(&key, grant, &caller).await?;
+            ApiResponse::ok(json!({ "released": true, "unprotected": true }))
+        }
         ("POST", "/v1/locks/release") => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let token = need(lock.token, headers::TOKEN)?;
@@ -216,12 +255,35 @@ async fn acquire(
         session_owner: None,
     };
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
-    let result = state.tiers.acquire(&areq, cancel).instrument(span.clone()).await;
+    let reg = state.registry();
+    let result = state.tiers.acquire_or_open(&areq, None, &reg, cancel).instrument(span.clone()).await;
+    let labels = crate::metrics::lock_labels(&reg, &areq.key);
     let (result, store) = match result {
-        Ok((g, s)) => (Ok(g), Some(s)),
+        Ok(Acquired::Protected(g, s)) => (Ok(g), Some(s)),
+        Ok(Acquired::Unprotected(g, fo)) => {
+            crate::telemetry::finish(&span, "unprotected", Some(req.received.elapsed()));
+            state.metrics.acquire(labels, "unprotected", req.received.elapsed().as_secs_f64());
+            let mut r = ApiResponse::ok(json!({
+                "token": headers::UNPROTECTED_TOKEN,
+                "epoch": g.epoch,
+                "revision": 0,
+                "session": null,
+                "ttl_s": g.ttl_s,
+                "class": g.class,
+                "existing": g.existing,
+                "new_session": false,
+                "proof": null,
+                "unprotected": true,
+                "grant": g.grant,
+                "outage": g.outage,
+            }));
+            r.headers.push((headers::TOKEN, headers::UNPROTECTED_TOKEN.to_owned()));
+            r.headers.push((headers::GRANT, g.grant.clone()));
+            let undo = (!g.existing).then(|| Undo::Unprotected { fail_open: fo, req: areq, grant: g.grant });
+            return Ok((r, undo));
+        }
         Err(e) => (Err(e), None),
     };
-    let labels = crate::metrics::lock_labels(&state.registry(), &areq.key);
     let outcome = crate::metrics::outcome_label(&result);
     crate::telemetry::finish(&span, outcome, Some(req.received.elapsed()));
     state.metrics.acquire(labels, outcome, req.received.elapsed().as_secs_f64());
@@ -238,11 +300,12 @@ async fn acquire(
         "existing": g.existing,
         "new_session": g.new_session,
         "proof": proof,
+        "unprotected": false,
     }));
     r.headers.push((headers::TOKEN, g.token.to_string()));
     if let Some(p) = proof {
         r.headers.push((headers::PROOF, p));
     }
     r.headers.push((headers::SESSION, g.session.to_string()));
-    Ok((r, store.map(|store| Undo { req: areq, grant, store })))
+    Ok((r, store.map(|store| Undo::Grant { req: areq, grant, store })))
 }

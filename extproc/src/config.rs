@@ -71,11 +71,81 @@ pub struct RawConfig {
     pub tiers: Option<crate::topology::RawTiers>,
     /// The region of this arbiter and the home region of each namespace (ADR-08).
     pub region: Option<crate::topology::RawRegion>,
+    /// Fail-open classes (ADR-04, `docs/GUARANTEES.md`): where unprotected grants
+    /// are spooled and when a quorum loss is declared. Default: the spool beside
+    /// `marks_file`, 16 MiB, 3000 ms.
+    pub fail_open: Option<RawFailOpen>,
     /// TEST ONLY: planted bugs for the release gate (`docs/GATE.md`):
     /// `skip_epoch_compare`, `release_by_key_name`, `count_before_lock`. Refused
     /// unless the environment sets `LOCKMESH_TEST_FAULTS=1`. Default none.
     #[serde(default)]
     pub test_faults: Vec<String>,
+}
+
+/// Fail-open classes (`fail_open:`, ADR-04).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFailOpen {
+    /// The spool of unprotected grants: a local append-only file, fsynced before a
+    /// grant is answered. Put it on a volume that survives restarts. Other etcd
+    /// clusters (`clusters:`) get `<spool_file>.<cluster>`. Default
+    /// `unprotected.spool` beside `marks_file`.
+    pub spool_file: Option<String>,
+    /// Size cap of one spool, bytes: a grant that would pass it is refused
+    /// (`spool_full`). Default 16 MiB (4096 to 1 GiB).
+    pub max_spool_bytes: Option<u64>,
+    /// How long linearizable reads must have failed, with no member reporting a
+    /// leader, before the quorum loss is declared and fail-open classes grant from
+    /// memory. Default 3000 (1000 to 60000).
+    pub quorum_loss_after_ms: Option<u64>,
+}
+
+/// Default `fail_open.max_spool_bytes`.
+pub const DEFAULT_MAX_SPOOL_BYTES: u64 = 16 * 1024 * 1024;
+/// Default `fail_open.quorum_loss_after_ms`.
+pub const DEFAULT_QUORUM_LOSS_AFTER_MS: u64 = 3000;
+
+/// Validated `fail_open`.
+#[derive(Debug, Clone)]
+pub struct FailOpenConfig {
+    /// The coord cluster's spool; `None` when neither `spool_file` nor
+    /// `marks_file` is set (fail-open classes then fail closed).
+    pub spool_file: Option<PathBuf>,
+    /// Size cap per spool, bytes.
+    pub max_spool_bytes: u64,
+    /// Declaration delay, ms.
+    pub quorum_loss_after_ms: u64,
+}
+
+fn fail_open(
+    raw: Option<&RawFailOpen>,
+    marks_file: Option<&Path>,
+    base: &Path,
+    name: &str,
+    errs: &mut Vec<String>,
+) -> FailOpenConfig {
+    let spool_file = match raw.and_then(|r| r.spool_file.as_deref()) {
+        Some(p) => {
+            let p = resolve(base, p);
+            if p.parent().is_some_and(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+                errs.push(format!(
+                    "{name}: fail_open.spool_file: {:?}: its directory does not exist",
+                    p.display().to_string()
+                ));
+            }
+            Some(p)
+        }
+        None => marks_file.map(|m| m.with_file_name("unprotected.spool")),
+    };
+    let max_spool_bytes = raw.and_then(|r| r.max_spool_bytes).unwrap_or(DEFAULT_MAX_SPOOL_BYTES);
+    if !(4096..=1 << 30).contains(&max_spool_bytes) {
+        errs.push(format!("{name}: fail_open.max_spool_bytes: {max_spool_bytes} is outside 4096 to 1073741824"));
+    }
+    let quorum_loss_after_ms = raw.and_then(|r| r.quorum_loss_after_ms).unwrap_or(DEFAULT_QUORUM_LOSS_AFTER_MS);
+    if !(1000..=60_000).contains(&quorum_loss_after_ms) {
+        errs.push(format!("{name}: fail_open.quorum_loss_after_ms: {quorum_loss_after_ms} is outside 1000 to 60000"));
+    }
+    FailOpenConfig { spool_file, max_spool_bytes, quorum_loss_after_ms }
 }
 
 /// Two-person admin actions (`operators:`, `docs/ADMIN.md`).
@@ -377,6 +447,8 @@ pub struct Config {
     pub telemetry: Option<crate::telemetry::Telemetry>,
     /// The console.
     pub console: Console,
+    /// Fail-open classes: the spool and the quorum-loss declaration.
+    pub fail_open: FailOpenConfig,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -583,6 +655,18 @@ impl Config {
             errs2.push(format!("{name}: registry_file:"));
             errs2.extend(e.into_iter().map(|m| format!("  {m}")));
         });
+        let marks_file = raw.marks_file.map(|p| resolve(base, &p));
+        let fail_open = fail_open(raw.fail_open.as_ref(), marks_file.as_deref(), base, name, &mut errs2);
+        if let Ok(reg) = &registry {
+            let open = reg.classes().iter().find(|c| c.on_quorum_loss == lockmesh_core::class::OnQuorumLoss::Open);
+            if let (Some(c), None) = (open, &fail_open.spool_file) {
+                errs2.push(format!(
+                    "{name}: fail_open.spool_file: required: class {} declares on_quorum_loss open and there is no \
+                     marks_file to put the spool beside",
+                    c.name
+                ));
+            }
+        }
         errs.extend(errs2);
         match (listen, admin_listen, registry) {
             (Ok(listen), Ok(admin_listen), Ok(registry)) if errs.is_empty() => Ok(Config {
@@ -601,13 +685,14 @@ impl Config {
                 registry,
                 max_wait_ms,
                 handoff: raw.handoff.unwrap_or(true),
-                marks_file: raw.marks_file.map(|p| resolve(base, &p)),
+                marks_file,
                 signing,
                 validate_rate_per_s,
                 test_faults,
                 operators,
                 telemetry,
                 console,
+                fail_open,
             }),
             _ => Err(errs),
         }

@@ -100,7 +100,15 @@ async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Respons
             _ => return Err(ApiError::new(Code::BadRequest, "open, next: both or neither, at most 100000 open")),
         };
         state.store.unsealed()?;
-        let s = state.tiers.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await?;
+        // Unprotected holds of this VM (ADR-04) are renewed or reconciled first:
+        // they need no etcd, which may be what is missing.
+        let mut unprotected = 0;
+        for fo in state.tiers.fail_opens() {
+            let r = reconcile.as_ref().map(|r| (r.open.as_slice(), r.next));
+            unprotected += fo.vm_keepalive(&envoy, &b.vm, r).await;
+        }
+        let mut s = state.tiers.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await?;
+        s.reconciled += unprotected;
         // Renew three times per shortest TTL; without sessions, poll every second.
         let renew_ms = if s.min_ttl_s == 0 { 1000 } else { (s.min_ttl_s * 1000 / 3).max(500) };
         state.metrics.request("vm_keepalive", "ok");
@@ -121,6 +129,12 @@ async fn release(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
         let b: ReleaseBody = body(req).await?;
         check_vm(&b.vm)?;
         let key = LockKey::parse(b.key.as_bytes()).map_err(|e| ApiError::new(Code::BadRequest, format!("key: {e}")))?;
+        // An unprotected hold (ADR-04) is released from memory, without etcd.
+        let hold_id = crate::lock::vm::hold_id(&b.vm, b.hold);
+        if state.tiers.release_unprotected_hold(&key, &hold_id, &envoy).await {
+            state.metrics.request("vm_release", "ok");
+            return Ok(Json(json!({ "released": true })));
+        }
         let class = state.registry().class_of(&key).clone();
         let store = state.tiers.route(&class, &key, false).await?;
         let released = store.vm_release(&envoy, &b.vm, &key, b.hold).await?;

@@ -21,6 +21,8 @@
 //! - [`internal`]: the filter's own calls (VM session renewal, releases).
 //! - [`signing`]: grant proofs for fences.
 //! - [`validate`]: ValidateToken, the linearizable "is this token current" read.
+//! - [`failopen`]: fail-open classes during a quorum loss (ADR-04): unprotected
+//!   grants from memory, the spool, shipping to the audit store.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -32,6 +34,7 @@ pub mod config;
 pub mod console;
 pub mod doctor;
 pub mod etcd_view;
+pub mod failopen;
 pub mod inspect;
 pub mod internal;
 pub mod lock;
@@ -90,12 +93,15 @@ pub async fn run(
         tracing::warn!(error = %e, "etcd not reachable yet; every request fails closed until it is");
     }
     let checker = tokio::spawn({
-        let store = store.clone();
+        let (store, tiers) = (store.clone(), tiers.clone());
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let r = store.check_seal().await;
                 metrics::ETCD.observe(r.is_ok());
+                // The fail-open trigger (ADR-04): a declared quorum loss, and the
+                // spool shipped once the quorum is back.
+                tiers.observe_quorum(&store, r.is_ok()).await;
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "seal check could not reach etcd");
                 }

@@ -203,6 +203,7 @@ pub fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockErro
         Err(E::Unavailable(_) | E::Moved) => "unavailable",
         Err(E::Cancelled) => "cancelled",
         Err(E::Draining(_)) => "draining",
+        Err(E::SpoolFull(_)) => "spool_full",
         Err(E::NotHolder | E::Internal(_)) => "error",
     }
 }
@@ -303,6 +304,7 @@ impl Metrics {
         s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
         let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
         crate::lock::wait::HANDOFFS.render(&mut s);
+        crate::failopen::STATS.render(&mut s);
         self.render_locks(&mut s);
         s
     }

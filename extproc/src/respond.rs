@@ -50,6 +50,7 @@ impl From<LockError> for ApiError {
             LockError::Draining(_) => Code::Draining,
             // Routed again by `tiers`; answered only if the map keeps changing.
             LockError::Moved => Code::Unavailable,
+            LockError::SpoolFull(_) => Code::SpoolFull,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),
@@ -62,7 +63,7 @@ impl From<LockError> for ApiError {
 impl From<ApiError> for ApiResponse {
     fn from(e: ApiError) -> Self {
         let mut headers = vec![(lockmesh_core::headers::ERROR, e.code.as_str().to_owned())];
-        if matches!(e.code, Code::Unavailable | Code::Sealed | Code::Draining) {
+        if matches!(e.code, Code::Unavailable | Code::Sealed | Code::Draining | Code::SpoolFull) {
             headers.push(("retry-after", "1".to_owned()));
         }
         ApiResponse { status: e.code.http_status(), body: error_body(e.code, &e.message, e.reason), headers }
@@ -90,6 +91,7 @@ mod tests {
             (LockError::Sealed("x".into()), 503, "sealed"),
             (LockError::Unavailable("x".into()), 503, "unavailable"),
             (LockError::Internal("x".into()), 500, "internal"),
+            (LockError::SpoolFull("x".into()), 503, "spool_full"),
         ];
         for (e, status, code) in cases {
             let r = ApiResponse::from(ApiError::from(e));

@@ -317,7 +317,7 @@ async fn request_headers(
     if let Some(u) = undo {
         if !delivered {
             state.metrics.abandoned();
-            u.store.undo(&u.req, &u.grant).await;
+            u.run().await;
         }
     }
 }

@@ -29,7 +29,7 @@ use std::{
 
 use futures::future::join_all;
 use lockmesh_core::{
-    class::Tier,
+    class::{OnQuorumLoss, Tier},
     headers::SessionId,
     policy::ChangeNote,
     shard::{rendezvous, ShardMap},
@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::Config,
+    failopen::{FailOpen, MemGrant},
     lock::{
         home::{MapRecord, COORD_CLUSTER},
         mutex::{AcquireRequest, Grant},
@@ -56,9 +57,19 @@ const REROUTES: usize = 3;
 /// The response header naming the region a refused key is homed in.
 pub const REGION_HEADER: &str = "x-lockmesh-region";
 
+/// What an acquire got: an etcd grant, or (a fail-open class during a declared
+/// quorum loss, ADR-04) an unprotected one from memory.
+pub enum Acquired {
+    /// A fenced etcd grant and the cluster that granted it.
+    Protected(Grant, Arc<Store>),
+    /// An unprotected grant (token 0) and the fail-open state that holds it.
+    Unprotected(MemGrant, Arc<FailOpen>),
+}
+
 /// Every cluster of one arbiter and its routing view.
 pub struct Tiers {
     stores: BTreeMap<String, Arc<Store>>,
+    fail_open: BTreeMap<String, Arc<FailOpen>>,
     entity: Vec<String>,
     region: Option<Region>,
     map: RwLock<Option<ShardMap>>,
@@ -93,13 +104,23 @@ impl Tiers {
             s.set_cluster(&c.name, Some(&coord));
             stores.insert(c.name.clone(), s);
         }
-        Ok(Self::new(stores, topo.entity.clone(), topo.region.clone()))
+        let fo = &config.fail_open;
+        let fail_open = stores
+            .keys()
+            .map(|name| {
+                let spool = Topology::marks_file(fo.spool_file.as_deref(), name);
+                let f = FailOpen::open(name, spool.as_deref(), fo.max_spool_bytes, fo.quorum_loss_after_ms);
+                (name.clone(), Arc::new(f))
+            })
+            .collect();
+        Ok(Self { fail_open, ..Self::new(stores, topo.entity.clone(), topo.region.clone()) })
     }
 
     /// Tiers over connected stores (named already).
     pub fn new(stores: BTreeMap<String, Arc<Store>>, entity: Vec<String>, region: Option<Region>) -> Self {
         Self {
             stores,
+            fail_open: BTreeMap::new(),
             entity,
             region,
             map: RwLock::new(None),
@@ -130,6 +151,89 @@ impl Tiers {
 
     fn split(&self) -> bool {
         self.stores.len() > 1
+    }
+
+    /// The fail-open state of a cluster (none without `Tiers::connect`).
+    pub fn fail_open(&self, cluster: &str) -> Option<&Arc<FailOpen>> {
+        self.fail_open.get(cluster)
+    }
+
+    /// Every cluster's fail-open state.
+    pub fn fail_opens(&self) -> impl Iterator<Item = &Arc<FailOpen>> {
+        self.fail_open.values()
+    }
+
+    /// One seal check's outcome on `store`, for the fail-open trigger.
+    pub async fn observe_quorum(&self, store: &Arc<Store>, read_ok: bool) {
+        if let Some(fo) = self.fail_open.get(store.cluster_name()) {
+            fo.observe(store, read_ok).await;
+        }
+    }
+
+    /// The key's store and its fail-open state, when its class fails open.
+    async fn open_home(&self, req: &AcquireRequest) -> Option<(Arc<Store>, Arc<FailOpen>)> {
+        if req.class.on_quorum_loss != OnQuorumLoss::Open {
+            return None;
+        }
+        let store = self.route(&req.class, &req.key, false).await.ok()?;
+        let fo = self.fail_open.get(store.cluster_name())?.clone();
+        Some((store, fo))
+    }
+
+    /// [`Tiers::acquire`], except for a fail-open class (ADR-04): while its
+    /// cluster's quorum loss is declared it is granted unprotected from memory
+    /// (`envoy` owns a transparent hold); otherwise it first waits until no
+    /// unprotected hold of the key is left here, and an etcd grant that fails
+    /// `unavailable` falls back to memory only if the loss is declared by then.
+    pub async fn acquire_or_open(
+        &self,
+        req: &AcquireRequest,
+        envoy: Option<&str>,
+        reg: &ClassRegistry,
+        cancel: &CancellationToken,
+    ) -> Result<Acquired, LockError> {
+        let open = self.open_home(req).await;
+        if let Some((store, fo)) = &open {
+            if fo.declared().is_some() {
+                let g = fo.grant(store, req, envoy, reg, cancel).await?;
+                return Ok(Acquired::Unprotected(g, fo.clone()));
+            }
+            fo.wait_free(&req.key.digest(), req.deadline, req.try_once, cancel).await?;
+        }
+        match self.acquire(req, cancel).await {
+            Ok((g, s)) => Ok(Acquired::Protected(g, s)),
+            Err(LockError::Unavailable(m)) => match &open {
+                Some((store, fo)) if fo.declared().is_some() => {
+                    let g = fo.grant(store, req, envoy, reg, cancel).await?;
+                    Ok(Acquired::Unprotected(g, fo.clone()))
+                }
+                _ => Err(LockError::Unavailable(m)),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases unprotected grant `grant` of `key` (any cluster's: memory only).
+    pub async fn release_unprotected(&self, key: &LockKey, grant: &str, caller: &Caller) -> Result<(), LockError> {
+        let d = key.digest();
+        for fo in self.fail_open.values() {
+            if fo.release(&d, grant, caller, None).await.is_ok() {
+                return Ok(());
+            }
+        }
+        Err(LockError::NotHolder)
+    }
+
+    /// Releases the unprotected transparent hold `hold_id` of `key`; false when
+    /// there is none here.
+    pub async fn release_unprotected_hold(&self, key: &LockKey, hold_id: &str, envoy: &str) -> bool {
+        let d = key.digest();
+        for fo in self.fail_open.values() {
+            if fo.release_hold(&d, hold_id, envoy).await {
+                return true;
+            }
+        }
+        false
     }
 
     /// Creates what is missing: the coord cluster's shard map (from the config's
@@ -192,7 +296,9 @@ impl Tiers {
     /// it succeeded, and a fresh read of the shard map.
     pub async fn tick(&self, reg: &ClassRegistry) {
         for s in self.stores().skip(1) {
-            if let Err(e) = s.check_seal().await {
+            let r = s.check_seal().await;
+            self.observe_quorum(s, r.is_ok()).await;
+            if let Err(e) = r {
                 tracing::debug!(cluster = s.cluster_name(), error = %e, "seal check could not reach etcd");
             }
         }

@@ -11,10 +11,16 @@
 //!
 //! The hold ends when the filter releases it (the request ended), when the VM stops
 //! renewing its sessions (Envoy died, the VM trapped), or by a reconcile.
+//!
+//! A key of a fail-open class (ADR-04) during a declared quorum loss is granted
+//! unprotected from memory instead (`crate::failopen`): the request is forwarded
+//! with `x-lock-token: 0` (and `x-lock-revision: 0`), because its class declared
+//! it; the filter releases it by its hold number like any other. Every other
+//! class answers `unavailable` and nothing is forwarded.
 
 use std::sync::Arc;
 
-use lockmesh_core::{headers, Code};
+use lockmesh_core::{class::OnQuorumLoss, headers, Code};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -128,19 +134,47 @@ async fn grant(
         hold_id: Some(vm::hold_id(vm, hold)),
         session_owner: Some(Store::vm_owner(envoy, vm)),
     };
+    // A fail-open class during a declared quorum loss: unprotected, from memory.
+    let open = if areq.class.on_quorum_loss == OnQuorumLoss::Open {
+        let store = state.tiers.route(&areq.class, &areq.key, false).await?;
+        state.tiers.fail_open(store.cluster_name()).cloned().map(|fo| (store, fo))
+    } else {
+        None
+    };
+    if let Some((store, fo)) = &open {
+        if fo.declared().is_some() {
+            return unprotected(state, envoy, store, fo, areq, cancel).await;
+        }
+        fo.wait_free(&areq.key.digest(), areq.deadline, areq.try_once, cancel).await?;
+    }
     // A VM session that expired (the filter stopped renewing for a while) is
     // replaced once. Each cluster has its own VM sessions; a key whose home moved
     // is routed again (`crate::tiers`).
     let (mut tries, mut moves) = (0, 0);
     let (grant, store) = loop {
         let store: Arc<Store> = state.tiers.route(&areq.class, &areq.key, moves > 0).await?;
-        areq.session = Some(store.vm_session(envoy, vm, &areq.class).await?);
-        match store.acquire(&areq, cancel).await {
+        let r = match store.vm_session(envoy, vm, &areq.class).await {
+            Ok(sid) => {
+                areq.session = Some(sid);
+                store.acquire(&areq, cancel).await
+            }
+            // Opening the VM's session failed: no retry (as before), but an
+            // unavailable etcd may still fall to memory below.
+            Err(LockError::Unavailable(m)) => Err(LockError::Unavailable(m)),
+            Err(e) => return Err(e.into()),
+        };
+        match r {
             Err(LockError::SessionExpired) if tries == 0 => {
                 tries += 1;
                 store.forget_vm_session(vm, areq.class.name.as_str()).await;
             }
             Err(LockError::Moved) if moves < 3 => moves += 1,
+            Err(LockError::Unavailable(m)) => match &open {
+                Some((store, fo)) if fo.declared().is_some() => {
+                    return unprotected(state, envoy, store, fo, areq, cancel).await;
+                }
+                _ => return Err(LockError::Unavailable(m).into()),
+            },
             r => break (r?, store),
         }
     };
@@ -150,7 +184,27 @@ async fn grant(
         (headers::EPOCH, t.epoch().to_string()),
         (headers::REVISION, t.revision().to_string()),
     ];
-    Ok((set, Undo { req: areq, grant, store }))
+    Ok((set, Undo::Grant { req: areq, grant, store }))
+}
+
+/// The unprotected grant of a transparent request: token 0, because its class
+/// declared `on_quorum_loss: open` and the quorum loss is declared.
+async fn unprotected(
+    state: &Arc<State>,
+    envoy: &str,
+    store: &Arc<Store>,
+    fo: &Arc<crate::failopen::FailOpen>,
+    mut areq: AcquireRequest,
+    cancel: &CancellationToken,
+) -> Result<(Vec<(&'static str, String)>, Undo), ApiError> {
+    areq.session = None;
+    let g = fo.grant(store, &areq, Some(envoy), &state.registry(), cancel).await?;
+    let set = vec![
+        (headers::TOKEN, headers::UNPROTECTED_TOKEN.to_owned()),
+        (headers::EPOCH, g.epoch.to_string()),
+        (headers::REVISION, "0".to_owned()),
+    ];
+    Ok((set, Undo::Unprotected { fail_open: fo.clone(), req: areq, grant: g.grant }))
 }
 
 #[cfg(test)]

@@ -153,7 +153,9 @@ pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san
         remove.extend(
             hdrs.iter()
                 .map(|(n, _)| n)
-                .filter(|n| [headers::TOKEN, headers::SESSION, headers::INSTANCE, PROOF].contains(&n.as_str()))
+                .filter(|n| {
+                    [headers::TOKEN, headers::SESSION, headers::INSTANCE, PROOF, headers::GRANT].contains(&n.as_str())
+                })
                 .cloned(),
         );
     }

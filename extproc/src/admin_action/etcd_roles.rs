@@ -55,8 +55,9 @@ pub fn roles(root: &str) -> Vec<Role> {
     vec![
         Role {
             name: "lockmesh-arbiter",
-            purpose: "the arbiter: holds, sessions, markers, waiters, VM sessions, class policies, the epoch record; \
-                      executes approved admin actions (force records, admin requests and their log)",
+            purpose: "the arbiter: holds, sessions, markers, waiters, VM sessions, class policies, the epoch record, \
+                      shipped unprotected grants; executes approved admin actions (force records, admin requests \
+                      and their log)",
             grants: vec![
                 rw("sys/epoch", false),
                 rw("sys/classmap", false),
@@ -75,6 +76,8 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("q/", true),
                 rw("f/", true),
                 rw("adm/", true),
+                // Shipped unprotected-grant records (fail-open classes, ADR-04).
+                rw("u/", true),
             ],
         },
         Role {

@@ -77,6 +77,23 @@ impl Store {
         self.refresh_epoch().await
     }
 
+    /// The epoch as last read, without reading (`None` before the first read).
+    pub fn cached_epoch(&self) -> Option<u64> {
+        self.epoch.0.read().ok().and_then(|g| g.as_ref().map(|s| s.epoch))
+    }
+
+    /// Whether any member answers a `Status` call naming a leader (all asked at
+    /// once, each under the operation timeout). A cluster that lost its majority
+    /// has none once its election timeout ran out; an unreachable member names
+    /// none. The fail-open trigger (`failopen::quorum`) needs this to be false.
+    pub async fn member_names_leader(&self) -> bool {
+        let asks = self.members.iter().map(|m| {
+            let mut m = m.clone();
+            async move { self.call(m.status()).await }
+        });
+        futures::future::join_all(asks).await.into_iter().any(|r| r.is_ok_and(|s| s.leader() != 0))
+    }
+
     /// Checks a response's cluster id against the epoch record's.
     pub(crate) fn check_cluster(&self, state: &EpochState, header_cluster: Option<u64>) -> Result<(), LockError> {
         match header_cluster {

@@ -12,6 +12,7 @@
 //! <root>/sys/classmap              authoritative prefix-to-class map   no lease
 //! <root>/c/<class>                 authoritative class policy          no lease
 //! <root>/v/<vm>/<class>            transparent-mode VM session id      session lease
+//! <root>/u/<grant>/<op>            a shipped unprotected-grant record   ship lease (10 min)
 //! ```
 //!
 //! Holds sit in numbered slots under `h/` so a key can have N holders without a
@@ -145,6 +146,12 @@ impl Keys {
     /// The close marker of a session.
     pub fn close_marker(&self, s: SessionId) -> String {
         format!("{}/x/{s}", self.root)
+    }
+
+    /// A shipped unprotected-grant record (`failopen`): `op` is grant, release or
+    /// expiry of grant id `grant`. The audit tailer reads it from the history.
+    pub fn unprotected(&self, grant: &str, op: &str) -> String {
+        format!("{}/u/{grant}/{op}", self.root)
     }
 }
 

@@ -3,7 +3,8 @@
 //! Every grant is one etcd transaction that compares the epoch record, the key's
 //! holder slots and the session's lease, and puts the hold on that lease; the token
 //! is `epoch x 2^48 + the commit revision` (ADR-02). A watch only triggers another
-//! transaction (ADR-15); nothing is granted from memory (ADR-04).
+//! transaction (ADR-15); nothing is granted from memory here (a fail-open class's
+//! unprotected grants during a declared quorum loss are `crate::failopen`'s).
 //!
 //! # Layout
 //! - [`keys`]: the etcd key layout.
@@ -81,6 +82,10 @@ pub enum LockError {
     /// met a moved home record): route again with a fresh shard map.
     #[error("the key's home cluster changed; the arbiter routes it again")]
     Moved,
+    /// A fail-open class's unprotected grant could not be spooled: the spool is
+    /// at its cap (`failopen::spool`). Nothing was granted.
+    #[error("{0}")]
+    SpoolFull(String),
 }
 
 /// A session record, immutable for the session's life.

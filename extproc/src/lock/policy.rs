@@ -189,6 +189,30 @@ impl Store {
         moved
     }
 
+    /// The authoritative limit of `class` for `key` as last read, without reading
+    /// (for an unprotected grant, when nothing can be read): `None` when nothing
+    /// was cached; refused like a grant when the cached map gives the key another
+    /// class or the cached policy is draining.
+    pub(crate) fn cached_limit(&self, class: &str, key: &LockKey) -> Result<Option<u32>, LockError> {
+        if let Some((map, _)) = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let auth = map.class_of(key.as_str());
+            if auth != class {
+                return Err(LockError::Unavailable(format!(
+                    "this arbiter's registry gives the key class {class}, the authoritative map gives {auth}: refusing \
+                     rather than guessing"
+                )));
+            }
+        }
+        let cached = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).get(class).cloned();
+        match cached {
+            Some((p, _)) if !p.admits() => {
+                Err(LockError::Draining(format!("class {class} is draining a limit change; new grants wait")))
+            }
+            Some((p, _)) => Ok(Some(p.limit.max(1))),
+            None => Ok(None),
+        }
+    }
+
     /// Drops the cached records (they moved).
     pub fn forget_policies(&self) {
         self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).clear();

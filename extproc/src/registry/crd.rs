@@ -15,7 +15,7 @@ pub const GROUP: &str = "lockmesh.dev";
 pub const VERSION: &str = "v1alpha1";
 
 /// `(CRD spec property, registry field)` of a LockClass, in schema order.
-pub const CLASS_FIELDS: [(&str, &str); 10] = [
+pub const CLASS_FIELDS: [(&str, &str); 11] = [
     ("prefixes", "prefixes"),
     ("tier", "tier"),
     ("ttlSeconds", "ttl_s"),
@@ -23,6 +23,7 @@ pub const CLASS_FIELDS: [(&str, &str); 10] = [
     ("riskOwner", "risk_owner"),
     ("waiverExpiry", "waiver_expiry"),
     ("onQuorumLoss", "on_quorum_loss"),
+    ("purpose", "purpose"),
     ("maxHolders", "max_holders"),
     ("fairness", "fairness"),
     ("pauseTestResult", "pause_test_result"),
@@ -49,7 +50,8 @@ fn class_spec() -> Value {
             "enforcement": { "type": "string", "enum": ["fenced", "advisory"], "description": "ADR-01: fenced (needs a passing pause test) or advisory (needs riskOwner and waiverExpiry)." },
             "riskOwner": { "type": "string", "minLength": 1, "description": "Advisory classes: who owns the risk." },
             "waiverExpiry": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "description": "Advisory classes: waiver end, YYYY-MM-DD (UTC)." },
-            "onQuorumLoss": { "type": "string", "enum": ["closed"], "description": "ADR-04: closed only." },
+            "onQuorumLoss": { "type": "string", "enum": ["closed", "open"], "description": "ADR-04: closed (default) or open: grant from the arbiter's memory with token 0 during a quorum loss, spooled and audited as unprotected. open needs enforcement advisory and purpose efficiency." },
+            "purpose": { "type": "string", "enum": ["correctness", "efficiency"], "description": "ADR-04: what a second holder costs. Only an efficiency class may declare onQuorumLoss open." },
             "maxHolders": { "type": "integer", "minimum": 1, "description": "Most holders of one key; fenced classes need 1. 0 is refused: it would pause every key of the class." },
             "fairness": { "type": "string", "enum": ["memory", "durable"], "description": "Waiter order (ADR-14). Default memory." },
             "pauseTestResult": { "type": "string", "minLength": 1, "description": "Fenced classes: the PauseTestResult file, relative to the registry file." },
@@ -61,7 +63,9 @@ fn class_spec() -> Value {
             { "rule": "self.enforcement != 'advisory' || (has(self.riskOwner) && has(self.waiverExpiry))",
               "message": "an advisory class needs riskOwner and waiverExpiry (ADR-01)" },
             { "rule": "self.enforcement != 'fenced' || has(self.pauseTestResult)",
-              "message": "a fenced class needs pauseTestResult (ADR-17)" }
+              "message": "a fenced class needs pauseTestResult (ADR-17)" },
+            { "rule": "!has(self.onQuorumLoss) || self.onQuorumLoss != 'open' || (self.enforcement == 'advisory' && has(self.purpose) && self.purpose == 'efficiency')",
+              "message": "onQuorumLoss open needs enforcement advisory and purpose efficiency (ADR-04)" }
         ]
     })
 }
