@@ -68,6 +68,19 @@ pub enum AuditCmd {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// The reconciliation list (ADR-04): every unprotected grant (token 0, a
+    /// fail-open class during a quorum loss) in a window or of one outage.
+    Unprotected {
+        /// Window start: unix ms or an age. Default: the beginning.
+        #[arg(long)]
+        since: Option<String>,
+        /// Window end: unix ms or an age. Default: now.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this outage (`<cluster>-<declared ms>`, as the arbiter logged it).
+        #[arg(long)]
+        outage: Option<String>,
+    },
     /// Events of one kind: gap, restore, limit_change, epoch, force_release, ...
     Events {
         /// The event kind.
@@ -118,6 +131,21 @@ pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
                 .unwrap_or(now_ms),
         },
         AuditCmd::Longest { limit } => Query::Longest { limit: *limit },
+        AuditCmd::Unprotected { since, until, outage } => Query::Unprotected {
+            since_ms: since
+                .as_deref()
+                .map(|s| parse_time(s, now_ms))
+                .transpose()
+                .map_err(|e| format!("--since: {e}"))?
+                .unwrap_or(0),
+            until_ms: until
+                .as_deref()
+                .map(|s| parse_time(s, now_ms))
+                .transpose()
+                .map_err(|e| format!("--until: {e}"))?
+                .unwrap_or(now_ms),
+            outage: outage.clone(),
+        },
         AuditCmd::Recent { limit } => Query::Recent { limit: *limit },
         AuditCmd::Events { kind, since } => Query::Events {
             kind: super::EventKind::parse(kind).ok_or_else(|| {

@@ -83,6 +83,8 @@ impl Sink {
                 o.insert("event_key".into(), e.event_key().into());
                 let detail = o.remove("detail").map(|d| d.to_string());
                 o.insert("detail".into(), detail.into());
+                // Always set: the reconciliation view filters on it.
+                o.insert("unprotected".into(), e.unprotected.into());
             }
             body.push_str(&v.to_string());
             body.push('\n');
@@ -172,6 +174,7 @@ mod tests {
             slot: Some(0),
             at_ms: 7,
             detail: Some(serde_json::json!({"x": 1})),
+            unprotected: false,
         };
         let req = String::from_utf8(s.request(&[e.clone(), e.clone()])).unwrap();
         let (head, body) = req.split_once("\r\n\r\n").unwrap();
@@ -193,6 +196,12 @@ mod tests {
         }
         assert!(DDL.contains("ENGINE = ReplacingMergeTree"));
         assert!(DDL.contains("ORDER BY (cluster_id, timeline, revision, epoch, kind, etcd_key)"));
+        assert_eq!(lines[0]["unprotected"], false);
+        let mut u = e.clone();
+        u.unprotected = true;
+        let row: serde_json::Value = serde_json::from_str(Sink::rows(&[u]).trim()).unwrap();
+        assert_eq!(row["unprotected"], true);
+        assert!(DDL.contains("CREATE VIEW IF NOT EXISTS lockmesh.audit_unprotected_grants"));
         assert!(Sink::try_new("https://x", "a", "b", None, None).is_err());
         assert!(Sink::try_new("http://x:1", "a;drop", "b", None, None).unwrap_err().starts_with("database:"));
     }

@@ -83,7 +83,10 @@ pub struct Decoded {
 /// Where a key sits in the layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Place<'k> {
-    Hold { digest: &'k str, slot: u32 },
+    Hold {
+        digest: &'k str,
+        slot: u32,
+    },
     ReleaseMarker(&'k str),
     CloseMarker(&'k str),
     Session(&'k str),
@@ -91,6 +94,8 @@ enum Place<'k> {
     Epoch,
     ClassMap,
     Policy(&'k str),
+    /// A shipped unprotected-grant record (`failopen`): `u/<grant>/<op>`.
+    Unprotected,
     Other,
 }
 
@@ -109,6 +114,7 @@ fn place<'k>(root: &str, key: &'k [u8]) -> Place<'k> {
         ["sys", "epoch"] => Place::Epoch,
         ["sys", "classmap"] => Place::ClassMap,
         ["c", class] => Place::Policy(class),
+        ["u", _, _] => Place::Unprotected,
         _ => Place::Other,
     }
 }
@@ -193,6 +199,7 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
             slot: None,
             at_ms,
             detail: None,
+            unprotected: false,
         };
         let ev = match (place(ctx.root, &c.key), c.op) {
             (Place::Hold { digest, slot }, Op::Put) if c.create_revision == revision => {
@@ -291,11 +298,53 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                 e.detail = json(&c.value);
                 Some(e)
             }
+            (Place::Unprotected, Op::Put) => unprotected(ctx, revision, etcd_key.clone(), &c.value),
             _ => None,
         };
         out.events.extend(ev);
     }
     out
+}
+
+/// The audit event of a shipped unprotected-grant record (ADR-04). Its revision
+/// is 0 (no etcd revision committed the grant; the ship revision is in
+/// `detail.shipped_revision`) and its epoch the record's, so its event key is the
+/// same however often the record is shipped: a re-ship after a crash between
+/// shipping and cutting the spool overwrites the row instead of adding one.
+fn unprotected(ctx: &Context<'_>, revision: i64, etcd_key: String, value: &[u8]) -> Option<AuditEvent> {
+    let r: crate::failopen::spool::SpoolRecord = serde_json::from_slice(value).ok()?;
+    let kind = match r.op {
+        crate::failopen::spool::SpoolOp::Grant => EventKind::Grant,
+        crate::failopen::spool::SpoolOp::Release => EventKind::Release,
+        crate::failopen::spool::SpoolOp::Expiry => EventKind::Expiry,
+    };
+    Some(AuditEvent {
+        cluster_id: ctx.cluster_id.to_owned(),
+        timeline: ctx.timeline,
+        epoch: r.epoch,
+        revision: 0,
+        etcd_key,
+        kind,
+        digest: Some(r.digest),
+        key: Some(r.key),
+        identity: Some(r.identity),
+        instance: r.instance,
+        class: Some(r.class),
+        session: None,
+        grant_revision: None,
+        slot: None,
+        at_ms: r.at_ms,
+        detail: Some(serde_json::json!({
+            "grant_id": r.grant,
+            "outage": r.outage,
+            "cluster": r.cluster,
+            "ttl_s": r.ttl_s,
+            "reason": r.reason,
+            "hold_id": r.hold_id,
+            "shipped_revision": revision,
+        })),
+        unprotected: true,
+    })
 }
 
 fn fill_hold(e: &mut AuditEvent, digest: &str, slot: u32, h: Option<&HoldRecord>, lease: i64, grant_rev: i64) {

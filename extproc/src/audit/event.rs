@@ -86,9 +86,15 @@ pub struct AuditEvent {
     /// Wall time of the fact, unix ms: from the record (grant, release, close), else
     /// when the tailer read it.
     pub at_ms: u64,
-    /// Kind-specific detail (policy, force record, gap range, epoch record).
+    /// Kind-specific detail (policy, force record, gap range, epoch record; for an
+    /// unprotected record: grant id, outage, cluster, ttl or reason, ship revision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<serde_json::Value>,
+    /// A fail-open class's grant (or its end) made from an arbiter's memory with
+    /// token 0 during a quorum loss (ADR-04), shipped from its spool after
+    /// recovery. Its `revision` is 0: no etcd revision committed it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unprotected: bool,
 }
 
 /// One hold's life, kept beside the events for the window queries.
@@ -247,6 +253,7 @@ mod tests {
             slot: None,
             at_ms: 0,
             detail: None,
+            unprotected: false,
         };
         let a = ev(9, EventKind::Expiry, "/r/l/aa/h/0000");
         let b = ev(10, EventKind::Expiry, "/r/l/aa/h/0000");

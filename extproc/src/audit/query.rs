@@ -47,6 +47,66 @@ pub enum Query {
         /// Window start, unix ms.
         since_ms: u64,
     },
+    /// The reconciliation list (ADR-04): every unprotected grant (a fail-open
+    /// class's token-0 grant during a quorum loss) granted in `[since_ms,
+    /// until_ms]`, of one outage if named, with how it ended.
+    Unprotected {
+        /// Window start, unix ms.
+        since_ms: u64,
+        /// Window end, unix ms.
+        until_ms: u64,
+        /// Only this outage (`<cluster>-<declared ms>`, as the arbiter logged it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outage: Option<String>,
+    },
+}
+
+/// One unprotected grant, joined with its end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnprotectedGrant {
+    /// The grant id.
+    pub grant_id: String,
+    /// The outage it was granted in.
+    pub outage: String,
+    /// The etcd cluster (arbiter config name) whose quorum was lost.
+    pub cluster: String,
+    /// The etcd cluster id its records were shipped to.
+    pub cluster_id: String,
+    /// The epoch the arbiter last read there.
+    pub epoch: u64,
+    /// The key's namespace.
+    pub namespace: String,
+    /// Class.
+    pub class: String,
+    /// Key digest.
+    pub digest: String,
+    /// Raw key (JSON output only; the table shows the digest).
+    pub key: String,
+    /// Holder identity.
+    pub identity: String,
+    /// Holder instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Grant time, unix ms.
+    pub granted_ms: u64,
+    /// The class TTL it would lapse after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// How it ended (release or expiry, with the reason), if that was shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<UnprotectedEnd>,
+}
+
+/// The end of an unprotected grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnprotectedEnd {
+    /// Release or expiry.
+    pub kind: EventKind,
+    /// When, unix ms.
+    pub at_ms: u64,
+    /// `ttl`, `arbiter_restart`, `caller_gone`, `reconcile` (none for a release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Most events a `recent` query answers.
@@ -78,6 +138,60 @@ pub enum Answer {
         /// Ordered by the query.
         holds: Vec<HoldSpan>,
     },
+    /// Unprotected grants, in grant order.
+    Unprotected {
+        /// One per grant id.
+        grants: Vec<UnprotectedGrant>,
+    },
+}
+
+fn detail_str(e: &AuditEvent, f: &str) -> Option<String> {
+    e.detail.as_ref()?.get(f)?.as_str().map(str::to_owned)
+}
+
+/// The unprotected grants among `events` granted in `[since_ms, until_ms]` (of
+/// `outage` if named), one per grant id (a record shipped into two histories is
+/// listed once), joined with their ends.
+pub fn unprotected(events: &[AuditEvent], since_ms: u64, until_ms: u64, outage: Option<&str>) -> Vec<UnprotectedGrant> {
+    let mut ends = std::collections::HashMap::new();
+    let mut grants = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e.unprotected) {
+        let Some(id) = detail_str(e, "grant_id") else { continue };
+        if e.kind.ends_hold() {
+            ends.entry(id).or_insert(UnprotectedEnd { kind: e.kind, at_ms: e.at_ms, reason: detail_str(e, "reason") });
+            continue;
+        }
+        if e.kind != EventKind::Grant || e.at_ms < since_ms || e.at_ms > until_ms {
+            continue;
+        }
+        let o = detail_str(e, "outage").unwrap_or_default();
+        if outage.is_some_and(|want| want != o) {
+            continue;
+        }
+        let key = e.key.clone().unwrap_or_default();
+        grants.entry(id.clone()).or_insert(UnprotectedGrant {
+            grant_id: id,
+            outage: o,
+            cluster: detail_str(e, "cluster").unwrap_or_default(),
+            cluster_id: e.cluster_id.clone(),
+            epoch: e.epoch,
+            namespace: key.split('/').next().unwrap_or_default().to_owned(),
+            class: e.class.clone().unwrap_or_default(),
+            digest: e.digest.clone().unwrap_or_default(),
+            key,
+            identity: e.identity.clone().unwrap_or_default(),
+            instance: e.instance.clone(),
+            granted_ms: e.at_ms,
+            ttl_s: e.detail.as_ref().and_then(|d| d["ttl_s"].as_u64()),
+            end: None,
+        });
+    }
+    let mut out: Vec<UnprotectedGrant> = grants.into_values().collect();
+    for g in &mut out {
+        g.end = ends.remove(&g.grant_id);
+    }
+    out.sort_by(|a, b| a.granted_ms.cmp(&b.granted_ms).then_with(|| a.grant_id.cmp(&b.grant_id)));
+    out
 }
 
 fn span(h: HoldRow, now_ms: u64) -> HoldSpan {
@@ -118,6 +232,9 @@ pub fn run(store: &Store, q: &Query, now_ms: u64) -> Result<Answer, StoreError> 
         Query::Events { kind, since_ms } => Answer::Events {
             events: store.events()?.into_iter().filter(|e| e.kind == *kind && e.at_ms >= *since_ms).collect(),
         },
+        Query::Unprotected { since_ms, until_ms, outage } => {
+            Answer::Unprotected { grants: unprotected(&store.events()?, *since_ms, *until_ms, outage.as_deref()) }
+        }
     })
 }
 
@@ -170,6 +287,86 @@ pub fn render(a: &Answer) -> String {
             }
             let _ = writeln!(s, "{} holds", holds.len());
         }
+        Answer::Unprotected { grants } => {
+            let _ = writeln!(
+                s,
+                "{:<14} {:<12} {:<12} {:<16} {:<8} {:<16} {:<26} identity",
+                "granted_ms", "namespace", "class", "digest", "end", "end_reason", "outage"
+            );
+            for g in grants {
+                let end = g.end.as_ref().map_or("open", |e| e.kind.as_str());
+                let reason = g.end.as_ref().and_then(|e| e.reason.as_deref()).unwrap_or("-");
+                let _ = writeln!(
+                    s,
+                    "{:<14} {:<12} {:<12} {:<16} {:<8} {:<16} {:<26} {}",
+                    g.granted_ms,
+                    g.namespace,
+                    g.class,
+                    g.digest.get(..16).unwrap_or(&g.digest),
+                    end,
+                    reason,
+                    g.outage,
+                    g.identity
+                );
+            }
+            let _ = writeln!(s, "{} unprotected grants", grants.len());
+        }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: EventKind, grant: &str, outage: &str, at_ms: u64, timeline: u32) -> AuditEvent {
+        AuditEvent {
+            cluster_id: "00000000000000aa".into(),
+            timeline,
+            epoch: 1,
+            revision: 0,
+            etcd_key: format!("/r/u/{grant}/{}", kind.as_str()),
+            kind,
+            digest: Some("ab".repeat(32)),
+            key: Some("jobs/secret-1".into()),
+            identity: Some("spiffe://td/ns/jobs/sa/w".into()),
+            instance: None,
+            class: Some("batch".into()),
+            session: None,
+            grant_revision: None,
+            slot: None,
+            at_ms,
+            detail: Some(serde_json::json!({ "grant_id": grant, "outage": outage, "cluster": "coord", "ttl_s": 30,
+                                             "reason": (kind == EventKind::Expiry).then_some("ttl") })),
+            unprotected: true,
+        }
+    }
+
+    #[test]
+    fn the_reconciliation_list_joins_ends_filters_windows_and_outages_and_dedupes() {
+        let mut protected = ev(EventKind::Grant, "p", "o1", 150, 0);
+        protected.unprotected = false;
+        let events = vec![
+            ev(EventKind::Grant, "g1", "o1", 100, 0),
+            ev(EventKind::Release, "g1", "o1", 120, 0),
+            ev(EventKind::Grant, "g2", "o1", 110, 0),
+            ev(EventKind::Expiry, "g2", "o1", 140, 0),
+            // Shipped again into a later history: listed once.
+            ev(EventKind::Grant, "g2", "o1", 110, 1),
+            ev(EventKind::Grant, "g3", "o2", 500, 1),
+            protected,
+        ];
+        let all = unprotected(&events, 0, u64::MAX, None);
+        let ids: Vec<_> = all.iter().map(|g| g.grant_id.as_str()).collect();
+        assert_eq!(ids, ["g1", "g2", "g3"]);
+        assert_eq!(all[0].end.as_ref().map(|e| e.kind), Some(EventKind::Release));
+        assert_eq!(all[1].end.as_ref().and_then(|e| e.reason.as_deref()), Some("ttl"));
+        assert!(all[2].end.is_none());
+        assert_eq!((all[0].namespace.as_str(), all[0].ttl_s), ("jobs", Some(30)));
+        assert_eq!(unprotected(&events, 0, u64::MAX, Some("o2")).len(), 1);
+        assert_eq!(unprotected(&events, 105, 200, None).len(), 1);
+        let table = render(&Answer::Unprotected { grants: all });
+        assert!(table.contains("3 unprotected grants") && table.contains("release") && table.contains(" open "));
+        assert!(!table.contains("secret"), "the table shows digests, never raw keys");
+    }
 }

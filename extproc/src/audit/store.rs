@@ -258,6 +258,7 @@ mod tests {
             slot: Some(0),
             at_ms: u64::try_from(rev).unwrap() * 1000,
             detail: None,
+            unprotected: false,
         }
     }
 

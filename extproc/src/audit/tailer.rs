@@ -194,6 +194,7 @@ impl Tailer {
             slot: None,
             at_ms: now_ms(),
             detail: Some(detail),
+            unprotected: false,
         }
     }
 

@@ -128,3 +128,53 @@ fn force_records_epoch_purges_policies_and_close_markers() {
     assert_eq!((d.events[0].at_ms, d.events[1].at_ms), (777, 888));
     assert_eq!(d.closed, ["000000000000001f"]);
 }
+
+#[test]
+fn shipped_unprotected_records_are_events_whose_key_ignores_the_ship_revision() {
+    use crate::failopen::spool::{SpoolOp, SpoolRecord};
+    let rec = |op| SpoolRecord {
+        op,
+        grant: "0123456789abcdef0123456789abcdef".into(),
+        key: "jobs/a".into(),
+        digest: D1.into(),
+        class: "batch".into(),
+        identity: "spiffe://x/a".into(),
+        instance: None,
+        hold_id: None,
+        epoch: 1,
+        cluster: "coord".into(),
+        outage: "coord-1700000000000".into(),
+        at_ms: 1234,
+        ttl_s: (op == SpoolOp::Grant).then_some(30),
+        reason: None,
+    };
+    let g = format!("{ROOT}/u/0123456789abcdef0123456789abcdef/grant");
+    let r = format!("{ROOT}/u/0123456789abcdef0123456789abcdef/release");
+    let first = decode_at(
+        40,
+        &[
+            put(g.clone(), serde_json::to_vec(&rec(SpoolOp::Grant)).unwrap(), 9, 40),
+            put(r.clone(), serde_json::to_vec(&rec(SpoolOp::Release)).unwrap(), 9, 40),
+        ],
+        &|_| false,
+    );
+    assert_eq!(kinds(&first), [EventKind::Grant, EventKind::Release]);
+    let e = &first.events[0];
+    assert!(e.unprotected && e.revision == 0 && e.grant_revision.is_none() && e.session.is_none());
+    assert_eq!((e.key.as_deref(), e.class.as_deref(), e.at_ms), (Some("jobs/a"), Some("batch"), 1234));
+    let detail = e.detail.as_ref().unwrap();
+    assert_eq!(detail["grant_id"], "0123456789abcdef0123456789abcdef");
+    assert_eq!(
+        (detail["outage"].as_str(), detail["shipped_revision"].as_i64()),
+        (Some("coord-1700000000000"), Some(40))
+    );
+    // Shipped again (a crash before the spool was cut): the same event keys.
+    let again = decode_at(57, &[put(g, serde_json::to_vec(&rec(SpoolOp::Grant)).unwrap(), 11, 57)], &|_| false);
+    assert_eq!(again.events[0].event_key(), first.events[0].event_key());
+    // Its lease's end deletes the key: no event.
+    let gone = decode_at(90, &[del(r, Vec::new(), 9, 40)], &|_| false);
+    assert!(gone.events.is_empty());
+    // A protected hold's events are not marked.
+    let p = decode_at(91, &[put(format!("{ROOT}/l/{D2}/h/0000"), hold("a/two", "spiffe://x/a"), 7, 91)], &|_| false);
+    assert!(!p.events[0].unprotected);
+}
