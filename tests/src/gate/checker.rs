@@ -502,5 +502,8 @@ fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Res
     Ok(())
 }
 
+mod open;
+pub use self::open::check_with_open;
+
 #[cfg(test)]
 mod tests;

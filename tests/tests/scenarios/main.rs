@@ -16,6 +16,7 @@ mod core_lock;
 mod doctor;
 mod durable;
 mod etcd_auth;
+mod fail_open;
 mod fencing;
 mod filter;
 mod fleet;
