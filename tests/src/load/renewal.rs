@@ -553,7 +553,7 @@ pub fn render(r: &RenewalReport) -> String {
         "renewal: {} holds on {} sessions (TTL {} s; attached in {:.0} s)\n\
          window: {} renewal intervals of TTL/3: {} keepalives answered ({:.1} per interval, spread over it), {} failed\n\
          etcd during the window: {} raft proposals committed, {} lease renewals served\n\
-         holds still present after the window: {} of {}\n",
+         holds still present after the window: {} of {}\n{}\n",
         r.holds,
         r.sessions,
         r.ttl_s,
@@ -565,7 +565,26 @@ pub fn render(r: &RenewalReport) -> String {
         opt(r.proposals),
         opt(r.lease_renewals),
         r.holds_after,
-        r.holds
+        r.holds,
+        goal(r)
+    )
+}
+
+/// Issue #8's renewal goal: about one keepalive per session per interval (not per
+/// hold), no raft proposal, every hold still there.
+fn goal(r: &RenewalReport) -> String {
+    let per_interval = r.keepalives as f64 / f64::from(r.intervals.max(1));
+    let sessions = r.sessions as f64;
+    let met =
+        (0.9 * sessions..=1.1 * sessions).contains(&per_interval) && r.proposals == Some(0) && r.holds_after == r.holds;
+    format!(
+        "goal renewal: ~{} keepalives per interval for {} holds and 0 raft proposals: {per_interval:.1} per interval, {} proposals, {} of {} holds kept, {}",
+        r.sessions,
+        r.holds,
+        r.proposals.map_or_else(|| "n/a".to_owned(), |p| p.to_string()),
+        r.holds_after,
+        r.holds,
+        if met { "met" } else { "NOT met" }
     )
 }
 
