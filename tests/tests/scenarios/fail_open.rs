@@ -250,3 +250,33 @@ async fn a_transparent_route_forwards_token_zero_only_for_a_class_that_declared_
     assert_eq!((ops[0].0.as_str(), ops[1].0.as_str()), ("grant", "release"));
     assert!(ops[0].1.is_some() && ops[0].1 == ops[1].1, "{ops:?}");
 }
+
+/// The arbiter's loader, through `lockctl class check`: open only on an advisory
+/// class of purpose efficiency, each refusal at its field path.
+#[test]
+fn the_registry_refuses_open_on_a_fenced_or_a_correctness_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |yaml: &str| {
+        let f = dir.path().join("registry.yaml");
+        std::fs::write(&f, yaml).unwrap();
+        let out = std::process::Command::new(lockmesh_tests::paths::profile_dir().join("lockctl"))
+            .args(["class", "check"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, _) = check(REGISTRY);
+    assert_eq!(code, Some(0), "the scenario registry is valid");
+    let bad = REGISTRY.replace("    purpose: efficiency\n", "    purpose: correctness\n");
+    let (code, err) = check(&bad);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("classes[1].on_quorum_loss: open with purpose correctness"), "{err}");
+    let bad = REGISTRY.replace("    enforcement: advisory\n    risk_owner: lockmesh-tests\n    waiver_expiry: \"2099-12-31\"\n    purpose: efficiency\n", "    enforcement: fenced\n    purpose: efficiency\n");
+    let (code, err) = check(&bad);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("classes[1].on_quorum_loss: open needs enforcement advisory, not fenced"), "{err}");
+    let bad = REGISTRY.replace("    purpose: efficiency\n", "");
+    let (_, err) = check(&bad);
+    assert!(err.contains("classes[1].on_quorum_loss: open needs purpose: efficiency"), "{err}");
+}
