@@ -319,7 +319,7 @@ impl FailOpen {
                         epoch: h.epoch,
                         outage: h.outage,
                         existing: true,
-                    })
+                    });
                 }
                 Reserve::Leaked => return Err(LockError::Leaked),
                 Reserve::Full => {
