@@ -22,7 +22,8 @@
 //! served). Holds ride their session's lease, so renewal cost is per session, not
 //! per hold.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -44,6 +45,14 @@ pub const CONNECTIONS: usize = 8;
 const MAX_INFLIGHT: usize = 256;
 /// Attaching stops starting acquires after this many failed.
 const MAX_ATTACH_ERRORS: u64 = 100;
+/// Attempts per hold while the lock tier answers `503 unavailable` (etcd slower
+/// than the arbiter's operation timeout on a starved machine, say) or the request
+/// fails in transport, one second apart. A retry is safe: with the session named
+/// it returns the same grant (`existing: true`) if the first one committed; a
+/// session the first attempt opened is revoked by the arbiter when it answers 503.
+const ATTEMPTS: u32 = 5;
+/// Pause before a retry.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The lock tier as one workload identity (`load/<sa>`) over several connections.
 #[derive(Clone)]
@@ -89,6 +98,11 @@ pub(crate) struct Fleet {
     spec: FleetSpec,
     sessions: Arc<Sessions>,
     attached: Arc<AtomicU64>,
+    /// Per hold: its grant's revision (the hold key's create revision); 0 until
+    /// granted.
+    granted: Vec<AtomicI64>,
+    /// Acquires sent again after a 503 or a transport failure.
+    retries: Arc<AtomicU64>,
 }
 
 /// What attaching took.
@@ -243,7 +257,30 @@ impl Fleet {
             starve: spec.starve,
             t0: Instant::now(),
         };
-        Ok(Self { tier, spec, sessions: Arc::new(sessions), attached: Arc::new(AtomicU64::new(0)) })
+        let granted = (0..spec.holds).map(|_| AtomicI64::new(0)).collect();
+        Ok(Self {
+            tier,
+            spec,
+            sessions: Arc::new(sessions),
+            attached: Arc::new(AtomicU64::new(0)),
+            granted,
+            retries: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Acquires sent again so far (after a 503 or a transport failure).
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// The revisions of every grant answered 200 (each hold key's create revision).
+    pub fn granted_revisions(&self) -> HashSet<i64> {
+        self.granted.iter().map(|r| r.load(Ordering::Relaxed)).filter(|&r| r > 0).collect()
+    }
+
+    /// The sessions the lock tier opened for this fleet.
+    pub fn session_ids(&self) -> HashSet<String> {
+        self.sessions.ids.iter().filter_map(|s| s.get().cloned()).collect()
     }
 
     /// Holds granted so far.
@@ -256,8 +293,9 @@ impl Fleet {
         self.sessions.ids.iter().filter(|s| s.get().is_some()).count()
     }
 
-    /// Acquires hold `j`; the first hold of a session opens it.
-    async fn acquire(&self, j: usize) -> Result<()> {
+    /// Acquires hold `j` (the first hold of a session opens it), retrying a 503
+    /// or a transport failure up to [`ATTEMPTS`] times; the grant's answer.
+    async fn acquire(&self, j: usize) -> Result<serde_json::Value> {
         let s = j % self.spec.sessions;
         let key = self.spec.key(j);
         let sid = self.sessions.ids[s].get();
@@ -268,17 +306,38 @@ impl Fleet {
         if let Some(sid) = sid {
             headers.push(("x-lock-session", sid.as_str()));
         }
-        let (status, json) = self.tier.post(j, "/v1/locks/acquire", &headers).await?;
-        if status != 200 {
-            bail!("acquire: {status} {}", json["code"].as_str().unwrap_or("(no lockmesh error code)"));
-        }
+        let mut attempt = 1;
+        let json = loop {
+            let e = match self.tier.post(j, "/v1/locks/acquire", &headers).await {
+                Ok((200, json)) => break json,
+                Ok((status, json)) => {
+                    let e = anyhow::anyhow!(
+                        "acquire: {status} {}",
+                        json["code"].as_str().unwrap_or("(no lockmesh error code)")
+                    );
+                    if status != 503 {
+                        return Err(e);
+                    }
+                    e
+                }
+                Err(e) => e,
+            };
+            if attempt == ATTEMPTS {
+                return Err(e.context(format!("after {ATTEMPTS} attempts")));
+            }
+            attempt += 1;
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(RETRY_PAUSE).await;
+        };
+        let revision = json["revision"].as_i64().context("acquire: no revision in the answer")?;
+        self.granted[j].store(revision, Ordering::Relaxed);
         if sid.is_none() {
             let sid = json["session"].as_str().context("acquire: no session in the answer")?;
             self.sessions.last_ack_ms[s].store(ms_since(self.sessions.t0), Ordering::Relaxed);
             let _ = self.sessions.ids[s].set(sid.to_owned());
         }
         self.attached.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(json)
     }
 
     /// Attaches every hold: session 0 first (its answer gives the TTL), then the
@@ -289,19 +348,18 @@ impl Fleet {
         let start = Instant::now();
         let s0 = self.sessions.ids[0].get().is_none();
         ensure!(s0, "attach runs once");
-        let (status, json) =
-            self.tier.post(0, "/v1/locks/acquire", &[("x-lock-key", &self.spec.key(0))]).await.context("acquire")?;
-        ensure!(status == 200, "first acquire: {status} {json}");
+        let json = self.acquire(0).await.context("first acquire")?;
         let ttl_s = json["ttl_s"].as_u64().context("first acquire: no ttl_s in the answer")?;
-        let sid = json["session"].as_str().context("first acquire: no session in the answer")?;
-        self.sessions.last_ack_ms[0].store(ms_since(self.sessions.t0), Ordering::Relaxed);
-        let _ = self.sessions.ids[0].set(sid.to_owned());
-        self.attached.store(1, Ordering::Relaxed);
         let renewer = Renewer::start(self.tier.clone(), self.sessions.clone(), ttl_s);
 
         let progress = self.spec.progress.map(|every| {
-            let (attached, sessions, stats, total) =
-                (self.attached.clone(), self.sessions.clone(), renewer.stats.clone(), self.spec.holds);
+            let (attached, sessions, stats, retries, total) = (
+                self.attached.clone(),
+                self.sessions.clone(),
+                renewer.stats.clone(),
+                self.retries.clone(),
+                self.spec.holds,
+            );
             tokio::spawn(async move {
                 let mut last = 0;
                 loop {
@@ -310,10 +368,11 @@ impl Fleet {
                     let opened = sessions.ids.iter().filter(|s| s.get().is_some()).count();
                     let c = stats.counts();
                     eprintln!(
-                        "[attach {:>6.0}s] holds {n:>7}/{total} (+{:.0}/s)  sessions {opened:>6}  keepalives ok {} \
-                         expired {} failed {}{}",
+                        "[attach {:>6.0}s] holds {n:>7}/{total} (+{:.0}/s)  sessions {opened:>6}  retried {}  \
+                         keepalives ok {} expired {} failed {}{}",
                         start.elapsed().as_secs_f64(),
                         (n - last) as f64 / every.as_secs_f64(),
+                        retries.load(Ordering::Relaxed),
                         c.ok,
                         c.expired,
                         c.errors,

@@ -26,6 +26,7 @@
 //! attaching, at the window's start and at its end; CPU per process over the attach
 //! and over the window; the load average.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,7 +37,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cpu::{self, Memory, Procs, Usage};
-use super::renewal::{count_prefix, counter, etcd_metrics, Attached, Fleet, FleetSpec, RenewCounts, Tier};
+use super::renewal::{counter, etcd_metrics, Attached, Fleet, FleetSpec, RenewCounts, Tier};
 use crate::arbiter::DEFAULT_TEST_REGISTRY;
 use crate::stack::Stack;
 
@@ -91,28 +92,50 @@ pub struct EtcdFigures {
     pub db_bytes: Option<u64>,
     /// `etcd_mvcc_db_total_size_in_use_in_bytes`.
     pub db_in_use_bytes: Option<u64>,
+    /// WAL fsyncs (`etcd_disk_wal_fsync_duration_seconds_count`).
+    pub fsyncs: Option<u64>,
+    /// WAL fsyncs slower than 1.024 s (the histogram's count above that bucket): a
+    /// disk shared with other work stalls etcd past the arbiter's 2 s timeout.
+    pub slow_fsyncs: Option<u64>,
+}
+
+/// One delete of a hold or a session record, as the watch saw it.
+#[derive(Clone, Debug)]
+struct Deleted {
+    key: Vec<u8>,
+    /// The deleted key's create revision (`None`: etcd sent no previous value).
+    created: Option<i64>,
+    /// Seconds after attaching began.
+    at_s: f64,
+    /// The delete's revision.
+    revision: i64,
 }
 
 /// Deletes the watch saw under the stack's root.
 #[derive(Default)]
 struct Deletes {
-    holds: AtomicU64,
-    sessions: AtomicU64,
+    /// Under `<root>/l/` and `<root>/s/`, classified at the end.
+    seen: Mutex<Vec<Deleted>>,
+    /// Their number so far (progress lines).
+    count: AtomicU64,
     other: AtomicU64,
-    first: Mutex<Option<String>>,
     ended: Mutex<Option<String>>,
 }
 
 /// Deletes seen, by kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteCounts {
-    /// Under `<root>/l/`: holds.
+    /// Holds the tool was granted (the deleted key's create revision is a grant's
+    /// revision), or whose previous value etcd did not send: false expiries.
     pub holds: u64,
-    /// Under `<root>/s/`: session records.
+    /// Session records of sessions the tool was given: false expiries.
     pub sessions: u64,
+    /// Holds and session records the tool was never given: an acquire answered
+    /// 503 whose new session the arbiter revoked (informational).
+    pub orphans: u64,
     /// Anything else under the root (informational).
     pub other: u64,
-    /// The first hold or session delete: its time since attach start and kind.
+    /// The first false expiry: its time since attaching began, kind and revision.
     pub first: Option<String>,
     /// Why the watch ended before the run did, if it did.
     pub watch_ended: Option<String>,
@@ -138,6 +161,8 @@ pub struct ScaleReport {
     pub attach_concurrency: usize,
     /// Seconds from the first acquire to the last grant.
     pub attach_s: f64,
+    /// Acquires sent again after a `503` or a transport failure while attaching.
+    pub attach_retries: u64,
     /// Seconds the holds were kept after attaching.
     pub window_s: f64,
     /// Keepalives while attaching.
@@ -234,6 +259,10 @@ impl EtcdFigures {
             keys: counter(text, "etcd_debugging_mvcc_keys_total"),
             db_bytes: counter(text, "etcd_mvcc_db_total_size_in_bytes"),
             db_in_use_bytes: counter(text, "etcd_mvcc_db_total_size_in_use_in_bytes"),
+            fsyncs: counter(text, "etcd_disk_wal_fsync_duration_seconds_count"),
+            slow_fsyncs: counter(text, "etcd_disk_wal_fsync_duration_seconds_count")
+                .zip(bucket(text, "etcd_disk_wal_fsync_duration_seconds_bucket", "1.024"))
+                .map(|(all, fast)| all.saturating_sub(fast)),
         }
     }
 
@@ -242,25 +271,62 @@ impl EtcdFigures {
     }
 }
 
+/// The sample of histogram bucket `name{le="<le>"}` in etcd's `/metrics` text.
+fn bucket(text: &str, name: &str, le: &str) -> Option<u64> {
+    let head = format!("{name}{{le=\"{le}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&head)?.trim().parse::<f64>().ok()).map(|v| v as u64)
+}
+
 // === impl Deletes ===
 
 impl Deletes {
-    fn counts(&self) -> DeleteCounts {
-        let lock = |m: &Mutex<Option<String>>| m.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        DeleteCounts {
-            holds: self.holds.load(Ordering::Relaxed),
-            sessions: self.sessions.load(Ordering::Relaxed),
+    /// Holds and session records deleted so far, of any origin.
+    fn seen(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Sorts every delete seen into false expiries (of a grant in `granted` or a
+    /// session in `sessions`) and orphans.
+    fn classify(&self, root: &str, granted: &HashSet<i64>, sessions: &HashSet<String>) -> DeleteCounts {
+        let (holds_prefix, sessions_prefix) = (format!("{root}/l/"), format!("{root}/s/"));
+        let mut c = DeleteCounts {
             other: self.other.load(Ordering::Relaxed),
-            first: lock(&self.first),
-            watch_ended: lock(&self.ended),
+            watch_ended: self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            ..DeleteCounts::default()
+        };
+        for d in self.seen.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let kind = if d.key.starts_with(holds_prefix.as_bytes()) {
+                if d.created.is_some_and(|r| !granted.contains(&r)) {
+                    c.orphans += 1;
+                    continue;
+                }
+                c.holds += 1;
+                "hold"
+            } else {
+                let sid = String::from_utf8_lossy(&d.key[sessions_prefix.len().min(d.key.len())..]).into_owned();
+                if !sessions.contains(&sid) {
+                    c.orphans += 1;
+                    continue;
+                }
+                c.sessions += 1;
+                "session record"
+            };
+            c.first.get_or_insert_with(|| {
+                format!("a {kind} deleted {:.1} s after attaching began (revision {})", d.at_s, d.revision)
+            });
         }
+        c
     }
 }
 
 /// Watches every delete under `root` from `revision` on; counts them by kind.
 async fn watch_deletes(st: &Stack, root: &str, revision: i64, t0: Instant) -> Result<(Arc<Deletes>, JoinHandle<()>)> {
     let mut client = st.etcd().client().await?;
-    let opts = WatchOptions::new().with_prefix().with_filters([WatchFilterType::NoPut]).with_start_revision(revision);
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_filters([WatchFilterType::NoPut])
+        .with_prev_key()
+        .with_start_revision(revision);
     let mut stream = client.watch(format!("{root}/"), Some(opts)).await.context("open the delete watch")?;
     let deletes = Arc::new(Deletes::default());
     let (holds, sessions) = (format!("{root}/l/"), format!("{root}/s/"));
@@ -273,19 +339,16 @@ async fn watch_deletes(st: &Stack, root: &str, revision: i64, t0: Instant) -> Re
                 Ok(Some(r)) => {
                     for ev in r.events().iter().filter(|e| e.event_type() == EventType::Delete) {
                         let key = ev.kv().map(|kv| kv.key()).unwrap_or_default();
-                        let kind = if key.starts_with(holds.as_bytes()) {
-                            d.holds.fetch_add(1, Ordering::Relaxed);
-                            "hold"
-                        } else if key.starts_with(sessions.as_bytes()) {
-                            d.sessions.fetch_add(1, Ordering::Relaxed);
-                            "session record"
-                        } else {
+                        if !key.starts_with(holds.as_bytes()) && !key.starts_with(sessions.as_bytes()) {
                             d.other.fetch_add(1, Ordering::Relaxed);
                             continue;
-                        };
-                        let at = t0.elapsed().as_secs_f64();
-                        d.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| {
-                            format!("a {kind} deleted {at:.1} s after attaching began (revision {})", ev_rev(ev))
+                        }
+                        d.count.fetch_add(1, Ordering::Relaxed);
+                        d.seen.lock().unwrap_or_else(|p| p.into_inner()).push(Deleted {
+                            key: key.to_vec(),
+                            created: ev.prev_kv().map(|kv| kv.create_revision()),
+                            at_s: t0.elapsed().as_secs_f64(),
+                            revision: ev.kv().map_or(0, |kv| kv.mod_revision()),
                         });
                     }
                 }
@@ -298,8 +361,34 @@ async fn watch_deletes(st: &Stack, root: &str, revision: i64, t0: Instant) -> Re
     Ok((deletes, task))
 }
 
-fn ev_rev(ev: &etcd_client::Event) -> i64 {
-    ev.kv().map_or(0, |kv| kv.mod_revision())
+/// Every key under `prefix` with its create revision, read in pages at one revision.
+async fn scan(etcd: &mut etcd_client::Client, prefix: &str) -> Result<Vec<(Vec<u8>, i64)>> {
+    const PAGE: i64 = 10_000;
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let mut from = prefix.as_bytes().to_vec();
+    let mut at = 0;
+    let mut out = Vec::new();
+    loop {
+        let mut opts = GetOptions::new().with_range(end.clone()).with_keys_only().with_limit(PAGE);
+        if at > 0 {
+            opts = opts.with_revision(at);
+        }
+        let r = etcd.get(from.clone(), Some(opts)).await.context("scan keys")?;
+        if at == 0 {
+            at = r.header().map_or(0, |h| h.revision());
+        }
+        out.extend(r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.create_revision())));
+        match r.kvs().last() {
+            Some(kv) if r.more() => {
+                from = kv.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(out),
+        }
+    }
 }
 
 /// Runs `opts` on a stack of its own.
@@ -353,7 +442,6 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport> {
         max_gap_window = max_gap_window.max(gap);
         let k = renewer.counts();
         if opts.progress.is_some() {
-            let d = deletes.counts();
             let tick = k.since(&last);
             let mib = |m: Option<Memory>| m.map_or_else(|| "?".into(), |m| format!("{:.0}", m.rss_kib as f64 / 1024.0));
             let mem = procs.memory();
@@ -367,7 +455,7 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport> {
                 k.expired,
                 k.errors,
                 gap.as_secs_f64(),
-                d.holds + d.sessions,
+                deletes.seen(),
                 mib(mem[0]),
                 mib(mem[1]),
                 mib(mem[2]),
@@ -381,14 +469,22 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport> {
     max_gap_window = max_gap_window.max(renewer.take_max_gap());
     let (mem2, etcd2, load2, cpu2) =
         (procs.memory(), EtcdFigures::read(&etcd_url).await, cpu::load_average(), cpu::Sample::take(&procs));
-    let holds_after = count_prefix(&mut etcd, format!("{root}/l/")).await?;
-    let sessions_after = count_prefix(&mut etcd, format!("{root}/s/")).await?;
+    // Present at the end: the holds whose create revision is a grant's, and the
+    // records of the sessions the tool was given.
+    let (granted, session_ids) = (fleet.granted_revisions(), fleet.session_ids());
+    let holds_after = scan(&mut etcd, &format!("{root}/l/")).await?.iter().filter(|(_, r)| granted.contains(r)).count();
+    let sessions_prefix = format!("{root}/s/");
+    let sessions_after = scan(&mut etcd, &sessions_prefix)
+        .await?
+        .iter()
+        .filter(|(k, _)| session_ids.contains(String::from_utf8_lossy(&k[sessions_prefix.len()..]).as_ref()))
+        .count();
     let max_lag = renewer.take_max_lag();
     let first_keepalive_error = renewer.first_error();
     renewer.stop().await;
     // A delete committed just before the counts reaches the watch a moment later.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let deletes = deletes.counts();
+    let deletes = deletes.classify(&root, &granted, &session_ids);
     watch.abort();
     Ok(ScaleReport {
         date,
@@ -398,6 +494,7 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport> {
         ttl_s,
         attach_concurrency: opts.attach_concurrency,
         attach_s,
+        attach_retries: fleet.retries(),
         window_s,
         keepalives_attach: k1,
         keepalives_window: k2.since(&k1),
@@ -492,12 +589,14 @@ impl ScaleReport {
         ));
         line(format!(
             "attach: {} holds in {:.0} s = {:.0} holds/s through the lock tier ({} acquires in flight over {} HTTP/2 \
-             connections; each session opened by its first acquire); keepalives meanwhile: {} ok, {} expired, {} failed",
+             connections; each session opened by its first acquire; {} acquires retried after a 503); keepalives \
+             meanwhile: {} ok, {} expired, {} failed",
             self.holds,
             self.attach_s,
             self.holds as f64 / self.attach_s.max(1e-9),
             self.attach_concurrency,
             super::renewal::CONNECTIONS,
+            self.attach_retries,
             ka.ok,
             ka.expired,
             ka.errors
@@ -524,13 +623,15 @@ impl ScaleReport {
             line(format!("PLANTED FAULT: {} sessions never renewed, so they must expire", self.starved));
         }
         line(format!(
-            "false expiries: {} holds and {} sessions lost (etcd watch from the first acquire: {} hold deletes, {} \
-             session-record deletes, {} other deletes under the root; keepalives answered session_expired: {}; at the \
-             end etcd has {} of {} holds and {} of {} session records)",
+            "false expiries: {} holds and {} sessions lost (etcd watch from the first acquire: {} deletes of granted \
+             holds, {} of the tool's session records, {} of holds and sessions never handed out (503s cleaned up), {} \
+             other deletes under the root; keepalives answered session_expired: {}; at the end etcd has {} of {} \
+             granted holds and {} of {} session records)",
             self.holds_lost(),
             self.sessions_lost(),
             d.holds,
             d.sessions,
+            d.orphans,
             d.other,
             ka.expired + kw.expired,
             self.holds_after,
@@ -545,12 +646,16 @@ impl ScaleReport {
             line(format!("WATCH ENDED EARLY: {e}"));
         }
         line(format!(
-            "etcd in the window: {} lease renewals served, {} raft proposals committed, {} leases revoked; while \
-             attaching {} proposals",
+            "etcd in the window: {} lease renewals served, {} raft proposals committed, {} leases revoked, {} WAL \
+             fsyncs ({} over 1 s); while attaching {} proposals, {} WAL fsyncs ({} over 1 s)",
             delta(1, 2, |e| e.lease_renewals),
             delta(1, 2, |e| e.proposals),
             delta(1, 2, |e| e.leases_revoked),
+            delta(1, 2, |e| e.fsyncs),
+            delta(1, 2, |e| e.slow_fsyncs),
             delta(0, 1, |e| e.proposals),
+            delta(0, 1, |e| e.fsyncs),
+            delta(0, 1, |e| e.slow_fsyncs),
         ));
         line(format!(
             "etcd keys {} at the end; db size {} before attaching, {} at the window's start, {} at its end ({} in use)",
@@ -653,6 +758,17 @@ mod tests {
         assert!(ScaleOptions { ttl_s: 301, ..ok.clone() }.validate().is_err());
         assert!(ScaleOptions { hold: Duration::ZERO, ..ok.clone() }.validate().is_err());
         assert!(ScaleOptions { holds: 1, ..ok }.validate().is_err());
+    }
+
+    #[test]
+    fn reads_a_histogram_bucket() {
+        let t = "x_bucket{le=\"0.5\"} 3\nx_bucket{le=\"1.024\"} 7\nx_count 9\n";
+        assert_eq!(bucket(t, "x_bucket", "1.024"), Some(7));
+        assert_eq!(bucket(t, "x_bucket", "2.048"), None);
+        let f = EtcdFigures::parse(
+            "etcd_disk_wal_fsync_duration_seconds_bucket{le=\"1.024\"} 7\netcd_disk_wal_fsync_duration_seconds_count 9\n",
+        );
+        assert_eq!((f.fsyncs, f.slow_fsyncs), (Some(9), Some(2)));
     }
 
     #[test]
