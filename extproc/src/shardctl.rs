@@ -46,6 +46,7 @@ use crate::{
         home::{HomeRecord, MapRecord},
         now_ms, LockError, Store,
     },
+    test_faults::{self, TestFault},
     tiers::Tiers,
 };
 
@@ -287,32 +288,18 @@ pub async fn apply(
         store(tiers, c)?;
     }
     // 2. Drain: every cluster refuses the keys the two maps home differently.
-    for c in &union {
+    let skip_drain = test_faults::on(TestFault::SkipMoveDrain);
+    if skip_drain {
+        // TEST ONLY (release gate): old homes keep granting, nothing is verified.
+        say("TEST FAULT skip_move_drain: no drain, no verification".into());
+    }
+    for c in union.iter().filter(|_| !skip_drain) {
         drain(store(tiers, c)?, &cur, &next, o).await?;
     }
     let drained = Instant::now();
     say(format!("1/5 drained: {} clusters refuse grants of moving keys", union.len()));
     // 3. Verify: no hold of a leaving key remains on any cluster.
-    let deadline = Instant::now() + o.verify_timeout;
-    let mut verified_at = BTreeMap::new();
-    loop {
-        let mut held = BTreeMap::new();
-        for c in &cur.clusters() {
-            let (n, at) = store(tiers, c)?.moving_holds(&cur, &next).await?;
-            if n > 0 {
-                held.insert(c.clone(), n);
-            } else {
-                verified_at.insert(c.clone(), at);
-            }
-        }
-        if held.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(ShardError::Held(held));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let verified_at = if skip_drain { BTreeMap::new() } else { verify(tiers, &cur, &next, o).await? };
     let drain_ms = ms(drained);
     say(format!("2/5 verified: no hold of a moving key remains ({drain_ms} ms after the drain)"));
     // 4. Epochs: each gainer above every loser.
@@ -324,11 +311,18 @@ pub async fn apply(
         loser_epochs.insert(l.clone(), s.read_epoch_record().await?.map_or(0, |r| r.epoch));
     }
     let mut epochs = BTreeMap::new();
+    let planted = test_faults::on(TestFault::SkipMoveEpochAdvance);
     for g in &scope.gainers {
         let s = store(tiers, g)?;
         s.refresh_epoch().await?;
         let floor = loser_epochs.iter().filter(|(l, _)| *l != g).map(|(_, e)| *e).max().unwrap_or(0);
-        let e = s.advance_epoch_above(floor, coord).await?;
+        let e = if planted {
+            // TEST ONLY (release gate): the gainer keeps whatever epoch it has.
+            say(format!("TEST FAULT skip_move_epoch_advance: {g} not advanced above {floor}"));
+            s.read_epoch_record().await?.map_or(0, |r| r.epoch)
+        } else {
+            s.advance_epoch_above(floor, coord).await?
+        };
         epochs.insert(g.clone(), e);
     }
     say(format!("3/5 epochs: gainers {epochs:?} above losers {loser_epochs:?}"));
@@ -359,6 +353,36 @@ pub async fn apply(
         drain_ms,
         total_ms: ms(started),
     })
+}
+
+/// Step 3: scans every cluster of `cur` until none holds a key that `next` homes
+/// elsewhere (or the timeout: `Held`); the revision each was verified at.
+async fn verify(
+    tiers: &Tiers,
+    cur: &ShardMap,
+    next: &ShardMap,
+    o: &MoveOptions,
+) -> Result<BTreeMap<String, i64>, ShardError> {
+    let deadline = Instant::now() + o.verify_timeout;
+    let mut verified_at = BTreeMap::new();
+    loop {
+        let mut held = BTreeMap::new();
+        for c in &cur.clusters() {
+            let (n, at) = store(tiers, c)?.moving_holds(cur, next).await?;
+            if n > 0 {
+                held.insert(c.clone(), n);
+            } else {
+                verified_at.insert(c.clone(), at);
+            }
+        }
+        if held.is_empty() {
+            return Ok(verified_at);
+        }
+        if Instant::now() >= deadline {
+            return Err(ShardError::Held(held));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 async fn drain(s: &Store, cur: &ShardMap, next: &ShardMap, o: &MoveOptions) -> Result<(), ShardError> {
@@ -500,6 +524,9 @@ fn pairs(v: &[String], what: &str) -> Result<Vec<(String, String)>, String> {
 
 async fn connect(conn: &Conn) -> Result<Tiers, String> {
     let config = crate::Config::load(&conn.config).map_err(|e| e.join("\n"))?;
+    // Planted bugs of the config are lockctl's too (`skip_move_epoch_advance`,
+    // `skip_move_drain`); the config refuses them unless LOCKMESH_TEST_FAULTS=1.
+    test_faults::install(&config.test_faults);
     let coord = Store::connect_with(
         &config.etcd_endpoints,
         &config.etcd_root,

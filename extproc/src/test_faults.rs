@@ -27,6 +27,15 @@ pub enum TestFault {
     /// arbiter never re-reads the shard map (`lock::home`, `tiers`): after a move,
     /// grants routed by the stale map commit on the keys' old home.
     SkipHomeGate,
+    /// `lockctl shard apply` skips step 3 (the epoch advance of every cluster that
+    /// gains keys above every cluster that loses them, `shardctl`): a key moving to
+    /// a cluster with a lower epoch is granted tokens below its old home's. Read by
+    /// `lockctl` from the config it is given, never by the arbiter.
+    SkipMoveEpochAdvance,
+    /// `lockctl shard apply` skips steps 1 and 2 (drain and verify): holds of
+    /// moving keys are still live on their old home when the new home starts
+    /// granting them. Read by `lockctl` only.
+    SkipMoveDrain,
 }
 
 static ACTIVE: OnceLock<Vec<TestFault>> = OnceLock::new();
@@ -35,13 +44,16 @@ static ACTIVE: OnceLock<Vec<TestFault>> = OnceLock::new();
 
 impl TestFault {
     /// Parses a config name (`skip_epoch_compare`, `release_by_key_name`,
-    /// `count_before_lock`, `skip_home_gate`).
+    /// `count_before_lock`, `skip_home_gate`, `skip_move_epoch_advance`,
+    /// `skip_move_drain`).
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip_epoch_compare" => Some(Self::SkipEpochCompare),
             "release_by_key_name" => Some(Self::ReleaseByKeyName),
             "count_before_lock" => Some(Self::CountBeforeLock),
             "skip_home_gate" => Some(Self::SkipHomeGate),
+            "skip_move_epoch_advance" => Some(Self::SkipMoveEpochAdvance),
+            "skip_move_drain" => Some(Self::SkipMoveDrain),
             _ => None,
         }
     }
