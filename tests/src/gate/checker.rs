@@ -18,6 +18,13 @@
 //! The search a linearizability checker does is then unnecessary.
 //!
 //! A check that does not finish within its budget is a failure ([`Verdict::TimedOut`]).
+//!
+//! **Across homes.** A history of a run with shards has one store history per
+//! cluster. The store checks run on each cluster's own history; a key that moves
+//! between clusters is held to the same properties across them: its handed-out
+//! tokens increase in real-time grant order and its holds never exceed the limit
+//! at any one time, over every cluster (`homes`: real-time bounds on each
+//! commit, from the recorder and the clock ticks).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -90,6 +97,9 @@ struct TimedOut(&'static str);
 /// A committed grant.
 #[derive(Debug, Clone)]
 struct Grant {
+    /// The cluster, an index into [`History::clusters`].
+    cluster: usize,
+    /// Index into [`History::store_segments`].
     segment: usize,
     revision: i64,
     key: String,
@@ -98,7 +108,14 @@ struct Grant {
     observed_us: u64,
     /// When its hold was deleted (observed), if it was.
     closed_us: Option<u64>,
+    /// The store segment and revision of that delete (the last, if a restore
+    /// brought the hold back).
+    close: Option<(usize, i64)>,
 }
+
+/// Tokens handed out for one key on one cluster: (segment, revision, token,
+/// answered at µs).
+type Handed = Vec<(usize, i64, u64, u64)>;
 
 #[derive(Clone, Default)]
 struct State {
@@ -179,6 +196,7 @@ fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), Time
     check_fence(h, b, &grants, &mut v)?;
     check_clients(h, b, &grants, &mut v)?;
     check_quorum_loss(h, b, &mut v)?;
+    homes::check(h, b, &grants, &mut v)?;
     Ok((stats, v))
 }
 
@@ -194,13 +212,32 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
     rest.strip_prefix("/r/").map(|d| ("marker", d))
 }
 
-/// Replays every segment (each from the state at its snapshot revision) and runs
-/// the store checks; returns every committed grant.
+/// Replays every cluster's segments (each from the state at its snapshot
+/// revision) and runs the store checks; returns every committed grant.
 fn replay(h: &History, b: &mut Budget, v: &mut Vec<Violation>, stats: &mut Stats) -> Result<Vec<Grant>, TimedOut> {
     let mut grants: Vec<Grant> = Vec::new();
+    let mut si = 0;
+    for (ci, (_, segments)) in h.clusters().into_iter().enumerate() {
+        replay_cluster(h, b, (ci, si), segments, &mut grants, v, stats)?;
+        si += segments.len();
+    }
+    Ok(grants)
+}
+
+/// [`replay`] of one cluster, whose first segment is store segment `first`.
+fn replay_cluster(
+    h: &History,
+    b: &mut Budget,
+    (ci, first): (usize, usize),
+    segments: &[super::history::Segment],
+    grants: &mut Vec<Grant>,
+    v: &mut Vec<Violation>,
+    stats: &mut Stats,
+) -> Result<(), TimedOut> {
     let mut start = State::default();
-    for (si, seg) in h.segments.iter().enumerate() {
-        let next_base = h.segments.get(si + 1).map(|s| s.base_revision);
+    for (k, seg) in segments.iter().enumerate() {
+        let si = first + k;
+        let next_base = segments.get(k + 1).map(|s| s.base_revision);
         let mut st = start.clone();
         let mut captured: Option<State> = None;
         let mut i = 0;
@@ -215,19 +252,19 @@ fn replay(h: &History, b: &mut Budget, v: &mut Vec<Violation>, stats: &mut Stats
             while j < seg.events.len() && seg.events[j].revision == rev {
                 j += 1;
             }
-            apply_txn(h, b, si, &seg.events[i..j], &mut st, &mut grants, v, stats)?;
+            apply_txn(h, b, (ci, si), &seg.events[i..j], &mut st, grants, v, stats)?;
             i = j;
         }
         start = captured.unwrap_or(st);
     }
-    Ok(grants)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
 fn apply_txn(
     h: &History,
     b: &mut Budget,
-    si: usize,
+    (ci, si): (usize, usize),
     txn: &[EtcdEvent],
     st: &mut State,
     grants: &mut Vec<Grant>,
@@ -250,6 +287,7 @@ fn apply_txn(
             ("hold", true) if e.prev_value.is_none() => {
                 let Ok(hv) = serde_json::from_str::<HoldValue>(&e.value) else { continue };
                 let g = Grant {
+                    cluster: ci,
                     segment: si,
                     revision: e.revision,
                     key: hv.key.clone(),
@@ -257,6 +295,7 @@ fn apply_txn(
                     token: token_of(hv.epoch, e.create_revision),
                     observed_us: e.observed_us,
                     closed_us: None,
+                    close: None,
                 };
                 stats.grants += 1;
                 match &epoch_before {
@@ -313,6 +352,7 @@ fn apply_txn(
                     if grants[gi].segment == si {
                         grants[gi].closed_us = Some(e.observed_us);
                     }
+                    grants[gi].close = Some((si, e.revision));
                     deleted.push((digest.to_owned(), gi));
                 }
             }
@@ -392,8 +432,9 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
     for (i, g) in grants.iter().enumerate() {
         by_token.entry((g.key.as_str(), g.token)).or_default().push(i);
     }
-    // Acquires handed out: (segment, revision) order per key.
-    let mut handed: BTreeMap<&str, Vec<(usize, i64, u64, u64)>> = BTreeMap::new();
+    // Acquires handed out: (segment, revision) order per key and cluster (across
+    // clusters, `homes` orders them by time).
+    let mut handed: BTreeMap<(&str, usize), Handed> = BTreeMap::new();
     let mut seen_tokens: HashMap<u64, &str> = HashMap::new();
     for op in &h.ops {
         b.tick("clients")?;
@@ -435,7 +476,7 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
                     });
                 }
                 let gr = &grants[gi];
-                handed.entry(op.key.as_str()).or_default().push((gr.segment, gr.revision, t, op.ret_us));
+                handed.entry((op.key.as_str(), gr.cluster)).or_default().push((gr.segment, gr.revision, t, op.ret_us));
             }
             "release" => {
                 if let Some(closed) = g.and_then(|gi| grants[gi].closed_us) {
@@ -458,7 +499,10 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
             _ => {}
         }
     }
-    for (key, mut list) in handed {
+    let clusters = h.clusters();
+    for ((key, ci), mut list) in handed {
+        // The cluster is named when there are several.
+        let on = if clusters.len() > 1 { format!(" on {}", clusters[ci].0) } else { String::new() };
         list.sort_unstable();
         for w in list.windows(2) {
             b.tick("tokens")?;
@@ -467,7 +511,7 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
                 v.push(Violation {
                     check: "tokens_increase",
                     explanation: format!(
-                        "{key}: the grant at segment {s1} revision {r1} handed out token {t1}, not above token {t0} of the earlier grant at segment {s0} revision {r0}{}",
+                        "{key}{on}: the grant at segment {s1} revision {r1} handed out token {t1}, not above token {t0} of the earlier grant at segment {s0} revision {r0}{}",
                         if s1 > s0 { " (across a restore)" } else { "" }
                     ),
                     segment: s1,
@@ -501,6 +545,8 @@ fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Res
     }
     Ok(())
 }
+
+mod homes;
 
 mod open;
 pub use self::open::check_with_open;

@@ -76,6 +76,10 @@ pub struct ClientOp {
     pub skew_ms: i64,
 }
 
+/// The name of the coord cluster (the arbiters' `etcd:`), whose history is
+/// [`History::segments`].
+pub const COORD: &str = "coord";
+
 /// One event of the etcd watch on the run's root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EtcdEvent {
@@ -134,6 +138,33 @@ pub struct Fault {
     pub end_us: u64,
 }
 
+/// The store history of one more etcd cluster: an entity shard of a run with
+/// shards ([`super::harness::GateOptions::shards`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterHistory {
+    /// The cluster's name in the arbiters' `clusters:` (`shard-a`).
+    pub name: String,
+    /// Its segments, one per restore plus the first.
+    pub segments: Vec<Segment>,
+}
+
+/// One shard move (`lockctl shard apply`) the run made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// The lock-key namespace whose keys moved (every gate key is in `payments`).
+    pub namespace: String,
+    /// The cluster its keys left.
+    pub from: String,
+    /// The cluster they moved to.
+    pub to: String,
+    /// The shard map versions before and after.
+    pub versions: (u64, u64),
+    /// When `lockctl shard apply` was started, unix µs (no key had moved before).
+    pub start_us: u64,
+    /// When it reported the move applied, unix µs (every cluster resumed).
+    pub end_us: u64,
+}
+
 /// Everything one gate run recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -141,8 +172,15 @@ pub struct History {
     pub root: String,
     /// Holder limit per lock-key prefix (`payments/gate/sem` → 3); others are 1.
     pub limits: Vec<(String, usize)>,
-    /// Store segments, one per restore plus the first.
+    /// Store segments of the coord cluster (the only one without shards), one per
+    /// restore plus the first.
     pub segments: Vec<Segment>,
+    /// The other clusters' store histories (entity shards), if the run had any.
+    #[serde(default)]
+    pub shards: Vec<ClusterHistory>,
+    /// The shard moves the run made.
+    #[serde(default)]
+    pub moves: Vec<Move>,
     /// Client operations (any order; the checker sorts).
     pub ops: Vec<ClientOp>,
     /// Writes the store received, in arrival order.
@@ -193,6 +231,53 @@ impl History {
             .filter(|(p, _)| key == p || key.starts_with(&format!("{p}/")))
             .max_by_key(|(p, _)| p.len())
             .map_or(1, |(_, n)| *n)
+    }
+
+    /// Every cluster's store history, the coord cluster ([`COORD`]) first, then
+    /// each shard in recording order.
+    pub fn clusters(&self) -> Vec<(&str, &[Segment])> {
+        std::iter::once((COORD, self.segments.as_slice()))
+            .chain(self.shards.iter().map(|c| (c.name.as_str(), c.segments.as_slice())))
+            .collect()
+    }
+
+    /// Every store segment with its cluster, in [`History::clusters`] order: the
+    /// index into this list is a violation's `segment`.
+    pub fn store_segments(&self) -> Vec<(&str, &Segment)> {
+        self.clusters().into_iter().flat_map(|(c, segs)| segs.iter().map(move |s| (c, s))).collect()
+    }
+
+    /// The cluster of every committed grant: (lock key, token) → cluster name.
+    pub fn grant_homes(&self) -> std::collections::HashMap<(String, u64), String> {
+        let mut out = std::collections::HashMap::new();
+        let holds = format!("{}/l/", self.root);
+        for (cluster, segment) in self.store_segments() {
+            for e in segment.events.iter().filter(|e| e.put && e.prev_value.is_none() && e.key.starts_with(&holds)) {
+                if let Ok(hv) = serde_json::from_str::<HoldValue>(&e.value) {
+                    out.insert((hv.key, token_of(hv.epoch, e.create_revision)), cluster.to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    /// The keys `m` really moved: each was handed a grant on `m.from` whose
+    /// answer came before the move started and one on `m.to` asked for after it
+    /// ended (so a rebalance history cannot pass without a key changing home
+    /// under its holders).
+    pub fn keys_granted_across(&self, m: &Move) -> Vec<String> {
+        let homes = self.grant_homes();
+        let home = |o: &ClientOp| o.token.and_then(|t| homes.get(&(o.key.clone(), t))).map(String::as_str);
+        let acquired = || self.ops.iter().filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok);
+        let before: std::collections::BTreeSet<&str> = acquired()
+            .filter(|o| o.ret_us < m.start_us && home(o) == Some(m.from.as_str()))
+            .map(|o| o.key.as_str())
+            .collect();
+        let after: std::collections::BTreeSet<&str> = acquired()
+            .filter(|o| o.call_us > m.end_us && home(o) == Some(m.to.as_str()))
+            .map(|o| o.key.as_str())
+            .collect();
+        before.intersection(&after).map(|k| (*k).to_owned()).collect()
     }
 
     /// Counts of faults by kind, sorted by kind.

@@ -3,6 +3,11 @@
 //! fault proxies). It resumes after member failures from the last revision seen;
 //! a restore starts a new segment from the snapshot's revision. A compacted or
 //! otherwise lost stretch is recorded as a gap, which fails the run.
+//!
+//! With more than one cluster a [`Ticker`] per cluster writes the real time into
+//! the cluster every [`TICK_PERIOD`]: a commit after a tick happened after the
+//! time the tick carries, which is what orders commits of different clusters
+//! (`checker::homes`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,6 +18,17 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::history::{now_us, EtcdEvent, Segment};
+
+/// The barrier key under the run's root; its value is the real time (unix µs)
+/// read before it was written.
+pub const BARRIER_KEY: &str = "gate/barrier";
+
+/// The tick key under the run's root; its value is the real time (unix µs) read
+/// before it was written.
+pub const TICK_KEY: &str = "gate/tick";
+
+/// How often a [`Ticker`] writes.
+pub const TICK_PERIOD: Duration = Duration::from_millis(50);
 
 #[derive(Default)]
 struct RecState {
@@ -90,7 +106,7 @@ impl Recorder {
         let rev = loop {
             let attempt = async {
                 let mut c = Client::connect(&self.endpoints, None).await?;
-                let r = c.put(format!("{}gate/barrier", self.root), now_us().to_string(), None).await?;
+                let r = c.put(format!("{}{BARRIER_KEY}", self.root), now_us().to_string(), None).await?;
                 Ok::<_, anyhow::Error>(r.header().map_or(0, |h| h.revision()))
             };
             match tokio::time::timeout(Duration::from_secs(3), attempt).await {
@@ -118,6 +134,58 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Writes `<root>/gate/tick` = the real time read before the put, every
+/// [`TICK_PERIOD`], straight to a cluster's members (never through the fault
+/// proxies), until dropped. A tick that fails (a member down) is skipped.
+pub struct Ticker(JoinHandle<()>);
+
+impl std::fmt::Debug for Ticker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ticker")
+    }
+}
+
+// === impl Ticker ===
+
+impl Ticker {
+    /// Starts ticking into the cluster at `endpoints` under `root`.
+    pub fn start(endpoints: Vec<String>, root: &str) -> Self {
+        let key = format!("{root}/{TICK_KEY}");
+        Self(tokio::spawn(async move {
+            let mut client: Option<Client> = None;
+            let mut every = tokio::time::interval(TICK_PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let c = match client.as_mut() {
+                    Some(c) => c,
+                    None => match tokio::time::timeout(Duration::from_secs(1), Client::connect(&endpoints, None)).await
+                    {
+                        Ok(Ok(c)) => client.insert(c),
+                        _ => continue,
+                    },
+                };
+                // The value is read before the put is sent: the commit is later.
+                let put = c.put(key.as_str(), now_us().to_string(), None);
+                if !matches!(tokio::time::timeout(Duration::from_secs(1), put).await, Ok(Ok(_))) {
+                    client = None;
+                }
+            }
+        }))
+    }
+
+    /// Stops ticking.
+    pub fn stop(&self) {
+        self.0.abort();
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -16,6 +16,8 @@ const MARGIN_US: u64 = 1_000_000;
 #[derive(Serialize)]
 struct Window<'a> {
     violation: &'a Violation,
+    /// The cluster of `events` (`coord` unless the run had shards).
+    cluster: &'a str,
     events: Vec<&'a EtcdEvent>,
     ops: Vec<&'a ClientOp>,
     faults: Vec<&'a Fault>,
@@ -56,14 +58,14 @@ pub fn write(dir: &Path, h: &History, v: &Verdict) -> Result<PathBuf> {
 
 fn window<'a>(h: &'a History, x: &'a Violation) -> Window<'a> {
     let (r0, r1) = x.revisions;
-    let events = h
-        .segments
+    let segments = h.store_segments();
+    let (cluster, events) = segments
         .get(x.segment)
-        .map(|s| s.events.iter().filter(|e| r0 > 0 && e.revision >= r0 && e.revision <= r1).collect())
+        .map(|(c, s)| (*c, s.events.iter().filter(|e| r0 > 0 && e.revision >= r0 && e.revision <= r1).collect()))
         .unwrap_or_default();
     let (t0, t1) = x.time_us;
     let near = |a: u64, b: u64| t0 > 0 && b + MARGIN_US >= t0 && a <= t1 + MARGIN_US;
     let ops = h.ops.iter().filter(|o| near(o.call_us, o.ret_us)).collect();
     let faults = h.faults.iter().filter(|f| near(f.start_us, f.end_us)).collect();
-    Window { violation: x, events, ops, faults }
+    Window { violation: x, cluster, events, ops, faults }
 }
