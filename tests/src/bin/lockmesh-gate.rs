@@ -45,6 +45,11 @@ enum Cmd {
         /// Where failing histories are written.
         #[arg(long, default_value = "gate-out")]
         out: PathBuf,
+        /// Run with a coord cluster and two entity shards, moving every gate key
+        /// between the shards (`rebalance` steps, at least two per history:
+        /// there and back) among the faults that apply there (docs/GATE.md).
+        #[arg(long)]
+        rebalance: bool,
     },
     /// A gate client process (internal).
     Holder(HolderArgs),
@@ -70,36 +75,53 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Cmd::Long { minutes, faults, gap_s, out } => {
+        Cmd::Long { minutes, faults, gap_s, out, rebalance } => {
             if !(minutes > 0.0 && gap_s >= 0.0 && faults > 0) {
                 eprintln!("lockmesh-gate: --minutes and --faults must be positive, --gap-s not negative");
                 return ExitCode::from(64);
             }
-            rt.block_on(long(Duration::from_secs_f64(minutes * 60.0), faults, Duration::from_secs_f64(gap_s), out))
+            let plan = Plan { faults, gap: Duration::from_secs_f64(gap_s), rebalance };
+            rt.block_on(long(Duration::from_secs_f64(minutes * 60.0), plan, out))
         }
     }
 }
 
-async fn long(total: Duration, faults: usize, gap: Duration, out: PathBuf) -> ExitCode {
+/// What each history of a long run gets.
+struct Plan {
+    faults: usize,
+    gap: Duration,
+    rebalance: bool,
+}
+
+async fn long(total: Duration, plan: Plan, out: PathBuf) -> ExitCode {
     let start = Instant::now();
     let (mut histories, mut failed, mut errors) = (0usize, 0usize, 0usize);
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     let (mut grants, mut ops, mut writes) = (0usize, 0usize, 0usize);
+    let (mut moves, mut moved) = (0usize, 0usize);
     println!(
-        "lockmesh-gate long: {:.0} min, {faults} faults per history, output in {}",
+        "lockmesh-gate long: {:.0} min, {} faults per history{}, output in {}",
         total.as_secs_f64() / 60.0,
+        plan.faults,
+        if plan.rebalance { " (coord + 2 entity shards, rebalances among them)" } else { "" },
         out.display()
     );
     while start.elapsed() < total {
         let n = histories + errors + 1;
-        let plan = schedule::random(faults);
+        let (opts, kinds) = if plan.rebalance {
+            (GateOptions::rebalance(&format!("gate{n}")), schedule::random_rebalance(plan.faults))
+        } else {
+            (GateOptions::gate(&format!("gate{n}")), schedule::random(plan.faults))
+        };
         let t0 = Instant::now();
-        match gate::run_history(GateOptions::gate(&format!("gate{n}")), &plan, gap, &out).await {
+        match gate::run_history(opts, &kinds, plan.gap, &out).await {
             Ok((h, v, path)) => {
                 histories += 1;
                 for (k, c) in h.faults_by_kind() {
                     *by_kind.entry(k).or_default() += c;
                 }
+                moves += h.moves.len();
+                moved += h.moves.iter().filter(|m| !h.keys_granted_across(m).is_empty()).count();
                 if let gate::Verdict::Pass(s) = &v {
                     grants += s.grants;
                     ops += s.ops;
@@ -133,6 +155,9 @@ async fn long(total: Duration, faults: usize, gap: Duration, out: PathBuf) -> Ex
     println!("\n== lockmesh-gate summary ({:.1} min) ==", start.elapsed().as_secs_f64() / 60.0);
     println!("histories checked: {histories} ({failed} failed; {errors} could not run)");
     println!("checked: {grants} committed grants, {ops} client operations, {writes} fenced writes");
+    if plan.rebalance {
+        println!("moves: {moves} ({moved} with a key granted on its old home before and on its new home after)");
+    }
     println!("faults injected by kind:");
     for (k, c) in &by_kind {
         println!("  {k:<18} {c}");

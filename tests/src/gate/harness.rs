@@ -2,25 +2,34 @@
 //! each member through a [`FaultProxy`], two lock-tier Envoys (each listing both
 //! arbiters), a key-value store behind fence-proxy, the history recorder and the
 //! holder processes.
+//!
+//! With [`GateOptions::shards`] (a *rebalance* run, `docs/GATE.md`) that cluster is
+//! the coord cluster and each named entity shard is one more etcd cluster (one
+//! member each: two cores), reached by each arbiter through its own fault proxy
+//! and recorded by its own recorder; every gate key starts on its rendezvous home
+//! and [`GateCluster::rebalance`] moves them all between the shards through the
+//! real `lockctl shard apply`.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
+use lockmesh_core::shard::ShardMap;
 use tempfile::TempDir;
 
 use super::clock::{ClockMode, FakeClock};
 use super::faultproxy::{FaultProxy, LinkMode};
-use super::history::{now_us, Fault, History, StoreWrite};
+use super::history::{now_us, ClusterHistory, Fault, History, Move, StoreWrite};
 use super::holder::read_ops;
-use super::recorder::Recorder;
+use super::recorder::{Recorder, Ticker};
 use crate::arbiter::ArbiterProcess;
 use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
 use crate::envoy::EnvoyProcess;
 use crate::etcd::EtcdCluster;
 use crate::fence::{ensure_signing_key, FenceProxyProcess, KvStore};
 use crate::paths::{profile_dir, temp_dir};
+use crate::ports::free_port;
 use crate::process::ChildProcess;
 use crate::unique_prefix;
 
@@ -34,6 +43,14 @@ pub const TEST_FAULTS_ENV: &str = "LOCKMESH_TEST_FAULTS";
 pub const SEM_N: usize = 3;
 /// TTL of both gate classes, seconds (a pause "past the TTL" lasts longer).
 pub const GATE_TTL_S: u64 = 3;
+/// The lock-key namespace of every gate key: a rebalance moves it (one
+/// namespace override), so every gate key changes home at once.
+pub const GATE_NAMESPACE: &str = "payments";
+/// The entity shards of [`GateOptions::rebalance`].
+pub const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
+/// How long `lockctl shard apply` waits for holds of moving keys (the gate's
+/// holds are short; a paused holder's lasts the TTL).
+pub const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
 /// The gate's registry: a fenced mutex class and an advisory class of N = 3.
 pub const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
@@ -70,6 +87,25 @@ pub struct GateOptions {
     /// only for the first of each, wall and monotonic for the second), so the
     /// schedule can step their clocks ([`super::clock`]).
     pub clock_steps: bool,
+    /// Entity shards, each a single-member etcd cluster of its own (the coord
+    /// cluster is the `members` one). Empty: one cluster backs both tiers.
+    pub shards: Vec<String>,
+    /// Planted bugs of `lockctl shard apply` (`test_faults` of the config it is
+    /// given, e.g. `skip_move_epoch_advance`); sets `LOCKMESH_TEST_FAULTS=1` for it.
+    pub move_faults: Vec<String>,
+}
+
+/// An entity shard of a run with shards: its etcd, recorder and clock ticks.
+#[derive(Debug)]
+pub struct GateShard {
+    /// Its name in the arbiters' `clusters:`.
+    pub name: String,
+    /// Its fault proxy for each arbiter (`proxies[arbiter]`).
+    pub proxies: Vec<FaultProxy>,
+    /// Its recorder.
+    pub recorder: Recorder,
+    /// Its single-member etcd cluster.
+    pub etcd: EtcdCluster,
 }
 
 /// A holder process and its output.
@@ -104,7 +140,9 @@ pub struct GateCluster {
     pub store: KvStore,
     /// The history recorder.
     pub recorder: Recorder,
-    /// etcd.
+    /// Entity shards (empty unless [`GateOptions::shards`]).
+    pub shards: Vec<GateShard>,
+    /// etcd (the coord cluster when there are shards).
     pub etcd: EtcdCluster,
     /// The etcd root.
     pub root: String,
@@ -114,6 +152,9 @@ pub struct GateCluster {
     faults: Mutex<Vec<Fault>>,
     quorum_loss: Mutex<Vec<(u64, u64)>>,
     epoch: Mutex<u64>,
+    moves: Mutex<Vec<Move>>,
+    tickers: Vec<Ticker>,
+    lockctl_config: PathBuf,
     dir: TempDir,
 }
 
@@ -133,7 +174,15 @@ impl GateOptions {
             mutex_keys: 3,
             sem_keys: 2,
             clock_steps: true,
+            shards: Vec::new(),
+            move_faults: Vec::new(),
         }
+    }
+
+    /// The gate topology with a coord cluster and two entity shards
+    /// ([`REBALANCE_SHARDS`]), on which [`GateCluster::rebalance`] moves the gate keys.
+    pub fn rebalance(name: &str) -> Self {
+        Self { shards: REBALANCE_SHARDS.iter().map(|s| (*s).to_owned()).collect(), ..Self::gate(name) }
     }
 }
 
@@ -146,9 +195,31 @@ impl GateCluster {
         let dir = temp_dir("gate-")?;
         let pki = DevPki::generate(dir.path().join("pki"), TEST_TRUST_DOMAIN)?;
         let key = ensure_signing_key(&dir.path().join("signing"))?;
-        let etcd = EtcdCluster::builder().members(opts.members).start().await?;
+        let (etcd, shard_etcd) = tokio::try_join!(
+            EtcdCluster::builder().members(opts.members).start(),
+            futures::future::try_join_all(opts.shards.iter().map(|_| EtcdCluster::builder().members(1).start())),
+        )?;
         let root = unique_prefix(&opts.name);
         let recorder = Recorder::start(etcd.endpoints(), &root);
+        let mut shards = Vec::new();
+        for (name, etcd) in opts.shards.iter().zip(shard_etcd) {
+            let mut proxies = Vec::new();
+            for _ in 0..opts.arbiters {
+                proxies.push(FaultProxy::start(etcd.members()[0].client_port()).await?);
+            }
+            let recorder = Recorder::start(etcd.endpoints(), &root);
+            shards.push(GateShard { name: name.clone(), proxies, recorder, etcd });
+        }
+        // Clock ticks order the commits of different clusters (`checker::homes`).
+        let tickers: Vec<Ticker> = if shards.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once(etcd.endpoints())
+                .chain(shards.iter().map(|s| s.etcd.endpoints()))
+                .map(|eps| Ticker::start(eps, &root))
+                .collect()
+        };
+        let lockctl_config = write_lockctl_config(dir.path(), &pki, &opts, &etcd, &shards, &root)?;
         let store = KvStore::start().await?;
         let mut fb = FenceProxyProcess::builder(store.port()).trust(&key.kid, &key.pub_file).routes(format!(
             "routes:\n  - name: items\n    path: /items/{{id}}\n    reads: [GET]\n    resource: \"items/{{id}}\"\n    lock_key: \"{MUTEX_PREFIX}/{{id}}\""
@@ -178,6 +249,9 @@ impl GateCluster {
                     "marks_file: {:?}",
                     dir.path().join(format!("marks-{i}.json")).display().to_string()
                 ));
+            if !shards.is_empty() {
+                b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.proxies[i].url()))));
+            }
             if !opts.arbiter_faults.is_empty() {
                 b = b
                     .extra_yaml(format!("test_faults: [{}]", opts.arbiter_faults.join(", ")))
@@ -209,6 +283,7 @@ impl GateCluster {
             fence,
             store,
             recorder,
+            shards,
             etcd,
             root,
             pki,
@@ -216,6 +291,9 @@ impl GateCluster {
             faults: Mutex::new(Vec::new()),
             quorum_loss: Mutex::new(Vec::new()),
             epoch: Mutex::new(1),
+            moves: Mutex::new(Vec::new()),
+            tickers,
+            lockctl_config,
             dir,
         })
     }
@@ -314,9 +392,9 @@ impl GateCluster {
         self.quorum_loss.lock().unwrap_or_else(|p| p.into_inner()).push((start_us, end_us));
     }
 
-    /// Sets every link of arbiter `i`.
+    /// Sets every link of arbiter `i` (to every member of every cluster).
     pub fn set_links(&self, i: usize, mode: LinkMode) {
-        for p in &self.proxies[i] {
+        for p in self.proxies[i].iter().chain(self.shards.iter().map(|s| &s.proxies[i])) {
             p.set(mode);
         }
     }
@@ -347,6 +425,9 @@ impl GateCluster {
     /// the ORIGINAL cluster id (same `--initial-cluster` and token) and runs the
     /// guarded epoch advance. Returns the snapshot revision.
     pub async fn restore(&self, lost: Duration) -> Result<i64> {
+        // Restoring the coord cluster can take the shard map back behind the
+        // shards' home records: a manual repair (docs/SCALE.md), not a gate fault.
+        ensure!(self.shards.is_empty(), "a restore of the coord cluster is not run with shards");
         let snap = self.dir.path().join(format!("snap-{}.db", now_us()));
         self.etcd.snapshot_save(&snap).await?;
         let base = snapshot_revision(&snap).await?;
@@ -407,9 +488,20 @@ impl GateCluster {
         for i in 0..self.proxies.len() {
             self.set_links(i, LinkMode::Pass);
         }
+        for t in &self.tickers {
+            t.stop();
+        }
         self.recorder.barrier(Duration::from_secs(60)).await?;
         self.recorder.stop();
-        let (segments, gaps) = self.recorder.take();
+        let (segments, mut gaps) = self.recorder.take();
+        let mut shards = Vec::new();
+        for s in &self.shards {
+            s.recorder.barrier(Duration::from_secs(60)).await?;
+            s.recorder.stop();
+            let (segs, g) = s.recorder.take();
+            gaps.extend(g.into_iter().map(|g| format!("{}: {g}", s.name)));
+            shards.push(ClusterHistory { name: s.name.clone(), segments: segs });
+        }
         let mut ops = Vec::new();
         for h in &self.holders {
             ops.extend(read_ops(&h.out));
@@ -418,12 +510,107 @@ impl GateCluster {
             root: self.root.clone(),
             limits: vec![(SEM_PREFIX.to_owned(), SEM_N)],
             segments,
+            shards,
+            moves: self.moves.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             ops,
             writes: self.store_writes(),
             faults: self.faults.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             quorum_loss: self.quorum_loss.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             gaps,
         })
+    }
+
+    /// Moves every gate key (namespace [`GATE_NAMESPACE`]) to the other entity
+    /// shard through the real `lockctl shard apply` (intent, drain, verify, epochs,
+    /// flip, resume): `--assign payments=<other shard>` while the keys are on
+    /// their rendezvous home, `--unassign payments` (back) while assigned. An
+    /// apply that stops short (exit 2 `held`, 1 etcd) is run again without a
+    /// change, which finishes it (60 s at most). Records the move and a
+    /// `rebalance` fault.
+    pub async fn rebalance(&self) -> Result<Move> {
+        ensure!(self.shards.len() >= 2, "a rebalance needs two entity shards (GateOptions::shards)");
+        let key = format!("{MUTEX_PREFIX}/0");
+        let map = self.shard_map().await?;
+        let from = map.home("gatem", &key).context("the shard map homes no gate key")?.to_owned();
+        let (change, to) = if map.overrides.contains_key(GATE_NAMESPACE) {
+            let mut back = map.clone();
+            back.overrides.remove(GATE_NAMESPACE);
+            let to = back.home("gatem", &key).context("the shard map homes no gate key")?.to_owned();
+            (vec!["--unassign".to_owned(), GATE_NAMESPACE.to_owned()], to)
+        } else {
+            let to = self.shards.iter().map(|s| s.name.clone()).find(|s| *s != from).context("one shard only")?;
+            (vec!["--assign".to_owned(), format!("{GATE_NAMESPACE}={to}")], to)
+        };
+        ensure!(from != to, "the change would not move {GATE_NAMESPACE} (it is on {from})");
+        let start_us = now_us();
+        let verify = ["--verify-timeout-ms".to_owned(), MOVE_VERIFY_TIMEOUT_MS.to_string()];
+        let mut args: Vec<String> = ["apply".to_owned()].into_iter().chain(change).chain(verify.clone()).collect();
+        let end = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (code, out, err) = self.lockctl_shard(&args).await?;
+            if code == 0 {
+                break;
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!(
+                    "lockctl shard {} did not finish the move {from} -> {to} in 60 s: exit {code}: {out}{err}",
+                    args.join(" ")
+                );
+            }
+            tracing::info!(code, "gate rebalance: lockctl shard apply stopped short; applying again");
+            args = ["apply".to_owned()].into_iter().chain(verify.clone()).collect();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let after = self.shard_map().await?;
+        let home = after.home("gatem", &key).unwrap_or_default();
+        ensure!(home == to, "after the move the shard map homes {GATE_NAMESPACE} on {home}, not {to}");
+        let m = Move {
+            namespace: GATE_NAMESPACE.to_owned(),
+            from,
+            to,
+            versions: (map.version, after.version),
+            start_us,
+            end_us: now_us(),
+        };
+        self.note(
+            "rebalance",
+            format!(
+                "{}/*: {} -> {} (shard map v{} -> v{}, lockctl shard apply x{tries})",
+                m.namespace, m.from, m.to, m.versions.0, m.versions.1
+            ),
+            start_us,
+        );
+        self.moves.lock().unwrap_or_else(|p| p.into_inner()).push(m.clone());
+        Ok(m)
+    }
+
+    /// The coord cluster's current shard map (`lockctl shard show`).
+    pub async fn shard_map(&self) -> Result<ShardMap> {
+        let (code, out, err) = self.lockctl_shard(&["show".to_owned()]).await?;
+        ensure!(code == 0, "lockctl shard show: exit {code}: {out}{err}");
+        let shown: serde_json::Value = serde_json::from_str(out.trim()).context("lockctl shard show output")?;
+        serde_json::from_value(shown["map"]["current"].clone()).context("lockctl shard show: map.current")
+    }
+
+    /// `lockctl shard <args> --config <the gate's lockctl config>`: exit code,
+    /// stdout and stderr.
+    async fn lockctl_shard(&self, args: &[String]) -> Result<(i32, String, String)> {
+        let mut cmd = tokio::process::Command::new(profile_dir().join("lockctl"));
+        cmd.arg("shard").args(args).arg("--config").arg(&self.lockctl_config);
+        cmd.args(["--actor", "lockmesh-gate", "--reason", "gate rebalance"]).kill_on_drop(true);
+        if !self.opts.move_faults.is_empty() {
+            cmd.env(TEST_FAULTS_ENV, "1");
+        }
+        let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+            .await
+            .context("lockctl shard did not return in 90 s")?
+            .context("run lockctl (cargo build -p lockmesh-extproc)")?;
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+        tracing::debug!(%stdout, %stderr, "lockctl shard");
+        Ok((out.status.code().unwrap_or(-1), stdout, stderr))
     }
 
     /// The writes the store received through the fence, in arrival order.
@@ -440,6 +627,43 @@ impl GateCluster {
             })
             .collect()
     }
+}
+
+/// The `clusters:` and `tiers:` YAML of a run with shards: each shard reached at
+/// the given URL, every shard in the first map's entity tier.
+fn shards_yaml<'a>(shards: impl Iterator<Item = (&'a str, String)>) -> String {
+    let (mut yaml, mut names) = (String::from("clusters:\n"), Vec::new());
+    for (name, url) in shards {
+        yaml.push_str(&format!("  {name}:\n    endpoints: [{url:?}]\n"));
+        names.push(name);
+    }
+    yaml.push_str(&format!("tiers:\n  entity: [{}]", names.join(", ")));
+    yaml
+}
+
+/// The config `lockctl shard` is run with: the arbiters' clusters and key root,
+/// reached straight (not through the fault proxies: a partitioned arbiter does
+/// not partition the operator), and the planted `lockctl` bugs, if any.
+fn write_lockctl_config(
+    dir: &std::path::Path,
+    pki: &DevPki,
+    opts: &GateOptions,
+    etcd: &EtcdCluster,
+    shards: &[GateShard],
+    root: &str,
+) -> Result<PathBuf> {
+    let registry = dir.join("lockctl-registry.yaml");
+    std::fs::write(&registry, GATE_REGISTRY)?;
+    let mut b = ArbiterProcess::builder(pki).etcd_endpoints(etcd.endpoints()).root(root).registry(GATE_REGISTRY);
+    if !shards.is_empty() {
+        b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.etcd.endpoints()[0].clone()))));
+    }
+    if !opts.move_faults.is_empty() {
+        b = b.extra_yaml(format!("test_faults: [{}]", opts.move_faults.join(", ")));
+    }
+    let path = dir.join("lockctl.yaml");
+    std::fs::write(&path, b.render(free_port(), free_port(), &registry))?;
+    Ok(path)
 }
 
 /// The clock of arbiter or fenced holder `i` under `clock_steps`: the first runs

@@ -1,6 +1,10 @@
 //! The fault schedule: each fault is injected, held, healed and recorded with its
 //! start and end time. Pauses "past the TTL" last [`PAST_TTL`]; clock steps are
 //! held for [`CLOCK_HOLD`] (their effect is the step itself, see [`super::clock`]).
+//!
+//! A run with shards (`GateOptions::shards`) draws from [`REBALANCE_KINDS`]: a
+//! [`FaultKind::Rebalance`] moves every gate key to the other shard (and the next
+//! one back), and the member faults pick the coord cluster or a shard.
 
 use std::time::Duration;
 
@@ -8,9 +12,10 @@ use anyhow::Result;
 use rand::seq::SliceRandom as _;
 
 use super::clock::{ClockStep, FakeClock, STEPS};
-use super::faultproxy::LinkMode;
+use super::faultproxy::{FaultProxy, LinkMode};
 use super::harness::{GateCluster, GATE_TTL_S};
 use super::history::now_us;
+use crate::etcd::EtcdCluster;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
 pub const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
@@ -48,6 +53,9 @@ pub enum FaultKind {
     HolderClockStep,
     /// Step the clock of an arbiter (libfaketime; wall, or wall and monotonic).
     ArbiterClockStep,
+    /// Move every gate key to the other entity shard, or back, with `lockctl
+    /// shard apply` while the holders contend (runs with shards only).
+    Rebalance,
 }
 
 /// Every kind, in the quick gate's order.
@@ -86,16 +94,56 @@ impl FaultKind {
             FaultKind::Restore => "restore",
             FaultKind::HolderClockStep => "holder_clock_step",
             FaultKind::ArbiterClockStep => "arbiter_clock_step",
+            FaultKind::Rebalance => "rebalance",
         }
     }
 }
 
+/// The kinds of a run with shards: every kind but [`FaultKind::QuorumLoss`] (its
+/// check, `quorum_loss_grants_nothing`, knows one cluster; the gate keys live on
+/// the shards) and [`FaultKind::Restore`] (a restored coord cluster can take the
+/// shard map back: a manual repair, docs/SCALE.md), and [`FaultKind::Rebalance`].
+pub const REBALANCE_KINDS: [FaultKind; 12] = [
+    FaultKind::Rebalance,
+    FaultKind::HolderPause,
+    FaultKind::HolderClockStep,
+    FaultKind::MemberKill,
+    FaultKind::ArbiterPartition,
+    FaultKind::LeaderPause,
+    FaultKind::SlowLink,
+    FaultKind::ArbiterPause,
+    FaultKind::ArbiterClockStep,
+    FaultKind::LeaderIsolation,
+    FaultKind::ArbiterRestart,
+    FaultKind::EnvoyRestart,
+];
+
 /// A random schedule of `n` faults (each kind at least once when `n` allows).
 pub fn random(n: usize) -> Vec<FaultKind> {
+    random_of(&ALL, n)
+}
+
+/// A random schedule of `n` steps for a run with shards: at least two
+/// rebalances (there and back) when `n` is 2 or more, and each of
+/// [`REBALANCE_KINDS`] at least once when `n` allows (13 or more).
+pub fn random_rebalance(n: usize) -> Vec<FaultKind> {
+    let mut v = random_of(&REBALANCE_KINDS, n);
+    while n >= 2 && v.iter().filter(|k| **k == FaultKind::Rebalance).count() < 2 {
+        // Replace a kind that runs twice if there is one, else any other kind.
+        let twice = |k: &FaultKind| *k != FaultKind::Rebalance && v.iter().filter(|x| *x == k).count() > 1;
+        let Some(i) = v.iter().rposition(twice).or_else(|| v.iter().rposition(|k| *k != FaultKind::Rebalance)) else {
+            break;
+        };
+        v[i] = FaultKind::Rebalance;
+    }
+    v
+}
+
+fn random_of(kinds: &[FaultKind], n: usize) -> Vec<FaultKind> {
     let mut rng = rand::rng();
-    let mut v: Vec<FaultKind> = ALL.iter().copied().take(n).collect();
+    let mut v: Vec<FaultKind> = kinds.iter().copied().take(n).collect();
     while v.len() < n {
-        v.push(ALL[rand::random_range(0..ALL.len())]);
+        v.push(kinds[rand::random_range(0..kinds.len())]);
     }
     v.shuffle(&mut rng);
     v
@@ -107,11 +155,12 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
     let name = kind.name();
     match kind {
         FaultKind::MemberKill => {
-            let i = rand::random_range(0..g.etcd.members().len());
-            g.etcd.member(i).kill();
+            let (etcd, cluster) = cluster_of(g, pick_cluster(g));
+            let i = rand::random_range(0..etcd.members().len());
+            etcd.member(i).kill();
             tokio::time::sleep(Duration::from_secs(3)).await;
-            g.etcd.member(i).restart().await?;
-            g.note(name, format!("m{i}"), start);
+            etcd.member(i).restart().await?;
+            g.note(name, format!("{cluster}m{i}"), start);
         }
         FaultKind::QuorumLoss => {
             let n = g.etcd.members().len();
@@ -128,22 +177,33 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             g.note(name, format!("m{a}+m{b}"), start);
         }
         FaultKind::LeaderPause => {
-            let i = g.leader().await.unwrap_or(0);
-            g.etcd.member(i).pause()?;
+            let pick = pick_cluster(g);
+            let (etcd, cluster) = cluster_of(g, pick);
+            // A single-member shard's only member is its leader.
+            let i = if pick.is_none() { g.leader().await.unwrap_or(0) } else { 0 };
+            etcd.member(i).pause()?;
             tokio::time::sleep(PAST_TTL).await;
-            g.etcd.member(i).resume()?;
-            g.note(name, format!("m{i}"), start);
+            etcd.member(i).resume()?;
+            g.note(name, format!("{cluster}m{i}"), start);
         }
         FaultKind::LeaderIsolation => {
-            let i = g.leader().await.unwrap_or(0);
-            for row in &g.proxies {
-                row[i].set(LinkMode::Cut);
+            let pick = pick_cluster(g);
+            let (links, member): (Vec<&FaultProxy>, String) = match pick {
+                // A single-member shard: its only member is its leader.
+                Some(s) => (g.shards[s].proxies.iter().collect(), format!("{}m0", cluster_of(g, pick).1)),
+                None => {
+                    let i = g.leader().await.unwrap_or(0);
+                    (g.proxies.iter().map(|row| &row[i]).collect(), format!("m{i}"))
+                }
+            };
+            for p in &links {
+                p.set(LinkMode::Cut);
             }
             tokio::time::sleep(PAST_TTL).await;
-            for row in &g.proxies {
-                row[i].set(LinkMode::Pass);
+            for p in &links {
+                p.set(LinkMode::Pass);
             }
-            g.note(name, format!("m{i} cut from every arbiter"), start);
+            g.note(name, format!("{member} cut from every arbiter"), start);
         }
         FaultKind::ArbiterPartition | FaultKind::SlowLink => {
             let i = rand::random_range(0..g.arbiters.len());
@@ -194,6 +254,10 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
                 step_clock(g, name, c, step, CLOCK_HOLD).await?;
             }
         }
+        FaultKind::Rebalance => {
+            // Recorded by the harness (a `rebalance` fault and a move).
+            g.rebalance().await?;
+        }
         FaultKind::Restore => {
             let base = g.restore(Duration::from_secs(2)).await?;
             g.note(
@@ -204,6 +268,21 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster a member fault hits: the coord cluster, or with shards one of the
+/// coord cluster and the shards at random (`Some(i)`: shard `i`).
+fn pick_cluster(g: &GateCluster) -> Option<usize> {
+    rand::random_range(0..=g.shards.len()).checked_sub(1)
+}
+
+/// The etcd cluster [`pick_cluster`] picked and its label in a fault's detail
+/// (`""` for the coord cluster, `"shard-a/"` for a shard).
+fn cluster_of(g: &GateCluster, pick: Option<usize>) -> (&EtcdCluster, String) {
+    match pick {
+        None => (&g.etcd, String::new()),
+        Some(i) => (&g.shards[i].etcd, format!("{}/", g.shards[i].name)),
+    }
 }
 
 /// Steps `clock` by `step`, holds it for `hold` and steps it back unless the step
@@ -234,4 +313,22 @@ pub async fn run(g: &GateCluster, schedule: &[FaultKind], gap: Duration) -> Resu
     }
     tokio::time::sleep(gap).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebalance_schedule_moves_there_and_back_and_runs_every_kind_when_it_can() {
+        for _ in 0..50 {
+            let v = random_rebalance(13);
+            assert_eq!(v.len(), 13);
+            assert!(v.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{v:?}");
+            assert!(REBALANCE_KINDS.iter().all(|k| v.contains(k)), "{v:?}");
+            assert!(!v.contains(&FaultKind::Restore) && !v.contains(&FaultKind::QuorumLoss));
+            let short = random_rebalance(3);
+            assert!(short.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{short:?}");
+        }
+    }
 }
