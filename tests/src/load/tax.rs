@@ -123,7 +123,7 @@ async fn drive(
         tokio::time::sleep(Duration::from_secs(1).min(seconds)).await;
         if progress {
             let n = done.load(Ordering::Relaxed);
-            println!("  {name:<12} {:>5.1}s {n:>8} requests", start.elapsed().as_secs_f64());
+            eprintln!("  {name:<12} {:>5.1}s {n:>8} requests", start.elapsed().as_secs_f64());
         }
     }
     measuring.store(false, Ordering::Relaxed);
