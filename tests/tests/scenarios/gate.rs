@@ -3,7 +3,10 @@
 //! scenario per planted bug showing the checker catches it (each with its
 //! control: the same scenario without the bug passes), a checker that runs
 //! out of time failing the gate, and clock steps (libfaketime) of holders and
-//! arbiters that leave fencing and the holder limit intact. docs/GATE.md.
+//! arbiters that leave fencing and the holder limit intact; a rebalance history
+//! (every gate key moved between two entity shards and back under contention)
+//! checked across homes, and the same with the move's epoch advance planted
+//! away. docs/GATE.md.
 
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use lockmesh_tests::client::LockClient;
 use lockmesh_tests::gate::clock::{ClockMode, ClockStep};
 use lockmesh_tests::gate::faultproxy::LinkMode;
 use lockmesh_tests::gate::harness::{GateCluster, GateOptions, MUTEX_PREFIX, SEM_PREFIX};
-use lockmesh_tests::gate::{check, report, schedule, Verdict, CHECK_BUDGET};
+use lockmesh_tests::gate::{check, report, schedule, History, Verdict, CHECK_BUDGET};
 
 const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
@@ -291,4 +294,115 @@ async fn stepped_clocks_of_holders_and_arbiters_break_neither_fencing_nor_the_li
     let Verdict::Pass(s) = v else { unreachable!() };
     assert!(s.grants > 20 && s.writes > 5, "the workload ran: {s:?}");
     assert_eq!(h.faults.len(), 6, "{:?}", h.faults);
+}
+
+/// A rebalance run on two cores: the coord cluster and both shards have one
+/// member each; 2 arbiters, 2 Envoys, no clock steps.
+fn rebalance(name: &str, move_faults: &[&str]) -> GateOptions {
+    GateOptions {
+        members: 1,
+        clock_steps: false,
+        move_faults: move_faults.iter().map(|f| (*f).to_owned()).collect(),
+        ..GateOptions::rebalance(name)
+    }
+}
+
+/// Three fenced holders on the mutex keys and two on the semaphore keys contend
+/// while every gate key moves to the other shard and back (`lockctl shard apply`,
+/// twice, 2 s apart); the whole history is checked. Across the first move a probe
+/// client holds `m/0` for 1.5 s from the move's start, and a second one acquires
+/// `m/0` as soon as the move reports success: a correct move waits for the hold
+/// to end (verification), so the two holds never overlap.
+async fn rebalance_history(opts: GateOptions) -> (History, Verdict) {
+    let mut g = GateCluster::start(opts).await.unwrap();
+    g.spawn_workload(3, 2).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (a, b) = (client(&g, "probe-a", 0), client(&g, "probe-b", 1));
+    let key = format!("{MUTEX_PREFIX}/0");
+    let held = a.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
+    assert_eq!(held.code(), 200, "{}", held.body);
+    let hold_then_release = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (t, sid) = (held.json["token"].as_str().unwrap(), held.json["session"].as_str().unwrap());
+        a.post(REL, &[("x-lock-key", &key), ("x-lock-token", t), ("x-lock-session", sid)]).await.unwrap();
+    };
+    let move_then_acquire = async {
+        g.rebalance().await.unwrap();
+        b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap()
+    };
+    let ((), next) = tokio::join!(hold_then_release, move_then_acquire);
+    if next.code() == 200 {
+        let (t, sid) = (next.json["token"].as_str().unwrap(), next.json["session"].as_str().unwrap());
+        b.post(REL, &[("x-lock-key", &key), ("x-lock-token", t), ("x-lock-session", sid)]).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    g.rebalance().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let h = g.finish().await.unwrap();
+    let v = check(&h, CHECK_BUDGET);
+    if !v.passed() {
+        let dir = report::write(g.dir(), &h, &v).unwrap();
+        let text = std::fs::read_to_string(dir.join("violation.txt")).unwrap();
+        assert!(text.contains("rebalance") && dir.join("history.json").is_file(), "{text}");
+        eprintln!("{text}");
+    }
+    (h, v)
+}
+
+#[tokio::test]
+async fn a_rebalance_there_and_back_under_contention_keeps_tokens_and_holders_across_homes() {
+    let (h, v) = rebalance_history(rebalance("gate-rebal", &[])).await;
+    assert!(v.passed(), "{}", v.explain());
+    assert_eq!(h.shards.len(), 2);
+    assert_eq!(h.moves.len(), 2, "{:?}", h.moves);
+    assert_eq!((&h.moves[0].from, &h.moves[0].to), (&h.moves[1].to, &h.moves[1].from), "there and back");
+    // Not vacuous: in each direction some key was granted on its old home before
+    // the move and on its new home after it, and every grant was checked.
+    for m in &h.moves {
+        let moved = h.keys_granted_across(m);
+        eprintln!("{} -> {} in {} ms: granted on both sides {moved:?}", m.from, m.to, (m.end_us - m.start_us) / 1000);
+        assert!(!moved.is_empty(), "no key granted on both sides of {m:?}");
+    }
+    let homes = h.grant_homes();
+    for c in ["shard-a", "shard-b"] {
+        assert!(homes.values().any(|h| h == c), "no grant on {c}");
+    }
+    eprintln!("{}", v.explain());
+    let Verdict::Pass(s) = v else { unreachable!() };
+    assert!(s.grants > 20 && s.writes > 5, "the workload ran: {s:?}");
+}
+
+/// `lockctl shard apply` with `test_faults: [skip_move_epoch_advance]`: of the
+/// two moves one goes to the shard with the lower epoch, where the keys are then
+/// granted tokens below their old home's. The fence-proxy refuses those writes;
+/// the checker must report the tokens across homes.
+#[tokio::test]
+async fn planted_move_without_the_epoch_advance_is_caught_across_homes() {
+    let (h, v) = rebalance_history(rebalance("gate-rebal-plant", &["skip_move_epoch_advance"])).await;
+    assert_eq!(h.moves.len(), 2, "{:?}", h.moves);
+    assert_caught(&v, "tokens_increase");
+    let across: Vec<&str> = v
+        .violations()
+        .iter()
+        .filter(|x| x.check == "tokens_increase" && x.explanation.contains("across homes"))
+        .map(|x| x.explanation.as_str())
+        .collect();
+    assert!(!across.is_empty(), "{}", v.explain());
+}
+
+/// `lockctl shard apply` with `test_faults: [skip_move_drain]` (no drain, no
+/// verification): holds of the moving keys are still live on their old home
+/// when the new home resumes and grants them. The checker must report two
+/// holders at once across homes: at least the probe's hold of `m/0` on the old
+/// home and the grant of `m/0` on the new home right after the move.
+#[tokio::test]
+async fn planted_move_without_the_drain_is_caught_across_homes() {
+    let (h, v) = rebalance_history(rebalance("gate-rebal-drain", &["skip_move_drain"])).await;
+    assert_eq!(h.moves.len(), 2, "{:?}", h.moves);
+    assert_caught(&v, "holders_within_limit");
+    assert!(
+        v.violations().iter().any(|x| x.check == "holders_within_limit" && x.explanation.contains("across homes")),
+        "{}",
+        v.explain()
+    );
 }
