@@ -110,64 +110,37 @@ pub fn parse_time(s: &str, now_ms: u64) -> Result<u64, String> {
 
 /// Builds the query of a command.
 pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
+    // `--since` defaults to the beginning, `--until` to now.
+    let since = |s: &Option<String>| time_flag("--since", s, now_ms, 0);
+    let until = |s: &Option<String>| time_flag("--until", s, now_ms, now_ms);
     Ok(match cmd {
         AuditCmd::History { key } => {
             let k = LockKey::parse(key.as_bytes()).map_err(|e| format!("KEY: {e}"))?;
             Query::History { digest: k.digest().to_string() }
         }
-        AuditCmd::ByIdentity { identity, since, until } => Query::ByIdentity {
-            identity: identity.clone(),
-            since_ms: since
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--since: {e}"))?
-                .unwrap_or(0),
-            until_ms: until
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--until: {e}"))?
-                .unwrap_or(now_ms),
-        },
+        AuditCmd::ByIdentity { identity, since: s, until: u } => {
+            Query::ByIdentity { identity: identity.clone(), since_ms: since(s)?, until_ms: until(u)? }
+        }
         AuditCmd::Longest { limit } => Query::Longest { limit: *limit },
-        AuditCmd::Unprotected { since, until, outage } => Query::Unprotected {
-            since_ms: since
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--since: {e}"))?
-                .unwrap_or(0),
-            until_ms: until
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--until: {e}"))?
-                .unwrap_or(now_ms),
-            outage: outage.clone(),
-        },
+        AuditCmd::Unprotected { since: s, until: u, outage } => {
+            Query::Unprotected { since_ms: since(s)?, until_ms: until(u)?, outage: outage.clone() }
+        }
         AuditCmd::Recent { limit } => Query::Recent { limit: *limit },
-        AuditCmd::Events { kind, since } => Query::Events {
+        AuditCmd::Events { kind, since: s } => Query::Events {
             kind: super::EventKind::parse(kind).ok_or_else(|| {
                 let all: Vec<&str> = super::EventKind::ALL.iter().map(|k| k.as_str()).collect();
                 format!("KIND: {kind:?} is not one of {}", all.join(", "))
             })?,
-            since_ms: since
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--since: {e}"))?
-                .unwrap_or(0),
+            since_ms: since(s)?,
         },
-        AuditCmd::Expiries { since } => Query::Expiries {
-            since_ms: since
-                .as_deref()
-                .map(|s| parse_time(s, now_ms))
-                .transpose()
-                .map_err(|e| format!("--since: {e}"))?
-                .unwrap_or(0),
-        },
+        AuditCmd::Expiries { since: s } => Query::Expiries { since_ms: since(s)? },
     })
+}
+
+/// The value of a time flag (`--since`/`--until`), `default` when absent; an
+/// error names the flag.
+fn time_flag(flag: &str, value: &Option<String>, now_ms: u64, default: u64) -> Result<u64, String> {
+    value.as_deref().map_or(Ok(default), |s| parse_time(s, now_ms).map_err(|e| format!("{flag}: {e}")))
 }
 
 /// POSTs a query (`body`, JSON) to the tailer's `/v1/audit/query` at `url`

@@ -146,48 +146,38 @@ fn main() -> ExitCode {
             eprintln!("lockmesh-load: --renewal wants HOLDS:SESSIONS, e.g. 10000:10");
             return ExitCode::from(EX_USAGE);
         };
-        return match rt.block_on(load::renewal::run(holds, sessions, !args.quiet)) {
-            Ok(r) => {
-                println!("machine: {}", describe_machine());
-                print!("{}", load::renewal::render(&r));
-                if r.holds_after == r.holds {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(e) => {
-                eprintln!("lockmesh-load: {e:#}");
-                ExitCode::from(1)
-            }
-        };
+        let result = rt.block_on(load::renewal::run(holds, sessions, !args.quiet));
+        return report(result, Some(describe_machine()), load::renewal::render, |r| r.holds_after == r.holds);
     }
     if args.filter_tax {
         let (secs, warm) = (opts.seconds, opts.warmup);
-        return match rt.block_on(load::tax::run(args.concurrency, secs, warm, TAX_ROUNDS, !args.quiet)) {
-            Ok(results) => {
-                println!("machine: {}", describe_machine());
-                print!("{}", load::tax::render(&results, args.concurrency, secs));
-                if results.iter().any(|r| r.errors > 0) {
-                    ExitCode::from(1)
-                } else {
-                    ExitCode::SUCCESS
-                }
-            }
-            Err(e) => {
-                eprintln!("lockmesh-load: {e:#}");
-                ExitCode::from(1)
-            }
-        };
+        let result = rt.block_on(load::tax::run(args.concurrency, secs, warm, TAX_ROUNDS, !args.quiet));
+        let render = |results: &Vec<_>| load::tax::render(results, args.concurrency, secs);
+        return report(result, Some(describe_machine()), render, |results| results.iter().all(|r| r.errors == 0));
     }
-    match rt.block_on(run(&args, &opts)) {
-        Ok(report) => {
-            print!("{}", report.render());
-            let failed = report.results.iter().any(|r| r.failed.is_some());
-            if report.token_violations() > 0 || failed {
-                ExitCode::from(1)
-            } else {
+    let passed = |r: &load::Report| r.token_violations() == 0 && r.results.iter().all(|r| r.failed.is_none());
+    report(rt.block_on(run(&args, &opts)), None, load::Report::render, passed)
+}
+
+/// Prints a finished run's report (after a `machine:` line when given) and
+/// answers 0 when it passed; a run that could not finish prints why and
+/// answers 1, like one that did not pass.
+fn report<R>(
+    result: Result<R>,
+    machine: Option<String>,
+    render: impl FnOnce(&R) -> String,
+    passed: impl FnOnce(&R) -> bool,
+) -> ExitCode {
+    match result {
+        Ok(r) => {
+            if let Some(m) = machine {
+                println!("machine: {m}");
+            }
+            print!("{}", render(&r));
+            if passed(&r) {
                 ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
             }
         }
         Err(e) => {
@@ -228,28 +218,15 @@ fn scale(rt: &tokio::runtime::Runtime, args: &Args, spec: &str) -> ExitCode {
         eprintln!("lockmesh-load: --scale: {e:#}");
         return ExitCode::from(EX_USAGE);
     }
-    match rt.block_on(load::scale::run(&opts)) {
-        Ok(r) => {
-            println!(
-                "machine: {}; etcd: {}; envoy: {} --concurrency {}; arbiter: {}",
-                describe_machine(),
-                tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
-                tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
-                args.envoy_concurrency,
-                lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
-            );
-            print!("{}", r.render());
-            if r.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("lockmesh-load: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    let machine = format!(
+        "{}; etcd: {}; envoy: {} --concurrency {}; arbiter: {}",
+        describe_machine(),
+        tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
+        tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
+        args.envoy_concurrency,
+        lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
+    );
+    report(rt.block_on(load::scale::run(&opts)), Some(machine), |r| r.render(), |r| r.passed())
 }
 
 fn options(a: &Args) -> Result<LoadOptions> {

@@ -2,7 +2,7 @@
 //! start and end time. Pauses "past the TTL" last [`PAST_TTL`]; clock steps are
 //! held for [`CLOCK_HOLD`] (their effect is the step itself, see [`super::clock`]).
 //!
-//! A run with shards (`GateOptions::shards`) draws from [`REBALANCE_KINDS`]: a
+//! A run with shards (`GateOptions::shards`) draws from [`rebalance_kinds`]: a
 //! [`FaultKind::Rebalance`] moves every gate key to the other shard (and the next
 //! one back), and the member faults pick the coord cluster or a shard.
 
@@ -99,24 +99,15 @@ impl FaultKind {
     }
 }
 
-/// The kinds of a run with shards: every kind but [`FaultKind::QuorumLoss`] (its
-/// check, `quorum_loss_grants_nothing`, knows one cluster; the gate keys live on
-/// the shards) and [`FaultKind::Restore`] (a restored coord cluster can take the
-/// shard map back: a manual repair, docs/SCALE.md), and [`FaultKind::Rebalance`].
-pub const REBALANCE_KINDS: [FaultKind; 12] = [
-    FaultKind::Rebalance,
-    FaultKind::HolderPause,
-    FaultKind::HolderClockStep,
-    FaultKind::MemberKill,
-    FaultKind::ArbiterPartition,
-    FaultKind::LeaderPause,
-    FaultKind::SlowLink,
-    FaultKind::ArbiterPause,
-    FaultKind::ArbiterClockStep,
-    FaultKind::LeaderIsolation,
-    FaultKind::ArbiterRestart,
-    FaultKind::EnvoyRestart,
-];
+/// The kinds of a run with shards: [`FaultKind::Rebalance`] and every kind of
+/// [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
+/// knows one cluster; the gate keys live on the shards) and [`FaultKind::Restore`]
+/// (a restored coord cluster can take the shard map back: a manual repair,
+/// docs/SCALE.md).
+pub fn rebalance_kinds() -> Vec<FaultKind> {
+    let others = ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore));
+    std::iter::once(FaultKind::Rebalance).chain(others).collect()
+}
 
 /// A random schedule of `n` faults (each kind at least once when `n` allows).
 pub fn random(n: usize) -> Vec<FaultKind> {
@@ -125,9 +116,9 @@ pub fn random(n: usize) -> Vec<FaultKind> {
 
 /// A random schedule of `n` steps for a run with shards: at least two
 /// rebalances (there and back) when `n` is 2 or more, and each of
-/// [`REBALANCE_KINDS`] at least once when `n` allows (13 or more).
+/// [`rebalance_kinds`] at least once when `n` allows (13 or more).
 pub fn random_rebalance(n: usize) -> Vec<FaultKind> {
-    let mut v = random_of(&REBALANCE_KINDS, n);
+    let mut v = random_of(&rebalance_kinds(), n);
     while n >= 2 && v.iter().filter(|k| **k == FaultKind::Rebalance).count() < 2 {
         // Replace a kind that runs twice if there is one, else any other kind.
         let twice = |k: &FaultKind| *k != FaultKind::Rebalance && v.iter().filter(|x| *x == k).count() > 1;
@@ -325,7 +316,7 @@ mod tests {
             let v = random_rebalance(13);
             assert_eq!(v.len(), 13);
             assert!(v.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{v:?}");
-            assert!(REBALANCE_KINDS.iter().all(|k| v.contains(k)), "{v:?}");
+            assert!(rebalance_kinds().iter().all(|k| v.contains(k)), "{v:?}");
             assert!(!v.contains(&FaultKind::Restore) && !v.contains(&FaultKind::QuorumLoss));
             let short = random_rebalance(3);
             assert!(short.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{short:?}");

@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use anyhow::{Context as _, Result};
+
 /// Counters read once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EtcdCounters {
@@ -43,10 +45,7 @@ impl EtcdCounters {
     /// Parses Prometheus text; counters absent are zero.
     pub fn parse(text: &str) -> Self {
         let mut c = Self::default();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else { continue };
-            let Ok(v) = value.trim().parse::<f64>() else { continue };
-            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        for (name, labels, v) in samples(text) {
             match name {
                 "grpc_server_handled_total" => {
                     if let Some(m) = label(labels, "grpc_method") {
@@ -65,10 +64,7 @@ impl EtcdCounters {
 
     /// Reads `<endpoint>/metrics`; `None` when etcd does not answer.
     pub async fn read(endpoint: &str) -> Option<Self> {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
-        let text =
-            client.get(format!("{}/metrics", endpoint.trim_end_matches('/'))).send().await.ok()?.text().await.ok()?;
-        Some(Self::parse(&text))
+        Some(Self::parse(&metrics_text(endpoint).await.ok()?))
     }
 
     /// What happened between `before` and this reading, divided by `cycles`.
@@ -91,6 +87,36 @@ impl EtcdCounters {
             lease_renewals: (self.lease_renewals - before.lease_renewals) / n,
         })
     }
+}
+
+/// etcd's `/metrics` text from a client URL.
+pub(crate) async fn metrics_text(endpoint: &str) -> Result<String> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let url = format!("{}/metrics", endpoint.trim_end_matches('/'));
+    Ok(client.get(&url).send().await.and_then(|r| r.error_for_status()).context("read etcd /metrics")?.text().await?)
+}
+
+/// The samples of Prometheus text: metric name, labels (`a="x",b="y"}` or
+/// empty) and value.
+fn samples(text: &str) -> impl Iterator<Item = (&str, &str, f64)> {
+    text.lines().filter(|l| !l.starts_with('#')).filter_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let v = value.trim().parse::<f64>().ok()?;
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        Some((name, labels, v))
+    })
+}
+
+/// Sum of the samples of `metric` over all its labels; `None` when absent.
+pub(crate) fn counter(text: &str, metric: &str) -> Option<u64> {
+    let mut values = samples(text).filter(|(name, _, _)| *name == metric).map(|(_, _, v)| v).peekable();
+    values.peek()?;
+    Some(values.sum::<f64>() as u64)
+}
+
+/// The sample of histogram bucket `name{le="<le>"}`.
+pub(crate) fn bucket(text: &str, name: &str, le: &str) -> Option<u64> {
+    samples(text).find(|(n, labels, _)| *n == name && label(labels, "le") == Some(le)).map(|(_, _, v)| v as u64)
 }
 
 /// The value of label `name` in `a="x",b="y"}`.
@@ -144,5 +170,16 @@ etcd_mvcc_delete_total 3
         assert_eq!(w.proposals, 2.0);
         assert!(w.summary().contains("requests Txn 2.00"), "{}", w.summary());
         assert_eq!(after.per_cycle_since(&before, 0), None);
+    }
+
+    #[test]
+    fn sums_a_counter_over_its_labels_and_reads_a_bucket() {
+        let t = "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo_total_other 9\nbar 1\n\
+                 h_bucket{le=\"0.5\"} 4\nh_bucket{le=\"1.024\"} 7\n";
+        assert_eq!(counter(t, "foo_total"), Some(5));
+        assert_eq!(counter(t, "bar"), Some(1));
+        assert_eq!(counter(t, "baz"), None);
+        assert_eq!(bucket(t, "h_bucket", "1.024"), Some(7));
+        assert_eq!(bucket(t, "h_bucket", "2"), None);
     }
 }

@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::etcdwork::{counter, metrics_text};
 use super::lockmesh::{lock_tier_http, post};
 use crate::client::REQUEST_TIMEOUT;
 use crate::stack::Stack;
@@ -169,25 +170,6 @@ pub struct RenewalReport {
     pub lease_renewals: Option<u64>,
     /// Holds still present at the end (must be all).
     pub holds_after: usize,
-}
-
-/// Sum of the samples of `metric` (any labels) in etcd's `/metrics` text.
-pub(crate) fn counter(text: &str, metric: &str) -> Option<u64> {
-    let mut found = false;
-    let mut sum = 0.0;
-    for l in text.lines().filter(|l| !l.starts_with('#')) {
-        let name = l.split(['{', ' ']).next().unwrap_or_default();
-        if name == metric {
-            found = true;
-            sum += l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        }
-    }
-    found.then_some(sum as u64)
-}
-
-/// etcd's `/metrics` text.
-pub(crate) async fn etcd_metrics(url: &str) -> Result<String> {
-    Ok(reqwest::get(format!("{url}/metrics")).await?.text().await?)
 }
 
 /// How many keys etcd has under `prefix`.
@@ -581,11 +563,11 @@ pub async fn run(holds: usize, sessions: usize, progress: bool) -> Result<Renewa
     // The measured window: only renewals (and the arbiter's own 1 s seal check,
     // a read) reach etcd.
     let intervals = 3u32;
-    let before = etcd_metrics(&etcd_url).await?;
+    let before = metrics_text(&etcd_url).await?;
     let c0 = renewer.counts();
     tokio::time::sleep(Duration::from_millis(ttl_s * 1000 / 3) * intervals).await;
     let c1 = renewer.counts();
-    let after = etcd_metrics(&etcd_url).await?;
+    let after = metrics_text(&etcd_url).await?;
     renewer.stop().await;
     let window = c1.since(&c0);
     let delta = |m: &str| Some(counter(&after, m)?.saturating_sub(counter(&before, m)?));
@@ -650,13 +632,6 @@ fn goal(r: &RenewalReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sums_a_counter_over_its_labels() {
-        let t = "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo_total_other 9\nbar 1\n";
-        assert_eq!(counter(t, "foo_total"), Some(5));
-        assert_eq!(counter(t, "baz"), None);
-    }
 
     #[test]
     fn spreads_holds_over_sessions_with_distinct_keys() {

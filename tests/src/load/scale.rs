@@ -37,7 +37,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cpu::{self, Memory, Procs, Usage};
-use super::renewal::{counter, etcd_metrics, Attached, Fleet, FleetSpec, RenewCounts, Tier};
+use super::etcdwork::{bucket, counter, metrics_text};
+use super::renewal::{Attached, Fleet, FleetSpec, RenewCounts, Tier};
 use crate::arbiter::DEFAULT_TEST_REGISTRY;
 use crate::stack::Stack;
 
@@ -267,14 +268,8 @@ impl EtcdFigures {
     }
 
     async fn read(url: &str) -> Self {
-        etcd_metrics(url).await.map(|t| Self::parse(&t)).unwrap_or_default()
+        metrics_text(url).await.map(|t| Self::parse(&t)).unwrap_or_default()
     }
-}
-
-/// The sample of histogram bucket `name{le="<le>"}` in etcd's `/metrics` text.
-fn bucket(text: &str, name: &str, le: &str) -> Option<u64> {
-    let head = format!("{name}{{le=\"{le}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&head)?.trim().parse::<f64>().ok()).map(|v| v as u64)
 }
 
 // === impl Deletes ===
@@ -761,10 +756,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_a_histogram_bucket() {
-        let t = "x_bucket{le=\"0.5\"} 3\nx_bucket{le=\"1.024\"} 7\nx_count 9\n";
-        assert_eq!(bucket(t, "x_bucket", "1.024"), Some(7));
-        assert_eq!(bucket(t, "x_bucket", "2.048"), None);
+    fn counts_slow_fsyncs_from_the_histogram() {
         let f = EtcdFigures::parse(
             "etcd_disk_wal_fsync_duration_seconds_bucket{le=\"1.024\"} 7\netcd_disk_wal_fsync_duration_seconds_count 9\n",
         );
