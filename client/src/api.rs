@@ -6,6 +6,8 @@
 //!   request had no effect beyond what the code says.
 //! - [`CallError::Unknown`]: the request may have been acted on (timeout, reset,
 //!   an answer without a lockmesh error body such as Envoy's 500/504).
+//! - [`CallError::FailedOpen`]: an acquire was answered with an unprotected grant
+//!   (token 0, ADR-04), which was released again.
 
 use std::time::Duration;
 
@@ -44,6 +46,9 @@ pub(crate) enum CallError {
     },
     /// Sent; the effect is unknown.
     Unknown(String),
+    /// An acquire answered with an unprotected grant (a fail-open class during a
+    /// quorum loss), which the SDK has released again.
+    FailedOpen,
 }
 
 /// An acquire's answer.
@@ -76,6 +81,7 @@ impl CallError {
         match self {
             CallError::NotSent(m) => Error::Unavailable(m),
             CallError::Unknown(m) => Error::Unavailable(m),
+            CallError::FailedOpen => Error::FailedOpen,
             CallError::Refused { code, reason, .. } if code == "contended" => {
                 Error::Contended { reason: reason.unwrap_or_else(|| "key_gated".into()) }
             }
@@ -193,6 +199,15 @@ impl Api {
             h.push((headers::CLASS, c.to_owned()));
         }
         let v = self.call(Method::POST, "/v1/locks/acquire", &h, timeout).await?;
+        if v.get("unprotected").and_then(Value::as_bool) == Some(true) {
+            // Token 0 fences nothing and the grant is on no session: hand it back.
+            let grant = v.get("grant").and_then(Value::as_str).ok_or_else(|| bad("grant"))?;
+            let h = [(headers::KEY, key.to_owned()), (headers::GRANT, grant.to_owned())];
+            if let Err(e) = self.call(Method::POST, "/v1/locks/release", &h, timeout).await {
+                tracing::warn!(error = ?e.code(), "release of an unprotected grant failed; it lapses after the class TTL");
+            }
+            return Err(CallError::FailedOpen);
+        }
         let grant = grant_of(&v, key)?;
         if grant.session != session {
             return Err(CallError::Unknown("the grant names another session".into()));

@@ -47,6 +47,13 @@ pub enum Error {
     /// The session for this key cannot start new work (a keepalive failed).
     #[error("the session is draining: a keepalive failed, no new work may start")]
     Draining,
+    /// The key's class failed open during a quorum loss (ADR-04) and the service
+    /// answered with an unprotected grant (token 0). The SDK takes protected
+    /// grants only: it released that grant at once (if the release was lost, the
+    /// hold lapses after the class TTL). Nothing is held; try again once the
+    /// quorum is back.
+    #[error("the class failed open during a quorum loss; the unprotected grant was released, nothing is held")]
+    FailedOpen,
 }
 
 // === impl Error ===
@@ -63,6 +70,7 @@ impl Error {
             Error::OutcomeUnknown => "outcome_unknown",
             Error::SessionLost(_) => "session_lost",
             Error::Draining => "draining",
+            Error::FailedOpen => "failed_open",
         }
     }
 
@@ -74,7 +82,8 @@ impl Error {
             | Error::Unavailable(_)
             | Error::OutcomeUnknown
             | Error::SessionLost(_)
-            | Error::Draining => true,
+            | Error::Draining
+            | Error::FailedOpen => true,
             Error::Refused { code, .. } => {
                 matches!(code.as_str(), "queue_full" | "sealed" | "unavailable" | "draining" | "session_expired")
             }

@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use lockmesh_client::{Error as SdkError, LockOptions};
 use lockmesh_tests::{assert_eventually, probe::http_get_within, Stack};
 use serde_json::Value;
 
@@ -31,7 +32,7 @@ classes:
     purpose: correctness
   - name: batch
     prefixes: ["payments/batch"]
-    ttl_s: 20
+    ttl_s: 60
     enforcement: advisory
     risk_owner: lockmesh-tests
     waiver_expiry: "2099-12-31"
@@ -90,6 +91,11 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
     let a = st.client("payments", "a").unwrap();
     let b = st.client("payments", "b").unwrap();
     let (open_key, closed_key) = ("payments/batch/job-7", "payments/orders/order-7");
+    // An SDK holder with a session of the open class (TTL 60 s: its next
+    // keepalive, which would drain it, comes after the outage's checks).
+    let sdk_key = "payments/batch/job-8";
+    let (sdk, _fences) = super::sdk::sdk(super::sdk::config(&st, "payments", "c"));
+    sdk.lock(sdk_key, LockOptions::default()).await.unwrap().release().await.unwrap();
 
     // With a quorum the open class is granted from etcd like any class.
     let r = a.post(ACQ, &[("x-lock-key", open_key)]).await.unwrap();
@@ -146,6 +152,22 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
     let (code, ready) = admin(&st, "/readyz").await;
     assert_eq!(code, 200, "fail-open classes keep the arbiter ready: {ready}");
 
+    // The SDK takes protected grants only: it hands an unprotected one back at
+    // once, so the key is free for the next caller.
+    assert_eq!(sdk.lock(sdk_key, LockOptions::default()).await.err(), Some(SdkError::FailedOpen));
+    let r = a.post(ACQ, &[("x-lock-key", sdk_key)]).await.unwrap();
+    assert_eq!((r.code(), s(&r, "token").as_str()), (200, "0"), "the SDK left its grant held: {}", r.body);
+    let g4 = s(&r, "grant");
+    assert_eq!(a.post(REL, &[("x-lock-key", sdk_key), ("x-lock-grant", &g4)]).await.unwrap().code(), 200);
+    let sdk_ops: Vec<(String, String)> = spool_lines(&spool)
+        .iter()
+        .filter(|l| l["key"] == sdk_key)
+        .map(|l| (l["op"].as_str().unwrap().to_owned(), l["grant"].as_str().unwrap().to_owned()))
+        .collect();
+    let g3 = sdk_ops.first().map(|(_, g)| g.clone()).unwrap_or_default();
+    let want = [("grant", &g3), ("release", &g3), ("grant", &g4), ("release", &g4)];
+    assert_eq!(sdk_ops, want.map(|(o, g)| (o.to_owned(), g.clone())), "{sdk_ops:?}");
+
     // The arbiter crashes holding g2; the quorum returns; it restarts from its spool.
     st.arbiter(0).kill();
     let (r1, r2) = tokio::join!(st.etcd().member(1).restart(), st.etcd().member(2).restart());
@@ -164,14 +186,24 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
     tailer.caught_up(head(&st).await).await;
     let v = tailer.lockctl(&["unprotected", "--outage", &outage]);
     let grants = v["grants"].as_array().unwrap();
-    let got: Vec<(&str, &str, Option<&str>)> = grants
+    let mut got: Vec<(&str, &str, Option<&str>, &str)> = grants
         .iter()
-        .map(|g| (g["grant_id"].as_str().unwrap(), g["end"]["kind"].as_str().unwrap(), g["end"]["reason"].as_str()))
+        .map(|g| {
+            let end = &g["end"];
+            (g["grant_id"].as_str().unwrap(), end["kind"].as_str().unwrap(), end["reason"].as_str(), g["key"].as_str().unwrap())
+        })
         .collect();
-    assert_eq!(got, [(g1.as_str(), "release", None), (g2.as_str(), "expiry", Some("arbiter_restart"))], "{v}");
+    got.sort();
+    let mut want = [
+        (g1.as_str(), "release", None, open_key),
+        (g2.as_str(), "expiry", Some("arbiter_restart"), open_key),
+        (g3.as_str(), "release", None, sdk_key),
+        (g4.as_str(), "release", None, sdk_key),
+    ];
+    want.sort();
+    assert_eq!(got, want, "{v}");
     for g in grants {
         assert_eq!((g["class"].as_str(), g["namespace"].as_str()), (Some("batch"), Some("payments")), "{g}");
-        assert_eq!(g["key"].as_str(), Some(open_key));
     }
     let events = tailer.lockctl(&["history", open_key]);
     let unprotected: Vec<&Value> =
@@ -188,10 +220,10 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("2 unprotected grants") && !table.contains("job-7"), "{table}");
+    assert!(table.contains("4 unprotected grants") && !table.contains("job-7"), "{table}");
     let log = std::fs::read_to_string(st.arbiter(0).log_path()).unwrap();
     assert!(log.contains("QUORUM LOST") && log.contains("UNPROTECTED grant"), "{log}");
-    for secret in [open_key, closed_key, &g1, &g2] {
+    for secret in [open_key, closed_key, sdk_key, &g1, &g2, &g3, &g4] {
         assert!(!log.contains(secret), "the arbiter log names {secret}");
     }
 

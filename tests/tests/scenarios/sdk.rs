@@ -17,13 +17,13 @@ use lockmesh_client::{Client, Config, Error, FenceEvent, LockOptions, LossReason
 use lockmesh_tests::{client::LockClient, eventually_true, paths::profile_dir, Stack, StackBuilder};
 use tokio::time::{sleep, Instant};
 
-type Fences = Arc<Mutex<Vec<(Instant, FenceEvent)>>>;
+pub(super) type Fences = Arc<Mutex<Vec<(Instant, FenceEvent)>>>;
 
 fn lock_tier(name: &str) -> StackBuilder {
     Stack::builder(name).envoy_config("lock-tier")
 }
 
-fn config(st: &Stack, ns: &str, sa: &str) -> Config {
+pub(super) fn config(st: &Stack, ns: &str, sa: &str) -> Config {
     let cert = st.pki().client(ns, sa).unwrap();
     let port = st.envoy().listener_port();
     let mut c =
@@ -33,7 +33,7 @@ fn config(st: &Stack, ns: &str, sa: &str) -> Config {
 }
 
 /// An SDK client whose fence callback records what it was told and when.
-fn sdk(config: Config) -> (Client, Fences) {
+pub(super) fn sdk(config: Config) -> (Client, Fences) {
     let fences: Fences = Arc::default();
     let f = fences.clone();
     let client = Client::new(config, move |ev| f.lock().unwrap().push((Instant::now(), ev))).unwrap();
