@@ -137,6 +137,8 @@ pub async fn advance(
         let _ = writeln!(out, "{s}");
         let _ = out.flush();
     };
+    // Whether this run made the advance (step 2); a resumed run says it found it.
+    let mut advanced_here = false;
     for _ in 0..20 {
         let (rec, mod_rev, cluster) = read_record(client, &keys).await?;
         let bound = cluster_hex(cluster);
@@ -173,10 +175,15 @@ pub async fn advance(
                 let holds = count(client, &keys.all_locks()).await?;
                 let extra = vec![del(keys.all_locks()), del(format!("{}/q/", root.trim_end_matches('/')))];
                 if put_record(client, &keys, mod_rev, &advanced, extra).await? {
+                    advanced_here = true;
                     say(out, format!("2/4 advanced: epoch {expected} -> {target} bound to cluster {bound}; deleted {holds} restored holds and every waiter in the same transaction"));
                 }
             }
             (e, true, t) if e == target && t == Some(target) => {
+                if !advanced_here {
+                    advanced_here = true;
+                    say(out, format!("2/4 advanced earlier: the record already holds epoch {target} bound to cluster {bound} (an earlier run made the advance, with the delete of every restored hold and waiter)"));
+                }
                 let sessions = format!("{}/s/", root.trim_end_matches('/'));
                 let r = client.get(sessions.as_str(), Some(GetOptions::new().with_prefix())).await.map_err(other)?;
                 let mut revoked = 0;

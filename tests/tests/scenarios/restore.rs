@@ -218,7 +218,9 @@ async fn the_restore_command_runs_end_to_end_and_resumes_after_a_kill() {
     let reason = wait_sealed(&st).await;
     assert!(reason == "explicit" || reason == "raft_behind_mark", "{reason}");
     assert_refused_sealed(&a, &reason).await;
-    // Re-run: the restore is kept, the advance resumes from the record's state.
+    // Re-run: the restore is kept, the advance resumes from the record's state
+    // (the first run may have made the advance before the kill landed: then the
+    // re-run says so, "2/4 advanced earlier").
     let out = cmd().output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
