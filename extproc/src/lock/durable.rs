@@ -38,11 +38,10 @@ use std::{
 };
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
-use rand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -296,26 +295,12 @@ impl Store {
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<(), LockError> {
-        let jitter = rand::rng().random_range(0.8..1.2);
-        let poll = Instant::now() + super::wait::POLL.mul_f64(jitter);
+        let poll = super::wait::next_poll();
         let mut opts = WatchOptions::new().with_start_revision(revision + 1);
         if prefix {
             opts = opts.with_prefix();
         }
-        let watch = async {
-            let mut client = self.client();
-            match tokio::time::timeout(Duration::from_secs(2), client.watch(key, Some(opts))).await {
-                Ok(Ok(mut stream)) => loop {
-                    match stream.message().await {
-                        Ok(Some(r)) if r.canceled() => return,
-                        Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Delete) => return,
-                        Ok(Some(_)) => {}
-                        Ok(None) | Err(_) => std::future::pending::<()>().await,
-                    }
-                },
-                _ => std::future::pending::<()>().await,
-            }
-        };
+        let watch = super::wait::delete_seen(self.client(), key, opts);
         tokio::select! {
             () = watch => Ok(()),
             _ = tokio::time::sleep_until(poll.min(deadline)) => Ok(()),

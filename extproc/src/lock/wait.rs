@@ -386,25 +386,9 @@ impl Store {
         let notified = ticket.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let jitter = rand::rng().random_range(0.8..1.2);
-        let poll = Instant::now() + POLL.mul_f64(jitter);
+        let poll = next_poll();
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let holds = self.keys().holds(d);
-        let watch = async {
-            let mut client = self.client();
-            match tokio::time::timeout(Duration::from_secs(2), client.watch(holds.as_str(), Some(opts))).await {
-                Ok(Ok(mut stream)) => loop {
-                    match stream.message().await {
-                        Ok(Some(r)) if r.canceled() => return, // compacted: retry now
-                        Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Delete) => return,
-                        Ok(Some(_)) => {}
-                        // A broken watch is only a lost hint: the poll still runs.
-                        Ok(None) | Err(_) => std::future::pending::<()>().await,
-                    }
-                },
-                _ => std::future::pending::<()>().await,
-            }
-        };
+        let watch = delete_seen(self.client(), self.keys().holds(d), opts);
         let handed = async {
             if offered {
                 return rx.await;
@@ -423,6 +407,30 @@ impl Store {
             _ = cancel.cancelled() => Err(LockError::Cancelled),
         };
         WaitOutcome { handed: None, answered: false, result }
+    }
+}
+
+/// When a gated waiter looks again without a hint: [`POLL`] from now, ±20 %
+/// so waiters that started together do not poll together.
+pub(super) fn next_poll() -> Instant {
+    Instant::now() + POLL.mul_f64(rand::rng().random_range(0.8..1.2))
+}
+
+/// Resolves when etcd reports a delete of `key` (of a key under it, with a
+/// prefix in `opts`) from `opts`' start revision on, or cancels the watch
+/// (compacted: look again now). Never resolves when the watch cannot be set up
+/// or breaks: a lost watch is only a lost hint, the caller's poll still runs.
+pub(super) async fn delete_seen(mut client: etcd_client::Client, key: impl Into<Vec<u8>>, opts: WatchOptions) {
+    match tokio::time::timeout(Duration::from_secs(2), client.watch(key, Some(opts))).await {
+        Ok(Ok(mut stream)) => loop {
+            match stream.message().await {
+                Ok(Some(r)) if r.canceled() => return,
+                Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Delete) => return,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => std::future::pending::<()>().await,
+            }
+        },
+        _ => std::future::pending::<()>().await,
     }
 }
 
