@@ -38,8 +38,7 @@ use std::{
 };
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchOptions,
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
 };
 use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
 use tokio::time::Instant;

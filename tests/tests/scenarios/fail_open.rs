@@ -190,7 +190,12 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
         .iter()
         .map(|g| {
             let end = &g["end"];
-            (g["grant_id"].as_str().unwrap(), end["kind"].as_str().unwrap(), end["reason"].as_str(), g["key"].as_str().unwrap())
+            (
+                g["grant_id"].as_str().unwrap(),
+                end["kind"].as_str().unwrap(),
+                end["reason"].as_str(),
+                g["key"].as_str().unwrap(),
+            )
         })
         .collect();
     got.sort();
