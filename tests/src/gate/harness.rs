@@ -20,7 +20,7 @@ use tempfile::TempDir;
 
 use super::clock::{ClockMode, FakeClock};
 use super::faultproxy::{FaultProxy, LinkMode};
-use super::history::{now_us, ClusterHistory, Fault, History, Move, StoreWrite};
+use super::history::{now_us, ClientOp, ClusterHistory, Fault, History, Move, StoreWrite};
 use super::holder::read_ops;
 use super::recorder::{Recorder, Ticker};
 use crate::arbiter::ArbiterProcess;
@@ -475,6 +475,21 @@ impl GateCluster {
                 );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits (at most `within`) until some holder has recorded an operation that
+    /// satisfies `what`; `Ok(false)` if none did in time.
+    pub async fn wait_for_op(&self, within: Duration, what: impl Fn(&ClientOp) -> bool) -> bool {
+        let end = tokio::time::Instant::now() + within;
+        loop {
+            if self.holders.iter().any(|h| read_ops(&h.out).iter().any(&what)) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
