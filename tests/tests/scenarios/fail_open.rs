@@ -268,10 +268,12 @@ async fn a_transparent_route_forwards_token_zero_only_for_a_class_that_declared_
     assert_eq!(seen.len(), 2);
     assert_eq!((seen[1].header("x-lock-token"), seen[1].header("x-lock-revision")), (Some("0"), Some("0")));
     assert!(seen[1].headers.iter().all(|(k, _)| !k.starts_with("x-lockmesh-") && k != "x-lock-grant"));
-    // The request ended: the filter released its hold, from memory, and the spool says so.
+    // The request ended: the filter released its hold, from memory, and the spool
+    // says so (the hold leaves memory just before its release line is fsynced).
     assert_eventually!(10, async || {
         let f = &status(&st).await["fail_open"][0];
         anyhow::ensure!(f["unprotected_holds"] == 0, "still held: {f}");
+        anyhow::ensure!(spool_lines(&spool).len() >= 2, "release not spooled yet");
         Ok(())
     });
     let ops: Vec<(String, Option<String>)> = spool_lines(&spool)
