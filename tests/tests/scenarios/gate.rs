@@ -26,15 +26,21 @@ fn small(name: &str) -> GateOptions {
 
 /// Checks the history; on failure writes the report and returns the verdict.
 async fn verdict(g: &GateCluster) -> Verdict {
+    finish_checked(g, "fault schedule:").await.1
+}
+
+/// Finishes the run and checks its history; on failure writes the report, which
+/// must name `in_report` and carry the history.
+async fn finish_checked(g: &GateCluster, in_report: &str) -> (History, Verdict) {
     let h = g.finish().await.unwrap();
     let v = check(&h, CHECK_BUDGET);
     if !v.passed() {
         let dir = report::write(g.dir(), &h, &v).unwrap();
         let text = std::fs::read_to_string(dir.join("violation.txt")).unwrap();
-        assert!(text.contains("fault schedule:") && dir.join("history.json").is_file(), "{text}");
+        assert!(text.contains(in_report) && dir.join("history.json").is_file(), "{text}");
         eprintln!("{text}");
     }
-    v
+    (h, v)
 }
 
 fn assert_caught(v: &Verdict, check_name: &str) {
@@ -341,15 +347,7 @@ async fn rebalance_history(opts: GateOptions) -> (History, Verdict) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     g.rebalance().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let h = g.finish().await.unwrap();
-    let v = check(&h, CHECK_BUDGET);
-    if !v.passed() {
-        let dir = report::write(g.dir(), &h, &v).unwrap();
-        let text = std::fs::read_to_string(dir.join("violation.txt")).unwrap();
-        assert!(text.contains("rebalance") && dir.join("history.json").is_file(), "{text}");
-        eprintln!("{text}");
-    }
-    (h, v)
+    finish_checked(&g, "rebalance").await
 }
 
 #[tokio::test]
