@@ -1,0 +1,21 @@
+//! What every lockmesh service binary shares (the arbiter, the audit tailer,
+//! fence-proxy, the injector webhook, `lockctl`) and the Wasm filter cannot have:
+//! native I/O only, so it is a crate of its own beside `lockmesh-core`.
+//!
+//! # Layout
+//! - [`signal`]: [`shutdown`], the one future a service's `run(listener, config,
+//!   shutdown)` is given: the first SIGINT or SIGTERM.
+//! - [`peer`]: [`spiffe_id_of`], the SPIFFE ID of an mTLS peer's certificate.
+//! - [`report`]: [`report_config_errors`], what a binary prints and exits with when
+//!   its configuration is refused (exit 64, EX_USAGE).
+#![forbid(unsafe_code)]
+
+pub mod peer;
+pub mod report;
+pub mod signal;
+
+pub use self::{
+    peer::spiffe_id_of,
+    report::{report_config_errors, EX_USAGE},
+    signal::shutdown,
+};
