@@ -1,8 +1,42 @@
-//! Stable error codes. Each refusal carries one in its JSON body (`{code, message}`)
-//! and in the `x-lockmesh-error` header; clients branch on the code, never on the
+//! Stable error codes and the one table that turns a code into an answer. Each
+//! refusal carries its code in its JSON body ([`crate::wire::error::ErrorBody`]) and
+//! in the `x-lockmesh-error` header; clients branch on the code, never on the
 //! message. New codes may be added; none is renamed.
+//!
+//! Everything a refusal's answer depends on besides its message is decided here,
+//! per code: the HTTP status ([`Code::status`]), whether the same request may
+//! succeed later ([`Code::retryable`]), whether the answer carries `retry-after`
+//! and its value ([`Code::retry_after_s`]), and the headers of the answer
+//! ([`Code::error_headers`]). The arbiter, the Wasm filter and the SDK all read
+//! this table; none keeps its own.
+//!
+//! | Code | Status | Retryable | `retry-after` |
+//! |---|---|---|---|
+//! | `bad_request` | 400 | no | |
+//! | `unauthenticated` | 401 | no | |
+//! | `denied` | 403 | no | |
+//! | `class_mismatch` | 400 | no | |
+//! | `contended` | 409 | yes | |
+//! | `leaked` | 409 | no | |
+//! | `not_holder` | 409 | no | |
+//! | `session_expired` | 410 | no (open a new session) | |
+//! | `session_class_mismatch` | 400 | no | |
+//! | `sealed` | 503 | yes | 1 |
+//! | `unavailable` | 503 | yes | 1 |
+//! | `draining` | 503 | yes | 1 |
+//! | `queue_full` | 429 | yes | 1 |
+//! | `not_found` | 404 | no | |
+//! | `lock_required` | 428 | no | |
+//! | `rate_limited` | 429 | yes | 1 |
+//! | `internal` | 500 | no | |
+//! | `wrong_region` | 421 | no (send it to the named region) | |
+//! | `spool_full` | 503 | yes | 1 |
 
 use std::fmt;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::headers;
 
 /// A stable error code and the HTTP status it is answered with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +93,34 @@ pub enum Reason {
     LockContended,
 }
 
+/// A code as read off the wire: one this build knows, or one it does not (a newer
+/// service). Readers must accept codes they do not know: the set grows. An unknown
+/// code is never retryable and has no status of its own (the answer's status is
+/// what the reader has).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum AnyCode {
+    /// A code of [`Code::ALL`].
+    Known(Code),
+    /// Any other string, kept as sent.
+    Unknown(String),
+}
+
+/// A [`Reason`] as read off the wire, or one this build does not know.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum AnyReason {
+    /// A reason this build knows.
+    Known(Reason),
+    /// Any other string, kept as sent.
+    Unknown(String),
+}
+
+/// The value of `retry-after`, in seconds, on every answer that carries it.
+pub const RETRY_AFTER_S: u32 = 1;
+/// [`RETRY_AFTER_S`] as the header value.
+const RETRY_AFTER_VALUE: &str = "1";
+
+// === impl Code ===
+
 impl Code {
     /// Every code, for docs and tests.
     pub const ALL: [Code; 19] = [
@@ -83,7 +145,7 @@ impl Code {
         Code::SpoolFull,
     ];
 
-    /// The wire string.
+    /// The wire string (snake_case), as in the body's `code` and `x-lockmesh-error`.
     pub fn as_str(self) -> &'static str {
         match self {
             Code::BadRequest => "bad_request",
@@ -108,8 +170,8 @@ impl Code {
         }
     }
 
-    /// The HTTP status.
-    pub fn http_status(self) -> u16 {
+    /// The HTTP status every answer with this code has (docs/API.md, Errors).
+    pub fn status(self) -> u16 {
         match self {
             Code::BadRequest | Code::ClassMismatch | Code::SessionClassMismatch => 400,
             Code::Unauthenticated => 401,
@@ -125,6 +187,73 @@ impl Code {
         }
     }
 
+    /// The same as [`Code::status`]; kept until the arbiter and the filter call
+    /// `status`.
+    pub fn http_status(self) -> u16 {
+        self.status()
+    }
+
+    /// Whether the *same* request, sent again later without any change, may
+    /// succeed: the refusal describes a state of the service or of the key that
+    /// passes by itself (contention, a quorum loss, a seal until the operator's
+    /// epoch advance, a drain, a full queue or spool, a rate limit). Nothing was
+    /// granted or changed by a refusal, so a retry is always safe; this says
+    /// whether it is useful.
+    ///
+    /// Not retryable: a request that must change first. That includes
+    /// `session_expired` (the session is gone for good: open a new one and send the
+    /// request on it; the SDK does this itself and reports the loss as its own
+    /// retryable `SessionLost`), `wrong_region` (send it to the named region),
+    /// `leaked` (fix the leak) and `internal` (a bug: report it; the same request
+    /// most likely meets the same bug).
+    pub fn retryable(self) -> bool {
+        match self {
+            Code::Contended
+            | Code::Sealed
+            | Code::Unavailable
+            | Code::Draining
+            | Code::QueueFull
+            | Code::RateLimited
+            | Code::SpoolFull => true,
+            Code::BadRequest
+            | Code::Unauthenticated
+            | Code::Denied
+            | Code::ClassMismatch
+            | Code::Leaked
+            | Code::NotHolder
+            | Code::SessionExpired
+            | Code::SessionClassMismatch
+            | Code::NotFound
+            | Code::LockRequired
+            | Code::Internal
+            | Code::WrongRegion => false,
+        }
+    }
+
+    /// The `retry-after` an answer with this code carries, in seconds
+    /// ([`RETRY_AFTER_S`]), or none. Only retryable codes carry it, and only those
+    /// whose wait the client cannot judge itself: a contended key has no
+    /// `retry-after` (the caller chose its wait).
+    pub fn retry_after_s(self) -> Option<u32> {
+        self.carries_retry_after().then_some(RETRY_AFTER_S)
+    }
+
+    fn carries_retry_after(self) -> bool {
+        matches!(
+            self,
+            Code::Sealed | Code::Unavailable | Code::Draining | Code::QueueFull | Code::RateLimited | Code::SpoolFull
+        )
+    }
+
+    /// The headers of every answer refusing with this code, in order:
+    /// `x-lockmesh-error: <code>`, then `retry-after` when
+    /// [`Code::retry_after_s`] is set. Answer-specific headers (`content-type`, a
+    /// `wrong_region` answer's [`headers::REGION`]) are the answering component's.
+    pub fn error_headers(self) -> impl Iterator<Item = (&'static str, &'static str)> {
+        let retry = self.carries_retry_after().then_some((headers::RETRY_AFTER, RETRY_AFTER_VALUE));
+        std::iter::once((headers::ERROR, self.as_str())).chain(retry)
+    }
+
     /// Parses the wire string.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|c| c.as_str() == s)
@@ -137,7 +266,26 @@ impl fmt::Display for Code {
     }
 }
 
+impl Serialize for Code {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Strict: an unknown string is an error. Readers of answers use [`AnyCode`].
+impl<'de> Deserialize<'de> for Code {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Code::parse(&s).ok_or_else(|| de::Error::custom(format!("unknown error code {s:?}")))
+    }
+}
+
+// === impl Reason ===
+
 impl Reason {
+    /// Every reason, for tests.
+    pub const ALL: [Reason; 2] = [Reason::KeyGated, Reason::LockContended];
+
     /// The wire string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -145,10 +293,148 @@ impl Reason {
             Reason::LockContended => "lock_contended",
         }
     }
+
+    /// Parses the wire string.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Strict: an unknown string is an error. Readers of answers use [`AnyReason`].
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Reason::parse(&s).ok_or_else(|| de::Error::custom(format!("unknown reason {s:?}")))
+    }
+}
+
+// === impl AnyCode ===
+
+impl AnyCode {
+    /// Classifies a wire string.
+    pub fn parse(s: &str) -> Self {
+        Code::parse(s).map_or_else(|| AnyCode::Unknown(s.to_owned()), AnyCode::Known)
+    }
+
+    /// The code, if this build knows it.
+    pub fn known(&self) -> Option<Code> {
+        match self {
+            AnyCode::Known(c) => Some(*c),
+            AnyCode::Unknown(_) => None,
+        }
+    }
+
+    /// The wire string, as sent.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AnyCode::Known(c) => c.as_str(),
+            AnyCode::Unknown(s) => s,
+        }
+    }
+
+    /// [`Code::retryable`]; false for a code this build does not know.
+    pub fn retryable(&self) -> bool {
+        self.known().is_some_and(Code::retryable)
+    }
+}
+
+impl From<Code> for AnyCode {
+    fn from(c: Code) -> Self {
+        AnyCode::Known(c)
+    }
+}
+
+impl PartialEq<Code> for AnyCode {
+    fn eq(&self, other: &Code) -> bool {
+        self.known() == Some(*other)
+    }
+}
+
+impl fmt::Display for AnyCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for AnyCode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for AnyCode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(AnyCode::parse(&s))
+    }
+}
+
+// === impl AnyReason ===
+
+impl AnyReason {
+    /// Classifies a wire string.
+    pub fn parse(s: &str) -> Self {
+        Reason::parse(s).map_or_else(|| AnyReason::Unknown(s.to_owned()), AnyReason::Known)
+    }
+
+    /// The reason, if this build knows it.
+    pub fn known(&self) -> Option<Reason> {
+        match self {
+            AnyReason::Known(r) => Some(*r),
+            AnyReason::Unknown(_) => None,
+        }
+    }
+
+    /// The wire string, as sent.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AnyReason::Known(r) => r.as_str(),
+            AnyReason::Unknown(s) => s,
+        }
+    }
+}
+
+impl From<Reason> for AnyReason {
+    fn from(r: Reason) -> Self {
+        AnyReason::Known(r)
+    }
+}
+
+impl fmt::Display for AnyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for AnyReason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for AnyReason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(AnyReason::parse(&s))
+    }
 }
 
 /// Writes the JSON error body `{"code":..,"message":..[,"reason":..]}` by hand (the
-/// Wasm filter has no serde_json on its hot path). `message` is escaped.
+/// Wasm filter has no serde_json on its hot path): byte for byte what serde_json
+/// writes for [`crate::wire::error::ErrorBody`] without a region (a test proves it
+/// for every code). `message` is escaped as serde_json escapes strings.
 pub fn error_body(code: Code, message: &str, reason: Option<Reason>) -> String {
     let mut s = String::with_capacity(48 + message.len());
     s.push_str("{\"code\":\"");
@@ -158,7 +444,18 @@ pub fn error_body(code: Code, message: &str, reason: Option<Reason>) -> String {
         match c {
             '"' => s.push_str("\\\""),
             '\\' => s.push_str("\\\\"),
-            c if (c as u32) < 0x20 => s.push_str(&format!("\\u{:04x}", c as u32)),
+            '\u{8}' => s.push_str("\\b"),
+            '\u{c}' => s.push_str("\\f"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let b = c as u32 as usize;
+                s.push_str("\\u00");
+                s.push(char::from(HEX[b >> 4]));
+                s.push(char::from(HEX[b & 0xf]));
+            }
             c => s.push(c),
         }
     }
@@ -175,24 +472,108 @@ pub fn error_body(code: Code, message: &str, reason: Option<Reason>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ErrorBody;
 
     #[test]
     fn codes_round_trip_and_are_unique() {
         for c in Code::ALL {
             assert_eq!(Code::parse(c.as_str()), Some(c));
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{c}\""));
+            assert_eq!(serde_json::from_str::<Code>(&format!("\"{c}\"")).unwrap(), c);
+            assert_eq!(AnyCode::parse(c.as_str()), AnyCode::Known(c));
         }
         let mut names: Vec<_> = Code::ALL.iter().map(|c| c.as_str()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), Code::ALL.len());
+        for r in Reason::ALL {
+            assert_eq!(serde_json::from_str::<Reason>(&format!("\"{r}\"")).unwrap(), r);
+        }
     }
 
     #[test]
-    fn error_body_is_json() {
-        let b = error_body(Code::Contended, "a \"q\"\n", Some(Reason::KeyGated));
-        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
-        assert_eq!(v["code"], "contended");
-        assert_eq!(v["message"], "a \"q\"\n");
-        assert_eq!(v["reason"], "key_gated");
+    fn unknown_codes_are_kept_and_never_retryable() {
+        assert!(serde_json::from_str::<Code>("\"teapot\"").is_err());
+        let c: AnyCode = serde_json::from_str("\"teapot\"").unwrap();
+        assert_eq!((c.known(), c.as_str(), c.retryable()), (None, "teapot", false));
+        assert_eq!(serde_json::to_string(&c).unwrap(), "\"teapot\"");
+        let r: AnyReason = serde_json::from_str("\"moon_phase\"").unwrap();
+        assert_eq!(r, AnyReason::Unknown("moon_phase".into()));
+    }
+
+    /// The table as docs/API.md states it; a change here is an API change.
+    #[test]
+    fn the_table() {
+        use Code::*;
+        let table = [
+            (BadRequest, 400, false),
+            (Unauthenticated, 401, false),
+            (Denied, 403, false),
+            (ClassMismatch, 400, false),
+            (Contended, 409, true),
+            (Leaked, 409, false),
+            (NotHolder, 409, false),
+            (SessionExpired, 410, false),
+            (SessionClassMismatch, 400, false),
+            (Sealed, 503, true),
+            (Unavailable, 503, true),
+            (Draining, 503, true),
+            (QueueFull, 429, true),
+            (NotFound, 404, false),
+            (LockRequired, 428, false),
+            (RateLimited, 429, true),
+            (Internal, 500, false),
+            (WrongRegion, 421, false),
+            (SpoolFull, 503, true),
+        ];
+        assert_eq!(table.len(), Code::ALL.len());
+        for (c, status, retryable) in table {
+            assert_eq!((c.status(), c.http_status(), c.retryable()), (status, status, retryable), "{c}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_on_retryable_codes_only_and_in_the_headers() {
+        assert_eq!(RETRY_AFTER_VALUE, RETRY_AFTER_S.to_string());
+        for c in Code::ALL {
+            let h: Vec<_> = c.error_headers().collect();
+            assert_eq!(h[0], (headers::ERROR, c.as_str()));
+            match c.retry_after_s() {
+                Some(s) => {
+                    assert!(c.retryable(), "{c} carries retry-after but is not retryable");
+                    assert_eq!(h[1..], [(headers::RETRY_AFTER, s.to_string().as_str())]);
+                }
+                None => assert_eq!(h.len(), 1, "{c}"),
+            }
+        }
+        // Today's answers: the arbiter's four 503s, the filter's queue_full and
+        // ValidateToken's rate_limited.
+        let with: Vec<_> = Code::ALL.into_iter().filter(|c| c.retry_after_s().is_some()).collect();
+        assert_eq!(
+            with,
+            [Code::Sealed, Code::Unavailable, Code::Draining, Code::QueueFull, Code::RateLimited, Code::SpoolFull]
+        );
+    }
+
+    #[test]
+    fn error_body_is_serde_jsons_bytes_for_every_code() {
+        let messages = [
+            "",
+            "x-lock-key: required",
+            "a \"q\" and \\ back",
+            "tab\tnl\ncr\rbs\u{8}ff\u{c}nul\u{0}us\u{1f}del\u{7f}",
+            "caf\u{e9} \u{1F512} \u{2028}",
+        ];
+        for c in Code::ALL {
+            for m in messages {
+                for r in [None, Some(Reason::KeyGated), Some(Reason::LockContended)] {
+                    let mut typed = ErrorBody::new(c, m);
+                    typed.reason = r.map(AnyReason::from);
+                    let hand = error_body(c, m, r);
+                    assert_eq!(hand, serde_json::to_string(&typed).unwrap(), "{c} {m:?} {r:?}");
+                    assert_eq!(serde_json::from_str::<ErrorBody>(&hand).unwrap(), typed);
+                }
+            }
+        }
     }
 }

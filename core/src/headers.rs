@@ -48,6 +48,12 @@ pub const LOCK_HEADERS: [&str; 7] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLA
 pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
 /// The stable error code of a refused request, on every error response.
 pub const ERROR: &str = "x-lockmesh-error";
+/// On a `wrong_region` answer (ADR-08): the region whose lock tier homes the key's
+/// namespace (the body's `region` names it too).
+pub const REGION: &str = "x-lockmesh-region";
+/// The standard HTTP `retry-after` header (seconds), on the refusals whose
+/// [`crate::Code::retry_after_s`] is set.
+pub const RETRY_AFTER: &str = "retry-after";
 /// Set by the filter: the wait budget left, in ms, when it passed the request on.
 /// The arbiter counts the caller's deadline from this, so time queued in the filter
 /// is part of the wait.
@@ -109,6 +115,21 @@ impl SessionId {
 impl std::fmt::Display for SessionId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:016x}", self.0)
+    }
+}
+
+/// A session id travels in JSON as its 16 hex digits, as in `x-lock-session`.
+impl serde::Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Reads the form [`parse_session`] accepts.
+impl<'de> serde::Deserialize<'de> for SessionId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        parse_session(s.as_bytes()).map_err(|e| serde::de::Error::custom(e.why))
     }
 }
 

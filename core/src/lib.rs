@@ -7,11 +7,14 @@
 //! - [`key`]: [`LockKey`] and its domain-separated SHA-256 digest, the only form a key
 //!   takes in etcd key names, logs and metrics.
 //! - [`token`]: [`FencingToken`], `epoch x 2^48 + commit revision`.
-//! - [`code`]: the stable error codes and the HTTP status each maps to.
+//! - [`code`]: the stable error codes and the one table deciding each one's status,
+//!   retryability and headers.
 //! - [`class`]: the class schema and the longest-prefix registry lookup.
 //! - [`policy`]: a class's authoritative limit and the limit-change protocol.
 //! - [`pause`]: the pause test result document and its validity check.
 //! - [`shard`]: the shard map and rendezvous homing of keys on clusters (ADR-07, ADR-09).
+//! - [`wire`]: every JSON body lockmesh speaks, as serde types (one module per
+//!   surface: API, VM routes, `/status`, console, admin, audit, `lockctl --json`).
 //! - `proof` (feature `proof`): Ed25519 grant proofs that fences verify offline.
 #![forbid(unsafe_code)]
 
@@ -26,8 +29,9 @@ pub mod policy;
 pub mod proof;
 pub mod shard;
 pub mod token;
+pub mod wire;
 
 pub use class::{ClassName, ClassRegistry, ClassSpec};
-pub use code::{Code, Reason};
+pub use code::{AnyCode, Code, Reason};
 pub use key::{KeyDigest, LockKey};
 pub use token::FencingToken;

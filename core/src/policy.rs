@@ -44,16 +44,20 @@ pub enum PolicyState {
 }
 
 /// Who changed a policy, when and why (the audit trail of limit changes).
+///
+/// Members are in alphabetical order: `/status` and `lockctl shard show` printed
+/// this note through `serde_json::Value`, which sorts keys, and the typed bodies
+/// ([`crate::wire`]) keep those bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChangeNote {
-    /// The operator or component that asked (`lockctl` user, `arbiter:bootstrap`).
-    pub actor: String,
-    /// Why, in the operator's words.
-    pub reason: String,
-    /// Unix ms of the transition.
-    pub at_ms: u64,
     /// What the transition was: `create`, `raise`, `drain`, `activate`, `cancel`.
     pub action: String,
+    /// The operator or component that asked (`lockctl` user, `arbiter:bootstrap`).
+    pub actor: String,
+    /// Unix ms of the transition.
+    pub at_ms: u64,
+    /// Why, in the operator's words.
+    pub reason: String,
 }
 
 /// The authoritative policy of one class.

@@ -93,6 +93,23 @@ impl FromStr for FencingToken {
     }
 }
 
+/// A token travels in JSON as its decimal string (`"281474976710659"`): JSON
+/// numbers above 2^53 lose precision in many readers.
+impl serde::Serialize for FencingToken {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Reads the decimal string form; refuses anything [`FromStr`] refuses (including
+/// the unprotected token `"0"`, which is not a fencing token).
+impl<'de> serde::Deserialize<'de> for FencingToken {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

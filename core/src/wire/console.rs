@@ -1,0 +1,284 @@
+//! The read-only console's data routes on the arbiter's admin port
+//! (`extproc/src/console/mod.rs`), read by its page (`console/app.js`), by
+//! `lockctl inspect --admin-url` (waiters) and by the console scenario tests.
+//! Both need an operator's bearer token; no raw key, token or session appears.
+//!
+//! | Route | Answer |
+//! |---|---|
+//! | `GET /console/api/state` | [`ConsoleState`] |
+//! | `GET /console/api/waiters/{digest}` | [`ConsoleWaiters`] |
+//!
+//! A refusal is a [`ConsoleErrorBody`] (`admin.*` and `console.*` codes).
+
+use serde::{Deserialize, Serialize};
+
+use super::{audit::EventKind, inspect::SaturatedKey, status::RegistryStatus};
+
+/// `GET /console/api/state`: everything the page shows, read at `generated_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleState {
+    /// Recent audit events from the tailer, if one is configured.
+    pub audit: ConsoleAudit,
+    /// Every class of the registry in force, with what is held now.
+    pub classes: Vec<ConsoleClass>,
+    /// Classes draining a lowered limit.
+    pub draining: Vec<ConsoleDraining>,
+    /// etcd as this arbiter sees it.
+    pub etcd: ConsoleEtcd,
+    /// When the snapshot was taken, unix ms.
+    pub generated_ms: u64,
+    /// The signed-in operator.
+    pub operator: ConsoleOperator,
+    /// Why the class policies could not be read, or `null`.
+    pub policies_error: Option<String>,
+    /// The registry file's reload state, or `null` when the policies could not be read.
+    pub registry: Option<RegistryStatus>,
+    /// The most saturated keys (at their limit), most holders first; each with
+    /// `waiters_here`.
+    pub saturated: Vec<SaturatedKey>,
+    /// The hold scan the class numbers come from.
+    pub scan: ConsoleScan,
+    /// The arbiter's seal state and the epoch record.
+    pub seal: ConsoleSeal,
+    /// The arbiter's crate version.
+    pub version: String,
+}
+
+/// The audit part of [`ConsoleState`]: `configured` with `events` or `error`, or
+/// not configured with a `message`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleAudit {
+    /// True when `console.audit_url` is set.
+    pub configured: bool,
+    /// Why the tailer's events are missing (configured only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The tailer's most recent events, newest first (configured only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<ConsoleAuditEvent>>,
+    /// What to configure (not configured only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One audit event as the console shows it: never the raw key, identity or session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleAuditEvent {
+    /// Wall time of the fact, unix ms.
+    pub at_ms: u64,
+    /// The class, when the event has one.
+    pub class: Option<String>,
+    /// The key digest, when the event has one.
+    pub digest: Option<String>,
+    /// The epoch in force.
+    pub epoch: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// The etcd revision of the change (0 for an unprotected record).
+    pub revision: i64,
+}
+
+/// One class in [`ConsoleState`]. Policy members are `null` without a policy
+/// record; hold numbers are 0 (ages `null`) when the scan failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleClass {
+    /// The registry's `max_holders`.
+    pub desired_max_holders: u32,
+    /// Fenced or advisory, with the waiver.
+    pub enforcement: ConsoleEnforcement,
+    /// `memory` or `durable` (waiter queueing).
+    pub fairness: String,
+    /// Keys with at least one hold.
+    pub keys_held: u64,
+    /// The authoritative holder limit per key.
+    pub limit: Option<u32>,
+    /// The class name.
+    pub name: String,
+    /// Age of the oldest open hold, ms.
+    pub oldest_grant_age_ms: Option<u64>,
+    /// Open holds.
+    pub open_grants: u64,
+    /// A fenced class's pause test; `null` for an advisory class.
+    pub pause_test: Option<PauseTest>,
+    /// The lowered limit a drain is moving to.
+    pub pending_target: Option<u32>,
+    /// The key prefixes of the class.
+    pub prefixes: Vec<String>,
+    /// Keys at their limit.
+    pub saturated_keys: u64,
+    /// `active` or `draining`.
+    pub state: Option<String>,
+    /// `coord` or `entity`.
+    pub tier: String,
+    /// The class TTL, seconds.
+    pub ttl_s: u64,
+}
+
+/// A class's enforcement posture, tagged by `posture`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "posture", rename_all = "snake_case")]
+pub enum ConsoleEnforcement {
+    /// Writes are fenced (ADR-01).
+    Fenced,
+    /// Not fenced, under a waiver.
+    Advisory {
+        /// Who accepted the risk.
+        risk_owner: String,
+        /// True once the waiver's day has passed.
+        waiver_expired: bool,
+        /// The waiver's last day, `YYYY-MM-DD`.
+        waiver_expiry: String,
+    },
+}
+
+/// A fenced class's pause test result (ADR-17).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseTest {
+    /// When the result stops counting, unix seconds, when it could be read.
+    pub expires_unix_s: Option<u64>,
+    /// A passing, unexpired result exists.
+    pub passing: bool,
+}
+
+/// One draining class in [`ConsoleState`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleDraining {
+    /// The epoch of the limit change.
+    pub change_epoch: u64,
+    /// The class name.
+    pub class: String,
+    /// How long it has been draining, ms.
+    pub draining_age_ms: Option<u64>,
+    /// The limit in force while draining.
+    pub limit: u32,
+    /// True when the drain is part of a key move between clusters.
+    pub pending_move: bool,
+    /// The lowered limit it moves to.
+    pub pending_target: Option<u32>,
+}
+
+/// etcd as the arbiter sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleEtcd {
+    /// Every member, asked through its own connection.
+    pub cluster: ClusterView,
+    /// The endpoints the arbiter is configured with.
+    pub endpoints: u64,
+    /// How long etcd calls have been failing, ms (0 when they succeed).
+    pub failing_for_ms: u64,
+    /// True when the arbiter's last etcd call succeeded.
+    pub reachable: bool,
+}
+
+/// The etcd cluster (`extproc/src/etcd_view.rs`; `lockctl doctor` checks it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Active alarms (`NOSPACE`, `CORRUPT`) with the member that raised them.
+    pub alarms: Vec<String>,
+    /// The cluster id, 16 hex digits.
+    pub cluster_id: Option<String>,
+    /// Why the member list could not be read, if it could not.
+    pub error: Option<String>,
+    /// The leader's member id, when the answering members agree on one.
+    pub leader: Option<String>,
+    /// Members, in member-list order.
+    pub members: Vec<MemberView>,
+    /// A majority of voting members answered and a leader is known.
+    pub quorum: bool,
+    /// Voting members.
+    pub voting: u64,
+    /// Voting members that answered.
+    pub voting_reachable: u64,
+}
+
+/// One etcd member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// Backend size, bytes.
+    pub db_size: Option<i64>,
+    /// Errors the member reports, or why it could not be asked.
+    pub errors: Vec<String>,
+    /// Member id, 16 hex digits.
+    pub id: String,
+    /// It is the leader.
+    pub leader: bool,
+    /// A raft learner (not voting).
+    pub learner: bool,
+    /// Member name (empty before it started).
+    pub name: String,
+    /// Raft index.
+    pub raft_index: Option<u64>,
+    /// Raft term.
+    pub raft_term: Option<u64>,
+    /// It answered its status request.
+    pub reachable: bool,
+    /// The client URL it was asked at; `null` when it has not started.
+    pub url: Option<String>,
+    /// etcd server version.
+    pub version: Option<String>,
+}
+
+/// The signed-in operator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleOperator {
+    /// The token's verified `sub`.
+    pub sub: String,
+}
+
+/// The hold scan behind the class numbers: what was read, or why not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ConsoleScan {
+    /// The scan ran.
+    Done {
+        /// Holds read.
+        holds: u64,
+        /// The etcd revision every page was read at.
+        revision: i64,
+        /// True when it stopped at its bound before the end.
+        truncated: bool,
+    },
+    /// The scan failed or timed out: `{"error": ...}`.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// The seal part of [`ConsoleState`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleSeal {
+    /// What the seal rests on, or `null`.
+    pub detail: Option<String>,
+    /// The epoch record's current epoch, or `null` when it could not be read.
+    pub epoch: Option<u64>,
+    /// The epoch record's explicit seal (an advance in progress), or `null`.
+    pub explicit: Option<String>,
+    /// Why the arbiter is sealed, or `null`.
+    pub reason: Option<String>,
+    /// True while every request is refused.
+    pub sealed: bool,
+    /// When the seal was declared, unix ms, or `null`.
+    pub since_ms: Option<u64>,
+}
+
+/// `GET /console/api/waiters/{digest}`: acquires of one key queued at this arbiter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleWaiters {
+    /// The key digest asked about, 64 hex digits.
+    pub digest: String,
+    /// Acquires queued here now (not fleet-wide: sum over the arbiters).
+    pub waiters: u64,
+}
+
+/// A console refusal: `{"code", "message"}` with the admin actions' `admin.*`
+/// codes (token missing, invalid, role...) or `console.bad_digest`. Not a
+/// [`crate::Code`]: these are the operator plane's codes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleErrorBody {
+    /// The stable code, e.g. `admin.token_missing`.
+    pub code: String,
+    /// For people; may quote the token's claims, never the token.
+    #[serde(default)]
+    pub message: String,
+}
