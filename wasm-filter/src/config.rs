@@ -47,8 +47,10 @@ pub struct Config {
     pub grants: GrantSet,
     /// Tier-1 approximate in-flight limits per key prefix. Default none.
     pub local_limits: Vec<LocalLimit>,
-    /// TEST ONLY: a request carrying this header traps the VM, so tests can prove a
-    /// VM crash fails closed. Never set in a deployed config.
+    /// TEST ONLY, and only in a build with the `test-trap` feature: a request
+    /// carrying this header traps the VM, so tests can prove a VM crash fails closed.
+    /// The shipped module refuses the field. Default none.
+    #[cfg(feature = "test-trap")]
     pub test_trap_header: Option<String>,
     /// Serve the lock API routes (`/v1/...`). Default true; an inbound sidecar in
     /// front of an application sets it false, so its paths are the application's.
@@ -112,6 +114,7 @@ struct RawConfig {
     grants: Vec<Value>,
     #[serde(default)]
     local_limits: Vec<Value>,
+    /// Known in every build so that the shipped one refuses it by name.
     test_trap_header: Option<String>,
     api: Option<bool>,
     transparent: Option<Value>,
@@ -223,10 +226,15 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
         }
     };
     let local_limits = local_limits(raw.local_limits, &mut errs);
-    if let Some(h) = &raw.test_trap_header {
-        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
-            errs.push("test_trap_header: must be a lowercase header name".into());
-        }
+    #[cfg(feature = "test-trap")]
+    if raw.test_trap_header.as_deref().is_some_and(|h| !crate::trap::valid_header(h)) {
+        errs.push("test_trap_header: must be a lowercase header name".into());
+    }
+    // Refused, not ignored: a shipped config naming the trap is a mistake worth a
+    // loud failure, and the shipped module has no trap to set.
+    #[cfg(not(feature = "test-trap"))]
+    if raw.test_trap_header.is_some() {
+        errs.push("test_trap_header: only in a test build of the filter".into());
     }
     let transparent = raw.transparent.and_then(|v| transparent(v, max_wait_ms, &mut errs));
     let api = raw.api.unwrap_or(true);
@@ -244,6 +252,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
         namespaces: raw.namespaces,
         grants,
         local_limits,
+        #[cfg(feature = "test-trap")]
         test_trap_header: raw.test_trap_header,
     })
 }

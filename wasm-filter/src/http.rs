@@ -93,12 +93,8 @@ impl HttpContext for Request {
             Ok(h) => h,
             Err(e) => return internal(&format!("cannot read request headers: {e:?}")),
         };
-        if let Some(trap) = &cfg.test_trap_header {
-            if hdrs.iter().any(|(n, _)| n == trap) {
-                // TEST ONLY (config test_trap_header): prove that a VM trap fails closed.
-                panic!("lockmesh test trap");
-            }
-        }
+        #[cfg(feature = "test-trap")]
+        crate::trap::spring(&cfg, &hdrs);
         let peer = match hostcalls::get_property(vec!["connection", "uri_san_peer_certificate"]) {
             Ok(p) => p.filter(|p| !p.is_empty()),
             Err(e) => return internal(&format!("cannot read the peer certificate: {e:?}")),

@@ -24,8 +24,10 @@
 //! - [`metrics`]: metric names and lazily defined ids.
 //! - [`abi`]: host calls whose SDK wrappers would panic on an error status.
 //! - [`config`]: plugin configuration parsing, pure.
+//! - `trap`: TEST ONLY, compiled only with the `test-trap` feature: the VM trap a
+//!   scenario springs to prove a VM crash fails closed.
 //!
-//! The filter must never panic: a panic traps the VM and fails every request on the
+//! The filter must never panic (except the test build's `trap`): a panic traps the VM and fails every request on the
 //! worker, and strands every request paused in it. Host calls go through
 //! `proxy_wasm::hostcalls` (or [`abi`]), whose errors are handled; the SDK's trait
 //! helpers that `unwrap` are not used.
@@ -41,6 +43,8 @@ pub mod roster;
 pub mod route;
 pub mod shared;
 pub mod transparent;
+#[cfg(feature = "test-trap")]
+mod trap;
 pub mod worker;
 
 proxy_wasm::main! {{

@@ -83,6 +83,7 @@ impl RootContext for Root {
                 return false;
             }
         };
+        #[cfg(feature = "test-trap")]
         if c.test_trap_header.is_some() {
             log(LogLevel::Warn, "lockmesh: TEST ONLY test_trap_header is set");
         }

@@ -32,6 +32,31 @@ fn a_full_configuration() {
     assert!(c.local_limit(&k("billing/x")).is_none());
 }
 
+/// What `"test_trap_header": "X"` is refused with in this build.
+const TRAP_ERROR: &str = if cfg!(feature = "test-trap") {
+    "test_trap_header: must be a lowercase header name"
+} else {
+    "test_trap_header: only in a test build of the filter"
+};
+
+#[cfg(not(feature = "test-trap"))]
+#[test]
+fn the_shipped_parser_refuses_the_test_trap() {
+    // A well-formed trap header too: the shipped module has no trap to set.
+    let e = parse(br#"{"max_wait_ms": 30000, "test_trap_header": "x-test-trap"}"#).unwrap_err();
+    assert_eq!(e, vec!["test_trap_header: only in a test build of the filter"]);
+    let e = parse(br#"{"test_trap_header": null, "max_queue_per_key": 0}"#).unwrap_err();
+    assert_eq!(e, vec!["max_queue_per_key: 0 is outside 1 to 100000"], "null is the field's absence");
+}
+
+#[cfg(feature = "test-trap")]
+#[test]
+fn a_test_build_takes_the_trap_header() {
+    let c = parse(br#"{"test_trap_header": "x-test-trap"}"#).unwrap();
+    assert_eq!(c.test_trap_header.as_deref(), Some("x-test-trap"));
+    assert_eq!(parse(br#"{"test_trap_header": ""}"#).unwrap_err(), vec![TRAP_ERROR]);
+}
+
 #[test]
 fn every_error_is_reported_with_its_path() {
     let e = parse(
@@ -58,7 +83,7 @@ fn every_error_is_reported_with_its_path() {
             "local_limits[0].max_in_flight: 0 is outside 1 to 100000",
             "local_limits[0].approximate: must be true: the limit holds per Envoy, so across the fleet it is max_in_flight x lock-tier replicas",
             "local_limits[2]: unknown field `x`, expected one of `prefix`, `max_in_flight`, `approximate`",
-            "test_trap_header: must be a lowercase header name",
+            TRAP_ERROR,
         ]
     );
     assert!(parse(br#"{"max_wait": 1}"#).unwrap_err()[0].contains("unknown field"));
