@@ -128,7 +128,7 @@ async fn route(
     // A key homed in another region is redirected, never forwarded (ADR-08).
     if let Some(key) = &lock.key {
         if let Some(region) = tiers.wrong_region(key) {
-            return Ok((crate::tiers::wrong_region_response(key.namespace(), region), None));
+            return Ok((wrong_region_response(key.namespace(), region), None));
         }
     }
     let r = match (req.method.as_str(), req.path.as_str()) {
@@ -152,7 +152,7 @@ async fn route(
             let class = state.registry().class_of(&key).clone();
             let span = crate::telemetry::release_span(&state.registry(), &key);
             let r = tiers.release(&class, &key, token, &caller, lock.session).instrument(span.clone()).await;
-            crate::telemetry::finish(&span, crate::telemetry::release_outcome(&r), None);
+            crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
             r?;
             ApiResponse::ok(json!({ "released": true }))
         }
@@ -308,4 +308,37 @@ async fn acquire(
     }
     r.headers.push((headers::SESSION, g.session.to_string()));
     Ok((r, store.map(|store| Undo::Grant { req: areq, grant, store })))
+}
+
+/// The `421 wrong_region` answer: the code, a message and the `region` field,
+/// with the region in [`REGION_HEADER`](crate::tiers::REGION_HEADER) too.
+pub fn wrong_region_response(namespace: &str, region: &str) -> ApiResponse {
+    let e = ApiError::new(
+        Code::WrongRegion,
+        format!("namespace {namespace} is homed in region {region}: send the request to that region's lock tier"),
+    );
+    let mut r = ApiResponse::from(e);
+    if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&r.body) {
+        v["region"] = serde_json::json!(region);
+        r.body = v.to_string();
+    }
+    r.headers.push((crate::tiers::REGION_HEADER, region.to_owned()));
+    r
+}
+
+
+#[cfg(test)]
+mod region_tests {
+    use super::*;
+    use crate::tiers::REGION_HEADER;
+
+    #[test]
+    fn the_redirect_names_the_region_in_body_and_header() {
+        let r = wrong_region_response("search", "us-1");
+        assert_eq!(r.status, 421);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!((v["code"].as_str(), v["region"].as_str()), (Some("wrong_region"), Some("us-1")));
+        assert!(r.headers.contains(&(REGION_HEADER, "us-1".to_owned())));
+        assert!(r.headers.contains(&("x-lockmesh-error", "wrong_region".to_owned())));
+    }
 }

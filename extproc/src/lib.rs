@@ -34,10 +34,8 @@ pub mod config;
 pub mod console;
 pub mod doctor;
 pub mod etcd_view;
-pub mod failopen;
 pub mod inspect;
 pub mod internal;
-pub mod lock;
 pub mod metrics;
 pub mod reconcile;
 pub mod registry;
@@ -47,15 +45,14 @@ pub mod server;
 pub mod shardctl;
 pub mod signing;
 pub mod state;
-pub mod telemetry;
-pub mod test_faults;
-pub mod tiers;
 pub mod tls;
-pub mod topology;
 pub mod transparent;
 pub mod validate;
 
 use std::{sync::Arc, time::Duration};
+
+pub(crate) use lockmesh_telemetry as telemetry;
+pub(crate) use lockmesh_lock::{self as lock, failopen, test_faults, tiers, topology};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tonic::transport::{server::TcpIncoming, Certificate, Identity, Server, ServerTlsConfig};
@@ -78,7 +75,7 @@ pub async fn run(
     )
     .await?;
     // Every other cluster; names the clusters before any epoch record is created.
-    let tiers = Arc::new(tiers::Tiers::connect(&config, store.clone()).await?);
+    let tiers = Arc::new(tiers::Tiers::connect(&config.tiers_config(), store.clone()).await?);
     crate::test_faults::install(&config.test_faults);
     lock::wait::HANDOFF.store(config.handoff, std::sync::atomic::Ordering::Relaxed);
     if config.signing.is_none() {

@@ -25,9 +25,9 @@ fn main() -> ExitCode {
     // `telemetry` starts them, never in the log lines.
     tracing_subscriber::registry()
         .with(
-            tracing_subscriber::fmt::layer().with_target(false).with_filter(lockmesh_extproc::telemetry::log_filter()),
+            tracing_subscriber::fmt::layer().with_target(false).with_filter(lockmesh_telemetry::log_filter()),
         )
-        .with(lockmesh_extproc::telemetry::layer())
+        .with(lockmesh_telemetry::layer())
         .init();
     let (path, check) = match (args.config, args.check_config) {
         (_, Some(p)) => (p, true),
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let exporter = config.telemetry.as_ref().and_then(lockmesh_extproc::telemetry::start);
+    let exporter = config.telemetry.as_ref().and_then(lockmesh_telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let grpc = tokio::net::TcpListener::bind(config.listen).await?;
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;

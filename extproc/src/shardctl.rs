@@ -536,7 +536,7 @@ async fn connect(conn: &Conn) -> Result<Tiers, String> {
     )
     .await
     .map_err(|e| e.to_string())?;
-    Tiers::connect(&config, coord).await.map_err(|e| e.to_string())
+    Tiers::connect(&config.tiers_config(), coord).await.map_err(|e| e.to_string())
 }
 
 fn exit(e: &ShardError) -> ExitCode {

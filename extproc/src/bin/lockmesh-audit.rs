@@ -27,8 +27,8 @@ fn main() -> ExitCode {
         // Colour codes only on a terminal: log files stay greppable.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     tracing_subscriber::registry()
-        .with(log.with_filter(lockmesh_extproc::telemetry::log_filter()))
-        .with(lockmesh_extproc::telemetry::layer())
+        .with(log.with_filter(lockmesh_telemetry::log_filter()))
+        .with(lockmesh_telemetry::layer())
         .init();
     let (path, check) = match (args.config, args.check_config) {
         (_, Some(p)) => (p, true),
@@ -59,7 +59,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let exporter = config.telemetry.as_ref().and_then(lockmesh_extproc::telemetry::start);
+    let exporter = config.telemetry.as_ref().and_then(lockmesh_telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
         lockmesh_extproc::audit::tailer::run(config, admin, shutdown()).await

@@ -56,29 +56,6 @@ pub enum ApplyOutcome {
     },
 }
 
-// === impl ClassMapRecord ===
-
-impl ClassMapRecord {
-    /// Every class that gains or loses a key between `self` and `new` (a
-    /// superset is safe: it only drains more).
-    pub fn moved_classes(&self, new: &ClassMapRecord) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
-        let diff =
-            self.map.iter().filter(|e| !new.map.contains(e)).chain(new.map.iter().filter(|e| !self.map.contains(e)));
-        for (prefix, _) in diff {
-            let (a, b) = (self.class_of(prefix), new.class_of(prefix));
-            if a != b {
-                out.insert(a.to_owned());
-                out.insert(b.to_owned());
-            }
-        }
-        if self.default != new.default {
-            out.insert(self.default.clone());
-            out.insert(new.default.clone());
-        }
-        out
-    }
-}
 
 // === impl Admin ===
 

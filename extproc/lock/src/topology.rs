@@ -28,8 +28,8 @@ use lockmesh_core::{key::valid_namespace, shard::valid_cluster_name};
 use serde::Deserialize;
 
 use crate::{
-    config::{EtcdClientAuth, RawEtcd, RawEtcdTls},
-    lock::home::COORD_CLUSTER,
+    connect::{EtcdClientAuth, RawEtcd, RawEtcdTls},
+    home::COORD_CLUSTER,
 };
 
 /// One more etcd cluster as written (`clusters.<name>`): `etcd:` without `root`.

@@ -34,17 +34,8 @@ use lockmesh_core::{
 use serde::{Deserialize, Serialize};
 
 use super::{mutex::AcquireRequest, now_ms, LockError, Store};
+pub use lockmesh_keyspace::ClassMapRecord;
 
-/// The authoritative prefix-to-class map.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClassMapRecord {
-    /// `(prefix, class)`, longest prefix first.
-    pub map: Vec<(String, String)>,
-    /// The class of keys no prefix covers.
-    pub default: String,
-    /// Who wrote it, when and why.
-    pub last: ChangeNote,
-}
 
 /// This arbiter's cached view of the records, with their mod revisions.
 #[derive(Default)]
@@ -67,26 +58,6 @@ pub struct PolicyGate {
     home: super::home::HomeGate,
 }
 
-// === impl ClassMapRecord ===
-
-impl ClassMapRecord {
-    /// The map a registry desires.
-    pub fn from_registry(reg: &ClassRegistry, note: ChangeNote) -> Self {
-        let (map, default) = reg.prefix_map();
-        Self { map, default, last: note }
-    }
-
-    /// The class of `key`: the longest covering prefix, else the default.
-    pub fn class_of(&self, key: &str) -> &str {
-        self.map.iter().find(|(p, _)| covers(p, key)).map_or(self.default.as_str(), |(_, c)| c.as_str())
-    }
-
-    /// True when `reg` desires exactly this map.
-    pub fn matches(&self, reg: &ClassRegistry) -> bool {
-        let (map, default) = reg.prefix_map();
-        self.map == map && self.default == default
-    }
-}
 
 // === impl PolicyGate ===
 

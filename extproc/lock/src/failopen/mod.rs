@@ -51,10 +51,9 @@ use self::{
     quorum::{Outage, QuorumWatch, Transition},
     spool::{Spool, SpoolError, SpoolOp, SpoolRecord},
 };
-use crate::{
-    lock::{mutex::AcquireRequest, now_ms, session::Caller, LockError, Store},
-    metrics::LockLabels,
-};
+use lockmesh_telemetry::labels::LockLabels;
+
+use crate::{mutex::AcquireRequest, now_ms, session::Caller, LockError, Store};
 
 /// TTL of the lease shipped records hang on, seconds: the tailer reads them from
 /// etcd's history (a watch from its checkpoint), so the keys only need to outlive
@@ -299,7 +298,7 @@ impl FailOpen {
                         return Err(spool_err(e));
                     }
                     self.mem().confirm(&d, &grant);
-                    STATS.granted(crate::metrics::lock_labels(reg, &req.key));
+                    STATS.granted(lockmesh_telemetry::labels::lock_labels(reg, &req.key));
                     tracing::info!(cluster = %self.cluster, class, key = %d.short(), outage = %outage.id, "UNPROTECTED grant (token 0) from memory: quorum lost");
                     return Ok(MemGrant {
                         grant,

@@ -428,25 +428,12 @@ fn label(span: &tracing::Span, reg: &lockmesh_core::ClassRegistry, key: &lockmes
     if span.is_disabled() {
         return;
     }
-    let l = crate::metrics::lock_labels(reg, key);
+    let l = crate::labels::lock_labels(reg, key);
     span.record("class", l.class.as_str());
     span.record("namespace", l.namespace.as_str());
     span.record("tier", l.tier);
     let d = key.digest();
     span.record("key_digest", d.short());
-}
-
-/// The outcome label of a release.
-pub fn release_outcome<T>(r: &Result<T, crate::lock::LockError>) -> &'static str {
-    use crate::lock::LockError as E;
-    match r {
-        Ok(_) => "released",
-        Err(E::NotHolder) => "not_holder",
-        Err(E::SessionExpired | E::SessionClassMismatch { .. }) => "session",
-        Err(E::Sealed(_)) => "sealed",
-        Err(E::Unavailable(_)) => "unavailable",
-        Err(_) => "error",
-    }
 }
 
 /// Records a span's outcome (a bounded label) and, for an acquire, its wait.

@@ -1,11 +1,19 @@
 //! TEST ONLY: planted bugs for the release gate (`docs/GATE.md`).
 //!
+//! Compiled in only with the cargo feature `test-faults`, which only the test
+//! harness turns on (`lockmesh-tests`). Without it, [`on`] is a constant `false`
+//! (every planted branch is dead code the compiler removes), [`parse`](TestFault::parse)
+//! knows no fault, and [`install`] plants nothing: a shipped build cannot be
+//! configured into an unsafe one. `release_build_has_no_planted_faults` in the
+//! scenarios checks the release binaries for it.
+//!
 //! A gate that cannot catch a bug proves nothing, so the gate's targeted
 //! scenarios turn these on and check that the checker fails. They are switched
 //! on by the arbiter config field `test_faults: [..]`, which is refused unless
 //! the environment sets `LOCKMESH_TEST_FAULTS=1`, and logged at `error` level at
 //! startup. No shipped config names them.
 
+#[cfg(feature = "test-faults")]
 use std::sync::OnceLock;
 
 /// The environment variable that must be `1` for `test_faults` to be accepted.
@@ -38,6 +46,7 @@ pub enum TestFault {
     SkipMoveDrain,
 }
 
+#[cfg(feature = "test-faults")]
 static ACTIVE: OnceLock<Vec<TestFault>> = OnceLock::new();
 
 // === impl TestFault ===
@@ -46,6 +55,7 @@ impl TestFault {
     /// Parses a config name (`skip_epoch_compare`, `release_by_key_name`,
     /// `count_before_lock`, `skip_home_gate`, `skip_move_epoch_advance`,
     /// `skip_move_drain`).
+    #[cfg(feature = "test-faults")]
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip_epoch_compare" => Some(Self::SkipEpochCompare),
@@ -57,9 +67,16 @@ impl TestFault {
             _ => None,
         }
     }
+
+    /// A build without the feature `test-faults` knows no planted fault.
+    #[cfg(not(feature = "test-faults"))]
+    pub fn parse(_name: &str) -> Option<Self> {
+        None
+    }
 }
 
 /// Installs the planted bugs for this process (once; later calls are ignored).
+#[cfg(feature = "test-faults")]
 pub fn install(faults: &[TestFault]) {
     if faults.is_empty() {
         return;
@@ -70,7 +87,22 @@ pub fn install(faults: &[TestFault]) {
     let _ = ACTIVE.set(faults.to_vec());
 }
 
+/// Without the feature there is nothing to install.
+#[cfg(not(feature = "test-faults"))]
+pub fn install(_faults: &[TestFault]) {}
+
 /// Whether `fault` is planted in this process.
+#[cfg(feature = "test-faults")]
 pub fn on(fault: TestFault) -> bool {
     ACTIVE.get().is_some_and(|v| v.contains(&fault))
 }
+
+/// Without the feature no fault is ever planted.
+#[cfg(not(feature = "test-faults"))]
+#[inline(always)]
+pub const fn on(_fault: TestFault) -> bool {
+    false
+}
+
+/// Whether this build can plant faults at all (feature `test-faults`).
+pub const ENABLED: bool = cfg!(feature = "test-faults");

@@ -38,17 +38,13 @@ use lockmesh_core::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    config::Config,
     failopen::{FailOpen, MemGrant},
-    lock::{
-        home::{MapRecord, COORD_CLUSTER},
-        mutex::{AcquireRequest, Grant},
-        now_ms,
-        session::{Caller, OwnHold},
-        LockError, Store,
-    },
-    respond::{ApiError, ApiResponse},
+    home::{MapRecord, COORD_CLUSTER},
+    mutex::{AcquireRequest, Grant},
+    now_ms,
+    session::{Caller, OwnHold},
     topology::{Region, Topology},
+    LockError, Store,
 };
 
 /// How many times a request is routed again after a moved home record.
@@ -83,20 +79,46 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 // === impl Tiers ===
 
+/// What [`Tiers::connect`] needs of the arbiter's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct TiersConfig<'a> {
+    /// The clusters besides the coord cluster, and the region.
+    pub topology: &'a Topology,
+    /// The key root every cluster uses.
+    pub root: &'a str,
+    /// Timeout of one etcd call.
+    pub op_timeout: Duration,
+    /// The coord cluster's marks file; other clusters get `<file>.<cluster>`.
+    pub marks_file: Option<&'a std::path::Path>,
+    /// Fail-open settings (spool files named like the marks files).
+    pub fail_open: FailOpenSettings<'a>,
+}
+
+/// The fail-open part of [`TiersConfig`].
+#[derive(Debug, Clone, Copy)]
+pub struct FailOpenSettings<'a> {
+    /// The coord cluster's spool file, if fail-open classes may grant.
+    pub spool_file: Option<&'a std::path::Path>,
+    /// Spool cap, bytes.
+    pub max_spool_bytes: u64,
+    /// How long etcd must be unreachable before a quorum loss is declared, ms.
+    pub quorum_loss_after_ms: u64,
+}
+
 impl Tiers {
     /// Connects to every configured cluster. The coord store is `coord`
     /// (connected by the caller from `etcd:`).
-    pub async fn connect(config: &Config, coord: Arc<Store>) -> Result<Self, LockError> {
-        let topo: &Topology = &config.topology;
+    pub async fn connect(config: &TiersConfig<'_>, coord: Arc<Store>) -> Result<Self, LockError> {
+        let topo: &Topology = config.topology;
         let split = topo.is_split();
         coord.set_cluster(COORD_CLUSTER, split.then_some(&coord));
         let mut stores = BTreeMap::from([(COORD_CLUSTER.to_owned(), coord.clone())]);
         for c in &topo.clusters {
-            let marks = Topology::marks_file(config.marks_file.as_deref(), &c.name);
+            let marks = Topology::marks_file(config.marks_file, &c.name);
             let s = Store::connect_with(
                 &c.endpoints,
-                &config.etcd_root,
-                Duration::from_millis(config.op_timeout_ms),
+                config.root,
+                config.op_timeout,
                 marks.as_deref(),
                 &c.auth,
             )
@@ -108,7 +130,7 @@ impl Tiers {
         let fail_open = stores
             .keys()
             .map(|name| {
-                let spool = Topology::marks_file(fo.spool_file.as_deref(), name);
+                let spool = Topology::marks_file(fo.spool_file, name);
                 let f = FailOpen::open(name, spool.as_deref(), fo.max_spool_bytes, fo.quorum_loss_after_ms);
                 (name.clone(), Arc::new(f))
             })
@@ -607,7 +629,7 @@ impl Tiers {
         key: &LockKey,
         caller: &Caller,
         session: Option<SessionId>,
-    ) -> Result<(Vec<crate::lock::mutex::HolderView>, Arc<Store>), LockError> {
+    ) -> Result<(Vec<crate::mutex::HolderView>, Arc<Store>), LockError> {
         let store = self.route(class, key, false).await?;
         let mut session = session;
         if let (true, Some(sid)) = (self.split(), session) {
@@ -644,9 +666,9 @@ impl Tiers {
         &self,
         envoy: &str,
         vm: &str,
-        reconcile: Option<&crate::lock::vm::Reconcile>,
-    ) -> Result<crate::lock::vm::VmStatus, LockError> {
-        let mut total = crate::lock::vm::VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
+        reconcile: Option<&crate::vm::Reconcile>,
+    ) -> Result<crate::vm::VmStatus, LockError> {
+        let mut total = crate::vm::VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
         for s in self.stores() {
             let st = s.vm_keepalive(envoy, vm, reconcile).await?;
             total.sessions += st.sessions;
@@ -659,33 +681,4 @@ impl Tiers {
     }
 }
 
-/// The `421 wrong_region` answer: the code, a message and the `region` field,
-/// with the region in [`REGION_HEADER`] too.
-pub fn wrong_region_response(namespace: &str, region: &str) -> ApiResponse {
-    let e = ApiError::new(
-        Code::WrongRegion,
-        format!("namespace {namespace} is homed in region {region}: send the request to that region's lock tier"),
-    );
-    let mut r = ApiResponse::from(e);
-    if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&r.body) {
-        v["region"] = serde_json::json!(region);
-        r.body = v.to_string();
-    }
-    r.headers.push((REGION_HEADER, region.to_owned()));
-    r
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_redirect_names_the_region_in_body_and_header() {
-        let r = wrong_region_response("search", "us-1");
-        assert_eq!(r.status, 421);
-        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-        assert_eq!((v["code"].as_str(), v["region"].as_str()), (Some("wrong_region"), Some("us-1")));
-        assert!(r.headers.contains(&(REGION_HEADER, "us-1".to_owned())));
-        assert!(r.headers.contains(&("x-lockmesh-error", "wrong_region".to_owned())));
-    }
-}

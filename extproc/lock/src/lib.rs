@@ -1,30 +1,52 @@
-//! The etcd lock recipe: sessions, grants, releases and waiting.
+//! The lock recipe on etcd (`lockmesh-lock`): sessions, grants, releases and
+//! waiting on one cluster, and across the clusters of a split deployment. The
+//! arbiter (`lockmesh-extproc`) serves it; the operator workflows
+//! (`lockmesh-ops`) drive the same code for shard moves, so each etcd transaction
+//! exists once.
 //!
 //! Every grant is one etcd transaction that compares the epoch record, the key's
 //! holder slots and the session's lease, and puts the hold on that lease; the token
-//! is `epoch x 2^48 + the commit revision` (ADR-02). A watch only triggers another
-//! transaction (ADR-15); nothing is granted from memory here (a fail-open class's
-//! unprotected grants during a declared quorum loss are `crate::failopen`'s).
+//! is `epoch x 2^48 + the commit revision` (ADR-02 in docs/DECISIONS.md). A watch
+//! only triggers another transaction (ADR-15); nothing is granted from memory here
+//! except a fail-open class's unprotected grants during a declared quorum loss
+//! ([`failopen`], ADR-04).
 //!
 //! # Layout
-//! - [`keys`]: the etcd key layout.
-//! - [`home`]: which cluster a key lives on, the home fence of every grant, epoch
-//!   allocation and session extension across clusters (ADR-07, ADR-09).
-//! - [`epoch`]: the epoch record and the cluster it was minted for.
-//! - [`session`]: sessions (one lease each) and their owners.
+//! - [`Store`] (this file): one cluster's handle: calls under a deadline, sessions,
+//!   the seal.
+//! - [`connect`]: how to reach etcd (endpoints, TLS, user), validated once.
+//! - [`registry`]: the class registry file and the CRDs generated from its schema.
+//! - [`topology`]: the clusters of a split deployment and regional homing.
+//! - [`tiers`]: routing a key to its cluster, and sessions that span clusters.
+//! - [`home`]: the home fence of every grant, epoch allocation, session extension
+//!   (ADR-07, ADR-09).
+//! - [`epoch`], [`seal`]: the epoch record and restore detection (ADR-03).
+//! - [`session`]: sessions (one lease each) and their owners (ADR-10).
 //! - [`mutex`]: grant, release and inspection.
+//! - [`policy`]: the authoritative class limits every grant compares.
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter, and the hand-off.
-//! - [`durable`]: waiters queued in etcd (`fairness: durable`).
+//! - [`durable`]: waiters queued in etcd (`fairness: durable`, ADR-14).
+//! - [`validate`]: ValidateToken's read.
+//! - [`failopen`]: fail-open classes during a quorum loss (ADR-04).
+//! - [`test_faults`]: planted bugs for the release gate, compiled in only with the
+//!   feature `test-faults` (test builds).
+#![forbid(unsafe_code)]
 
+pub mod connect;
 pub mod durable;
 pub mod epoch;
+pub mod failopen;
 pub mod home;
-pub mod keys;
 pub mod mutex;
 pub mod policy;
+pub mod registry;
 pub mod seal;
 pub mod session;
+pub mod test_faults;
+pub mod tiers;
+pub mod topology;
+pub mod validate;
 pub mod vm;
 pub mod wait;
 
@@ -34,6 +56,7 @@ use etcd_client::Client;
 use lockmesh_core::{headers::SessionId, Reason};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+pub use lockmesh_keyspace::{keys, now_ms, HoldRecord, SessionRecord};
 
 pub use self::{epoch::EpochState, keys::Keys};
 
@@ -88,44 +111,7 @@ pub enum LockError {
     SpoolFull(String),
 }
 
-/// A session record, immutable for the session's life.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionRecord {
-    /// SPIFFE ID of the creator, the only identity that may use the session.
-    pub owner: String,
-    /// The creator's declared instance, if any; then requests must carry it too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
-    /// The class it was opened for.
-    pub class: String,
-    /// Lease TTL, seconds.
-    pub ttl_s: u64,
-    /// Creation time, unix ms (informational).
-    pub created_ms: u64,
-}
 
-/// A hold's value. The raw key sits here (never in key names) for the holder's own
-/// listing; the token is derived from the key's create revision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HoldRecord {
-    /// The raw lock key.
-    pub key: String,
-    /// Holder identity.
-    pub owner: String,
-    /// Holder instance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
-    /// Epoch compared by the granting transaction.
-    pub epoch: u64,
-    /// Class at grant time.
-    pub class: String,
-    /// Grant time, unix ms (for ages; never used for safety).
-    pub acquired_ms: u64,
-    /// Transparent mode: `<vm>/<n>`, the filter's id for the request that holds it,
-    /// by which the filter releases it when the request ends.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_id: Option<String>,
-}
 
 /// The arbiter's handle on etcd.
 pub struct Store {
@@ -145,16 +131,23 @@ pub struct Store {
     home: home::HomeCell,
 }
 
-/// Unix time in ms.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 fn unavailable(e: etcd_client::Error) -> LockError {
     // etcd's errors do not echo keys or values.
     LockError::Unavailable(e.to_string())
+}
+
+/// The outcome label of a release.
+pub fn release_outcome<T>(r: &Result<T, crate::LockError>) -> &'static str {
+    use crate::LockError as E;
+    match r {
+        Ok(_) => "released",
+        Err(E::NotHolder) => "not_holder",
+        Err(E::SessionExpired | E::SessionClassMismatch { .. }) => "session",
+        Err(E::Sealed(_)) => "sealed",
+        Err(E::Unavailable(_)) => "unavailable",
+        Err(_) => "error",
+    }
 }
 
 // === impl Store ===
@@ -176,7 +169,7 @@ impl Store {
         root: &str,
         op_timeout: Duration,
         marks_file: Option<&std::path::Path>,
-        auth: &crate::config::EtcdClientAuth,
+        auth: &crate::connect::EtcdClientAuth,
     ) -> Result<Arc<Self>, LockError> {
         let opts = auth
             .apply(etcd_client::ConnectOptions::new())
@@ -221,12 +214,12 @@ impl Store {
     }
 
     /// A client handle (cheap clone sharing the channel).
-    pub(crate) fn client(&self) -> Client {
+    pub fn client(&self) -> Client {
         self.client.clone()
     }
 
     /// Runs an etcd call under the operation timeout.
-    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, LockError>
+    pub async fn call<T, F>(&self, f: F) -> Result<T, LockError>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -246,9 +239,9 @@ impl Store {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let t = left.clamp(Duration::from_millis(500), self.op_timeout);
         // A `lockmesh.etcd` span (op by response type; the txn is the grant's).
-        let span = crate::telemetry::etcd_span::<T>();
+        let span = lockmesh_telemetry::etcd_span::<T>();
         let r = tokio::time::timeout(t, tracing::Instrument::instrument(f, span.clone())).await;
-        crate::telemetry::finish(&span, if matches!(r, Ok(Ok(_))) { "ok" } else { "error" }, None);
+        lockmesh_telemetry::finish(&span, if matches!(r, Ok(Ok(_))) { "ok" } else { "error" }, None);
         match r {
             Ok(r) => r.map_err(unavailable),
             Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {t:?}"))),

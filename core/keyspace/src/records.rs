@@ -1,0 +1,42 @@
+//! Sessions and holds, as stored (`<root>/s/<session>`, `<root>/l/<digest>/h/<slot>`).
+
+use serde::{Deserialize, Serialize};
+
+/// A session record, immutable for the session's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// SPIFFE ID of the creator, the only identity that may use the session.
+    pub owner: String,
+    /// The creator's declared instance, if any; then requests must carry it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The class it was opened for.
+    pub class: String,
+    /// Lease TTL, seconds.
+    pub ttl_s: u64,
+    /// Creation time, unix ms (informational).
+    pub created_ms: u64,
+}
+
+/// A hold's value. The raw key sits here (never in key names) for the holder's own
+/// listing; the token is derived from the key's create revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldRecord {
+    /// The raw lock key.
+    pub key: String,
+    /// Holder identity.
+    pub owner: String,
+    /// Holder instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Epoch compared by the granting transaction.
+    pub epoch: u64,
+    /// Class at grant time.
+    pub class: String,
+    /// Grant time, unix ms (for ages; never used for safety).
+    pub acquired_ms: u64,
+    /// Transparent mode: `<vm>/<n>`, the filter's id for the request that holds it,
+    /// by which the filter releases it when the request ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<String>,
+}

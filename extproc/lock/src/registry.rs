@@ -1,0 +1,60 @@
+//! The class registry file (docs/CLASSES.md): one loader for the arbiter's startup
+//! and hot reload, `lockctl class check`, `lockctl doctor` and the audit tailer.
+//! Every error carries the file and the field path.
+
+use std::path::Path;
+
+use lockmesh_core::{
+    class::RawRegistry,
+    pause::{check_pause_result, PauseTestResult},
+    ClassRegistry,
+};
+use lockmesh_keyspace::now_ms;
+
+pub mod crd;
+
+/// Days since 1970-01-01 now (UTC).
+pub fn today() -> i64 {
+    i64::try_from(now_ms() / 86_400_000).unwrap_or(i64::MAX)
+}
+
+/// Loads and validates a registry file; errors are `file: path: message`, every
+/// one. A fenced class must name a PauseTestResult file (`pause_test_result`, a
+/// path relative to the registry file's directory, or absolute) holding a
+/// passing, unexpired result for that class (ADR-17); the file is read at every
+/// load, so a reload after it expired refuses the registry.
+pub fn load(path: &Path) -> Result<ClassRegistry, Vec<String>> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse_at(&text, base).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+}
+
+/// Parses and validates registry text; pause-test files resolve against the
+/// current directory.
+pub fn parse(text: &str) -> Result<ClassRegistry, Vec<String>> {
+    parse_at(text, Path::new("."))
+}
+
+/// Parses and validates registry text; pause-test files resolve against `base`.
+pub fn parse_at(text: &str, base: &Path) -> Result<ClassRegistry, Vec<String>> {
+    let raw: RawRegistry = serde_yaml::from_str(text).map_err(|e| vec![e.to_string()])?;
+    let now = now_ms() / 1000;
+    let check = |class: &str, file: Option<&str>| check_pause_file(base, class, file, now);
+    ClassRegistry::try_from_raw_with(&raw, &check).map_err(|errs| errs.into_iter().map(|e| e.to_string()).collect())
+}
+
+/// The pause-test verdict of a fenced class: `file` (relative to `base`) must
+/// hold a passing, unexpired PauseTestResult for `class` at `now_unix_s`.
+pub fn check_pause_file(base: &Path, class: &str, file: Option<&str>, now_unix_s: u64) -> Result<(), String> {
+    let Some(file) = file else {
+        return Err("required for a fenced class (ADR-17): the PauseTestResult file of a passing pause test \
+                    (lockmesh-pausekit --out), relative to the registry file"
+            .into());
+    };
+    let path = base.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{file:?}: cannot read {}: {e}", path.display()))?;
+    let doc: PauseTestResult =
+        serde_yaml::from_str(&text).map_err(|e| format!("{file:?}: not a PauseTestResult: {e}"))?;
+    check_pause_result(&doc, class, now_unix_s).map_err(|m| format!("{file:?}: {m}"))
+}
