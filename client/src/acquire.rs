@@ -12,6 +12,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use lockmesh_core::Code;
 use tokio::{sync::oneshot, time::Instant};
 
 use crate::{
@@ -68,7 +69,7 @@ impl Acquire {
             Err(e) => {
                 inner.ledger().not_acquired(&key, session.id);
                 inner.changed.notify_waiters();
-                if e.code() == Some("session_expired") {
+                if e.code() == Some(Code::SessionExpired) {
                     inner.fence(&session, LossReason::SessionExpired);
                     Err(Error::SessionLost(LossReason::SessionExpired))
                 } else {
@@ -144,7 +145,7 @@ async fn list_after(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, at: I
                     None => Listed::Absent,
                 };
             }
-            Err(e) if e.code() == Some("session_expired") => {
+            Err(e) if e.code() == Some(Code::SessionExpired) => {
                 inner.fence(session, LossReason::SessionExpired);
                 return Listed::Lost;
             }

@@ -2,21 +2,30 @@
 //! failure classified by what it says about the request's effect:
 //!
 //! - [`CallError::NotSent`]: the connection could not be made; nothing happened.
-//! - [`CallError::Refused`]: the service answered with `{code, message}`; the
-//!   request had no effect beyond what the code says.
+//! - [`CallError::Refused`]: the service answered with `{code, message}` (a
+//!   [`lockmesh_core::wire::ErrorBody`]); the request had no effect beyond what the
+//!   code says.
 //! - [`CallError::Unknown`]: the request may have been acted on (timeout, reset,
 //!   an answer without a lockmesh error body such as Envoy's 500/504).
 //! - [`CallError::FailedOpen`]: an acquire was answered with an unprotected grant
 //!   (token 0, ADR-04), which was released again.
+//!
+//! Every answer is read as its [`lockmesh_core::wire::api`] type; whether a refusal
+//! is worth retrying is [`lockmesh_core::Code::retryable`]'s decision.
 
 use std::time::Duration;
 
 use lockmesh_core::{
+    code::{AnyCode, AnyReason},
     headers::{self, SessionId},
-    FencingToken,
+    wire::{
+        api::{Acquired as AcquiredBody, Released, SessionClosed, SessionHolds, SessionOpened, SessionRenewed},
+        ErrorBody,
+    },
+    Code, Reason,
 };
 use reqwest::Method;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 
 use crate::{ledger::Grant, Config, Error};
 
@@ -37,12 +46,12 @@ pub(crate) enum CallError {
     Refused {
         /// HTTP status.
         status: u16,
-        /// Stable code.
-        code: String,
+        /// Stable code (one this build may not know).
+        code: AnyCode,
         /// Message.
         message: String,
         /// `reason`, for `contended`.
-        reason: Option<String>,
+        reason: Option<AnyReason>,
     },
     /// Sent; the effect is unknown.
     Unknown(String),
@@ -68,11 +77,30 @@ pub(crate) struct Opened {
 // === impl CallError ===
 
 impl CallError {
-    /// The service's code, if it answered one.
-    pub(crate) fn code(&self) -> Option<&str> {
+    /// The service's code, if it answered one this build knows.
+    pub(crate) fn code(&self) -> Option<Code> {
         match self {
-            CallError::Refused { code, .. } => Some(code),
+            CallError::Refused { code, .. } => code.known(),
             _ => None,
+        }
+    }
+
+    /// The service's code as sent, for logs (`None` when it answered none).
+    pub(crate) fn code_str(&self) -> Option<&str> {
+        match self {
+            CallError::Refused { code, .. } => Some(code.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Whether sending the same request again may succeed: for a refusal,
+    /// [`Code::retryable`] (false for a code this build does not know); a request
+    /// that got no lockmesh answer may always be sent again.
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            CallError::Refused { code, .. } => code.retryable(),
+            CallError::NotSent(_) | CallError::Unknown(_) => true,
+            CallError::FailedOpen => Error::FailedOpen.retryable(),
         }
     }
 
@@ -82,9 +110,9 @@ impl CallError {
             CallError::NotSent(m) => Error::Unavailable(m),
             CallError::Unknown(m) => Error::Unavailable(m),
             CallError::FailedOpen => Error::FailedOpen,
-            CallError::Refused { code, reason, .. } if code == "contended" => {
-                Error::Contended { reason: reason.unwrap_or_else(|| "key_gated".into()) }
-            }
+            CallError::Refused { code, reason, .. } if code == Code::Contended => Error::Contended {
+                reason: reason.map_or_else(|| Reason::KeyGated.as_str().to_owned(), |r| r.as_str().to_owned()),
+            },
             CallError::Refused { status, code, message, .. } => Error::Refused { status, code, message },
         }
     }
@@ -129,13 +157,15 @@ impl Api {
         &self.instance
     }
 
-    async fn call(
+    /// Sends one request and reads its answer as `T` (2xx) or as an
+    /// [`ErrorBody`] (any other status).
+    async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         hdrs: &[(&'static str, String)],
         timeout: Duration,
-    ) -> Result<Value, CallError> {
+    ) -> Result<T, CallError> {
         let mut req = self.http.request(method, format!("{}{path}", self.base)).timeout(timeout);
         req = req.header(headers::INSTANCE, &self.instance);
         for (name, value) in hdrs {
@@ -150,35 +180,38 @@ impl Api {
         let status = resp.status().as_u16();
         let has_code = resp.headers().contains_key(headers::ERROR);
         let body = resp.text().await.map_err(|e| CallError::Unknown(error_chain(&e)))?;
-        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         if (200..300).contains(&status) {
-            return Ok(json);
+            // The serde error is not shown: it may quote a value (a key, a token).
+            return serde_json::from_str(&body).map_err(|e| {
+                CallError::Unknown(format!(
+                    "{path}: status {status} with an answer that is not its body ({:?} at line {} column {})",
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                ))
+            });
         }
-        match json.get("code").and_then(Value::as_str) {
-            Some(code) if has_code || status < 500 => Err(CallError::Refused {
-                status,
-                code: code.to_owned(),
-                message: json.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                reason: json.get("reason").and_then(Value::as_str).map(str::to_owned),
-            }),
+        match serde_json::from_str::<ErrorBody>(&body) {
+            Ok(e) if has_code || status < 500 => {
+                Err(CallError::Refused { status, code: e.code, message: e.message, reason: e.reason })
+            }
             _ => Err(CallError::Unknown(format!("status {status} without a lockmesh error body"))),
         }
     }
 
     /// `POST /v1/sessions` for the class of `key`.
     pub(crate) async fn open_session(&self, key: &str, timeout: Duration) -> Result<Opened, CallError> {
-        let v = self.call(Method::POST, "/v1/sessions", &[(headers::KEY, key.to_owned())], timeout).await?;
-        let session = session_field(&v)?;
-        let ttl_s = v.get("ttl_s").and_then(Value::as_u64).ok_or_else(|| bad("ttl_s"))?;
-        let class = v.get("class").and_then(Value::as_str).unwrap_or_default().to_owned();
-        Ok(Opened { session, ttl_s, class })
+        let o: SessionOpened =
+            self.call(Method::POST, "/v1/sessions", &[(headers::KEY, key.to_owned())], timeout).await?;
+        Ok(Opened { session: o.session, ttl_s: o.ttl_s, class: o.class })
     }
 
     /// `POST /v1/sessions/keepalive`.
     pub(crate) async fn keepalive(&self, session: SessionId, timeout: Duration) -> Result<(), CallError> {
-        self.call(Method::POST, "/v1/sessions/keepalive", &[(headers::SESSION, session.to_string())], timeout)
-            .await
-            .map(drop)
+        let _: SessionRenewed = self
+            .call(Method::POST, "/v1/sessions/keepalive", &[(headers::SESSION, session.to_string())], timeout)
+            .await?;
+        Ok(())
     }
 
     /// `POST /v1/locks/acquire` on `session`.
@@ -198,20 +231,22 @@ impl Api {
         if let Some(c) = class {
             h.push((headers::CLASS, c.to_owned()));
         }
-        let v = self.call(Method::POST, "/v1/locks/acquire", &h, timeout).await?;
-        if v.get("unprotected").and_then(Value::as_bool) == Some(true) {
+        let a: AcquiredBody = self.call(Method::POST, "/v1/locks/acquire", &h, timeout).await?;
+        if a.unprotected {
             // Token 0 fences nothing and the grant is on no session: hand it back.
-            let grant = v.get("grant").and_then(Value::as_str).ok_or_else(|| bad("grant"))?;
-            let h = [(headers::KEY, key.to_owned()), (headers::GRANT, grant.to_owned())];
-            if let Err(e) = self.call(Method::POST, "/v1/locks/release", &h, timeout).await {
-                tracing::warn!(error = ?e.code(), "release of an unprotected grant failed; it lapses after the class TTL");
+            let grant = a.grant.ok_or_else(|| bad("grant"))?;
+            let h = [(headers::KEY, key.to_owned()), (headers::GRANT, grant)];
+            if let Err(e) = self.call::<Released>(Method::POST, "/v1/locks/release", &h, timeout).await {
+                tracing::warn!(error = ?e.code_str(), "release of an unprotected grant failed; it lapses after the class TTL");
             }
             return Err(CallError::FailedOpen);
         }
-        let grant = grant_of(&v, key)?;
-        if grant.session != session {
+        let token = a.fencing_token().ok_or_else(|| bad("token"))?;
+        let granted_to = a.session.ok_or_else(|| bad("session"))?;
+        if granted_to != session {
             return Err(CallError::Unknown("the grant names another session".into()));
         }
+        let grant = Grant { key: key.to_owned(), token, session, ttl_s: a.ttl_s, class: a.class };
         Ok(Acquired { grant })
     }
 
@@ -222,63 +257,29 @@ impl Api {
             (headers::TOKEN, g.token.to_string()),
             (headers::SESSION, g.session.to_string()),
         ];
-        self.call(Method::POST, "/v1/locks/release", &h, timeout).await.map(drop)
+        let _: Released = self.call(Method::POST, "/v1/locks/release", &h, timeout).await?;
+        Ok(())
     }
 
     /// `GET /v1/sessions/holds`.
     pub(crate) async fn holds(&self, session: SessionId, timeout: Duration) -> Result<Vec<Grant>, CallError> {
-        let v =
+        let l: SessionHolds =
             self.call(Method::GET, "/v1/sessions/holds", &[(headers::SESSION, session.to_string())], timeout).await?;
-        let holds = v.get("holds").and_then(Value::as_array).ok_or_else(|| bad("holds"))?;
-        holds
-            .iter()
-            .map(|h| {
-                let key = h.get("key").and_then(Value::as_str).ok_or_else(|| bad("holds[].key"))?;
-                let mut g = grant_of(h, key)?;
-                g.session = session;
-                Ok(g)
-            })
-            .collect()
+        // A listing names no TTL: the caller fills it in.
+        let holds = l.holds.into_iter();
+        Ok(holds.map(|h| Grant { key: h.key, token: h.token, session, ttl_s: 0, class: h.class }).collect())
     }
 
     /// `POST /v1/sessions/close`.
     pub(crate) async fn close(&self, session: SessionId, timeout: Duration) -> Result<(), CallError> {
-        self.call(Method::POST, "/v1/sessions/close", &[(headers::SESSION, session.to_string())], timeout)
-            .await
-            .map(drop)
+        let _: SessionClosed =
+            self.call(Method::POST, "/v1/sessions/close", &[(headers::SESSION, session.to_string())], timeout).await?;
+        Ok(())
     }
 }
 
 fn bad(field: &str) -> CallError {
     CallError::Unknown(format!("answer without a valid {field}"))
-}
-
-fn session_field(v: &Value) -> Result<SessionId, CallError> {
-    v.get("session")
-        .and_then(Value::as_str)
-        .and_then(|s| headers::parse_session(s.as_bytes()).ok())
-        .ok_or_else(|| bad("session"))
-}
-
-/// A grant from an acquire answer or a hold listing (which has no session or
-/// ttl: the caller fills them in).
-fn grant_of(v: &Value, key: &str) -> Result<Grant, CallError> {
-    let token = v
-        .get("token")
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse::<FencingToken>().ok())
-        .ok_or_else(|| bad("token"))?;
-    let session = match v.get("session") {
-        Some(_) => session_field(v)?,
-        None => SessionId::from_lease(1).ok_or_else(|| bad("session"))?,
-    };
-    Ok(Grant {
-        key: key.to_owned(),
-        token,
-        session,
-        ttl_s: v.get("ttl_s").and_then(Value::as_u64).unwrap_or(0),
-        class: v.get("class").and_then(Value::as_str).unwrap_or_default().to_owned(),
-    })
 }
 
 /// The error and its sources on one line (reqwest hides the useful part in the

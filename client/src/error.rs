@@ -1,5 +1,9 @@
 //! The SDK's one error type. Every variant has a stable [`Error::code`]; service
 //! refusals keep the service's own code. Messages never contain a key or a token.
+//! Whether an error is worth retrying is [`Code::retryable`]'s decision for every
+//! service code; the SDK's own variants map onto the code of the same meaning.
+
+use lockmesh_core::{code::AnyCode, Code};
 
 use crate::clock::LossReason;
 
@@ -27,8 +31,8 @@ pub enum Error {
     Refused {
         /// HTTP status.
         status: u16,
-        /// The service's stable error code.
-        code: String,
+        /// The service's stable error code (possibly one this build does not know).
+        code: AnyCode,
         /// The service's message (never a key or token).
         message: String,
     },
@@ -65,7 +69,7 @@ impl Error {
         match self {
             Error::Config { .. } => "config",
             Error::Contended { .. } => "contended",
-            Error::Refused { code, .. } => code,
+            Error::Refused { code, .. } => code.as_str(),
             Error::Unavailable(_) => "unavailable",
             Error::OutcomeUnknown => "outcome_unknown",
             Error::SessionLost(_) => "session_lost",
@@ -74,19 +78,20 @@ impl Error {
         }
     }
 
-    /// Whether trying again later may succeed.
+    /// Whether trying the same call again later may succeed. A refusal is
+    /// [`Code::retryable`] (never for a code this build does not know); `contended`
+    /// and `unavailable` are their codes' decision too. The SDK's own states are
+    /// retryable because the next call starts afresh: after `outcome_unknown` the
+    /// acquire is resolved in the background, after `session_lost` the next `lock`
+    /// opens a new session, `draining` ends with the next acknowledged keepalive,
+    /// and `failed_open` ends with the quorum loss. `config` needs a change.
     pub fn retryable(&self) -> bool {
         match self {
             Error::Config { .. } => false,
-            Error::Contended { .. }
-            | Error::Unavailable(_)
-            | Error::OutcomeUnknown
-            | Error::SessionLost(_)
-            | Error::Draining
-            | Error::FailedOpen => true,
-            Error::Refused { code, .. } => {
-                matches!(code.as_str(), "queue_full" | "sealed" | "unavailable" | "draining" | "session_expired")
-            }
+            Error::Contended { .. } => Code::Contended.retryable(),
+            Error::Unavailable(_) => Code::Unavailable.retryable(),
+            Error::Refused { code, .. } => code.retryable(),
+            Error::OutcomeUnknown | Error::SessionLost(_) | Error::Draining | Error::FailedOpen => true,
         }
     }
 }
@@ -106,11 +111,29 @@ mod tests {
 
     #[test]
     fn codes_are_stable_and_refusals_keep_the_service_code() {
-        let e = Error::Refused { status: 409, code: "leaked".into(), message: "m".into() };
+        let e = Error::Refused { status: 409, code: Code::Leaked.into(), message: "m".into() };
         assert_eq!((e.code(), e.retryable()), ("leaked", false));
-        let e = Error::Refused { status: 503, code: "sealed".into(), message: "m".into() };
+        let e = Error::Refused { status: 503, code: Code::Sealed.into(), message: "m".into() };
         assert!(e.retryable());
+        let e = Error::Refused { status: 418, code: AnyCode::parse("teapot"), message: "m".into() };
+        assert_eq!((e.code(), e.retryable()), ("teapot", false));
         assert_eq!(Error::SessionLost(LossReason::Deadline).to_string(), "session lost (deadline)");
         assert_eq!(Error::OutcomeUnknown.code(), "outcome_unknown");
+    }
+
+    /// The SDK's retry decision for every service code is core's: both for the
+    /// error a caller sees and for the release loop's own retries.
+    #[test]
+    fn every_code_retries_as_core_decides() {
+        use crate::api::CallError;
+        for code in Code::ALL {
+            let call =
+                CallError::Refused { status: code.status(), code: code.into(), message: "m".into(), reason: None };
+            assert_eq!(call.retryable(), code.retryable(), "{code}: the release loop");
+            let e = call.into_error();
+            assert_eq!(e.code(), code.as_str());
+            assert_eq!(e.retryable(), code.retryable(), "{code}: Error::retryable");
+        }
+        assert_eq!(Error::Unavailable("x".into()).retryable(), Code::Unavailable.retryable());
     }
 }

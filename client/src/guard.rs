@@ -4,10 +4,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use lockmesh_core::FencingToken;
+use lockmesh_core::{Code, FencingToken};
 
 use crate::{
-    api::CallError,
     client::Inner,
     clock::LossReason,
     ledger::{Exit, Grant},
@@ -128,19 +127,21 @@ impl std::fmt::Debug for LockGuard {
 }
 
 /// Sends the release of `g` until it is answered, then ends the ledger's
-/// releasing state. Transient failures retry with backoff; the session's loss
-/// ends the attempt (its holds are gone with it).
+/// releasing state. A failure retries with backoff when sending it again may
+/// succeed ([`crate::api::CallError::retryable`]: no answer, or a refusal whose code
+/// [`Code::retryable`] says so); any other refusal ends the attempt with it, and so
+/// does the session's loss (its holds are gone with it).
 pub(crate) async fn release_grant(inner: &Arc<Inner>, session: &Arc<Session>, g: &Grant) -> Result<(), Error> {
     let mut backoff = Duration::from_millis(100);
     let result = loop {
         inner.count(2);
         match inner.api.release(g, inner.config.request_timeout).await {
             Ok(()) => break Ok(()),
-            Err(CallError::Refused { code, .. }) if code == "session_expired" => {
+            Err(e) if e.code() == Some(Code::SessionExpired) => {
                 inner.fence(session, LossReason::SessionExpired);
                 break Err(Error::SessionLost(LossReason::SessionExpired));
             }
-            Err(e @ CallError::Refused { .. }) if !retryable_refusal(&e) => break Err(e.into_error()),
+            Err(e) if !e.retryable() => break Err(e.into_error()),
             Err(_) => {
                 let retry_at = tokio::time::Instant::now() + backoff;
                 if !session.sleep_until_or_lost(retry_at).await {
@@ -153,8 +154,4 @@ pub(crate) async fn release_grant(inner: &Arc<Inner>, session: &Arc<Session>, g:
     inner.ledger().released(&g.key, g.token);
     inner.changed.notify_waiters();
     result
-}
-
-fn retryable_refusal(e: &CallError) -> bool {
-    matches!(e.code(), Some("unavailable" | "sealed" | "draining" | "queue_full" | "internal"))
 }

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use lockmesh_core::headers::SessionId;
+use lockmesh_core::{headers::SessionId, Code};
 use tokio::{
     sync::watch,
     task::AbortHandle,
@@ -161,11 +161,11 @@ where
         };
         match answer {
             Ok(()) => session.clock().on_ack(sent),
-            Err(e) if e.code() == Some("session_expired") => return LossReason::SessionExpired,
+            Err(e) if e.code() == Some(Code::SessionExpired) => return LossReason::SessionExpired,
             Err(e) => {
                 session.clock().on_fail(sent);
                 // No session id, key or token in logs (ADR-22).
-                tracing::warn!(ttl_s = session.ttl_s, error = ?e.code(), "keepalive failed: no new work may start");
+                tracing::warn!(ttl_s = session.ttl_s, error = ?e.code_str(), "keepalive failed: no new work may start");
             }
         }
     }
@@ -259,7 +259,7 @@ mod tests {
                 if n == 1 {
                     Err(CallError::Refused {
                         status: 503,
-                        code: "unavailable".into(),
+                        code: Code::Unavailable.into(),
                         message: String::new(),
                         reason: None,
                     })
@@ -284,7 +284,7 @@ mod tests {
         let (_s, t0, task) = start(|| async {
             Err(CallError::Refused {
                 status: 410,
-                code: "session_expired".into(),
+                code: Code::SessionExpired.into(),
                 message: String::new(),
                 reason: None,
             })

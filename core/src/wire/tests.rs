@@ -98,7 +98,8 @@ fn error_bodies() {
     let e: ErrorBody = same(r#"{"code":"contended","message":"not granted","reason":"key_gated"}"#);
     assert_eq!((e.code.known(), e.reason.and_then(|r| r.known())), (Some(Code::Contended), Some(Reason::KeyGated)));
     // extproc/src/tiers.rs wrong_region_response: error_body re-parsed, `region` added.
-    let mut v: serde_json::Value = serde_json::from_str(&crate::code::error_body(Code::WrongRegion, "m", None)).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&crate::code::error_body(Code::WrongRegion, "m", None)).unwrap();
     v["region"] = json!("us-1");
     let w: ErrorBody = same(&v.to_string());
     assert_eq!(w, ErrorBody::new(Code::WrongRegion, "m").with_region("us-1"));
@@ -297,7 +298,9 @@ fn audit() {
     same::<Query>(r#"{"query":"events","kind":"gap","since_ms":0}"#);
     same::<Query>(r#"{"query":"unprotected","since_ms":0,"until_ms":9,"outage":"coord-1"}"#);
     same::<CheckpointReply>(&json!({ "checkpoint": null }).to_string());
-    same::<CheckpointReply>(r#"{"checkpoint":{"cluster_id":"aa","timeline":1,"revision":42,"epoch":1,"max_epoch":1,"updated_ms":9}}"#);
+    same::<CheckpointReply>(
+        r#"{"checkpoint":{"cluster_id":"aa","timeline":1,"revision":42,"epoch":1,"max_epoch":1,"updated_ms":9}}"#,
+    );
     same::<AuditErrorBody>(&json!({ "error": "store: locked" }).to_string());
     for k in EventKind::ALL {
         assert_eq!(EventKind::parse(k.as_str()), Some(k));
@@ -318,7 +321,9 @@ fn lockctl_json() {
     .to_string();
     assert_eq!(same::<SaturatedReport>(&saturated).saturated[0].waiters_here, None);
     // extproc/src/shardctl.rs: apply (struct order) and show (through Value).
-    same::<MoveReport>(r#"{"outcome":"applied","from":1,"to":2,"losers":["coord"],"gainers":["shard-b"],"epochs":{"shard-b":2},"verified_at":{"coord":50},"drain_ms":5,"total_ms":9}"#);
+    same::<MoveReport>(
+        r#"{"outcome":"applied","from":1,"to":2,"losers":["coord"],"gainers":["shard-b"],"epochs":{"shard-b":2},"verified_at":{"coord":50},"drain_ms":5,"total_ms":9}"#,
+    );
     let show = json!({ "map": { "current": { "version": 1 } }, "clusters": {
         "coord": { "home": null, "epoch": 1, "prior_epochs": [] },
         "shard-b": { "home": { "version": 1 }, "epoch": null, "prior_epochs": null } } })
