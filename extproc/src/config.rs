@@ -9,6 +9,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
 };
+use lockmesh_lock::clusters::Clusters;
 pub use lockmesh_lock::connect::{validate_etcd_auth, EtcdAuthFields, EtcdClientAuth, RawEtcd, RawEtcdTls};
 
 use lockmesh_core::class::ClassRegistry;
@@ -274,8 +275,8 @@ pub struct Operators {
 
 impl Operators {
     /// A verifier for operators' tokens with the JWKS as the file holds it now.
-    pub fn verifier(&self) -> Result<crate::admin_action::jwt::Verifier, crate::admin_action::AdminError> {
-        use crate::admin_action::{jwt, AdminError};
+    pub fn verifier(&self) -> Result<lockmesh_ops::admin::jwt::Verifier, lockmesh_ops::admin::AdminError> {
+        use lockmesh_ops::admin::{jwt, AdminError};
         let text = std::fs::read_to_string(&self.jwks_file)
             .map_err(|e| AdminError::Jwks(format!("{}: {e}", self.jwks_file.display())))?;
         Ok(jwt::Verifier::new(jwt::Jwks::parse(&text)?, self.issuer.clone(), self.audience.clone())
@@ -303,7 +304,7 @@ fn operators(raw: &RawOperators, envoys: &[String], base: &Path, name: &str, err
     let jwks_file = resolve(base, &raw.jwks_file);
     match std::fs::read_to_string(&jwks_file) {
         Ok(t) => {
-            if let Err(e) = crate::admin_action::jwt::Jwks::parse(&t) {
+            if let Err(e) = lockmesh_ops::admin::jwt::Jwks::parse(&t) {
                 errs.push(format!("{name}: operators.jwks_file: {e}"));
             }
         }
@@ -396,16 +397,6 @@ pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
     }
 }
 
-/// Validates `etcd.tls`, `etcd.user` and `etcd.password_file` against the endpoints.
-fn etcd_auth(raw: &RawEtcd, base: &Path, name: &str, errs: &mut Vec<String>) -> EtcdClientAuth {
-    let parts = EtcdAuthFields {
-        endpoints: &raw.endpoints,
-        tls: raw.tls.as_ref(),
-        user: raw.user.as_deref(),
-        password_file: raw.password_file.as_deref(),
-    };
-    validate_etcd_auth(&parts, "etcd.", base, name, errs)
-}
 
 
 
@@ -470,29 +461,17 @@ impl Config {
                 errs2.push(format!("{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
             }
         }
-        if raw.etcd.endpoints.is_empty() {
-            errs2.push(format!("{name}: etcd.endpoints: must list at least one endpoint"));
-        }
-        for (i, e) in raw.etcd.endpoints.iter().enumerate() {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                errs2.push(format!("{name}: etcd.endpoints[{i}]: {e:?} must start with http:// or https://"));
-            }
-        }
-        let root = raw.etcd.root.trim_end_matches('/').to_owned();
-        if !raw.etcd.root.starts_with('/')
-            || root.is_empty()
-            || !root.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
-            || root.contains("//")
-        {
-            errs2.push(format!(
-                "{name}: etcd.root: {:?} must be like /lockmesh ([A-Za-z0-9/_.-], starting with '/', not '/' alone)",
-                raw.etcd.root
-            ));
-        }
-        let op_timeout_ms = raw.etcd.op_timeout_ms.unwrap_or(2000);
-        if !(100..=60_000).contains(&op_timeout_ms) {
-            errs2.push(format!("{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"));
-        }
+        // The cluster sections, validated as `lockctl shard` validates them.
+        let clusters = Clusters::from_raw(
+            &raw.etcd,
+            &raw.clusters,
+            raw.tiers.as_ref(),
+            raw.region.as_ref(),
+            &raw.test_faults,
+            base,
+            name,
+            &mut errs2,
+        );
         let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
         if max_wait_ms > MAX_WAIT_CEILING_MS {
             errs2.push(format!("{name}: max_wait_ms: {max_wait_ms} is above the ceiling {MAX_WAIT_CEILING_MS}"));
@@ -506,28 +485,6 @@ impl Config {
         if !(1..=100_000).contains(&validate_rate_per_s) {
             errs2.push(format!("{name}: validate_rate_per_s: {validate_rate_per_s} is outside 1 to 100000"));
         }
-        let mut test_faults = Vec::new();
-        for (i, f) in raw.test_faults.iter().enumerate() {
-            match crate::test_faults::TestFault::parse(f) {
-                Some(t) => test_faults.push(t),
-                None => errs2.push(format!("{name}: test_faults[{i}]: {f:?} is not a known planted bug")),
-            }
-        }
-        if !test_faults.is_empty() && std::env::var(crate::test_faults::ENV).as_deref() != Ok("1") {
-            errs2.push(format!(
-                "{name}: test_faults: planted bugs for the release gate, refused unless {}=1",
-                crate::test_faults::ENV
-            ));
-        }
-        let topology = crate::topology::Topology::from_raw(
-            &raw.clusters,
-            raw.tiers.as_ref(),
-            raw.region.as_ref(),
-            name,
-            &mut errs2,
-            &mut |r, e| etcd_auth(r, base, name, e),
-        );
-        let etcd_auth = etcd_auth(&raw.etcd, base, name, &mut errs2);
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
         let telemetry = crate::telemetry::validate(raw.telemetry.as_ref(), "lockmesh-arbiter", name, &mut errs2);
         let console = console(raw.console.as_ref(), name, &mut errs2);
@@ -557,11 +514,11 @@ impl Config {
                 tls_key,
                 client_ca,
                 allowed_clients: raw.tls.allowed_clients,
-                etcd_endpoints: raw.etcd.endpoints,
-                etcd_root: root,
-                op_timeout_ms,
-                etcd_auth,
-                topology,
+                etcd_endpoints: clusters.endpoints,
+                etcd_root: clusters.root,
+                op_timeout_ms: clusters.op_timeout_ms,
+                etcd_auth: clusters.auth,
+                topology: clusters.topology,
                 registry_file,
                 registry,
                 max_wait_ms,
@@ -569,7 +526,7 @@ impl Config {
                 marks_file,
                 signing,
                 validate_rate_per_s,
-                test_faults,
+                test_faults: clusters.test_faults,
                 operators,
                 telemetry,
                 console,

@@ -1,48 +1,43 @@
 //! The lockmesh arbiter: an Envoy ext_proc gRPC service that answers the lock API
 //! (`docs/API.md`) by granting locks in etcd and minting fencing tokens.
 //!
+//! The arbiter is the server only. What it serves is the lock recipe of
+//! `lockmesh-lock`; operator workflows it runs for the admin port and the console
+//! come from `lockmesh-ops`. An API request walks down: [`server`] (the ext_proc
+//! stream) → [`api`] (route, authorise and classify) → `lockmesh_lock::tiers`
+//! (choose the cluster) → `lockmesh_lock` (the recipe) → etcd.
+//!
 //! # Layout
 //! - [`config`]: the YAML configuration and its validation.
 //! - [`server`]: the ext_proc stream handling (the commit point is the answer to
 //!   `request_headers`).
 //! - [`api`]: routes of the HTTP API.
-//! - [`lock`]: the etcd recipe: sessions, grants, releases, waiting.
-//! - [`respond`]: the one error-to-response table.
-//! - [`admin`]: health, readiness and metrics.
-//! - [`console`]: the read-only web console on the admin port.
-//! - [`inspect`], [`doctor`], [`etcd_view`]: read-only operator views (`lockctl
-//!   inspect`, `saturated`, `doctor`; the console).
-//! - [`admin_action`]: two-person force release and epoch advance (`lockctl admin`).
-//! - [`telemetry`]: tracing spans exported over OTLP/HTTP (`telemetry.otlp_endpoint`).
-//! - [`tls`]: mTLS peer identity.
 //! - [`transparent`]: request-scoped locks held for a request's life.
-//! - [`tiers`], [`topology`], [`shardctl`]: several etcd clusters (coord and entity
-//!   tiers, shards, moves) and regional homing (`docs/SCALE.md`).
 //! - [`internal`]: the filter's own calls (VM session renewal, releases).
-//! - [`signing`]: grant proofs for fences.
 //! - [`validate`]: ValidateToken, the linearizable "is this token current" read.
-//! - [`failopen`]: fail-open classes during a quorum loss (ADR-04): unprotected
-//!   grants from memory, the spool, shipping to the audit store.
+//! - [`registry`]: the class registry's hot reload, the LockGrant re-check, and the
+//!   class part of `/status` and `/metrics`.
+//! - [`respond`]: the one error-to-response table.
+//! - [`signing`]: grant proofs for fences.
+//! - [`tls`]: mTLS peer identity.
+//! - [`state`]: what every request handler shares.
+//! - [`metrics`]: the arbiter's Prometheus metrics.
+//! - [`admin`]: health, readiness and metrics on the admin port.
+//! - [`admin_actions`]: two-person force release and epoch advance routes
+//!   (`lockctl admin`; the workflow is `lockmesh_ops::admin`).
+//! - [`console`]: the read-only web console on the admin port.
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod admin_action;
+pub mod admin_actions;
 pub mod api;
-pub mod audit;
-pub mod classctl;
 pub mod config;
 pub mod console;
-pub mod doctor;
-pub mod etcd_view;
-pub mod inspect;
 pub mod internal;
 pub mod metrics;
-pub mod reconcile;
 pub mod registry;
 pub mod respond;
-pub mod restore;
 pub mod server;
-pub mod shardctl;
 pub mod signing;
 pub mod state;
 pub mod tls;
@@ -139,7 +134,7 @@ pub async fn run(
     let routes = tonic::service::Routes::new(svc)
         .into_axum_router()
         .merge(internal::router(state.clone()))
-        .merge(admin_action::server::router(state.clone()));
+        .merge(admin_actions::router(state.clone()));
     tracing::info!(listen = %state.config.listen, admin = %state.config.admin_listen, "arbiter serving");
     Server::builder()
         .tls_config(tls)?

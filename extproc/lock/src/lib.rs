@@ -14,6 +14,7 @@
 //! # Layout
 //! - [`Store`] (this file): one cluster's handle: calls under a deadline, sessions,
 //!   the seal.
+//! - [`clusters`]: the clusters an arbiter config names, validated once.
 //! - [`connect`]: how to reach etcd (endpoints, TLS, user), validated once.
 //! - [`registry`]: the class registry file and the CRDs generated from its schema.
 //! - [`topology`]: the clusters of a split deployment and regional homing.
@@ -33,6 +34,7 @@
 //!   feature `test-faults` (test builds).
 #![forbid(unsafe_code)]
 
+pub mod clusters;
 pub mod connect;
 pub mod durable;
 pub mod epoch;

@@ -37,11 +37,15 @@ use lockmesh_core::{
 };
 use serde_json::{json, Value};
 
-use crate::{
-    admin_action::{jwt::Operator, AdminError},
-    doctor::{day_string, pause_status},
+use lockmesh_core::wire::audit::{Answer, Query};
+use lockmesh_ops::{
+    admin::{jwt::Operator, AdminError},
     etcd_view::cluster_view,
     inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str},
+    pause::{day_string, pause_status},
+};
+
+use crate::{
     lock::now_ms,
     metrics::{tier_label, ETCD},
     state::State,
@@ -310,18 +314,14 @@ impl Console {
         let Some(url) = cfg.audit_url.as_deref() else {
             return json!({"configured": false, "message": "no audit store configured (console.audit_url)"});
         };
-        let q = json!({"query": "recent", "limit": cfg.audit_events}).to_string();
-        let answer = tokio::time::timeout(self.timeout(), crate::audit::cli::post(url, &q))
-            .await
-            .map_err(|_| format!("the audit tailer did not answer within {:?}", self.timeout()))
-            .and_then(|r| r)
-            .and_then(|b| serde_json::from_str::<crate::audit::query::Answer>(&b).map_err(|e| e.to_string()));
+        let q = Query::Recent { limit: u64::try_from(cfg.audit_events).unwrap_or(u64::MAX) };
+        let answer = lockmesh_ops::audit_client::query(url, &q, self.timeout()).await;
         match answer {
-            Ok(crate::audit::query::Answer::Events { events }) => {
+            Ok(Answer::Events { events }) => {
                 let events: Vec<Value> = events
                     .into_iter()
                     .map(|e| {
-                        json!({"kind": e.kind.as_str(), "revision": e.revision, "epoch": e.epoch, "at_ms": e.at_ms,
+                        json!({"kind": e.kind, "revision": e.revision, "epoch": e.epoch, "at_ms": e.at_ms,
                                "class": e.class, "digest": e.digest})
                     })
                     .collect();

@@ -1,0 +1,180 @@
+use super::*;
+
+const ROOT: &str = "/t/a";
+const D1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+const D2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+
+fn hold(key: &str, owner: &str) -> Vec<u8> {
+    serde_json::to_vec(&HoldRecord {
+        key: key.into(),
+        owner: owner.into(),
+        instance: None,
+        epoch: 1,
+        class: "default".into(),
+        acquired_ms: 1000,
+        hold_id: None,
+    })
+    .unwrap()
+}
+
+fn put(key: String, value: Vec<u8>, lease: i64, create: i64) -> Change {
+    Change { op: Op::Put, key: key.into_bytes(), value, lease, create_revision: create, prev: None }
+}
+
+fn del(key: String, prev: Vec<u8>, lease: i64, create: i64) -> Change {
+    Change {
+        op: Op::Delete,
+        key: key.into_bytes(),
+        value: Vec::new(),
+        lease: 0,
+        create_revision: 0,
+        prev: Some(Prev { value: prev, lease, create_revision: create }),
+    }
+}
+
+fn decode_at(rev: i64, changes: &[Change], closed: &dyn Fn(&str) -> bool) -> Decoded {
+    let ctx = Context { root: ROOT, cluster_id: "00000000000000aa", timeline: 0, epoch: 1, now_ms: 5000, closed };
+    decode(&ctx, rev, changes)
+}
+
+fn kinds(d: &Decoded) -> Vec<EventKind> {
+    d.events.iter().map(|e| e.kind).collect()
+}
+
+#[test]
+fn a_lease_expiry_deletes_many_holds_at_one_revision_with_distinct_keys() {
+    let session =
+        serde_json::to_vec(&serde_json::json!({"owner":"spiffe://x/a","class":"default","ttl_s":3,"created_ms":1}))
+            .unwrap();
+    let changes = vec![
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+        del(format!("{ROOT}/l/{D2}/h/0000"), hold("a/two", "spiffe://x/a"), 0x1f, 11),
+        del(format!("{ROOT}/s/000000000000001f"), session, 0x1f, 9),
+    ];
+    let d = decode_at(20, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::Expiry, EventKind::Expiry, EventKind::SessionExpiry]);
+    assert_eq!(d.events[0].grant_revision, Some(10));
+    assert_eq!(d.events[0].key.as_deref(), Some("a/one"));
+    assert_eq!(d.events[1].digest.as_deref(), Some(D2));
+    let keys: HashSet<String> = d.events.iter().map(AuditEvent::event_key).collect();
+    assert_eq!(keys.len(), 3);
+    // The same lease end after its holder closed the session: session releases.
+    let d = decode_at(20, &changes, &|s| s == "000000000000001f");
+    assert_eq!(kinds(&d), [EventKind::SessionRelease, EventKind::SessionRelease]);
+}
+
+#[test]
+fn a_release_and_a_grant_at_one_revision_are_two_facts() {
+    let marker = serde_json::to_vec(&serde_json::json!({"epoch":1,"revision":10,"released_ms":4242})).unwrap();
+    let changes = vec![
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+        put(format!("{ROOT}/r/{D1}"), marker, 0x99, 20),
+        put(format!("{ROOT}/l/{D1}/h/0001"), hold("a/one", "spiffe://x/b"), 0x2f, 20),
+    ];
+    let d = decode_at(20, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::Release, EventKind::Grant]);
+    assert_eq!(d.events[0].at_ms, 4242);
+    assert_eq!(d.events[1].identity.as_deref(), Some("spiffe://x/b"));
+    assert_eq!(d.events[1].grant_revision, Some(20));
+    assert_ne!(d.events[0].event_key(), d.events[1].event_key());
+}
+
+#[test]
+fn a_marker_for_another_grant_does_not_make_a_release() {
+    // The marker names grant 7; the deleted hold is grant 10 and its lease is alive.
+    let marker = serde_json::to_vec(&serde_json::json!({"epoch":1,"revision":7,"released_ms":1})).unwrap();
+    let changes = vec![
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+        put(format!("{ROOT}/r/{D1}"), marker, 0x99, 20),
+    ];
+    assert_eq!(kinds(&decode_at(20, &changes, &|_| false)), [EventKind::UnmarkedDelete]);
+}
+
+#[test]
+fn force_records_epoch_purges_policies_and_close_markers() {
+    let force =
+        serde_json::to_vec(&serde_json::json!({"requester":"alice","approver":"bob","reason":"stuck"})).unwrap();
+    let changes = vec![
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+        put(format!("{ROOT}/f/{D1}"), force.clone(), 0, 30),
+        put(format!("{ROOT}/f/{D2}"), force, 0, 30),
+    ];
+    let d = decode_at(30, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::ForceRelease, EventKind::ForceRecord]);
+    assert_eq!(d.events[0].detail.as_ref().unwrap()["approver"], "bob");
+
+    let rec =
+        serde_json::to_vec(&serde_json::json!({"epoch":2,"cluster_id":"00000000000000aa","sealed":"x","target":2}))
+            .unwrap();
+    let changes = vec![
+        put(format!("{ROOT}/sys/epoch"), rec, 0, 1),
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+    ];
+    let d = decode_at(40, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::Epoch, EventKind::EpochPurge]);
+    assert_eq!(d.epoch, Some(2));
+    assert_eq!(d.events[0].epoch, 2);
+
+    let pol = serde_json::to_vec(&serde_json::json!({"limit":2,"last":{"at_ms":777}})).unwrap();
+    let close = serde_json::to_vec(&serde_json::json!({"closed_ms":888})).unwrap();
+    let changes = vec![
+        put(format!("{ROOT}/c/default"), pol, 0, 3),
+        put(format!("{ROOT}/x/000000000000001f"), close, 0x99, 50),
+        put(format!("{ROOT}/v/vm/default"), b"x".to_vec(), 0x1f, 50),
+        put("/t/other/l/x/h/0000".into(), b"x".to_vec(), 0x1f, 50),
+    ];
+    let d = decode_at(50, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::LimitChange, EventKind::SessionClose]);
+    assert_eq!((d.events[0].at_ms, d.events[1].at_ms), (777, 888));
+    assert_eq!(d.closed, ["000000000000001f"]);
+}
+
+#[test]
+fn shipped_unprotected_records_are_events_whose_key_ignores_the_ship_revision() {
+    use lockmesh_keyspace::spool::{SpoolOp, SpoolRecord};
+    let rec = |op| SpoolRecord {
+        op,
+        grant: "0123456789abcdef0123456789abcdef".into(),
+        key: "jobs/a".into(),
+        digest: D1.into(),
+        class: "batch".into(),
+        identity: "spiffe://x/a".into(),
+        instance: None,
+        hold_id: None,
+        epoch: 1,
+        cluster: "coord".into(),
+        outage: "coord-1700000000000".into(),
+        at_ms: 1234,
+        ttl_s: (op == SpoolOp::Grant).then_some(30),
+        reason: None,
+    };
+    let g = format!("{ROOT}/u/0123456789abcdef0123456789abcdef/grant");
+    let r = format!("{ROOT}/u/0123456789abcdef0123456789abcdef/release");
+    let first = decode_at(
+        40,
+        &[
+            put(g.clone(), serde_json::to_vec(&rec(SpoolOp::Grant)).unwrap(), 9, 40),
+            put(r.clone(), serde_json::to_vec(&rec(SpoolOp::Release)).unwrap(), 9, 40),
+        ],
+        &|_| false,
+    );
+    assert_eq!(kinds(&first), [EventKind::Grant, EventKind::Release]);
+    let e = &first.events[0];
+    assert!(e.unprotected && e.revision == 0 && e.grant_revision.is_none() && e.session.is_none());
+    assert_eq!((e.key.as_deref(), e.class.as_deref(), e.at_ms), (Some("jobs/a"), Some("batch"), 1234));
+    let detail = e.detail.as_ref().unwrap();
+    assert_eq!(detail["grant_id"], "0123456789abcdef0123456789abcdef");
+    assert_eq!(
+        (detail["outage"].as_str(), detail["shipped_revision"].as_i64()),
+        (Some("coord-1700000000000"), Some(40))
+    );
+    // Shipped again (a crash before the spool was cut): the same event keys.
+    let again = decode_at(57, &[put(g, serde_json::to_vec(&rec(SpoolOp::Grant)).unwrap(), 11, 57)], &|_| false);
+    assert_eq!(again.events[0].event_key(), first.events[0].event_key());
+    // Its lease's end deletes the key: no event.
+    let gone = decode_at(90, &[del(r, Vec::new(), 9, 40)], &|_| false);
+    assert!(gone.events.is_empty());
+    // A protected hold's events are not marked.
+    let p = decode_at(91, &[put(format!("{ROOT}/l/{D2}/h/0000"), hold("a/two", "spiffe://x/a"), 7, 91)], &|_| false);
+    assert!(!p.events[0].unprotected);
+}

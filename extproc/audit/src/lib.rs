@@ -1,0 +1,28 @@
+//! The audit tailer (ADR-21): every grant, release, expiry, session close, force
+//! release, limit change and epoch change, read from etcd's own history rather
+//! than reported by the arbiters (which never see expiries). `docs/AUDIT.md`.
+//!
+//! # Layout
+//! - [`event`]: the events and their replay-stable unique keys.
+//! - [`decode`]: the changes of one revision to events (pure).
+//! - [`store`]: the embedded store (redb) with the checkpoint.
+//! - [`query`]: history of a key, holds by identity, longest holds, expiries.
+//! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, admin port.
+//! - [`stats`]: the tailer's metrics.
+//! - [`clickhouse`]: the optional ClickHouse sink and its DDL.
+//! - [`config`]: the configuration file, `audit.yaml`.
+//! - [`cli`]: the `lockctl audit` queries.
+
+pub mod clickhouse;
+pub mod config;
+pub mod decode;
+pub mod event;
+pub mod query;
+pub mod stats;
+pub mod store;
+pub mod tailer;
+
+pub use self::{
+    config::Config,
+    event::{AuditEvent, EventKind},
+};

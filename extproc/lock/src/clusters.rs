@@ -1,0 +1,172 @@
+//! The etcd clusters a deployment runs on, as the arbiter's config file names them
+//! (`etcd:`, `clusters:`, `tiers:`, `region:`; docs/SCALE.md), validated once for
+//! the arbiter and for `lockctl shard`, which reads the same file.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use serde::Deserialize;
+
+use crate::{
+    connect::{validate_etcd_auth, EtcdAuthFields, EtcdClientAuth, RawEtcd},
+    test_faults::{self, TestFault},
+    tiers::{FailOpenSettings, Tiers, TiersConfig},
+    topology::{RawCluster, RawRegion, RawTiers, Topology},
+    LockError, Store,
+};
+
+/// Default `etcd.op_timeout_ms`.
+pub const DEFAULT_OP_TIMEOUT_MS: u64 = 2000;
+
+/// The cluster sections of an arbiter config file; every other section is the
+/// arbiter's own and ignored here.
+#[derive(Debug, Deserialize)]
+pub struct RawClusterSections {
+    /// The coord cluster.
+    pub etcd: RawEtcd,
+    /// More clusters by name.
+    #[serde(default)]
+    pub clusters: BTreeMap<String, RawCluster>,
+    /// The entity tier's clusters for the first shard map.
+    pub tiers: Option<RawTiers>,
+    /// Regional homing.
+    pub region: Option<RawRegion>,
+    /// TEST ONLY planted bugs (refused by a shipped build and unless
+    /// `LOCKMESH_TEST_FAULTS=1`).
+    #[serde(default)]
+    pub test_faults: Vec<String>,
+}
+
+/// The validated clusters of a deployment.
+#[derive(Debug)]
+pub struct Clusters {
+    /// The coord cluster's client URLs.
+    pub endpoints: Vec<String>,
+    /// The key root every cluster uses.
+    pub root: String,
+    /// Timeout of one etcd call, ms.
+    pub op_timeout_ms: u64,
+    /// TLS and user of the coord cluster.
+    pub auth: EtcdClientAuth,
+    /// The other clusters and the region.
+    pub topology: Topology,
+    /// TEST ONLY planted bugs.
+    pub test_faults: Vec<TestFault>,
+}
+
+// === impl Clusters ===
+
+impl Clusters {
+    /// Validates the cluster sections, pushing every error (`name: field: why`).
+    pub fn from_raw(
+        etcd: &RawEtcd,
+        clusters: &BTreeMap<String, RawCluster>,
+        tiers: Option<&RawTiers>,
+        region: Option<&RawRegion>,
+        faults: &[String],
+        base: &Path,
+        name: &str,
+        errs: &mut Vec<String>,
+    ) -> Self {
+        if etcd.endpoints.is_empty() {
+            errs.push(format!("{name}: etcd.endpoints: must list at least one endpoint"));
+        }
+        for (i, e) in etcd.endpoints.iter().enumerate() {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                errs.push(format!("{name}: etcd.endpoints[{i}]: {e:?} must start with http:// or https://"));
+            }
+        }
+        let root = etcd.root.trim_end_matches('/').to_owned();
+        if !etcd.root.starts_with('/')
+            || root.is_empty()
+            || !root.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+            || root.contains("//")
+        {
+            errs.push(format!(
+                "{name}: etcd.root: {:?} must be like /lockmesh ([A-Za-z0-9/_.-], starting with '/', not '/' alone)",
+                etcd.root
+            ));
+        }
+        let op_timeout_ms = etcd.op_timeout_ms.unwrap_or(DEFAULT_OP_TIMEOUT_MS);
+        if !(100..=60_000).contains(&op_timeout_ms) {
+            errs.push(format!("{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"));
+        }
+        let mut test_faults = Vec::new();
+        for (i, f) in faults.iter().enumerate() {
+            match TestFault::parse(f) {
+                Some(t) => test_faults.push(t),
+                None if !test_faults::ENABLED => errs.push(format!(
+                    "{name}: test_faults[{i}]: {f:?}: this build has no planted faults (only a test build, \
+                     feature test-faults, has them)"
+                )),
+                None => errs.push(format!("{name}: test_faults[{i}]: {f:?} is not a known planted bug")),
+            }
+        }
+        if !test_faults.is_empty() && std::env::var(test_faults::ENV).as_deref() != Ok("1") {
+            errs.push(format!(
+                "{name}: test_faults: planted bugs for the release gate, refused unless {}=1",
+                test_faults::ENV
+            ));
+        }
+        let topology =
+            Topology::from_raw(clusters, tiers, region, name, errs, &mut |r, e| etcd_auth(r, base, name, e));
+        let auth = etcd_auth(etcd, base, name, errs);
+        Self {
+            endpoints: etcd.endpoints.clone(),
+            root,
+            op_timeout_ms,
+            auth,
+            topology,
+            test_faults,
+        }
+    }
+
+    /// Reads the cluster sections of the arbiter config file at `path`.
+    pub fn load_arbiter_file(path: &Path) -> Result<Self, Vec<String>> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
+        let raw: RawClusterSections = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut errs = Vec::new();
+        let c = Self::from_raw(
+            &raw.etcd,
+            &raw.clusters,
+            raw.tiers.as_ref(),
+            raw.region.as_ref(),
+            &raw.test_faults,
+            base,
+            &name,
+            &mut errs,
+        );
+        if errs.is_empty() {
+            Ok(c)
+        } else {
+            Err(errs)
+        }
+    }
+
+    /// Connects every cluster without marks files or fail-open spools (an operator
+    /// tool's view; the arbiter connects through [`Tiers::connect`] with its own).
+    pub async fn connect(&self) -> Result<Tiers, LockError> {
+        let op_timeout = Duration::from_millis(self.op_timeout_ms);
+        let coord = Store::connect_with(&self.endpoints, &self.root, op_timeout, None, &self.auth).await?;
+        let cfg = TiersConfig {
+            topology: &self.topology,
+            root: &self.root,
+            op_timeout,
+            marks_file: None,
+            fail_open: FailOpenSettings { spool_file: None, max_spool_bytes: 0, quorum_loss_after_ms: u64::MAX },
+        };
+        Tiers::connect(&cfg, coord).await
+    }
+}
+
+/// Validates `etcd.tls`, `etcd.user` and `etcd.password_file` against the endpoints.
+pub fn etcd_auth(raw: &RawEtcd, base: &Path, name: &str, errs: &mut Vec<String>) -> EtcdClientAuth {
+    let parts = EtcdAuthFields {
+        endpoints: &raw.endpoints,
+        tls: raw.tls.as_ref(),
+        user: raw.user.as_deref(),
+        password_file: raw.password_file.as_deref(),
+    };
+    validate_etcd_auth(&parts, "etcd.", base, name, errs)
+}

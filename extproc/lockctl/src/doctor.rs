@@ -1,0 +1,562 @@
+//! `lockctl doctor`: one look at everything an operator must act on.
+//!
+//! | check | source | fails when |
+//! |---|---|---|
+//! | `lockctl.version` | this binary | never (reported) |
+//! | `arbiter.version`, `arbiter.seal` | each `--admin-url`'s `/status` | unreachable; sealed (a version differing from lockctl's warns) |
+//! | `etcd.reachable` | `--endpoints` | no endpoint answers |
+//! | `etcd.member` | each member's status, through its own client URL | a member does not answer or reports errors (a version below 3.5.28 warns) |
+//! | `etcd.quorum` | the member statuses | a majority of voting members does not answer, or no leader is agreed |
+//! | `etcd.alarm` | etcd's alarm list | any alarm (`NOSPACE`, `CORRUPT`) |
+//! | `seal.epoch` | `<root>/sys/epoch` | the record carries an explicit seal (an epoch advance is unfinished) |
+//! | `class.draining` | `<root>/c/<class>` | a class is draining (it admits nothing until resumed or cancelled) |
+//! | `class.pause_test` | `--registry` | a fenced class's PauseTestResult is missing, failing or expired (ending within `--warn-days` warns) |
+//! | `class.waiver` | `--registry` | an advisory class's waiver has expired (ending within `--warn-days` warns) |
+//! | `class.limit` | `--registry` and etcd | never: a desired limit differing from the authoritative one warns |
+//!
+//! Exit codes: **0** nothing failed (warnings allowed), **1** at least one check
+//! failed, **64** bad arguments (no endpoints, an unreadable registry file).
+//! Human output by default; `--json` prints one JSON document.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
+pub use lockmesh_ops::pause::{day_string, pause_status, PauseStatus};
+
+use clap::Args;
+use lockmesh_core::{
+    class::{Enforcement, RawRegistry},
+    pause::{check_pause_result, PauseTestResult},
+    ClassRegistry,
+};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use lockmesh_lock::{epoch::EpochRecord, now_ms, Keys};
+use lockmesh_ops::{
+    etcd_view::{cluster_view, ClusterView},
+    inspect::{human_ms, read_policies, state_str},
+};
+
+use crate::admin::{connect, EtcdArgs};
+
+/// The lowest etcd server version without the known lock-safety bugs (ETCD-NOTES).
+pub const ETCD_FLOOR: (u64, u64, u64) = (3, 5, 28);
+
+/// `lockctl doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// The class registry file: checks the pause tests of fenced classes and the
+    /// waivers of advisory classes (as the arbiter would at its next reload).
+    #[arg(long, env = "LOCKMESH_REGISTRY")]
+    registry: Option<PathBuf>,
+    /// An arbiter's admin address, e.g. http://10.0.0.7:18052 (repeat, or comma
+    /// separated): its version and its own seal (marks-based seals are not in etcd).
+    #[arg(long = "admin-url", value_delimiter = ',', env = "LOCKMESH_ARBITER_ADMIN_URLS")]
+    admin_urls: Vec<String>,
+    /// Warn about pause tests and waivers ending within this many days.
+    #[arg(long, default_value_t = 14)]
+    warn_days: u64,
+    /// Bound of each call (etcd, arbiters), ms.
+    #[arg(long, default_value_t = 3000)]
+    timeout_ms: u64,
+    /// JSON output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A check's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Worth a look; does not fail the run.
+    Warn,
+    /// Something is wrong: exit 1.
+    Fail,
+    /// Not checked (the input it needs was not given or not reachable).
+    Skip,
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// The check, e.g. `class.draining`.
+    pub check: &'static str,
+    /// Its verdict.
+    pub status: Status,
+    /// What it is about (a class, a member, an arbiter URL).
+    pub subject: String,
+    /// What was found and, when something is wrong, what to do.
+    pub detail: String,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// This lockctl's version.
+    pub lockctl_version: &'static str,
+    /// The key root checked.
+    pub root: String,
+    /// Every finding, in check order.
+    pub findings: Vec<Finding>,
+    /// Failing checks.
+    pub failures: usize,
+    /// Warnings.
+    pub warnings: usize,
+}
+
+
+
+
+/// GETs `path` from an arbiter's admin address (`http://host:port`), with a
+/// bearer token if given; returns the status code and the body.
+pub async fn admin_get(
+    base: &str,
+    path: &str,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let hostport = base
+        .strip_prefix("http://")
+        .map(|h| h.trim_end_matches('/'))
+        .filter(|h| !h.is_empty() && !h.contains('/'))
+        .ok_or_else(|| format!("{base:?}: an admin address is http://host:port"))?;
+    let auth = bearer.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {hostport}\r\n{auth}Connection: close\r\n\r\n");
+    let run = async {
+        let mut s = tokio::net::TcpStream::connect(hostport).await.map_err(|e| format!("{base}: {e}"))?;
+        s.write_all(req.as_bytes()).await.map_err(|e| format!("{base}: {e}"))?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.map_err(|e| format!("{base}: {e}"))?;
+        Ok::<_, String>(out)
+    };
+    let out =
+        tokio::time::timeout(timeout, run).await.map_err(|_| format!("{base}: no answer within {timeout:?}"))??;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{base}: not an HTTP answer"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("{base}: not an HTTP answer"))?;
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Err(format!("{base}: chunked answers are not supported"));
+    }
+    Ok((code, body.to_owned()))
+}
+
+fn version_tuple(v: &str) -> Option<(u64, u64, u64)> {
+    let mut it = v.split(['.', '-', '+']).map(|p| p.parse::<u64>().ok());
+    Some((it.next()??, it.next()??, it.next()??))
+}
+
+/// Collects findings.
+struct Doctor {
+    findings: Vec<Finding>,
+}
+
+impl Doctor {
+    fn add(&mut self, check: &'static str, status: Status, subject: impl Into<String>, detail: impl Into<String>) {
+        self.findings.push(Finding { check, status, subject: subject.into(), detail: detail.into() });
+    }
+
+    async fn arbiters(&mut self, urls: &[String], timeout: Duration) {
+        let mine = env!("CARGO_PKG_VERSION");
+        if urls.is_empty() {
+            self.add(
+                "arbiter.version",
+                Status::Skip,
+                "-",
+                "pass --admin-url http://ARBITER:18052 (each arbiter) to check versions and seals",
+            );
+        }
+        for url in urls {
+            let status = match admin_get(url, "/status", None, timeout).await {
+                Ok((200, body)) => {
+                    serde_json::from_str::<serde_json::Value>(&body).map_err(|e| format!("{url}/status: {e}"))
+                }
+                Ok((code, _)) => Err(format!("{url}/status answered {code}")),
+                Err(e) => Err(e),
+            };
+            let s = match status {
+                Ok(s) => s,
+                Err(e) => {
+                    self.add("arbiter.version", Status::Fail, url, format!("unreachable: {e}"));
+                    continue;
+                }
+            };
+            match s["version"].as_str() {
+                Some(v) if v == mine => self.add("arbiter.version", Status::Ok, url, v),
+                Some(v) => self.add("arbiter.version", Status::Warn, url, format!("{v} (lockctl is {mine})")),
+                None => {
+                    self.add("arbiter.version", Status::Warn, url, "does not report its version (older than lockctl)")
+                }
+            }
+            if s["sealed"].as_bool() == Some(true) {
+                let reason = s["seal_reason"].as_str().unwrap_or("unknown");
+                let detail = s["seal_detail"].as_str().unwrap_or("");
+                self.add(
+                    "arbiter.seal",
+                    Status::Fail,
+                    url,
+                    format!("sealed ({reason}): {detail}; every request is refused until the epoch advance (docs/OPERATIONS.md, restore runbook)"),
+                );
+            } else {
+                self.add("arbiter.seal", Status::Ok, url, "not sealed");
+            }
+        }
+    }
+
+    fn cluster(&mut self, v: &ClusterView) {
+        if let Some(e) = &v.error {
+            self.add("etcd.quorum", Status::Fail, "cluster", format!("{e}: no quorum answers linearizable requests"));
+            return;
+        }
+        for m in &v.members {
+            let subject = format!("{} ({})", if m.name.is_empty() { "-" } else { &m.name }, m.id);
+            if !m.reachable || !m.errors.is_empty() {
+                let url = m.url.as_deref().unwrap_or("-");
+                self.add("etcd.member", Status::Fail, subject, format!("{url}: {}", m.errors.join("; ")));
+                continue;
+            }
+            let version = m.version.clone().unwrap_or_default();
+            let role = match (m.leader, m.learner) {
+                (true, _) => "leader",
+                (_, true) => "learner",
+                _ => "follower",
+            };
+            let detail = format!(
+                "etcd {version}, {role}, raft term {} index {}",
+                m.raft_term.unwrap_or(0),
+                m.raft_index.unwrap_or(0)
+            );
+            if version_tuple(&version).is_some_and(|t| t < ETCD_FLOOR) {
+                let (a, b, c) = ETCD_FLOOR;
+                self.add(
+                    "etcd.member",
+                    Status::Warn,
+                    subject,
+                    format!("{detail}: below {a}.{b}.{c} (ETCD-NOTES: lease and stale-read fixes)"),
+                );
+            } else {
+                self.add("etcd.member", Status::Ok, subject, detail);
+            }
+        }
+        let summary = format!(
+            "{} of {} voting members answer; leader {}",
+            v.voting_reachable,
+            v.voting,
+            v.leader.as_deref().unwrap_or("none agreed")
+        );
+        self.add(
+            "etcd.quorum",
+            if v.quorum { Status::Ok } else { Status::Fail },
+            v.cluster_id.clone().unwrap_or_default(),
+            summary,
+        );
+        for a in &v.alarms {
+            self.add(
+                "etcd.alarm",
+                Status::Fail,
+                "cluster",
+                format!("{a}: etcd refuses writes until it is resolved and disarmed"),
+            );
+        }
+    }
+
+    async fn etcd_records(
+        &mut self,
+        client: &mut etcd_client::Client,
+        root: &str,
+        timeout: Duration,
+    ) -> Option<Vec<lockmesh_core::policy::ClassPolicy>> {
+        let keys = Keys::new(root);
+        match tokio::time::timeout(timeout, client.get(keys.epoch(), None)).await {
+            Ok(Ok(r)) => match r.kvs().first().map(|kv| serde_json::from_slice::<EpochRecord>(kv.value())) {
+                None => self.add("seal.epoch", Status::Warn, root, "no epoch record: no arbiter has started under this root"),
+                Some(Err(e)) => self.add("seal.epoch", Status::Fail, root, format!("the epoch record is unreadable: {e}")),
+                Some(Ok(rec)) => match &rec.sealed {
+                    Some(why) => self.add(
+                        "seal.epoch",
+                        Status::Fail,
+                        root,
+                        format!(
+                            "epoch {} sealed ({why}), advancing to {}: every arbiter refuses; finish with lockctl epoch-advance --expected-epoch {} --new-epoch {}",
+                            rec.epoch,
+                            rec.target.map_or("?".into(), |t| t.to_string()),
+                            rec.epoch,
+                            rec.target.map_or("N".into(), |t| t.to_string()),
+                        ),
+                    ),
+                    None => self.add("seal.epoch", Status::Ok, root, format!("epoch {}, not sealed", rec.epoch)),
+                },
+            },
+            Ok(Err(e)) => self.add("seal.epoch", Status::Fail, root, format!("cannot read the epoch record: {e}")),
+            Err(_) => self.add("seal.epoch", Status::Fail, root, format!("the epoch record: no answer within {timeout:?}")),
+        }
+        let policies = match tokio::time::timeout(timeout, read_policies(client, root)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                self.add("class.draining", Status::Fail, root, format!("cannot read the class policies: {e}"));
+                return None;
+            }
+            Err(_) => {
+                self.add("class.draining", Status::Fail, root, format!("class policies: no answer within {timeout:?}"));
+                return None;
+            }
+        };
+        let now = now_ms();
+        let mut draining = 0;
+        for p in policies.values().filter(|p| state_str(p) == "draining") {
+            draining += 1;
+            let age = p.draining_age_ms(now).map_or("?".into(), human_ms);
+            let what = if p.pending_move {
+                format!("draining for a prefix move for {age}: finish with lockctl class apply FILE, or reopen with --cancel")
+            } else {
+                let to = p.pending_target.map_or("?".into(), |t| t.to_string());
+                format!(
+                    "draining a limit change {} -> {to} for {age}, admitting nothing: lockctl limit resume|cancel --class {} --epoch {} --to {to}",
+                    p.limit, p.class, p.change_epoch
+                )
+            };
+            self.add("class.draining", Status::Fail, p.class.clone(), what);
+        }
+        if draining == 0 {
+            self.add("class.draining", Status::Ok, root, format!("no class is draining ({} classes)", policies.len()));
+        }
+        Some(policies.into_values().collect())
+    }
+
+    fn registry(
+        &mut self,
+        file: &Path,
+        text: &str,
+        policies: Option<&[lockmesh_core::policy::ClassPolicy]>,
+        warn_days: u64,
+    ) {
+        let name = file.display().to_string();
+        let raw: RawRegistry = match serde_yaml::from_str(text) {
+            Ok(r) => r,
+            Err(e) => {
+                self.add("class.registry", Status::Fail, name, format!("not a registry: {e}"));
+                return;
+            }
+        };
+        // The structure without the pause-test files, which are judged one by one below.
+        let reg = match ClassRegistry::try_from_raw(&raw) {
+            Ok(r) => r,
+            Err(errs) => {
+                let all: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                self.add("class.registry", Status::Fail, name, format!("invalid: {}", all.join("; ")));
+                return;
+            }
+        };
+        let base = file.parent().unwrap_or(Path::new("."));
+        let now_s = now_ms() / 1000;
+        let today = lockmesh_lock::registry::today();
+        let soon_s = warn_days.saturating_mul(86_400);
+        for c in reg.classes() {
+            let class = c.name.as_str();
+            match &c.enforcement {
+                Enforcement::Fenced => {
+                    let p = pause_status(base, class, c.pause_test_result.as_deref(), now_s);
+                    let until = p.expires_unix_s.map(|e| day_string(i64::try_from(e / 86_400).unwrap_or(0)));
+                    if !p.passing {
+                        self.add(
+                            "class.pause_test",
+                            Status::Fail,
+                            class,
+                            format!("fenced without a passing pause test: {}; run lockmesh-pausekit again", p.detail),
+                        );
+                    } else if p.expires_unix_s.is_some_and(|e| e <= now_s + soon_s) {
+                        self.add(
+                            "class.pause_test",
+                            Status::Warn,
+                            class,
+                            format!("{}; expires {}", p.detail, until.unwrap_or_default()),
+                        );
+                    } else {
+                        self.add(
+                            "class.pause_test",
+                            Status::Ok,
+                            class,
+                            format!("{}; valid until {}", p.detail, until.unwrap_or_default()),
+                        );
+                    }
+                }
+                Enforcement::Advisory { risk_owner, waiver_expiry_day } => {
+                    let day = day_string(*waiver_expiry_day);
+                    let days_left = waiver_expiry_day - today;
+                    if days_left < 0 {
+                        self.add(
+                            "class.waiver",
+                            Status::Fail,
+                            class,
+                            format!("advisory waiver expired on {day} ({} days ago, risk owner {risk_owner}): renew it on the record or fence the class", -days_left),
+                        );
+                    } else if u64::try_from(days_left).unwrap_or(0) <= warn_days {
+                        self.add(
+                            "class.waiver",
+                            Status::Warn,
+                            class,
+                            format!("advisory waiver ends on {day} (risk owner {risk_owner})"),
+                        );
+                    } else {
+                        self.add(
+                            "class.waiver",
+                            Status::Ok,
+                            class,
+                            format!("advisory until {day} (risk owner {risk_owner})"),
+                        );
+                    }
+                }
+            }
+            if let Some(p) = policies.and_then(|ps| ps.iter().find(|p| p.class == class)) {
+                if p.limit != c.max_holders && p.pending_target != Some(c.max_holders) {
+                    self.add(
+                        "class.limit",
+                        Status::Warn,
+                        class,
+                        format!(
+                            "the registry desires max_holders {}, the authoritative limit is {} (lockctl limit change)",
+                            c.max_holders, p.limit
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs every check.
+pub async fn run(a: &DoctorArgs) -> Result<Report, String> {
+    let timeout = Duration::from_millis(a.timeout_ms.max(1));
+    if a.etcd.endpoints.is_empty() {
+        return Err("--endpoints: required (or LOCKMESH_ETCD_ENDPOINTS)".into());
+    }
+    let registry = match &a.registry {
+        Some(p) => {
+            Some((p.clone(), std::fs::read_to_string(p).map_err(|e| format!("--registry {}: {e}", p.display()))?))
+        }
+        None => None,
+    };
+    let mut d = Doctor { findings: Vec::new() };
+    d.add("lockctl.version", Status::Ok, "lockctl", env!("CARGO_PKG_VERSION"));
+    d.arbiters(&a.admin_urls, timeout).await;
+    let client = match tokio::time::timeout(timeout, connect(&a.etcd)).await {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            d.add("etcd.reachable", Status::Fail, a.etcd.endpoints.join(","), e.to_string());
+            None
+        }
+        Err(_) => {
+            d.add("etcd.reachable", Status::Fail, a.etcd.endpoints.join(","), format!("no answer within {timeout:?}"));
+            None
+        }
+    };
+    let mut policies = None;
+    if let Some(mut client) = client {
+        let etcd = a.etcd.clone();
+        let view = cluster_view(&mut client, timeout, move |url| {
+            let mut one = etcd.clone();
+            one.endpoints = vec![url];
+            async move { connect(&one).await.map_err(|e| e.to_string()) }
+        })
+        .await;
+        d.cluster(&view);
+        policies = d.etcd_records(&mut client, &a.etcd.root, timeout).await;
+    } else {
+        d.add("class.draining", Status::Skip, &a.etcd.root, "etcd did not answer");
+    }
+    match &registry {
+        Some((file, text)) => d.registry(file, text, policies.as_deref(), a.warn_days),
+        None => d.add("class.pause_test", Status::Skip, "-", "pass --registry FILE to check pause tests and waivers"),
+    }
+    let failures = d.findings.iter().filter(|f| f.status == Status::Fail).count();
+    let warnings = d.findings.iter().filter(|f| f.status == Status::Warn).count();
+    Ok(Report {
+        lockctl_version: env!("CARGO_PKG_VERSION"),
+        root: a.etcd.root.clone(),
+        findings: d.findings,
+        failures,
+        warnings,
+    })
+}
+
+/// The human rendering.
+pub fn render(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "lockctl doctor: lockctl {}, root {}", r.lockctl_version, r.root);
+    for f in &r.findings {
+        let tag = match f.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+        };
+        let _ = writeln!(s, "  {tag}  {:<17} {:<24} {}", f.check, f.subject, f.detail);
+    }
+    let verdict = if r.failures == 0 { "healthy" } else { "something is wrong" };
+    let _ = writeln!(s, "{} failing, {} warnings: {verdict}", r.failures, r.warnings);
+    s
+}
+
+/// `lockctl doctor`: exit 0 healthy, 1 something failed, 64 bad arguments.
+pub async fn main(a: &DoctorArgs) -> ExitCode {
+    let report = match run(a).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lockctl doctor: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let out = if a.json { serde_json::to_string_pretty(&report).unwrap_or_default() + "\n" } else { render(&report) };
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    if report.failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_round_trip_and_versions_compare() {
+        for s in ["1970-01-01", "2000-02-29", "2026-12-31", "2099-03-01"] {
+            let d = lockmesh_core::class::parse_day(s).unwrap();
+            assert_eq!(day_string(d), s);
+        }
+        assert!(version_tuple("3.5.16").unwrap() < ETCD_FLOOR);
+        assert!(version_tuple("3.5.30").unwrap() >= ETCD_FLOOR);
+        assert_eq!(version_tuple("3.6.0-rc.1"), Some((3, 6, 0)));
+        assert_eq!(version_tuple("x"), None);
+    }
+
+    #[test]
+    fn a_registry_with_an_expired_waiver_and_a_missing_pause_test_fails() {
+        let text = "classes:\n  - { name: d, default: true, ttl_s: 60, enforcement: advisory, risk_owner: t, waiver_expiry: \"2020-01-01\" }\n  - { name: f, prefixes: [f], ttl_s: 15, enforcement: fenced, pause_test_result: missing.yaml }\n  - { name: a, prefixes: [a], ttl_s: 60, enforcement: advisory, risk_owner: t, waiver_expiry: \"2099-01-01\" }\n";
+        let mut d = Doctor { findings: Vec::new() };
+        d.registry(Path::new("/nonexistent/registry.yaml"), text, None, 14);
+        let st = |check: &str, subject: &str| {
+            d.findings.iter().find(|f| f.check == check && f.subject == subject).map(|f| f.status)
+        };
+        assert_eq!(st("class.waiver", "d"), Some(Status::Fail));
+        assert_eq!(st("class.waiver", "a"), Some(Status::Ok));
+        assert_eq!(st("class.pause_test", "f"), Some(Status::Fail));
+        let r = Report { lockctl_version: "x", root: "/r".into(), failures: 2, warnings: 0, findings: d.findings };
+        let h = render(&r);
+        assert!(h.contains("FAIL  class.waiver") && h.contains("expired on 2020-01-01"), "{h}");
+        assert!(h.ends_with("2 failing, 0 warnings: something is wrong\n"), "{h}");
+    }
+}

@@ -1,0 +1,492 @@
+//! The request/approve flow against etcd (see the module docs of
+//! [`crate::admin`] for the key layout).
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use lockmesh_core::{class::Enforcement, headers::SessionId, ClassRegistry, KeyDigest, LockKey};
+use serde::{Deserialize, Serialize};
+
+use super::{io, jwt::Operator, AdminError};
+use lockmesh_lock::{now_ms, HoldRecord, Keys};
+
+/// Longest reason accepted.
+pub const MAX_REASON: usize = 1024;
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    /// Delete every hold of one key (by digest) and write its force record.
+    ForceRelease {
+        /// The key's digest (the raw key is never stored here).
+        digest: String,
+        /// Also revoke each holder's session lease (every lock of that session goes).
+        revoke_session: bool,
+    },
+    /// The guarded epoch advance of [`crate::restore::advance`].
+    EpochAdvance {
+        /// The epoch the requester saw.
+        expected_epoch: u64,
+        /// The epoch to advance to.
+        new_epoch: u64,
+    },
+}
+
+/// A request's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Waiting for a different operator.
+    Pending,
+    /// Approved; the action ran (or, for an epoch advance, is running).
+    Executed,
+    /// Approved, but there was nothing left to do (the hold had gone).
+    Void,
+}
+
+/// The request record (`<root>/adm/req/<id>`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminRequest {
+    /// Random id, 16 hex digits.
+    pub id: String,
+    /// What is asked.
+    pub action: Action,
+    /// Why (the requester's words).
+    pub reason: String,
+    /// Who asked.
+    pub requester: Operator,
+    /// When, unix ms.
+    pub requested_ms: u64,
+    /// Approval window end, unix ms.
+    pub expires_ms: u64,
+    /// State.
+    pub state: State,
+    /// Who approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<Operator>,
+    /// When it was approved, unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_ms: Option<u64>,
+}
+
+/// One hold as shown before approval and kept in the force record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldView {
+    /// Slot.
+    pub slot: u32,
+    /// Holder identity.
+    pub owner: String,
+    /// Holder instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Class at grant time.
+    pub class: String,
+    /// The holder's session (lease id, hex).
+    pub session: Option<String>,
+    /// The grant's revision (the token's low bits).
+    pub grant_revision: i64,
+    /// Age, ms (wall clock; informational).
+    pub age_ms: u64,
+    #[serde(skip)]
+    lease: i64,
+    #[serde(skip)]
+    mod_revision: i64,
+    #[serde(skip)]
+    etcd_key: String,
+}
+
+/// What the approver is shown: the holds and whether their class is fenced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Preview {
+    /// The request.
+    pub request: AdminRequest,
+    /// Holds of the key now (force release).
+    pub holds: Vec<HoldView>,
+    /// `fenced`, `advisory` or `unknown` (no registry given, or several classes).
+    pub enforcement: String,
+    /// What releasing means for this class, in words.
+    pub warning: Option<String>,
+}
+
+/// The force record (`<root>/f/<digest>`), the audit event's detail.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForceRecord {
+    /// The request.
+    pub request_id: String,
+    /// Why.
+    pub reason: String,
+    /// Who asked.
+    pub requester: Operator,
+    /// Who approved.
+    pub approver: Operator,
+    /// `fenced`, `advisory` or `unknown`, as shown before approval.
+    pub enforcement: String,
+    /// The holds deleted.
+    pub holds: Vec<HoldView>,
+    /// Whether the holders' sessions were to be revoked.
+    pub revoke_session: bool,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// A log entry (`<root>/adm/log/...`): every request, approval and refusal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// `request`, `approve`.
+    pub step: String,
+    /// The request, when known.
+    pub request_id: Option<String>,
+    /// The operator, when the token verified.
+    pub operator: Option<Operator>,
+    /// `ok` or the refusal code.
+    pub outcome: String,
+    /// The refusal's message, or what was done.
+    pub detail: String,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// What an approval did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The request after approval.
+    pub request: AdminRequest,
+    /// Force release: the holds deleted.
+    pub released: Vec<HoldView>,
+    /// Force release: the session leases revoked.
+    pub sessions_revoked: usize,
+    /// etcd revision of the executing transaction.
+    pub revision: i64,
+    /// Epoch advance: its step log.
+    pub advance_log: Vec<String>,
+}
+
+fn req_key(root: &str, id: &str) -> String {
+    format!("{}/adm/req/{id}", root.trim_end_matches('/'))
+}
+
+fn force_key(root: &str, digest: &str) -> String {
+    format!("{}/f/{digest}", root.trim_end_matches('/'))
+}
+
+/// The digest of a raw lock key, validated as the arbiter would.
+pub fn digest_of(key: &str) -> Result<KeyDigest, AdminError> {
+    LockKey::parse(key.as_bytes()).map(|k| k.digest()).map_err(|e| AdminError::BadKey(e.to_string()))
+}
+
+fn check_reason(reason: &str) -> Result<String, AdminError> {
+    let r = reason.trim();
+    if r.is_empty() || r.chars().count() > MAX_REASON {
+        return Err(AdminError::ReasonMissing);
+    }
+    Ok(r.to_owned())
+}
+
+/// Appends a log entry; best effort for refusals (the refusal is reported anyway).
+pub async fn log(client: &mut Client, root: &str, entry: &LogEntry) -> Result<(), AdminError> {
+    let key = format!("{}/adm/log/{:013}-{:08x}", root.trim_end_matches('/'), entry.at_ms, rand::random::<u32>());
+    client.put(key, serde_json::to_vec(entry).map_err(io)?, None).await.map_err(io)?;
+    Ok(())
+}
+
+/// Records a refusal of `step` (best effort: etcd may be what failed).
+pub async fn log_refusal(
+    client: &mut Client,
+    root: &str,
+    step: &str,
+    request_id: Option<&str>,
+    operator: Option<&Operator>,
+    err: &AdminError,
+) {
+    let entry = LogEntry {
+        step: step.into(),
+        request_id: request_id.map(str::to_owned),
+        operator: operator.cloned(),
+        outcome: err.code().into(),
+        detail: err.to_string(),
+        at_ms: now_ms(),
+    };
+    if let Err(e) = log(client, root, &entry).await {
+        tracing::warn!(error = %e, code = err.code(), "could not record an admin refusal");
+    }
+}
+
+/// Every log entry, oldest first.
+pub async fn read_log(client: &mut Client, root: &str) -> Result<Vec<LogEntry>, AdminError> {
+    let p = format!("{}/adm/log/", root.trim_end_matches('/'));
+    let r = client.get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
+    Ok(r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect())
+}
+
+/// Writes a pending request. Nothing else changes.
+pub async fn request(
+    client: &mut Client,
+    root: &str,
+    action: Action,
+    reason: &str,
+    requester: &Operator,
+    ttl_s: u64,
+) -> Result<AdminRequest, AdminError> {
+    let reason = check_reason(reason)?;
+    let now = now_ms();
+    let req = AdminRequest {
+        id: format!("{:016x}", rand::random::<u64>()),
+        action,
+        reason,
+        requester: requester.clone(),
+        requested_ms: now,
+        expires_ms: now.saturating_add(ttl_s.saturating_mul(1000)),
+        state: State::Pending,
+        approver: None,
+        approved_ms: None,
+    };
+    let key = req_key(root, &req.id);
+    let txn = Txn::new().when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+        key.as_str(),
+        serde_json::to_vec(&req).map_err(io)?,
+        None::<PutOptions>,
+    )]);
+    if !client.txn(txn).await.map_err(io)?.succeeded() {
+        return Err(io("request id collision; retry"));
+    }
+    let entry = LogEntry {
+        step: "request".into(),
+        request_id: Some(req.id.clone()),
+        operator: Some(requester.clone()),
+        outcome: "ok".into(),
+        detail: serde_json::to_string(&req.action).map_err(io)?,
+        at_ms: now,
+    };
+    log(client, root, &entry).await?;
+    Ok(req)
+}
+
+async fn read_request(client: &mut Client, root: &str, id: &str) -> Result<(AdminRequest, i64), AdminError> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(AdminError::NotFound(id.to_owned()));
+    }
+    let r = client.get(req_key(root, id), None).await.map_err(io)?;
+    let kv = r.kvs().first().ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
+    let req = serde_json::from_slice(kv.value()).map_err(|e| io(format!("request {id}: unreadable record: {e}")))?;
+    Ok((req, kv.mod_revision()))
+}
+
+async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<HoldView>, AdminError> {
+    let d = KeyDigest::parse(digest).ok_or_else(|| AdminError::BadKey(format!("{digest:?} is not a digest")))?;
+    let keys = Keys::new(root);
+    let r = client.get(keys.holds(&d), Some(GetOptions::new().with_prefix())).await.map_err(io)?;
+    let now = now_ms();
+    Ok(r.kvs()
+        .iter()
+        .map(|kv| {
+            let h: Option<HoldRecord> = serde_json::from_slice(kv.value()).ok();
+            let etcd_key = String::from_utf8_lossy(kv.key()).into_owned();
+            HoldView {
+                slot: etcd_key.rsplit('/').next().and_then(|s| s.parse().ok()).unwrap_or(0),
+                owner: h.as_ref().map_or_else(|| "?".into(), |h| h.owner.clone()),
+                instance: h.as_ref().and_then(|h| h.instance.clone()),
+                class: h.as_ref().map_or_else(|| "?".into(), |h| h.class.clone()),
+                session: SessionId::from_lease(kv.lease()).map(|s| s.to_string()),
+                grant_revision: kv.create_revision(),
+                age_ms: h.as_ref().map_or(0, |h| now.saturating_sub(h.acquired_ms)),
+                lease: kv.lease(),
+                mod_revision: kv.mod_revision(),
+                etcd_key,
+            }
+        })
+        .collect())
+}
+
+/// The posture of the holds' class(es) by the registry, with what it means.
+fn enforcement(holds: &[HoldView], registry: Option<&ClassRegistry>) -> (String, Option<String>) {
+    let mut classes: Vec<&str> = holds.iter().map(|h| h.class.as_str()).collect();
+    classes.dedup();
+    let e = match (registry, classes.as_slice()) {
+        (Some(reg), [c]) => match reg.get(c).map(|s| &s.enforcement) {
+            Some(Enforcement::Fenced) => "fenced",
+            Some(Enforcement::Advisory { .. }) => "advisory",
+            None => "unknown",
+        },
+        _ => "unknown",
+    };
+    let w = match e {
+        "fenced" => None,
+        "advisory" => Some(
+            "class is ADVISORY (unfenced): a holder that is still running may keep writing after this release, \
+             so two writers can overlap; stop the holder first if you can"
+                .to_owned(),
+        ),
+        _ => Some("class posture unknown (pass --registry): assume unfenced".to_owned()),
+    };
+    (e.to_owned(), w)
+}
+
+/// What an approver is shown before approving.
+pub async fn preview(
+    client: &mut Client,
+    root: &str,
+    id: &str,
+    registry: Option<&ClassRegistry>,
+) -> Result<Preview, AdminError> {
+    let (request, _) = read_request(client, root, id).await?;
+    let (holds, (enforcement, warning)) = match &request.action {
+        Action::ForceRelease { digest, .. } => {
+            let holds = holds_of(client, root, digest).await?;
+            let e = enforcement(&holds, registry);
+            (holds, e)
+        }
+        Action::EpochAdvance { .. } => (
+            vec![],
+            ("n/a".into(), Some("every hold and waiter under the root is deleted and every session revoked".into())),
+        ),
+    };
+    Ok(Preview { request, holds, enforcement, warning })
+}
+
+/// Approves and executes request `id` as `approver`. With `shown`, the grant
+/// revisions of the holds the approver was shown (a force release): approval is
+/// refused with [`AdminError::HoldsChanged`] unless the key's holds are exactly
+/// those, so it releases what was shown and nothing else.
+pub async fn approve(
+    client: &mut Client,
+    root: &str,
+    id: &str,
+    approver: &Operator,
+    registry: Option<&ClassRegistry>,
+    shown: Option<&[i64]>,
+) -> Result<Outcome, AdminError> {
+    for _ in 0..5 {
+        let (req, req_rev) = read_request(client, root, id).await?;
+        if req.state != State::Pending {
+            let state = serde_json::to_value(req.state).map_err(io)?.as_str().unwrap_or("done").to_owned();
+            return Err(AdminError::NotPending { id: id.into(), state });
+        }
+        if req.requester == *approver {
+            return Err(AdminError::SameOperator { id: id.into(), sub: approver.sub.clone() });
+        }
+        let now = now_ms();
+        if now > req.expires_ms {
+            return Err(AdminError::RequestExpired(id.into()));
+        }
+        let mut done = req.clone();
+        done.state = State::Executed;
+        done.approver = Some(approver.clone());
+        done.approved_ms = Some(now);
+        let guard = Compare::mod_revision(req_key(root, id), CompareOp::Equal, req_rev);
+        match &req.action {
+            Action::ForceRelease { digest, revoke_session } => {
+                let holds = holds_of(client, root, digest).await?;
+                if let Some(shown) = shown {
+                    let mut now_revs: Vec<i64> = holds.iter().map(|h| h.grant_revision).collect();
+                    let mut shown = shown.to_vec();
+                    now_revs.sort_unstable();
+                    shown.sort_unstable();
+                    if now_revs != shown {
+                        return Err(AdminError::HoldsChanged(format!(
+                            "shown grant revisions {shown:?}, now {now_revs:?}"
+                        )));
+                    }
+                }
+                if holds.is_empty() {
+                    done.state = State::Void;
+                    let put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);
+                    if client.txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?.succeeded() {
+                        return Err(AdminError::NoHold(digest.clone()));
+                    }
+                    continue;
+                }
+                let (enforcement, _) = enforcement(&holds, registry);
+                let record = ForceRecord {
+                    request_id: id.into(),
+                    reason: req.reason.clone(),
+                    requester: req.requester.clone(),
+                    approver: approver.clone(),
+                    enforcement,
+                    holds: holds.clone(),
+                    revoke_session: *revoke_session,
+                    at_ms: now,
+                };
+                let mut when = vec![guard];
+                let mut ops = vec![
+                    TxnOp::put(force_key(root, digest), serde_json::to_vec(&record).map_err(io)?, None),
+                    TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None),
+                ];
+                for h in &holds {
+                    when.push(Compare::mod_revision(h.etcd_key.as_str(), CompareOp::Equal, h.mod_revision));
+                    ops.push(TxnOp::delete(h.etcd_key.as_str(), None));
+                }
+                let r = client.txn(Txn::new().when(when).and_then(ops)).await.map_err(io)?;
+                if !r.succeeded() {
+                    continue; // the request or a hold changed: re-read and re-check
+                }
+                let revision = r.header().map_or(0, |h| h.revision());
+                let mut revoked = 0;
+                if *revoke_session {
+                    let mut leases: Vec<i64> = holds.iter().map(|h| h.lease).filter(|l| *l != 0).collect();
+                    leases.sort_unstable();
+                    leases.dedup();
+                    for l in leases {
+                        match client.lease_revoke(l).await {
+                            Ok(_) => revoked += 1,
+                            Err(e) if e.to_string().contains("lease not found") => {}
+                            Err(e) => return Err(io(format!("released, but revoking a session failed: {e}"))),
+                        }
+                    }
+                }
+                let entry = LogEntry {
+                    step: "approve".into(),
+                    request_id: Some(id.into()),
+                    operator: Some(approver.clone()),
+                    outcome: "ok".into(),
+                    detail: format!(
+                        "force release of {digest}: {} holds deleted at revision {revision}, {revoked} sessions revoked",
+                        holds.len()
+                    ),
+                    at_ms: now,
+                };
+                log(client, root, &entry).await?;
+                return Ok(Outcome {
+                    request: done,
+                    released: holds,
+                    sessions_revoked: revoked,
+                    revision,
+                    advance_log: vec![],
+                });
+            }
+            Action::EpochAdvance { expected_epoch, new_epoch } => {
+                let put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);
+                let r = client.txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?;
+                if !r.succeeded() {
+                    continue;
+                }
+                let revision = r.header().map_or(0, |h| h.revision());
+                let mut out = Vec::new();
+                let res = crate::restore::advance(client, root, *expected_epoch, *new_epoch, &mut out).await;
+                let advance_log: Vec<String> = String::from_utf8_lossy(&out).lines().map(str::to_owned).collect();
+                let entry = LogEntry {
+                    step: "approve".into(),
+                    request_id: Some(id.into()),
+                    operator: Some(approver.clone()),
+                    outcome: if res.is_ok() { "ok".into() } else { "admin.advance_failed".into() },
+                    detail: match &res {
+                        Ok(()) => format!("epoch advance {expected_epoch} -> {new_epoch}: {}", advance_log.join("; ")),
+                        Err(e) => format!("epoch advance {expected_epoch} -> {new_epoch}: {e}"),
+                    },
+                    at_ms: now_ms(),
+                };
+                log(client, root, &entry).await?;
+                res.map_err(|e| AdminError::Advance(e.to_string()))?;
+                return Ok(Outcome { request: done, released: vec![], sessions_revoked: 0, revision, advance_log });
+            }
+        }
+    }
+    Err(io("the request or its holds kept changing under the approval; re-run"))
+}
+
+/// Every request, oldest first.
+pub async fn list(client: &mut Client, root: &str) -> Result<Vec<AdminRequest>, AdminError> {
+    let p = format!("{}/adm/req/", root.trim_end_matches('/'));
+    let r = client.get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
+    let mut v: Vec<AdminRequest> = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
+    v.sort_by_key(|r| r.requested_ms);
+    Ok(v)
+}

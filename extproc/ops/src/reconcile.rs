@@ -1,0 +1,258 @@
+//! Limit changes on the authoritative class policies (`lockctl limit`), through
+//! the protocol of `lockmesh_core::policy`: each step is one etcd transaction that
+//! compares the policy record's mod revision, so a step computed from a state that
+//! has since moved never commits.
+//!
+//! - [`Admin::change`]: raise at once, or step 1 (drain) then steps 2 and 3.
+//! - [`Admin::resume`]: validate the pending (epoch, target), then steps 2 and 3.
+//! - [`Admin::cancel`]: the old limit, active again, in one transaction.
+//!
+//! Step 2 (verification) reads the authoritative map and then every hold under
+//! the root in pages, outside any exclusive window, under a bounded timeout; it
+//! counts the holds of each key whose authoritative class is the class. It starts
+//! after reading the draining record (so every grant of the class committed
+//! before the drain is visible) and step 3 compares that record's mod revision, so
+//! an activation from a verification that a cancel or another change overtook
+//! never commits.
+
+use std::{collections::HashMap, time::Duration};
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use lockmesh_core::policy::{ChangeNote, ClassPolicy, PolicyError};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use lockmesh_lock::{keys::prefix_end, now_ms, policy::ClassMapRecord, HoldRecord, Keys};
+
+mod apply;
+
+pub use apply::ApplyOutcome;
+
+/// Holds read per verification page.
+pub const VERIFY_PAGE: i64 = 500;
+
+/// What a limit command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The limit was raised (immediate).
+    Raised {
+        /// The record now.
+        policy: ClassPolicy,
+    },
+    /// The lower limit is authoritative.
+    Activated {
+        /// The largest open count verified.
+        observed: u32,
+        /// The record now.
+        policy: ClassPolicy,
+    },
+    /// A key is above the target: still draining, the old limit stays.
+    OverTarget {
+        /// The largest open count seen.
+        observed: u32,
+        /// The pending record (its epoch and target are what resume and cancel carry).
+        policy: ClassPolicy,
+    },
+    /// Verification did not finish in time: still draining, the old limit stays.
+    VerificationIncomplete {
+        /// Holds read before the timeout.
+        holds_read: u64,
+        /// The pending record.
+        policy: ClassPolicy,
+    },
+    /// The pending change was cancelled: the old limit, active.
+    Cancelled {
+        /// The record now.
+        policy: ClassPolicy,
+    },
+}
+
+/// Why a limit command failed. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The protocol refused the step (stale, pending, zero, no change).
+    #[error("{0}")]
+    Refused(PolicyError),
+    /// The class has no policy record.
+    #[error("no policy record for class {0}")]
+    NoClass(String),
+    /// The record moved between read and write; retry.
+    #[error("the policy record of class {0} changed concurrently; nothing was written, retry")]
+    Conflict(String),
+    /// etcd failed.
+    #[error("etcd: {0}")]
+    Etcd(String),
+}
+
+/// An operator's handle on the policy records of one root.
+pub struct Admin {
+    client: Client,
+    keys: Keys,
+    actor: String,
+}
+
+fn etcd(e: impl std::fmt::Display) -> AdminError {
+    AdminError::Etcd(e.to_string())
+}
+
+// === impl Admin ===
+
+impl Admin {
+    /// Connects; `actor` is recorded with every change.
+    pub async fn connect(endpoints: &[String], root: &str, actor: &str) -> Result<Self, AdminError> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5));
+        let client = Client::connect(endpoints, Some(opts)).await.map_err(etcd)?;
+        Ok(Self { client, keys: Keys::new(root), actor: actor.to_owned() })
+    }
+
+    fn note(&self, action: &str, reason: &str) -> ChangeNote {
+        ChangeNote { actor: self.actor.clone(), reason: reason.into(), at_ms: now_ms(), action: action.into() }
+    }
+
+    /// The record of `class` and its mod revision.
+    pub async fn read(&self, class: &str) -> Result<(ClassPolicy, i64), AdminError> {
+        let r = self.client.clone().get(self.keys.class_policy(class), None).await.map_err(etcd)?;
+        let kv = r.kvs().first().ok_or_else(|| AdminError::NoClass(class.to_owned()))?;
+        Ok((serde_json::from_slice(kv.value()).map_err(etcd)?, kv.mod_revision()))
+    }
+
+    /// Writes `p` if the record's mod revision is still `rev`.
+    async fn put_if(&self, p: &ClassPolicy, rev: i64) -> Result<(), AdminError> {
+        let key = self.keys.class_policy(&p.class);
+        let txn = Txn::new().when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)]).and_then([TxnOp::put(
+            key.as_str(),
+            serde_json::to_vec(p).map_err(etcd)?,
+            None,
+        )]);
+        let r = self.client.clone().txn(txn).await.map_err(etcd)?;
+        if r.succeeded() {
+            Ok(())
+        } else {
+            Err(AdminError::Conflict(p.class.clone()))
+        }
+    }
+
+    /// Changes the limit of `class` to `target`: a raise is immediate; a lowering
+    /// drains, verifies within `verify_timeout`, and activates only within target.
+    pub async fn change(
+        &self,
+        class: &str,
+        target: u32,
+        reason: &str,
+        verify_timeout: Duration,
+    ) -> Result<Outcome, AdminError> {
+        let (p, rev) = self.read(class).await?;
+        if target > p.limit {
+            let n = p.raise(target, self.note("raise", reason)).map_err(AdminError::Refused)?;
+            self.put_if(&n, rev).await?;
+            return Ok(Outcome::Raised { policy: n });
+        }
+        let n = p.begin_lower(target, self.note("drain", reason)).map_err(AdminError::Refused)?;
+        self.put_if(&n, rev).await?;
+        self.verify_and_activate(class, n.change_epoch, target, reason, verify_timeout).await
+    }
+
+    /// Resumes the pending change `(epoch, target)`: validated without a write,
+    /// then verified and activated (or reported) like step 2 and 3.
+    pub async fn resume(
+        &self,
+        class: &str,
+        epoch: u64,
+        target: u32,
+        reason: &str,
+        verify_timeout: Duration,
+    ) -> Result<Outcome, AdminError> {
+        let (p, _) = self.read(class).await?;
+        p.check_pending(epoch, target).map_err(AdminError::Refused)?;
+        self.verify_and_activate(class, epoch, target, reason, verify_timeout).await
+    }
+
+    /// Cancels the pending change `(epoch, target)`.
+    pub async fn cancel(&self, class: &str, epoch: u64, target: u32, reason: &str) -> Result<Outcome, AdminError> {
+        let (p, rev) = self.read(class).await?;
+        let n = p.cancel(epoch, target, self.note("cancel", reason)).map_err(AdminError::Refused)?;
+        self.put_if(&n, rev).await?;
+        Ok(Outcome::Cancelled { policy: n })
+    }
+
+    async fn verify_and_activate(
+        &self,
+        class: &str,
+        epoch: u64,
+        target: u32,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<Outcome, AdminError> {
+        // The draining record first: the scan below then sees every grant that
+        // committed under the old policy.
+        let (p, rev) = self.read(class).await?;
+        p.check_pending(epoch, target).map_err(AdminError::Refused)?;
+        let deadline = Instant::now() + timeout;
+        let (observed, read) = match tokio::time::timeout_at(deadline, self.max_open(class)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(Outcome::VerificationIncomplete { holds_read: 0, policy: p }),
+        };
+        match p.activate(epoch, target, observed, self.note("activate", reason)) {
+            Ok(n) => {
+                self.put_if(&n, rev).await?;
+                Ok(Outcome::Activated { observed, policy: n })
+            }
+            Err(PolicyError::OverTarget { observed, .. }) => Ok(Outcome::OverTarget { observed, policy: p }),
+            Err(e) => {
+                let _ = read;
+                Err(AdminError::Refused(e))
+            }
+        }
+    }
+
+    /// The largest number of holds of any key whose authoritative class is
+    /// `class`, and how many holds were read.
+    pub async fn max_open(&self, class: &str) -> Result<(u32, u64), AdminError> {
+        let m = self.client.clone().get(self.keys.class_map(), None).await.map_err(etcd)?;
+        let map: ClassMapRecord = m
+            .kvs()
+            .first()
+            .and_then(|kv| serde_json::from_slice(kv.value()).ok())
+            .ok_or_else(|| AdminError::Etcd("no authoritative class map".into()))?;
+        let mut counts: HashMap<Vec<u8>, u32> = HashMap::new();
+        let keys = self.keys.clone();
+        let read = self
+            .scan_holds(|h, hold_key| {
+                if map.class_of(&h.key) == class {
+                    let d = keys.digest_of_hold(hold_key).map(|d| d.to_string().into_bytes());
+                    *counts.entry(d.unwrap_or_else(|| hold_key.to_vec())).or_default() += 1;
+                }
+            })
+            .await?;
+        Ok((counts.values().copied().max().unwrap_or(0), read))
+    }
+
+    /// Reads every hold under the root in pages of [`VERIFY_PAGE`], calling `f`
+    /// with each record and its etcd key; returns how many were read.
+    async fn scan_holds(&self, mut f: impl FnMut(&HoldRecord, &[u8])) -> Result<u64, AdminError> {
+        let prefix = self.keys.all_locks();
+        let end = prefix_end(&prefix);
+        let mut from = prefix.clone().into_bytes();
+        let mut read = 0u64;
+        loop {
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(VERIFY_PAGE);
+            let r = self.client.clone().get(from.clone(), Some(opts)).await.map_err(etcd)?;
+            for kv in r.kvs() {
+                read += 1;
+                let Ok(h) = serde_json::from_slice::<HoldRecord>(kv.value()) else { continue };
+                f(&h, kv.key());
+            }
+            match r.kvs().last() {
+                Some(last) if r.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok(read)
+    }
+}

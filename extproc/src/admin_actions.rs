@@ -1,0 +1,275 @@
+//! The arbiter's side of the two-person admin actions: `lockctl admin` calls these
+//! routes on the ext_proc port (HTTP/2 over its mTLS), and the arbiter verifies the
+//! operators' tokens and executes with **its own** etcd role. The etcd role
+//! `lockmesh-admin` therefore writes nothing: only the arbiter's role, which
+//! grants holds anyway, can delete or put one (`docs/ADMIN.md`).
+//!
+//! | Route | Body | Token | Answer |
+//! |---|---|---|---|
+//! | `POST /internal/v1/admin/request` | [`RequestBody`] | requester | [`flow::Preview`] |
+//! | `POST /internal/v1/admin/show` | [`ShowBody`] | none | [`flow::Preview`] |
+//! | `POST /internal/v1/admin/approve` | [`ApproveBody`] | approver | `{preview, outcome}` |
+//! | `POST /internal/v1/admin/list` | `{}` | none | `{requests, log}` |
+//!
+//! Every route first checks the caller's certificate: its SPIFFE ID must be one of
+//! `operators.allowed_clients` (never a lock-tier Envoy). Tokens come in
+//! `authorization: Bearer`, are verified against `operators.jwks_file` (re-read on
+//! each call) with the freshness bound `operators.max_token_age_s`, and are never
+//! logged or stored: only their `iss` and `sub`. Refusals are
+//! `{"error": code, "message"}` with the codes of [`AdminError::code`]; those of
+//! `request` and `approve` by an allowed client are recorded in the action log.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    extract::{Request, State as AxState},
+    http::{header::AUTHORIZATION, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+    Json, Router,
+};
+use lockmesh_core::KeyDigest;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use lockmesh_ops::admin::{
+    flow::{self, Action},
+    jwt::Operator,
+    AdminError,
+};
+use crate::{config::Operators, state::State};
+
+pub use lockmesh_ops::admin::routes::{APPROVE, LIST, REQUEST, SHOW};
+/// Largest request body accepted, bytes.
+const MAX_BODY: usize = 64 * 1024;
+/// Longest an admin call may run (an epoch advance revokes every session).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `POST /internal/v1/admin/request`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestBody {
+    /// What is asked (a force release names the key's digest, never the key).
+    pub action: Action,
+    /// Why.
+    pub reason: String,
+    /// Approval window, seconds (at most `operators.max_request_ttl_s`).
+    pub ttl_s: u64,
+}
+
+/// `POST /internal/v1/admin/show`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowBody {
+    /// The request id.
+    pub id: String,
+}
+
+/// `POST /internal/v1/admin/approve`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveBody {
+    /// The request id.
+    pub id: String,
+    /// Force release: the grant revisions of the holds the approver was shown;
+    /// the approval is refused (`admin.holds_changed`) unless the key's holds are
+    /// exactly these.
+    #[serde(default)]
+    pub shown: Option<Vec<i64>>,
+}
+
+/// The routes, to merge with the ext_proc service.
+pub fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route(REQUEST, post(request))
+        .route(SHOW, post(show))
+        .route(APPROVE, post(approve))
+        .route(LIST, post(list))
+        .with_state(state)
+}
+
+fn refusal(e: &AdminError) -> Response {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(json!({ "error": e.code(), "message": e.to_string() }))).into_response()
+}
+
+/// The operators' settings, after checking that the caller's certificate is an
+/// allowed admin client.
+fn admitted<'a>(state: &'a State, req: &Request) -> Result<&'a Operators, AdminError> {
+    let ops = state.config.operators.as_ref().ok_or(AdminError::NotConfigured)?;
+    let id = req
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.peer_certs())
+        .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())));
+    match id {
+        Some(id) if ops.allowed_clients.contains(&id) => Ok(ops),
+        Some(id) => Err(AdminError::ClientDenied(id)),
+        None => Err(AdminError::ClientDenied("no SPIFFE ID".into())),
+    }
+}
+
+/// Verifies the bearer token of `req`.
+fn operator(ops: &Operators, req: &Request) -> Result<Operator, AdminError> {
+    let token = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| AdminError::TokenInvalid("no bearer token (authorization: Bearer ...)".into()))?;
+    ops.verifier()?.verify(token, crate::lock::now_ms() / 1000)
+}
+
+async fn body<T: for<'de> Deserialize<'de>>(req: Request) -> Result<T, AdminError> {
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| AdminError::BadCall(format!("body: larger than {MAX_BODY} bytes or unreadable")))?;
+    serde_json::from_slice(&bytes).map_err(|e| AdminError::BadCall(format!("body: {e}")))
+}
+
+fn check_action(a: &Action) -> Result<(), AdminError> {
+    match a {
+        Action::ForceRelease { digest, .. } if KeyDigest::parse(digest).is_none() => {
+            Err(AdminError::BadKey(format!("action.digest: {digest:?} is not a key digest")))
+        }
+        Action::EpochAdvance { expected_epoch, new_epoch } if new_epoch <= expected_epoch => {
+            Err(AdminError::BadCall("action.new_epoch: must be above expected_epoch".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What one call did: the operator (once verified), the request id (once known)
+/// and the answer.
+type Done = (Option<Operator>, Option<String>, Result<Value, AdminError>);
+
+/// Runs one admin call: the caller check, then `run` under the call timeout;
+/// counts it, logs it (never an identity or token) and records a refusal of a
+/// state-changing step.
+async fn serve<F, Fut>(state: Arc<State>, req: Request, step: &'static str, run: F) -> Response
+where
+    F: FnOnce(Arc<State>, Operators, Request) -> Fut,
+    Fut: std::future::Future<Output = Done>,
+{
+    let route: &'static str = match step {
+        "request" => "admin_request",
+        "approve" => "admin_approve",
+        "show" => "admin_show",
+        _ => "admin_list",
+    };
+    let ops = match admitted(&state, &req) {
+        Ok(ops) => ops.clone(),
+        Err(e) => {
+            state.metrics.request(route, e.code());
+            tracing::warn!(step, code = e.code(), "admin call refused: the caller is not an admin client");
+            return refusal(&e);
+        }
+    };
+    let (who, id, res) = match tokio::time::timeout(CALL_TIMEOUT, run(state.clone(), ops, req)).await {
+        Ok(done) => done,
+        Err(_) => (
+            None,
+            None,
+            Err(AdminError::Io(format!("the call did not finish within {CALL_TIMEOUT:?}; show the request"))),
+        ),
+    };
+    match res {
+        Ok(v) => {
+            state.metrics.request(route, "ok");
+            tracing::info!(step, request = id.as_deref().unwrap_or("-"), "admin call done");
+            Json(v).into_response()
+        }
+        Err(e) => {
+            state.metrics.request(route, e.code());
+            tracing::info!(step, request = id.as_deref().unwrap_or("-"), code = e.code(), "admin call refused");
+            if matches!(step, "request" | "approve") {
+                let mut c = state.store.client();
+                flow::log_refusal(&mut c, &state.config.etcd_root, step, id.as_deref(), who.as_ref(), &e).await;
+            }
+            refusal(&e)
+        }
+    }
+}
+
+fn to_json(v: impl Serialize) -> Result<Value, AdminError> {
+    serde_json::to_value(v).map_err(lockmesh_ops::admin::io)
+}
+
+async fn request(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
+    serve(state, req, "request", |state, ops, req| async move {
+        let op = match operator(&ops, &req) {
+            Ok(op) => op,
+            Err(e) => return (None, None, Err(e)),
+        };
+        let run = async {
+            let b: RequestBody = body(req).await?;
+            check_action(&b.action)?;
+            if !(1..=ops.max_request_ttl_s).contains(&b.ttl_s) {
+                return Err(AdminError::BadCall(format!(
+                    "ttl_s: {} is outside 1 to {}",
+                    b.ttl_s, ops.max_request_ttl_s
+                )));
+            }
+            let (mut c, root) = (state.store.client(), state.config.etcd_root.as_str());
+            let r = flow::request(&mut c, root, b.action, &b.reason, &op, b.ttl_s).await?;
+            let reg = state.registry();
+            let p = flow::preview(&mut c, root, &r.id, Some(&reg)).await?;
+            Ok((r.id, to_json(&p)?))
+        };
+        match run.await {
+            Ok((id, v)) => (Some(op), Some(id), Ok(v)),
+            Err(e) => (Some(op), None, Err(e)),
+        }
+    })
+    .await
+}
+
+async fn show(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
+    serve(state, req, "show", |state, _ops, req| async move {
+        let b: ShowBody = match body(req).await {
+            Ok(b) => b,
+            Err(e) => return (None, None, Err(e)),
+        };
+        let (mut c, reg) = (state.store.client(), state.registry());
+        let r = flow::preview(&mut c, &state.config.etcd_root, &b.id, Some(&reg)).await.and_then(to_json);
+        (None, Some(b.id), r)
+    })
+    .await
+}
+
+async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
+    serve(state, req, "approve", |state, ops, req| async move {
+        let op = operator(&ops, &req);
+        let b: ApproveBody = match body(req).await {
+            Ok(b) => b,
+            Err(e) => return (op.ok(), None, Err(e)),
+        };
+        let op = match op {
+            Ok(op) => op,
+            Err(e) => return (None, Some(b.id), Err(e)),
+        };
+        let (mut c, root, reg) = (state.store.client(), state.config.etcd_root.as_str(), state.registry());
+        let run = async {
+            let p = flow::preview(&mut c, root, &b.id, Some(&reg)).await?;
+            let o = flow::approve(&mut c, root, &b.id, &op, Some(&reg), b.shown.as_deref()).await?;
+            Ok(json!({ "preview": p, "outcome": o }))
+        };
+        let r = run.await;
+        (Some(op), Some(b.id), r)
+    })
+    .await
+}
+
+async fn list(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
+    serve(state, req, "list", |state, _ops, _req| async move {
+        let (mut c, root) = (state.store.client(), state.config.etcd_root.as_str());
+        let run = async {
+            let requests = flow::list(&mut c, root).await?;
+            let log = flow::read_log(&mut c, root).await?;
+            Ok(json!({ "requests": requests, "log": log }))
+        };
+        (None, None, run.await)
+    })
+    .await
+}
