@@ -8,14 +8,18 @@
 //! - [`peer`]: [`spiffe_id_of`], the SPIFFE ID of an mTLS peer's certificate.
 //! - [`report`]: [`report_config_errors`], what a binary prints and exits with when
 //!   its configuration is refused (exit 64, EX_USAGE).
+//! - [`yaml`]: [`parse_yaml`], a configuration file's YAML into its serde type, the
+//!   error naming the field path and the line.
 #![forbid(unsafe_code)]
 
 pub mod peer;
 pub mod report;
 pub mod signal;
+pub mod yaml;
 
 pub use self::{
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
     signal::shutdown,
+    yaml::{parse_yaml, YamlError},
 };
