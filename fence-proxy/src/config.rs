@@ -180,7 +180,7 @@ impl Config {
     pub fn load_with(path: &Path, env: &dyn EnvSource) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         Self::try_from_raw(raw, path.parent().unwrap_or(Path::new(".")), &name, env)
     }
 

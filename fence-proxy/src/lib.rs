@@ -10,6 +10,7 @@
 //! - [`token`]: grant verification and the mark rule (pure).
 //! - [`marks`]: durable marks (redb), single-writer lock, instance id.
 //! - [`server`]: the proxy, admin endpoints and graceful shutdown.
+//! - `metrics`: the `/metrics` registry (prometheus-client).
 //! - [`respond`]: the one error-to-response table.
 //! - [`pause`]: the pause test kit (ADR-17) behind `lockmesh-pausekit`.
 //! - [`store`]: reference fences inside the store (PostgreSQL fence column).
@@ -17,6 +18,7 @@
 
 pub mod config;
 pub mod marks;
+mod metrics;
 pub mod pause;
 pub mod respond;
 pub mod route;

@@ -6,6 +6,8 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 
+const BINARY: &str = "lockmesh-fence-proxy";
+
 /// The lockmesh fencing proxy.
 #[derive(Parser)]
 #[command(version, about)]
@@ -29,18 +31,12 @@ fn main() -> ExitCode {
         (Some(p), None) => (p, false),
         (None, None) => {
             eprintln!("lockmesh-fence-proxy: --config FILE or --check-config FILE is required");
-            return ExitCode::from(64);
+            return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
     };
     let config = match lockmesh_fence_proxy::Config::load(&path) {
         Ok(c) => c,
-        Err(errs) => {
-            eprintln!("invalid configuration ({} errors):", errs.len());
-            for e in errs {
-                eprintln!("  {e}");
-            }
-            return ExitCode::from(64);
-        }
+        Err(errs) => return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs),
     };
     if config.accept_lower_tokens {
         tracing::error!("TEST FAULT PLANTED: accept_lower_tokens forwards stale writes; this fence does not fence");
@@ -59,26 +55,14 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
-        lockmesh_fence_proxy::run(listener, admin, config, shutdown()).await?;
+        lockmesh_fence_proxy::run(listener, admin, config, lockmesh_runtime::shutdown()).await?;
         Ok(())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lockmesh-fence-proxy: {e:#}");
+            eprintln!("{BINARY}: {e:#}");
             ExitCode::from(1)
         }
     }
-}
-
-async fn shutdown() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down: finishing requests in flight");
 }

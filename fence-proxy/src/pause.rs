@@ -421,8 +421,46 @@ pub fn write_doc(doc: &PauseTestResult, path: &std::path::Path) -> Result<(), Ki
     let text = if path.extension().is_some_and(|e| e == "json") {
         serde_json::to_string_pretty(doc).map_err(|e| KitError::Encode(e.to_string()))?
     } else {
-        serde_yaml::to_string(doc).map_err(|e| KitError::Encode(e.to_string()))?
+        serde_saphyr::to_string(doc).map_err(|e| KitError::Encode(e.to_string()))?
     };
     std::fs::write(path, text)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use lockmesh_core::pause::Verdict;
+
+    use super::*;
+
+    #[test]
+    fn a_written_document_reads_back_equal_as_yaml_and_json() {
+        let doc = PauseTestResult {
+            schema_version: SCHEMA_VERSION.into(),
+            class: "pay".into(),
+            resource: "fence-proxy http://10.0.0.5:8080/items/{id}".into(),
+            time_unix_s: 1_700_000_000,
+            expires_unix_s: 1_700_000_000 + MAX_VALIDITY_S,
+            verdict: Verdict::Pass,
+            evidence: PauseEvidence {
+                ttl_s: 5,
+                paused_ms: 7000,
+                first_write_status: 200,
+                second_write_status: 200,
+                late_write_status: 409,
+                second_token_greater: true,
+                resource_saw_late_write: false,
+                // Strings YAML 1.1 would read as other types stay strings.
+                steps: vec!["yes".into(), "0123".into(), "late write answered 409: stale_token".into()],
+            },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = dir.path().join("r.yaml");
+        write_doc(&doc, &yaml).unwrap();
+        let back: PauseTestResult = serde_saphyr::from_str(&std::fs::read_to_string(&yaml).unwrap()).unwrap();
+        assert_eq!(back, doc);
+        let json = dir.path().join("r.json");
+        write_doc(&doc, &json).unwrap();
+        assert_eq!(serde_json::from_slice::<PauseTestResult>(&std::fs::read(&json).unwrap()).unwrap(), doc);
+    }
 }

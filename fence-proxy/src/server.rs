@@ -16,7 +16,7 @@
 //! landed, and under `strict` the grant is used up either way (the mark advanced).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex},
 };
 
@@ -38,6 +38,7 @@ use tokio::sync::OwnedMutexGuard;
 use crate::{
     config::Config,
     marks::Marks,
+    metrics::{self, Metrics},
     respond::FenceError,
     route::{classify, Class, RouteError},
     token::{verify_grant, MarkDecision},
@@ -52,7 +53,7 @@ pub struct Fence {
     marks: Arc<Marks>,
     client: Client<HttpConnector, Body>,
     locks: ResourceLocks,
-    metrics: Mutex<BTreeMap<(String, &'static str), u64>>,
+    metrics: Metrics,
 }
 
 #[derive(Default)]
@@ -105,7 +106,7 @@ impl Fence {
     pub fn new(config: Config) -> Result<Arc<Self>, RunError> {
         let marks = Arc::new(Marks::open(&config.marks_dir)?);
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(Arc::new(Self { config, marks, client, locks: ResourceLocks::default(), metrics: Mutex::default() }))
+        Ok(Arc::new(Self { config, marks, client, locks: ResourceLocks::default(), metrics: Metrics::default() }))
     }
 
     /// The marks store's instance id.
@@ -114,8 +115,7 @@ impl Fence {
     }
 
     fn count(&self, route: &str, outcome: &'static str) {
-        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-        *m.entry((route.to_owned(), outcome)).or_default() += 1;
+        self.metrics.request(route, outcome);
     }
 
     async fn handle(self: Arc<Self>, req: Request) -> Result<Response, (String, FenceError)> {
@@ -195,16 +195,11 @@ impl Fence {
         Ok(Response::from_parts(parts, Body::new(body)))
     }
 
-    fn metrics_text(&self) -> String {
-        let mut s = String::from(
-            "# HELP lockmesh_fence_requests_total Requests by route name and outcome (read, write, or an error code).\n\
-             # TYPE lockmesh_fence_requests_total counter\n",
-        );
-        let m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-        for ((route, outcome), n) in m.iter() {
-            s.push_str(&format!("lockmesh_fence_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}} {n}\n"));
+    fn metrics_response(&self) -> Response {
+        match self.metrics.encode() {
+            Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+            Err(_) => (http::StatusCode::INTERNAL_SERVER_ERROR, "cannot encode the metrics").into_response(),
         }
-        s
     }
 }
 
@@ -247,7 +242,7 @@ pub fn admin_router(fence: Arc<Fence>) -> Router {
                 }
             }),
         )
-        .route("/metrics", get(|State(f): State<Arc<Fence>>| async move { f.metrics_text() }))
+        .route("/metrics", get(|State(f): State<Arc<Fence>>| async move { f.metrics_response() }))
         .with_state(fence)
 }
 
