@@ -55,7 +55,7 @@ pub struct Config {
 pub struct ConfigError {
     /// The file read (or `<inline>`).
     pub file: String,
-    /// Dotted field path, or `-` for a syntax error.
+    /// Dotted field path, or `-` for an error no field is to blame for (a syntax error).
     pub field: String,
     /// Why the value is refused.
     pub message: String,
@@ -120,8 +120,13 @@ impl Config {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_yaml::from_str(text)
-                .map_err(|e| vec![ConfigError { file: file.to_owned(), field: "-".into(), message: e.to_string() }])?
+            lockmesh_runtime::parse_yaml(text).map_err(|e| {
+                vec![ConfigError {
+                    file: file.to_owned(),
+                    field: e.path.unwrap_or_else(|| "-".into()),
+                    message: e.message,
+                }]
+            })?
         };
         Self::try_from_raw(raw, file)
     }
@@ -252,6 +257,7 @@ mod tests {
     fn unknown_keys_are_refused() {
         let errs = Config::parse("imagee: x\n", "c.yaml").unwrap_err();
         assert!(errs[0].message.contains("unknown field `imagee`"), "{errs:?}");
+        assert_eq!(errs[0].field, "imagee", "{errs:?}");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
@@ -44,7 +43,7 @@ pub enum ManifestError {
         index: usize,
         /// The parser's error.
         #[source]
-        source: serde_yaml::Error,
+        source: serde_saphyr::Error,
     },
     /// An object opted in but cannot be injected.
     #[error("document {index} ({what}): {error}")]
@@ -58,15 +57,19 @@ pub enum ManifestError {
     },
     /// The output could not be serialised.
     #[error("cannot write YAML: {0}")]
-    Write(#[source] serde_yaml::Error),
+    Write(#[source] serde_saphyr::SerializeError),
 }
 
 /// Rewrites `text`; returns every error of every document, or the new stream.
 pub fn rewrite(text: &str, config: &Config, options: Options) -> Result<Rewritten, Vec<ManifestError>> {
     let mut docs = Vec::new();
     let mut errs = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        match Value::deserialize(de) {
+    // Empty and null documents are skipped by the parser and not numbered. After a
+    // document that does not map onto JSON the next ones are still read; after a
+    // syntax error the stream ends there.
+    let mut input = text.as_bytes();
+    for (i, doc) in serde_saphyr::read::<_, Value>(&mut input).enumerate() {
+        match doc {
             Ok(Value::Null) => {}
             Ok(v) => docs.push((i + 1, v)),
             Err(source) => errs.push(ManifestError::Yaml { index: i + 1, source }),
@@ -100,7 +103,7 @@ pub fn rewrite(text: &str, config: &Config, options: Options) -> Result<Rewritte
         if i > 0 {
             out.yaml.push_str("---\n");
         }
-        out.yaml.push_str(&serde_yaml::to_string(doc).map_err(|e| vec![ManifestError::Write(e)])?);
+        out.yaml.push_str(&serde_saphyr::to_string(doc).map_err(|e| vec![ManifestError::Write(e)])?);
     }
     Ok(out)
 }
@@ -134,5 +137,31 @@ fn one(
             let what = format!("{kind} {}{name}", ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default());
             errs.push(ManifestError::Refused { index, what, error });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rewrite_errors(text: &str) -> Vec<String> {
+        let opts = Options { network_policies: false };
+        rewrite(text, &Config::default(), opts).unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn documents_pass_through_and_empty_ones_are_dropped() {
+        let opts = Options { network_policies: false };
+        let out = rewrite("---\nkind: ConfigMap\n---\n---\nkind: Service\n", &Config::default(), opts).unwrap();
+        assert_eq!(out.yaml, "kind: ConfigMap\n---\nkind: Service\n");
+        assert_eq!(out.injected, 0);
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_document_and_line() {
+        assert_eq!(
+            rewrite_errors("kind: ConfigMap\n---\nkind: [Service\n"),
+            ["document 2: not a YAML object: unclosed bracket '[' at line 3, column 7"]
+        );
     }
 }

@@ -38,9 +38,8 @@ fn main() -> ExitCode {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
             Err(errs) => {
-                eprintln!("lockmesh-inject: invalid configuration ({} errors):", errs.len());
-                errs.iter().for_each(|e| eprintln!("  {e}"));
-                return ExitCode::from(64);
+                let errs: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                return lockmesh_runtime::report_config_errors("lockmesh-inject", &path.display().to_string(), &errs);
             }
         },
     };

@@ -9,6 +9,8 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 use clap::Parser;
 use lockmesh_sidecar::{server, Config};
 
+const BINARY: &str = "lockmesh-sidecar-webhook";
+
 /// lockmesh fence-proxy injection webhook.
 #[derive(Parser)]
 #[command(version, about)]
@@ -41,9 +43,8 @@ fn main() -> ExitCode {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
             Err(errs) => {
-                eprintln!("invalid configuration ({} errors):", errs.len());
-                errs.iter().for_each(|e| eprintln!("  {e}"));
-                return ExitCode::from(64);
+                let errs: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs);
             }
         },
     };
@@ -53,13 +54,13 @@ fn main() -> ExitCode {
     }
     let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) else {
         eprintln!("--tls-cert and --tls-key are required");
-        return ExitCode::from(64);
+        return ExitCode::from(lockmesh_runtime::EX_USAGE);
     };
     let certs = match server::CertFiles::load(&cert, &key) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             eprintln!("cannot load the serving certificate: {e}");
-            return ExitCode::from(64);
+            return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -84,7 +85,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
-        match server::run(listener, certs, Arc::new(config), shutdown_signal()).await {
+        match server::run(listener, certs, Arc::new(config), lockmesh_runtime::shutdown()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("webhook failed: {e}");
@@ -92,20 +93,4 @@ fn main() -> ExitCode {
             }
         }
     })
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
-    tracing::info!("shutting down: draining in-flight admission requests");
 }

@@ -6,7 +6,6 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::fixtures;
@@ -24,7 +23,8 @@ fn run(input: &str, args: &[&str]) -> Output {
 }
 
 fn docs(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect()
+    // Null documents are skipped by the parser.
+    serde_saphyr::from_multiple::<Value>(yaml).unwrap()
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {

@@ -93,7 +93,7 @@ fn injector_output_validates() {
     for golden in ["pod-opted-in", "pod-statefulset-replica"] {
         let pod = fixtures::json(&format!("golden/{golden}.json"));
         let path = dir.path().join(format!("{golden}.yaml"));
-        std::fs::write(&path, serde_yaml::to_string(&pod).unwrap()).unwrap();
+        std::fs::write(&path, serde_saphyr::to_string(&pod).unwrap()).unwrap();
         files.push(path);
     }
     let (ok, out) = validate(&files);
@@ -142,7 +142,7 @@ fn kustomize_layout_is_closed() {
     let mut referenced = Vec::new();
     for k in all.iter().filter(|p| p.file_name().unwrap() == "kustomization.yaml") {
         let dir = k.parent().unwrap();
-        let parsed: Kustomization = serde_yaml::from_str(&std::fs::read_to_string(k).unwrap()).unwrap();
+        let parsed: Kustomization = serde_saphyr::from_str(&std::fs::read_to_string(k).unwrap()).unwrap();
         for r in &parsed.resources {
             let target = dir.join(r);
             assert!(
@@ -166,21 +166,23 @@ fn kustomize_layout_is_closed() {
 #[test]
 fn shipped_network_policy_is_the_generated_one() {
     let path = repo_root().join("deploy/fence/networkpolicy-backend-15081.yaml");
-    let shipped: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let shipped: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(shipped, lockmesh_sidecar::policy::network_policy(None, lockmesh_sidecar::config::DEFAULT_BACKEND_PORT));
 }
 
 #[test]
 fn istio_example_plugin_config_is_accepted_by_the_filter_and_fails_closed() {
     let root = repo_root().join("deploy/istio");
-    let plugin: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("wasmplugin.yaml")).unwrap()).unwrap();
+    let plugin: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("wasmplugin.yaml")).unwrap()).unwrap();
     assert_eq!(plugin["spec"]["failStrategy"], "FAIL_CLOSE");
     let config = serde_json::to_vec(&plugin["spec"]["pluginConfig"]).unwrap();
     if let Err(errs) = lockmesh_wasm_filter::config::parse(&config) {
         panic!("the filter refuses the WasmPlugin's pluginConfig: {errs:?}");
     }
     // ext_proc in the EnvoyFilter never fails open and calls the cluster the filter calls.
-    let filter: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap()).unwrap();
+    let filter: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap()).unwrap();
     let proc =
         &filter["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["extension_config"]["typed_config"];
     assert_eq!(proc["failure_mode_allow"], false);
