@@ -47,7 +47,7 @@ async fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(64) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() { ExitCode::from(lockmesh_runtime::EX_USAGE) } else { ExitCode::SUCCESS };
         }
     };
     match args.cmd {
