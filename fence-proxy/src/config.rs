@@ -6,7 +6,7 @@
 //! startup. Relative paths are relative to the config file.
 //!
 //! `listen`, `admin_listen`, `upstream` and `marks_dir` can be overridden by the
-//! `LOCKMESH_FENCE_*` variables declared in [`env`] (the injector sets them); a
+//! `LOCKMESH_FENCE_*` variables declared in [`mod@env`] (the injector sets them); a
 //! field an override supplies may be left out of the file.
 //!
 //! ```yaml

@@ -10,7 +10,7 @@
 //!
 //! # Layout
 //! - [`annotations`]: the opt-in annotations, the labels and status the injector writes
-//! - [`inject`]: the pure injection function
+//! - [`mod@inject`]: the pure injection function
 //! - [`patch`]: RFC 6902 diff for the webhook's patch
 //! - [`policy`]: the NetworkPolicy keeping other pods off the store's port
 //! - [`manifest`]: multi-document YAML rewrite (the CLI)
