@@ -10,7 +10,7 @@
 //!
 //! - [`ports`]: free loopback ports, never handed out twice per binary.
 //! - [`process`]: the supervised child process (signals, logs, readiness).
-//! - [`certs`]: a dev PKI with SPIFFE identities ([`DevPki`]).
+//! - [`certs`]: the dev PKI with SPIFFE identities ([`DevPki`]), from `lockmesh-devcerts`.
 //! - [`etcd`]: [`EtcdCluster`] (1 or 3 members, restore) and [`shared_etcd`].
 //! - [`envoy`]: [`EnvoyProcess`] from a shipped `envoy-config/*.yaml`.
 //! - [`arbiter`]: [`ArbiterProcess`] (`lockmesh-extproc`).
@@ -20,7 +20,10 @@
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
 //! - [`stack`]: [`Stack`], all of the above for one scenario.
 //!
-//! The scenarios themselves are in `tests/scenarios/` (one test binary).
+//! The scenarios themselves are in `tests/scenarios/` (one test binary). The
+//! release gate is `lockmesh-gate` (`tests/gate/`), the load and benchmark tools
+//! `lockmesh-load` (`tests/load/`), the dev PKI and token issuer
+//! `lockmesh-devcerts` (`tests/devcerts/`).
 
 // No `#![forbid(unsafe_code)]`: `process` needs one `allow` (pre_exec/kill);
 // the workspace lint keeps `unsafe_code` denied everywhere else.
@@ -32,13 +35,10 @@ use tokio::time::Instant;
 
 pub mod arbiter;
 pub mod backend;
-pub mod certs;
 pub mod client;
 pub mod envoy;
 pub mod etcd;
 pub mod fence;
-pub mod gate;
-pub mod load;
 pub mod paths;
 pub mod ports;
 pub mod postgres;
@@ -48,7 +48,7 @@ pub mod stack;
 
 pub use arbiter::{ArbiterBuilder, ArbiterProcess, DEFAULT_TEST_REGISTRY};
 pub use backend::{Backend, RecordedRequest};
-pub use certs::{CertPair, ClientCert, DevPki, TEST_TRUST_DOMAIN};
+pub use lockmesh_devcerts::{self as certs, CertPair, ClientCert, DevPki, TEST_TRUST_DOMAIN};
 pub use client::{LockClient, Resp};
 pub use envoy::{EnvoyBuilder, EnvoyProcess};
 pub use etcd::{shared_etcd, EtcdBuilder, EtcdCluster, EtcdMember};

@@ -498,7 +498,9 @@ mod tests {
             let outer = tracing::info_span!(target: TARGET, "lockmesh.acquire", class = "c", token = "281474976710659",
                 key = "payments/secret", identity = "spiffe://td/ns/a/sa/b", outcome = tracing::field::Empty);
             outer.in_scope(|| {
-                let inner = etcd_span::<etcd_client::TxnResponse>();
+                // The op is named by the response type's last path segment.
+                struct TxnResponse;
+                let inner = etcd_span::<TxnResponse>();
                 inner.in_scope(|| tracing::info!("inside"));
             });
             finish(&outer, "granted", None);

@@ -290,7 +290,7 @@ mod tests {
     /// knows, with TLS and the least-privilege etcd user.
     #[test]
     fn the_shipped_configmap_parses() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/audit/configmap.yaml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/audit/configmap.yaml");
         let cm: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let raw: RawConfig = serde_yaml::from_str(cm["data"]["audit.yaml"].as_str().unwrap()).unwrap();
         assert_eq!(raw.etcd_user.as_deref(), Some("lockmesh-audit"));

@@ -170,3 +170,62 @@ pub fn etcd_auth(raw: &RawEtcd, base: &Path, name: &str, errs: &mut Vec<String>)
     };
     validate_etcd_auth(&parts, "etcd.", base, name, errs)
 }
+
+#[cfg(test)]
+mod etcd_auth_tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    use crate::connect::RawEtcdTls;
+
+    fn raw(endpoints: &[&str], tls: Option<RawEtcdTls>, user: Option<&str>, pw: Option<&str>) -> RawEtcd {
+        RawEtcd {
+            endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
+            root: "/lm".into(),
+            op_timeout_ms: None,
+            tls,
+            user: user.map(str::to_owned),
+            password_file: pw.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn etcd_tls_and_user_are_validated_with_field_paths() {
+        let dir = tempfile_dir();
+        std::fs::write(dir.join("ca.pem"), "CA").unwrap();
+        std::fs::write(dir.join("pw"), "secret\n").unwrap();
+        let tls = || Some(RawEtcdTls { ca: "ca.pem".into(), cert: None, key: None });
+        let mut errs = Vec::new();
+        let a = etcd_auth(&raw(&["https://e:2379"], tls(), Some("arb"), Some("pw")), &dir, "a.yaml", &mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!((a.ca.as_deref(), a.user.clone()), (Some(&b"CA"[..]), Some(("arb".into(), "secret".into()))));
+        assert!(!format!("{a:?}").contains("secret"), "password in Debug");
+        let cases = [
+            (raw(&["https://e:2379"], None, None, None), "a.yaml: etcd.tls: required for https:// endpoints"),
+            (raw(&["http://e:2379"], tls(), None, None), "a.yaml: etcd.endpoints: with etcd.tls every endpoint"),
+            (raw(&["http://e:2379"], None, Some("arb"), None), "a.yaml: etcd.password_file: required with etcd.user"),
+            (raw(&["http://e:2379"], None, None, Some("pw")), "a.yaml: etcd.user: required with etcd.password_file"),
+            (
+                raw(
+                    &["https://e:2379"],
+                    Some(RawEtcdTls { ca: "ca.pem".into(), cert: Some("c".into()), key: None }),
+                    None,
+                    None,
+                ),
+                "a.yaml: etcd.tls.key: required with etcd.tls.cert",
+            ),
+            (raw(&["http://e:2379"], None, Some("arb"), Some("missing")), "a.yaml: etcd.password_file: cannot read"),
+        ];
+        for (r, want) in cases {
+            let mut errs = Vec::new();
+            etcd_auth(&r, &dir, "a.yaml", &mut errs);
+            assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:?}");
+        }
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("lm-etcd-auth-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

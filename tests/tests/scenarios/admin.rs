@@ -9,7 +9,7 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use etcd_client::GetOptions;
-use lockmesh_extproc::admin_action::jwt::mint::Issuer;
+use lockmesh_devcerts::jwt::Issuer;
 use lockmesh_tests::{eventually, paths::profile_dir, ClientCert, Stack, TEST_TRUST_DOMAIN};
 use serde_json::{json, Value};
 

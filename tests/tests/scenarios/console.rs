@@ -11,7 +11,7 @@
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use lockmesh_core::LockKey;
-use lockmesh_extproc::admin_action::jwt::mint::Issuer;
+use lockmesh_devcerts::jwt::Issuer;
 use lockmesh_tests::{
     paths::{profile_dir, repo_root, tool},
     ports::free_port,

@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use lockmesh_extproc::admin_action::jwt::mint::Issuer;
+use lockmesh_devcerts::jwt::Issuer;
 use lockmesh_tests::{eventually, paths::profile_dir, Stack};
 use serde_json::Value;
 

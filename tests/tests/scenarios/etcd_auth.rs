@@ -1,5 +1,5 @@
 //! Issue 9 (ADR-05, ADR-20): etcd with client TLS and auth on, one role per
-//! component (`lockmesh_extproc::admin_action::etcd_roles`, the definitions
+//! component (`lockmesh_ops::admin::etcd_roles`, the definitions
 //! `lockctl etcd-roles` prints). Each role is refused a write outside its job (the
 //! operators' `lockmesh-admin` role can neither put nor delete a hold), and the
 //! arbiter serves a lock cycle through Envoy over that etcd, logged in as its own
@@ -8,16 +8,12 @@
 //! force release.
 
 use etcd_client::{Client, EventType, GetOptions, Permission, WatchOptions};
-use lockmesh_extproc::{
-    admin_action::{
-        etcd_roles::{roles, Perm},
-        jwt::mint::Issuer,
-    },
-    audit::{
-        decode::{decode, Change, Context, Op, Prev},
-        EventKind,
-    },
+use lockmesh_audit::{
+    decode::{decode, Change, Context, Op, Prev},
+    EventKind,
 };
+use lockmesh_devcerts::jwt::Issuer;
+use lockmesh_ops::admin::etcd_roles::{roles, Perm};
 use lockmesh_tests::{
     etcd::EtcdTls, paths::profile_dir, unique_prefix, ArbiterProcess, Backend, DevPki, EnvoyProcess, EtcdCluster,
     LockClient, TEST_TRUST_DOMAIN,

@@ -1,4 +1,4 @@
-//! The load tool (`lockmesh_tests::load`, the core of `lockmesh-load`) against a
+//! The load tool (`lockmesh_load`, the core of `lockmesh-load`) against a
 //! harness stack, briefly: every workload completes cycles, and every token is
 //! unique and strictly increasing per key in grant order; `--scale` keeps every
 //! hold and session past a TTL and sees a session it starves on purpose expire.
@@ -7,8 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use lockmesh_tests::load::scale::ScaleOptions;
-use lockmesh_tests::load::{self, LoadOptions, Mode, Target, Workload};
+use lockmesh_load::scale::ScaleOptions;
+use lockmesh_load::{self as load, LoadOptions, Mode, Target, Workload};
 use lockmesh_tests::Stack;
 
 #[tokio::test]

@@ -150,7 +150,7 @@ async fn spans_arrive_over_otlp_http_without_tokens_or_keys() {
     for s in all.iter().chain(&commits) {
         for a in s["attributes"].as_array().unwrap() {
             let k = a["key"].as_str().unwrap();
-            assert!(lockmesh_extproc::telemetry::ALLOWED.contains(&k), "attribute {k} exported: {s}");
+            assert!(lockmesh_telemetry::ALLOWED.contains(&k), "attribute {k} exported: {s}");
         }
     }
     let me = st.pki().workload_spiffe_id("payments", "otlp");

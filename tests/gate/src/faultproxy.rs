@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::ports;
+use lockmesh_tests::ports;
 
 /// What the link does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use super::history::{clock_skew_ms, now_us, ClientOp, Outcome};
-use crate::client::LockClient;
+use lockmesh_tests::client::LockClient;
 
 /// Per-request timeout of a holder: an answer later than this is unknown.
 pub const HOLDER_REQUEST_TIMEOUT: Duration = Duration::from_secs(6);

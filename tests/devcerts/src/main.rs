@@ -7,7 +7,7 @@
 //!
 //! Writes the CA, Envoy's and the arbiter's server certs, Envoy's client cert,
 //! one client cert per `--client <namespace>/<service account>` and a rogue
-//! cert (see `lockmesh_tests::certs`) and the Ed25519 grant signing key pair
+//! cert (see `lockmesh_devcerts`) and the Ed25519 grant signing key pair
 //! (`grant-signing-key.pem`, `grant-signing-pub.pem`), then prints every file. Existing files
 //! are kept, so running it again changes nothing. Exits 64 on invalid
 //! arguments and 1 on any other failure.
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use lockmesh_tests::DevPki;
+use lockmesh_devcerts::DevPki;
 
 /// Exit code for invalid arguments (EX_USAGE).
 const EX_USAGE: u8 = 64;
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<()> {
     let pki = DevPki::generate(&args.out, &args.trust_domain)
         .with_context(|| format!("generate PKI in {}", args.out.display()))?;
-    let signing = lockmesh_tests::fence::ensure_signing_key(&args.out).context("grant signing key")?;
+    let signing = lockmesh_devcerts::signing::ensure_signing_key(&args.out).context("grant signing key")?;
     println!("# grant signing key {} -> {}", signing.kid, signing.key_file.display());
     println!("{}", signing.pub_file.display());
     for (ns, sa) in &args.clients {

@@ -115,7 +115,7 @@ pub fn find_pid(needle: &str, program: &str) -> Option<u32> {
 impl Procs {
     /// The first etcd member, the (first) lock-tier Envoy and the first arbiter of
     /// a harness stack.
-    pub fn of_stack(st: &crate::Stack) -> Self {
+    pub fn of_stack(st: &lockmesh_tests::Stack) -> Self {
         Self {
             etcd: st.etcd().members().first().and_then(|m| m.pid()),
             arbiter: st.arbiters().first().and_then(|a| a.pid()),

@@ -23,15 +23,15 @@ use super::faultproxy::{FaultProxy, LinkMode};
 use super::history::{now_us, ClientOp, ClusterHistory, Fault, History, Move, StoreWrite};
 use super::holder::read_ops;
 use super::recorder::{Recorder, Ticker};
-use crate::arbiter::ArbiterProcess;
-use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
-use crate::envoy::EnvoyProcess;
-use crate::etcd::EtcdCluster;
-use crate::fence::{ensure_signing_key, FenceProxyProcess, KvStore};
-use crate::paths::{profile_dir, temp_dir};
-use crate::ports::free_port;
-use crate::process::ChildProcess;
-use crate::unique_prefix;
+use lockmesh_tests::arbiter::ArbiterProcess;
+use lockmesh_devcerts::{DevPki, TEST_TRUST_DOMAIN};
+use lockmesh_tests::envoy::EnvoyProcess;
+use lockmesh_tests::etcd::EtcdCluster;
+use lockmesh_tests::fence::{ensure_signing_key, FenceProxyProcess, KvStore};
+use lockmesh_tests::paths::{profile_dir, temp_dir};
+use lockmesh_tests::ports::free_port;
+use lockmesh_tests::process::ChildProcess;
+use lockmesh_tests::unique_prefix;
 
 /// Lock-key prefix of the gate's fenced mutex keys (`<prefix>/<i>`).
 pub const MUTEX_PREFIX: &str = "payments/gate/m";
@@ -694,7 +694,7 @@ fn clock_mode(opts: &GateOptions, i: usize) -> Option<ClockMode> {
 
 /// The revision a snapshot file holds (`etcdutl snapshot status`).
 pub async fn snapshot_revision(snap: &std::path::Path) -> Result<i64> {
-    let out = tokio::process::Command::new(crate::etcd::etcdutl_bin()?)
+    let out = tokio::process::Command::new(lockmesh_tests::etcd::etcdutl_bin()?)
         .args(["snapshot", "status", "-w", "json"])
         .arg(snap)
         .output()

@@ -1,5 +1,5 @@
 use super::*;
-use crate::gate::history::{ClientOp, Segment, StoreWrite};
+use crate::history::{ClientOp, Segment, StoreWrite};
 
 const ROOT: &str = "/g";
 const D: &str = "d0";

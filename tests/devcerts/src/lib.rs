@@ -18,6 +18,14 @@
 //! Generation is idempotent: existing files are kept and the CA is loaded back
 //! from disk to sign new workload certs. If the CA is missing or the trust
 //! domain changed, every certificate is regenerated.
+//!
+//! Beside the PKI: [`signing`], the grant signing key, and [`jwt`], an operator
+//! token issuer. Nothing here is part of a shipped binary.
+
+#![forbid(unsafe_code)]
+
+pub mod jwt;
+pub mod signing;
 
 use std::fs;
 use std::io::Write as _;

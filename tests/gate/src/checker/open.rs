@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::{check, Verdict, Violation};
-use crate::gate::history::History;
+use crate::history::History;
 
 /// The unprotected token.
 pub const UNPROTECTED_TOKEN: u64 = 0;
@@ -65,7 +65,7 @@ pub fn check_with_open(h: &History, open: &[String], budget: Duration) -> Verdic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::history::{ClientOp, Outcome};
+    use crate::history::{ClientOp, Outcome};
 
     fn op(process: &str, op: &str, key: &str, token: u64, call: u64, ret: u64) -> ClientOp {
         ClientOp {

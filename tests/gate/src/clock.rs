@@ -29,7 +29,7 @@ use std::sync::Mutex;
 
 use anyhow::{Context as _, Result};
 
-use crate::paths::{repo_root, tool};
+use lockmesh_tests::paths::{repo_root, tool};
 
 /// How often a preloaded process re-reads its offset, seconds.
 pub const CACHE_S: u64 = 1;

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
-use lockmesh_tests::load::{self, LoadOptions, Mode, Target, Workload};
+use lockmesh_load::{self, LoadOptions, Mode, Target, Workload};
 use lockmesh_tests::Stack;
 
 /// Exit code for invalid arguments (EX_USAGE).
@@ -101,7 +101,7 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     hold_minutes: f64,
     /// --scale: TTL of the sessions' class, seconds (5..=300).
-    #[arg(long, default_value_t = lockmesh_tests::load::scale::MAX_TTL_S)]
+    #[arg(long, default_value_t = lockmesh_load::scale::MAX_TTL_S)]
     ttl: u64,
     /// --scale: acquires in flight while attaching.
     #[arg(long, default_value_t = 64)]

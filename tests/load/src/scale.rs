@@ -39,8 +39,8 @@ use tokio::time::Instant;
 use super::cpu::{self, Memory, Procs, Usage};
 use super::etcdwork::{bucket, counter, metrics_text};
 use super::renewal::{Attached, Fleet, FleetSpec, RenewCounts, Tier};
-use crate::arbiter::DEFAULT_TEST_REGISTRY;
-use crate::stack::Stack;
+use lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY;
+use lockmesh_tests::stack::Stack;
 
 /// Shortest TTL `--scale` accepts (the platform allows advisory classes from 30 s
 /// and others from 5 s; the test registry is advisory and lowers that to 2 s).

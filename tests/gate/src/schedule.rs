@@ -15,7 +15,7 @@ use super::clock::{ClockStep, FakeClock, STEPS};
 use super::faultproxy::{FaultProxy, LinkMode};
 use super::harness::{GateCluster, GATE_TTL_S};
 use super::history::now_us;
-use crate::etcd::EtcdCluster;
+use lockmesh_tests::etcd::EtcdCluster;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
 pub const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);

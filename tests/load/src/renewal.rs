@@ -35,8 +35,8 @@ use tokio::time::Instant;
 
 use super::etcdwork::{counter, metrics_text};
 use super::lockmesh::{lock_tier_http, post};
-use crate::client::REQUEST_TIMEOUT;
-use crate::stack::Stack;
+use lockmesh_tests::client::REQUEST_TIMEOUT;
+use lockmesh_tests::stack::Stack;
 
 /// HTTP/2 connections to the lock tier (requests go round-robin over them, so
 /// both Envoy workers get some).

@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _, Result};
 use tokio::task::JoinHandle;
 
 use super::record::Recorder;
-use crate::client::REQUEST_TIMEOUT;
+use lockmesh_tests::client::REQUEST_TIMEOUT;
 
 /// One lock-tier client with its session.
 pub(crate) struct LockmeshClient {

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockmesh_tests::gate::{self, holder::HolderArgs, schedule, GateOptions};
+use lockmesh_gate::{self, holder::HolderArgs, schedule, GateOptions};
 use tokio::time::Instant;
 
 #[derive(Debug, Parser)]
@@ -58,7 +58,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lockmesh_tests::gate=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lockmesh_gate=info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

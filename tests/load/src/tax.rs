@@ -21,10 +21,10 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use tokio::time::Instant;
 
-use crate::client::LockClient;
-use crate::envoy::EnvoyProcess;
-use crate::paths::repo_root;
-use crate::stack::Stack;
+use lockmesh_tests::client::LockClient;
+use lockmesh_tests::envoy::EnvoyProcess;
+use lockmesh_tests::paths::repo_root;
+use lockmesh_tests::stack::Stack;
 
 /// One measured workload.
 #[derive(Debug, Clone)]

@@ -34,8 +34,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context as _, Result};
 use tokio::time::Instant;
 
-use crate::certs::DevPki;
-use crate::stack::Stack;
+use lockmesh_devcerts::DevPki;
+use lockmesh_tests::stack::Stack;
 
 pub mod cpu;
 mod drive;

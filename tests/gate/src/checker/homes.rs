@@ -24,8 +24,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Budget, Grant, TimedOut, Violation};
-use crate::gate::history::{History, Outcome, Segment};
-use crate::gate::recorder::{BARRIER_KEY, TICK_KEY};
+use crate::history::{History, Outcome, Segment};
+use crate::recorder::{BARRIER_KEY, TICK_KEY};
 
 /// Real-time bounds on the commits of one cluster.
 struct ClusterBounds {
@@ -289,7 +289,7 @@ mod tests {
     use std::time::Duration;
 
     use super::super::check;
-    use crate::gate::history::{token_of, ClientOp, ClusterHistory, EtcdEvent, History, Outcome, Segment};
+    use crate::history::{token_of, ClientOp, ClusterHistory, EtcdEvent, History, Outcome, Segment};
 
     const ROOT: &str = "/g";
 
