@@ -59,6 +59,7 @@ pub struct EnvoyBuilder {
     replacements: Vec<(String, String)>,
     concurrency: u32,
     log_level: String,
+    test_filter: bool,
 }
 
 /// A running Envoy; killed on drop, its logs printed if the test panics.
@@ -129,6 +130,14 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Loads the test build of the Wasm filter (feature `test-trap`: its
+    /// `test_trap_header` traps the VM) instead of the shipped one. Only the
+    /// scenario that proves a trapped VM fails closed uses it.
+    pub fn test_filter(mut self) -> Self {
+        self.test_filter = true;
+        self
+    }
+
     /// `--concurrency` (worker threads). Default 2.
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = n;
@@ -182,7 +191,7 @@ impl EnvoyBuilder {
             text = text.replace(CERT_DIR_PREFIX, &format!("{}/", dir.display()));
         }
         if text.contains(WASM_MODULE_PATH) {
-            let module = wasm_module()?;
+            let module = if self.test_filter { wasm_test_module()? } else { wasm_module()? };
             text = text.replace(WASM_MODULE_PATH, &module.display().to_string());
         }
         Ok(Rendered { text, listener_port, admin_port })
@@ -286,6 +295,7 @@ impl EnvoyProcess {
             replacements: Vec::new(),
             concurrency: 2,
             log_level: "info".into(),
+            test_filter: false,
         }
     }
 
@@ -377,6 +387,25 @@ pub fn wasm_module() -> Result<PathBuf> {
     if !path.is_file() {
         bail!(
             "wasm filter not built: run cargo build --release --target wasm32-wasip1 -p lockmesh-wasm-filter (scripts/test does it); looked for {}",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The test build of the Wasm filter (`--features test-trap`, which
+/// `scripts/test` builds first and copies beside the shipped module), or a fix-it
+/// error.
+pub fn wasm_test_module() -> Result<PathBuf> {
+    let name = "lockmesh_wasm_filter_test.wasm";
+    let path = match crate::paths::frozen_bin_dir() {
+        Some(dir) => dir.join(name),
+        None => target_dir().join("wasm32-wasip1/release").join(name),
+    };
+    if !path.is_file() {
+        bail!(
+            "test build of the wasm filter missing: run scripts/test, or cargo build --release --target \
+             wasm32-wasip1 -p lockmesh-wasm-filter --features test-trap and copy the module to {}",
             path.display()
         );
     }

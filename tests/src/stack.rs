@@ -39,6 +39,7 @@ pub struct StackBuilder {
     envoy_config: Option<String>,
     envoy_concurrency: u32,
     envoy_replacements: Vec<(String, String)>,
+    envoy_test_filter: bool,
     registry: String,
     arbiters: usize,
     arbiter_extra_yaml: Vec<String>,
@@ -84,6 +85,12 @@ impl StackBuilder {
     /// Envoy `--concurrency`. Default 2.
     pub fn envoy_concurrency(mut self, n: u32) -> Self {
         self.envoy_concurrency = n;
+        self
+    }
+
+    /// Envoys load the test build of the Wasm filter ([`crate::envoy::EnvoyBuilder::test_filter`]).
+    pub fn envoy_test_filter(mut self) -> Self {
+        self.envoy_test_filter = true;
         self
     }
 
@@ -203,6 +210,9 @@ impl StackBuilder {
                 for (from, to) in &this.envoy_replacements {
                     b = b.replace(from, to);
                 }
+                if this.envoy_test_filter {
+                    b = b.test_filter();
+                }
                 b.start().await.map(Some)
             }
         };
@@ -226,6 +236,7 @@ impl Stack {
             envoy_config: None,
             envoy_concurrency: 2,
             envoy_replacements: Vec::new(),
+            envoy_test_filter: false,
             registry: DEFAULT_TEST_REGISTRY.to_owned(),
             arbiters: 1,
             arbiter_extra_yaml: Vec::new(),

@@ -355,6 +355,25 @@ async fn killing_the_arbiter_mid_wait_fails_closed() {
     assert!(st.backend().requests().is_empty(), "a request reached the upstream: {:?}", st.backend().requests());
 }
 
+/// The shipped Wasm module has no test trap: the trap's code is absent from its
+/// bytes (present in the test build, so the check can fail), and a shipped
+/// filter given `test_trap_header` refuses the config, so Envoy does not start
+/// with it (the header can never trap a shipped VM).
+#[tokio::test]
+async fn the_shipped_filter_has_no_test_trap() {
+    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+    let shipped = std::fs::read(lockmesh_tests::envoy::wasm_module().unwrap()).unwrap();
+    let test = std::fs::read(lockmesh_tests::envoy::wasm_test_module().unwrap()).unwrap();
+    assert!(contains(&test, b"lockmesh test trap"), "the test build lost its trap: this check proves nothing");
+    assert!(!contains(&shipped, b"lockmesh test trap"), "the shipped filter carries the test trap");
+    let started = lock_tier_with_upstream("core-vm-shipped-trap")
+        .envoy_replace(r#"'{"max_wait_ms": 30000, "#, r#"'{"max_wait_ms": 30000, "test_trap_header": "x-test-trap", "#)
+        .envoy_concurrency(1)
+        .start()
+        .await;
+    assert!(started.is_err(), "a shipped filter accepted test_trap_header");
+}
+
 #[tokio::test]
 async fn overflowing_the_ext_proc_cluster_fails_closed() {
     let st = lock_tier_with_upstream("core-overflow")
@@ -381,6 +400,7 @@ async fn overflowing_the_ext_proc_cluster_fails_closed() {
 #[tokio::test]
 async fn a_crashed_filter_vm_fails_closed() {
     let st = lock_tier_with_upstream("core-vm-crash")
+        .envoy_test_filter()
         .envoy_replace(r#"'{"max_wait_ms": 30000, "#, r#"'{"max_wait_ms": 30000, "test_trap_header": "x-test-trap", "#)
         .envoy_concurrency(1)
         .start()
