@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockmesh_gate::{self, holder::HolderArgs, schedule, GateOptions};
+use lockmesh_gate::{self as gate, holder::HolderArgs, schedule, GateOptions};
 use tokio::time::Instant;
 
 #[derive(Debug, Parser)]

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
-use lockmesh_load::{self, LoadOptions, Mode, Target, Workload};
+use lockmesh_load::{self as load, LoadOptions, Mode, Target, Workload};
 use lockmesh_tests::Stack;
 
 /// Exit code for invalid arguments (EX_USAGE).
