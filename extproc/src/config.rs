@@ -427,7 +427,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::try_from_raw(raw, base, &name)
     }

@@ -124,7 +124,8 @@ impl Clusters {
     pub fn load_arbiter_file(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawClusterSections = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let raw: RawClusterSections =
+            lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         let base = path.parent().unwrap_or(Path::new("."));
         let mut errs = Vec::new();
         let c = Self::from_raw(

@@ -52,7 +52,7 @@ pub mod validate;
 pub mod vm;
 pub mod wait;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use etcd_client::Client;
 use lockmesh_core::{headers::SessionId, Reason};
@@ -121,7 +121,9 @@ pub struct Store {
     keys: Keys,
     op_timeout: Duration,
     epoch: epoch::EpochCell,
-    sessions: Mutex<HashMap<SessionId, Arc<SessionRecord>>>,
+    /// Session records read or written here (`session::cache`: bounded, idle
+    /// entries expire; never proof that a session is alive).
+    sessions: moka::sync::Cache<SessionId, Arc<SessionRecord>>,
     vms: vm::VmSessions,
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
@@ -198,7 +200,7 @@ impl Store {
             keys: Keys::new(root),
             op_timeout,
             epoch: epoch::EpochCell::default(),
-            sessions: Mutex::new(HashMap::new()),
+            sessions: session::cache::new(),
             vms: vm::VmSessions::default(),
             marker: Mutex::new(None),
             queues: wait::Queues::default(),

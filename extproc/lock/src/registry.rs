@@ -38,7 +38,7 @@ pub fn parse(text: &str) -> Result<ClassRegistry, Vec<String>> {
 
 /// Parses and validates registry text; pause-test files resolve against `base`.
 pub fn parse_at(text: &str, base: &Path) -> Result<ClassRegistry, Vec<String>> {
-    let raw: RawRegistry = serde_yaml::from_str(text).map_err(|e| vec![e.to_string()])?;
+    let raw: RawRegistry = lockmesh_runtime::parse_yaml(text).map_err(|e| vec![e.to_string()])?;
     let now = now_ms() / 1000;
     let check = |class: &str, file: Option<&str>| check_pause_file(base, class, file, now);
     ClassRegistry::try_from_raw_with(&raw, &check).map_err(|errs| errs.into_iter().map(|e| e.to_string()).collect())
@@ -55,6 +55,6 @@ pub fn check_pause_file(base: &Path, class: &str, file: Option<&str>, now_unix_s
     let path = base.join(file);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{file:?}: cannot read {}: {e}", path.display()))?;
     let doc: PauseTestResult =
-        serde_yaml::from_str(&text).map_err(|e| format!("{file:?}: not a PauseTestResult: {e}"))?;
+        lockmesh_runtime::parse_yaml(&text).map_err(|e| format!("{file:?}: not a PauseTestResult: {e}"))?;
     check_pause_result(&doc, class, now_unix_s).map_err(|m| format!("{file:?}: {m}"))
 }

@@ -10,6 +10,8 @@ use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken};
 
 use super::{now_ms, HoldRecord, LockError, SessionRecord, Store};
 
+pub(crate) mod cache;
+
 /// Who is asking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -64,14 +66,19 @@ impl Store {
             self.revoke_quietly(sid).await;
             return Err(e);
         }
-        self.sessions.lock().await.insert(sid, Arc::new(rec));
+        self.sessions.insert(sid, Arc::new(rec));
         Ok(sid)
     }
 
     /// The record of a session the caller owns; `SessionExpired` for an unknown,
     /// expired or foreign session (the three are indistinguishable on purpose).
+    ///
+    /// The record may come from this arbiter's cache ([`cache`]): it says who owns
+    /// the session and its TTL, which never change, but not that the session is
+    /// still alive. Whatever the caller does next asks etcd about the lease (the
+    /// grant compares it, keepalive renews it, close revokes it).
     pub async fn owned_session(&self, sid: SessionId, caller: &Caller) -> Result<Arc<SessionRecord>, LockError> {
-        let cached = self.sessions.lock().await.get(&sid).cloned();
+        let cached = self.sessions.get(&sid);
         let rec = match cached {
             Some(r) => r,
             None => {
@@ -83,11 +90,7 @@ impl Store {
                 let rec: SessionRecord = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("session record is not valid: {e}")))?;
                 let rec = Arc::new(rec);
-                let mut cache = self.sessions.lock().await;
-                if cache.len() > 100_000 {
-                    cache.clear();
-                }
-                cache.insert(sid, rec.clone());
+                self.sessions.insert(sid, rec.clone());
                 rec
             }
         };
@@ -171,8 +174,9 @@ impl Store {
         Ok(out)
     }
 
+    /// Drops the cached record of `sid` (its lease is gone or was revoked).
     pub(crate) async fn forget_session(&self, sid: SessionId) {
-        self.sessions.lock().await.remove(&sid);
+        self.sessions.invalidate(&sid);
     }
 
     /// Revokes a lease, ignoring failures (used to drop a session this arbiter

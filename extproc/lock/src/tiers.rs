@@ -22,8 +22,8 @@
 //! forwarded.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex, RwLock},
+    collections::BTreeMap,
+    sync::{Arc, RwLock},
     time::Duration,
 };
 
@@ -42,7 +42,7 @@ use crate::{
     home::{MapRecord, COORD_CLUSTER},
     mutex::{AcquireRequest, Grant},
     now_ms,
-    session::{Caller, OwnHold},
+    session::{cache, Caller, OwnHold},
     topology::{Region, Topology},
     LockError, Store,
 };
@@ -69,12 +69,29 @@ pub struct Tiers {
     entity: Vec<String>,
     region: Option<Region>,
     map: RwLock<Option<ShardMap>>,
-    homes: Mutex<HashMap<SessionId, String>>,
+    /// The cluster each session was opened on (`session::cache`: bounded, an entry
+    /// idle for three of its session's TTLs expires). A session's home never
+    /// changes while it lives (it is extended to other clusters, never moved), and
+    /// an entry of an ended session only sends a request to a cluster that answers
+    /// `session_expired` (every use reads or compares the lease there); so an entry
+    /// can cost a re-read, never a grant. Close and revoke-everywhere invalidate it.
+    homes: moka::sync::Cache<SessionId, SessionHome>,
     bootstrapped: std::sync::atomic::AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Where a session was opened, and its TTL (which decides the entry's expiry).
+#[derive(Debug, Clone)]
+struct SessionHome {
+    cluster: String,
+    ttl_s: u64,
+}
+
+// === impl SessionHome ===
+
+impl cache::SessionTtl for SessionHome {
+    fn ttl_s(&self) -> u64 {
+        self.ttl_s
+    }
 }
 
 // === impl Tiers ===
@@ -146,7 +163,7 @@ impl Tiers {
             entity,
             region,
             map: RwLock::new(None),
-            homes: Mutex::new(HashMap::new()),
+            homes: cache::new(),
             bootstrapped: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -418,7 +435,7 @@ impl Tiers {
                 Err(LockError::Moved) => continue,
                 Ok(g) => {
                     if g.new_session {
-                        lock(&self.homes).insert(g.session, store.cluster_name().to_owned());
+                        self.remember_home(g.session, &store, req.class.ttl_s);
                     }
                     return Ok((g, store));
                 }
@@ -440,7 +457,7 @@ impl Tiers {
             None => self.class_home(class).await?,
         };
         let sid = store.open_session(caller, class).await?;
-        lock(&self.homes).insert(sid, store.cluster_name().to_owned());
+        self.remember_home(sid, &store, class.ttl_s);
         Ok(sid)
     }
 
@@ -450,8 +467,8 @@ impl Tiers {
         if !self.split() {
             return Ok(self.coord().clone());
         }
-        if let Some(h) = lock(&self.homes).get(&sid).cloned() {
-            if let Some(s) = self.stores.get(&h) {
+        if let Some(h) = self.homes.get(&sid) {
+            if let Some(s) = self.stores.get(&h.cluster) {
                 return Ok(s.clone());
             }
         }
@@ -459,18 +476,18 @@ impl Tiers {
         let mut home = None;
         for (name, r) in self.stores.keys().zip(reads) {
             if let Ok(Some(c)) = r {
-                home = Some(c.home.unwrap_or_else(|| name.clone()));
+                home = Some((c.home.unwrap_or_else(|| name.clone()), c.record.ttl_s));
                 break;
             }
         }
-        let home = home.ok_or(LockError::SessionExpired)?;
+        let (home, ttl_s) = home.ok_or(LockError::SessionExpired)?;
         let store = self.stores.get(&home).cloned().ok_or(LockError::SessionExpired)?;
-        let mut cache = lock(&self.homes);
-        if cache.len() > 100_000 {
-            cache.clear();
-        }
-        cache.insert(sid, home);
+        self.homes.insert(sid, SessionHome { cluster: home, ttl_s });
         Ok(store)
+    }
+
+    fn remember_home(&self, sid: SessionId, store: &Store, ttl_s: u64) {
+        self.homes.insert(sid, SessionHome { cluster: store.cluster_name().to_owned(), ttl_s });
     }
 
     /// Makes session `sid` (owned by `owner`) usable on `target`: nothing when it
@@ -542,7 +559,7 @@ impl Tiers {
                 tracing::warn!(cluster = s.cluster_name(), error = %e, "could not revoke a lost session; it expires with its ttl");
             }
         }
-        lock(&self.homes).remove(&sid);
+        self.homes.invalidate(&sid);
     }
 
     /// Closes a session on every cluster (its home last).
@@ -554,7 +571,7 @@ impl Tiers {
                 s.revoke_lease(sid).await?;
             }
         }
-        lock(&self.homes).remove(&sid);
+        self.homes.invalidate(&sid);
         home.close_session(sid, caller).await
     }
 

@@ -18,23 +18,35 @@
 //! The index key is created in the same transaction as the session record, only if
 //! absent, so two arbiters opening a VM's session for one class at once agree on one.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
-use tokio::sync::Mutex;
-
-use super::{mutex::hold_of, now_ms, session::Caller, LockError, SessionRecord, Store};
+use super::{
+    mutex::hold_of,
+    now_ms,
+    session::{cache, Caller},
+    LockError, SessionRecord, Store,
+};
 
 /// Length of a VM id: 32 lowercase hex characters (128 random bits).
 pub const VM_ID_LEN: usize = 32;
 /// Most open hold ids a keepalive may list.
 pub const MAX_OPEN_HOLDS: usize = 100_000;
 
-/// This arbiter's cache of VM sessions, by (VM, class).
-#[derive(Default)]
+/// This arbiter's cache of VM sessions, by (VM, class): bounded, an entry idle for
+/// three of its session's TTLs expires (`session::cache`). A cached session may have
+/// ended: the grant on it compares its lease and answers `session_expired`, and the
+/// caller forgets it ([`Store::forget_vm_session`]) and opens or finds another.
 pub struct VmSessions {
-    by_vm_class: Mutex<HashMap<(String, String), SessionId>>,
+    by_vm_class: moka::sync::Cache<(String, String), VmSession>,
+}
+
+/// A VM's session for one class, and its TTL (the class TTL when it was opened).
+#[derive(Debug, Clone, Copy)]
+struct VmSession {
+    sid: SessionId,
+    ttl_s: u64,
 }
 
 /// What a VM keepalive found.
@@ -72,6 +84,20 @@ fn hold_number(vm: &str, id: &str) -> Option<u64> {
     id.strip_prefix(vm)?.strip_prefix('/')?.parse().ok()
 }
 
+// === impl VmSessions ===
+
+impl Default for VmSessions {
+    fn default() -> Self {
+        Self { by_vm_class: cache::new() }
+    }
+}
+
+impl cache::SessionTtl for VmSession {
+    fn ttl_s(&self) -> u64 {
+        self.ttl_s
+    }
+}
+
 // === impl Store ===
 
 impl Store {
@@ -83,8 +109,8 @@ impl Store {
     /// The session of `vm` (of the Envoy `envoy`) for `class`, opened on first use.
     pub async fn vm_session(&self, envoy: &str, vm: &str, class: &ClassSpec) -> Result<SessionId, LockError> {
         let cache_key = (vm.to_owned(), class.name.to_string());
-        if let Some(sid) = self.vms.by_vm_class.lock().await.get(&cache_key).copied() {
-            return Ok(sid);
+        if let Some(s) = self.vms.by_vm_class.get(&cache_key) {
+            return Ok(s.sid);
         }
         let owner = Self::vm_owner(envoy, vm);
         let index = self.keys().vm_session(vm, class.name.as_str());
@@ -95,7 +121,7 @@ impl Store {
                 let sid = SessionId::from_lease(kv.lease()).ok_or(LockError::SessionExpired)?;
                 let rec = self.owned_session(sid, &owner).await?;
                 if rec.ttl_s == class.ttl_s {
-                    self.vms.by_vm_class.lock().await.insert(cache_key, sid);
+                    self.vms.by_vm_class.insert(cache_key, VmSession { sid, ttl_s: rec.ttl_s });
                     return Ok(sid);
                 }
                 // The class TTL changed: holds on the old session keep its TTL until
@@ -119,8 +145,8 @@ impl Store {
             ]);
             match self.call(self.client().txn(txn)).await {
                 Ok(r) if r.succeeded() => {
-                    self.sessions.lock().await.insert(sid, Arc::new(rec));
-                    self.vms.by_vm_class.lock().await.insert(cache_key, sid);
+                    self.vms.by_vm_class.insert(cache_key, VmSession { sid, ttl_s: rec.ttl_s });
+                    self.sessions.insert(sid, Arc::new(rec));
                     return Ok(sid);
                 }
                 // Another arbiter opened it first: use theirs.
@@ -136,7 +162,7 @@ impl Store {
 
     /// Forgets a cached VM session (it expired).
     pub async fn forget_vm_session(&self, vm: &str, class: &str) {
-        self.vms.by_vm_class.lock().await.remove(&(vm.to_owned(), class.to_owned()));
+        self.vms.by_vm_class.invalidate(&(vm.to_owned(), class.to_owned()));
     }
 
     /// Releases the hold `hold_id` of the key with digest `d` on session `sid`, if it

@@ -42,7 +42,7 @@ fn result(class: &str, verdict: Verdict, age_s: u64, valid_s: u64) -> String {
             steps: vec!["paused past the ttl".into()],
         },
     };
-    serde_yaml::to_string(&doc).unwrap()
+    serde_saphyr::to_string(&doc).unwrap()
 }
 
 fn registry(file: &str) -> String {
