@@ -33,12 +33,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
+use crate::{config::Operators, state::State};
 use lockmesh_ops::admin::{
     flow::{self, Action},
     jwt::Operator,
     AdminError,
 };
-use crate::{config::Operators, state::State};
 
 pub use lockmesh_ops::admin::routes::{APPROVE, LIST, REQUEST, SHOW};
 /// Largest request body accepted, bytes.

@@ -326,7 +326,6 @@ pub fn wrong_region_response(namespace: &str, region: &str) -> ApiResponse {
     r
 }
 
-
 #[cfg(test)]
 mod region_tests {
     use super::*;

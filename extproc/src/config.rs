@@ -5,12 +5,12 @@
 //! (`arbiter.yaml: etcd.root: must start with '/'`). `--check-config` runs the same
 //! code as startup. Relative paths are relative to the config file.
 
+use lockmesh_lock::clusters::Clusters;
+pub use lockmesh_lock::connect::{validate_etcd_auth, EtcdAuthFields, EtcdClientAuth, RawEtcd, RawEtcdTls};
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
 };
-use lockmesh_lock::clusters::Clusters;
-pub use lockmesh_lock::connect::{validate_etcd_auth, EtcdAuthFields, EtcdClientAuth, RawEtcd, RawEtcdTls};
 
 use lockmesh_core::class::ClassRegistry;
 use serde::Deserialize;
@@ -242,11 +242,6 @@ pub struct RawTls {
     pub allowed_clients: Vec<String>,
 }
 
-
-
-
-
-
 /// Default `operators.max_token_age_s`.
 pub const DEFAULT_MAX_TOKEN_AGE_S: u64 = 900;
 /// Default `operators.max_request_ttl_s`.
@@ -397,9 +392,6 @@ pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
     }
 }
 
-
-
-
 /// Loads and validates a registry file; errors are `file: path: message`.
 pub fn load_registry(path: &Path) -> Result<ClassRegistry, Vec<String>> {
     crate::registry::load(path)
@@ -536,4 +528,3 @@ impl Config {
         }
     }
 }
-

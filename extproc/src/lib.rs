@@ -46,8 +46,8 @@ pub mod validate;
 
 use std::{sync::Arc, time::Duration};
 
-pub(crate) use lockmesh_telemetry as telemetry;
 pub(crate) use lockmesh_lock::{self as lock, failopen, test_faults, tiers, topology};
+pub(crate) use lockmesh_telemetry as telemetry;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tonic::transport::{server::TcpIncoming, Certificate, Identity, Server, ServerTlsConfig};

@@ -24,9 +24,7 @@ fn main() -> ExitCode {
     // Logs as before (RUST_LOG, default info); spans for OTLP only once
     // `telemetry` starts them, never in the log lines.
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer().with_target(false).with_filter(lockmesh_telemetry::log_filter()),
-        )
+        .with(tracing_subscriber::fmt::layer().with_target(false).with_filter(lockmesh_telemetry::log_filter()))
         .with(lockmesh_telemetry::layer())
         .init();
     let (path, check) = match (args.config, args.check_config) {

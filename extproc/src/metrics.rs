@@ -12,10 +12,9 @@ use std::{
     },
 };
 
-pub use lockmesh_telemetry::labels::{labels_of_raw, lock_labels, tier_label, Histogram, LockLabels, HOLD_BUCKETS, LATENCY_BUCKETS};
-
-
-
+pub use lockmesh_telemetry::labels::{
+    labels_of_raw, lock_labels, tier_label, Histogram, LockLabels, HOLD_BUCKETS, LATENCY_BUCKETS,
+};
 
 /// The arbiter's view of etcd, updated by the seal checker every second.
 #[derive(Debug, Default)]
@@ -28,11 +27,6 @@ pub struct EtcdHealth {
 /// etcd reachability as the seal checker last saw it (a process-wide fact).
 pub static ETCD: EtcdHealth =
     EtcdHealth { reachable: AtomicBool::new(false), failing_since_ms: AtomicU64::new(0), failures: AtomicU64::new(0) };
-
-
-
-
-
 
 // === impl EtcdHealth ===
 

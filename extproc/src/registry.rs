@@ -48,11 +48,6 @@ struct ReloadInner {
     refused: u64,
 }
 
-
-
-
-
-
 fn hash(bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();

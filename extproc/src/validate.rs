@@ -11,8 +11,8 @@
 //! "Current" is true at the read's revision only: a resource that validates and then
 //! writes is not fenced against a pause between the two (docs/FENCING.md).
 
-use std::sync::Mutex;
 pub use lockmesh_lock::validate::is_current;
+use std::sync::Mutex;
 
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{Code, FencingToken, LockKey};
@@ -68,7 +68,6 @@ pub fn rate_limited() -> ApiResponse {
     r.headers.push(("retry-after", "1".to_owned()));
     r
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -48,10 +48,10 @@ pub mod stack;
 
 pub use arbiter::{ArbiterBuilder, ArbiterProcess, DEFAULT_TEST_REGISTRY};
 pub use backend::{Backend, RecordedRequest};
-pub use lockmesh_devcerts::{self as certs, CertPair, ClientCert, DevPki, TEST_TRUST_DOMAIN};
 pub use client::{LockClient, Resp};
 pub use envoy::{EnvoyBuilder, EnvoyProcess};
 pub use etcd::{shared_etcd, EtcdBuilder, EtcdCluster, EtcdMember};
+pub use lockmesh_devcerts::{self as certs, CertPair, ClientCert, DevPki, TEST_TRUST_DOMAIN};
 pub use paths::repo_root;
 pub use ports::free_port;
 pub use stack::{Stack, StackBuilder};

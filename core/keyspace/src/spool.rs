@@ -16,7 +16,6 @@ pub enum SpoolOp {
     Expiry,
 }
 
-
 /// One spool line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpoolRecord {

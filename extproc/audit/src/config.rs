@@ -116,7 +116,12 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 
 /// Validates `etcd_tls`, `etcd_user` and `etcd_password_file` against the
 /// endpoints, with the arbiter's own validator.
-fn etcd_auth(raw: &RawConfig, base: &Path, name: &str, errs: &mut Vec<String>) -> lockmesh_lock::connect::EtcdClientAuth {
+fn etcd_auth(
+    raw: &RawConfig,
+    base: &Path,
+    name: &str,
+    errs: &mut Vec<String>,
+) -> lockmesh_lock::connect::EtcdClientAuth {
     let parts = lockmesh_lock::connect::EtcdAuthFields {
         endpoints: &raw.etcd_endpoints,
         tls: raw.etcd_tls.as_ref(),

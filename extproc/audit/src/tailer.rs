@@ -230,9 +230,11 @@ impl Tailer {
                 let h: lockmesh_lock::HoldRecord = serde_json::from_slice(kv.value()).ok()?;
                 let labels = match &self.cfg.registry {
                     Some(reg) => lockmesh_telemetry::labels::labels_of_raw(reg, &h.key),
-                    None => {
-                        lockmesh_telemetry::labels::LockLabels { namespace: "other".into(), class: h.class.clone(), tier: "entity" }
-                    }
+                    None => lockmesh_telemetry::labels::LockLabels {
+                        namespace: "other".into(),
+                        class: h.class.clone(),
+                        tier: "entity",
+                    },
                 };
                 Some((
                     format!("{timeline}/{}/{}", kv.create_revision(), String::from_utf8_lossy(kv.key())),

@@ -107,25 +107,16 @@ impl Clusters {
                 test_faults::ENV
             ));
         }
-        let topology =
-            Topology::from_raw(clusters, tiers, region, name, errs, &mut |r, e| etcd_auth(r, base, name, e));
+        let topology = Topology::from_raw(clusters, tiers, region, name, errs, &mut |r, e| etcd_auth(r, base, name, e));
         let auth = etcd_auth(etcd, base, name, errs);
-        Self {
-            endpoints: etcd.endpoints.clone(),
-            root,
-            op_timeout_ms,
-            auth,
-            topology,
-            test_faults,
-        }
+        Self { endpoints: etcd.endpoints.clone(), root, op_timeout_ms, auth, topology, test_faults }
     }
 
     /// Reads the cluster sections of the arbiter config file at `path`.
     pub fn load_arbiter_file(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawClusterSections =
-            lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let raw: RawClusterSections = lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         let base = path.parent().unwrap_or(Path::new("."));
         let mut errs = Vec::new();
         let c = Self::from_raw(

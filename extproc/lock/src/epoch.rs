@@ -11,8 +11,6 @@ use serde::{Deserialize, Serialize};
 use super::{LockError, Store};
 pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};
 
-
-
 /// What the arbiter knows of the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EpochState {
@@ -39,7 +37,6 @@ impl EpochState {
 /// Cached epoch state.
 #[derive(Default)]
 pub struct EpochCell(std::sync::RwLock<Option<EpochState>>);
-
 
 // === impl Store ===
 

@@ -46,12 +46,8 @@ use super::{
 };
 pub use lockmesh_keyspace::home::{Admit, ExtensionRecord, HomeRecord, MapRecord, COORD_CLUSTER};
 
-
 /// Epochs stay below 2^15 (ADR-02).
 const EPOCH_LIMIT: u64 = 1 << 15;
-
-
-
 
 /// The compare one grant transaction adds: the home record it was decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +55,6 @@ pub struct HomeGate {
     key: String,
     rev: i64,
 }
-
 
 /// A store's cluster identity and cached home record.
 pub struct HomeCell {
@@ -89,7 +84,6 @@ fn note(actor: &str, action: &str, reason: &str) -> ChangeNote {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
 
 // === impl HomeGate ===
 

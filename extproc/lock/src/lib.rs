@@ -56,9 +56,9 @@ use std::{sync::Arc, time::Duration};
 
 use etcd_client::Client;
 use lockmesh_core::{headers::SessionId, Reason};
+pub use lockmesh_keyspace::{keys, now_ms, HoldRecord, SessionRecord};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
-pub use lockmesh_keyspace::{keys, now_ms, HoldRecord, SessionRecord};
 
 pub use self::{epoch::EpochState, keys::Keys};
 
@@ -113,8 +113,6 @@ pub enum LockError {
     SpoolFull(String),
 }
 
-
-
 /// The arbiter's handle on etcd.
 pub struct Store {
     client: Client,
@@ -134,7 +132,6 @@ pub struct Store {
     /// The cluster's name, epoch source and home record (`home`).
     home: home::HomeCell,
 }
-
 
 fn unavailable(e: etcd_client::Error) -> LockError {
     // etcd's errors do not echo keys or values.

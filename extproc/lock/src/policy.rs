@@ -36,7 +36,6 @@ use serde::{Deserialize, Serialize};
 use super::{mutex::AcquireRequest, now_ms, LockError, Store};
 pub use lockmesh_keyspace::ClassMapRecord;
 
-
 /// This arbiter's cached view of the records, with their mod revisions.
 #[derive(Default)]
 pub struct PolicyCache {
@@ -57,7 +56,6 @@ pub struct PolicyGate {
     map_rev: i64,
     home: super::home::HomeGate,
 }
-
 
 // === impl PolicyGate ===
 

@@ -132,14 +132,8 @@ impl Tiers {
         let mut stores = BTreeMap::from([(COORD_CLUSTER.to_owned(), coord.clone())]);
         for c in &topo.clusters {
             let marks = Topology::marks_file(config.marks_file, &c.name);
-            let s = Store::connect_with(
-                &c.endpoints,
-                config.root,
-                config.op_timeout,
-                marks.as_deref(),
-                &c.auth,
-            )
-            .await?;
+            let s =
+                Store::connect_with(&c.endpoints, config.root, config.op_timeout, marks.as_deref(), &c.auth).await?;
             s.set_cluster(&c.name, Some(&coord));
             stores.insert(c.name.clone(), s);
         }
@@ -697,5 +691,3 @@ impl Tiers {
         Ok(total)
     }
 }
-
-

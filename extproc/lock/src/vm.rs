@@ -20,14 +20,14 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
 use super::{
     mutex::hold_of,
     now_ms,
     session::{cache, Caller},
     LockError, SessionRecord, Store,
 };
+use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
 
 /// Length of a VM id: 32 lowercase hex characters (128 random bits).
 pub const VM_ID_LEN: usize = 32;

@@ -12,9 +12,7 @@ use serde_json::json;
 
 use lockmesh_ops::admin::{
     flow::{self, Action},
-    io,
-    routes as server,
-    AdminError,
+    io, routes as server, AdminError,
 };
 
 /// How to reach etcd (shared by the admin commands).

@@ -18,13 +18,13 @@
 //! failed, **64** bad arguments (no endpoints, an unreadable registry file).
 //! Human output by default; `--json` prints one JSON document.
 
+pub use lockmesh_ops::pause::{day_string, pause_status, PauseStatus};
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
     process::ExitCode,
     time::Duration,
 };
-pub use lockmesh_ops::pause::{day_string, pause_status, PauseStatus};
 
 use clap::Args;
 use lockmesh_core::{
@@ -111,9 +111,6 @@ pub struct Report {
     /// Warnings.
     pub warnings: usize,
 }
-
-
-
 
 /// GETs `path` from an arbiter's admin address (`http://host:port`), with a
 /// bearer token if given; returns the status code and the body.

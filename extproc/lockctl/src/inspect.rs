@@ -15,8 +15,8 @@ use clap::Args;
 use lockmesh_core::LockKey;
 use serde_json::json;
 
-use lockmesh_ops::inspect::{human_ms, inspect_key, read_policies, saturated, scan_holds, DEFAULT_SCAN_MAX};
 use lockmesh_lock::now_ms;
+use lockmesh_ops::inspect::{human_ms, inspect_key, read_policies, saturated, scan_holds, DEFAULT_SCAN_MAX};
 
 use crate::{
     admin::{connect, EtcdArgs},

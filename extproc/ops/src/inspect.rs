@@ -20,7 +20,6 @@ use serde::Serialize;
 
 use lockmesh_lock::{keys::prefix_end, policy::ClassMapRecord, HoldRecord, Keys};
 
-
 /// Holds read per etcd range request while scanning.
 pub const SCAN_PAGE: i64 = 1000;
 /// Default bound of a scan (holds); beyond it the result says `truncated`.

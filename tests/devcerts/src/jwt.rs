@@ -20,8 +20,7 @@ impl Issuer {
     /// A fresh P-256 key.
     pub fn generate(kid: &str) -> Result<Self, String> {
         let rng = SystemRandom::new();
-        let pkcs8 =
-            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).map_err(|e| e.to_string())?;
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).map_err(|e| e.to_string())?;
         let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
             .map_err(|e| e.to_string())?;
         Ok(Self { key, kid: kid.to_owned(), rng })

@@ -10,12 +10,12 @@
 
 use std::time::Duration;
 
-use lockmesh_tests::client::LockClient;
 use lockmesh_gate::clock::{ClockMode, ClockStep};
 use lockmesh_gate::faultproxy::LinkMode;
 use lockmesh_gate::harness::{GateCluster, GateOptions, MUTEX_PREFIX, SEM_PREFIX};
 use lockmesh_gate::history::ClientOp;
 use lockmesh_gate::{check, report, schedule, History, Verdict, CHECK_BUDGET};
+use lockmesh_tests::client::LockClient;
 
 const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";

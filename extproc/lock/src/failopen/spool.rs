@@ -27,9 +27,6 @@ use std::{
 
 pub use lockmesh_keyspace::spool::{SpoolOp, SpoolRecord};
 
-
-
-
 /// Why a spool write failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpoolError {

@@ -56,7 +56,6 @@ pub enum ApplyOutcome {
     },
 }
 
-
 // === impl Admin ===
 
 impl Admin {
@@ -171,9 +170,13 @@ impl Admin {
     /// Creates the record of `class` if it has none (first writer wins).
     async fn create_policy(&self, class: &str, limit: u32) -> Result<(), AdminError> {
         let key = self.keys.class_policy(class);
-        let p =
-            ClassPolicy::new(class, &format!("{class}/{}", lockmesh_lock::now_ms()), limit, self.note("create", "apply"))
-                .map_err(AdminError::Refused)?;
+        let p = ClassPolicy::new(
+            class,
+            &format!("{class}/{}", lockmesh_lock::now_ms()),
+            limit,
+            self.note("create", "apply"),
+        )
+        .map_err(AdminError::Refused)?;
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&p).map_err(etcd)?, None)]);
