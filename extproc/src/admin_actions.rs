@@ -102,7 +102,7 @@ fn admitted<'a>(state: &'a State, req: &Request) -> Result<&'a Operators, AdminE
         .extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|i| i.peer_certs())
-        .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())));
+        .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())));
     match id {
         Some(id) if ops.allowed_clients.contains(&id) => Ok(ops),
         Some(id) => Err(AdminError::ClientDenied(id)),

@@ -69,7 +69,7 @@ fn envoy_of(state: &State, req: &Request) -> Result<String, ApiError> {
     req.extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|i| i.peer_certs())
-        .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())))
+        .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
         .filter(|id| state.config.allowed_clients.contains(id))
         .ok_or_else(|| ApiError::new(Code::Denied, "client certificate is not an allowed lockmesh Envoy"))
 }

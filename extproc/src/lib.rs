@@ -19,7 +19,6 @@
 //!   class part of `/status` and `/metrics`.
 //! - [`respond`]: the one error-to-response table.
 //! - [`signing`]: grant proofs for fences.
-//! - [`tls`]: mTLS peer identity.
 //! - [`state`]: what every request handler shares.
 //! - [`metrics`]: the arbiter's Prometheus metrics.
 //! - [`admin`]: health, readiness and metrics on the admin port.
@@ -40,7 +39,6 @@ pub mod respond;
 pub mod server;
 pub mod signing;
 pub mod state;
-pub mod tls;
 pub mod transparent;
 pub mod validate;
 

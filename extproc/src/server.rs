@@ -74,7 +74,7 @@ impl ExternalProcessor for Arbiter {
         // Only lockmesh's own Envoys may call: they vouch for the identity attributes.
         let envoy = request
             .peer_certs()
-            .and_then(|certs| certs.first().and_then(|c| crate::tls::uri_san(c.as_ref())))
+            .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
             .filter(|id| self.state.config.allowed_clients.contains(id));
         let Some(envoy) = envoy else {
             return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));
