@@ -1,10 +1,17 @@
 //! Operator identity: a JWT (an OIDC ID or access token) verified against a
 //! configured JWKS, RS256 or ES256 only, with issuer, audience and expiry checked.
 //!
+//! `jsonwebtoken` parses the JWKS and the token and checks the signature, the
+//! algorithm, `iss` and `aud`; the times (`exp`, `nbf`, `iat`) are checked here
+//! against the caller's clock (`now_s`), and so are the role and MFA claims.
 //! The token itself is never logged, stored or echoed: only its `iss` and `sub`.
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
-use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
+use jsonwebtoken::{
+    errors::{Error as JwtError, ErrorKind},
+    jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm},
+    Algorithm, DecodingKey, Validation,
+};
 use serde::Deserialize;
 
 use super::AdminError;
@@ -12,36 +19,15 @@ use super::AdminError;
 /// Clock skew tolerated on `exp` and `nbf`, seconds.
 pub const LEEWAY_S: u64 = 30;
 
-/// One verification key of a JWKS.
-#[derive(Debug, Clone)]
-enum Key {
-    /// RSA public key (`n`, `e`, big-endian).
-    Rsa { n: Vec<u8>, e: Vec<u8> },
-    /// P-256 public key, uncompressed SEC1 point (`04 || x || y`).
-    P256(Vec<u8>),
-}
+/// RSA modulus sizes accepted, bits (NIST's 2048-bit floor; 8192 bounds the work
+/// one forged token can cost).
+const RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=8192;
 
-/// A JWKS: the keys operators' tokens may be signed with, by `kid`.
+/// A JWKS: the keys operators' tokens may be signed with, by `kid`. Each key is
+/// an RSA (RS256) or EC P-256 (ES256) public key.
 #[derive(Debug, Clone)]
 pub struct Jwks {
-    keys: Vec<(Option<String>, Key)>,
-}
-
-#[derive(Deserialize)]
-struct RawJwks {
-    keys: Vec<RawJwk>,
-}
-
-#[derive(Deserialize)]
-struct RawJwk {
-    kty: String,
-    kid: Option<String>,
-    alg: Option<String>,
-    crv: Option<String>,
-    n: Option<String>,
-    e: Option<String>,
-    x: Option<String>,
-    y: Option<String>,
+    keys: Vec<(Option<String>, DecodingKey)>,
 }
 
 /// Who an operator is: the verified token's issuer and subject.
@@ -64,18 +50,10 @@ pub struct Verifier {
     max_age_s: Option<u64>,
 }
 
-#[derive(Deserialize)]
-struct Header {
-    alg: String,
-    kid: Option<String>,
-}
-
+/// The claims read beyond those `jsonwebtoken` validates (`iss`, `aud`).
 #[derive(Deserialize)]
 struct Claims {
-    iss: Option<String>,
     sub: Option<String>,
-    #[serde(default)]
-    aud: Option<serde_json::Value>,
     exp: Option<u64>,
     nbf: Option<u64>,
     iat: Option<u64>,
@@ -100,46 +78,71 @@ fn b64(field: &str, s: &str) -> Result<Vec<u8>, AdminError> {
         .map_err(|e| AdminError::Jwks(format!("{field}: not base64url: {e}")))
 }
 
+/// The `kty` of a key `jsonwebtoken` parsed, as the document spelled it.
+fn kty_of(params: &AlgorithmParameters) -> String {
+    serde_json::to_value(params)
+        .ok()
+        .and_then(|v| v.get("kty").and_then(|k| k.as_str().map(str::to_owned)))
+        .unwrap_or_default()
+}
+
 // === impl Jwks ===
 
 impl Jwks {
     /// Parses a JWKS document (`{"keys":[...]}`); each key is named by its index
-    /// in errors (`keys[1].crv`). RSA and EC P-256 keys are kept; other key types
-    /// are refused rather than ignored.
+    /// in errors (`keys[1].crv`). RSA keys of 2048 to 8192 bits (`alg` RS256 or
+    /// unset) and EC P-256 keys are kept; other key types are refused rather
+    /// than ignored.
     pub fn parse(text: &str) -> Result<Self, AdminError> {
-        let raw: RawJwks = serde_json::from_str(text).map_err(|e| AdminError::Jwks(format!("not a JWKS: {e}")))?;
+        let set: JwkSet = serde_json::from_str(text).map_err(|e| AdminError::Jwks(format!("not a JWKS: {e}")))?;
         let mut keys = Vec::new();
-        for (i, k) in raw.keys.iter().enumerate() {
+        for (i, k) in set.keys.iter().enumerate() {
             let at = |f: &str| format!("keys[{i}].{f}");
-            let need = |f: &str, v: &Option<String>| -> Result<Vec<u8>, AdminError> {
-                let s = v.as_deref().ok_or_else(|| AdminError::Jwks(format!("{}: required", at(f))))?;
-                b64(&at(f), s)
-            };
-            let key = match k.kty.as_str() {
-                "RSA" => {
-                    if k.alg.as_deref().is_some_and(|a| a != "RS256") {
-                        return Err(AdminError::Jwks(format!("{}: only RS256 for an RSA key", at("alg"))));
+            let bad = |f: &str, why: &str| AdminError::Jwks(format!("{}: {why}", at(f)));
+            let rsa_alg_ok = k.common.key_algorithm.is_none_or(|a| a == KeyAlgorithm::RS256);
+            let key = match &k.algorithm {
+                AlgorithmParameters::RSA(p) => {
+                    if !rsa_alg_ok {
+                        return Err(bad("alg", "only RS256 for an RSA key"));
                     }
-                    Key::Rsa { n: need("n", &k.n)?, e: need("e", &k.e)? }
+                    let n = b64(&at("n"), &p.n)?;
+                    b64(&at("e"), &p.e)?;
+                    let n = &n[n.iter().take_while(|b| **b == 0).count()..];
+                    let bits = n.first().map_or(0, |b| n.len() * 8 - b.leading_zeros() as usize);
+                    if !RSA_BITS.contains(&bits) {
+                        return Err(bad("n", &format!("a {bits}-bit modulus; 2048 to 8192 bits are accepted")));
+                    }
+                    DecodingKey::from_rsa_components(&p.n, &p.e).map_err(|e| bad("n", &e.to_string()))?
                 }
-                "EC" => {
-                    if k.crv.as_deref() != Some("P-256") {
-                        return Err(AdminError::Jwks(format!("{}: only P-256 (ES256)", at("crv"))));
+                AlgorithmParameters::EllipticCurve(p) => {
+                    if p.curve != EllipticCurve::P256 {
+                        return Err(bad("crv", "only P-256 (ES256)"));
                     }
-                    let (x, y) = (need("x", &k.x)?, need("y", &k.y)?);
+                    let (x, y) = (b64(&at("x"), &p.x)?, b64(&at("y"), &p.y)?);
                     if x.len() != 32 || y.len() != 32 {
-                        return Err(AdminError::Jwks(format!("{}: a P-256 coordinate is 32 bytes", at("x"))));
+                        return Err(bad("x", "a P-256 coordinate is 32 bytes"));
                     }
-                    let mut p = vec![4u8];
-                    p.extend(x);
-                    p.extend(y);
-                    Key::P256(p)
+                    DecodingKey::from_ec_components(&p.x, &p.y).map_err(|e| bad("x", &e.to_string()))?
                 }
-                other => {
-                    return Err(AdminError::Jwks(format!("{}: {other:?} is not RSA or EC", at("kty"))));
+                // An RSA or EC key that lacks a member (or has one of the wrong
+                // type) parses as "other": name the member.
+                AlgorithmParameters::Other(o) => {
+                    let member = |f: &str| o.fields.get(f).and_then(|v| v.as_str());
+                    let missing = |fs: &[&str]| {
+                        fs.iter().find(|f| member(f).is_none()).map(|f| bad(f, "required (a base64url string)"))
+                    };
+                    let why = match member("kty") {
+                        Some("RSA") if !rsa_alg_ok => Some(bad("alg", "only RS256 for an RSA key")),
+                        Some("RSA") => missing(&["n", "e"]),
+                        Some("EC") if member("crv") != Some("P-256") => Some(bad("crv", "only P-256 (ES256)")),
+                        Some("EC") => missing(&["x", "y"]),
+                        other => Some(bad("kty", &format!("{:?} is not RSA or EC", other.unwrap_or_default()))),
+                    };
+                    return Err(why.unwrap_or_else(|| bad("kty", "not a usable RSA or EC key")));
                 }
+                other => return Err(bad("kty", &format!("{:?} is not RSA or EC", kty_of(other)))),
             };
-            keys.push((k.kid.clone(), key));
+            keys.push((k.common.key_id.clone(), key));
         }
         if keys.is_empty() {
             return Err(AdminError::Jwks("keys: empty".into()));
@@ -180,49 +183,48 @@ impl Verifier {
     /// `nbf`, then returns the operator.
     pub fn verify(&self, token: &str, now_s: u64) -> Result<Operator, AdminError> {
         let invalid = |why: &str| AdminError::TokenInvalid(why.to_owned());
-        let mut parts = token.trim().split('.');
-        let (h, c, s) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(h), Some(c), Some(s), None) => (h, c, s),
-            _ => return Err(invalid("not a compact JWS (three dot-separated parts)")),
-        };
-        let header: Header = URL_SAFE_NO_PAD
-            .decode(h)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or_else(|| invalid("header is not base64url JSON"))?;
-        let sig = URL_SAFE_NO_PAD.decode(s).map_err(|_| invalid("signature is not base64url"))?;
-        let signed = &token.trim().as_bytes()[..h.len() + 1 + c.len()];
-        let candidates = self.jwks.keys.iter().filter(|(kid, _)| match (&header.kid, kid) {
-            (Some(want), Some(have)) => want == have,
-            _ => true,
-        });
-        let mut verified = false;
-        for (_, key) in candidates {
-            let ok = match (header.alg.as_str(), key) {
-                ("RS256", Key::Rsa { n, e }) => {
-                    RsaPublicKeyComponents { n, e }.verify(&signature::RSA_PKCS1_2048_8192_SHA256, signed, &sig).is_ok()
-                }
-                ("ES256", Key::P256(p)) => {
-                    UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, p).verify(signed, &sig).is_ok()
-                }
-                _ => false,
-            };
-            if ok {
-                verified = true;
-                break;
-            }
+        let token = token.trim();
+        if token.split('.').count() != 3 {
+            return Err(invalid("not a compact JWS (three dot-separated parts)"));
         }
-        if !matches!(header.alg.as_str(), "RS256" | "ES256") {
+        // `none` is no `Algorithm`: such a header does not parse.
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|_| invalid("header is not base64url JSON naming a JWS alg"))?;
+        if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
             return Err(invalid("alg must be RS256 or ES256"));
         }
-        if !verified {
-            return Err(invalid("signature does not verify against the configured JWKS"));
+        let mut validation = Validation::new(header.alg);
+        // Times are checked below against `now_s`, not the library's wall clock.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.set_issuer(&[&self.issuer]);
+        validation.set_audience(&[&self.audience]);
+        // Keys of the header's algorithm, by `kid` when both name one: an RS256
+        // header is never checked against an EC key, nor ES256 against RSA.
+        let candidates = self.jwks.keys.iter().filter(|(kid, key)| {
+            key.family() == header.alg.family()
+                && match (&header.kid, kid) {
+                    (Some(want), Some(have)) => want == have,
+                    _ => true,
+                }
+        });
+        let mut verified = None;
+        for (_, key) in candidates {
+            match jsonwebtoken::decode::<Claims>(token, key, &validation) {
+                Ok(data) => {
+                    verified = Some(data.claims);
+                    break;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::InvalidSignature | ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidRsaKey(_)
+                    ) => {}
+                Err(e) => return Err(refusal(&e)),
+            }
         }
-        let claims: Claims = URL_SAFE_NO_PAD
-            .decode(c)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or_else(|| invalid("claims are not base64url JSON"))?;
+        let claims = verified.ok_or_else(|| invalid("signature does not verify against the configured JWKS"))?;
         let exp = claims.exp.ok_or_else(|| invalid("no exp claim"))?;
         if now_s > exp.saturating_add(LEEWAY_S) {
             return Err(AdminError::TokenExpired { ago_s: now_s - exp });
@@ -240,17 +242,6 @@ impl Verifier {
                 return Err(AdminError::TokenStale { age_s, max_s: max });
             }
         }
-        if claims.iss.as_deref() != Some(self.issuer.as_str()) {
-            return Err(invalid("iss is not the configured issuer"));
-        }
-        let aud_ok = match &claims.aud {
-            Some(serde_json::Value::String(a)) => *a == self.audience,
-            Some(serde_json::Value::Array(v)) => v.iter().any(|a| a.as_str() == Some(self.audience.as_str())),
-            _ => false,
-        };
-        if !aud_ok {
-            return Err(invalid("aud does not contain the configured audience"));
-        }
         let sub = claims.sub.filter(|s| !s.is_empty()).ok_or_else(|| invalid("no sub claim"))?;
         if let Some(role) = &self.role {
             let realm = claims.realm_access.as_ref().map_or(&[][..], |r| r.roles.as_slice());
@@ -263,6 +254,27 @@ impl Verifier {
         }
         Ok(Operator { iss: self.issuer.clone(), sub })
     }
+}
+
+/// Why a token whose signature verified (or that failed before any key was
+/// tried) is refused, in the words the operator sees.
+fn refusal(e: &JwtError) -> AdminError {
+    let why = match e.kind() {
+        ErrorKind::InvalidIssuer => "iss is not the configured issuer",
+        ErrorKind::InvalidAudience => "aud does not contain the configured audience",
+        ErrorKind::MissingRequiredClaim(c) | ErrorKind::InvalidClaimFormat(c) => match c.as_str() {
+            "iss" => "iss is not the configured issuer",
+            "aud" => "aud does not contain the configured audience",
+            "exp" => "no exp claim",
+            "sub" => "no sub claim",
+            _ => "a registered claim is missing or malformed",
+        },
+        ErrorKind::InvalidAlgorithm => "alg must be RS256 or ES256",
+        ErrorKind::Json(_) | ErrorKind::Utf8(_) => "claims are not base64url JSON of the expected shape",
+        ErrorKind::Base64(_) => "a part is not base64url",
+        _ => return AdminError::TokenInvalid(e.to_string()),
+    };
+    AdminError::TokenInvalid(why.to_owned())
 }
 
 #[cfg(test)]
@@ -307,6 +319,8 @@ mod tests {
         // alg none and HS256 are refused.
         let none = format!("{}.{}.", URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#), parts[1]);
         assert!(matches!(v.verify(&none, now), Err(AdminError::TokenInvalid(_))));
+        let hs = format!("{}.{}.{}", URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","kid":"k1"}"#), parts[1], parts[2]);
+        assert!(matches!(v.verify(&hs, now), Err(AdminError::TokenInvalid(w)) if w.contains("RS256 or ES256")));
         assert!(matches!(v.verify("garbage", now), Err(AdminError::TokenInvalid(_))));
         // Role and MFA, when required.
         let v = v.with_role(Some("lock-operator".into())).with_mfa(true);
