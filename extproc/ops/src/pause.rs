@@ -33,7 +33,7 @@ pub fn pause_status(base: &Path, class: &str, file: Option<&str>, now_unix_s: u6
         Ok(t) => t,
         Err(e) => return fail(format!("{file:?}: cannot read {}: {e}", path.display()), None),
     };
-    let doc: PauseTestResult = match serde_yaml::from_str(&text) {
+    let doc: PauseTestResult = match lockmesh_runtime::parse_yaml(&text) {
         Ok(d) => d,
         Err(e) => return fail(format!("{file:?}: not a PauseTestResult: {e}"), None),
     };
