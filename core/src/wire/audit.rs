@@ -4,8 +4,9 @@
 //! types are what `lockctl audit --json` prints and what the tailer's store keeps.
 //!
 //! Members are in the order the tailer declared them, which is the order `lockctl
-//! audit --json` prints; the tailer's HTTP answer passes through
-//! `serde_json::Value` today and so prints its keys sorted.
+//! audit --json` and the tailer's HTTP answers print. The `detail` of the events
+//! the tailer writes itself, [`RestoreDetail`] and [`GapDetail`], goes into an
+//! event as a JSON value, so those print their keys sorted and declare them so.
 
 use serde::{Deserialize, Serialize};
 
@@ -306,6 +307,44 @@ pub struct CheckpointReply {
 pub struct AuditErrorBody {
     /// What failed (the store's error).
     pub error: String,
+}
+
+/// The `detail` of a [`EventKind::Restore`] event: the cluster's revision went
+/// behind the tailer's checkpoint (its history was restored from a snapshot).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreDetail {
+    /// The revision of the tailer's checkpoint, which the cluster no longer reaches.
+    pub checkpoint: i64,
+    /// The cluster's revision when the tailer noticed.
+    pub current: i64,
+    /// The epoch the explicit seal in the epoch record advances to (the tailer's
+    /// own with `seal_on_restore`, or one already there), or `null` when there is
+    /// none (`seal_on_restore: false`, no epoch record).
+    pub sealed_target: Option<u64>,
+}
+
+/// The `detail` of a [`EventKind::Gap`] event: history the tailer could not read,
+/// tagged by `reason`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason")]
+pub enum GapDetail {
+    /// The audited etcd is another cluster (another cluster id) than the checkpoint's:
+    /// its history is not a continuation, and the tailer starts a new timeline at 0.
+    #[serde(rename = "cluster changed")]
+    ClusterChanged {
+        /// The checkpoint's cluster id, 16 hex digits.
+        from_cluster: String,
+        /// The checkpoint's revision in that cluster.
+        from_revision: i64,
+    },
+    /// etcd compacted past the checkpoint: the revisions between are lost.
+    #[serde(rename = "compacted")]
+    Compacted {
+        /// The first revision lost (the checkpoint's next).
+        from_revision: i64,
+        /// The last revision lost (the compaction revision's previous).
+        to_revision: i64,
+    },
 }
 
 // === impl EventKind ===
