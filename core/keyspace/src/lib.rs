@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`keys`]: where each record lives ([`Keys`], [`prefix_end`]).
 //! - [`records`]: sessions and holds.
+//! - [`markers`]: release and close markers, durable waiters.
 //! - [`epoch`]: the epoch record (ADR-03 in docs/DECISIONS.md).
 //! - [`classmap`]: the authoritative prefix-to-class map.
 //! - [`home`]: shard maps and per-cluster home records (ADR-07, ADR-09).
@@ -16,6 +17,7 @@ pub mod classmap;
 pub mod epoch;
 pub mod home;
 pub mod keys;
+pub mod markers;
 pub mod records;
 pub mod spool;
 
@@ -24,6 +26,7 @@ pub use self::{
     epoch::{cluster_hex, EpochRecord, FIRST_EPOCH},
     home::{Admit, ExtensionRecord, HomeRecord, MapRecord, COORD_CLUSTER},
     keys::{prefix_end, Keys},
+    markers::{CloseMarker, ReleaseMarker, WaiterRecord},
     records::{HoldRecord, SessionRecord},
     spool::{SpoolOp, SpoolRecord},
 };

@@ -11,6 +11,8 @@
 use std::collections::HashSet;
 
 use lockmesh_core::headers::SessionId;
+use lockmesh_keyspace::{CloseMarker, EpochRecord, ReleaseMarker, SessionRecord};
+use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
 use super::event::{AuditEvent, EventKind};
@@ -123,6 +125,35 @@ fn json(v: &[u8]) -> Option<Value> {
     serde_json::from_slice(v).ok()
 }
 
+/// A record the arbiter wrote as one of the keyspace's types; `None` if it is not one.
+fn record<T: DeserializeOwned>(v: &[u8]) -> Option<T> {
+    serde_json::from_slice(v).ok()
+}
+
+/// `detail` of a session open: the lease TTL the session was opened with.
+#[derive(Serialize)]
+struct SessionOpenDetail {
+    ttl_s: u64,
+}
+
+/// `detail` of an unprotected grant's event (ADR-04): the spool record's facts
+/// that have no column, and where the record was shipped.
+#[derive(Serialize)]
+struct UnprotectedDetail {
+    grant_id: String,
+    outage: String,
+    cluster: String,
+    ttl_s: Option<u64>,
+    reason: Option<String>,
+    hold_id: Option<String>,
+    shipped_revision: i64,
+}
+
+/// An event's `detail` object.
+fn detail(d: &impl Serialize) -> Option<Value> {
+    serde_json::to_value(d).ok()
+}
+
 fn session_hex(lease: i64) -> Option<String> {
     SessionId::from_lease(lease).map(|s| s.to_string())
 }
@@ -138,7 +169,7 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
     for c in changes {
         match (place(ctx.root, &c.key), c.op) {
             (Place::ReleaseMarker(d), Op::Put) => {
-                let rev = json(&c.value).and_then(|v| v["revision"].as_i64()).unwrap_or(-1);
+                let rev = record::<ReleaseMarker>(&c.value).map_or(-1, |m| m.revision);
                 released.insert((d, rev));
             }
             (Place::Force(d), Op::Put) => {
@@ -157,7 +188,7 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
     // The epoch record first: events of this revision are in the new epoch.
     for c in changes {
         if let (Place::Epoch, Op::Put) = (place(ctx.root, &c.key), c.op) {
-            if let Some(e) = json(&c.value).and_then(|v| v["epoch"].as_u64()) {
+            if let Some(e) = record::<EpochRecord>(&c.value).map(|r| r.epoch) {
                 epoch = e;
                 out.epoch = Some(e);
             }
@@ -233,8 +264,8 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                     EventKind::Release => changes
                         .iter()
                         .find(|m| place(ctx.root, &m.key) == Place::ReleaseMarker(digest))
-                        .and_then(|m| json(&m.value))
-                        .and_then(|v| v["released_ms"].as_u64())
+                        .and_then(|m| record::<ReleaseMarker>(&m.value))
+                        .map(|m| m.released_ms)
                         .unwrap_or(ctx.now_ms),
                     _ => ctx.now_ms,
                 };
@@ -245,24 +276,23 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
             }
             (Place::Session(sid), Op::Put) if c.create_revision == revision => {
                 let mut e = base(EventKind::SessionOpen, epoch, ctx.now_ms);
-                let v = json(&c.value);
                 e.session = Some(sid.to_owned());
-                if let Some(v) = &v {
-                    e.identity = v["owner"].as_str().map(str::to_owned);
-                    e.instance = v["instance"].as_str().map(str::to_owned);
-                    e.class = v["class"].as_str().map(str::to_owned);
-                    e.at_ms = v["created_ms"].as_u64().unwrap_or(ctx.now_ms);
-                    e.detail = Some(serde_json::json!({ "ttl_s": v["ttl_s"] }));
+                if let Some(r) = record::<SessionRecord>(&c.value) {
+                    e.detail = detail(&SessionOpenDetail { ttl_s: r.ttl_s });
+                    e.at_ms = r.created_ms;
+                    e.identity = Some(r.owner);
+                    e.instance = r.instance;
+                    e.class = Some(r.class);
                 }
                 Some(e)
             }
             (Place::Session(sid), Op::Delete) if !is_closed(sid) => {
                 let mut e = base(EventKind::SessionExpiry, epoch, ctx.now_ms);
                 e.session = Some(sid.to_owned());
-                if let Some(v) = c.prev.as_ref().and_then(|p| json(&p.value)) {
-                    e.identity = v["owner"].as_str().map(str::to_owned);
-                    e.instance = v["instance"].as_str().map(str::to_owned);
-                    e.class = v["class"].as_str().map(str::to_owned);
+                if let Some(r) = c.prev.as_ref().and_then(|p| record::<SessionRecord>(&p.value)) {
+                    e.identity = Some(r.owner);
+                    e.instance = r.instance;
+                    e.class = Some(r.class);
                 }
                 Some(e)
             }
@@ -270,7 +300,7 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                 out.closed.push(sid.to_owned());
                 let mut e = base(EventKind::SessionClose, epoch, ctx.now_ms);
                 e.session = Some(sid.to_owned());
-                e.at_ms = json(&c.value).and_then(|v| v["closed_ms"].as_u64()).unwrap_or(ctx.now_ms);
+                e.at_ms = record::<CloseMarker>(&c.value).map_or(ctx.now_ms, |m| m.closed_ms);
                 Some(e)
             }
             (Place::Force(d), Op::Put) if !hold_deleted.contains(d) => {
@@ -312,7 +342,7 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
 /// same however often the record is shipped: a re-ship after a crash between
 /// shipping and cutting the spool overwrites the row instead of adding one.
 fn unprotected(ctx: &Context<'_>, revision: i64, etcd_key: String, value: &[u8]) -> Option<AuditEvent> {
-    let r: lockmesh_keyspace::spool::SpoolRecord = serde_json::from_slice(value).ok()?;
+    let r: lockmesh_keyspace::spool::SpoolRecord = record(value)?;
     let kind = match r.op {
         lockmesh_keyspace::spool::SpoolOp::Grant => EventKind::Grant,
         lockmesh_keyspace::spool::SpoolOp::Release => EventKind::Release,
@@ -334,15 +364,15 @@ fn unprotected(ctx: &Context<'_>, revision: i64, etcd_key: String, value: &[u8])
         grant_revision: None,
         slot: None,
         at_ms: r.at_ms,
-        detail: Some(serde_json::json!({
-            "grant_id": r.grant,
-            "outage": r.outage,
-            "cluster": r.cluster,
-            "ttl_s": r.ttl_s,
-            "reason": r.reason,
-            "hold_id": r.hold_id,
-            "shipped_revision": revision,
-        })),
+        detail: detail(&UnprotectedDetail {
+            grant_id: r.grant,
+            outage: r.outage,
+            cluster: r.cluster,
+            ttl_s: r.ttl_s,
+            reason: r.reason,
+            hold_id: r.hold_id,
+            shipped_revision: revision,
+        }),
         unprotected: true,
     })
 }

@@ -230,7 +230,8 @@ impl Store {
         req: &AcquireRequest,
         sid: SessionId,
     ) -> Result<Queued, LockError> {
-        let value = serde_json::json!({ "owner": req.caller.identity, "session": sid.to_string() }).to_string();
+        let value = lockmesh_keyspace::WaiterRecord { owner: req.caller.identity.clone(), session: sid.to_string() };
+        let value = serde_json::to_string(&value).map_err(|e| LockError::Internal(e.to_string()))?;
         for _ in 0..2 {
             let lease = self.waiter_lease().await?;
             let seq = self.queues().durable.seq.fetch_add(1, Ordering::Relaxed);

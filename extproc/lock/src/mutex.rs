@@ -548,8 +548,13 @@ impl Store {
         }
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
-        let marker =
-            serde_json::json!({ "epoch": token.epoch(), "revision": rev, "released_ms": now_ms() }).to_string();
+        let marker = lockmesh_keyspace::ReleaseMarker {
+            epoch: Some(token.epoch()),
+            released_ms: now_ms(),
+            revision: rev,
+            transparent: false,
+        };
+        let marker = serde_json::to_string(&marker).map_err(internal)?;
         if let Some(sid) = session {
             // One round trip for the common case: a mutex hold (slot 0) on the
             // caller's own session, whose owner was checked above. A hold this

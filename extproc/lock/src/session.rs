@@ -122,7 +122,9 @@ impl Store {
         self.owned_session(sid, caller).await?;
         // The close marker lets an audit reader tell this from an expiry.
         if let Ok(lease) = self.marker_lease().await {
-            let marker = serde_json::json!({ "closed_ms": now_ms() }).to_string();
+            // One integer member: serialising it cannot fail.
+            let marker =
+                serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
             let opts = Some(PutOptions::new().with_lease(lease));
             if self.call(self.client().put(self.keys().close_marker(sid), marker, opts)).await.is_err() {
                 self.drop_marker_lease().await;

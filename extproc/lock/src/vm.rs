@@ -176,10 +176,13 @@ impl Store {
         else {
             return Ok(false);
         };
-        let marker = serde_json::json!({
-            "revision": kv.create_revision(), "released_ms": now_ms(), "transparent": true,
-        })
-        .to_string();
+        let marker = lockmesh_keyspace::ReleaseMarker {
+            epoch: None,
+            released_ms: now_ms(),
+            revision: kv.create_revision(),
+            transparent: true,
+        };
+        let marker = serde_json::to_string(&marker).map_err(|e| LockError::Internal(e.to_string()))?;
         let cmp = vec![
             Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
             Compare::lease(kv.key(), CompareOp::Equal, sid.lease()),

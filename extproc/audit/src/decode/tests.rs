@@ -178,3 +178,31 @@ fn shipped_unprotected_records_are_events_whose_key_ignores_the_ship_revision() 
     let p = decode_at(91, &[put(format!("{ROOT}/l/{D2}/h/0000"), hold("a/two", "spiffe://x/a"), 7, 91)], &|_| false);
     assert!(!p.events[0].unprotected);
 }
+
+#[test]
+fn the_arbiters_typed_records_decode_a_transparent_release_and_a_session_open() {
+    // As vm.rs writes it: no epoch, `transparent`; the hold goes with its marker.
+    let marker =
+        serde_json::to_vec(&ReleaseMarker { epoch: None, released_ms: 4343, revision: 10, transparent: true }).unwrap();
+    let session = SessionRecord {
+        owner: "spiffe://x/a".into(),
+        instance: Some("i-1".into()),
+        class: "default".into(),
+        ttl_s: 15,
+        created_ms: 77,
+    };
+    let changes = vec![
+        del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
+        put(format!("{ROOT}/r/{D1}"), marker, 0x99, 20),
+        put(format!("{ROOT}/s/000000000000002f"), serde_json::to_vec(&session).unwrap(), 0x2f, 20),
+    ];
+    let d = decode_at(20, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::Release, EventKind::SessionOpen]);
+    assert_eq!(d.events[0].at_ms, 4343);
+    let open = &d.events[1];
+    assert_eq!(
+        (open.identity.as_deref(), open.instance.as_deref(), open.at_ms),
+        (Some("spiffe://x/a"), Some("i-1"), 77)
+    );
+    assert_eq!(open.detail, Some(serde_json::json!({ "ttl_s": 15 })));
+}
