@@ -8,22 +8,28 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use reqwest::header::{HeaderValue, CONTENT_TYPE};
 
 use super::event::AuditEvent;
 
 /// The DDL of the audit table.
 pub const DDL: &str = include_str!("clickhouse.sql");
 
-/// A configured sink.
+/// The bound of one insert: connecting, sending and ClickHouse's whole answer.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A configured sink. `Debug` shows the password as `Sensitive`.
 #[derive(Debug, Clone)]
 pub struct Sink {
-    host: String,
-    port: u16,
+    /// `http://host:port`, without a trailing slash.
+    base: String,
     database: String,
     table: String,
-    user: Option<String>,
-    password: Option<String>,
+    /// `X-ClickHouse-User`.
+    user: Option<HeaderValue>,
+    /// `X-ClickHouse-Key`, marked sensitive.
+    password: Option<HeaderValue>,
+    http: reqwest::Client,
 }
 
 /// Why an insert failed.
@@ -44,6 +50,30 @@ pub enum SinkError {
 
 fn ident_ok(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A header value from a configured credential; the error names the field, not
+/// the value.
+fn header(field: &str, v: Option<String>, sensitive: bool) -> Result<Option<HeaderValue>, String> {
+    v.map(|v| {
+        let mut h = HeaderValue::from_str(&v).map_err(|_| format!("{field}: not a valid HTTP header value"))?;
+        h.set_sensitive(sensitive);
+        Ok(h)
+    })
+    .transpose()
+}
+
+/// An error and its sources on one line (reqwest's own message names only the
+/// URL; the cause, such as a refused connection, is in the chain).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 // === impl Sink ===
@@ -71,7 +101,20 @@ impl Sink {
                 return Err(format!("{field}: {v:?} must be [A-Za-z0-9_]+"));
             }
         }
-        Ok(Self { host: host.into(), port, database: database.into(), table: table.into(), user, password })
+        let base = format!("http://{host}:{port}");
+        reqwest::Url::parse(&base).map_err(|e| format!("url: {url:?}: {e}"))?;
+        let http = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .build()
+            .map_err(|e| format!("url: cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            base,
+            database: database.into(),
+            table: table.into(),
+            user: header("user", user, false)?,
+            password: header("password_file", password, true)?,
+            http,
+        })
     }
 
     /// One JSONEachRow line per event, with the event key and `detail` as a string.
@@ -92,52 +135,44 @@ impl Sink {
         body
     }
 
-    /// The full HTTP/1.1 request an insert of `events` sends.
-    pub fn request(&self, events: &[AuditEvent]) -> Vec<u8> {
-        let body = Self::rows(events);
+    /// The HTTP request an insert of `events` sends: `POST /?query=INSERT ...` with
+    /// the rows as its body and the credentials as ClickHouse's headers.
+    pub fn request(&self, events: &[AuditEvent]) -> Result<reqwest::Request, SinkError> {
         let query = format!("INSERT INTO {}.{} FORMAT JSONEachRow", self.database, self.table);
-        let mut req = format!(
-            "POST /?query={} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\nConnection: close\r\n",
-            query.replace(' ', "%20"),
-            self.host,
-            self.port,
-            body.len()
-        );
+        let mut rq = self
+            .http
+            .post(format!("{}/?query={}", self.base, query.replace(' ', "%20")))
+            .header(CONTENT_TYPE, "application/x-ndjson")
+            .body(Self::rows(events));
         if let Some(u) = &self.user {
-            req.push_str(&format!("X-ClickHouse-User: {u}\r\n"));
+            rq = rq.header("X-ClickHouse-User", u.clone());
         }
         if let Some(p) = &self.password {
-            req.push_str(&format!("X-ClickHouse-Key: {p}\r\n"));
+            rq = rq.header("X-ClickHouse-Key", p.clone());
         }
-        req.push_str("\r\n");
-        let mut out = req.into_bytes();
-        out.extend_from_slice(body.as_bytes());
-        out
+        rq.build().map_err(|e| SinkError::Io(error_chain(&e)))
     }
 
-    /// Inserts `events`; `Ok` only on a 2xx answer.
+    /// Inserts `events`; `Ok` only on a 2xx answer (whatever its transfer
+    /// encoding), within 10 s.
     pub async fn insert(&self, events: &[AuditEvent]) -> Result<(), SinkError> {
         if events.is_empty() {
             return Ok(());
         }
-        let io = |e: std::io::Error| SinkError::Io(e.to_string());
-        let run = async {
-            let mut s = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(io)?;
-            s.write_all(&self.request(events)).await.map_err(io)?;
-            let mut resp = Vec::new();
-            s.read_to_end(&mut resp).await.map_err(io)?;
-            Ok::<_, SinkError>(resp)
+        let failed = |e: reqwest::Error| {
+            SinkError::Io(if e.is_timeout() {
+                format!("no answer within {}s", TIMEOUT.as_secs())
+            } else {
+                error_chain(&e)
+            })
         };
-        let resp = tokio::time::timeout(Duration::from_secs(10), run)
-            .await
-            .map_err(|_| SinkError::Io("no answer within 10s".into()))??;
-        let text = String::from_utf8_lossy(&resp);
-        let status = text.split(' ').nth(1).and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
-        if (200..300).contains(&status) {
+        let resp = self.http.execute(self.request(events)?).await.map_err(failed)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(failed)?;
+        if status.is_success() {
             Ok(())
         } else {
-            let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().chars().take(200).collect();
-            Err(SinkError::Refused { status, body })
+            Err(SinkError::Refused { status: status.as_u16(), body: text.chars().take(200).collect() })
         }
     }
 }
@@ -147,17 +182,8 @@ mod tests {
     use super::*;
     use crate::event::EventKind;
 
-    #[test]
-    fn the_insert_request_is_json_each_row_into_the_shipped_table() {
-        let s = Sink::try_new(
-            "http://ch.internal:8124",
-            "lockmesh",
-            "audit_events",
-            Some("tailer".into()),
-            Some("pw".into()),
-        )
-        .unwrap();
-        let e = AuditEvent {
+    fn event() -> AuditEvent {
+        AuditEvent {
             cluster_id: "00000000000000aa".into(),
             timeline: 1,
             epoch: 2,
@@ -175,15 +201,35 @@ mod tests {
             at_ms: 7,
             detail: Some(serde_json::json!({"x": 1})),
             unprotected: false,
-        };
-        let req = String::from_utf8(s.request(&[e.clone(), e.clone()])).unwrap();
-        let (head, body) = req.split_once("\r\n\r\n").unwrap();
-        assert!(
-            head.starts_with("POST /?query=INSERT%20INTO%20lockmesh.audit_events%20FORMAT%20JSONEachRow HTTP/1.1\r\n")
+        }
+    }
+
+    #[test]
+    fn the_insert_request_is_json_each_row_into_the_shipped_table() {
+        let s = Sink::try_new(
+            "http://ch.internal:8124",
+            "lockmesh",
+            "audit_events",
+            Some("tailer".into()),
+            Some("pw".into()),
+        )
+        .unwrap();
+        let e = event();
+        let req = s.request(&[e.clone(), e.clone()]).unwrap();
+        assert_eq!(req.method(), reqwest::Method::POST);
+        // The host and port (the Host header is the URL's) and the query, spaces as %20.
+        assert_eq!(
+            req.url().as_str(),
+            "http://ch.internal:8124/?query=INSERT%20INTO%20lockmesh.audit_events%20FORMAT%20JSONEachRow"
         );
-        assert!(head.contains("Host: ch.internal:8124\r\n"));
-        assert!(head.contains("X-ClickHouse-User: tailer\r\n") && head.ends_with("\r\nX-ClickHouse-Key: pw"));
-        assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())));
+        assert_eq!(req.headers()["x-clickhouse-user"], "tailer");
+        let key = &req.headers()["x-clickhouse-key"];
+        assert!(key == "pw" && key.is_sensitive(), "the password header is marked sensitive");
+        assert!(!format!("{s:?}").contains("\"pw\""), "password in Debug: {s:?}");
+        assert_eq!(req.headers()[CONTENT_TYPE], "application/x-ndjson");
+        // The body is the rows, whole (reqwest frames it with its length).
+        let body = std::str::from_utf8(req.body().and_then(|b| b.as_bytes()).unwrap()).unwrap();
+        assert_eq!(body, Sink::rows(&[e.clone(), e.clone()]));
         let lines: Vec<serde_json::Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0]["event_key"], e.event_key());
@@ -204,5 +250,75 @@ mod tests {
         assert!(DDL.contains("CREATE VIEW IF NOT EXISTS lockmesh.audit_unprotected_grants"));
         assert!(Sink::try_new("https://x", "a", "b", None, None).is_err());
         assert!(Sink::try_new("http://x:1", "a;drop", "b", None, None).unwrap_err().starts_with("database:"));
+    }
+
+    /// Against a loopback server standing in for ClickHouse: an insert arrives with
+    /// its query, credentials and rows; a refusal sent chunked (ClickHouse streams
+    /// its exceptions) is read whole and reported with its status.
+    #[tokio::test]
+    async fn an_insert_reaches_the_server_and_a_chunked_refusal_is_read() {
+        use std::{
+            collections::HashMap,
+            sync::{Arc, Mutex},
+        };
+
+        use axum::{
+            body::Body,
+            extract::{Query, State},
+            http::{HeaderMap, StatusCode},
+            response::{IntoResponse, Response},
+            routing::post,
+            Router,
+        };
+
+        type Seen = Arc<Mutex<Vec<(String, Option<String>, String)>>>;
+        async fn ch(
+            State(seen): State<Seen>,
+            Query(q): Query<HashMap<String, String>>,
+            headers: HeaderMap,
+            body: String,
+        ) -> Response {
+            let query = q.get("query").cloned().unwrap_or_default();
+            let user = headers.get("x-clickhouse-user").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let refuse = query.contains("missing");
+            seen.lock().unwrap().push((query, user, body));
+            if refuse {
+                let parts = ["Code: 60. DB::Exception: ", "Table lockmesh.missing does not exist."];
+                let stream = futures::stream::iter(parts.map(Ok::<_, std::io::Error>));
+                (StatusCode::NOT_FOUND, Body::from_stream(stream)).into_response()
+            } else {
+                StatusCode::OK.into_response()
+            }
+        }
+        let seen = Seen::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = Router::new().route("/", post(ch)).with_state(seen.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let e = event();
+        let ok = Sink::try_new(&url, "lockmesh", "audit_events", Some("tailer".into()), None).unwrap();
+        ok.insert(&[e.clone()]).await.unwrap();
+        ok.insert(&[]).await.unwrap();
+        let refused = Sink::try_new(&url, "lockmesh", "missing", None, None).unwrap();
+        match refused.insert(&[e.clone()]).await {
+            Err(SinkError::Refused { status, body }) => {
+                assert_eq!(status, 404);
+                assert_eq!(body, "Code: 60. DB::Exception: Table lockmesh.missing does not exist.");
+            }
+            other => panic!("not a refusal: {other:?}"),
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "an empty batch sends nothing: {seen:?}");
+        assert_eq!(seen[0].0, "INSERT INTO lockmesh.audit_events FORMAT JSONEachRow");
+        assert_eq!(seen[0].1.as_deref(), Some("tailer"));
+        assert_eq!(seen[0].2, Sink::rows(&[e]));
+        assert_eq!(seen[1].1, None);
+
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let err = Sink::try_new(&gone, "lockmesh", "audit_events", None, None).unwrap().insert(&[event()]).await;
+        assert!(matches!(err, Err(SinkError::Io(_))), "{err:?}");
     }
 }

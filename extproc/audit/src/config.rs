@@ -138,7 +138,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
-        let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| vec![format!("{name}: {e}")])?;
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(&text).map_err(|e| vec![format!("{name}: {e}")])?;
         Self::try_from_raw(raw, path.parent().unwrap_or(Path::new(".")), &name)
     }
 
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn collects_every_error_with_its_field() {
-        let raw: RawConfig = serde_yaml::from_str(
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(
             "etcd_endpoints: [\"tcp://x\"]\netcd_root: lockmesh\nstore_file: a.redb\nadmin_listen: nope\ncheckpoint_interval_ms: 5\nclickhouse: { url: \"ftp://ch\" }\n",
         )
         .unwrap();
@@ -244,7 +244,32 @@ mod tests {
         for want in ["etcd_endpoints[0]", "etcd_root", "admin_listen", "checkpoint_interval_ms", "clickhouse.url"] {
             assert!(text.contains(&format!("audit.yaml: {want}")), "{want} missing in {text}");
         }
-        assert!(serde_yaml::from_str::<RawConfig>("etcd_endpointz: []").is_err());
+        assert!(lockmesh_runtime::parse_yaml::<RawConfig>("etcd_endpointz: []").is_err());
+    }
+
+    /// A file that does not parse is one `file: field: why` line, the field being
+    /// the unknown one or the one of the wrong type.
+    #[test]
+    fn parse_errors_name_the_file_and_the_field() {
+        let dir =
+            std::env::temp_dir().join(format!("lm-audit-parse-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |text: &str| {
+            let path = dir.join("audit.yaml");
+            std::fs::write(&path, text).unwrap();
+            let errs = Config::load(&path).unwrap_err();
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            errs[0].strip_prefix(&format!("{}: ", path.display())).unwrap().to_owned()
+        };
+        let unknown = load("etcd_endpointz: []\n");
+        assert!(unknown.starts_with("etcd_endpointz: unknown field `etcd_endpointz`, expected one of"), "{unknown}");
+        assert!(unknown.ends_with("at line 1, column 1"), "{unknown}");
+        let typed = load("etcd_endpoints: []\netcd_root: /lm\nstore_file: a\nadmin_listen: x\nelection_ttl_s: ten\n");
+        assert!(typed.starts_with("election_ttl_s: invalid u64 at line 5"), "{typed}");
+        let nested =
+            load("etcd_endpoints: []\netcd_root: /lm\nstore_file: a\nadmin_listen: x\nclickhouse: { url: u, db: d }\n");
+        assert!(nested.starts_with("clickhouse.db: unknown field `db`"), "{nested}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -257,7 +282,7 @@ mod tests {
             let text = format!(
                 "etcd_endpoints: [{eps}]\netcd_root: /lm\nstore_file: a.redb\nadmin_listen: 127.0.0.1:0\n{extra}"
             );
-            Config::try_from_raw(serde_yaml::from_str(&text).unwrap(), &dir, "audit.yaml")
+            Config::try_from_raw(lockmesh_runtime::parse_yaml(&text).unwrap(), &dir, "audit.yaml")
         };
         let ok =
             cfg("etcd_tls: { ca: ca.pem }\netcd_user: lockmesh-audit\netcd_password_file: pw\n", "\"https://e:2379\"")
@@ -296,8 +321,13 @@ mod tests {
     #[test]
     fn the_shipped_configmap_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/audit/configmap.yaml");
-        let cm: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let raw: RawConfig = serde_yaml::from_str(cm["data"]["audit.yaml"].as_str().unwrap()).unwrap();
+        /// The part of a ConfigMap read here.
+        #[derive(Deserialize)]
+        struct ConfigMap {
+            data: std::collections::BTreeMap<String, String>,
+        }
+        let cm: ConfigMap = lockmesh_runtime::parse_yaml(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(&cm.data["audit.yaml"]).unwrap();
         assert_eq!(raw.etcd_user.as_deref(), Some("lockmesh-audit"));
         assert!(raw.etcd_tls.is_some() && raw.etcd_endpoints.iter().all(|e| e.starts_with("https://")));
     }

@@ -19,6 +19,8 @@
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use lockmesh_core::wire::audit::{self as wire, AuditErrorBody, CheckpointReply, GapDetail, RestoreDetail};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -176,7 +178,8 @@ impl Tailer {
         Ok(Some(target))
     }
 
-    fn marker(&self, cp: &Checkpoint, kind: EventKind, revision: i64, detail: serde_json::Value) -> AuditEvent {
+    /// An event of the tailer's own (a restore, a gap) at `revision`, with `detail`.
+    fn marker(&self, cp: &Checkpoint, kind: EventKind, revision: i64, detail: &impl Serialize) -> AuditEvent {
         AuditEvent {
             cluster_id: cp.cluster_id.clone(),
             timeline: cp.timeline,
@@ -193,7 +196,7 @@ impl Tailer {
             grant_revision: None,
             slot: None,
             at_ms: now_ms(),
-            detail: Some(detail),
+            detail: serde_json::to_value(detail).ok(),
             unprotected: false,
         }
     }
@@ -261,8 +264,8 @@ impl Tailer {
                 tracing::error!(%why, "RESTORE DETECTED by the audit tailer");
                 let mut next = Checkpoint { timeline: cp.timeline + 1, revision: head, epoch: rec_epoch, ..cp.clone() };
                 let target = if self.cfg.seal_on_restore { self.seal(client, &why, cp.max_epoch).await? } else { None };
-                let detail = serde_json::json!({ "checkpoint": cp.revision, "current": head, "sealed_target": target });
-                pending.push(self.marker(&next, EventKind::Restore, head, detail));
+                let detail = RestoreDetail { checkpoint: cp.revision, current: head, sealed_target: target };
+                pending.push(self.marker(&next, EventKind::Restore, head, &detail));
                 self.commit(&mut pending, &mut next).await?;
                 next
             }
@@ -275,8 +278,8 @@ impl Tailer {
                     epoch: rec_epoch,
                     ..cp.clone()
                 };
-                let detail = serde_json::json!({ "reason": "cluster changed", "from_cluster": cp.cluster_id, "from_revision": cp.revision });
-                pending.push(self.marker(&next, EventKind::Gap, 0, detail));
+                let detail = GapDetail::ClusterChanged { from_cluster: cp.cluster_id, from_revision: cp.revision };
+                pending.push(self.marker(&next, EventKind::Gap, 0, &detail));
                 self.commit(&mut pending, &mut next).await?;
                 next
             }
@@ -326,8 +329,8 @@ impl Tailer {
                             let gap_to = resp.compact_revision() - 1;
                             tracing::error!(from = cp.revision + 1, to = gap_to, "AUDIT GAP: etcd compacted past the checkpoint");
                             self.commit(&mut pending, &mut cp).await?;
-                            let detail = serde_json::json!({ "reason": "compacted", "from_revision": cp.revision + 1, "to_revision": gap_to });
-                            pending.push(self.marker(&cp, EventKind::Gap, gap_to, detail));
+                            let detail = GapDetail::Compacted { from_revision: cp.revision + 1, to_revision: gap_to };
+                            pending.push(self.marker(&cp, EventKind::Gap, gap_to, &detail));
                             cp.revision = gap_to;
                             self.commit(&mut pending, &mut cp).await?;
                             self.resync_open(client, cp.timeline).await?;
@@ -404,6 +407,12 @@ impl Tailer {
     }
 }
 
+/// The store's checkpoint as `GET /v1/audit/checkpoint` answers it.
+fn wire_checkpoint(cp: Checkpoint) -> wire::Checkpoint {
+    let Checkpoint { cluster_id, timeline, revision, epoch, max_epoch, updated_ms } = cp;
+    wire::Checkpoint { cluster_id, timeline, revision, epoch, max_epoch, updated_ms }
+}
+
 async fn serve_admin(listener: tokio::net::TcpListener, t: Arc<Tailer>, stop: CancellationToken) {
     use axum::{
         extract::State,
@@ -417,14 +426,13 @@ async fn serve_admin(listener: tokio::net::TcpListener, t: Arc<Tailer>, stop: Ca
     async fn query_h(
         State(t): State<Arc<Tailer>>,
         Json(q): Json<query::Query>,
-    ) -> (StatusCode, Json<serde_json::Value>) {
-        match query::run(&t.store, &q, now_ms()) {
-            Ok(a) => (StatusCode::OK, Json(serde_json::to_value(a).unwrap_or_default())),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))),
-        }
+    ) -> Result<Json<query::Answer>, (StatusCode, Json<AuditErrorBody>)> {
+        query::run(&t.store, &q, now_ms())
+            .map(Json)
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, Json(AuditErrorBody { error: e.to_string() })))
     }
-    async fn checkpoint(State(t): State<Arc<Tailer>>) -> Json<serde_json::Value> {
-        Json(serde_json::json!({ "checkpoint": t.store.checkpoint().ok().flatten() }))
+    async fn checkpoint(State(t): State<Arc<Tailer>>) -> Json<CheckpointReply> {
+        Json(CheckpointReply { checkpoint: t.store.checkpoint().ok().flatten().map(wire_checkpoint) })
     }
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
