@@ -7,6 +7,9 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::Parser;
 use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, Layer};
 
+/// The binary's name, in its stderr lines.
+const BINARY: &str = "lockmesh-audit";
+
 /// The lockmesh audit tailer.
 #[derive(Parser)]
 #[command(version, about)]
@@ -34,19 +37,13 @@ fn main() -> ExitCode {
         (_, Some(p)) => (p, true),
         (Some(p), None) => (p, false),
         (None, None) => {
-            eprintln!("lockmesh-audit: --config FILE or --check-config FILE is required");
-            return ExitCode::from(64);
+            eprintln!("{BINARY}: --config FILE or --check-config FILE is required");
+            return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
     };
     let config = match lockmesh_audit::Config::load(&path) {
         Ok(c) => c,
-        Err(errs) => {
-            eprintln!("invalid configuration ({} errors):", errs.len());
-            for e in errs {
-                eprintln!("  {e}");
-            }
-            return ExitCode::from(64);
-        }
+        Err(errs) => return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs),
     };
     if check {
         println!("{}: OK", path.display());
@@ -62,7 +59,7 @@ fn main() -> ExitCode {
     let exporter = config.telemetry.as_ref().and_then(lockmesh_telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
-        lockmesh_audit::tailer::run(config, admin, shutdown()).await
+        lockmesh_audit::tailer::run(config, admin, lockmesh_runtime::shutdown()).await
     });
     if let Some(e) = exporter {
         e.shutdown();
@@ -70,20 +67,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lockmesh-audit: {e:#}");
+            eprintln!("{BINARY}: {e:#}");
             ExitCode::from(1)
         }
     }
-}
-
-async fn shutdown() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
 }
