@@ -54,11 +54,14 @@ fn fail_open_serving(state: &State) -> bool {
     open && state.tiers.fail_opens().any(|f| f.has_spool() && f.declared().is_some())
 }
 
-async fn metrics(AxState(state): AxState<Arc<State>>) -> String {
+async fn metrics(AxState(state): AxState<Arc<State>>) -> axum::response::Response {
+    use axum::{http::header, response::IntoResponse};
+    let classes = crate::registry::class_values(&state).await;
     let seal = state.store.seal().current().map(|s| (s.reason, s.since_ms));
-    let mut out = state.metrics.render(state.store.queues().keys_waiting(), seal);
-    out.push_str(&crate::registry::render_metrics(&state).await);
-    out
+    match state.metrics.encode(state.store.queues().keys_waiting(), seal, &classes) {
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }
 
 /// Version, seal state and marks as JSON (numbers only: no key, token or identity).

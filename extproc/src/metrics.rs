@@ -1,20 +1,42 @@
-//! Prometheus metrics. Labels are namespace (only a namespace the registry names;
-//! anything else is `other`), class, tier, and bounded enums (route, code, outcome,
-//! reason, state); never a key, token, session or identity (ADR-22). The cluster
-//! label is added by the scrape (ServiceMonitor relabelling), not here.
+//! Prometheus metrics (`/metrics` on the admin port), encoded by prometheus-client
+//! in the Prometheus text format 0.0.4 ([`CONTENT_TYPE`]). Labels are namespace
+//! (only a namespace the registry names; anything else is `other`), class, tier, and
+//! bounded enums (route, code, outcome, reason, state); never a key, token, session
+//! or identity (ADR-22). The cluster label is added by the scrape (ServiceMonitor
+//! relabelling), not here.
+//!
+//! One [`Registry`] holds the arbiter's families, the fail-open ones
+//! (`lockmesh_lock::failopen::STATS`), the class ones (`crate::registry`) and two
+//! collectors read at scrape time: the hand-off counters
+//! (`lockmesh_lock::wait::HANDOFFS`) and etcd's health ([`ETCD`]). Values that
+//! exist only at scrape time (waiting keys, seal state, class gauges) are set by
+//! [`Metrics::encode`] just before it encodes.
 
-use std::{
-    collections::BTreeMap,
-    fmt::Write,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Mutex,
+use std::sync::{
+    atomic::{AtomicBool, AtomicU64, Ordering},
+    Mutex,
+};
+
+use lockmesh_telemetry::labels::Described;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+        MetricType,
     },
+    registry::Registry,
 };
 
 pub use lockmesh_telemetry::labels::{
-    labels_of_raw, lock_labels, tier_label, Histogram, LockLabels, HOLD_BUCKETS, LATENCY_BUCKETS,
+    labels_of_raw, lock_labels, tier_label, LockLabels, HOLD_BUCKETS, LATENCY_BUCKETS,
 };
+
+/// The `Content-Type` of [`Metrics::encode`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// The arbiter's view of etcd, updated by the seal checker every second.
 #[derive(Debug, Default)]
@@ -57,20 +79,35 @@ impl EtcdHealth {
             now_ms.saturating_sub(since)
         }
     }
+}
 
-    /// The exposition lines.
-    pub fn render(&self, s: &mut String) {
-        s.push_str("# HELP lockmesh_arbiter_etcd_reachable 1 when the last seal check read the epoch record linearizably (etcd has quorum and answers).\n");
-        s.push_str("# TYPE lockmesh_arbiter_etcd_reachable gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_etcd_reachable {}", u8::from(self.reachable.load(Ordering::Relaxed)));
-        s.push_str("# HELP lockmesh_arbiter_quorum_lost_seconds How long linearizable reads have been failing (0 while they succeed).\n");
-        s.push_str("# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n");
-        let since = self.failing_since_ms.load(Ordering::Relaxed);
-        let age = if since == 0 { 0.0 } else { crate::lock::now_ms().saturating_sub(since) as f64 / 1000.0 };
-        let _ = writeln!(s, "lockmesh_arbiter_quorum_lost_seconds {age:.3}");
-        s.push_str("# HELP lockmesh_arbiter_etcd_check_failures_total Seal checks that could not read etcd.\n");
-        s.push_str("# TYPE lockmesh_arbiter_etcd_check_failures_total counter\n");
-        let _ = writeln!(s, "lockmesh_arbiter_etcd_check_failures_total {}", self.failures.load(Ordering::Relaxed));
+/// Encodes [`ETCD`] at scrape time: `lockmesh_arbiter_etcd_reachable`,
+/// `lockmesh_arbiter_quorum_lost_seconds` and `lockmesh_arbiter_etcd_check_failures_total`.
+#[derive(Debug)]
+struct EtcdCollector;
+
+impl Collector for EtcdCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // A collector's help is written as given (the registry's own metrics get a `.` appended).
+        ConstGauge::new(i64::from(ETCD.reachable())).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_etcd_reachable",
+            "1 when the last seal check read the epoch record linearizably (etcd has quorum and answers).",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let lost_s = ETCD.failing_for_ms(crate::lock::now_ms()) as f64 / 1000.0;
+        ConstGauge::new(lost_s).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_quorum_lost_seconds",
+            "How long linearizable reads have been failing (0 while they succeed).",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        ConstCounter::new(ETCD.failures.load(Ordering::Relaxed)).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_etcd_check_failures",
+            "Seal checks that could not read etcd.",
+            None,
+            MetricType::Counter,
+        )?)
     }
 }
 
@@ -88,14 +125,44 @@ pub fn route_label(method: &str, path: &str) -> &'static str {
     }
 }
 
-/// Counters.
-#[derive(Default)]
+/// The arbiter's registry and the families it records into.
+#[derive(Debug)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    abandoned: Mutex<u64>,
-    acquires: Mutex<BTreeMap<(LockLabels, &'static str), u64>>,
-    grant_latency: Mutex<BTreeMap<LockLabels, Histogram>>,
-    renewal_failures: Mutex<BTreeMap<&'static str, u64>>,
+    registry: Registry,
+    requests: Described<Family<RequestLabels, Counter>>,
+    abandoned: Counter,
+    waiting_keys: Gauge,
+    sealed: Family<ReasonLabel, Gauge>,
+    sealed_since: Gauge,
+    acquires: Described<Family<AcquireLabels, Counter>>,
+    grant_latency: Described<Family<LockLabels, Histogram, fn() -> Histogram>>,
+    renewal_failures: Family<ReasonLabel, Counter>,
+    /// The class families, set from the registry and the policy records at each scrape.
+    pub(crate) classes: crate::registry::ClassMetrics,
+    /// Held from setting the scrape-time values to encoding, so two scrapes do not interleave.
+    scrape: Mutex<()>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AcquireLabels {
+    #[prometheus(flatten)]
+    lock: LockLabels,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS.iter().copied())
 }
 
 /// The outcome label of an acquire: a closed set.
@@ -116,105 +183,129 @@ pub fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockErro
     }
 }
 
+// === impl Metrics ===
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Self {
+            registry: Registry::default(),
+            requests: Described::default(),
+            abandoned: Counter::default(),
+            waiting_keys: Gauge::default(),
+            sealed: Family::default(),
+            sealed_since: Gauge::default(),
+            acquires: Described::default(),
+            grant_latency: Described(Family::new_with_constructor(latency_histogram)),
+            renewal_failures: Family::default(),
+            classes: crate::registry::ClassMetrics::default(),
+            scrape: Mutex::new(()),
+        };
+        for r in crate::lock::seal::SealReason::ALL {
+            m.sealed.get_or_create_owned(&ReasonLabel { reason: r.as_str() });
+        }
+        for reason in ["expired", "unavailable"] {
+            m.renewal_failures.get_or_create_owned(&ReasonLabel { reason });
+        }
+        m.registered()
+    }
+}
+
 impl Metrics {
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        // prometheus-client appends `_total` to a counter's name and `.` to its help.
+        r.register(
+            "lockmesh_arbiter_requests",
+            "API requests answered, by route and result code",
+            self.requests.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_abandoned_grants",
+            "Grants released at once because the caller had gone",
+            self.abandoned.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_waiting_keys",
+            "Keys with at least one waiter queued on this arbiter",
+            self.waiting_keys.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_sealed",
+            "1 while the arbiter is sealed for this reason (restore safety)",
+            self.sealed.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_sealed_since_seconds",
+            "Unix time the current seal was declared (0 when unsealed)",
+            self.sealed_since.clone(),
+        );
+        crate::failopen::STATS.register(r);
+        r.register(
+            "lockmesh_arbiter_acquires",
+            "Acquires answered, by outcome (granted, key_gated: the key is at its limit, lock_contended: lost a race, draining, sealed, ...)",
+            self.acquires.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_grant_latency_seconds",
+            "Time from receiving an acquire to its grant, waits included",
+            self.grant_latency.clone(),
+        );
+        r.register(
+            "lockmesh_arbiter_renewal_failures",
+            "Session keepalives refused (expired) or failed (unavailable)",
+            self.renewal_failures.clone(),
+        );
+        self.classes.register(r);
+        crate::lock::wait::HandoffCounts::register(r);
+        r.register_collector(Box::new(EtcdCollector));
+        self
+    }
+
     /// Counts one acquire by outcome, and its latency when granted.
     pub fn acquire(&self, labels: LockLabels, outcome: &'static str, seconds: f64) {
         if outcome == "granted" {
-            if let Ok(mut h) = self.grant_latency.lock() {
-                h.entry(labels.clone()).or_insert_with(|| Histogram::new(LATENCY_BUCKETS)).observe(seconds);
-            }
+            self.grant_latency.get_or_create(&labels).observe(seconds);
         }
-        if let Ok(mut m) = self.acquires.lock() {
-            *m.entry((labels, outcome)).or_default() += 1;
-        }
+        self.acquires.get_or_create(&AcquireLabels { lock: labels, outcome }).inc();
     }
 
     /// Counts a failed session renewal: `expired` (the session is gone) or
     /// `unavailable` (etcd did not answer).
     pub fn renewal_failure(&self, e: &crate::lock::LockError) {
         let reason = if matches!(e, crate::lock::LockError::SessionExpired) { "expired" } else { "unavailable" };
-        if let Ok(mut m) = self.renewal_failures.lock() {
-            *m.entry(reason).or_default() += 1;
-        }
-    }
-
-    fn render_locks(&self, s: &mut String) {
-        s.push_str("# HELP lockmesh_arbiter_acquires_total Acquires answered, by outcome (granted, key_gated: the key is at its limit, lock_contended: lost a race, draining, sealed, ...).\n");
-        s.push_str("# TYPE lockmesh_arbiter_acquires_total counter\n");
-        if let Ok(m) = self.acquires.lock() {
-            for ((l, outcome), n) in m.iter() {
-                let _ = writeln!(s, "lockmesh_arbiter_acquires_total{{{},outcome=\"{outcome}\"}} {n}", l.render());
-            }
-        }
-        s.push_str("# HELP lockmesh_arbiter_grant_latency_seconds Time from receiving an acquire to its grant, waits included.\n");
-        s.push_str("# TYPE lockmesh_arbiter_grant_latency_seconds histogram\n");
-        if let Ok(m) = self.grant_latency.lock() {
-            for (l, h) in m.iter() {
-                h.render(s, "lockmesh_arbiter_grant_latency_seconds", &l.render());
-            }
-        }
-        s.push_str("# HELP lockmesh_arbiter_renewal_failures_total Session keepalives refused (expired) or failed (unavailable).\n");
-        s.push_str("# TYPE lockmesh_arbiter_renewal_failures_total counter\n");
-        if let Ok(m) = self.renewal_failures.lock() {
-            for reason in ["expired", "unavailable"] {
-                let _ = writeln!(
-                    s,
-                    "lockmesh_arbiter_renewal_failures_total{{reason=\"{reason}\"}} {}",
-                    m.get(reason).copied().unwrap_or(0)
-                );
-            }
-        }
-        ETCD.render(s);
+        self.renewal_failures.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Counts one answered request.
     pub fn request(&self, route: &'static str, code: &'static str) {
-        if let Ok(mut m) = self.requests.lock() {
-            *m.entry((route, code)).or_default() += 1;
-        }
+        self.requests.get_or_create(&RequestLabels { route, code }).inc();
     }
 
     /// Counts a grant undone because its caller left.
     pub fn abandoned(&self) {
-        if let Ok(mut m) = self.abandoned.lock() {
-            *m += 1;
-        }
+        self.abandoned.inc();
     }
 
-    /// The text exposition.
-    pub fn render(&self, waiting_keys: usize, seal: Option<(crate::lock::seal::SealReason, u64)>) -> String {
-        let mut s = String::new();
-        s.push_str("# HELP lockmesh_arbiter_requests_total API requests answered, by route and result code.\n");
-        s.push_str("# TYPE lockmesh_arbiter_requests_total counter\n");
-        if let Ok(m) = self.requests.lock() {
-            for ((route, code), n) in m.iter() {
-                let _ = writeln!(s, "lockmesh_arbiter_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}");
-            }
-        }
-        s.push_str(
-            "# HELP lockmesh_arbiter_abandoned_grants_total Grants released at once because the caller had gone.\n",
-        );
-        s.push_str("# TYPE lockmesh_arbiter_abandoned_grants_total counter\n");
-        let _ =
-            writeln!(s, "lockmesh_arbiter_abandoned_grants_total {}", self.abandoned.lock().map(|g| *g).unwrap_or(0));
-        s.push_str("# HELP lockmesh_arbiter_waiting_keys Keys with at least one waiter queued on this arbiter.\n");
-        s.push_str("# TYPE lockmesh_arbiter_waiting_keys gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_waiting_keys {waiting_keys}");
-        s.push_str("# HELP lockmesh_arbiter_sealed 1 while the arbiter is sealed for this reason (restore safety).\n");
-        s.push_str("# TYPE lockmesh_arbiter_sealed gauge\n");
+    /// The exposition text ([`CONTENT_TYPE`]), after setting the values known only
+    /// now: `waiting_keys`, the seal (`seal`: reason and since, ms) and the class
+    /// families (`classes`, read by `crate::registry::class_values`).
+    pub fn encode(
+        &self,
+        waiting_keys: usize,
+        seal: Option<(crate::lock::seal::SealReason, u64)>,
+        classes: &crate::registry::ClassValues,
+    ) -> Result<String, std::fmt::Error> {
+        let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting_keys.set(i64::try_from(waiting_keys).unwrap_or(i64::MAX));
         for r in crate::lock::seal::SealReason::ALL {
-            let v = u8::from(seal.is_some_and(|(sr, _)| sr == r));
-            let _ = writeln!(s, "lockmesh_arbiter_sealed{{reason=\"{}\"}} {v}", r.as_str());
+            let v = i64::from(seal.is_some_and(|(sr, _)| sr == r));
+            self.sealed.get_or_create(&ReasonLabel { reason: r.as_str() }).set(v);
         }
-        s.push_str(
-            "# HELP lockmesh_arbiter_sealed_since_seconds Unix time the current seal was declared (0 when unsealed).\n",
-        );
-        s.push_str("# TYPE lockmesh_arbiter_sealed_since_seconds gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_sealed_since_seconds {}", seal.map_or(0, |(_, ms)| ms / 1000));
-        crate::lock::wait::HANDOFFS.render(&mut s);
-        crate::failopen::STATS.render(&mut s);
-        self.render_locks(&mut s);
-        s
+        self.sealed_since.set(seal.map_or(0, |(_, ms)| i64::try_from(ms / 1000).unwrap_or(i64::MAX)));
+        self.classes.set(classes);
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &self.registry)?;
+        Ok(text)
     }
 }
 
@@ -224,16 +315,20 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_and_labels_come_from_the_registry() {
-        let mut h = Histogram::new(&[1.0, 2.0]);
-        h.observe(0.5);
-        h.observe(1.5);
-        h.observe(9.0);
-        let mut s = String::new();
-        h.render(&mut s, "x", "class=\"a\"");
-        assert!(s.contains("x_bucket{class=\"a\",le=\"1\"} 1\n"));
-        assert!(s.contains("x_bucket{class=\"a\",le=\"2\"} 2\n"));
-        assert!(s.contains("x_bucket{class=\"a\",le=\"+Inf\"} 3\n"));
-        assert!(s.contains("x_count{class=\"a\"} 3\n"));
+        let m = Metrics::default();
+        let labels = LockLabels { namespace: "a".into(), class: "c".into(), tier: "entity" };
+        for seconds in [0.0005, 0.002, 99.0] {
+            m.acquire(labels.clone(), "granted", seconds);
+        }
+        let s = m.encode(0, None, &crate::registry::ClassValues::default()).unwrap();
+        let series = "lockmesh_arbiter_grant_latency_seconds";
+        let l = "namespace=\"a\",class=\"c\",tier=\"entity\"";
+        assert!(s.contains(&format!("{series}_bucket{{{l},le=\"0.001\"}} 1\n")), "{s}");
+        assert!(s.contains(&format!("{series}_bucket{{{l},le=\"0.0025\"}} 2\n")), "{s}");
+        assert!(s.contains(&format!("{series}_bucket{{{l},le=\"30\"}} 2\n")), "{s}");
+        assert!(s.contains(&format!("{series}_bucket{{{l},le=\"+Inf\"}} 3\n")), "{s}");
+        assert!(s.contains(&format!("{series}_count{{{l}}} 3\n")), "{s}");
+        assert!(s.contains(&format!("lockmesh_arbiter_acquires_total{{{l},outcome=\"granted\"}} 3\n")), "{s}");
         let reg = crate::registry::parse(
             "classes:\n  - name: pay\n    prefixes: [payments]\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
         )
@@ -243,5 +338,42 @@ mod tests {
         // A caller-chosen namespace never becomes a label value.
         let l = labels_of_raw(&reg, "attacker-chosen-ns/x");
         assert_eq!((l.namespace.as_str(), l.class.as_str()), ("other", "d"));
+    }
+
+    #[test]
+    fn every_family_is_declared_before_its_first_event_and_fixed_label_sets_start_at_0() {
+        let m = Metrics::default();
+        let s = m.encode(2, None, &crate::registry::ClassValues::default()).unwrap();
+        for family in [
+            "lockmesh_arbiter_requests_total",
+            "lockmesh_arbiter_acquires_total",
+            "lockmesh_arbiter_grant_latency_seconds",
+            "lockmesh_arbiter_unprotected_grants_total",
+            "lockmesh_arbiter_class_waiver_expired",
+            "lockmesh_arbiter_class_limit",
+            "lockmesh_arbiter_class_draining_seconds",
+        ] {
+            assert!(s.contains(&format!("# HELP {family} ")), "{family}:\n{s}");
+        }
+        for line in [
+            "lockmesh_arbiter_abandoned_grants_total 0\n",
+            "lockmesh_arbiter_waiting_keys 2\n",
+            "lockmesh_arbiter_sealed{reason=\"explicit\"} 0\n",
+            "lockmesh_arbiter_sealed_since_seconds 0\n",
+            "lockmesh_arbiter_renewal_failures_total{reason=\"expired\"} 0\n",
+            "lockmesh_arbiter_renewal_failures_total{reason=\"unavailable\"} 0\n",
+            "lockmesh_arbiter_handoffs_total{outcome=\"not_done\"} 0\n",
+            "lockmesh_arbiter_handoff_offers 0\n",
+            "lockmesh_arbiter_unprotected_refused_total{reason=\"io\"} 0\n",
+            "lockmesh_arbiter_unprotected_ships_total{outcome=\"error\"} 0\n",
+            "lockmesh_arbiter_quorum_loss_declared 0\n",
+            "lockmesh_arbiter_etcd_check_failures_total 0\n",
+            "lockmesh_arbiter_registry_reload_errors 0\n",
+            "lockmesh_arbiter_registry_reloads_total 0\n",
+            "# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n",
+            "# TYPE lockmesh_arbiter_etcd_reachable gauge\n",
+        ] {
+            assert!(s.contains(line), "{line}:\n{s}");
+        }
     }
 }

@@ -12,19 +12,23 @@
 //! `/status` shows where desired and authoritative differ.
 
 use std::{
-    fmt::Write as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{atomic::AtomicU64, Arc, Mutex},
     time::Duration,
 };
 
 use lockmesh_core::{
-    class::{Enforcement, RawRegistry},
+    class::Enforcement,
     grant::Operation,
-    pause::{check_pause_result, PauseTestResult},
-    ClassRegistry,
+    wire::status::{ClassStatus, ClassesReport, ClassesStatus, RegistryStatus, Waiver},
 };
-use serde_json::{json, Value};
+use lockmesh_telemetry::labels::{tier_label, Described};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use serde_json::Value;
 
 use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
 
@@ -108,6 +112,7 @@ pub async fn reload_once(state: &State, path: &Path) {
                 s.loaded_ms = now_ms();
                 s.reloads += 1;
             });
+            state.metrics.classes.reloads.inc();
             tracing::info!(file = %path.display(), "class registry reloaded");
         }
         Err(errs) => {
@@ -148,80 +153,153 @@ pub fn authorise(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
 
 /// The class part of `/status`: registry reload state, each class's desired and
 /// authoritative policy, and draining ages.
-pub async fn status_json(state: &State) -> Value {
+pub async fn classes_status(state: &State) -> ClassesStatus {
     let r = state.registry_status.get();
     let reg = state.registry();
     let now = now_ms();
     let (policies, map) = match state.store.read_policies().await {
         Ok(p) => p,
-        Err(e) => return json!({ "error": e.to_string() }),
+        Err(e) => return ClassesStatus::Unreadable { error: e.to_string() },
     };
-    let classes: Vec<Value> = reg
+    let classes = reg
         .classes()
         .iter()
         .map(|c| {
             let p = policies.iter().find(|p| p.class == c.name.as_str());
-            let waiver = match &c.enforcement {
+            let advisory = match &c.enforcement {
                 Enforcement::Advisory { waiver_expiry_day, risk_owner } => {
-                    json!({ "risk_owner": risk_owner, "expired": *waiver_expiry_day < today() })
+                    Some(Waiver { risk_owner: risk_owner.clone(), expired: *waiver_expiry_day < today() })
                 }
-                Enforcement::Fenced => Value::Null,
+                Enforcement::Fenced => None,
             };
-            json!({
-                "name": c.name, "ttl_s": c.ttl_s, "tier": c.tier, "desired_limit": c.max_holders,
-                "advisory": waiver,
-                "limit": p.map(|p| p.limit), "state": p.map(|p| p.state), "change_epoch": p.map(|p| p.change_epoch),
-                "pending_target": p.and_then(|p| p.pending_target), "policy_id": p.map(|p| p.policy_id.clone()),
-                "draining_age_ms": p.and_then(|p| p.draining_age_ms(now)),
-                "last_change": p.map(|p| p.last.clone()),
-                "desired_differs": p.is_none_or(|p| p.limit != c.max_holders),
-            })
+            ClassStatus {
+                name: c.name.to_string(),
+                ttl_s: c.ttl_s,
+                tier: tier_label(c.tier).to_owned(),
+                desired_limit: c.max_holders,
+                advisory,
+                limit: p.map(|p| p.limit),
+                state: p.map(|p| p.state),
+                change_epoch: p.map(|p| p.change_epoch),
+                pending_target: p.and_then(|p| p.pending_target),
+                policy_id: p.map(|p| p.policy_id.clone()),
+                draining_age_ms: p.and_then(|p| p.draining_age_ms(now)),
+                last_change: p.map(|p| p.last.clone()),
+                desired_differs: p.is_none_or(|p| p.limit != c.max_holders),
+            }
         })
         .collect();
-    json!({
-        "registry": { "valid": r.errors.is_empty(), "errors": r.errors, "loaded_ms": r.loaded_ms,
-                      "reloads": r.reloads, "refused": r.refused },
-        "map_matches_registry": map.as_ref().map(|m| m.matches(&reg)),
-        "classes": classes,
+    ClassesStatus::Read(ClassesReport {
+        registry: RegistryStatus {
+            valid: r.errors.is_empty(),
+            errors: r.errors,
+            loaded_ms: r.loaded_ms,
+            reloads: r.reloads,
+            refused: r.refused,
+        },
+        map_matches_registry: map.as_ref().map(|m| m.matches(&reg)),
+        classes,
     })
 }
 
-/// The class part of `/metrics` (labels: class names from the registry only).
-pub async fn render_metrics(state: &State) -> String {
-    let mut s = String::new();
-    let r = state.registry_status.get();
-    s.push_str("# HELP lockmesh_arbiter_registry_reload_errors Errors of the refused registry file (0: the file in use is the file on disk).\n");
-    s.push_str("# TYPE lockmesh_arbiter_registry_reload_errors gauge\n");
-    let _ = writeln!(s, "lockmesh_arbiter_registry_reload_errors {}", r.errors.len());
-    s.push_str("# HELP lockmesh_arbiter_registry_reloads_total Registry files loaded after startup.\n");
-    s.push_str("# TYPE lockmesh_arbiter_registry_reloads_total counter\n");
-    let _ = writeln!(s, "lockmesh_arbiter_registry_reloads_total {}", r.reloads);
-    let reg = state.registry();
-    s.push_str("# HELP lockmesh_arbiter_class_waiver_expired 1 when an advisory class's waiver has expired.\n");
-    s.push_str("# TYPE lockmesh_arbiter_class_waiver_expired gauge\n");
-    let expired = reg.expired_waivers(today());
-    for c in reg.classes() {
-        let _ = writeln!(
-            s,
-            "lockmesh_arbiter_class_waiver_expired{{class=\"{}\"}} {}",
-            c.name,
-            u8::from(expired.contains(&&c.name))
+/// [`classes_status`] as JSON, for the callers not yet switched to the typed value.
+pub async fn status_json(state: &State) -> Value {
+    serde_json::to_value(classes_status(state).await).unwrap_or(Value::Null)
+}
+
+/// The class families of `/metrics` (label: a class name of the registry in force).
+#[derive(Debug, Default)]
+pub struct ClassMetrics {
+    reload_errors: Gauge,
+    /// Bumped by [`reload_once`] with each registry file it loads.
+    reloads: Counter,
+    waiver_expired: Described<Family<ClassLabel, Gauge>>,
+    limit: Described<Family<ClassLabel, Gauge>>,
+    draining_seconds: Described<Family<ClassLabel, Gauge<f64, AtomicU64>>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabel {
+    class: String,
+}
+
+/// What the class families show at one scrape, read by [`class_values`].
+#[derive(Debug, Default)]
+pub struct ClassValues {
+    reload_errors: usize,
+    /// Each class of the registry and whether its waiver has expired.
+    waiver_expired: Vec<(String, bool)>,
+    /// Each class with a policy record: its authoritative limit and draining age,
+    /// seconds; `None` when the policies could not be read (the families are empty).
+    policies: Option<Vec<(String, u32, f64)>>,
+}
+
+// === impl ClassMetrics ===
+
+impl ClassMetrics {
+    /// Adds the class families to `registry` (the registry's copies share these values).
+    pub fn register(&self, registry: &mut Registry) {
+        // prometheus-client appends `_total` to a counter's name and `.` to its help.
+        registry.register(
+            "lockmesh_arbiter_registry_reload_errors",
+            "Errors of the refused registry file (0: the file in use is the file on disk)",
+            self.reload_errors.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_registry_reloads",
+            "Registry files loaded after startup",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_class_waiver_expired",
+            "1 when an advisory class's waiver has expired",
+            self.waiver_expired.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_class_limit",
+            "The authoritative holder limit per key of a class",
+            self.limit.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_class_draining_seconds",
+            "How long a class has been draining a limit change (0: active)",
+            self.draining_seconds.clone(),
         );
     }
-    let Ok((policies, _)) = state.store.read_policies().await else { return s };
+
+    /// Shows `v`: a class that left the registry leaves the families.
+    pub fn set(&self, v: &ClassValues) {
+        self.reload_errors.set(i64::try_from(v.reload_errors).unwrap_or(i64::MAX));
+        self.waiver_expired.clear();
+        for (class, expired) in &v.waiver_expired {
+            self.waiver_expired.get_or_create(&ClassLabel { class: class.clone() }).set(i64::from(*expired));
+        }
+        self.limit.clear();
+        self.draining_seconds.clear();
+        for (class, limit, draining_s) in v.policies.iter().flatten() {
+            let l = ClassLabel { class: class.clone() };
+            self.limit.get_or_create(&l).set(i64::from(*limit));
+            self.draining_seconds.get_or_create(&l).set(*draining_s);
+        }
+    }
+}
+
+/// The class part of `/metrics` now: reload state, waivers, and the authoritative
+/// policies of the registry's classes (read from etcd).
+pub async fn class_values(state: &State) -> ClassValues {
+    let r = state.registry_status.get();
+    let reg = state.registry();
+    let expired = reg.expired_waivers(today());
+    let waiver_expired = reg.classes().iter().map(|c| (c.name.to_string(), expired.contains(&&c.name))).collect();
     let now = now_ms();
-    s.push_str("# HELP lockmesh_arbiter_class_limit The authoritative holder limit per key of a class.\n");
-    s.push_str("# TYPE lockmesh_arbiter_class_limit gauge\n");
-    for p in policies.iter().filter(|p| reg.get(&p.class).is_some()) {
-        let _ = writeln!(s, "lockmesh_arbiter_class_limit{{class=\"{}\"}} {}", p.class, p.limit);
-    }
-    s.push_str("# HELP lockmesh_arbiter_class_draining_seconds How long a class has been draining a limit change (0: active).\n");
-    s.push_str("# TYPE lockmesh_arbiter_class_draining_seconds gauge\n");
-    for p in policies.iter().filter(|p| reg.get(&p.class).is_some()) {
-        let age = p.draining_age_ms(now).map_or(0.0, |ms| ms as f64 / 1000.0);
-        let _ = writeln!(s, "lockmesh_arbiter_class_draining_seconds{{class=\"{}\"}} {age:.3}", p.class);
-    }
-    s
+    let policies = state.store.read_policies().await.ok().map(|(policies, _)| {
+        policies
+            .iter()
+            .filter(|p| reg.get(&p.class).is_some())
+            .map(|p| (p.class.clone(), p.limit, p.draining_age_ms(now).map_or(0.0, |ms| ms as f64 / 1000.0)))
+            .collect()
+    });
+    ClassValues { reload_errors: r.errors.len(), waiver_expired, policies }
 }
 
 #[cfg(test)]

@@ -1,11 +1,15 @@
 //! The bounded labels every lockmesh metric and span carries: namespace (only a
 //! namespace the registry names; anything else is `other`), class and tier, never a
-//! key, token, session or identity (ADR-22 in docs/DECISIONS.md); and a fixed-bucket
-//! histogram.
-
-use std::fmt::Write;
+//! key, token, session or identity (ADR-22 in docs/DECISIONS.md); the bucket
+//! bounds of the latency and hold-time histograms; and [`Described`], the family
+//! wrapper that keeps a family's HELP and TYPE lines in the exposition before its
+//! first sample.
 
 use lockmesh_core::{ClassRegistry, LockKey};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder},
+    metrics::MetricType,
+};
 
 /// Grant latency buckets, seconds (a grant that waits counts its wait).
 pub const LATENCY_BUCKETS: &[f64] =
@@ -13,8 +17,9 @@ pub const LATENCY_BUCKETS: &[f64] =
 /// Hold time buckets, seconds.
 pub const HOLD_BUCKETS: &[f64] = &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
 
-/// The bounded labels of a lock metric: namespace, class, tier.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The bounded labels of a lock metric: namespace, class, tier (in this order in
+/// the exposition).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, EncodeLabelSet)]
 pub struct LockLabels {
     /// The key's namespace when the registry names it in a prefix, else `other`.
     pub namespace: String,
@@ -22,15 +27,6 @@ pub struct LockLabels {
     pub class: String,
     /// The class's tier.
     pub tier: &'static str,
-}
-
-/// A Prometheus histogram with fixed buckets.
-#[derive(Debug, Clone)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
 }
 
 /// The tier label of a tier.
@@ -60,43 +56,31 @@ pub fn labels_of_raw(reg: &ClassRegistry, key: &str) -> LockLabels {
     }
 }
 
-// === impl LockLabels ===
+/// A metric (in practice a `Family`) whose `# HELP` and `# TYPE` lines are written
+/// even while it has no sample: prometheus-client leaves an empty family out, but
+/// the alert rules and the dashboard (deploy/monitoring) name families such as
+/// `lockmesh_arbiter_unprotected_grants_total` that have no label set until their
+/// first event, and the exposition must still declare them. Clones share the
+/// wrapped metric's values.
+#[derive(Debug, Clone, Default)]
+pub struct Described<M>(pub M);
 
-impl LockLabels {
-    /// `namespace="..",class="..",tier=".."`.
-    pub fn render(&self) -> String {
-        format!("namespace=\"{}\",class=\"{}\",tier=\"{}\"", self.namespace, self.class, self.tier)
+// === impl Described ===
+
+impl<M: EncodeMetric> EncodeMetric for Described<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
     }
 }
 
-// === impl Histogram ===
+impl<M> std::ops::Deref for Described<M> {
+    type Target = M;
 
-impl Histogram {
-    /// An empty histogram over `bounds` (ascending upper bounds; `+Inf` is implied).
-    pub fn new(bounds: &'static [f64]) -> Self {
-        Self { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
-    }
-
-    /// Records one observation.
-    pub fn observe(&mut self, v: f64) {
-        for (i, b) in self.bounds.iter().enumerate() {
-            if v <= *b {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-
-    /// Appends the `_bucket`, `_sum` and `_count` lines of `name{labels}`.
-    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    fn deref(&self) -> &M {
+        &self.0
     }
 }

@@ -1,28 +1,39 @@
-//! The tailer's metrics (`/metrics` on its admin port). Labels: event kind, and
-//! namespace/class/tier from the registry (never a key, session or identity).
+//! The tailer's metrics (`/metrics` on its admin port), encoded by
+//! prometheus-client in the Prometheus text format 0.0.4 ([`CONTENT_TYPE`]).
+//! Labels: event kind, how a hold ended, and namespace/class/tier from the
+//! registry (never a key, session or identity). The counters and the hold
+//! histogram are recorded as events commit; the gauges are set from the tailer's
+//! state at each scrape ([`Stats::encode`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
-    fmt::Write,
-    sync::Mutex,
+    sync::{atomic::AtomicU64, Mutex},
 };
 
 use lockmesh_core::ClassRegistry;
+use prometheus_client::{
+    encoding::{prometheus_text, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
 use tokio::time::Instant;
 
 use super::event::{AuditEvent, EventKind};
-use lockmesh_telemetry::labels::{labels_of_raw, Histogram, LockLabels, HOLD_BUCKETS};
+use lockmesh_telemetry::labels::{labels_of_raw, Described, LockLabels, HOLD_BUCKETS};
 
-/// Shared tailer statistics.
-#[derive(Default)]
-pub struct Stats(Mutex<Inner>);
+/// The `Content-Type` of [`Stats::encode`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
-#[derive(Default)]
+/// Shared tailer statistics: the tailer's state and the metric families.
+#[derive(Debug)]
+pub struct Stats {
+    inner: Mutex<Inner>,
+    registry: Registry,
+    m: Families,
+}
+
+#[derive(Debug, Default)]
 struct Inner {
-    events: BTreeMap<&'static str, u64>,
-    replayed: u64,
-    gaps: u64,
-    restores: u64,
     leader: bool,
     applied: i64,
     head: i64,
@@ -30,10 +41,47 @@ struct Inner {
     checkpoint_ms: u64,
     window_s: u64,
     alarmed: bool,
-    expiries: BTreeMap<LockLabels, u64>,
-    hold_seconds: BTreeMap<(LockLabels, &'static str), Histogram>,
     /// Open holds: hold id -> (labels, granted_ms).
     open: HashMap<String, (LockLabels, u64)>,
+}
+
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+/// The families; clones registered in [`Stats::registry`] share their values.
+#[derive(Debug, Clone)]
+struct Families {
+    leader: Gauge,
+    applied_revision: Gauge,
+    head_revision: Gauge,
+    lag_revisions: Gauge,
+    lag_seconds: F64Gauge,
+    compaction_window_seconds: Gauge,
+    lag_alarm: Gauge,
+    checkpoint_age_seconds: F64Gauge,
+    events: Family<KindLabel, Counter>,
+    replayed: Counter,
+    gaps: Counter,
+    restores: Counter,
+    expiries: Described<Family<LockLabels, Counter>>,
+    hold_seconds: Described<Family<HoldLabels, Histogram, fn() -> Histogram>>,
+    open_holds: Described<Family<LockLabels, Gauge>>,
+    oldest_open_hold_seconds: Described<Family<LockLabels, F64Gauge>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HoldLabels {
+    #[prometheus(flatten)]
+    lock: LockLabels,
+    end: &'static str,
+}
+
+fn hold_histogram() -> Histogram {
+    Histogram::new(HOLD_BUCKETS.iter().copied())
 }
 
 fn hold_id(e: &AuditEvent) -> Option<String> {
@@ -42,9 +90,95 @@ fn hold_id(e: &AuditEvent) -> Option<String> {
 
 // === impl Stats ===
 
+impl Default for Stats {
+    fn default() -> Self {
+        let m = Families {
+            leader: Gauge::default(),
+            applied_revision: Gauge::default(),
+            head_revision: Gauge::default(),
+            lag_revisions: Gauge::default(),
+            lag_seconds: F64Gauge::default(),
+            compaction_window_seconds: Gauge::default(),
+            lag_alarm: Gauge::default(),
+            checkpoint_age_seconds: F64Gauge::default(),
+            events: Family::default(),
+            replayed: Counter::default(),
+            gaps: Counter::default(),
+            restores: Counter::default(),
+            expiries: Described::default(),
+            hold_seconds: Described(Family::new_with_constructor(hold_histogram)),
+            open_holds: Described::default(),
+            oldest_open_hold_seconds: Described::default(),
+        };
+        for k in EventKind::ALL {
+            m.events.get_or_create_owned(&KindLabel { kind: k.as_str() });
+        }
+        let mut r = Registry::default();
+        let f = m.clone();
+        // prometheus-client appends `_total` to a counter's name and `.` to its help.
+        r.register("lockmesh_audit_leader", "1 while this replica holds the tailer election", f.leader);
+        r.register(
+            "lockmesh_audit_applied_revision",
+            "Last etcd revision whose events are stored with the checkpoint",
+            f.applied_revision,
+        );
+        r.register(
+            "lockmesh_audit_head_revision",
+            "Highest etcd revision the tailer has seen in a response header",
+            f.head_revision,
+        );
+        r.register(
+            "lockmesh_audit_lag_revisions",
+            "Revisions between the cluster's head and the checkpoint",
+            f.lag_revisions,
+        );
+        r.register(
+            "lockmesh_audit_lag_seconds",
+            "How long the checkpoint has been behind the cluster's head (0 when caught up)",
+            f.lag_seconds,
+        );
+        r.register(
+            "lockmesh_audit_compaction_window_seconds",
+            "etcd's compaction window as configured; the alarm fires at half of it",
+            f.compaction_window_seconds,
+        );
+        r.register(
+            "lockmesh_audit_lag_alarm",
+            "1 while the lag is at least half the compaction window (history is at risk)",
+            f.lag_alarm,
+        );
+        r.register(
+            "lockmesh_audit_checkpoint_age_seconds",
+            "Time since the last checkpoint commit",
+            f.checkpoint_age_seconds,
+        );
+        r.register("lockmesh_audit_events", "Audit events stored (first time), by kind", f.events);
+        r.register(
+            "lockmesh_audit_replayed_events",
+            "Events derived again after a restart (overwrote their own rows)",
+            f.replayed,
+        );
+        r.register(
+            "lockmesh_audit_gaps",
+            "Gaps recorded (history compacted past the checkpoint, or another cluster)",
+            f.gaps,
+        );
+        r.register("lockmesh_audit_restores", "Restores detected (cluster revision behind the checkpoint)", f.restores);
+        r.register("lockmesh_audit_expiries", "Holds that ended by session expiry without a release", f.expiries);
+        r.register("lockmesh_audit_hold_seconds", "How long holds were held, by how they ended", f.hold_seconds);
+        r.register("lockmesh_audit_open_holds", "Holds open as the audit log shows them", f.open_holds);
+        r.register(
+            "lockmesh_audit_oldest_open_hold_seconds",
+            "Age of the oldest open hold",
+            f.oldest_open_hold_seconds,
+        );
+        Self { inner: Mutex::default(), registry: r, m }
+    }
+}
+
 impl Stats {
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut g)
     }
 
@@ -67,13 +201,14 @@ impl Stats {
         reg: Option<&ClassRegistry>,
         now_ms: u64,
     ) {
+        let m = &self.m;
         self.with(|i| {
-            i.replayed += replayed as u64;
+            m.replayed.inc_by(replayed as u64);
             if new == 0 {
                 return;
             }
             for e in events {
-                *i.events.entry(e.kind.as_str()).or_default() += 1;
+                m.events.get_or_create(&KindLabel { kind: e.kind.as_str() }).inc();
                 let labels = match (reg, &e.key) {
                     (Some(r), Some(k)) => labels_of_raw(r, k),
                     _ => LockLabels {
@@ -83,8 +218,12 @@ impl Stats {
                     },
                 };
                 match e.kind {
-                    EventKind::Gap => i.gaps += 1,
-                    EventKind::Restore => i.restores += 1,
+                    EventKind::Gap => {
+                        m.gaps.inc();
+                    }
+                    EventKind::Restore => {
+                        m.restores.inc();
+                    }
                     EventKind::Grant => {
                         if let Some(id) = hold_id(e) {
                             i.open.insert(id, (labels, e.at_ms));
@@ -92,14 +231,11 @@ impl Stats {
                     }
                     k if k.ends_hold() => {
                         if k == EventKind::Expiry {
-                            *i.expiries.entry(labels.clone()).or_default() += 1;
+                            m.expiries.get_or_create(&labels).inc();
                         }
                         if let Some((_, granted)) = hold_id(e).and_then(|id| i.open.remove(&id)) {
                             let held = now_ms.max(e.at_ms).saturating_sub(granted) as f64 / 1000.0;
-                            i.hold_seconds
-                                .entry((labels, k.as_str()))
-                                .or_insert_with(|| Histogram::new(HOLD_BUCKETS))
-                                .observe(held);
+                            m.hold_seconds.get_or_create(&HoldLabels { lock: labels, end: k.as_str() }).observe(held);
                         }
                     }
                     _ => {}
@@ -141,54 +277,34 @@ impl Stats {
         self.with(|i| Self::lag(i))
     }
 
-    /// The exposition.
-    pub fn render(&self, now_ms: u64) -> String {
+    /// The exposition text ([`CONTENT_TYPE`]), the gauges set from the state at `now_ms`.
+    pub fn encode(&self, now_ms: u64) -> Result<String, std::fmt::Error> {
+        let m = &self.m;
+        // Held while encoding too, so two scrapes do not interleave their open-hold families.
         self.with(|i| {
-            let mut s = String::new();
-            let mut g = |name: &str, help: &str, v: String| {
-                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-            };
-            g("lockmesh_audit_leader", "1 while this replica holds the tailer election.", u8::from(i.leader).to_string());
-            g("lockmesh_audit_applied_revision", "Last etcd revision whose events are stored with the checkpoint.", i.applied.to_string());
-            g("lockmesh_audit_head_revision", "Highest etcd revision the tailer has seen in a response header.", i.head.to_string());
-            g("lockmesh_audit_lag_revisions", "Revisions between the cluster's head and the checkpoint.", (i.head - i.applied).max(0).to_string());
-            g("lockmesh_audit_lag_seconds", "How long the checkpoint has been behind the cluster's head (0 when caught up).", format!("{:.3}", Self::lag(i)));
-            g("lockmesh_audit_compaction_window_seconds", "etcd's compaction window as configured; the alarm fires at half of it.", i.window_s.to_string());
-            g("lockmesh_audit_lag_alarm", "1 while the lag is at least half the compaction window (history is at risk).", u8::from(i.alarmed).to_string());
-            g("lockmesh_audit_checkpoint_age_seconds", "Time since the last checkpoint commit.", format!("{:.3}", now_ms.saturating_sub(i.checkpoint_ms) as f64 / 1000.0));
-            let _ = writeln!(s, "# HELP lockmesh_audit_events_total Audit events stored (first time), by kind.\n# TYPE lockmesh_audit_events_total counter");
-            for k in EventKind::ALL {
-                let _ = writeln!(s, "lockmesh_audit_events_total{{kind=\"{}\"}} {}", k.as_str(), i.events.get(k.as_str()).copied().unwrap_or(0));
-            }
-            let mut c = |name: &str, help: &str, v: u64| {
-                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-            };
-            c("lockmesh_audit_replayed_events_total", "Events derived again after a restart (overwrote their own rows).", i.replayed);
-            c("lockmesh_audit_gaps_total", "Gaps recorded (history compacted past the checkpoint, or another cluster).", i.gaps);
-            c("lockmesh_audit_restores_total", "Restores detected (cluster revision behind the checkpoint).", i.restores);
-            let _ = writeln!(s, "# HELP lockmesh_audit_expiries_total Holds that ended by session expiry without a release.\n# TYPE lockmesh_audit_expiries_total counter");
-            for (l, n) in &i.expiries {
-                let _ = writeln!(s, "lockmesh_audit_expiries_total{{{}}} {n}", l.render());
-            }
-            let _ = writeln!(s, "# HELP lockmesh_audit_hold_seconds How long holds were held, by how they ended.\n# TYPE lockmesh_audit_hold_seconds histogram");
-            for ((l, end), h) in &i.hold_seconds {
-                h.render(&mut s, "lockmesh_audit_hold_seconds", &format!("{},end=\"{end}\"", l.render()));
-            }
-            let mut oldest: BTreeMap<&LockLabels, (u64, u64)> = BTreeMap::new();
+            m.leader.set(i64::from(i.leader));
+            m.applied_revision.set(i.applied);
+            m.head_revision.set(i.head);
+            m.lag_revisions.set((i.head - i.applied).max(0));
+            m.lag_seconds.set(Self::lag(i));
+            m.compaction_window_seconds.set(i64::try_from(i.window_s).unwrap_or(i64::MAX));
+            m.lag_alarm.set(i64::from(i.alarmed));
+            m.checkpoint_age_seconds.set(now_ms.saturating_sub(i.checkpoint_ms) as f64 / 1000.0);
+            let mut oldest: BTreeMap<&LockLabels, (u64, i64)> = BTreeMap::new();
             for (l, t) in i.open.values() {
                 let e = oldest.entry(l).or_insert((u64::MAX, 0));
                 e.0 = e.0.min(*t);
                 e.1 += 1;
             }
-            let _ = writeln!(s, "# HELP lockmesh_audit_open_holds Holds open as the audit log shows them.\n# TYPE lockmesh_audit_open_holds gauge");
-            for (l, (_, n)) in &oldest {
-                let _ = writeln!(s, "lockmesh_audit_open_holds{{{}}} {n}", l.render());
+            m.open_holds.clear();
+            m.oldest_open_hold_seconds.clear();
+            for (l, (t, n)) in oldest {
+                m.open_holds.get_or_create(l).set(n);
+                m.oldest_open_hold_seconds.get_or_create(l).set(now_ms.saturating_sub(t) as f64 / 1000.0);
             }
-            let _ = writeln!(s, "# HELP lockmesh_audit_oldest_open_hold_seconds Age of the oldest open hold.\n# TYPE lockmesh_audit_oldest_open_hold_seconds gauge");
-            for (l, (t, _)) in &oldest {
-                let _ = writeln!(s, "lockmesh_audit_oldest_open_hold_seconds{{{}}} {:.3}", l.render(), now_ms.saturating_sub(*t) as f64 / 1000.0);
-            }
-            s
+            let mut text = String::new();
+            prometheus_text::encode(&mut text, &self.registry)?;
+            Ok(text)
         })
     }
 }

@@ -420,8 +420,12 @@ async fn serve_admin(listener: tokio::net::TcpListener, t: Arc<Tailer>, stop: Ca
         routing::{get, post},
         Json, Router,
     };
-    async fn metrics(State(t): State<Arc<Tailer>>) -> String {
-        t.stats.render(now_ms())
+    async fn metrics(State(t): State<Arc<Tailer>>) -> axum::response::Response {
+        use axum::{http::header, response::IntoResponse};
+        match t.stats.encode(now_ms()) {
+            Ok(text) => ([(header::CONTENT_TYPE, crate::stats::CONTENT_TYPE)], text).into_response(),
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        }
     }
     async fn query_h(
         State(t): State<Arc<Tailer>>,

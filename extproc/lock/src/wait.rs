@@ -31,6 +31,12 @@ use std::{
 
 use etcd_client::{EventType, WatchOptions};
 use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
 use rand::Rng;
 use tokio::{
     sync::{oneshot, Notify},
@@ -50,7 +56,7 @@ pub const POLL: Duration = Duration::from_millis(1000);
 /// measure what it saves). Process-wide: every cluster's store follows it.
 pub static HANDOFF: AtomicBool = AtomicBool::new(true);
 
-/// Hand-off attempts by result (a process-wide counter, rendered by `metrics`).
+/// Hand-off attempts by result (process-wide counters, exposed by [`HandoffCounts::register`]).
 pub static HANDOFFS: HandoffCounts = HandoffCounts {
     granted: AtomicU64::new(0),
     released_only: AtomicU64::new(0),
@@ -76,23 +82,43 @@ pub struct HandoffCounts {
 // === impl HandoffCounts ===
 
 impl HandoffCounts {
-    /// Writes `lockmesh_arbiter_handoffs_total{outcome}`.
-    pub fn render(&self, s: &mut String) {
-        use std::fmt::Write;
-        s.push_str("# HELP lockmesh_arbiter_handoffs_total Releases that tried to hand the key to a waiter in the same transaction, by outcome.\n");
-        s.push_str("# TYPE lockmesh_arbiter_handoffs_total counter\n");
-        for (result, n) in [
-            ("granted", &self.granted),
-            ("released_only", &self.released_only),
-            ("not_done", &self.not_done),
-            ("failed", &self.failed),
+    /// Adds `lockmesh_arbiter_handoffs_total{outcome}` (every outcome, from 0) and
+    /// `lockmesh_arbiter_handoff_offers` to `registry`, read from [`HANDOFFS`] at
+    /// each scrape: the counters stay plain atomics the release path bumps.
+    pub fn register(registry: &mut Registry) {
+        registry.register_collector(Box::new(HandoffCollector));
+    }
+}
+
+/// Encodes [`HANDOFFS`] at scrape time.
+#[derive(Debug)]
+struct HandoffCollector;
+
+impl Collector for HandoffCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let c = &HANDOFFS;
+        // A collector's help is written as given (the registry's own metrics get a `.` appended).
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_arbiter_handoffs",
+            "Releases that tried to hand the key to a waiter in the same transaction, by outcome.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in [
+            ("granted", &c.granted),
+            ("released_only", &c.released_only),
+            ("not_done", &c.not_done),
+            ("failed", &c.failed),
         ] {
-            let _ =
-                writeln!(s, "lockmesh_arbiter_handoffs_total{{outcome=\"{result}\"}} {}", n.load(Ordering::Relaxed));
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&[("outcome", outcome)])?)?;
         }
-        s.push_str("# HELP lockmesh_arbiter_handoff_offers Gated head waiters on this arbiter ready to take a key in its release transaction.\n");
-        s.push_str("# TYPE lockmesh_arbiter_handoff_offers gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_handoff_offers {}", self.offers.load(Ordering::Relaxed));
+        let offers = ConstGauge::new(i64::try_from(c.offers.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+        offers.encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_handoff_offers",
+            "Gated head waiters on this arbiter ready to take a key in its release transaction.",
+            None,
+            MetricType::Gauge,
+        )?)
     }
 }
 

@@ -33,12 +33,8 @@ pub mod spool;
 
 use std::{
     collections::BTreeMap,
-    fmt::Write as _,
     path::Path,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, LazyLock, Mutex},
 };
 
 use etcd_client::{PutOptions, Txn, TxnOp};
@@ -51,7 +47,12 @@ use self::{
     quorum::{Outage, QuorumWatch, Transition},
     spool::{Spool, SpoolError, SpoolOp, SpoolRecord},
 };
-use lockmesh_telemetry::labels::LockLabels;
+use lockmesh_telemetry::labels::{Described, LockLabels};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 
 use crate::{mutex::AcquireRequest, now_ms, session::Caller, LockError, Store};
 
@@ -491,19 +492,31 @@ pub fn restart_ends(records: &[SpoolRecord], at_ms: u64) -> Vec<SpoolRecord> {
         .collect()
 }
 
-/// Fail-open metrics (process-wide; labels: namespace, class, tier, outcome).
+/// Fail-open metrics (process-wide; labels: namespace, class, tier, reason, outcome).
+#[derive(Debug)]
 pub struct FailOpenStats {
-    granted: Mutex<BTreeMap<LockLabels, u64>>,
+    granted: Described<Family<LockLabels, Counter>>,
+    refused: Family<ReasonLabel, Counter>,
+    /// Per cluster: spool bytes and whether a loss is declared; the gauges are their sum and any.
     clusters: Mutex<BTreeMap<String, (u64, bool)>>,
-    refused_full: AtomicU64,
-    refused_io: AtomicU64,
-    ships_ok: AtomicU64,
-    ships_failed: AtomicU64,
-    records_shipped: AtomicU64,
+    spool_bytes: Gauge,
+    declared: Gauge,
+    ships: Family<OutcomeLabel, Counter>,
+    records_shipped: Counter,
 }
 
-/// The arbiter's fail-open counters.
-pub static STATS: FailOpenStats = FailOpenStats::new();
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// The arbiter's fail-open metrics.
+pub static STATS: LazyLock<FailOpenStats> = LazyLock::new(FailOpenStats::new);
 
 // === impl FailOpenStats ===
 
@@ -514,82 +527,76 @@ impl Default for FailOpenStats {
 }
 
 impl FailOpenStats {
-    /// Zeroed counters.
-    pub const fn new() -> Self {
-        Self {
-            granted: Mutex::new(BTreeMap::new()),
+    /// Zeroed metrics; the fixed reasons and outcomes exist from the start at 0.
+    pub fn new() -> Self {
+        let s = Self {
+            granted: Described::default(),
+            refused: Family::default(),
             clusters: Mutex::new(BTreeMap::new()),
-            refused_full: AtomicU64::new(0),
-            refused_io: AtomicU64::new(0),
-            ships_ok: AtomicU64::new(0),
-            ships_failed: AtomicU64::new(0),
-            records_shipped: AtomicU64::new(0),
+            spool_bytes: Gauge::default(),
+            declared: Gauge::default(),
+            ships: Family::default(),
+            records_shipped: Counter::default(),
+        };
+        for reason in ["spool_full", "io"] {
+            s.refused.get_or_create_owned(&ReasonLabel { reason });
         }
+        for outcome in ["ok", "error"] {
+            s.ships.get_or_create_owned(&OutcomeLabel { outcome });
+        }
+        s
+    }
+
+    /// Adds the fail-open families to `registry` (the registry's copies share these values).
+    pub fn register(&self, registry: &mut Registry) {
+        // prometheus-client appends `_total` to a counter's name and `.` to its help.
+        registry.register(
+            "lockmesh_arbiter_unprotected_grants",
+            "Grants of fail-open classes made from memory with token 0 during a declared quorum loss (ADR-04)",
+            self.granted.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_unprotected_refused",
+            "Unprotected grants refused because the spool was full (spool_full) or could not be written (io)",
+            self.refused.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_unprotected_spool_bytes",
+            "Bytes of unprotected-grant records not yet shipped to the audit store",
+            self.spool_bytes.clone(),
+        );
+        registry.register(
+            "lockmesh_arbiter_quorum_loss_declared",
+            "1 while this arbiter has declared a quorum loss (fail-open classes grant unprotected)",
+            self.declared.clone(),
+        );
+        registry.register("lockmesh_arbiter_unprotected_ships", "Spool ship rounds, by outcome", self.ships.clone());
+        registry.register(
+            "lockmesh_arbiter_unprotected_records_shipped",
+            "Spool records shipped to the audit store",
+            self.records_shipped.clone(),
+        );
     }
 
     fn granted(&self, labels: LockLabels) {
-        *self.granted.lock().unwrap_or_else(|p| p.into_inner()).entry(labels).or_default() += 1;
+        self.granted.get_or_create(&labels).inc();
     }
 
     fn refused(&self, full: bool) {
-        if full { &self.refused_full } else { &self.refused_io }.fetch_add(1, Ordering::Relaxed);
+        self.refused.get_or_create(&ReasonLabel { reason: if full { "spool_full" } else { "io" } }).inc();
     }
 
     fn shipped(&self, ok: bool, records: usize) {
-        if ok { &self.ships_ok } else { &self.ships_failed }.fetch_add(1, Ordering::Relaxed);
-        self.records_shipped.fetch_add(u64::try_from(records).unwrap_or(0), Ordering::Relaxed);
+        self.ships.get_or_create(&OutcomeLabel { outcome: if ok { "ok" } else { "error" } }).inc();
+        self.records_shipped.inc_by(u64::try_from(records).unwrap_or(0));
     }
 
     fn set_cluster(&self, cluster: &str, spool_bytes: u64, declared: bool) {
-        self.clusters.lock().unwrap_or_else(|p| p.into_inner()).insert(cluster.to_owned(), (spool_bytes, declared));
-    }
-
-    /// The exposition lines.
-    pub fn render(&self, s: &mut String) {
-        s.push_str("# HELP lockmesh_arbiter_unprotected_grants_total Grants of fail-open classes made from memory with token 0 during a declared quorum loss (ADR-04).\n");
-        s.push_str("# TYPE lockmesh_arbiter_unprotected_grants_total counter\n");
-        for (l, n) in self.granted.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(s, "lockmesh_arbiter_unprotected_grants_total{{{}}} {n}", l.render());
-        }
-        s.push_str("# HELP lockmesh_arbiter_unprotected_refused_total Unprotected grants refused because the spool was full (spool_full) or could not be written (io).\n");
-        s.push_str("# TYPE lockmesh_arbiter_unprotected_refused_total counter\n");
-        for (reason, c) in [("spool_full", &self.refused_full), ("io", &self.refused_io)] {
-            let _ = writeln!(
-                s,
-                "lockmesh_arbiter_unprotected_refused_total{{reason=\"{reason}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let (bytes, declared) = self
-            .clusters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .fold((0, false), |(b, d), (bb, dd)| (b + bb, d || *dd));
-        s.push_str("# HELP lockmesh_arbiter_unprotected_spool_bytes Bytes of unprotected-grant records not yet shipped to the audit store.\n");
-        s.push_str("# TYPE lockmesh_arbiter_unprotected_spool_bytes gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_unprotected_spool_bytes {bytes}");
-        s.push_str("# HELP lockmesh_arbiter_quorum_loss_declared 1 while this arbiter has declared a quorum loss (fail-open classes grant unprotected).\n");
-        s.push_str("# TYPE lockmesh_arbiter_quorum_loss_declared gauge\n");
-        let _ = writeln!(s, "lockmesh_arbiter_quorum_loss_declared {}", u8::from(declared));
-        s.push_str("# HELP lockmesh_arbiter_unprotected_ships_total Spool ship rounds, by outcome.\n");
-        s.push_str("# TYPE lockmesh_arbiter_unprotected_ships_total counter\n");
-        for (outcome, c) in [("ok", &self.ships_ok), ("error", &self.ships_failed)] {
-            let _ = writeln!(
-                s,
-                "lockmesh_arbiter_unprotected_ships_total{{outcome=\"{outcome}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        s.push_str(
-            "# HELP lockmesh_arbiter_unprotected_records_shipped_total Spool records shipped to the audit store.\n",
-        );
-        s.push_str("# TYPE lockmesh_arbiter_unprotected_records_shipped_total counter\n");
-        let _ = writeln!(
-            s,
-            "lockmesh_arbiter_unprotected_records_shipped_total {}",
-            self.records_shipped.load(Ordering::Relaxed)
-        );
+        let mut clusters = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+        clusters.insert(cluster.to_owned(), (spool_bytes, declared));
+        let (bytes, declared) = clusters.values().fold((0u64, false), |(b, d), (bb, dd)| (b + bb, d || *dd));
+        self.spool_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.declared.set(i64::from(declared));
     }
 }
 
@@ -630,8 +637,10 @@ mod tests {
         st.refused(true);
         st.shipped(true, 3);
         st.set_cluster("coord", 120, true);
+        let mut registry = Registry::default();
+        st.register(&mut registry);
         let mut s = String::new();
-        st.render(&mut s);
+        prometheus_client::encoding::prometheus_text::encode(&mut s, &registry).unwrap();
         assert!(s.contains(
             "lockmesh_arbiter_unprotected_grants_total{namespace=\"jobs\",class=\"batch\",tier=\"entity\"} 1\n"
         ));
