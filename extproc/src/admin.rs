@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use axum::{extract::State as AxState, http::StatusCode, routing::get, Router};
 
+use lockmesh_core::wire::status::{FailOpenStatus, Marks, StatusReply};
+
 use crate::state::State;
 
 /// Serves the admin routes until `shutdown` resolves.
@@ -64,26 +66,37 @@ async fn metrics(AxState(state): AxState<Arc<State>>) -> axum::response::Respons
     }
 }
 
-/// Version, seal state and marks as JSON (numbers only: no key, token or identity).
-async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<serde_json::Value> {
+/// Version, seal state and marks ([`StatusReply`]; numbers only: no key, token or
+/// identity).
+async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> {
     let seal = state.store.seal().current();
     let m = state.store.seal().marks();
-    axum::Json(serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "sealed": seal.is_some(),
-        "seal_reason": seal.as_ref().map(|s| s.reason.as_str()),
-        "seal_detail": seal.as_ref().map(|s| s.detail.clone()),
-        "sealed_since_ms": seal.as_ref().map(|s| s.since_ms),
-        "marks": { "cluster_id": m.cluster_id, "epoch": m.epoch, "revision": m.revision,
-                   "raft_term": m.raft_term, "raft_index": m.raft_index, "updated_ms": m.updated_ms },
-        "classes": crate::registry::status_json(&state).await,
-        "fail_open": state.tiers.fail_opens().map(|f| serde_json::json!({
-            "cluster": f.cluster(),
-            "spool": f.has_spool(),
-            "quorum_loss_declared": f.declared().is_some(),
-            "outage": f.declared().map(|o| o.id),
-            "spool_bytes": f.spool_bytes(),
-            "unprotected_holds": f.holds(),
-        })).collect::<Vec<_>>(),
-    }))
+    axum::Json(StatusReply {
+        classes: crate::registry::classes_status(&state).await,
+        fail_open: state
+            .tiers
+            .fail_opens()
+            .map(|f| FailOpenStatus {
+                cluster: f.cluster().to_owned(),
+                outage: f.declared().map(|o| o.id),
+                quorum_loss_declared: f.declared().is_some(),
+                spool: f.has_spool(),
+                spool_bytes: f.spool_bytes(),
+                unprotected_holds: f.holds() as u64,
+            })
+            .collect(),
+        marks: Marks {
+            cluster_id: m.cluster_id,
+            epoch: m.epoch,
+            raft_index: m.raft_index,
+            raft_term: m.raft_term,
+            revision: m.revision,
+            updated_ms: m.updated_ms,
+        },
+        seal_detail: seal.as_ref().map(|s| s.detail.clone()),
+        seal_reason: seal.as_ref().map(|s| s.reason.as_str().to_owned()),
+        sealed: seal.is_some(),
+        sealed_since_ms: seal.as_ref().map(|s| s.since_ms),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    })
 }

@@ -8,29 +8,33 @@
 //! |---|---|---|---|
 //! | `POST /internal/v1/admin/request` | [`RequestBody`] | requester | [`flow::Preview`] |
 //! | `POST /internal/v1/admin/show` | [`ShowBody`] | none | [`flow::Preview`] |
-//! | `POST /internal/v1/admin/approve` | [`ApproveBody`] | approver | `{preview, outcome}` |
-//! | `POST /internal/v1/admin/list` | `{}` | none | `{requests, log}` |
+//! | `POST /internal/v1/admin/approve` | [`ApproveBody`] | approver | [`ApproveReply`] |
+//! | `POST /internal/v1/admin/list` | `{}` | none | [`ListReply`] |
 //!
 //! Every route first checks the caller's certificate: its SPIFFE ID must be one of
 //! `operators.allowed_clients` (never a lock-tier Envoy). Tokens come in
 //! `authorization: Bearer`, are verified against `operators.jwks_file` (re-read on
 //! each call) with the freshness bound `operators.max_token_age_s`, and are never
-//! logged or stored: only their `iss` and `sub`. Refusals are
-//! `{"error": code, "message"}` with the codes of [`AdminError::code`]; those of
-//! `request` and `approve` by an allowed client are recorded in the action log.
+//! logged or stored: only their `iss` and `sub`. Refusals are the operator plane's
+//! one table ([`crate::respond::admin_refusal`]: `{code, message}` with the status
+//! of `AdminError::status`, as on the console); those of `request` and `approve`
+//! by an allowed client are recorded in the action log.
 
 use std::{sync::Arc, time::Duration};
 
 use axum::{
     extract::{Request, State as AxState},
-    http::{header::AUTHORIZATION, StatusCode},
+    http::header::AUTHORIZATION,
     response::{IntoResponse, Response},
     routing::post,
     Json, Router,
 };
-use lockmesh_core::KeyDigest;
+use lockmesh_core::{
+    wire::admin::{ApproveBody, ApproveReply, ListReply, RequestBody, ShowBody},
+    KeyDigest,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::{config::Operators, state::State};
@@ -46,39 +50,6 @@ const MAX_BODY: usize = 64 * 1024;
 /// Longest an admin call may run (an epoch advance revokes every session).
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// `POST /internal/v1/admin/request`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RequestBody {
-    /// What is asked (a force release names the key's digest, never the key).
-    pub action: Action,
-    /// Why.
-    pub reason: String,
-    /// Approval window, seconds (at most `operators.max_request_ttl_s`).
-    pub ttl_s: u64,
-}
-
-/// `POST /internal/v1/admin/show`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShowBody {
-    /// The request id.
-    pub id: String,
-}
-
-/// `POST /internal/v1/admin/approve`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApproveBody {
-    /// The request id.
-    pub id: String,
-    /// Force release: the grant revisions of the holds the approver was shown;
-    /// the approval is refused (`admin.holds_changed`) unless the key's holds are
-    /// exactly these.
-    #[serde(default)]
-    pub shown: Option<Vec<i64>>,
-}
-
 /// The routes, to merge with the ext_proc service.
 pub fn router(state: Arc<State>) -> Router {
     Router::new()
@@ -87,11 +58,6 @@ pub fn router(state: Arc<State>) -> Router {
         .route(APPROVE, post(approve))
         .route(LIST, post(list))
         .with_state(state)
-}
-
-fn refusal(e: &AdminError) -> Response {
-    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(json!({ "error": e.code(), "message": e.to_string() }))).into_response()
 }
 
 /// The operators' settings, after checking that the caller's certificate is an
@@ -112,12 +78,7 @@ fn admitted<'a>(state: &'a State, req: &Request) -> Result<&'a Operators, AdminE
 
 /// Verifies the bearer token of `req`.
 fn operator(ops: &Operators, req: &Request) -> Result<Operator, AdminError> {
-    let token = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| AdminError::TokenInvalid("no bearer token (authorization: Bearer ...)".into()))?;
+    let token = lockmesh_ops::admin::bearer(req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
     ops.verifier()?.verify(token, crate::lock::now_ms() / 1000)
 }
 
@@ -163,7 +124,7 @@ where
         Err(e) => {
             state.metrics.request(route, e.code());
             tracing::warn!(step, code = e.code(), "admin call refused: the caller is not an admin client");
-            return refusal(&e);
+            return crate::respond::admin_refusal(&e);
         }
     };
     let (who, id, res) = match tokio::time::timeout(CALL_TIMEOUT, run(state.clone(), ops, req)).await {
@@ -187,7 +148,7 @@ where
                 let mut c = state.store.client();
                 flow::log_refusal(&mut c, &state.config.etcd_root, step, id.as_deref(), who.as_ref(), &e).await;
             }
-            refusal(&e)
+            crate::respond::admin_refusal(&e)
         }
     }
 }
@@ -253,7 +214,7 @@ async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
         let run = async {
             let p = flow::preview(&mut c, root, &b.id, Some(&reg)).await?;
             let o = flow::approve(&mut c, root, &b.id, &op, Some(&reg), b.shown.as_deref()).await?;
-            Ok(json!({ "preview": p, "outcome": o }))
+            to_json(ApproveReply { outcome: o, preview: p })
         };
         let r = run.await;
         (Some(op), Some(b.id), r)
@@ -267,7 +228,7 @@ async fn list(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
         let run = async {
             let requests = flow::list(&mut c, root).await?;
             let log = flow::read_log(&mut c, root).await?;
-            Ok(json!({ "requests": requests, "log": log }))
+            to_json(ListReply { log, requests })
         };
         (None, None, run.await)
     })

@@ -8,9 +8,12 @@ use std::sync::Arc;
 
 use lockmesh_core::{
     headers::{self, LockHeaders},
+    wire::api::{
+        Acquired as AcquiredBody, Holder, LockInfo, Released, SessionClosed, SessionHold, SessionHolds, SessionOpened,
+        SessionRenewed, TokenValidity,
+    },
     ClassSpec, Code, LockKey,
 };
-use serde_json::json;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -128,7 +131,7 @@ async fn route(
     // A key homed in another region is redirected, never forwarded (ADR-08).
     if let Some(key) = &lock.key {
         if let Some(region) = tiers.wrong_region(key) {
-            return Ok((wrong_region_response(key.namespace(), region), None));
+            return Err(ApiError::wrong_region(key.namespace(), region));
         }
     }
     let r = match (req.method.as_str(), req.path.as_str()) {
@@ -144,7 +147,7 @@ async fn route(
             }
             let grant = lock.grant.as_deref().unwrap_or_default();
             tiers.release_unprotected(&key, grant, &caller).await?;
-            ApiResponse::ok(json!({ "released": true, "unprotected": true }))
+            ApiResponse::ok(&Released { released: true, unprotected: true })
         }
         ("POST", "/v1/locks/release") => {
             let key = need(lock.key.clone(), headers::KEY)?;
@@ -154,30 +157,28 @@ async fn route(
             let r = tiers.release(&class, &key, token, &caller, lock.session).instrument(span.clone()).await;
             crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
             r?;
-            ApiResponse::ok(json!({ "released": true }))
+            ApiResponse::ok(&Released { released: true, unprotected: false })
         }
         ("GET", "/v1/locks") => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let class = class_for(state, lock, &key)?;
             let (holders, store) = tiers.inspect(&class, &key, &caller, lock.session).await?;
-            let holders: Vec<_> = holders
+            let holders = holders
                 .into_iter()
-                .map(|h| {
-                    let mut v = json!({ "identity": h.identity, "age_ms": h.age_ms });
-                    if let Some((token, session)) = h.own {
-                        v["token"] = json!(token.to_string());
-                        v["session"] = json!(session.to_string());
-                        v["you"] = json!(true);
-                    }
-                    v
+                .map(|h| Holder {
+                    age_ms: h.age_ms,
+                    identity: h.identity,
+                    session: h.own.map(|(_, s)| s),
+                    token: h.own.map(|(t, _)| t),
+                    you: h.own.is_some(),
                 })
                 .collect();
-            ApiResponse::ok(json!({
-                "class": class.name,
-                "max_holders": class.max_holders,
-                "holders": holders,
-                "waiting_here": store.queues().len(&key.digest()),
-            }))
+            ApiResponse::ok(&LockInfo {
+                class: class.name.to_string(),
+                holders,
+                max_holders: class.max_holders,
+                waiting_here: store.queues().len(&key.digest()) as u64,
+            })
         }
         ("POST", "/v1/sessions") => {
             let class = match (&lock.class, &lock.key) {
@@ -191,33 +192,35 @@ async fn route(
             };
             let sid = tiers.open_session(&caller, &class, lock.key.as_ref()).await?;
             let mut r =
-                ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": class.ttl_s, "class": class.name }));
+                ApiResponse::ok(&SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s });
             r.headers.push((headers::SESSION, sid.to_string()));
             r
         }
         ("POST", "/v1/sessions/keepalive") => {
             let sid = need(lock.session, headers::SESSION)?;
             let ttl = tiers.keepalive(sid, &caller).await.inspect_err(|e| state.metrics.renewal_failure(e))?;
-            ApiResponse::ok(json!({ "session": sid.to_string(), "ttl_s": ttl }))
+            ApiResponse::ok(&SessionRenewed { session: sid, ttl_s: ttl })
         }
         ("POST", "/v1/sessions/close") => {
             let sid = need(lock.session, headers::SESSION)?;
             tiers.close_session(sid, &caller).await?;
-            ApiResponse::ok(json!({ "closed": true }))
+            ApiResponse::ok(&SessionClosed { closed: true })
         }
         ("GET", "/v1/sessions/holds") => {
             let sid = need(lock.session, headers::SESSION)?;
             let holds = tiers.session_holds(sid, &caller).await?;
-            let holds: Vec<_> = holds
+            let holds = holds
                 .into_iter()
-                .map(|h| {
-                    json!({
-                        "key": h.key, "token": h.token.to_string(), "epoch": h.token.epoch(),
-                        "revision": h.token.revision(), "class": h.class, "acquired_ms": h.acquired_ms,
-                    })
+                .map(|h| SessionHold {
+                    acquired_ms: h.acquired_ms,
+                    class: h.class,
+                    epoch: h.token.epoch(),
+                    key: h.key,
+                    revision: h.token.revision(),
+                    token: h.token,
                 })
                 .collect();
-            ApiResponse::ok(json!({ "session": sid.to_string(), "holds": holds }))
+            ApiResponse::ok(&SessionHolds { holds, session: sid })
         }
         ("POST", "/v1/tokens/validate") => {
             let key = need(lock.key.clone(), headers::KEY)?;
@@ -227,7 +230,7 @@ async fn route(
             }
             let class = state.registry().class_of(&key).clone();
             let current = tiers.is_current(&class, &key, token).await?;
-            ApiResponse::ok(json!({ "current": current }))
+            ApiResponse::ok(&TokenValidity { current })
         }
         (m, p) => return Err(ApiError::new(Code::NotFound, format!("no route {m} {p}"))),
     };
@@ -263,20 +266,20 @@ async fn acquire(
         Ok(Acquired::Unprotected(g, fo)) => {
             crate::telemetry::finish(&span, "unprotected", Some(req.received.elapsed()));
             state.metrics.acquire(labels, "unprotected", req.received.elapsed().as_secs_f64());
-            let mut r = ApiResponse::ok(json!({
-                "token": headers::UNPROTECTED_TOKEN,
-                "epoch": g.epoch,
-                "revision": 0,
-                "session": null,
-                "ttl_s": g.ttl_s,
-                "class": g.class,
-                "existing": g.existing,
-                "new_session": false,
-                "proof": null,
-                "unprotected": true,
-                "grant": g.grant,
-                "outage": g.outage,
-            }));
+            let mut r = ApiResponse::ok(&AcquiredBody {
+                class: g.class.clone(),
+                epoch: g.epoch,
+                existing: g.existing,
+                grant: Some(g.grant.clone()),
+                new_session: false,
+                outage: Some(g.outage.clone()),
+                proof: None,
+                revision: 0,
+                session: None,
+                token: headers::UNPROTECTED_TOKEN.to_owned(),
+                ttl_s: g.ttl_s,
+                unprotected: true,
+            });
             r.headers.push((headers::TOKEN, headers::UNPROTECTED_TOKEN.to_owned()));
             r.headers.push((headers::GRANT, g.grant.clone()));
             let undo = (!g.existing).then(|| Undo::Unprotected { fail_open: fo, req: areq, grant: g.grant });
@@ -290,54 +293,24 @@ async fn acquire(
     let grant = result?;
     let g = &grant;
     let proof = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, g.token, &g.class);
-    let mut r = ApiResponse::ok(json!({
-        "token": g.token.to_string(),
-        "epoch": g.token.epoch(),
-        "revision": g.token.revision(),
-        "session": g.session.to_string(),
-        "ttl_s": g.ttl_s,
-        "class": g.class,
-        "existing": g.existing,
-        "new_session": g.new_session,
-        "proof": proof,
-        "unprotected": false,
-    }));
+    let mut r = ApiResponse::ok(&AcquiredBody {
+        class: g.class.to_string(),
+        epoch: g.token.epoch(),
+        existing: g.existing,
+        grant: None,
+        new_session: g.new_session,
+        outage: None,
+        proof: proof.clone(),
+        revision: g.token.revision(),
+        session: Some(g.session),
+        token: g.token.to_string(),
+        ttl_s: g.ttl_s,
+        unprotected: false,
+    });
     r.headers.push((headers::TOKEN, g.token.to_string()));
     if let Some(p) = proof {
         r.headers.push((headers::PROOF, p));
     }
     r.headers.push((headers::SESSION, g.session.to_string()));
     Ok((r, store.map(|store| Undo::Grant { req: areq, grant, store })))
-}
-
-/// The `421 wrong_region` answer: the code, a message and the `region` field,
-/// with the region in [`REGION_HEADER`](crate::tiers::REGION_HEADER) too.
-pub fn wrong_region_response(namespace: &str, region: &str) -> ApiResponse {
-    let e = ApiError::new(
-        Code::WrongRegion,
-        format!("namespace {namespace} is homed in region {region}: send the request to that region's lock tier"),
-    );
-    let mut r = ApiResponse::from(e);
-    if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&r.body) {
-        v["region"] = serde_json::json!(region);
-        r.body = v.to_string();
-    }
-    r.headers.push((crate::tiers::REGION_HEADER, region.to_owned()));
-    r
-}
-
-#[cfg(test)]
-mod region_tests {
-    use super::*;
-    use crate::tiers::REGION_HEADER;
-
-    #[test]
-    fn the_redirect_names_the_region_in_body_and_header() {
-        let r = wrong_region_response("search", "us-1");
-        assert_eq!(r.status, 421);
-        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-        assert_eq!((v["code"].as_str(), v["region"].as_str()), (Some("wrong_region"), Some("us-1")));
-        assert!(r.headers.contains(&(REGION_HEADER, "us-1".to_owned())));
-        assert!(r.headers.contains(&("x-lockmesh-error", "wrong_region".to_owned())));
-    }
 }

@@ -5,24 +5,25 @@
 //!
 //! | Route | Body | Answer |
 //! |---|---|---|
-//! | `POST /internal/v1/vm/keepalive` | `{"vm", "open"?: [n], "next"?: n}` | `{"sessions", "renew_ms", "reconciled"}` |
-//! | `POST /internal/v1/vm/release` | `{"vm", "key", "hold": n}` | `{"released": bool}` |
+//! | `POST /internal/v1/vm/keepalive` | [`VmKeepalive`] | [`VmKeepaliveReply`] |
+//! | `POST /internal/v1/vm/release` | [`VmRelease`] | [`VmReleaseReply`] |
 //!
-//! Errors are `{code, message}` with the API's codes and statuses. Keys never appear
-//! in logs.
+//! Refusals are the API's ([`crate::respond`]: same codes, statuses, bodies and
+//! headers). Keys never appear in logs.
 
 use std::sync::Arc;
 
 use axum::{
     extract::{Request, State as AxState},
-    http::StatusCode,
     response::{IntoResponse, Response},
     routing::post,
     Json, Router,
 };
-use lockmesh_core::{Code, LockKey};
+use lockmesh_core::{
+    wire::vm::{VmKeepalive, VmKeepaliveReply, VmRelease, VmReleaseReply},
+    Code, LockKey,
+};
 use serde::Deserialize;
-use serde_json::json;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::{
@@ -38,30 +39,9 @@ pub const RELEASE: &str = "/internal/v1/vm/release";
 /// Largest request body accepted, bytes.
 const MAX_BODY: usize = 2 * 1024 * 1024;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeepaliveBody {
-    vm: String,
-    open: Option<Vec<u64>>,
-    next: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReleaseBody {
-    vm: String,
-    key: String,
-    hold: u64,
-}
-
 /// The routes, to merge with the ext_proc service.
 pub fn router(state: Arc<State>) -> Router {
     Router::new().route(KEEPALIVE, post(keepalive)).route(RELEASE, post(release)).with_state(state)
-}
-
-fn error(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(json!({ "code": e.code.as_str(), "message": e.message }))).into_response()
 }
 
 /// The calling Envoy's SPIFFE ID, if it is an allowed lockmesh Envoy.
@@ -92,7 +72,7 @@ fn check_vm(vm: &str) -> Result<(), ApiError> {
 async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
     let run = async {
         let envoy = envoy_of(&state, &req)?;
-        let b: KeepaliveBody = body(req).await?;
+        let b: VmKeepalive = body(req).await?;
         check_vm(&b.vm)?;
         let reconcile = match (b.open, b.next) {
             (Some(open), Some(next)) if open.len() <= MAX_OPEN_HOLDS => Some(Reconcile { open, next }),
@@ -112,13 +92,17 @@ async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Respons
         // Renew three times per shortest TTL; without sessions, poll every second.
         let renew_ms = if s.min_ttl_s == 0 { 1000 } else { (s.min_ttl_s * 1000 / 3).max(500) };
         state.metrics.request("vm_keepalive", "ok");
-        Ok::<_, ApiError>(Json(json!({ "sessions": s.sessions, "renew_ms": renew_ms, "reconciled": s.reconciled })))
+        Ok::<_, ApiError>(Json(VmKeepaliveReply {
+            reconciled: s.reconciled as u64,
+            renew_ms,
+            sessions: s.sessions as u64,
+        }))
     };
     match run.await {
         Ok(j) => j.into_response(),
         Err(e) => {
             state.metrics.request("vm_keepalive", e.code.as_str());
-            error(e)
+            e.into_response()
         }
     }
 }
@@ -126,26 +110,26 @@ async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Respons
 async fn release(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
     let run = async {
         let envoy = envoy_of(&state, &req)?;
-        let b: ReleaseBody = body(req).await?;
+        let b: VmRelease = body(req).await?;
         check_vm(&b.vm)?;
         let key = LockKey::parse(b.key.as_bytes()).map_err(|e| ApiError::new(Code::BadRequest, format!("key: {e}")))?;
         // An unprotected hold (ADR-04) is released from memory, without etcd.
         let hold_id = crate::lock::vm::hold_id(&b.vm, b.hold);
         if state.tiers.release_unprotected_hold(&key, &hold_id, &envoy).await {
             state.metrics.request("vm_release", "ok");
-            return Ok(Json(json!({ "released": true })));
+            return Ok(Json(VmReleaseReply { released: true }));
         }
         let class = state.registry().class_of(&key).clone();
         let store = state.tiers.route(&class, &key, false).await?;
         let released = store.vm_release(&envoy, &b.vm, &key, b.hold).await?;
         state.metrics.request("vm_release", "ok");
-        Ok::<_, ApiError>(Json(json!({ "released": released })))
+        Ok::<_, ApiError>(Json(VmReleaseReply { released }))
     };
     match run.await {
         Ok(j) => j.into_response(),
         Err(e) => {
             state.metrics.request("vm_release", e.code.as_str());
-            error(e)
+            e.into_response()
         }
     }
 }

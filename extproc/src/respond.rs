@@ -1,18 +1,31 @@
-//! The one table that turns an error into a response: stable code, HTTP status,
-//! JSON body `{code, message[, reason]}` and the `x-lockmesh-error` header.
+//! The arbiter's one table from a refusal to an answer, for every route of every
+//! port that speaks the lock API's codes: the ext_proc API routes, the
+//! transparent-mode refusals and the filter's VM routes (`internal`). Status,
+//! `x-lockmesh-error`, `retry-after` and retryability all come from
+//! [`Code`] (`core/src/code.rs`); the body is [`ErrorBody`]. The operator plane
+//! (admin actions, console) has its own codes and one table of its own:
+//! `AdminError::status` in `extproc/ops/src/admin/mod.rs`, answered by
+//! [`admin_refusal`].
 
-use lockmesh_core::{code::error_body, Code, Reason};
+use axum::{
+    http::{header, HeaderName, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+};
+use lockmesh_core::{headers, wire::ErrorBody, Code, Reason};
+use lockmesh_ops::admin::AdminError;
+use serde::Serialize;
 
 use crate::lock::LockError;
 
-/// An API answer, before it becomes an ext_proc `ImmediateResponse`.
+/// An API answer, before it becomes an ext_proc `ImmediateResponse` or an HTTP
+/// response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiResponse {
     /// HTTP status.
     pub status: u16,
-    /// JSON body.
+    /// JSON body (a `core::wire` type, serialised).
     pub body: String,
-    /// Extra response headers.
+    /// Response headers besides `content-type` (always `application/json`).
     pub headers: Vec<(&'static str, String)>,
 }
 
@@ -25,12 +38,24 @@ pub struct ApiError {
     pub message: String,
     /// Why, for `contended`.
     pub reason: Option<Reason>,
+    /// The home region, for `wrong_region`.
+    pub region: Option<String>,
 }
+
+// === impl ApiError ===
 
 impl ApiError {
     /// A refusal with `code`.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), reason: None }
+        Self { code, message: message.into(), reason: None, region: None }
+    }
+
+    /// The `421 wrong_region` refusal: the key's namespace is homed in `region`
+    /// (in the body's `region` and in [`headers::REGION`]).
+    pub fn wrong_region(namespace: &str, region: &str) -> Self {
+        let message =
+            format!("namespace {namespace} is homed in region {region}: send the request to that region's lock tier");
+        Self { region: Some(region.to_owned()), ..Self::new(Code::WrongRegion, message) }
     }
 }
 
@@ -56,25 +81,69 @@ impl From<LockError> for ApiError {
             LockError::Contended(r) => Some(r),
             _ => None,
         };
-        Self { code, message: e.to_string(), reason }
+        Self { code, message: e.to_string(), reason, region: None }
     }
 }
 
 impl From<ApiError> for ApiResponse {
     fn from(e: ApiError) -> Self {
-        let mut headers = vec![(lockmesh_core::headers::ERROR, e.code.as_str().to_owned())];
-        if matches!(e.code, Code::Unavailable | Code::Sealed | Code::Draining | Code::SpoolFull) {
-            headers.push(("retry-after", "1".to_owned()));
+        let mut headers: Vec<_> = e.code.error_headers().map(|(k, v)| (k, v.to_owned())).collect();
+        if let Some(region) = &e.region {
+            headers.push((headers::REGION, region.clone()));
         }
-        ApiResponse { status: e.code.http_status(), body: error_body(e.code, &e.message, e.reason), headers }
+        let mut body = ErrorBody::new(e.code, e.message);
+        body.reason = e.reason.map(Into::into);
+        body.region = e.region;
+        ApiResponse { status: e.code.status(), body: to_json(&body), headers }
     }
 }
 
-impl ApiResponse {
-    /// A 200 with a JSON body.
-    pub fn ok(body: serde_json::Value) -> Self {
-        Self { status: 200, body: body.to_string(), headers: Vec::new() }
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        ApiResponse::from(self).into_response()
     }
+}
+
+// === impl ApiResponse ===
+
+impl ApiResponse {
+    /// A 200 with `body` (a `core::wire` answer).
+    pub fn ok(body: &impl Serialize) -> Self {
+        Self { status: 200, body: to_json(body), headers: Vec::new() }
+    }
+}
+
+impl IntoResponse for ApiResponse {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, self.body).into_response();
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (k, v) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.append(HeaderName::from_static(k), v);
+            }
+        }
+        r
+    }
+}
+
+/// A wire type as JSON. The types of `core::wire` have string keys and no
+/// fallible `Serialize`, so this cannot fail; were it to, the answer is still
+/// valid JSON naming the `internal` code.
+fn to_json(v: &impl Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| r#"{"code":"internal","message":"answer not serialisable"}"#.into())
+}
+
+/// The operator plane's refusal on any port: `AdminError::status`, the body
+/// `{code, message}` and, for the 401s, `www-authenticate: Bearer`.
+pub fn admin_refusal(e: &AdminError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (status, axum::Json(e.body())).into_response();
+    if e.wants_token() {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
 }
 
 #[cfg(test)]
@@ -102,5 +171,27 @@ mod tests {
         }
         let r = ApiResponse::from(ApiError::from(LockError::Contended(Reason::LockContended)));
         assert!(r.body.contains("\"reason\":\"lock_contended\""));
+    }
+
+    #[test]
+    fn every_code_answers_what_core_says() {
+        for c in Code::ALL {
+            let r = ApiResponse::from(ApiError::new(c, "m \"quoted\"\n"));
+            assert_eq!(r.status, c.status(), "{c}");
+            let want: Vec<_> = c.error_headers().map(|(k, v)| (k, v.to_owned())).collect();
+            assert_eq!(r.headers, want, "{c}");
+            // The same bytes as the Wasm filter's hand-written body.
+            assert_eq!(r.body, lockmesh_core::code::error_body(c, "m \"quoted\"\n", None), "{c}");
+        }
+    }
+
+    #[test]
+    fn the_redirect_names_the_region_in_body_and_header() {
+        let r = ApiResponse::from(ApiError::wrong_region("search", "us-1"));
+        assert_eq!(r.status, 421);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!((v["code"].as_str(), v["region"].as_str()), (Some("wrong_region"), Some("us-1")));
+        assert!(r.headers.contains(&(headers::REGION, "us-1".to_owned())));
+        assert!(r.headers.contains(&("x-lockmesh-error", "wrong_region".to_owned())));
     }
 }

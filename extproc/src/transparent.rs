@@ -99,7 +99,7 @@ pub async fn acquire(
     // A key homed in another region is redirected, never forwarded (ADR-08).
     if let Some(key) = &req.lock.key {
         if let Some(region) = state.tiers.wrong_region(key) {
-            return (Answer::Reply(crate::api::wrong_region_response(key.namespace(), region)), None);
+            return (Answer::Reply(ApiError::wrong_region(key.namespace(), region).into()), None);
         }
     }
     match grant(state, envoy, vm, hold, req, cancel).await {

@@ -14,14 +14,10 @@
 pub use lockmesh_lock::validate::is_current;
 use std::sync::Mutex;
 
-use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
-use lockmesh_core::{Code, FencingToken, LockKey};
+use lockmesh_core::Code;
 use tokio::time::Instant;
 
-use crate::{
-    lock::{epoch::EpochRecord, HoldRecord, LockError, Store},
-    respond::{ApiError, ApiResponse},
-};
+use crate::respond::{ApiError, ApiResponse};
 
 /// A token bucket: `rate` tokens per second, burst `rate`.
 #[derive(Debug)]
@@ -59,14 +55,12 @@ impl RateLimiter {
     }
 }
 
-/// The `429 rate_limited` answer (with `retry-after: 1`).
+/// The `429 rate_limited` answer (its `retry-after` comes from [`Code`]).
 pub fn rate_limited() -> ApiResponse {
-    let mut r = ApiResponse::from(ApiError::new(
+    ApiResponse::from(ApiError::new(
         Code::RateLimited,
         "validate calls are over this arbiter's validate_rate_per_s; retry later",
-    ));
-    r.headers.push(("retry-after", "1".to_owned()));
-    r
+    ))
 }
 
 #[cfg(test)]
@@ -94,5 +88,6 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(v["code"], "rate_limited");
         assert!(r.headers.contains(&("x-lockmesh-error", "rate_limited".to_owned())));
+        assert!(r.headers.contains(&("retry-after", "1".to_owned())));
     }
 }

@@ -204,14 +204,18 @@ pub struct ListReply {
     pub requests: Vec<AdminRequest>,
 }
 
-/// An admin refusal: `{"error": code, "message"}`, also what `lockctl admin
-/// --json` prints on a refusal. Codes are `admin.*` (docs/ADMIN.md); the exit code
-/// follows from the code.
+/// An operator-plane refusal: `{"code", "message"}`, answered by the admin-action
+/// routes and the console alike, with the status of `AdminError::status`
+/// (extproc/ops/src/admin/mod.rs, the one table). Codes are `admin.*` (and the
+/// console's `console.bad_digest`; docs/ADMIN.md); `lockctl`'s exit code follows
+/// from the code. Arbiters of earlier builds named the code `error`; readers still
+/// accept that.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminErrorBody {
     /// The stable code, e.g. `admin.same_operator`.
-    pub error: String,
-    /// For people; never a token.
+    #[serde(alias = "error")]
+    pub code: String,
+    /// For people; may quote the token's claims, never the token.
     #[serde(default)]
     pub message: String,
 }

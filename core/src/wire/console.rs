@@ -271,14 +271,5 @@ pub struct ConsoleWaiters {
     pub waiters: u64,
 }
 
-/// A console refusal: `{"code", "message"}` with the admin actions' `admin.*`
-/// codes (token missing, invalid, role...) or `console.bad_digest`. Not a
-/// [`crate::Code`]: these are the operator plane's codes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConsoleErrorBody {
-    /// The stable code, e.g. `admin.token_missing`.
-    pub code: String,
-    /// For people; may quote the token's claims, never the token.
-    #[serde(default)]
-    pub message: String,
-}
+/// A console refusal: the operator plane's one refusal body.
+pub type ConsoleErrorBody = super::admin::AdminErrorBody;

@@ -33,7 +33,7 @@ use lockmesh_core::{
     headers::SessionId,
     policy::ChangeNote,
     shard::{rendezvous, ShardMap},
-    ClassRegistry, ClassSpec, Code, LockKey,
+    ClassRegistry, ClassSpec, LockKey,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -49,9 +49,6 @@ use crate::{
 
 /// How many times a request is routed again after a moved home record.
 const REROUTES: usize = 3;
-
-/// The response header naming the region a refused key is homed in.
-pub const REGION_HEADER: &str = "x-lockmesh-region";
 
 /// What an acquire got: an etcd grant, or (a fail-open class during a declared
 /// quorum loss, ADR-04) an unprotected one from memory.

@@ -8,7 +8,10 @@ use std::{io::Write, path::PathBuf, process::ExitCode};
 
 use clap::{Args, Subcommand};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use serde_json::json;
+use lockmesh_core::wire::admin::{
+    AdminErrorBody, ApproveBody, ApproveReply, ListBody, ListReply, Preview, RequestBody, ShowBody,
+};
+use serde::{de::DeserializeOwned, Serialize};
 
 use lockmesh_ops::admin::{
     flow::{self, Action},
@@ -225,32 +228,33 @@ impl Arbiter {
         Ok(Self { http, base })
     }
 
-    /// POSTs `body` to `path` (with the operator's token if any); the answer's
-    /// JSON, or the arbiter's refusal.
-    async fn call(
+    /// POSTs `body` to `path` (with the operator's token if any); the answer, or
+    /// the arbiter's refusal ([`AdminErrorBody`]).
+    async fn call<R: DeserializeOwned>(
         &self,
         path: &str,
-        body: serde_json::Value,
+        body: &impl Serialize,
         token: Option<&str>,
-    ) -> Result<serde_json::Value, Refusal> {
-        let mut rq = self.http.post(format!("{}{path}", self.base)).json(&body);
+    ) -> Result<R, Refusal> {
+        let mut rq = self.http.post(format!("{}{path}", self.base)).json(body);
         if let Some(t) = token {
             rq = rq.bearer_auth(t.trim());
         }
         // reqwest's errors name the URL, never a header: the token stays out.
         let resp = rq.send().await.map_err(|e| Refusal::from(io(format!("arbiter {}: {e}", self.base))))?;
         let status = resp.status();
-        let v: serde_json::Value = resp.json().await.map_err(|e| Refusal::from(io(format!("arbiter answer: {e}"))))?;
+        let bytes = resp.bytes().await.map_err(|e| Refusal::from(io(format!("arbiter answer: {e}"))))?;
+        let answer = |e: serde_json::Error| Refusal::from(io(format!("arbiter answer ({status}): {e}")));
         if status.is_success() {
-            return Ok(v);
+            return serde_json::from_slice(&bytes).map_err(answer);
         }
-        let code = v["error"].as_str().unwrap_or("admin.unavailable").to_owned();
-        let message = v["message"].as_str().map_or_else(|| format!("arbiter answered {status}"), str::to_owned);
-        Err(Refusal { code, message })
+        let b: AdminErrorBody = serde_json::from_slice(&bytes).map_err(answer)?;
+        let message = if b.message.is_empty() { format!("arbiter answered {status}") } else { b.message };
+        Err(Refusal { code: b.code, message })
     }
 }
 
-fn print_preview(out: &mut impl Write, p: &flow::Preview) {
+fn print_preview(out: &mut impl Write, p: &Preview) {
     let r = &p.request;
     let _ = writeln!(out, "request {} ({:?}) by {} : {:?}", r.id, r.state, r.requester.sub, r.action);
     let _ = writeln!(out, "  reason: {}", r.reason);
@@ -290,22 +294,27 @@ pub async fn main(a: &AdminArgs) -> ExitCode {
     }
 }
 
+/// What `lockctl admin --json` prints on a refusal: `{"error": code, "message"}`
+/// (the command's output contract; the arbiter's body names the code `code`).
+#[derive(Serialize)]
+struct CliRefusal<'a> {
+    error: &'a str,
+    message: &'a str,
+}
+
 fn fail(json: bool, r: &Refusal) -> ExitCode {
     if json {
-        println!("{}", json!({"error": r.code, "message": r.message}));
+        let out = CliRefusal { error: &r.code, message: &r.message };
+        println!("{}", serde_json::to_string(&out).unwrap_or_default());
     }
     eprintln!("lockctl admin: refused [{}]: {}", r.code, r.message);
     ExitCode::from(lockmesh_ops::admin::exit_code_of(&r.code))
 }
 
-fn parse<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, Refusal> {
-    serde_json::from_value(v.clone()).map_err(|e| Refusal::from(io(format!("arbiter answer: {e}"))))
-}
-
 async fn run(a: &AdminArgs, arbiter: &Arbiter, out: &mut impl Write) -> Result<(), Refusal> {
-    let emit = |out: &mut dyn Write, v: &serde_json::Value| {
-        let _ = writeln!(out, "{v}");
-    };
+    fn emit(out: &mut dyn Write, v: &impl Serialize) {
+        let _ = writeln!(out, "{}", serde_json::to_string(v).unwrap_or_default());
+    }
     match &a.cmd {
         AdminCmd::Request(r) => {
             let (action, reason, ttl_s, identity) = match r {
@@ -325,40 +334,39 @@ async fn run(a: &AdminArgs, arbiter: &Arbiter, out: &mut impl Write) -> Result<(
                     identity,
                 ),
             };
-            let body = json!({ "action": action, "reason": reason, "ttl_s": ttl_s });
-            let v = arbiter.call(server::REQUEST, body, Some(&identity.token)).await?;
+            let body = RequestBody { action, reason: reason.clone(), ttl_s: *ttl_s };
+            let p: Preview = arbiter.call(server::REQUEST, &body, Some(&identity.token)).await?;
             if a.json {
-                emit(out, &v);
+                emit(out, &p);
             } else {
-                let p: flow::Preview = parse(&v)?;
                 let id = &p.request.id;
                 let _ = writeln!(out, "requested {id}: a different operator must run `lockctl admin approve {id}`");
                 print_preview(out, &p);
             }
         }
         AdminCmd::Show { id } => {
-            let v = arbiter.call(server::SHOW, json!({ "id": id }), None).await?;
+            let p: Preview = arbiter.call(server::SHOW, &ShowBody { id: id.clone() }, None).await?;
             if a.json {
-                emit(out, &v);
+                emit(out, &p);
             } else {
-                print_preview(out, &parse(&v)?);
+                print_preview(out, &p);
             }
         }
         AdminCmd::Approve { id, identity } => {
             // What the approver approves is shown first; the arbiter then executes
             // only if the holds are still exactly the ones shown.
-            let shown = arbiter.call(server::SHOW, json!({ "id": id }), None).await?;
-            let p: flow::Preview = parse(&shown)?;
+            let p: Preview = arbiter.call(server::SHOW, &ShowBody { id: id.clone() }, None).await?;
             if !a.json {
                 print_preview(out, &p);
             }
             let revs: Option<Vec<i64>> = matches!(p.request.action, Action::ForceRelease { .. })
                 .then(|| p.holds.iter().map(|h| h.grant_revision).collect());
-            let v = arbiter.call(server::APPROVE, json!({ "id": id, "shown": revs }), Some(&identity.token)).await?;
+            let body = ApproveBody { id: id.clone(), shown: revs };
+            let v: ApproveReply = arbiter.call(server::APPROVE, &body, Some(&identity.token)).await?;
             if a.json {
                 emit(out, &v);
             } else {
-                let o: flow::Outcome = parse(&v["outcome"])?;
+                let o = &v.outcome;
                 let by = o.request.approver.as_ref().map_or("-", |op| op.sub.as_str());
                 let _ = writeln!(
                     out,
@@ -373,16 +381,14 @@ async fn run(a: &AdminArgs, arbiter: &Arbiter, out: &mut impl Write) -> Result<(
             }
         }
         AdminCmd::List => {
-            let v = arbiter.call(server::LIST, json!({}), None).await?;
+            let v: ListReply = arbiter.call(server::LIST, &ListBody {}, None).await?;
             if a.json {
                 emit(out, &v);
             } else {
-                let reqs: Vec<flow::AdminRequest> = parse(&v["requests"])?;
-                let log: Vec<flow::LogEntry> = parse(&v["log"])?;
-                for r in &reqs {
+                for r in &v.requests {
                     let _ = writeln!(out, "{} {:?} by {} {:?}: {}", r.id, r.state, r.requester.sub, r.action, r.reason);
                 }
-                for l in &log {
+                for l in &v.log {
                     let who = l.operator.as_ref().map_or("-", |o| o.sub.as_str());
                     let _ = writeln!(out, "{} {} {} {}: {}", l.at_ms, l.step, who, l.outcome, l.detail);
                 }

@@ -9,55 +9,8 @@
 use std::time::Duration;
 
 use etcd_client::{AlarmAction, AlarmType, Client};
-use serde::Serialize;
 
-/// One member.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MemberView {
-    /// Member id, 16 hex digits.
-    pub id: String,
-    /// Member name.
-    pub name: String,
-    /// The client URL it was asked at (none: not started).
-    pub url: Option<String>,
-    /// A raft learner (not voting).
-    pub learner: bool,
-    /// It answered its status request.
-    pub reachable: bool,
-    /// etcd server version.
-    pub version: Option<String>,
-    /// It is the leader.
-    pub leader: bool,
-    /// Raft term.
-    pub raft_term: Option<u64>,
-    /// Raft index.
-    pub raft_index: Option<u64>,
-    /// Backend size, bytes.
-    pub db_size: Option<i64>,
-    /// Errors the member reports, or why it could not be asked.
-    pub errors: Vec<String>,
-}
-
-/// The cluster.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ClusterView {
-    /// Cluster id, 16 hex digits.
-    pub cluster_id: Option<String>,
-    /// Members, in member-list order.
-    pub members: Vec<MemberView>,
-    /// The leader's id, when the answering members agree on one.
-    pub leader: Option<String>,
-    /// Voting members.
-    pub voting: usize,
-    /// Voting members that answered.
-    pub voting_reachable: usize,
-    /// A majority of voting members answered and a leader is known.
-    pub quorum: bool,
-    /// Active alarms (`NOSPACE`, `CORRUPT`) with the member that raised them.
-    pub alarms: Vec<String>,
-    /// Why the member list could not be read, if it could not.
-    pub error: Option<String>,
-}
+pub use lockmesh_core::wire::console::{ClusterView, MemberView};
 
 /// Reads the member list through `client`, then each member's status through a
 /// connection from `connect(url)`; every call is bounded by `timeout`.
@@ -124,8 +77,8 @@ where
         }
         view.members.push(mv);
     }
-    view.voting = view.members.iter().filter(|m| !m.learner).count();
-    view.voting_reachable = view.members.iter().filter(|m| !m.learner && m.reachable).count();
+    view.voting = view.members.iter().filter(|m| !m.learner).count() as u64;
+    view.voting_reachable = view.members.iter().filter(|m| !m.learner && m.reachable).count() as u64;
     leaders.sort_unstable();
     leaders.dedup();
     if let [one] = leaders.as_slice() {

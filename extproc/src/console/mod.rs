@@ -10,10 +10,12 @@
 //! The API checks the operator's token exactly as the admin actions do: a JWT in
 //! `Authorization: Bearer`, verified against the JWKS, issuer, audience, role, MFA
 //! and freshness of the arbiter's `operators` section ([`crate::config::Operators`]).
-//! Refusals carry a stable code (`admin.token_missing`, `admin.token_invalid`,
-//! `admin.token_expired`, `admin.token_stale` → 401; `admin.role_missing`,
-//! `admin.mfa_missing` → 403; `admin.not_configured` → 404; `admin.jwks_invalid` →
-//! 503). The page takes the token from the URL fragment (`/console#token=...`,
+//! Refusals are the operator plane's one table ([`crate::respond::admin_refusal`],
+//! the same statuses and bodies as the admin actions: `admin.token_missing`,
+//! `admin.token_invalid`, `admin.token_expired`, `admin.token_stale` → 401;
+//! `admin.role_missing`, `admin.mfa_missing` → 403; `console.bad_digest` → 400;
+//! `admin.not_configured` → 404; `admin.jwks_invalid` → 503). Answers are the
+//! types of `core::wire::console`. The page takes the token from the URL fragment (`/console#token=...`,
 //! which browsers never send to a server) or a paste box, keeps it in the tab's
 //! `sessionStorage` and sends it only in that header.
 //!
@@ -26,24 +28,31 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use axum::{
     extract::{Path as AxPath, State as AxState},
-    http::{header, HeaderMap, HeaderValue, StatusCode},
+    http::{header, HeaderMap, HeaderValue},
     response::{IntoResponse, Response},
     routing::get,
     Router,
 };
 use lockmesh_core::{
     class::{Enforcement, Fairness},
+    wire::{
+        audit::{Answer, Query},
+        console::{
+            ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleDraining, ConsoleEnforcement, ConsoleEtcd,
+            ConsoleOperator, ConsoleScan, ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest,
+        },
+        inspect::SaturatedKey,
+        status::ClassesStatus,
+    },
     KeyDigest,
 };
-use serde_json::{json, Value};
-
-use lockmesh_core::wire::audit::{Answer, Query};
 use lockmesh_ops::{
     admin::{jwt::Operator, AdminError},
     etcd_view::cluster_view,
     inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str},
     pause::{day_string, pause_status},
 };
+use serde::Serialize;
 
 use crate::{
     lock::now_ms,
@@ -70,21 +79,20 @@ pub struct Console {
     members: tokio::sync::Mutex<HashMap<String, etcd_client::Client>>,
 }
 
-/// A refusal: HTTP status, stable code, message.
+/// A refusal: the operator plane's one answer, with the console's no-store headers.
 #[derive(Debug)]
-struct Refusal {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
+struct Refusal(AdminError);
+
+impl From<AdminError> for Refusal {
+    fn from(e: AdminError) -> Self {
+        Self(e)
+    }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let mut r = (self.status, axum::Json(json!({"code": self.code, "message": self.message}))).into_response();
+        let mut r = crate::respond::admin_refusal(&self.0);
         no_store(r.headers_mut());
-        if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
         r
     }
 }
@@ -120,40 +128,17 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 
 /// Verifies the bearer token as the admin actions do (`operators`).
 fn authenticate(state: &State, headers: &HeaderMap) -> Result<Operator, Refusal> {
-    let Some(ops) = state.config.operators.as_ref() else {
-        return Err(Refusal {
-            status: StatusCode::NOT_FOUND,
-            code: "admin.not_configured",
-            message: "this arbiter has no operators section: the console API is off (docs/OPERATIONS.md)".into(),
-        });
-    };
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let Some(token) = token else {
-        return Err(Refusal {
-            status: StatusCode::UNAUTHORIZED,
-            code: "admin.token_missing",
-            message: "sign in: an operator token is required (Authorization: Bearer)".into(),
-        });
-    };
-    let verified = ops.verifier().and_then(|v| v.verify(token, now_ms() / 1000));
+    let ops = state.config.operators.as_ref().ok_or(AdminError::NotConfigured)?;
+    let verified = lockmesh_ops::admin::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+        .and_then(|token| ops.verifier()?.verify(token, now_ms() / 1000));
     verified.map_err(|e| {
-        let status = match &e {
-            AdminError::RoleMissing(_) | AdminError::MfaMissing => StatusCode::FORBIDDEN,
-            AdminError::Jwks(_) => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::UNAUTHORIZED,
-        };
         // The code only: the message may quote claims, and the token never goes anywhere.
         tracing::info!(code = e.code(), "console: request refused");
-        Refusal { status, code: e.code(), message: e.to_string() }
+        Refusal(e)
     })
 }
 
-fn json_response(v: Value) -> Response {
+fn json_response(v: &impl Serialize) -> Response {
     let mut r = axum::Json(v).into_response();
     no_store(r.headers_mut());
     r
@@ -165,26 +150,24 @@ async fn api_waiters(
     AxPath(digest): AxPath<String>,
 ) -> Result<Response, Refusal> {
     authenticate(&c.state, &headers)?;
-    let d = KeyDigest::parse(&digest).ok_or(Refusal {
-        status: StatusCode::BAD_REQUEST,
-        code: "console.bad_digest",
-        message: "digest: 64 lowercase hex digits (lockctl inspect KEY prints it)".into(),
-    })?;
-    Ok(json_response(json!({"digest": d.to_string(), "waiters": c.state.store.queues().len(&d)})))
+    let d = KeyDigest::parse(&digest).ok_or(AdminError::BadDigest)?;
+    let waiters = c.state.store.queues().len(&d) as u64;
+    Ok(json_response(&ConsoleWaiters { digest: d.to_string(), waiters }))
 }
 
 async fn api_state(AxState(c): AxState<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
     let op = authenticate(&c.state, &headers)?;
-    Ok(json_response(c.snapshot(&op).await))
+    Ok(json_response(&c.snapshot(&op).await))
 }
 
-fn enforcement(e: &Enforcement) -> Value {
+fn enforcement(e: &Enforcement) -> ConsoleEnforcement {
     match e {
-        Enforcement::Fenced => json!({"posture": "fenced"}),
-        Enforcement::Advisory { risk_owner, waiver_expiry_day } => json!({
-            "posture": "advisory", "risk_owner": risk_owner, "waiver_expiry": day_string(*waiver_expiry_day),
-            "waiver_expired": *waiver_expiry_day < crate::registry::today(),
-        }),
+        Enforcement::Fenced => ConsoleEnforcement::Fenced,
+        Enforcement::Advisory { risk_owner, waiver_expiry_day } => ConsoleEnforcement::Advisory {
+            risk_owner: risk_owner.clone(),
+            waiver_expired: *waiver_expiry_day < crate::registry::today(),
+            waiver_expiry: day_string(*waiver_expiry_day),
+        },
     }
 }
 
@@ -207,7 +190,7 @@ impl Console {
     }
 
     /// Everything the page shows.
-    async fn snapshot(&self, op: &Operator) -> Value {
+    async fn snapshot(&self, op: &Operator) -> ConsoleState {
         let state = &self.state;
         let (now, timeout) = (now_ms(), self.timeout());
         let root = state.config.etcd_root.clone();
@@ -228,7 +211,7 @@ impl Console {
         let limits: HashMap<String, u32> = pol.values().map(|p| (p.class.clone(), p.limit)).collect();
         let sat_per_class = scan.as_ref().map(|s| saturated_per_class(s, &limits)).unwrap_or_default();
         let base = state.config.registry_file.parent().map(std::path::Path::to_owned).unwrap_or_default();
-        let classes: Vec<Value> = reg
+        let classes = reg
             .classes()
             .iter()
             .map(|c| {
@@ -237,98 +220,127 @@ impl Console {
                 let held = scan.as_ref().ok().and_then(|s| s.classes.get(name));
                 let pause = matches!(c.enforcement, Enforcement::Fenced).then(|| {
                     let p = pause_status(&base, name, c.pause_test_result.as_deref(), now / 1000);
-                    json!({"passing": p.passing, "expires_unix_s": p.expires_unix_s})
+                    PauseTest { expires_unix_s: p.expires_unix_s, passing: p.passing }
                 });
-                json!({
-                    "name": name, "tier": tier_label(c.tier), "enforcement": enforcement(&c.enforcement),
-                    "pause_test": pause, "ttl_s": c.ttl_s,
-                    "fairness": match c.fairness { Fairness::Memory => "memory", Fairness::Durable => "durable" },
-                    "desired_max_holders": c.max_holders, "prefixes": c.prefixes,
-                    "limit": p.map(|p| p.limit), "state": p.map(state_str),
-                    "pending_target": p.and_then(|p| p.pending_target),
-                    "open_grants": held.map_or(0, |h| h.open), "keys_held": held.map_or(0, |h| h.keys),
-                    "oldest_grant_age_ms": held.map(|h| h.oldest_age_ms),
-                    "saturated_keys": sat_per_class.get(name).copied().unwrap_or(0),
-                })
+                ConsoleClass {
+                    desired_max_holders: c.max_holders,
+                    enforcement: enforcement(&c.enforcement),
+                    fairness: match c.fairness {
+                        Fairness::Memory => "memory",
+                        Fairness::Durable => "durable",
+                    }
+                    .into(),
+                    keys_held: held.map_or(0, |h| h.keys),
+                    limit: p.map(|p| p.limit),
+                    name: name.to_owned(),
+                    oldest_grant_age_ms: held.map(|h| h.oldest_age_ms),
+                    open_grants: held.map_or(0, |h| h.open),
+                    pause_test: pause,
+                    pending_target: p.and_then(|p| p.pending_target),
+                    prefixes: c.prefixes.iter().map(ToString::to_string).collect(),
+                    saturated_keys: sat_per_class.get(name).copied().unwrap_or(0),
+                    state: p.map(|p| state_str(p).to_owned()),
+                    tier: tier_label(c.tier).to_owned(),
+                    ttl_s: c.ttl_s,
+                }
             })
             .collect();
-        let draining: Vec<Value> = pol
+        let draining = pol
             .values()
             .filter(|p| state_str(p) == "draining")
-            .map(|p| {
-                json!({
-                    "class": p.class, "limit": p.limit, "pending_target": p.pending_target,
-                    "change_epoch": p.change_epoch, "pending_move": p.pending_move,
-                    "draining_age_ms": p.draining_age_ms(now),
-                })
+            .map(|p| ConsoleDraining {
+                change_epoch: p.change_epoch,
+                class: p.class.clone(),
+                draining_age_ms: p.draining_age_ms(now),
+                limit: p.limit,
+                pending_move: p.pending_move,
+                pending_target: p.pending_target,
             })
             .collect();
-        let top: Vec<Value> = scan
+        let saturated = scan
             .as_ref()
             .map(|s| saturated(s, &limits, None, TOP_SATURATED))
             .unwrap_or_default()
             .into_iter()
             .map(|k| {
                 let waiters = KeyDigest::parse(&k.digest).map_or(0, |d| state.store.queues().len(&d));
-                json!({"digest": k.digest, "class": k.class, "holders": k.holders, "limit": k.limit,
-                       "oldest_age_ms": k.oldest_age_ms, "waiters_here": waiters})
+                SaturatedKey {
+                    class: k.class,
+                    digest: k.digest,
+                    holders: k.holders,
+                    limit: k.limit,
+                    oldest_age_ms: k.oldest_age_ms,
+                    waiters_here: Some(waiters as u64),
+                }
             })
             .collect();
         let seal = state.store.seal().current();
         let epoch = state.store.epoch_state().await.ok();
-        let endpoints = state.config.etcd_endpoints.len();
+        let endpoints = state.config.etcd_endpoints.len() as u64;
         let cluster = cluster_view(&mut client, timeout, |url| self.member(url)).await;
         let audit = self.audit().await;
-        let rs = crate::registry::status_json(state).await;
-        json!({
-            "generated_ms": now,
-            "version": env!("CARGO_PKG_VERSION"),
-            "operator": {"sub": op.sub},
-            "seal": {
-                "sealed": seal.is_some(), "reason": seal.as_ref().map(|s| s.reason.as_str()),
-                "detail": seal.as_ref().map(|s| s.detail.clone()), "since_ms": seal.as_ref().map(|s| s.since_ms),
-                "epoch": epoch.as_ref().map(|e| e.epoch),
-                "explicit": epoch.as_ref().and_then(|e| e.sealed.clone()),
+        let registry = match crate::registry::classes_status(state).await {
+            ClassesStatus::Read(r) => Some(r.registry),
+            ClassesStatus::Unreadable { .. } => None,
+        };
+        ConsoleState {
+            audit,
+            classes,
+            draining,
+            etcd: ConsoleEtcd {
+                cluster,
+                endpoints,
+                failing_for_ms: ETCD.failing_for_ms(now),
+                reachable: ETCD.reachable(),
             },
-            "etcd": {
-                "reachable": ETCD.reachable(), "failing_for_ms": ETCD.failing_for_ms(now),
-                "endpoints": endpoints, "cluster": cluster,
+            generated_ms: now,
+            operator: ConsoleOperator { sub: op.sub.clone() },
+            policies_error: policies.as_ref().err().cloned(),
+            registry,
+            saturated,
+            scan: match &scan {
+                Ok(s) => ConsoleScan::Done { holds: s.holds as u64, revision: s.revision, truncated: s.truncated },
+                Err(e) => ConsoleScan::Failed { error: e.clone() },
             },
-            "registry": rs["registry"],
-            "classes": classes,
-            "draining": draining,
-            "saturated": top,
-            "scan": match &scan {
-                Ok(s) => json!({"holds": s.holds, "truncated": s.truncated, "revision": s.revision}),
-                Err(e) => json!({"error": e}),
+            seal: ConsoleSeal {
+                detail: seal.as_ref().map(|s| s.detail.clone()),
+                epoch: epoch.as_ref().map(|e| e.epoch),
+                explicit: epoch.as_ref().and_then(|e| e.sealed.clone()),
+                reason: seal.as_ref().map(|s| s.reason.as_str().to_owned()),
+                sealed: seal.is_some(),
+                since_ms: seal.as_ref().map(|s| s.since_ms),
             },
-            "policies_error": policies.as_ref().err(),
-            "audit": audit,
-        })
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
     }
 
     /// Recent audit events from the tailer (`console.audit_url`): kind, class,
     /// digest, revision, time; never the raw key, identity or session.
-    async fn audit(&self) -> Value {
+    async fn audit(&self) -> ConsoleAudit {
         let cfg = &self.state.config.console;
+        let none = ConsoleAudit { configured: true, error: None, events: None, message: None };
         let Some(url) = cfg.audit_url.as_deref() else {
-            return json!({"configured": false, "message": "no audit store configured (console.audit_url)"});
+            let message = Some("no audit store configured (console.audit_url)".to_owned());
+            return ConsoleAudit { configured: false, message, ..none };
         };
         let q = Query::Recent { limit: u64::try_from(cfg.audit_events).unwrap_or(u64::MAX) };
-        let answer = lockmesh_ops::audit_client::query(url, &q, self.timeout()).await;
-        match answer {
+        match lockmesh_ops::audit_client::query(url, &q, self.timeout()).await {
             Ok(Answer::Events { events }) => {
-                let events: Vec<Value> = events
+                let events = events
                     .into_iter()
-                    .map(|e| {
-                        json!({"kind": e.kind, "revision": e.revision, "epoch": e.epoch, "at_ms": e.at_ms,
-                               "class": e.class, "digest": e.digest})
+                    .map(|e| ConsoleAuditEvent {
+                        at_ms: e.at_ms,
+                        class: e.class,
+                        digest: e.digest,
+                        epoch: e.epoch,
+                        kind: e.kind,
+                        revision: e.revision,
                     })
                     .collect();
-                json!({"configured": true, "events": events})
+                ConsoleAudit { events: Some(events), ..none }
             }
-            Ok(_) => json!({"configured": true, "error": "the tailer answered another query"}),
-            Err(e) => json!({"configured": true, "error": format!("audit tailer: {e}")}),
+            Ok(_) => ConsoleAudit { error: Some("the tailer answered another query".into()), ..none },
+            Err(e) => ConsoleAudit { error: Some(format!("audit tailer: {e}")), ..none },
         }
     }
 }

@@ -11,100 +11,18 @@ use lockmesh_lock::{now_ms, HoldRecord, Keys};
 /// Longest reason accepted.
 pub const MAX_REASON: usize = 1024;
 
-/// What a request asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Action {
-    /// Delete every hold of one key (by digest) and write its force record.
-    ForceRelease {
-        /// The key's digest (the raw key is never stored here).
-        digest: String,
-        /// Also revoke each holder's session lease (every lock of that session goes).
-        revoke_session: bool,
-    },
-    /// The guarded epoch advance of [`crate::restore::advance`].
-    EpochAdvance {
-        /// The epoch the requester saw.
-        expected_epoch: u64,
-        /// The epoch to advance to.
-        new_epoch: u64,
-    },
-}
+pub use lockmesh_core::wire::admin::{
+    Action, AdminRequest, HoldView, LogEntry, Outcome, Preview, RequestState as State,
+};
 
-/// A request's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// Waiting for a different operator.
-    Pending,
-    /// Approved; the action ran (or, for an epoch advance, is running).
-    Executed,
-    /// Approved, but there was nothing left to do (the hold had gone).
-    Void,
-}
-
-/// The request record (`<root>/adm/req/<id>`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AdminRequest {
-    /// Random id, 16 hex digits.
-    pub id: String,
-    /// What is asked.
-    pub action: Action,
-    /// Why (the requester's words).
-    pub reason: String,
-    /// Who asked.
-    pub requester: Operator,
-    /// When, unix ms.
-    pub requested_ms: u64,
-    /// Approval window end, unix ms.
-    pub expires_ms: u64,
-    /// State.
-    pub state: State,
-    /// Who approved.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approver: Option<Operator>,
-    /// When it was approved, unix ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approved_ms: Option<u64>,
-}
-
-/// One hold as shown before approval and kept in the force record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HoldView {
-    /// Slot.
-    pub slot: u32,
-    /// Holder identity.
-    pub owner: String,
-    /// Holder instance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
-    /// Class at grant time.
-    pub class: String,
-    /// The holder's session (lease id, hex).
-    pub session: Option<String>,
-    /// The grant's revision (the token's low bits).
-    pub grant_revision: i64,
-    /// Age, ms (wall clock; informational).
-    pub age_ms: u64,
-    #[serde(skip)]
+/// A hold as read for a force release: what the approver is shown, and what the
+/// guarded delete needs (never shown).
+#[derive(Debug, Clone)]
+struct Hold {
+    view: HoldView,
     lease: i64,
-    #[serde(skip)]
     mod_revision: i64,
-    #[serde(skip)]
     etcd_key: String,
-}
-
-/// What the approver is shown: the holds and whether their class is fenced.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Preview {
-    /// The request.
-    pub request: AdminRequest,
-    /// Holds of the key now (force release).
-    pub holds: Vec<HoldView>,
-    /// `fenced`, `advisory` or `unknown` (no registry given, or several classes).
-    pub enforcement: String,
-    /// What releasing means for this class, in words.
-    pub warning: Option<String>,
 }
 
 /// The force record (`<root>/f/<digest>`), the audit event's detail.
@@ -126,38 +44,6 @@ pub struct ForceRecord {
     pub revoke_session: bool,
     /// When, unix ms.
     pub at_ms: u64,
-}
-
-/// A log entry (`<root>/adm/log/...`): every request, approval and refusal.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LogEntry {
-    /// `request`, `approve`.
-    pub step: String,
-    /// The request, when known.
-    pub request_id: Option<String>,
-    /// The operator, when the token verified.
-    pub operator: Option<Operator>,
-    /// `ok` or the refusal code.
-    pub outcome: String,
-    /// The refusal's message, or what was done.
-    pub detail: String,
-    /// When, unix ms.
-    pub at_ms: u64,
-}
-
-/// What an approval did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Outcome {
-    /// The request after approval.
-    pub request: AdminRequest,
-    /// Force release: the holds deleted.
-    pub released: Vec<HoldView>,
-    /// Force release: the session leases revoked.
-    pub sessions_revoked: usize,
-    /// etcd revision of the executing transaction.
-    pub revision: i64,
-    /// Epoch advance: its step log.
-    pub advance_log: Vec<String>,
 }
 
 fn req_key(root: &str, id: &str) -> String {
@@ -270,7 +156,7 @@ async fn read_request(client: &mut Client, root: &str, id: &str) -> Result<(Admi
     Ok((req, kv.mod_revision()))
 }
 
-async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<HoldView>, AdminError> {
+async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<Hold>, AdminError> {
     let d = KeyDigest::parse(digest).ok_or_else(|| AdminError::BadKey(format!("{digest:?} is not a digest")))?;
     let keys = Keys::new(root);
     let r = client.get(keys.holds(&d), Some(GetOptions::new().with_prefix())).await.map_err(io)?;
@@ -280,7 +166,7 @@ async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<H
         .map(|kv| {
             let h: Option<HoldRecord> = serde_json::from_slice(kv.value()).ok();
             let etcd_key = String::from_utf8_lossy(kv.key()).into_owned();
-            HoldView {
+            let view = HoldView {
                 slot: etcd_key.rsplit('/').next().and_then(|s| s.parse().ok()).unwrap_or(0),
                 owner: h.as_ref().map_or_else(|| "?".into(), |h| h.owner.clone()),
                 instance: h.as_ref().and_then(|h| h.instance.clone()),
@@ -288,10 +174,8 @@ async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<H
                 session: SessionId::from_lease(kv.lease()).map(|s| s.to_string()),
                 grant_revision: kv.create_revision(),
                 age_ms: h.as_ref().map_or(0, |h| now.saturating_sub(h.acquired_ms)),
-                lease: kv.lease(),
-                mod_revision: kv.mod_revision(),
-                etcd_key,
-            }
+            };
+            Hold { view, lease: kv.lease(), mod_revision: kv.mod_revision(), etcd_key }
         })
         .collect())
 }
@@ -330,7 +214,7 @@ pub async fn preview(
     let (request, _) = read_request(client, root, id).await?;
     let (holds, (enforcement, warning)) = match &request.action {
         Action::ForceRelease { digest, .. } => {
-            let holds = holds_of(client, root, digest).await?;
+            let holds: Vec<HoldView> = holds_of(client, root, digest).await?.into_iter().map(|h| h.view).collect();
             let e = enforcement(&holds, registry);
             (holds, e)
         }
@@ -374,7 +258,8 @@ pub async fn approve(
         let guard = Compare::mod_revision(req_key(root, id), CompareOp::Equal, req_rev);
         match &req.action {
             Action::ForceRelease { digest, revoke_session } => {
-                let holds = holds_of(client, root, digest).await?;
+                let read = holds_of(client, root, digest).await?;
+                let holds: Vec<HoldView> = read.iter().map(|h| h.view.clone()).collect();
                 if let Some(shown) = shown {
                     let mut now_revs: Vec<i64> = holds.iter().map(|h| h.grant_revision).collect();
                     let mut shown = shown.to_vec();
@@ -410,7 +295,7 @@ pub async fn approve(
                     TxnOp::put(force_key(root, digest), serde_json::to_vec(&record).map_err(io)?, None),
                     TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None),
                 ];
-                for h in &holds {
+                for h in &read {
                     when.push(Compare::mod_revision(h.etcd_key.as_str(), CompareOp::Equal, h.mod_revision));
                     ops.push(TxnOp::delete(h.etcd_key.as_str(), None));
                 }
@@ -421,7 +306,7 @@ pub async fn approve(
                 let revision = r.header().map_or(0, |h| h.revision());
                 let mut revoked = 0;
                 if *revoke_session {
-                    let mut leases: Vec<i64> = holds.iter().map(|h| h.lease).filter(|l| *l != 0).collect();
+                    let mut leases: Vec<i64> = read.iter().map(|h| h.lease).filter(|l| *l != 0).collect();
                     leases.sort_unstable();
                     leases.dedup();
                     for l in leases {

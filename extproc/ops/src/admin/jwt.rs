@@ -31,13 +31,7 @@ pub struct Jwks {
 }
 
 /// Who an operator is: the verified token's issuer and subject.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Operator {
-    /// `iss`.
-    pub iss: String,
-    /// `sub`.
-    pub sub: String,
-}
+pub use lockmesh_core::wire::admin::Operator;
 
 /// Verifies operators' tokens.
 #[derive(Debug, Clone)]

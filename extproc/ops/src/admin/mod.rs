@@ -43,6 +43,9 @@ pub enum AdminError {
     /// The JWKS file is unusable (field path and why).
     #[error("JWKS: {0}")]
     Jwks(String),
+    /// No operator token came with the call (`authorization: Bearer ...`).
+    #[error("sign in: an operator token is required (Authorization: Bearer)")]
+    TokenMissing,
     /// The token does not verify.
     #[error("token refused: {0}")]
     TokenInvalid(String),
@@ -111,6 +114,9 @@ pub enum AdminError {
     /// The lock key is not a valid key.
     #[error("KEY: {0}")]
     BadKey(String),
+    /// A console route named something that is not a key digest.
+    #[error("digest: 64 lowercase hex digits (lockctl inspect KEY prints it)")]
+    BadDigest,
     /// The epoch advance failed (the request stays approved; re-run `lockctl epoch-advance` to resume).
     #[error("epoch advance: {0}")]
     Advance(String),
@@ -124,6 +130,7 @@ impl AdminError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Jwks(_) => "admin.jwks_invalid",
+            Self::TokenMissing => "admin.token_missing",
             Self::TokenInvalid(_) => "admin.token_invalid",
             Self::TokenExpired { .. } => "admin.token_expired",
             Self::TokenStale { .. } => "admin.token_stale",
@@ -136,6 +143,7 @@ impl AdminError {
             Self::RequestExpired(_) => "admin.request_expired",
             Self::NoHold(_) => "admin.no_hold",
             Self::BadKey(_) => "admin.bad_key",
+            Self::BadDigest => "console.bad_digest",
             Self::HoldsChanged(_) => "admin.holds_changed",
             Self::ClientDenied(_) => "admin.client_denied",
             Self::NotConfigured => "admin.not_configured",
@@ -151,14 +159,38 @@ impl AdminError {
         exit_code_of(self.code())
     }
 
-    /// The HTTP status the arbiter answers this refusal with.
-    pub fn http_status(&self) -> u16 {
-        match exit_code_of(self.code()) {
-            77 => 403,
-            65 => 409,
-            _ if matches!(self, Self::NotConfigured) => 404,
-            _ => 503,
+    /// The HTTP status every port answers this refusal with (the admin-action
+    /// routes on the ext_proc port and the console on the admin port): the one
+    /// table of the operator plane, by code, never by exit code.
+    ///
+    /// | Status | Codes |
+    /// |---|---|
+    /// | 400 | `bad_call`, `bad_key`, `reason_missing`, `console.bad_digest` |
+    /// | 401 | `token_missing`, `token_invalid`, `token_expired`, `token_stale` |
+    /// | 403 | `role_missing`, `mfa_missing`, `same_operator`, `client_denied` |
+    /// | 404 | `request_not_found`, `not_configured` |
+    /// | 409 | `request_not_pending`, `request_expired`, `no_hold`, `holds_changed` |
+    /// | 503 | `jwks_invalid`, `advance_failed`, `unavailable` |
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::BadCall(_) | Self::BadKey(_) | Self::ReasonMissing | Self::BadDigest => 400,
+            Self::TokenMissing | Self::TokenInvalid(_) | Self::TokenExpired { .. } | Self::TokenStale { .. } => 401,
+            Self::RoleMissing(_) | Self::MfaMissing | Self::SameOperator { .. } | Self::ClientDenied(_) => 403,
+            Self::NotFound(_) | Self::NotConfigured => 404,
+            Self::NotPending { .. } | Self::RequestExpired(_) | Self::NoHold(_) | Self::HoldsChanged(_) => 409,
+            Self::Jwks(_) | Self::Advance(_) | Self::Io(_) => 503,
         }
+    }
+
+    /// Whether an answer with this refusal asks for a bearer token
+    /// (`www-authenticate: Bearer`, RFC 6750): the 401s.
+    pub fn wants_token(&self) -> bool {
+        self.status() == 401
+    }
+
+    /// The refusal body every port answers: `{"code", "message"}`.
+    pub fn body(&self) -> lockmesh_core::wire::admin::AdminErrorBody {
+        lockmesh_core::wire::admin::AdminErrorBody { code: self.code().to_owned(), message: self.to_string() }
     }
 }
 
@@ -166,7 +198,8 @@ impl AdminError {
 /// `lockctl` exits with this): 77 identity, 65 request, 1 etcd, files or the arbiter.
 pub fn exit_code_of(code: &str) -> u8 {
     match code {
-        "admin.token_invalid"
+        "admin.token_missing"
+        | "admin.token_invalid"
         | "admin.token_expired"
         | "admin.token_stale"
         | "admin.role_missing"
@@ -180,11 +213,82 @@ pub fn exit_code_of(code: &str) -> u8 {
         | "admin.no_hold"
         | "admin.bad_key"
         | "admin.holds_changed"
-        | "admin.bad_call" => 65,
+        | "admin.bad_call"
+        | "console.bad_digest" => 65,
         _ => 1,
     }
 }
 
+/// The operator token of an `authorization` header value: `Bearer <token>` (the
+/// scheme in any case, RFC 7235), or [`AdminError::TokenMissing`]. The token is
+/// never logged or stored.
+pub fn bearer(authorization: Option<&str>) -> Result<&str, AdminError> {
+    let v = authorization.map(str::trim_start).unwrap_or_default();
+    let token = match v.split_at_checked(7) {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer ") => rest.trim(),
+        _ => "",
+    };
+    if token.is_empty() {
+        Err(AdminError::TokenMissing)
+    } else {
+        Ok(token)
+    }
+}
+
+/// An etcd or file failure as an [`AdminError::Io`] (`admin.unavailable`).
 pub fn io(e: impl std::fmt::Display) -> AdminError {
     AdminError::Io(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_token_is_taken_in_any_case_and_nothing_else_is() {
+        assert_eq!(bearer(Some("Bearer abc")).unwrap(), "abc");
+        assert_eq!(bearer(Some("bearer  abc ")).unwrap(), "abc");
+        for v in [None, Some(""), Some("Bearer "), Some("Basic abc"), Some("Bearerabc"), Some("abc")] {
+            assert!(matches!(bearer(v), Err(AdminError::TokenMissing)), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn every_refusal_has_one_status_and_its_exit_code_agrees() {
+        let all = [
+            AdminError::Jwks("x".into()),
+            AdminError::TokenMissing,
+            AdminError::TokenInvalid("x".into()),
+            AdminError::TokenExpired { ago_s: 1 },
+            AdminError::TokenStale { age_s: 2, max_s: 1 },
+            AdminError::RoleMissing("r".into()),
+            AdminError::MfaMissing,
+            AdminError::ReasonMissing,
+            AdminError::SameOperator { id: "i".into(), sub: "s".into() },
+            AdminError::NotFound("i".into()),
+            AdminError::NotPending { id: "i".into(), state: "executed".into() },
+            AdminError::RequestExpired("i".into()),
+            AdminError::NoHold("d".into()),
+            AdminError::HoldsChanged("x".into()),
+            AdminError::ClientDenied("c".into()),
+            AdminError::NotConfigured,
+            AdminError::BadCall("x".into()),
+            AdminError::BadKey("x".into()),
+            AdminError::BadDigest,
+            AdminError::Advance("x".into()),
+            AdminError::Io("x".into()),
+        ];
+        for e in &all {
+            let (status, exit) = (e.status(), e.exit_code());
+            // Identity refusals exit 77 and are 401/403; refused requests exit 65
+            // and are 4xx; etcd, file or arbiter trouble exits 1.
+            match exit {
+                77 => assert!(matches!(status, 401 | 403), "{}", e.code()),
+                65 => assert!(matches!(status, 400 | 404 | 409), "{}", e.code()),
+                _ => assert!(matches!(status, 404 | 503), "{}", e.code()),
+            }
+            assert_eq!(e.body().code, e.code());
+            assert_eq!(e.wants_token(), status == 401);
+        }
+    }
 }
