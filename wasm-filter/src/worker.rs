@@ -141,10 +141,10 @@ pub fn reply_to(ctx: u32, r: &Refusal) {
 
 /// Answers the effective context's request locally.
 pub fn reply(r: &Refusal) {
-    let mut hdrs = vec![("content-type", "application/json"), (headers::ERROR, r.code.as_str())];
-    if r.code == Code::QueueFull {
-        hdrs.push(("retry-after", "1"));
-    }
+    // `x-lockmesh-error` and, for the codes that carry it, `retry-after`: the
+    // same headers as the arbiter's answers (core's one table).
+    let mut hdrs = vec![("content-type", "application/json")];
+    hdrs.extend(r.code.error_headers());
     if let Err(e) = abi::send_http_response(r.status, &hdrs, r.body.as_bytes()) {
         log(LogLevel::Warn, &format!("local reply failed: status {}", e.0));
     }
