@@ -2,7 +2,7 @@
 //!
 //! One gRPC stream per HTTP request. Rules this module keeps, because Envoy forwards
 //! a request **unlocked** when a processor ends the stream with OK before answering
-//! (ENVOY-NOTES §1.5):
+//! (docs/DECISIONS.md F-3):
 //! - every `request_headers` message gets an explicit answer: an
 //!   `ImmediateResponse` (API routes) or a refusal; a stream that cannot be answered
 //!   ends with a non-OK status, never OK;

@@ -1,6 +1,6 @@
 //! The proxy-wasm host calls whose SDK wrappers (proxy-wasm 0.2.5) panic on statuses
 //! Envoy does return, called directly so every status comes back as an `Err`
-//! (ENVOY-NOTES §2.3). A panic here would trap the VM and strand every paused request
+//! (docs/DECISIONS.md F-7). A panic here would trap the VM and strand every paused request
 //! on the worker, so these three calls, made on other contexts' behalf during
 //! hand-offs, must not be able to panic:
 //!

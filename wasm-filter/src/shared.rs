@@ -2,7 +2,7 @@
 //! per `vm_id` shared by every worker): read-modify-write by compare-and-swap.
 //!
 //! Envoy's `set_shared_data` on a **missing** key succeeds whatever CAS it is given
-//! (ENVOY-NOTES §2.5), so "create if absent" does not exist. A write to a value that
+//! (docs/DECISIONS.md F-9), so "create if absent" does not exist. A write to a value that
 //! was missing when read passes [`ABSENT_CAS`], a CAS Envoy's counter practically
 //! never holds: if another worker created the value in between, the write fails with
 //! `CasMismatch` and is retried on the fresh value instead of overwriting it. (It

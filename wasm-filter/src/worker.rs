@@ -550,7 +550,7 @@ enum HandOver {
     Failed,
 }
 
-/// Resumes paused request `ctx` with `budget_ms` left (ENVOY-NOTES §2.3: check
+/// Resumes paused request `ctx` with `budget_ms` left (docs/DECISIONS.md F-8: check
 /// `set_effective_context` before anything else; a dead context returns `Err`).
 fn hand_over(ctx: u32, budget_ms: u64) -> HandOver {
     if hostcalls::set_effective_context(ctx).is_err() {

@@ -1,4 +1,4 @@
-//! Restore safety: the seal (ADR-03, corrected by ETCD-NOTES).
+//! Restore safety: the seal (docs/DECISIONS.md ADR-03).
 //!
 //! `etcdutl snapshot restore` with the original `--initial-cluster` and token keeps
 //! the cluster id, rolls revisions back (or, with `--bump-revision`, ahead) and
