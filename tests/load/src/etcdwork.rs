@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
+use crate::prom;
+
 /// Counters read once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EtcdCounters {
@@ -45,10 +47,11 @@ impl EtcdCounters {
     /// Parses Prometheus text; counters absent are zero.
     pub fn parse(text: &str) -> Self {
         let mut c = Self::default();
-        for (name, labels, v) in samples(text) {
-            match name {
+        for s in prom::parse(text) {
+            let v = s.value;
+            match s.name.as_str() {
                 "grpc_server_handled_total" => {
-                    if let Some(m) = label(labels, "grpc_method") {
+                    if let Some(m) = s.label("grpc_method") {
                         *c.handled.entry(m.to_owned()).or_default() += v;
                     }
                 }
@@ -96,34 +99,16 @@ pub(crate) async fn metrics_text(endpoint: &str) -> Result<String> {
     Ok(client.get(&url).send().await.and_then(|r| r.error_for_status()).context("read etcd /metrics")?.text().await?)
 }
 
-/// The samples of Prometheus text: metric name, labels (`a="x",b="y"}` or
-/// empty) and value.
-fn samples(text: &str) -> impl Iterator<Item = (&str, &str, f64)> {
-    text.lines().filter(|l| !l.starts_with('#')).filter_map(|line| {
-        let (series, value) = line.rsplit_once(' ')?;
-        let v = value.trim().parse::<f64>().ok()?;
-        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-        Some((name, labels, v))
-    })
-}
-
 /// Sum of the samples of `metric` over all its labels; `None` when absent.
 pub(crate) fn counter(text: &str, metric: &str) -> Option<u64> {
-    let mut values = samples(text).filter(|(name, _, _)| *name == metric).map(|(_, _, v)| v).peekable();
+    let mut values = prom::parse(text).into_iter().filter(|s| s.name == metric).map(|s| s.value).peekable();
     values.peek()?;
     Some(values.sum::<f64>() as u64)
 }
 
 /// The sample of histogram bucket `name{le="<le>"}`.
 pub(crate) fn bucket(text: &str, name: &str, le: &str) -> Option<u64> {
-    samples(text).find(|(n, labels, _)| *n == name && label(labels, "le") == Some(le)).map(|(_, _, v)| v as u64)
-}
-
-/// The value of label `name` in `a="x",b="y"}`.
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
-    let rest = &labels[start..];
-    Some(&rest[..rest.find('"')?])
+    prom::parse(text).into_iter().find(|s| s.name == name && s.label("le") == Some(le)).map(|s| s.value as u64)
 }
 
 // === impl EtcdWork ===

@@ -22,6 +22,8 @@
 //! - [`cpu`]: CPU time and memory of etcd, Envoy, the arbiter and this process.
 //! - [`renewal`]: many holds on few sessions kept alive (`--renewal`); [`scale`]:
 //!   the same at scale for minutes, watching for false expiries (`--scale`).
+//! - [`etcdwork`]: what etcd did in a window, from its counters; [`prom`]: the
+//!   Prometheus text reader it and the scenarios share.
 //! - `drive`: one client's cycle loop; `lockmesh`, `v3lock`, `txn`, `lease`: the
 //!   three workloads' clients.
 
@@ -42,6 +44,7 @@ mod drive;
 pub mod etcdwork;
 mod lease;
 mod lockmesh;
+pub mod prom;
 pub mod record;
 pub mod renewal;
 pub mod report;

@@ -7,6 +7,7 @@
 
 use std::{collections::BTreeSet, path::PathBuf, process::Command, time::Duration};
 
+use lockmesh_load::prom;
 use lockmesh_tests::{
     fence::{ensure_signing_key, FenceProxyProcess, KvStore},
     repo_root, Stack,
@@ -47,26 +48,6 @@ fn promtool_check(args: &[&str], input: Option<&str>) {
         "promtool check {args:?}:\n{text}\n--- input ---\n{}",
         input.unwrap_or_default()
     );
-}
-
-/// (metric family names from HELP lines, label names of every sample, every sample line).
-fn parse(expo: &str) -> (BTreeSet<String>, BTreeSet<String>, Vec<String>) {
-    let mut names = BTreeSet::new();
-    let mut labels = BTreeSet::new();
-    let mut samples = Vec::new();
-    for line in expo.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            names.insert(rest.split(' ').next().unwrap().to_owned());
-        } else if !line.starts_with('#') && !line.is_empty() {
-            samples.push(line.to_owned());
-            if let (Some(a), Some(b)) = (line.find('{'), line.rfind('}')) {
-                for pair in line[a + 1..b].split("\",") {
-                    labels.insert(pair.split('=').next().unwrap().trim_matches(',').to_owned());
-                }
-            }
-        }
-    }
-    (names, labels, samples)
 }
 
 #[tokio::test]
@@ -150,16 +131,19 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
     let mut known = BTreeSet::new();
     for (who, expo) in [("arbiter", &arbiter), ("audit", &audit), ("fence-proxy", &fence_expo)] {
         promtool_check(&["metrics"], Some(expo));
-        let (names, labels, samples) = parse(expo);
-        known.extend(names);
-        for l in &labels {
-            assert!(ALLOWED_LABELS.contains(&l.as_str()), "{who}: label {l:?} is not a bounded label");
-        }
-        for line in samples {
-            for s in &secrets {
-                assert!(!line.contains(s.as_str()), "{who}: a key or token in a metric: {line}");
+        known.extend(prom::families(expo));
+        for sample in prom::parse(expo) {
+            for (l, _) in &sample.labels {
+                assert!(ALLOWED_LABELS.contains(&l.as_str()), "{who}: label {l:?} is not a bounded label: {sample:?}");
             }
-            assert!(!line.contains("spiffe://"), "{who}: an identity in a metric: {line}");
+            // The name and every label value: all of a sample line but its number.
+            let texts = std::iter::once(&sample.name).chain(sample.labels.iter().map(|(_, v)| v));
+            for text in texts {
+                for s in &secrets {
+                    assert!(!text.contains(s.as_str()), "{who}: a key or token in a metric: {sample:?}");
+                }
+                assert!(!text.contains("spiffe://"), "{who}: an identity in a metric: {sample:?}");
+            }
         }
     }
 
