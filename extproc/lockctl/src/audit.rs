@@ -6,7 +6,6 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Subcommand};
 use lockmesh_core::LockKey;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use lockmesh_audit::{
     query::{self, Answer, Query},
@@ -143,37 +142,38 @@ fn time_flag(flag: &str, value: &Option<String>, now_ms: u64, default: u64) -> R
     value.as_deref().map_or(Ok(default), |s| parse_time(s, now_ms).map_err(|e| format!("{flag}: {e}")))
 }
 
+/// How long `lockctl audit --url` waits for the tailer's answer.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// POSTs a query (`body`, JSON) to the tailer's `/v1/audit/query` at `url`
-/// (`http://host:port`) and returns the answer's body.
+/// (`http://host:port`) and returns the answer's body (any transfer encoding).
 pub(crate) async fn post(url: &str, body: &str) -> Result<String, String> {
     let hostport = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("--url {url:?} must start with http://"))?
         .trim_end_matches('/');
-    let req = format!(
-        "POST /v1/audit/query HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let run = async {
-        let mut s = tokio::net::TcpStream::connect(hostport).await.map_err(|e| format!("{url}: {e}"))?;
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("{url}: {e}"))?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.map_err(|e| format!("{url}: {e}"))?;
-        Ok::<_, String>(out)
+    let failed = |e: reqwest::Error| {
+        if e.is_timeout() {
+            format!("{url}: no answer within {}s", TIMEOUT.as_secs())
+        } else {
+            format!("{url}: {}", crate::doctor::error_chain(&e))
+        }
     };
-    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+    let client = reqwest::Client::builder().timeout(TIMEOUT).build().map_err(failed)?;
+    let resp = client
+        .post(format!("http://{hostport}/v1/audit/query"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.to_owned())
+        .send()
         .await
-        .map_err(|_| format!("{url}: no answer within 30s"))??;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{url}: not an HTTP answer"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("{url}: {} {}", head.lines().next().unwrap_or_default(), body.trim()));
+        .map_err(failed)?;
+    let (version, status) = (resp.version(), resp.status());
+    let text = resp.text().await.map_err(failed)?;
+    if status != reqwest::StatusCode::OK {
+        // As the status line reads: `HTTP/1.1 500 Internal Server Error`.
+        return Err(format!("{url}: {version:?} {status} {}", text.trim()));
     }
-    // axum answers a body of known length; a chunked body would need decoding.
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Err(format!("{url}: chunked answers are not supported"));
-    }
-    Ok(body.to_owned())
+    Ok(text)
 }
 
 /// Runs `lockctl audit`: exit 0, 64 for a bad argument, 1 when the store or the
@@ -232,5 +232,27 @@ mod tests {
         assert!(query_of(&AuditCmd::History { key: "nonamespace".into() }, 0).is_err());
         let e = query_of(&AuditCmd::Events { kind: "gapp".into(), since: None }, 0).unwrap_err();
         assert!(e.starts_with("KIND: \"gapp\" is not one of grant, release"), "{e}");
+    }
+
+    /// The tailer's answer is read whatever its framing; a refusal is reported as
+    /// its status line and body.
+    #[tokio::test]
+    async fn post_reads_chunked_answers_and_reports_refusals() {
+        use crate::doctor::tests::serve_once;
+        let chunked =
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n3\r\n\":1\r\n1\r\n}\r\n0\r\n\r\n";
+        let (url, req) = serve_once(Some(chunked.into())).await;
+        assert_eq!(post(&url, r#"{"query":"recent","limit":1}"#).await.unwrap(), r#"{"a":1}"#);
+        let head = req.await.unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("post /v1/audit/query http/1.1\r\n"), "{head}");
+        assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
+        let body = r#"{"error":"store: locked"}"#;
+        let refused = format!("HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        let (url, _req) = serve_once(Some(refused)).await;
+        assert_eq!(
+            post(&url, "{}").await.unwrap_err(),
+            format!("{url}: HTTP/1.1 500 Internal Server Error {{\"error\":\"store: locked\"}}")
+        );
+        assert!(post("https://x:1", "{}").await.unwrap_err().contains("must start with http://"));
     }
 }

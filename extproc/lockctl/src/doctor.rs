@@ -18,7 +18,7 @@
 //! failed, **64** bad arguments (no endpoints, an unreadable registry file).
 //! Human output by default; `--json` prints one JSON document.
 
-pub use lockmesh_ops::pause::{day_string, pause_status, PauseStatus};
+pub use lockmesh_ops::pause::{day_string, pause_status};
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
@@ -29,11 +29,10 @@ use std::{
 use clap::Args;
 use lockmesh_core::{
     class::{Enforcement, RawRegistry},
-    pause::{check_pause_result, PauseTestResult},
+    wire::status::StatusReply,
     ClassRegistry,
 };
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use lockmesh_lock::{epoch::EpochRecord, now_ms, Keys};
 use lockmesh_ops::{
@@ -113,7 +112,9 @@ pub struct Report {
 }
 
 /// GETs `path` from an arbiter's admin address (`http://host:port`), with a
-/// bearer token if given; returns the status code and the body.
+/// bearer token if given, within `timeout` (connect, request and the whole body);
+/// returns the status code and the body. Errors name the address, never the
+/// token (reqwest's errors carry the URL, not the headers).
 pub async fn admin_get(
     base: &str,
     path: &str,
@@ -125,28 +126,35 @@ pub async fn admin_get(
         .map(|h| h.trim_end_matches('/'))
         .filter(|h| !h.is_empty() && !h.contains('/'))
         .ok_or_else(|| format!("{base:?}: an admin address is http://host:port"))?;
-    let auth = bearer.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {hostport}\r\n{auth}Connection: close\r\n\r\n");
-    let run = async {
-        let mut s = tokio::net::TcpStream::connect(hostport).await.map_err(|e| format!("{base}: {e}"))?;
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("{base}: {e}"))?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.map_err(|e| format!("{base}: {e}"))?;
-        Ok::<_, String>(out)
+    let failed = |e: reqwest::Error| {
+        if e.is_timeout() {
+            format!("{base}: no answer within {timeout:?}")
+        } else {
+            format!("{base}: {}", error_chain(&e))
+        }
     };
-    let out =
-        tokio::time::timeout(timeout, run).await.map_err(|_| format!("{base}: no answer within {timeout:?}"))??;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{base}: not an HTTP answer"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("{base}: not an HTTP answer"))?;
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Err(format!("{base}: chunked answers are not supported"));
+    let client = reqwest::Client::builder().timeout(timeout).build().map_err(failed)?;
+    let mut rq = client.get(format!("http://{hostport}{path}"));
+    if let Some(t) = bearer {
+        rq = rq.bearer_auth(t);
     }
-    Ok((code, body.to_owned()))
+    let resp = rq.send().await.map_err(failed)?;
+    let code = resp.status().as_u16();
+    let body = resp.text().await.map_err(failed)?;
+    Ok((code, body))
+}
+
+/// An error and its sources on one line: reqwest's own message names only the
+/// URL, the cause (refused, reset, DNS) is in the chain.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 fn version_tuple(v: &str) -> Option<(u64, u64, u64)> {
@@ -176,9 +184,7 @@ impl Doctor {
         }
         for url in urls {
             let status = match admin_get(url, "/status", None, timeout).await {
-                Ok((200, body)) => {
-                    serde_json::from_str::<serde_json::Value>(&body).map_err(|e| format!("{url}/status: {e}"))
-                }
+                Ok((200, body)) => serde_json::from_str::<StatusReply>(&body).map_err(|e| format!("{url}/status: {e}")),
                 Ok((code, _)) => Err(format!("{url}/status answered {code}")),
                 Err(e) => Err(e),
             };
@@ -189,16 +195,17 @@ impl Doctor {
                     continue;
                 }
             };
-            match s["version"].as_str() {
-                Some(v) if v == mine => self.add("arbiter.version", Status::Ok, url, v),
-                Some(v) => self.add("arbiter.version", Status::Warn, url, format!("{v} (lockctl is {mine})")),
-                None => {
+            // An arbiter too old to report its version answers without one (read as "").
+            match s.version.as_str() {
+                "" => {
                     self.add("arbiter.version", Status::Warn, url, "does not report its version (older than lockctl)")
                 }
+                v if v == mine => self.add("arbiter.version", Status::Ok, url, v),
+                v => self.add("arbiter.version", Status::Warn, url, format!("{v} (lockctl is {mine})")),
             }
-            if s["sealed"].as_bool() == Some(true) {
-                let reason = s["seal_reason"].as_str().unwrap_or("unknown");
-                let detail = s["seal_detail"].as_str().unwrap_or("");
+            if s.sealed {
+                let reason = s.seal_reason.as_deref().unwrap_or("unknown");
+                let detail = s.seal_detail.as_deref().unwrap_or("");
                 self.add(
                     "arbiter.seal",
                     Status::Fail,
@@ -339,7 +346,7 @@ impl Doctor {
         warn_days: u64,
     ) {
         let name = file.display().to_string();
-        let raw: RawRegistry = match serde_yaml::from_str(text) {
+        let raw: RawRegistry = match lockmesh_runtime::parse_yaml(text) {
             Ok(r) => r,
             Err(e) => {
                 self.add("class.registry", Status::Fail, name, format!("not a registry: {e}"));
@@ -525,7 +532,7 @@ pub async fn main(a: &DoctorArgs) -> ExitCode {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -538,6 +545,75 @@ mod tests {
         assert!(version_tuple("3.5.30").unwrap() >= ETCD_FLOOR);
         assert_eq!(version_tuple("3.6.0-rc.1"), Some((3, 6, 0)));
         assert_eq!(version_tuple("x"), None);
+    }
+
+    /// A loopback server answering its first connection with `reply` (raw bytes, so
+    /// the answer can be chunked) or, without one, never answering; yields the
+    /// request head it read.
+    pub(crate) async fn serve_once(reply: Option<String>) -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            match reply {
+                Some(r) => s.write_all(r.as_bytes()).await.unwrap(),
+                None => tokio::time::sleep(Duration::from_secs(5)).await,
+            }
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        (base, task)
+    }
+
+    #[tokio::test]
+    async fn admin_get_reads_a_chunked_answer_and_sends_the_bearer() {
+        let (base, req) = serve_once(Some(
+            "HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"wa\r\n9\r\niters\":3}\r\n0\r\n\r\n"
+                .into(),
+        ))
+        .await;
+        let got = admin_get(&base, "/console/api/waiters/ab", Some("t0k"), Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got, (503, "{\"waiters\":3}".to_owned()));
+        let head = req.await.unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("get /console/api/waiters/ab http/1.1\r\n"), "{head}");
+        assert!(head.contains("\r\nauthorization: bearer t0k\r\n"), "{head}");
+        assert!(admin_get("https://a:1", "/status", None, Duration::from_secs(1))
+            .await
+            .unwrap_err()
+            .contains("http://host:port"));
+    }
+
+    #[tokio::test]
+    async fn admin_get_gives_up_after_its_timeout() {
+        let (base, _req) = serve_once(None).await;
+        let e = admin_get(&base, "/status", None, Duration::from_millis(200)).await.unwrap_err();
+        assert_eq!(e, format!("{base}: no answer within 200ms"));
+    }
+
+    /// `/status` is read as the arbiter's `StatusReply`: a sealed arbiter fails
+    /// `arbiter.seal` with its reason and detail, an old one without a version warns.
+    #[tokio::test]
+    async fn a_sealed_arbiter_fails_and_an_unversioned_one_warns() {
+        let body = r#"{"sealed":true,"seal_reason":"revision_behind_mark","seal_detail":"revision 3 < mark 9"}"#;
+        let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        let (base, _req) = serve_once(Some(reply)).await;
+        let mut d = Doctor { findings: Vec::new() };
+        d.arbiters(std::slice::from_ref(&base), Duration::from_secs(5)).await;
+        let f = |check: &str| d.findings.iter().find(|f| f.check == check).cloned().unwrap();
+        assert_eq!(f("arbiter.version").status, Status::Warn);
+        assert!(f("arbiter.version").detail.contains("does not report its version"));
+        let seal = f("arbiter.seal");
+        assert_eq!(seal.status, Status::Fail);
+        assert!(seal.detail.starts_with("sealed (revision_behind_mark): revision 3 < mark 9;"), "{}", seal.detail);
     }
 
     #[test]

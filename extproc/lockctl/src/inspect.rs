@@ -12,11 +12,18 @@
 use std::{collections::HashMap, process::ExitCode, time::Duration};
 
 use clap::Args;
-use lockmesh_core::LockKey;
-use serde_json::json;
+use lockmesh_core::{
+    wire::{
+        console::{ConsoleErrorBody, ConsoleWaiters},
+        inspect::{HolderInfo, InspectReport, SaturatedKey, SaturatedReport},
+    },
+    LockKey,
+};
 
 use lockmesh_lock::now_ms;
-use lockmesh_ops::inspect::{human_ms, inspect_key, read_policies, saturated, scan_holds, DEFAULT_SCAN_MAX};
+use lockmesh_ops::inspect::{
+    human_ms, inspect_key, read_policies, saturated, scan_holds, KeyView, Saturated, DEFAULT_SCAN_MAX,
+};
 
 use crate::{
     admin::{connect, EtcdArgs},
@@ -105,22 +112,19 @@ pub async fn inspect(a: &InspectArgs) -> ExitCode {
             let path = format!("/console/api/waiters/{}", view.digest);
             match admin_get(url, &path, Some(token), TIMEOUT).await {
                 Ok((200, body)) => {
-                    let n = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v["waiters"].as_u64());
-                    *waiters.get_or_insert(0) += n.unwrap_or(0);
+                    let n = serde_json::from_str::<ConsoleWaiters>(&body).map_or(0, |w| w.waiters);
+                    *waiters.get_or_insert(0) += n;
                 }
                 Ok((code, body)) => {
-                    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                    errors.push(format!("{url}: {code} {}", v["code"].as_str().unwrap_or("")));
+                    let refusal = serde_json::from_str::<ConsoleErrorBody>(&body).map(|b| b.code);
+                    errors.push(format!("{url}: {code} {}", refusal.unwrap_or_default()));
                 }
                 Err(e) => errors.push(e),
             }
         }
     }
     if a.json {
-        let mut v = serde_json::to_value(&view).unwrap_or_default();
-        v["waiters"] = json!(waiters);
-        v["waiter_errors"] = json!(errors);
-        println!("{v}");
+        println!("{}", serde_json::to_string(&report(&view, waiters, &errors)).unwrap_or_default());
     } else {
         println!("digest   {}", view.digest);
         println!(
@@ -158,6 +162,44 @@ pub async fn inspect(a: &InspectArgs) -> ExitCode {
     }
 }
 
+/// `lockctl inspect --json`: the etcd view with the waiters counted on the arbiters.
+fn report(view: &KeyView, waiters: Option<u64>, errors: &[String]) -> InspectReport {
+    InspectReport {
+        class: view.class.clone(),
+        digest: view.digest.clone(),
+        holders: view
+            .holders
+            .iter()
+            .map(|h| HolderInfo {
+                age_ms: h.age_ms,
+                epoch: h.epoch,
+                identity: h.identity.clone(),
+                instance: h.instance.clone(),
+                session: h.session.clone(),
+                slot: h.slot,
+            })
+            .collect(),
+        limit: view.limit,
+        pending_target: view.pending_target,
+        revision: view.revision,
+        state: view.state.clone(),
+        waiter_errors: errors.to_vec(),
+        waiters,
+    }
+}
+
+/// A key of `lockctl saturated --json` (no arbiter asked: no `waiters_here`).
+fn saturated_key(k: &Saturated) -> SaturatedKey {
+    SaturatedKey {
+        class: k.class.clone(),
+        digest: k.digest.clone(),
+        holders: k.holders,
+        limit: k.limit,
+        oldest_age_ms: k.oldest_age_ms,
+        waiters_here: None,
+    }
+}
+
 /// Runs `lockctl saturated`.
 pub async fn saturated_main(a: &SaturatedArgs) -> ExitCode {
     let run = async {
@@ -182,9 +224,13 @@ pub async fn saturated_main(a: &SaturatedArgs) -> ExitCode {
     let limits: HashMap<String, u32> = policies.values().map(|p| (p.class.clone(), p.limit)).collect();
     let keys = saturated(&scan, &limits, a.class.as_deref(), a.top);
     if a.json {
-        let v = json!({"revision": scan.revision, "holds_scanned": scan.holds, "truncated": scan.truncated,
-                       "saturated": keys});
-        println!("{v}");
+        let r = SaturatedReport {
+            holds_scanned: u64::try_from(scan.holds).unwrap_or(u64::MAX),
+            revision: scan.revision,
+            saturated: keys.iter().map(saturated_key).collect(),
+            truncated: scan.truncated,
+        };
+        println!("{}", serde_json::to_string(&r).unwrap_or_default());
     } else {
         println!("{:<64}  {:<16} {:>8}  oldest", "digest", "class", "holders");
         for k in &keys {
@@ -206,4 +252,58 @@ pub async fn saturated_main(a: &SaturatedArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use lockmesh_ops::inspect::HolderInfo as Holder;
+    use serde_json::json;
+
+    use super::*;
+
+    /// `--json` prints the bytes it printed when it built them through
+    /// `serde_json::Value` (keys sorted): the scenarios and operators' scripts read them.
+    #[test]
+    fn json_output_keeps_its_bytes() {
+        let holder = |slot, instance: Option<&str>| Holder {
+            slot,
+            identity: "spiffe://t/a".into(),
+            instance: instance.map(Into::into),
+            session: "000000000000002a".into(),
+            epoch: 1,
+            age_ms: 12,
+        };
+        for (pending_target, waiters, errors) in
+            [(None, None, vec![]), (Some(1), Some(3), vec!["http://a:1: 401 admin.unauthenticated".to_owned()])]
+        {
+            let view = KeyView {
+                digest: "ab".repeat(32),
+                class: Some("default".into()),
+                limit: Some(2),
+                state: Some("draining".into()),
+                pending_target,
+                holders: vec![holder(0, None), holder(1, Some("i-1"))],
+                revision: 42,
+            };
+            let mut before = serde_json::to_value(&view).unwrap();
+            before["waiters"] = json!(waiters);
+            before["waiter_errors"] = json!(errors);
+            assert_eq!(serde_json::to_string(&report(&view, waiters, &errors)).unwrap(), before.to_string());
+        }
+        let keys = vec![Saturated {
+            digest: "cd".repeat(32),
+            class: "default".into(),
+            holders: 2,
+            limit: 2,
+            oldest_age_ms: 7,
+        }];
+        let before = json!({"revision": 42, "holds_scanned": 9, "truncated": true, "saturated": keys}).to_string();
+        let r = SaturatedReport {
+            holds_scanned: 9,
+            revision: 42,
+            saturated: keys.iter().map(saturated_key).collect(),
+            truncated: true,
+        };
+        assert_eq!(serde_json::to_string(&r).unwrap(), before);
+    }
 }

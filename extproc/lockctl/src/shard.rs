@@ -37,8 +37,12 @@ use std::{
 };
 
 use clap::{Args, Subcommand};
-use lockmesh_core::{policy::ChangeNote, shard::ShardMap};
-use serde_json::json;
+pub use lockmesh_core::wire::shard::MoveReport;
+use lockmesh_core::{
+    policy::ChangeNote,
+    shard::ShardMap,
+    wire::shard::{ClusterHome, ShardShow},
+};
 use tokio::time::Instant;
 
 use lockmesh_lock::{
@@ -132,29 +136,6 @@ pub struct MoveOptions {
     pub actor: String,
     /// Why.
     pub reason: String,
-}
-
-/// What an apply did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MoveReport {
-    /// `applied`, `resumed` or `unchanged`.
-    pub outcome: String,
-    /// The version moved from.
-    pub from: u64,
-    /// The version in force now.
-    pub to: u64,
-    /// Clusters that could lose and gain keys.
-    pub losers: Vec<String>,
-    /// ..
-    pub gainers: Vec<String>,
-    /// The epoch of each gainer after the move.
-    pub epochs: BTreeMap<String, u64>,
-    /// Per cluster, the revision at which no hold of a leaving key remained.
-    pub verified_at: BTreeMap<String, i64>,
-    /// Time from drain to verified, ms.
-    pub drain_ms: u64,
-    /// Time of the whole apply, ms.
-    pub total_ms: u64,
 }
 
 /// Why a change was not (fully) applied.
@@ -498,18 +479,18 @@ pub async fn cancel(tiers: &Tiers, o: &MoveOptions, say: &mut (dyn FnMut(String)
 }
 
 /// The coord map and every cluster's home record and epoch.
-pub async fn show(tiers: &Tiers) -> Result<serde_json::Value, ShardError> {
+pub async fn show(tiers: &Tiers) -> Result<ShardShow<MapRecord, HomeRecord>, ShardError> {
     let map = tiers.coord().read_map().await?.map(|(m, _)| m);
-    let mut clusters = serde_json::Map::new();
+    let mut clusters = BTreeMap::new();
     for s in tiers.stores() {
         let home = s.read_home().await?.map(|(h, _)| h);
         let epoch = s.read_epoch_record().await?;
         clusters.insert(
             s.cluster_name().to_owned(),
-            json!({ "home": home, "epoch": epoch.as_ref().map(|e| e.epoch), "prior_epochs": epoch.map(|e| e.prior) }),
+            ClusterHome { epoch: epoch.as_ref().map(|e| e.epoch), home, prior_epochs: epoch.map(|e| e.prior) },
         );
     }
-    Ok(json!({ "map": map, "clusters": clusters }))
+    Ok(ShardShow { clusters, map })
 }
 
 fn pairs(v: &[String], what: &str) -> Result<Vec<(String, String)>, String> {
@@ -558,7 +539,10 @@ pub async fn main(args: &ShardArgs) -> ExitCode {
     match &args.cmd {
         ShardCmd::Show(_) => match show(&tiers).await {
             Ok(v) => {
-                println!("{v}");
+                // Through `serde_json::Value`, whose objects sort their keys: the
+                // records print with sorted members, the bytes `show` always printed
+                // (core/src/wire/mod.rs: same bytes as before).
+                println!("{}", serde_json::to_value(&v).unwrap_or_default());
                 ExitCode::SUCCESS
             }
             Err(e) => exit(&e),
