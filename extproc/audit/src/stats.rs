@@ -308,3 +308,54 @@ impl Stats {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: EventKind, key: &str, at_ms: u64) -> AuditEvent {
+        AuditEvent {
+            cluster_id: "c".into(),
+            timeline: 1,
+            epoch: 1,
+            revision: 7,
+            etcd_key: "/lm/h/d/0".into(),
+            kind,
+            digest: None,
+            key: Some(key.into()),
+            identity: None,
+            instance: None,
+            class: Some("batch".into()),
+            session: None,
+            grant_revision: Some(7),
+            slot: None,
+            at_ms,
+            detail: None,
+            unprotected: false,
+        }
+    }
+
+    #[test]
+    fn the_exposition_counts_kinds_from_0_and_follows_holds_with_bounded_labels() {
+        let st = Stats::default();
+        let key = "jobs/secret-order-1";
+        let l = "namespace=\"other\",class=\"batch\",tier=\"entity\"";
+        st.committed(&[event(EventKind::Grant, key, 1_000)], 1, 0, None, 1_000);
+        let text = st.encode(3_500).unwrap();
+        assert!(text.contains("lockmesh_audit_events_total{kind=\"grant\"} 1\n"), "{text}");
+        assert!(text.contains("lockmesh_audit_events_total{kind=\"gap\"} 0\n"), "{text}");
+        assert!(text.contains(&format!("lockmesh_audit_open_holds{{{l}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("lockmesh_audit_oldest_open_hold_seconds{{{l}}} 2.5\n")), "{text}");
+        assert!(text.contains("# TYPE lockmesh_audit_expiries_total counter\n"), "{text}");
+        st.committed(&[event(EventKind::Expiry, key, 4_000)], 1, 2, None, 4_000);
+        let text = st.encode(5_000).unwrap();
+        assert!(text.contains(&format!("lockmesh_audit_expiries_total{{{l}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("lockmesh_audit_hold_seconds_bucket{{{l},end=\"expiry\",le=\"5\"}} 1\n")));
+        assert!(text.contains(&format!("lockmesh_audit_hold_seconds_count{{{l},end=\"expiry\"}} 1\n")), "{text}");
+        assert!(text.contains("lockmesh_audit_replayed_events_total 2\n"), "{text}");
+        // The hold ended: its open-hold series are gone, the families still declared.
+        assert!(!text.contains("lockmesh_audit_open_holds{"), "{text}");
+        assert!(text.contains("# HELP lockmesh_audit_open_holds "), "{text}");
+        assert!(!text.contains(key), "a key in the metrics: {text}");
+    }
+}
