@@ -19,8 +19,9 @@ use super::AdminError;
 /// Clock skew tolerated on `exp` and `nbf`, seconds.
 pub const LEEWAY_S: u64 = 30;
 
-/// RSA modulus sizes accepted, bits (NIST's 2048-bit floor; 8192 bounds the work
-/// one forged token can cost).
+/// RSA modulus sizes accepted, bits: the range this verifier enforced before it
+/// used `jsonwebtoken` (whose RSA backend would take 1024-bit keys). Shorter keys
+/// are forgeable; longer ones only make each verification (of any token) slower.
 const RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=8192;
 
 /// A JWKS: the keys operators' tokens may be signed with, by `kid`. Each key is
@@ -348,5 +349,13 @@ mod tests {
         assert!(e.to_string().contains("keys[0].kty"), "{e}");
         let e = Jwks::parse(r#"{"keys":[{"kty":"RSA","e":"AQAB"}]}"#).unwrap_err();
         assert!(e.to_string().contains("keys[0].n: required"), "{e}");
+        // RSA keys of 2048 to 8192 bits only.
+        let rsa = |bytes: usize| {
+            format!(r#"{{"keys":[{{"kty":"RSA","e":"AQAB","n":"{}"}}]}}"#, URL_SAFE_NO_PAD.encode(vec![0xc5u8; bytes]))
+        };
+        let e = Jwks::parse(&rsa(128)).unwrap_err();
+        assert!(e.to_string().contains("keys[0].n: a 1024-bit modulus"), "{e}");
+        assert!(Jwks::parse(&rsa(256)).is_ok());
+        assert!(Jwks::parse(&rsa(1025)).is_err());
     }
 }
