@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::{extract::State as AxState, http::StatusCode, routing::get, Router};
 
-use lockmesh_core::wire::status::{FailOpenStatus, Marks, StatusReply};
+use lockmesh_core::wire::status::{FailOpenStatus, Marks, OperatorsStatus, StatusReply};
 
 use crate::state::State;
 
@@ -85,6 +85,12 @@ async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> 
                 unprotected_holds: f.holds() as u64,
             })
             .collect(),
+        operators: state.config.operators.as_ref().map(|o| OperatorsStatus {
+            force_record_retention_s: o.force_record_retention_s,
+            max_token_age_s: o.max_token_age_s,
+            require_mfa: o.require_mfa,
+            weakened: o.weakened(),
+        }),
         marks: Marks {
             cluster_id: m.cluster_id,
             epoch: m.epoch,

@@ -213,7 +213,8 @@ async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
         let (mut c, root, reg) = (state.store.client(), state.config.etcd_root.as_str(), state.registry());
         let run = async {
             let p = flow::preview(&mut c, root, &b.id, Some(&reg)).await?;
-            let o = flow::approve(&mut c, root, &b.id, &op, Some(&reg), b.shown.as_deref()).await?;
+            let retention = ops.force_record_retention_s;
+            let o = flow::approve(&mut c, root, &b.id, &op, Some(&reg), b.shown.as_deref(), retention).await?;
             to_json(ApproveReply { outcome: o, preview: p })
         };
         let r = run.await;

@@ -168,13 +168,17 @@ pub struct RawOperators {
     /// Required role in `roles` or `realm_access.roles`. Default `lock-operator`;
     /// `""` for none.
     pub role: Option<String>,
-    /// Require an MFA sign-in (`amr`). Default false.
+    /// Require an MFA sign-in (`amr`). Default true; false is logged as a warning
+    /// at every start and reported by `lockctl doctor`.
     pub require_mfa: Option<bool>,
     /// Freshness: a token's `iat` must be at most this many seconds old. Default
     /// 900; 0 turns the check off.
     pub max_token_age_s: Option<u64>,
     /// Longest approval window a request may ask for, seconds. Default 86400.
     pub max_request_ttl_s: Option<u64>,
+    /// How long a force release's record stays in etcd, seconds (it rides on a
+    /// lease; the audit store keeps it for good). Default 30 days; 1 to 366 days.
+    pub force_record_retention_s: Option<u64>,
 }
 
 /// The console (`console:`).
@@ -246,6 +250,8 @@ pub struct RawTls {
 pub const DEFAULT_MAX_TOKEN_AGE_S: u64 = 900;
 /// Default `operators.max_request_ttl_s`.
 pub const DEFAULT_MAX_REQUEST_TTL_S: u64 = 86_400;
+/// Default `operators.force_record_retention_s`: 30 days.
+pub const DEFAULT_FORCE_RECORD_RETENTION_S: u64 = 30 * 86_400;
 
 /// Validated `operators`.
 #[derive(Debug, Clone)]
@@ -260,15 +266,30 @@ pub struct Operators {
     pub audience: String,
     /// Required role, if any.
     pub role: Option<String>,
-    /// Require MFA.
+    /// Every operator token must come from an MFA sign-in (`amr`).
     pub require_mfa: bool,
     /// Token freshness bound, seconds (`None`: off).
     pub max_token_age_s: Option<u64>,
     /// Longest approval window, seconds.
     pub max_request_ttl_s: u64,
+    /// Lease TTL of each force-release record, seconds.
+    pub force_record_retention_s: u64,
 }
 
 impl Operators {
+    /// The safeguards this section turns off, in words (empty when none is):
+    /// printed at every start, answered in `/status` and flagged by `lockctl doctor`.
+    pub fn weakened(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if !self.require_mfa {
+            w.push("operators.require_mfa is false: operator tokens without an MFA sign-in (amr) are accepted".into());
+        }
+        if self.max_token_age_s.is_none() {
+            w.push("operators.max_token_age_s is 0: operator tokens of any sign-in age are accepted".into());
+        }
+        w
+    }
+
     /// A verifier for operators' tokens with the JWKS as the file holds it now.
     pub fn verifier(&self) -> Result<lockmesh_ops::admin::jwt::Verifier, lockmesh_ops::admin::AdminError> {
         use lockmesh_ops::admin::{jwt, AdminError};
@@ -320,15 +341,22 @@ fn operators(raw: &RawOperators, envoys: &[String], base: &Path, name: &str, err
     if max_token_age_s > 86_400 {
         errs.push(format!("{name}: operators.max_token_age_s: {max_token_age_s} is above 86400"));
     }
+    let force_record_retention_s = raw.force_record_retention_s.unwrap_or(DEFAULT_FORCE_RECORD_RETENTION_S);
+    if !(86_400..=366 * 86_400).contains(&force_record_retention_s) {
+        errs.push(format!(
+            "{name}: operators.force_record_retention_s: {force_record_retention_s} is outside 86400 to 31622400 (1 to 366 days)"
+        ));
+    }
     Operators {
         allowed_clients: raw.allowed_clients.clone(),
         jwks_file,
         issuer: raw.issuer.clone(),
         audience,
         role: Some(raw.role.clone().unwrap_or_else(|| "lock-operator".into())).filter(|r| !r.is_empty()),
-        require_mfa: raw.require_mfa.unwrap_or(false),
+        require_mfa: raw.require_mfa.unwrap_or(true),
         max_token_age_s: Some(max_token_age_s).filter(|s| *s > 0),
         max_request_ttl_s,
+        force_record_retention_s,
     }
 }
 
@@ -400,6 +428,11 @@ pub fn load_registry(path: &Path) -> Result<ClassRegistry, Vec<String>> {
 // === impl Config ===
 
 impl Config {
+    /// The operator safeguards this configuration weakens ([`Operators::weakened`]).
+    pub fn weakened(&self) -> Vec<String> {
+        self.operators.as_ref().map(Operators::weakened).unwrap_or_default()
+    }
+
     /// What connecting every cluster needs (`lockmesh_lock::tiers::Tiers::connect`).
     pub fn tiers_config(&self) -> lockmesh_lock::tiers::TiersConfig<'_> {
         lockmesh_lock::tiers::TiersConfig {
@@ -526,5 +559,44 @@ impl Config {
             }),
             _ => Err(errs),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(yaml: &str) -> (Operators, Vec<String>) {
+        let raw: RawOperators = serde_saphyr::from_str(yaml).unwrap();
+        let mut errs = Vec::new();
+        let o = operators(&raw, &[], Path::new("/nonexistent"), "arbiter.yaml", &mut errs);
+        (o, errs)
+    }
+
+    const BASE: &str =
+        "allowed_clients: [\"spiffe://t/ns/ops/sa/lockctl\"]\njwks_file: jwks.json\nissuer: https://idp\n";
+
+    #[test]
+    fn operator_safeguards_are_on_unless_turned_off_and_turning_them_off_is_said() {
+        let (o, _) = ops(BASE);
+        assert!(o.require_mfa, "MFA must be required by default");
+        assert_eq!(o.max_token_age_s, Some(DEFAULT_MAX_TOKEN_AGE_S));
+        assert_eq!(o.force_record_retention_s, DEFAULT_FORCE_RECORD_RETENTION_S);
+        assert!(o.weakened().is_empty(), "{:?}", o.weakened());
+        let (o, _) = ops(&format!("{BASE}require_mfa: false\nmax_token_age_s: 0\n"));
+        let w = o.weakened();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("require_mfa") && w[1].contains("max_token_age_s"), "{w:?}");
+    }
+
+    #[test]
+    fn force_record_retention_is_bounded() {
+        for bad in [0, 3600, 367 * 86_400] {
+            let (_, errs) = ops(&format!("{BASE}force_record_retention_s: {bad}\n"));
+            assert!(errs.iter().any(|e| e.contains("operators.force_record_retention_s")), "{bad}: {errs:?}");
+        }
+        let (o, errs) = ops(&format!("{BASE}force_record_retention_s: 86400\n"));
+        assert!(!errs.iter().any(|e| e.contains("retention")), "{errs:?}");
+        assert_eq!(o.force_record_retention_s, 86_400);
     }
 }

@@ -42,6 +42,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(errs) => return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs),
     };
+    // A weakened operator safeguard is said loudly, at every start and check.
+    for w in config.weakened() {
+        eprintln!("{BINARY}: {}: warning: {w}", path.display());
+    }
     if check {
         println!("{}: OK", path.display());
         return ExitCode::SUCCESS;

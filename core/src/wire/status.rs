@@ -19,6 +19,9 @@ pub struct StatusReply {
     pub fail_open: Vec<FailOpenStatus>,
     /// The durable high-water marks the seal detector compares against.
     pub marks: Marks,
+    /// The two-person admin actions' settings, or `null` when they are off (no
+    /// `operators` section).
+    pub operators: Option<OperatorsStatus>,
     /// What the seal rests on (numbers, never keys), or `null` when not sealed.
     pub seal_detail: Option<String>,
     /// Why the arbiter is sealed (`cluster_id_mismatch`, `revision_behind_mark`,
@@ -31,6 +34,21 @@ pub struct StatusReply {
     /// The arbiter's crate version (`CARGO_PKG_VERSION`); empty from an arbiter
     /// too old to report it.
     pub version: String,
+}
+
+/// The operator safeguards in force (docs/ADMIN.md); `lockctl doctor` flags
+/// `weakened`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OperatorsStatus {
+    /// How long a force release's record stays in etcd, seconds.
+    pub force_record_retention_s: u64,
+    /// The token freshness bound, seconds, or `null` when off.
+    pub max_token_age_s: Option<u64>,
+    /// True when every operator token must come from an MFA sign-in.
+    pub require_mfa: bool,
+    /// The safeguards turned off, in words; empty when none is.
+    pub weakened: Vec<String>,
 }
 
 /// The durable high-water marks (`lock::seal`): what this arbiter has seen of its

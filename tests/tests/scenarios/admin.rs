@@ -30,7 +30,7 @@ fn now_s() -> u64 {
 fn token(idp: &Issuer, sub: &str, exp_in: i64) -> String {
     let exp = (now_s() as i64 + exp_in) as u64;
     idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": sub, "exp": exp, "iat": now_s() - 60,
-        "realm_access": {"roles": ["lock-operator"]}}))
+        "realm_access": {"roles": ["lock-operator"]}, "amr": ["pwd", "otp"]}))
         .unwrap()
 }
 
@@ -174,6 +174,12 @@ async fn force_release_needs_two_operators_and_a_reason() {
     assert_eq!(f.kvs()[0].mod_revision(), rev, "force record and delete in one transaction");
     let rec: Value = serde_json::from_slice(f.kvs()[0].value()).unwrap();
     assert_eq!((rec["requester"]["sub"].as_str(), rec["approver"]["sub"].as_str()), (Some("alice"), Some("bob")));
+    // Retention: the record rides on a lease of operators.force_record_retention_s
+    // (default 30 days); the audit tailer archived it when it was written.
+    let lease = f.kvs()[0].lease();
+    assert_ne!(lease, 0, "the force record has no retention lease");
+    let ttl = etcd.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!((30 * 86_400 - 120..=30 * 86_400).contains(&ttl), "retention lease TTL {ttl} s");
     assert_eq!((rec["reason"].as_str(), rec["enforcement"].as_str()), (Some(reason), Some("advisory")));
     let req = etcd.get(format!("{}/adm/req/{id}", st.root()), None).await.unwrap();
     assert_eq!(req.kvs()[0].mod_revision(), rev);
@@ -215,6 +221,14 @@ async fn force_release_needs_two_operators_and_a_reason() {
     ];
     let want: Vec<(String, String)> = want.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
     assert_eq!(outcomes, want);
+
+    // MFA is required by default: a valid operator token without an MFA sign-in is refused.
+    let no_mfa = idp
+        .token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": "alice", "exp": now_s() + 600,
+            "iat": now_s(), "roles": ["lock-operator"], "amr": ["pwd"]}))
+        .unwrap();
+    let (code, j) = adm.run(&["request", "force-release", key, "--reason", "leak"], Some(&no_mfa));
+    assert_eq!((code, j["error"].as_str()), (77, Some("admin.mfa_missing")), "{j}");
 }
 
 #[tokio::test]

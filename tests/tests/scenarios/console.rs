@@ -36,7 +36,7 @@ fn now_s() -> u64 {
 pub fn operator_token(idp: &Issuer, iss: &str, sub: &str) -> String {
     let now = now_s();
     idp.token(&json!({"iss": iss, "aud": "lockmesh-admin", "sub": sub, "exp": now + 600, "iat": now,
-        "realm_access": {"roles": ["lock-operator"]}}))
+        "realm_access": {"roles": ["lock-operator"]}, "amr": ["pwd", "otp"]}))
         .unwrap()
 }
 

@@ -161,7 +161,7 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let tok = |sub: &str| {
         idp.token(&json!({"iss": "https://idp", "aud": "lockmesh-admin", "sub": sub, "exp": now + 600,
-            "iat": now - 5, "roles": ["lock-operator"]}))
+            "iat": now - 5, "roles": ["lock-operator"], "amr": ["mfa"]}))
             .unwrap()
     };
     let lockctl = pki.client("lockmesh-system", "lockctl").unwrap();

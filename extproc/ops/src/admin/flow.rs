@@ -230,6 +230,11 @@ pub async fn preview(
 /// revisions of the holds the approver was shown (a force release): approval is
 /// refused with [`AdminError::HoldsChanged`] unless the key's holds are exactly
 /// those, so it releases what was shown and nothing else.
+///
+/// A force release's record (`<root>/f/<digest>`) rides on a lease of
+/// `record_retention_s`: etcd deletes it when that lease expires. The audit
+/// tailer archived it when it was written (its `force_release` event carries the
+/// whole record), so nothing is lost when it goes.
 pub async fn approve(
     client: &mut Client,
     root: &str,
@@ -237,6 +242,7 @@ pub async fn approve(
     approver: &Operator,
     registry: Option<&ClassRegistry>,
     shown: Option<&[i64]>,
+    record_retention_s: u64,
 ) -> Result<Outcome, AdminError> {
     for _ in 0..5 {
         let (req, req_rev) = read_request(client, root, id).await?;
@@ -290,16 +296,28 @@ pub async fn approve(
                     revoke_session: *revoke_session,
                     at_ms: now,
                 };
+                let ttl = i64::try_from(record_retention_s).unwrap_or(i64::MAX);
+                let retention = client.lease_grant(ttl, None).await.map_err(io)?.id();
                 let mut when = vec![guard];
                 let mut ops = vec![
-                    TxnOp::put(force_key(root, digest), serde_json::to_vec(&record).map_err(io)?, None),
+                    TxnOp::put(
+                        force_key(root, digest),
+                        serde_json::to_vec(&record).map_err(io)?,
+                        Some(PutOptions::new().with_lease(retention)),
+                    ),
                     TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None),
                 ];
                 for h in &read {
                     when.push(Compare::mod_revision(h.etcd_key.as_str(), CompareOp::Equal, h.mod_revision));
                     ops.push(TxnOp::delete(h.etcd_key.as_str(), None));
                 }
-                let r = client.txn(Txn::new().when(when).and_then(ops)).await.map_err(io)?;
+                let r = client.txn(Txn::new().when(when).and_then(ops)).await;
+                if !r.as_ref().is_ok_and(|r| r.succeeded()) {
+                    // Nothing rides on the retention lease: revoke it (best effort;
+                    // unrevoked, it expires with no key).
+                    let _ = client.lease_revoke(retention).await;
+                }
+                let r = r.map_err(io)?;
                 if !r.succeeded() {
                     continue; // the request or a hold changed: re-read and re-check
                 }
