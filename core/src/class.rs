@@ -35,6 +35,138 @@ pub const PLATFORM_ADVISORY_MIN_TTL_S: u64 = 30;
 /// etcd's own lease floor with default timing: a registry may not go below it.
 pub const ETCD_MIN_TTL_S: u64 = 2;
 
+/// Why the platform TTL floor matters (ADR-11), for `lockctl class check` and the
+/// loader's refusal.
+pub const WHY_MIN_TTL: &str = "the TTL is how long a stalled holder keeps its lease: below the floor a short GC \
+     pause, disk stall or network blip expires a live holder (a fenced class pays a retry), and renewals at the \
+     etcd leader grow as sessions x 3 / ttl per second, toward etcd's own 2 s lease floor";
+/// Why the advisory TTL floor matters (ADR-01, ADR-11).
+pub const WHY_ADVISORY_MIN_TTL: &str = "an advisory class has no fence: nothing at the resource refuses a holder \
+     whose lease expired, so the TTL is the only protection against a paused holder resuming to write while a \
+     second holder writes too (a duplicate write)";
+/// Why the platform TTL ceiling matters (ADR-11).
+pub const WHY_MAX_TTL: &str = "the TTL bounds how long a crashed holder blocks its keys (plus an election timeout \
+     per leader change during the expiry)";
+
+/// The TTL limits in force (ADR-11): [`Platform::DEFAULT`] unless a registry's
+/// `platform:` section changes them. The arbiter's loader and the CRD generator
+/// (`lockmesh_lock::registry::crd`) both read their limits from this one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Platform {
+    /// Lowest TTL any class may choose, seconds.
+    pub min_ttl_s: u64,
+    /// Highest TTL any class may choose, seconds.
+    pub max_ttl_s: u64,
+    /// Lowest TTL an advisory class may choose, seconds.
+    pub advisory_min_ttl_s: u64,
+}
+
+/// A platform limit a registry set looser than the default (a floor lowered or
+/// the ceiling raised).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoweredFloor {
+    /// The registry field, e.g. `min_ttl_s`.
+    pub field: &'static str,
+    /// What the registry set, seconds.
+    pub value_s: u64,
+    /// The default it loosens, seconds.
+    pub default_s: u64,
+    /// Why the default matters ([`WHY_MIN_TTL`], ...).
+    pub why: &'static str,
+}
+
+impl LoweredFloor {
+    /// `lowers the platform floor` or, for `max_ttl_s`, `raises the platform ceiling`.
+    pub fn verb(&self) -> &'static str {
+        if self.field == "max_ttl_s" {
+            "raises the platform ceiling"
+        } else {
+            "lowers the platform floor"
+        }
+    }
+}
+
+impl fmt::Display for LoweredFloor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "platform.{}: {}s {} {}s", self.field, self.value_s, self.verb(), self.default_s)
+    }
+}
+
+// === impl Platform ===
+
+impl Platform {
+    /// The ADR-11 limits: 5 s to 300 s, advisory classes at least 30 s. The
+    /// shipped CRDs (deploy/crds) encode these.
+    pub const DEFAULT: Platform = Platform {
+        min_ttl_s: PLATFORM_MIN_TTL_S,
+        max_ttl_s: PLATFORM_MAX_TTL_S,
+        advisory_min_ttl_s: PLATFORM_ADVISORY_MIN_TTL_S,
+    };
+
+    /// The limits of a raw `platform:` section (unset fields keep the default).
+    pub fn of(raw: &RawPlatform) -> Self {
+        Self {
+            min_ttl_s: raw.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S),
+            max_ttl_s: raw.max_ttl_s.unwrap_or(PLATFORM_MAX_TTL_S),
+            advisory_min_ttl_s: raw.advisory_min_ttl_s.unwrap_or(PLATFORM_ADVISORY_MIN_TTL_S),
+        }
+    }
+
+    /// Every limit looser than [`Platform::DEFAULT`], in field order.
+    pub fn lowered_floors(&self) -> Vec<LoweredFloor> {
+        let d = Self::DEFAULT;
+        let mut out = Vec::new();
+        if self.min_ttl_s < d.min_ttl_s {
+            out.push(LoweredFloor {
+                field: "min_ttl_s",
+                value_s: self.min_ttl_s,
+                default_s: d.min_ttl_s,
+                why: WHY_MIN_TTL,
+            });
+        }
+        if self.max_ttl_s > d.max_ttl_s {
+            out.push(LoweredFloor {
+                field: "max_ttl_s",
+                value_s: self.max_ttl_s,
+                default_s: d.max_ttl_s,
+                why: WHY_MAX_TTL,
+            });
+        }
+        if self.advisory_min_ttl_s < d.advisory_min_ttl_s {
+            out.push(LoweredFloor {
+                field: "advisory_min_ttl_s",
+                value_s: self.advisory_min_ttl_s,
+                default_s: d.advisory_min_ttl_s,
+                why: WHY_ADVISORY_MIN_TTL,
+            });
+        }
+        out
+    }
+
+    /// The verdict on a class's TTL: `ttl_s` (the class's, or `None` for the
+    /// default [`PLATFORM_DEFAULT_TTL_S`]) inside the range, and an advisory class
+    /// at or above the advisory floor. `Err` is the message for `ttl_s`.
+    pub fn check_ttl(&self, ttl_s: Option<u64>, advisory: bool) -> Result<u64, String> {
+        let ttl = ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S);
+        if ttl < self.min_ttl_s || ttl > self.max_ttl_s {
+            Err(format!("{ttl}s is outside the platform range {}s to {}s", self.min_ttl_s, self.max_ttl_s))
+        } else if advisory && ttl < self.advisory_min_ttl_s {
+            Err(format!(
+                "{ttl}s is below the advisory floor {}s (a false expiry can duplicate a write)",
+                self.advisory_min_ttl_s
+            ))
+        } else {
+            Ok(ttl)
+        }
+    }
+}
+
+impl Default for Platform {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// A class name: 1-63 characters of `[a-z0-9-]`, starting and ending alphanumeric.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct ClassName(String);
@@ -65,7 +197,8 @@ impl fmt::Display for ClassName {
 #[serde(deny_unknown_fields)]
 pub struct RawRegistry {
     /// Platform limits; production leaves them at the ADR-11 defaults. Test
-    /// registries may lower the TTL floors (never below etcd's 2 s).
+    /// registries may lower the TTL floors (never below etcd's 2 s), only with
+    /// `lowered_floors_reason`.
     #[serde(default)]
     pub platform: RawPlatform,
     /// The classes (`LockClass` documents). Exactly one has `default: true`.
@@ -86,6 +219,11 @@ pub struct RawPlatform {
     pub max_ttl_s: Option<u64>,
     /// Lowest TTL an advisory class may choose, seconds. Default 30.
     pub advisory_min_ttl_s: Option<u64>,
+    /// Why this registry lowers a floor (or raises the ceiling) below the ADR-11
+    /// defaults: required when it does, refused when it does not. The CRDs in
+    /// deploy/crds encode the defaults; a deployment that lowers a floor
+    /// regenerates them (`lockctl class crds FILE`).
+    pub lowered_floors_reason: Option<String>,
 }
 
 /// One class (a `LockClass`) as written in YAML.
@@ -250,6 +388,10 @@ pub struct ClassRegistry {
     prefixes: Vec<(String, usize)>,
     /// The LockGrant documents, when the registry carries any.
     grants: Option<GrantSet>,
+    /// The TTL limits in force.
+    platform: Platform,
+    /// Why the registry loosens a platform limit, when it does.
+    lowered_floors_reason: Option<String>,
 }
 
 impl PartialEq for ClassRegistry {
@@ -305,9 +447,8 @@ impl ClassRegistry {
     pub fn try_from_raw_with(raw: &RawRegistry, pause_check: &PauseCheck<'_>) -> Result<Self, Vec<FieldError>> {
         let mut errs = Vec::new();
         let mut err = |path: String, message: String| errs.push(FieldError { path, message });
-        let min_ttl = raw.platform.min_ttl_s.unwrap_or(PLATFORM_MIN_TTL_S);
-        let max_ttl = raw.platform.max_ttl_s.unwrap_or(PLATFORM_MAX_TTL_S);
-        let adv_min = raw.platform.advisory_min_ttl_s.unwrap_or(PLATFORM_ADVISORY_MIN_TTL_S);
+        let platform = Platform::of(&raw.platform);
+        let Platform { min_ttl_s: min_ttl, max_ttl_s: max_ttl, advisory_min_ttl_s: adv_min } = platform;
         if min_ttl < ETCD_MIN_TTL_S {
             err("platform.min_ttl_s".into(), format!("{min_ttl}s is below etcd's lease floor {ETCD_MIN_TTL_S}s"));
         }
@@ -319,6 +460,28 @@ impl ClassRegistry {
         }
         if max_ttl < min_ttl {
             err("platform.max_ttl_s".into(), format!("{max_ttl}s is below min_ttl_s {min_ttl}s"));
+        }
+        let reason = raw.platform.lowered_floors_reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
+        let lowered = platform.lowered_floors();
+        if reason.is_none() {
+            for l in &lowered {
+                err(
+                    format!("platform.{}", l.field),
+                    format!(
+                        "{}s {} {}s: say why in platform.lowered_floors_reason (a test registry), and regenerate \
+                         the CRDs for these limits (lockctl class crds FILE); {}",
+                        l.value_s,
+                        l.verb(),
+                        l.default_s,
+                        l.why
+                    ),
+                );
+            }
+        } else if lowered.is_empty() {
+            err(
+                "platform.lowered_floors_reason".into(),
+                "set, but no floor is lowered: remove it (it would hide a later lowering)".into(),
+            );
         }
         let mut classes = Vec::new();
         let mut defaults = Vec::new();
@@ -409,15 +572,10 @@ impl ClassRegistry {
             if enforcement != Some(Enforcement::Fenced) && c.pause_test_result.is_some() {
                 err(at("pause_test_result"), "only a fenced class rests on a pause test".into());
             }
-            let ttl_s = c.ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S);
-            if ttl_s < min_ttl || ttl_s > max_ttl {
-                err(at("ttl_s"), format!("{ttl_s}s is outside the platform range {min_ttl}s to {max_ttl}s"));
-            } else if c.enforcement.as_deref() == Some("advisory") && ttl_s < adv_min {
-                err(
-                    at("ttl_s"),
-                    format!("{ttl_s}s is below the advisory floor {adv_min}s (a false expiry can duplicate a write)"),
-                );
-            }
+            let ttl_s = platform.check_ttl(c.ttl_s, c.enforcement.as_deref() == Some("advisory")).unwrap_or_else(|m| {
+                err(at("ttl_s"), m);
+                c.ttl_s.unwrap_or(PLATFORM_DEFAULT_TTL_S)
+            });
             let purpose = match c.purpose.as_deref() {
                 None => Some(None),
                 Some("correctness") => Some(Some(Purpose::Correctness)),
@@ -525,7 +683,26 @@ impl ClassRegistry {
             return Err(errs);
         }
         prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        Ok(Self { classes, default: defaults[0], prefixes, grants })
+        Ok(Self {
+            classes,
+            default: defaults[0],
+            prefixes,
+            grants,
+            platform,
+            lowered_floors_reason: reason.map(str::to_owned),
+        })
+    }
+
+    /// The TTL limits in force (the CRDs for them: `lockmesh_lock::registry::crd`).
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    /// The platform limits this registry loosens below the ADR-11 defaults, with
+    /// its `lowered_floors_reason` (always set when the list is not empty). The
+    /// arbiter logs them at every load; `lockctl class check` prints why each matters.
+    pub fn lowered_floors(&self) -> (Vec<LoweredFloor>, Option<&str>) {
+        (self.platform.lowered_floors(), self.lowered_floors_reason.as_deref())
     }
 
     /// The class of `key`: the longest covering prefix, else the default class.

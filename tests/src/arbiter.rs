@@ -20,7 +20,7 @@ use crate::probe::http_get;
 use crate::process::ChildProcess;
 
 /// The registry the scenarios use unless they need another one.
-pub const DEFAULT_TEST_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+pub const DEFAULT_TEST_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - name: default
     default: true

@@ -101,7 +101,7 @@ fn postures_are_checked_field_by_field() {
 #[test]
 fn advisory_waivers_expire_into_warnings_and_crd_spellings_parse() {
     let yaml = r#"
-platform: { advisory_min_ttl_s: 10 }
+platform: { advisory_min_ttl_s: 10, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: d, default: true, enforcement: fenced, tier: coord }
   - { name: a, prefixes: [a], enforcement: advisory, riskOwner: team-a, waiverExpiry: "2025-01-31",
@@ -134,7 +134,7 @@ grants:
 /// core has no YAML parser, so the test writes the same document as JSON.
 fn yaml_to_json(_: &str) -> serde_json::Value {
     serde_json::json!({
-        "platform": { "advisory_min_ttl_s": 10 },
+        "platform": { "advisory_min_ttl_s": 10, "lowered_floors_reason": "test registry: short TTLs" },
         "classes": [
             { "name": "d", "default": true, "enforcement": "fenced", "tier": "coord" },
             { "name": "a", "prefixes": ["a"], "enforcement": "advisory", "riskOwner": "team-a",
@@ -205,4 +205,72 @@ fn only_a_declared_advisory_efficiency_class_may_fail_open() {
     let e = r.get("e").unwrap();
     assert_eq!((e.on_quorum_loss, e.purpose), (OnQuorumLoss::Open, Some(Purpose::Efficiency)));
     assert_eq!(r.get("d").unwrap().on_quorum_loss, OnQuorumLoss::Closed);
+}
+
+#[test]
+fn a_lowered_floor_needs_its_reason_and_is_reported() {
+    let mut adv = class("a", &[], Some(2), true);
+    adv.enforcement = Some("advisory".into());
+    adv.risk_owner = Some("team".into());
+    adv.waiver_expiry = Some("2099-12-31".into());
+    let mut r = raw(vec![adv]);
+    r.platform = RawPlatform { min_ttl_s: Some(2), advisory_min_ttl_s: Some(2), ..RawPlatform::default() };
+    let e = errors(&r);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "platform.min_ttl_s: 2s lowers the platform floor 5s: say why in platform.lowered_floors_reason"
+        ),
+        "{e:?}"
+    );
+    assert!(e[0].contains(WHY_MIN_TTL), "{e:?}");
+    assert!(e[1].starts_with("platform.advisory_min_ttl_s: 2s lowers the platform floor 30s"), "{e:?}");
+    assert!(e[1].contains(WHY_ADVISORY_MIN_TTL), "{e:?}");
+    // A blank reason is no reason.
+    r.platform.lowered_floors_reason = Some("  ".into());
+    assert_eq!(errors(&r).len(), 2);
+    r.platform.lowered_floors_reason = Some("test registry: short TTLs".into());
+    let reg = ClassRegistry::try_from_raw(&r).unwrap();
+    let (lowered, reason) = reg.lowered_floors();
+    assert_eq!(reason, Some("test registry: short TTLs"));
+    assert_eq!(
+        lowered.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "platform.min_ttl_s: 2s lowers the platform floor 5s",
+            "platform.advisory_min_ttl_s: 2s lowers the platform floor 30s"
+        ]
+    );
+    assert_eq!(reg.platform(), Platform { min_ttl_s: 2, max_ttl_s: 300, advisory_min_ttl_s: 2 });
+    assert!(reg.warnings(0).is_empty(), "lowered floors are not waiver warnings");
+    // A raised ceiling counts too.
+    r.platform = RawPlatform { max_ttl_s: Some(600), ..RawPlatform::default() };
+    assert_eq!(errors(&r)[0].split(':').next(), Some("platform.max_ttl_s"));
+    // A reason with nothing lowered is refused: it would hide a later lowering.
+    r.platform = RawPlatform { lowered_floors_reason: Some("why".into()), ..RawPlatform::default() };
+    r.classes[0].ttl_s = Some(30);
+    assert_eq!(
+        errors(&r),
+        ["platform.lowered_floors_reason: set, but no floor is lowered: remove it (it would hide a later lowering)"]
+    );
+    r.platform.lowered_floors_reason = None;
+    let reg = ClassRegistry::try_from_raw(&r).unwrap();
+    assert_eq!(reg.platform(), Platform::DEFAULT);
+    assert_eq!(reg.lowered_floors(), (vec![], None));
+}
+
+#[test]
+fn the_ttl_verdict_uses_the_default_ttl_and_the_advisory_floor() {
+    let p = Platform::DEFAULT;
+    assert_eq!(p.check_ttl(None, false), Ok(PLATFORM_DEFAULT_TTL_S));
+    assert!(p.check_ttl(None, true).unwrap_err().contains("below the advisory floor 30s"));
+    for (ttl, advisory, ok) in [
+        (4, false, false),
+        (5, false, true),
+        (300, false, true),
+        (301, false, false),
+        (29, true, false),
+        (30, true, true),
+    ] {
+        assert_eq!(p.check_ttl(Some(ttl), advisory).is_ok(), ok, "{ttl} advisory={advisory}");
+    }
 }

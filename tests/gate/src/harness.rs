@@ -53,7 +53,7 @@ pub const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 pub const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
 /// The gate's registry: a fenced mutex class and an advisory class of N = 3.
-pub const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+pub const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }
   - { name: gatem, prefixes: ["payments/gate/m"], ttl_s: 3, enforcement: advisory, risk_owner: gate,

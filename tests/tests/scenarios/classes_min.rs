@@ -53,7 +53,7 @@ async fn registry_status(st: &Stack, done: impl Fn(&serde_json::Value) -> bool) 
     }
 }
 
-const GOOD: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+const GOOD: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
   - { name: short, prefixes: ["short"], ttl_s: TTL, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }

@@ -169,7 +169,7 @@ async fn the_console_shows_a_running_system_in_chromium() {
     let pause = dir.path().join("ledger-pause.yaml");
     std::fs::write(&pause, pause_result("ledger")).unwrap();
     let registry = format!(
-        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2 }}
+        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
 classes:
   - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }}
   - {{ name: pool, prefixes: ["payments/pool"], ttl_s: 15, max_holders: 2, enforcement: advisory, risk_owner: pool-team,

@@ -17,7 +17,7 @@ const ISS: &str = "https://idp.doctor.test";
 
 fn registry(waiver: &str, pause: &std::path::Path) -> String {
     format!(
-        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2 }}
+        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
 classes:
   - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }}
   - {{ name: pool, prefixes: ["payments/pool"], ttl_s: 15, max_holders: 3, enforcement: advisory, risk_owner: pool-team,

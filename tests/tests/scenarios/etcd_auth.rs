@@ -20,7 +20,7 @@ use lockmesh_tests::{
 };
 use serde_json::json;
 
-const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
 "#;

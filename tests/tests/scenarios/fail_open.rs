@@ -21,7 +21,7 @@ const REL: &str = "/v1/locks/release";
 
 /// An open class on `payments/batch` (an advisory efficiency class) and the
 /// closed default for every other key.
-const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - name: default
     default: true

@@ -14,7 +14,7 @@ const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
 const KEY: &str = "payments/handoff/k";
 
-const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
 "#;

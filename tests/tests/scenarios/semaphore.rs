@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{EventType, GetOptions, WatchOptions};
 use lockmesh_tests::Stack;
 
-const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2 }
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
   - { name: short, prefixes: ["short"], ttl_s: 3, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
