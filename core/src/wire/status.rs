@@ -19,8 +19,9 @@ pub struct StatusReply {
     pub fail_open: Vec<FailOpenStatus>,
     /// The durable high-water marks the seal detector compares against.
     pub marks: Marks,
-    /// The two-person admin actions' settings, or `null` when they are off (no
+    /// The two-person admin actions' settings; absent when they are off (no
     /// `operators` section).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub operators: Option<OperatorsStatus>,
     /// What the seal rests on (numbers, never keys), or `null` when not sealed.
     pub seal_detail: Option<String>,

@@ -171,6 +171,12 @@ fn status() {
     assert_eq!(r.classes[0].last_change.as_ref().map(|n| n.action.as_str()), Some("create"));
     let sealed: StatusReply = same(&status(json!({ "error": "etcd: unavailable" }), true));
     assert_eq!(sealed.classes, ClassesStatus::Unreadable { error: "etcd: unavailable".into() });
+    // With an operators section, its safeguards.
+    let mut with_ops: serde_json::Value = serde_json::from_str(&status(json!({ "error": "e" }), false)).unwrap();
+    with_ops["operators"] = json!({ "force_record_retention_s": 2592000, "max_token_age_s": null,
+        "require_mfa": false, "weakened": ["operators.require_mfa is false"] });
+    let o: StatusReply = same(&with_ops.to_string());
+    assert_eq!(o.operators.map(|o| (o.require_mfa, o.weakened.len())), Some((false, 1)));
     // An arbiter older than `version`: doctor still reads it.
     let old: StatusReply = serde_json::from_str(r#"{"sealed":false}"#).unwrap();
     assert!(old.version.is_empty());
@@ -272,7 +278,10 @@ fn admin() {
     same::<ApproveBody>(&json!({ "id": "0011223344556677", "shown": [3] }).to_string());
     same::<ApproveBody>(&json!({ "id": "0011223344556677", "shown": null }).to_string());
     same::<ListBody>(&json!({}).to_string());
-    same::<AdminErrorBody>(&json!({ "error": "admin.same_operator", "message": "m" }).to_string());
+    same::<AdminErrorBody>(&json!({ "code": "admin.same_operator", "message": "m" }).to_string());
+    // An earlier arbiter's `{"error": ...}` is still read.
+    let old: AdminErrorBody = serde_json::from_str(r#"{"error":"admin.no_hold","message":"m"}"#).unwrap();
+    assert_eq!(old.code, "admin.no_hold");
     assert!(serde_json::from_value::<ShowBody>(json!({ "id": "x", "extra": 1 })).is_err());
 }
 
@@ -332,4 +341,38 @@ fn lockctl_json() {
     // extproc/src/doctor.rs Report (struct order).
     let doctor = r#"{"lockctl_version":"0.1.0","root":"/lockmesh","findings":[{"check":"arbiter.seal","status":"fail","subject":"http://a:18052","detail":"sealed"}],"failures":1,"warnings":0}"#;
     assert_eq!(same::<DoctorReport>(doctor).findings[0].status, Verdict::Fail);
+}
+
+#[test]
+fn audit_tailer_details() {
+    // extproc/audit/src/tailer.rs: the `detail` of the tailer's own restore and gap
+    // events, which it writes into the event as a serde_json::Value (keys sorted).
+    let restore = json!({ "checkpoint": 42, "current": 7, "sealed_target": 3 }).to_string();
+    assert_eq!(same::<RestoreDetail>(&restore), RestoreDetail { checkpoint: 42, current: 7, sealed_target: Some(3) });
+    let unsealed = same::<RestoreDetail>(&json!({ "checkpoint": 42, "current": 7, "sealed_target": null }).to_string());
+    assert_eq!(unsealed.sealed_target, None);
+    let through_value = |sample: &str| -> GapDetail {
+        let d: GapDetail = serde_json::from_str(sample).unwrap_or_else(|e| panic!("{sample}: {e}"));
+        assert_eq!(serde_json::to_value(&d).unwrap().to_string(), sample);
+        d
+    };
+    let changed =
+        json!({ "reason": "cluster changed", "from_cluster": "00000000000000aa", "from_revision": 42 }).to_string();
+    assert_eq!(
+        through_value(&changed),
+        GapDetail::ClusterChanged { from_cluster: "00000000000000aa".into(), from_revision: 42 }
+    );
+    let compacted = json!({ "reason": "compacted", "from_revision": 43, "to_revision": 99 }).to_string();
+    assert_eq!(through_value(&compacted), GapDetail::Compacted { from_revision: 43, to_revision: 99 });
+    assert!(serde_json::from_str::<GapDetail>(r#"{"reason":"moon","from_revision":1}"#).is_err());
+    // As an event's detail: readers without the tailer's types see the same members.
+    let gap: AuditEvent = serde_json::from_value(json!({ "cluster_id": "00000000000000aa", "timeline": 1,
+        "epoch": 1, "revision": 99, "etcd_key": "/r/", "kind": "gap", "at_ms": 9,
+        "detail": serde_json::from_str::<serde_json::Value>(&compacted).unwrap() }))
+    .unwrap();
+    let d = gap.detail.unwrap();
+    assert_eq!(
+        (d.get("reason").and_then(Opaque::as_str), d.get("to_revision").and_then(Opaque::as_i64)),
+        (Some("compacted"), Some(99))
+    );
 }
