@@ -28,7 +28,6 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use serde_json::Value;
 
 use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
 
@@ -200,11 +199,6 @@ pub async fn classes_status(state: &State) -> ClassesStatus {
         map_matches_registry: map.as_ref().map(|m| m.matches(&reg)),
         classes,
     })
-}
-
-/// [`classes_status`] as JSON, for the callers not yet switched to the typed value.
-pub async fn status_json(state: &State) -> Value {
-    serde_json::to_value(classes_status(state).await).unwrap_or(Value::Null)
 }
 
 /// The class families of `/metrics` (label: a class name of the registry in force).
