@@ -11,6 +11,9 @@
 //!
 //! Each check says in a comment which planted change makes it fail.
 
+// A test binary: a failed unwrap is a failed check, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
