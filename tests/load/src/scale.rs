@@ -738,7 +738,7 @@ mod tests {
     #[test]
     fn the_registry_adds_a_scale_class_with_the_ttl() {
         let opts = ScaleOptions { ttl_s: 120, ..ScaleOptions::default() };
-        let raw: lockmesh_core::class::RawRegistry = serde_yaml::from_str(&opts.registry()).unwrap();
+        let raw: lockmesh_core::class::RawRegistry = serde_saphyr::from_str(&opts.registry()).unwrap();
         let reg = lockmesh_core::ClassRegistry::try_from_raw(&raw).expect("a valid registry");
         let key = lockmesh_core::LockKey::parse(b"load/scale/s1/k2").unwrap();
         let class = reg.class_of(&key);
