@@ -15,6 +15,7 @@ mod console;
 mod core_lock;
 mod doctor;
 mod durable;
+mod errors;
 mod etcd_auth;
 mod fail_open;
 mod fencing;
