@@ -126,18 +126,8 @@ fn example_resources_pass_the_crd_schema_and_the_arbiter_loader() {
     );
     // The same resources as a registry file: accepted by the arbiter's loader.
     let text = std::fs::read_to_string(repo().join("extproc/tests/crd/examples.yaml")).unwrap();
-    let (mut classes, mut grants) = (vec![], vec![]);
-    for d in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
-        let mut spec = d["spec"].clone();
-        match d["kind"].as_str().unwrap() {
-            "LockClass" => {
-                spec["name"] = d["metadata"]["name"].clone();
-                classes.push(spec);
-            }
-            _ => grants.push(spec),
-        }
-    }
-    let reg = json!({ "classes": classes, "grants": grants });
+    let docs = serde_saphyr::from_multiple::<Value>(&text).unwrap();
+    let reg = crd::registry_of(&docs, json!({})).unwrap();
     let reg = registry::parse(&serde_saphyr::to_string(&reg).unwrap()).unwrap();
     assert_eq!(reg.get("payments").unwrap().max_holders, 3);
     assert!(reg.grants().is_some());

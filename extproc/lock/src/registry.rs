@@ -23,11 +23,29 @@ pub fn today() -> i64 {
 /// path relative to the registry file's directory, or absolute) holding a
 /// passing, unexpired result for that class (ADR-17); the file is read at every
 /// load, so a reload after it expired refuses the registry.
+///
+/// A registry that lowers a platform floor (accepted only with its
+/// `platform.lowered_floors_reason`) is logged as a warning at every load, naming
+/// each lowered floor and the reason: the arbiter's startup and every hot reload
+/// go through here.
 pub fn load(path: &Path) -> Result<ClassRegistry, Vec<String>> {
     let name = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: cannot read: {e}")])?;
     let base = path.parent().unwrap_or(Path::new("."));
-    parse_at(&text, base).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect())
+    let reg =
+        parse_at(&text, base).map_err(|errs| errs.into_iter().map(|e| format!("{name}: {e}")).collect::<Vec<_>>())?;
+    let (lowered, reason) = reg.lowered_floors();
+    if !lowered.is_empty() {
+        let floors = lowered.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        tracing::warn!(
+            file = %name,
+            floors = %floors,
+            reason = reason.unwrap_or_default(),
+            "class registry lowers platform TTL floors below the ADR-11 defaults; the shipped CRDs encode the \
+             defaults (regenerate them: lockctl class crds FILE)"
+        );
+    }
+    Ok(reg)
 }
 
 /// Parses and validates registry text; pause-test files resolve against the

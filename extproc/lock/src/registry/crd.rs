@@ -6,7 +6,17 @@
 //! is one `grants` entry. `extproc/tests/crds.rs` checks that the files in
 //! `deploy/crds/` are this output and that every property maps to a registry
 //! field (`LOCKMESH_WRITE_CRDS=1` rewrites them).
+//!
+//! The TTL limits come from the same [`Platform`] value the arbiter's loader
+//! checks (`lockmesh_core::class`): `ttlSeconds` carries them as OpenAPI
+//! `minimum`/`maximum` and as CEL rules (the range, with the default TTL when
+//! unset, and the advisory floor). The shipped files encode
+//! [`Platform::DEFAULT`]; [`crds_for`] renders them for a registry's own floors
+//! (`lockctl class crds FILE`). `extproc/tests/class_floors.rs` checks on a table
+//! of classes that the loader, the schema and the CEL rules refuse the same ones
+//! on the same fields.
 
+use lockmesh_core::class::{Platform, PLATFORM_DEFAULT_TTL_S};
 use serde_json::{json, Value};
 
 /// The API group.
@@ -38,18 +48,31 @@ fn prefixes() -> Value {
             "items": { "type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(/[^/]+)*$" } })
 }
 
-fn class_spec() -> Value {
+/// One CEL rule refused at `field` (the API server reports it there, as the
+/// arbiter's loader reports the registry field).
+fn rule(rule: String, field: &str, message: String) -> Value {
+    json!({ "rule": rule, "fieldPath": format!(".{field}"), "message": message })
+}
+
+fn class_spec(p: &Platform) -> Value {
+    let Platform { min_ttl_s: min, max_ttl_s: max, advisory_min_ttl_s: adv } = *p;
+    let d = PLATFORM_DEFAULT_TTL_S;
+    // The CEL rules must not fail on an absent field (a runtime error, not a
+    // verdict): `enforcement` is required by the schema, but tested with has().
+    let fenced = "(has(self.enforcement) && self.enforcement == 'fenced')";
+    let advisory = "(has(self.enforcement) && self.enforcement == 'advisory')";
+    let ttl = format!("(has(self.ttlSeconds) ? self.ttlSeconds : {d})");
     json!({
         "type": "object",
         "required": ["enforcement"],
         "properties": {
             "prefixes": prefixes(),
             "tier": { "type": "string", "enum": ["coord", "entity"], "description": "Cluster tier (ADR-07). Default entity." },
-            "ttlSeconds": { "type": "integer", "minimum": 2, "maximum": 300,
-                            "description": "Session TTL, seconds: 5 to 300 in production, default 15; advisory classes at least 30." },
+            "ttlSeconds": { "type": "integer", "minimum": min, "maximum": max,
+                            "description": format!("Session TTL, seconds (ADR-11): {min} to {max}, default {d}; advisory classes at least {adv}.") },
             "enforcement": { "type": "string", "enum": ["fenced", "advisory"], "description": "ADR-01: fenced (needs a passing pause test) or advisory (needs riskOwner and waiverExpiry)." },
-            "riskOwner": { "type": "string", "minLength": 1, "description": "Advisory classes: who owns the risk." },
-            "waiverExpiry": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "description": "Advisory classes: waiver end, YYYY-MM-DD (UTC)." },
+            "riskOwner": { "type": "string", "minLength": 1, "pattern": "\\S", "description": "Advisory classes: who owns the risk (not blank)." },
+            "waiverExpiry": { "type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "format": "date", "description": "Advisory classes: waiver end, YYYY-MM-DD (UTC)." },
             "onQuorumLoss": { "type": "string", "enum": ["closed", "open"], "description": "ADR-04: closed (default) or open: grant from the arbiter's memory with token 0 during a quorum loss, spooled and audited as unprotected. open needs enforcement advisory and purpose efficiency." },
             "purpose": { "type": "string", "enum": ["correctness", "efficiency"], "description": "ADR-04: what a second holder costs. Only an efficiency class may declare onQuorumLoss open." },
             "maxHolders": { "type": "integer", "minimum": 1, "description": "Most holders of one key; fenced classes need 1. 0 is refused: it would pause every key of the class." },
@@ -58,14 +81,26 @@ fn class_spec() -> Value {
             "default": { "type": "boolean", "description": "The class of keys no prefix covers; exactly one class sets it." }
         },
         "x-kubernetes-validations": [
-            { "rule": "self.enforcement != 'fenced' || !has(self.maxHolders) || self.maxHolders == 1",
-              "message": "a fenced class admits one holder at a time (maxHolders 1)" },
-            { "rule": "self.enforcement != 'advisory' || (has(self.riskOwner) && has(self.waiverExpiry))",
-              "message": "an advisory class needs riskOwner and waiverExpiry (ADR-01)" },
-            { "rule": "self.enforcement != 'fenced' || has(self.pauseTestResult)",
-              "message": "a fenced class needs pauseTestResult (ADR-17)" },
-            { "rule": "!has(self.onQuorumLoss) || self.onQuorumLoss != 'open' || (self.enforcement == 'advisory' && has(self.purpose) && self.purpose == 'efficiency')",
-              "message": "onQuorumLoss open needs enforcement advisory and purpose efficiency (ADR-04)" }
+            rule(format!("{ttl} >= {min} && {ttl} <= {max}"), "ttlSeconds",
+                 format!("ttlSeconds (default {d}) must be within the platform range {min} to {max} s (ADR-11)")),
+            rule(format!("!{advisory} || {ttl} >= {adv}"), "ttlSeconds",
+                 format!("an advisory class needs ttlSeconds (default {d}) of at least {adv} s: it has no fence, its TTL is the only protection against a paused holder (ADR-11)")),
+            rule(format!("!{fenced} || !has(self.maxHolders) || self.maxHolders == 1"), "maxHolders",
+                 "a fenced class admits one holder at a time (maxHolders 1)".into()),
+            rule(format!("!{advisory} || has(self.riskOwner)"), "riskOwner",
+                 "an advisory class needs riskOwner (ADR-01)".into()),
+            rule(format!("!{advisory} || has(self.waiverExpiry)"), "waiverExpiry",
+                 "an advisory class needs waiverExpiry (ADR-01)".into()),
+            rule(format!("!{fenced} || !has(self.riskOwner)"), "riskOwner",
+                 "only advisory classes carry a waiver (riskOwner)".into()),
+            rule(format!("!{fenced} || !has(self.waiverExpiry)"), "waiverExpiry",
+                 "only advisory classes carry a waiver (waiverExpiry)".into()),
+            rule(format!("!{fenced} || has(self.pauseTestResult)"), "pauseTestResult",
+                 "a fenced class needs pauseTestResult (ADR-17)".into()),
+            rule(format!("{fenced} || !has(self.pauseTestResult)"), "pauseTestResult",
+                 "only a fenced class rests on a pause test (pauseTestResult)".into()),
+            rule(format!("!has(self.onQuorumLoss) || self.onQuorumLoss != 'open' || ({advisory} && has(self.purpose) && self.purpose == 'efficiency')"), "onQuorumLoss",
+                 "onQuorumLoss open needs enforcement advisory and purpose efficiency (ADR-04)".into())
         ]
     })
 }
@@ -83,11 +118,20 @@ fn grant_spec() -> Value {
     })
 }
 
-fn crd(kind: &str, plural: &str, short: &str, spec: Value, columns: Value) -> Value {
-    json!({
+/// The annotation naming the TTL limits a generated CRD encodes.
+pub const LIMITS_ANNOTATION: &str = "lockmesh.dev/ttl-limits";
+
+fn limits(p: &Platform) -> String {
+    let lowered = if p.lowered_floors().is_empty() { "ADR-11 defaults" } else { "lowered: lockctl class crds" };
+    format!("{}-{} s, advisory >= {} s ({lowered})", p.min_ttl_s, p.max_ttl_s, p.advisory_min_ttl_s)
+}
+
+fn crd(kind: &str, plural: &str, short: &str, spec: Value, columns: Value, annotations: Value) -> Value {
+    let mut v = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": { "name": format!("{plural}.{GROUP}"), "labels": { "app.kubernetes.io/part-of": "lockmesh" } },
+        "metadata": { "name": format!("{plural}.{GROUP}"), "labels": { "app.kubernetes.io/part-of": "lockmesh" },
+                      "annotations": annotations },
         "spec": {
             "group": GROUP,
             "scope": "Cluster",
@@ -107,11 +151,24 @@ fn crd(kind: &str, plural: &str, short: &str, spec: Value, columns: Value) -> Va
                 }}
             }]
         }
-    })
+    });
+    if annotations.as_object().is_some_and(serde_json::Map::is_empty) {
+        if let Some(m) = v["metadata"].as_object_mut() {
+            m.remove("annotations");
+        }
+    }
+    v
 }
 
-/// The two CRDs as `(file name, object)`.
+/// The two CRDs as `(file name, object)`, for the default TTL limits: what
+/// deploy/crds ships.
 pub fn crds() -> Vec<(&'static str, Value)> {
+    crds_for(&Platform::DEFAULT)
+}
+
+/// The two CRDs as `(file name, object)`, encoding the TTL limits `p` (a
+/// registry's [`ClassRegistry::platform`](lockmesh_core::ClassRegistry::platform)).
+pub fn crds_for(p: &Platform) -> Vec<(&'static str, Value)> {
     let class_cols = json!([
         { "name": "Enforcement", "type": "string", "jsonPath": ".spec.enforcement" },
         { "name": "MaxHolders", "type": "integer", "jsonPath": ".spec.maxHolders" },
@@ -119,8 +176,11 @@ pub fn crds() -> Vec<(&'static str, Value)> {
     ]);
     let grant_cols = json!([{ "name": "Identity", "type": "string", "jsonPath": ".spec.identity" }]);
     vec![
-        ("lockclass.yaml", crd("LockClass", "lockclasses", "lkc", class_spec(), class_cols)),
-        ("lockgrant.yaml", crd("LockGrant", "lockgrants", "lkg", grant_spec(), grant_cols)),
+        (
+            "lockclass.yaml",
+            crd("LockClass", "lockclasses", "lkc", class_spec(p), class_cols, json!({ LIMITS_ANNOTATION: limits(p) })),
+        ),
+        ("lockgrant.yaml", crd("LockGrant", "lockgrants", "lkg", grant_spec(), grant_cols, json!({}))),
     ]
 }
 
@@ -129,7 +189,28 @@ pub fn crds() -> Vec<(&'static str, Value)> {
 pub fn render(v: &Value) -> Result<String, serde_saphyr::SerializeError> {
     let options = serde_saphyr::ser_options! { prefer_block_scalars: false };
     Ok(format!(
-        "# GENERATED by extproc/src/registry/crd.rs (LOCKMESH_WRITE_CRDS=1 cargo test -p lockmesh-extproc --test crds): do not edit.\n{}",
+        "# GENERATED by extproc/lock/src/registry/crd.rs (LOCKMESH_WRITE_CRDS=1 cargo test -p lockmesh-extproc --test crds; for a registry's own TTL floors: lockctl class crds FILE): do not edit.\n{}",
         serde_saphyr::to_string_with_options(v, options)?
     ))
+}
+
+/// A registry document (the YAML the arbiter's loader reads, as JSON) from
+/// LockClass and LockGrant custom resources: a LockClass's `metadata.name` becomes
+/// the class's `name` and its `spec` the rest; a LockGrant's `spec` is one `grants`
+/// entry. `platform` is the registry's `platform:` section (CRs carry none).
+pub fn registry_of(resources: &[Value], platform: Value) -> Result<Value, String> {
+    let (mut classes, mut grants) = (vec![], vec![]);
+    for (i, d) in resources.iter().enumerate() {
+        let mut spec = d.get("spec").cloned().ok_or_else(|| format!("resource {i}: no spec"))?;
+        match d["kind"].as_str() {
+            Some("LockClass") => {
+                let name = d["metadata"]["name"].as_str().ok_or_else(|| format!("resource {i}: no metadata.name"))?;
+                spec["name"] = json!(name);
+                classes.push(spec);
+            }
+            Some("LockGrant") => grants.push(spec),
+            k => return Err(format!("resource {i}: kind {k:?} is not LockClass or LockGrant")),
+        }
+    }
+    Ok(json!({ "platform": platform, "classes": classes, "grants": grants }))
 }
