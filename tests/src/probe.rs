@@ -1,18 +1,16 @@
-//! A minimal HTTP/1.1 GET over a fresh loopback TCP connection.
+//! A minimal HTTP GET of a loopback port, for readiness and admin probes.
 //!
-//! Readiness and admin probes use it instead of a pooled HTTP client because
-//! the shared etcd outlives the tokio runtime of the test that started it: a
-//! connection pool created in one runtime cannot be used from another. Each
-//! call opens, uses and closes its own connection.
+//! Each call builds its own client and keeps no idle connection: the shared etcd
+//! outlives the tokio runtime of the test that started it, and a pooled
+//! connection created in one runtime cannot be used from another. Each call
+//! opens, uses and closes its own connection.
 
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use anyhow::{Context as _, Result};
 
-/// Default per-call deadline for connect, write and read. A paused (SIGSTOP)
-/// process accepts connections in the kernel but never answers.
+/// Default per-call deadline for connect, request and the whole answer. A paused
+/// (SIGSTOP) process accepts connections in the kernel but never answers.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A decoded HTTP response.
@@ -20,7 +18,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct ProbeResponse {
     /// Status code.
     pub status: u16,
-    /// Body, with chunked transfer encoding removed.
+    /// Body, with any transfer encoding (chunked) removed.
     pub body: String,
 }
 
@@ -37,66 +35,65 @@ pub async fn http_get_within(port: u16, path: &str, timeout: Duration) -> Result
         .with_context(|| format!("GET 127.0.0.1:{port}{path}"))
 }
 
-async fn get(port: u16, path: &str) -> Result<ProbeResponse> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    parse(&raw)
-}
-
-fn parse(raw: &[u8]) -> Result<ProbeResponse> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers in response")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let body = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .with_context(|| format!("bad status line {status_line:?}"))?;
-    let chunked = lines.any(|line| {
-        let lower = line.to_ascii_lowercase();
-        lower.starts_with("transfer-encoding:") && lower.contains("chunked")
-    });
-    let body = if chunked { dechunk(body)? } else { body.to_vec() };
-    Ok(ProbeResponse { status, body: String::from_utf8_lossy(&body).into_owned() })
-}
-
-fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = data.windows(2).position(|w| w == b"\r\n").context("truncated chunk size line")?;
-        let size_field = String::from_utf8_lossy(&data[..eol]);
-        let size_hex = size_field.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16).with_context(|| format!("bad chunk size {size_hex:?}"))?;
-        data = &data[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if data.len() < size + 2 {
-            bail!("truncated chunk: want {size} bytes, have {}", data.len());
-        }
-        out.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
-    }
+async fn get(port: u16, path: &str) -> Result<ProbeResponse, reqwest::Error> {
+    // Loopback only: no proxy from the environment, no connection kept.
+    let client = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0).build()?;
+    let resp =
+        client.get(format!("http://127.0.0.1:{port}{path}")).header(reqwest::header::ACCEPT, "*/*").send().await?;
+    let status = resp.status().as_u16();
+    // Not UTF-8 (a binary body) is read lossily, as a probe only looks for text.
+    let body = String::from_utf8_lossy(&resp.bytes().await?).into_owned();
+    Ok(ProbeResponse { status, body })
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
     use super::*;
 
-    #[test]
-    fn parses_plain_and_chunked() {
-        let plain = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nLIVE").unwrap();
-        assert_eq!((plain.status, plain.body.as_str()), (200, "LIVE"));
-        let chunked = parse(
+    /// A loopback port answering each connection with `reply` after reading the
+    /// request head.
+    async fn serve(reply: &'static [u8]) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s.write_all(reply).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn reads_plain_and_chunked() {
+        let plain = serve(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nLIVE").await;
+        let r = http_get(plain, "/ready").await.unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "LIVE"));
+        let chunked = serve(
             b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
         )
-        .unwrap();
-        assert_eq!((chunked.status, chunked.body.as_str()), (503, "abcde"));
-        assert!(parse(b"garbage").is_err());
+        .await;
+        let r = http_get(chunked, "/ready").await.unwrap();
+        assert_eq!((r.status, r.body.as_str()), (503, "abcde"));
+        let garbage = serve(b"garbage").await;
+        assert!(http_get(garbage, "/").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_silent_port_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let e = http_get_within(port, "/ready", Duration::from_millis(200)).await.unwrap_err();
+        assert_eq!(e.to_string(), format!("GET 127.0.0.1:{port}/ready: timed out"));
+        drop(listener);
     }
 }
