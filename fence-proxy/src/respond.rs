@@ -84,7 +84,8 @@ impl FenceError {
 
 impl IntoResponse for FenceError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "code": self.code(), "message": self.to_string() }).to_string();
+        let body = lockmesh_core::wire::error::FenceErrorBody { code: self.code().into(), message: self.to_string() };
+        let body = serde_json::to_string(&body).unwrap_or_default();
         let mut r = (self.status(), [("content-type", "application/json")], body).into_response();
         r.headers_mut().insert(headers::ERROR, HeaderValue::from_static(self.code()));
         r

@@ -6,8 +6,7 @@
 //! - the shipped build has no planted faults: `lockmesh-extproc` without the
 //!   release gate's `test-faults`, the Wasm module without `test-trap`, and no
 //!   shipped binary with the dev PKI's token minter (`lockmesh-devcerts`);
-//! - the services build their JSON bodies from types, not `json!` (ignored until
-//!   the typed replies of #15 land).
+//! - the services build their JSON bodies from `core::wire` types, not `json!`.
 //!
 //! Each check says in a comment which planted change makes it fail.
 
@@ -264,7 +263,6 @@ const JSON_EXEMPT: &[(&str, &str)] = &[
 /// its `#[cfg(test)]` module). The sidecar (sidecar/src) is not scanned: it edits
 /// arbitrary pod objects of the Kubernetes API, which are not lockmesh wire bodies.
 #[test]
-#[ignore = "enabled when #15's typed replies land"]
 fn services_build_no_json_bodies_with_the_json_macro() {
     let root = root();
     let mut files = Vec::new();

@@ -52,3 +52,16 @@ impl ErrorBody {
         self
     }
 }
+
+/// fence-proxy's refusal (`fence-proxy/src/respond.rs`): `{"code", "message"}` with
+/// the fence's own codes (`stale_token`, `grant_required`, ...; docs/FENCING.md),
+/// also in `x-lockmesh-error`. Not a [`crate::Code`]: a fence answers for its
+/// store, not for the lock service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceErrorBody {
+    /// The stable code.
+    pub code: String,
+    /// For people; never a token.
+    #[serde(default)]
+    pub message: String,
+}

@@ -4,8 +4,8 @@
 //! harness turns on (`lockmesh-tests`). Without it, [`on`] is a constant `false`
 //! (every planted branch is dead code the compiler removes), [`parse`](TestFault::parse)
 //! knows no fault, and [`install`] plants nothing: a shipped build cannot be
-//! configured into an unsafe one. `release_build_has_no_planted_faults` in the
-//! scenarios checks the release binaries for it.
+//! configured into an unsafe one. `tests/tests/layout.rs` checks that the shipped
+//! arbiter's dependency tree never turns the feature on.
 //!
 //! A gate that cannot catch a bug proves nothing, so the gate's targeted
 //! scenarios turn these on and check that the checker fails. They are switched
