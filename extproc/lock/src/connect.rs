@@ -3,7 +3,10 @@
 //! one validation (every error with its field path) and the etcd-client options
 //! they make.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use serde::Deserialize;
 
@@ -109,17 +112,49 @@ pub fn validate_etcd_auth(
     name: &str,
     errs: &mut Vec<String>,
 ) -> EtcdClientAuth {
+    let lead = format!("{name}: ");
+    validate_with(raw, &|f| format!("{prefix}{f}"), base, &lead, errs)
+}
+
+/// How `lockctl`'s flags spell the fields of [`EtcdAuthFields`] in errors.
+pub fn flag_name(field: &str) -> String {
+    match field {
+        "endpoints" => "--endpoints",
+        "tls" | "tls.ca" => "--etcd-ca",
+        "tls.cert" => "--etcd-cert",
+        "tls.key" => "--etcd-key",
+        "user" => "--etcd-user",
+        "password_file" => "--etcd-password-file",
+        other => other,
+    }
+    .to_owned()
+}
+
+/// The one validation behind [`validate_etcd_auth`] and [`EtcdConnection::from_fields`]:
+/// `field` spells a field path (`tls.ca`, `user`, ...) as the source names it and
+/// `lead` starts every error.
+fn validate_with(
+    raw: &EtcdAuthFields<'_>,
+    field: &dyn Fn(&str) -> String,
+    base: &Path,
+    lead: &str,
+    errs: &mut Vec<String>,
+) -> EtcdClientAuth {
     let mut auth = EtcdClientAuth::default();
-    let read = |field: &str, p: &str, errs: &mut Vec<String>| {
+    let read = |f: &str, p: &str, errs: &mut Vec<String>| {
         std::fs::read(resolve(base, p))
-            .map_err(|e| errs.push(format!("{name}: {prefix}{field}: cannot read {p:?}: {e}")))
+            .map_err(|e| errs.push(format!("{lead}{}: cannot read {p:?}: {e}", field(f))))
             .ok()
     };
     let https = raw.endpoints.iter().filter(|e| e.starts_with("https://")).count();
     match raw.tls {
         Some(t) => {
             if https != raw.endpoints.len() {
-                errs.push(format!("{name}: {prefix}endpoints: with {prefix}tls every endpoint must be https://"));
+                errs.push(format!(
+                    "{lead}{}: with {} every endpoint must be https://",
+                    field("endpoints"),
+                    field("tls")
+                ));
             }
             auth.ca = read("tls.ca", &t.ca, errs);
             match (&t.cert, &t.key) {
@@ -129,32 +164,170 @@ pub fn validate_etcd_auth(
                     }
                 }
                 (None, None) => {}
-                (Some(_), None) => errs.push(format!("{name}: {prefix}tls.key: required with {prefix}tls.cert")),
-                (None, Some(_)) => errs.push(format!("{name}: {prefix}tls.cert: required with {prefix}tls.key")),
+                (Some(_), None) => {
+                    errs.push(format!("{lead}{}: required with {}", field("tls.key"), field("tls.cert")))
+                }
+                (None, Some(_)) => {
+                    errs.push(format!("{lead}{}: required with {}", field("tls.cert"), field("tls.key")))
+                }
             }
         }
-        None if https > 0 => {
-            errs.push(format!("{name}: {prefix}tls: required for https:// endpoints ({prefix}tls.ca names the CA)"))
-        }
+        None if https > 0 => errs.push(format!(
+            "{lead}{}: required for https:// endpoints ({} names the CA)",
+            field("tls"),
+            field("tls.ca")
+        )),
         None => {}
     }
     match (raw.user, raw.password_file) {
         (Some(u), Some(p)) => {
             if u.is_empty() {
-                errs.push(format!("{name}: {prefix}user: must not be empty"));
+                errs.push(format!("{lead}{}: must not be empty", field("user")));
             }
             if let Some(pw) = read("password_file", p, errs) {
                 match String::from_utf8(pw) {
                     Ok(pw) if !pw.trim_end().is_empty() => auth.user = Some((u.to_owned(), pw.trim_end().to_owned())),
-                    _ => {
-                        errs.push(format!("{name}: {prefix}password_file: {p:?} must hold a non-empty UTF-8 password"))
-                    }
+                    _ => errs
+                        .push(format!("{lead}{}: {p:?} must hold a non-empty UTF-8 password", field("password_file"))),
                 }
             }
         }
-        (Some(_), None) => errs.push(format!("{name}: {prefix}password_file: required with {prefix}user")),
-        (None, Some(_)) => errs.push(format!("{name}: {prefix}user: required with {prefix}password_file")),
+        (Some(_), None) => errs.push(format!("{lead}{}: required with {}", field("password_file"), field("user"))),
+        (None, Some(_)) => errs.push(format!("{lead}{}: required with {}", field("user"), field("password_file"))),
         (None, None) => {}
     }
     auth
+}
+
+/// Connect timeout of an [`EtcdConnection`] unless its source sets one.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Request timeout of an [`EtcdConnection`] unless its source sets one.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything needed to reach one etcd cluster: endpoints, the validated TLS files
+/// and user (read once, by [`validate_etcd_auth`]'s rules), and timeouts. The
+/// arbiter's `etcd:` section, the audit tailer's `etcd_*` fields and `lockctl`'s
+/// etcd flags all become one of these; the password never appears in `Debug`.
+#[derive(Clone, Debug)]
+pub struct EtcdConnection {
+    /// Client URLs.
+    pub endpoints: Vec<String>,
+    /// TLS and user, already read from their files.
+    pub auth: EtcdClientAuth,
+    /// Bound of establishing the connection.
+    pub connect_timeout: Duration,
+    /// Bound of each request on it.
+    pub request_timeout: Duration,
+}
+
+impl EtcdConnection {
+    /// Validates `raw` (files relative to `base`) with the one validation; `field`
+    /// spells field paths as the source names them (`|f| format!("etcd.{f}")` for a
+    /// config file, [`flag_name`] for flags), and errors start with `lead`.
+    pub fn from_fields(
+        raw: &EtcdAuthFields<'_>,
+        field: &dyn Fn(&str) -> String,
+        base: &Path,
+        lead: &str,
+    ) -> Result<Self, Vec<String>> {
+        let mut errs = Vec::new();
+        if raw.endpoints.is_empty() {
+            errs.push(format!("{lead}{}: at least one endpoint is required", field("endpoints")));
+        }
+        let auth = validate_with(raw, field, base, lead, &mut errs);
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        Ok(Self {
+            endpoints: raw.endpoints.to_vec(),
+            auth,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        })
+    }
+
+    /// The arbiter's `etcd:` section (field paths `etcd.*`, files relative to `base`,
+    /// its `op_timeout_ms` as the request timeout).
+    pub fn from_raw(raw: &RawEtcd, base: &Path, name: &str) -> Result<Self, Vec<String>> {
+        let parts = EtcdAuthFields {
+            endpoints: &raw.endpoints,
+            tls: raw.tls.as_ref(),
+            user: raw.user.as_deref(),
+            password_file: raw.password_file.as_deref(),
+        };
+        let mut c = Self::from_fields(&parts, &|f| format!("etcd.{f}"), base, &format!("{name}: "))?;
+        if let Some(ms) = raw.op_timeout_ms {
+            c.request_timeout = Duration::from_millis(ms);
+        }
+        Ok(c)
+    }
+
+    /// The etcd-client options: timeouts, TLS and user.
+    pub fn options(&self) -> etcd_client::ConnectOptions {
+        self.auth.apply(
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(self.connect_timeout)
+                .with_timeout(self.request_timeout),
+        )
+    }
+
+    /// Connects (no request is made: the first one shows whether etcd answers and
+    /// whether the user may do it).
+    pub async fn connect(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        etcd_client::Client::connect(&self.endpoints, Some(self.options())).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields<'a>(endpoints: &'a [String], tls: Option<&'a RawEtcdTls>) -> EtcdAuthFields<'a> {
+        EtcdAuthFields { endpoints, tls, user: Some("u"), password_file: Some("missing-pw") }
+    }
+
+    #[test]
+    fn errors_name_the_field_as_the_source_spells_it() {
+        let eps = vec!["https://127.0.0.1:2379".to_owned()];
+        let tls = RawEtcdTls { ca: "missing-ca.pem".into(), cert: Some("c.pem".into()), key: None };
+        let dir = Path::new("/nonexistent-lockmesh");
+        let errs = EtcdConnection::from_fields(&fields(&eps, Some(&tls)), &flag_name, dir, "").unwrap_err();
+        assert!(errs.iter().any(|e| e.starts_with("--etcd-ca: cannot read \"missing-ca.pem\"")), "{errs:?}");
+        assert!(errs.iter().any(|e| e == "--etcd-key: required with --etcd-cert"), "{errs:?}");
+        assert!(errs.iter().any(|e| e.starts_with("--etcd-password-file: cannot read")), "{errs:?}");
+        let errs = EtcdConnection::from_fields(&fields(&eps, Some(&tls)), &|f| format!("etcd.{f}"), dir, "a.yaml: ")
+            .unwrap_err();
+        assert!(errs.iter().any(|e| e.starts_with("a.yaml: etcd.tls.ca: cannot read")), "{errs:?}");
+        let none: Vec<String> = vec![];
+        let errs = EtcdConnection::from_fields(
+            &EtcdAuthFields { endpoints: &none, tls: None, user: None, password_file: None },
+            &flag_name,
+            dir,
+            "",
+        )
+        .unwrap_err();
+        assert_eq!(errs, vec!["--endpoints: at least one endpoint is required".to_owned()]);
+        let errs = EtcdConnection::from_fields(
+            &EtcdAuthFields { endpoints: &eps, tls: None, user: None, password_file: None },
+            &flag_name,
+            dir,
+            "",
+        )
+        .unwrap_err();
+        assert_eq!(errs, vec!["--etcd-ca: required for https:// endpoints (--etcd-ca names the CA)".to_owned()]);
+    }
+
+    #[test]
+    fn reads_the_files_and_keeps_the_password_out_of_debug() {
+        let dir = std::env::temp_dir().join(format!("lockmesh-connect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "s3cret\n").unwrap();
+        let eps = vec!["http://127.0.0.1:2379".to_owned()];
+        let raw =
+            EtcdAuthFields { endpoints: &eps, tls: None, user: Some("lockmesh-admin"), password_file: Some("pw") };
+        let c = EtcdConnection::from_fields(&raw, &flag_name, &dir, "").unwrap();
+        assert_eq!(c.auth.user, Some(("lockmesh-admin".to_owned(), "s3cret".to_owned())));
+        assert!(!format!("{c:?}").contains("s3cret"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
