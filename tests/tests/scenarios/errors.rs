@@ -59,7 +59,8 @@ const ARBITER_MAX_WAIT_MS: u64 = 5000;
 /// - `retry-after` iff `Code::retry_after_s`: `validate::rate_limited` answers
 ///   without it, or the filter's `queue_full` loses it;
 /// - `content-type: application/json`: `ApiResponse::into_response` in
-///   `extproc/src/respond.rs` says `text/plain` (the VM routes fail);
+///   `extproc/src/respond.rs` says `text/plain` (tried: the VM routes' `bad_request`
+///   fails);
 /// - the bytes are `error_body`'s (serde's, with a region): `ErrorBody`'s fields are
 ///   reordered, or `error_body` stops escaping `"`;
 /// - `region` with `wrong_region` only, also in `x-lockmesh-region`; `reason` with
