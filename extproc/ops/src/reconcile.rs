@@ -22,7 +22,7 @@ use lockmesh_core::policy::{ChangeNote, ClassPolicy, PolicyError};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use lockmesh_lock::{keys::prefix_end, now_ms, policy::ClassMapRecord, HoldRecord, Keys};
+use lockmesh_lock::{connect::EtcdConnection, keys::prefix_end, now_ms, policy::ClassMapRecord, HoldRecord, Keys};
 
 mod apply;
 
@@ -99,12 +99,10 @@ fn etcd(e: impl std::fmt::Display) -> AdminError {
 // === impl Admin ===
 
 impl Admin {
-    /// Connects; `actor` is recorded with every change.
-    pub async fn connect(endpoints: &[String], root: &str, actor: &str) -> Result<Self, AdminError> {
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(5));
-        let client = Client::connect(endpoints, Some(opts)).await.map_err(etcd)?;
+    /// Connects with `conn`'s TLS, user and timeouts; `actor` is recorded with
+    /// every change.
+    pub async fn connect(conn: &EtcdConnection, root: &str, actor: &str) -> Result<Self, AdminError> {
+        let client = conn.connect().await.map_err(etcd)?;
         Ok(Self { client, keys: Keys::new(root), actor: actor.to_owned() })
     }
 

@@ -21,6 +21,7 @@ use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOpti
 use lockmesh_core::token::{EPOCH_LIMIT, REVISION_LIMIT};
 
 use lockmesh_lock::{
+    connect::EtcdConnection,
     epoch::{cluster_hex, EpochRecord},
     seal::Marks,
     Keys,
@@ -302,29 +303,41 @@ pub fn restore_snapshot(
     Ok(())
 }
 
-/// Waits until etcd at `endpoints` answers, printing once that it waits.
+/// Waits until etcd at `conn`'s endpoints answers a read (over its TLS, as its
+/// user), printing once that it waits. A refusal that waiting cannot cure (a
+/// permission or authentication error) ends the wait at once with etcd's message.
 pub async fn wait_for_etcd(
-    endpoints: &[String],
+    conn: &EtcdConnection,
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<Client, RestoreError> {
+    let endpoints = &conn.endpoints;
     let _ = writeln!(out, "waiting for etcd at {} (start the restored members now)", endpoints.join(","));
     let _ = out.flush();
     let end = tokio::time::Instant::now() + timeout;
     loop {
         let attempt = async {
-            let mut c = Client::connect(endpoints, None).await?;
+            let mut c = conn.connect().await?;
             c.get("lockmesh-probe", None).await?;
             Ok::<_, etcd_client::Error>(c)
         };
-        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            return Ok(c);
+        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) if refused(&e) => return Err(other(format!("etcd at {}: {e}", endpoints.join(",")))),
+            _ => {}
         }
         if tokio::time::Instant::now() >= end {
             return Err(other(format!("etcd at {} did not answer within {timeout:?}", endpoints.join(","))));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// An answer that retrying cannot change: the user may not read, or its
+/// credentials are wrong.
+fn refused(e: &etcd_client::Error) -> bool {
+    let s = e.to_string();
+    s.contains("permission denied") || s.contains("authentication failed") || s.contains("invalid auth token")
 }
 
 #[cfg(test)]
