@@ -31,7 +31,7 @@ fn no_shipped_config_can_fail_open() {
     for path in shipped() {
         let text = std::fs::read_to_string(&path).unwrap();
         let name = path.display();
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
         let mut procs = Vec::new();
         let mut wasms = Vec::new();
         walk(&doc, &mut procs, &mut wasms);
@@ -54,9 +54,9 @@ fn no_shipped_config_can_fail_open() {
     }
 }
 
-fn walk<'a>(v: &'a serde_yaml::Value, procs: &mut Vec<&'a serde_yaml::Value>, wasms: &mut Vec<&'a serde_yaml::Value>) {
+fn walk<'a>(v: &'a serde_json::Value, procs: &mut Vec<&'a serde_json::Value>, wasms: &mut Vec<&'a serde_json::Value>) {
     match v {
-        serde_yaml::Value::Mapping(m) => {
+        serde_json::Value::Object(m) => {
             match m.get("@type").and_then(|t| t.as_str()) {
                 Some("type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor") => {
                     procs.push(v)
@@ -66,7 +66,7 @@ fn walk<'a>(v: &'a serde_yaml::Value, procs: &mut Vec<&'a serde_yaml::Value>, wa
             }
             m.values().for_each(|c| walk(c, procs, wasms));
         }
-        serde_yaml::Value::Sequence(s) => s.iter().for_each(|c| walk(c, procs, wasms)),
+        serde_json::Value::Array(s) => s.iter().for_each(|c| walk(c, procs, wasms)),
         _ => {}
     }
 }
@@ -75,10 +75,10 @@ fn walk<'a>(v: &'a serde_yaml::Value, procs: &mut Vec<&'a serde_yaml::Value>, wa
 /// the listener's `request_timeout`, or Envoy would cut a legitimate wait short.
 #[test]
 fn waits_fit_inside_envoys_timeouts() {
-    let secs = |v: &serde_yaml::Value| v.as_str().and_then(|s| s.strip_suffix('s')).and_then(|s| s.parse::<f64>().ok());
+    let secs = |v: &serde_json::Value| v.as_str().and_then(|s| s.strip_suffix('s')).and_then(|s| s.parse::<f64>().ok());
     for path in shipped() {
         let text = std::fs::read_to_string(&path).unwrap();
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
         let (mut procs, mut wasms) = (Vec::new(), Vec::new());
         walk(&doc, &mut procs, &mut wasms);
         for w in &wasms {
@@ -111,15 +111,15 @@ const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wa
 const EXT_PROC: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor";
 const WITH_MATCHER: &str = "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
 
-fn find_all<'a>(v: &'a serde_yaml::Value, ty: &str, out: &mut Vec<&'a serde_yaml::Value>) {
+fn find_all<'a>(v: &'a serde_json::Value, ty: &str, out: &mut Vec<&'a serde_json::Value>) {
     match v {
-        serde_yaml::Value::Mapping(m) => {
+        serde_json::Value::Object(m) => {
             if m.get("@type").and_then(|t| t.as_str()) == Some(ty) {
                 out.push(v);
             }
             m.values().for_each(|c| find_all(c, ty, out));
         }
-        serde_yaml::Value::Sequence(s) => s.iter().for_each(|c| find_all(c, ty, out)),
+        serde_json::Value::Array(s) => s.iter().for_each(|c| find_all(c, ty, out)),
         _ => {}
     }
 }
@@ -132,12 +132,12 @@ fn find_all<'a>(v: &'a serde_yaml::Value, ty: &str, out: &mut Vec<&'a serde_yaml
 fn no_shipped_route_forwards_without_its_lock() {
     for path in shipped() {
         let name = path.display();
-        let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let mut hcms = Vec::new();
         find_all(&doc, HCM, &mut hcms);
         for hcm in hcms {
-            let filters = hcm["http_filters"].as_sequence().unwrap();
-            let ty = |f: &serde_yaml::Value| f["typed_config"]["@type"].as_str().unwrap_or_default().to_owned();
+            let filters = hcm["http_filters"].as_array().unwrap();
+            let ty = |f: &serde_json::Value| f["typed_config"]["@type"].as_str().unwrap_or_default().to_owned();
             let Some(wasm_at) = filters.iter().position(|f| ty(f) == WASM) else { continue };
             let proc_at = filters
                 .iter()
@@ -158,7 +158,7 @@ fn no_shipped_route_forwards_without_its_lock() {
                     Some("x-lockmesh-unlocked"),
                     "{name}"
                 );
-                let map = tree["exact_match_map"]["map"].as_mapping().unwrap();
+                let map = tree["exact_match_map"]["map"].as_object().unwrap();
                 assert_eq!(map.len(), 1, "{name}: ext_proc may be skipped on one mark only");
                 assert!(map.get("1").is_some(), "{name}");
                 assert!(
@@ -167,7 +167,7 @@ fn no_shipped_route_forwards_without_its_lock() {
                 );
             }
             let route_config = &hcm["route_config"];
-            let text = serde_yaml::to_string(route_config).unwrap();
+            let text = route_config.to_string();
             assert!(!text.contains("typed_per_filter_config"), "{name}: per-route filter config could disable a lock");
             let conf: serde_json::Value = serde_json::from_str(
                 filters[wasm_at]["typed_config"]["config"]["configuration"]["value"].as_str().unwrap_or("{}"),
@@ -175,8 +175,8 @@ fn no_shipped_route_forwards_without_its_lock() {
             .unwrap();
             let lock_tier = conf["api"].as_bool() != Some(false) && conf.get("transparent").is_none();
             let mut forwarding = Vec::new();
-            for vh in route_config["virtual_hosts"].as_sequence().unwrap() {
-                for r in vh["routes"].as_sequence().unwrap() {
+            for vh in route_config["virtual_hosts"].as_array().unwrap() {
+                for r in vh["routes"].as_array().unwrap() {
                     if r.get("route").is_some() {
                         forwarding.push(r);
                     }
@@ -226,7 +226,7 @@ async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed(
         panic!("{} rejected by envoy --mode validate:\n{out}", path.display());
     }
     let text = std::fs::read_to_string(&path).unwrap();
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     let (mut procs, mut wasms) = (Vec::new(), Vec::new());
     walk(&doc, &mut procs, &mut wasms);
     assert_eq!((procs.len(), wasms.len()), (1, 1));
@@ -234,10 +234,10 @@ async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed(
     assert_eq!(wasms[0]["config"]["failure_policy"].as_str(), Some("FAIL_CLOSED"));
     assert!(text.contains("envoy.reloadable_features.ext_proc_fail_close_spurious_resp: true"));
     assert_eq!(doc["admin"]["address"]["socket_address"]["address"].as_str(), Some("127.0.0.1"), "admin on loopback");
-    let listeners = doc["static_resources"]["listeners"].as_sequence().unwrap();
+    let listeners = doc["static_resources"]["listeners"].as_array().unwrap();
     let health = listeners.iter().find(|l| l["name"] == "health").expect("health listener");
     let hcm = &health["filter_chains"][0]["filters"][0]["typed_config"];
-    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"].as_sequence().unwrap();
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"].as_array().unwrap();
     let forwarded: Vec<&str> =
         routes.iter().filter(|r| r.get("route").is_some()).filter_map(|r| r["match"]["path"].as_str()).collect();
     assert_eq!(forwarded, ["/ready", "/stats/prometheus"], "only these reach the admin");
@@ -245,5 +245,5 @@ async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed(
     let api = listeners.iter().find(|l| l["name"] == "lock_api").expect("lock_api listener");
     let api_routes =
         &api["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"];
-    assert!(api_routes.as_sequence().unwrap().iter().all(|r| r.get("route").is_none()), "the lock API forwards");
+    assert!(api_routes.as_array().unwrap().iter().all(|r| r.get("route").is_none()), "the lock API forwards");
 }

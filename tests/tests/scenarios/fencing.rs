@@ -143,7 +143,7 @@ async fn run_kit(st: &Stack, resource_url: &str, lock_key: &str, out: &std::path
     .await
     .expect("the pause kit finishes within 60 s")
     .unwrap();
-    let doc: PauseTestResult = serde_yaml::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+    let doc: PauseTestResult = serde_saphyr::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
     (status.code().unwrap_or(-1), doc)
 }
 

@@ -150,10 +150,10 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
     // The rules and the dashboard name only metrics some exposition has.
     let mon = repo_root().join("deploy/monitoring");
     promtool_check(&["rules", mon.join("rules.yaml").to_str().unwrap()], None);
-    let rules: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(mon.join("rules.yaml")).unwrap()).unwrap();
-    let crd: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(mon.join("prometheusrule.yaml")).unwrap()).unwrap();
+    let rules: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(mon.join("rules.yaml")).unwrap()).unwrap();
+    let crd: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(mon.join("prometheusrule.yaml")).unwrap()).unwrap();
     assert_eq!(crd["spec"]["groups"], rules["groups"], "prometheusrule.yaml drifted from rules.yaml");
     let dash: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(mon.join("dashboard.json")).unwrap()).unwrap();
@@ -163,7 +163,7 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
             exprs.push(t["expr"].as_str().unwrap().to_owned());
         }
     }
-    for r in rules["groups"][0]["rules"].as_sequence().unwrap() {
+    for r in rules["groups"][0]["rules"].as_array().unwrap() {
         exprs.push(r["expr"].as_str().unwrap().to_owned());
     }
     assert!(exprs.len() > 20);

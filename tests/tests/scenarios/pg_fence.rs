@@ -143,7 +143,7 @@ async fn the_pause_kit_passes_against_the_postgresql_reference_fence() {
     .expect("the pause kit finishes within 60 s")
     .unwrap();
     let doc: lockmesh_core::pause::PauseTestResult =
-        serde_yaml::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(status.code(), Some(0), "{doc:#?}");
     assert_eq!(doc.verdict, Verdict::Pass);
     assert_eq!((doc.evidence.first_write_status, doc.evidence.second_write_status), (200, 200), "{doc:#?}");
