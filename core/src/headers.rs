@@ -63,7 +63,9 @@ pub const BUDGET_MS: &str = "x-lockmesh-budget-ms";
 pub const FILTERED: &str = "x-lockmesh-filtered";
 /// Filter protocol version carried in [`FILTERED`].
 pub const FILTER_PROTOCOL: &str = "1";
-/// Sealed state, on every arbiter response (`false` or the seal reason).
+/// Sealed state (`false` or the seal reason), on every answer the arbiter gives
+/// through ext_proc (the lock API and transparent routes); not on the filter's
+/// local answers, nor on the VM and admin routes, whose callers read `/status`.
 pub const SEALED: &str = "x-lockmesh-sealed";
 /// Set by the filter on a transparent-mode request: the id of the filter's worker
 /// VM (32 hex characters), whose per-class sessions carry the request's hold.
