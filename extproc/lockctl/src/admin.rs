@@ -7,10 +7,11 @@
 use std::{io::Write, path::PathBuf, process::ExitCode};
 
 use clap::{Args, Subcommand};
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::Client;
 use lockmesh_core::wire::admin::{
     AdminErrorBody, ApproveBody, ApproveReply, ListBody, ListReply, Preview, RequestBody, ShowBody,
 };
+use lockmesh_lock::connect::{flag_name, EtcdAuthFields, EtcdConnection, RawEtcdTls};
 use serde::{de::DeserializeOwned, Serialize};
 
 use lockmesh_ops::admin::{
@@ -18,7 +19,12 @@ use lockmesh_ops::admin::{
     io, routes as server, AdminError,
 };
 
-/// How to reach etcd (shared by the admin commands).
+/// How to reach etcd: flattened into every lockctl command that talks to etcd
+/// (inspect, saturated, doctor, class apply, limit, epoch-advance, restore), each
+/// flag also read from its `LOCKMESH_ETCD_*` variable; [`EtcdArgs::connection`]
+/// validates them as the config files' `etcd:` sections are validated
+/// (`lockmesh_lock::connect`). Which etcd role each command needs:
+/// `lockctl etcd-roles`.
 #[derive(Args, Debug, Clone)]
 pub struct EtcdArgs {
     /// etcd client URLs, comma separated (required).
@@ -30,18 +36,44 @@ pub struct EtcdArgs {
     /// etcd user (auth enabled); the password comes from --etcd-password-file.
     #[arg(long, global = true, env = "LOCKMESH_ETCD_USER")]
     pub etcd_user: Option<String>,
-    /// File holding the etcd user's password.
+    /// File holding the etcd user's password (trailing newline ignored).
     #[arg(long, global = true, env = "LOCKMESH_ETCD_PASSWORD_FILE")]
     pub etcd_password_file: Option<PathBuf>,
-    /// CA bundle (PEM) that signed etcd's server certificate; turns TLS on.
-    #[arg(long, global = true)]
+    /// CA bundle (PEM) that signed etcd's server certificate; turns TLS on
+    /// (every endpoint must then be https://).
+    #[arg(long, global = true, env = "LOCKMESH_ETCD_CA")]
     pub etcd_ca: Option<PathBuf>,
-    /// Client certificate (PEM) for etcd's client-cert auth.
-    #[arg(long, global = true, requires = "etcd_key")]
+    /// Client certificate (PEM) for etcd's client-cert auth, with --etcd-key.
+    #[arg(long, global = true, env = "LOCKMESH_ETCD_CERT")]
     pub etcd_cert: Option<PathBuf>,
-    /// Client key (PEM).
-    #[arg(long, global = true, requires = "etcd_cert")]
+    /// Client key (PEM), with --etcd-cert.
+    #[arg(long, global = true, env = "LOCKMESH_ETCD_KEY")]
     pub etcd_key: Option<PathBuf>,
+}
+
+impl EtcdArgs {
+    /// The connection options, validated (every error names its flag); files are
+    /// read now, relative to the working directory.
+    pub fn connection(&self) -> Result<EtcdConnection, String> {
+        let s = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let (cert, key) = (s(&self.etcd_cert), s(&self.etcd_key));
+        // A certificate without a CA still reaches the validation, which names what is missing.
+        let tls = match s(&self.etcd_ca) {
+            Some(ca) => Some(RawEtcdTls { ca, cert, key }),
+            None if cert.is_some() || key.is_some() => {
+                return Err("--etcd-ca: required with --etcd-cert/--etcd-key".into());
+            }
+            None => None,
+        };
+        let password_file = s(&self.etcd_password_file);
+        let fields = EtcdAuthFields {
+            endpoints: &self.endpoints,
+            tls: tls.as_ref(),
+            user: self.etcd_user.as_deref(),
+            password_file: password_file.as_deref(),
+        };
+        EtcdConnection::from_fields(&fields, &flag_name, std::path::Path::new("."), "").map_err(|e| e.join("; "))
+    }
 }
 
 /// How to reach an arbiter, which executes the actions (its ext_proc port, mTLS).
@@ -151,24 +183,8 @@ fn read(p: &std::path::Path) -> Result<Vec<u8>, AdminError> {
 
 /// Connects to etcd with the TLS and user options given.
 pub async fn connect(a: &EtcdArgs) -> Result<Client, AdminError> {
-    if a.endpoints.is_empty() {
-        return Err(io("--endpoints: required (or LOCKMESH_ETCD_ENDPOINTS)"));
-    }
-    let mut opts = ConnectOptions::new();
-    if let Some(user) = &a.etcd_user {
-        let file =
-            a.etcd_password_file.as_ref().ok_or_else(|| io("--etcd-password-file: required with --etcd-user"))?;
-        let pw = String::from_utf8(read(file)?).map_err(|_| io("--etcd-password-file: not UTF-8"))?;
-        opts = opts.with_user(user.clone(), pw.trim_end().to_owned());
-    }
-    if let Some(ca) = &a.etcd_ca {
-        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
-        if let (Some(c), Some(k)) = (&a.etcd_cert, &a.etcd_key) {
-            tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
-        }
-        opts = opts.with_tls(tls);
-    }
-    Client::connect(&a.endpoints, Some(opts)).await.map_err(io)
+    let conn = a.connection().map_err(io)?;
+    conn.connect().await.map_err(io)
 }
 
 /// A refusal as the arbiter (or this tool) states it: a stable code and a message.

@@ -24,6 +24,8 @@ use lockmesh_core::class::cost::{self, CostInput, DEFAULT_ELECTION_TIMEOUT_MS};
 
 use lockmesh_ops::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
 
+use crate::admin::EtcdArgs;
+
 /// `lockctl class ...`.
 #[derive(Subcommand, Debug)]
 pub enum ClassCmd {
@@ -53,12 +55,9 @@ pub enum ClassCmd {
     Apply {
         /// The registry YAML.
         file: PathBuf,
-        /// etcd client URLs, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        endpoints: Vec<String>,
-        /// lockmesh key root, e.g. /lockmesh.
-        #[arg(long)]
-        root: String,
+        /// etcd (endpoints, root, TLS and user: the `lockmesh-classes` role).
+        #[command(flatten)]
+        etcd: EtcdArgs,
         /// Who asks (recorded with the change).
         #[arg(long, default_value = "lockctl")]
         actor: String,
@@ -77,12 +76,10 @@ pub enum ClassCmd {
 /// Where the policy records are, and who acts.
 #[derive(Args, Debug)]
 pub struct Target {
-    /// etcd client URLs, comma separated.
-    #[arg(long, value_delimiter = ',', required = true)]
-    pub endpoints: Vec<String>,
-    /// lockmesh key root, e.g. /lockmesh.
-    #[arg(long)]
-    pub root: String,
+    /// etcd (endpoints, root, TLS and user: `lockmesh-classes` for change, resume
+    /// and cancel; `show` reads, so `lockmesh-admin` is enough).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
     /// The class.
     #[arg(long)]
     pub class: String,
@@ -178,7 +175,7 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
 }
 
 async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
-    let ClassCmd::Apply { endpoints, root, actor, reason, verify_timeout_ms, cancel, .. } = cmd else {
+    let ClassCmd::Apply { etcd, actor, reason, verify_timeout_ms, cancel, .. } = cmd else {
         return ExitCode::from(64);
     };
     let reg = match lockmesh_lock::registry::load(file) {
@@ -190,9 +187,9 @@ async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let admin = match Admin::connect(endpoints, root, actor).await {
+    let admin = match connect(etcd, actor).await {
         Ok(a) => a,
-        Err(e) => return fail(&e),
+        Err(code) => return code,
     };
     match admin.apply_map(&reg, reason, Duration::from_millis(*verify_timeout_ms), *cancel).await {
         Ok(o) => {
@@ -214,9 +211,9 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
         | LimitCmd::Cancel { target, .. }
         | LimitCmd::Show { target } => target,
     };
-    let admin = match Admin::connect(&t.endpoints, &t.root, &t.actor).await {
+    let admin = match connect(&t.etcd, &t.actor).await {
         Ok(a) => a,
-        Err(e) => return fail(&e),
+        Err(code) => return code,
     };
     let timeout = Duration::from_millis(t.verify_timeout_ms);
     let r = match cmd {
@@ -243,6 +240,16 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
         }
         Err(e) => fail(&e),
     }
+}
+
+/// The policy records' handle: exit 64 for flags that do not validate, 1 when etcd
+/// cannot be reached.
+async fn connect(etcd: &EtcdArgs, actor: &str) -> Result<Admin, ExitCode> {
+    let conn = etcd.connection().map_err(|e| {
+        eprintln!("lockctl: {e}");
+        ExitCode::from(64)
+    })?;
+    Admin::connect(&conn, &etcd.root, actor).await.map_err(|e| fail(&e))
 }
 
 fn fail(e: &AdminError) -> ExitCode {

@@ -9,14 +9,14 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::Args;
 use lockmesh_ops::restore::{self, Member, RestoreError};
 
+use crate::admin::EtcdArgs;
+
 #[derive(Args)]
 pub struct Advance {
-    /// etcd client URLs, comma separated.
-    #[arg(long, value_delimiter = ',', required = true)]
-    endpoints: Vec<String>,
-    /// lockmesh key root, e.g. /lockmesh.
-    #[arg(long)]
-    root: String,
+    /// etcd (endpoints, root, TLS and user: the break-glass `lockmesh-admin-epoch`
+    /// role, `lockctl etcd-roles`).
+    #[command(flatten)]
+    etcd: EtcdArgs,
     /// The epoch you believe is current; the advance is refused if it is not.
     #[arg(long)]
     expected_epoch: u64,
@@ -65,11 +65,13 @@ pub async fn main(r: &Restore) -> ExitCode {
 async fn restore_snapshot(r: &Restore) -> Result<(), RestoreError> {
     let mut out = std::io::stdout();
     let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
+    // The flags are checked before etcdutl writes anything.
+    let conn = r.advance.etcd.connection().map_err(RestoreError::Other)?;
     let target = target_of(&r.advance)?;
     println!("restore: new epoch will be {target}");
     restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
-    let mut c = restore::wait_for_etcd(&r.advance.endpoints, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
-    restore::advance(&mut c, &r.advance.root, r.advance.expected_epoch, target, &mut out).await
+    let mut c = restore::wait_for_etcd(&conn, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
+    restore::advance(&mut c, &r.advance.etcd.root, r.advance.expected_epoch, target, &mut out).await
 }
 
 /// Exit 64 for what the operator must change (no target, a target too low, the
@@ -94,9 +96,10 @@ fn target_of(a: &Advance) -> Result<u64, RestoreError> {
 }
 
 async fn advance(a: &Advance, out: &mut std::io::Stdout) -> Result<(), RestoreError> {
+    let conn = a.etcd.connection().map_err(RestoreError::Other)?;
     let target = target_of(a)?;
-    let mut c = restore::wait_for_etcd(&a.endpoints, Duration::from_secs(30), out).await?;
-    restore::advance(&mut c, &a.root, a.expected_epoch, target, out).await
+    let mut c = restore::wait_for_etcd(&conn, Duration::from_secs(30), out).await?;
+    restore::advance(&mut c, &a.etcd.root, a.expected_epoch, target, out).await
 }
 
 fn parse_member(s: &str) -> Result<Member, RestoreError> {
