@@ -1,8 +1,13 @@
 //! `lockctl class` and `lockctl limit` (docs/CLASSES.md).
 //!
 //! - `class check FILE`: validates a registry file offline with the arbiter's own
-//!   loader; prints every error with its field path (exit 64) or `OK` and any
-//!   warnings (expired waivers).
+//!   loader; prints every error with its field path (exit 64) or `OK`, the TTL
+//!   limits in force and why each matters, and any warnings (expired waivers,
+//!   floors lowered below the ADR-11 defaults).
+//! - `class crds [FILE] [--out DIR]`: the LockClass and LockGrant CRDs for the
+//!   TTL limits of FILE's `platform:` section (the defaults without FILE, which
+//!   is what deploy/crds ships), to stdout or as DIR/lockclass.yaml and
+//!   DIR/lockgrant.yaml: a deployment that lowers a floor installs these.
 //! - `class cost FILE`: per class, the keepalive load and the liveness bound of
 //!   its TTL (ADR-11), for the review of a class change.
 //! - `class apply FILE --endpoints .. --root ..`: makes the file's prefix map
@@ -17,10 +22,18 @@
 //!   printed `change_epoch` and `pending_target`); 3: refused by the protocol
 //!   (stale, change pending, no change), nothing changed; 1: etcd or conflict.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use clap::{Args, Subcommand};
-use lockmesh_core::class::cost::{self, CostInput, DEFAULT_ELECTION_TIMEOUT_MS};
+use lockmesh_core::class::{
+    cost::{self, CostInput, DEFAULT_ELECTION_TIMEOUT_MS},
+    Platform, PLATFORM_DEFAULT_TTL_S, WHY_ADVISORY_MIN_TTL, WHY_MAX_TTL, WHY_MIN_TTL,
+};
+use lockmesh_lock::registry::crd;
 
 use lockmesh_ops::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
 
@@ -33,6 +46,14 @@ pub enum ClassCmd {
     Check {
         /// The registry YAML.
         file: PathBuf,
+    },
+    /// Print the LockClass/LockGrant CRDs for a registry's TTL limits.
+    Crds {
+        /// The registry YAML (validated first); without it, the default limits.
+        file: Option<PathBuf>,
+        /// Write lockclass.yaml and lockgrant.yaml here instead of printing them.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Print keepalive load and liveness bound per class (ADR-11).
     Cost {
@@ -138,6 +159,7 @@ pub enum LimitCmd {
 pub async fn class(cmd: &ClassCmd) -> ExitCode {
     let (file, cost_args) = match cmd {
         ClassCmd::Apply { file, .. } => return apply(cmd, file).await,
+        ClassCmd::Crds { file, out } => return crds(file.as_deref(), out.as_deref()),
         ClassCmd::Check { file } => (file, None),
         ClassCmd::Cost { file, sessions, leader_changes, election_timeout_ms, class } => {
             let input = CostInput {
@@ -161,6 +183,7 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
     match cost_args {
         None => {
             println!("{}: OK ({} classes)", file.display(), reg.classes().len());
+            print!("{}", floors_text(&reg, file));
             for w in reg.warnings(lockmesh_lock::registry::today()) {
                 println!("  warning: {}: {w}", file.display());
             }
@@ -170,6 +193,81 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
                 print!("{}", cost::render(c, &input));
             }
         }
+    }
+    ExitCode::SUCCESS
+}
+
+/// The TTL limits of a valid registry and why each matters; one warning per
+/// limit it loosens below the ADR-11 defaults, with its reason and how to
+/// regenerate the CRDs (they encode the defaults).
+fn floors_text(reg: &lockmesh_core::ClassRegistry, file: &Path) -> String {
+    let p = reg.platform();
+    let (lowered, reason) = reg.lowered_floors();
+    let mut s = format!(
+        "  platform: TTL {}s to {}s (default {}s), advisory classes at least {}s{}\n",
+        p.min_ttl_s,
+        p.max_ttl_s,
+        PLATFORM_DEFAULT_TTL_S,
+        p.advisory_min_ttl_s,
+        if lowered.is_empty() { ": the ADR-11 defaults, as deploy/crds encodes them" } else { "" }
+    );
+    for (field, value, why) in [
+        ("min_ttl_s", p.min_ttl_s, WHY_MIN_TTL),
+        ("max_ttl_s", p.max_ttl_s, WHY_MAX_TTL),
+        ("advisory_min_ttl_s", p.advisory_min_ttl_s, WHY_ADVISORY_MIN_TTL),
+    ] {
+        s += &format!("    {field} {value}s: {why}\n");
+    }
+    for l in &lowered {
+        s += &format!("  warning: {}: {l} (reason: {:?})\n", file.display(), reason.unwrap_or_default());
+    }
+    if !lowered.is_empty() {
+        s += &format!(
+            "  warning: {}: the CRDs in deploy/crds encode the default floors; install the ones for this registry: \
+             lockctl class crds {} --out DIR\n",
+            file.display(),
+            file.display()
+        );
+    }
+    s
+}
+
+/// `class crds`: the CRDs for FILE's TTL limits (or the defaults).
+fn crds(file: Option<&Path>, out: Option<&Path>) -> ExitCode {
+    let platform = match file.map(lockmesh_lock::registry::load) {
+        None => Platform::DEFAULT,
+        Some(Ok(reg)) => reg.platform(),
+        Some(Err(errs)) => {
+            eprintln!("invalid registry ({} errors):", errs.len());
+            for e in errs {
+                eprintln!("  {e}");
+            }
+            return ExitCode::from(64);
+        }
+    };
+    let mut docs = Vec::new();
+    for (name, v) in crd::crds_for(&platform) {
+        let text = match crd::render(&v) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("lockctl: cannot render {name}: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        match out {
+            Some(dir) => {
+                let path = dir.join(name);
+                if let Err(e) = std::fs::write(&path, &text) {
+                    eprintln!("lockctl: cannot write {}: {e}", path.display());
+                    return ExitCode::from(1);
+                }
+                println!("{}", path.display());
+            }
+            None => docs.push(text),
+        }
+    }
+    if out.is_none() {
+        print!("{}", docs.join("---\n"));
     }
     ExitCode::SUCCESS
 }
