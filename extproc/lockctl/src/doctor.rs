@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `lockctl.version` | this binary | never (reported) |
 //! | `arbiter.version`, `arbiter.seal` | each `--admin-url`'s `/status` | unreachable; sealed (a version differing from lockctl's warns) |
+//! | `operators.safeguards` | each `/status`'s `operators` (none without it) | per entry of `weakened` (MFA off, no token age bound, ...) |
 //! | `etcd.reachable` | `--endpoints` | no endpoint answers |
 //! | `etcd.member` | each member's status, through its own client URL | a member does not answer or reports errors (a version below 3.5.28 warns) |
 //! | `etcd.quorum` | the member statuses | a majority of voting members does not answer, or no leader is agreed |
@@ -29,7 +30,7 @@ use std::{
 use clap::Args;
 use lockmesh_core::{
     class::{Enforcement, RawRegistry},
-    wire::status::StatusReply,
+    wire::status::{OperatorsStatus, StatusReply},
     ClassRegistry,
 };
 use serde::Serialize;
@@ -215,6 +216,25 @@ impl Doctor {
             } else {
                 self.add("arbiter.seal", Status::Ok, url, "not sealed");
             }
+            if let Some(ops) = &s.operators {
+                self.operators(url, ops);
+            }
+        }
+    }
+
+    /// `operators.safeguards`: one failure per safeguard an arbiter reports turned
+    /// off (its `/status` `operators.weakened`, docs/ADMIN.md), a pass when none is.
+    fn operators(&mut self, url: &str, ops: &OperatorsStatus) {
+        if ops.weakened.is_empty() {
+            let age = ops.max_token_age_s.map_or("off".to_owned(), |s| format!("{s} s"));
+            let detail = format!(
+                "MFA required, token age bound {age}, force-release records kept {} s",
+                ops.force_record_retention_s
+            );
+            self.add("operators.safeguards", Status::Ok, url, detail);
+        }
+        for w in &ops.weakened {
+            self.add("operators.safeguards", Status::Fail, url, format!("weakened: {w}"));
         }
     }
 
@@ -614,6 +634,32 @@ pub(crate) mod tests {
         let seal = f("arbiter.seal");
         assert_eq!(seal.status, Status::Fail);
         assert!(seal.detail.starts_with("sealed (revision_behind_mark): revision 3 < mark 9;"), "{}", seal.detail);
+    }
+
+    /// Each weakened safeguard is one failure; none weakened is one pass; an arbiter
+    /// without an `operators` section gives no finding.
+    #[tokio::test]
+    async fn weakened_operator_safeguards_fail_one_by_one() {
+        let weak = r#"{"sealed":false,"version":"x","operators":{"require_mfa":false,"max_token_age_s":null,"force_record_retention_s":60,"weakened":["require_mfa is false","max_token_age_s is 0"]}}"#;
+        let strong = r#"{"sealed":false,"version":"x","operators":{"require_mfa":true,"max_token_age_s":900,"force_record_retention_s":60,"weakened":[]}}"#;
+        let none = r#"{"sealed":false,"version":"x"}"#;
+        let mut found = Vec::new();
+        for body in [weak, strong, none] {
+            let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let (base, _req) = serve_once(Some(reply)).await;
+            let mut d = Doctor { findings: Vec::new() };
+            d.arbiters(std::slice::from_ref(&base), Duration::from_secs(5)).await;
+            found.push(d.findings.into_iter().filter(|f| f.check == "operators.safeguards").collect::<Vec<_>>());
+        }
+        let weak = &found[0];
+        assert_eq!(weak.len(), 2, "{weak:?}");
+        assert!(weak.iter().all(|f| f.status == Status::Fail));
+        assert_eq!(weak[0].detail, "weakened: require_mfa is false");
+        assert_eq!(weak[1].detail, "weakened: max_token_age_s is 0");
+        assert_eq!(found[1].len(), 1);
+        assert_eq!(found[1][0].status, Status::Ok);
+        assert_eq!(found[1][0].detail, "MFA required, token age bound 900 s, force-release records kept 60 s");
+        assert!(found[2].is_empty(), "{:?}", found[2]);
     }
 
     #[test]
