@@ -92,11 +92,57 @@ pub fn roles(root: &str) -> Vec<Role> {
             grants: vec![rw("", true)],
         },
         Role {
+            name: "lockmesh-classes",
+            purpose: "operators' limit, class and shard changes (lockctl limit change|resume|cancel, class apply, \
+                      shard apply|cancel): read the root (verification counts holds), write the class policies, \
+                      the prefix map, the shard map, the epoch counter and the home records; no hold, session \
+                      or epoch record",
+            grants: vec![
+                g(Perm::Read, r, "", true),
+                rw("c/", true),
+                rw("sys/classmap", false),
+                rw("sys/shardmap", false),
+                rw("sys/epochs", false),
+                rw("sys/home", false),
+            ],
+        },
+        Role {
             name: "lockmesh-audit",
             purpose: "the audit tailer: watch the root, and its election key",
             grants: vec![g(Perm::Read, r, "", true), rw("sys/audit-leader", false)],
         },
     ]
+}
+
+/// The etcd role each `lockctl` command needs (`None`: it does not talk to etcd).
+/// `shard` reads the arbiter config's `etcd:` section, so its user is the one that
+/// file names: give operators a copy naming theirs.
+pub const COMMAND_ROLES: &[(&str, Option<&str>)] = &[
+    ("inspect", Some("lockmesh-admin")),
+    ("saturated", Some("lockmesh-admin")),
+    ("doctor", Some("lockmesh-admin")),
+    ("limit show", Some("lockmesh-admin")),
+    ("shard show", Some("lockmesh-admin")),
+    ("limit change|resume|cancel", Some("lockmesh-classes")),
+    ("class apply", Some("lockmesh-classes")),
+    ("shard apply|cancel", Some("lockmesh-classes")),
+    ("epoch-advance", Some("lockmesh-admin-epoch")),
+    ("restore", Some("lockmesh-admin-epoch")),
+    ("admin ...", None),
+    ("audit ...", None),
+    ("run", None),
+    ("class check|cost|crds", None),
+    ("etcd-roles", None),
+];
+
+/// [`COMMAND_ROLES`] as `#` comment lines, so the printed script still runs.
+pub fn command_roles_table() -> String {
+    let mut s = String::from("# lockctl command -> etcd role (--etcd-user; no command needs root)\n");
+    for (cmd, role) in COMMAND_ROLES {
+        let role = role.unwrap_or("- (no etcd: the arbiter, the audit tailer or files)");
+        s.push_str(&format!("#   {cmd:<28} {role}\n"));
+    }
+    s
 }
 
 /// `etcdctl` commands creating the roles and one user per role (passwords are
@@ -123,6 +169,8 @@ pub fn etcdctl_script(root: &str) -> String {
             role.name, role.name, role.name
         ));
     }
+    s.push_str("\n");
+    s.push_str(&command_roles_table());
     s.push_str("\netcdctl auth enable\n");
     s
 }
@@ -149,5 +197,27 @@ mod tests {
         assert!(s.contains("etcdctl role grant-permission lockmesh-arbiter --prefix=true readwrite /lm/f/\n"), "{s}");
         assert!(s.contains("etcdctl user grant-role root root\n"), "{s}");
         assert!(s.ends_with("etcdctl auth enable\n"));
+    }
+
+    /// Every command's role exists, none is root, and the classes role writes the
+    /// policies and maps but no hold, session or epoch record.
+    #[test]
+    fn every_command_names_an_existing_least_role() {
+        let rs = roles("/lm");
+        for (cmd, role) in COMMAND_ROLES {
+            if let Some(role) = role {
+                assert!(rs.iter().any(|r| r.name == *role), "{cmd}: no role {role}");
+            }
+        }
+        let classes = rs.iter().find(|r| r.name == "lockmesh-classes").unwrap();
+        let writes: Vec<&str> =
+            classes.grants.iter().filter(|g| g.perm != Perm::Read).map(|g| g.key.as_str()).collect();
+        assert!(writes.contains(&"/lm/c/") && writes.contains(&"/lm/sys/classmap"), "{writes:?}");
+        for k in ["/lm/l/", "/lm/s/", "/lm/sys/epoch", "/lm/", "/lm/f/"] {
+            assert!(!writes.contains(&k), "lockmesh-classes writes {k}");
+        }
+        let t = command_roles_table();
+        assert!(t.lines().all(|l| l.starts_with('#')), "{t}");
+        assert!(t.contains("limit change|resume|cancel") && t.contains("lockmesh-classes"), "{t}");
     }
 }
