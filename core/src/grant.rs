@@ -122,7 +122,6 @@ impl fmt::Display for Operation {
 // === impl OpSet ===
 
 impl OpSet {
-    /// Adds `op`.
     pub fn insert(&mut self, op: Operation) {
         self.0 |= op.bit();
     }

@@ -28,7 +28,6 @@ pub struct KeyDigest(String);
 /// Why a key was refused. Messages never echo the key itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    /// Empty key.
     #[error("key is empty")]
     Empty,
     /// Longer than [`MAX_KEY_LEN`].

@@ -29,7 +29,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PauseTestResult {
-    /// [`SCHEMA_VERSION`].
+    /// Must equal [`SCHEMA_VERSION`]; a document with another version is refused.
     pub schema_version: String,
     /// The lock class the test ran under.
     pub class: String,

@@ -63,13 +63,12 @@ pub struct ChangeNote {
 /// The authoritative policy of one class.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClassPolicy {
-    /// The class.
     pub class: String,
     /// Identity of this policy's concurrency namespace; a new id is a new namespace.
     pub policy_id: String,
     /// The authoritative limit of holders per key.
     pub limit: u32,
-    /// Admission state.
+    /// Whether grants are admitted: [`PolicyState::Draining`] admits none.
     pub state: PolicyState,
     /// Incremented by every change that starts, ends or cancels a transition.
     pub change_epoch: u64,
@@ -92,9 +91,9 @@ pub struct ClassPolicy {
 pub enum PolicyError {
     /// A change is already pending (one per class).
     ChangePending {
-        /// Its epoch.
+        /// The pending change's `change_epoch`.
         epoch: u64,
-        /// Its target.
+        /// The limit the pending change is heading for.
         target: u32,
     },
     /// The request's epoch or target is not the pending change's.
@@ -112,7 +111,7 @@ pub enum PolicyError {
     OverTarget {
         /// The largest open count seen.
         observed: u32,
-        /// The target.
+        /// The limit the drain is heading for.
         target: u32,
     },
     /// A limit must be at least 1 (0 would pause every key of the class).
@@ -121,7 +120,7 @@ pub enum PolicyError {
     NoChange {
         /// Current limit.
         limit: u32,
-        /// Requested.
+        /// The limit the request asked for.
         target: u32,
     },
 }

@@ -102,7 +102,6 @@ impl KeyId {
         }
     }
 
-    /// The id.
     pub fn as_str(&self) -> &str {
         &self.0
     }
