@@ -24,9 +24,9 @@ pub struct SessionRecord {
 pub struct HoldRecord {
     /// The raw lock key.
     pub key: String,
-    /// Holder identity.
+    /// Holder SPIFFE ID.
     pub owner: String,
-    /// Holder instance.
+    /// Holder's declared instance (`x-lock-instance`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
     /// Epoch compared by the granting transaction.

@@ -19,13 +19,11 @@ pub enum SpoolOp {
 /// One spool line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpoolRecord {
-    /// What happened.
     pub op: SpoolOp,
     /// The grant's id (32 hex characters), shared by its end.
     pub grant: String,
     /// The raw lock key.
     pub key: String,
-    /// Its digest.
     pub digest: String,
     /// The key's class.
     pub class: String,
