@@ -72,7 +72,7 @@ pub struct Telemetry {
     pub url: String,
     /// `service.name`.
     pub service_name: String,
-    /// Export period.
+    /// How often spans are sent (`export_interval_ms`).
     pub interval: Duration,
 }
 
