@@ -47,9 +47,7 @@ pub struct ApiRequest {
 pub enum Undo {
     /// An etcd grant.
     Grant {
-        /// The request.
         req: AcquireRequest,
-        /// The grant.
         grant: crate::lock::mutex::Grant,
         /// The cluster that granted it.
         store: Arc<Store>,
@@ -58,7 +56,6 @@ pub enum Undo {
     Unprotected {
         /// The fail-open state holding it.
         fail_open: Arc<FailOpen>,
-        /// The request.
         req: AcquireRequest,
         /// The grant id.
         grant: String,
