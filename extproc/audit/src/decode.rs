@@ -21,18 +21,15 @@ use lockmesh_lock::HoldRecord;
 /// A put or a delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    /// Put.
     Put,
-    /// Delete.
     Delete,
 }
 
 /// A key's value as it was before the change (watch `prev_kv`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prev {
-    /// Value.
     pub value: Vec<u8>,
-    /// Lease id.
+    /// Lease of the previous value.
     pub lease: i64,
     /// Create revision (for a hold: its grant revision).
     pub create_revision: i64,
@@ -61,7 +58,7 @@ pub struct Context<'a> {
     pub root: &'a str,
     /// Cluster id, hex.
     pub cluster_id: &'a str,
-    /// Timeline.
+    /// The tailer's timeline, raised each time the cluster's history went back.
     pub timeline: u32,
     /// Epoch in force before this revision.
     pub epoch: u64,

@@ -55,7 +55,6 @@ pub struct AuditEvent {
     pub revision: i64,
     /// The etcd key that changed (never contains a raw lock key).
     pub etcd_key: String,
-    /// What happened.
     pub kind: EventKind,
     /// Lock key digest, for hold, release and force events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,10 +66,9 @@ pub struct AuditEvent {
     /// Holder or session owner SPIFFE ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
-    /// Declared instance.
+    /// Holder's declared instance (`x-lock-instance`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
-    /// Class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
     /// Session id (16 hex digits).
@@ -80,7 +78,7 @@ pub struct AuditEvent {
     /// identity; the token itself is not stored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant_revision: Option<i64>,
-    /// Hold slot.
+    /// Hold slot, 0..limit-1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
     /// Wall time of the fact, unix ms: from the record (grant, release, close), else
@@ -100,19 +98,17 @@ pub struct AuditEvent {
 /// One hold's life, kept beside the events for the window queries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldRow {
-    /// Key digest.
     pub digest: String,
     /// Raw key.
     pub key: String,
-    /// Holder identity.
+    /// Holder SPIFFE ID.
     pub identity: String,
-    /// Class.
     pub class: String,
     /// Epoch of the grant.
     pub epoch: u64,
-    /// Grant revision.
+    /// Revision of the grant (with `epoch`, the grant's identity).
     pub grant_revision: i64,
-    /// Session id.
+    /// Session id (16 hex digits).
     pub session: String,
     /// Grant time, unix ms.
     pub granted_ms: u64,

@@ -13,7 +13,6 @@ use super::{
 pub enum Query {
     /// Every event of one key, by digest (the CLI digests the raw key locally).
     History {
-        /// Key digest.
         digest: String,
     },
     /// Holds of one identity overlapping `[since_ms, until_ms]`.
@@ -27,7 +26,7 @@ pub enum Query {
     },
     /// The longest holds (open ones counted up to now).
     Longest {
-        /// How many.
+        /// Most holds to answer, longest first.
         limit: usize,
     },
     /// Holds that ended by expiry, without a release.
@@ -37,12 +36,11 @@ pub enum Query {
     },
     /// The most recent events of the current history, newest first.
     Recent {
-        /// How many.
+        /// Most events to answer; capped at [`MAX_RECENT`].
         limit: usize,
     },
     /// Events of one kind (gaps, restores, limit changes...) since a time.
     Events {
-        /// The kind.
         kind: EventKind,
         /// Window start, unix ms.
         since_ms: u64,
@@ -76,15 +74,13 @@ pub struct UnprotectedGrant {
     pub epoch: u64,
     /// The key's namespace.
     pub namespace: String,
-    /// Class.
     pub class: String,
-    /// Key digest.
     pub digest: String,
     /// Raw key (JSON output only; the table shows the digest).
     pub key: String,
-    /// Holder identity.
+    /// Holder SPIFFE ID.
     pub identity: String,
-    /// Holder instance.
+    /// Holder's declared instance (`x-lock-instance`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
     /// Grant time, unix ms.
@@ -115,7 +111,6 @@ pub const MAX_RECENT: usize = 1000;
 /// A hold with its duration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldSpan {
-    /// The hold.
     #[serde(flatten)]
     pub hold: HoldRow,
     /// Held for, ms (to now for an open hold).
@@ -128,12 +123,10 @@ pub struct HoldSpan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
 pub enum Answer {
-    /// Events.
     Events {
         /// In revision order.
         events: Vec<AuditEvent>,
     },
-    /// Holds.
     Holds {
         /// Ordered by the query.
         holds: Vec<HoldSpan>,

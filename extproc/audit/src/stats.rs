@@ -187,7 +187,7 @@ impl Stats {
         self.with(|i| i.window_s = s);
     }
 
-    /// Leadership changed.
+    /// Records whether this tailer is the leader now.
     pub fn set_leader(&self, leader: bool) {
         self.with(|i| i.leader = leader);
     }

@@ -47,7 +47,7 @@ pub struct Checkpoint {
 #[error("audit store: {0}")]
 pub struct StoreError(String);
 
-/// The store.
+/// The tailer's embedded redb event store (one file; tables in the module doc).
 pub struct Store {
     db: Database,
 }
