@@ -14,7 +14,6 @@ pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};
 /// What the arbiter knows of the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EpochState {
-    /// Current epoch.
     pub epoch: u64,
     /// Mod revision of the record; grants compare it.
     pub mod_revision: i64,

@@ -35,11 +35,9 @@ use crate::test_faults::{self, TestFault};
 /// An acquire as the API hands it over.
 #[derive(Debug, Clone)]
 pub struct AcquireRequest {
-    /// The key.
     pub key: LockKey,
     /// Its class (from the registry).
     pub class: ClassSpec,
-    /// Who asks.
     pub caller: Caller,
     /// An existing session to attach to; `None` opens one for this grant.
     pub session: Option<SessionId>,
@@ -63,7 +61,7 @@ pub struct Grant {
     pub token: FencingToken,
     /// The session carrying the hold.
     pub session: SessionId,
-    /// Its TTL.
+    /// The session's TTL, seconds.
     pub ttl_s: u64,
     /// The key's class.
     pub class: String,
@@ -76,7 +74,6 @@ pub struct Grant {
 /// A holder as inspection shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderView {
-    /// Holder identity.
     pub identity: String,
     /// Time held, ms (from the grant's wall clock; informational).
     pub age_ms: u64,

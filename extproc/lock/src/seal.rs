@@ -67,7 +67,6 @@ impl SealReason {
 /// The current seal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealInfo {
-    /// Why.
     pub reason: SealReason,
     /// Detail for operators (numbers, never keys or tokens).
     pub detail: String,

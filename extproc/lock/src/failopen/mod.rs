@@ -68,13 +68,12 @@ pub const SHIP_BATCH: usize = 64;
 pub struct MemGrant {
     /// The grant id (`x-lock-grant`).
     pub grant: String,
-    /// The class.
     pub class: String,
     /// The class TTL, seconds.
     pub ttl_s: u64,
     /// The epoch this arbiter last read on the cluster (0 if none).
     pub epoch: u64,
-    /// The outage.
+    /// Id of the outage it was granted in (`<cluster>-<declared at, unix ms>`).
     pub outage: String,
     /// The same transparent hold already held the key.
     pub existing: bool,
@@ -155,7 +154,7 @@ impl FailOpen {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cluster.
+    /// Name of the etcd cluster this state is for.
     pub fn cluster(&self) -> &str {
         &self.cluster
     }

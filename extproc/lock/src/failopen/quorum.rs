@@ -36,7 +36,7 @@ pub struct Outage {
 /// What one observation changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
-    /// Nothing.
+    /// The observation changed nothing.
     None,
     /// The loss is declared from now on.
     Declared(Outage),

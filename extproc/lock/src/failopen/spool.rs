@@ -33,9 +33,9 @@ pub enum SpoolError {
     /// The grant line would take the spool past its cap.
     #[error("the unprotected-grant spool is full ({len} of {max} bytes); nothing is granted unprotected until it is shipped")]
     Full {
-        /// Current size.
+        /// Bytes the spool holds now.
         len: u64,
-        /// The cap.
+        /// The spool's cap, bytes.
         max: u64,
     },
     /// The file could not be written or synced.
@@ -127,7 +127,6 @@ impl Spool {
         self.file.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Its path.
     pub fn path(&self) -> &Path {
         &self.path
     }
