@@ -66,7 +66,7 @@ pub struct KeyView {
 /// Open grants of one class.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ClassHolds {
-    /// Open holds.
+    /// Open holds of the class, across all its keys.
     pub open: u64,
     /// Keys with at least one hold.
     pub keys: u64,
@@ -77,11 +77,10 @@ pub struct ClassHolds {
 /// The holds of one key (by digest).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KeyHolds {
-    /// Key digest.
     pub digest: String,
     /// The class recorded in its holds.
     pub class: String,
-    /// Open holds.
+    /// Open holds on this key.
     pub holders: u32,
     /// Age of its oldest hold, ms.
     pub oldest_age_ms: u64,
@@ -94,7 +93,7 @@ pub struct HoldScan {
     pub classes: BTreeMap<String, ClassHolds>,
     /// By key digest, in digest order.
     pub keys: Vec<KeyHolds>,
-    /// Holds read.
+    /// Hold records read, across every class.
     pub holds: usize,
     /// True when the scan stopped at its bound before the end of the range.
     pub truncated: bool,
@@ -105,11 +104,9 @@ pub struct HoldScan {
 /// A key at its authoritative limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Saturated {
-    /// Key digest.
     pub digest: String,
-    /// Class.
     pub class: String,
-    /// Open holds.
+    /// Open holds on this key.
     pub holders: u32,
     /// The class's authoritative limit.
     pub limit: u32,

@@ -28,13 +28,10 @@ struct Hold {
 /// The force record (`<root>/f/<digest>`), the audit event's detail.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ForceRecord {
-    /// The request.
     pub request_id: String,
-    /// Why.
+    /// The requester's reason, trimmed (1..=1024 characters).
     pub reason: String,
-    /// Who asked.
     pub requester: Operator,
-    /// Who approved.
     pub approver: Operator,
     /// `fenced`, `advisory` or `unknown`, as shown before approval.
     pub enforcement: String,

@@ -75,7 +75,6 @@ pub enum AdminError {
     /// The approver is the requester.
     #[error("request {id}: the approver {sub:?} is the requester; a different operator must approve")]
     SameOperator {
-        /// Request id.
         id: String,
         /// The one subject.
         sub: String,
@@ -86,9 +85,8 @@ pub enum AdminError {
     /// The request was already approved (or voided).
     #[error("request {id}: already {state}; nothing changed")]
     NotPending {
-        /// Request id.
         id: String,
-        /// Its state.
+        /// The request's state as its record stores it (e.g. `executed`).
         state: String,
     },
     /// The request's approval window has passed.
