@@ -102,7 +102,7 @@ pub struct RawTrustedKey {
     pub public_key_file: String,
 }
 
-/// One route.
+/// One `routes:` entry as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
@@ -129,7 +129,7 @@ pub struct RawGuard {
     pub resource: String,
     /// Lock key template.
     pub lock_key: String,
-    /// Equal-token rule.
+    /// Equal-token rule: `strict` or `allow`. Default `default_equal`.
     pub equal: Option<EqualRule>,
 }
 
@@ -142,13 +142,13 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// `http://host:port` of the store, without a trailing slash.
     pub upstream: String,
-    /// Marks directory.
+    /// Directory of the marks database (`marks.redb`); one fence-proxy per directory.
     pub marks_dir: PathBuf,
     /// Forwarded request timeout.
     pub upstream_timeout: Duration,
-    /// Largest body.
+    /// Largest request body forwarded, bytes.
     pub max_body_bytes: usize,
-    /// Trusted keys.
+    /// Checks grant proofs against `trusted_keys`, by key id.
     pub verifier: Verifier,
     /// Routes in order.
     pub routes: Vec<Route>,

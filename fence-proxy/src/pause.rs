@@ -121,7 +121,6 @@ pub struct Grant {
     pub proof: Option<String>,
     /// Class TTL, seconds.
     pub ttl_s: u64,
-    /// Class name.
     pub class: String,
 }
 

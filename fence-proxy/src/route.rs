@@ -47,13 +47,13 @@ pub struct Route {
     pub name: String,
     /// Path template; `None` for the unlisted guard.
     pub path: Option<Template>,
-    /// Read methods.
+    /// Methods passed through as reads; every other method is a write.
     pub reads: Vec<String>,
     /// Resource id template.
     pub resource: Template,
     /// Lock key template.
     pub lock_key: Template,
-    /// Equal-token rule.
+    /// Whether a token equal to the resource's mark may write (route's or `default_equal`).
     pub equal: EqualRule,
 }
 
@@ -64,11 +64,11 @@ pub enum Class {
     Read,
     /// Needs a grant of `key` and a mark check on `resource`.
     Write {
-        /// Resource id.
+        /// Resource id, the route's template filled in.
         resource: String,
         /// Guarding key.
         key: LockKey,
-        /// Equal-token rule.
+        /// Whether a token equal to the resource's mark may write.
         equal: EqualRule,
     },
 }

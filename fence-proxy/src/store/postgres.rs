@@ -107,7 +107,6 @@ impl PgFence {
         })
     }
 
-    /// The table.
     pub fn table(&self) -> &str {
         &self.table
     }
