@@ -43,7 +43,6 @@ pub enum Decision {
 /// A request that passed every check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pass {
-    /// Its route.
     pub route: Route,
     /// `x-lock-key`, if sent.
     pub key: Option<LockKey>,

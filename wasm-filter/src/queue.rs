@@ -106,7 +106,6 @@ pub enum Left {
 pub enum Promotion {
     /// Resume this waiter with `budget_ms` left; it is now the key's head.
     Forward {
-        /// The waiter.
         waiter: Waiter,
         /// Its wait minus the time it spent queued (at least 1).
         budget_ms: u64,

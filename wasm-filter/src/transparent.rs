@@ -58,7 +58,6 @@ pub enum Call {
         /// Whether it carried the open holds.
         reconcile: bool,
     },
-    /// A release.
     Release(Release),
 }
 

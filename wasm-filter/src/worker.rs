@@ -84,7 +84,6 @@ fn wake_queue_name(owner: u32) -> String {
 pub enum Step {
     /// Continue with this budget (ms) in `x-lockmesh-budget-ms`.
     Forward {
-        /// The budget.
         budget_ms: u64,
     },
     /// Pause: it is queued.
@@ -314,7 +313,6 @@ impl Worker {
         self.config.clone()
     }
 
-    /// The metrics.
     pub fn metrics(&mut self) -> &mut Metrics {
         &mut self.metrics
     }
