@@ -27,7 +27,6 @@ pub struct LockClient {
 pub struct Resp {
     /// HTTP status.
     pub status: StatusCode,
-    /// Response headers.
     pub headers: HeaderMap,
     /// The body parsed as JSON, `Value::Null` if it is not JSON.
     pub json: serde_json::Value,

@@ -193,7 +193,6 @@ impl EtcdCluster {
         &self.members[i]
     }
 
-    /// All members.
     pub fn members(&self) -> &[EtcdMember] {
         &self.members
     }

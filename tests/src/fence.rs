@@ -29,9 +29,7 @@ pub use lockmesh_devcerts::signing::{ensure_signing_key, SigningKey, DEV_KEY_ID,
 /// One request the store saw.
 #[derive(Clone, Debug)]
 pub struct StoreRequest {
-    /// Method.
     pub method: String,
-    /// Path.
     pub path: String,
     /// Body as text.
     pub body: String,
@@ -77,7 +75,7 @@ impl KvStore {
         Ok(Self { port, state, task })
     }
 
-    /// Its port.
+    /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
     }

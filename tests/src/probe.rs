@@ -16,7 +16,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A decoded HTTP response.
 #[derive(Clone, Debug)]
 pub struct ProbeResponse {
-    /// Status code.
+    /// HTTP status code.
     pub status: u16,
     /// Body, with any transfer encoding (chunked) removed.
     pub body: String,

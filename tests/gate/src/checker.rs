@@ -77,7 +77,6 @@ pub enum Verdict {
     Fail(Stats, Vec<Violation>),
     /// The checker ran out of time: the gate fails, it never passes.
     TimedOut {
-        /// The budget.
         budget: Duration,
         /// The check that was running.
         stage: &'static str,

@@ -125,7 +125,6 @@ impl FakeClock {
         &self.label
     }
 
-    /// Its mode.
     pub fn mode(&self) -> ClockMode {
         self.mode
     }

@@ -69,7 +69,7 @@ pub struct GateOptions {
     pub name: String,
     /// etcd members (3 for the gate; 1 for fast targeted scenarios).
     pub members: usize,
-    /// Arbiters.
+    /// Arbiter processes to start.
     pub arbiters: usize,
     /// Envoys (each lists every arbiter), unless `envoy_per_arbiter`.
     pub envoys: usize,
@@ -102,7 +102,6 @@ pub struct GateShard {
     pub name: String,
     /// Its fault proxy for each arbiter (`proxies[arbiter]`).
     pub proxies: Vec<FaultProxy>,
-    /// Its recorder.
     pub recorder: Recorder,
     /// Its single-member etcd cluster.
     pub etcd: EtcdCluster,
@@ -111,9 +110,7 @@ pub struct GateShard {
 /// A holder process and its output.
 #[derive(Debug)]
 pub struct HolderProc {
-    /// Its label.
     pub name: String,
-    /// The process.
     pub process: ChildProcess,
     /// Its JSON-lines output.
     pub out: PathBuf,
@@ -126,15 +123,12 @@ pub struct HolderProc {
 pub struct GateCluster {
     /// Holders (dropped first).
     pub holders: Vec<HolderProc>,
-    /// Envoys.
     pub envoys: Vec<EnvoyProcess>,
-    /// Arbiters.
     pub arbiters: Vec<ArbiterProcess>,
     /// `proxies[arbiter][member]`.
     pub proxies: Vec<Vec<FaultProxy>>,
     /// The stepped clock of each arbiter that runs under libfaketime.
     pub arbiter_clocks: Vec<Option<FakeClock>>,
-    /// fence-proxy.
     pub fence: FenceProxyProcess,
     /// The store behind it.
     pub store: KvStore,
@@ -146,7 +140,6 @@ pub struct GateCluster {
     pub etcd: EtcdCluster,
     /// The etcd root.
     pub root: String,
-    /// The PKI.
     pub pki: DevPki,
     opts: GateOptions,
     faults: Mutex<Vec<Fault>>,

@@ -64,7 +64,6 @@ pub struct ClientOp {
     pub call_us: u64,
     /// Return time, unix µs.
     pub ret_us: u64,
-    /// Outcome.
     pub outcome: Outcome,
     /// HTTP status (0 without an answer) and error code, for reading.
     pub status: u16,
@@ -214,7 +213,6 @@ pub struct MarkerValue {
 /// The epoch record (`<root>/sys/epoch`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct EpochValue {
-    /// Current epoch.
     pub epoch: u64,
     /// Explicit seal of an advance in progress.
     #[serde(default)]

@@ -587,7 +587,7 @@ pub async fn run(holds: usize, sessions: usize, progress: bool) -> Result<Renewa
     })
 }
 
-/// The summary.
+/// Renders the report as the text summary.
 pub fn render(r: &RenewalReport) -> String {
     let opt = |v: Option<u64>| v.map_or_else(|| "n/a".to_owned(), |v| v.to_string());
     format!(

@@ -27,7 +27,6 @@ pub struct Percentiles {
 pub struct WorkloadResult {
     /// Key mode.
     pub mode: Mode,
-    /// Workload.
     pub workload: Workload,
     /// Keys × clients per key.
     pub shape: Shape,
