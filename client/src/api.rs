@@ -48,7 +48,7 @@ pub(crate) enum CallError {
         status: u16,
         /// Stable code (one this build may not know).
         code: AnyCode,
-        /// Message.
+        /// The answer's `message`, for humans.
         message: String,
         /// `reason`, for `contended`.
         reason: Option<AnyReason>,

@@ -78,9 +78,8 @@ pub enum RunError {
     /// The command could not be started.
     #[error("command {program}: {source}")]
     Spawn {
-        /// The program.
+        /// The command's first word, as given.
         program: String,
-        /// Why.
         #[source]
         source: std::io::Error,
     },

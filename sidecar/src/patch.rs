@@ -16,7 +16,6 @@ pub enum Operation {
     Add {
         /// JSON Pointer (RFC 6901) of the new member.
         path: String,
-        /// Its value.
         value: Value,
     },
     /// Remove a member.

@@ -49,7 +49,6 @@ pub enum TlsError {
     /// A PEM file is unreadable or holds no usable item.
     #[error("{path}: {message}")]
     Pem {
-        /// The file.
         path: String,
         /// What is wrong with it.
         message: String,

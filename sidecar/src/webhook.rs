@@ -68,7 +68,6 @@ pub struct GroupVersionKind {
     pub group: String,
     /// API version.
     pub version: String,
-    /// Kind.
     pub kind: String,
 }
 
@@ -131,7 +130,6 @@ pub enum Verdict {
     Injected,
     /// Allowed without a patch (not opted in, already injected, other kind or operation).
     Untouched,
-    /// Denied.
     Denied,
 }
 
