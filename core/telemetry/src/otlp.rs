@@ -38,14 +38,14 @@ use tracing::{
 use tracing_subscriber::{layer::Context, registry::LookupSpan, Layer};
 
 /// The `tracing` target of every exported span.
-pub const TARGET: &str = "lockmesh_otel";
+pub(crate) const TARGET: &str = "lockmesh_otel";
 
 /// The only span fields that are exported (see the module docs).
 pub const ALLOWED: &[&str] =
     &["class", "namespace", "tier", "outcome", "wait_ms", "op", "key_digest", "route", "code", "attempts", "events"];
 
 /// Default `telemetry.export_interval_ms`.
-pub const DEFAULT_EXPORT_INTERVAL_MS: u64 = 1000;
+pub(crate) const DEFAULT_EXPORT_INTERVAL_MS: u64 = 1000;
 /// Spans buffered for export; beyond it new spans are dropped (and counted).
 const QUEUE: usize = 8192;
 /// Spans per request to the collector.
@@ -60,7 +60,7 @@ pub struct RawTelemetry {
     /// exported.
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the exported spans. Default: the component's name.
-    pub service_name: Option<String>,
+    pub(crate) service_name: Option<String>,
     /// How often spans are sent, ms. Default 1000.
     pub export_interval_ms: Option<u64>,
 }
@@ -71,7 +71,7 @@ pub struct Telemetry {
     /// The traces URL.
     pub url: String,
     /// `service.name`.
-    pub service_name: String,
+    pub(crate) service_name: String,
     /// How often spans are sent (`export_interval_ms`).
     pub interval: Duration,
 }
