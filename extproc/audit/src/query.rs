@@ -106,7 +106,7 @@ pub struct UnprotectedEnd {
 }
 
 /// Most events a `recent` query answers.
-pub const MAX_RECENT: usize = 1000;
+pub(crate) const MAX_RECENT: usize = 1000;
 
 /// A hold with its duration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

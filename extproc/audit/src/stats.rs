@@ -183,12 +183,12 @@ impl Stats {
     }
 
     /// Sets the compaction window the lag alarm compares with.
-    pub fn set_window(&self, s: u64) {
+    pub(crate) fn set_window(&self, s: u64) {
         self.with(|i| i.window_s = s);
     }
 
     /// Records whether this tailer is the leader now.
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         self.with(|i| i.leader = leader);
     }
 
@@ -245,7 +245,7 @@ impl Stats {
     }
 
     /// Replaces the open holds (startup, or after a gap: read from etcd).
-    pub fn reset_open(&self, open: Vec<(String, LockLabels, u64)>) {
+    pub(crate) fn reset_open(&self, open: Vec<(String, LockLabels, u64)>) {
         self.with(|i| i.open = open.into_iter().map(|(id, l, t)| (id, (l, t))).collect());
     }
 
@@ -273,7 +273,7 @@ impl Stats {
     }
 
     /// Seconds the tailer has been behind the cluster's head.
-    pub fn lag_seconds(&self) -> f64 {
+    pub(crate) fn lag_seconds(&self) -> f64 {
         self.with(|i| Self::lag(i))
     }
 

@@ -97,7 +97,7 @@ impl Store {
     }
 
     /// Whether a session's close marker was stored (for `cluster`/`timeline`).
-    pub fn is_closed(&self, cluster: &str, timeline: u32, session: &str) -> Result<bool, StoreError> {
+    pub(crate) fn is_closed(&self, cluster: &str, timeline: u32, session: &str) -> Result<bool, StoreError> {
         let tx = self.db.begin_read().map_err(err)?;
         let t = tx.open_table(CLOSED).map_err(err)?;
         Ok(t.get(format!("{cluster}/{timeline:08}/{session}").as_str()).map_err(err)?.is_some())
