@@ -256,11 +256,10 @@ impl Doctor {
                 (_, true) => "learner",
                 _ => "follower",
             };
-            let detail = format!(
-                "etcd {version}, {role}, raft term {} index {}",
-                m.raft_term.unwrap_or(0),
-                m.raft_index.unwrap_or(0)
-            );
+            let detail = match m.raft_term {
+                Some(term) => format!("etcd {version}, {role}, raft term {term} index {}", m.raft_index.unwrap_or(0)),
+                None => format!("etcd {version}"),
+            };
             if version_tuple(&version).is_some_and(|t| t < ETCD_FLOOR) {
                 let (a, b, c) = ETCD_FLOOR;
                 self.add(
@@ -459,6 +458,41 @@ impl Doctor {
     }
 }
 
+/// etcd 3.5 answers a member's status only to its root user once auth is on; no
+/// lockmesh role is root (`lockctl etcd-roles`). A member whose status is denied
+/// is asked a linearizable read of `<root>/sys/epoch` through its own client URL
+/// instead: answering one means it is reachable and part of a quorum with a
+/// leader (its version and raft position stay unknown, and say so).
+async fn reads_where_status_is_denied(view: &mut ClusterView, etcd: &EtcdArgs, timeout: Duration) {
+    let key = Keys::new(&etcd.root).epoch();
+    let mut read_any = false;
+    for m in view.members.iter_mut() {
+        let (Some(url), false) = (m.url.clone(), m.reachable) else { continue };
+        if !m.errors.iter().any(|e| e.contains("permission denied")) {
+            continue;
+        }
+        let mut one = etcd.clone();
+        one.endpoints = vec![url];
+        let read = async {
+            let mut c = connect(&one).await.map_err(|e| e.to_string())?;
+            c.get(key.as_str(), None).await.map_err(|e| e.to_string())
+        };
+        if let Ok(Ok(_)) = tokio::time::timeout(timeout, read).await {
+            m.reachable = true;
+            m.errors.clear();
+            m.version = Some("unknown (its status needs etcd's root; a linearizable read answered)".into());
+            read_any = true;
+        }
+    }
+    if read_any {
+        view.voting_reachable = view.members.iter().filter(|m| !m.learner && m.reachable).count() as u64;
+        if view.leader.is_none() {
+            view.leader = Some("present (a linearizable read answered)".into());
+        }
+        view.quorum = view.voting > 0 && view.voting_reachable * 2 > view.voting;
+    }
+}
+
 /// Runs every check.
 pub async fn run(a: &DoctorArgs) -> Result<Report, String> {
     let timeout = Duration::from_millis(a.timeout_ms.max(1));
@@ -488,12 +522,13 @@ pub async fn run(a: &DoctorArgs) -> Result<Report, String> {
     let mut policies = None;
     if let Some(mut client) = client {
         let etcd = a.etcd.clone();
-        let view = cluster_view(&mut client, timeout, move |url| {
+        let mut view = cluster_view(&mut client, timeout, move |url| {
             let mut one = etcd.clone();
             one.endpoints = vec![url];
             async move { connect(&one).await.map_err(|e| e.to_string()) }
         })
         .await;
+        reads_where_status_is_denied(&mut view, &a.etcd, timeout).await;
         d.cluster(&view);
         policies = d.etcd_records(&mut client, &a.etcd.root, timeout).await;
     } else {

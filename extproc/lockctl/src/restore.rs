@@ -70,7 +70,8 @@ async fn restore_snapshot(r: &Restore) -> Result<(), RestoreError> {
     let target = target_of(&r.advance)?;
     println!("restore: new epoch will be {target}");
     restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
-    let mut c = restore::wait_for_etcd(&conn, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
+    let mut c =
+        restore::wait_for_etcd(&conn, &r.advance.etcd.root, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
     restore::advance(&mut c, &r.advance.etcd.root, r.advance.expected_epoch, target, &mut out).await
 }
 
@@ -98,7 +99,7 @@ fn target_of(a: &Advance) -> Result<u64, RestoreError> {
 async fn advance(a: &Advance, out: &mut std::io::Stdout) -> Result<(), RestoreError> {
     let conn = a.etcd.connection().map_err(RestoreError::Other)?;
     let target = target_of(a)?;
-    let mut c = restore::wait_for_etcd(&conn, Duration::from_secs(30), out).await?;
+    let mut c = restore::wait_for_etcd(&conn, &a.etcd.root, Duration::from_secs(30), out).await?;
     restore::advance(&mut c, &a.etcd.root, a.expected_epoch, target, out).await
 }
 

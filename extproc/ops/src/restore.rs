@@ -303,22 +303,24 @@ pub fn restore_snapshot(
     Ok(())
 }
 
-/// Waits until etcd at `conn`'s endpoints answers a read (over its TLS, as its
-/// user), printing once that it waits. A refusal that waiting cannot cure (a
+/// Waits until etcd at `conn`'s endpoints answers a read of `root`'s epoch record
+/// (over its TLS, as its user: a key its role may read), printing once that it waits. A refusal that waiting cannot cure (a
 /// permission or authentication error) ends the wait at once with etcd's message.
 pub async fn wait_for_etcd(
     conn: &EtcdConnection,
+    root: &str,
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<Client, RestoreError> {
     let endpoints = &conn.endpoints;
+    let probe = Keys::new(root).epoch();
     let _ = writeln!(out, "waiting for etcd at {} (start the restored members now)", endpoints.join(","));
     let _ = out.flush();
     let end = tokio::time::Instant::now() + timeout;
     loop {
         let attempt = async {
             let mut c = conn.connect().await?;
-            c.get("lockmesh-probe", None).await?;
+            c.get(probe.as_str(), None).await?;
             Ok::<_, etcd_client::Error>(c)
         };
         match tokio::time::timeout(Duration::from_secs(2), attempt).await {
