@@ -5,15 +5,18 @@
 //! arbiter serves a lock cycle through Envoy over that etcd, logged in as its own
 //! user; an approved force release is executed by that arbiter, deleting the hold
 //! and writing the force record in one transaction the audit decoder reads as a
-//! force release.
+//! force release. Every `lockctl` command that talks to etcd reaches it over TLS
+//! as the user of its own role (`etcd_roles::COMMAND_ROLES`), and a command run
+//! with a role short of what it writes is refused with etcd's `permission denied`.
 
 use etcd_client::{Client, EventType, GetOptions, Permission, WatchOptions};
 use lockmesh_audit::{
     decode::{decode, Change, Context, Op, Prev},
     EventKind,
 };
+use lockmesh_core::policy::{ChangeNote, ClassPolicy};
 use lockmesh_devcerts::jwt::Issuer;
-use lockmesh_ops::admin::etcd_roles::{roles, Perm};
+use lockmesh_ops::admin::etcd_roles::{roles, Perm, COMMAND_ROLES};
 use lockmesh_tests::{
     etcd::EtcdTls, paths::profile_dir, unique_prefix, ArbiterProcess, Backend, DevPki, EnvoyProcess, EtcdCluster,
     LockClient, TEST_TRUST_DOMAIN,
@@ -240,4 +243,114 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     assert_eq!(forced[0].key.as_deref(), Some("payments/tls/leak"));
     let n = aud.get(format!("{root}/l/"), Some(GetOptions::new().with_prefix())).await.unwrap().kvs().len();
     assert_eq!(n, 0, "no hold left");
+}
+
+/// `lockctl ARGS` against `etcd` as `user` (its password file under `dir`): the
+/// endpoints, root and CA as flags, the user and password file through
+/// LOCKMESH_ETCD_USER and LOCKMESH_ETCD_PASSWORD_FILE. (exit code, stdout, stderr).
+fn lockctl_as(
+    etcd: &EtcdCluster,
+    pki: &DevPki,
+    root: &str,
+    dir: &std::path::Path,
+    user: &str,
+    args: &[&str],
+) -> (i32, String, String) {
+    let pw_file = dir.join(format!("{user}.pw"));
+    std::fs::write(&pw_file, format!("{}\n", pw(user))).unwrap();
+    let out = std::process::Command::new(profile_dir().join("lockctl"))
+        .args(args)
+        .args(["--endpoints", &etcd.endpoints().join(","), "--root", root, "--etcd-ca"])
+        .arg(pki.ca_cert_path())
+        .env("LOCKMESH_ETCD_USER", user)
+        .env("LOCKMESH_ETCD_PASSWORD_FILE", &pw_file)
+        .output()
+        .unwrap();
+    let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), s(&out.stdout), s(&out.stderr))
+}
+
+/// The role `COMMAND_ROLES` names for `cmd`.
+fn role_of(cmd: &str) -> &'static str {
+    COMMAND_ROLES.iter().find(|(c, _)| *c == cmd).and_then(|(_, r)| *r).unwrap_or_else(|| panic!("no role for {cmd}"))
+}
+
+#[tokio::test]
+async fn every_lockctl_etcd_command_runs_with_its_own_role_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = DevPki::generate(dir.path().join("pki"), TEST_TRUST_DOMAIN).unwrap();
+    let root = unique_prefix("etcd-lockctl");
+    let etcd = secured(&pki, &root).await;
+    // What an arbiter would have written: the epoch record and a class policy.
+    let mut arb = etcd.client_as("lockmesh-arbiter", &pw("lockmesh-arbiter")).await.unwrap();
+    arb.put(format!("{root}/sys/epoch"), r#"{"epoch":1,"cluster_id":""}"#, None).await.unwrap();
+    let note = ChangeNote { action: "create".into(), actor: "test".into(), at_ms: 1, reason: String::new() };
+    let policy = ClassPolicy::new("default", "p1", 4, note).unwrap();
+    arb.put(format!("{root}/c/default"), serde_json::to_vec(&policy).unwrap(), None).await.unwrap();
+    let run = |cmd: &str, args: &[&str]| lockctl_as(&etcd, &pki, &root, dir.path(), role_of(cmd), args);
+
+    // Read-only views, as lockmesh-admin.
+    let (code, out, err) = run("inspect", &["inspect", "payments/x"]);
+    assert_eq!(code, 0, "inspect: {out} {err}");
+    let (code, out, err) = run("saturated", &["saturated"]);
+    assert_eq!(code, 0, "saturated: {out} {err}");
+    let (code, out, err) = run("doctor", &["doctor", "--json"]);
+    assert!(!out.contains("permission denied") && !err.contains("permission denied"), "doctor: {out} {err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let finding = |check: &str| {
+        report["findings"].as_array().into_iter().flatten().find(|f| f["check"] == check).cloned().unwrap_or_default()
+    };
+    assert_eq!(code, 0, "doctor: {out} {err}");
+    assert_eq!(finding("etcd.quorum")["status"], "ok", "doctor: {out} {err}");
+    assert_eq!(finding("seal.epoch")["status"], "ok", "doctor ({code}): {out} {err}");
+    let (code, out, err) = run("limit show", &["limit", "show", "--class", "default"]);
+    assert_eq!(code, 0, "limit show: {out} {err}");
+    assert!(out.contains("\"limit\":4"), "{out}");
+
+    // The operators' changes, as lockmesh-classes; the read-only role is refused.
+    // class apply first: a lowering verifies against the authoritative prefix map.
+    let reg = dir.path().join("registry.yaml");
+    std::fs::write(
+        &reg,
+        format!(
+            "{REGISTRY}  - {{ name: solo, prefixes: [\"payments/solo\"], ttl_s: 15, enforcement: advisory, risk_owner: t, \
+             waiver_expiry: \"2099-12-31\" }}\n"
+        ),
+    )
+    .unwrap();
+    let reg_s = reg.display().to_string();
+    let (code, out, err) = run("class apply", &["class", "apply", &reg_s, "--reason", "drill"]);
+    assert_eq!(code, 0, "class apply: {out} {err}");
+    let mut adm = etcd.client_as("lockmesh-admin", &pw("lockmesh-admin")).await.unwrap();
+    let map = adm.get(format!("{root}/sys/classmap"), None).await.unwrap();
+    assert_eq!(map.kvs().len(), 1, "class apply wrote the prefix map: {out}");
+    let (code, out, err) = lockctl_as(
+        &etcd,
+        &pki,
+        &root,
+        dir.path(),
+        "lockmesh-admin",
+        &["limit", "change", "--class", "default", "--to", "2"],
+    );
+    assert_eq!(code, 1, "limit change as lockmesh-admin: {out} {err}");
+    assert!(err.contains("permission denied"), "the refusal reaches the operator: {err}");
+    let change = &["limit", "change", "--class", "default", "--to", "2", "--reason", "drill"];
+    let (code, out, err) = run("limit change|resume|cancel", change);
+    assert_eq!(code, 0, "limit change: {out} {err}");
+    assert!(out.contains("\"outcome\":\"activated\""), "{out}");
+    // Nothing is pending now: cancel reaches the record and the protocol refuses (3).
+    let cancel = &["limit", "cancel", "--class", "default", "--epoch", "1", "--to", "2"];
+    let (code, out, err) = run("limit change|resume|cancel", cancel);
+    assert_eq!(code, 3, "limit cancel: {out} {err}");
+
+    // The break-glass epoch advance, as lockmesh-admin-epoch; lockmesh-admin is refused.
+    let advance = &["epoch-advance", "--expected-epoch", "1", "--new-epoch", "2"];
+    let (code, out, err) = lockctl_as(&etcd, &pki, &root, dir.path(), "lockmesh-admin", advance);
+    assert_ne!(code, 0, "epoch-advance as lockmesh-admin: {out} {err}");
+    assert!(err.contains("permission denied"), "{out} {err}");
+    let (code, out, err) = run("epoch-advance", advance);
+    assert_eq!(code, 0, "epoch-advance: {out} {err}");
+    let rec = adm.get(format!("{root}/sys/epoch"), None).await.unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(rec.kvs()[0].value()).unwrap();
+    assert_eq!((rec["epoch"].as_u64(), rec.get("sealed")), (Some(2), None), "{rec}");
 }
