@@ -42,7 +42,7 @@ pub mod env;
 use self::env::{EnvSource, Origin, ProcessEnv};
 
 /// Default `upstream_timeout_ms`.
-pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
 /// Default `max_body_bytes`.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 

@@ -20,7 +20,7 @@ use crate::{route::EqualRule, token::MarkDecision};
 const MARKS: TableDefinition<'_, &str, u64> = TableDefinition::new("marks");
 const META: TableDefinition<'_, &str, &str> = TableDefinition::new("meta");
 /// File name of the marks database inside `marks_dir`.
-pub const DB_FILE: &str = "marks.redb";
+pub(crate) const DB_FILE: &str = "marks.redb";
 
 /// The open marks database.
 pub struct Marks {

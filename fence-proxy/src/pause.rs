@@ -40,7 +40,7 @@ use crate::{
 };
 
 /// Default `--pg-table`.
-pub const DEFAULT_PG_TABLE: &str = "lockmesh_pause_test";
+pub(crate) const DEFAULT_PG_TABLE: &str = "lockmesh_pause_test";
 
 /// How the kit reaches the lock tier and the resource.
 #[derive(Clone, Debug, clap::Args)]
@@ -188,7 +188,7 @@ impl Kit {
     }
 
     /// Creates the PostgreSQL resource's table if missing (a no-op for HTTP).
-    pub async fn prepare(&self) -> Result<(), KitError> {
+    pub(crate) async fn prepare(&self) -> Result<(), KitError> {
         if let Resource::Postgres { fence, client, .. } = &self.resource {
             fence.ensure_table(client.as_ref()).await?;
         }

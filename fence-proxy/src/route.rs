@@ -88,7 +88,7 @@ pub enum RouteError {
 
 impl Template {
     /// Parses a path template (`/items/{id}`).
-    pub fn parse_path(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse_path(s: &str) -> Result<Self, String> {
         let Some(rest) = s.strip_prefix('/') else {
             return Err(format!("{s:?} must start with '/'"));
         };
@@ -148,7 +148,7 @@ impl Template {
     }
 
     /// The variables of a path template.
-    pub fn vars(&self) -> Vec<String> {
+    pub(crate) fn vars(&self) -> Vec<String> {
         self.parts
             .iter()
             .filter_map(|p| match p {
@@ -159,7 +159,7 @@ impl Template {
     }
 
     /// Matches a request path (without the query) against a path template.
-    pub fn match_path(&self, path: &str) -> Option<HashMap<String, String>> {
+    pub(crate) fn match_path(&self, path: &str) -> Option<HashMap<String, String>> {
         debug_assert!(self.is_path);
         let segs: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
         if segs.len() != self.parts.len() {
@@ -179,7 +179,7 @@ impl Template {
     }
 
     /// Fills a text template.
-    pub fn fill(&self, vars: &HashMap<String, String>, headers: &HeaderMap) -> Result<String, String> {
+    pub(crate) fn fill(&self, vars: &HashMap<String, String>, headers: &HeaderMap) -> Result<String, String> {
         let mut out = String::new();
         for p in &self.parts {
             match p {

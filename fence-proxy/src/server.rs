@@ -45,7 +45,7 @@ use crate::{
 };
 
 /// The instance id header forwarded to the store with every request.
-pub const INSTANCE_HEADER: &str = "x-lockmesh-fence-instance";
+pub(crate) const INSTANCE_HEADER: &str = "x-lockmesh-fence-instance";
 
 /// Shared state of one fence-proxy.
 pub struct Fence {
@@ -227,7 +227,7 @@ pub fn router(fence: Arc<Fence>) -> Router {
 
 /// The admin router: `/healthz`, `/readyz` (marks store readable; shows the
 /// instance id), `/metrics`.
-pub fn admin_router(fence: Arc<Fence>) -> Router {
+pub(crate) fn admin_router(fence: Arc<Fence>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(

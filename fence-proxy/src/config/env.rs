@@ -14,17 +14,17 @@
 use std::collections::HashMap;
 
 /// Overrides `listen`: the client-facing address, `host:port`.
-pub const LISTEN: &str = "LOCKMESH_FENCE_LISTEN";
+pub(crate) const LISTEN: &str = "LOCKMESH_FENCE_LISTEN";
 /// Overrides `admin_listen`: the admin address (`/healthz`, `/readyz`, `/metrics`).
-pub const ADMIN_LISTEN: &str = "LOCKMESH_FENCE_ADMIN_LISTEN";
+pub(crate) const ADMIN_LISTEN: &str = "LOCKMESH_FENCE_ADMIN_LISTEN";
 /// Overrides `upstream`: the store, `http://host:port`.
-pub const UPSTREAM: &str = "LOCKMESH_FENCE_UPSTREAM";
+pub(crate) const UPSTREAM: &str = "LOCKMESH_FENCE_UPSTREAM";
 /// Overrides `marks_dir`: the marks directory (a persistent volume).
 pub const MARKS_DIR: &str = "LOCKMESH_FENCE_MARKS_DIR";
 
 /// Not an override: `1` lets a config enable the release gate's planted bug
 /// (`accept_lower_tokens`, docs/GATE.md); never set in production.
-pub const TEST_FAULTS: &str = "LOCKMESH_TEST_FAULTS";
+pub(crate) const TEST_FAULTS: &str = "LOCKMESH_TEST_FAULTS";
 
 /// Every override as (variable, config field), in the order they are applied.
 pub const OVERRIDES: [(&str, &str); 4] =

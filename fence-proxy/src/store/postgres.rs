@@ -30,7 +30,7 @@ use tokio_postgres::{GenericClient, NoTls};
 use crate::route::EqualRule;
 
 /// Longest table name (PostgreSQL's identifier limit).
-pub const MAX_TABLE_LEN: usize = 63;
+pub(crate) const MAX_TABLE_LEN: usize = 63;
 
 /// A fenced table: `id text PRIMARY KEY, value text, fence_token bigint`.
 #[derive(Clone, Debug)]
@@ -117,7 +117,7 @@ impl PgFence {
     }
 
     /// `CREATE TABLE IF NOT EXISTS` for the fenced table.
-    pub fn create_table_sql(&self) -> String {
+    pub(crate) fn create_table_sql(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, value text NOT NULL, \
              fence_token bigint NOT NULL CHECK (fence_token >= 0))",
