@@ -178,6 +178,23 @@ impl Tailer {
         Ok(Some(target))
     }
 
+    /// [`Self::seal`], unless the tailer's etcd user may not write the epoch record:
+    /// the shipped `lockmesh-audit` role reads the root and writes only its election
+    /// key (`lockmesh_ops::admin::etcd_roles`). Then the restore is recorded unsealed
+    /// (`sealed_target: null`) and tailing goes on, rather than failing and retrying
+    /// forever: the arbiters' own marks seal them (docs/OPERATIONS.md, restore
+    /// runbook) and the operator runs the epoch advance.
+    async fn seal_if_permitted(&self, client: &mut Client, why: &str, max_epoch: u64) -> Result<Option<u64>, Error> {
+        match self.seal(client, why, max_epoch).await {
+            Err(e) if e.contains("permission denied") => {
+                tracing::error!(error = %e, "RESTORE DETECTED: the audit tailer's etcd role may not write the epoch \
+                    record; recorded unsealed, the arbiters' marks seal them, run lockctl epoch-advance");
+                Ok(None)
+            }
+            r => r,
+        }
+    }
+
     /// An event of the tailer's own (a restore, a gap) at `revision`, with `detail`.
     fn marker(&self, cp: &Checkpoint, kind: EventKind, revision: i64, detail: &impl Serialize) -> AuditEvent {
         AuditEvent {
@@ -263,7 +280,11 @@ impl Tailer {
                 );
                 tracing::error!(%why, "RESTORE DETECTED by the audit tailer");
                 let mut next = Checkpoint { timeline: cp.timeline + 1, revision: head, epoch: rec_epoch, ..cp.clone() };
-                let target = if self.cfg.seal_on_restore { self.seal(client, &why, cp.max_epoch).await? } else { None };
+                let target = if self.cfg.seal_on_restore {
+                    self.seal_if_permitted(client, &why, cp.max_epoch).await?
+                } else {
+                    None
+                };
                 let detail = RestoreDetail { checkpoint: cp.revision, current: head, sealed_target: target };
                 pending.push(self.marker(&next, EventKind::Restore, head, &detail));
                 self.commit(&mut pending, &mut next).await?;
