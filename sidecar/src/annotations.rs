@@ -9,29 +9,29 @@ use serde_json::{Map, Value};
 use crate::refusal::{Code, Refusal};
 
 /// Opt-in: `enabled` injects the fence, `disabled` (or no annotation) leaves the pod alone.
-pub const FENCE: &str = "lockmesh.io/fence";
+pub(crate) const FENCE: &str = "lockmesh.io/fence";
 /// Name of the store container. Optional when the pod has exactly one container.
-pub const STORE_CONTAINER: &str = "lockmesh.io/fence-store-container";
+pub(crate) const STORE_CONTAINER: &str = "lockmesh.io/fence-store-container";
 /// The store's client-facing container port, by number or name. Optional when
 /// the store container declares exactly one port.
-pub const STORE_PORT: &str = "lockmesh.io/fence-store-port";
+pub(crate) const STORE_PORT: &str = "lockmesh.io/fence-store-port";
 /// The loopback port the store moves to. Default: the injector's `default_backend_port`.
-pub const BACKEND_PORT: &str = "lockmesh.io/fence-backend-port";
+pub(crate) const BACKEND_PORT: &str = "lockmesh.io/fence-backend-port";
 /// Name of an environment variable the injector sets on the store to the backend port.
-pub const BACKEND_PORT_ENV: &str = "lockmesh.io/fence-backend-port-env";
+pub(crate) const BACKEND_PORT_ENV: &str = "lockmesh.io/fence-backend-port-env";
 /// Name of an environment variable the injector sets on the store to `127.0.0.1`.
-pub const BACKEND_HOST_ENV: &str = "lockmesh.io/fence-backend-host-env";
+pub(crate) const BACKEND_HOST_ENV: &str = "lockmesh.io/fence-backend-host-env";
 /// ConfigMap holding `fence-proxy.yaml` (required).
-pub const CONFIG_MAP: &str = "lockmesh.io/fence-config";
+pub(crate) const CONFIG_MAP: &str = "lockmesh.io/fence-config";
 /// Existing PersistentVolumeClaim for the marks (required for bare pods and Deployments).
-pub const MARKS_CLAIM: &str = "lockmesh.io/fence-marks-claim";
+pub(crate) const MARKS_CLAIM: &str = "lockmesh.io/fence-marks-claim";
 /// Storage request of the marks claim template added to a StatefulSet.
-pub const MARKS_SIZE: &str = "lockmesh.io/fence-marks-size";
+pub(crate) const MARKS_SIZE: &str = "lockmesh.io/fence-marks-size";
 /// Storage class of the marks claim template added to a StatefulSet.
-pub const MARKS_STORAGE_CLASS: &str = "lockmesh.io/fence-marks-storage-class";
+pub(crate) const MARKS_STORAGE_CLASS: &str = "lockmesh.io/fence-marks-storage-class";
 /// Written by the injector: JSON describing what was injected. Its presence makes
 /// injection a no-op (idempotence).
-pub const STATUS: &str = "lockmesh.io/fence-status";
+pub(crate) const STATUS: &str = "lockmesh.io/fence-status";
 /// Label written by the injector on every fenced pod (`"true"`).
 pub const FENCED_LABEL: &str = "lockmesh.io/fenced";
 /// Label written by the injector: the store's backend port, which the
@@ -208,7 +208,7 @@ fn parse_port_ref(s: &str) -> Option<PortRef> {
 
 /// An IANA service name as Kubernetes accepts for a port name: 1-15 lowercase
 /// alphanumerics or `-`, at least one letter, no leading, trailing or double `-`.
-pub fn is_port_name(s: &str) -> bool {
+pub(crate) fn is_port_name(s: &str) -> bool {
     (1..=15).contains(&s.len())
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.bytes().any(|b| b.is_ascii_lowercase())

@@ -9,15 +9,15 @@ use std::{collections::BTreeMap, path::Path};
 use serde::Deserialize;
 
 /// Default fence-proxy image. A placeholder: pin your registry's digest in production.
-pub const DEFAULT_IMAGE: &str = "ghcr.io/lockmesh/fence-proxy:0.1.0";
+pub(crate) const DEFAULT_IMAGE: &str = "ghcr.io/lockmesh/fence-proxy:0.1.0";
 /// Default port of fence-proxy's admin listener (health, readiness, metrics).
 pub const DEFAULT_ADMIN_PORT: u16 = 15300;
 /// Default loopback port the store is moved to when its pod names none.
 pub const DEFAULT_BACKEND_PORT: u16 = 15081;
 /// Default UID the fence-proxy container runs as (the distroless `nonroot` user).
-pub const DEFAULT_RUN_AS_USER: i64 = 65532;
+pub(crate) const DEFAULT_RUN_AS_USER: i64 = 65532;
 /// Default size of the marks volume claim a StatefulSet gets.
-pub const DEFAULT_MARKS_SIZE: &str = "1Gi";
+pub(crate) const DEFAULT_MARKS_SIZE: &str = "1Gi";
 
 /// The validated injector configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,7 +212,7 @@ impl Config {
 
 /// Whether `s` is a Kubernetes resource quantity: digits with an optional
 /// fraction, then an optional SI or binary suffix (`500m`, `1.5`, `256Mi`, `1G`).
-pub fn is_quantity(s: &str) -> bool {
+pub(crate) fn is_quantity(s: &str) -> bool {
     let digits_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, suffix) = s.split_at(digits_end);
     let mut parts = num.split('.');

@@ -32,17 +32,17 @@ use plan::{plan, Plan};
 /// Name of the injected container.
 pub const CONTAINER: &str = "lockmesh-fence";
 /// Name of the injected ConfigMap volume.
-pub const CONFIG_VOLUME: &str = "lockmesh-fence-config";
+pub(crate) const CONFIG_VOLUME: &str = "lockmesh-fence-config";
 /// Name of the marks volume (and of the StatefulSet claim template).
 pub const MARKS_VOLUME: &str = "lockmesh-fence-marks";
 /// Where fence-proxy's ConfigMap is mounted.
-pub const CONFIG_DIR: &str = "/etc/lockmesh/fence";
+pub(crate) const CONFIG_DIR: &str = "/etc/lockmesh/fence";
 /// The key fence-proxy reads from its ConfigMap.
-pub const CONFIG_FILE: &str = "fence-proxy.yaml";
+pub(crate) const CONFIG_FILE: &str = "fence-proxy.yaml";
 /// Where the marks volume is mounted.
 pub const MARKS_DIR: &str = "/var/lib/lockmesh/marks";
 /// Name of fence-proxy's admin container port.
-pub const ADMIN_PORT_NAME: &str = "fence-admin";
+pub(crate) const ADMIN_PORT_NAME: &str = "fence-admin";
 /// Env: the address fence-proxy listens on for clients.
 pub const ENV_LISTEN: &str = "LOCKMESH_FENCE_LISTEN";
 /// Env: the URL fence-proxy forwards admitted requests to (the store on loopback).

@@ -61,7 +61,7 @@ fn diff_at(before: &Value, after: &Value, path: String, ops: &mut Vec<Operation>
 }
 
 /// Escapes one reference token per RFC 6901 (`~` as `~0`, `/` as `~1`).
-pub fn escape(token: &str) -> String {
+pub(crate) fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
 

@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// How often the certificate files are checked for rotation.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(30);
 /// Largest request body accepted (the API server caps objects well below this).
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
 /// How long a TLS handshake may take.
@@ -95,7 +95,7 @@ impl CertFiles {
     }
 
     /// A rustls server configuration serving these files, HTTP/1.1 by ALPN.
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    pub(crate) fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut c = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// The only AdmissionReview version served.
-pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub(crate) const API_VERSION: &str = "admission.k8s.io/v1";
 
 /// An AdmissionReview (request or response form). Unknown fields are ignored:
 /// the API server sends more than the webhook needs.
