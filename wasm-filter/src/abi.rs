@@ -72,7 +72,7 @@ pub fn serialize_map(map: &[(&str, &str)]) -> Vec<u8> {
 
 /// Answers the effective context's request locally (performed by Envoy after the
 /// current callback returns).
-pub fn send_http_response(status_code: u32, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostStatus> {
+pub(crate) fn send_http_response(status_code: u32, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostStatus> {
     let hdrs = serialize_map(headers);
     // SAFETY: every pointer/length pair names a live buffer for the duration of the
     // call; the host copies what it needs.
@@ -92,7 +92,7 @@ pub fn send_http_response(status_code: u32, headers: &[(&str, &str)], body: &[u8
 }
 
 /// Sets (replaces) a request header of the effective context.
-pub fn set_request_header(name: &str, value: &str) -> Result<(), HostStatus> {
+pub(crate) fn set_request_header(name: &str, value: &str) -> Result<(), HostStatus> {
     // SAFETY: as above.
     let code = unsafe {
         proxy_replace_header_map_value(
@@ -107,7 +107,7 @@ pub fn set_request_header(name: &str, value: &str) -> Result<(), HostStatus> {
 }
 
 /// Resumes the effective context's paused request (performed after the callback).
-pub fn resume_http_request() -> Result<(), HostStatus> {
+pub(crate) fn resume_http_request() -> Result<(), HostStatus> {
     // SAFETY: no pointers.
     status(unsafe { proxy_continue_stream(StreamType::HttpRequest as u32) })
 }

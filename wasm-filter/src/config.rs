@@ -21,13 +21,13 @@ use serde_json::Value;
 /// Upper bound of `max_wait_ms`: an hour, Envoy's own ext_proc timeout ceiling.
 pub const MAX_WAIT_CEILING_MS: u64 = 3_600_000;
 /// Default of `max_queue_per_key`.
-pub const DEFAULT_MAX_QUEUE_PER_KEY: usize = 1000;
+pub(crate) const DEFAULT_MAX_QUEUE_PER_KEY: usize = 1000;
 /// Upper bound of `max_queue_per_key` and of `local_limits[].max_in_flight`.
-pub const MAX_QUEUE_CEILING: u64 = 100_000;
+pub(crate) const MAX_QUEUE_CEILING: u64 = 100_000;
 /// Most `namespaces` (each is a metric label value).
-pub const MAX_NAMESPACES: usize = 256;
+pub(crate) const MAX_NAMESPACES: usize = 256;
 /// The metric label of a namespace not in `namespaces`, or of a request without a key.
-pub const OTHER_NAMESPACE: &str = "other";
+pub(crate) const OTHER_NAMESPACE: &str = "other";
 
 /// The filter's configuration.
 #[derive(Debug, Clone)]
@@ -155,19 +155,19 @@ struct RawLocalLimit {
 
 impl Config {
     /// The metric label of `key`'s namespace (`key` is a validated key's text).
-    pub fn ns_label<'a>(&'a self, key: Option<&str>) -> &'a str {
+    pub(crate) fn ns_label<'a>(&'a self, key: Option<&str>) -> &'a str {
         let ns = key.and_then(|k| k.split('/').next());
         ns.and_then(|ns| self.namespaces.iter().find(|n| n.as_str() == ns)).map_or(OTHER_NAMESPACE, String::as_str)
     }
 
     /// The transparent route of `path` (without its query), if any.
-    pub fn transparent_route(&self, path: &[u8]) -> Option<&TransparentRoute> {
+    pub(crate) fn transparent_route(&self, path: &[u8]) -> Option<&TransparentRoute> {
         let t = self.transparent.as_ref()?;
         t.routes.iter().filter(|r| path_covers(r.path_prefix.as_bytes(), path)).max_by_key(|r| r.path_prefix.len())
     }
 
     /// The local limit `key` counts against: the longest covering prefix.
-    pub fn local_limit(&self, key: &LockKey) -> Option<&LocalLimit> {
+    pub(crate) fn local_limit(&self, key: &LockKey) -> Option<&LocalLimit> {
         self.local_limits.iter().filter(|l| covers(&l.prefix, key.as_str())).max_by_key(|l| l.prefix.len())
     }
 }
@@ -258,7 +258,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
 }
 
 /// Whether path prefix `prefix` covers `path` on a `/` boundary.
-pub fn path_covers(prefix: &[u8], path: &[u8]) -> bool {
+pub(crate) fn path_covers(prefix: &[u8], path: &[u8]) -> bool {
     match path.strip_prefix(prefix) {
         Some(rest) => rest.is_empty() || prefix.ends_with(b"/") || rest.starts_with(b"/"),
         None => false,

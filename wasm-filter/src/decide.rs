@@ -18,9 +18,9 @@ use lockmesh_core::{code::error_body, headers, Code, LockKey};
 use crate::{config::Config, route::Route};
 
 /// Longest SPIFFE ID accepted (the SPIFFE spec's URI limit).
-pub const MAX_SPIFFE_ID_LEN: usize = 2048;
+pub(crate) const MAX_SPIFFE_ID_LEN: usize = 2048;
 /// The message of every denial: it names nothing, so it reveals nothing.
-pub const DENIED_MESSAGE: &str = "not permitted";
+pub(crate) const DENIED_MESSAGE: &str = "not permitted";
 /// The grant-proof header, stripped from transparent requests like the token.
 const PROOF: &str = "x-lock-proof";
 
@@ -69,7 +69,7 @@ impl Decision {
 }
 
 /// Checks a SPIFFE ID's shape: `spiffe://trust-domain/path`, printable ASCII.
-pub fn valid_spiffe_id(id: &[u8]) -> bool {
+pub(crate) fn valid_spiffe_id(id: &[u8]) -> bool {
     let Some(rest) = id.strip_prefix(b"spiffe://") else {
         return false;
     };
@@ -88,7 +88,7 @@ fn header<'a>(hdrs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
 
 /// Decides a request from its headers (names lowercase, raw value bytes, pseudo
 /// headers included) and the mTLS peer's URI SAN, if any.
-pub fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san: Option<&[u8]>) -> Decision {
+pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san: Option<&[u8]>) -> Decision {
     // There is no insecure mode: without a verified SPIFFE ID nothing passes.
     let identity = match peer_uri_san.filter(|p| valid_spiffe_id(p)).and_then(|p| std::str::from_utf8(p).ok()) {
         Some(id) => id,

@@ -83,7 +83,7 @@ impl Outcome {
     }
 
     /// The outcome of a refusal decided by [`crate::decide`].
-    pub fn of_code(code: Code) -> Self {
+    pub(crate) fn of_code(code: Code) -> Self {
         match code {
             Code::Unauthenticated => Outcome::Unauthenticated,
             Code::Denied => Outcome::Denied,
@@ -98,17 +98,17 @@ impl Outcome {
 }
 
 /// The request counter's name.
-pub fn requests_name(ns: &str, outcome: Outcome) -> String {
+pub(crate) fn requests_name(ns: &str, outcome: Outcome) -> String {
     format!("lockmesh_filter_requests.ns.{ns}.outcome.{}", outcome.as_str())
 }
 
 /// The queue depth gauge's name.
-pub fn queue_depth_name(ns: &str) -> String {
+pub(crate) fn queue_depth_name(ns: &str) -> String {
     format!("lockmesh_filter_queue_depth.ns.{ns}")
 }
 
 /// The queue wait histogram's name.
-pub fn queue_wait_name(ns: &str) -> String {
+pub(crate) fn queue_wait_name(ns: &str) -> String {
     format!("lockmesh_filter_queue_wait_ms.ns.{ns}")
 }
 
@@ -147,7 +147,7 @@ impl Metrics {
     }
 
     /// Moves the queue depth gauge by `delta`.
-    pub fn queue_depth(&mut self, ns: &str, delta: i64) {
+    pub(crate) fn queue_depth(&mut self, ns: &str, delta: i64) {
         if let Some(id) = self.id(MetricType::Gauge, queue_depth_name(ns)) {
             let _ = hostcalls::increment_metric(id, delta);
         }
@@ -162,7 +162,7 @@ impl Metrics {
     }
 
     /// Records a waiter's time in the queue.
-    pub fn queue_wait(&mut self, ns: &str, ms: u64) {
+    pub(crate) fn queue_wait(&mut self, ns: &str, ms: u64) {
         if let Some(id) = self.id(MetricType::Histogram, queue_wait_name(ns)) {
             let _ = hostcalls::record_metric(id, ms);
         }

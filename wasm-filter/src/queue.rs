@@ -124,7 +124,7 @@ struct KeyQueue {
 
 impl Waiter {
     /// When its wait ends, ms.
-    pub fn deadline_ms(&self) -> u64 {
+    pub(crate) fn deadline_ms(&self) -> u64 {
         self.received_ms.saturating_add(self.wait_ms)
     }
 }
@@ -135,7 +135,7 @@ impl Queues {
     /// Admits acquire `ctx` for `key`, received at `now_ms` with wait `wait_ms`
     /// (0: try once). `older_elsewhere`: another worker of this Envoy has a waiter for
     /// `key` queued (from the backlog); a new request then queues behind it.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         key: &str,
         ctx: u32,
@@ -190,7 +190,7 @@ impl Queues {
     /// whether that waiter is the oldest in the Envoy-wide backlog; if not, it stays
     /// queued. An expired waiter is always handed back (to be answered), whatever its
     /// place. Call repeatedly until `None`.
-    pub fn promote(&mut self, key: &str, now_ms: u64, is_first: impl Fn(u32) -> bool) -> Option<Promotion> {
+    pub(crate) fn promote(&mut self, key: &str, now_ms: u64, is_first: impl Fn(u32) -> bool) -> Option<Promotion> {
         let q = self.keys.get_mut(key)?;
         if q.in_flight.is_some() {
             return None;
@@ -231,7 +231,7 @@ impl Queues {
     }
 
     /// Keys with at least one waiter, for the periodic promotion check.
-    pub fn keys_with_waiters(&self) -> Vec<String> {
+    pub(crate) fn keys_with_waiters(&self) -> Vec<String> {
         self.keys.iter().filter(|(_, q)| !q.waiting.is_empty()).map(|(k, _)| k.clone()).collect()
     }
 

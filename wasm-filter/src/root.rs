@@ -28,7 +28,7 @@ use crate::{
 
 /// The tick period: the lateness bound of a filter-side deadline and of a hand-over
 /// between workers.
-pub const TICK: Duration = Duration::from_millis(100);
+pub(crate) const TICK: Duration = Duration::from_millis(100);
 
 /// The root context.
 pub struct Root {

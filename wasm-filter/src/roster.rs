@@ -17,9 +17,9 @@
 //! Decoding never fails: an unreadable value reads as empty and is overwritten.
 
 /// Number of shared-data values the backlog is spread over.
-pub const BACKLOG_BUCKETS: u32 = 256;
+pub(crate) const BACKLOG_BUCKETS: u32 = 256;
 /// How long after its deadline a backlog entry is considered abandoned, ms.
-pub const BACKLOG_GRACE_MS: u64 = 2_000;
+pub(crate) const BACKLOG_GRACE_MS: u64 = 2_000;
 
 const VERSION: u8 = 1;
 
@@ -41,14 +41,14 @@ pub struct Roster {
 }
 
 /// The shared-data name of the backlog bucket holding `key`.
-pub fn backlog_bucket(key: &str) -> String {
+pub(crate) fn backlog_bucket(key: &str) -> String {
     // FNV-1a: stable across workers and builds (std's hashers are not guaranteed to be).
     let h = key.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
     format!("lockmesh.backlog.{}", h % BACKLOG_BUCKETS)
 }
 
 /// The shared-data name of the in-flight roster of local limit `prefix`.
-pub fn limit_roster(prefix: &str) -> String {
+pub(crate) fn limit_roster(prefix: &str) -> String {
     format!("lockmesh.limit.{prefix}")
 }
 
@@ -101,7 +101,7 @@ impl Roster {
     }
 
     /// Drops entries stale at `now_ms`, and records left empty.
-    pub fn prune(&mut self, now_ms: u64) {
+    pub(crate) fn prune(&mut self, now_ms: u64) {
         for (_, entries) in &mut self.records {
             entries.retain(|e| e.expires_ms >= now_ms);
         }
@@ -138,7 +138,7 @@ impl Roster {
     }
 
     /// The oldest entry of `name` not stale at `now_ms`.
-    pub fn first_live(&self, name: &str, now_ms: u64) -> Option<Entry> {
+    pub(crate) fn first_live(&self, name: &str, now_ms: u64) -> Option<Entry> {
         self.entries(name).iter().find(|e| e.expires_ms >= now_ms).copied()
     }
 

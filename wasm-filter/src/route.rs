@@ -34,7 +34,7 @@ pub enum Route {
 }
 
 /// Prefix of the operator routes.
-pub const ADMIN_PREFIX: &[u8] = b"/v1/admin/";
+pub(crate) const ADMIN_PREFIX: &[u8] = b"/v1/admin/";
 
 // === impl Route ===
 
@@ -80,7 +80,7 @@ impl Route {
     }
 
     /// Routes that cannot be answered without `x-lock-key`.
-    pub fn needs_key(self) -> bool {
+    pub(crate) fn needs_key(self) -> bool {
         matches!(self, Route::Acquire | Route::Release | Route::Inspect)
     }
 }

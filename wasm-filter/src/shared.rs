@@ -13,14 +13,14 @@ use proxy_wasm::{hostcalls, types::Status};
 use crate::roster::Roster;
 
 /// Attempts before an update gives up (contention between workers only).
-pub const MAX_ATTEMPTS: usize = 64;
+pub(crate) const MAX_ATTEMPTS: usize = 64;
 /// The CAS given when writing a value that was missing when read.
-pub const ABSENT_CAS: u32 = u32::MAX;
+pub(crate) const ABSENT_CAS: u32 = u32::MAX;
 /// The counter that hands out owner tags.
 const OWNER_SEQ: &str = "lockmesh.owner.seq";
 
 /// Reads a roster; missing reads as empty.
-pub fn read_roster(name: &str) -> Result<Roster, Status> {
+pub(crate) fn read_roster(name: &str) -> Result<Roster, Status> {
     let (bytes, _) = hostcalls::get_shared_data(name)?;
     Ok(Roster::decode(bytes.as_deref().unwrap_or_default()))
 }
@@ -28,7 +28,7 @@ pub fn read_roster(name: &str) -> Result<Roster, Status> {
 /// Applies `f` to the current value of `name` and writes the result, retrying on
 /// CAS conflicts; `f` may run more than once and must only compute from its input.
 /// Nothing is written when the value is unchanged.
-pub fn update_bytes<T>(name: &str, mut f: impl FnMut(Option<&[u8]>) -> (Vec<u8>, T)) -> Result<T, Status> {
+pub(crate) fn update_bytes<T>(name: &str, mut f: impl FnMut(Option<&[u8]>) -> (Vec<u8>, T)) -> Result<T, Status> {
     for _ in 0..MAX_ATTEMPTS {
         let (old, cas) = hostcalls::get_shared_data(name)?;
         let (new, out) = f(old.as_deref());
@@ -45,7 +45,7 @@ pub fn update_bytes<T>(name: &str, mut f: impl FnMut(Option<&[u8]>) -> (Vec<u8>,
 }
 
 /// Updates roster `name`: prunes entries stale at `now_ms`, then applies `f`.
-pub fn update_roster<T>(name: &str, now_ms: u64, mut f: impl FnMut(&mut Roster) -> T) -> Result<T, Status> {
+pub(crate) fn update_roster<T>(name: &str, now_ms: u64, mut f: impl FnMut(&mut Roster) -> T) -> Result<T, Status> {
     update_bytes(name, |old| {
         let mut r = Roster::decode(old.unwrap_or_default());
         r.prune(now_ms);
@@ -55,7 +55,7 @@ pub fn update_roster<T>(name: &str, now_ms: u64, mut f: impl FnMut(&mut Roster) 
 }
 
 /// A tag no other root context in this Envoy holds (a shared counter).
-pub fn new_owner_tag() -> Result<u32, Status> {
+pub(crate) fn new_owner_tag() -> Result<u32, Status> {
     update_bytes(OWNER_SEQ, |old| {
         let n = old.and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes).wrapping_add(1);
         (n.to_le_bytes().to_vec(), n)

@@ -27,15 +27,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde_json::json;
 
 /// Attempts for one release before it is left to the reconcile.
-pub const RELEASE_ATTEMPTS: u32 = 5;
+pub(crate) const RELEASE_ATTEMPTS: u32 = 5;
 /// Renewal period before the arbiter named one, ms.
-pub const DEFAULT_RENEW_MS: u64 = 1000;
+pub(crate) const DEFAULT_RENEW_MS: u64 = 1000;
 /// Shortest renewal period accepted from the arbiter, ms.
-pub const MIN_RENEW_MS: u64 = 200;
+pub(crate) const MIN_RENEW_MS: u64 = 200;
 /// The arbiter's VM keepalive route.
-pub const KEEPALIVE_PATH: &str = "/internal/v1/vm/keepalive";
+pub(crate) const KEEPALIVE_PATH: &str = "/internal/v1/vm/keepalive";
 /// The arbiter's transparent release route.
-pub const RELEASE_PATH: &str = "/internal/v1/vm/release";
+pub(crate) const RELEASE_PATH: &str = "/internal/v1/vm/release";
 
 /// A release to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub struct Holds {
 
 /// A 128-bit VM id in hex, from the host's randomness (WASI `random_get` seeds
 /// `RandomState`) mixed with the time and a caller-given tag.
-pub fn new_vm_id(now_ns: u128, tag: u32) -> String {
+pub(crate) fn new_vm_id(now_ns: u128, tag: u32) -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut out = String::with_capacity(32);
     for i in 0u8..2 {
@@ -142,7 +142,7 @@ impl Holds {
     }
 
     /// Releases due now, removed from the pending list.
-    pub fn due_releases(&mut self, now_ms: u64) -> Vec<Release> {
+    pub(crate) fn due_releases(&mut self, now_ms: u64) -> Vec<Release> {
         let (due, later): (Vec<_>, Vec<_>) = self.pending.drain(..).partition(|r| r.not_before_ms <= now_ms);
         self.pending = later.into();
         due
@@ -154,7 +154,7 @@ impl Holds {
     }
 
     /// Whether a keepalive is due, and with a reconcile.
-    pub fn keepalive_due(&self, now_ms: u64, reconcile_every_ms: u64) -> Option<bool> {
+    pub(crate) fn keepalive_due(&self, now_ms: u64, reconcile_every_ms: u64) -> Option<bool> {
         let due = self.keepalive_due_ms?;
         if self.keepalive_in_flight || now_ms < due {
             return None;
@@ -184,7 +184,7 @@ impl Holds {
     }
 
     /// A call could not even be made: a release is retried later.
-    pub fn not_sent(&mut self, call: Call, now_ms: u64) {
+    pub(crate) fn not_sent(&mut self, call: Call, now_ms: u64) {
         self.failed(call, now_ms);
     }
 

@@ -40,11 +40,11 @@ use crate::{
 };
 
 /// How long past `max_wait_ms` a local-limit slot can be held before it is stale.
-pub const SLOT_SLACK_MS: u64 = 60_000;
+pub(crate) const SLOT_SLACK_MS: u64 = 60_000;
 /// The record name inside a local-limit roster.
 const SLOTS: &str = "slots";
 /// The body message of a `409 contended` answered by the filter (as the arbiter's).
-pub const CONTENDED_MESSAGE: &str = "the key is held";
+pub(crate) const CONTENDED_MESSAGE: &str = "the key is held";
 
 /// One root context's state, shared with its HTTP contexts.
 pub struct Worker {
@@ -131,7 +131,7 @@ fn log(level: LogLevel, msg: &str) {
 }
 
 /// Answers `ctx`'s request locally, from any context.
-pub fn reply_to(ctx: u32, r: &Refusal) {
+pub(crate) fn reply_to(ctx: u32, r: &Refusal) {
     if hostcalls::set_effective_context(ctx).is_err() {
         return; // gone: nobody to answer
     }
@@ -166,7 +166,7 @@ impl Worker {
     }
 
     /// A hold number for a transparent request, and this VM's id.
-    pub fn open_hold(&mut self, now: u64) -> Result<(String, u64), Status> {
+    pub(crate) fn open_hold(&mut self, now: u64) -> Result<(String, u64), Status> {
         if self.holds.is_none() {
             let owner = self.owner()?;
             let ns = hostcalls::get_current_time()
@@ -181,7 +181,7 @@ impl Worker {
     }
 
     /// Registers this root's wake-up queue (on its own worker thread: the tick).
-    pub fn register_wake(&mut self) {
+    pub(crate) fn register_wake(&mut self) {
         if self.wake.is_some() {
             return;
         }
@@ -205,7 +205,7 @@ impl Worker {
     }
 
     /// Drains wake-up queue `queue`: releases due and keys to pass on.
-    pub fn on_wake(&mut self, queue: u32, now: u64) {
+    pub(crate) fn on_wake(&mut self, queue: u32, now: u64) {
         if Some(queue) != self.wake {
             return;
         }
@@ -265,7 +265,7 @@ impl Worker {
     }
 
     /// The answer to callout `token` (read from the host's call response).
-    pub fn on_call_response(&mut self, token: u32, body_size: usize, now: u64) {
+    pub(crate) fn on_call_response(&mut self, token: u32, body_size: usize, now: u64) {
         let Some(holds) = self.holds.as_mut() else { return };
         let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
             .ok()
@@ -293,13 +293,8 @@ impl Worker {
         }
     }
 
-    /// Whether transparent-mode calls wait for a later tick.
-    pub fn has_pending_calls(&self) -> bool {
-        self.holds.as_ref().is_some_and(Holds::has_pending)
-    }
-
     /// The root context id.
-    pub fn root_id(&self) -> u32 {
+    pub(crate) fn root_id(&self) -> u32 {
         self.root_id
     }
 
@@ -327,7 +322,7 @@ impl Worker {
     }
 
     /// Admits acquire `ctx` for `key`: its local limit, then its key's queue.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         cfg: &Config,
         ctx: u32,
