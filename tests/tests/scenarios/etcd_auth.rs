@@ -243,6 +243,29 @@ async fn the_arbiter_serves_over_etcd_tls_and_auth() {
     assert_eq!(forced[0].key.as_deref(), Some("payments/tls/leak"));
     let n = aud.get(format!("{root}/l/"), Some(GetOptions::new().with_prefix())).await.unwrap().kvs().len();
     assert_eq!(n, 0, "no hold left");
+
+    // `lockctl shard show` reads the arbiter config's `etcd:` section: a copy naming
+    // the read-only lockmesh-admin user reaches the same etcd over TLS.
+    let admin_pw = dir.path().join("admin.pw");
+    std::fs::write(&admin_pw, format!("{}\n", pw("lockmesh-admin"))).unwrap();
+    let cfg = std::fs::read_to_string(arbiter.config_path()).unwrap();
+    assert!(cfg.contains("user: lockmesh-arbiter"), "{cfg}");
+    let cfg = cfg
+        .replace("user: lockmesh-arbiter", "user: lockmesh-admin")
+        .replace(&pw_file.display().to_string(), &admin_pw.display().to_string());
+    let shard_cfg = arbiter.config_path().with_file_name("lockctl-shard.yaml");
+    std::fs::write(&shard_cfg, cfg).unwrap();
+    assert_eq!(
+        lockmesh_ops::admin::etcd_roles::COMMAND_ROLES.iter().find(|c| c.0 == "shard show").unwrap().1,
+        Some("lockmesh-admin")
+    );
+    let out = std::process::Command::new(profile_dir().join("lockctl"))
+        .args(["shard", "show", "--config"])
+        .arg(&shard_cfg)
+        .output()
+        .unwrap();
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "shard show as lockmesh-admin: {so} {se}");
 }
 
 /// `lockctl ARGS` against `etcd` as `user` (its password file under `dir`): the
