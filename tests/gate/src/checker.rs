@@ -36,7 +36,7 @@ use super::history::{token_of, EpochValue, EtcdEvent, History, HoldValue, Marker
 
 /// How long after a quorum-loss window opens an old leader may still answer
 /// (election timeout and a round trip, doubled for 2 starved cores).
-pub const QUORUM_LOSS_GRACE_US: u64 = 3_000_000;
+pub(crate) const QUORUM_LOSS_GRACE_US: u64 = 3_000_000;
 
 /// One violated property, with the smallest window that shows it.
 #[derive(Debug, Clone, Serialize)]

@@ -32,10 +32,10 @@ use anyhow::{Context as _, Result};
 use lockmesh_tests::paths::{repo_root, tool};
 
 /// How often a preloaded process re-reads its offset, seconds.
-pub const CACHE_S: u64 = 1;
+pub(crate) const CACHE_S: u64 = 1;
 
 /// The libfaketime shared library (`LOCKMESH_FAKETIME_LIB` or the pinned install).
-pub fn faketime_lib() -> Result<PathBuf> {
+pub(crate) fn faketime_lib() -> Result<PathBuf> {
     tool(
         "LOCKMESH_FAKETIME_LIB",
         repo_root().join(".tools/faketime/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
@@ -64,7 +64,7 @@ pub enum ClockStep {
 }
 
 /// Every step, for random choice.
-pub const STEPS: [ClockStep; 3] = [ClockStep::Forward30, ClockStep::Backward30, ClockStep::ForwardHour];
+pub(crate) const STEPS: [ClockStep; 3] = [ClockStep::Forward30, ClockStep::Backward30, ClockStep::ForwardHour];
 
 /// A preloaded process's clock: its offset file and mode.
 #[derive(Debug)]
@@ -156,12 +156,12 @@ impl FakeClock {
     }
 
     /// The kept offset, seconds.
-    pub fn step_offset(&self) -> i64 {
+    pub(crate) fn step_offset(&self) -> i64 {
         *self.base_s.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Steps back to the kept offset (the end of a step that is not kept).
-    pub fn heal(&self) -> Result<i64> {
+    pub(crate) fn heal(&self) -> Result<i64> {
         let base = *self.base_s.lock().unwrap_or_else(|p| p.into_inner());
         self.write(base)?;
         Ok(base)

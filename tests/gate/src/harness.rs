@@ -38,22 +38,22 @@ pub const MUTEX_PREFIX: &str = "payments/gate/m";
 /// Lock-key prefix of the gate's advisory semaphore keys, N = [`SEM_N`].
 pub const SEM_PREFIX: &str = "payments/gate/sem";
 /// The environment variable that lets a process accept planted bugs.
-pub const TEST_FAULTS_ENV: &str = "LOCKMESH_TEST_FAULTS";
+pub(crate) const TEST_FAULTS_ENV: &str = "LOCKMESH_TEST_FAULTS";
 /// Holders allowed per semaphore key.
-pub const SEM_N: usize = 3;
+pub(crate) const SEM_N: usize = 3;
 /// TTL of both gate classes, seconds (a pause "past the TTL" lasts longer).
-pub const GATE_TTL_S: u64 = 3;
+pub(crate) const GATE_TTL_S: u64 = 3;
 /// The lock-key namespace of every gate key: a rebalance moves it (one
 /// namespace override), so every gate key changes home at once.
-pub const GATE_NAMESPACE: &str = "payments";
+pub(crate) const GATE_NAMESPACE: &str = "payments";
 /// The entity shards of [`GateOptions::rebalance`].
-pub const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
+pub(crate) const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 /// How long `lockctl shard apply` waits for holds of moving keys (the gate's
 /// holds are short; a paused holder's lasts the TTL).
-pub const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
 /// The gate's registry: a fenced mutex class and an advisory class of N = 3.
-pub const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
+pub(crate) const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }
   - { name: gatem, prefixes: ["payments/gate/m"], ttl_s: 3, enforcement: advisory, risk_owner: gate,
@@ -307,7 +307,7 @@ impl GateCluster {
     }
 
     /// Envoy listener ports.
-    pub fn envoy_ports(&self) -> Vec<u16> {
+    pub(crate) fn envoy_ports(&self) -> Vec<u16> {
         self.envoys.iter().map(EnvoyProcess::listener_port).collect()
     }
 
@@ -317,7 +317,7 @@ impl GateCluster {
     }
 
     /// [`GateCluster::spawn_holder`], under libfaketime with a clock in `mode` if given.
-    pub fn spawn_holder_with_clock(
+    pub(crate) fn spawn_holder_with_clock(
         &mut self,
         name: &str,
         keys: &[String],
@@ -381,7 +381,7 @@ impl GateCluster {
     }
 
     /// Records a window without an etcd majority.
-    pub fn note_quorum_loss(&self, start_us: u64, end_us: u64) {
+    pub(crate) fn note_quorum_loss(&self, start_us: u64, end_us: u64) {
         self.quorum_loss.lock().unwrap_or_else(|p| p.into_inner()).push((start_us, end_us));
     }
 
@@ -595,7 +595,7 @@ impl GateCluster {
     }
 
     /// The coord cluster's current shard map (`lockctl shard show`).
-    pub async fn shard_map(&self) -> Result<ShardMap> {
+    pub(crate) async fn shard_map(&self) -> Result<ShardMap> {
         let (code, out, err) = self.lockctl_shard(&["show".to_owned()]).await?;
         ensure!(code == 0, "lockctl shard show: exit {code}: {out}{err}");
         let shown: serde_json::Value = serde_json::from_str(out.trim()).context("lockctl shard show output")?;
@@ -622,7 +622,7 @@ impl GateCluster {
     }
 
     /// The writes the store received through the fence, in arrival order.
-    pub fn store_writes(&self) -> Vec<StoreWrite> {
+    pub(crate) fn store_writes(&self) -> Vec<StoreWrite> {
         self.store
             .requests()
             .into_iter()
@@ -686,7 +686,7 @@ fn clock_mode(opts: &GateOptions, i: usize) -> Option<ClockMode> {
 }
 
 /// The revision a snapshot file holds (`etcdutl snapshot status`).
-pub async fn snapshot_revision(snap: &std::path::Path) -> Result<i64> {
+pub(crate) async fn snapshot_revision(snap: &std::path::Path) -> Result<i64> {
     let out = tokio::process::Command::new(lockmesh_tests::etcd::etcdutl_bin()?)
         .args(["snapshot", "status", "-w", "json"])
         .arg(snap)
@@ -698,7 +698,7 @@ pub async fn snapshot_revision(snap: &std::path::Path) -> Result<i64> {
 }
 
 /// The `lockmesh-gate` binary (holders run as its `holder` subcommand).
-pub fn gate_bin() -> Result<PathBuf> {
+pub(crate) fn gate_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("LOCKMESH_GATE_BIN").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }

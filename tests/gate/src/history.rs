@@ -24,14 +24,14 @@ pub fn now_us() -> u64 {
 
 /// Microseconds since the unix epoch on this process's own clock (`SystemTime`:
 /// stepped under libfaketime).
-pub fn process_now_us() -> u64 {
+pub(crate) fn process_now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// How far this process's wall clock is from the real one, ms (0 unless stepped).
-pub fn clock_skew_ms() -> i64 {
+pub(crate) fn clock_skew_ms() -> i64 {
     let own = i128::from(process_now_us());
     let real = i128::from(now_us());
     i64::try_from((own - real) / 1000).unwrap_or(0)
@@ -77,7 +77,7 @@ pub struct ClientOp {
 
 /// The name of the coord cluster (the arbiters' `etcd:`), whose history is
 /// [`History::segments`].
-pub const COORD: &str = "coord";
+pub(crate) const COORD: &str = "coord";
 
 /// One event of the etcd watch on the run's root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,7 +223,7 @@ pub struct EpochValue {
 
 impl History {
     /// The holder limit of `key` (longest matching prefix on `/` boundaries; 1 if none).
-    pub fn limit_of(&self, key: &str) -> usize {
+    pub(crate) fn limit_of(&self, key: &str) -> usize {
         self.limits
             .iter()
             .filter(|(p, _)| key == p || key.starts_with(&format!("{p}/")))
@@ -241,7 +241,7 @@ impl History {
 
     /// Every store segment with its cluster, in [`History::clusters`] order: the
     /// index into this list is a violation's `segment`.
-    pub fn store_segments(&self) -> Vec<(&str, &Segment)> {
+    pub(crate) fn store_segments(&self) -> Vec<(&str, &Segment)> {
         self.clusters().into_iter().flat_map(|(c, segs)| segs.iter().map(move |s| (c, s))).collect()
     }
 
@@ -289,6 +289,6 @@ impl History {
 }
 
 /// The epoch×2^48 + revision token of a grant.
-pub fn token_of(epoch: u64, revision: i64) -> u64 {
+pub(crate) fn token_of(epoch: u64, revision: i64) -> u64 {
     (epoch << 48) | (u64::try_from(revision).unwrap_or(0) & ((1 << 48) - 1))
 }

@@ -13,7 +13,7 @@ use super::history::{clock_skew_ms, now_us, ClientOp, Outcome};
 use lockmesh_tests::client::LockClient;
 
 /// Per-request timeout of a holder: an answer later than this is unknown.
-pub const HOLDER_REQUEST_TIMEOUT: Duration = Duration::from_secs(6);
+pub(crate) const HOLDER_REQUEST_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// What one holder does.
 #[derive(Debug, Clone, clap::Args)]
@@ -177,6 +177,6 @@ impl Holder {
 }
 
 /// Reads a holder's output file (a torn last line is skipped).
-pub fn read_ops(path: &std::path::Path) -> Vec<ClientOp> {
+pub(crate) fn read_ops(path: &std::path::Path) -> Vec<ClientOp> {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }

@@ -21,14 +21,14 @@ use super::history::{now_us, EtcdEvent, Segment};
 
 /// The barrier key under the run's root; its value is the real time (unix µs)
 /// read before it was written.
-pub const BARRIER_KEY: &str = "gate/barrier";
+pub(crate) const BARRIER_KEY: &str = "gate/barrier";
 
 /// The tick key under the run's root; its value is the real time (unix µs) read
 /// before it was written.
-pub const TICK_KEY: &str = "gate/tick";
+pub(crate) const TICK_KEY: &str = "gate/tick";
 
 /// How often a [`Ticker`] writes.
-pub const TICK_PERIOD: Duration = Duration::from_millis(50);
+pub(crate) const TICK_PERIOD: Duration = Duration::from_millis(50);
 
 #[derive(Default)]
 struct RecState {
@@ -89,7 +89,7 @@ impl Recorder {
     }
 
     /// After a restore to `base_revision`: a new segment, followed from there.
-    pub fn new_segment(&self, base_revision: i64) {
+    pub(crate) fn new_segment(&self, base_revision: i64) {
         self.stop();
         {
             let mut s = self.lock();
@@ -101,7 +101,7 @@ impl Recorder {
 
     /// Writes a barrier key under the root and waits until the watch has seen it,
     /// so everything committed before the call is recorded.
-    pub async fn barrier(&self, deadline: Duration) -> Result<()> {
+    pub(crate) async fn barrier(&self, deadline: Duration) -> Result<()> {
         let end = Instant::now() + deadline;
         let rev = loop {
             let attempt = async {

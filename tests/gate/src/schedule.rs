@@ -18,11 +18,11 @@ use super::history::now_us;
 use lockmesh_tests::etcd::EtcdCluster;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
-pub const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
+pub(crate) const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
 
 /// How long a clock step that is stepped back is held: longer than a preloaded
 /// process takes to see it ([`super::clock::CACHE_S`]).
-pub const CLOCK_HOLD: Duration = Duration::from_secs(2);
+pub(crate) const CLOCK_HOLD: Duration = Duration::from_secs(2);
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl FaultKind {
 /// knows one cluster; the gate keys live on the shards) and [`FaultKind::Restore`]
 /// (a restored coord cluster can take the shard map back: a manual repair,
 /// docs/SCALE.md).
-pub fn rebalance_kinds() -> Vec<FaultKind> {
+pub(crate) fn rebalance_kinds() -> Vec<FaultKind> {
     let others = ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore));
     std::iter::once(FaultKind::Rebalance).chain(others).collect()
 }
