@@ -69,7 +69,7 @@ pub fn memory(pid: &str) -> Option<Memory> {
 }
 
 /// The 1-, 5- and 15-minute load averages (`uptime`).
-pub fn load_average() -> Option<[f64; 3]> {
+pub(crate) fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut v = text.split_whitespace().map(|x| x.parse::<f64>().ok());
     Some([v.next()??, v.next()??, v.next()??])
@@ -98,7 +98,7 @@ fn machine_ticks() -> Option<(u64, u64)> {
 
 /// The pid of a running process whose command line contains `needle` and whose
 /// program name ends with `program` (e.g. Envoy by its config path).
-pub fn find_pid(needle: &str, program: &str) -> Option<u32> {
+pub(crate) fn find_pid(needle: &str, program: &str) -> Option<u32> {
     let entries = std::fs::read_dir("/proc").ok()?;
     entries.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -115,7 +115,7 @@ pub fn find_pid(needle: &str, program: &str) -> Option<u32> {
 impl Procs {
     /// The first etcd member, the (first) lock-tier Envoy and the first arbiter of
     /// a harness stack.
-    pub fn of_stack(st: &lockmesh_tests::Stack) -> Self {
+    pub(crate) fn of_stack(st: &lockmesh_tests::Stack) -> Self {
         Self {
             etcd: st.etcd().members().first().and_then(|m| m.pid()),
             arbiter: st.arbiters().first().and_then(|a| a.pid()),

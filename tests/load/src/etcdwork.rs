@@ -71,7 +71,7 @@ impl EtcdCounters {
     }
 
     /// What happened between `before` and this reading, divided by `cycles`.
-    pub fn per_cycle_since(&self, before: &Self, cycles: u64) -> Option<EtcdWork> {
+    pub(crate) fn per_cycle_since(&self, before: &Self, cycles: u64) -> Option<EtcdWork> {
         if cycles == 0 {
             return None;
         }

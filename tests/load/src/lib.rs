@@ -57,9 +57,9 @@ pub use self::record::GrantRecord;
 pub use self::report::{Percentiles, Report, WorkloadResult};
 
 /// Longest measurement a run accepts per workload (keeps memory and time bounded).
-pub const MAX_SECONDS: f64 = 600.0;
+pub(crate) const MAX_SECONDS: f64 = 600.0;
 /// Most clients one workload may run.
-pub const MAX_CLIENTS: usize = 1024;
+pub(crate) const MAX_CLIENTS: usize = 1024;
 /// How long all clients of a workload may take to connect and open sessions.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -330,12 +330,6 @@ impl<'a> Target<'a> {
     /// prefix the client certificate's identity is granted.
     pub fn with_key_prefix(mut self, prefix: &str) -> Self {
         self.key_namespace = prefix.trim_end_matches('/').to_owned();
-        self
-    }
-
-    /// The processes whose CPU time is reported (external runs: none).
-    pub fn with_procs(mut self, procs: cpu::Procs) -> Self {
-        self.procs = procs;
         self
     }
 

@@ -133,7 +133,7 @@ impl Recorder {
     }
 
     /// Tokens that did not strictly increase over the previous grant of their key.
-    pub fn out_of_order(&self) -> u64 {
+    pub(crate) fn out_of_order(&self) -> u64 {
         self.keys.iter().map(|k| lock(k).out_of_order).sum()
     }
 

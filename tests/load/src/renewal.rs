@@ -40,7 +40,7 @@ use lockmesh_tests::stack::Stack;
 
 /// HTTP/2 connections to the lock tier (requests go round-robin over them, so
 /// both Envoy workers get some).
-pub const CONNECTIONS: usize = 8;
+pub(crate) const CONNECTIONS: usize = 8;
 /// Keepalives in flight at most; when all are out, the renewer falls behind its
 /// schedule (reported as lag).
 const MAX_INFLIGHT: usize = 256;
@@ -256,12 +256,12 @@ impl Fleet {
     }
 
     /// The revisions of every grant answered 200 (each hold key's create revision).
-    pub fn granted_revisions(&self) -> HashSet<i64> {
+    pub(crate) fn granted_revisions(&self) -> HashSet<i64> {
         self.granted.iter().map(|r| r.load(Ordering::Relaxed)).filter(|&r| r > 0).collect()
     }
 
     /// The sessions the lock tier opened for this fleet.
-    pub fn session_ids(&self) -> HashSet<String> {
+    pub(crate) fn session_ids(&self) -> HashSet<String> {
         self.sessions.ids.iter().filter_map(|s| s.get().cloned()).collect()
     }
 
@@ -514,17 +514,17 @@ impl Renewer {
 
     /// The longest gap between two acknowledged renewals of one session (or its
     /// open and its first renewal) since the last call, and resets it.
-    pub fn take_max_gap(&self) -> Duration {
+    pub(crate) fn take_max_gap(&self) -> Duration {
         Duration::from_millis(self.stats.max_gap_ms.swap(0, Ordering::Relaxed))
     }
 
     /// How late the renewer sent a keepalive at most, since the last call.
-    pub fn take_max_lag(&self) -> Duration {
+    pub(crate) fn take_max_lag(&self) -> Duration {
         Duration::from_millis(self.stats.max_lag_ms.swap(0, Ordering::Relaxed))
     }
 
     /// The first failure seen, if any.
-    pub fn first_error(&self) -> Option<String> {
+    pub(crate) fn first_error(&self) -> Option<String> {
         self.stats.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 

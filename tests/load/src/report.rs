@@ -71,7 +71,7 @@ pub struct Report {
 }
 
 /// Nearest-rank percentiles of `v` (sorted here).
-pub fn percentiles(mut v: Vec<u32>) -> Percentiles {
+pub(crate) fn percentiles(mut v: Vec<u32>) -> Percentiles {
     if v.is_empty() {
         return Percentiles::default();
     }
@@ -131,12 +131,12 @@ impl WorkloadResult {
     }
 
     /// Errors of any kind.
-    pub fn error_count(&self) -> u64 {
+    pub(crate) fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 
     /// CPU milliseconds per cycle of etcd, Envoy, the arbiter and the load tool.
-    pub fn cpu_ms_per_cycle(&self) -> [Option<f64>; 4] {
+    pub(crate) fn cpu_ms_per_cycle(&self) -> [Option<f64>; 4] {
         let Some(c) = self.cpu.filter(|_| self.cycles > 0) else {
             return [None; 4];
         };

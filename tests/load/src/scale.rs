@@ -44,13 +44,13 @@ use lockmesh_tests::stack::Stack;
 
 /// Shortest TTL `--scale` accepts (the platform allows advisory classes from 30 s
 /// and others from 5 s; the test registry is advisory and lowers that to 2 s).
-pub const MIN_TTL_S: u64 = 5;
+pub(crate) const MIN_TTL_S: u64 = 5;
 /// Longest TTL (the platform's `max_ttl_s`).
 pub const MAX_TTL_S: u64 = 300;
 /// Longest hold window.
-pub const MAX_HOLD: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(3600);
 /// Issue #8's scale goal: holds, sessions and how long they are kept.
-pub const GOAL: (usize, usize, Duration) = (250_000, 40_000, Duration::from_secs(600));
+pub(crate) const GOAL: (usize, usize, Duration) = (250_000, 40_000, Duration::from_secs(600));
 /// Key prefix of the holds; the registry maps it to the class `scale`.
 const KEY_PREFIX: &str = "load/scale";
 
@@ -526,7 +526,7 @@ impl ScaleReport {
     }
 
     /// False expiries: holds and sessions lost (nobody released or closed any).
-    pub fn false_expiries(&self) -> u64 {
+    pub(crate) fn false_expiries(&self) -> u64 {
         self.holds_lost() + self.sessions_lost()
     }
 
