@@ -169,7 +169,7 @@ pub fn etcdctl_script(root: &str) -> String {
             role.name, role.name, role.name
         ));
     }
-    s.push_str("\n");
+    s.push('\n');
     s.push_str(&command_roles_table());
     s.push_str("\netcdctl auth enable\n");
     s
