@@ -21,7 +21,7 @@ use serde::Serialize;
 use lockmesh_lock::{keys::prefix_end, policy::ClassMapRecord, HoldRecord, Keys};
 
 /// Holds read per etcd range request while scanning.
-pub const SCAN_PAGE: i64 = 1000;
+pub(crate) const SCAN_PAGE: i64 = 1000;
 /// Default bound of a scan (holds); beyond it the result says `truncated`.
 pub const DEFAULT_SCAN_MAX: usize = 100_000;
 

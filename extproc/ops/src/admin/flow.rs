@@ -9,7 +9,7 @@ use super::{io, jwt::Operator, AdminError};
 use lockmesh_lock::{now_ms, HoldRecord, Keys};
 
 /// Longest reason accepted.
-pub const MAX_REASON: usize = 1024;
+pub(crate) const MAX_REASON: usize = 1024;
 
 pub use lockmesh_core::wire::admin::{
     Action, AdminRequest, HoldView, LogEntry, Outcome, Preview, RequestState as State,

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::AdminError;
 
 /// Clock skew tolerated on `exp` and `nbf`, seconds.
-pub const LEEWAY_S: u64 = 30;
+pub(crate) const LEEWAY_S: u64 = 30;
 
 /// RSA modulus sizes accepted, bits: the range this verifier enforced before it
 /// used `jsonwebtoken` (whose RSA backend would take 1024-bit keys). Shorter keys
