@@ -79,7 +79,7 @@ fn need<T>(v: Option<T>, header: &str) -> Result<T, ApiError> {
 }
 
 /// The key's class from the registry; refuses an `x-lock-class` that names another.
-pub fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
+pub(crate) fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
     let reg = state.registry();
     let class = reg.class_of(key).clone();
     if let Some(asked) = &lock.class {
@@ -94,7 +94,7 @@ pub fn class_for(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<Cla
 }
 
 /// The wait this request may spend, from the filter's budget (or its own header).
-pub fn wait_of(state: &State, req: &ApiRequest) -> Result<Duration, ApiError> {
+pub(crate) fn wait_of(state: &State, req: &ApiRequest) -> Result<Duration, ApiError> {
     let ms = req.budget_ms.or(req.lock.wait_ms).unwrap_or(0);
     if ms > state.config.max_wait_ms {
         return Err(ApiError::new(

@@ -33,9 +33,9 @@ use crate::{
 };
 
 /// Path of the VM keepalive.
-pub const KEEPALIVE: &str = "/internal/v1/vm/keepalive";
+pub(crate) const KEEPALIVE: &str = "/internal/v1/vm/keepalive";
 /// Path of a transparent hold's release.
-pub const RELEASE: &str = "/internal/v1/vm/release";
+pub(crate) const RELEASE: &str = "/internal/v1/vm/release";
 /// Largest request body accepted, bytes.
 const MAX_BODY: usize = 2 * 1024 * 1024;
 

@@ -112,7 +112,7 @@ impl Collector for EtcdCollector {
 }
 
 /// The route label of a request path: a closed set.
-pub fn route_label(method: &str, path: &str) -> &'static str {
+pub(crate) fn route_label(method: &str, path: &str) -> &'static str {
     match (method, path) {
         ("POST", "/v1/locks/acquire") => "acquire",
         ("POST", "/v1/locks/release") => "release",
@@ -166,7 +166,7 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The outcome label of an acquire: a closed set.
-pub fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockError>) -> &'static str {
+pub(crate) fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockError>) -> &'static str {
     use crate::lock::LockError as E;
     match r {
         Ok(_) => "granted",
@@ -271,7 +271,7 @@ impl Metrics {
 
     /// Counts a failed session renewal: `expired` (the session is gone) or
     /// `unavailable` (etcd did not answer).
-    pub fn renewal_failure(&self, e: &crate::lock::LockError) {
+    pub(crate) fn renewal_failure(&self, e: &crate::lock::LockError) {
         let reason = if matches!(e, crate::lock::LockError::SessionExpired) { "expired" } else { "unavailable" };
         self.renewal_failures.get_or_create(&ReasonLabel { reason }).inc();
     }

@@ -34,7 +34,7 @@ use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
 pub use lockmesh_lock::registry::{check_pause_file, crd, load, parse, parse_at, today};
 
 /// How often the registry file is read for changes.
-pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 
 /// The outcome of the last reload attempts.
 #[derive(Debug, Default)]
@@ -86,7 +86,7 @@ pub async fn watch(state: Arc<State>, path: PathBuf) {
 }
 
 /// One reload check (also called by tests).
-pub async fn reload_once(state: &State, path: &Path) {
+pub(crate) async fn reload_once(state: &State, path: &Path) {
     let Ok(bytes) = std::fs::read(path) else {
         // A missing file (mid-rename) is not a new registry: keep serving.
         return;
@@ -152,7 +152,7 @@ pub fn authorise(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
 
 /// The class part of `/status`: registry reload state, each class's desired and
 /// authoritative policy, and draining ages.
-pub async fn classes_status(state: &State) -> ClassesStatus {
+pub(crate) async fn classes_status(state: &State) -> ClassesStatus {
     let r = state.registry_status.get();
     let reg = state.registry();
     let now = now_ms();
@@ -280,7 +280,7 @@ impl ClassMetrics {
 
 /// The class part of `/metrics` now: reload state, waivers, and the authoritative
 /// policies of the registry's classes (read from etcd).
-pub async fn class_values(state: &State) -> ClassValues {
+pub(crate) async fn class_values(state: &State) -> ClassValues {
     let r = state.registry_status.get();
     let reg = state.registry();
     let expired = reg.expired_waivers(today());

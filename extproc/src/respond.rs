@@ -137,7 +137,7 @@ fn to_json(v: &impl Serialize) -> String {
 
 /// The operator plane's refusal on any port: `AdminError::status`, the body
 /// `{code, message}` and, for the 401s, `www-authenticate: Bearer`.
-pub fn admin_refusal(e: &AdminError) -> Response {
+pub(crate) fn admin_refusal(e: &AdminError) -> Response {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = (status, axum::Json(e.body())).into_response();
     if e.wants_token() {

@@ -41,13 +41,13 @@ use crate::{
 };
 
 /// Attribute carrying the downstream peer's SPIFFE ID.
-pub const PEER_URI_SAN: &str = "connection.uri_san_peer_certificate";
+pub(crate) const PEER_URI_SAN: &str = "connection.uri_san_peer_certificate";
 const ATTR_NS: &str = "envoy.filters.http.ext_proc";
 
 /// How long an acquire waits before the arbiter stretches Envoy's ext_proc
 /// `message_timeout` to cover its wait. Envoy's `message_timeout` must be longer
 /// (lockmesh's configs use 3 s; `docs/OPERATIONS.md`).
-pub const OVERRIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+pub(crate) const OVERRIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// The ext_proc service.
 pub struct Arbiter {

@@ -68,7 +68,7 @@ impl fmt::Debug for Signer {
 /// The proof for a grant of `key` with `token` in `class`, or `None` when no signing
 /// key is configured (or `class` is not a valid class name, which a grant's class
 /// always is). Used by the acquire answer and by transparent mode.
-pub fn proof_for(signer: Option<&Signer>, key: &LockKey, token: FencingToken, class: &str) -> Option<String> {
+pub(crate) fn proof_for(signer: Option<&Signer>, key: &LockKey, token: FencingToken, class: &str) -> Option<String> {
     let signer = signer?;
     let class = ClassName::parse(class).ok()?;
     Some(signer.sign(&GrantClaims::new(key, token, class)))

@@ -45,13 +45,13 @@ impl State {
     }
 
     /// The same state over `tiers` (whose coord store is `store`).
-    pub fn with_tiers(mut self, tiers: Arc<crate::tiers::Tiers>) -> Self {
+    pub(crate) fn with_tiers(mut self, tiers: Arc<crate::tiers::Tiers>) -> Self {
         self.tiers = tiers;
         self
     }
 
     /// Replaces the class registry (a valid reload).
-    pub fn set_registry(&self, reg: ClassRegistry) {
+    pub(crate) fn set_registry(&self, reg: ClassRegistry) {
         let mut g = self.registry.write().unwrap_or_else(|p| p.into_inner());
         *g = Arc::new(reg);
     }

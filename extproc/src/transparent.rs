@@ -37,7 +37,7 @@ use crate::{
 };
 
 /// Internal headers removed before a transparent request goes upstream.
-pub const INTERNAL: [&str; 7] = [
+pub(crate) const INTERNAL: [&str; 7] = [
     headers::FILTERED,
     headers::BUDGET_MS,
     headers::VM,

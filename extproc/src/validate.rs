@@ -36,12 +36,12 @@ impl RateLimiter {
     }
 
     /// Takes one token if there is one.
-    pub fn try_take(&self) -> bool {
+    pub(crate) fn try_take(&self) -> bool {
         self.try_take_at(Instant::now())
     }
 
     /// [`RateLimiter::try_take`] at `now` (monotonic; an earlier `now` adds nothing).
-    pub fn try_take_at(&self, now: Instant) -> bool {
+    pub(crate) fn try_take_at(&self, now: Instant) -> bool {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (tokens, at) = *g;
         let refilled = (tokens + now.saturating_duration_since(at).as_secs_f64() * self.rate).min(self.rate);

@@ -61,9 +61,9 @@ use crate::{
 };
 
 /// Most holds one state request scans (beyond it the page says `truncated`).
-pub const SCAN_MAX: usize = 50_000;
+pub(crate) const SCAN_MAX: usize = 50_000;
 /// Saturated keys shown.
-pub const TOP_SATURATED: usize = 20;
+pub(crate) const TOP_SATURATED: usize = 20;
 
 const INDEX_HTML: &str = include_str!("index.html");
 const APP_JS: &str = include_str!("app.js");
