@@ -3,6 +3,7 @@
 //! native I/O only, so it is a crate of its own beside `lockmesh-core`.
 //!
 //! # Layout
+//! - [`chain`]: [`error_chain`], an error and its causes on one line.
 //! - [`signal`]: [`shutdown`], the one future a service's `run(listener, config,
 //!   shutdown)` is given: the first SIGINT or SIGTERM.
 //! - [`peer`]: [`spiffe_id_of`], the SPIFFE ID of an mTLS peer's certificate.
@@ -12,12 +13,14 @@
 //!   error naming the field path and the line.
 #![forbid(unsafe_code)]
 
+pub mod chain;
 pub mod peer;
 pub mod report;
 pub mod signal;
 pub mod yaml;
 
 pub use self::{
+    chain::error_chain,
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
     signal::shutdown,

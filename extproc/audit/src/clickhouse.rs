@@ -63,19 +63,6 @@ fn header(field: &str, v: Option<String>, sensitive: bool) -> Result<Option<Head
     .transpose()
 }
 
-/// An error and its sources on one line (reqwest's own message names only the
-/// URL; the cause, such as a refused connection, is in the chain).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 // === impl Sink ===
 
 impl Sink {
@@ -150,7 +137,7 @@ impl Sink {
         if let Some(p) = &self.password {
             rq = rq.header("X-ClickHouse-Key", p.clone());
         }
-        rq.build().map_err(|e| SinkError::Io(error_chain(&e)))
+        rq.build().map_err(|e| SinkError::Io(lockmesh_runtime::error_chain(&e)))
     }
 
     /// Inserts `events`; `Ok` only on a 2xx answer (whatever its transfer
@@ -163,7 +150,7 @@ impl Sink {
             SinkError::Io(if e.is_timeout() {
                 format!("no answer within {}s", TIMEOUT.as_secs())
             } else {
-                error_chain(&e)
+                lockmesh_runtime::error_chain(&e)
             })
         };
         let resp = self.http.execute(self.request(events)?).await.map_err(failed)?;

@@ -6,7 +6,6 @@
 //! id mismatch already.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use serde::{Deserialize, Serialize};
 
 use super::{LockError, Store};
 pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};

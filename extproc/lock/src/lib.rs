@@ -57,7 +57,6 @@ use std::{sync::Arc, time::Duration};
 use etcd_client::Client;
 use lockmesh_core::{headers::SessionId, Reason};
 pub use lockmesh_keyspace::{keys, now_ms, HoldRecord, SessionRecord};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 pub use self::{epoch::EpochState, keys::Keys};

@@ -27,11 +27,10 @@ use std::{collections::HashMap, sync::Mutex};
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{
-    key::covers,
     policy::{ChangeNote, ClassPolicy},
     ClassRegistry, LockKey,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{mutex::AcquireRequest, now_ms, LockError, Store};
 pub use lockmesh_keyspace::ClassMapRecord;

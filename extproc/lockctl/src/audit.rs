@@ -156,7 +156,7 @@ pub(crate) async fn post(url: &str, body: &str) -> Result<String, String> {
         if e.is_timeout() {
             format!("{url}: no answer within {}s", TIMEOUT.as_secs())
         } else {
-            format!("{url}: {}", crate::doctor::error_chain(&e))
+            format!("{url}: {}", lockmesh_runtime::error_chain(&e))
         }
     };
     let client = reqwest::Client::builder().timeout(TIMEOUT).build().map_err(failed)?;

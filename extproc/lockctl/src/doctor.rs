@@ -43,7 +43,7 @@ use lockmesh_ops::{
 
 use crate::admin::{connect, EtcdArgs};
 
-/// The lowest etcd server version without the known lock-safety bugs (ETCD-NOTES).
+/// The lowest etcd server version without the known lock-safety bugs (docs/DECISIONS.md F-1).
 pub const ETCD_FLOOR: (u64, u64, u64) = (3, 5, 28);
 
 /// `lockctl doctor`.
@@ -131,7 +131,7 @@ pub async fn admin_get(
         if e.is_timeout() {
             format!("{base}: no answer within {timeout:?}")
         } else {
-            format!("{base}: {}", error_chain(&e))
+            format!("{base}: {}", lockmesh_runtime::error_chain(&e))
         }
     };
     let client = reqwest::Client::builder().timeout(timeout).build().map_err(failed)?;
@@ -143,19 +143,6 @@ pub async fn admin_get(
     let code = resp.status().as_u16();
     let body = resp.text().await.map_err(failed)?;
     Ok((code, body))
-}
-
-/// An error and its sources on one line: reqwest's own message names only the
-/// URL, the cause (refused, reset, DNS) is in the chain.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn version_tuple(v: &str) -> Option<(u64, u64, u64)> {
@@ -266,7 +253,7 @@ impl Doctor {
                     "etcd.member",
                     Status::Warn,
                     subject,
-                    format!("{detail}: below {a}.{b}.{c} (ETCD-NOTES: lease and stale-read fixes)"),
+                    format!("{detail}: below {a}.{b}.{c} (lease and stale-read fixes: docs/DECISIONS.md F-1)"),
                 );
             } else {
                 self.add("etcd.member", Status::Ok, subject, detail);

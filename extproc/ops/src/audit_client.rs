@@ -27,9 +27,9 @@ pub async fn post(url: &str, body: &str, timeout: Duration) -> Result<String, St
         .body(body.to_owned())
         .send()
         .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| format!("{url}: {}", lockmesh_runtime::error_chain(&e)))?;
     let status = r.status();
-    let text = r.text().await.map_err(|e| format!("{url}: {e}"))?;
+    let text = r.text().await.map_err(|e| format!("{url}: {}", lockmesh_runtime::error_chain(&e)))?;
     if status != reqwest::StatusCode::OK {
         return Err(format!("{url}: HTTP/1.1 {status} {}", text.trim()));
     }

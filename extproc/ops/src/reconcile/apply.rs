@@ -16,8 +16,6 @@
 //! Arbiters whose registry file is older than the map refuse the moved keys
 //! (`unavailable`) until they reload it; none guesses.
 
-use std::collections::BTreeSet;
-
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockmesh_core::{policy::ClassPolicy, ClassRegistry};
 use serde::Serialize;
@@ -198,6 +196,8 @@ impl Admin {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use lockmesh_core::policy::ChangeNote;
 
     use super::*;
