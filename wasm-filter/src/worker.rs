@@ -83,9 +83,7 @@ fn wake_queue_name(owner: u32) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Continue with this budget (ms) in `x-lockmesh-budget-ms`.
-    Forward {
-        budget_ms: u64,
-    },
+    Forward { budget_ms: u64 },
     /// Pause: it is queued.
     Pause,
     /// Answer locally.

@@ -12,9 +12,7 @@ use super::{
 #[serde(tag = "query", rename_all = "snake_case")]
 pub enum Query {
     /// Every event of one key, by digest (the CLI digests the raw key locally).
-    History {
-        digest: String,
-    },
+    History { digest: String },
     /// Holds of one identity overlapping `[since_ms, until_ms]`.
     ByIdentity {
         /// SPIFFE ID.
