@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Default `etcd.op_timeout_ms`.
-pub const DEFAULT_OP_TIMEOUT_MS: u64 = 2000;
+pub(crate) const DEFAULT_OP_TIMEOUT_MS: u64 = 2000;
 
 /// The cluster sections of an arbiter config file; every other section is the
 /// arbiter's own and ignored here.

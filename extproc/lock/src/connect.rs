@@ -200,9 +200,9 @@ fn validate_with(
 }
 
 /// Connect timeout of an [`EtcdConnection`] unless its source sets one.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Request timeout of an [`EtcdConnection`] unless its source sets one.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Everything needed to reach one etcd cluster: endpoints, the validated TLS files
 /// and user (read once, by [`validate_etcd_auth`]'s rules), and timeouts. The

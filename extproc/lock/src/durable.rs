@@ -51,7 +51,7 @@ use super::{
 
 /// TTL of an arbiter's waiter lease, seconds: the longest a dead arbiter's waiters
 /// hold up a queue.
-pub const WAITER_TTL_S: i64 = 3;
+pub(crate) const WAITER_TTL_S: i64 = 3;
 
 /// This arbiter's waiter lease and the sequence of its waiter keys.
 #[derive(Default)]

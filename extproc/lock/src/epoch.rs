@@ -27,7 +27,7 @@ pub struct EpochState {
 impl EpochState {
     /// True when a hold granted in `epoch` may still be live on this cluster: the
     /// current epoch, or one a move's advance kept.
-    pub fn holds_epoch(&self, epoch: u64) -> bool {
+    pub(crate) fn holds_epoch(&self, epoch: u64) -> bool {
         epoch == self.epoch || self.prior.contains(&epoch)
     }
 }
@@ -48,7 +48,7 @@ impl Store {
     }
 
     /// The epoch as last read, without reading (`None` before the first read).
-    pub fn cached_epoch(&self) -> Option<u64> {
+    pub(crate) fn cached_epoch(&self) -> Option<u64> {
         self.epoch.0.read().ok().and_then(|g| g.as_ref().map(|s| s.epoch))
     }
 
@@ -56,7 +56,7 @@ impl Store {
     /// once, each under the operation timeout). A cluster that lost its majority
     /// has none once its election timeout ran out; an unreachable member names
     /// none. The fail-open trigger (`failopen::quorum`) needs this to be false.
-    pub async fn member_names_leader(&self) -> bool {
+    pub(crate) async fn member_names_leader(&self) -> bool {
         let asks = self.members.iter().map(|m| {
             let mut m = m.clone();
             async move { self.call(m.status()).await }

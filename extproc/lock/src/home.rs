@@ -119,7 +119,7 @@ impl HomeCell {
     }
 
     /// Raises the map version this cluster's record must have reached.
-    pub fn raise_floor(&self, version: u64) {
+    pub(crate) fn raise_floor(&self, version: u64) {
         self.floor.fetch_max(version, Ordering::Relaxed);
     }
 
@@ -134,12 +134,12 @@ impl HomeCell {
     }
 
     /// `<root>/sys/epochs` (coord cluster).
-    pub fn counter_key(&self) -> String {
+    pub(crate) fn counter_key(&self) -> String {
         format!("{}/sys/epochs", self.root)
     }
 
     /// `<root>/sx/<sid>/`, the extension markers of a session (on its home).
-    pub fn extensions_prefix(&self, sid: SessionId) -> String {
+    pub(crate) fn extensions_prefix(&self, sid: SessionId) -> String {
         format!("{}/sx/{sid}/", self.root)
     }
 }
@@ -150,7 +150,7 @@ impl Store {
     /// Names this store's cluster and, in a deployment of several clusters, the
     /// coord store its fresh epoch records are allocated from. Call once, before
     /// serving; later calls change nothing.
-    pub fn set_cluster(&self, name: &str, epoch_source: Option<&Arc<Store>>) {
+    pub(crate) fn set_cluster(&self, name: &str, epoch_source: Option<&Arc<Store>>) {
         let _ = self.home.name.set(name.to_owned());
         if let Some(s) = epoch_source {
             let _ = self.home.epoch_source.set(Arc::downgrade(s));
@@ -163,7 +163,7 @@ impl Store {
     }
 
     /// The key builder of the records in this module.
-    pub fn home_cell(&self) -> &HomeCell {
+    pub(crate) fn home_cell(&self) -> &HomeCell {
         &self.home
     }
 
@@ -178,7 +178,7 @@ impl Store {
 
     /// Allocates a new epoch above `floor` from this (coord) cluster's counter: one
     /// above the counter, this cluster's own epoch record and `floor`.
-    pub async fn allocate_epoch(&self, floor: u64) -> Result<u64, LockError> {
+    pub(crate) async fn allocate_epoch(&self, floor: u64) -> Result<u64, LockError> {
         let ck = self.home.counter_key();
         for _ in 0..5 {
             let r = self
@@ -283,7 +283,7 @@ impl Store {
     }
 
     /// Drops the cached home record (it moved).
-    pub fn forget_home(&self) {
+    pub(crate) fn forget_home(&self) {
         *lock(&self.home.record) = None;
     }
 
@@ -343,7 +343,7 @@ impl Store {
     }
 
     /// Creates this cluster's home record from the coord map if it has none.
-    pub async fn create_home_if_missing(&self, map: &MapRecord) -> Result<(), LockError> {
+    pub(crate) async fn create_home_if_missing(&self, map: &MapRecord) -> Result<(), LockError> {
         let rec = HomeRecord::new(
             self.cluster_name(),
             map.current.clone(),
@@ -389,7 +389,7 @@ impl Store {
 
     /// The record of session `sid` on this cluster, when its lease is `sid` here,
     /// with the cluster it was opened on (`None`: this one).
-    pub async fn session_copy(&self, sid: SessionId) -> Result<Option<ExtensionRecord>, LockError> {
+    pub(crate) async fn session_copy(&self, sid: SessionId) -> Result<Option<ExtensionRecord>, LockError> {
         let r = self.call(self.client().get(self.keys().session(sid), None)).await?;
         Ok(r.kvs()
             .first()
@@ -401,7 +401,12 @@ impl Store {
     /// a lease with the same id and TTL, and a copy of the record on it. An
     /// extension another arbiter made first is accepted; a foreign lease that
     /// happens to have the id is not (`SessionExpired`: open another session).
-    pub async fn extend_session(&self, sid: SessionId, rec: &SessionRecord, home: &str) -> Result<(), LockError> {
+    pub(crate) async fn extend_session(
+        &self,
+        sid: SessionId,
+        rec: &SessionRecord,
+        home: &str,
+    ) -> Result<(), LockError> {
         let ttl = i64::try_from(rec.ttl_s).map_err(internal)?;
         let granted =
             self.call(self.client().lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(sid.lease())))).await;
@@ -434,7 +439,7 @@ impl Store {
     }
 
     /// Records on this (home) cluster that session `sid` extends to `cluster`.
-    pub async fn mark_extension(&self, sid: SessionId, cluster: &str) -> Result<(), LockError> {
+    pub(crate) async fn mark_extension(&self, sid: SessionId, cluster: &str) -> Result<(), LockError> {
         let key = format!("{}{cluster}", self.home.extensions_prefix(sid));
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
         match self.call(self.client().put(key, "", opts)).await {
@@ -458,13 +463,13 @@ impl Store {
 
     /// True when lease `sid` exists here (read without renewing it: nothing renews
     /// a session on its holder's behalf).
-    pub async fn lease_alive(&self, sid: SessionId) -> Result<bool, LockError> {
+    pub(crate) async fn lease_alive(&self, sid: SessionId) -> Result<bool, LockError> {
         let r = self.call(self.client().lease_time_to_live(sid.lease(), None)).await?;
         Ok(r.ttl() > 0)
     }
 
     /// Renews lease `sid` here once: `Ok(false)` when it does not exist here.
-    pub async fn renew_lease(&self, sid: SessionId) -> Result<bool, LockError> {
+    pub(crate) async fn renew_lease(&self, sid: SessionId) -> Result<bool, LockError> {
         match self.call(self.client().lease_keep_alive(sid.lease())).await {
             Ok(_) => Ok(true),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
@@ -476,7 +481,7 @@ impl Store {
     }
 
     /// Revokes lease `sid` here: `Ok(false)` when it did not exist here.
-    pub async fn revoke_lease(&self, sid: SessionId) -> Result<bool, LockError> {
+    pub(crate) async fn revoke_lease(&self, sid: SessionId) -> Result<bool, LockError> {
         let r = self.call(self.client().lease_revoke(sid.lease())).await;
         self.forget_session(sid).await;
         match r {

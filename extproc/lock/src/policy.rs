@@ -182,7 +182,7 @@ impl Store {
     }
 
     /// Drops the cached records (they moved).
-    pub fn forget_policies(&self) {
+    pub(crate) fn forget_policies(&self) {
         self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).clear();
         *self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -261,9 +261,4 @@ impl Store {
         let map = m.kvs().first().and_then(|kv| serde_json::from_slice(kv.value()).ok());
         Ok((policies, map))
     }
-}
-
-/// True when `key`'s authoritative class is `class` under `map`.
-pub fn in_class(map: &ClassMapRecord, key: &LockKey, class: &str) -> bool {
-    map.class_of(key.as_str()) == class
 }

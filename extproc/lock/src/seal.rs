@@ -164,7 +164,7 @@ impl Seal {
     }
 
     /// The lowest revision a linearizable answer to a request sent now may carry.
-    pub fn revision_floor(&self) -> i64 {
+    pub(crate) fn revision_floor(&self) -> i64 {
         lock(&self.marks).revision
     }
 
@@ -178,7 +178,7 @@ impl Seal {
     }
 
     /// Raises the revision mark after a linearizable answer.
-    pub fn observe_revision(&self, rev: i64) {
+    pub(crate) fn observe_revision(&self, rev: i64) {
         let mut m = lock(&self.marks);
         if rev > m.revision {
             m.revision = rev;
@@ -256,7 +256,7 @@ impl Seal {
     }
 
     /// Writes the marks durably (temp file, fsync, rename) when they changed.
-    pub fn persist(&self) -> std::io::Result<()> {
+    pub(crate) fn persist(&self) -> std::io::Result<()> {
         let Some(path) = &self.path else { return Ok(()) };
         let m = self.marks();
         {

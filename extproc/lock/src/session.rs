@@ -77,7 +77,7 @@ impl Store {
     /// the session and its TTL, which never change, but not that the session is
     /// still alive. Whatever the caller does next asks etcd about the lease (the
     /// grant compares it, keepalive renews it, close revokes it).
-    pub async fn owned_session(&self, sid: SessionId, caller: &Caller) -> Result<Arc<SessionRecord>, LockError> {
+    pub(crate) async fn owned_session(&self, sid: SessionId, caller: &Caller) -> Result<Arc<SessionRecord>, LockError> {
         let cached = self.sessions.get(&sid);
         let rec = match cached {
             Some(r) => r,

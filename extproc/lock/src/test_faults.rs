@@ -17,7 +17,7 @@
 use std::sync::OnceLock;
 
 /// The environment variable that must be `1` for `test_faults` to be accepted.
-pub const ENV: &str = "LOCKMESH_TEST_FAULTS";
+pub(crate) const ENV: &str = "LOCKMESH_TEST_FAULTS";
 
 /// One planted bug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,4 +105,4 @@ pub const fn on(_fault: TestFault) -> bool {
 }
 
 /// Whether this build can plant faults at all (feature `test-faults`).
-pub const ENABLED: bool = cfg!(feature = "test-faults");
+pub(crate) const ENABLED: bool = cfg!(feature = "test-faults");

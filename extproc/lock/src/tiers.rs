@@ -174,11 +174,6 @@ impl Tiers {
         std::iter::once(self.coord()).chain(self.stores.iter().filter(|(n, _)| *n != COORD_CLUSTER).map(|(_, s)| s))
     }
 
-    /// Every store by name.
-    pub fn by_name(&self) -> &BTreeMap<String, Arc<Store>> {
-        &self.stores
-    }
-
     fn split(&self) -> bool {
         self.stores.len() > 1
     }
@@ -357,12 +352,12 @@ impl Tiers {
     }
 
     /// The routing map, as last read.
-    pub fn current_map(&self) -> Option<ShardMap> {
+    pub(crate) fn current_map(&self) -> Option<ShardMap> {
         self.map.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Reads the coord map now.
-    pub async fn refresh_map(&self) -> Result<ShardMap, LockError> {
+    pub(crate) async fn refresh_map(&self) -> Result<ShardMap, LockError> {
         let (rec, _) =
             self.coord().read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map yet".into()))?;
         self.set_map(rec.current.clone());

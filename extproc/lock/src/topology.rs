@@ -114,7 +114,7 @@ impl Region {
 
 impl Topology {
     /// True when the deployment has more than one cluster.
-    pub fn is_split(&self) -> bool {
+    pub(crate) fn is_split(&self) -> bool {
         !self.clusters.is_empty()
     }
 

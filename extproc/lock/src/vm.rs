@@ -30,7 +30,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOpt
 use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
 
 /// Length of a VM id: 32 lowercase hex characters (128 random bits).
-pub const VM_ID_LEN: usize = 32;
+pub(crate) const VM_ID_LEN: usize = 32;
 /// Most open hold ids a keepalive may list.
 pub const MAX_OPEN_HOLDS: usize = 100_000;
 

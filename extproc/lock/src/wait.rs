@@ -329,12 +329,12 @@ impl Queues {
 
 impl Ticket<'_> {
     /// True when this waiter is first in line.
-    pub fn is_head(&self) -> bool {
+    pub(crate) fn is_head(&self) -> bool {
         self.queues.is_head(&self.digest, self.id)
     }
 
     /// Waits until first in line, the deadline (`Contended`) or cancellation.
-    pub async fn wait_head(&self, deadline: Instant, cancel: &CancellationToken) -> Result<(), LockError> {
+    pub(crate) async fn wait_head(&self, deadline: Instant, cancel: &CancellationToken) -> Result<(), LockError> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);

@@ -112,7 +112,7 @@ impl Memory {
     }
 
     /// Takes a reservation back (its spool line failed).
-    pub fn unreserve(&mut self, d: &KeyDigest, grant: &str) {
+    pub(crate) fn unreserve(&mut self, d: &KeyDigest, grant: &str) {
         if let Some(v) = self.holds.get_mut(d) {
             v.retain(|h| h.grant != grant);
             if v.is_empty() {
@@ -122,7 +122,7 @@ impl Memory {
     }
 
     /// The grant id of the transparent hold `hold_id` of `d` owned by `envoy`.
-    pub fn find_hold(&self, d: &KeyDigest, hold_id: &str, envoy: &str) -> Option<String> {
+    pub(crate) fn find_hold(&self, d: &KeyDigest, hold_id: &str, envoy: &str) -> Option<String> {
         self.holds
             .get(d)?
             .iter()

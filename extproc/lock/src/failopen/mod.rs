@@ -59,9 +59,9 @@ use crate::{mutex::AcquireRequest, now_ms, session::Caller, LockError, Store};
 /// TTL of the lease shipped records hang on, seconds: the tailer reads them from
 /// etcd's history (a watch from its checkpoint), so the keys only need to outlive
 /// the ship round; the lease keeps them from piling up.
-pub const SHIP_LEASE_TTL_S: i64 = 600;
+pub(crate) const SHIP_LEASE_TTL_S: i64 = 600;
 /// Records per ship transaction (etcd's default limit is 128 operations).
-pub const SHIP_BATCH: usize = 64;
+pub(crate) const SHIP_BATCH: usize = 64;
 
 /// An unprotected grant as the API answers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,7 +354,7 @@ impl FailOpen {
 
     /// Releases the transparent hold `hold_id` of `d` owned by `envoy`; false when
     /// this arbiter has no such unprotected hold.
-    pub async fn release_hold(&self, d: &KeyDigest, hold_id: &str, envoy: &str) -> bool {
+    pub(crate) async fn release_hold(&self, d: &KeyDigest, hold_id: &str, envoy: &str) -> bool {
         let h = {
             let mut m = self.mem();
             let Some(grant) = m.find_hold(d, hold_id, envoy) else { return false };
@@ -475,7 +475,7 @@ impl FailOpen {
 
 /// End lines for the grants of `records` that have none: the process that held
 /// them is gone.
-pub fn restart_ends(records: &[SpoolRecord], at_ms: u64) -> Vec<SpoolRecord> {
+pub(crate) fn restart_ends(records: &[SpoolRecord], at_ms: u64) -> Vec<SpoolRecord> {
     let ended: std::collections::HashSet<&str> =
         records.iter().filter(|r| r.op != SpoolOp::Grant).map(|r| r.grant.as_str()).collect();
     records

@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 
 /// Consecutive failed checks needed before a loss is declared.
-pub const MIN_ROUNDS: u32 = 2;
+pub(crate) const MIN_ROUNDS: u32 = 2;
 
 /// A declared quorum loss on one cluster, as this arbiter saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]

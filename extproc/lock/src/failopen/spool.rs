@@ -179,7 +179,7 @@ impl Spool {
     /// Drops the first `upto` bytes (records shipped): truncation when nothing
     /// was appended since, else the rest is rewritten to a temporary file, synced
     /// and renamed over the spool.
-    pub fn consume(&self, upto: u64) -> Result<(), SpoolError> {
+    pub(crate) fn consume(&self, upto: u64) -> Result<(), SpoolError> {
         let mut g = self.lock();
         if upto >= g.1 {
             g.0.set_len(0).map_err(io)?;

@@ -20,7 +20,7 @@ use lockmesh_core::class::{Platform, PLATFORM_DEFAULT_TTL_S};
 use serde_json::{json, Value};
 
 /// The API group.
-pub const GROUP: &str = "lockmesh.dev";
+pub(crate) const GROUP: &str = "lockmesh.dev";
 /// The served and stored version.
 pub const VERSION: &str = "v1alpha1";
 
