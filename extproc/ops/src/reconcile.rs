@@ -96,6 +96,17 @@ fn etcd(e: impl std::fmt::Display) -> AdminError {
     AdminError::Etcd(e.to_string())
 }
 
+/// `fut`'s output if it finishes within `bound`, else `None`. A zero bound is
+/// `None` without running `fut`: tokio's timer fires at its next tick (about a
+/// millisecond), and a loopback etcd can answer a whole scan before that, so a
+/// zero bound would otherwise verify by chance.
+pub(crate) async fn within<T>(bound: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    if bound.is_zero() {
+        return None;
+    }
+    tokio::time::timeout_at(Instant::now() + bound, fut).await.ok()
+}
+
 // === impl Admin ===
 
 impl Admin {
@@ -188,10 +199,9 @@ impl Admin {
         // committed under the old policy.
         let (p, rev) = self.read(class).await?;
         p.check_pending(epoch, target).map_err(AdminError::Refused)?;
-        let deadline = Instant::now() + timeout;
-        let (observed, read) = match tokio::time::timeout_at(deadline, self.max_open(class)).await {
-            Ok(r) => r?,
-            Err(_) => return Ok(Outcome::VerificationIncomplete { holds_read: 0, policy: p }),
+        let (observed, read) = match within(timeout, self.max_open(class)).await {
+            Some(r) => r?,
+            None => return Ok(Outcome::VerificationIncomplete { holds_read: 0, policy: p }),
         };
         match p.activate(epoch, target, observed, self.note("activate", reason)) {
             Ok(n) => {

@@ -19,7 +19,7 @@
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockmesh_core::{policy::ClassPolicy, ClassRegistry};
 use serde::Serialize;
-use tokio::time::{Duration, Instant};
+use tokio::time::Duration;
 
 use super::{etcd, Admin, AdminError};
 use lockmesh_lock::policy::ClassMapRecord;
@@ -118,11 +118,9 @@ impl Admin {
         }
         let classes: Vec<String> = drained.iter().map(|(p, _)| p.class.clone()).collect();
         // Step 2: verify, after the drains committed.
-        let held = match tokio::time::timeout_at(Instant::now() + verify_timeout, self.held_moving(&current, &desired))
-            .await
-        {
-            Ok(r) => r?,
-            Err(_) => return Ok(ApplyOutcome::VerificationIncomplete { classes }),
+        let held = match super::within(verify_timeout, self.held_moving(&current, &desired)).await {
+            Some(r) => r?,
+            None => return Ok(ApplyOutcome::VerificationIncomplete { classes }),
         };
         if held > 0 {
             return Ok(ApplyOutcome::Held { held, classes });
