@@ -15,9 +15,14 @@
 //! - [`shard`]: the shard map and rendezvous homing of keys on clusters (ADR-07, ADR-09).
 //! - [`wire`]: every JSON body lockmesh speaks, as serde types (one module per
 //!   surface: API, VM routes, `/status`, console, admin, audit, `lockctl --json`).
+//! - [`canon`]: the one canonical form of a request path, shared by the filter and
+//!   fence-proxy (issue #17).
+//! - [`template`]: path and key templates (`/orders/{id}` -> `payments/order-{id}`),
+//!   shared by the filter's bound keys and fence-proxy's routes.
 //! - `proof` (feature `proof`): Ed25519 grant proofs that fences verify offline.
 #![forbid(unsafe_code)]
 
+pub mod canon;
 pub mod class;
 pub mod code;
 pub mod grant;
@@ -28,6 +33,7 @@ pub mod policy;
 #[cfg(feature = "proof")]
 pub mod proof;
 pub mod shard;
+pub mod template;
 pub mod token;
 pub mod wire;
 

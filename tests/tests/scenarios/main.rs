@@ -9,6 +9,8 @@
 mod admin;
 mod arbiter_direct;
 mod audit;
+mod audit_query;
+mod bypass;
 mod classes_min;
 mod configs;
 mod console;
@@ -32,5 +34,6 @@ mod pg_fence;
 mod restore;
 mod scale;
 mod sdk;
+mod self_client;
 mod semaphore;
 mod transparent;

@@ -1,0 +1,1 @@
+//! The canonical form of a request path (issue #17). Filled in by the owner of this module.

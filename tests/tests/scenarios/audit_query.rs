@@ -1,0 +1,1 @@
+//! Scenarios: audit_query (issue #17).

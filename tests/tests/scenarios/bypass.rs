@@ -1,0 +1,1 @@
+//! Scenarios: bypass (issue #17).

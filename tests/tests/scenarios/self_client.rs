@@ -1,0 +1,1 @@
+//! Scenarios: self_client (issue #17).
