@@ -1,7 +1,9 @@
 //! Runs the filter's configuration parser over every plugin configuration embedded
 //! in `envoy-config/*.yaml` (Proxy-Wasm has no offline validation hook), and checks
 //! that every shipped filter fails closed and has no test-only switch set (the
-//! shipped build's parser refuses `test_trap_header`).
+//! shipped build's parser refuses `test_trap_header`), and that every shipped HTTP
+//! connection manager normalises paths and refuses underscore header names
+//! (issue #17, docs/DEPLOY.md "Path normalisation").
 
 // A test binary: assertions by unwrap are the point, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,6 +11,73 @@
 use serde_json::Value;
 
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+const HCM_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+
+/// Every rendered Envoy bootstrap that ships: `envoy-config/*.yaml` and the
+/// Kubernetes lock tier that `scripts/gen-envoy-configs` renders into `deploy/`.
+fn shipped_bootstraps() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let mut out: Vec<_> = std::fs::read_dir(root.join("envoy-config"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"))
+        .collect();
+    out.push(root.join("deploy/base/lock-tier/envoy.yaml"));
+    out.sort();
+    out
+}
+
+fn find_typed<'a>(v: &'a Value, ty: &str, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(m) => {
+            if m.get("@type").and_then(Value::as_str) == Some(ty) {
+                out.push(v);
+            }
+            m.values().for_each(|c| find_typed(c, ty, out));
+        }
+        Value::Array(s) => s.iter().for_each(|c| find_typed(c, ty, out)),
+        _ => {}
+    }
+}
+
+/// What an HTTP connection manager lacks of the path and header safety settings
+/// (empty when it has them all): `normalize_path` and `merge_slashes` true,
+/// `path_with_escaped_slashes_action` and
+/// `common_http_protocol_options.headers_with_underscores_action` `REJECT_REQUEST`.
+fn hcm_safety_problems(hcm: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    for flag in ["normalize_path", "merge_slashes"] {
+        if hcm[flag].as_bool() != Some(true) {
+            problems.push(format!("{flag} is not true"));
+        }
+    }
+    if hcm["path_with_escaped_slashes_action"].as_str() != Some("REJECT_REQUEST") {
+        problems.push("path_with_escaped_slashes_action is not REJECT_REQUEST".into());
+    }
+    if hcm["common_http_protocol_options"]["headers_with_underscores_action"].as_str() != Some("REJECT_REQUEST") {
+        problems.push("common_http_protocol_options.headers_with_underscores_action is not REJECT_REQUEST".into());
+    }
+    problems
+}
+
+/// Every HCM in `doc` with what it lacks; `Err` lists the offenders, `Ok` the count.
+fn check_hcms(doc: &Value) -> Result<usize, Vec<String>> {
+    let mut hcms = Vec::new();
+    find_typed(doc, HCM_TYPE, &mut hcms);
+    let bad: Vec<String> = hcms
+        .iter()
+        .filter_map(|h| {
+            let p = hcm_safety_problems(h);
+            (!p.is_empty()).then(|| format!("HCM {}: {}", h["stat_prefix"].as_str().unwrap_or("?"), p.join(", ")))
+        })
+        .collect();
+    if bad.is_empty() {
+        Ok(hcms.len())
+    } else {
+        Err(bad)
+    }
+}
 
 fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     match v {
@@ -67,4 +136,59 @@ fn every_shipped_plugin_configuration_parses_and_fails_closed() {
         }
     }
     assert!(found >= 1, "no Wasm filter found in envoy-config/");
+}
+
+#[test]
+fn every_shipped_connection_manager_normalises_paths_and_refuses_underscore_headers() {
+    let mut total = 0;
+    for path in shipped_bootstraps() {
+        let doc: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        match check_hcms(&doc) {
+            Ok(0) => panic!("{}: no HTTP connection manager found", path.display()),
+            Ok(n) => total += n,
+            Err(bad) => panic!("{}: {}", path.display(), bad.join("; ")),
+        }
+    }
+    // lock tier, inbound and application sidecars, the Kubernetes lock tier and its
+    // health listener.
+    assert!(total >= 5, "only {total} HCMs found");
+}
+
+/// The check above can fail: the shipped inbound sidecar with any one of the four
+/// settings taken out is refused, naming the missing setting.
+#[test]
+fn a_connection_manager_without_one_safety_setting_fails_the_check() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-config/inbound-sidecar.yaml");
+    let doc: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(check_hcms(&doc), Ok(1));
+    for (setting, named) in [
+        ("normalize_path", "normalize_path"),
+        ("merge_slashes", "merge_slashes"),
+        ("path_with_escaped_slashes_action", "path_with_escaped_slashes_action"),
+        ("common_http_protocol_options", "headers_with_underscores_action"),
+    ] {
+        let mut planted = doc.clone();
+        let mut hcms = Vec::new();
+        find_typed(&doc, HCM_TYPE, &mut hcms);
+        let pointer = json_pointer_to(&doc, hcms[0]).unwrap();
+        planted.pointer_mut(&pointer).unwrap().as_object_mut().unwrap().remove(setting).unwrap();
+        let err = check_hcms(&planted).expect_err(setting);
+        assert!(err.len() == 1 && err[0].contains(named), "{setting}: {err:?}");
+    }
+}
+
+/// The JSON pointer of `target` (by address) inside `root`.
+fn json_pointer_to(root: &Value, target: &Value) -> Option<String> {
+    if std::ptr::eq(root, target) {
+        return Some(String::new());
+    }
+    match root {
+        Value::Object(m) => m.iter().find_map(|(k, v)| {
+            json_pointer_to(v, target).map(|p| format!("/{}{p}", k.replace('~', "~0").replace('/', "~1")))
+        }),
+        Value::Array(s) => {
+            s.iter().enumerate().find_map(|(i, v)| json_pointer_to(v, target).map(|p| format!("/{i}{p}")))
+        }
+        _ => None,
+    }
 }
