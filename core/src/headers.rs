@@ -80,6 +80,51 @@ pub const UNLOCKED: &str = "x-lockmesh-unlocked";
 /// Headers clients may try to forge to pass as someone else; always removed.
 pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-id", "x-lockmesh-identity"];
 
+/// Headers the lock tier strips from a transparent request before the upstream sees
+/// it (besides [`never_from_client`]): only the arbiter may hand the upstream a
+/// token, and a client's own grant evidence must not look like one.
+pub const UPSTREAM_RESERVED: [&str; 5] = [TOKEN, SESSION, INSTANCE, PROOF, GRANT];
+
+/// A header name as a permissive server reads it: ASCII lower-case, `_` read as `-`.
+/// CGI and WSGI servers (Python's `wsgiref` among them) map both `x_lock_token` and
+/// `X-Lock-Token` to `HTTP_X_LOCK_TOKEN`, so every comparison that decides whether
+/// a client header is lockmesh's compares folded names. Borrows when nothing changes.
+pub fn fold(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.bytes().any(|b| b == b'_' || b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(name.chars().map(|c| if c == '_' { '-' } else { c.to_ascii_lowercase() }).collect())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
+/// Whether a client-sent header named `name`, in any spelling [`fold`] equates, is
+/// one only lockmesh may set: an `x-lockmesh-*` header, a forgeable identity header
+/// ([`FORGEABLE_IDENTITY`]) or the diagnostic [`EPOCH`] / [`REVISION`]. Every
+/// stripper of client headers removes these from every request.
+pub fn never_from_client(name: &str) -> bool {
+    let f = fold(name);
+    f.starts_with(INTERNAL_PREFIX) || FORGEABLE_IDENTITY.contains(&&*f) || f == EPOCH || f == REVISION
+}
+
+/// Whether `name`, folded, is one of [`UPSTREAM_RESERVED`]: stripped from a request
+/// forwarded to an upstream in any spelling.
+pub fn upstream_reserved(name: &str) -> bool {
+    UPSTREAM_RESERVED.contains(&&*fold(name))
+}
+
+/// The lock header (of [`LOCK_HEADERS`]) that `name` spells otherwise than its one
+/// accepted spelling, if any: `x_lock_key` gives `Some("x-lock-key")`. Letter case
+/// is not a different spelling (HTTP names are case-insensitive, and Envoy delivers
+/// them lower-case); an underscore is, because a server that reads `_` as `-` would
+/// see a second value the lock tier never checked.
+pub fn lock_header_twin(name: &str) -> Option<&'static str> {
+    if !name.contains('_') {
+        return None;
+    }
+    let f = fold(name);
+    LOCK_HEADERS.iter().copied().find(|h| *h == f)
+}
+
 /// Longest value accepted for any lock header except the key.
 pub const MAX_VALUE_LEN: usize = 64;
 
@@ -233,7 +278,10 @@ pub struct LockHeaders {
 
 /// Parses every lock header from `(name, value)` pairs as the host delivers them
 /// (names lowercase). A lock header that appears twice is refused, whatever the
-/// values: two values leave it open which one a later hop would read.
+/// values: two values leave it open which one a later hop would read. So is one
+/// spelt with `_` for `-` ([`lock_header_twin`]), alone or beside the real one: a
+/// server that folds names would read it as the lock header, while lockmesh would
+/// not have checked it.
 pub fn parse_lock_headers<'a, I>(headers: I) -> Result<LockHeaders, HeaderError>
 where
     I: IntoIterator<Item = (&'a str, &'a [u8])>,
@@ -241,6 +289,12 @@ where
     let mut seen = [false; LOCK_HEADERS.len()];
     let mut out = LockHeaders::default();
     for (name, value) in headers {
+        if let Some(h) = lock_header_twin(name) {
+            return Err(HeaderError::new(
+                h,
+                format!("also spelt {name:?}, which a server may read as {h}: send {h} only, with '-'"),
+            ));
+        }
         let Some(i) = LOCK_HEADERS.iter().position(|h| name.eq_ignore_ascii_case(h)) else {
             continue;
         };
@@ -308,6 +362,59 @@ mod tests {
         assert!(parse_instance(&[b'a'; 65]).is_err());
     }
 
+    #[test]
+    fn fold_reads_underscores_as_dashes_and_ignores_case() {
+        assert_eq!(fold("X_Lock_Token"), "x-lock-token");
+        assert_eq!(fold("x-lock-token"), "x-lock-token");
+        assert!(matches!(fold("x-lock-key"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(fold("_"), "-");
+        // Non-ASCII bytes cannot occur in a header name Envoy accepts; they stay.
+        assert_eq!(fold("x_\u{e9}"), "x-\u{e9}");
+    }
+
+    #[test]
+    fn every_spelling_of_a_reserved_header_is_reserved() {
+        for n in ["x-lockmesh-budget-ms", "x_lockmesh_budget_ms", "X-LOCKMESH-VM", "x_lockmesh-x", "x-lockmesh_"] {
+            assert!(never_from_client(n), "{n}");
+        }
+        for n in ["x_forwarded_client_cert", "X-Spiffe-Id", "x_spiffe_id", "x_lock_epoch", "x-lock_revision"] {
+            assert!(never_from_client(n), "{n}");
+        }
+        for n in ["x-lockmeshx", "x-lock-key", "x_lock_token", "x-lockme", "x-forwarded-for", "x_forwarded_for"] {
+            assert!(!never_from_client(n), "{n}");
+        }
+        for n in ["x_lock_token", "x-lock-token", "X_LOCK_PROOF", "x_lock-session", "x_lock_instance", "x_lock_grant"] {
+            assert!(upstream_reserved(n), "{n}");
+        }
+        for n in ["x-lock-key", "x_lock_key", "x-lock-tokens", "x_lock_wait_ms"] {
+            assert!(!upstream_reserved(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn an_underscore_twin_of_a_lock_header_is_refused_alone_or_beside_it() {
+        for h in LOCK_HEADERS {
+            let twin = h.replace('-', "_");
+            assert_eq!(lock_header_twin(&twin), Some(h));
+            let mixed = h.replacen('-', "_", 1);
+            assert_eq!(lock_header_twin(&mixed), Some(h));
+            assert_eq!(lock_header_twin(h), None, "the real spelling is not a twin");
+            let e = parse_lock_headers([(twin.as_str(), &b"1"[..])]).unwrap_err();
+            assert_eq!(e.header, h);
+            assert!(e.to_string().contains(&format!("{twin:?}")), "names what was sent: {e}");
+        }
+        // Beside the real header, with the same value or not, and before or after it.
+        let e = parse(&[("x-lock-key", b"ns/a"), ("x_lock_key", b"ns/a")]).unwrap_err();
+        assert_eq!(e.header, KEY);
+        let e = parse(&[("x_lock_token", b"99999999999999999"), ("x-lock-key", b"ns/a")]).unwrap_err();
+        assert_eq!(e.header, TOKEN);
+        assert!(!e.to_string().contains("99999"), "never the value: {e}");
+        // Not lock headers: left alone.
+        assert_eq!(lock_header_twin("x_lock_proof"), None);
+        assert_eq!(lock_header_twin("x_lock_keys"), None);
+        assert!(parse(&[("x_custom_header", b"1"), ("x-lock-key", b"ns/a")]).is_ok());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
         #[test]
@@ -316,6 +423,16 @@ mod tests {
             raw in proptest::collection::vec(any::<u8>(), 0..80),
         ) {
             let _ = parse_lock_headers([(LOCK_HEADERS[which], &raw[..])]);
+        }
+
+        /// The fold agrees with the rule it states: per byte, `_` to `-`, ASCII lower-case.
+        #[test]
+        fn fold_is_byte_wise(name in "[A-Za-z0-9_-]{0,24}") {
+            let f = fold(&name);
+            prop_assert_eq!(f.len(), name.len());
+            prop_assert!(!f.contains('_') && !f.bytes().any(|b| b.is_ascii_uppercase()));
+            prop_assert_eq!(fold(&f), f.clone());
+            prop_assert_eq!(f.replace('-', "_"), name.to_ascii_lowercase().replace('-', "_"));
         }
 
         #[test]

@@ -7,11 +7,18 @@
 //!    nothing about its request);
 //! 2. `404 not_found`: a route the filter cannot classify, so cannot authorise;
 //! 3. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
-//!    header, or a wait above `max_wait_ms`;
+//!    header, a lock header also sent spelt with `_` (`x_lock_key`: a server that
+//!    reads `_` as `-` would see a value the filter never checked), or a wait above
+//!    `max_wait_ms`;
 //! 4. `403 denied` (ADR-19): no grant lets the identity do the route's operation to
 //!    the key (routes without a key: the identity holds the operation nowhere). The
 //!    answer depends on the configuration and the request only, never on the key's
 //!    state, so it is the same bytes whether or not the key exists or is held.
+//!
+//! A passed request loses every header only lockmesh may set, compared by the name
+//! a server will read (`headers::fold`: lower-case, `_` as `-`): `x-lockmesh-*`, the
+//! forgeable identity headers, the token's epoch and revision; on a transparent
+//! route also `headers::UPSTREAM_RESERVED` (token, session, instance, proof, grant).
 
 use lockmesh_core::{code::error_body, headers, Code, LockKey};
 
@@ -21,8 +28,6 @@ use crate::{config::Config, route::Route};
 pub(crate) const MAX_SPIFFE_ID_LEN: usize = 2048;
 /// The message of every denial: it names nothing, so it reveals nothing.
 pub(crate) const DENIED_MESSAGE: &str = "not permitted";
-/// The grant-proof header, stripped from transparent requests like the token.
-const PROOF: &str = "x-lock-proof";
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,28 +141,21 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     if !allowed {
         return Decision::denied();
     }
+    // Compared by folded name (`headers::fold`): a server that reads `_` as `-`
+    // would take `x_lockmesh_vm` for `x-lockmesh-vm`. Each is removed by the name it
+    // was sent with. The lock headers this filter reads cannot get here in another
+    // spelling: `parse_lock_headers` refused their twins above.
+    let transparent_route = route == Route::Transparent;
     let mut remove: Vec<String> = hdrs
         .iter()
         .map(|(n, _)| n)
         .filter(|n| {
-            n.starts_with(headers::INTERNAL_PREFIX)
-                || headers::FORGEABLE_IDENTITY.contains(&n.as_str())
-                || *n == headers::EPOCH
-                || *n == headers::REVISION
+            headers::never_from_client(n)
+                // The upstream must never see a lock header it could mistake for a grant.
+                || (transparent_route && headers::upstream_reserved(n))
         })
         .cloned()
         .collect();
-    if route == Route::Transparent {
-        // The upstream must never see a lock header it could mistake for a grant.
-        remove.extend(
-            hdrs.iter()
-                .map(|(n, _)| n)
-                .filter(|n| {
-                    [headers::TOKEN, headers::SESSION, headers::INSTANCE, PROOF, headers::GRANT].contains(&n.as_str())
-                })
-                .cloned(),
-        );
-    }
     remove.sort_unstable();
     remove.dedup();
     // An unlocked request skips ext_proc, so it needs only the unlocked mark (the

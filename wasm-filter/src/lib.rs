@@ -1,7 +1,8 @@
 //! lockmesh's proxy-wasm HTTP filter, loaded by Envoy (`envoy.filters.http.wasm`,
 //! V8 runtime) in front of the ext_proc arbiter.
 //!
-//! For every request it removes headers only lockmesh may set, authenticates the
+//! For every request it removes headers only lockmesh may set (in every spelling a
+//! server may read as theirs: `_` for `-`, any case), authenticates the
 //! caller by the SPIFFE ID in its mTLS peer certificate, classifies the route,
 //! validates the lock headers (one canonical form each, no duplicates) and checks the
 //! caller's prefix grants (ADR-19), answering `401`, `404`, `400` or `403` before

@@ -188,3 +188,78 @@ fn a_transparent_request_is_authorised_queued_and_stripped_of_tokens() {
     let Decision::Pass(p) = d else { panic!("{d:?}") };
     assert_eq!(p.route, Route::Transparent);
 }
+
+#[test]
+fn headers_are_stripped_by_the_name_a_server_will_read() {
+    // Internal, identity and diagnostic headers in any `_`/case spelling, on the API.
+    let d = on_request_headers(
+        &cfg(),
+        &acq(&[
+            ("x-lock-key", b"payments/a"),
+            ("x_lockmesh_budget_ms", b"999999"),
+            ("x-lockmesh_filtered", b"1"),
+            ("x_forwarded_client_cert", b"By=spiffe://x"),
+            ("x_spiffe_id", b"spiffe://lockmesh.test/ns/ops/sa/admin"),
+            ("x_lock_epoch", b"9"),
+            ("x_lock_revision", b"9"),
+            ("x_custom", b"kept"),
+        ]),
+        Some(ID),
+    );
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert_eq!(
+        p.remove,
+        [
+            "x-lockmesh_filtered",
+            "x_forwarded_client_cert",
+            "x_lock_epoch",
+            "x_lock_revision",
+            "x_lockmesh_budget_ms",
+            "x_spiffe_id"
+        ]
+    );
+    // On a transparent route, the proof's twin too (the filter does not read it).
+    let d = on_request_headers(
+        &sidecar(),
+        &h(
+            "POST",
+            "/orders/1",
+            &[("x-lock-key", b"payments/o-1"), ("x_lock_proof", b"v1.x"), ("x_lockmesh_hold", b"1")],
+        ),
+        Some(ID),
+    );
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert_eq!(p.remove, ["x_lock_proof", "x_lockmesh_hold"]);
+    // ... and on the unlocked route, where nothing reaches the arbiter.
+    let d = on_request_headers(&sidecar(), &h("GET", "/public/x", &[("x_lockmesh_unlocked", b"0")]), Some(BILLING));
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert!(p.unlocked);
+    assert_eq!(p.remove, ["x_lockmesh_unlocked"]);
+}
+
+#[test]
+fn a_twin_of_a_lock_header_the_filter_reads_is_refused() {
+    let refused = |cfg: &Config, hdrs: &[(String, Vec<u8>)], name: &str| {
+        let d = on_request_headers(cfg, hdrs, Some(ID));
+        let Decision::Reject { status, code, body } = d else { panic!("{name}: {d:?}") };
+        assert_eq!((status, code), (400, Code::BadRequest), "{name}: {body}");
+        assert!(body.contains(&format!("\\\"{name}\\\"")), "{name}: names what was sent: {body}");
+    };
+    for lock_header in headers::LOCK_HEADERS {
+        let twin = lock_header.replace('-', "_");
+        // Alone, and next to the real header (an ambiguity, not a second value).
+        refused(&cfg(), &acq(&[(twin.as_str(), b"1")]), &twin);
+        refused(&cfg(), &acq(&[("x-lock-key", b"payments/a"), (twin.as_str(), b"payments/a")]), &twin);
+        // On a transparent route, locked or unlocked: the forged token.
+        refused(&sidecar(), &h("POST", "/orders/1", &[("x-lock-key", b"payments/o-1"), (twin.as_str(), b"1")]), &twin);
+        refused(&sidecar(), &h("POST", "/public/1", &[(twin.as_str(), b"99999999999999999")]), &twin);
+    }
+    let d =
+        on_request_headers(&sidecar(), &h("POST", "/public/1", &[("x_lock_token", b"99999999999999999")]), Some(ID));
+    let Decision::Reject { body, .. } = d else { panic!("{d:?}") };
+    assert!(!body.contains("99999"), "never the value: {body}");
+    // Unauthenticated still comes first, and an unknown API route is still 404.
+    let d = on_request_headers(&cfg(), &acq(&[("x_lock_key", b"payments/a")]), None);
+    assert_eq!(http_status(&d), 401);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &h("GET", "/x", &[("x_lock_key", b"a/b")]), Some(ID))), 404);
+}
