@@ -32,9 +32,14 @@ pub struct RawConfig {
     /// The embedded store file (redb). Put it on a persistent volume: it holds the
     /// checkpoint, and the checkpoint is the restore detector.
     pub store_file: String,
-    /// Admin HTTP listen address: `/metrics`, `/healthz`, `POST /v1/audit/query`.
-    /// The query answers carry identities and raw keys: keep it off the mesh.
+    /// Metrics HTTP listen address: `/metrics`, `/healthz` and `/v1/audit/checkpoint`
+    /// only (no identity, no key). Scrapers may reach it; the query API is not here
+    /// (`query`).
     pub admin_listen: String,
+    /// The operators' query API (`POST /v1/audit/query`) on its own mTLS listener:
+    /// its answers carry identities and raw keys. Without it the API is off and
+    /// only `lockctl audit --db` reads the store.
+    pub query: Option<RawQuery>,
     /// How often events are committed with the checkpoint, ms. Default 2000.
     pub checkpoint_interval_ms: Option<u64>,
     /// etcd's compaction window in seconds (its `--auto-compaction-retention`). The
@@ -56,6 +61,200 @@ pub struct RawConfig {
     /// Tracing spans exported over OTLP/HTTP, like the arbiter's `telemetry`
     /// (`docs/OPERATIONS.md`). Default: off.
     pub telemetry: Option<lockmesh_telemetry::RawTelemetry>,
+}
+
+/// `query:`: who may call the query API, and how they prove it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuery {
+    /// `host:port` of the query listener (HTTPS, client certificates).
+    pub listen: String,
+    /// The listener's certificate, key and the CA that client certificates must chain to.
+    pub tls: RawQueryTls,
+    /// SPIFFE IDs (URI SAN) of the operators' tooling that may query: `lockctl`'s
+    /// certificate, the arbiter whose console shows recent events. Any other
+    /// client is refused (`admin.client_denied`).
+    pub allowed_clients: Vec<String>,
+    /// Operators' tokens, checked as the arbiter checks them (its `operators`
+    /// section, docs/ADMIN.md): when set, every query also needs a verified
+    /// `Authorization: Bearer` token.
+    pub operators: Option<RawQueryOperators>,
+}
+
+/// The query listener's TLS files (PEM).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueryTls {
+    /// Server certificate chain.
+    pub cert: String,
+    /// Its private key.
+    pub key: String,
+    /// CA bundle client certificates must chain to.
+    pub client_ca: String,
+}
+
+/// The token checks of the arbiter's `operators` section, field for field (the
+/// same verifier, `lockmesh_ops::admin::jwt`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueryOperators {
+    /// The identity provider's JWKS (JSON file), re-read on every query.
+    pub jwks_file: String,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`. Default `lockmesh-admin`.
+    pub audience: Option<String>,
+    /// Required role. Default `lock-operator`; `""` for none.
+    pub role: Option<String>,
+    /// Require an MFA sign-in (`amr`). Default true.
+    pub require_mfa: Option<bool>,
+    /// A token's `iat` must be at most this old, seconds. Default 900; 0: off.
+    pub max_token_age_s: Option<u64>,
+}
+
+/// Validated `query`.
+#[derive(Debug, Clone)]
+pub struct QueryApi {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Server certificate chain file.
+    pub cert: PathBuf,
+    /// Server key file.
+    pub key: PathBuf,
+    /// Client CA bundle file.
+    pub client_ca: PathBuf,
+    /// SPIFFE IDs that may query.
+    pub allowed_clients: Vec<String>,
+    /// Token checks, if configured.
+    pub operators: Option<QueryOperators>,
+}
+
+/// Validated `query.operators`.
+#[derive(Debug, Clone)]
+pub struct QueryOperators {
+    /// JWKS file (re-read per query, so a rotated key applies without a restart).
+    pub jwks_file: PathBuf,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`.
+    pub audience: String,
+    /// Required role, if any.
+    pub role: Option<String>,
+    /// MFA sign-in required.
+    pub require_mfa: bool,
+    /// Token freshness bound, seconds (`None`: off).
+    pub max_token_age_s: Option<u64>,
+}
+
+impl QueryOperators {
+    /// The operators' token verifier with the JWKS as the file holds it now.
+    pub fn verifier(&self) -> Result<lockmesh_ops::admin::jwt::Verifier, lockmesh_ops::admin::AdminError> {
+        use lockmesh_ops::admin::{jwt, AdminError};
+        let text = std::fs::read_to_string(&self.jwks_file)
+            .map_err(|e| AdminError::Jwks(format!("{}: {e}", self.jwks_file.display())))?;
+        Ok(jwt::Verifier::new(jwt::Jwks::parse(&text)?, self.issuer.clone(), self.audience.clone())
+            .with_role(self.role.clone())
+            .with_mfa(self.require_mfa)
+            .with_max_age(self.max_token_age_s))
+    }
+}
+
+impl QueryApi {
+    /// What this section leaves open, in words (empty when nothing is): printed by
+    /// `--check-config` and at every start.
+    pub fn weakened(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        match &self.operators {
+            None => w.push(
+                "query.operators is not set: any holder of an allowed client certificate may query, without an \
+                 operator token"
+                    .to_owned(),
+            ),
+            Some(o) => {
+                if !o.require_mfa {
+                    w.push("query.operators.require_mfa is false: tokens without an MFA sign-in are accepted".into());
+                }
+                if o.max_token_age_s.is_none() {
+                    w.push("query.operators.max_token_age_s is 0: tokens of any sign-in age are accepted".into());
+                }
+            }
+        }
+        w
+    }
+}
+
+fn query_api(
+    raw: &RawQuery,
+    admin: Option<SocketAddr>,
+    base: &Path,
+    name: &str,
+    errs: &mut Vec<String>,
+) -> Option<QueryApi> {
+    let listen = raw
+        .listen
+        .parse::<SocketAddr>()
+        .map_err(|e| errs.push(format!("{name}: query.listen: {:?} is not host:port: {e}", raw.listen)))
+        .ok();
+    if listen.is_some() && listen == admin {
+        errs.push(format!(
+            "{name}: query.listen: {:?} is admin_listen: the query API needs its own port, closed to scrapers",
+            raw.listen
+        ));
+    }
+    let file = |field: &str, p: &str, errs: &mut Vec<String>| {
+        let path = resolve(base, p);
+        if let Err(e) = std::fs::metadata(&path) {
+            errs.push(format!("{name}: query.tls.{field}: cannot read {p:?}: {e}"));
+        }
+        path
+    };
+    let (cert, key, client_ca) = (
+        file("cert", &raw.tls.cert, errs),
+        file("key", &raw.tls.key, errs),
+        file("client_ca", &raw.tls.client_ca, errs),
+    );
+    if raw.allowed_clients.is_empty() {
+        errs.push(format!(
+            "{name}: query.allowed_clients: must name at least one SPIFFE ID (lockctl's certificate); an empty list \
+             would refuse every operator"
+        ));
+    }
+    for (i, c) in raw.allowed_clients.iter().enumerate() {
+        if !c.starts_with("spiffe://") || c.len() <= "spiffe://".len() {
+            errs.push(format!("{name}: query.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
+        }
+    }
+    let operators = raw.operators.as_ref().map(|o| {
+        let jwks_file = resolve(base, &o.jwks_file);
+        match std::fs::read_to_string(&jwks_file) {
+            Ok(t) => {
+                if let Err(e) = lockmesh_ops::admin::jwt::Jwks::parse(&t) {
+                    errs.push(format!("{name}: query.operators.jwks_file: {e}"));
+                }
+            }
+            Err(e) => errs.push(format!("{name}: query.operators.jwks_file: cannot read {:?}: {e}", o.jwks_file)),
+        }
+        if o.issuer.is_empty() {
+            errs.push(format!("{name}: query.operators.issuer: must not be empty"));
+        }
+        let audience = o.audience.clone().unwrap_or_else(|| "lockmesh-admin".into());
+        if audience.is_empty() {
+            errs.push(format!("{name}: query.operators.audience: must not be empty"));
+        }
+        let max_token_age_s = o.max_token_age_s.unwrap_or(900);
+        if max_token_age_s > 86_400 {
+            errs.push(format!("{name}: query.operators.max_token_age_s: {max_token_age_s} is above 86400"));
+        }
+        QueryOperators {
+            jwks_file,
+            issuer: o.issuer.clone(),
+            audience,
+            role: Some(o.role.clone().unwrap_or_else(|| "lock-operator".into())).filter(|r| !r.is_empty()),
+            require_mfa: o.require_mfa.unwrap_or(true),
+            max_token_age_s: Some(max_token_age_s).filter(|s| *s > 0),
+        }
+    });
+    Some(QueryApi { listen: listen?, cert, key, client_ca, allowed_clients: raw.allowed_clients.clone(), operators })
 }
 
 /// The ClickHouse sink.
@@ -85,8 +284,10 @@ pub struct Config {
     pub etcd_auth: lockmesh_lock::connect::EtcdClientAuth,
     /// Store file.
     pub store_file: PathBuf,
-    /// Admin listen address.
+    /// Metrics listen address.
     pub admin_listen: SocketAddr,
+    /// The operators' query API, if configured.
+    pub query: Option<QueryApi>,
     /// Checkpoint period, ms.
     pub checkpoint_interval_ms: u64,
     /// Compaction window, s.
@@ -161,6 +362,7 @@ impl Config {
             .admin_listen
             .parse::<SocketAddr>()
             .map_err(|e| errs.push(format!("{name}: admin_listen: {:?} is not host:port: {e}", raw.admin_listen)));
+        let query = raw.query.as_ref().and_then(|q| query_api(q, admin.as_ref().ok().copied(), base, name, &mut errs));
         let checkpoint_interval_ms = raw.checkpoint_interval_ms.unwrap_or(DEFAULT_CHECKPOINT_MS);
         if !(100..=60_000).contains(&checkpoint_interval_ms) {
             errs.push(format!("{name}: checkpoint_interval_ms: {checkpoint_interval_ms} is outside 100 to 60000"));
@@ -215,6 +417,7 @@ impl Config {
                 etcd_auth,
                 store_file: resolve(base, &raw.store_file),
                 admin_listen,
+                query,
                 checkpoint_interval_ms,
                 compaction_window_s,
                 instance,

@@ -7,7 +7,8 @@
 //! - [`decode`]: the changes of one revision to events (pure).
 //! - [`store`]: the embedded store (redb) with the checkpoint.
 //! - [`query`]: history of a key, holds by identity, longest holds, expiries.
-//! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, admin port.
+//! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, metrics port.
+//! - [`query_port`]: the operators' query API on its own mTLS port (`query:`).
 //! - [`stats`]: the tailer's metrics.
 //! - [`clickhouse`]: the optional ClickHouse sink and its DDL.
 //! - [`config`]: the configuration file, `audit.yaml`.
@@ -18,6 +19,7 @@ pub mod config;
 pub mod decode;
 pub mod event;
 pub mod query;
+pub mod query_port;
 pub mod stats;
 pub mod store;
 pub mod tailer;

@@ -46,6 +46,22 @@ fn main() -> ExitCode {
         Err(errs) => return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs),
     };
     if check {
+        // What the query API admits, and what this file leaves open.
+        match &config.query {
+            Some(q) => {
+                if let Err(e) = lockmesh_audit::query_port::check(q) {
+                    eprintln!("{BINARY}: {}: query.tls: {e:#}", path.display());
+                    return ExitCode::from(lockmesh_runtime::EX_USAGE);
+                }
+                let tokens = if q.operators.is_some() { "and a verified operator token" } else { "(no token check)" };
+                println!("query API on {}: client certificates {} {tokens}", q.listen, q.allowed_clients.join(", "));
+                for w in q.weakened() {
+                    println!("WARNING: {w}");
+                }
+            }
+            None => println!("query API: off (no query section; lockctl audit --db reads the store)"),
+        }
+        println!("metrics on {}: /metrics, /healthz, /v1/audit/checkpoint", config.admin_listen);
         println!("{}: OK", path.display());
         return ExitCode::SUCCESS;
     }
@@ -59,7 +75,11 @@ fn main() -> ExitCode {
     let exporter = config.telemetry.as_ref().and_then(lockmesh_telemetry::start);
     let result: anyhow::Result<()> = rt.block_on(async move {
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
-        lockmesh_audit::tailer::run(config, admin, lockmesh_runtime::shutdown()).await
+        let query = match &config.query {
+            Some(q) => Some(tokio::net::TcpListener::bind(q.listen).await?),
+            None => None,
+        };
+        lockmesh_audit::tailer::run(config, admin, query, lockmesh_runtime::shutdown()).await
     });
     if let Some(e) = exporter {
         e.shutdown();

@@ -1,5 +1,6 @@
 //! The tailer: election, the watch from the checkpoint, batching, gaps, restore
-//! detection and the admin endpoint.
+//! detection and the metrics endpoint (the query API is on its own port,
+//! [`crate::query_port`]).
 //!
 //! # Election
 //! One tailer writes per cluster root. Replicas campaign for
@@ -19,7 +20,7 @@
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
-use lockmesh_core::wire::audit::{self as wire, AuditErrorBody, CheckpointReply, GapDetail, RestoreDetail};
+use lockmesh_core::wire::audit::{self as wire, CheckpointReply, GapDetail, RestoreDetail};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +28,6 @@ use super::{
     config::Config,
     decode::{self, Change, Context, Op, Prev},
     event::{AuditEvent, EventKind},
-    query,
     stats::Stats,
     store::{Checkpoint, Store},
 };
@@ -39,7 +39,7 @@ use lockmesh_lock::{
 /// A running tailer's shared parts.
 pub struct Tailer {
     cfg: Config,
-    store: Store,
+    store: Arc<Store>,
     stats: Stats,
     keys: Keys,
 }
@@ -50,13 +50,21 @@ fn e2s(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Runs the tailer until `shutdown` resolves.
+/// Runs the tailer until `shutdown` resolves: metrics on `admin`, the query API
+/// on `query` (bound to `cfg.query.listen`; `None` when `query` is not configured).
 pub async fn run(
     cfg: Config,
     admin: tokio::net::TcpListener,
+    query: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let store = Store::open(&cfg.store_file)?;
+    if let Some(q) = &cfg.query {
+        crate::query_port::check(q)?;
+        for w in q.weakened() {
+            tracing::warn!("{w}");
+        }
+    }
+    let store = Arc::new(Store::open(&cfg.store_file)?);
     let t = Arc::new(Tailer { keys: Keys::new(&cfg.etcd_root), store, stats: Stats::default(), cfg });
     t.stats.set_window(t.cfg.compaction_window_s);
     if let Some(cp) = t.store.checkpoint()? {
@@ -64,6 +72,17 @@ pub async fn run(
     }
     let stop = CancellationToken::new();
     let admin_task = tokio::spawn(serve_admin(admin, t.clone(), stop.clone()));
+    let query_task = match (query, t.cfg.query.clone()) {
+        (Some(listener), Some(q)) => {
+            let (store, stop) = (t.store.clone(), stop.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = crate::query_port::serve(listener, &q, store, stop.cancelled_owned()).await {
+                    tracing::error!(error = %e, "audit query listener failed");
+                }
+            }))
+        }
+        _ => None,
+    };
     let work = {
         let (t, stop) = (t.clone(), stop.clone());
         async move {
@@ -85,6 +104,9 @@ pub async fn run(
     }
     stop.cancel();
     let _ = admin_task.await;
+    if let Some(q) = query_task {
+        let _ = q.await;
+    }
     Ok(())
 }
 
@@ -435,26 +457,13 @@ fn wire_checkpoint(cp: Checkpoint) -> wire::Checkpoint {
 }
 
 async fn serve_admin(listener: tokio::net::TcpListener, t: Arc<Tailer>, stop: CancellationToken) {
-    use axum::{
-        extract::State,
-        http::StatusCode,
-        routing::{get, post},
-        Json, Router,
-    };
+    use axum::{extract::State, http::StatusCode, routing::get, Json, Router};
     async fn metrics(State(t): State<Arc<Tailer>>) -> axum::response::Response {
         use axum::{http::header, response::IntoResponse};
         match t.stats.encode(now_ms()) {
             Ok(text) => ([(header::CONTENT_TYPE, crate::stats::CONTENT_TYPE)], text).into_response(),
             Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         }
-    }
-    async fn query_h(
-        State(t): State<Arc<Tailer>>,
-        Json(q): Json<query::Query>,
-    ) -> Result<Json<query::Answer>, (StatusCode, Json<AuditErrorBody>)> {
-        query::run(&t.store, &q, now_ms())
-            .map(Json)
-            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, Json(AuditErrorBody { error: e.to_string() })))
     }
     async fn checkpoint(State(t): State<Arc<Tailer>>) -> Json<CheckpointReply> {
         Json(CheckpointReply { checkpoint: t.store.checkpoint().ok().flatten().map(wire_checkpoint) })
@@ -463,7 +472,7 @@ async fn serve_admin(listener: tokio::net::TcpListener, t: Arc<Tailer>, stop: Ca
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/v1/audit/checkpoint", get(checkpoint))
-        .route("/v1/audit/query", post(query_h))
+        // No `/v1/audit/query` here: scrapers reach this port (a query answers 404).
         .with_state(t);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await {
         tracing::error!(error = %e, "audit admin listener failed");

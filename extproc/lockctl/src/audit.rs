@@ -1,6 +1,7 @@
 //! `lockctl audit ...`: queries of the audit store, through the running tailer's
-//! admin port (`--url`) or, with the tailer stopped, the store file (`--db`). A raw
-//! key is digested here and only its digest is sent.
+//! query port (`--url https://...`, with the operator's client certificate and,
+//! when the tailer checks them, token) or, with the tailer stopped, the store
+//! file (`--db`). A raw key is digested here and only its digest is sent.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -12,13 +13,29 @@ use lockmesh_audit::{
     store::Store,
 };
 use lockmesh_lock::now_ms;
+use lockmesh_ops::audit_client::QueryAuth;
 
 /// `lockctl audit`.
 #[derive(Debug, Args)]
 pub struct AuditArgs {
-    /// The tailer's admin address, e.g. http://127.0.0.1:18090.
+    /// The tailer's query port (its `query.listen`), e.g.
+    /// https://lockmesh-audit.lockmesh-system:18091.
     #[arg(long, conflicts_with = "db", global = true)]
     pub url: Option<String>,
+    /// CA bundle (PEM) that signed the query port's certificate (required with https://).
+    #[arg(long, global = true, env = "LOCKMESH_AUDIT_CA")]
+    pub ca: Option<PathBuf>,
+    /// This tool's client certificate (PEM); its SPIFFE ID must be in the
+    /// tailer's `query.allowed_clients`.
+    #[arg(long = "cert", global = true, env = "LOCKMESH_ADMIN_CERT")]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long = "key", global = true, env = "LOCKMESH_ADMIN_KEY")]
+    pub key_file: Option<PathBuf>,
+    /// The operator's token, when the tailer checks tokens (`query.operators`);
+    /// prefer the environment variable: argv is visible to others.
+    #[arg(long, global = true, env = "LOCKMESH_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The store file (only while no tailer has it open).
     #[arg(long, global = true)]
     pub db: Option<PathBuf>,
@@ -145,35 +162,10 @@ fn time_flag(flag: &str, value: &Option<String>, now_ms: u64, default: u64) -> R
 /// How long `lockctl audit --url` waits for the tailer's answer.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// POSTs a query (`body`, JSON) to the tailer's `/v1/audit/query` at `url`
-/// (`http://host:port`) and returns the answer's body (any transfer encoding).
-pub(crate) async fn post(url: &str, body: &str) -> Result<String, String> {
-    let hostport = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("--url {url:?} must start with http://"))?
-        .trim_end_matches('/');
-    let failed = |e: reqwest::Error| {
-        if e.is_timeout() {
-            format!("{url}: no answer within {}s", TIMEOUT.as_secs())
-        } else {
-            format!("{url}: {}", lockmesh_runtime::error_chain(&e))
-        }
-    };
-    let client = reqwest::Client::builder().timeout(TIMEOUT).build().map_err(failed)?;
-    let resp = client
-        .post(format!("http://{hostport}/v1/audit/query"))
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .map_err(failed)?;
-    let (version, status) = (resp.version(), resp.status());
-    let text = resp.text().await.map_err(failed)?;
-    if status != reqwest::StatusCode::OK {
-        // As the status line reads: `HTTP/1.1 500 Internal Server Error`.
-        return Err(format!("{url}: {version:?} {status} {}", text.trim()));
-    }
-    Ok(text)
+/// POSTs a query (`body`, JSON) to the tailer's `/v1/audit/query` at `url` with
+/// `auth` and returns the answer's body (any transfer encoding).
+pub(crate) async fn post(url: &str, body: &str, auth: &QueryAuth) -> Result<String, String> {
+    lockmesh_ops::audit_client::post(url, body, auth, TIMEOUT).await
 }
 
 /// Runs `lockctl audit`: exit 0, 64 for a bad argument, 1 when the store or the
@@ -190,13 +182,19 @@ pub async fn main(a: &AuditArgs) -> ExitCode {
     let answer: Result<Answer, String> = match (&a.url, &a.db) {
         (Some(url), _) => match serde_json::to_string(&q) {
             Ok(body) => {
-                post(url, &body).await.and_then(|b| serde_json::from_str(&b).map_err(|e| format!("{url}: {e}")))
+                let auth = QueryAuth {
+                    ca: a.ca.clone(),
+                    cert: a.cert_file.clone(),
+                    key: a.key_file.clone(),
+                    token: a.token.clone(),
+                };
+                post(url, &body, &auth).await.and_then(|b| serde_json::from_str(&b).map_err(|e| format!("{url}: {e}")))
             }
             Err(e) => Err(e.to_string()),
         },
         (None, Some(db)) => Store::open(db).and_then(|s| query::run(&s, &q, now)).map_err(|e| e.to_string()),
         (None, None) => {
-            eprintln!("lockctl audit: --url (the tailer's admin address) or --db (its store file) is required");
+            eprintln!("lockctl audit: --url (the tailer's query port) or --db (its store file) is required");
             return ExitCode::from(64);
         }
     };
@@ -242,17 +240,24 @@ mod tests {
         let chunked =
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n3\r\n\":1\r\n1\r\n}\r\n0\r\n\r\n";
         let (url, req) = serve_once(Some(chunked.into())).await;
-        assert_eq!(post(&url, r#"{"query":"recent","limit":1}"#).await.unwrap(), r#"{"a":1}"#);
+        let token = QueryAuth { token: Some("t0k".into()), ..Default::default() };
+        assert_eq!(post(&url, r#"{"query":"recent","limit":1}"#, &token).await.unwrap(), r#"{"a":1}"#);
         let head = req.await.unwrap().to_ascii_lowercase();
         assert!(head.starts_with("post /v1/audit/query http/1.1\r\n"), "{head}");
         assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
+        assert!(head.contains("\r\nauthorization: bearer t0k\r\n"), "{head}");
         let body = r#"{"error":"store: locked"}"#;
         let refused = format!("HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         let (url, _req) = serve_once(Some(refused)).await;
+        let none = QueryAuth::default();
         assert_eq!(
-            post(&url, "{}").await.unwrap_err(),
+            post(&url, "{}", &none).await.unwrap_err(),
             format!("{url}: HTTP/1.1 500 Internal Server Error {{\"error\":\"store: locked\"}}")
         );
-        assert!(post("https://x:1", "{}").await.unwrap_err().contains("must start with http://"));
+        // The metrics port answers no query: the error says where the API is.
+        let (url, _req) = serve_once(Some("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".into())).await;
+        assert!(post(&url, "{}", &none).await.unwrap_err().contains("the tailer's query port"));
+        assert!(post("ftp://x:1", "{}", &none).await.unwrap_err().contains("must start with https://"));
+        assert!(post("https://x:1", "{}", &none).await.unwrap_err().starts_with("--ca: required"));
     }
 }

@@ -157,7 +157,11 @@ async fn api_waiters(
 
 async fn api_state(AxState(c): AxState<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
     let op = authenticate(&c.state, &headers)?;
-    Ok(json_response(&c.snapshot(&op).await))
+    // The verified token goes on to the audit tailer's query port, which checks it again.
+    let token = lockmesh_ops::admin::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+        .ok()
+        .map(str::to_owned);
+    Ok(json_response(&c.snapshot(&op, token).await))
 }
 
 fn enforcement(e: &Enforcement) -> ConsoleEnforcement {
@@ -190,7 +194,7 @@ impl Console {
     }
 
     /// Everything the page shows.
-    async fn snapshot(&self, op: &Operator) -> ConsoleState {
+    async fn snapshot(&self, op: &Operator, token: Option<String>) -> ConsoleState {
         let state = &self.state;
         let (now, timeout) = (now_ms(), self.timeout());
         let root = state.config.etcd_root.clone();
@@ -278,7 +282,7 @@ impl Console {
         let epoch = state.store.epoch_state().await.ok();
         let endpoints = state.config.etcd_endpoints.len() as u64;
         let cluster = cluster_view(&mut client, timeout, |url| self.member(url)).await;
-        let audit = self.audit().await;
+        let audit = self.audit(token).await;
         let registry = match crate::registry::classes_status(state).await {
             ClassesStatus::Read(r) => Some(r.registry),
             ClassesStatus::Unreadable { .. } => None,
@@ -315,8 +319,9 @@ impl Console {
     }
 
     /// Recent audit events from the tailer (`console.audit_url`): kind, class,
-    /// digest, revision, time; never the raw key, identity or session.
-    async fn audit(&self) -> ConsoleAudit {
+    /// digest, revision, time; never the raw key, identity or session. The
+    /// signed-in operator's `token` is forwarded to the tailer's query port.
+    async fn audit(&self, token: Option<String>) -> ConsoleAudit {
         let cfg = &self.state.config.console;
         let none = ConsoleAudit { configured: true, error: None, events: None, message: None };
         let Some(url) = cfg.audit_url.as_deref() else {
@@ -324,7 +329,8 @@ impl Console {
             return ConsoleAudit { configured: false, message, ..none };
         };
         let q = Query::Recent { limit: u64::try_from(cfg.audit_events).unwrap_or(u64::MAX) };
-        match lockmesh_ops::audit_client::query(url, &q, self.timeout()).await {
+        let auth = lockmesh_ops::audit_client::QueryAuth { token, ..Default::default() };
+        match lockmesh_ops::audit_client::query(url, &q, &auth, self.timeout()).await {
             Ok(Answer::Events { events }) => {
                 let events = events
                     .into_iter()

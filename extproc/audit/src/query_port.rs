@@ -1,0 +1,310 @@
+//! The operators' query port (`query:` in audit.yaml, docs/AUDIT.md): `POST
+//! /v1/audit/query` over HTTPS with client certificates, on a listener of its own
+//! so the metrics port, which scrapers reach, answers no query.
+//!
+//! Who may query is decided by [`Access::authorize`], before the store is read:
+//! the client certificate's SPIFFE ID must be one of `query.allowed_clients`
+//! and, when `query.operators` is set, an `Authorization: Bearer` token must
+//! verify with the arbiter's operator verifier (`lockmesh_ops::admin::jwt`).
+//! Refusals are the operator plane's table (`lockmesh_ops::admin::AdminError`:
+//! status, stable code, `{"code", "message"}` body), as the arbiter answers them.
+//! The token is never logged; a query is logged by its kind and the caller's
+//! SPIFFE ID and `sub`, never by what it names.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use axum::{
+    body::Bytes,
+    extract::{DefaultBodyLimit, State},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+    Extension, Json, Router,
+};
+use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
+use lockmesh_core::wire::audit::AuditErrorBody;
+use lockmesh_ops::admin::AdminError;
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+
+use super::{
+    config::{QueryApi, QueryOperators},
+    query,
+    store::Store,
+};
+
+/// Largest query body accepted (a query is a few hundred bytes).
+const MAX_BODY: usize = 64 * 1024;
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long in-flight queries get after shutdown is asked for.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who may query: the configured client identities and token checks.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// SPIFFE IDs allowed (`query.allowed_clients`).
+    pub allowed_clients: Vec<String>,
+    /// Token checks (`query.operators`), if any.
+    pub operators: Option<QueryOperators>,
+}
+
+/// The caller a query was authorised for: its certificate's SPIFFE ID and, with
+/// token checks, the operator's `sub`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The client certificate's SPIFFE ID.
+    pub client: String,
+    /// The verified operator's subject, when tokens are checked.
+    pub sub: Option<String>,
+}
+
+/// The SPIFFE ID of a connection's client certificate (none without one).
+#[derive(Debug, Clone)]
+struct PeerId(Option<String>);
+
+impl Access {
+    /// The access of a validated `query` section.
+    pub fn of(q: &QueryApi) -> Self {
+        Self { allowed_clients: q.allowed_clients.clone(), operators: q.operators.clone() }
+    }
+
+    /// Decides whether the holder of `peer` (the client certificate's SPIFFE ID,
+    /// `None` without a certificate) sending `authorization` may query, at unix
+    /// time `now_s`. The certificate is checked first: a token never makes up for
+    /// a client that is not an operators' tool.
+    pub fn authorize(&self, peer: Option<&str>, authorization: Option<&str>, now_s: u64) -> Result<Caller, AdminError> {
+        let client = match peer {
+            Some(id) if self.allowed_clients.iter().any(|c| c == id) => id.to_owned(),
+            Some(id) => return Err(AdminError::ClientDenied(id.to_owned())),
+            None => return Err(AdminError::ClientDenied("(no client certificate)".to_owned())),
+        };
+        let sub = match &self.operators {
+            None => None,
+            Some(ops) => {
+                let token = lockmesh_ops::admin::bearer(authorization)?;
+                Some(ops.verifier()?.verify(token, now_s)?.sub)
+            }
+        };
+        Ok(Caller { client, sub })
+    }
+}
+
+/// The listener's state.
+struct Port {
+    access: Access,
+    store: Arc<Store>,
+}
+
+/// An [`AdminError`] as the operator plane answers it: its status, the
+/// `{"code","message"}` body, `www-authenticate: Bearer` on a 401.
+fn refusal(e: &AdminError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let mut r = (status, Json(e.body())).into_response();
+    if e.wants_token() {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+async fn query_h(
+    State(port): State<Arc<Port>>,
+    Extension(PeerId(peer)): Extension<PeerId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let now_s = lockmesh_lock::now_ms() / 1000;
+    let caller = match port.access.authorize(peer.as_deref(), authorization, now_s) {
+        Ok(c) => c,
+        Err(e) => {
+            // The code and the certificate's SPIFFE ID only: never the token.
+            tracing::warn!(code = e.code(), client = peer.as_deref().unwrap_or("-"), "audit query refused");
+            return refusal(&e);
+        }
+    };
+    let q: query::Query = match serde_json::from_slice(&body) {
+        Ok(q) => q,
+        Err(e) => return refusal(&AdminError::BadCall(format!("query: {e}"))),
+    };
+    tracing::info!(client = %caller.client, sub = caller.sub.as_deref().unwrap_or("-"), query = kind_of(&q), "audit query");
+    match query::run(&port.store, &q, lockmesh_lock::now_ms()) {
+        Ok(a) => Json(a).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(AuditErrorBody { error: e.to_string() })).into_response(),
+    }
+}
+
+/// A query's kind, as logged (what it names stays out of the log).
+fn kind_of(q: &query::Query) -> &'static str {
+    match q {
+        query::Query::History { .. } => "history",
+        query::Query::ByIdentity { .. } => "by_identity",
+        query::Query::Longest { .. } => "longest",
+        query::Query::Expiries { .. } => "expiries",
+        query::Query::Recent { .. } => "recent",
+        query::Query::Events { .. } => "events",
+        query::Query::Unprotected { .. } => "unprotected",
+    }
+}
+
+/// The router of the query port, for connections whose client presented `peer`.
+fn router(port: Arc<Port>, peer: Option<String>) -> Router {
+    Router::new()
+        .route("/v1/audit/query", post(query_h))
+        .layer(Extension(PeerId(peer)))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(port)
+}
+
+/// The rustls configuration of the query port: the server pair, client
+/// certificates verified against the CA when presented (a client without one
+/// reaches HTTP and is refused there with `admin.client_denied`), HTTP/1.1.
+fn server_config(q: &QueryApi) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::Context as _;
+    let certs = CertificateDer::pem_file_iter(&q.cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("query.tls.cert {}", q.cert.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "query.tls.cert {}: no CERTIFICATE block", q.cert.display());
+    let key = PrivateKeyDer::from_pem_file(&q.key).with_context(|| format!("query.tls.key {}", q.key.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(&q.client_ca)
+        .with_context(|| format!("query.tls.client_ca {}", q.client_ca.display()))?
+    {
+        roots.add(ca.with_context(|| format!("query.tls.client_ca {}", q.client_ca.display()))?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()?;
+    let mut c = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)?;
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(c))
+}
+
+/// Checks that the TLS files of `q` make a server configuration (for
+/// `--check-config` and before the tailer starts).
+pub fn check(q: &QueryApi) -> anyhow::Result<()> {
+    server_config(q).map(|_| ())
+}
+
+/// Serves the query API on `listener` until `shutdown` completes, then drains
+/// in-flight queries for up to 10 s.
+pub async fn serve(
+    listener: TcpListener,
+    q: &QueryApi,
+    store: Arc<Store>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(q)?);
+    let port = Arc::new(Port { access: Access::of(q), store });
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "query port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, port, watcher) = (acceptor.clone(), port.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "query port: tls handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "query port: tls handshake timed out"),
+            };
+            let id = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())));
+            let service = TowerToHyperService::new(router(port, id));
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn).await {
+                tracing::debug!(%peer, error = %e, "query port: connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+        tracing::warn!("in-flight audit queries did not finish within the drain timeout");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOCKCTL: &str = "spiffe://td/ns/lockmesh-system/sa/lockctl";
+
+    fn access(operators: Option<QueryOperators>) -> Access {
+        Access { allowed_clients: vec![LOCKCTL.into()], operators }
+    }
+
+    /// The refusals the `audit_query::` scenario asserts, as codes and statuses.
+    fn refused(a: &Access, peer: Option<&str>, auth: Option<&str>) -> Option<(&'static str, u16)> {
+        a.authorize(peer, auth, 1_700_000_000).err().map(|e| (e.code(), e.status()))
+    }
+
+    #[test]
+    fn only_an_allowed_client_certificate_may_query() {
+        let a = access(None);
+        assert_eq!(a.authorize(Some(LOCKCTL), None, 0).unwrap().client, LOCKCTL);
+        for peer in [None, Some("spiffe://td/ns/payments/sa/app"), Some("spiffe://td/ns/lockmesh-system/sa/lockctl2")] {
+            assert_eq!(refused(&a, peer, Some("Bearer x")), Some(("admin.client_denied", 403)), "{peer:?}");
+        }
+    }
+
+    /// The scenario's refusal assertion catches a tailer that accepts anyone: a
+    /// planted access whose check lets every client through answers a workload,
+    /// so the same assertion fails on it.
+    #[test]
+    fn a_planted_access_that_accepts_anyone_fails_the_refusal_assertion() {
+        let workload = Some("spiffe://td/ns/payments/sa/app");
+        assert!(refused(&access(None), workload, None).is_some());
+        let planted = Access { allowed_clients: vec!["spiffe://td/ns/payments/sa/app".into()], operators: None };
+        assert!(refused(&planted, workload, None).is_none(), "the planted access lets the workload query");
+    }
+
+    #[test]
+    fn with_token_checks_a_token_is_required_after_the_certificate() {
+        let dir =
+            std::env::temp_dir().join(format!("lm-audit-access-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let idp = lockmesh_devcerts::jwt::Issuer::generate("k1").unwrap();
+        std::fs::write(dir.join("jwks.json"), idp.jwks()).unwrap();
+        let ops = QueryOperators {
+            jwks_file: dir.join("jwks.json"),
+            issuer: "https://idp".into(),
+            audience: "lockmesh-admin".into(),
+            role: Some("lock-operator".into()),
+            require_mfa: true,
+            max_token_age_s: Some(900),
+        };
+        let now = 1_700_000_000u64;
+        let token = |roles: &[&str]| {
+            let claims = serde_json::json!({"iss": "https://idp", "aud": "lockmesh-admin", "sub": "alice",
+                "exp": now + 300, "iat": now - 60, "roles": roles, "amr": ["pwd", "otp"]});
+            format!("Bearer {}", idp.token(&claims).unwrap())
+        };
+        let a = access(Some(ops));
+        let ok = a.authorize(Some(LOCKCTL), Some(&token(&["lock-operator"])), now).unwrap();
+        assert_eq!(ok, Caller { client: LOCKCTL.into(), sub: Some("alice".into()) });
+        assert_eq!(refused(&a, Some(LOCKCTL), None), Some(("admin.token_missing", 401)));
+        assert_eq!(refused(&a, Some(LOCKCTL), Some("Bearer a.b.c")), Some(("admin.token_invalid", 401)));
+        assert_eq!(refused(&a, Some(LOCKCTL), Some(&token(&[]))), Some(("admin.role_missing", 403)));
+        // The certificate is checked first: a good token never admits another client.
+        let other = Some("spiffe://td/ns/payments/sa/app");
+        assert_eq!(refused(&a, other, Some(&token(&["lock-operator"]))), Some(("admin.client_denied", 403)));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
