@@ -35,7 +35,9 @@ use ed25519_dalek::{pkcs8::DecodePublicKey as _, VerifyingKey};
 use lockmesh_core::proof::{KeyId, Verifier};
 use serde::Deserialize;
 
-use crate::route::{EqualRule, Route, Template};
+use lockmesh_core::template::{PathTemplate, TextTemplate};
+
+use crate::route::{EqualRule, Route};
 
 pub mod env;
 
@@ -108,7 +110,8 @@ pub struct RawTrustedKey {
 pub struct RawRoute {
     /// Name used in metrics labels and logs.
     pub name: String,
-    /// Path template: `/` segments, literal or `{var}` (one whole segment).
+    /// Path template (`lockmesh_core::template`): `/` segments, literal or `{var}`
+    /// (one whole segment); literal segments are in canonical form.
     pub path: String,
     /// Methods that are reads here (pass through). Every other method is a write.
     #[serde(default)]
@@ -270,10 +273,10 @@ impl Config {
             if routes.iter().any(|x: &Route| x.name == r.name) {
                 err(&at("name"), format!("{:?} is used by an earlier route", r.name));
             }
-            let path = Template::parse_path(&r.path).map_err(|e| err(&at("path"), e));
-            let vars = path.as_ref().map(Template::vars).unwrap_or_default();
-            let resource = Template::parse(&r.resource, &vars).map_err(|e| err(&at("resource"), e));
-            let lock_key = Template::parse(&r.lock_key, &vars).map_err(|e| err(&at("lock_key"), e));
+            let path = PathTemplate::parse(&r.path).map_err(|e| err(&at("path"), e.to_string()));
+            let vars = path.as_ref().map(PathTemplate::vars).unwrap_or_default();
+            let resource = TextTemplate::parse(&r.resource, &vars).map_err(|e| err(&at("resource"), e.to_string()));
+            let lock_key = TextTemplate::parse(&r.lock_key, &vars).map_err(|e| err(&at("lock_key"), e.to_string()));
             let mut reads = Vec::new();
             for (j, m) in r.reads.iter().enumerate() {
                 if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
@@ -293,8 +296,8 @@ impl Config {
             }
         }
         let unlisted = raw.unlisted.as_ref().and_then(|g| {
-            let resource = Template::parse(&g.resource, &[]).map_err(|e| err("unlisted.resource", e));
-            let lock_key = Template::parse(&g.lock_key, &[]).map_err(|e| err("unlisted.lock_key", e));
+            let resource = TextTemplate::parse(&g.resource, &[]).map_err(|e| err("unlisted.resource", e.to_string()));
+            let lock_key = TextTemplate::parse(&g.lock_key, &[]).map_err(|e| err("unlisted.lock_key", e.to_string()));
             match (resource, lock_key) {
                 (Ok(resource), Ok(lock_key)) => Some(Route {
                     name: "unlisted".into(),
