@@ -7,14 +7,31 @@
 //!
 //! Binaries: `ETCD_BIN` (and `ETCDCTL_BIN`, `ETCDUTL_BIN`) or the pinned
 //! install in `<repo>/.tools/etcd/usr/bin/` made by `scripts/setup`.
+//!
+//! # Production's shape (issue #16)
+//!
+//! The shipped deployment (deploy/, docs/ADMIN.md) runs etcd with client TLS,
+//! authentication on and one least-privilege role per component
+//! (`lockmesh_ops::admin::etcd_roles::roles`). With `LOCKMESH_TEST_ETCD=secure`
+//! every cluster the harness starts ([`shared_etcd`], [`EtcdCluster::builder`],
+//! `StackBuilder::own_etcd`) serves client TLS with a harness CA ([`harness_pki`])
+//! and has auth on with a random root password; [`EtcdCluster::client`] then logs
+//! in as root, and [`EtcdCluster::users_for`] creates the shipped roles for one
+//! key root under unique names ([`EtcdUsers`]), which the processes a test starts
+//! log in as. `LOCKMESH_TEST_ETCD=plain` (or unset) keeps the plaintext,
+//! unauthenticated etcd; a test about such an etcd asks for it with
+//! [`EtcdBuilder::plaintext`] whatever the switch says.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
+use etcd_client::Permission;
+use lockmesh_ops::admin::etcd_roles::{roles, Perm};
 use tempfile::TempDir;
 use tokio::sync::OnceCell;
 
+use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
 use crate::paths::{repo_root, temp_dir, tool};
 use crate::ports::free_port;
 use crate::probe::http_get_within;
@@ -33,8 +50,60 @@ pub struct EtcdCluster {
     token: String,
     initial_cluster: String,
     client_tls: Option<EtcdTls>,
+    /// The root user's password when the harness turned auth on ([`EtcdBuilder::secure`]).
+    root_password: Option<String>,
     // Dropped after the members (fields drop in declaration order).
     _dir: TempDir,
+}
+
+/// How a cluster is secured.
+#[derive(Clone, Debug)]
+enum Security {
+    /// Whatever `LOCKMESH_TEST_ETCD` says ([`secure_by_default`]).
+    Default,
+    /// Plaintext, no auth.
+    Plain,
+    /// Client TLS with the given files, auth left to the test.
+    Tls(EtcdTls),
+    /// Client TLS with the harness CA, auth on, root logged in by [`EtcdCluster::client`].
+    Secure,
+}
+
+/// Whether clusters run secured unless a test says otherwise: `LOCKMESH_TEST_ETCD`
+/// is `secure` (TLS + auth + roles) or `plain` (the default while scenarios are
+/// converted); anything else is refused so a typo cannot silently test plaintext.
+///
+/// # Panics
+///
+/// On any other value of `LOCKMESH_TEST_ETCD`.
+pub fn secure_by_default() -> bool {
+    match std::env::var("LOCKMESH_TEST_ETCD").as_deref() {
+        Ok("secure") => true,
+        Ok("plain") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("LOCKMESH_TEST_ETCD={other:?}: expected plain or secure"),
+    }
+}
+
+/// The binary-wide PKI whose CA signs every harness etcd's server certificate
+/// (`arbiter.pem`: SAN 127.0.0.1), generated once in the scratch directory.
+///
+/// # Panics
+///
+/// If it cannot be generated (no scratch directory).
+pub fn harness_pki() -> &'static DevPki {
+    static PKI: std::sync::OnceLock<DevPki> = std::sync::OnceLock::new();
+    PKI.get_or_init(|| {
+        let dir = temp_dir("etcd-pki-").expect("scratch dir for the etcd PKI");
+        // Kept for the binary's lifetime; the next binary's sweep removes it.
+        let path = dir.keep();
+        DevPki::generate(&path, TEST_TRUST_DOMAIN).expect("generate the harness etcd PKI")
+    })
+}
+
+fn harness_tls() -> EtcdTls {
+    let pki = harness_pki();
+    let server = pki.arbiter_server();
+    EtcdTls { cert: server.cert_path, key: server.key_path, ca: pki.ca_cert_path() }
 }
 
 /// Options for [`EtcdCluster`].
@@ -45,7 +114,7 @@ pub struct EtcdBuilder {
     heartbeat_ms: u64,
     election_ms: u64,
     extra_args: Vec<String>,
-    client_tls: Option<EtcdTls>,
+    security: Security,
 }
 
 /// Client TLS of an etcd cluster (ADR-05): server certificate, key and the CA
@@ -103,8 +172,24 @@ impl EtcdBuilder {
 
     /// Client TLS: `https://` client URLs served with `tls`; `/health` moves to a
     /// plain-HTTP metrics listener for the harness's probes.
+    /// The test sets up auth itself ([`EtcdCluster::enable_auth`]); [`EtcdCluster::client`]
+    /// stays anonymous.
     pub fn client_tls(mut self, tls: EtcdTls) -> Self {
-        self.client_tls = Some(tls);
+        self.security = Security::Tls(tls);
+        self
+    }
+
+    /// Plaintext and unauthenticated whatever `LOCKMESH_TEST_ETCD` says: for a test
+    /// about such an etcd (its doc comment says why).
+    pub fn plaintext(mut self) -> Self {
+        self.security = Security::Plain;
+        self
+    }
+
+    /// Production's shape whatever `LOCKMESH_TEST_ETCD` says: client TLS with the
+    /// harness CA ([`harness_pki`]), a random root password, auth on.
+    pub fn secure(mut self) -> Self {
+        self.security = Security::Secure;
         self
     }
 
@@ -126,7 +211,17 @@ impl EtcdBuilder {
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::with_capacity(self.members);
-        let scheme = if self.client_tls.is_some() { "https" } else { "http" };
+        let secure = match self.security {
+            Security::Default => secure_by_default(),
+            Security::Secure => true,
+            Security::Plain | Security::Tls(_) => false,
+        };
+        let client_tls = match &self.security {
+            Security::Tls(t) => Some(t.clone()),
+            _ if secure => Some(harness_tls()),
+            _ => None,
+        };
+        let scheme = if client_tls.is_some() { "https" } else { "http" };
         for (i, &(client_port, peer_port)) in ports.iter().enumerate() {
             let name = format!("m{i}");
             let member_dir = dir.path().join(&name);
@@ -148,22 +243,32 @@ impl EtcdBuilder {
                 "--log-level=info".into(),
             ];
             let mut health_port = client_port;
-            if let Some(t) = &self.client_tls {
+            if let Some(t) = &client_tls {
                 health_port = free_port();
                 args.push(format!("--cert-file={}", t.cert.display()));
                 args.push(format!("--key-file={}", t.key.display()));
                 args.push(format!("--listen-metrics-urls=http://127.0.0.1:{health_port}"));
             }
+            if secure {
+                // bcrypt's minimum cost: every Authenticate (each client connect, each
+                // lockctl run) hashes the password. Production keeps etcd's default (10).
+                args.push("--bcrypt-cost=4".into());
+            }
             args.extend(self.extra_args.iter().cloned());
             let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));
             members.push(EtcdMember { name, client_port, peer_port, data_dir, process, scheme, health_port });
         }
-        let cluster = EtcdCluster { members, token, initial_cluster, client_tls: self.client_tls, _dir: dir };
+        let mut cluster = EtcdCluster { members, token, initial_cluster, client_tls, root_password: None, _dir: dir };
         // All members must run before any can elect a leader and be healthy.
         for m in &cluster.members {
             m.process.start()?;
         }
         cluster.wait_healthy().await?;
+        if secure {
+            let password = format!("root-{:016x}", rand::random::<u64>());
+            cluster.enable_auth(&password).await?;
+            cluster.root_password = Some(password);
+        }
         Ok(cluster)
     }
 }
@@ -179,7 +284,7 @@ impl EtcdCluster {
             heartbeat_ms: 100,
             election_ms: 1000,
             extra_args: Vec::new(),
-            client_tls: None,
+            security: Security::Default,
         }
     }
 
@@ -218,14 +323,22 @@ impl EtcdCluster {
         Ok(())
     }
 
-    /// A gRPC client on all endpoints (over TLS when the cluster has it).
+    /// A gRPC client on all endpoints (over TLS when the cluster has it; logged in
+    /// as root when the harness turned auth on): for test code that inspects or
+    /// plants keys directly.
     pub async fn client(&self) -> Result<etcd_client::Client> {
-        self.connect(None).await
+        self.client_on(&self.endpoints()).await
+    }
+
+    /// Like [`EtcdCluster::client`], on the given endpoints only (e.g. one member).
+    pub async fn client_on(&self, endpoints: &[String]) -> Result<etcd_client::Client> {
+        let root = self.root_password.as_deref().map(|p| ("root", p));
+        self.connect(endpoints, root).await
     }
 
     /// A gRPC client logged in as `user` (auth enabled).
     pub async fn client_as(&self, user: &str, password: &str) -> Result<etcd_client::Client> {
-        self.connect(Some((user, password))).await
+        self.connect(&self.endpoints(), Some((user, password))).await
     }
 
     /// The client TLS settings, if any.
@@ -233,17 +346,100 @@ impl EtcdCluster {
         self.client_tls.as_ref()
     }
 
-    async fn connect(&self, user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
-        let endpoints = self.endpoints();
+    /// Whether the harness turned auth on ([`EtcdBuilder::secure`]).
+    pub fn is_secure(&self) -> bool {
+        self.root_password.is_some()
+    }
+
+    /// `LOCKMESH_ETCD_*` variables for a child process (lockctl, a gate or load
+    /// tool) reaching this cluster as root: endpoints, and with TLS the CA, with
+    /// auth the root user and a password file in `dir`. For clusters a test owns
+    /// outright; a stack's processes use their own role ([`EtcdUsers::env`]).
+    pub fn client_env(&self, dir: &Path) -> Result<Vec<(String, String)>> {
+        let mut env = vec![("LOCKMESH_ETCD_ENDPOINTS".to_owned(), self.endpoints().join(","))];
+        if let Some(t) = &self.client_tls {
+            env.push(("LOCKMESH_ETCD_CA".into(), t.ca.display().to_string()));
+        }
+        if let Some(p) = &self.root_password {
+            let file = dir.join("etcd-root.pw");
+            std::fs::write(&file, format!("{p}\n")).with_context(|| format!("write {}", file.display()))?;
+            env.push(("LOCKMESH_ETCD_USER".into(), "root".into()));
+            env.push(("LOCKMESH_ETCD_PASSWORD_FILE".into(), file.display().to_string()));
+        }
+        Ok(env)
+    }
+
+    /// `etcdctl` flags reaching this cluster as root (`--cacert`, `--user`), empty
+    /// for a plaintext cluster.
+    pub fn etcdctl_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        if let Some(t) = &self.client_tls {
+            flags.push(format!("--cacert={}", t.ca.display()));
+        }
+        if let Some(p) = &self.root_password {
+            flags.push(format!("--user=root:{p}"));
+        }
+        flags
+    }
+
+    /// Creates the shipped roles (`etcd_roles::roles(root)`) for key root `root`
+    /// under names unique to this call (`<role>-<8 hex digits>`, since several
+    /// stacks share one etcd) and one user per role with a random password
+    /// (files in `dir`). On a cluster without harness auth nothing is created and
+    /// the [`EtcdUsers`] only carries the endpoints (and CA).
+    pub async fn users_for(&self, root: &str, dir: &Path) -> Result<EtcdUsers> {
+        let suffix = format!("{:08x}", rand::random::<u32>());
+        let users = EtcdUsers {
+            endpoints: self.endpoints(),
+            ca: self.client_tls.as_ref().map(|t| t.ca.clone()),
+            secure: self.is_secure(),
+            suffix,
+            secret: rand::random(),
+            dir: dir.to_path_buf(),
+        };
+        if !users.secure {
+            return Ok(users);
+        }
+        let c = self.client().await?;
+        let make = roles(root).into_iter().map(|role| {
+            let mut c = c.clone();
+            let (name, pw) = (users.user(role.name), users.password(role.name));
+            let file = users.password_file(role.name);
+            async move {
+                std::fs::write(&file, format!("{pw}\n")).with_context(|| format!("write {}", file.display()))?;
+                c.role_add(name.as_str()).await.with_context(|| format!("role add {name}"))?;
+                for g in &role.grants {
+                    let mut p = match g.perm {
+                        Perm::Read => Permission::read(g.key.as_str()),
+                        Perm::Write => Permission::write(g.key.as_str()),
+                        Perm::ReadWrite => Permission::read_write(g.key.as_str()),
+                    };
+                    if g.prefix {
+                        p = p.with_prefix();
+                    }
+                    c.role_grant_permission(name.as_str(), p).await.with_context(|| format!("grant {name}"))?;
+                }
+                c.user_add(name.as_str(), pw.as_str(), None).await.with_context(|| format!("user add {name}"))?;
+                c.user_grant_role(name.as_str(), name.as_str()).await.with_context(|| format!("grant role {name}"))?;
+                Ok::<_, anyhow::Error>(())
+            }
+        });
+        futures::future::try_join_all(make).await?;
+        Ok(users)
+    }
+
+    async fn connect(&self, endpoints: &[String], user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
         let mut opts = etcd_client::ConnectOptions::new();
         if let Some(t) = &self.client_tls {
             let ca = std::fs::read(&t.ca).with_context(|| format!("read {}", t.ca.display()))?;
             opts = opts.with_tls(etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca)));
         }
         if let Some((u, p)) = user {
-            opts = opts.with_user(u, p);
+            // A restarted or restored member forgets simple auth tokens: the test's
+            // own clients log in again instead of failing with "invalid auth token".
+            opts = opts.with_user(u, p).with_auto_token_refresh(true);
         }
-        etcd_client::Client::connect(&endpoints, Some(opts))
+        etcd_client::Client::connect(endpoints, Some(opts))
             .await
             .with_context(|| format!("connect etcd client to {endpoints:?}"))
     }
@@ -251,7 +447,7 @@ impl EtcdCluster {
     /// Enables auth: creates `root` (password `root_password`) with the root
     /// role, then turns auth on. Every later client must log in.
     pub async fn enable_auth(&self, root_password: &str) -> Result<()> {
-        let mut c = self.client().await?;
+        let mut c = self.connect(&self.endpoints(), None).await?;
         c.user_add("root", root_password, None).await.context("user add root")?;
         c.user_grant_role("root", "root").await.context("grant root")?;
         c.auth_enable().await.context("auth enable")?;
@@ -263,16 +459,10 @@ impl EtcdCluster {
         let member =
             self.members.iter().find(|m| m.process.is_running()).context("snapshot_save: no etcd member is running")?;
         let path = path.as_ref();
-        run_tool(
-            etcdctl_bin()?,
-            &[
-                format!("--endpoints={}", member.client_url()),
-                "snapshot".into(),
-                "save".into(),
-                path.display().to_string(),
-            ],
-        )
-        .await?;
+        let mut args = vec![format!("--endpoints={}", member.client_url())];
+        args.extend(self.etcdctl_flags());
+        args.extend(["snapshot".into(), "save".into(), path.display().to_string()]);
+        run_tool(etcdctl_bin()?, &args).await?;
         Ok(())
     }
 
@@ -309,6 +499,107 @@ impl EtcdCluster {
             m.process.start()?;
         }
         self.wait_healthy().await
+    }
+}
+
+/// One key root's etcd users on a cluster ([`EtcdCluster::users_for`]): the
+/// shipped roles under unique names, how a process logs in as each. Methods take
+/// the shipped role name (`lockmesh-arbiter`, `lockmesh-admin`, `lockmesh-admin-epoch`,
+/// `lockmesh-classes`, `lockmesh-audit`; `etcd_roles::COMMAND_ROLES` says which
+/// lockctl command needs which). On a cluster without harness auth they carry
+/// only the endpoints (and CA), so callers need no branch.
+#[derive(Clone, Debug)]
+pub struct EtcdUsers {
+    endpoints: Vec<String>,
+    ca: Option<PathBuf>,
+    secure: bool,
+    suffix: String,
+    /// Random per call: the passwords are `pw-<role>-<secret>`.
+    secret: u64,
+    dir: PathBuf,
+}
+
+impl EtcdUsers {
+    /// The etcd user (and role) name standing for shipped role `role`.
+    pub fn user(&self, role: &str) -> String {
+        format!("{role}-{}", self.suffix)
+    }
+
+    /// Whether the users exist (the cluster has harness auth).
+    pub fn is_secure(&self) -> bool {
+        self.secure
+    }
+
+    /// The CA file clients trust, with client TLS.
+    pub fn ca(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    fn password(&self, role: &str) -> String {
+        format!("pw-{role}-{:016x}", self.secret)
+    }
+
+    /// The file holding `role`'s user's password (one line).
+    pub fn password_file(&self, role: &str) -> PathBuf {
+        self.dir.join(format!("{}.pw", self.user(role)))
+    }
+
+    /// `LOCKMESH_ETCD_*` variables for a lockctl (or any `EtcdArgs`) child process
+    /// logging in as `role`'s user: endpoints, CA, user, password file.
+    pub fn env(&self, role: &str) -> Vec<(String, String)> {
+        let mut env = vec![("LOCKMESH_ETCD_ENDPOINTS".to_owned(), self.endpoints.join(","))];
+        if let Some(ca) = &self.ca {
+            env.push(("LOCKMESH_ETCD_CA".into(), ca.display().to_string()));
+        }
+        if self.secure {
+            env.push(("LOCKMESH_ETCD_USER".into(), self.user(role)));
+            env.push(("LOCKMESH_ETCD_PASSWORD_FILE".into(), self.password_file(role).display().to_string()));
+        }
+        env
+    }
+
+    /// The arbiter config's `etcd:` lines (`tls`, `user`, `password_file`) for
+    /// `role`'s user, for [`crate::ArbiterBuilder::etcd_yaml`]; empty in plaintext.
+    pub fn arbiter_yaml(&self, role: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Some(ca) = &self.ca {
+            lines.push(format!("tls: {{ ca: {:?} }}", ca.display().to_string()));
+        }
+        if self.secure {
+            lines.push(format!("user: {:?}", self.user(role)));
+            lines.push(format!("password_file: {:?}", self.password_file(role).display().to_string()));
+        }
+        lines
+    }
+
+    /// The audit tailer config's top-level lines (`etcd_tls`, `etcd_user`,
+    /// `etcd_password_file`) for `role`'s user, each ending in a newline.
+    pub fn audit_yaml(&self, role: &str) -> String {
+        let mut yaml = String::new();
+        if let Some(ca) = &self.ca {
+            yaml.push_str(&format!("etcd_tls: {{ ca: {:?} }}\n", ca.display().to_string()));
+        }
+        if self.secure {
+            yaml.push_str(&format!("etcd_user: {:?}\n", self.user(role)));
+            yaml.push_str(&format!("etcd_password_file: {:?}\n", self.password_file(role).display().to_string()));
+        }
+        yaml
+    }
+
+    /// A gRPC client logged in as `role`'s user (anonymous in plaintext).
+    pub async fn client(&self, role: &str) -> Result<etcd_client::Client> {
+        let mut opts = etcd_client::ConnectOptions::new();
+        if let Some(ca) = &self.ca {
+            let pem = std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
+            opts =
+                opts.with_tls(etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem)));
+        }
+        if self.secure {
+            opts = opts.with_user(self.user(role), self.password(role)).with_auto_token_refresh(true);
+        }
+        etcd_client::Client::connect(&self.endpoints, Some(opts))
+            .await
+            .with_context(|| format!("connect etcd client as {role} to {:?}", self.endpoints))
     }
 }
 

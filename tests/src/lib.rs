@@ -50,7 +50,7 @@ pub use arbiter::{ArbiterBuilder, ArbiterProcess, DEFAULT_TEST_REGISTRY};
 pub use backend::{Backend, RecordedRequest};
 pub use client::{LockClient, Resp};
 pub use envoy::{EnvoyBuilder, EnvoyProcess};
-pub use etcd::{shared_etcd, EtcdBuilder, EtcdCluster, EtcdMember};
+pub use etcd::{shared_etcd, EtcdBuilder, EtcdCluster, EtcdMember, EtcdUsers};
 pub use lockmesh_devcerts::{self as certs, CertPair, ClientCert, DevPki, TEST_TRUST_DOMAIN};
 pub use paths::repo_root;
 pub use ports::free_port;

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! Start order: etcd (the binary-wide shared one unless `own_etcd`), the
-//! backend and the PKI together; then the arbiters and Envoy together (their
+//! backend and the PKI together; then the stack's etcd users (the shipped roles
+//! for its root, [`EtcdCluster::users_for`]; none on a plaintext etcd); then the
+//! arbiters (logged in as the arbiter role's user) and Envoy together (their
 //! ports are chosen up front, and Envoy is ready before its upstreams are).
 
 use std::ops::Deref;
@@ -27,7 +29,7 @@ use crate::backend::Backend;
 use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
 use crate::client::LockClient;
 use crate::envoy::EnvoyProcess;
-use crate::etcd::{shared_etcd, EtcdCluster};
+use crate::etcd::{shared_etcd, EtcdCluster, EtcdUsers};
 use crate::paths::temp_dir;
 use crate::ports::free_port;
 use crate::unique_prefix;
@@ -46,6 +48,9 @@ pub struct StackBuilder {
     arbiter_env: Vec<(String, String)>,
     max_wait_ms: Option<u64>,
     own_etcd: Option<usize>,
+    plaintext_etcd: bool,
+    secure_etcd: bool,
+    root: Option<String>,
     fleet: Option<usize>,
     envoy_arbiters: Vec<(usize, Vec<usize>)>,
 }
@@ -59,9 +64,11 @@ pub struct Stack {
     arbiters: Vec<ArbiterProcess>,
     backend: Backend,
     etcd: EtcdHandle,
+    users: EtcdUsers,
     root: String,
     pki: DevPki,
     _pki_dir: TempDir,
+    _users_dir: TempDir,
 }
 
 /// The shared etcd or a cluster owned by one stack.
@@ -154,19 +161,55 @@ impl StackBuilder {
         self
     }
 
+    /// A private plaintext, unauthenticated etcd ([`crate::EtcdBuilder::plaintext`];
+    /// of `own_etcd` members, default 1) whatever `LOCKMESH_TEST_ETCD` says: for a
+    /// scenario about such an etcd (its doc comment says why).
+    pub fn plaintext_etcd(mut self) -> Self {
+        self.plaintext_etcd = true;
+        self.own_etcd = Some(self.own_etcd.unwrap_or(1));
+        self
+    }
+
+    /// A private etcd in production's shape ([`crate::EtcdBuilder::secure`]: TLS,
+    /// auth, the shipped roles; of `own_etcd` members, default 1) whatever
+    /// `LOCKMESH_TEST_ETCD` says: for a scenario about that shape (the runbooks).
+    pub fn secure_etcd(mut self) -> Self {
+        self.secure_etcd = true;
+        self.own_etcd = Some(self.own_etcd.unwrap_or(1));
+        self
+    }
+
+    /// The etcd root, instead of a fresh `/t/<name>-<random>`: for a scenario that
+    /// prepares other etcd clusters for the same root before the stack starts
+    /// (their users: [`EtcdCluster::users_for`]).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
     /// Starts everything and waits until each part is ready.
     pub async fn start(self) -> Result<Stack> {
         let pki_dir = temp_dir("pki-")?;
+        let users_dir = temp_dir("etcd-users-")?;
         let etcd = async {
             Ok::<_, anyhow::Error>(match self.own_etcd {
                 None => EtcdHandle::Shared(shared_etcd().await),
-                Some(n) => EtcdHandle::Owned(EtcdCluster::builder().members(n).start().await?),
+                Some(n) => {
+                    let mut b = EtcdCluster::builder().members(n);
+                    if self.plaintext_etcd {
+                        b = b.plaintext();
+                    } else if self.secure_etcd {
+                        b = b.secure();
+                    }
+                    EtcdHandle::Owned(b.start().await?)
+                }
             })
         };
         let pki = async { DevPki::generate(pki_dir.path(), TEST_TRUST_DOMAIN) };
         let (etcd, backend, pki) = tokio::try_join!(etcd, Backend::start(), pki)?;
 
-        let root = unique_prefix(&self.name);
+        let root = self.root.clone().unwrap_or_else(|| unique_prefix(&self.name));
+        let users = etcd.users_for(&root, users_dir.path()).await.context("create the stack's etcd users")?;
         let grpc_ports: Vec<u16> = (0..self.arbiters).map(|_| free_port()).collect();
         let arbiters = grpc_ports.iter().map(|&port| {
             let mut b = ArbiterProcess::builder(&pki)
@@ -174,6 +217,9 @@ impl StackBuilder {
                 .root(&root)
                 .registry(&self.registry)
                 .grpc_port(port);
+            for line in users.arbiter_yaml("lockmesh-arbiter") {
+                b = b.etcd_yaml(line);
+            }
             if let Some(ms) = self.max_wait_ms {
                 b = b.max_wait_ms(ms);
             }
@@ -222,7 +268,18 @@ impl StackBuilder {
         let mut envoys = envoys.into_iter().flatten();
         let envoy = envoys.next();
         let more_envoys = envoys.collect();
-        Ok(Stack { envoy, more_envoys, arbiters, backend, etcd, root, pki, _pki_dir: pki_dir })
+        Ok(Stack {
+            envoy,
+            more_envoys,
+            arbiters,
+            backend,
+            etcd,
+            users,
+            root,
+            pki,
+            _pki_dir: pki_dir,
+            _users_dir: users_dir,
+        })
     }
 }
 
@@ -243,6 +300,9 @@ impl Stack {
             arbiter_env: Vec::new(),
             max_wait_ms: None,
             own_etcd: None,
+            plaintext_etcd: false,
+            secure_etcd: false,
+            root: None,
             fleet: None,
             envoy_arbiters: Vec::new(),
         }
@@ -298,6 +358,17 @@ impl Stack {
     /// The etcd cluster (shared or owned).
     pub fn etcd(&self) -> &EtcdCluster {
         &self.etcd
+    }
+
+    /// The stack's etcd users: the shipped roles for its root, under unique names.
+    pub fn etcd_users(&self) -> &EtcdUsers {
+        &self.users
+    }
+
+    /// `LOCKMESH_ETCD_*` variables for a child process (lockctl, ...) reaching the
+    /// stack's etcd as shipped role `role`'s user ([`EtcdUsers::env`]).
+    pub fn etcd_env(&self, role: &str) -> Vec<(String, String)> {
+        self.users.env(role)
     }
 
     /// The etcd key prefix of this stack's arbiters (`etcd.root`).

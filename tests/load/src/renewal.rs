@@ -556,7 +556,10 @@ pub async fn run(holds: usize, sessions: usize, progress: bool) -> Result<Renewa
         starve: 0,
     };
     spec.validate().context("--renewal")?;
-    let st = Stack::builder("renewal").envoy_config("lock-tier").own_etcd(1).start().await?;
+    // Plaintext whatever LOCKMESH_TEST_ETCD says, until the load tools are converted to
+    // production's TLS + auth etcd (issue #16 item 2): they read etcd's counters from
+    // its client port and connect without TLS or a user.
+    let st = Stack::builder("renewal").envoy_config("lock-tier").plaintext_etcd().start().await?;
     let etcd_url = st.etcd().endpoints().first().cloned().context("etcd endpoint")?;
     let fleet = Fleet::new(Tier::connect(&st, "renewal", CONNECTIONS)?, spec)?;
     let Attached { ttl_s, renewer, secs: setup_s } = fleet.attach().await?;

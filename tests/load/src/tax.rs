@@ -157,7 +157,10 @@ pub async fn run(
     rounds: usize,
     progress: bool,
 ) -> Result<Vec<TaxResult>> {
-    let st = Stack::builder("tax").envoy_config("inbound-sidecar").own_etcd(1).start().await?;
+    // Plaintext whatever LOCKMESH_TEST_ETCD says, until the load tools are converted to
+    // production's TLS + auth etcd (issue #16 item 2): they read etcd's counters from
+    // its client port and connect without TLS or a user.
+    let st = Stack::builder("tax").envoy_config("inbound-sidecar").plaintext_etcd().start().await?;
     let plain = EnvoyProcess::builder(plain_config()?.to_str().context("temp path")?)
         .cert_dir(st.pki().dir())
         .upstream_port(st.backend().port())

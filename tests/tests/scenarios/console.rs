@@ -136,9 +136,10 @@ fn strip_tags(s: &str) -> String {
 async fn tailer(st: &Stack, port: u16, dir: &std::path::Path) -> ChildProcess {
     let cfg = format!(
         "etcd_endpoints: {:?}\netcd_root: {:?}\nstore_file: audit.redb\nadmin_listen: \"127.0.0.1:{port}\"\n\
-         checkpoint_interval_ms: 200\nelection_ttl_s: 3\n",
+         checkpoint_interval_ms: 200\nelection_ttl_s: 3\n{}",
         st.etcd().endpoints(),
         st.root(),
+        st.etcd_users().audit_yaml("lockmesh-audit"),
     );
     std::fs::write(dir.join("audit.yaml"), cfg).unwrap();
     let p = ChildProcess::new(
@@ -200,6 +201,7 @@ classes:
     let out = Command::new(profile_dir().join("lockctl"))
         .args(["limit", "change", "--class", "batch", "--to", "1", "--root", st.root(), "--endpoints"])
         .arg(st.etcd().endpoints().join(","))
+        .envs(st.etcd_env("lockmesh-classes"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "draining over target: {}", String::from_utf8_lossy(&out.stdout));
@@ -242,6 +244,7 @@ classes:
     let admin_url = format!("http://127.0.0.1:{admin}");
     let out = Command::new(profile_dir().join("lockctl"))
         .args(["inspect", KEYS[0], "--json", "--root", st.root(), "--endpoints", &eps, "--admin-url", &admin_url])
+        .envs(st.etcd_env("lockmesh-admin"))
         .env("LOCKMESH_ADMIN_TOKEN", &token)
         .output()
         .unwrap();
@@ -259,6 +262,7 @@ classes:
     assert_eq!(k["waiters"], 0, "{k}");
     let out = Command::new(profile_dir().join("lockctl"))
         .args(["saturated", "--json", "--root", st.root(), "--endpoints", &eps])
+        .envs(st.etcd_env("lockmesh-admin"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

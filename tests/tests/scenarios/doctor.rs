@@ -29,8 +29,9 @@ classes:
 }
 
 /// Runs lockctl with `args`; returns (exit code, stdout, stderr).
-fn lockctl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(profile_dir().join("lockctl")).args(args).output().unwrap();
+/// `env`: the `LOCKMESH_ETCD_*` variables of the etcd user to run as.
+fn lockctl(env: Vec<(String, String)>, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(profile_dir().join("lockctl")).args(args).envs(env).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -40,6 +41,10 @@ fn lockctl(args: &[&str]) -> (i32, String, String) {
 
 struct Doctor<'a> {
     st: &'a Stack,
+    /// etcd root's variables: doctor reports the member's version and leader from
+    /// etcd's Status, which etcd 3.5 under auth answers only to root (as lockmesh-admin
+    /// it says "version unknown": etcd_auth runs doctor that way).
+    root_env: Vec<(String, String)>,
     registry: std::path::PathBuf,
     admin_url: String,
 }
@@ -49,18 +54,21 @@ impl Doctor<'_> {
     fn json(&self) -> (i32, Value) {
         let eps = self.st.etcd().endpoints().join(",");
         let reg = self.registry.display().to_string();
-        let (code, out, err) = lockctl(&[
-            "doctor",
-            "--json",
-            "--endpoints",
-            &eps,
-            "--root",
-            self.st.root(),
-            "--registry",
-            &reg,
-            "--admin-url",
-            &self.admin_url,
-        ]);
+        let (code, out, err) = lockctl(
+            self.root_env.clone(),
+            &[
+                "doctor",
+                "--json",
+                "--endpoints",
+                &eps,
+                "--root",
+                self.st.root(),
+                "--registry",
+                &reg,
+                "--admin-url",
+                &self.admin_url,
+            ],
+        );
         (code, serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}")))
     }
 
@@ -68,17 +76,20 @@ impl Doctor<'_> {
     fn human(&self) -> (i32, String) {
         let eps = self.st.etcd().endpoints().join(",");
         let reg = self.registry.display().to_string();
-        let (code, out, _) = lockctl(&[
-            "doctor",
-            "--endpoints",
-            &eps,
-            "--root",
-            self.st.root(),
-            "--registry",
-            &reg,
-            "--admin-url",
-            &self.admin_url,
-        ]);
+        let (code, out, _) = lockctl(
+            self.root_env.clone(),
+            &[
+                "doctor",
+                "--endpoints",
+                &eps,
+                "--root",
+                self.st.root(),
+                "--registry",
+                &reg,
+                "--admin-url",
+                &self.admin_url,
+            ],
+        );
         (code, out)
     }
 }
@@ -117,6 +128,7 @@ async fn doctor_finds_draining_classes_expired_waivers_and_pause_tests_and_seals
     std::fs::write(&reg_file, registry("2099-12-31", &pause)).unwrap();
     let d = Doctor {
         st: &st,
+        root_env: st.etcd().client_env(dir.path()).unwrap(),
         registry: reg_file.clone(),
         admin_url: format!("http://127.0.0.1:{}", st.arbiter(0).admin_port()),
     };
@@ -144,22 +156,26 @@ async fn doctor_finds_draining_classes_expired_waivers_and_pause_tests_and_seals
 
     // inspect of a free key: its class and limit, no holders; waiters need a token.
     let eps = st.etcd().endpoints().join(",");
-    let (code, out, err) = lockctl(&[
-        "inspect",
-        "payments/pool/k",
-        "--json",
-        "--endpoints",
-        &eps,
-        "--root",
-        st.root(),
-        "--admin-url",
-        &d.admin_url,
-    ]);
+    let (code, out, err) = lockctl(
+        st.etcd_env("lockmesh-admin"),
+        &[
+            "inspect",
+            "payments/pool/k",
+            "--json",
+            "--endpoints",
+            &eps,
+            "--root",
+            st.root(),
+            "--admin-url",
+            &d.admin_url,
+        ],
+    );
     assert_eq!(code, 64, "--admin-url without a token: {out} {err}");
     let token = operator_token(&idp, ISS, "bob");
     let out = Command::new(profile_dir().join("lockctl"))
         .args(["inspect", "payments/pool/k", "--json", "--endpoints", &eps, "--root", st.root()])
         .args(["--admin-url", &d.admin_url])
+        .envs(st.etcd_env("lockmesh-admin"))
         .env("LOCKMESH_ADMIN_TOKEN", &token)
         .output()
         .unwrap();
@@ -174,20 +190,23 @@ async fn doctor_finds_draining_classes_expired_waivers_and_pause_tests_and_seals
     assert_eq!((k["holders"].as_array().unwrap().len(), k["waiters"].as_u64()), (0, Some(0)), "{k}");
 
     // Lower pool's limit with a verification bound of zero: it stays draining.
-    let (code, out, _) = lockctl(&[
-        "limit",
-        "change",
-        "--class",
-        "pool",
-        "--to",
-        "1",
-        "--verify-timeout-ms",
-        "0",
-        "--endpoints",
-        &eps,
-        "--root",
-        st.root(),
-    ]);
+    let (code, out, _) = lockctl(
+        st.etcd_env("lockmesh-classes"),
+        &[
+            "limit",
+            "change",
+            "--class",
+            "pool",
+            "--to",
+            "1",
+            "--verify-timeout-ms",
+            "0",
+            "--endpoints",
+            &eps,
+            "--root",
+            st.root(),
+        ],
+    );
     assert_eq!(code, 2, "{out}");
     let change: Value = serde_json::from_str(out.trim()).unwrap();
     let epoch = change["policy"]["change_epoch"].as_u64().unwrap();
@@ -217,20 +236,23 @@ async fn doctor_finds_draining_classes_expired_waivers_and_pause_tests_and_seals
 
     // Cancelled, the class drains no more.
     assert_eq!(
-        lockctl(&[
-            "limit",
-            "cancel",
-            "--class",
-            "pool",
-            "--epoch",
-            &epoch.to_string(),
-            "--to",
-            "1",
-            "--endpoints",
-            &eps,
-            "--root",
-            st.root()
-        ])
+        lockctl(
+            st.etcd_env("lockmesh-classes"),
+            &[
+                "limit",
+                "cancel",
+                "--class",
+                "pool",
+                "--epoch",
+                &epoch.to_string(),
+                "--to",
+                "1",
+                "--endpoints",
+                &eps,
+                "--root",
+                st.root()
+            ]
+        )
         .0,
         0
     );

@@ -263,6 +263,7 @@ fn apply(st: &Stack, file: &std::path::Path) -> (i32, serde_json::Value, String)
         .args(["class", "apply"])
         .arg(file)
         .args(["--endpoints", &eps, "--root", st.root(), "--actor", "test", "--reason", "split the pool"])
+        .envs(st.etcd_env("lockmesh-classes"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

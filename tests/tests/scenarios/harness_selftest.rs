@@ -55,7 +55,7 @@ async fn harness_etcd_three_members_survive_one_kill() {
         Ok(())
     });
     assert!(!etcd.member(0).is_healthy().await);
-    let mut client = etcd_client::Client::connect(&etcd.endpoints()[1..], None).await.unwrap();
+    let mut client = etcd.client_on(&etcd.endpoints()[1..]).await.unwrap();
     client.put("/t/selftest3/k", "v", None).await.unwrap();
 }
 

@@ -24,6 +24,7 @@ fn lockctl(st: &Stack, args: &[&str]) -> (i32, serde_json::Value, String) {
         .arg("limit")
         .args(args)
         .args(["--endpoints", &eps, "--root", st.root(), "--class", "pool", "--actor", "test", "--reason", "t"])
+        .envs(st.etcd_env(if args.first() == Some(&"show") { "lockmesh-admin" } else { "lockmesh-classes" }))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -32,6 +32,7 @@ mod observability;
 mod otlp;
 mod pg_fence;
 mod restore;
+mod runbooks;
 mod scale;
 mod sdk;
 mod self_client;

@@ -69,6 +69,7 @@ async fn advance(st: &Stack, expected: u64, new: u64) -> std::process::Output {
     tokio::process::Command::new(lockctl())
         .args(["epoch-advance", "--endpoints", &st.etcd().endpoints().join(","), "--root", st.root()])
         .args(["--expected-epoch", &expected.to_string(), "--new-epoch", &new.to_string()])
+        .envs(st.etcd_env("lockmesh-admin-epoch"))
         .output()
         .await
         .unwrap()
@@ -193,6 +194,7 @@ async fn the_restore_command_runs_end_to_end_and_resumes_after_a_kill() {
             .args(["--initial-cluster-token", st.etcd().token(), "--etcdutl", etcdutl.to_str().unwrap()])
             .args(["--endpoints", &st.etcd().endpoints().join(","), "--root", st.root()])
             .args(["--expected-epoch", "1", "--marks", marks.to_str().unwrap(), "--wait-timeout-s", "60"])
+            .envs(st.etcd_env("lockmesh-admin-epoch"))
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         c
@@ -255,7 +257,7 @@ async fn a_lagging_member_does_not_seal_a_healthy_cluster() {
     // Find a follower and freeze it while the others keep committing.
     let mut lagging = None;
     for i in 0..3 {
-        let mut c = etcd_client::Client::connect([st.etcd().member(i).client_url()], None).await.unwrap();
+        let mut c = st.etcd().client_on(&[st.etcd().member(i).client_url()]).await.unwrap();
         let s = c.status().await.unwrap();
         if s.leader() != s.header().unwrap().member_id() {
             lagging = Some(i);

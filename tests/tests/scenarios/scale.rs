@@ -33,6 +33,8 @@ classes:
 struct Scale {
     st: Stack,
     shards: BTreeMap<String, EtcdCluster>,
+    /// The shard clusters' password files (the arbiters read them at start).
+    _users: tempfile::TempDir,
 }
 
 /// A lock tier over the shared etcd (coord) and one single-member etcd per shard;
@@ -45,17 +47,22 @@ async fn scale_with(name: &str, shards: &[&str], entity: &[&str], extra: &str, e
     let clusters =
         futures::future::try_join_all(shards.iter().map(|_| EtcdCluster::builder().members(1).start())).await.unwrap();
     let shards: BTreeMap<String, EtcdCluster> = shards.iter().map(|s| (*s).to_owned()).zip(clusters).collect();
+    let root = lockmesh_tests::unique_prefix(name);
+    let users_dir = tempfile::tempdir().unwrap();
     let mut yaml = String::from("clusters:\n");
     for (n, c) in &shards {
         yaml.push_str(&format!("  {n}:\n    endpoints: [{:?}]\n", c.endpoints()[0]));
+        for line in c.users_for(&root, users_dir.path()).await.unwrap().arbiter_yaml("lockmesh-arbiter") {
+            yaml.push_str(&format!("    {line}\n"));
+        }
     }
     yaml.push_str(&format!("tiers:\n  entity: [{}]\n", entity.join(", ")));
     yaml.push_str(extra);
-    let mut b = Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).arbiter_extra_yaml(yaml);
+    let mut b = Stack::builder(name).root(root).envoy_config("lock-tier").registry(REGISTRY).arbiter_extra_yaml(yaml);
     for (k, v) in env {
         b = b.arbiter_env(*k, *v);
     }
-    Scale { st: b.start().await.unwrap(), shards }
+    Scale { st: b.start().await.unwrap(), shards, _users: users_dir }
 }
 
 impl Scale {
@@ -590,15 +597,21 @@ mod bench {
                 .await
                 .unwrap();
         let mut yaml = String::new();
+        let root = lockmesh_tests::unique_prefix("scale-bench");
+        let users_dir = tempfile::tempdir().unwrap();
         if shards > 0 {
             yaml.push_str("clusters:\n");
             for (n, c) in names.iter().zip(&clusters) {
                 let eps: Vec<String> = c.endpoints().iter().map(|e| format!("{e:?}")).collect();
                 yaml.push_str(&format!("  {n}:\n    endpoints: [{}]\n", eps.join(", ")));
+                for line in c.users_for(&root, users_dir.path()).await.unwrap().arbiter_yaml("lockmesh-arbiter") {
+                    yaml.push_str(&format!("    {line}\n"));
+                }
             }
             yaml.push_str(&format!("tiers:\n  entity: [{}]\n", names.join(", ")));
         }
-        let mut b = Stack::builder("scale-bench").envoy_config("lock-tier").registry(REGISTRY).own_etcd(members);
+        let mut b =
+            Stack::builder("scale-bench").root(root).envoy_config("lock-tier").registry(REGISTRY).own_etcd(members);
         if !yaml.is_empty() {
             b = b.arbiter_extra_yaml(yaml);
         }
