@@ -33,10 +33,11 @@ impl Tailer {
         let registry = st.arbiter(0).config_path().parent().unwrap().join("registry.yaml");
         let cfg = format!(
             "etcd_endpoints: {:?}\netcd_root: {:?}\nstore_file: audit.redb\nadmin_listen: \"127.0.0.1:{admin_port}\"\n\
-             checkpoint_interval_ms: 200\nelection_ttl_s: 3\nregistry_file: {:?}\n{extra}",
+             checkpoint_interval_ms: 200\nelection_ttl_s: 3\nregistry_file: {:?}\n{}{extra}",
             st.etcd().endpoints(),
             st.root(),
             registry.display().to_string(),
+            st.etcd_users().audit_yaml("lockmesh-audit"),
         );
         std::fs::write(dir.path().join("audit.yaml"), cfg).unwrap();
         let process = ChildProcess::new(
