@@ -81,7 +81,18 @@ impl ExternalProcessor for Arbiter {
         };
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(serve_stream(self.state.clone(), envoy, inbound, tx));
+        // The stream's last word (F-3): a stream the handler left unanswered, or a
+        // handler that panicked, ends with a non-OK status, never with OK.
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let served = tokio::spawn(serve_stream(state, envoy, inbound, tx.clone())).await;
+            let fail = match served {
+                Ok(Ok(())) => return,
+                Ok(Err(status)) => status,
+                Err(_) => Status::internal("the ext_proc handler failed before answering"),
+            };
+            let _ = tx.send(Err(fail)).await;
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -155,21 +166,28 @@ fn forward(set: &[(&'static str, String)], remove: &[&'static str]) -> Processin
     ProcessingResponse { response: Some(processing_response::Response::RequestHeaders(headers)), ..Default::default() }
 }
 
+/// Serves one ext_proc stream. `Ok` when the first message was answered (or the
+/// answer could not be delivered because Envoy closed our side); `Err` with the
+/// non-OK status the stream must end with otherwise (F-3): a first message that
+/// fails to decode, an inbound error or end before any message, an unexpected
+/// first message, and a request that ended before its answer.
 async fn serve_stream(
     state: Arc<State>,
     envoy: String,
     mut inbound: Streaming<ProcessingRequest>,
     tx: mpsc::Sender<Out>,
-) {
+) -> Result<(), Status> {
     let first = match inbound.message().await {
         Ok(Some(m)) => m,
-        // Nothing to answer: the request was already gone.
-        _ => return,
+        Ok(None) => return Err(Status::aborted("the ext_proc stream ended before its first message")),
+        Err(e) => {
+            return Err(Status::invalid_argument(format!("the first ext_proc message is unreadable: {}", e.message())))
+        }
     };
     match first.request {
         Some(processing_request::Request::RequestHeaders(h)) => {
             let hdrs = h.headers.map(|m| header_map(&m.headers)).unwrap_or_default();
-            request_headers(&state, &envoy, &first.attributes, hdrs, inbound, tx).await;
+            request_headers(&state, &envoy, &first.attributes, hdrs, inbound, tx).await
         }
         Some(processing_request::Request::ResponseHeaders(_)) => {
             // A local reply made before ext_proc (e.g. the filter's 400): pass it on.
@@ -178,10 +196,9 @@ async fn serve_stream(
                 ..Default::default()
             };
             let _ = tx.send(Ok(resp)).await;
+            Ok(())
         }
-        _ => {
-            let _ = tx.send(Err(Status::failed_precondition("unexpected first ext_proc message"))).await;
-        }
+        _ => Err(Status::failed_precondition("unexpected first ext_proc message")),
     }
 }
 
@@ -192,7 +209,7 @@ async fn request_headers(
     hdrs: Vec<(String, Vec<u8>)>,
     mut inbound: Streaming<ProcessingRequest>,
     tx: mpsc::Sender<Out>,
-) {
+) -> Result<(), Status> {
     let received = tokio::time::Instant::now();
     let get = |n: &str| hdrs.iter().find(|(k, _)| k == n).map(|(_, v)| String::from_utf8_lossy(v).into_owned());
     let method = get(":method").unwrap_or_default();
@@ -213,19 +230,19 @@ async fn request_headers(
     if get(headers::FILTERED).as_deref() != Some(headers::FILTER_PROTOCOL) {
         let r = refusal(Code::Internal, "the request did not pass the lockmesh filter");
         let _ = tx.send(Ok(answer(r))).await;
-        return;
+        return Ok(());
     }
     let Some(identity) = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://")) else {
         let _ = tx
             .send(Ok(answer(refusal(Code::Unauthenticated, "a verified SPIFFE client certificate is required"))))
             .await;
-        return;
+        return Ok(());
     };
     let lock = match headers::parse_lock_headers(hdrs.iter().map(|(k, v)| (k.as_str(), v.as_slice()))) {
         Ok(l) => l,
         Err(e) => {
             let _ = tx.send(Ok(answer(refusal(Code::BadRequest, &e.to_string())))).await;
-            return;
+            return Ok(());
         }
     };
     let budget_ms = match hdrs.iter().find(|(k, _)| k == headers::BUDGET_MS) {
@@ -233,7 +250,7 @@ async fn request_headers(
             Ok(b) => Some(b),
             Err(e) => {
                 let _ = tx.send(Ok(answer(refusal(Code::Internal, &e.to_string())))).await;
-                return;
+                return Ok(());
             }
         },
         None => None,
@@ -242,13 +259,13 @@ async fn request_headers(
         Ok(m) => m,
         Err(e) => {
             let _ = tx.send(Ok(answer(e.into()))).await;
-            return;
+            return Ok(());
         }
     };
     if let Some(transparent::Mode::Unlocked) = mode {
         state.metrics.request(route, "unlocked");
         let _ = tx.send(Ok(forward(&[], &transparent::INTERNAL))).await;
-        return;
+        return Ok(());
     }
     let req = ApiRequest { method, path, lock, budget_ms, identity, received };
     // An acquire that may wait stretches Envoy's per-message timer to cover the
@@ -319,6 +336,12 @@ async fn request_headers(
             state.metrics.abandoned();
             u.run().await;
         }
+    }
+    if delivered || tx.is_closed() {
+        Ok(())
+    } else {
+        // The request ended (inbound end, error or stray message) before its answer.
+        Err(Status::cancelled("the request ended before the arbiter answered it"))
     }
 }
 

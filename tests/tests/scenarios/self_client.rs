@@ -1,1 +1,195 @@
-//! Scenarios: self_client (issue #17).
+//! Scenarios: self_client (issue #17 items 4 and 5), against real etcd and arbiter
+//! processes (and a real Envoy for the transparent path).
+//!
+//! - An ext_proc stream never ends with OK before its answer: a first message that
+//!   does not decode fails the stream (Envoy would read OK as "continue unlocked",
+//!   docs/DECISIONS.md F-3); a well-formed one still gets its answer.
+
+use std::collections::HashMap;
+
+use bytes::{Buf, BufMut, Bytes};
+use envoy_types::pb::{
+    envoy::{
+        config::core::v3::{HeaderMap, HeaderValue},
+        service::ext_proc::v3::{
+            external_processor_client::ExternalProcessorClient, processing_request, processing_response, HttpHeaders,
+            ProcessingRequest,
+        },
+    },
+    google::protobuf::{value::Kind, Struct, Value},
+};
+use lockmesh_core::headers;
+use lockmesh_tests::{ClientCert, Stack};
+use tonic::{
+    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
+    transport::{Certificate, Channel, ClientTlsConfig, Identity},
+    Status,
+};
+
+/// The ext_proc method's gRPC path.
+const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+/// A gRPC channel to the stack's first arbiter, presenting `cert`.
+async fn channel(st: &Stack, cert: &ClientCert) -> Channel {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(st.pki().ca_cert_path()).unwrap()))
+        .identity(Identity::from_pem(std::fs::read(&cert.cert_path).unwrap(), std::fs::read(&cert.key_path).unwrap()))
+        .domain_name("localhost");
+    Channel::from_shared(format!("https://127.0.0.1:{}", st.arbiter(0).grpc_port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A codec that sends its messages' bytes as they are and reads the answers' bytes
+/// without decoding them: it puts on the wire what no protobuf encoder would.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+struct RawBytes;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+
+    fn decoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+}
+
+impl Encoder for RawBytes {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawBytes {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// Sends `messages` (raw gRPC message bodies) as one ext_proc stream and returns
+/// what came back: the answers' bytes, then the stream's end status.
+async fn raw_stream(ch: Channel, messages: Vec<Bytes>) -> (Vec<Bytes>, Status) {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.unwrap();
+    let req = tonic::Request::new(tokio_stream::iter(messages));
+    let path = http::uri::PathAndQuery::from_static(PROCESS);
+    let mut stream = match grpc.streaming(req, path, RawCodec).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return (Vec::new(), s),
+    };
+    let mut answers = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(b)) => answers.push(b),
+            Ok(None) => return (answers, Status::ok("")),
+            Err(s) => return (answers, s),
+        }
+    }
+}
+
+fn hv(k: &str, v: &str) -> HeaderValue {
+    HeaderValue { key: k.into(), value: String::new(), raw_value: v.as_bytes().to_vec() }
+}
+
+/// A `request_headers` message as a lockmesh Envoy sends it: the filter's stamp, the
+/// given headers, and `claimed` as the downstream peer's SPIFFE ID.
+fn request(claimed: &str, extra: &[(&str, &str)]) -> ProcessingRequest {
+    let attrs = Struct {
+        fields: [(
+            "connection.uri_san_peer_certificate".to_string(),
+            Value { kind: Some(Kind::StringValue(claimed.into())) },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    let mut hdrs = vec![hv(headers::FILTERED, headers::FILTER_PROTOCOL)];
+    hdrs.extend(extra.iter().map(|(k, v)| hv(k, v)));
+    ProcessingRequest {
+        attributes: HashMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]),
+        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers: hdrs }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The answer to one `request_headers` message sent as `cert`: `Ok` with the
+/// answer, `Err` with the stream's status when there was none.
+async fn answer(
+    st: &Stack,
+    cert: &ClientCert,
+    msg: ProcessingRequest,
+) -> Result<processing_response::Response, Status> {
+    let mut client = ExternalProcessorClient::new(channel(st, cert).await);
+    // Envoy keeps its side open until the answer: an end before it cancels the request.
+    let outbound = futures::StreamExt::chain(tokio_stream::iter(vec![msg]), futures::stream::pending());
+    let mut stream = client.process(outbound).await?.into_inner();
+    loop {
+        match stream.message().await? {
+            // A stretch of Envoy's timer comes before the answer: skip it.
+            Some(r) if r.response.is_none() => continue,
+            Some(r) => return Ok(r.response.unwrap()),
+            None => return Err(Status::ok("the stream ended with OK and no answer")),
+        }
+    }
+}
+
+/// An `ImmediateResponse`'s HTTP status and its `x-lockmesh-error` code.
+fn immediate(r: &processing_response::Response) -> (i32, String) {
+    let processing_response::Response::ImmediateResponse(i) = r else {
+        panic!("expected an ImmediateResponse, got {r:?}");
+    };
+    let code = i
+        .headers
+        .iter()
+        .flat_map(|m| &m.set_headers)
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == headers::ERROR)
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+        .unwrap_or_default();
+    (i.status.as_ref().map_or(0, |s| s.code), code)
+}
+
+#[tokio::test]
+async fn an_undecodable_first_message_fails_the_stream_and_a_well_formed_one_is_answered() {
+    let st = Stack::builder("self-undecodable").start().await.unwrap();
+    let envoy = st.pki().envoy_client();
+    // Field 1 with wire type 7 (none exists): no protobuf decoder reads it.
+    let (answers, status) = raw_stream(channel(&st, &envoy).await, vec![Bytes::from_static(b"\x0f\xff\xff")]).await;
+    assert!(answers.is_empty(), "answers to an undecodable message: {answers:?}");
+    assert_ne!(status.code(), tonic::Code::Ok, "an undecodable first message ended the stream with OK: {status:?}");
+    // A stream that ends before its first message fails too.
+    let (answers, status) = raw_stream(channel(&st, &envoy).await, Vec::new()).await;
+    assert!(answers.is_empty());
+    assert_ne!(status.code(), tonic::Code::Ok, "an empty stream ended with OK: {status:?}");
+    // The control: a well-formed request on the same port is answered (a grant).
+    let who = st.pki().workload_spiffe_id("payments", "worker");
+    let r = answer(
+        &st,
+        &envoy,
+        request(&who, &[(":method", "POST"), (":path", "/v1/locks/acquire"), (headers::KEY, "payments/undecodable")]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
+}
