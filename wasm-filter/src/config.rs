@@ -11,6 +11,7 @@
 //! ```
 
 use lockmesh_core::{
+    canon,
     grant::{valid_key_prefix, GrantSet, RawGrant},
     key::{covers, valid_namespace},
     LockKey,
@@ -79,7 +80,8 @@ pub struct Transparent {
 /// One transparent route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransparentRoute {
-    /// Path prefix, matched on `/` boundaries (`/orders` matches `/orders` and
+    /// Path prefix, a canonical path matched against the request's canonical path on
+    /// segment boundaries (`canon::covers`: `/orders` matches `/orders` and
     /// `/orders/1`, not `/orders-archive`); `/` matches every path.
     pub path_prefix: String,
     /// Let requests without `x-lock-key` through unlocked. Default false: they are
@@ -160,10 +162,11 @@ impl Config {
         ns.and_then(|ns| self.namespaces.iter().find(|n| n.as_str() == ns)).map_or(OTHER_NAMESPACE, String::as_str)
     }
 
-    /// The transparent route of `path` (without its query), if any.
-    pub(crate) fn transparent_route(&self, path: &[u8]) -> Option<&TransparentRoute> {
+    /// The transparent route of `path`, a canonical path (`canon::check`'s
+    /// [`Canon::path`](lockmesh_core::canon::Canon::path): no query), if any.
+    pub(crate) fn transparent_route(&self, path: &str) -> Option<&TransparentRoute> {
         let t = self.transparent.as_ref()?;
-        t.routes.iter().filter(|r| path_covers(r.path_prefix.as_bytes(), path)).max_by_key(|r| r.path_prefix.len())
+        t.routes.iter().filter(|r| canon::covers(&r.path_prefix, path)).max_by_key(|r| r.path_prefix.len())
     }
 
     /// The local limit `key` counts against: the longest covering prefix.
@@ -257,20 +260,20 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
     })
 }
 
-/// Whether path prefix `prefix` covers `path` on a `/` boundary.
-pub(crate) fn path_covers(prefix: &[u8], path: &[u8]) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || prefix.ends_with(b"/") || rest.starts_with(b"/"),
-        None => false,
-    }
-}
+/// Longest `path_prefix`.
+const MAX_PATH_PREFIX_LEN: usize = 1024;
 
-fn valid_path_prefix(p: &str) -> bool {
-    p.starts_with('/')
-        && p.len() <= 1024
-        && !p.contains("//")
-        && !p.contains(['?', '#'])
-        && p.bytes().all(|b| b.is_ascii_graphic())
+/// Why `p` cannot be a `path_prefix`: a prefix must itself be a canonical path
+/// (no query), or no canonical request path could ever be under it.
+fn path_prefix_error(p: &str) -> Option<String> {
+    if p.len() > MAX_PATH_PREFIX_LEN {
+        return Some(format!("is {} bytes, above the maximum {MAX_PATH_PREFIX_LEN}", p.len()));
+    }
+    match canon::check(p.as_bytes()) {
+        Err(e) => Some(e.to_string()),
+        Ok(c) if c.query().is_some() => Some("has a '?': a prefix is a path, without a query".into()),
+        Ok(_) => None,
+    }
 }
 
 fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Transparent> {
@@ -314,9 +317,9 @@ fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Tra
                 continue;
             }
         };
-        if !valid_path_prefix(&r.path_prefix) {
+        if let Some(e) = path_prefix_error(&r.path_prefix) {
             errs.push(format!(
-                "{}: {:?} must start with '/', without '//', '?' or '#', printable ASCII",
+                "{}: {:?} must start with '/' and be a canonical path (docs/TRANSPARENT.md): {e}",
                 at("path_prefix"),
                 r.path_prefix
             ));

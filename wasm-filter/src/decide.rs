@@ -5,12 +5,19 @@
 //! The checks run in this order, and the first that fails answers:
 //! 1. `401 unauthenticated`: no verified SPIFFE ID (an unauthenticated caller learns
 //!    nothing about its request);
-//! 2. `404 not_found`: a route the filter cannot classify, so cannot authorise;
-//! 3. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
+//! 2. the `:path`, query included, must be canonical (`lockmesh_core::canon::check`;
+//!    docs/TRANSPARENT.md defines it): in a configuration with transparent routes
+//!    (a sidecar, whose paths are the application's) anything else is answered
+//!    `400 bad_request` with the canon's message, before any route is matched, so
+//!    `/public/../orders/1` can never match `/public`; in a lock-tier configuration
+//!    (API routes only) it is an unknown route, `404 not_found` as in step 3: the
+//!    API's paths are a fixed table of canonical spellings;
+//! 3. `404 not_found`: a route the filter cannot classify, so cannot authorise;
+//! 4. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
 //!    header, a lock header also sent spelt with `_` (`x_lock_key`: a server that
 //!    reads `_` as `-` would see a value the filter never checked), or a wait above
 //!    `max_wait_ms`;
-//! 4. `403 denied` (ADR-19): no grant lets the identity do the route's operation to
+//! 5. `403 denied` (ADR-19): no grant lets the identity do the route's operation to
 //!    the key (routes without a key: the identity holds the operation nowhere). The
 //!    answer depends on the configuration and the request only, never on the key's
 //!    state, so it is the same bytes whether or not the key exists or is held.
@@ -20,7 +27,7 @@
 //! forgeable identity headers, the token's epoch and revision; on a transparent
 //! route also `headers::UPSTREAM_RESERVED` (token, session, instance, proof, grant).
 
-use lockmesh_core::{code::error_body, headers, Code, LockKey};
+use lockmesh_core::{canon, code::error_body, headers, Code, LockKey};
 
 use crate::{config::Config, route::Route};
 
@@ -99,9 +106,13 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
         Some(id) => id,
         None => return Decision::reject(Code::Unauthenticated, "a verified SPIFFE client certificate is required"),
     };
-    let path = header(hdrs, ":path");
-    let path = path.split(|b| *b == b'?').next().unwrap_or_default();
-    let api_route = if cfg.api { Route::of(header(hdrs, ":method"), path) } else { None };
+    // Routes are matched on the canonical path only (step 2 of the module doc).
+    let path = match canon::check(header(hdrs, ":path")) {
+        Ok(c) => c.path(),
+        Err(e) if cfg.transparent.is_some() => return Decision::reject(Code::BadRequest, &format!(":path: {e}")),
+        Err(_) => return Decision::reject(Code::NotFound, "no such route"),
+    };
+    let api_route = if cfg.api { Route::of(header(hdrs, ":method"), path.as_bytes()) } else { None };
     let transparent = if api_route.is_none() { cfg.transparent_route(path) } else { None };
     let route = match (api_route, transparent) {
         (Some(r), _) => r,

@@ -1,7 +1,9 @@
 //! The lock API's routes, as the filter classifies them for authorisation
 //! (`docs/API.md`). The table matches the arbiter's exactly: method and path without
 //! the query, byte for byte, no normalisation beyond what Envoy's connection manager
-//! already did (the arbiter sees the same `:path`). An unknown route is answered
+//! already did (the arbiter sees the same `:path`). [`crate::decide`] classifies only
+//! a canonical `:path` (`lockmesh_core::canon`), so no other spelling of an API path
+//! (`/v1/admin/../locks/acquire`) ever reaches this table. An unknown route is answered
 //! `404 not_found` by the filter: a route it cannot classify is a route it cannot
 //! authorise.
 

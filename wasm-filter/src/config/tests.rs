@@ -142,10 +142,10 @@ fn transparent_routes_and_their_errors() {
         (t.arbiter_authority.as_str(), t.callout_timeout_ms, t.reconcile_every_ms),
         ("lockmesh-arbiter", 2000, 5000)
     );
-    assert_eq!(c.transparent_route(b"/orders/1").unwrap().default_wait_ms, 100);
-    assert_eq!(c.transparent_route(b"/orders").unwrap().path_prefix, "/orders");
-    assert_eq!(c.transparent_route(b"/orders-old").unwrap().path_prefix, "/");
-    assert_eq!(c.transparent_route(b"/x").unwrap().default_wait_ms, 5000);
+    assert_eq!(c.transparent_route("/orders/1").unwrap().default_wait_ms, 100);
+    assert_eq!(c.transparent_route("/orders").unwrap().path_prefix, "/orders");
+    assert_eq!(c.transparent_route("/orders-old").unwrap().path_prefix, "/");
+    assert_eq!(c.transparent_route("/x").unwrap().default_wait_ms, 5000);
     let e = parse(
         br#"{"api": false, "max_wait_ms": 1000, "transparent": {"arbiter_cluster": "", "callout_timeout_ms": 5,
               "reconcile_every_ms": 1, "routes": [{"path_prefix": "orders"}, {"path_prefix": "/a"},
@@ -163,6 +163,24 @@ fn transparent_routes_and_their_errors() {
     ];
     for w in want {
         assert!(e.iter().any(|m| m.starts_with(w)), "missing {w:?} in {e:#?}");
+    }
+    // A prefix no canonical path can be under is refused, naming the problem.
+    for (prefix, why) in [
+        ("/a/../b", "'..' segment"),
+        ("/a%2Fb", "encoded"),
+        ("/a;x", "';' path parameter"),
+        ("/a?x", "without a query"),
+        ("/a//b", "empty segment"),
+        ("/a#b", "fragment"),
+        ("/%2e", "lower-case"),
+        ("/caf\u{e9}", "outside the path characters"),
+    ] {
+        let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "a", "routes": [{"path_prefix": prefix}]}});
+        let e = parse(doc.to_string().as_bytes()).unwrap_err();
+        assert!(
+            e[0].starts_with("transparent.routes[0].path_prefix: ") && e[0].contains("canonical") && e[0].contains(why),
+            "{prefix:?}: {e:?}"
+        );
     }
     let e = parse(br#"{"api": false}"#).unwrap_err();
     assert!(e[0].starts_with("api: false needs transparent routes"), "{e:?}");

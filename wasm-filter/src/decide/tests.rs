@@ -263,3 +263,92 @@ fn a_twin_of_a_lock_header_the_filter_reads_is_refused() {
     assert_eq!(http_status(&d), 401);
     assert_eq!(http_status(&on_request_headers(&cfg(), &h("GET", "/x", &[("x_lock_key", b"a/b")]), Some(ID))), 404);
 }
+
+/// The bypasses and every other class the canon refuses, each with the
+/// word its message must carry.
+const NOT_CANONICAL: &[(&str, &str)] = &[
+    ("/public/../orders/1", "'..' segment"),
+    ("/public/./orders/1", "'..' segment"),
+    ("/public/..", "'..' segment"),
+    ("/public/..%2Forders/1", "encoded '/'"),
+    ("/public%2F..%2Forders/1", "encoded '/'"),
+    ("/public/%2e%2e/orders/1", "lower-case percent escape"),
+    ("/public/%2E%2E/orders/1", "plain spelling"),
+    ("/public/%2Eorders", "plain spelling"),
+    ("/orders/%38", "plain spelling"),
+    ("/public/..%5Corders/1", "encoded"),
+    ("/public/%00/x", "NUL"),
+    ("/public/%252E%252E/orders/1", "'%'"),
+    ("/public/..\\orders/1", "backslash"),
+    ("/public\\..\\orders", "backslash"),
+    ("/public;x=1", "';' path parameter"),
+    ("/orders/1;jsessionid=x", "';' path parameter"),
+    ("//orders/1", "empty segment"),
+    ("/public//orders", "empty segment"),
+    ("http://app/orders/1", "origin form"),
+    ("orders/1", "origin form"),
+    ("*", "origin form"),
+    ("", "empty"),
+    ("/orders/1#x", "fragment"),
+    ("/orders/1?x=1#y", "fragment"),
+    ("/orders/1 x", "outside the path characters"),
+    ("/orders/\u{e9}", "outside the path characters"),
+    ("/orders/\t1", "outside the path characters"),
+    ("/orders/%4", "malformed"),
+];
+
+#[test]
+fn a_sidecar_refuses_every_path_not_in_canonical_form_before_matching_a_route() {
+    for (path, why) in NOT_CANONICAL {
+        // Unlocked route, locked route with a key, and an identity with no grant:
+        // the same 400 naming the problem, whatever route the raw path would match.
+        for (hdrs, id) in
+            [(h("POST", path, &[]), BILLING), (h("POST", path, &[("x-lock-key", b"payments/order-1")]), ID)]
+        {
+            let d = on_request_headers(&sidecar(), &hdrs, Some(id));
+            let Decision::Reject { status, code, body } = d else { panic!("{path:?}: {d:?}") };
+            assert_eq!((status, code), (400, Code::BadRequest), "{path:?}: {body}");
+            assert!(body.contains(":path: ") && body.contains(why), "{path:?}: wants {why:?}: {body}");
+        }
+    }
+    // Unauthenticated still comes first.
+    assert_eq!(http_status(&on_request_headers(&sidecar(), &h("GET", "/public/../x", &[]), None)), 401);
+    // Too long a target, in bytes.
+    let long = format!("/public/{}", "a".repeat(lockmesh_core::canon::MAX_TARGET_LEN));
+    assert_eq!(http_status(&on_request_headers(&sidecar(), &h("GET", &long, &[]), Some(ID))), 400);
+}
+
+#[test]
+fn canonical_paths_pass_and_match_on_segment_boundaries() {
+    for path in ["/public", "/public/", "/public/x", "/public/x?y=1&z=%2F..", "/public/%20x", "/public/caf%C3%A9"] {
+        let d = on_request_headers(&sidecar(), &h("GET", path, &[]), Some(BILLING));
+        let Decision::Pass(p) = d else { panic!("{path:?}: {d:?}") };
+        assert!(p.unlocked, "{path:?} is under /public");
+    }
+    for path in ["/public-old", "/publicx/1", "/Public/x", "/orders/1", "/", "/orders/", "/o?x=/public"] {
+        let d = on_request_headers(&sidecar(), &h("GET", path, &[]), Some(BILLING));
+        assert_eq!(http_status(&d), 428, "{path:?} is not under /public: a locked route");
+    }
+    let d = on_request_headers(&sidecar(), &h("POST", "/orders/1?a=b", &[("x-lock-key", b"payments/o-1")]), Some(ID));
+    assert!(matches!(d, Decision::Pass(Pass { unlocked: false, .. })), "{d:?}");
+}
+
+#[test]
+fn on_the_lock_tier_a_path_not_in_canonical_form_matches_no_api_route() {
+    let key: &[(&str, &[u8])] = &[("x-lock-key", b"payments/a")];
+    for path in [
+        "/v1/locks/./acquire",
+        "/v1/admin/../locks/acquire",
+        "/v1/admin/%2E%2E/seal",
+        "/v1/admin/..%2Fseal",
+        "//v1/locks/acquire",
+        "/v1/locks/acquire;x",
+        "/v1/locks/acquire#x",
+        "/v1/admin\\seal",
+        "http://tier/v1/locks/acquire",
+    ] {
+        let d = on_request_headers(&cfg(), &h("POST", path, key), Some(b"spiffe://lockmesh.test/ns/ops/sa/admin"));
+        assert_eq!(d, Decision::reject(Code::NotFound, "no such route"), "{path:?}");
+    }
+    assert_eq!(http_status(&on_request_headers(&cfg(), &h("POST", "/v1/locks/acquire?x=1", key), Some(ID))), 200);
+}
