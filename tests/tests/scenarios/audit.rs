@@ -15,7 +15,14 @@ const REL: &str = "/v1/locks/release";
 /// A `lockmesh-audit` process with its config, store and log in a temp dir.
 pub struct Tailer {
     pub process: ChildProcess,
+    /// Metrics port: `/metrics`, `/healthz`, `/v1/audit/checkpoint`.
     pub admin_port: u16,
+    /// Query port (HTTPS, client certificates): `POST /v1/audit/query`.
+    pub query_port: u16,
+    /// The operators' tool's client certificate (`query.allowed_clients`).
+    pub operator: lockmesh_tests::ClientCert,
+    /// The CA of the query port's certificate.
+    pub ca: PathBuf,
     pub dir: tempfile::TempDir,
 }
 
@@ -28,12 +35,31 @@ fn bin(name: &str) -> PathBuf {
 impl Tailer {
     /// Starts a tailer over `root`, with the stack's registry, and waits for `/healthz`.
     pub async fn start(st: &Stack, extra: &str) -> Tailer {
+        Self::start_with(st, extra, "").await
+    }
+
+    /// [`Tailer::start`] with more fields of the `query:` section (flow style, each
+    /// after a comma: `, operators: {...}`). The query port admits lockctl's
+    /// certificate (`lockmesh-system/lockctl`).
+    pub async fn start_with(st: &Stack, extra: &str, query_extra: &str) -> Tailer {
         let dir = tempfile::tempdir().unwrap();
         let admin_port = free_port();
+        let query_port = free_port();
+        let operator = st.pki().client("lockmesh-system", "lockctl").unwrap();
+        let server = st.pki().arbiter_server();
+        let ca = st.pki().ca_cert_path();
+        let query = format!(
+            "query: {{ listen: \"127.0.0.1:{query_port}\", tls: {{ cert: {:?}, key: {:?}, client_ca: {:?} }}, \
+             allowed_clients: [{:?}]{query_extra} }}\n",
+            server.cert_path.display().to_string(),
+            server.key_path.display().to_string(),
+            ca.display().to_string(),
+            operator.spiffe_id,
+        );
         let registry = st.arbiter(0).config_path().parent().unwrap().join("registry.yaml");
         let cfg = format!(
             "etcd_endpoints: {:?}\netcd_root: {:?}\nstore_file: audit.redb\nadmin_listen: \"127.0.0.1:{admin_port}\"\n\
-             checkpoint_interval_ms: 200\nelection_ttl_s: 3\nregistry_file: {:?}\n{}{extra}",
+             checkpoint_interval_ms: 200\nelection_ttl_s: 3\nregistry_file: {:?}\n{}{query}{extra}",
             st.etcd().endpoints(),
             st.root(),
             registry.display().to_string(),
@@ -47,7 +73,7 @@ impl Tailer {
             dir.path().join("audit.log"),
         )
         .env("RUST_LOG", "info");
-        let t = Tailer { process, admin_port, dir };
+        let t = Tailer { process, admin_port, query_port, operator, ca, dir };
         t.process.start().unwrap();
         t.wait_up().await;
         t
@@ -94,16 +120,35 @@ impl Tailer {
         .await;
     }
 
-    /// `lockctl audit --url ... --json ARGS`.
+    /// `lockctl audit --url <query port> --json ARGS` as the operators' tool.
     pub fn lockctl(&self, args: &[&str]) -> Value {
-        let url = format!("http://127.0.0.1:{}", self.admin_port);
-        let out = std::process::Command::new(bin("lockctl"))
-            .args(["audit", "--url", &url, "--json"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "lockctl audit {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        let (code, stdout, stderr) = self.lockctl_as(Some(&self.operator), None, args);
+        assert_eq!(code, 0, "lockctl audit {args:?}: {stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    }
+
+    /// `lockctl audit --url <query port> --ca <CA> --json ARGS` with `cert` (none:
+    /// no client certificate) and `token` (in LOCKMESH_ADMIN_TOKEN): (exit code,
+    /// stdout, stderr).
+    pub fn lockctl_as(
+        &self,
+        cert: Option<&lockmesh_tests::ClientCert>,
+        token: Option<&str>,
+        args: &[&str],
+    ) -> (i32, String, String) {
+        let url = format!("https://127.0.0.1:{}", self.query_port);
+        let mut c = std::process::Command::new(bin("lockctl"));
+        c.args(["audit", "--url", &url, "--json", "--ca"]).arg(&self.ca).args(args);
+        c.env_remove("LOCKMESH_ADMIN_CERT").env_remove("LOCKMESH_ADMIN_KEY").env_remove("LOCKMESH_ADMIN_TOKEN");
+        if let Some(cert) = cert {
+            c.arg("--cert").arg(&cert.cert_path).arg("--key").arg(&cert.key_path);
+        }
+        if let Some(t) = token {
+            c.env("LOCKMESH_ADMIN_TOKEN", t);
+        }
+        let out = c.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
     }
 }
 
