@@ -29,6 +29,10 @@ pub enum FenceError {
     /// No route matches and no unlisted guard is configured (403 `unlisted_route`).
     #[error("no route matches this path; an unlisted route is a write nobody can authorise")]
     UnlistedRoute,
+    /// The request target is not in canonical form (400 `bad_request`, as the
+    /// filter answers it): the message names the rule it breaks.
+    #[error("the request target is not canonical: {0} (docs/TRANSPARENT.md defines the canonical form)")]
+    NotCanonical(lockmesh_core::canon::CanonError),
     /// A route template could not be filled (400 `bad_request`).
     #[error("{0}")]
     BadRequest(String),
@@ -59,7 +63,7 @@ impl FenceError {
             FenceError::WrongKey => "wrong_key",
             FenceError::StaleToken(_) => "stale_token",
             FenceError::UnlistedRoute => "unlisted_route",
-            FenceError::BadRequest(_) => "bad_request",
+            FenceError::NotCanonical(_) | FenceError::BadRequest(_) => "bad_request",
             FenceError::BodyTooLarge => "body_too_large",
             FenceError::MarksUnavailable(_) => "marks_unavailable",
             FenceError::StoreUnavailable(_) => "store_unavailable",
@@ -71,7 +75,9 @@ impl FenceError {
     pub fn status(&self) -> StatusCode {
         match self {
             FenceError::GrantRequired => StatusCode::PRECONDITION_REQUIRED,
-            FenceError::BadToken(_) | FenceError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            FenceError::BadToken(_) | FenceError::NotCanonical(_) | FenceError::BadRequest(_) => {
+                StatusCode::BAD_REQUEST
+            }
             FenceError::BadProof(_) | FenceError::WrongKey | FenceError::UnlistedRoute => StatusCode::FORBIDDEN,
             FenceError::StaleToken(_) => StatusCode::CONFLICT,
             FenceError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -105,6 +111,8 @@ mod tests {
             (FenceError::WrongKey, 403, "wrong_key"),
             (FenceError::StaleToken(""), 409, "stale_token"),
             (FenceError::UnlistedRoute, 403, "unlisted_route"),
+            (FenceError::NotCanonical(lockmesh_core::canon::CanonError::EmptySegment(1)), 400, "bad_request"),
+            (FenceError::BadRequest("x".into()), 400, "bad_request"),
             (FenceError::BodyTooLarge, 413, "body_too_large"),
             (FenceError::MarksUnavailable("x".into()), 503, "marks_unavailable"),
             (FenceError::StoreUnavailable("x".into()), 502, "store_unavailable"),

@@ -1,8 +1,16 @@
 //! The proxy: classify, verify the grant, check and advance the mark, forward.
 //!
+//! Every request first passes the canonical-form check (`lockmesh_core::canon`, the
+//! definition in docs/TRANSPARENT.md): a target in any other spelling (`%38` for
+//! `8`, `//`, dot segments, `%2F`, `\`, `;`, absolute form, `*`) answers
+//! `400 bad_request` naming the problem, read or write, and is neither forwarded
+//! nor marked. A store that decodes or merges what it receives then reads the same
+//! path fence-proxy classified, and one resource has one mark.
+//!
 //! A write goes through these phases; each failure answers from the one table in
 //! `respond.rs` and the store never sees the request unless the last phase runs:
-//! 1. classify (route, resource, guarding key; unlisted → refused or the guard);
+//! 1. classify the canonical path (route, resource, guarding key; unlisted →
+//!    refused or the guard);
 //! 2. verify the grant (`token::verify_grant`), before anything else is read;
 //! 3. read the body (bounded by `max_body_bytes`), outside the resource lock, so a
 //!    slow client cannot hold it;
@@ -32,7 +40,10 @@ use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::TokioExecutor,
 };
-use lockmesh_core::headers;
+use lockmesh_core::{
+    canon::{self, CanonError},
+    headers,
+};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::{
@@ -121,15 +132,19 @@ impl Fence {
     async fn handle(self: Arc<Self>, req: Request) -> Result<Response, (String, FenceError)> {
         let (parts, body) = req.into_parts();
         let method = parts.method.as_str().to_owned();
+        let target = request_target(&parts).map_err(|e| ("unlisted".to_owned(), FenceError::NotCanonical(e)))?;
+        let path =
+            canon::check(target.as_bytes()).map_err(|e| ("unlisted".to_owned(), FenceError::NotCanonical(e)))?.path();
         let (route, class) =
-            classify(&self.config.routes, self.config.unlisted.as_ref(), &method, parts.uri.path(), &parts.headers)
-                .map_err(|e| match e {
+            classify(&self.config.routes, self.config.unlisted.as_ref(), &method, path, &parts.headers).map_err(
+                |e| match e {
                     RouteError::Unlisted => ("unlisted".to_owned(), FenceError::UnlistedRoute),
                     RouteError::Unresolved(m) => ("unlisted".to_owned(), FenceError::BadRequest(m)),
-                })?;
+                },
+            )?;
         let (resource, key, equal) = match class {
             Class::Read => {
-                let r = self.forward(parts, body).await.map_err(|e| (route.clone(), e))?;
+                let r = self.forward(parts, &target, body).await.map_err(|e| (route.clone(), e))?;
                 self.count(&route, "read");
                 return Ok(r);
             }
@@ -156,14 +171,15 @@ impl Fence {
             }
             MarkDecision::Advance | MarkDecision::Equal => {}
         }
-        let r = self.forward(parts, Body::from(body)).await.map_err(fail)?;
+        let r = self.forward(parts, &target, Body::from(body)).await.map_err(fail)?;
         self.count(&route, "write");
         Ok(r)
     }
 
-    async fn forward(&self, mut parts: http::request::Parts, body: Body) -> Result<Response, FenceError> {
-        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let uri: Uri = format!("{}{pq}", self.config.upstream)
+    /// Sends the request to the store with `target`, the canonical target the request
+    /// was classified on, byte for byte.
+    async fn forward(&self, mut parts: http::request::Parts, target: &str, body: Body) -> Result<Response, FenceError> {
+        let uri: Uri = format!("{}{target}", self.config.upstream)
             .parse()
             .map_err(|_| FenceError::BadRequest("the request path does not form a valid upstream URI".into()))?;
         parts.uri = uri;
@@ -201,6 +217,20 @@ impl Fence {
             Err(_) => (http::StatusCode::INTERNAL_SERVER_ERROR, "cannot encode the metrics").into_response(),
         }
     }
+}
+
+/// The request target as the client sent it, for [`canon::check`]. HTTP/1 gives the
+/// target line: hyper hands an absolute-form (`PUT http://host/p`) or authority-form
+/// target to the service as a URI with a scheme or an authority and `*` as the path
+/// `*`, never rewritten to origin form, so those are refused here (`*` by the
+/// check). HTTP/2 always carries `:scheme` and `:authority` beside `:path`; there
+/// the target is `:path` (which hyper keeps in the URI's path and query).
+fn request_target(parts: &http::request::Parts) -> Result<String, CanonError> {
+    let uri = &parts.uri;
+    if parts.version < http::Version::HTTP_2 && (uri.scheme().is_some() || uri.authority().is_some()) {
+        return Err(CanonError::NotOriginForm);
+    }
+    uri.path_and_query().map(|pq| pq.as_str().to_owned()).ok_or(CanonError::NotOriginForm)
 }
 
 fn strip_hop_by_hop(h: &mut http::HeaderMap) {
