@@ -533,5 +533,40 @@ mod tests {
         let raw: RawConfig = lockmesh_runtime::parse_yaml(&cm.data["audit.yaml"]).unwrap();
         assert_eq!(raw.etcd_user.as_deref(), Some("lockmesh-audit"));
         assert!(raw.etcd_tls.is_some() && raw.etcd_endpoints.iter().all(|e| e.starts_with("https://")));
+        // The query API on its own port, for named operators' tools only.
+        let q = raw.query.as_ref().expect("the shipped config has a query section");
+        assert_ne!(q.listen, raw.admin_listen);
+        assert!(!q.allowed_clients.is_empty() && q.allowed_clients.iter().all(|c| c.starts_with("spiffe://")));
+    }
+
+    /// A `query` section is checked field by field: its own port, readable TLS
+    /// files, at least one SPIFFE ID, a readable JWKS when tokens are checked.
+    #[test]
+    fn the_query_section_names_its_errors() {
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(
+            "etcd_endpoints: [\"http://e:2379\"]\netcd_root: /lockmesh\nstore_file: a.redb\nadmin_listen: \"127.0.0.1:1\"\n\
+             query: { listen: \"127.0.0.1:1\", tls: { cert: no.pem, key: no.pem, client_ca: no.pem }, \
+             allowed_clients: [], operators: { jwks_file: no.json, issuer: \"\" } }\n",
+        )
+        .unwrap();
+        let errs = Config::try_from_raw(raw, Path::new("/nonexistent"), "audit.yaml").unwrap_err().join("\n");
+        for want in [
+            "query.listen: \"127.0.0.1:1\" is admin_listen",
+            "query.tls.cert: cannot read",
+            "query.tls.client_ca: cannot read",
+            "query.allowed_clients: must name at least one SPIFFE ID",
+            "query.operators.jwks_file: cannot read",
+            "query.operators.issuer: must not be empty",
+        ] {
+            assert!(errs.contains(&format!("audit.yaml: {want}")), "{want} missing in {errs}");
+        }
+        let raw: RawConfig = lockmesh_runtime::parse_yaml(
+            "etcd_endpoints: [\"http://e:2379\"]\netcd_root: /lockmesh\nstore_file: a.redb\nadmin_listen: \"127.0.0.1:1\"\n\
+             query: { listen: \"127.0.0.1:2\", tls: { cert: /dev/null, key: /dev/null, client_ca: /dev/null }, \
+             allowed_clients: [\"lockctl\"] }\n",
+        )
+        .unwrap();
+        let errs = Config::try_from_raw(raw, Path::new("/"), "audit.yaml").unwrap_err().join("\n");
+        assert!(errs.contains("query.allowed_clients[0]: \"lockctl\" is not a spiffe:// URI"), "{errs}");
     }
 }
