@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - [`config`]: the YAML configuration and its validation.
-//! - [`route`]: path templates, resources, guarding keys, reads and writes.
+//! - [`route`]: routes over `lockmesh_core::template` (the filter's template language):
+//!   resources, guarding keys, reads and writes, decided on the canonical path.
 //! - [`token`]: grant verification and the mark rule (pure).
 //! - [`marks`]: durable marks (redb), single-writer lock, instance id.
 //! - [`server`]: the proxy, admin endpoints and graceful shutdown.

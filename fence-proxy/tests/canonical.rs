@@ -271,3 +271,34 @@ fn absolute_form_and_asterisk_targets_are_refused() {
     assert_not_canonical(&a, "OPTIONS *");
     assert!(s.writes().is_empty());
 }
+
+/// `curl --http2-prior-knowledge --path-as-is` (h2c: fence-proxy's server also speaks
+/// HTTP/2 without TLS): the status and the `x-lockmesh-error` value.
+fn h2_write(s: &Setup, target: &str, key: &str, token: u64) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "--http2-prior-knowledge", "--path-as-is", "-X", "PUT"])
+        .args(["-w", "%{http_code} %{http_version} %header{x-lockmesh-error}"])
+        .args(["-H", &format!("x-lock-proof: {}", s.proof(key, token)), "-H", &format!("x-lock-token: {token}")])
+        .arg(format!("http://{}{target}", s.fence))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut it = text.split(' ');
+    let status = it.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    assert_eq!(it.next(), Some("2"), "answered over HTTP/2: {text}");
+    (status, it.next().unwrap_or_default().to_owned())
+}
+
+#[test]
+fn over_http2_the_path_is_checked_the_same() {
+    let s = start(
+        "routes:\n  - name: items\n    path: /items/{id}\n    resource: \"items/{id}\"\n    lock_key: \"payments/items\"\n\
+         unlisted: { resource: \"store\", lock_key: \"payments/store\" }",
+    );
+    assert_eq!(h2_write(&s, "/items/8", "payments/items", 50), (200, String::new()));
+    for target in ITEM_8_SPELLINGS {
+        assert_eq!(h2_write(&s, target, "payments/items", 40), (400, "bad_request".to_owned()), "{target}");
+        assert_eq!(h2_write(&s, target, "payments/store", 40), (400, "bad_request".to_owned()), "{target}");
+    }
+    assert_eq!(s.writes(), [("/items/8".to_owned(), "50".to_owned())]);
+}
