@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use lockmesh_core::{
+    grant::Operation,
     headers::{self, LockHeaders},
     wire::api::{
         Acquired as AcquiredBody, Holder, LockInfo, Released, SessionClosed, SessionHold, SessionHolds, SessionOpened,
@@ -26,6 +27,83 @@ use crate::{
     tiers::Acquired,
 };
 
+/// A lock API route (`docs/API.md`). [`ROUTES`] is the one list the dispatch,
+/// the grant check ([`Route::operation`]) and the metrics label read, and a test
+/// holds it to the Wasm filter's route table and to docs/API.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/locks/acquire`.
+    Acquire,
+    /// `POST /v1/locks/release`.
+    Release,
+    /// `GET /v1/locks`.
+    Inspect,
+    /// `POST /v1/sessions`.
+    SessionOpen,
+    /// `POST /v1/sessions/keepalive`.
+    SessionKeepalive,
+    /// `POST /v1/sessions/close`.
+    SessionClose,
+    /// `GET /v1/sessions/holds`.
+    SessionHolds,
+    /// `POST /v1/tokens/validate`.
+    Validate,
+}
+
+/// Every API route: method, path (without the query, matched byte for byte) and route.
+pub const ROUTES: [(&str, &str, Route); 8] = [
+    ("POST", "/v1/locks/acquire", Route::Acquire),
+    ("POST", "/v1/locks/release", Route::Release),
+    ("GET", "/v1/locks", Route::Inspect),
+    ("POST", "/v1/sessions", Route::SessionOpen),
+    ("POST", "/v1/sessions/keepalive", Route::SessionKeepalive),
+    ("POST", "/v1/sessions/close", Route::SessionClose),
+    ("GET", "/v1/sessions/holds", Route::SessionHolds),
+    ("POST", "/v1/tokens/validate", Route::Validate),
+];
+
+/// Prefix of the paths the filter classifies as operator routes (no API route
+/// here answers them; the admin actions live under `/internal/v1/admin/`).
+pub(crate) const ADMIN_PREFIX: &str = "/v1/admin/";
+
+// === impl Route ===
+
+impl Route {
+    /// The route of `method` and `path` (query already removed), if it is one.
+    pub fn of(method: &str, path: &str) -> Option<Route> {
+        ROUTES.iter().find(|(m, p, _)| *m == method && *p == path).map(|(_, _, r)| *r)
+    }
+
+    /// The operation a LockGrant must allow for it (the filter's mapping:
+    /// acquire, release and the session routes need `acquire`).
+    pub fn operation(self) -> Operation {
+        match self {
+            Route::Acquire
+            | Route::Release
+            | Route::SessionOpen
+            | Route::SessionKeepalive
+            | Route::SessionClose
+            | Route::SessionHolds => Operation::Acquire,
+            Route::Inspect => Operation::Inspect,
+            Route::Validate => Operation::Validate,
+        }
+    }
+
+    /// The `route` label of `lockmesh_arbiter_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Acquire => "acquire",
+            Route::Release => "release",
+            Route::Inspect => "inspect",
+            Route::SessionOpen => "session_open",
+            Route::SessionKeepalive => "keepalive",
+            Route::SessionClose => "session_close",
+            Route::SessionHolds => "session_holds",
+            Route::Validate => "validate",
+        }
+    }
+}
+
 /// A request as the arbiter sees it.
 #[derive(Debug, Clone)]
 pub struct ApiRequest {
@@ -37,8 +115,14 @@ pub struct ApiRequest {
     pub lock: LockHeaders,
     /// The filter's budget, ms (time already spent queued in the filter removed).
     pub budget_ms: Option<u64>,
-    /// Verified SPIFFE ID from Envoy's connection attributes.
+    /// The identity the request acts as: the caller's SPIFFE ID as a vouching
+    /// client claims it, or a self client's own SPIFFE ID.
     pub identity: String,
+    /// A self client's claimed caller, when it differs from its own identity: kept
+    /// as unverified in the hold record, never used to authorise.
+    pub unverified_caller: Option<String>,
+    /// True when the ext_proc client is a self client (`tls.self_clients`).
+    pub self_client: bool,
     /// When this arbiter received the request.
     pub received: Instant,
 }
@@ -124,16 +208,19 @@ async fn route(
     // Sealed: every request is refused until the epoch advances.
     state.store.unsealed()?;
     // Defence in depth: the registry's LockGrants, when it carries any.
-    crate::registry::authorise(state, req)?;
+    crate::registry::authorise(state, req, crate::registry::api_operation(&req.method, &req.path))?;
     // A key homed in another region is redirected, never forwarded (ADR-08).
     if let Some(key) = &lock.key {
         if let Some(region) = tiers.wrong_region(key) {
             return Err(ApiError::wrong_region(key.namespace(), region));
         }
     }
-    let r = match (req.method.as_str(), req.path.as_str()) {
-        ("POST", "/v1/locks/acquire") => return acquire(state, req, caller, cancel).await,
-        ("POST", "/v1/locks/release") if lock.grant.is_some() => {
+    let Some(route) = Route::of(&req.method, &req.path) else {
+        return Err(ApiError::new(Code::NotFound, format!("no route {} {}", req.method, req.path)));
+    };
+    let r = match route {
+        Route::Acquire => return acquire(state, req, caller, cancel).await,
+        Route::Release if lock.grant.is_some() => {
             // An unprotected grant (ADR-04) is released by its grant id, from memory.
             let key = need(lock.key.clone(), headers::KEY)?;
             if lock.token.is_some() {
@@ -146,7 +233,7 @@ async fn route(
             tiers.release_unprotected(&key, grant, &caller).await?;
             ApiResponse::ok(&Released { released: true, unprotected: true })
         }
-        ("POST", "/v1/locks/release") => {
+        Route::Release => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let token = need(lock.token, headers::TOKEN)?;
             let class = state.registry().class_of(&key).clone();
@@ -156,7 +243,7 @@ async fn route(
             r?;
             ApiResponse::ok(&Released { released: true, unprotected: false })
         }
-        ("GET", "/v1/locks") => {
+        Route::Inspect => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let class = class_for(state, lock, &key)?;
             let (holders, store) = tiers.inspect(&class, &key, &caller, lock.session).await?;
@@ -177,7 +264,7 @@ async fn route(
                 waiting_here: store.queues().len(&key.digest()) as u64,
             })
         }
-        ("POST", "/v1/sessions") => {
+        Route::SessionOpen => {
             let class = match (&lock.class, &lock.key) {
                 (_, Some(key)) => class_for(state, lock, key)?,
                 (Some(c), None) => state
@@ -193,17 +280,17 @@ async fn route(
             r.headers.push((headers::SESSION, sid.to_string()));
             r
         }
-        ("POST", "/v1/sessions/keepalive") => {
+        Route::SessionKeepalive => {
             let sid = need(lock.session, headers::SESSION)?;
             let ttl = tiers.keepalive(sid, &caller).await.inspect_err(|e| state.metrics.renewal_failure(e))?;
             ApiResponse::ok(&SessionRenewed { session: sid, ttl_s: ttl })
         }
-        ("POST", "/v1/sessions/close") => {
+        Route::SessionClose => {
             let sid = need(lock.session, headers::SESSION)?;
             tiers.close_session(sid, &caller).await?;
             ApiResponse::ok(&SessionClosed { closed: true })
         }
-        ("GET", "/v1/sessions/holds") => {
+        Route::SessionHolds => {
             let sid = need(lock.session, headers::SESSION)?;
             let holds = tiers.session_holds(sid, &caller).await?;
             let holds = holds
@@ -219,7 +306,7 @@ async fn route(
                 .collect();
             ApiResponse::ok(&SessionHolds { holds, session: sid })
         }
-        ("POST", "/v1/tokens/validate") => {
+        Route::Validate => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let token = need(lock.token, headers::TOKEN)?;
             if !state.validate_limiter.try_take() {
@@ -229,7 +316,6 @@ async fn route(
             let current = tiers.is_current(&class, &key, token).await?;
             ApiResponse::ok(&TokenValidity { current })
         }
-        (m, p) => return Err(ApiError::new(Code::NotFound, format!("no route {m} {p}"))),
     };
     Ok((r, None))
 }
@@ -253,6 +339,7 @@ async fn acquire(
         try_once: wait.is_zero(),
         hold_id: None,
         session_owner: None,
+        unverified_caller: req.unverified_caller.clone(),
     };
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
     let reg = state.registry();
@@ -310,4 +397,72 @@ async fn acquire(
     }
     r.headers.push((headers::SESSION, g.session.to_string()));
     Ok((r, store.map(|store| Undo::Grant { req: areq, grant, store })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Wasm filter's route table as its source writes it: `(b"M", b"/p") => Route::X`.
+    fn filter_routes() -> Vec<(String, String)> {
+        let src = include_str!("../../wasm-filter/src/route.rs");
+        src.lines()
+            .filter_map(|l| {
+                let l = l.trim().strip_prefix("(b\"")?;
+                let (method, rest) = l.split_once("\", b\"")?;
+                let (path, rest) = rest.split_once("\")")?;
+                rest.trim_start().starts_with("=> Route::").then(|| (method.to_owned(), path.to_owned()))
+            })
+            .collect()
+    }
+
+    /// The routes docs/API.md documents with a heading of their own (`### \`M /p\``).
+    fn documented_routes() -> Vec<(String, String)> {
+        include_str!("../../docs/API.md")
+            .lines()
+            .filter_map(|l| {
+                let (method, path) = l.strip_prefix("### `")?.strip_suffix('`')?.split_once(' ')?;
+                path.starts_with("/v1/").then(|| (method.to_owned(), path.to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_route_table_is_the_filters_and_the_docs() {
+        let ours: Vec<(String, String)> = ROUTES.iter().map(|(m, p, _)| ((*m).to_owned(), (*p).to_owned())).collect();
+        let filter = filter_routes();
+        assert_eq!(filter.len(), ROUTES.len(), "the filter's table as parsed: {filter:?}");
+        for r in &filter {
+            assert!(ours.contains(r), "the filter classifies {r:?}; the arbiter does not");
+        }
+        let documented = documented_routes();
+        assert!(documented.len() >= 7, "docs/API.md's route headings as parsed: {documented:?}");
+        for r in &documented {
+            assert!(ours.contains(r), "docs/API.md documents {r:?}; the arbiter does not route it");
+        }
+    }
+
+    #[test]
+    fn every_route_is_found_with_its_operation_and_label_and_nothing_else_is() {
+        let mut labels = std::collections::HashSet::new();
+        for (m, p, r) in ROUTES {
+            assert_eq!(Route::of(m, p), Some(r), "{m} {p}");
+            assert!(labels.insert(r.label()), "two routes share the label {}", r.label());
+            let op = crate::registry::api_operation(m, p);
+            assert_eq!(op, r.operation(), "{m} {p}");
+        }
+        // The grant check's operations, as the filter decides them (wasm-filter/src/route.rs).
+        assert_eq!(crate::registry::api_operation("POST", "/v1/tokens/validate"), Operation::Validate);
+        assert_eq!(crate::registry::api_operation("GET", "/v1/locks"), Operation::Inspect);
+        assert_eq!(crate::registry::api_operation("POST", "/v1/sessions/close"), Operation::Acquire);
+        assert_eq!(crate::registry::api_operation("DELETE", "/v1/admin/x"), Operation::Admin);
+        // The old prefix test's false friend is no route and needs `acquire`.
+        assert_eq!(Route::of("POST", "/v1/validate"), None);
+        assert_eq!(crate::registry::api_operation("POST", "/v1/validate"), Operation::Acquire);
+        for (m, p) in [("GET", "/v1/locks/acquire"), ("POST", "/v1/locks/acquire/"), ("POST", "//v1/locks/acquire")] {
+            assert_eq!(Route::of(m, p), None, "{m} {p}");
+        }
+        assert_eq!(crate::metrics::route_label("POST", "/v1/tokens/validate"), "validate");
+        assert_eq!(crate::metrics::route_label("POST", "/nowhere"), "other");
+    }
 }

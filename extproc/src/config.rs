@@ -242,8 +242,76 @@ pub struct RawTls {
     pub key: String,
     /// PEM CA bundle that client certificates must chain to.
     pub client_ca: String,
-    /// SPIFFE IDs (URI SAN) of lockmesh's own Envoys; any other client is refused.
+    /// Vouching clients: exact SPIFFE IDs (URI SAN) of the Envoys outside every
+    /// workload pod (the lock tier, a gateway). The caller identity they claim in
+    /// ext_proc attributes is believed. Default none; with `self_clients` at least
+    /// one entry in all.
+    #[serde(default)]
     pub allowed_clients: Vec<String>,
+    /// Self clients: in-pod sidecars (the inbound sidecar, an Istio sidecar) that
+    /// present the pod's own SVID. Their holds are authorised and recorded under
+    /// their own SPIFFE ID, whatever caller they claim (kept as unverified). Exact
+    /// IDs or patterns whose `*` segments match one path segment each
+    /// (`spiffe://td/ns/*/sa/*`). Default none. A client in neither list is refused.
+    #[serde(default)]
+    pub self_clients: Vec<String>,
+}
+
+/// A `tls.self_clients` entry: an exact SPIFFE ID, or one with `*` for whole path
+/// segments (never in the trust domain).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfClient(String);
+
+/// How the arbiter treats an ext_proc client (`tls.allowed_clients`, `tls.self_clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// An Envoy outside every workload pod: its claimed caller identity is believed.
+    Vouching,
+    /// An in-pod sidecar: it acts under its own SPIFFE ID only.
+    SelfClient,
+}
+
+// === impl SelfClient ===
+
+impl SelfClient {
+    /// Parses an entry; the error says what is wrong with it.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let Some(rest) = s.strip_prefix("spiffe://") else {
+            return Err("is not a spiffe:// URI".into());
+        };
+        let mut segs = rest.split('/');
+        let td = segs.next().unwrap_or_default();
+        if td.is_empty() || td.contains('*') {
+            return Err("needs a literal trust domain (a pattern never spans trust domains)".into());
+        }
+        for seg in segs {
+            if seg.is_empty() {
+                return Err("has an empty path segment".into());
+            }
+            if seg.contains('*') && seg != "*" {
+                return Err("may use * only as a whole path segment".into());
+            }
+        }
+        Ok(SelfClient(s.to_owned()))
+    }
+
+    /// True when `id` is this entry, or matches it segment by segment.
+    pub fn matches(&self, id: &str) -> bool {
+        let (mut p, mut i) = (self.0.split('/'), id.split('/'));
+        loop {
+            match (p.next(), i.next()) {
+                (None, None) => return true,
+                (Some("*"), Some(seg)) if !seg.is_empty() => {}
+                (Some(a), Some(b)) if a == b => {}
+                _ => return false,
+            }
+        }
+    }
+
+    /// The entry as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Default `operators.max_token_age_s`.
@@ -360,6 +428,39 @@ fn operators(raw: &RawOperators, envoys: &[String], base: &Path, name: &str, err
     }
 }
 
+/// Validates `tls.allowed_clients` and `tls.self_clients`, returning the latter.
+fn self_clients(tls: &RawTls, name: &str, errs: &mut Vec<String>) -> Vec<SelfClient> {
+    if tls.allowed_clients.is_empty() && tls.self_clients.is_empty() {
+        errs.push(format!("{name}: tls.allowed_clients: must name at least one client (here, or in tls.self_clients)"));
+    }
+    for (i, c) in tls.allowed_clients.iter().enumerate() {
+        if !c.starts_with("spiffe://") {
+            errs.push(format!("{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
+        } else if c.contains('*') {
+            errs.push(format!(
+                "{name}: tls.allowed_clients[{i}]: {c:?}: a vouching client is an exact SPIFFE ID, never a pattern"
+            ));
+        }
+    }
+    let parsed: Vec<SelfClient> = tls
+        .self_clients
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            SelfClient::parse(c).map_err(|e| errs.push(format!("{name}: tls.self_clients[{i}]: {c:?} {e}"))).ok()
+        })
+        .collect();
+    for (i, c) in tls.allowed_clients.iter().enumerate() {
+        if let Some(p) = parsed.iter().find(|p| p.matches(c)) {
+            errs.push(format!(
+                "{name}: tls.allowed_clients[{i}]: {c:?} is also a self client ({:?}): a client is one or the other",
+                p.as_str()
+            ));
+        }
+    }
+    parsed
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -373,8 +474,10 @@ pub struct Config {
     pub tls_key: Vec<u8>,
     /// Client CA PEM.
     pub client_ca: Vec<u8>,
-    /// Allowed Envoy SPIFFE IDs.
+    /// Vouching clients' SPIFFE IDs (`tls.allowed_clients`).
     pub allowed_clients: Vec<String>,
+    /// Self clients (`tls.self_clients`).
+    pub self_clients: Vec<SelfClient>,
     /// etcd endpoints.
     pub etcd_endpoints: Vec<String>,
     /// Key root, no trailing slash.
@@ -448,6 +551,32 @@ impl Config {
         }
     }
 
+    /// How the ext_proc client with SPIFFE ID `id` is treated; `None`: refused.
+    pub fn client_kind(&self, id: &str) -> Option<ClientKind> {
+        if self.allowed_clients.iter().any(|c| c == id) {
+            Some(ClientKind::Vouching)
+        } else if self.self_clients.iter().any(|c| c.matches(id)) {
+            Some(ClientKind::SelfClient)
+        } else {
+            None
+        }
+    }
+
+    /// Who may call ext_proc and how far each is believed, in words (`--check-config`).
+    pub fn clients_summary(&self) -> Vec<String> {
+        let list = |v: Vec<&str>| if v.is_empty() { "none".to_owned() } else { v.join(", ") };
+        vec![
+            format!(
+                "vouching clients (their callers' identities are believed): {}",
+                list(self.allowed_clients.iter().map(String::as_str).collect())
+            ),
+            format!(
+                "self clients (act under their own identity only): {}",
+                list(self.self_clients.iter().map(SelfClient::as_str).collect())
+            ),
+        ]
+    }
+
     /// Reads, parses and validates `path`, collecting every error.
     pub fn load(path: &Path) -> Result<Self, Vec<String>> {
         let name = path.display().to_string();
@@ -478,14 +607,7 @@ impl Config {
         let tls_key = read("tls.key", &raw.tls.key);
         let client_ca = read("tls.client_ca", &raw.tls.client_ca);
         let mut errs2 = Vec::new();
-        if raw.tls.allowed_clients.is_empty() {
-            errs2.push(format!("{name}: tls.allowed_clients: must name at least one Envoy SPIFFE ID"));
-        }
-        for (i, c) in raw.tls.allowed_clients.iter().enumerate() {
-            if !c.starts_with("spiffe://") {
-                errs2.push(format!("{name}: tls.allowed_clients[{i}]: {c:?} is not a spiffe:// URI"));
-            }
-        }
+        let self_clients = self_clients(&raw.tls, name, &mut errs2);
         // The cluster sections, validated as `lockctl shard` validates them.
         let clusters = Clusters::from_raw(
             &raw.etcd,
@@ -520,6 +642,14 @@ impl Config {
         });
         let marks_file = raw.marks_file.map(|p| resolve(base, &p));
         let fail_open = fail_open(raw.fail_open.as_ref(), marks_file.as_deref(), base, name, &mut errs2);
+        if let (Ok(reg), false) = (&registry, self_clients.is_empty()) {
+            if reg.grants().is_none() {
+                errs2.push(format!(
+                    "{name}: tls.self_clients: the registry carries no LockGrant documents: the arbiter alone decides \
+                     what a self client may lock (its in-pod filter is not trusted), so it needs them"
+                ));
+            }
+        }
         if let Ok(reg) = &registry {
             let open = reg.classes().iter().find(|c| c.on_quorum_loss == lockmesh_core::class::OnQuorumLoss::Open);
             if let (Some(c), None) = (open, &fail_open.spool_file) {
@@ -539,6 +669,7 @@ impl Config {
                 tls_key,
                 client_ca,
                 allowed_clients: raw.tls.allowed_clients,
+                self_clients,
                 etcd_endpoints: clusters.endpoints,
                 etcd_root: clusters.root,
                 op_timeout_ms: clusters.op_timeout_ms,
@@ -598,5 +729,60 @@ mod tests {
         let (o, errs) = ops(&format!("{BASE}force_record_retention_s: 86400\n"));
         assert!(!errs.iter().any(|e| e.contains("retention")), "{errs:?}");
         assert_eq!(o.force_record_retention_s, 86_400);
+    }
+
+    fn tls(allowed: &[&str], own: &[&str]) -> RawTls {
+        RawTls {
+            cert: String::new(),
+            key: String::new(),
+            client_ca: String::new(),
+            allowed_clients: allowed.iter().map(|s| (*s).to_owned()).collect(),
+            self_clients: own.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn self_client_patterns_match_whole_segments_of_their_own_trust_domain() {
+        let p = SelfClient::parse("spiffe://td/ns/*/sa/*").unwrap();
+        assert!(p.matches("spiffe://td/ns/pay/sa/orders"));
+        for other in [
+            "spiffe://td/ns/pay/sa",
+            "spiffe://td/ns/pay/sa/orders/x",
+            "spiffe://td/ns//sa/orders",
+            "spiffe://other/ns/pay/sa/orders",
+            "spiffe://td/lockmesh/envoy",
+        ] {
+            assert!(!p.matches(other), "{other}");
+        }
+        let exact = SelfClient::parse("spiffe://td/ns/pay/sa/orders").unwrap();
+        assert!(exact.matches("spiffe://td/ns/pay/sa/orders") && !exact.matches("spiffe://td/ns/pay/sa/other"));
+        for bad in ["td/ns/*", "spiffe://*/ns/a", "spiffe:///ns/a", "spiffe://td/ns/a*", "spiffe://td//a"] {
+            assert!(SelfClient::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_client_is_vouching_or_self_never_both_and_one_list_must_name_someone() {
+        let mut errs = Vec::new();
+        let own = self_clients(&tls(&["spiffe://td/lockmesh/envoy"], &["spiffe://td/ns/*/sa/*"]), "a.yaml", &mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(own.len(), 1);
+        let mut errs = Vec::new();
+        self_clients(&tls(&["spiffe://td/ns/pay/sa/orders"], &["spiffe://td/ns/*/sa/*"]), "a.yaml", &mut errs);
+        assert!(
+            errs.iter().any(|e| e.contains("tls.allowed_clients[0]") && e.contains("also a self client")),
+            "{errs:?}"
+        );
+        let mut errs = Vec::new();
+        self_clients(&tls(&[], &[]), "a.yaml", &mut errs);
+        assert!(errs.iter().any(|e| e.contains("must name at least one client")), "{errs:?}");
+        // The Istio shape: self clients only.
+        let mut errs = Vec::new();
+        self_clients(&tls(&[], &["spiffe://td/ns/*/sa/*"]), "a.yaml", &mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        let mut errs = Vec::new();
+        self_clients(&tls(&["spiffe://td/ns/*/sa/envoy"], &["spiffe://td/ns/x*/sa/a"]), "a.yaml", &mut errs);
+        assert!(errs.iter().any(|e| e.contains("never a pattern")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("tls.self_clients[0]") && e.contains("whole path segment")), "{errs:?}");
     }
 }

@@ -44,13 +44,15 @@ pub fn router(state: Arc<State>) -> Router {
     Router::new().route(KEEPALIVE, post(keepalive)).route(RELEASE, post(release)).with_state(state)
 }
 
-/// The calling Envoy's SPIFFE ID, if it is an allowed lockmesh Envoy.
+/// The calling Envoy's SPIFFE ID, if it is an allowed lockmesh Envoy: a vouching
+/// or a self client (`tls.self_clients`). Either one reaches only the VM sessions
+/// recorded under its own SPIFFE ID (`Store::vm_owner`).
 fn envoy_of(state: &State, req: &Request) -> Result<String, ApiError> {
     req.extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|i| i.peer_certs())
         .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
-        .filter(|id| state.config.allowed_clients.contains(id))
+        .filter(|id| state.config.client_kind(id).is_some())
         .ok_or_else(|| ApiError::new(Code::Denied, "client certificate is not an allowed lockmesh Envoy"))
 }
 

@@ -47,6 +47,10 @@ fn main() -> ExitCode {
         eprintln!("{BINARY}: {}: warning: {w}", path.display());
     }
     if check {
+        // Who may call ext_proc, and how far each is believed (docs/DEPLOY.md).
+        for line in config.clients_summary() {
+            println!("{}: {line}", path.display());
+        }
         println!("{}: OK", path.display());
         return ExitCode::SUCCESS;
     }

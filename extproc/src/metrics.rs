@@ -113,16 +113,7 @@ impl Collector for EtcdCollector {
 
 /// The route label of a request path: a closed set.
 pub(crate) fn route_label(method: &str, path: &str) -> &'static str {
-    match (method, path) {
-        ("POST", "/v1/locks/acquire") => "acquire",
-        ("POST", "/v1/locks/release") => "release",
-        ("GET", "/v1/locks") => "inspect",
-        ("POST", "/v1/sessions") => "session_open",
-        ("POST", "/v1/sessions/keepalive") => "keepalive",
-        ("POST", "/v1/sessions/close") => "session_close",
-        ("GET", "/v1/sessions/holds") => "session_holds",
-        _ => "other",
-    }
+    crate::api::Route::of(method, path).map_or("other", crate::api::Route::label)
 }
 
 /// The arbiter's registry and the families it records into.

@@ -29,7 +29,12 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{api::ApiRequest, lock::now_ms, respond::ApiError, state::State};
+use crate::{
+    api::{ApiRequest, Route},
+    lock::now_ms,
+    respond::ApiError,
+    state::State,
+};
 
 pub use lockmesh_lock::registry::{check_pause_file, crd, load, parse, parse_at, today};
 
@@ -127,17 +132,18 @@ pub(crate) async fn reload_once(state: &State, path: &Path) {
     }
 }
 
-/// The arbiter's own authorisation check (ADR-19, defence in depth): when the
-/// registry carries LockGrant documents, the request's identity must hold the
-/// route's operation on its key (routes without a key: somewhere).
-pub fn authorise(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
+/// The arbiter's own authorisation check (ADR-19): when the registry carries
+/// LockGrant documents, `req.identity` must hold `op` on the request's key (no
+/// key: somewhere). For a vouching client it is defence in depth behind the
+/// filter; for a self client (`tls.self_clients`) it is the only check, under the
+/// self client's own identity, so a registry without LockGrants refuses it.
+/// Every path runs it: the API routes ([`api_operation`]) and transparent
+/// requests (`acquire`).
+pub fn authorise(state: &State, req: &ApiRequest, op: Operation) -> Result<(), ApiError> {
+    let denied = || ApiError::new(lockmesh_core::Code::Denied, "not permitted");
     let reg = state.registry();
-    let Some(grants) = reg.grants() else { return Ok(()) };
-    let op = match (req.method.as_str(), req.path.as_str()) {
-        ("GET", "/v1/locks") => Operation::Inspect,
-        (_, p) if p.starts_with("/v1/validate") => Operation::Validate,
-        (_, p) if p.starts_with("/v1/admin") => Operation::Admin,
-        _ => Operation::Acquire,
+    let Some(grants) = reg.grants() else {
+        return if req.self_client { Err(denied()) } else { Ok(()) };
     };
     let ok = match &req.lock.key {
         Some(key) => grants.allowed(&req.identity, key, op),
@@ -146,7 +152,18 @@ pub fn authorise(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::new(lockmesh_core::Code::Denied, "not permitted"))
+        Err(denied())
+    }
+}
+
+/// The operation an API request needs ([`Route::operation`]); a path under
+/// `/v1/admin/` needs `admin`, and an unknown route `acquire` (it is answered
+/// `not_found` after the check, so a refusal does not tell routes apart).
+pub fn api_operation(method: &str, path: &str) -> Operation {
+    match Route::of(method, path) {
+        Some(r) => r.operation(),
+        None if path.starts_with(crate::api::ADMIN_PREFIX) => Operation::Admin,
+        None => Operation::Acquire,
     }
 }
 

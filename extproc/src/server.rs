@@ -34,6 +34,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     api::{self, ApiRequest},
+    config::ClientKind,
     metrics::route_label,
     respond::{ApiError, ApiResponse},
     state::State,
@@ -63,6 +64,15 @@ impl Arbiter {
 
 type Out = Result<ProcessingResponse, Status>;
 
+/// The ext_proc client of a stream: its SPIFFE ID and how far it is believed.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    /// The SPIFFE ID of its client certificate.
+    pub(crate) id: String,
+    /// Vouching client or self client.
+    pub(crate) kind: ClientKind,
+}
+
 #[tonic::async_trait]
 impl ExternalProcessor for Arbiter {
     type ProcessStream = Pin<Box<dyn Stream<Item = Out> + Send + 'static>>;
@@ -71,12 +81,14 @@ impl ExternalProcessor for Arbiter {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        // Only lockmesh's own Envoys may call: they vouch for the identity attributes.
-        let envoy = request
+        // Only lockmesh's own Envoys may call. A vouching client (outside every
+        // workload pod) vouches for its callers' identity attributes; a self client
+        // (an in-pod sidecar) acts under its own SPIFFE ID only.
+        let client = request
             .peer_certs()
             .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
-            .filter(|id| self.state.config.allowed_clients.contains(id));
-        let Some(envoy) = envoy else {
+            .and_then(|id| self.state.config.client_kind(&id).map(|kind| Client { id, kind }));
+        let Some(envoy) = client else {
             return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));
         };
         let inbound = request.into_inner();
@@ -173,7 +185,7 @@ fn forward(set: &[(&'static str, String)], remove: &[&'static str]) -> Processin
 /// first message, and a request that ended before its answer.
 async fn serve_stream(
     state: Arc<State>,
-    envoy: String,
+    envoy: Client,
     mut inbound: Streaming<ProcessingRequest>,
     tx: mpsc::Sender<Out>,
 ) -> Result<(), Status> {
@@ -204,7 +216,7 @@ async fn serve_stream(
 
 async fn request_headers(
     state: &Arc<State>,
-    envoy: &str,
+    client: &Client,
     attrs: &HashMap<String, Struct>,
     hdrs: Vec<(String, Vec<u8>)>,
     mut inbound: Streaming<ProcessingRequest>,
@@ -232,7 +244,14 @@ async fn request_headers(
         let _ = tx.send(Ok(answer(r))).await;
         return Ok(());
     }
-    let Some(identity) = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://")) else {
+    let claimed = attr_string(attrs, PEER_URI_SAN).filter(|s| s.starts_with("spiffe://"));
+    // Whom the request acts as: the caller a vouching client names, or a self
+    // client itself, whatever caller it names (that one is kept as unverified).
+    let (identity, unverified_caller) = match client.kind {
+        ClientKind::Vouching => (claimed, None),
+        ClientKind::SelfClient => (Some(client.id.clone()), claimed.filter(|c| *c != client.id)),
+    };
+    let Some(identity) = identity else {
         let _ = tx
             .send(Ok(answer(refusal(Code::Unauthenticated, "a verified SPIFFE client certificate is required"))))
             .await;
@@ -267,7 +286,8 @@ async fn request_headers(
         let _ = tx.send(Ok(forward(&[], &transparent::INTERNAL))).await;
         return Ok(());
     }
-    let req = ApiRequest { method, path, lock, budget_ms, identity, received };
+    let self_client = client.kind == ClientKind::SelfClient;
+    let req = ApiRequest { method, path, lock, budget_ms, identity, unverified_caller, self_client, received };
     // An acquire that may wait stretches Envoy's per-message timer to cover the
     // wait, but only once it has waited OVERRIDE_AFTER: most grants answer well
     // before Envoy's `message_timeout`, and the extra message would cost every
@@ -279,7 +299,7 @@ async fn request_headers(
     let stretch_at = received + OVERRIDE_AFTER;
     let cancel = CancellationToken::new();
     let mut task = tokio::spawn({
-        let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), envoy.to_owned());
+        let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), client.id.clone());
         async move {
             match mode {
                 Some(transparent::Mode::Locked { vm, hold }) => {

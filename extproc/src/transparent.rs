@@ -12,6 +12,10 @@
 //! The hold ends when the filter releases it (the request ended), when the VM stops
 //! renewing its sessions (Envoy died, the VM trapped), or by a reconcile.
 //!
+//! The request's key is checked against the registry's LockGrants first, as on the
+//! API routes (`crate::registry::authorise`); for a self client
+//! (`tls.self_clients`) under the self client's own identity.
+//!
 //! A key of a fail-open class (ADR-04) during a declared quorum loss is granted
 //! unprotected from memory instead (`crate::failopen`): the request is forwarded
 //! with `x-lock-token: 0` (and `x-lock-revision: 0`), because its class declared
@@ -117,6 +121,9 @@ async fn grant(
     cancel: &CancellationToken,
 ) -> Result<(Vec<(&'static str, String)>, Undo), ApiError> {
     state.store.unsealed()?;
+    // The same LockGrant check as the API routes (a self client: under its own
+    // identity), before anything is queued or granted.
+    crate::registry::authorise(state, req, lockmesh_core::grant::Operation::Acquire)?;
     let key = req
         .lock
         .key
@@ -133,6 +140,7 @@ async fn grant(
         try_once: wait.is_zero(),
         hold_id: Some(vm::hold_id(vm, hold)),
         session_owner: Some(Store::vm_owner(envoy, vm)),
+        unverified_caller: req.unverified_caller.clone(),
     };
     // A fail-open class during a declared quorum loss: unprotected, from memory.
     let open = if areq.class.on_quorum_loss == OnQuorumLoss::Open {

@@ -39,4 +39,8 @@ pub struct HoldRecord {
     /// by which the filter releases it when the request ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_id: Option<String>,
+    /// The caller a self client (an in-pod sidecar, `tls.self_clients`) claimed,
+    /// when it differs from `owner`: unverified, recorded for the audit only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unverified_caller: Option<String>,
 }

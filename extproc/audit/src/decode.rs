@@ -15,7 +15,7 @@ use lockmesh_keyspace::{CloseMarker, EpochRecord, ReleaseMarker, SessionRecord};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
-use super::event::{AuditEvent, EventKind};
+use super::event::{AuditEvent, EventKind, UNVERIFIED_CALLER};
 use lockmesh_lock::HoldRecord;
 
 /// A put or a delete.
@@ -267,8 +267,8 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                     _ => ctx.now_ms,
                 };
                 let mut e = base(kind, h.as_ref().map_or(epoch, |h| h.epoch), at_ms);
-                fill_hold(&mut e, digest, slot, h.as_ref(), lease, grant_rev);
                 e.detail = detail;
+                fill_hold(&mut e, digest, slot, h.as_ref(), lease, grant_rev);
                 Some(e)
             }
             (Place::Session(sid), Op::Put) if c.create_revision == revision => {
@@ -387,6 +387,22 @@ fn fill_hold(e: &mut AuditEvent, digest: &str, slot: u32, h: Option<&HoldRecord>
         if e.kind == EventKind::Grant {
             e.at_ms = h.acquired_ms;
         }
+        if let Some(claimed) = &h.unverified_caller {
+            note_unverified_caller(e, claimed);
+        }
+    }
+}
+
+/// Adds a self client's claimed caller to a hold event's detail
+/// (`detail.unverified_caller`, beside a force record's fields if there are any).
+fn note_unverified_caller(e: &mut AuditEvent, claimed: &str) {
+    let v = Value::String(claimed.to_owned());
+    match &mut e.detail {
+        Some(Value::Object(m)) => {
+            m.insert(UNVERIFIED_CALLER.to_owned(), v);
+        }
+        Some(_) => {}
+        None => e.detail = Some(Value::Object([(UNVERIFIED_CALLER.to_owned(), v)].into_iter().collect())),
     }
 }
 

@@ -41,6 +41,12 @@ pub enum EventKind {
     Restore,
 }
 
+/// The `detail` field of a hold event naming the caller a self client (an in-pod
+/// sidecar, the arbiter's `tls.self_clients`) claimed. The hold was authorised and
+/// recorded under the self client's own identity (`identity`); this one is
+/// unverified: nothing but the sidecar said so.
+pub const UNVERIFIED_CALLER: &str = "unverified_caller";
+
 /// One audit event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEvent {
@@ -86,6 +92,7 @@ pub struct AuditEvent {
     pub at_ms: u64,
     /// Kind-specific detail (policy, force record, gap range, epoch record; for an
     /// unprotected record: grant id, outage, cluster, ttl or reason, ship revision).
+    /// A hold event of a hold granted to a self client adds [`UNVERIFIED_CALLER`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<serde_json::Value>,
     /// A fail-open class's grant (or its end) made from an arbiter's memory with

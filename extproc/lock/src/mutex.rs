@@ -52,6 +52,9 @@ pub struct AcquireRequest {
     /// Transparent mode: the session's owner (the Envoy and its VM), when it is not
     /// `caller` (the downstream identity the hold is recorded for).
     pub session_owner: Option<Caller>,
+    /// The caller a self client claimed (`tls.self_clients`), when it differs from
+    /// `caller`: recorded in the hold as unverified, never used to authorise.
+    pub unverified_caller: Option<String>,
 }
 
 /// A granted (or already held) lock.
@@ -150,6 +153,7 @@ fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
         class: req.class.name.to_string(),
         acquired_ms: now_ms(),
         hold_id: req.hold_id.clone(),
+        unverified_caller: req.unverified_caller.clone(),
     };
     serde_json::to_vec(&hold).map_err(internal)
 }

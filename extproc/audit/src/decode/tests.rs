@@ -13,8 +13,16 @@ fn hold(key: &str, owner: &str) -> Vec<u8> {
         class: "default".into(),
         acquired_ms: 1000,
         hold_id: None,
+        unverified_caller: None,
     })
     .unwrap()
+}
+
+/// A hold a self client took, naming `claimed` as its caller.
+fn self_client_hold(key: &str, owner: &str, claimed: &str) -> Vec<u8> {
+    let mut h: HoldRecord = serde_json::from_slice(&hold(key, owner)).unwrap();
+    h.unverified_caller = Some(claimed.into());
+    serde_json::to_vec(&h).unwrap()
 }
 
 fn put(key: String, value: Vec<u8>, lease: i64, create: i64) -> Change {
@@ -205,4 +213,25 @@ fn the_arbiters_typed_records_decode_a_transparent_release_and_a_session_open() 
         (Some("spiffe://x/a"), Some("i-1"), 77)
     );
     assert_eq!(open.detail, Some(serde_json::json!({ "ttl_s": 15 })));
+}
+
+#[test]
+fn a_self_clients_claimed_caller_is_kept_as_unverified_beside_the_holder() {
+    let (owner, claimed) = ("spiffe://x/ns/pay/sa/orders", "spiffe://x/ns/billing/sa/boss");
+    let held = self_client_hold("a/one", owner, claimed);
+    let d = decode_at(10, &[put(format!("{ROOT}/l/{D1}/h/0000"), held.clone(), 0x1f, 10)], &|_| false);
+    assert_eq!(kinds(&d), [EventKind::Grant]);
+    assert_eq!(d.events[0].identity.as_deref(), Some(owner), "the holder is the self client itself");
+    assert_eq!(d.events[0].detail.as_ref().unwrap()[UNVERIFIED_CALLER], claimed);
+    // A force release keeps its record's fields and adds the claimed caller.
+    let force = serde_json::to_vec(&serde_json::json!({"requester":"alice","approver":"bob"})).unwrap();
+    let changes =
+        vec![del(format!("{ROOT}/l/{D1}/h/0000"), held, 0x1f, 10), put(format!("{ROOT}/f/{D1}"), force, 0, 30)];
+    let d = decode_at(30, &changes, &|_| false);
+    assert_eq!(kinds(&d), [EventKind::ForceRelease]);
+    let detail = d.events[0].detail.as_ref().unwrap();
+    assert_eq!((detail["approver"].as_str(), detail[UNVERIFIED_CALLER].as_str()), (Some("bob"), Some(claimed)));
+    // A vouched hold has none.
+    let d = decode_at(10, &[put(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", owner), 0x1f, 10)], &|_| false);
+    assert_eq!(d.events[0].detail, None);
 }
