@@ -7,13 +7,22 @@
 //!  "namespaces": ["payments", "billing"],
 //!  "grants": [{"identity": "spiffe://lockmesh.local/ns/payments/",
 //!              "prefixes": ["payments"], "operations": ["acquire", "inspect"]}],
-//!  "local_limits": [{"prefix": "payments/reports", "max_in_flight": 20, "approximate": true}]}
+//!  "local_limits": [{"prefix": "payments/reports", "max_in_flight": 20, "approximate": true}],
+//!  "api": false,
+//!  "transparent": {"arbiter_cluster": "lockmesh_arbiter",
+//!                  "routes": [{"path": "/orders/{id}", "key": "payments/order-{id}"},
+//!                             {"path_prefix": "/public", "allow_unlocked": true, "caller_chooses_key": true}]}}
 //! ```
+//!
+//! Every transparent route says where its key comes from: a `key` template, or
+//! `caller_chooses_key: true` (which [`Config::warnings`] reports); neither is an error.
 
 use lockmesh_core::{
     canon,
     grant::{valid_key_prefix, GrantSet, RawGrant},
+    headers,
     key::{covers, valid_namespace},
+    template::{HeaderLookup, PathTemplate, TextTemplate, Vars},
     LockKey,
 };
 use serde::Deserialize;
@@ -58,9 +67,13 @@ pub struct Config {
     pub api: bool,
     /// Transparent, request-scoped locks (`docs/TRANSPARENT.md`). Default none.
     pub transparent: Option<Transparent>,
+    /// What the configuration allows that weakens a guarantee (a route whose caller
+    /// chooses its key), each with its field path: logged at `warn` on load.
+    pub warnings: Vec<String>,
 }
 
-/// Transparent mode: routes whose requests hold their `x-lock-key` for their life.
+/// Transparent mode: routes whose requests hold a key for their life: the key the
+/// route derives from the request, or (`caller_chooses_key`) the caller's `x-lock-key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transparent {
     /// The Envoy cluster of the arbiters (the ext_proc cluster): the filter's root
@@ -73,22 +86,49 @@ pub struct Transparent {
     /// How often the VM's keepalive also reconciles (releases holds of requests that
     /// ended but whose release was lost), ms. Default 5000.
     pub reconcile_every_ms: u64,
-    /// The transparent routes; the longest matching `path_prefix` wins.
+    /// The transparent routes: the first listed `path` route that matches, else the
+    /// longest matching `path_prefix`.
     pub routes: Vec<TransparentRoute>,
 }
 
 /// One transparent route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransparentRoute {
-    /// Path prefix, a canonical path matched against the request's canonical path on
-    /// segment boundaries (`canon::covers`: `/orders` matches `/orders` and
-    /// `/orders/1`, not `/orders-archive`); `/` matches every path.
-    pub path_prefix: String,
-    /// Let requests without `x-lock-key` through unlocked. Default false: they are
-    /// answered `428 lock_required` and never reach the upstream.
+    /// Which canonical paths the route takes.
+    pub matcher: RouteMatch,
+    /// Where the request's key comes from.
+    pub key: KeySource,
+    /// Let requests without `x-lock-key` through unlocked (only with
+    /// `caller_chooses_key`). Default false: they are answered `428 lock_required` and
+    /// never reach the upstream.
     pub allow_unlocked: bool,
     /// The wait when the request has no `x-lock-wait-ms`, ms. Default 5000.
     pub default_wait_ms: u64,
+}
+
+/// How a transparent route matches a request's canonical path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteMatch {
+    /// `path_prefix`: a canonical path matched on segment boundaries
+    /// (`canon::covers`: `/orders` matches `/orders` and `/orders/1`, not
+    /// `/orders-archive`); `/` matches every path.
+    Prefix(String),
+    /// `path`: a path template (`/orders/{id}`, `lockmesh_core::template`) matching
+    /// whole paths of its shape; its variables feed the route's `key`.
+    Template(PathTemplate),
+}
+
+/// Where a transparent request's lock key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `key`: a text template over the `path` variables and at most one header,
+    /// filled for each request. The filter sets the result as `x-lock-key` and
+    /// refuses a caller's `x-lock-key` that differs.
+    Bound(TextTemplate),
+    /// `caller_chooses_key: true`: the caller's `x-lock-key`, whatever it names. The
+    /// lock then guards the key, not the resource the request touches; config load
+    /// warns.
+    CallerChooses,
 }
 
 /// A Tier-1 local limit (seed ADR-033 Tier 1): at most `max_in_flight` acquire
@@ -137,8 +177,10 @@ struct RawTransparent {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTransparentRoute {
-    #[serde(default)]
-    path_prefix: String,
+    path_prefix: Option<String>,
+    path: Option<String>,
+    key: Option<String>,
+    caller_chooses_key: Option<bool>,
     allow_unlocked: Option<bool>,
     default_wait_ms: Option<u64>,
 }
@@ -163,10 +205,25 @@ impl Config {
     }
 
     /// The transparent route of `path`, a canonical path (`canon::check`'s
-    /// [`Canon::path`](lockmesh_core::canon::Canon::path): no query), if any.
-    pub(crate) fn transparent_route(&self, path: &str) -> Option<&TransparentRoute> {
+    /// [`Canon::path`](lockmesh_core::canon::Canon::path): no query), if any, with the
+    /// variables its `path` template matched (none for a prefix route): the first
+    /// listed `path` route that matches, else the longest matching `path_prefix`.
+    pub(crate) fn transparent_route(&self, path: &str) -> Option<(&TransparentRoute, Vars)> {
         let t = self.transparent.as_ref()?;
-        t.routes.iter().filter(|r| canon::covers(&r.path_prefix, path)).max_by_key(|r| r.path_prefix.len())
+        let by_template = t.routes.iter().find_map(|r| match &r.matcher {
+            RouteMatch::Template(p) => p.match_path(path).map(|v| (r, v)),
+            RouteMatch::Prefix(_) => None,
+        });
+        by_template.or_else(|| {
+            t.routes
+                .iter()
+                .filter_map(|r| match &r.matcher {
+                    RouteMatch::Prefix(p) if canon::covers(p, path) => Some((r, p.len())),
+                    _ => None,
+                })
+                .max_by_key(|(_, len)| *len)
+                .map(|(r, _)| (r, Vars::new()))
+        })
     }
 
     /// The local limit `key` counts against: the longest covering prefix.
@@ -239,7 +296,8 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
     if raw.test_trap_header.is_some() {
         errs.push("test_trap_header: only in a test build of the filter".into());
     }
-    let transparent = raw.transparent.and_then(|v| transparent(v, max_wait_ms, &mut errs));
+    let mut warnings = Vec::new();
+    let transparent = raw.transparent.and_then(|v| transparent(v, max_wait_ms, &mut errs, &mut warnings));
     let api = raw.api.unwrap_or(true);
     if !api && transparent.is_none() {
         errs.push("api: false needs transparent routes, or the filter would refuse every request".into());
@@ -250,6 +308,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<String>> {
     Ok(Config {
         api,
         transparent,
+        warnings,
         max_wait_ms,
         max_queue_per_key: usize::try_from(max_queue).unwrap_or(DEFAULT_MAX_QUEUE_PER_KEY),
         namespaces: raw.namespaces,
@@ -276,7 +335,7 @@ fn path_prefix_error(p: &str) -> Option<String> {
     }
 }
 
-fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Transparent> {
+fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>, warnings: &mut Vec<String>) -> Option<Transparent> {
     let t = match RawTransparent::deserialize(v) {
         Ok(t) => t,
         Err(e) => {
@@ -317,27 +376,59 @@ fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Tra
                 continue;
             }
         };
-        if let Some(e) = path_prefix_error(&r.path_prefix) {
-            errs.push(format!(
-                "{}: {:?} must start with '/' and be a canonical path (docs/TRANSPARENT.md): {e}",
-                at("path_prefix"),
-                r.path_prefix
-            ));
+        let matcher = match (r.path_prefix, r.path) {
+            (Some(p), None) => {
+                if let Some(e) = path_prefix_error(&p) {
+                    errs.push(format!(
+                        "{}: {p:?} must start with '/' and be a canonical path (docs/TRANSPARENT.md): {e}",
+                        at("path_prefix")
+                    ));
+                    continue;
+                }
+                RouteMatch::Prefix(p)
+            }
+            (None, Some(p)) => match PathTemplate::parse(&p) {
+                Ok(t) => RouteMatch::Template(t),
+                Err(e) => {
+                    errs.push(format!("{}: {e}", at("path")));
+                    continue;
+                }
+            },
+            (Some(_), Some(_)) => {
+                errs.push(format!("transparent.routes[{i}]: path_prefix and path are exclusive: give one"));
+                continue;
+            }
+            (None, None) => {
+                errs.push(format!(
+                    "transparent.routes[{i}]: a path_prefix (\"/orders\") or a path template (\"/orders/{{id}}\") is required"
+                ));
+                continue;
+            }
+        };
+        if routes.iter().any(|o| o.matcher == matcher) {
+            let (field, text) = match &matcher {
+                RouteMatch::Prefix(p) => ("path_prefix", p.as_str()),
+                RouteMatch::Template(t) => ("path", t.as_str()),
+            };
+            errs.push(format!("{}: {text:?} is listed twice", at(field)));
             continue;
         }
-        if routes.iter().any(|o| o.path_prefix == r.path_prefix) {
-            errs.push(format!("{}: {:?} is listed twice", at("path_prefix"), r.path_prefix));
+        let allow_unlocked = r.allow_unlocked.unwrap_or(false);
+        let Some(key) = key_source(&matcher, r.key, r.caller_chooses_key, allow_unlocked, &at, errs) else {
             continue;
+        };
+        if key == KeySource::CallerChooses {
+            warnings.push(format!(
+                "transparent.routes[{i}]: caller_chooses_key: the caller names the key, so the lock guards whatever \
+                 key it sends, not the resource the request touches (two callers can each hold a different key and \
+                 reach the same resource); bind it with \"key\" (docs/TRANSPARENT.md)"
+            ));
         }
         let default_wait_ms = r.default_wait_ms.unwrap_or(5000).min(max_wait_ms);
         if r.default_wait_ms.is_some_and(|w| w > max_wait_ms) {
             errs.push(format!("{}: above max_wait_ms {max_wait_ms}", at("default_wait_ms")));
         }
-        routes.push(TransparentRoute {
-            path_prefix: r.path_prefix,
-            allow_unlocked: r.allow_unlocked.unwrap_or(false),
-            default_wait_ms,
-        });
+        routes.push(TransparentRoute { matcher, key, allow_unlocked, default_wait_ms });
     }
     (errs.len() == before).then_some(Transparent {
         arbiter_cluster: t.arbiter_cluster,
@@ -346,6 +437,82 @@ fn transparent(v: Value, max_wait_ms: u64, errs: &mut Vec<String>) -> Option<Tra
         reconcile_every_ms,
         routes,
     })
+}
+
+/// A route's key source from `key` and `caller_chooses_key`: exactly one of them.
+/// A `key` template may use the `path` template's variables and at most one header,
+/// never a header lockmesh reads or reserves (`{header:x-lock-key}` would hand the
+/// choice back to the caller), and must give a valid key for plain values.
+fn key_source(
+    matcher: &RouteMatch,
+    key: Option<String>,
+    caller_chooses: Option<bool>,
+    allow_unlocked: bool,
+    at: &dyn Fn(&str) -> String,
+    errs: &mut Vec<String>,
+) -> Option<KeySource> {
+    let vars = match matcher {
+        RouteMatch::Template(t) => t.vars(),
+        RouteMatch::Prefix(_) => Vec::new(),
+    };
+    match (key, caller_chooses == Some(true)) {
+        (Some(_), true) => {
+            errs.push(format!("{}: true and a key template are exclusive: give one", at("caller_chooses_key")));
+            None
+        }
+        (None, true) => Some(KeySource::CallerChooses),
+        (None, false) => {
+            errs.push(format!(
+                "{}: required: a key template over the path's variables (\"payments/order-{{id}}\"), or \
+                 caller_chooses_key: true to let the caller name any key (weaker: docs/TRANSPARENT.md)",
+                at("key")
+            ));
+            None
+        }
+        (Some(k), false) => {
+            let t = match TextTemplate::parse(&k, &vars) {
+                Ok(t) => t,
+                Err(e) => {
+                    errs.push(format!("{}: {e}", at("key")));
+                    return None;
+                }
+            };
+            let mut names = t.header_names();
+            names.sort_unstable();
+            names.dedup();
+            if names.len() > 1 {
+                errs.push(format!("{}: {k:?} reads {} headers; at most one", at("key"), names.len()));
+                return None;
+            }
+            if let Some(h) = names.iter().find(|h| {
+                headers::LOCK_HEADERS.contains(h) || headers::never_from_client(h) || headers::upstream_reserved(h)
+            }) {
+                errs.push(format!(
+                    "{}: {{header:{h}}} is a lockmesh header: a key read from it is the caller's choice",
+                    at("key")
+                ));
+                return None;
+            }
+            // Plain values for every variable and header: a template that cannot give
+            // a valid key even then is a typo, not a request's fault.
+            let mut sample = Vars::new();
+            for v in &vars {
+                sample.insert(*v, "x");
+            }
+            if let Err(e) = t.fill_key(&sample, &|_| HeaderLookup::One(b"x".to_vec())) {
+                errs.push(format!("{}: {k:?} gives no valid key even for plain values: {e}", at("key")));
+                return None;
+            }
+            if allow_unlocked {
+                errs.push(format!(
+                    "{}: true needs caller_chooses_key: a route with a key template locks every request",
+                    at("allow_unlocked")
+                ));
+                return None;
+            }
+            Some(KeySource::Bound(t))
+        }
+    }
 }
 
 fn local_limits(raw: Vec<Value>, errs: &mut Vec<String>) -> Vec<LocalLimit> {

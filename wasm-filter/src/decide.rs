@@ -15,8 +15,10 @@
 //! 3. `404 not_found`: a route the filter cannot classify, so cannot authorise;
 //! 4. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
 //!    header, a lock header also sent spelt with `_` (`x_lock_key`: a server that
-//!    reads `_` as `-` would see a value the filter never checked), or a wait above
-//!    `max_wait_ms`;
+//!    reads `_` as `-` would see a value the filter never checked), a wait above
+//!    `max_wait_ms`, or on a transparent route with a `key` template a request the
+//!    template cannot derive a valid key from, or whose own `x-lock-key` differs
+//!    from the derived one;
 //! 5. `403 denied` (ADR-19): no grant lets the identity do the route's operation to
 //!    the key (routes without a key: the identity holds the operation nowhere). The
 //!    answer depends on the configuration and the request only, never on the key's
@@ -27,9 +29,12 @@
 //! forgeable identity headers, the token's epoch and revision; on a transparent
 //! route also `headers::UPSTREAM_RESERVED` (token, session, instance, proof, grant).
 
-use lockmesh_core::{canon, code::error_body, headers, Code, LockKey};
+use lockmesh_core::{canon, code::error_body, headers, template::HeaderLookup, Code, LockKey};
 
-use crate::{config::Config, route::Route};
+use crate::{
+    config::{Config, KeySource, TransparentRoute},
+    route::Route,
+};
 
 /// Longest SPIFFE ID accepted (the SPIFFE spec's URI limit).
 pub(crate) const MAX_SPIFFE_ID_LEN: usize = 2048;
@@ -56,13 +61,16 @@ pub enum Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pass {
     pub route: Route,
-    /// `x-lock-key`, if sent.
+    /// The key: on a bound transparent route the one derived from the request,
+    /// else `x-lock-key` if sent.
     pub key: Option<LockKey>,
     /// `x-lock-wait-ms`; 0 when absent (try once).
     pub wait_ms: u64,
     /// Header names to remove (client-supplied internal or identity headers).
     pub remove: Vec<String>,
-    /// Headers to set before it goes on ([`crate::worker`] adds the budget).
+    /// Headers to set before it goes on ([`crate::worker`] adds the budget): the
+    /// filter's mark (or the unlocked mark) and, on a bound route, `x-lock-key` as
+    /// derived, so ext_proc's ring hash, the arbiter and the upstream all read it.
     pub set: Vec<(&'static str, String)>,
     /// A transparent route's request without `x-lock-key`, allowed through unlocked.
     pub unlocked: bool,
@@ -98,6 +106,13 @@ fn header<'a>(hdrs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
     hdrs.iter().find(|(n, _)| n == name).map_or(&[], |(_, v)| v.as_slice())
 }
 
+/// Every value of header `name` for a key template, under any name that folds to it
+/// (`headers::fold`): `x_tenant` beside `x-tenant` is two values, so the fill fails
+/// rather than picking the one the upstream might not read.
+fn header_values(hdrs: &[(String, Vec<u8>)], name: &str) -> HeaderLookup {
+    HeaderLookup::from_values(hdrs.iter().filter(|(n, _)| headers::fold(n) == name).map(|(_, v)| v.as_slice()))
+}
+
 /// Decides a request from its headers (names lowercase, raw value bytes, pseudo
 /// headers included) and the mTLS peer's URI SAN, if any.
 pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_uri_san: Option<&[u8]>) -> Decision {
@@ -113,16 +128,38 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
         Err(_) => return Decision::reject(Code::NotFound, "no such route"),
     };
     let api_route = if cfg.api { Route::of(header(hdrs, ":method"), path.as_bytes()) } else { None };
-    let transparent = if api_route.is_none() { cfg.transparent_route(path) } else { None };
+    let matched = if api_route.is_none() { cfg.transparent_route(path) } else { None };
+    let transparent = matched.as_ref().map(|(t, _)| *t);
     let route = match (api_route, transparent) {
         (Some(r), _) => r,
         (None, Some(_)) => Route::Transparent,
         (None, None) => return Decision::reject(Code::NotFound, "no such route"),
     };
-    let lock = match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
+    let mut lock = match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
         Ok(h) => h,
         Err(e) => return Decision::reject(Code::BadRequest, &e.to_string()),
     };
+    // A bound route's key is the one its template derives from the request; the
+    // caller may send it too, but not another.
+    let mut set = Vec::new();
+    if let Some((TransparentRoute { key: KeySource::Bound(template), .. }, vars)) = &matched {
+        let derived = match template.fill_key(vars, &|name| header_values(hdrs, name)) {
+            Ok(k) => k,
+            Err(e) => {
+                let msg = format!("{}: this route derives its key from the request, and {e}", headers::KEY);
+                return Decision::reject(Code::BadRequest, &msg);
+            }
+        };
+        if lock.key.as_ref().is_some_and(|sent| *sent != derived) {
+            let msg = format!(
+                "{}: this route derives its key from the request; the one sent differs (send none, or the same)",
+                headers::KEY
+            );
+            return Decision::reject(Code::BadRequest, &msg);
+        }
+        set.push((headers::KEY, derived.as_str().to_owned()));
+        lock.key = Some(derived);
+    }
     if let Some(w) = lock.wait_ms {
         if w > cfg.max_wait_ms {
             let msg = format!("{}: {w} ms is above the maximum {} ms", headers::WAIT_MS, cfg.max_wait_ms);
@@ -172,11 +209,11 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     // An unlocked request skips ext_proc, so it needs only the unlocked mark (the
     // route removes it before the upstream); everything else carries the filter's
     // stamp, which the arbiter requires.
-    let set = if unlocked {
-        vec![(headers::UNLOCKED, "1".to_owned())]
+    set.push(if unlocked {
+        (headers::UNLOCKED, "1".to_owned())
     } else {
-        vec![(headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())]
-    };
+        (headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())
+    });
     Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })
 }
 

@@ -2,9 +2,11 @@
 //!
 //! `on_configure` runs for every root context in every worker VM, on the main thread
 //! and under `envoy --mode validate`; it only parses and starts the tick, so it is
-//! idempotent. Returning `false` makes Envoy reject the configuration (startup fails,
+//! idempotent (beyond recording, in shared data, which configuration's warnings
+//! were logged). Returning `false` makes Envoy reject the configuration (startup fails,
 //! an xDS update is NACKed); every error is logged at `error` level with its field
-//! path first.
+//! path first. Warnings (a transparent route whose caller chooses its key) are
+//! logged at `warn`, once per Envoy and configuration (not once per worker VM).
 //!
 //! `on_tick` (every [`TICK`]) answers queued waiters whose deadline passed, passes
 //! on heads that became first in the Envoy-wide backlog ([`crate::worker`]) and
@@ -86,6 +88,11 @@ impl RootContext for Root {
         #[cfg(feature = "test-trap")]
         if c.test_trap_header.is_some() {
             log(LogLevel::Warn, "lockmesh: TEST ONLY test_trap_header is set");
+        }
+        if !c.warnings.is_empty() && crate::shared::first_to_load(&bytes) {
+            for w in &c.warnings {
+                log(LogLevel::Warn, &format!("lockmesh plugin configuration: {w}"));
+            }
         }
         if c.grants.is_empty() {
             log(LogLevel::Warn, "lockmesh: no grants configured; every request will be denied");

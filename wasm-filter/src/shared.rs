@@ -18,6 +18,8 @@ pub(crate) const MAX_ATTEMPTS: usize = 64;
 pub(crate) const ABSENT_CAS: u32 = u32::MAX;
 /// The counter that hands out owner tags.
 const OWNER_SEQ: &str = "lockmesh.owner.seq";
+/// The digest of the last configuration whose warnings were logged.
+const WARNED: &str = "lockmesh.config.warned";
 
 /// Reads a roster; missing reads as empty.
 pub(crate) fn read_roster(name: &str) -> Result<Roster, Status> {
@@ -60,4 +62,17 @@ pub(crate) fn new_owner_tag() -> Result<u32, Status> {
         let n = old.and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes).wrapping_add(1);
         (n.to_le_bytes().to_vec(), n)
     })
+}
+
+/// Whether this root context is the first in the Envoy to load configuration
+/// `bytes` (its digest is recorded in shared data), so its warnings are logged once,
+/// not once per worker VM. An unreadable store answers true: a repeated warning beats
+/// a lost one.
+pub(crate) fn first_to_load(bytes: &[u8]) -> bool {
+    use std::hash::{Hash, Hasher};
+    // `DefaultHasher::new()` has fixed keys: every VM computes the same digest.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    let digest = h.finish().to_le_bytes().to_vec();
+    update_bytes(WARNED, |old| (digest.clone(), old != Some(digest.as_slice()))).unwrap_or(true)
 }

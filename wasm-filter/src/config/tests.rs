@@ -129,11 +129,19 @@ proptest! {
     }
 }
 
+fn prefix(r: &TransparentRoute) -> &str {
+    match &r.matcher {
+        RouteMatch::Prefix(p) => p,
+        RouteMatch::Template(t) => t.as_str(),
+    }
+}
+
 #[test]
 fn transparent_routes_and_their_errors() {
     let c = parse(
         br#"{"api": false, "transparent": {"arbiter_cluster": "arb", "routes": [
-              {"path_prefix": "/"}, {"path_prefix": "/orders", "allow_unlocked": true, "default_wait_ms": 100}]}}"#,
+              {"path_prefix": "/", "caller_chooses_key": true},
+              {"path_prefix": "/orders", "allow_unlocked": true, "default_wait_ms": 100, "caller_chooses_key": true}]}}"#,
     )
     .unwrap();
     assert!(!c.api);
@@ -142,14 +150,20 @@ fn transparent_routes_and_their_errors() {
         (t.arbiter_authority.as_str(), t.callout_timeout_ms, t.reconcile_every_ms),
         ("lockmesh-arbiter", 2000, 5000)
     );
-    assert_eq!(c.transparent_route("/orders/1").unwrap().default_wait_ms, 100);
-    assert_eq!(c.transparent_route("/orders").unwrap().path_prefix, "/orders");
-    assert_eq!(c.transparent_route("/orders-old").unwrap().path_prefix, "/");
-    assert_eq!(c.transparent_route("/x").unwrap().default_wait_ms, 5000);
+    let route = |p: &str| c.transparent_route(p).unwrap().0;
+    assert_eq!(route("/orders/1").default_wait_ms, 100);
+    assert_eq!(prefix(route("/orders")), "/orders");
+    assert_eq!(prefix(route("/orders-old")), "/");
+    assert_eq!(route("/x").default_wait_ms, 5000);
+    // Each caller-chosen route is warned about, by its path.
+    assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+    assert!(c.warnings[1].starts_with("transparent.routes[1]: caller_chooses_key: the caller names the key"));
     let e = parse(
         br#"{"api": false, "max_wait_ms": 1000, "transparent": {"arbiter_cluster": "", "callout_timeout_ms": 5,
-              "reconcile_every_ms": 1, "routes": [{"path_prefix": "orders"}, {"path_prefix": "/a"},
-              {"path_prefix": "/a"}, {"path_prefix": "/b", "default_wait_ms": 5000}, {"path": "/c"}]}}"#,
+              "reconcile_every_ms": 1, "routes": [{"path_prefix": "orders", "caller_chooses_key": true},
+              {"path_prefix": "/a", "caller_chooses_key": true}, {"path_prefix": "/a", "caller_chooses_key": true},
+              {"path_prefix": "/b", "default_wait_ms": 5000, "caller_chooses_key": true},
+              {"path_prefix": "/c", "prefix": "/c"}]}}"#,
     )
     .unwrap_err();
     let want = [
@@ -159,7 +173,7 @@ fn transparent_routes_and_their_errors() {
         "transparent.routes[0].path_prefix: \"orders\" must start with '/'",
         "transparent.routes[2].path_prefix: \"/a\" is listed twice",
         "transparent.routes[3].default_wait_ms: above max_wait_ms 1000",
-        "transparent.routes[4]: unknown field `path`",
+        "transparent.routes[4]: unknown field `prefix`",
     ];
     for w in want {
         assert!(e.iter().any(|m| m.starts_with(w)), "missing {w:?} in {e:#?}");
@@ -175,7 +189,8 @@ fn transparent_routes_and_their_errors() {
         ("/%2e", "lower-case"),
         ("/caf\u{e9}", "outside the path characters"),
     ] {
-        let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "a", "routes": [{"path_prefix": prefix}]}});
+        let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "a",
+            "routes": [{"path_prefix": prefix, "caller_chooses_key": true}]}});
         let e = parse(doc.to_string().as_bytes()).unwrap_err();
         assert!(
             e[0].starts_with("transparent.routes[0].path_prefix: ") && e[0].contains("canonical") && e[0].contains(why),
@@ -186,4 +201,94 @@ fn transparent_routes_and_their_errors() {
     assert!(e[0].starts_with("api: false needs transparent routes"), "{e:?}");
     let e = parse(br#"{"transparent": {"arbiter_cluster": "a", "routes": []}}"#).unwrap_err();
     assert!(e[0].starts_with("transparent.routes: at least one"), "{e:?}");
+}
+
+#[test]
+fn a_bound_route_derives_its_key_from_a_path_template() {
+    let c = parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "arb", "routes": [
+              {"path": "/orders/{id}", "key": "payments/order-{id}"},
+              {"path": "/t/{tenant}/o/{id}", "key": "payments/{tenant}/{header:x-region}/{id}"},
+              {"path_prefix": "/reports", "key": "payments/reports"},
+              {"path": "/orders/new", "key": "payments/order-new"},
+              {"path_prefix": "/", "key": "payments/app"}]}}"#,
+    )
+    .unwrap();
+    assert!(c.warnings.is_empty(), "bound routes warn about nothing: {:?}", c.warnings);
+    let (r, vars) = c.transparent_route("/orders/7").unwrap();
+    assert!(matches!(&r.key, KeySource::Bound(t) if t.as_str() == "payments/order-{id}"));
+    assert_eq!(vars.get("id"), Some("7"));
+    // A template route wins over every prefix; among templates the first listed.
+    assert_eq!(prefix(c.transparent_route("/orders/new").unwrap().0), "/orders/{id}");
+    assert_eq!(prefix(c.transparent_route("/reports/q3").unwrap().0), "/reports");
+    // A path of another shape falls to the prefixes.
+    for p in ["/orders/7/items", "/orders", "/orders/", "/x"] {
+        let (r, vars) = c.transparent_route(p).unwrap();
+        assert_eq!((prefix(r), vars.len()), ("/", 0), "{p}");
+    }
+}
+
+#[test]
+fn every_route_says_where_its_key_comes_from() {
+    let errs = |route: serde_json::Value| {
+        let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "a", "routes": [route]}});
+        parse(doc.to_string().as_bytes()).unwrap_err()
+    };
+    let cases = [
+        (serde_json::json!({"path_prefix": "/"}), "transparent.routes[0].key: required: a key template"),
+        (serde_json::json!({"path_prefix": "/", "caller_chooses_key": false}), "transparent.routes[0].key: required"),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p/{id}", "caller_chooses_key": true}),
+            "transparent.routes[0].caller_chooses_key: true and a key template are exclusive",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "path_prefix": "/o", "key": "p/{id}"}),
+            "transparent.routes[0]: path_prefix and path are exclusive",
+        ),
+        (serde_json::json!({"key": "p/x"}), "transparent.routes[0]: a path_prefix"),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p/{other}"}),
+            "transparent.routes[0].key: \"p/{other}\": {other} is not a variable",
+        ),
+        (
+            serde_json::json!({"path_prefix": "/o", "key": "p/{id}"}),
+            "transparent.routes[0].key: \"p/{id}\": {id} is not a variable",
+        ),
+        (serde_json::json!({"path": "/o/{id", "key": "p/x"}), "transparent.routes[0].path: "),
+        (serde_json::json!({"path": "/o/%2E/{id}", "key": "p/{id}"}), "transparent.routes[0].path: "),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p/{header:x-a}/{header:x-b}/{id}"}),
+            "transparent.routes[0].key: \"p/{header:x-a}/{header:x-b}/{id}\" reads 2 headers; at most one",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "{header:x-lock-key}"}),
+            "transparent.routes[0].key: {header:x-lock-key} is a lockmesh header",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p/{header:x-lockmesh-vm}"}),
+            "transparent.routes[0].key: {header:x-lockmesh-vm} is a lockmesh header",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p//{id}"}),
+            "transparent.routes[0].key: \"p//{id}\" gives no valid key even for plain values",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "Payments/{id}"}),
+            "transparent.routes[0].key: \"Payments/{id}\" gives no valid key",
+        ),
+        (
+            serde_json::json!({"path": "/o/{id}", "key": "p/{id}", "allow_unlocked": true}),
+            "transparent.routes[0].allow_unlocked: true needs caller_chooses_key",
+        ),
+    ];
+    for (route, want) in cases {
+        let e = errs(route.clone());
+        assert!(e.iter().any(|m| m.starts_with(want)), "{route}: missing {want:?} in {e:#?}");
+    }
+    let e = parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "a", "routes": [
+              {"path": "/o/{id}", "key": "p/{id}"}, {"path": "/o/{id}", "key": "p/x-{id}"}]}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e[0], "transparent.routes[1].path: \"/o/{id}\" is listed twice");
 }

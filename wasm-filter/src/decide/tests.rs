@@ -129,8 +129,8 @@ proptest! {
 fn sidecar() -> Config {
     crate::config::parse(
         br#"{"api": false, "transparent": {"arbiter_cluster": "lockmesh_arbiter",
-              "routes": [{"path_prefix": "/", "default_wait_ms": 2000},
-                         {"path_prefix": "/public", "allow_unlocked": true}]},
+              "routes": [{"path_prefix": "/", "default_wait_ms": 2000, "caller_chooses_key": true},
+                         {"path_prefix": "/public", "allow_unlocked": true, "caller_chooses_key": true}]},
              "grants": [{"identity": "spiffe://lockmesh.test/ns/payments/", "prefixes": ["payments"], "operations": ["acquire"]}]}"#,
     )
     .unwrap()
@@ -351,4 +351,70 @@ fn on_the_lock_tier_a_path_not_in_canonical_form_matches_no_api_route() {
         assert_eq!(d, Decision::reject(Code::NotFound, "no such route"), "{path:?}");
     }
     assert_eq!(http_status(&on_request_headers(&cfg(), &h("POST", "/v1/locks/acquire?x=1", key), Some(ID))), 200);
+}
+
+fn bound() -> Config {
+    crate::config::parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "lockmesh_arbiter",
+              "routes": [{"path": "/orders/{id}", "key": "payments/order-{id}"},
+                         {"path": "/t/{id}", "key": "payments/{header:x-tenant}/{id}"},
+                         {"path_prefix": "/", "key": "payments/app"}]},
+             "grants": [{"identity": "spiffe://lockmesh.test/ns/payments/", "prefixes": ["payments"], "operations": ["acquire"]}]}"#,
+    )
+    .unwrap()
+}
+
+fn passed(cfg: &Config, hdrs: &[(String, Vec<u8>)]) -> Pass {
+    match on_request_headers(cfg, hdrs, Some(ID)) {
+        Decision::Pass(p) => p,
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn a_bound_route_derives_the_key_and_sets_it_for_ext_proc_and_the_upstream() {
+    let key = |k: &str| LockKey::parse(k.as_bytes()).unwrap();
+    let p = passed(&bound(), &h("POST", "/orders/7", &[]));
+    assert_eq!(p.key, Some(key("payments/order-7")));
+    assert!(!p.unlocked && p.route.queues());
+    assert_eq!(
+        p.set,
+        [(headers::KEY, "payments/order-7".to_owned()), (headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())]
+    );
+    // The caller may send the same key (an SDK that always sends one).
+    let p = passed(&bound(), &h("POST", "/orders/7?x=1", &[("x-lock-key", b"payments/order-7")]));
+    assert_eq!(p.key, Some(key("payments/order-7")));
+    // A prefix route with a literal key: one key for its whole subtree.
+    assert_eq!(passed(&bound(), &h("GET", "/anything/else", &[])).key, Some(key("payments/app")));
+    // One header variable, read under every spelling that folds to it.
+    let p = passed(&bound(), &h("POST", "/t/9", &[("x-tenant", b"acme")]));
+    assert_eq!(p.key, Some(key("payments/acme/9")));
+}
+
+#[test]
+fn a_bound_route_refuses_another_key_and_requests_it_cannot_key() {
+    let refused = |hdrs: Vec<(String, Vec<u8>)>, want: &str| {
+        let d = on_request_headers(&bound(), &hdrs, Some(ID));
+        let Decision::Reject { status, code, body } = d else { panic!("{want}: {d:?}") };
+        assert_eq!((status, code), (400, Code::BadRequest), "{body}");
+        assert!(body.contains(want), "wants {want:?}: {body}");
+        assert!(!body.contains("order-7") && !body.contains("acme"), "no key, no header value: {body}");
+    };
+    // The issue's attack: another caller's key for order 7, or any other key.
+    refused(h("POST", "/orders/7", &[("x-lock-key", b"payments/anything")]), "the one sent differs");
+    refused(h("POST", "/orders/7", &[("x-lock-key", b"payments/order-8")]), "the one sent differs");
+    // A segment that makes no valid key (an escape: '%' is not a key character).
+    refused(h("POST", "/orders/%20x", &[]), "not a valid key");
+    // The header variable: absent, repeated, or twinned with '_'.
+    refused(h("POST", "/t/9", &[]), "header x-tenant must appear exactly once");
+    refused(h("POST", "/t/9", &[("x-tenant", b"acme"), ("x-tenant", b"evil")]), "header x-tenant");
+    refused(h("POST", "/t/9", &[("x-tenant", b"acme"), ("x_tenant", b"evil")]), "header x-tenant");
+    refused(h("POST", "/t/9", &[("x-tenant", b"ac me/x\xff")]), "header x-tenant");
+    // Outside the caller's grants: the one denial, on the derived key.
+    let d = on_request_headers(&bound(), &h("POST", "/orders/7", &[]), Some(BILLING));
+    assert_eq!(d, Decision::denied());
+    // A non-canonical spelling of a bound path is refused before any key is derived.
+    for p in ["/orders/%37", "/orders/./7", "/orders//7", "/x/../orders/7"] {
+        assert_eq!(http_status(&on_request_headers(&bound(), &h("POST", p, &[]), Some(ID))), 400, "{p}");
+    }
 }
