@@ -93,10 +93,12 @@ pub fn secure_by_default() -> bool {
 pub fn harness_pki() -> &'static DevPki {
     static PKI: std::sync::OnceLock<DevPki> = std::sync::OnceLock::new();
     PKI.get_or_init(|| {
-        let dir = temp_dir("etcd-pki-").expect("scratch dir for the etcd PKI");
         // Kept for the binary's lifetime; the next binary's sweep removes it.
-        let path = dir.keep();
-        DevPki::generate(&path, TEST_TRUST_DOMAIN).expect("generate the harness etcd PKI")
+        let pki = temp_dir("etcd-pki-").and_then(|dir| DevPki::generate(dir.keep(), TEST_TRUST_DOMAIN));
+        match pki {
+            Ok(pki) => pki,
+            Err(e) => panic!("cannot generate the harness etcd PKI: {e:#}"),
+        }
     })
 }
 
