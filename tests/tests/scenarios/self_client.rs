@@ -4,6 +4,12 @@
 //! - An ext_proc stream never ends with OK before its answer: a first message that
 //!   does not decode fails the stream (Envoy would read OK as "continue unlocked",
 //!   docs/DECISIONS.md F-3); a well-formed one still gets its answer.
+//! - A self client (an in-pod sidecar, `tls.self_clients`) acts under its own
+//!   SPIFFE ID: naming another identity for a key that identity is granted and the
+//!   sidecar is not gets no grant (API or transparent), while its own transparent
+//!   request is granted. The planted control lists the same sidecar as a vouching
+//!   client (`tls.allowed_clients`): the forged claim then gets its grant, which
+//!   is what the refusal assertions would catch.
 
 use std::collections::HashMap;
 
@@ -192,4 +198,80 @@ async fn an_undecodable_first_message_fails_the_stream_and_a_well_formed_one_is_
     .await
     .unwrap();
     assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
+}
+
+/// A registry whose LockGrants give `boss` the `payments/` keys and the sidecar
+/// (`orders/sidecar`) the `orders/` keys.
+fn granted_registry() -> String {
+    format!(
+        "{}grants:\n  - {{ identity: \"spiffe://lockmesh.test/ns/billing/sa/boss\", prefixes: [\"payments\"], \
+         operations: [acquire] }}\n  - {{ identity: \"spiffe://lockmesh.test/ns/orders/sa/sidecar\", prefixes: \
+         [\"orders\"], operations: [acquire] }}\n",
+        lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY
+    )
+}
+
+/// Rewrites the first arbiter's `tls.allowed_clients` line to `tls_lines` and restarts it.
+async fn retrust(st: &Stack, tls_lines: &str) {
+    let path = st.arbiter(0).config_path();
+    let yaml = std::fs::read_to_string(path).unwrap();
+    let line = yaml.lines().find(|l| l.trim_start().starts_with("allowed_clients:")).unwrap().to_owned();
+    std::fs::write(path, yaml.replace(&line, tls_lines)).unwrap();
+    st.arbiter(0).restart().await.unwrap();
+}
+
+/// Holds under the stack's root.
+async fn holds(st: &Stack) -> i64 {
+    let mut etcd = st.etcd().client().await.unwrap();
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    etcd.get(format!("{}/l/", st.root()), Some(opts)).await.unwrap().count()
+}
+
+const VM: &str = "0123456789abcdef0123456789abcdef";
+
+#[tokio::test]
+async fn a_self_client_cannot_borrow_an_identity_and_its_own_transparent_request_is_granted() {
+    let st = Stack::builder("self-client").registry(granted_registry()).start().await.unwrap();
+    let envoy_id = st.pki().envoy_spiffe_id();
+    retrust(&st, &format!("  allowed_clients: [{envoy_id:?}]\n  self_clients: [\"spiffe://lockmesh.test/ns/*/sa/*\"]"))
+        .await;
+    let sidecar = st.pki().client("orders", "sidecar").unwrap();
+    let boss = st.pki().workload_spiffe_id("billing", "boss");
+    // The API: an acquire naming boss for boss's key. No grant, no proof.
+    let acquire = [(":method", "POST"), (":path", "/v1/locks/acquire"), (headers::KEY, "payments/forged")];
+    let r = answer(&st, &sidecar, request(&boss, &acquire)).await.unwrap();
+    assert_eq!(immediate(&r), (403, "denied".to_owned()), "{r:?}");
+    // The transparent path: the same claim with the filter's marks.
+    let marks = |key: &'static str| {
+        [(":method", "POST"), (":path", "/orders/1"), (headers::KEY, key), (headers::VM, VM), (headers::HOLD, "1")]
+    };
+    let r = answer(&st, &sidecar, request(&boss, &marks("payments/forged"))).await.unwrap();
+    assert_eq!(immediate(&r), (403, "denied".to_owned()), "{r:?}");
+    assert_eq!(holds(&st).await, 0, "a forged claim left a hold");
+    // Its own key, whatever caller it names: forwarded with a token, held under its
+    // own identity, the claimed caller kept as unverified.
+    let r = answer(&st, &sidecar, request(&boss, &marks("orders/1"))).await.unwrap();
+    let processing_response::Response::RequestHeaders(h) = &r else { panic!("expected a forward, got {r:?}") };
+    let set = h.response.as_ref().and_then(|c| c.header_mutation.as_ref()).map(|m| m.set_headers.clone());
+    let set = set.unwrap_or_default();
+    assert!(set.iter().filter_map(|o| o.header.as_ref()).any(|h| h.key == headers::TOKEN), "{set:?}");
+    let mut etcd = st.etcd().client().await.unwrap();
+    let held = etcd.get(format!("{}/l/", st.root()), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(held.kvs()[0].value()).unwrap();
+    assert_eq!(rec["owner"], st.pki().workload_spiffe_id("orders", "sidecar"), "{rec}");
+    assert_eq!(rec["unverified_caller"], boss.as_str(), "{rec}");
+}
+
+#[tokio::test]
+async fn planted_control_the_sidecar_as_a_vouching_client_lets_the_forged_claim_through() {
+    let st = Stack::builder("self-client-planted").registry(granted_registry()).start().await.unwrap();
+    let sidecar_id = st.pki().workload_spiffe_id("orders", "sidecar");
+    retrust(&st, &format!("  allowed_clients: [{sidecar_id:?}]")).await;
+    let sidecar = st.pki().client("orders", "sidecar").unwrap();
+    let boss = st.pki().workload_spiffe_id("billing", "boss");
+    let acquire = [(":method", "POST"), (":path", "/v1/locks/acquire"), (headers::KEY, "payments/forged")];
+    let r = answer(&st, &sidecar, request(&boss, &acquire)).await.unwrap();
+    // The bug the refusal above detects: a borrowed identity gets its grant.
+    assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
+    assert_eq!(holds(&st).await, 1);
 }
