@@ -224,7 +224,7 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 

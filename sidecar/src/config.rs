@@ -47,6 +47,18 @@ pub struct Config {
     pub readiness_path: String,
     /// HTTP path of fence-proxy's liveness endpoint on the admin port. Default `/healthz`.
     pub liveness_path: String,
+    /// The admin-owned store selector: pods whose labels carry every one of these
+    /// pairs are fenced stores. Such a pod is injected or refused whatever its own
+    /// annotations say (`lockmesh.io/fence: disabled` and a pre-set status are not
+    /// honoured). Empty (the default): pods opt in by annotation only. The
+    /// namespaces are chosen by the MutatingWebhookConfiguration's
+    /// namespaceSelector (`lockmesh.io/fence-injection: enabled`), which a pod
+    /// cannot change.
+    pub store_pod_labels: BTreeMap<String, String>,
+    /// The ConfigMap holding fence-proxy.yaml (and so the fence's trusted signing
+    /// keys), chosen by the admin. When set, a pod naming another in
+    /// `lockmesh.io/fence-config` is refused; a pod naming none gets this one.
+    pub fence_config_map: Option<String>,
 }
 
 /// One configuration error, with the file and field it concerns.
@@ -73,6 +85,15 @@ struct RawConfig {
     marks_size: Option<String>,
     readiness_path: Option<String>,
     liveness_path: Option<String>,
+    store_selector: Option<RawStoreSelector>,
+    fence_config_map: Option<String>,
+}
+
+/// `store_selector:` in the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStoreSelector {
+    pod_labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,11 +121,39 @@ impl Default for Config {
             marks_size: DEFAULT_MARKS_SIZE.to_owned(),
             readiness_path: "/readyz".to_owned(),
             liveness_path: "/healthz".to_owned(),
+            store_pod_labels: BTreeMap::new(),
+            fence_config_map: None,
         }
     }
 }
 
 impl Config {
+    /// What the injector selects and excludes, in words (`--check-config` prints it).
+    pub fn selection(&self) -> Vec<String> {
+        let mut out = vec!["namespaces: those the MutatingWebhookConfiguration's namespaceSelector sends \
+                            (lockmesh.io/fence-injection=enabled, never kube-system or lockmesh-system)"
+            .to_owned()];
+        if self.store_pod_labels.is_empty() {
+            out.push("stores: pods annotated lockmesh.io/fence: enabled (no store_selector: a pod may opt out)".into());
+        } else {
+            let pairs: Vec<String> = self.store_pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push(format!(
+                "stores: every pod labelled {} is injected or refused, whatever its annotations say",
+                pairs.join(",")
+            ));
+        }
+        out.push(match &self.fence_config_map {
+            Some(cm) => format!("fence config and trusted keys: ConfigMap {cm} only (a pod naming another is refused)"),
+            None => "fence config and trusted keys: the ConfigMap the pod names (no fence_config_map)".into(),
+        });
+        out.push(format!(
+            "already injected: only a pod with a {} container of image {} and the status annotation",
+            crate::inject::CONTAINER,
+            self.image
+        ));
+        out
+    }
+
     /// Reads and validates a configuration file (the same code serves startup and
     /// `--check-config`).
     pub fn load(path: &Path) -> Result<Self, Vec<ConfigError>> {
@@ -201,6 +250,23 @@ impl Config {
                 }
                 *slot = p;
             }
+        }
+        if let Some(sel) = raw.store_selector {
+            if sel.pod_labels.is_empty() {
+                err("store_selector.pod_labels", "must name at least one label (omit store_selector for none)".into());
+            }
+            for (k, v) in &sel.pod_labels {
+                if k.is_empty() || k.contains(char::is_whitespace) || v.contains(char::is_whitespace) {
+                    err(&format!("store_selector.pod_labels.{k}"), format!("{k:?}: {v:?} is not a label pair"));
+                }
+            }
+            c.store_pod_labels = sel.pod_labels;
+        }
+        if let Some(cm) = raw.fence_config_map {
+            if !crate::annotations::is_dns_subdomain(&cm) {
+                err("fence_config_map", format!("{cm:?} is not an object name (a DNS-1123 subdomain)"));
+            }
+            c.fence_config_map = Some(cm);
         }
         if errs.is_empty() {
             Ok(c)

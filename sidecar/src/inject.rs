@@ -95,6 +95,10 @@ enum MarksSource {
 /// (they cannot keep one fence with its own persistent marks per store).
 pub fn inject(object: &Value, config: &Config) -> Result<Outcome, InjectError> {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
+    let admin = admin_policy(object, kind, config);
+    if !admin.is_empty() {
+        return Err(admin.into());
+    }
     let mut out = object.clone();
     let result = match kind {
         "Pod" => inject_template(&mut out, "", MarksSource::PodVolumeOrClaim, config),
@@ -129,6 +133,73 @@ pub fn inject(object: &Value, config: &Config) -> Result<Outcome, InjectError> {
         Ok(Some((warnings, backend_port))) => Ok(Outcome::Injected(Injected { object: out, warnings, backend_port })),
         Err(errs) => Err(errs.into()),
     }
+}
+
+/// The injector's admin-owned decisions a pod cannot override (its config's
+/// `store_selector` and `fence_config_map`, and what makes a pod "already
+/// injected"). Every refusal here is [`Code::AdminPolicy`]:
+/// - a pod (template) carrying the status annotation without a container named
+///   [`CONTAINER`] of the configured image claims an injection that did not happen;
+/// - a pod the store selector matches that does not opt in (no annotation, or
+///   `disabled`) would run its store without a fence;
+/// - a pod naming a fence ConfigMap other than `fence_config_map` would choose
+///   the fence's trusted signing keys.
+fn admin_policy(object: &Value, kind: &str, config: &Config) -> Vec<Refusal> {
+    let (tpl, at) = match kind {
+        "Pod" => (Some(object), "metadata"),
+        "Deployment" | "StatefulSet" => (object.pointer("/spec/template"), "spec.template.metadata"),
+        _ => (None, ""),
+    };
+    let Some(tpl) = tpl else { return Vec::new() };
+    let mut errs = Vec::new();
+    let ann = |k: &str| tpl.pointer("/metadata/annotations").and_then(|a| a.get(k)).and_then(Value::as_str);
+    let field = |k: &str| format!("{at}.annotations[\"{k}\"]");
+    let fenced = tpl.pointer("/spec/containers").and_then(Value::as_array).is_some_and(|cs| {
+        cs.iter().any(|c| {
+            c.get("name").and_then(Value::as_str) == Some(CONTAINER)
+                && c.get("image").and_then(Value::as_str) == Some(config.image.as_str())
+        })
+    });
+    if ann(annotations::STATUS).is_some() && !fenced {
+        errs.push(Refusal::new(
+            Code::AdminPolicy,
+            field(annotations::STATUS),
+            format!(
+                "the status annotation is believed only with a {CONTAINER} container of image {}: remove it to be injected",
+                config.image
+            ),
+        ));
+    }
+    let labels = tpl.pointer("/metadata/labels");
+    let selected = !config.store_pod_labels.is_empty()
+        && config
+            .store_pod_labels
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v.as_str()));
+    if selected && !fenced && ann(annotations::FENCE) != Some("enabled") {
+        let pairs: Vec<String> = config.store_pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        errs.push(Refusal::new(
+            Code::AdminPolicy,
+            field(annotations::FENCE),
+            format!(
+                "this pod is a fenced store by the injector's store_selector ({}): it is injected or refused, never \
+                 left unfenced; set lockmesh.io/fence: enabled with its settings",
+                pairs.join(",")
+            ),
+        ));
+    }
+    if let (Some(want), Some(got)) = (&config.fence_config_map, ann(annotations::CONFIG_MAP)) {
+        if want != got {
+            errs.push(Refusal::new(
+                Code::AdminPolicy,
+                field(annotations::CONFIG_MAP),
+                format!(
+                    "{got:?}: the fence's config and trusted keys come from the injector's ConfigMap {want:?} only"
+                ),
+            ));
+        }
+    }
+    errs
 }
 
 /// A Deployment keeps one fence per store only with one replica and no overlap

@@ -34,6 +34,10 @@ pub enum Code {
     WorkloadShape,
     /// The object is not a well-formed Kubernetes object of its kind.
     Malformed,
+    /// A pod tries to decide its own fencing against the injector's admin-owned
+    /// config: a selected store opting out, a status annotation without the fence
+    /// container, or a fence ConfigMap other than the configured one.
+    AdminPolicy,
 }
 
 /// One reason an injection is refused.
@@ -73,6 +77,7 @@ impl Code {
             Code::NameClash => "name_clash",
             Code::WorkloadShape => "workload_shape",
             Code::Malformed => "malformed",
+            Code::AdminPolicy => "admin_policy",
         }
     }
 }

@@ -44,6 +44,10 @@ fn main() -> ExitCode {
         },
     };
     if let Some(path) = &args.check_config {
+        // What it selects and excludes, one line each.
+        for line in config.selection() {
+            println!("{line}");
+        }
         eprintln!("lockmesh-inject: {} is valid", path.display());
         return ExitCode::SUCCESS;
     }

@@ -198,7 +198,7 @@ pub(super) fn plan(
         ));
     }
 
-    let Some(config_map) = req.config_map.clone() else {
+    let Some(config_map) = req.config_map.clone().or_else(|| config.fence_config_map.clone()) else {
         errs.push(Refusal::new(
             Code::ConfigMapMissing,
             ann(annotations::CONFIG_MAP),

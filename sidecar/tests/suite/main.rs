@@ -6,6 +6,7 @@
 // A test binary: assertions by unwrap are the point, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin_policy;
 mod cli;
 mod fixtures;
 mod tls;

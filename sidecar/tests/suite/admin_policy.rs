@@ -1,0 +1,155 @@
+//! Issue #17 item 7: injection decided by the admin, not by the pod. With the
+//! injector's `store_selector` (`app: ledger-store`) and `fence_config_map`
+//! (`ledger-fence`), every way a pod could opt out — the opt-in annotation set to
+//! `disabled` or absent, a forged `lockmesh.io/fence-status`, a fence ConfigMap of
+//! its own choosing (and so its own trusted signing keys) — is refused with
+//! `admin_policy`, never silently skipped; a selected pod that opts in is injected;
+//! an injected pod is recognised by its fence container; a pod the selector does
+//! not match is untouched (positive control). The same reviews through the real
+//! HTTPS webhook process are in `tls`.
+
+use lockmesh_sidecar::{
+    webhook::{review, AdmissionResponse, Verdict},
+    Config,
+};
+use serde_json::{json, Value};
+
+use crate::fixtures;
+
+/// The injector configuration of these tests.
+pub const CONFIG: &str = "store_selector:\n  pod_labels: {app: ledger-store}\nfence_config_map: ledger-fence\n";
+
+/// The opted-in ledger pod's review, with `edit` applied to its object.
+pub fn ledger_review(edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let mut r: Value = serde_json::from_slice(&fixtures::admission("pod-opted-in.json")).unwrap();
+    edit(&mut r["request"]["object"]);
+    serde_json::to_vec(&r).unwrap()
+}
+
+fn answer(body: &[u8]) -> (AdmissionResponse, Verdict) {
+    let config = Config::parse(CONFIG, "injector.yaml").unwrap();
+    let (review, verdict) = review(body, &config).unwrap();
+    (review.response.unwrap(), verdict)
+}
+
+fn annotations(pod: &mut Value) -> &mut serde_json::Map<String, Value> {
+    pod["metadata"]["annotations"].as_object_mut().unwrap()
+}
+
+/// Every opt-out of a selected store pod, by name.
+pub fn opt_outs() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    vec![
+        (
+            "fence: disabled",
+            ledger_review(|p| {
+                annotations(p).insert("lockmesh.io/fence".into(), json!("disabled"));
+            }),
+            "store_selector (app=ledger-store)",
+        ),
+        (
+            "no opt-in annotation",
+            ledger_review(|p| {
+                annotations(p).remove("lockmesh.io/fence");
+            }),
+            "injected or refused, never left unfenced",
+        ),
+        (
+            "a forged fence-status",
+            ledger_review(|p| {
+                annotations(p).insert("lockmesh.io/fence-status".into(), json!("{\"injected\":true}"));
+            }),
+            "believed only with a lockmesh-fence container of image",
+        ),
+        (
+            "a forged fence-status and a lookalike container",
+            ledger_review(|p| {
+                annotations(p).insert("lockmesh.io/fence-status".into(), json!("{}"));
+                p["spec"]["containers"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "lockmesh-fence", "image": "evil.example/not-a-fence:1"}));
+            }),
+            "believed only with a lockmesh-fence container of image",
+        ),
+        (
+            "a fence ConfigMap of its own (its own trusted keys)",
+            ledger_review(|p| {
+                annotations(p).insert("lockmesh.io/fence-config".into(), json!("my-own-keys"));
+            }),
+            "come from the injector's ConfigMap \"ledger-fence\" only",
+        ),
+        (
+            "the selector label with every opt-out at once",
+            ledger_review(|p| {
+                let a = annotations(p);
+                a.insert("lockmesh.io/fence".into(), json!("disabled"));
+                a.insert("lockmesh.io/fence-status".into(), json!("{}"));
+                a.insert("lockmesh.io/fence-config".into(), json!("my-own-keys"));
+            }),
+            "admin_policy",
+        ),
+    ]
+}
+
+#[test]
+fn an_opt_out_of_a_selected_store_is_refused_never_skipped() {
+    for (what, body, want) in opt_outs() {
+        let (r, verdict) = answer(&body);
+        assert_eq!(verdict, Verdict::Denied, "{what}: {r:?}");
+        assert!(!r.allowed && r.patch.is_none(), "{what}: {r:?}");
+        let message = r.status.unwrap().message;
+        assert!(message.contains("admin_policy") && message.contains(want), "{what}: {message}");
+    }
+}
+
+#[test]
+fn a_selected_store_that_opts_in_is_injected_and_then_recognised() {
+    let (r, verdict) = answer(&ledger_review(|_| {}));
+    assert_eq!(verdict, Verdict::Injected, "{r:?}");
+    // Naming no ConfigMap: the injector's own is mounted.
+    let (r, verdict) = answer(&ledger_review(|p| {
+        annotations(p).remove("lockmesh.io/fence-config");
+    }));
+    assert_eq!(verdict, Verdict::Injected, "{r:?}");
+    let patch = String::from_utf8(
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, r.patch.unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert!(patch.contains("\"name\":\"ledger-fence\""), "{patch}");
+    // An injected pod (fence container of the configured image, status) is left alone.
+    let injected = ledger_review(|p| {
+        annotations(p).insert("lockmesh.io/fence-status".into(), json!("{}"));
+        p["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "lockmesh-fence", "image": Config::default().image}));
+    });
+    assert_eq!(answer(&injected).1, Verdict::Untouched);
+}
+
+#[test]
+fn a_pod_the_selector_does_not_match_is_untouched() {
+    for labels in [json!({"app": "web"}), json!({}), json!({"app": "ledger-store-2"})] {
+        let body = ledger_review(|p| {
+            p["metadata"]["labels"] = labels.clone();
+            p["metadata"]["annotations"] = json!({});
+        });
+        let (r, verdict) = answer(&body);
+        assert_eq!(verdict, Verdict::Untouched, "{labels}: {r:?}");
+        assert!(r.allowed && r.patch.is_none(), "{labels}: {r:?}");
+    }
+}
+
+#[test]
+fn the_config_check_says_what_it_selects_and_excludes() {
+    let lines = Config::parse(CONFIG, "injector.yaml").unwrap().selection().join("\n");
+    assert!(lines.contains("every pod labelled app=ledger-store is injected or refused"), "{lines}");
+    assert!(lines.contains("ConfigMap ledger-fence only"), "{lines}");
+    assert!(lines.contains("never kube-system or lockmesh-system"), "{lines}");
+    let default = Config::default().selection().join("\n");
+    assert!(default.contains("a pod may opt out"), "{default}");
+    let errs = Config::parse("store_selector: {pod_labels: {}}\nfence_config_map: Not_A_Name\n", "i.yaml").unwrap_err();
+    let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert!(text.iter().any(|e| e.starts_with("i.yaml: store_selector.pod_labels:")), "{text:?}");
+    assert!(text.iter().any(|e| e.starts_with("i.yaml: fence_config_map:")), "{text:?}");
+}
