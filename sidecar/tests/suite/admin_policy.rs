@@ -5,8 +5,8 @@
 //! its own choosing (and so its own trusted signing keys) — is refused with
 //! `admin_policy`, never silently skipped; a selected pod that opts in is injected;
 //! an injected pod is recognised by its fence container; a pod the selector does
-//! not match is untouched (positive control). The same reviews through the real
-//! HTTPS webhook process are in `tls`.
+//! not match is untouched (positive control). The same reviews also go through the
+//! real HTTPS webhook process started with that configuration.
 
 use lockmesh_sidecar::{
     webhook::{review, AdmissionResponse, Verdict},
@@ -152,4 +152,43 @@ fn the_config_check_says_what_it_selects_and_excludes() {
     let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
     assert!(text.iter().any(|e| e.starts_with("i.yaml: store_selector.pod_labels:")), "{text:?}");
     assert!(text.iter().any(|e| e.starts_with("i.yaml: fence_config_map:")), "{text:?}");
+}
+
+/// The same decisions through the real HTTPS webhook process started with the
+/// injector configuration: every opt-out is denied, the positive controls pass.
+#[tokio::test]
+async fn the_webhook_process_refuses_every_opt_out_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = crate::tls::pki(dir.path());
+    let config = dir.path().join("injector.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (_webhook, base) = crate::tls::start_with(dir.path(), &["--config".as_ref(), config.as_os_str()]);
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let post = async |body: Vec<u8>| -> Value {
+        let r = client.post(format!("{base}/mutate")).body(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()["response"].clone()
+    };
+    for (what, body, want) in opt_outs() {
+        let r = post(body).await;
+        assert_eq!(r["allowed"], false, "{what}: {r}");
+        assert!(r.get("patch").is_none(), "{what}: {r}");
+        let message = r["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("admin_policy") && message.contains(want), "{what}: {message}");
+    }
+    let injected = post(ledger_review(|_| {})).await;
+    assert_eq!((injected["allowed"].as_bool(), injected["patchType"].as_str()), (Some(true), Some("JSONPatch")));
+    let other = post(ledger_review(|p| {
+        p["metadata"]["labels"] = json!({"app": "web"});
+        p["metadata"]["annotations"] = json!({});
+    }))
+    .await;
+    assert_eq!(other["allowed"], true, "{other}");
+    assert!(other.get("patch").is_none(), "{other}");
 }

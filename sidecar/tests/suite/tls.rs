@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::fixtures;
 
 /// Kills the webhook if a test fails before it stops it.
-struct Webhook(Child);
+pub(crate) struct Webhook(Child);
 
 impl Drop for Webhook {
     fn drop(&mut self) {
@@ -25,7 +25,7 @@ impl Drop for Webhook {
 }
 
 /// A CA and a serving certificate for `localhost`, written as PEM files.
-fn pki(dir: &std::path::Path) -> String {
+pub(crate) fn pki(dir: &std::path::Path) -> String {
     let mut ca_params = CertificateParams::default();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_key = KeyPair::generate().unwrap();
@@ -40,7 +40,13 @@ fn pki(dir: &std::path::Path) -> String {
 }
 
 fn start(dir: &std::path::Path) -> (Webhook, String) {
+    start_with(dir, &[])
+}
+
+/// [`start`] with more arguments (e.g. `--config FILE`).
+pub(crate) fn start_with(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (Webhook, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockmesh-sidecar-webhook"))
+        .args(extra)
         .args(["--listen", "127.0.0.1:0", "--tls-cert"])
         .arg(dir.join("tls.crt"))
         .arg("--tls-key")
