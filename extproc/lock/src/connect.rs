@@ -77,7 +77,11 @@ impl EtcdClientAuth {
     /// Applies TLS and the user to etcd connect options.
     pub fn apply(&self, mut opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
         if let Some((u, p)) = &self.user {
-            opts = opts.with_user(u.clone(), p.clone());
+            // etcd's simple auth tokens live in the server's memory: a restarted or
+            // restored member answers every old token `invalid auth token`. With the
+            // refresh on, the client logs in again and retries the call once, so an
+            // etcd restart under auth costs one round trip, not a stuck arbiter.
+            opts = opts.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
         }
         if let Some(ca) = &self.ca {
             let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));

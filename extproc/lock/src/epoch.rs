@@ -8,6 +8,10 @@
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use super::{LockError, Store};
+
+/// The lease the leader probe asks about: ids are positive, so this one never
+/// exists and the answer is always the leader's `lease not found`.
+const PROBE_LEASE: i64 = -1;
 pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};
 
 /// What the arbiter knows of the record.
@@ -56,12 +60,32 @@ impl Store {
     /// once, each under the operation timeout). A cluster that lost its majority
     /// has none once its election timeout ran out; an unreachable member names
     /// none. The fail-open trigger (`failopen::quorum`) needs this to be false.
+    ///
+    /// etcd 3.5 answers `Status` only to root under auth, and the arbiter's user is
+    /// not root: a member that refuses it is asked `LeaseTimeToLive` of a lease that
+    /// does not exist instead. A follower forwards that call to its leader, so an
+    /// answer (`lease not found` included) proves a leader, and no leader means no
+    /// answer within the timeout.
     pub(crate) async fn member_names_leader(&self) -> bool {
         let asks = self.members.iter().map(|m| {
             let mut m = m.clone();
-            async move { self.call(m.status()).await }
+            async move {
+                match self.call(m.status()).await {
+                    Ok(s) => s.leader() != 0,
+                    Err(LockError::Unavailable(e)) if e.contains("permission denied") => {
+                        match tokio::time::timeout(self.op_timeout, m.lease_time_to_live(PROBE_LEASE, None)).await {
+                            Ok(Ok(_)) => true,
+                            Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
+                                st.message().contains("requested lease not found")
+                            }
+                            _ => false,
+                        }
+                    }
+                    Err(_) => false,
+                }
+            }
         });
-        futures::future::join_all(asks).await.into_iter().any(|r| r.is_ok_and(|s| s.leader() != 0))
+        futures::future::join_all(asks).await.into_iter().any(|seen| seen)
     }
 
     /// Checks a response's cluster id against the epoch record's.

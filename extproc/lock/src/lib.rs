@@ -128,9 +128,18 @@ pub struct Store {
     policies: policy::PolicyCache,
     /// One client per endpoint, to find the member that leads (seal checks).
     members: Vec<Client>,
+    /// Whether the clients log in (`etcd.user`), and when they last logged in
+    /// again after a failed read ([`Store::relogin_after_failed_read`]).
+    relogin: Option<std::sync::Mutex<Option<tokio::time::Instant>>>,
     /// The cluster's name, epoch source and home record (`home`).
     home: home::HomeCell,
 }
+
+/// Shortest interval between two logins of [`Store::relogin_after_failed_read`]:
+/// an etcd that is merely down is not asked for a bcrypt check on every probe.
+const RELOGIN_EVERY: Duration = Duration::from_secs(3);
+/// Calls refused together by one auth change share one login.
+const RELOGIN_DEDUP: Duration = Duration::from_millis(200);
 
 fn unavailable(e: etcd_client::Error) -> LockError {
     // etcd's errors do not echo keys or values.
@@ -203,9 +212,44 @@ impl Store {
             seal,
             policies: policy::PolicyCache::default(),
             members,
+            relogin: auth.user.is_some().then(|| std::sync::Mutex::new(None)),
             home: home::HomeCell::new(root),
         });
         Ok(store)
+    }
+
+    /// After a failed seal-check read, logs every client in again (at most once per
+    /// [`RELOGIN_EVERY`]), when the clients have a user.
+    ///
+    /// etcd's simple auth token names the raft index it was issued at, and a member
+    /// holds a request back until it has applied that index. A cluster restored
+    /// from a snapshot is behind the index of every token issued before: it never
+    /// answers `invalid auth token` (the one error etcd-client's own refresh reacts
+    /// to), each call just runs into its deadline. Only a new login, which etcd
+    /// answers with a token at its current index, gets the arbiter served again.
+    pub async fn relogin_after_failed_read(&self) {
+        self.relogin(RELOGIN_EVERY).await;
+    }
+
+    /// Logs every client in again unless that was done less than `every` ago (a
+    /// zero `every` still skips a login another task has just started).
+    async fn relogin(&self, every: Duration) {
+        let Some(last) = &self.relogin else { return };
+        {
+            let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            let min = every.max(RELOGIN_DEDUP);
+            if last.is_some_and(|t| now.duration_since(t) < min) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let all = std::iter::once(&self.client).chain(self.members.iter());
+        let logins = all.map(|c| tokio::time::timeout(self.op_timeout, c.refresh_token()));
+        let failed = futures::future::join_all(logins).await.into_iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
+        if failed > 0 {
+            tracing::debug!(failed, "etcd login after a failed read did not succeed everywhere; retried later");
+        }
     }
 
     /// The key layout.
@@ -224,8 +268,25 @@ impl Store {
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         match tokio::time::timeout(self.op_timeout, f).await {
-            Ok(r) => r.map_err(unavailable),
+            Ok(r) => self.checked(r).await,
             Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {:?}", self.op_timeout))),
+        }
+    }
+
+    /// An etcd answer as a lock result. An `auth store is old` refusal means etcd's
+    /// users or roles changed since this client logged in (a user added, a password
+    /// rotated): etcd refused the call before applying it, and etcd-client's own
+    /// refresh does not react to it. The clients log in again at once, so this
+    /// call answers `unavailable` and the next one is served.
+    async fn checked<T>(&self, r: Result<T, etcd_client::Error>) -> Result<T, LockError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.to_string().contains("revision of auth store is old") {
+                    self.relogin(Duration::ZERO).await;
+                }
+                Err(unavailable(e))
+            }
         }
     }
 
@@ -243,7 +304,7 @@ impl Store {
         let r = tokio::time::timeout(t, tracing::Instrument::instrument(f, span.clone())).await;
         lockmesh_telemetry::finish(&span, if matches!(r, Ok(Ok(_))) { "ok" } else { "error" }, None);
         match r {
-            Ok(r) => r.map_err(unavailable),
+            Ok(r) => self.checked(r).await,
             Err(_) => Err(LockError::Unavailable(format!("etcd did not answer within {t:?}"))),
         }
     }

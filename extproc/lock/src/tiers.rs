@@ -190,6 +190,9 @@ impl Tiers {
 
     /// One seal check's outcome on `store`, for the fail-open trigger.
     pub async fn observe_quorum(&self, store: &Arc<Store>, read_ok: bool) {
+        if !read_ok {
+            store.relogin_after_failed_read().await;
+        }
         if let Some(fo) = self.fail_open.get(store.cluster_name()) {
             fo.observe(store, read_ok).await;
         }

@@ -225,9 +225,6 @@ fn every_runbook_command_names_its_role_and_nothing_of_root() {
 /// the new epoch above every earlier one, the restored holder's session is gone,
 /// and the tailer carries on past the restore.
 #[tokio::test]
-#[ignore = "issue #16: after etcd restarts under auth the arbiter never logs in again (its simple token is gone; \
-            lock/src/connect.rs EtcdClientAuth::apply sets no with_auto_token_refresh): its lock API answers \
-            `invalid auth token` and /status hangs; run with --ignored"]
 async fn the_restore_runbook_runs_as_written_under_auth_with_the_tailer_running() {
     let dir = tempfile::tempdir().unwrap();
     let marks = dir.path().join("marks.json");
@@ -311,9 +308,6 @@ async fn the_restore_runbook_runs_as_written_under_auth_with_the_tailer_running(
 /// the arbiter seals on its own marks (docs/OPERATIONS.md), and the break-glass
 /// `lockctl epoch-advance` as `lockmesh-admin-epoch` unseals it with larger tokens.
 #[tokio::test]
-#[ignore = "issue #16: after etcd restarts under auth the arbiter never logs in again (its simple token is gone; \
-            lock/src/connect.rs EtcdClientAuth::apply sets no with_auto_token_refresh): its lock API answers \
-            `invalid auth token` and /status hangs; run with --ignored"]
 async fn a_restore_under_auth_is_recorded_unsealed_by_the_read_only_tailer_and_the_arbiter_seals() {
     let dir = tempfile::tempdir().unwrap();
     let marks = dir.path().join("marks.json");
