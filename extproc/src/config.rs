@@ -185,41 +185,90 @@ pub struct RawOperators {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConsole {
-    /// The audit tailer's admin address (`http://host:port`), whose query API
-    /// feeds the recent-events panel. Without it the panel says that no audit
-    /// store is configured.
+    /// The audit tailer's query port (`https://host:port`, its `query.listen`),
+    /// whose query API feeds the recent-events panel. Without it the panel says
+    /// that no audit store is configured.
     pub audit_url: Option<String>,
+    /// The client certificate the console presents to the query port (its SPIFFE
+    /// ID must be in the tailer's `query.allowed_clients`) and the CA of the
+    /// port's certificate. Required with `audit_url`.
+    pub audit_tls: Option<RawConsoleAuditTls>,
     /// Recent audit events shown. Default 20 (1 to 200).
     pub audit_events: Option<usize>,
+}
+
+/// `console.audit_tls`: PEM file paths, relative to the config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsoleAuditTls {
+    /// CA bundle that signed the query port's certificate.
+    pub ca: String,
+    /// The console's client certificate.
+    pub cert: String,
+    /// Its key.
+    pub key: String,
 }
 
 /// Validated `console`.
 #[derive(Debug, Clone, Default)]
 pub struct Console {
-    /// The audit tailer's admin address, if any.
+    /// The audit tailer's query port, if any.
     pub audit_url: Option<String>,
+    /// CA, client certificate and key for the query port (resolved paths).
+    pub audit_tls: Option<ConsoleAuditTls>,
     /// Recent audit events shown.
     pub audit_events: usize,
+}
+
+/// Validated `console.audit_tls`.
+#[derive(Debug, Clone)]
+pub struct ConsoleAuditTls {
+    /// CA bundle of the query port's certificate.
+    pub ca: PathBuf,
+    /// The console's client certificate.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
 }
 
 /// Default `console.audit_events`.
 pub const DEFAULT_CONSOLE_AUDIT_EVENTS: usize = 20;
 
-fn console(raw: Option<&RawConsole>, name: &str, errs: &mut Vec<String>) -> Console {
+fn console(raw: Option<&RawConsole>, base: &Path, name: &str, errs: &mut Vec<String>) -> Console {
     let Some(raw) = raw else {
-        return Console { audit_url: None, audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS };
+        return Console { audit_url: None, audit_tls: None, audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS };
     };
     if let Some(u) = &raw.audit_url {
-        let hostport = u.strip_prefix("http://").map(|h| h.trim_end_matches('/'));
+        let hostport = u.strip_prefix("https://").map(|h| h.trim_end_matches('/'));
         if hostport.is_none_or(|h| h.is_empty() || h.contains('/')) {
-            errs.push(format!("{name}: console.audit_url: {u:?} must be http://host:port (the tailer's admin_listen)"));
+            errs.push(format!(
+                "{name}: console.audit_url: {u:?} must be https://host:port (the tailer's query.listen; its metrics \
+                 port answers no query)"
+            ));
+        }
+    }
+    let audit_tls = raw.audit_tls.as_ref().map(|t| ConsoleAuditTls {
+        ca: resolve(base, &t.ca),
+        cert: resolve(base, &t.cert),
+        key: resolve(base, &t.key),
+    });
+    match (&raw.audit_url, &audit_tls) {
+        (Some(_), None) => errs.push(format!(
+            "{name}: console.audit_tls: required with audit_url (the query port admits client certificates only)"
+        )),
+        (None, Some(_)) => errs.push(format!("{name}: console.audit_tls: set without audit_url")),
+        _ => {}
+    }
+    for (field, p) in audit_tls.iter().flat_map(|t| [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)]) {
+        if !p.is_file() {
+            errs.push(format!("{name}: console.audit_tls.{field}: {} is not a readable file", p.display()));
         }
     }
     let audit_events = raw.audit_events.unwrap_or(DEFAULT_CONSOLE_AUDIT_EVENTS);
     if !(1..=200).contains(&audit_events) {
         errs.push(format!("{name}: console.audit_events: {audit_events} is outside 1 to 200"));
     }
-    Console { audit_url: raw.audit_url.clone(), audit_events }
+    Console { audit_url: raw.audit_url.clone(), audit_tls, audit_events }
 }
 
 /// Grant proof signing (`docs/FENCING.md`).
@@ -634,7 +683,7 @@ impl Config {
         }
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
         let telemetry = crate::telemetry::validate(raw.telemetry.as_ref(), "lockmesh-arbiter", name, &mut errs2);
-        let console = console(raw.console.as_ref(), name, &mut errs2);
+        let console = console(raw.console.as_ref(), base, name, &mut errs2);
         let registry_file = resolve(base, &raw.registry_file);
         let registry = load_registry(&registry_file).map_err(|e| {
             errs2.push(format!("{name}: registry_file:"));

@@ -329,7 +329,13 @@ impl Console {
             return ConsoleAudit { configured: false, message, ..none };
         };
         let q = Query::Recent { limit: u64::try_from(cfg.audit_events).unwrap_or(u64::MAX) };
-        let auth = lockmesh_ops::audit_client::QueryAuth { token, ..Default::default() };
+        let tls = cfg.audit_tls.as_ref();
+        let auth = lockmesh_ops::audit_client::QueryAuth {
+            ca: tls.map(|t| t.ca.clone()),
+            cert: tls.map(|t| t.cert.clone()),
+            key: tls.map(|t| t.key.clone()),
+            token,
+        };
         match lockmesh_ops::audit_client::query(url, &q, &auth, self.timeout()).await {
             Ok(Answer::Events { events }) => {
                 let events = events

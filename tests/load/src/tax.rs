@@ -96,7 +96,7 @@ async fn drive(
                 let t = Instant::now();
                 let r = if name == "transparent" {
                     let key = format!("load/tax-{i}-{n}");
-                    c.get("/orders/x", &[("x-lock-key", key.as_str()), ("x-lock-wait-ms", "5000")]).await
+                    c.get("/jobs/x", &[("x-lock-key", key.as_str()), ("x-lock-wait-ms", "5000")]).await
                 } else {
                     c.get("/public/x", &[]).await
                 };

@@ -133,13 +133,28 @@ fn strip_tags(s: &str) -> String {
 }
 
 /// `lockmesh-audit` over the stack's root, admin on `port`.
-async fn tailer(st: &Stack, port: u16, dir: &std::path::Path) -> ChildProcess {
+/// The audit tailer, its query port admitting `console` (the arbiter's console's
+/// client certificate) only.
+async fn tailer(
+    st: &Stack,
+    port: u16,
+    query_port: u16,
+    console: &lockmesh_tests::ClientCert,
+    dir: &std::path::Path,
+) -> ChildProcess {
+    let server = st.pki().arbiter_server();
     let cfg = format!(
         "etcd_endpoints: {:?}\netcd_root: {:?}\nstore_file: audit.redb\nadmin_listen: \"127.0.0.1:{port}\"\n\
-         checkpoint_interval_ms: 200\nelection_ttl_s: 3\n{}",
+         checkpoint_interval_ms: 200\nelection_ttl_s: 3\n{}\
+         query: {{ listen: \"127.0.0.1:{query_port}\", tls: {{ cert: {:?}, key: {:?}, client_ca: {:?} }}, \
+         allowed_clients: [{:?}] }}\n",
         st.etcd().endpoints(),
         st.root(),
         st.etcd_users().audit_yaml("lockmesh-audit"),
+        server.cert_path.display().to_string(),
+        server.key_path.display().to_string(),
+        st.pki().ca_cert_path().display().to_string(),
+        console.spiffe_id,
     );
     std::fs::write(dir.join("audit.yaml"), cfg).unwrap();
     let p = ChildProcess::new(
@@ -186,11 +201,25 @@ classes:
         .envoy_config("lock-tier")
         .registry(registry)
         .arbiter_extra_yaml(operators_yaml(&jwks, ISS))
-        .arbiter_extra_yaml(format!("console:\n  audit_url: \"http://127.0.0.1:{audit_port}\""))
         .start()
         .await
         .unwrap();
-    let audit = tailer(&st, audit_port, dir.path()).await;
+    // The console reaches the tailer's query port with a client certificate of its
+    // own: made by the stack's PKI, so the arbiter gets its console section (and a
+    // restart) once the stack is up.
+    let query_port = free_port();
+    let console_cert = st.pki().client("lockmesh-system", "lockmesh-console").unwrap();
+    let audit = tailer(&st, audit_port, query_port, &console_cert, dir.path()).await;
+    let path = st.arbiter(0).config_path().to_owned();
+    let mut cfg = std::fs::read_to_string(&path).unwrap();
+    cfg.push_str(&format!(
+        "console:\n  audit_url: \"https://127.0.0.1:{query_port}\"\n  audit_tls: {{ ca: {:?}, cert: {:?}, key: {:?} }}\n",
+        st.pki().ca_cert_path().display().to_string(),
+        console_cert.cert_path.display().to_string(),
+        console_cert.key_path.display().to_string(),
+    ));
+    std::fs::write(&path, cfg).unwrap();
+    st.arbiter(0).restart().await.unwrap();
     // Holds: pool/k1 at its limit (2/2), pool/k2 1/2, ledger/l1 at its limit (1/1),
     // batch/b1 twice (2/3), then batch lowered to 1: over target, so it drains.
     let c = st.client("payments", "a").unwrap();

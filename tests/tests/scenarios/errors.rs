@@ -305,27 +305,28 @@ async fn every_lock_refusal_is_cores_answer_on_every_port() {
     let r = post_ext_proc(&st, (&workload.cert_path, &workload.key_path), "/internal/v1/vm/keepalive", None, &vm).await;
     seen.expect("vm", "keepalive with a workload's certificate", &r, Code::Denied);
 
-    // --- Transparent mode (inbound sidecar): the filter's refusals and the arbiter's.
+    // --- Transparent mode (inbound sidecar): the filter's refusals and the arbiter's, on
+    // `/jobs` (the caller chooses the key there; `/orders/{id}` binds it).
     let w = sc.client("payments", "worker").unwrap();
-    let r = w.post("/orders/1", &[]).await.unwrap();
+    let r = w.post("/jobs/1", &[]).await.unwrap();
     seen.expect("transparent", "locked route without x-lock-key", &r, Code::LockRequired);
-    let r = w.post("/orders/1", &[("x-lock-key", "billing/not-mine")]).await.unwrap();
+    let r = w.post("/jobs/1", &[("x-lock-key", "billing/not-mine")]).await.unwrap();
     seen.expect("transparent", "key outside the caller's grants", &r, Code::Denied);
-    let r = w.post("/orders/1", &[("x-lock-key", "payments/a//b")]).await.unwrap();
+    let r = w.post("/jobs/1", &[("x-lock-key", "payments/a//b")]).await.unwrap();
     seen.expect("transparent", "malformed x-lock-key", &r, Code::BadRequest);
-    let r = w.post("/orders/1", &[("x-lock-key", "payments/tp"), ("x-lock-wait-ms", "10000")]).await.unwrap();
+    let r = w.post("/jobs/1", &[("x-lock-key", "payments/tp"), ("x-lock-wait-ms", "10000")]).await.unwrap();
     let e = seen.expect("transparent", "wait above the arbiter's bound", &r, Code::BadRequest);
     assert!(e.message.contains(&ARBITER_MAX_WAIT_MS.to_string()), "the arbiter's bound: {}", r.body);
     let slow = tokio::spawn({
         let w = w.clone();
-        async move { w.post("/orders/2", &[("x-lock-key", "payments/tp-held"), (DELAY_HEADER, "1500")]).await }
+        async move { w.post("/jobs/2", &[("x-lock-key", "payments/tp-held"), (DELAY_HEADER, "1500")]).await }
     });
     eventually_true(Duration::from_secs(10), "the slow request reached the backend", || async {
         !sc.backend().requests().is_empty()
     })
     .await;
     let other = sc.client("payments", "other").unwrap();
-    let r = other.post("/orders/2", &[("x-lock-key", "payments/tp-held"), ("x-lock-wait-ms", "0")]).await.unwrap();
+    let r = other.post("/jobs/2", &[("x-lock-key", "payments/tp-held"), ("x-lock-wait-ms", "0")]).await.unwrap();
     seen.expect("transparent", "key held by a request in flight, wait 0", &r, Code::Contended);
     assert_eq!(slow.await.unwrap().unwrap().code(), 200);
     assert_eq!(sc.backend().requests().len(), 1, "a refused request reached the upstream");

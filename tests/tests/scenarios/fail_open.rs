@@ -219,9 +219,16 @@ async fn an_open_class_grants_token_zero_during_a_quorum_loss_and_the_audit_list
     let closed = tailer.lockctl(&["history", closed_key]);
     assert!(closed["events"].as_array().unwrap().is_empty(), "{closed}");
     // The table shows digests, never the raw key; the logs never name it either.
-    let url = format!("http://127.0.0.1:{}", tailer.admin_port);
+    let url = format!("https://127.0.0.1:{}", tailer.query_port);
     let out = std::process::Command::new(lockmesh_tests::paths::profile_dir().join("lockctl"))
-        .args(["audit", "--url", &url, "unprotected"])
+        .args(["audit", "--url", &url, "--ca"])
+        .arg(&tailer.ca)
+        .arg("--cert")
+        .arg(&tailer.operator.cert_path)
+        .arg("--key")
+        .arg(&tailer.operator.key_path)
+        .arg("unprotected")
+        .env_remove("LOCKMESH_ADMIN_TOKEN")
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);

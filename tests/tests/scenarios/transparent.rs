@@ -60,7 +60,8 @@ async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged
     let c = st.client("payments", "worker").unwrap();
 
     // No x-lock-key on a locked route: refused, never forwarded.
-    let r = c.post("/orders/1", &[("x-lock-token", "999999999")]).await.unwrap();
+    // (`/jobs` is a route where the caller chooses the key; `/orders/{id}` binds it.)
+    let r = c.post("/jobs/1", &[("x-lock-token", "999999999")]).await.unwrap();
     assert_eq!(r.code(), 428, "{}", r.body);
     assert_eq!(r.header("x-lockmesh-error"), Some("lock_required"));
     assert!(st.backend().requests().is_empty(), "an unlocked request reached the upstream");
@@ -107,8 +108,11 @@ async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged
     .await;
 
     // Not permitted: the same denial as the API, nothing forwarded.
-    let r = c.post("/orders/3", &[("x-lock-key", "billing/x")]).await.unwrap();
+    let r = c.post("/jobs/3", &[("x-lock-key", "billing/x")]).await.unwrap();
     assert_eq!(r.code(), 403, "{}", r.body);
+    // On a bound route the caller cannot name another key at all.
+    let r = c.post("/orders/3", &[("x-lock-key", "billing/x")]).await.unwrap();
+    assert_eq!(r.code(), 400, "{}", r.body);
     assert_eq!(st.backend().requests().len(), 2);
 }
 
