@@ -323,22 +323,7 @@ mod tests {
     /// escape, map `\` to `/`, drop `;` parameters, merge slashes, resolve dot
     /// segments. Not a real server: the union of the readings the module doc names.
     fn normalise(path: &str) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        let raw = path.as_bytes();
-        let mut i = 0;
-        while let Some(&b) = raw.get(i) {
-            if b == b'%' {
-                if let Some(h) =
-                    raw.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
-                {
-                    bytes.push(h);
-                    i += 3;
-                    continue;
-                }
-            }
-            bytes.push(if b == b'\\' { b'/' } else { b });
-            i += 1;
-        }
+        let bytes: Vec<u8> = decode(path).into_iter().map(|b| if b == b'\\' { b'/' } else { b }).collect();
         let mut out: Vec<&[u8]> = Vec::new();
         let trailing = bytes.ends_with(b"/");
         for seg in bytes.split(|b| *b == b'/') {
