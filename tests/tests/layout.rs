@@ -27,11 +27,14 @@ use serde::Deserialize;
 ///
 /// 0 foundations: the wire types (`lockmesh-core`), the service runtime, the dev PKI
 /// 1 what builds on the wire types alone: the etcd records, telemetry, the SDK,
-///   the Wasm filter, the fence proxy, the sidecar, the test harness
-/// 2 the etcd recipe (`lockmesh-lock`); the harness's gate and load libraries
+///   the Wasm filter, the fence proxy, the sidecar
+/// 2 the etcd recipe (`lockmesh-lock`)
 /// 3 the operator workflows (`lockmesh-ops`)
-/// 4 the arbiter and the audit tailer
-/// 5 `lockctl`, which drives the operator workflows, the audit query and the SDK
+/// 4 the arbiter and the audit tailer (whose query port checks operators with the
+///   ops verifier); the test harness, which gives each stack the shipped etcd roles
+///   (`lockmesh_ops::admin::etcd_roles`)
+/// 5 `lockctl`, which drives the operator workflows, the audit query and the SDK;
+///   the harness's gate and load libraries
 const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-core", 0, &[]),
     ("lockmesh-runtime", 0, &[]),
@@ -42,10 +45,10 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-wasm-filter", 1, &["lockmesh-core"]),
     ("lockmesh-fence-proxy", 1, &["lockmesh-core", "lockmesh-runtime"]),
     ("lockmesh-sidecar", 1, &["lockmesh-runtime"]),
-    ("lockmesh-tests", 1, &["lockmesh-core", "lockmesh-devcerts"]),
+    ("lockmesh-tests", 4, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-ops"]),
     ("lockmesh-lock", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"]),
-    ("lockmesh-gate", 2, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
-    ("lockmesh-load", 2, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
+    ("lockmesh-gate", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
+    ("lockmesh-load", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
     ("lockmesh-ops", 3, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-lock", "lockmesh-runtime"]),
     (
         "lockmesh-extproc",
@@ -62,7 +65,14 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     (
         "lockmesh-audit",
         4,
-        &["lockmesh-core", "lockmesh-keyspace", "lockmesh-lock", "lockmesh-runtime", "lockmesh-telemetry"],
+        &[
+            "lockmesh-core",
+            "lockmesh-keyspace",
+            "lockmesh-lock",
+            "lockmesh-ops",
+            "lockmesh-runtime",
+            "lockmesh-telemetry",
+        ],
     ),
     (
         "lockmesh-lockctl",
