@@ -1,0 +1,1 @@
+//! (slot: scenarios being written this session)
