@@ -48,6 +48,7 @@ pub mod session;
 pub mod test_faults;
 pub mod tiers;
 pub mod topology;
+pub mod upgrade;
 pub mod validate;
 pub mod vm;
 pub mod wait;

@@ -1,0 +1,1 @@
+//! (slot: keyspace version and capabilities, issue #19; being written this session)
