@@ -12,15 +12,16 @@
 //!
 //! The shipped deployment (deploy/, docs/ADMIN.md) runs etcd with client TLS,
 //! authentication on and one least-privilege role per component
-//! (`lockmesh_ops::admin::etcd_roles::roles`). With `LOCKMESH_TEST_ETCD=secure`
-//! every cluster the harness starts ([`shared_etcd`], [`EtcdCluster::builder`],
+//! (`lockmesh_ops::admin::etcd_roles::roles`). So does the harness by default
+//! (`LOCKMESH_TEST_ETCD` unset or `secure`): every cluster it starts ([`shared_etcd`], [`EtcdCluster::builder`],
 //! `StackBuilder::own_etcd`) serves client TLS with a harness CA ([`harness_pki`])
 //! and has auth on with a random root password; [`EtcdCluster::client`] then logs
 //! in as root, and [`EtcdCluster::users_for`] creates the shipped roles for one
 //! key root under unique names ([`EtcdUsers`]), which the processes a test starts
-//! log in as. `LOCKMESH_TEST_ETCD=plain` (or unset) keeps the plaintext,
-//! unauthenticated etcd; a test about such an etcd asks for it with
-//! [`EtcdBuilder::plaintext`] whatever the switch says.
+//! log in as (on the shared etcd, users made when it starts:
+//! [`EtcdCluster::users_for_new_root`]). `LOCKMESH_TEST_ETCD=plain` runs everything
+//! against a plaintext, unauthenticated etcd instead; a test about such an etcd
+//! asks for it with [`EtcdBuilder::plaintext`] whatever the switch says.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +41,16 @@ use crate::process::ChildProcess;
 /// How long a member (or the whole cluster) may take to report healthy.
 pub const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// etcd's backend quota in the harness (`--quota-backend-bytes`): 2 GiB, etcd's
+/// default and what deploy/base/etcd sets, stated so tests and `lockctl doctor`
+/// can compare against it.
+pub const QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+/// How many key roots the shared etcd prepares users for at start, under auth
+/// ([`EtcdCluster::users_for_new_root`]): more than the scenarios' stacks on the
+/// shared etcd, so no user is created while arbiters run.
+const SHARED_USER_POOL: usize = 96;
+
 /// How long `stop()` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -52,6 +63,8 @@ pub struct EtcdCluster {
     client_tls: Option<EtcdTls>,
     /// The root user's password when the harness turned auth on ([`EtcdBuilder::secure`]).
     root_password: Option<String>,
+    /// Key roots whose users already exist ([`EtcdCluster::users_for_new_root`]).
+    pool: std::sync::Mutex<Vec<PooledUsers>>,
     // Dropped after the members (fields drop in declaration order).
     _dir: TempDir,
 }
@@ -70,16 +83,17 @@ enum Security {
 }
 
 /// Whether clusters run secured unless a test says otherwise: `LOCKMESH_TEST_ETCD`
-/// is `secure` (TLS + auth + roles) or `plain` (the default while scenarios are
-/// converted); anything else is refused so a typo cannot silently test plaintext.
+/// is `secure` (TLS + auth + roles; the default, production's shape) or `plain`
+/// (plaintext, no auth: to tell a fault of the secured path from one of the
+/// protocol); anything else is refused so a typo cannot silently test plaintext.
 ///
 /// # Panics
 ///
 /// On any other value of `LOCKMESH_TEST_ETCD`.
 pub fn secure_by_default() -> bool {
     match std::env::var("LOCKMESH_TEST_ETCD").as_deref() {
-        Ok("secure") => true,
-        Ok("plain") | Ok("") | Err(_) => false,
+        Ok("secure") | Ok("") | Err(_) => true,
+        Ok("plain") => false,
         Ok(other) => panic!("LOCKMESH_TEST_ETCD={other:?}: expected plain or secure"),
     }
 }
@@ -243,6 +257,9 @@ impl EtcdBuilder {
                 format!("--election-timeout={}", self.election_ms),
                 "--logger=zap".into(),
                 "--log-level=info".into(),
+                // Production sets a backend quota (deploy/base/etcd); so does the
+                // harness, so a test sees the NOSPACE alarm a full etcd raises.
+                format!("--quota-backend-bytes={QUOTA_BACKEND_BYTES}"),
             ];
             let mut health_port = client_port;
             if let Some(t) = &client_tls {
@@ -260,7 +277,15 @@ impl EtcdBuilder {
             let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));
             members.push(EtcdMember { name, client_port, peer_port, data_dir, process, scheme, health_port });
         }
-        let mut cluster = EtcdCluster { members, token, initial_cluster, client_tls, root_password: None, _dir: dir };
+        let mut cluster = EtcdCluster {
+            members,
+            token,
+            initial_cluster,
+            client_tls,
+            root_password: None,
+            pool: std::sync::Mutex::new(Vec::new()),
+            _dir: dir,
+        };
         // All members must run before any can elect a leader and be healthy.
         for m in &cluster.members {
             m.process.start()?;
@@ -390,25 +415,72 @@ impl EtcdCluster {
     /// (files in `dir`). On a cluster without harness auth nothing is created and
     /// the [`EtcdUsers`] only carries the endpoints (and CA).
     pub async fn users_for(&self, root: &str, dir: &Path) -> Result<EtcdUsers> {
-        let suffix = format!("{:08x}", rand::random::<u32>());
-        let users = EtcdUsers {
-            endpoints: self.endpoints(),
-            ca: self.client_tls.as_ref().map(|t| t.ca.clone()),
-            secure: self.is_secure(),
-            suffix,
-            secret: rand::random(),
-            dir: dir.to_path_buf(),
-        };
+        let users = self.blank_users(dir);
         if !users.secure {
             return Ok(users);
         }
         let c = self.client().await?;
+        self.create_users(&c, root, &users).await?;
+        users.write_password_files()?;
+        Ok(users)
+    }
+
+    /// A fresh key root `/t/<name>-<random>` and its users ([`EtcdCluster::users_for`]).
+    ///
+    /// Every change to etcd's users or roles makes every token issued before it
+    /// "old": etcd refuses the next call of every logged-in client once (its auth
+    /// revision moved), which the arbiters answer `unavailable`. So on the shared
+    /// etcd, which many stacks use at once, the users of [`SHARED_USER_POOL`] roots
+    /// are created when it starts, and a stack takes one here (the root is then
+    /// `/t/p<n>-<random>`, not named after the test); only past the pool are users
+    /// created while others run.
+    pub async fn users_for_new_root(&self, name: &str, dir: &Path) -> Result<(String, EtcdUsers)> {
+        let pooled = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        if let Some(p) = pooled {
+            let users = EtcdUsers { suffix: p.suffix, secret: p.secret, ..self.blank_users(dir) };
+            users.write_password_files()?;
+            return Ok((p.root, users));
+        }
+        let root = crate::unique_prefix(name);
+        let users = self.users_for(&root, dir).await?;
+        Ok((root, users))
+    }
+
+    /// Creates the users of `n` key roots for [`EtcdCluster::users_for_new_root`].
+    async fn fill_pool(&self, n: usize) -> Result<()> {
+        if !self.is_secure() {
+            return Ok(());
+        }
+        let c = self.client().await?;
+        let nowhere = Path::new("/nonexistent");
+        let slots: Vec<(String, EtcdUsers)> =
+            (0..n).map(|i| (crate::unique_prefix(&format!("p{i}")), self.blank_users(nowhere))).collect();
+        // A few roots at a time: each is about 40 auth writes.
+        for chunk in slots.chunks(8) {
+            futures::future::try_join_all(chunk.iter().map(|(root, users)| self.create_users(&c, root, users))).await?;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pool.extend(slots.into_iter().map(|(root, u)| PooledUsers { root, suffix: u.suffix, secret: u.secret }));
+        Ok(())
+    }
+
+    fn blank_users(&self, dir: &Path) -> EtcdUsers {
+        EtcdUsers {
+            endpoints: self.endpoints(),
+            ca: self.client_tls.as_ref().map(|t| t.ca.clone()),
+            secure: self.is_secure(),
+            suffix: format!("{:08x}", rand::random::<u32>()),
+            secret: rand::random(),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The shipped roles for `root`, under `users`' names, and one user per role.
+    async fn create_users(&self, c: &etcd_client::Client, root: &str, users: &EtcdUsers) -> Result<()> {
         let make = roles(root).into_iter().map(|role| {
             let mut c = c.clone();
             let (name, pw) = (users.user(role.name), users.password(role.name));
-            let file = users.password_file(role.name);
             async move {
-                std::fs::write(&file, format!("{pw}\n")).with_context(|| format!("write {}", file.display()))?;
                 c.role_add(name.as_str()).await.with_context(|| format!("role add {name}"))?;
                 for g in &role.grants {
                     let mut p = match g.perm {
@@ -427,7 +499,7 @@ impl EtcdCluster {
             }
         });
         futures::future::try_join_all(make).await?;
-        Ok(users)
+        Ok(())
     }
 
     async fn connect(&self, endpoints: &[String], user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
@@ -541,6 +613,18 @@ impl EtcdUsers {
         format!("pw-{role}-{:016x}", self.secret)
     }
 
+    fn write_password_files(&self) -> Result<()> {
+        if !self.secure {
+            return Ok(());
+        }
+        for role in roles("/") {
+            let file = self.password_file(role.name);
+            let pw = self.password(role.name);
+            std::fs::write(&file, format!("{pw}\n")).with_context(|| format!("write {}", file.display()))?;
+        }
+        Ok(())
+    }
+
     /// The file holding `role`'s user's password (one line).
     pub fn password_file(&self, role: &str) -> PathBuf {
         self.dir.join(format!("{}.pw", self.user(role)))
@@ -603,6 +687,14 @@ impl EtcdUsers {
             .await
             .with_context(|| format!("connect etcd client as {role} to {:?}", self.endpoints))
     }
+}
+
+/// A key root whose users exist but whose password files are not written yet.
+#[derive(Debug)]
+struct PooledUsers {
+    root: String,
+    suffix: String,
+    secret: u64,
 }
 
 // === impl EtcdMember ===
@@ -718,7 +810,9 @@ async fn start_shared() -> Result<EtcdCluster> {
     // The TempDir lives in a static and is never dropped: a later test
     // binary's sweep of the scratch directory removes it.
     let dir = temp_dir("shared-etcd-")?;
-    EtcdCluster::builder().start_in(dir).await
+    let cluster = EtcdCluster::builder().start_in(dir).await?;
+    cluster.fill_pool(SHARED_USER_POOL).await.context("create the shared etcd's users")?;
+    Ok(cluster)
 }
 
 fn etcd_dir() -> PathBuf {

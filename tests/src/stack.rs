@@ -32,7 +32,6 @@ use crate::envoy::EnvoyProcess;
 use crate::etcd::{shared_etcd, EtcdCluster, EtcdUsers};
 use crate::paths::temp_dir;
 use crate::ports::free_port;
-use crate::unique_prefix;
 
 /// Options for a [`Stack`].
 #[derive(Clone, Debug)]
@@ -208,8 +207,14 @@ impl StackBuilder {
         let pki = async { DevPki::generate(pki_dir.path(), TEST_TRUST_DOMAIN) };
         let (etcd, backend, pki) = tokio::try_join!(etcd, Backend::start(), pki)?;
 
-        let root = self.root.clone().unwrap_or_else(|| unique_prefix(&self.name));
-        let users = etcd.users_for(&root, users_dir.path()).await.context("create the stack's etcd users")?;
+        let (root, users) = match &self.root {
+            Some(root) => (root.clone(), etcd.users_for(root, users_dir.path()).await),
+            None => match etcd.users_for_new_root(&self.name, users_dir.path()).await {
+                Ok((root, users)) => (root, Ok(users)),
+                Err(e) => (String::new(), Err(e)),
+            },
+        };
+        let users = users.context("create the stack's etcd users")?;
         let grpc_ports: Vec<u16> = (0..self.arbiters).map(|_| free_port()).collect();
         let arbiters = grpc_ports.iter().map(|&port| {
             let mut b = ArbiterProcess::builder(&pki)
