@@ -3,6 +3,8 @@
 //! native I/O only, so it is a crate of its own beside `lockmesh-core`.
 //!
 //! # Layout
+//! - [`certs`]: [`ReloadingCerts`], an identity and CA bundle that reload when
+//!   their files change, and the rustls configurations that read them per handshake.
 //! - [`chain`]: [`error_chain`], an error and its causes on one line.
 //! - [`signal`]: [`shutdown`], the one future a service's `run(listener, config,
 //!   shutdown)` is given: the first SIGINT or SIGTERM.
@@ -13,6 +15,7 @@
 //!   error naming the field path and the line.
 #![forbid(unsafe_code)]
 
+pub mod certs;
 pub mod chain;
 pub mod peer;
 pub mod report;
@@ -20,6 +23,7 @@ pub mod signal;
 pub mod yaml;
 
 pub use self::{
+    certs::{CertError, CertFiles, ClientAuth, ReloadingCerts},
     chain::error_chain,
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
