@@ -8,6 +8,7 @@
 //! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex) |
 //! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
 //! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
+//! | `deleted_hold_accounted` | etcd × client acquires | every deleted hold was released by its own holder (a marker naming it), expired or closed with its session (its session record deleted in the same revision), force-released on the record (`<root>/f/<digest>` in the same revision) or purged by an epoch advance; the one other delete allowed is an arbiter taking back a grant no client was answered with |
 //! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores |
 //! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
 //! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
@@ -60,6 +61,9 @@ pub struct Stats {
     pub grants: usize,
     /// Release transactions.
     pub releases: usize,
+    /// Deleted holds, each accounted for (`deleted_hold_accounted`).
+    #[serde(default)]
+    pub deletes: usize,
     /// Client operations.
     pub ops: usize,
     /// Store writes.
@@ -104,6 +108,8 @@ struct Grant {
     key: String,
     epoch: u64,
     token: u64,
+    /// The lease its hold was put on (its session's).
+    lease: i64,
     observed_us: u64,
     /// When its hold was deleted (observed), if it was.
     closed_us: Option<u64>,
@@ -121,7 +127,12 @@ struct State {
     /// Open holds: etcd key → index into the grants list.
     open: HashMap<String, usize>,
     epoch: Option<EpochValue>,
+    /// Session records (`<root>/s/<session>`) → the lease they are on.
+    sessions: HashMap<String, i64>,
 }
+
+/// Tokens some client was answered with (an acquire that succeeded), by lock key.
+type HandedOut<'a> = HashSet<(&'a str, u64)>;
 
 // === impl Budget ===
 
@@ -208,6 +219,12 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
         let (digest, _) = r.split_once("/h/")?;
         return Some(("hold", digest));
     }
+    if let Some(s) = rest.strip_prefix("/s/") {
+        return (!s.contains('/')).then_some(("session", s));
+    }
+    if let Some(d) = rest.strip_prefix("/f/") {
+        return Some(("force", d));
+    }
     rest.strip_prefix("/r/").map(|d| ("marker", d))
 }
 
@@ -215,20 +232,28 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
 /// revision) and runs the store checks; returns every committed grant.
 fn replay(h: &History, b: &mut Budget, v: &mut Vec<Violation>, stats: &mut Stats) -> Result<Vec<Grant>, TimedOut> {
     let mut grants: Vec<Grant> = Vec::new();
+    let handed: HandedOut<'_> = h
+        .ops
+        .iter()
+        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
+        .filter_map(|o| Some((o.key.as_str(), o.token?)))
+        .collect();
     let mut si = 0;
     for (ci, (_, segments)) in h.clusters().into_iter().enumerate() {
-        replay_cluster(h, b, (ci, si), segments, &mut grants, v, stats)?;
+        replay_cluster(h, b, (ci, si), segments, &handed, &mut grants, v, stats)?;
         si += segments.len();
     }
     Ok(grants)
 }
 
 /// [`replay`] of one cluster, whose first segment is store segment `first`.
+#[allow(clippy::too_many_arguments)]
 fn replay_cluster(
     h: &History,
     b: &mut Budget,
     (ci, first): (usize, usize),
     segments: &[super::history::Segment],
+    handed: &HandedOut<'_>,
     grants: &mut Vec<Grant>,
     v: &mut Vec<Violation>,
     stats: &mut Stats,
@@ -251,7 +276,7 @@ fn replay_cluster(
             while j < seg.events.len() && seg.events[j].revision == rev {
                 j += 1;
             }
-            apply_txn(h, b, (ci, si), &seg.events[i..j], &mut st, grants, v, stats)?;
+            apply_txn(h, b, (ci, si), &seg.events[i..j], handed, &mut st, grants, v, stats)?;
             i = j;
         }
         start = captured.unwrap_or(st);
@@ -265,6 +290,7 @@ fn apply_txn(
     b: &mut Budget,
     (ci, si): (usize, usize),
     txn: &[EtcdEvent],
+    handed: &HandedOut<'_>,
     st: &mut State,
     grants: &mut Vec<Grant>,
     v: &mut Vec<Violation>,
@@ -273,6 +299,13 @@ fn apply_txn(
     let epoch_before = st.epoch.clone();
     let mut deleted: Vec<(String, usize)> = Vec::new();
     let mut markers: Vec<(String, MarkerValue, &EtcdEvent)> = Vec::new();
+    // What else the transaction did that can end a hold: the leases whose
+    // session record it deleted (an expiry or a close revokes the lease, which
+    // deletes the record and the holds in one revision), the keys it put a force
+    // record for, and whether it advanced the epoch (the advance deletes every hold).
+    let mut ended_leases: HashSet<i64> = HashSet::new();
+    let mut forced: HashSet<&str> = HashSet::new();
+    let mut advanced = false;
     // One revision is one transaction: its deletes come before its puts, so a
     // hand-off (the release of `h/0000` and the grant of `h/0000.1` in one
     // transaction) is a release and then a grant, never two holds at once.
@@ -282,7 +315,22 @@ fn apply_txn(
         b.tick("replay")?;
         let Some((kind, digest)) = parse_kind(&h.root, &e.key) else { continue };
         match (kind, e.put) {
-            ("epoch", true) => st.epoch = serde_json::from_str(&e.value).ok(),
+            ("epoch", true) => {
+                st.epoch = serde_json::from_str(&e.value).ok();
+                let (before, after) = (epoch_before.as_ref().map(|x| x.epoch), st.epoch.as_ref().map(|x| x.epoch));
+                advanced |= matches!((before, after), (Some(b), Some(a)) if a > b);
+            }
+            ("session", true) => {
+                st.sessions.insert(e.key.clone(), e.lease);
+            }
+            ("session", false) => {
+                if let Some(l) = st.sessions.remove(&e.key) {
+                    ended_leases.insert(l);
+                }
+            }
+            ("force", true) => {
+                forced.insert(digest);
+            }
             ("hold", true) if e.prev_value.is_none() => {
                 let Ok(hv) = serde_json::from_str::<HoldValue>(&e.value) else { continue };
                 let g = Grant {
@@ -292,6 +340,7 @@ fn apply_txn(
                     key: hv.key.clone(),
                     epoch: hv.epoch,
                     token: token_of(hv.epoch, e.create_revision),
+                    lease: e.lease,
                     observed_us: e.observed_us,
                     closed_us: None,
                     close: None,
@@ -363,21 +412,20 @@ fn apply_txn(
             _ => {}
         }
     }
-    for (digest, m, e) in markers {
+    for (digest, m, e) in &markers {
         stats.releases += 1;
         for (d, gi) in &deleted {
             let g = &grants[*gi];
-            if *d == digest && (g.epoch != m.epoch || g.revision != m.revision) {
+            if d == digest && (m.epoch.is_some_and(|me| me != g.epoch) || g.revision != m.revision) {
+                let named = match m.epoch {
+                    Some(me) => format!("grant {} (epoch {me} revision {})", token_of(me, m.revision), m.revision),
+                    None => format!("the transparent hold of revision {}", m.revision),
+                };
                 v.push(Violation {
                     check: "release_frees_only_its_grant",
                     explanation: format!(
-                        "a release naming grant {} (epoch {} revision {}) of {} deleted the hold of grant {} (revision {}): a successor was freed",
-                        token_of(m.epoch, m.revision),
-                        m.epoch,
-                        m.revision,
-                        g.key,
-                        g.token,
-                        g.revision
+                        "a release naming {named} of {} deleted the hold of grant {} (revision {}): a successor was freed",
+                        g.key, g.token, g.revision
                     ),
                     segment: si,
                     revisions: (m.revision.min(g.revision), e.revision),
@@ -385,6 +433,33 @@ fn apply_txn(
                 });
             }
         }
+    }
+    // Every deleted hold, with or without a marker: a release's marker is judged
+    // above; any other delete must be an expiry, a close, a force release on the
+    // record or an epoch advance, or take back a grant nobody was answered with.
+    for (d, gi) in &deleted {
+        stats.deletes += 1;
+        let g = &grants[*gi];
+        let released = markers.iter().any(|(md, _, _)| md == d);
+        if released || ended_leases.contains(&g.lease) || forced.contains(d.as_str()) || advanced {
+            continue;
+        }
+        if !handed.contains(&(g.key.as_str(), g.token)) {
+            continue;
+        }
+        let rev = txn.first().map_or(0, |e| e.revision);
+        let at = txn.first().map_or(0, |e| e.observed_us);
+        v.push(Violation {
+            check: "deleted_hold_accounted",
+            explanation: format!(
+                "the hold of grant {} of {} (revision {}, handed to a client) was deleted at revision {rev} with no release marker naming it, \
+                 no end of its session (lease {:x}), no force record and no epoch advance in that transaction",
+                g.token, g.key, g.revision, g.lease
+            ),
+            segment: si,
+            revisions: (g.revision, rev),
+            time_us: (g.observed_us, at),
+        });
     }
     Ok(())
 }

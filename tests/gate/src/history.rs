@@ -201,13 +201,18 @@ pub struct HoldValue {
     pub epoch: u64,
 }
 
-/// A release marker (`<root>/r/<digest>`).
+/// A release marker (`<root>/r/<digest>`, `lockmesh_keyspace::ReleaseMarker`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct MarkerValue {
-    /// The released grant's epoch.
-    pub epoch: u64,
+    /// The released grant's epoch; absent in a transparent (filter VM) release's
+    /// marker, which names the hold by its revision alone.
+    #[serde(default)]
+    pub epoch: Option<u64>,
     /// The released grant's revision.
     pub revision: i64,
+    /// Whether the filter released it at the end of a transparent request.
+    #[serde(default)]
+    pub transparent: bool,
 }
 
 /// The epoch record (`<root>/sys/epoch`).

@@ -342,13 +342,23 @@ mod tests {
     /// Key `k/a` held on shard-a (epoch `ea`) from 100 to 200 ms, then, after a
     /// move, on shard-b (epoch `eb`) from `b_at` ms (its delete at 900 ms).
     fn moved(ea: u64, eb: u64, b_at: u64) -> History {
-        let a = vec![epoch(1, ea, 10), tick(2, 90, 95), grant(3, "k/a", ea, 100), tick(4, 150, 155), del(5, 200)];
+        // Each hold ends in its holder's release (the marker names it).
+        let released = |e: u64, at_ms| ev(5, true, "/g/r/d0", &format!(r#"{{"epoch":{e},"revision":3}}"#), at_ms);
+        let a = vec![
+            epoch(1, ea, 10),
+            tick(2, 90, 95),
+            grant(3, "k/a", ea, 100),
+            tick(4, 150, 155),
+            del(5, 200),
+            released(ea, 200),
+        ];
         let b = vec![
             epoch(1, eb, 10),
             tick(2, b_at - 10, b_at - 5),
             grant(3, "k/a", eb, b_at),
             tick(4, 880, 885),
             del(5, 900),
+            released(eb, 900),
         ];
         History {
             root: ROOT.into(),

@@ -151,7 +151,7 @@ fn a_fence_that_accepts_a_lower_token_is_caught() {
 fn tokens_must_increase_across_a_restore() {
     // Segment 0 hands out revision 10; the restore goes back to revision 5 and a
     // grant there in epoch 1 (revision 7) is handed out: lower than before.
-    let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0)]);
+    let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0), marker(11, 1, 10)]);
     h.segments.push(Segment { base_revision: 5, events: vec![grant(7, 0, "k/a", 1)] });
     h.ops = vec![op("acquire", t(1, 10), 9000, 10_500), op("acquire", t(1, 7), 6000, 7500)];
     assert_eq!(checks(&h), vec!["tokens_increase"]);
@@ -201,4 +201,86 @@ fn an_incomplete_history_fails() {
     let mut h = base(vec![]);
     h.gaps.push("watch compacted at 7".into());
     assert!(!check(&h, Duration::from_secs(1)).passed());
+}
+
+/// A put of `key` on lease `lease` (a session record, a hold on that session).
+fn on_lease(mut e: EtcdEvent, lease: i64) -> EtcdEvent {
+    e.lease = lease;
+    e
+}
+
+fn session(rev: i64, lease: i64) -> EtcdEvent {
+    on_lease(ev(rev, true, &format!("{ROOT}/s/{lease:016x}"), r#"{"owner":"x"}"#, rev, None), lease)
+}
+
+fn session_end(rev: i64, lease: i64) -> EtcdEvent {
+    ev(rev, false, &format!("{ROOT}/s/{lease:016x}"), "", 0, Some("{}"))
+}
+
+#[test]
+fn a_successor_deleted_without_a_marker_is_caught() {
+    // Grant 2 is released at 3; grant 4, handed to a client, is deleted at 5
+    // with nothing in that transaction saying why.
+    let events =
+        || vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), marker(3, 1, 2), grant(4, 0, "k/a", 1), del(5, 0)];
+    let mut h = base(events());
+    h.ops = vec![op("acquire", t(1, 2), 1000, 2500), op("acquire", t(1, 4), 3000, 4500)];
+    assert_eq!(checks(&h), vec!["deleted_hold_accounted"]);
+    let v = check(&h, Duration::from_secs(5));
+    assert!(v.explain().contains("no release marker naming it"), "{}", v.explain());
+    // A grant no client was answered with may be taken back by its arbiter.
+    h.ops.pop();
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+}
+
+#[test]
+fn an_expiry_a_close_a_force_release_and_an_epoch_advance_account_for_a_delete() {
+    let acquired = vec![op("acquire", t(1, 3), 1000, 3500)];
+    let held = || vec![epoch(1, 1), session(2, 0x51), on_lease(grant(3, 0, "k/a", 1), 0x51)];
+    // The session's lease ends (expiry or close): its record and hold go in one revision.
+    let mut h = base([held(), vec![session_end(4, 0x51), del(4, 0)]].concat());
+    h.ops = acquired.clone();
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // Another session ending in that revision does not account for it.
+    let mut h = base([held(), vec![session(4, 0x52), session_end(5, 0x52), del(5, 0)]].concat());
+    h.ops = acquired.clone();
+    assert_eq!(checks(&h), vec!["deleted_hold_accounted"]);
+    // A force release writes its record in the transaction that deletes the hold.
+    let force = ev(4, true, &format!("{ROOT}/f/{D}"), r#"{"request_id":"r1"}"#, 4, None);
+    let mut h = base([held(), vec![force, del(4, 0)]].concat());
+    h.ops = acquired.clone();
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // A force record of another key does not.
+    let other = ev(4, true, &format!("{ROOT}/f/d9"), r#"{"request_id":"r1"}"#, 4, None);
+    let mut h = base([held(), vec![other, del(4, 0)]].concat());
+    h.ops = acquired.clone();
+    assert_eq!(checks(&h), vec!["deleted_hold_accounted"]);
+    // The epoch advance deletes every hold with the record's put.
+    let mut h = base([held(), vec![epoch(4, 2), del(4, 0)]].concat());
+    h.ops = acquired.clone();
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // Sealing the record (same epoch) is no advance.
+    let sealed = ev(4, true, "/g/sys/epoch", r#"{"epoch":1,"cluster_id":"1","sealed":"advance"}"#, 1, None);
+    let mut h = base([held(), vec![sealed, del(4, 0)]].concat());
+    h.ops = acquired;
+    assert_eq!(checks(&h), vec!["deleted_hold_accounted"]);
+}
+
+#[test]
+fn a_transparent_release_marker_is_read() {
+    // The filter's release marker has no epoch: it names the hold by revision.
+    let vm = |rev, r: i64| {
+        let value = format!(r#"{{"released_ms":5,"revision":{r},"transparent":true}}"#);
+        ev(rev, true, &format!("{ROOT}/r/{D}"), &value, rev, None)
+    };
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), vm(3, 2)]);
+    h.ops = vec![op("acquire", t(1, 2), 1000, 2500)];
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    let Verdict::Pass(s) = check(&h, Duration::from_secs(5)) else { unreachable!() };
+    assert_eq!((s.releases, s.deletes), (1, 1));
+    // One naming another hold frees a successor: seen, not skipped.
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(3, 0), vm(3, 2), grant(4, 0, "k/a", 1)]);
+    h.segments[0].events.extend([del(5, 0), vm(5, 2)]);
+    h.ops = vec![op("acquire", t(1, 4), 3000, 4500)];
+    assert_eq!(checks(&h), vec!["release_frees_only_its_grant"]);
 }
