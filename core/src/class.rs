@@ -34,6 +34,14 @@ pub const PLATFORM_DEFAULT_TTL_S: u64 = 15;
 pub const PLATFORM_ADVISORY_MIN_TTL_S: u64 = 30;
 /// etcd's own lease floor with default timing: a registry may not go below it.
 pub const ETCD_MIN_TTL_S: u64 = 2;
+/// The highest `max_holders` a class (and a policy record) may carry. A key's
+/// holds sit in slots named with four digits (`<root>/l/<digest>/h/0000`, see
+/// `lockmesh_keyspace::keys`); a grant compares the range from slot `N` to the end
+/// of the key's holds empty, so slot `N`'s name must sort after every slot below
+/// it. Up to 9999 every name has four digits and byte order is number order;
+/// slot 10000 would sort between `1000` and `1001`. The CRD's `maxHolders`
+/// maximum is this value.
+pub const MAX_HOLDERS: u32 = 9_999;
 
 /// Why the platform TTL floor matters (ADR-11), for `lockctl class check` and the
 /// loader's refusal.
@@ -263,8 +271,8 @@ pub struct RawClass {
     /// `efficiency` (wasted work only). Unset says nothing; only a declared
     /// efficiency class may fail open.
     pub purpose: Option<String>,
-    /// Most holders of one key at once. Default 1 (a mutex). Fenced classes
-    /// need 1.
+    /// Most holders of one key at once. Default 1 (a mutex), at most
+    /// [`MAX_HOLDERS`]. Fenced classes need 1.
     #[serde(alias = "maxHolders")]
     pub max_holders: Option<u32>,
     /// Waiter order (ADR-14): `memory` (per-arbiter FIFO). Default `memory`.
@@ -513,6 +521,15 @@ impl ClassRegistry {
                     "must be at least 1: 0 would pause every key of the class, not one key; \
                      remove the class's grants to stop it"
                         .into(),
+                );
+            }
+            if max_holders > MAX_HOLDERS {
+                err(
+                    at("max_holders"),
+                    format!(
+                        "{max_holders} is above {MAX_HOLDERS}: holder slots are named with four digits, and a \
+                         limit past that names slots that sort inside the range of the limit's compare"
+                    ),
                 );
             }
             let enforcement = match c.enforcement.as_deref() {

@@ -76,3 +76,29 @@ pub fn check_pause_file(base: &Path, class: &str, file: Option<&str>, now_unix_s
         lockmesh_runtime::parse_yaml(&text).map_err(|e| format!("{file:?}: not a PauseTestResult: {e}"))?;
     check_pause_result(&doc, class, now_unix_s).map_err(|m| format!("{file:?}: {m}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(max_holders: u32) -> String {
+        format!(
+            "classes:\n  - {{ name: default, default: true, ttl_s: 30, enforcement: advisory, \
+             risk_owner: t, waiver_expiry: \"2099-12-31\" }}\n  - {{ name: pool, prefixes: [\"pool\"], ttl_s: 30, \
+             max_holders: {max_holders}, enforcement: advisory, risk_owner: t, waiver_expiry: \"2099-12-31\" }}\n"
+        )
+    }
+
+    /// Slot names have four digits (`lockmesh_keyspace::keys`): a limit above
+    /// 9999 names slot `10000`, which sorts inside the limit compare's range.
+    #[test]
+    fn max_holders_is_capped_where_slot_names_stop_sorting() {
+        let reg = parse(&pool(lockmesh_core::class::MAX_HOLDERS)).unwrap();
+        assert_eq!(reg.classes().iter().map(|c| c.max_holders).max(), Some(9_999));
+        let errs = parse(&pool(10_000)).unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.starts_with("classes[1].max_holders: 10000 is above 9999")),
+            "the loader accepted max_holders 10000: {errs:?}"
+        );
+    }
+}
