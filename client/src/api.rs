@@ -122,27 +122,12 @@ impl CallError {
 
 impl Api {
     /// Builds the HTTPS client: the configured CA only, the client certificate,
-    /// HTTP/2 or HTTP/1.1 by ALPN.
+    /// HTTP/2 or HTTP/1.1 by ALPN; the three files are re-read every `cert_reload`
+    /// (`crate::tls`), and each new connection uses the set current at its handshake.
     pub(crate) fn new(config: &Config, instance: String) -> Result<Self, Error> {
         config.validate()?;
-        let read = |field: &'static str, p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| Error::Config { field, why: format!("cannot read {}: {e}", p.display()) })
-        };
-        let ca = read("ca_pem", &config.ca_pem)?;
-        let mut pem = read("cert_pem", &config.cert_pem)?;
-        pem.push(b'\n');
-        pem.extend(read("key_pem", &config.key_pem)?);
-        let ca = reqwest::Certificate::from_pem(&ca)
-            .map_err(|e| Error::Config { field: "ca_pem", why: format!("not a PEM certificate: {e}") })?;
-        let identity = reqwest::Identity::from_pem(&pem)
-            .map_err(|e| Error::Config { field: "cert_pem", why: format!("not a PEM certificate and key: {e}") })?;
-        let mut b = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .identity(identity)
-            .connect_timeout(config.request_timeout)
-            .tcp_nodelay(true);
+        let b = reqwest::Client::builder().use_preconfigured_tls(crate::tls::client_config(config)?);
+        let mut b = b.connect_timeout(config.request_timeout).tcp_nodelay(true);
         if let Some(addr) = config.resolve {
             let host =
                 config.endpoint.trim_start_matches("https://").split([':', '/']).next().unwrap_or_default().to_owned();

@@ -20,6 +20,13 @@ pub struct Config {
     /// Connect to this address instead of resolving the endpoint's host (TLS still
     /// checks the host name). Default: resolve.
     pub resolve: Option<SocketAddr>,
+    /// How often `ca_pem`, `cert_pem` and `key_pem` are re-read for a rotation (by
+    /// content: an atomic directory swap, as the SPIFFE helper and Kubernetes
+    /// secret volumes make it, is seen). Connections opened after a change present
+    /// the new certificate and trust the new bundle; open ones keep theirs; a set
+    /// that does not load is logged and the previous one kept. `None`: read once,
+    /// by [`crate::Client::new`]. Default 10 s; at least 100 ms.
+    pub cert_reload: Option<Duration>,
     /// Safety margin subtracted from the TTL for the fence deadline
     /// (`send time of the last acknowledged keepalive + TTL - margin`). Must be
     /// below every session's TTL. Default 1 s (the API's advice).
@@ -53,6 +60,7 @@ impl Config {
             cert_pem: cert_pem.into(),
             key_pem: key_pem.into(),
             resolve: None,
+            cert_reload: Some(Duration::from_secs(10)),
             margin: Duration::from_secs(1),
             acquire_slack: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
@@ -76,7 +84,9 @@ impl Config {
         if self.margin.is_zero() {
             return Err(Error::Config { field: "margin", why: "must be above zero".into() });
         }
-        for (field, d) in [("acquire_slack", self.acquire_slack), ("request_timeout", self.request_timeout)] {
+        let reload = self.cert_reload.map(|d| ("cert_reload", d));
+        let bounded = [("acquire_slack", self.acquire_slack), ("request_timeout", self.request_timeout)];
+        for (field, d) in bounded.into_iter().chain(reload) {
             if d < Duration::from_millis(100) {
                 return Err(Error::Config { field, why: format!("{d:?} is below the minimum 100ms") });
             }
@@ -97,7 +107,10 @@ mod tests {
         assert_eq!(e.to_string(), "endpoint: must be an https:// URL (the tier is mTLS only)");
         let e = Config { margin: Duration::ZERO, ..ok.clone() }.validate().unwrap_err();
         assert_eq!(e.to_string(), "margin: must be above zero");
-        let e = Config { request_timeout: Duration::from_millis(5), ..ok }.validate().unwrap_err();
+        let e = Config { request_timeout: Duration::from_millis(5), ..ok.clone() }.validate().unwrap_err();
         assert_eq!(e.to_string(), "request_timeout: 5ms is below the minimum 100ms");
+        let e = Config { cert_reload: Some(Duration::from_millis(5)), ..ok.clone() }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "cert_reload: 5ms is below the minimum 100ms");
+        assert!(Config { cert_reload: None, ..ok }.validate().is_ok());
     }
 }

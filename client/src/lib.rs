@@ -38,6 +38,8 @@
 //! - [`clock`]: the pure two-stage loss clock.
 //! - [`ledger`]: the pure re-entrancy ledger.
 //! - `api`: one method per HTTP route, failures classified by effect.
+//! - `tls`: the workload's certificate, key and the tier's CA, re-read when the
+//!   files change ([`Config::cert_reload`]).
 //! - `session`: a session and its keepalive task.
 //! - `client`, `guard`, `acquire`: the public handles and the acquire task.
 //! - [`run`]: `lockctl run KEY -- CMD`.
@@ -53,6 +55,7 @@ mod guard;
 pub mod ledger;
 pub mod run;
 mod session;
+mod tls;
 
 pub use client::{instance_id, Client, FenceEvent, LockOptions, OnFence, Stats};
 pub use clock::LossReason;

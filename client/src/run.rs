@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Connect to this address instead of resolving the endpoint's host.
     #[cfg_attr(feature = "cli", arg(long))]
     pub resolve: Option<SocketAddr>,
+    /// How often the CA, certificate and key files are re-read for a rotation, in
+    /// ms (the SDK's `cert_reload`; 0: read once at start). A command that outlives
+    /// its SVID keeps its lock: keepalives on new connections present the rotated one.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10_000))]
+    pub cert_reload_ms: u64,
     /// How long to wait for the lock, in ms (0: try once).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub wait_ms: u64,
@@ -120,6 +125,7 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
     let (program, rest) = args.command.split_first().ok_or(RunError::NoCommand)?;
     let mut config = Config::new(&args.endpoint, &args.ca, &args.cert, &args.cert_key);
     config.resolve = args.resolve;
+    config.cert_reload = Some(Duration::from_millis(args.cert_reload_ms)).filter(|d| !d.is_zero());
     config.margin = Duration::from_millis(args.margin_ms);
     let (lost_tx, mut lost_rx) = watch::channel(None::<LossReason>);
     let client = Client::new(config, move |fence| {
