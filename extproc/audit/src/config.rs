@@ -4,6 +4,7 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use serde::Deserialize;
@@ -12,6 +13,8 @@ use serde::Deserialize;
 pub const DEFAULT_CHECKPOINT_MS: u64 = 2000;
 /// Default `compaction_window_s` (etcd `--auto-compaction-retention=1h`).
 pub const DEFAULT_COMPACTION_WINDOW_S: u64 = 3600;
+/// Default `query.tls.reload_ms`.
+pub const DEFAULT_TLS_RELOAD_MS: u64 = 5000;
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -89,8 +92,14 @@ pub struct RawQueryTls {
     pub cert: String,
     /// Its private key.
     pub key: String,
-    /// CA bundle client certificates must chain to.
+    /// CA bundle client certificates must chain to (every certificate in it is
+    /// trusted: during a CA roll, the old and the new CA).
     pub client_ca: String,
+    /// How often the three files are re-read for a rotation, ms (by content, so
+    /// the atomic directory swap of the SPIFFE helper or a Kubernetes secret
+    /// volume is seen; a set that does not load is logged and the old one kept).
+    /// Default 5000; 0: read once at start, a rotation then needs a restart.
+    pub reload_ms: Option<u64>,
 }
 
 /// The token checks of the arbiter's `operators` section, field for field (the
@@ -123,6 +132,8 @@ pub struct QueryApi {
     pub key: PathBuf,
     /// Client CA bundle file.
     pub client_ca: PathBuf,
+    /// How often the TLS files are re-read; zero: never (`tls.reload_ms: 0`).
+    pub reload: Duration,
     /// SPIFFE IDs that may query.
     pub allowed_clients: Vec<String>,
     /// Token checks, if configured.
@@ -254,7 +265,19 @@ fn query_api(
             max_token_age_s: Some(max_token_age_s).filter(|s| *s > 0),
         }
     });
-    Some(QueryApi { listen: listen?, cert, key, client_ca, allowed_clients: raw.allowed_clients.clone(), operators })
+    let reload_ms = raw.tls.reload_ms.unwrap_or(DEFAULT_TLS_RELOAD_MS);
+    if reload_ms != 0 && !(100..=3_600_000).contains(&reload_ms) {
+        errs.push(format!("{name}: query.tls.reload_ms: {reload_ms} is outside 100 to 3600000 (0: never)"));
+    }
+    Some(QueryApi {
+        listen: listen?,
+        cert,
+        key,
+        client_ca,
+        reload: Duration::from_millis(reload_ms),
+        allowed_clients: raw.allowed_clients.clone(),
+        operators,
+    })
 }
 
 /// The ClickHouse sink.

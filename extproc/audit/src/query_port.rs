@@ -10,6 +10,11 @@
 //! status, stable code, `{"code", "message"}` body), as the arbiter answers them.
 //! The token is never logged; a query is logged by its kind and the caller's
 //! SPIFFE ID and `sub`, never by what it names.
+//!
+//! The port's certificate, key and client CA bundle are re-read every
+//! `query.tls.reload_ms` (`lockmesh_runtime::certs::ReloadingCerts`): a rotation by
+//! atomic directory swap reaches every new handshake, connections already open keep
+//! theirs, and a set that does not load is logged and the old one kept.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -24,7 +29,7 @@ use axum::{
 use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
 use lockmesh_core::wire::audit::AuditErrorBody;
 use lockmesh_ops::admin::AdminError;
-use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use lockmesh_runtime::certs::{CertError, CertFiles, ClientAuth, ReloadingCerts};
 use tokio::net::TcpListener;
 
 use super::{
@@ -156,38 +161,25 @@ fn router(port: Arc<Port>, peer: Option<String>) -> Router {
         .with_state(port)
 }
 
-/// The rustls configuration of the query port: the server pair, client
-/// certificates verified against the CA when presented (a client without one
-/// reaches HTTP and is refused there with `admin.client_denied`), HTTP/1.1.
-fn server_config(q: &QueryApi) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use anyhow::Context as _;
-    let certs = CertificateDer::pem_file_iter(&q.cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("query.tls.cert {}", q.cert.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "query.tls.cert {}: no CERTIFICATE block", q.cert.display());
-    let key = PrivateKeyDer::from_pem_file(&q.key).with_context(|| format!("query.tls.key {}", q.key.display()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_file_iter(&q.client_ca)
-        .with_context(|| format!("query.tls.client_ca {}", q.client_ca.display()))?
-    {
-        roots.add(ca.with_context(|| format!("query.tls.client_ca {}", q.client_ca.display()))?)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()?;
-    let mut c = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)?;
-    c.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(c))
+/// The query port's certificate set: the server pair and the client CA bundle,
+/// re-read every `query.tls.reload_ms` (`lockmesh_runtime::certs`).
+fn certs(q: &QueryApi, every: Duration) -> Result<Arc<ReloadingCerts>, CertError> {
+    let files = CertFiles { cert: q.cert.clone(), key: q.key.clone(), ca: q.client_ca.clone() };
+    ReloadingCerts::watch(files, every)
 }
 
-/// Checks that the TLS files of `q` make a server configuration (for
-/// `--check-config` and before the tailer starts).
+/// The rustls configuration of the query port over `certs`: the current server
+/// pair at each handshake, client certificates verified against the current
+/// bundle when presented (a client without one reaches HTTP and is refused there
+/// with `admin.client_denied`), HTTP/1.1.
+fn server_config(certs: &Arc<ReloadingCerts>) -> Arc<rustls::ServerConfig> {
+    certs.server_config(ClientAuth::Optional, &[b"http/1.1"])
+}
+
+/// Checks that the TLS files of `q` load as a certificate set (for
+/// `--check-config` and before the tailer starts); reads them once, polls nothing.
 pub fn check(q: &QueryApi) -> anyhow::Result<()> {
-    server_config(q).map(|_| ())
+    certs(q, Duration::ZERO).map(drop).map_err(|e| anyhow::anyhow!("query.tls: {e}"))
 }
 
 /// Serves the query API on `listener` until `shutdown` completes, then drains
@@ -198,7 +190,8 @@ pub async fn serve(
     store: Arc<Store>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(q)?);
+    let certs = certs(q, q.reload).map_err(|e| anyhow::anyhow!("query.tls: {e}"))?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&certs));
     let port = Arc::new(Port { access: Access::of(q), store });
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
