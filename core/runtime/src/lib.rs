@@ -6,6 +6,8 @@
 //! - [`certs`]: [`ReloadingCerts`], an identity and CA bundle that reload when
 //!   their files change, and the rustls configurations that read them per handshake.
 //! - [`chain`]: [`error_chain`], an error and its causes on one line.
+//! - [`serve`]: [`serve_tls`], the HTTP/1.1-over-TLS accept loop, and
+//!   [`tls_incoming`], handshaken TLS streams for tonic.
 //! - [`signal`]: [`shutdown`], the one future a service's `run(listener, config,
 //!   shutdown)` is given: the first SIGINT or SIGTERM.
 //! - [`peer`]: [`spiffe_id_of`], the SPIFFE ID of an mTLS peer's certificate.
@@ -19,6 +21,7 @@ pub mod certs;
 pub mod chain;
 pub mod peer;
 pub mod report;
+pub mod serve;
 pub mod signal;
 pub mod yaml;
 
@@ -27,6 +30,7 @@ pub use self::{
     chain::error_chain,
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
+    serve::{serve_tls, tls_incoming, ServeTls, TlsPeer},
     signal::shutdown,
     yaml::{parse_yaml, YamlError},
 };
