@@ -35,8 +35,19 @@ pub struct RawConfig {
     pub tls: RawTls,
     /// etcd connection and key root.
     pub etcd: RawEtcd,
-    /// Path of the class registry YAML.
-    pub registry_file: String,
+    /// Path of the class registry YAML (docs/CLASSES.md). Exactly one of
+    /// `registry_file` and `registry_dir`.
+    pub registry_file: Option<String>,
+    /// A directory of `LockClass` and `LockGrant` manifests (ADR-24), as a GitOps
+    /// sync or a projected ConfigMap volume lays them down: its `*.yaml`/`*.yml`
+    /// files, dotfiles skipped, validated by the CRD's structure and the
+    /// registry loader (`lockmesh_lock::registry::crd::manifests`) and re-read
+    /// every second. Exactly one of `registry_file` and `registry_dir`.
+    pub registry_dir: Option<String>,
+    /// With `registry_dir` only: the registry's `platform:` section (manifests
+    /// carry none). Default: the ADR-11 floors; lowering one needs
+    /// `lowered_floors_reason`, as in a registry file.
+    pub registry_platform: Option<lockmesh_core::class::RawPlatform>,
     /// Longest wait an acquire may ask for, ms. Default 30000. Keep it below the
     /// Envoy listener's `request_timeout` and ext_proc `max_message_timeout`.
     pub max_wait_ms: Option<u64>,
@@ -291,6 +302,12 @@ pub struct RawTls {
     pub key: String,
     /// PEM CA bundle that client certificates must chain to.
     pub client_ca: String,
+    /// How often the three files are re-read, ms (a directory swap by the SPIFFE
+    /// helper or a Kubernetes secret volume; `lockmesh_runtime::certs`). New
+    /// handshakes use the new set; established connections keep theirs. 0: read
+    /// once at start. Default 5000.
+    #[serde(default)]
+    pub reload_ms: Option<u64>,
     /// Vouching clients: exact SPIFFE IDs (URI SAN) of the Envoys outside every
     /// workload pod (the lock tier, a gateway). The caller identity they claim in
     /// ext_proc attributes is believed. Default none; with `self_clients` at least
@@ -523,6 +540,11 @@ pub struct Config {
     pub tls_key: Vec<u8>,
     /// Client CA PEM.
     pub client_ca: Vec<u8>,
+    /// The listener's certificate, key and client CA files, re-read every
+    /// `tls_reload` (zero: never).
+    pub tls_files: lockmesh_runtime::CertFiles,
+    /// `tls.reload_ms`.
+    pub tls_reload: std::time::Duration,
     /// Vouching clients' SPIFFE IDs (`tls.allowed_clients`).
     pub allowed_clients: Vec<String>,
     /// Self clients (`tls.self_clients`).
@@ -537,8 +559,11 @@ pub struct Config {
     pub etcd_auth: EtcdClientAuth,
     /// More clusters, the entity tier and regional homing (`crate::topology`).
     pub topology: crate::topology::Topology,
-    /// Registry file path.
+    /// The registry's path: the file, or the manifest directory (`registry_dir`);
+    /// [`Config::registry_source`] says which.
     pub registry_file: PathBuf,
+    /// Where the registry is read from at startup and by the hot reload.
+    pub registry_source: crate::registry::RegistrySource,
     /// The registry as loaded at startup.
     pub registry: ClassRegistry,
     /// Longest wait.
@@ -563,12 +588,56 @@ pub struct Config {
     pub fail_open: FailOpenConfig,
 }
 
+/// `tls.reload_ms` unless set: as often as the audit tailer's query port re-reads its set.
+pub const DEFAULT_TLS_RELOAD_MS: u64 = 5000;
+
 pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
     let p = Path::new(p);
     if p.is_absolute() {
         p.to_owned()
     } else {
         base.join(p)
+    }
+}
+
+/// The registry's source: exactly one of `registry_file` and `registry_dir`
+/// (a directory), `registry_platform` with `registry_dir` only. `None` after an
+/// error.
+fn registry_source(
+    raw: &RawConfig,
+    base: &Path,
+    name: &str,
+    errs: &mut Vec<String>,
+) -> Option<crate::registry::RegistrySource> {
+    use crate::registry::RegistrySource;
+    match (&raw.registry_file, &raw.registry_dir) {
+        (Some(_), Some(_)) => {
+            errs.push(format!(
+                "{name}: registry_dir: give registry_file (one registry YAML) or registry_dir (a directory of \
+                 LockClass/LockGrant manifests), not both"
+            ));
+            None
+        }
+        (None, None) => {
+            errs.push(format!("{name}: registry_file: required (or registry_dir)"));
+            None
+        }
+        (Some(f), None) => {
+            if raw.registry_platform.is_some() {
+                errs.push(format!(
+                    "{name}: registry_platform: only with registry_dir (a registry file carries its own platform:)"
+                ));
+            }
+            Some(RegistrySource::File(resolve(base, f)))
+        }
+        (None, Some(d)) => {
+            let dir = resolve(base, d);
+            if !dir.is_dir() {
+                errs.push(format!("{name}: registry_dir: {} is not a directory", dir.display()));
+                return None;
+            }
+            Some(RegistrySource::Dir { dir, platform: raw.registry_platform.clone().unwrap_or_default() })
+        }
     }
 }
 
@@ -684,11 +753,15 @@ impl Config {
         let operators = raw.operators.as_ref().map(|o| operators(o, &raw.tls.allowed_clients, base, name, &mut errs2));
         let telemetry = crate::telemetry::validate(raw.telemetry.as_ref(), "lockmesh-arbiter", name, &mut errs2);
         let console = console(raw.console.as_ref(), base, name, &mut errs2);
-        let registry_file = resolve(base, &raw.registry_file);
-        let registry = load_registry(&registry_file).map_err(|e| {
-            errs2.push(format!("{name}: registry_file:"));
-            errs2.extend(e.into_iter().map(|m| format!("  {m}")));
-        });
+        let registry_source = registry_source(&raw, base, name, &mut errs2);
+        let registry_file = registry_source.as_ref().map(|s| s.path().to_owned()).unwrap_or_default();
+        let registry = match &registry_source {
+            Some(source) => source.load().map_err(|e| {
+                errs2.push(format!("{name}: {}:", source.field()));
+                errs2.extend(e.into_iter().map(|m| format!("  {m}")));
+            }),
+            None => Err(()),
+        };
         let marks_file = raw.marks_file.map(|p| resolve(base, &p));
         let fail_open = fail_open(raw.fail_open.as_ref(), marks_file.as_deref(), base, name, &mut errs2);
         if let (Ok(reg), false) = (&registry, self_clients.is_empty()) {
@@ -710,13 +783,19 @@ impl Config {
             }
         }
         errs.extend(errs2);
-        match (listen, admin_listen, registry) {
-            (Ok(listen), Ok(admin_listen), Ok(registry)) if errs.is_empty() => Ok(Config {
+        match (listen, admin_listen, registry, registry_source) {
+            (Ok(listen), Ok(admin_listen), Ok(registry), Some(registry_source)) if errs.is_empty() => Ok(Config {
                 listen,
                 admin_listen,
                 tls_cert,
                 tls_key,
                 client_ca,
+                tls_files: lockmesh_runtime::CertFiles {
+                    cert: resolve(base, &raw.tls.cert),
+                    key: resolve(base, &raw.tls.key),
+                    ca: resolve(base, &raw.tls.client_ca),
+                },
+                tls_reload: std::time::Duration::from_millis(raw.tls.reload_ms.unwrap_or(DEFAULT_TLS_RELOAD_MS)),
                 allowed_clients: raw.tls.allowed_clients,
                 self_clients,
                 etcd_endpoints: clusters.endpoints,
@@ -725,6 +804,7 @@ impl Config {
                 etcd_auth: clusters.auth,
                 topology: clusters.topology,
                 registry_file,
+                registry_source,
                 registry,
                 max_wait_ms,
                 handoff: raw.handoff.unwrap_or(true),
@@ -785,6 +865,7 @@ mod tests {
             cert: String::new(),
             key: String::new(),
             client_ca: String::new(),
+            reload_ms: None,
             allowed_clients: allowed.iter().map(|s| (*s).to_owned()).collect(),
             self_clients: own.iter().map(|s| (*s).to_owned()).collect(),
         }

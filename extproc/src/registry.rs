@@ -2,12 +2,19 @@
 //! `lockctl class check`), hot reload, the arbiter's defence-in-depth re-check of
 //! LockGrant authorisation, and the class part of `/status` and `/metrics`.
 //!
-//! Hot reload (ADR-24): a task reads the file every second and compares its bytes
-//! with the last ones seen. A valid new file replaces the registry at once; its
+//! The registry comes from one [`RegistrySource`]: a registry file
+//! (`registry_file`) or a directory of LockClass/LockGrant manifests
+//! (`registry_dir`, `lockmesh_lock::registry::crd::manifests`).
+//!
+//! Hot reload (ADR-24): a task reads the source every second and compares a hash
+//! of its content (the file's bytes; the directory's file names and bytes) with
+//! the last one seen. A valid new registry replaces the old at once; its
 //! classes' missing policy records are created. An invalid one is refused with
 //! every error logged, the last good set keeps serving, and `/status` and the
 //! `lockmesh_arbiter_registry_reload_errors` gauge show the refusal until a good
-//! file arrives. Limits (`max_holders`) and the prefix map are desired state: a
+//! one arrives. A directory is read once per check and that one reading is both
+//! hashed and loaded, so a kubelet's `..data` swap between the two cannot pair
+//! one content's hash with another content's registry. Limits (`max_holders`) and the prefix map are desired state: a
 //! reload does not change the authoritative records (`lockctl limit` does), and
 //! `/status` shows where desired and authoritative differ.
 
@@ -18,7 +25,7 @@ use std::{
 };
 
 use lockmesh_core::{
-    class::Enforcement,
+    class::{ClassRegistry, Enforcement, RawPlatform},
     grant::Operation,
     wire::status::{ClassStatus, ClassesReport, ClassesStatus, RegistryStatus, Waiver},
 };
@@ -36,6 +43,7 @@ use crate::{
     state::State,
 };
 
+use lockmesh_lock::registry::crd::manifests::{self, Snapshot};
 pub use lockmesh_lock::registry::{check_pause_file, crd, load, parse, parse_at, today};
 
 /// How often the registry file is read for changes.
@@ -56,11 +64,91 @@ struct ReloadInner {
     refused: u64,
 }
 
+/// Where the class registry is read from (the arbiter's `registry_file` or
+/// `registry_dir`).
+#[derive(Clone, Debug)]
+pub enum RegistrySource {
+    /// One registry YAML (`registry_file`).
+    File(PathBuf),
+    /// A directory of LockClass/LockGrant manifests (`registry_dir`) and the TTL
+    /// limits they are checked under (`registry_platform`).
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// The `platform:` section the manifests lack.
+        platform: RawPlatform,
+    },
+}
+
+/// One reading of a source: the content's hash and what it loads to.
+struct Reading {
+    hash: u64,
+    snapshot: Option<Snapshot>,
+}
+
 fn hash(bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
     h.finish()
+}
+
+// === impl RegistrySource ===
+
+impl RegistrySource {
+    /// The file or the directory.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::File(p) | Self::Dir { dir: p, .. } => p,
+        }
+    }
+
+    /// The config field naming it, for errors.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::File(_) => "registry_file",
+            Self::Dir { .. } => "registry_dir",
+        }
+    }
+
+    /// The directory a fenced class's relative `pause_test_result` resolves
+    /// against: the registry file's directory, or the manifest directory.
+    pub fn pause_base(&self) -> PathBuf {
+        match self {
+            Self::File(p) => p.parent().map(Path::to_owned).unwrap_or_default(),
+            Self::Dir { dir, .. } => dir.clone(),
+        }
+    }
+
+    /// Loads and validates the registry (startup, `--check-config`); errors name
+    /// the file (and, for manifests, the document) and the field, every one.
+    pub fn load(&self) -> Result<ClassRegistry, Vec<String>> {
+        match self {
+            Self::File(p) => load(p),
+            Self::Dir { dir, platform } => manifests::load_dir(dir, platform),
+        }
+    }
+
+    /// Reads the content once; `None` when there is nothing to read now (a file
+    /// missing mid-rename, an unreadable directory): not a new registry.
+    fn read(&self) -> Option<Reading> {
+        match self {
+            Self::File(p) => std::fs::read(p).ok().map(|b| Reading { hash: hash(&b), snapshot: None }),
+            Self::Dir { dir, .. } => Snapshot::read(dir).ok().map(|s| Reading { hash: s.hash(), snapshot: Some(s) }),
+        }
+    }
+
+    /// Loads what `r` read (a file is read again by the loader, as before).
+    fn load_reading(&self, r: Reading) -> Result<ClassRegistry, Vec<String>> {
+        match (self, r.snapshot) {
+            (Self::Dir { dir, platform }, Some(s)) => {
+                let reg = s.parse(platform)?;
+                manifests::warn_lowered(dir, &reg);
+                Ok(reg)
+            }
+            _ => self.load(),
+        }
+    }
 }
 
 // === impl ReloadStatus ===
@@ -76,31 +164,37 @@ impl ReloadStatus {
     }
 }
 
-/// Reads `path` every [`RELOAD_PERIOD`] and swaps in a changed, valid registry.
+/// Reads the registry every [`RELOAD_PERIOD`] and swaps in a changed, valid
+/// one. `path` is the config's `registry_file` field value: when it is the
+/// config's manifest directory, the directory is read (with its
+/// `registry_platform`), else the file at `path`.
 pub async fn watch(state: Arc<State>, path: PathBuf) {
-    if let Ok(bytes) = std::fs::read(&path) {
+    let source = match &state.config.registry_source {
+        s @ RegistrySource::Dir { dir, .. } if *dir == path => s.clone(),
+        _ => RegistrySource::File(path),
+    };
+    if let Some(r) = source.read() {
         state.registry_status.update(|s| {
-            s.seen = Some(hash(&bytes));
+            s.seen = Some(r.hash);
             s.loaded_ms = now_ms();
         });
     }
     loop {
         tokio::time::sleep(RELOAD_PERIOD).await;
-        reload_once(&state, &path).await;
+        reload_once(&state, &source).await;
     }
 }
 
 /// One reload check (also called by tests).
-pub(crate) async fn reload_once(state: &State, path: &Path) {
-    let Ok(bytes) = std::fs::read(path) else {
-        // A missing file (mid-rename) is not a new registry: keep serving.
+pub(crate) async fn reload_once(state: &State, source: &RegistrySource) {
+    let Some(reading) = source.read() else {
         return;
     };
-    let h = hash(&bytes);
+    let h = reading.hash;
     if state.registry_status.get().seen == Some(h) {
         return;
     }
-    match load(path) {
+    match source.load_reading(reading) {
         Ok(reg) => {
             for w in reg.warnings(today()) {
                 tracing::warn!(warning = %w, "class registry");
@@ -117,7 +211,7 @@ pub(crate) async fn reload_once(state: &State, path: &Path) {
                 s.reloads += 1;
             });
             state.metrics.classes.reloads.inc();
-            tracing::info!(file = %path.display(), "class registry reloaded");
+            tracing::info!(source = %source.path().display(), "class registry reloaded");
         }
         Err(errs) => {
             for e in &errs {

@@ -1,9 +1,16 @@
 //! `lockctl class` and `lockctl limit` (docs/CLASSES.md).
 //!
 //! - `class check FILE`: validates a registry file offline with the arbiter's own
-//!   loader; prints every error with its field path (exit 64) or `OK`, the TTL
-//!   limits in force and why each matters, and any warnings (expired waivers,
-//!   floors lowered below the ADR-11 defaults).
+//!   loader; prints every error with its field path (exit 64; a TTL refused at a
+//!   floor says why the floor matters) or `OK`, the TTL limits in force and why
+//!   each matters, a note for each class whose TTL sits at a floor (or below an
+//!   ADR-11 default floor the registry lowered) saying why that floor matters,
+//!   and any warnings (expired waivers, floors lowered below the ADR-11 defaults).
+//!
+//! Every FILE argument may also be a directory of LockClass/LockGrant manifests
+//! (the arbiter's `registry_dir`, `lockmesh_lock::registry::crd::manifests`),
+//! checked under the ADR-11 default TTL limits (manifests carry no `platform:`;
+//! the arbiter's `registry_platform` can lower them).
 //! - `class crds [FILE] [--out DIR]`: the LockClass and LockGrant CRDs for the
 //!   TTL limits of FILE's `platform:` section (the defaults without FILE, which
 //!   is what deploy/crds ships), to stdout or as DIR/lockclass.yaml and
@@ -33,6 +40,7 @@ use lockmesh_core::class::{
     cost::{self, CostInput, DEFAULT_ELECTION_TIMEOUT_MS},
     Platform, PLATFORM_DEFAULT_TTL_S, WHY_ADVISORY_MIN_TTL, WHY_MAX_TTL, WHY_MIN_TTL,
 };
+use lockmesh_core::ClassRegistry;
 use lockmesh_lock::registry::crd;
 
 use lockmesh_ops::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
@@ -44,7 +52,7 @@ use crate::admin::EtcdArgs;
 pub enum ClassCmd {
     /// Validate a registry file offline (the arbiter's loader).
     Check {
-        /// The registry YAML.
+        /// The registry YAML, or a directory of LockClass/LockGrant manifests.
         file: PathBuf,
     },
     /// Print the LockClass/LockGrant CRDs for a registry's TTL limits.
@@ -170,12 +178,15 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
             (file, Some((input, class.clone())))
         }
     };
-    let reg = match lockmesh_lock::registry::load(file) {
+    let reg = match load(file) {
         Ok(r) => r,
         Err(errs) => {
             eprintln!("invalid registry ({} errors):", errs.len());
             for e in errs {
                 eprintln!("  {e}");
+                if let Some(why) = floor_why(&e) {
+                    eprintln!("    why the floor matters: {why}");
+                }
             }
             return ExitCode::from(64);
         }
@@ -184,6 +195,7 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
         None => {
             println!("{}: OK ({} classes)", file.display(), reg.classes().len());
             print!("{}", floors_text(&reg, file));
+            print!("{}", at_floor_text(&reg));
             for w in reg.warnings(lockmesh_lock::registry::today()) {
                 println!("  warning: {}: {w}", file.display());
             }
@@ -195,6 +207,59 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A registry file, or (a directory) the registry of the LockClass/LockGrant
+/// manifests in it under the default TTL limits: the arbiter's own loaders.
+fn load(path: &Path) -> Result<ClassRegistry, Vec<String>> {
+    if path.is_dir() {
+        crd::load_dir(path, &lockmesh_core::class::RawPlatform::default())
+    } else {
+        lockmesh_lock::registry::load(path)
+    }
+}
+
+/// Why the floor matters, for a loader error refusing a TTL at a floor (the
+/// registry's `ttl_s` or a manifest's `spec.ttlSeconds`); `None` for other errors.
+fn floor_why(e: &str) -> Option<&'static str> {
+    let message = [".ttl_s: ", "spec.ttlSeconds: "].iter().find_map(|f| e.split_once(f).map(|(_, m)| m))?;
+    if message.contains("below the advisory floor") {
+        return Some(WHY_ADVISORY_MIN_TTL);
+    }
+    if !message.contains("outside the platform range") {
+        return None;
+    }
+    // `{ttl}s is outside the platform range {min}s to {max}s`.
+    let secs = |m: &str| m.trim().trim_end_matches('s').parse::<u64>().ok();
+    let ttl = secs(message.split(' ').next()?)?;
+    let max = secs(message.rsplit("to ").next()?)?;
+    Some(if ttl > max { WHY_MAX_TTL } else { WHY_MIN_TTL })
+}
+
+/// One note per class whose TTL sits at a floor in force, or below an ADR-11
+/// default floor that the registry lowered, saying why that floor matters: the
+/// reviewer of such a class sees what the margin protects.
+fn at_floor_text(reg: &ClassRegistry) -> String {
+    let p = reg.platform();
+    let d = Platform::DEFAULT;
+    let mut s = String::new();
+    for c in reg.classes() {
+        let advisory = matches!(c.enforcement, lockmesh_core::class::Enforcement::Advisory { .. });
+        let (floor, field, default, why) = if advisory {
+            (p.advisory_min_ttl_s, "advisory_min_ttl_s", d.advisory_min_ttl_s, WHY_ADVISORY_MIN_TTL)
+        } else {
+            (p.min_ttl_s, "min_ttl_s", d.min_ttl_s, WHY_MIN_TTL)
+        };
+        let place = if c.ttl_s < default {
+            format!("below the ADR-11 default {field} {default}s (lowered here to {floor}s)")
+        } else if c.ttl_s == floor {
+            format!("at the floor {field} {floor}s")
+        } else {
+            continue;
+        };
+        s += &format!("  note: class {}: ttl_s {}s is {place}: {why}\n", c.name, c.ttl_s);
+    }
+    s
 }
 
 /// The TTL limits of a valid registry and why each matters; one warning per
@@ -234,7 +299,7 @@ fn floors_text(reg: &lockmesh_core::ClassRegistry, file: &Path) -> String {
 
 /// `class crds`: the CRDs for FILE's TTL limits (or the defaults).
 fn crds(file: Option<&Path>, out: Option<&Path>) -> ExitCode {
-    let platform = match file.map(lockmesh_lock::registry::load) {
+    let platform = match file.map(load) {
         None => Platform::DEFAULT,
         Some(Ok(reg)) => reg.platform(),
         Some(Err(errs)) => {
@@ -276,7 +341,7 @@ async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
     let ClassCmd::Apply { etcd, actor, reason, verify_timeout_ms, cancel, .. } = cmd else {
         return ExitCode::from(64);
     };
-    let reg = match lockmesh_lock::registry::load(file) {
+    let reg = match load(file) {
         Ok(r) => r,
         Err(errs) => {
             for e in errs {

@@ -19,6 +19,10 @@
 use lockmesh_core::class::{Platform, PLATFORM_DEFAULT_TTL_S};
 use serde_json::{json, Value};
 
+pub mod manifests;
+
+pub use manifests::load_dir;
+
 /// The API group.
 pub(crate) const GROUP: &str = "lockmesh.dev";
 /// The served and stored version.
