@@ -48,9 +48,12 @@ pub(crate) use lockmesh_lock::{self as lock, failopen, test_faults, tiers, topol
 pub(crate) use lockmesh_telemetry as telemetry;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use tonic::transport::{server::TcpIncoming, Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 pub use self::config::Config;
+
+/// Longest a client's TLS handshake on the gRPC port may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs the arbiter on bound listeners until `shutdown` resolves.
 pub async fn run(
@@ -98,9 +101,12 @@ pub async fn run(
             }
         }
     });
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&config.tls_cert, &config.tls_key))
-        .client_ca_root(Certificate::from_pem(&config.client_ca));
+    // mTLS with a client certificate required, re-read every `tls.reload_ms`: each
+    // new handshake presents the current certificate and verifies the client with
+    // the current bundle; established streams keep theirs (`lockmesh_runtime::certs`).
+    let certs = lockmesh_runtime::ReloadingCerts::watch(config.tls_files.clone(), config.tls_reload)
+        .map_err(|e| anyhow::anyhow!("tls: {e}"))?;
+    let tls = certs.server_config(lockmesh_runtime::ClientAuth::Required, &[b"h2"]);
     let state = Arc::new(state::State::new(config, store).with_tiers(tiers));
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.
@@ -135,12 +141,11 @@ pub async fn run(
         .merge(admin_actions::router(state.clone()));
     tracing::info!(listen = %state.config.listen, admin = %state.config.admin_listen, "arbiter serving");
     Server::builder()
-        .tls_config(tls)?
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .add_routes(tonic::service::Routes::from(routes))
         // TCP_NODELAY: an answer is several small writes on one stream; with Nagle
         // the last one waits for Envoy's delayed ACK (~40 ms per request).
-        .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), shutdown)
+        .serve_with_incoming_shutdown(lockmesh_runtime::tls_incoming(grpc, tls, HANDSHAKE_TIMEOUT, "grpc"), shutdown)
         .await?;
     let _ = stop_tx.send(true);
     checker.abort();

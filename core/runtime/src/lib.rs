@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`certs`]: [`ReloadingCerts`], an identity and CA bundle that reload when
 //!   their files change, and the rustls configurations that read them per handshake.
+//! - [`channel`]: [`reloading_channel`], a tonic client channel over TLS from a
+//!   [`ReloadingCerts`] that fails over between endpoints (etcd's transport).
 //! - [`chain`]: [`error_chain`], an error and its causes on one line.
 //! - [`serve`]: [`serve_tls`], the HTTP/1.1-over-TLS accept loop, and
 //!   [`tls_incoming`], handshaken TLS streams for tonic.
@@ -19,6 +21,7 @@
 
 pub mod certs;
 pub mod chain;
+pub mod channel;
 pub mod peer;
 pub mod report;
 pub mod serve;
@@ -28,6 +31,7 @@ pub mod yaml;
 pub use self::{
     certs::{CertError, CertFiles, ClientAuth, ReloadingCerts},
     chain::error_chain,
+    channel::{reloading_channel, ChannelOptions},
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
     serve::{serve_tls, tls_incoming, ServeTls, TlsPeer},

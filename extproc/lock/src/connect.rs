@@ -61,7 +61,15 @@ pub struct EtcdClientAuth {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// User and password.
     pub user: Option<(String, String)>,
+    /// The CA, certificate and key by path, when a client certificate is set: the
+    /// connection then re-reads them ([`EtcdClientAuth::reloading_certs`],
+    /// [`EtcdClientAuth::connect`]) rather than fixing `ca` and `identity` at
+    /// connect, as etcd-client's own TLS options do.
+    pub files: Option<lockmesh_runtime::CertFiles>,
 }
+
+/// How often a client certificate for etcd is re-read ([`EtcdClientAuth::reloading_certs`]).
+pub const ETCD_CERT_RELOAD: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for EtcdClientAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,20 +77,15 @@ impl std::fmt::Debug for EtcdClientAuth {
             .field("tls", &self.ca.is_some())
             .field("client_cert", &self.identity.is_some())
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("files", &self.files)
             .finish()
     }
 }
 
 impl EtcdClientAuth {
     /// Applies TLS and the user to etcd connect options.
-    pub fn apply(&self, mut opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
-        if let Some((u, p)) = &self.user {
-            // etcd's simple auth tokens live in the server's memory: a restarted or
-            // restored member answers every old token `invalid auth token`. With the
-            // refresh on, the client logs in again and retries the call once, so an
-            // etcd restart under auth costs one round trip, not a stuck arbiter.
-            opts = opts.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
-        }
+    pub fn apply(&self, opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
+        let mut opts = self.apply_user(opts);
         if let Some(ca) = &self.ca {
             let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
             if let Some((c, k)) = &self.identity {
@@ -91,6 +94,51 @@ impl EtcdClientAuth {
             opts = opts.with_tls(tls);
         }
         opts
+    }
+
+    /// The user (and the token refresh) of [`EtcdClientAuth::apply`], without TLS.
+    fn apply_user(&self, mut opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
+        if let Some((u, p)) = &self.user {
+            // etcd's simple auth tokens live in the server's memory: a restarted or
+            // restored member answers every old token `invalid auth token`. With the
+            // refresh on, the client logs in again and retries the call once, so an
+            // etcd restart under auth costs one round trip, not a stuck arbiter.
+            opts = opts.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
+        }
+        opts
+    }
+
+    /// The client certificate files, loaded and re-read every `every`, when a
+    /// client certificate is configured (`None` otherwise: plaintext, or TLS with
+    /// the CA only, which etcd-client's options carry). One set serves every client
+    /// of a cluster. The error names the file that does not load.
+    pub fn reloading_certs(
+        &self,
+        every: Duration,
+    ) -> Result<Option<std::sync::Arc<lockmesh_runtime::ReloadingCerts>>, lockmesh_runtime::CertError> {
+        self.files.clone().map(|f| lockmesh_runtime::ReloadingCerts::watch(f, every)).transpose()
+    }
+
+    /// Connects to `endpoints`. With `certs` (from [`EtcdClientAuth::reloading_certs`]):
+    /// over [`lockmesh_runtime::reloading_channel`], whose every new connection
+    /// presents the certificate current at its handshake, with the user and token
+    /// refresh of [`EtcdClientAuth::apply`] (etcd-client's `from_channel`); `opts`'
+    /// TLS is not used then, and `timeouts` bound the channel. Without: etcd-client's
+    /// own connect with `opts` (which should come from [`EtcdClientAuth::apply`]).
+    pub async fn connect(
+        &self,
+        endpoints: &[String],
+        certs: Option<&std::sync::Arc<lockmesh_runtime::ReloadingCerts>>,
+        opts: etcd_client::ConnectOptions,
+        timeouts: lockmesh_runtime::ChannelOptions,
+    ) -> Result<etcd_client::Client, etcd_client::Error> {
+        let Some(certs) = certs else {
+            return etcd_client::Client::connect(endpoints, Some(opts)).await;
+        };
+        let channel =
+            lockmesh_runtime::reloading_channel(endpoints, certs, timeouts).map_err(etcd_client::Error::InvalidArgs)?;
+        let opts = self.apply_user(etcd_client::ConnectOptions::new());
+        etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
     }
 }
 
@@ -163,8 +211,14 @@ fn validate_with(
             auth.ca = read("tls.ca", &t.ca, errs);
             match (&t.cert, &t.key) {
                 (Some(c), Some(k)) => {
+                    let files = lockmesh_runtime::CertFiles {
+                        cert: resolve(base, c),
+                        key: resolve(base, k),
+                        ca: resolve(base, &t.ca),
+                    };
                     if let (Some(c), Some(k)) = (read("tls.cert", c, errs), read("tls.key", k, errs)) {
                         auth.identity = Some((c, k));
+                        auth.files = Some(files);
                     }
                 }
                 (None, None) => {}

@@ -186,10 +186,21 @@ impl Store {
             .with_connect_timeout(op_timeout)
             .with_timeout(op_timeout)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+        // A client certificate is re-read while the arbiter runs: every new
+        // connection (the first, and each after a member restarts or the
+        // connection breaks) presents the current one (issue #16).
+        let certs = auth
+            .reloading_certs(crate::connect::ETCD_CERT_RELOAD)
+            .map_err(|e| LockError::Unavailable(format!("etcd tls: {e}")))?;
+        let timeouts = lockmesh_runtime::ChannelOptions {
+            connect_timeout: op_timeout,
+            request_timeout: Some(op_timeout),
+            keep_alive: Some((Duration::from_secs(5), Duration::from_secs(3))),
+        };
         let connect = |eps: Vec<String>| {
-            let opts = opts.clone();
+            let (opts, certs) = (opts.clone(), certs.clone());
             async move {
-                tokio::time::timeout(op_timeout, Client::connect(eps, Some(opts)))
+                tokio::time::timeout(op_timeout, auth.connect(&eps, certs.as_ref(), opts, timeouts))
                     .await
                     .map_err(|_| LockError::Unavailable("connect timed out".into()))?
                     .map_err(unavailable)

@@ -1,0 +1,168 @@
+//! A gRPC client channel (tonic) whose TLS handshakes present the current
+//! certificate of a [`ReloadingCerts`] and verify the server with its current
+//! bundle: the etcd client's transport (`lockmesh_lock::connect`), which
+//! etcd-client's own TLS options would fix at connect time.
+//!
+//! The channel holds one HTTP/2 connection. Its connector ignores the URI tonic
+//! asks for and tries the endpoints in turn, starting one further along at each
+//! connect, until a TCP connection and a TLS handshake succeed; each attempt is
+//! bounded by [`ChannelOptions::connect_timeout`]. When the connection breaks (a
+//! member restarts or is partitioned), tonic connects again through the same
+//! connector, so the new connection goes to the next member that answers and
+//! presents the certificate current at that moment. A rotation does not close
+//! the connection in use: etcd checks a client certificate at the handshake
+//! only, so calls, watches and lease keep-alives on it carry on, and the next
+//! connection uses the new certificate.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+
+use crate::ReloadingCerts;
+
+/// Timeouts and keep-alive of a [`reloading_channel`].
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelOptions {
+    /// Bound of one connect attempt (TCP and TLS) to one endpoint.
+    pub connect_timeout: Duration,
+    /// Bound of each request (tonic's per-request timeout); `None`: unbounded.
+    pub request_timeout: Option<Duration>,
+    /// HTTP/2 keep-alive: ping interval and how long an answer may take. A
+    /// connection whose peer stops answering is closed and connected again.
+    pub keep_alive: Option<(Duration, Duration)>,
+}
+
+/// One endpoint: where to connect and the name its certificate must carry.
+#[derive(Debug, Clone)]
+struct Target {
+    addr: String,
+    name: ServerName<'static>,
+}
+
+/// Parses `https://host:port` (or `host:port`) into a target.
+fn target(endpoint: &str) -> Result<Target, String> {
+    let rest = endpoint.strip_prefix("https://").unwrap_or(endpoint);
+    if rest.starts_with("http://") {
+        return Err(format!("{endpoint:?}: a TLS channel needs an https:// endpoint"));
+    }
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let uri: http::Uri =
+        format!("https://{authority}").parse().map_err(|e| format!("{endpoint:?} is not host:port: {e}"))?;
+    let host = uri.host().ok_or_else(|| format!("{endpoint:?}: no host"))?;
+    let port = uri.port_u16().unwrap_or(2379);
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(bare.to_owned()).map_err(|e| format!("{endpoint:?}: host {bare:?}: {e}"))?;
+    let addr = if bare.contains(':') { format!("[{bare}]:{port}") } else { format!("{bare}:{port}") };
+    Ok(Target { addr, name })
+}
+
+/// The connector: the endpoints tried in turn, TLS from the current certificates.
+#[derive(Clone)]
+struct Connector {
+    targets: Arc<Vec<Target>>,
+    next: Arc<AtomicUsize>,
+    tls: tokio_rustls::TlsConnector,
+    timeout: Duration,
+}
+
+impl Connector {
+    async fn connect(self) -> Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, std::io::Error> {
+        let n = self.targets.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut last = std::io::Error::other("no endpoint");
+        for i in 0..n {
+            let t = &self.targets[(start + i) % n];
+            let attempt = async {
+                let tcp = TcpStream::connect(&t.addr).await?;
+                tcp.set_nodelay(true)?;
+                self.tls.connect(t.name.clone(), tcp).await
+            };
+            match tokio::time::timeout(self.timeout, attempt).await {
+                Ok(Ok(tls)) => return Ok(TokioIo::new(tls)),
+                Ok(Err(e)) => {
+                    tracing::debug!(endpoint = %t.addr, error = %e, "grpc connect failed; trying the next endpoint");
+                    last = e;
+                }
+                Err(_) => {
+                    tracing::debug!(endpoint = %t.addr, "grpc connect timed out; trying the next endpoint");
+                    last =
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connect to {} timed out", t.addr));
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        Box::pin(self.clone().connect())
+    }
+}
+
+/// A lazily connecting tonic channel to `endpoints` (`https://host:port`, one at
+/// least) over TLS from `certs` (ALPN `h2`), as the module documentation
+/// describes. The error names an endpoint that does not parse.
+pub fn reloading_channel(
+    endpoints: &[String],
+    certs: &Arc<ReloadingCerts>,
+    opts: ChannelOptions,
+) -> Result<tonic::transport::Channel, String> {
+    let targets = endpoints.iter().map(|e| target(e)).collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = targets.first() else {
+        return Err("no endpoint".into());
+    };
+    // The scheme is http: TLS is the connector's; tonic adds none of its own.
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", first.addr))
+        .map_err(|e| format!("{}: {e}", first.addr))?;
+    if let Some(t) = opts.request_timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    if let Some((interval, timeout)) = opts.keep_alive {
+        endpoint = endpoint.http2_keep_alive_interval(interval).keep_alive_timeout(timeout).keep_alive_while_idle(true);
+    }
+    let connector = Connector {
+        targets: Arc::new(targets),
+        next: Arc::new(AtomicUsize::new(0)),
+        tls: tokio_rustls::TlsConnector::from(certs.client_config(&[b"h2"])),
+        timeout: opts.connect_timeout,
+    };
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_into_an_address_and_a_name() {
+        let t = target("https://127.0.0.1:2379").unwrap();
+        assert_eq!(t.addr, "127.0.0.1:2379");
+        assert!(matches!(t.name, ServerName::IpAddress(_)));
+        let t = target("etcd-0.etcd:2380").unwrap();
+        assert_eq!(t.addr, "etcd-0.etcd:2380");
+        assert!(matches!(t.name, ServerName::DnsName(_)));
+        assert_eq!(target("https://[::1]:2379").unwrap().addr, "[::1]:2379");
+        assert_eq!(target("https://etcd").unwrap().addr, "etcd:2379");
+        assert!(target("http://127.0.0.1:2379").is_err());
+    }
+}
