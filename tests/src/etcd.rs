@@ -49,7 +49,7 @@ pub const QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// How many key roots the shared etcd prepares users for at start, under auth
 /// ([`EtcdCluster::users_for_new_root`]): more than the scenarios' stacks on the
 /// shared etcd, so no user is created while arbiters run.
-const SHARED_USER_POOL: usize = 96;
+const SHARED_USER_POOL: usize = 128;
 
 /// How long `stop()` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -63,8 +63,12 @@ pub struct EtcdCluster {
     client_tls: Option<EtcdTls>,
     /// The root user's password when the harness turned auth on ([`EtcdBuilder::secure`]).
     root_password: Option<String>,
-    /// Key roots whose users already exist ([`EtcdCluster::users_for_new_root`]).
+    /// Key roots whose users already exist, not yet handed out
+    /// ([`EtcdCluster::users_for_new_root`]).
     pool: std::sync::Mutex<Vec<PooledUsers>>,
+    /// Key roots handed out or created here, so a second [`EtcdCluster::users_for`]
+    /// of the same root reuses its users instead of changing etcd's auth.
+    made: std::sync::Mutex<Vec<PooledUsers>>,
     // Dropped after the members (fields drop in declaration order).
     _dir: TempDir,
 }
@@ -284,6 +288,7 @@ impl EtcdBuilder {
             client_tls,
             root_password: None,
             pool: std::sync::Mutex::new(Vec::new()),
+            made: std::sync::Mutex::new(Vec::new()),
             _dir: dir,
         };
         // All members must run before any can elect a leader and be healthy.
@@ -419,10 +424,28 @@ impl EtcdCluster {
         if !users.secure {
             return Ok(users);
         }
+        let known = self
+            .made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|p| p.root == root)
+            .map(|p| (p.suffix.clone(), p.secret));
+        if let Some((suffix, secret)) = known {
+            let users = EtcdUsers { suffix, secret, ..users };
+            users.write_password_files()?;
+            return Ok(users);
+        }
         let c = self.client().await?;
         self.create_users(&c, root, &users).await?;
         users.write_password_files()?;
+        self.remember(root, &users);
         Ok(users)
+    }
+
+    fn remember(&self, root: &str, users: &EtcdUsers) {
+        let mut made = self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        made.push(PooledUsers { root: root.to_owned(), suffix: users.suffix.clone(), secret: users.secret });
     }
 
     /// A fresh key root `/t/<name>-<random>` and its users ([`EtcdCluster::users_for`]).
@@ -437,9 +460,17 @@ impl EtcdCluster {
     pub async fn users_for_new_root(&self, name: &str, dir: &Path) -> Result<(String, EtcdUsers)> {
         let pooled = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
         if let Some(p) = pooled {
-            let users = EtcdUsers { suffix: p.suffix, secret: p.secret, ..self.blank_users(dir) };
+            let users = EtcdUsers { suffix: p.suffix.clone(), secret: p.secret, ..self.blank_users(dir) };
             users.write_password_files()?;
+            self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(p.clone());
             return Ok((p.root, users));
+        }
+        if self.is_secure()
+            && self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len() >= SHARED_USER_POOL
+        {
+            // Past the pool: the users are made now, and every other stack's next
+            // etcd call fails once. Raise SHARED_USER_POOL when this shows up.
+            eprintln!("lockmesh-tests: the etcd user pool is used up; creating users for {name} while others run");
         }
         let root = crate::unique_prefix(name);
         let users = self.users_for(&root, dir).await?;
@@ -689,8 +720,8 @@ impl EtcdUsers {
     }
 }
 
-/// A key root whose users exist but whose password files are not written yet.
-#[derive(Debug)]
+/// A key root whose users exist (their password files are written per taker).
+#[derive(Debug, Clone)]
 struct PooledUsers {
     root: String,
     suffix: String,

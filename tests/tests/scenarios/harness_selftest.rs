@@ -187,7 +187,9 @@ async fn harness_stack_envoy_mtls_identities_reach_the_backend() {
         .start()
         .await
         .unwrap();
-    assert!(stack.root().starts_with("/t/harness-envoy-"));
+    // Its own key root under /t/ (on the shared etcd, one whose users were made
+    // when it started: `EtcdCluster::users_for_new_root`).
+    assert!(stack.root().starts_with("/t/") && stack.root().len() > "/t/".len(), "{}", stack.root());
 
     let worker = stack.client("payments", "worker").unwrap();
     let resp = worker.post("/jobs/run", &[("x-selftest", "job-1")]).await.unwrap();

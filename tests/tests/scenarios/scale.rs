@@ -47,8 +47,11 @@ async fn scale_with(name: &str, shards: &[&str], entity: &[&str], extra: &str, e
     let clusters =
         futures::future::try_join_all(shards.iter().map(|_| EtcdCluster::builder().members(1).start())).await.unwrap();
     let shards: BTreeMap<String, EtcdCluster> = shards.iter().map(|s| (*s).to_owned()).zip(clusters).collect();
-    let root = lockmesh_tests::unique_prefix(name);
     let users_dir = tempfile::tempdir().unwrap();
+    // The coord cluster is the shared etcd: a root whose users exist there already
+    // (the stack's own `users_for` of it reuses them, changing no auth while
+    // other stacks run).
+    let (root, _) = lockmesh_tests::shared_etcd().await.users_for_new_root(name, users_dir.path()).await.unwrap();
     let mut yaml = String::from("clusters:\n");
     for (n, c) in &shards {
         yaml.push_str(&format!("  {n}:\n    endpoints: [{:?}]\n", c.endpoints()[0]));
