@@ -9,8 +9,20 @@
 //! | `port_value: 18001` | the admin port |
 //! | `port_value: 18051` | the arbiter's ext_proc gRPC port |
 //! | `port_value: 18080` | the test backend's port |
-//! | `run/certs/` | the test's PKI directory (absolute, trailing `/`) |
+//! | `run/certs/` | the Envoy's own TLS directory (absolute, trailing `/`), see below |
+//! | `envoy-config/sds` | the Envoy's own copy of the SDS secrets (`envoy-config/sds/*.yaml`) |
 //! | `target/wasm32-wasip1/release/lockmesh_wasm_filter.wasm` | the built module, absolute |
+//!
+//! Certificates (issue #16 item 3): the shipped configs load every certificate
+//! and CA through SDS from `envoy-config/sds/*.yaml`, which name files in
+//! `run/certs` and watch that directory. `start` and `validate` give each Envoy a
+//! TLS directory laid out as the kubelet lays out a mounted Secret: the files are
+//! symlinks `<name> -> ..data/<name>`, `..data` is a symlink to a generation
+//! directory holding copies of every file of the `cert_dir` PKI. The SDS files are
+//! written beside it with `run/certs` pointing there.
+//! [`EnvoyProcess::rotate_certs`] swaps `..data` to a new generation in one
+//! rename, as a Secret update does; [`reissued_pki`] makes new certificates from
+//! the same CA to rotate to.
 //!
 //! Ports not given are replaced by fresh free ports, so a test never talks
 //! to a stray process on a default port. Extra `(from, to)` replacements are
@@ -40,6 +52,11 @@ pub const DEFAULT_ARBITER_PORT: u16 = 18051;
 pub const DEFAULT_UPSTREAM_PORT: u16 = 18080;
 /// The certificate path prefix in shipped configs.
 pub const CERT_DIR_PREFIX: &str = "run/certs/";
+/// The certificate directory as the shipped SDS secrets name and watch it.
+pub const CERT_DIR: &str = "run/certs";
+/// Where the shipped configs find their SDS secrets (relative to the repository):
+/// `envoy-config/sds/<name>.yaml`, watched as a directory.
+pub const SDS_DIR: &str = "envoy-config/sds";
 /// The Wasm module path in shipped configs (relative to the repository).
 pub const WASM_MODULE_PATH: &str = "target/wasm32-wasip1/release/lockmesh_wasm_filter.wasm";
 
@@ -57,6 +74,7 @@ pub struct EnvoyBuilder {
     upstream_port: Option<u16>,
     cert_dir: Option<PathBuf>,
     replacements: Vec<(String, String)>,
+    sds_replacements: Vec<(String, String)>,
     concurrency: u32,
     log_level: String,
     test_filter: bool,
@@ -68,6 +86,7 @@ pub struct EnvoyProcess {
     listener_port: u16,
     admin_port: u16,
     config_path: PathBuf,
+    tls_dir: PathBuf,
     process: ChildProcess,
     _dir: TempDir,
 }
@@ -130,6 +149,15 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Replaces every `from` with `to` in the SDS secrets (`envoy-config/sds/*.yaml`)
+    /// this Envoy is given, before the standard substitutions: a planted secret
+    /// (say, one that no longer watches its directory). Starting fails if `from`
+    /// occurs in none of them.
+    pub fn sds_replace(mut self, from: impl Into<String>, to: impl Into<String>) -> Self {
+        self.sds_replacements.push((from.into(), to.into()));
+        self
+    }
+
     /// Loads the test build of the Wasm filter (feature `test-trap`: its
     /// `test_trap_header` traps the VM) instead of the shipped one. Only the
     /// scenario that proves a trapped VM fails closed uses it.
@@ -150,12 +178,49 @@ impl EnvoyBuilder {
         self
     }
 
-    /// The config text after all substitutions.
+    /// The config text after all substitutions, `run/certs/` pointing at the
+    /// `cert_dir` itself. `envoy-config/sds` is left as shipped: only `start` and
+    /// `validate` write the SDS secrets and the TLS directory they name.
     pub fn render(&self) -> Result<String> {
-        Ok(self.render_inner(self.cert_dir.as_deref())?.text)
+        Ok(self.render_inner(self.cert_dir.as_deref(), None)?.text)
     }
 
-    fn render_inner(&self, cert_dir: Option<&Path>) -> Result<Rendered> {
+    /// Writes the TLS directory (kubelet layout, a copy of `cert_dir`) and the SDS
+    /// secrets naming it into `dir`; returns the TLS and SDS directories.
+    fn materialize(&self, dir: &Path, cert_dir: &Path) -> Result<(PathBuf, PathBuf)> {
+        let tls = dir.join("tls");
+        std::fs::create_dir_all(&tls).with_context(|| format!("create {}", tls.display()))?;
+        let tls = tls.canonicalize()?;
+        swap_generation(&tls, &copy_files(cert_dir)?)?;
+        let sds = dir.join("sds");
+        std::fs::create_dir_all(&sds).with_context(|| format!("create {}", sds.display()))?;
+        let sds = sds.canonicalize()?;
+        let source = sds_source_dir();
+        let mut texts = Vec::new();
+        for entry in std::fs::read_dir(&source).with_context(|| format!("read SDS secrets {}", source.display()))? {
+            let path = entry?.path();
+            if path.extension().and_then(|e| e.to_str()) == Some("yaml") {
+                let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+                texts.push((path, text));
+            }
+        }
+        for (from, to) in &self.sds_replacements {
+            if !texts.iter().any(|(_, t)| t.contains(from.as_str())) {
+                bail!("{}: requested SDS replacement {from:?} not found in any secret", source.display());
+            }
+            for (_, text) in &mut texts {
+                *text = text.replace(from.as_str(), to);
+            }
+        }
+        for (path, text) in texts {
+            let text = text.replace(CERT_DIR, &tls.display().to_string());
+            let name = path.file_name().context("SDS secret file name")?;
+            std::fs::write(sds.join(name), text)?;
+        }
+        Ok((tls, sds))
+    }
+
+    fn render_inner(&self, cert_dir: Option<&Path>, sds_dir: Option<&Path>) -> Result<Rendered> {
         let path = &self.config;
         let mut text =
             std::fs::read_to_string(path).with_context(|| format!("read envoy config {}", path.display()))?;
@@ -190,6 +255,9 @@ impl EnvoyBuilder {
             let dir = dir.canonicalize().with_context(|| format!("cert dir {}", dir.display()))?;
             text = text.replace(CERT_DIR_PREFIX, &format!("{}/", dir.display()));
         }
+        if let Some(sds) = sds_dir {
+            text = text.replace(SDS_DIR, &sds.display().to_string());
+        }
         if text.contains(WASM_MODULE_PATH) {
             let module = if self.test_filter { wasm_test_module()? } else { wasm_module()? };
             text = text.replace(WASM_MODULE_PATH, &module.display().to_string());
@@ -200,8 +268,8 @@ impl EnvoyBuilder {
     /// Renders the config, starts Envoy and waits until admin `/ready` is `LIVE`.
     pub async fn start(self) -> Result<EnvoyProcess> {
         let envoy = envoy_bin()?;
-        let rendered = self.render_inner(self.cert_dir.as_deref())?;
         let dir = temp_dir("envoy-")?;
+        let (tls_dir, rendered) = self.render_materialized(dir.path(), self.cert_dir.as_deref())?;
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, &rendered.text)?;
         let log = dir.path().join("envoy.log");
@@ -223,6 +291,7 @@ impl EnvoyBuilder {
             listener_port: rendered.listener_port,
             admin_port: rendered.admin_port,
             config_path,
+            tls_dir,
             process,
             _dir: dir,
         };
@@ -247,7 +316,7 @@ impl EnvoyBuilder {
                 pki.dir().to_path_buf()
             }
         };
-        let rendered = self.render_inner(Some(&cert_dir))?;
+        let (_, rendered) = self.render_materialized(dir.path(), Some(&cert_dir))?;
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, &rendered.text)?;
         let out = tokio::process::Command::new(&envoy)
@@ -263,6 +332,24 @@ impl EnvoyBuilder {
             .with_context(|| format!("run {}", envoy.display()))?;
         let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         Ok(if out.status.success() { Ok(output) } else { Err(output) })
+    }
+}
+
+impl EnvoyBuilder {
+    /// The config rendered for a process in `dir`: given a `cert_dir`, the TLS
+    /// directory and the SDS secrets are written there first and `run/certs/`
+    /// points at that TLS directory. Returns the TLS directory (`dir/tls`, absent
+    /// without a `cert_dir`) and the rendered config.
+    fn render_materialized(&self, dir: &Path, cert_dir: Option<&Path>) -> Result<(PathBuf, Rendered)> {
+        let Some(cert_dir) = cert_dir else {
+            let rendered = self.render_inner(None, None)?;
+            if rendered.text.contains(SDS_DIR) {
+                bail!("{} uses {SDS_DIR} but no cert_dir was given", self.config.display());
+            }
+            return Ok((dir.join("tls"), rendered));
+        };
+        let (tls, sds) = self.materialize(dir, cert_dir)?;
+        Ok((tls.clone(), self.render_inner(Some(&tls), Some(&sds))?))
     }
 }
 
@@ -293,6 +380,7 @@ impl EnvoyProcess {
             upstream_port: None,
             cert_dir: None,
             replacements: Vec::new(),
+            sds_replacements: Vec::new(),
             concurrency: 2,
             log_level: "info".into(),
             test_filter: false,
@@ -320,6 +408,42 @@ impl EnvoyProcess {
     /// The rendered config file in use.
     pub fn config_path(&self) -> &Path {
         &self.config_path
+    }
+
+    /// This Envoy's TLS directory (kubelet Secret layout: `<name> -> ..data/<name>`),
+    /// which its SDS secrets name and watch.
+    pub fn tls_dir(&self) -> &Path {
+        &self.tls_dir
+    }
+
+    /// Rotates this Envoy's certificates as a Kubernetes Secret update does: a new
+    /// generation directory holding the current files overlaid with every file of
+    /// `from` (for example a [`reissued_pki`] directory), then `..data` switched to
+    /// it by one `rename`, then the old generation removed. Envoy, watching the
+    /// directory through its SDS secrets, loads the new files without a restart;
+    /// returns once the swap is done (Envoy's reload follows within moments: poll
+    /// [`EnvoyProcess::cert_serials`] or a handshake).
+    pub fn rotate_certs(&self, from: &Path) -> Result<()> {
+        let mut files = copy_files(&self.tls_dir.join(DATA_LINK))?;
+        for (name, bytes) in copy_files(from)? {
+            files.retain(|(n, _)| *n != name);
+            files.push((name, bytes));
+        }
+        swap_generation(&self.tls_dir, &files)
+    }
+
+    /// The serial numbers (lowercase hex, as Envoy's admin `/certs` prints them) of
+    /// every certificate Envoy has loaded (listener and cluster chains, CAs), in
+    /// the order `/certs` lists them.
+    pub async fn cert_serials(&self) -> Result<Vec<String>> {
+        let resp = http_get(self.admin_port, "/certs").await?;
+        if resp.status != 200 {
+            bail!("envoy /certs: {} {}", resp.status, resp.body);
+        }
+        let doc: serde_json::Value = serde_json::from_str(&resp.body).context("envoy /certs is not JSON")?;
+        let mut out = Vec::new();
+        collect_serials(&doc, &mut out);
+        Ok(out)
     }
 
     /// SIGKILL.
@@ -375,6 +499,95 @@ impl EnvoyProcess {
                 Ok(())
             })
             .await
+    }
+}
+
+/// The kubelet's name for the symlink to the current generation of a mounted Secret.
+const DATA_LINK: &str = "..data";
+
+/// A new PKI in `dir` with the same CA (and rogue CA) as `pki` and freshly issued
+/// leaves: the same names, identities and SANs, new keys and new serial numbers.
+/// Rotating an Envoy to it ([`EnvoyProcess::rotate_certs`]) keeps every peer's
+/// trust: the CA does not change.
+pub fn reissued_pki(pki: &DevPki, dir: impl AsRef<Path>) -> Result<DevPki> {
+    let dir = dir.as_ref();
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    for name in ["ca.pem", "ca-key.pem", "rogue-ca.pem", "rogue-ca-key.pem", "trust-domain"] {
+        std::fs::copy(pki.dir().join(name), dir.join(name)).with_context(|| format!("copy {name}"))?;
+    }
+    DevPki::generate(dir, pki.trust_domain())
+}
+
+/// Every regular file directly in `dir` (symlinks followed), as (name, bytes).
+fn copy_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+        if name.starts_with("..") || !path.is_file() {
+            continue;
+        }
+        out.push((name, std::fs::read(&path).with_context(|| format!("read {}", path.display()))?));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Writes `files` as a new generation `..<n>` of the kubelet-style directory
+/// `tls`, points `..data` at it with one rename (atomic: a reader sees the old
+/// set or the new one), adds a `<name> -> ..data/<name>` link for each new name
+/// and removes the previous generation.
+fn swap_generation(tls: &Path, files: &[(String, Vec<u8>)]) -> Result<()> {
+    let data = tls.join(DATA_LINK);
+    let old = std::fs::read_link(&data).ok();
+    let mut n = 1u32;
+    while tls.join(format!("..{n}")).exists() {
+        n += 1;
+    }
+    let generation = format!("..{n}");
+    let gen_dir = tls.join(&generation);
+    std::fs::create_dir(&gen_dir).with_context(|| format!("create {}", gen_dir.display()))?;
+    for (name, bytes) in files {
+        std::fs::write(gen_dir.join(name), bytes).with_context(|| format!("write {name}"))?;
+    }
+    let tmp = tls.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&generation, &tmp)?;
+    std::fs::rename(&tmp, &data).with_context(|| format!("swap {}", data.display()))?;
+    for (name, _) in files {
+        let link = tls.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("{DATA_LINK}/{name}"), &link)?;
+        }
+    }
+    if let Some(old) = old.filter(|o| *o != Path::new(&generation)) {
+        let _ = std::fs::remove_dir_all(tls.join(old));
+    }
+    Ok(())
+}
+
+/// Where the SDS secrets come from: the frozen copy's `envoy-config/sds` when
+/// there is one, else the repository's.
+fn sds_source_dir() -> PathBuf {
+    crate::paths::frozen_bin_dir()
+        .map(|d| d.join(SDS_DIR))
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| repo_root().join(SDS_DIR))
+}
+
+/// Every `serial_number` string under `v`, in document order.
+fn collect_serials(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("serial_number", serde_json::Value::String(s)) => out.push(s.to_ascii_lowercase()),
+                    _ => collect_serials(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_serials(x, out)),
+        _ => {}
     }
 }
 
@@ -523,6 +736,34 @@ mod tests {
         std::fs::write(&cfg, "a: {port_value: 18051}\n").unwrap();
         let err = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([1]).render().unwrap_err();
         assert!(format!("{err:#}").contains("endpoint"), "{err:#}");
+    }
+
+    #[test]
+    fn swaps_the_tls_directory_as_a_secret_update_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = dir.path().join("tls");
+        std::fs::create_dir(&tls).unwrap();
+        let files = |v: &str| vec![("a.pem".to_owned(), v.as_bytes().to_vec()), ("b.pem".to_owned(), b"b".to_vec())];
+        swap_generation(&tls, &files("one")).unwrap();
+        assert_eq!(std::fs::read_link(tls.join("a.pem")).unwrap(), Path::new("..data/a.pem"));
+        assert_eq!(std::fs::read_to_string(tls.join("a.pem")).unwrap(), "one");
+        let first = std::fs::read_link(tls.join(DATA_LINK)).unwrap();
+        swap_generation(&tls, &files("two")).unwrap();
+        assert_eq!(std::fs::read_to_string(tls.join("a.pem")).unwrap(), "two");
+        assert_ne!(std::fs::read_link(tls.join(DATA_LINK)).unwrap(), first);
+        assert!(!tls.join(&first).exists(), "the old generation is removed");
+        assert_eq!(copy_files(&tls).unwrap(), files("two"), "only the linked names, not the generations");
+        let sorted: Vec<String> = copy_files(&tls.join(DATA_LINK)).unwrap().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(sorted, ["a.pem", "b.pem"]);
+    }
+
+    #[test]
+    fn collects_serials_from_admin_certs() {
+        let doc = serde_json::json!({"certificates": [{"ca_cert": [{"serial_number": "0A"}],
+            "cert_chain": [{"serial_number": "bc", "subject_alt_names": []}]}]});
+        let mut out = Vec::new();
+        collect_serials(&doc, &mut out);
+        assert_eq!(out, ["0a", "bc"]);
     }
 
     #[test]

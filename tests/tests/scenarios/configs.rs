@@ -214,10 +214,24 @@ fn the_shipped_configs_are_generated_from_their_sources() {
 #[tokio::test]
 async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed() {
     let path = repo_root().join("deploy/base/lock-tier/envoy.yaml");
+    // The pod's mounts, rebuilt in a temp dir: the Secret's three files (from a dev
+    // PKI) and the ConfigMap's SDS secrets, rewritten to name them.
+    let mount = lockmesh_tests::paths::temp_dir("k8s-mounts-").unwrap();
+    let pki = lockmesh_tests::DevPki::generate(mount.path().join("pki"), lockmesh_tests::TEST_TRUST_DOMAIN).unwrap();
+    let (tls, conf) = (mount.path().join("tls"), mount.path().join("envoy"));
+    std::fs::create_dir_all(&tls).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    // One SVID serves as both the server and the client certificate, as in the pod.
+    std::fs::copy(pki.envoy_server().cert_path, tls.join("tls.crt")).unwrap();
+    std::fs::copy(pki.envoy_server().key_path, tls.join("tls.key")).unwrap();
+    std::fs::copy(pki.ca_cert_path(), tls.join("ca.crt")).unwrap();
+    for name in K8S_SDS {
+        let text = std::fs::read_to_string(repo_root().join("deploy/base/lock-tier").join(name)).unwrap();
+        assert!(text.contains("/etc/lockmesh/tls"), "{name} names the Secret's mount");
+        std::fs::write(conf.join(name), text.replace("/etc/lockmesh/tls", tls.to_str().unwrap())).unwrap();
+    }
     let verdict = EnvoyProcess::builder(path.to_str().unwrap())
-        .replace("/etc/lockmesh/tls/tls.crt", "run/certs/envoy.pem")
-        .replace("/etc/lockmesh/tls/tls.key", "run/certs/envoy-key.pem")
-        .replace("/etc/lockmesh/tls/ca.crt", "run/certs/ca.pem")
+        .replace("/etc/lockmesh/envoy", conf.to_str().unwrap())
         .replace("/etc/lockmesh/wasm/lockmesh_wasm_filter.wasm", lockmesh_tests::envoy::WASM_MODULE_PATH)
         .validate()
         .await
@@ -246,4 +260,146 @@ async fn the_kubernetes_lock_tier_config_passes_envoy_validate_and_fails_closed(
     let api_routes =
         &api["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"];
     assert!(api_routes.as_array().unwrap().iter().all(|r| r.get("route").is_none()), "the lock API forwards");
+}
+
+/// The SDS secrets the Kubernetes lock tier's ConfigMap carries beside envoy.yaml
+/// (deploy/base/lock-tier/kustomization.yaml lists them).
+const K8S_SDS: [&str; 3] = ["sds-server-cert.yaml", "sds-arbiter-client-cert.yaml", "sds-mesh-ca.yaml"];
+
+/// Where `doc` (an Envoy bootstrap) loads a certificate, key or CA other than
+/// through SDS from a file it watches (issue #16 item 3): inline `tls_certificates`
+/// or a `trusted_ca` outside an SDS secret, a TLS context with no SDS secret, an
+/// SDS config that is not a watched file (`path_config_source` with
+/// `watched_directory`). Each finding names the JSON path.
+fn unwatched_tls(v: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let here = format!("{at}.{k}");
+                match k.as_str() {
+                    "tls_certificates" | "trusted_ca" | "tls_certificate" => {
+                        out.push(format!("{here}: certificate files outside SDS (read once, never rotated)"))
+                    }
+                    "common_tls_context" => {
+                        if x.get("tls_certificate_sds_secret_configs").is_none() {
+                            out.push(format!("{here}: no tls_certificate_sds_secret_configs"));
+                        }
+                        let ca = x.get("validation_context_sds_secret_config").or_else(|| {
+                            x.get("combined_validation_context")
+                                .and_then(|c| c.get("validation_context_sds_secret_config"))
+                        });
+                        if ca.is_none() {
+                            out.push(format!("{here}: the CA does not come through SDS"));
+                        }
+                    }
+                    "sds_config" => {
+                        if x["path_config_source"]["watched_directory"]["path"].as_str().is_none() {
+                            out.push(format!("{here}: not a path_config_source with a watched_directory"));
+                        }
+                    }
+                    _ => {}
+                }
+                unwatched_tls(x, &here, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            a.iter().enumerate().for_each(|(i, x)| unwatched_tls(x, &format!("{at}[{i}]"), out))
+        }
+        _ => {}
+    }
+}
+
+/// What is wrong with one SDS secret file: it must hold exactly one
+/// `envoy.extensions.transport_sockets.tls.v3.Secret` whose certificate or CA files
+/// are watched through `watched_directory` (the directory a kubelet Secret update
+/// swaps `..data` in).
+fn sds_file_problems(text: &str) -> Vec<String> {
+    let doc: serde_json::Value = match serde_saphyr::from_str(text) {
+        Ok(d) => d,
+        Err(e) => return vec![format!("not YAML: {e}")],
+    };
+    let Some(resources) = doc["resources"].as_array() else { return vec!["no resources".into()] };
+    if resources.len() != 1 {
+        return vec![format!("{} resources, Envoy wants one secret per file", resources.len())];
+    }
+    let s = &resources[0];
+    let mut out = Vec::new();
+    if s["@type"].as_str() != Some("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret") {
+        out.push(format!("resource type {}", s["@type"]));
+    }
+    let body = s.get("tls_certificate").or_else(|| s.get("validation_context"));
+    match body {
+        None => out.push("neither tls_certificate nor validation_context".into()),
+        Some(b) if b["watched_directory"]["path"].as_str().is_none() => out.push("no watched_directory".into()),
+        Some(_) => {}
+    }
+    out
+}
+
+/// Every shipped Envoy config (envoy-config/*.yaml and the Kubernetes lock tier)
+/// loads its certificates and CA only through SDS from watched files, for listener
+/// and cluster TLS alike, and every SDS secret it names exists and watches its
+/// directory (issue #16 item 3). Planted: the inline files the configs used before,
+/// a context with SDS but no watch, and a secret without watched_directory, each
+/// caught.
+#[test]
+fn every_shipped_config_loads_its_certificates_through_watched_sds() {
+    let mut configs = shipped();
+    configs.push(repo_root().join("deploy/base/lock-tier/envoy.yaml"));
+    let mut named = std::collections::BTreeSet::new();
+    for path in &configs {
+        let text = std::fs::read_to_string(path).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        let mut found = Vec::new();
+        unwatched_tls(&doc, "", &mut found);
+        assert!(found.is_empty(), "{}:\n{}", path.display(), found.join("\n"));
+        assert!(text.contains("transport_socket"), "{}: no TLS at all", path.display());
+        for line in text.lines().filter_map(|l| l.split("path_config_source: { path: ").nth(1)) {
+            let file = line.split(',').next().unwrap().trim();
+            let file = file
+                .strip_prefix(lockmesh_tests::envoy::SDS_DIR)
+                .map(|rest| format!("envoy-config/sds{rest}"))
+                .or_else(|| {
+                    file.strip_prefix("/etc/lockmesh/envoy/").map(|rest| format!("deploy/base/lock-tier/{rest}"))
+                })
+                .unwrap_or_else(|| panic!("{}: SDS file {file} is in neither shipped place", path.display()));
+            named.insert(file);
+        }
+    }
+    let mut sds_files: Vec<String> = std::fs::read_dir(repo_root().join("envoy-config/sds"))
+        .unwrap()
+        .map(|e| format!("envoy-config/sds/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    sds_files.extend(K8S_SDS.iter().map(|n| format!("deploy/base/lock-tier/{n}")));
+    sds_files.sort();
+    assert_eq!(named.iter().cloned().collect::<Vec<_>>(), sds_files, "every SDS file shipped is used, and exists");
+    for f in &sds_files {
+        let problems = sds_file_problems(&std::fs::read_to_string(repo_root().join(f)).unwrap());
+        assert!(problems.is_empty(), "{f}: {problems:?}");
+    }
+    let kustomization = std::fs::read_to_string(repo_root().join("deploy/base/lock-tier/kustomization.yaml")).unwrap();
+    for n in K8S_SDS {
+        assert!(kustomization.contains(&format!("- {n}")), "the lock tier's ConfigMap lacks {n}");
+    }
+
+    // Planted: the inline files of the configs before SDS.
+    let inline = "static_resources:\n  listeners:\n    - filter_chains:\n        - transport_socket:\n            \
+                  typed_config:\n              common_tls_context:\n                tls_certificates:\n                  \
+                  - certificate_chain: { filename: run/certs/envoy.pem }\n                    private_key: { filename: \
+                  run/certs/envoy-key.pem }\n                validation_context:\n                  trusted_ca: { \
+                  filename: run/certs/ca.pem }\n";
+    let mut found = Vec::new();
+    unwatched_tls(&serde_saphyr::from_str(inline).unwrap(), "", &mut found);
+    assert_eq!(found.len(), 4, "{found:?}");
+    // Planted: SDS from a file that is not watched as a directory.
+    let shipped_lt = std::fs::read_to_string(repo_root().join("envoy-config/lock-tier.yaml")).unwrap();
+    let unwatched = shipped_lt.replace(", watched_directory: { path: envoy-config/sds }", "");
+    let mut found = Vec::new();
+    unwatched_tls(&serde_saphyr::from_str(&unwatched).unwrap(), "", &mut found);
+    assert_eq!(found.len(), 4, "listener cert and CA, cluster cert and CA: {found:?}");
+    // Planted: a secret that does not watch its directory.
+    let secret = std::fs::read_to_string(repo_root().join("envoy-config/sds/server-cert.yaml")).unwrap();
+    let planted = secret.replace("      watched_directory: { path: run/certs }\n", "");
+    assert_ne!(planted, secret);
+    assert_eq!(sds_file_problems(&planted), ["no watched_directory"]);
 }
