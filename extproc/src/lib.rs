@@ -108,6 +108,10 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("tls: {e}"))?;
     let tls = certs.server_config(lockmesh_runtime::ClientAuth::Required, &[b"h2"]);
     let state = Arc::new(state::State::new(config, store).with_tiers(tiers));
+    // The keyspace version and capabilities (issue #19, `lock::upgrade`): advertise
+    // what this build supports, then seal if the record names what it lacks; again
+    // every second while `state` lives.
+    let _upgrade = state.upgrade.clone().start(state.store.clone(), state.config.listen.to_string()).await;
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.
     // With the shard map and every cluster's home record (`tiers`), retried every

@@ -38,6 +38,12 @@ fn main() -> ExitCode {
             return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
     };
+    // Capabilities switched off for this process (lockmesh_lock::upgrade): an
+    // unknown name is a configuration error, not a silent no-op.
+    if let Err(e) = lockmesh_lock::upgrade::Support::from_env() {
+        eprintln!("{BINARY}: {e}");
+        return ExitCode::from(lockmesh_runtime::EX_USAGE);
+    }
     let config = match lockmesh_extproc::Config::load(&path) {
         Ok(c) => c,
         Err(errs) => return lockmesh_runtime::report_config_errors(BINARY, &path.display().to_string(), &errs),

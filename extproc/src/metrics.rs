@@ -249,6 +249,7 @@ impl Metrics {
         self.classes.register(r);
         crate::lock::wait::HandoffCounts::register(r);
         r.register_collector(Box::new(EtcdCollector));
+        crate::lock::upgrade::register(r);
         self
     }
 

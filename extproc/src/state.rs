@@ -20,6 +20,9 @@ pub struct State {
     pub validate_limiter: crate::validate::RateLimiter,
     /// The registry file's reload state (`registry`).
     pub registry_status: crate::registry::ReloadStatus,
+    /// The keyspace version and capabilities this arbiter supports, its
+    /// advertisement and its refusal (`lockmesh_lock::upgrade`, issue #19).
+    pub upgrade: Arc<crate::lock::upgrade::Gate>,
     registry: RwLock<Arc<ClassRegistry>>,
 }
 
@@ -40,6 +43,7 @@ impl State {
             metrics: Metrics::default(),
             validate_limiter,
             registry_status: Default::default(),
+            upgrade: crate::lock::upgrade::Gate::new(support_from_env()),
             registry,
         }
     }
@@ -60,4 +64,15 @@ impl State {
     pub fn registry(&self) -> Arc<ClassRegistry> {
         self.registry.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
     }
+}
+
+/// What this arbiter supports: everything, minus `LOCKMESH_CAPABILITIES_OFF`
+/// (`lockmesh_lock::upgrade`). `main` refuses an unknown name before it gets here;
+/// should one reach here anyway, the arbiter supports no capability at all, which
+/// refuses more, never less.
+fn support_from_env() -> crate::lock::upgrade::Support {
+    crate::lock::upgrade::Support::from_env().unwrap_or_else(|e| {
+        tracing::error!("{e}; supporting no capability");
+        crate::lock::upgrade::Support::without(&crate::lock::upgrade::Capability::ALL)
+    })
 }

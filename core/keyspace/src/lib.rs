@@ -11,6 +11,7 @@
 //! - [`classmap`]: the authoritative prefix-to-class map.
 //! - [`home`]: shard maps and per-cluster home records (ADR-07, ADR-09).
 //! - [`spool`]: unprotected grants of fail-open classes, as spooled and shipped (ADR-04).
+//! - [`upgrade`]: the keyspace version, its capabilities and each arbiter's advertisement (issue #19).
 #![forbid(unsafe_code)]
 
 pub mod classmap;
@@ -20,6 +21,7 @@ pub mod keys;
 pub mod markers;
 pub mod records;
 pub mod spool;
+pub mod upgrade;
 
 pub use self::{
     classmap::ClassMapRecord,

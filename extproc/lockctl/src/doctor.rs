@@ -9,6 +9,10 @@
 //! | `etcd.member` | each member's status, through its own client URL | a member does not answer or reports errors (a version below 3.5.28 warns) |
 //! | `etcd.quorum` | the member statuses | a majority of voting members does not answer, or no leader is agreed |
 //! | `etcd.alarm` | etcd's alarm list | any alarm (`NOSPACE`, `CORRUPT`) |
+//! | `etcd.db_size` | each member's status against `--etcd-quota-bytes` | at or above 95 % of the backend quota (80 % warns) |
+//! | `etcd.leases` | etcd's lease list | never: above `--lease-warn` leases warns |
+//! | `keyspace.version` | `<root>/sys/keyspace` | this lockctl does not know its version or an enabled capability |
+//! | `keyspace.arbiters` | `<root>/sys/arbiters/` | a live arbiter lacks an enabled capability (it refuses every request) |
 //! | `seal.epoch` | `<root>/sys/epoch` | the record carries an explicit seal (an epoch advance is unfinished) |
 //! | `class.draining` | `<root>/c/<class>` | a class is draining (it admits nothing until resumed or cancelled) |
 //! | `class.pause_test` | `--registry` | a fenced class's PauseTestResult is missing, failing or expired (ending within `--warn-days` warns) |
@@ -37,7 +41,7 @@ use serde::Serialize;
 
 use lockmesh_lock::{epoch::EpochRecord, now_ms, Keys};
 use lockmesh_ops::{
-    etcd_view::{cluster_view, ClusterView},
+    etcd_view::{cluster_view, lease_count, quota_use, ClusterView},
     inspect::{human_ms, read_policies, state_str},
 };
 
@@ -62,6 +66,13 @@ pub struct DoctorArgs {
     /// Warn about pause tests and waivers ending within this many days.
     #[arg(long, default_value_t = 14)]
     warn_days: u64,
+    /// etcd's backend quota (`--quota-backend-bytes` of the members; deploy/base/etcd
+    /// sets etcd's default, 2 GiB): each member's database size is reported against it.
+    #[arg(long, default_value_t = 2_147_483_648)]
+    etcd_quota_bytes: u64,
+    /// Warn when etcd holds more leases than this.
+    #[arg(long, default_value_t = 100_000)]
+    lease_warn: usize,
     /// Bound of each call (etcd, arbiters), ms.
     #[arg(long, default_value_t = 3000)]
     timeout_ms: u64,
@@ -272,12 +283,80 @@ impl Doctor {
             summary,
         );
         for a in &v.alarms {
-            self.add(
-                "etcd.alarm",
-                Status::Fail,
+            let fix = if a.starts_with("NOSPACE") {
+                "the backend quota is reached and etcd refuses every write (grants included): compact, \
+                 defragment each member, then `etcdctl alarm disarm`"
+            } else {
+                "etcd refuses writes until it is resolved and disarmed"
+            };
+            self.add("etcd.alarm", Status::Fail, "cluster", format!("{a}: {fix}"));
+        }
+    }
+
+    /// `etcd.db_size` per member against the quota, and `etcd.leases`.
+    async fn limits(&mut self, v: &ClusterView, client: &mut etcd_client::Client, a: &DoctorArgs, timeout: Duration) {
+        let quota = a.etcd_quota_bytes;
+        for m in v.members.iter().filter(|m| m.reachable) {
+            let Some(size) = m.db_size else { continue };
+            let subject = format!("{} ({})", if m.name.is_empty() { "-" } else { &m.name }, m.id);
+            let (pct, verdict) = quota_use(size, quota);
+            let detail = format!("database {} MiB of the {} MiB backend quota ({pct} %)", size >> 20, quota >> 20);
+            let (status, detail) = match verdict {
+                0 => (Status::Ok, detail),
+                1 => (Status::Warn, format!("{detail}: compact and defragment before etcd raises NOSPACE")),
+                _ => (Status::Fail, format!("{detail}: at the quota etcd raises NOSPACE and refuses every write")),
+            };
+            self.add("etcd.db_size", status, subject, detail);
+        }
+        match lease_count(client, timeout).await {
+            Ok(n) if n > a.lease_warn => self.add(
+                "etcd.leases",
+                Status::Warn,
                 "cluster",
-                format!("{a}: etcd refuses writes until it is resolved and disarmed"),
-            );
+                format!("{n} leases (above --lease-warn {}): look for leaked sessions", a.lease_warn),
+            ),
+            Ok(n) => self.add("etcd.leases", Status::Ok, "cluster", format!("{n} leases")),
+            Err(e) => self.add("etcd.leases", Status::Skip, "cluster", e),
+        }
+    }
+
+    /// `keyspace.version` and `keyspace.arbiters` (`lockmesh_lock::upgrade`).
+    async fn keyspace(&mut self, client: &mut etcd_client::Client, root: &str, timeout: Duration) {
+        use lockmesh_lock::upgrade::{read_view, KeyspaceRecord, Support};
+        let view = match tokio::time::timeout(timeout, read_view(client, &Keys::new(root))).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => return self.add("keyspace.version", Status::Fail, root, e.to_string()),
+            Err(_) => return self.add("keyspace.version", Status::Fail, root, format!("no answer within {timeout:?}")),
+        };
+        let rec = view.record.clone().unwrap_or_else(KeyspaceRecord::baseline);
+        let summary = format!("version {}, enabled [{}]", rec.version, rec.enabled.join(", "));
+        match Support::full().refusal(view.record.as_ref()) {
+            Some(r) => self.add("keyspace.version", Status::Fail, root, format!("{summary}: {r} (lockctl)")),
+            None => self.add("keyspace.version", Status::Ok, root, summary),
+        }
+        if view.advertisements.is_empty() {
+            self.add("keyspace.arbiters", Status::Warn, root, "no arbiter advertises its capabilities (none runs, or each is older than the keyspace record or lacks its etcd grant)");
+        }
+        for (key, ad, _) in &view.advertisements {
+            let Some(ad) = ad else {
+                self.add("keyspace.arbiters", Status::Fail, key, "unreadable advertisement");
+                continue;
+            };
+            let lacking: Vec<&str> = rec.enabled.iter().filter(|e| !ad.supports(e)).map(String::as_str).collect();
+            let detail = format!("build {}, listen {}, supports [{}]", ad.build, ad.listen, ad.capabilities.join(", "));
+            if lacking.is_empty() && ad.version >= rec.version {
+                self.add("keyspace.arbiters", Status::Ok, key, detail);
+            } else {
+                self.add(
+                    "keyspace.arbiters",
+                    Status::Fail,
+                    key,
+                    format!(
+                        "{detail}: lacks enabled [{}], so it refuses every request: replace it with a newer build",
+                        lacking.join(", ")
+                    ),
+                );
+            }
         }
     }
 
@@ -517,6 +596,8 @@ pub async fn run(a: &DoctorArgs) -> Result<Report, String> {
         .await;
         reads_where_status_is_denied(&mut view, &a.etcd, timeout).await;
         d.cluster(&view);
+        d.limits(&view, &mut client, a, timeout).await;
+        d.keyspace(&mut client, &a.etcd.root, timeout).await;
         policies = d.etcd_records(&mut client, &a.etcd.root, timeout).await;
     } else {
         d.add("class.draining", Status::Skip, &a.etcd.root, "etcd did not answer");

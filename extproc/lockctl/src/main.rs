@@ -13,6 +13,8 @@
 //! - `lockctl inspect KEY`, `lockctl saturated`, `lockctl doctor`: read-only views
 //!   of a key, of the keys at their limit (by digest) and of everything an
 //!   operator must act on (`docs/OPERATIONS.md`).
+//! - `lockctl upgrade status|enable CAP|disable CAP`: the keyspace version and its
+//!   capabilities, enabled by a flip guarded on every live arbiter (issue #19).
 //!
 //! One file per subcommand; the workflows behind them are `lockmesh-ops` (and, for
 //! shard moves, `lockmesh-lock`). The restore runbook is `docs/OPERATIONS.md`.
@@ -24,6 +26,7 @@ mod doctor;
 mod inspect;
 mod restore;
 mod shard;
+mod upgrade;
 
 use std::process::ExitCode;
 
@@ -88,6 +91,10 @@ enum Cmd {
     /// passing pause test, advisory classes with expired waivers. Exit 0 healthy,
     /// 1 something is wrong, 64 bad arguments.
     Doctor(doctor::DoctorArgs),
+    /// The keyspace version and capabilities: `status`, `enable CAP` (refused while
+    /// a live arbiter lacks it), `disable CAP`. Exit 0 done, 1 etcd failed, 2
+    /// refused, 3 this lockctl does not know the keyspace, 64 bad arguments.
+    Upgrade(upgrade::UpgradeArgs),
 }
 
 fn main() -> ExitCode {
@@ -111,6 +118,7 @@ fn main() -> ExitCode {
             Cmd::Inspect(a) => inspect::inspect(a).await,
             Cmd::Saturated(a) => inspect::saturated_main(a).await,
             Cmd::Doctor(a) => doctor::main(a).await,
+            Cmd::Upgrade(a) => upgrade::main(a).await,
             Cmd::EtcdRoles { root } => {
                 print!("{}", lockmesh_ops::admin::etcd_roles::etcdctl_script(root));
                 ExitCode::SUCCESS

@@ -95,3 +95,39 @@ where
     }
     view
 }
+
+/// How many leases etcd holds (every session, marker, waiter and advertisement
+/// lease of every root on this cluster), bounded by `timeout`: `lockctl doctor`
+/// reports it beside the database size, because each lease costs etcd memory and
+/// a keepalive stream, and a leak of sessions shows here first.
+pub async fn lease_count(client: &mut Client, timeout: Duration) -> Result<usize, String> {
+    match tokio::time::timeout(timeout, client.leases()).await {
+        Ok(Ok(r)) => Ok(r.leases().len()),
+        Ok(Err(e)) => Err(format!("lease list: {e}")),
+        Err(_) => Err(format!("lease list: no answer within {timeout:?}")),
+    }
+}
+
+/// A member's database size against the backend quota: `(percent, verdict)` where
+/// the verdict is 0 fine, 1 at or above 80 % (compact and defragment soon), 2 at or
+/// above 95 % (etcd raises NOSPACE at the quota and then refuses every write).
+pub fn quota_use(db_size: i64, quota: u64) -> (u64, u8) {
+    let size = u64::try_from(db_size).unwrap_or(0);
+    let pct = if quota == 0 { 100 } else { size.saturating_mul(100) / quota };
+    (pct, if pct >= 95 { 2 } else { u8::from(pct >= 80) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_use_warns_at_80_and_fails_at_95_percent() {
+        let gib = 1u64 << 30;
+        assert_eq!(quota_use(0, 2 * gib), (0, 0));
+        assert_eq!(quota_use(i64::try_from(gib).unwrap(), 2 * gib), (50, 0));
+        assert_eq!(quota_use(i64::try_from(gib * 8 / 5).unwrap(), 2 * gib), (80, 1));
+        assert_eq!(quota_use(i64::try_from(2 * gib).unwrap(), 2 * gib), (100, 2));
+        assert_eq!(quota_use(-1, 2 * gib), (0, 0));
+    }
+}

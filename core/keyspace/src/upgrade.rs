@@ -1,0 +1,251 @@
+//! The keyspace version and its capabilities (issue #19): what every component
+//! must understand before it may read or write this root, and what each arbiter
+//! says it understands.
+//!
+//! ```text
+//! <root>/sys/keyspace              {"version":1,"enabled":[..],..}      no lease
+//! <root>/sys/arbiters/<lease:016x> {"version":1,"capabilities":[..],..} the arbiter's advertisement lease
+//! ```
+//!
+//! - The **record** ([`KeyspaceRecord`]) names the keyspace version and the enabled
+//!   capabilities. A component that meets a version above its own, or an enabled
+//!   capability it does not know, refuses to serve ([`refusal`]). An absent record is
+//!   version [`KEYSPACE_VERSION`] 1 with nothing enabled: the layout every build
+//!   before the record wrote.
+//! - An **advertisement** ([`Advertisement`]) is what one running arbiter supports,
+//!   on a lease it keeps alive: it vanishes with the arbiter. A capability is
+//!   enabled only by a transaction that compares every advertisement unchanged since
+//!   it was read, all of them supporting it (`lockmesh_lock::upgrade`).
+//! - A capability gates **new record kinds**: nothing of a kind is written before
+//!   its capability is enabled, so a build that lacks it never meets one.
+//!
+//! Names are strings on the wire, so a record naming a capability a build has never
+//! heard of still parses and is refused by name; both records tolerate unknown
+//! fields (serde's default), so a later build may add some.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Keys;
+
+/// The keyspace version this build reads and writes. Version 1 is the layout of
+/// `keys` (holds, sessions, markers, waiters, the epoch and class records).
+pub const KEYSPACE_VERSION: u32 = 1;
+
+/// A capability: one new record kind (or new meaning of a record) that is written
+/// only once enabled. This build knows these names and supports all of them
+/// (`lockmesh_lock::upgrade` can switch one off to stand in for an older build).
+///
+/// Reserved for the issues to come; no record of these kinds exists yet, so
+/// enabling one changes nothing this build writes, but the flip, the refusal of a
+/// build that lacks one, and the advertisements are the same as they will be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Capability {
+    /// Shared-mode holds (readers beside readers, never beside a writer).
+    SharedHolds,
+    /// Permits: counted grants of a key that are not holder slots.
+    Permits,
+    /// Lock-delay: a key stays ungranted for a while after its holder's session
+    /// expired.
+    LockDelay,
+}
+
+impl Capability {
+    /// Every capability this build knows.
+    pub const ALL: [Capability; 3] = [Capability::SharedHolds, Capability::Permits, Capability::LockDelay];
+
+    /// The wire name (`lockctl upgrade enable NAME`, the records, metric labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::SharedHolds => "shared_holds",
+            Capability::Permits => "permits",
+            Capability::LockDelay => "lock_delay",
+        }
+    }
+
+    /// The capability of a wire name, if this build knows it.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
+
+/// `<root>/sys/keyspace`: the version and the enabled capabilities. Written only by
+/// `lockctl upgrade enable` (a guarded transaction); never on a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyspaceRecord {
+    /// The keyspace version.
+    pub version: u32,
+    /// The enabled capabilities by wire name, sorted, no duplicates.
+    #[serde(default)]
+    pub enabled: Vec<String>,
+    /// Who made the last change and why (free text for people reading the record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_by: Option<String>,
+    /// When, unix ms.
+    #[serde(default)]
+    pub changed_ms: u64,
+}
+
+impl KeyspaceRecord {
+    /// The record an absent key stands for: version 1, nothing enabled.
+    pub fn baseline() -> Self {
+        Self { version: KEYSPACE_VERSION, ..Self::default() }
+    }
+
+    /// Whether `cap` is enabled.
+    pub fn is_enabled(&self, cap: Capability) -> bool {
+        self.enabled.iter().any(|e| e == cap.as_str())
+    }
+}
+
+/// `<root>/sys/arbiters/<lease:016x>`: one running arbiter's support, on its own
+/// lease (it goes with the arbiter).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advertisement {
+    /// The highest keyspace version it reads and writes.
+    pub version: u32,
+    /// The capabilities it supports, by wire name.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Its build (crate version), for `lockctl upgrade status` and doctor.
+    #[serde(default)]
+    pub build: String,
+    /// Its ext_proc listen address, to tell arbiters apart.
+    #[serde(default)]
+    pub listen: String,
+    /// Start time, unix ms.
+    #[serde(default)]
+    pub started_ms: u64,
+}
+
+impl Advertisement {
+    /// Whether it supports `name`.
+    pub fn supports(&self, name: &str) -> bool {
+        self.capabilities.iter().any(|c| c == name)
+    }
+}
+
+/// Why a component refuses to serve a keyspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The record's version is above the component's.
+    Version {
+        /// The record's.
+        found: u32,
+        /// The component's.
+        supported: u32,
+    },
+    /// An enabled capability the component does not support (or does not know).
+    Capability(String),
+    /// The record is not a keyspace record at all.
+    Unreadable(String),
+}
+
+impl Refusal {
+    /// A stable code for logs, `/status`, stderr and the metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Version { .. } => "keyspace_version_unsupported",
+            Refusal::Capability(_) => "keyspace_capability_unsupported",
+            Refusal::Unreadable(_) => "keyspace_record_unreadable",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Version { found, supported } => write!(
+                f,
+                "{}: the keyspace is version {found}, this build reads version {supported} at most: upgrade it",
+                self.code()
+            ),
+            Refusal::Capability(c) => write!(
+                f,
+                "{}: capability {c} is enabled in the keyspace record and this build does not support it: upgrade it",
+                self.code()
+            ),
+            Refusal::Unreadable(e) => write!(f, "{}: the keyspace record is unreadable: {e}", self.code()),
+        }
+    }
+}
+
+/// Whether a component supporting `version` and `supported` may serve a keyspace
+/// whose record is `record` (`None`: the key is absent, the baseline). `Some` is
+/// the reason to refuse. (A record that does not parse is [`Refusal::Unreadable`],
+/// decided by the caller, which owns the JSON decoding.)
+pub fn refusal(record: Option<&KeyspaceRecord>, version: u32, supported: &[&str]) -> Option<Refusal> {
+    let rec = record?;
+    if rec.version > version {
+        return Some(Refusal::Version { found: rec.version, supported: version });
+    }
+    rec.enabled.iter().find(|e| !supported.contains(&e.as_str())).map(|e| Refusal::Capability(e.clone()))
+}
+
+impl Keys {
+    /// `<root>/sys/`, from the epoch record's key (`keys` keeps the root private).
+    fn sys(&self) -> String {
+        let epoch = self.epoch();
+        epoch.strip_suffix("epoch").unwrap_or(&epoch).to_owned()
+    }
+
+    /// The keyspace record ([`KeyspaceRecord`]).
+    pub fn keyspace(&self) -> String {
+        format!("{}keyspace", self.sys())
+    }
+
+    /// The prefix of every arbiter's advertisement.
+    pub fn advertisements(&self) -> String {
+        format!("{}arbiters/", self.sys())
+    }
+
+    /// One arbiter's advertisement, named by its lease.
+    pub fn advertisement(&self, lease: i64) -> String {
+        format!("{}arbiters/{lease:016x}", self.sys())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(version: u32, enabled: &[&str]) -> KeyspaceRecord {
+        KeyspaceRecord { version, enabled: enabled.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_build_refuses_a_newer_version_and_every_capability_it_lacks() {
+        let all: Vec<&str> = Capability::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(refusal(None, 1, &[]), None, "an absent record is the baseline");
+        assert_eq!(refusal(Some(&rec(1, &[])), 1, &[]), None);
+        assert_eq!(refusal(Some(&rec(1, &["permits"])), 1, &all), None);
+        assert_eq!(refusal(Some(&rec(2, &[])), 1, &all), Some(Refusal::Version { found: 2, supported: 1 }),);
+        assert_eq!(
+            refusal(Some(&rec(1, &["permits", "lock_delay"])), 1, &["permits"]),
+            Some(Refusal::Capability("lock_delay".into()))
+        );
+        // A name no build of today knows is refused by name, not as unreadable.
+        let r = refusal(Some(&rec(1, &["from_the_future"])), 1, &all).unwrap();
+        assert_eq!(r.code(), "keyspace_capability_unsupported");
+        assert!(r.to_string().contains("from_the_future"), "{r}");
+        // Unknown fields are tolerated (a later build may add some).
+        let later: KeyspaceRecord =
+            serde_json::from_str(r#"{"version":1,"enabled":["permits"],"by_region":{"eu":true}}"#).unwrap();
+        assert_eq!(refusal(Some(&later), 1, &all), None);
+    }
+
+    #[test]
+    fn names_round_trip_and_keys_sit_under_sys() {
+        for c in Capability::ALL {
+            assert_eq!(Capability::parse(c.as_str()), Some(c));
+        }
+        assert_eq!(Capability::parse("nope"), None);
+        let k = Keys::new("/t");
+        assert_eq!(k.keyspace(), "/t/sys/keyspace");
+        assert!(k.advertisement(0x2a).starts_with(&k.advertisements()));
+        assert_eq!(k.advertisement(0x2a), "/t/sys/arbiters/000000000000002a");
+        let ad: Advertisement = serde_json::from_str(r#"{"version":1,"capabilities":["permits"],"extra":1}"#).unwrap();
+        assert!(ad.supports("permits") && !ad.supports("lock_delay"));
+        assert!(KeyspaceRecord { enabled: vec!["permits".into()], ..KeyspaceRecord::baseline() }
+            .is_enabled(Capability::Permits));
+    }
+}
