@@ -26,10 +26,12 @@ use axum::{
     routing::post,
     Extension, Json, Router,
 };
-use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
 use lockmesh_core::wire::audit::AuditErrorBody;
 use lockmesh_ops::admin::AdminError;
-use lockmesh_runtime::certs::{CertError, CertFiles, ClientAuth, ReloadingCerts};
+use lockmesh_runtime::{
+    certs::{CertError, CertFiles, ClientAuth, ReloadingCerts},
+    ServeTls, TlsPeer,
+};
 use tokio::net::TcpListener;
 
 use super::{
@@ -40,10 +42,6 @@ use super::{
 
 /// Largest query body accepted (a query is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long in-flight queries get after shutdown is asked for.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who may query: the configured client identities and token checks.
 #[derive(Debug, Clone)]
@@ -183,7 +181,8 @@ pub fn check(q: &QueryApi) -> anyhow::Result<()> {
 }
 
 /// Serves the query API on `listener` until `shutdown` completes, then drains
-/// in-flight queries for up to 10 s.
+/// in-flight queries for up to 10 s (`lockmesh_runtime::serve_tls`, which hands
+/// each connection's router the client certificate's SPIFFE ID).
 pub async fn serve(
     listener: TcpListener,
     q: &QueryApi,
@@ -191,45 +190,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let certs = certs(q, q.reload).map_err(|e| anyhow::anyhow!("query.tls: {e}"))?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&certs));
     let port = Arc::new(Port { access: Access::of(q), store });
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "query port: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, port, watcher) = (acceptor.clone(), port.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "query port: tls handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "query port: tls handshake timed out"),
-            };
-            let id = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())));
-            let service = TowerToHyperService::new(router(port, id));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(%peer, error = %e, "query port: connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("in-flight audit queries did not finish within the drain timeout");
-    }
+    let make = move |peer: TlsPeer| router(port.clone(), peer.spiffe_id);
+    lockmesh_runtime::serve_tls(listener, server_config(&certs), ServeTls::new("query port"), make, shutdown).await;
     Ok(())
 }
 

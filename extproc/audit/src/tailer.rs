@@ -39,6 +39,9 @@ use lockmesh_lock::{
 /// A running tailer's shared parts.
 pub struct Tailer {
     cfg: Config,
+    /// The etcd client certificate, re-read every `ETCD_CERT_RELOAD` when one is
+    /// configured: each (re)connect presents the one current at its handshake.
+    etcd_certs: Option<Arc<lockmesh_runtime::ReloadingCerts>>,
     store: Arc<Store>,
     stats: Stats,
     keys: Keys,
@@ -65,7 +68,8 @@ pub async fn run(
         }
     }
     let store = Arc::new(Store::open(&cfg.store_file)?);
-    let t = Arc::new(Tailer { keys: Keys::new(&cfg.etcd_root), store, stats: Stats::default(), cfg });
+    let etcd_certs = cfg.etcd_auth.reloading_certs(lockmesh_lock::connect::ETCD_CERT_RELOAD)?;
+    let t = Arc::new(Tailer { keys: Keys::new(&cfg.etcd_root), store, stats: Stats::default(), etcd_certs, cfg });
     t.stats.set_window(t.cfg.compaction_window_s);
     if let Some(cp) = t.store.checkpoint()? {
         t.stats.progress(cp.revision, cp.revision, cp.updated_ms);
@@ -110,13 +114,19 @@ pub async fn run(
     Ok(())
 }
 
-async fn connect(cfg: &Config) -> Result<Client, Error> {
+/// Connects to etcd: over the reloading channel when a client certificate is
+/// configured (`lockmesh_lock::connect::EtcdClientAuth::connect`), else with
+/// etcd-client's own options.
+async fn connect(cfg: &Config, certs: Option<&Arc<lockmesh_runtime::ReloadingCerts>>) -> Result<Client, Error> {
+    let (connect_timeout, keep_alive) = (Duration::from_secs(3), (Duration::from_secs(5), Duration::from_secs(3)));
     let opts = cfg
         .etcd_auth
         .apply(etcd_client::ConnectOptions::new())
-        .with_connect_timeout(Duration::from_secs(3))
-        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
-    tokio::time::timeout(Duration::from_secs(5), Client::connect(cfg.etcd_endpoints.clone(), Some(opts)))
+        .with_connect_timeout(connect_timeout)
+        .with_keep_alive(keep_alive.0, keep_alive.1);
+    let timeouts =
+        lockmesh_runtime::ChannelOptions { connect_timeout, request_timeout: None, keep_alive: Some(keep_alive) };
+    tokio::time::timeout(Duration::from_secs(5), cfg.etcd_auth.connect(&cfg.etcd_endpoints, certs, opts, timeouts))
         .await
         .map_err(|_| "etcd connect timed out".to_owned())?
         .map_err(e2s)
@@ -131,7 +141,7 @@ impl Tailer {
 
     /// Campaigns, then tails while leader.
     async fn lead(self: Arc<Self>, stop: &CancellationToken) -> Result<(), Error> {
-        let mut client = connect(&self.cfg).await?;
+        let mut client = connect(&self.cfg, self.etcd_certs.as_ref()).await?;
         let lease =
             loop {
                 let ttl = i64::try_from(self.cfg.election_ttl_s).unwrap_or(10);
