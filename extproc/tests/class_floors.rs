@@ -16,7 +16,8 @@
 //!   server would report it as an error, not a verdict).
 //!
 //! Each row says which layer refuses which field; the loader must refuse exactly
-//! the union. The default table runs against the shipped deploy/crds/lockclass.yaml;
+//! the union, whether the class comes in a registry file or as the LockClass
+//! manifest itself in a directory (`registry_dir`). The default table runs against the shipped deploy/crds/lockclass.yaml;
 //! a second table against CRDs generated for a registry that lowers the floors.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -188,7 +189,12 @@ struct Dir(PathBuf);
 
 impl Dir {
     fn new() -> Self {
-        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("class-floors-{}", std::process::id()));
+        Self::named("table")
+    }
+
+    /// One per test: tests of this binary run at once, and each drop removes its own.
+    fn named(what: &str) -> Self {
+        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("class-floors-{what}-{}", std::process::id()));
         std::fs::create_dir_all(&p).unwrap();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let doc = PauseTestResult {
@@ -384,4 +390,61 @@ fn the_crds_carry_the_platform_floors_they_were_generated_for() {
     );
     let rules = v.to_string();
     assert!(rules.contains(">= 2 && (has(self.ttlSeconds) ? self.ttlSeconds : 15) <= 300"), "{rules}");
+}
+
+/// The directory path's verdict (`registry_dir`): the CRD names of the fields it
+/// refuses when the row's LockClass is the one manifest of a directory. The
+/// table's pause result sits beside the directory (a `.yaml` inside would be read
+/// as a manifest), so a fenced row names `../pause.yaml`.
+fn directory_fields(spec: &Value, platform: &Value, base: &Path) -> BTreeSet<String> {
+    let dir = base.join("manifests");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut spec = spec.clone();
+    if spec.get("pauseTestResult").is_some() {
+        spec["pauseTestResult"] = json!(format!("../{PAUSE_FILE}"));
+    }
+    let cr = json!({ "apiVersion": "lockmesh.dev/v1alpha1", "kind": "LockClass", "metadata": { "name": CLASS }, "spec": spec });
+    std::fs::write(dir.join("class.yaml"), serde_saphyr::to_string(&cr).unwrap()).unwrap();
+    let platform: lockmesh_core::class::RawPlatform = serde_json::from_value(platform.clone()).unwrap();
+    let Err(errs) = crd::load_dir(&dir, &platform) else {
+        return BTreeSet::new();
+    };
+    let at = format!("{}: document 0 (LockClass {CLASS}): ", dir.join("class.yaml").display());
+    errs.iter()
+        .map(|e| {
+            // `...: document 0 (LockClass t): spec.ttlSeconds: message`.
+            let rest = e.strip_prefix(&at).unwrap_or_else(|| panic!("not at the manifest: {e}"));
+            let field = rest.strip_prefix("spec.").unwrap_or_else(|| panic!("not a spec field: {e}"));
+            field.split([':', '[']).next().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The same table through the directory of manifests: the loader refuses the same
+/// classes on the same fields whether they come as a registry file or as the
+/// LockClass resources themselves (which the rows above prove the CRD's schema and
+/// CEL rules refuse on those fields too).
+#[test]
+fn the_manifest_directory_refuses_the_table_on_the_same_fields_as_the_registry_file() {
+    let dir = Dir::named("directory");
+    let lowered_platform = json!({
+        "min_ttl_s": LOWERED.min_ttl_s, "advisory_min_ttl_s": LOWERED.advisory_min_ttl_s,
+        "lowered_floors_reason": "test registry: short TTLs"
+    });
+    let (mut refused, mut accepted) = (0, 0);
+    for (rows, platform) in [(default_rows(), json!({})), (lowered_rows(), lowered_platform)] {
+        for r in rows {
+            let file = loader_fields(&r.spec, &platform, &dir.0);
+            let want: BTreeSet<String> = set(r.schema).union(&set(r.cel)).cloned().collect();
+            assert_eq!(file, want, "{}: the registry file path", r.what);
+            assert_eq!(directory_fields(&r.spec, &platform, &dir.0), want, "{}: the directory path", r.what);
+            if want.is_empty() {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 20 && accepted >= 10, "{refused} refused, {accepted} accepted");
 }

@@ -197,8 +197,15 @@ impl Snapshot {
         let raw = RawRegistry { platform: platform.clone(), classes, grants };
         let now = now_ms() / 1000;
         let check = |class: &str, file: Option<&str>| crate::registry::check_pause_file(&self.dir, class, file, now);
+        // With a document refused above, the registry-wide verdicts (exactly one
+        // default, ...) judge an incomplete set: they wait for the documents' fix.
+        let partial = !errs.is_empty();
         let reg = ClassRegistry::try_from_raw_with(&raw, &check).map_err(|field_errs| {
-            field_errs.iter().map(|e| self.place(e, &class_origins, &grant_origins)).collect::<Vec<_>>()
+            field_errs
+                .iter()
+                .filter(|e| !(partial && e.path == "classes"))
+                .map(|e| self.place(e, &class_origins, &grant_origins))
+                .collect::<Vec<_>>()
         });
         match reg {
             Ok(reg) if errs.is_empty() => Ok(reg),
