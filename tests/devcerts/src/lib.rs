@@ -19,6 +19,12 @@
 //! from disk to sign new workload certs. If the CA is missing or the trust
 //! domain changed, every certificate is regenerated.
 //!
+//! Rotation (issue #16): [`DevPki::generate_with_ttl`] issues every leaf afresh,
+//! valid from a minute ago for the given time, under the same CA (short SVIDs, as
+//! the SPIFFE helper rotates them). A second CA is another directory's PKI; its
+//! `ca.pem` and this one's are joined into one trust bundle by [`write_bundle`]
+//! for the overlap of a CA roll.
+//!
 //! Beside the PKI: [`signing`], the grant signing key, and [`jwt`], an operator
 //! token issuer. Nothing here is part of a shipped binary.
 
@@ -53,6 +59,9 @@ pub struct DevPki {
     trust_domain: String,
     ca: Issuer<'static, KeyPair>,
     rogue_ca: Issuer<'static, KeyPair>,
+    /// Validity of leaves issued by this value: `None` until 2100 (and existing
+    /// leaves kept), `Some` from a minute ago for that long (every leaf reissued).
+    ttl: Option<std::time::Duration>,
 }
 
 /// A certificate and its private key on disk.
@@ -88,11 +97,23 @@ enum Leaf<'a> {
 impl DevPki {
     /// Creates (or completes) the PKI in `dir` for `trust_domain`.
     pub fn generate(dir: impl AsRef<Path>, trust_domain: &str) -> Result<Self> {
+        Self::generate_inner(dir.as_ref(), trust_domain, None)
+    }
+
+    /// [`DevPki::generate`], but every leaf (the fixed ones now, and those asked
+    /// for later through this value) is issued afresh, valid from a minute ago for
+    /// `ttl`: a rotation of every certificate under the same CA. The CAs are kept.
+    pub fn generate_with_ttl(dir: impl AsRef<Path>, trust_domain: &str, ttl: std::time::Duration) -> Result<Self> {
+        ensure!(!ttl.is_zero(), "a ttl must be longer than zero");
+        Self::generate_inner(dir.as_ref(), trust_domain, Some(ttl))
+    }
+
+    fn generate_inner(dir: &Path, trust_domain: &str, ttl: Option<std::time::Duration>) -> Result<Self> {
         ensure!(
             !trust_domain.is_empty() && trust_domain.chars().all(is_name_char),
             "trust domain {trust_domain:?} must be non-empty [A-Za-z0-9.-]"
         );
-        let dir = dir.as_ref().to_path_buf();
+        let dir = dir.to_path_buf();
         fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let dir = dir.canonicalize()?;
 
@@ -106,7 +127,7 @@ impl DevPki {
         let rogue_ca = load_or_create_ca(&dir, "rogue-ca", "rogue CA (untrusted)")?;
         write_atomic(&td_file, format!("{trust_domain}\n").as_bytes(), 0o644)?;
 
-        let pki = Self { dir, trust_domain: trust_domain.to_owned(), ca, rogue_ca };
+        let pki = Self { dir, trust_domain: trust_domain.to_owned(), ca, rogue_ca, ttl };
         pki.ensure_leaf(&pki.ca, "envoy", Leaf::Server { cn: "envoy" })?;
         pki.ensure_leaf(&pki.ca, "arbiter", Leaf::Server { cn: "lockmesh-extproc" })?;
         let envoy_id = pki.envoy_spiffe_id();
@@ -214,15 +235,25 @@ impl DevPki {
         ClientCert { cert_path, key_path, spiffe_id }
     }
 
-    /// Writes `<stem>.pem` and `<stem>-key.pem` signed by `issuer` unless both exist.
+    /// Writes `<stem>.pem` and `<stem>-key.pem` signed by `issuer` unless both
+    /// exist (with a ttl: always, valid from a minute ago for the ttl).
     fn ensure_leaf(&self, issuer: &Issuer<'_, KeyPair>, stem: &str, leaf: Leaf<'_>) -> Result<()> {
         let CertPair { cert_path, key_path } = self.pair(stem);
-        if cert_path.exists() && key_path.exists() {
+        if self.ttl.is_none() && cert_path.exists() && key_path.exists() {
             return Ok(());
         }
         let mut params = CertificateParams::default();
-        params.not_before = date_time_ymd(2020, 1, 1);
-        params.not_after = date_time_ymd(2100, 1, 1);
+        match self.ttl {
+            None => {
+                params.not_before = date_time_ymd(2020, 1, 1);
+                params.not_after = date_time_ymd(2100, 1, 1);
+            }
+            Some(ttl) => {
+                let now = time::OffsetDateTime::now_utc();
+                params.not_before = now - time::Duration::minutes(1);
+                params.not_after = now + time::Duration::try_from(ttl).context("ttl too long")?;
+            }
+        }
         params.use_authority_key_identifier_extension = true;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.distinguished_name.remove(DnType::CommonName);
@@ -258,6 +289,22 @@ impl std::fmt::Debug for DevPki {
             .field("trust_domain", &self.trust_domain)
             .finish_non_exhaustive()
     }
+}
+
+/// Writes the CA certificates of `cas` (PEM files, each one or more
+/// certificates) into one bundle at `out`, in order: the trust bundle of a CA
+/// roll's overlap, old and new CA both trusted. Fails if a file holds no
+/// certificate.
+pub fn write_bundle(out: &Path, cas: &[PathBuf]) -> Result<()> {
+    ensure!(!cas.is_empty(), "a bundle needs at least one CA file");
+    let mut bundle = String::new();
+    for ca in cas {
+        let pem = fs::read_to_string(ca).with_context(|| format!("read {}", ca.display()))?;
+        ensure!(pem.contains("-----BEGIN CERTIFICATE-----"), "{}: no CERTIFICATE block", ca.display());
+        bundle.push_str(pem.trim_end());
+        bundle.push('\n');
+    }
+    write_atomic(out, bundle.as_bytes(), 0o644)
 }
 
 /// Loads `<stem>.pem`/`<stem>-key.pem` as an issuer, or creates a new CA there.
@@ -366,6 +413,38 @@ mod tests {
         let other = DevPki::generate(dir.path(), "other.test").unwrap();
         assert_ne!(fs::read(other.ca_cert_path()).unwrap(), ca_before);
         assert!(!worker.cert_path.exists());
+    }
+
+    #[test]
+    fn a_ttl_reissues_every_leaf_short_under_the_same_ca_and_a_bundle_joins_two_cas() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
+        let ca = fs::read(pki.ca_cert_path()).unwrap();
+        let worker = fs::read(pki.client("payments", "worker").unwrap().cert_path).unwrap();
+        let envoy = fs::read(pki.envoy_server().cert_path).unwrap();
+        let ttl = std::time::Duration::from_secs(600);
+        let short = DevPki::generate_with_ttl(dir.path(), "lockmesh.test", ttl).unwrap();
+        assert_eq!(fs::read(short.ca_cert_path()).unwrap(), ca, "the CA is kept");
+        let envoy2 = fs::read_to_string(short.envoy_server().cert_path).unwrap();
+        assert_ne!(envoy2.as_bytes(), envoy.as_slice(), "fixed leaves are reissued");
+        let worker2 = fs::read_to_string(short.client("payments", "worker").unwrap().cert_path).unwrap();
+        assert_ne!(worker2.as_bytes(), worker.as_slice(), "asked-for leaves are reissued");
+        for pem in [&envoy2, &worker2] {
+            let (_, der) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+            let cert = der.parse_x509().unwrap();
+            let left = cert.validity().not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp();
+            assert!((590..=600).contains(&left), "{left}");
+        }
+        assert!(DevPki::generate_with_ttl(dir.path(), "lockmesh.test", std::time::Duration::ZERO).is_err());
+
+        let second = tempfile::tempdir().unwrap();
+        let new = DevPki::generate(second.path(), "lockmesh.test").unwrap();
+        let bundle = dir.path().join("bundle.pem");
+        write_bundle(&bundle, &[pki.ca_cert_path(), new.ca_cert_path()]).unwrap();
+        let text = fs::read_to_string(&bundle).unwrap();
+        assert_eq!(text.matches("-----BEGIN CERTIFICATE-----").count(), 2);
+        assert!(text.starts_with(fs::read_to_string(pki.ca_cert_path()).unwrap().trim_end()));
+        assert!(write_bundle(&bundle, &[pki.envoy_server().key_path]).is_err(), "a key is no CA");
     }
 
     #[test]
