@@ -298,6 +298,7 @@ async fn route(
                 .map(|h| SessionHold {
                     acquired_ms: h.acquired_ms,
                     class: h.class,
+                    cluster: Some(h.cluster),
                     epoch: h.token.epoch(),
                     key: h.key,
                     revision: h.token.revision(),
@@ -352,6 +353,7 @@ async fn acquire(
             state.metrics.acquire(labels, "unprotected", req.received.elapsed().as_secs_f64());
             let mut r = ApiResponse::ok(&AcquiredBody {
                 class: g.class.clone(),
+                cluster: None,
                 epoch: g.epoch,
                 existing: g.existing,
                 grant: Some(g.grant.clone()),
@@ -379,6 +381,7 @@ async fn acquire(
     let proof = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, g.token, &g.class);
     let mut r = ApiResponse::ok(&AcquiredBody {
         class: g.class.to_string(),
+        cluster: store.as_ref().map(|s| s.cluster_name().to_owned()),
         epoch: g.token.epoch(),
         existing: g.existing,
         grant: None,

@@ -111,6 +111,27 @@ impl Collector for EtcdCollector {
     }
 }
 
+/// Encodes `lockmesh_lock::vm::RENEWAL_FAILURES` at scrape time as
+/// `lockmesh_arbiter_vm_renewal_failures_total{etcd_cluster}`: one series per etcd
+/// cluster of this arbiter's config (a bounded set), each from 0.
+#[derive(Debug)]
+struct VmRenewalCollector;
+
+impl Collector for VmRenewalCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_arbiter_vm_renewal_failures",
+            "Transparent-mode VM session renewals that failed, by etcd cluster (a failing cluster does not stop the others' renewals).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (cluster, n) in crate::lock::vm::RENEWAL_FAILURES.snapshot() {
+            ConstCounter::new(n).encode(family.encode_family(&[("etcd_cluster", cluster.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
 /// The route label of a request path: a closed set.
 pub(crate) fn route_label(method: &str, path: &str) -> &'static str {
     crate::api::Route::of(method, path).map_or("other", crate::api::Route::label)
@@ -250,6 +271,7 @@ impl Metrics {
         crate::lock::wait::HandoffCounts::register(r);
         r.register_collector(Box::new(EtcdCollector));
         crate::lock::upgrade::register(r);
+        r.register_collector(Box::new(VmRenewalCollector));
         self
     }
 
@@ -360,6 +382,7 @@ mod tests {
             "lockmesh_arbiter_unprotected_ships_total{outcome=\"error\"} 0\n",
             "lockmesh_arbiter_quorum_loss_declared 0\n",
             "lockmesh_arbiter_etcd_check_failures_total 0\n",
+            "# TYPE lockmesh_arbiter_vm_renewal_failures counter\n",
             "lockmesh_arbiter_registry_reload_errors 0\n",
             "lockmesh_arbiter_registry_reloads_total 0\n",
             "# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n",

@@ -156,7 +156,8 @@ async fn grant(
         fo.wait_free(&areq.key.digest(), areq.deadline, areq.try_once, cancel).await?;
     }
     // A VM session that expired (the filter stopped renewing for a while) is
-    // replaced once. Each cluster has its own VM sessions; a key whose home moved
+    // replaced once; so is one whose TTL is not the class's (`lock::vm`: a TTL
+    // change retires the old session, whose holds keep it). Each cluster has its own VM sessions; a key whose home moved
     // is routed again (`crate::tiers`).
     let (mut tries, mut moves) = (0, 0);
     let (grant, store) = loop {
@@ -172,9 +173,11 @@ async fn grant(
             Err(e) => return Err(e.into()),
         };
         match r {
-            Err(LockError::SessionExpired) if tries == 0 => {
+            // Expired, or (another arbiter's registry disagrees on the class TTL)
+            // of another TTL: forget it and find or open the class TTL's session.
+            Err(LockError::SessionExpired | LockError::SessionClassMismatch { .. }) if tries == 0 => {
                 tries += 1;
-                store.forget_vm_session(vm, areq.class.name.as_str()).await;
+                store.forget_vm_session(vm, areq.class.name.as_str(), areq.class.ttl_s).await;
             }
             Err(LockError::Moved) if moves < 3 => moves += 1,
             Err(LockError::Unavailable(m)) => match &open {

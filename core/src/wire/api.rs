@@ -25,6 +25,11 @@ use crate::{headers::SessionId, FencingToken};
 pub struct Acquired {
     /// The key's class, as the registry names it.
     pub class: String,
+    /// The etcd cluster that granted it (`coord` or a shard's name,
+    /// `docs/SCALE.md`): the token's epoch is that cluster's, and only a higher
+    /// epoch *of the same cluster* voids it. Absent from an older arbiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The token's epoch (for an unprotected grant: the epoch the arbiter last read).
     pub epoch: u64,
     /// True when the caller's session already held the key (an idempotent retry):
@@ -148,6 +153,10 @@ pub struct SessionHold {
     pub acquired_ms: u64,
     /// The key's class at grant time.
     pub class: String,
+    /// The etcd cluster holding it (see [`Acquired::cluster`]). Absent from an
+    /// older arbiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The token's epoch.
     pub epoch: u64,
     /// The raw lock key (the caller's own).

@@ -32,6 +32,8 @@ pub struct OwnHold {
     pub class: String,
     /// Grant time, unix ms.
     pub acquired_ms: u64,
+    /// The cluster holding it (its epoch is that cluster's, `docs/SCALE.md`).
+    pub cluster: String,
 }
 
 // === impl Store ===
@@ -169,7 +171,13 @@ impl Store {
                 };
                 let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
                 if let Ok(token) = FencingToken::mint(h.epoch, rev) {
-                    out.push(OwnHold { key: h.key, token, class: h.class, acquired_ms: h.acquired_ms });
+                    out.push(OwnHold {
+                        key: h.key,
+                        token,
+                        class: h.class,
+                        acquired_ms: h.acquired_ms,
+                        cluster: self.cluster_name().to_owned(),
+                    });
                 }
             }
         }

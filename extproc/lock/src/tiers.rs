@@ -35,7 +35,9 @@ use lockmesh_core::{
     shard::{rendezvous, ShardMap},
     ClassRegistry, ClassSpec, LockKey,
 };
-use tokio_util::sync::CancellationToken;
+/// The cancellation token the acquire calls take (re-exported for callers without
+/// `tokio-util` of their own, such as the scenario tests that drive this library).
+pub use tokio_util::sync::CancellationToken;
 
 use crate::{
     failopen::{FailOpen, MemGrant},
@@ -148,6 +150,9 @@ impl Tiers {
 
     /// Tiers over connected stores (named already).
     pub fn new(stores: BTreeMap<String, Arc<Store>>, entity: Vec<String>, region: Option<Region>) -> Self {
+        for name in stores.keys() {
+            crate::vm::RENEWAL_FAILURES.declare(name);
+        }
         Self {
             stores,
             fail_open: BTreeMap::new(),
@@ -649,6 +654,8 @@ impl Tiers {
     }
 
     /// ValidateToken on the key's home (a stale routing view corrected once).
+    /// `Sealed` when that cluster is sealed, by its record or by this arbiter's
+    /// check (a restored shard: its holds are not current whatever they say).
     pub async fn is_current(
         &self,
         class: &ClassSpec,
@@ -656,6 +663,7 @@ impl Tiers {
         token: lockmesh_core::FencingToken,
     ) -> Result<bool, LockError> {
         let store = self.route(class, key, false).await?;
+        store.unsealed()?;
         let current = crate::validate::is_current(&store, key, token).await?;
         if current || !self.split() {
             return Ok(current);
@@ -664,24 +672,57 @@ impl Tiers {
         if Arc::ptr_eq(&fresh, &store) {
             return Ok(false);
         }
+        fresh.unsealed()?;
         crate::validate::is_current(&fresh, key, token).await
     }
 
-    /// Renews every transparent-mode VM session of `vm` on every cluster.
+    /// Renews every transparent-mode VM session of `vm` on every cluster, each
+    /// cluster on its own (at once): a cluster that cannot be reached, or a session
+    /// there that cannot be renewed, stops nothing elsewhere. Each failure is
+    /// counted for its cluster in [`crate::vm::RENEWAL_FAILURES`]; the answer is an
+    /// error only when no cluster could be read at all, and its `min_ttl_s` is 0
+    /// while any cluster failed (the filter then polls every second).
     pub async fn vm_keepalive(
         &self,
         envoy: &str,
         vm: &str,
         reconcile: Option<&crate::vm::Reconcile>,
     ) -> Result<crate::vm::VmStatus, LockError> {
-        let mut total = crate::vm::VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
-        for s in self.stores() {
-            let st = s.vm_keepalive(envoy, vm, reconcile).await?;
-            total.sessions += st.sessions;
-            total.reconciled += st.reconciled;
-            if st.min_ttl_s > 0 {
-                total.min_ttl_s = if total.min_ttl_s == 0 { st.min_ttl_s } else { total.min_ttl_s.min(st.min_ttl_s) };
+        let stores: Vec<&Arc<Store>> = self.stores().collect();
+        let answers = join_all(stores.iter().map(|s| s.vm_keepalive(envoy, vm, reconcile))).await;
+        let mut total = crate::vm::VmStatus::default();
+        let (mut answered, mut first_err, mut partial) = (0, None, false);
+        for (s, r) in stores.iter().zip(answers) {
+            match r {
+                Ok(st) => {
+                    answered += 1;
+                    total.sessions += st.sessions;
+                    total.reconciled += st.reconciled;
+                    total.failed += st.failed;
+                    if st.failed > 0 {
+                        partial = true;
+                        crate::vm::RENEWAL_FAILURES.add(s.cluster_name(), st.failed as u64);
+                    }
+                    if st.min_ttl_s > 0 {
+                        total.min_ttl_s =
+                            if total.min_ttl_s == 0 { st.min_ttl_s } else { total.min_ttl_s.min(st.min_ttl_s) };
+                    }
+                }
+                Err(e) => {
+                    partial = true;
+                    crate::vm::RENEWAL_FAILURES.add(s.cluster_name(), 1);
+                    tracing::warn!(cluster = s.cluster_name(), error = %e, "could not renew a VM's sessions on this cluster; the other clusters are renewed");
+                    first_err.get_or_insert(e);
+                }
             }
+        }
+        if answered == 0 {
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        if partial {
+            total.min_ttl_s = 0;
         }
         Ok(total)
     }

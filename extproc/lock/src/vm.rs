@@ -17,8 +17,32 @@
 //!
 //! The index key is created in the same transaction as the session record, only if
 //! absent, so two arbiters opening a VM's session for one class at once agree on one.
+//!
+//! **A class TTL change** (a registry reload) never touches a live session: a
+//! session keeps the TTL it was opened with until it ends, and so do its holds.
+//! The first request of the class after the change finds the index naming a
+//! session of the old TTL and *retires* it: in one transaction (only if the index
+//! still names it) the index moves to `<root>/v/<vm>/<class>/retired/<session>`, on
+//! the same lease, and a session of the new TTL is opened under the index. The
+//! keepalive lists every key under the VM's prefix, so a retired session is renewed
+//! for as long as it carries holds, and left to lapse (within its TTL) once it
+//! carries none. This arbiter's cache is keyed by the TTL as well, so a reload here
+//! opens or finds the new session at the next request instead of granting on one
+//! whose TTL the class no longer has (`session_class_mismatch`).
+//!
+//! ```text
+//! <root>/v/<vm>/<class>/retired/<session> = session id   (on that session's lease)
+//! ```
+//!
+//! **Failures are per session.** One session the keepalive cannot renew (its etcd
+//! call failed) is counted in [`VmStatus::failed`] and the others are still renewed;
+//! `lockmesh_lock::tiers` does the same per cluster and counts each cluster's
+//! failures in [`RENEWAL_FAILURES`].
 
-use std::sync::Arc;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
 use super::{
     mutex::hold_of,
@@ -33,13 +57,27 @@ use lockmesh_core::{headers::SessionId, ClassSpec, KeyDigest, LockKey};
 pub(crate) const VM_ID_LEN: usize = 32;
 /// Most open hold ids a keepalive may list.
 pub const MAX_OPEN_HOLDS: usize = 100_000;
+/// What follows a class's index key in a retired session's key (then the session id).
+const RETIRED: &str = "/retired/";
 
 /// This arbiter's cache of VM sessions, by (VM, class): bounded, an entry idle for
 /// three of its session's TTLs expires (`session::cache`). A cached session may have
 /// ended: the grant on it compares its lease and answers `session_expired`, and the
 /// caller forgets it ([`Store::forget_vm_session`]) and opens or finds another.
 pub struct VmSessions {
-    by_vm_class: moka::sync::Cache<(String, String), VmSession>,
+    /// Keyed by (VM, class, class TTL): a class whose TTL changed misses here and
+    /// gets the session of its new TTL.
+    by_vm_class: moka::sync::Cache<(String, String, u64), VmSession>,
+}
+
+/// VM-session renewals that failed, by etcd cluster name (the names of this
+/// arbiter's config: a bounded set), for `lockmesh_arbiter_vm_renewal_failures_total`.
+pub static RENEWAL_FAILURES: RenewalFailures = RenewalFailures { by_cluster: Mutex::new(BTreeMap::new()) };
+
+/// Counters of failed VM-session renewals per cluster (see [`RENEWAL_FAILURES`]).
+#[derive(Debug)]
+pub struct RenewalFailures {
+    by_cluster: Mutex<BTreeMap<String, u64>>,
 }
 
 /// A VM's session for one class, and its TTL (the class TTL when it was opened).
@@ -50,14 +88,19 @@ struct VmSession {
 }
 
 /// What a VM keepalive found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VmStatus {
     /// Sessions renewed.
     pub sessions: usize,
-    /// The shortest TTL among them, seconds (0 without sessions).
+    /// The shortest TTL among them, seconds: 0 without sessions, and 0 when a
+    /// session or a cluster could not be renewed (the TTLs there are unknown, so
+    /// the filter polls every second until every cluster answers again).
     pub min_ttl_s: u64,
     /// Holds released by the reconcile.
     pub reconciled: usize,
+    /// Sessions whose renewal (or reconcile) failed this time; the others were
+    /// still renewed.
+    pub failed: usize,
 }
 
 /// A filter's reconcile: the hold numbers it still has open, and the next number it
@@ -98,6 +141,29 @@ impl cache::SessionTtl for VmSession {
     }
 }
 
+// === impl RenewalFailures ===
+
+impl RenewalFailures {
+    /// Makes `cluster`'s series exist (at 0) before its first failure.
+    pub fn declare(&self, cluster: &str) {
+        self.lock().entry(cluster.to_owned()).or_insert(0);
+    }
+
+    /// Counts `n` failed renewals on `cluster`.
+    pub fn add(&self, cluster: &str, n: u64) {
+        *self.lock().entry(cluster.to_owned()).or_insert(0) += n;
+    }
+
+    /// Every cluster's count, by name.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.by_cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 // === impl Store ===
 
 impl Store {
@@ -106,9 +172,10 @@ impl Store {
         Caller { identity: envoy.to_owned(), instance: Some(vm.to_owned()) }
     }
 
-    /// The session of `vm` (of the Envoy `envoy`) for `class`, opened on first use.
+    /// The session of `vm` (of the Envoy `envoy`) for `class` with the class's
+    /// current TTL, opened on first use; one of another TTL is retired (module doc).
     pub async fn vm_session(&self, envoy: &str, vm: &str, class: &ClassSpec) -> Result<SessionId, LockError> {
-        let cache_key = (vm.to_owned(), class.name.to_string());
+        let cache_key = (vm.to_owned(), class.name.to_string(), class.ttl_s);
         if let Some(s) = self.vms.by_vm_class.get(&cache_key) {
             return Ok(s.sid);
         }
@@ -124,9 +191,9 @@ impl Store {
                     self.vms.by_vm_class.insert(cache_key, VmSession { sid, ttl_s: rec.ttl_s });
                     return Ok(sid);
                 }
-                // The class TTL changed: holds on the old session keep its TTL until
-                // they end; new holds go to a session with the new TTL.
-                let _ = self.call(self.client().delete(index.as_str(), None)).await;
+                // The class TTL changed: the old session keeps its TTL and its holds
+                // (still renewed under its retired key); new holds get a new session.
+                self.retire_vm_session(vm, class.name.as_str(), sid, kv.mod_revision()).await?;
                 continue;
             }
             let sid = self.grant_lease(class.ttl_s).await?;
@@ -160,9 +227,48 @@ impl Store {
         Err(LockError::Unavailable("the VM session keeps changing".into()))
     }
 
-    /// Forgets a cached VM session (it expired).
-    pub async fn forget_vm_session(&self, vm: &str, class: &str) {
-        self.vms.by_vm_class.invalidate(&(vm.to_owned(), class.to_owned()));
+    /// The retired index key of VM session `sid` of `class`.
+    fn retired_vm_session(&self, vm: &str, class: &str, sid: SessionId) -> String {
+        format!("{}{RETIRED}{sid}", self.keys().vm_session(vm, class))
+    }
+
+    /// Moves the index of `vm`'s session `sid` of `class` (last modified at
+    /// `mod_revision`) to its retired key on the same lease, so the keepalive keeps
+    /// finding it; nothing when the index changed meanwhile (another arbiter
+    /// retired it or opened the next one: the caller reads it again).
+    async fn retire_vm_session(
+        &self,
+        vm: &str,
+        class: &str,
+        sid: SessionId,
+        mod_revision: i64,
+    ) -> Result<(), LockError> {
+        let index = self.keys().vm_session(vm, class);
+        let lease = Some(PutOptions::new().with_lease(sid.lease()));
+        let txn = Txn::new().when([Compare::mod_revision(index.as_str(), CompareOp::Equal, mod_revision)]).and_then([
+            TxnOp::put(self.retired_vm_session(vm, class, sid), sid.to_string(), lease),
+            TxnOp::delete(index.as_str(), None),
+        ]);
+        match self.call(self.client().txn(txn)).await {
+            Ok(r) => {
+                if r.succeeded() {
+                    tracing::info!(
+                        class,
+                        "a class TTL changed: a VM session of the old TTL is retired; its holds keep it"
+                    );
+                }
+                Ok(())
+            }
+            // The lease is gone: the index went with it.
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets a cached VM session of `class` with TTL `ttl_s` (it expired, or its
+    /// TTL is not the class's any more).
+    pub async fn forget_vm_session(&self, vm: &str, class: &str, ttl_s: u64) {
+        self.vms.by_vm_class.invalidate(&(vm.to_owned(), class.to_owned(), ttl_s));
     }
 
     /// Releases the hold `hold_id` of the key with digest `d` on session `sid`, if it
@@ -207,7 +313,10 @@ impl Store {
     }
 
     /// Renews every session of `vm`, and with `reconcile` releases its holds whose
-    /// requests have ended.
+    /// requests have ended. A session that cannot be renewed is counted in
+    /// [`VmStatus::failed`] and the others are still renewed; only a failed listing
+    /// of the VM's sessions is an error. A retired session (a class TTL change, see
+    /// the module doc) is renewed only while it carries holds.
     pub async fn vm_keepalive(
         &self,
         envoy: &str,
@@ -217,34 +326,80 @@ impl Store {
         let owner = Self::vm_owner(envoy, vm);
         let prefix = self.keys().vm_sessions(vm);
         let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
-        let mut status = VmStatus { sessions: 0, min_ttl_s: 0, reconciled: 0 };
+        let mut status = VmStatus::default();
         for kv in r.kvs() {
             let Some(sid) = SessionId::from_lease(kv.lease()) else { continue };
-            let Ok(rec) = self.owned_session(sid, &owner).await else { continue };
-            match self.call(self.client().lease_keep_alive(sid.lease())).await {
-                Ok(_) => {}
-                Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
-                    self.forget_session(sid).await;
-                    self.forget_vm_session(vm, &rec.class).await;
+            let rec = match self.owned_session(sid, &owner).await {
+                Ok(rec) => rec,
+                Err(LockError::SessionExpired) => continue,
+                Err(e) => {
+                    status.failed += 1;
+                    tracing::warn!(error = %e, "could not read a VM session's record; renewing the others");
                     continue;
                 }
-                Err(e) => return Err(e),
+            };
+            let retired = kv.key() != self.keys().vm_session(vm, &rec.class).as_bytes();
+            match self.renew_vm_session(sid, vm, retired, reconcile).await {
+                Ok(Some(reconciled)) => {
+                    status.sessions += 1;
+                    status.reconciled += reconciled;
+                    status.min_ttl_s = if status.min_ttl_s == 0 { rec.ttl_s } else { status.min_ttl_s.min(rec.ttl_s) };
+                }
+                Ok(None) => {}
+                Err(LockError::SessionExpired) => {
+                    self.forget_session(sid).await;
+                    self.forget_vm_session(vm, &rec.class, rec.ttl_s).await;
+                }
+                Err(e) => {
+                    status.failed += 1;
+                    tracing::warn!(error = %e, "could not renew a VM session; renewing the others");
+                }
             }
-            status.sessions += 1;
-            status.min_ttl_s = if status.min_ttl_s == 0 { rec.ttl_s } else { status.min_ttl_s.min(rec.ttl_s) };
-            if let Some(rc) = reconcile {
-                status.reconciled += self.reconcile_session(sid, vm, rc).await?;
-            }
+        }
+        if status.failed > 0 {
+            status.min_ttl_s = 0;
         }
         Ok(status)
     }
 
-    async fn reconcile_session(&self, sid: SessionId, vm: &str, rc: &Reconcile) -> Result<usize, LockError> {
+    /// Renews one VM session (a retired one only while it carries holds) and
+    /// reconciles it: the holds released, or `None` for a retired session left to
+    /// lapse; `SessionExpired` when its lease is gone.
+    async fn renew_vm_session(
+        &self,
+        sid: SessionId,
+        vm: &str,
+        retired: bool,
+        reconcile: Option<&Reconcile>,
+    ) -> Result<Option<usize>, LockError> {
+        if retired && self.lease_hold_keys(sid).await?.is_empty() {
+            return Ok(None);
+        }
+        match self.call(self.client().lease_keep_alive(sid.lease())).await {
+            Ok(_) => {}
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => return Err(LockError::SessionExpired),
+            Err(e) => return Err(e),
+        }
+        match reconcile {
+            Some(rc) => Ok(Some(self.reconcile_session(sid, vm, rc).await?)),
+            None => Ok(Some(0)),
+        }
+    }
+
+    /// The hold keys attached to lease `sid`.
+    async fn lease_hold_keys(&self, sid: SessionId) -> Result<Vec<Vec<u8>>, LockError> {
         let ttl = self
             .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
             .await?;
+        if ttl.ttl() <= 0 {
+            return Err(LockError::SessionExpired);
+        }
         let prefix = self.keys().all_locks();
-        let hold_keys: Vec<Vec<u8>> = ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect();
+        Ok(ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect())
+    }
+
+    async fn reconcile_session(&self, sid: SessionId, vm: &str, rc: &Reconcile) -> Result<usize, LockError> {
+        let hold_keys = self.lease_hold_keys(sid).await?;
         if hold_keys.is_empty() {
             return Ok(0);
         }
