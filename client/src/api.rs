@@ -191,12 +191,13 @@ impl Api {
         Ok(Opened { session: o.session, ttl_s: o.ttl_s, class: o.class })
     }
 
-    /// `POST /v1/sessions/keepalive`.
+    /// `POST /v1/sessions/keepalive`. Acknowledged only when the answer names
+    /// this session and a TTL it was renewed for ([`renewed`]).
     pub(crate) async fn keepalive(&self, session: SessionId, timeout: Duration) -> Result<(), CallError> {
-        let _: SessionRenewed = self
+        let r: SessionRenewed = self
             .call(Method::POST, "/v1/sessions/keepalive", &[(headers::SESSION, session.to_string())], timeout)
             .await?;
-        Ok(())
+        renewed(session, &r)
     }
 
     /// `POST /v1/locks/acquire` on `session`.
@@ -231,7 +232,7 @@ impl Api {
         if granted_to != session {
             return Err(CallError::Unknown("the grant names another session".into()));
         }
-        let grant = Grant { key: key.to_owned(), token, session, ttl_s: a.ttl_s, class: a.class };
+        let grant = Grant { key: key.to_owned(), token, session, ttl_s: a.ttl_s, class: a.class, cluster: a.cluster };
         Ok(Acquired { grant })
     }
 
@@ -252,7 +253,9 @@ impl Api {
             self.call(Method::GET, "/v1/sessions/holds", &[(headers::SESSION, session.to_string())], timeout).await?;
         // A listing names no TTL: the caller fills it in.
         let holds = l.holds.into_iter();
-        Ok(holds.map(|h| Grant { key: h.key, token: h.token, session, ttl_s: 0, class: h.class }).collect())
+        Ok(holds
+            .map(|h| Grant { key: h.key, token: h.token, session, ttl_s: 0, class: h.class, cluster: h.cluster })
+            .collect())
     }
 
     /// `POST /v1/sessions/close`.
@@ -261,6 +264,21 @@ impl Api {
             self.call(Method::POST, "/v1/sessions/close", &[(headers::SESSION, session.to_string())], timeout).await?;
         Ok(())
     }
+}
+
+/// Whether keepalive answer `r` acknowledges renewing `session`: it must name that
+/// session and a TTL above zero. Anything else is not an acknowledgement (the
+/// answer is not this renewal's, e.g. a misrouted or replayed one): it counts as a
+/// failed renewal ([`CallError::Unknown`]), which drains the session, never as one
+/// that moves its deadline.
+pub(crate) fn renewed(session: SessionId, r: &SessionRenewed) -> Result<(), CallError> {
+    if r.session != session {
+        return Err(CallError::Unknown("the keepalive answer names another session".into()));
+    }
+    if r.ttl_s == 0 {
+        return Err(CallError::Unknown("the keepalive answer renewed no ttl".into()));
+    }
+    Ok(())
 }
 
 fn bad(field: &str) -> CallError {
@@ -278,4 +296,17 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keepalive_answer_counts_only_for_its_own_session_and_a_renewed_ttl() {
+        let (mine, other) = (SessionId::from_lease(7).unwrap(), SessionId::from_lease(8).unwrap());
+        assert_eq!(renewed(mine, &SessionRenewed { session: mine, ttl_s: 15 }), Ok(()));
+        assert!(matches!(renewed(mine, &SessionRenewed { session: other, ttl_s: 15 }), Err(CallError::Unknown(_))));
+        assert!(matches!(renewed(mine, &SessionRenewed { session: mine, ttl_s: 0 }), Err(CallError::Unknown(_))));
+    }
 }

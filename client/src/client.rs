@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use lockmesh_core::headers::{self, SessionId};
+use lockmesh_core::{
+    headers::{self, SessionId},
+    Code,
+};
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{
@@ -24,6 +27,11 @@ use crate::{
 
 /// Most keys whose session TTL is remembered (the memory is cleared past this).
 const MAX_KNOWN_KEYS: usize = 65_536;
+
+/// Most clusters whose epoch is remembered; a deployment has a handful. Past it the
+/// memory is cleared (an epoch seen again is then new: it fences only grants of an
+/// older epoch of that same cluster, which are void anyway).
+const MAX_CLUSTERS: usize = 1024;
 
 /// What the fence callback is told: the session and every hold it carried are
 /// lost. Stop using their tokens; the resource's fence rejects them anyway.
@@ -87,7 +95,9 @@ pub(crate) struct Inner {
     /// Notified when a key stops being acquired or released.
     pub(crate) changed: Notify,
     pub(crate) runtime: tokio::runtime::Handle,
-    max_epoch: AtomicU64,
+    /// The highest epoch seen per etcd cluster (the grant names it; `None`: an
+    /// older service that names none). Bounded by [`MAX_CLUSTERS`].
+    max_epoch: Mutex<HashMap<Option<String>, u64>>,
     pub(crate) counters: [AtomicU64; 4],
 }
 
@@ -136,7 +146,7 @@ impl Client {
             ledger: Mutex::new(Ledger::default()),
             changed: Notify::new(),
             runtime,
-            max_epoch: AtomicU64::new(0),
+            max_epoch: Mutex::new(HashMap::new()),
             counters: Default::default(),
         };
         Ok(Self { inner: Arc::new(inner) })
@@ -154,6 +164,7 @@ impl Client {
         headers::parse_key(key.as_bytes()).map_err(|e| Error::Config { field: "key", why: e.why })?;
         let give_up = Instant::now() + opts.wait;
         let inner = &self.inner;
+        let mut relearnt = false;
         loop {
             let session = inner.session_for(key, opts.class.as_deref()).await?;
             if let Some(r) = session.lost() {
@@ -192,7 +203,17 @@ impl Client {
                         timeout: opts.timeout.unwrap_or(wait + inner.config.acquire_slack),
                     };
                     inner.runtime.spawn(task.run(tx));
-                    return rx.await.unwrap_or(Err(Error::OutcomeUnknown));
+                    let r = rx.await.unwrap_or(Err(Error::OutcomeUnknown));
+                    // The class TTL changed since this key's TTL was learnt: learn it
+                    // again (one new session open) and acquire once more.
+                    if !relearnt
+                        && matches!(&r, Err(Error::Refused { code, .. }) if *code == Code::SessionClassMismatch)
+                    {
+                        relearnt = true;
+                        inner.forget_ttl(key, opts.class.as_deref());
+                        continue;
+                    }
+                    return r;
                 }
             }
         }
@@ -360,18 +381,38 @@ impl Inner {
         }
     }
 
-    /// A grant or listing showed `epoch`: every session holding an older grant is
-    /// lost (the service advanced the epoch; older tokens are void).
-    pub(crate) fn observe_epoch(&self, epoch: u64) {
-        let prev = self.max_epoch.fetch_max(epoch, Ordering::SeqCst);
-        if epoch <= prev {
-            return;
+    /// A grant or listing showed `epoch` of etcd cluster `cluster`: every session
+    /// holding an older grant *of that cluster* is lost (the service advanced that
+    /// cluster's epoch; its older tokens are void). Each cluster has its own epoch
+    /// (`docs/SCALE.md`): a higher epoch on one shard says nothing about another's.
+    pub(crate) fn observe_epoch(&self, cluster: Option<&str>, epoch: u64) {
+        {
+            let mut seen = self.max_epoch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let key = cluster.map(str::to_owned);
+            if seen.get(&key).is_some_and(|prev| epoch <= *prev) {
+                return;
+            }
+            if seen.len() >= MAX_CLUSTERS && !seen.contains_key(&key) {
+                seen.clear();
+            }
+            seen.insert(key, epoch);
         }
-        let stale = self.ledger().sessions_below_epoch(epoch);
+        let stale = self.ledger().sessions_below_epoch(cluster, epoch);
         for sid in stale {
             if let Some(s) = self.session_by_id(sid) {
                 self.fence(&s, LossReason::EpochChanged);
             }
+        }
+    }
+
+    /// Forgets the TTL learnt for `key` (and for `class`, if named): the service
+    /// answered `session_class_mismatch`, so the class's TTL changed (a registry
+    /// reload). The next acquire opens a session for the key again, which reports
+    /// the new TTL; sessions of the old TTL keep renewing their holds until they end.
+    pub(crate) fn forget_ttl(&self, key: &str, class: Option<&str>) {
+        self.key_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
+        if let Some(c) = class {
+            self.class_ttl.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(c);
         }
     }
 }

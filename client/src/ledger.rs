@@ -24,6 +24,9 @@ pub struct Grant {
     pub ttl_s: u64,
     /// The key's class.
     pub class: String,
+    /// The etcd cluster holding it, as the service named it (`None` from an older
+    /// service): its epoch is that cluster's own (`docs/SCALE.md`).
+    pub cluster: Option<String>,
 }
 
 /// Per-key state of this process.
@@ -178,13 +181,18 @@ impl Ledger {
         lost
     }
 
-    /// Sessions holding a grant of an epoch below `epoch` (each lost, ADR-03).
-    pub fn sessions_below_epoch(&self, epoch: u64) -> Vec<SessionId> {
+    /// Sessions holding a grant of cluster `cluster` of an epoch below `epoch`
+    /// (each lost, ADR-03). Each cluster has its own epoch: a grant of another
+    /// cluster is never compared (a grant that names no cluster, from an older
+    /// service, is compared with other such grants only).
+    pub fn sessions_below_epoch(&self, cluster: Option<&str>, epoch: u64) -> Vec<SessionId> {
         let mut out: Vec<SessionId> = self
             .slots
             .values()
             .filter_map(|s| match s {
-                Slot::Held { grant, .. } | Slot::Releasing { grant } if grant.token.epoch() < epoch => {
+                Slot::Held { grant, .. } | Slot::Releasing { grant }
+                    if grant.cluster.as_deref() == cluster && grant.token.epoch() < epoch =>
+                {
                     Some(grant.session)
                 }
                 _ => None,
@@ -238,6 +246,7 @@ mod tests {
             session: sid(session),
             ttl_s: 15,
             class: "default".into(),
+            cluster: None,
         }
     }
 
@@ -312,7 +321,27 @@ mod tests {
             l.enter(&g.key, g.session);
             l.acquired(&g);
         }
-        assert_eq!(l.sessions_below_epoch(2), vec![sid(1), sid(3)]);
-        assert!(l.sessions_below_epoch(1).is_empty());
+        assert_eq!(l.sessions_below_epoch(None, 2), vec![sid(1), sid(3)]);
+        assert!(l.sessions_below_epoch(None, 1).is_empty());
+    }
+
+    #[test]
+    fn each_cluster_has_its_own_epoch() {
+        let mut l = Ledger::default();
+        let on = |mut g: Grant, c: &str| {
+            g.cluster = Some(c.to_owned());
+            g
+        };
+        // One session holds a key of the coord cluster (epoch 5) and one of a
+        // shard (epoch 9): neither epoch voids the other's grant.
+        for g in [on(grant("ns/a", 1, 5, 7), "coord"), on(grant("ns/b", 1, 9, 3), "shard-a")] {
+            l.enter(&g.key, g.session);
+            l.acquired(&g);
+        }
+        assert!(l.sessions_below_epoch(Some("shard-a"), 9).is_empty());
+        assert!(l.sessions_below_epoch(Some("shard-b"), 12).is_empty());
+        assert!(l.sessions_below_epoch(None, 12).is_empty());
+        assert_eq!(l.sessions_below_epoch(Some("coord"), 6), vec![sid(1)]);
+        assert_eq!(l.sessions_below_epoch(Some("shard-a"), 10), vec![sid(1)]);
     }
 }
