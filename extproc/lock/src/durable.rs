@@ -24,21 +24,40 @@
 //!   (Redisson's fair lock stalls 5 s per dead waiter).
 //! - **Losing a place.** An arbiter paused past the waiter TTL loses its waiters'
 //!   keys; each notices at its next step and queues again at the back.
+//! - **Orphans.** A waiter key whose waiter is gone but whose delete failed (etcd
+//!   electing a leader, say), or whose put timed out yet committed, would sit on the
+//!   live waiter lease, ahead of every later arrival, for as long as this arbiter
+//!   runs. So the arbiter keeps the names of its live waiters' keys (each listed
+//!   before its put, struck when its waiter leaves) and *sweeps*: it lists the keys
+//!   on its waiter lease (`LeaseTimeToLive` with keys) and deletes every one no
+//!   live waiter here owns, compared on that lease. Key names are never reused (the
+//!   lease id and a sequence), so a listed name that is no longer live is an orphan
+//!   for good. The sweep runs at the next renewal after a delete failed or a put's
+//!   outcome was unknown, and every [`SWEEP_EVERY`] renewals otherwise. This is
+//!   owner liveness, with no clock: only the owning arbiter knows its waiters, and
+//!   if it dies its lease ends them all. (A deadline in the waiter record, judged
+//!   by other arbiters, would depend on their wall clocks agreeing, which the
+//!   release gate steps by an hour.) Every orphan is gone within about
+//!   [`SWEEP_EVERY`] seconds at the latest, or [`WAITER_TTL_S`] once its arbiter
+//!   is dead. Cost: one `LeaseTimeToLive` read per arbiter every [`SWEEP_EVERY`] s
+//!   (and after a failure), a delete per orphan; nothing per waiter.
 //!
 //! Cost per waiter: the waiter key's put, and its delete (inside the grant, or on
 //! leaving). Memory fairness costs no writes. Durable classes are never handed over
 //! in a release transaction (`mutex`): the order lives in etcd, not here.
 
 use std::{
+    collections::HashSet,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::Duration,
 };
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, WatchOptions,
 };
 use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
 use tokio::time::Instant;
@@ -53,11 +72,35 @@ use super::{
 /// hold up a queue.
 pub(crate) const WAITER_TTL_S: i64 = 3;
 
-/// This arbiter's waiter lease and the sequence of its waiter keys.
+/// Without a known failure, the orphan sweep runs at every this many renewals of
+/// the waiter lease (one a second).
+pub(crate) const SWEEP_EVERY: u64 = 10;
+
+/// This arbiter's waiter lease, the sequence of its waiter keys, and what the
+/// orphan sweep needs (module docs).
 #[derive(Default)]
 pub struct WaiterLease {
     lease: tokio::sync::Mutex<Option<(i64, Arc<AtomicBool>)>>,
     seq: AtomicU64,
+    /// The keys of this arbiter's live waiters: listed before their put, struck
+    /// when their waiter leaves. A key on the waiter lease that is not here is an
+    /// orphan.
+    live: Arc<Mutex<HashSet<String>>>,
+    /// Set when a waiter key may have been left behind (a failed delete, a put
+    /// whose outcome is unknown): the sweep runs at the next renewal.
+    suspect: Arc<AtomicBool>,
+}
+
+// === impl WaiterLease ===
+
+impl WaiterLease {
+    fn list(&self, key: &str) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned());
+    }
+
+    fn strike(&self, key: &str) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
 }
 
 /// Where a waiter stands.
@@ -71,9 +114,14 @@ enum Position {
 }
 
 /// A queued waiter key; dropping it without [`Queued::granted`] deletes the key.
+/// Dropping it always strikes the key from the live list, so a delete that fails
+/// leaves an orphan the sweep finds.
 struct Queued {
     store: Arc<Store>,
     key: String,
+    /// The waiter lease the key was put on.
+    lease: i64,
+    /// Its create revision; 0 while its put has not answered.
     rev: i64,
     done: bool,
 }
@@ -87,21 +135,30 @@ impl Queued {
 
 impl Drop for Queued {
     fn drop(&mut self) {
+        let wl = &self.store.queues().durable;
+        wl.strike(&self.key);
         if self.done {
             return;
         }
-        let (store, key, rev) = (self.store.clone(), std::mem::take(&mut self.key), self.rev);
-        // The waiter leaves at once: delete its key (compared, so a re-queued key of
-        // the same name could never be hit).
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let cmp = [Compare::create_revision(key.as_str(), CompareOp::Equal, rev)];
-                let txn = Txn::new().when(cmp).and_then([TxnOp::delete(key.as_str(), None::<DeleteOptions>)]);
-                if let Err(e) = store.call(store.client().txn(txn)).await {
-                    tracing::warn!(error = %e, "could not delete a departed durable waiter; it ends with the waiter lease");
-                }
-            });
-        }
+        let (store, key, rev, lease) = (self.store.clone(), std::mem::take(&mut self.key), self.rev, self.lease);
+        // The waiter leaves at once: delete its key, compared on its create
+        // revision, or on its lease when its put never answered (a name is never
+        // put twice, so either only ever hits this waiter's own key).
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            wl.suspect.store(true, Ordering::Release);
+            return;
+        };
+        rt.spawn(async move {
+            let cmp = match rev {
+                0 => Compare::lease(key.as_str(), CompareOp::Equal, lease),
+                _ => Compare::create_revision(key.as_str(), CompareOp::Equal, rev),
+            };
+            let txn = Txn::new().when([cmp]).and_then([TxnOp::delete(key.as_str(), None::<DeleteOptions>)]);
+            if let Err(e) = store.call(store.client().txn(txn)).await {
+                store.queues().durable.suspect.store(true, Ordering::Release);
+                tracing::warn!(error = %e, "could not delete a departed durable waiter; the orphan sweep will");
+            }
+        });
     }
 }
 
@@ -206,15 +263,22 @@ impl Store {
         let id = self.call(self.client().lease_grant(WAITER_TTL_S, None)).await?.id();
         let alive = Arc::new(AtomicBool::new(true));
         let (client, flag) = (self.client(), alive.clone());
+        let (live, suspect, prefix) = (wl.live.clone(), wl.suspect.clone(), self.keys().all_waiters());
         tokio::spawn(async move {
             let mut client = client;
-            loop {
+            for tick in 1u64.. {
                 tokio::time::sleep(Duration::from_millis(1000)).await;
                 let r = tokio::time::timeout(Duration::from_secs(2), client.lease_keep_alive(id)).await;
                 if let Ok(Err(e)) = &r {
                     if e.to_string().contains("lease not found") {
                         flag.store(false, Ordering::Release);
                         return;
+                    }
+                }
+                if suspect.swap(false, Ordering::AcqRel) || tick.is_multiple_of(SWEEP_EVERY) {
+                    if let Err(e) = sweep_orphans(&mut client, id, &prefix, &live).await {
+                        suspect.store(true, Ordering::Release);
+                        tracing::debug!(error = %e, "durable waiter sweep failed; it runs again at the next renewal");
                     }
                 }
             }
@@ -232,27 +296,34 @@ impl Store {
     ) -> Result<Queued, LockError> {
         let value = lockmesh_keyspace::WaiterRecord { owner: req.caller.identity.clone(), session: sid.to_string() };
         let value = serde_json::to_string(&value).map_err(|e| LockError::Internal(e.to_string()))?;
+        let wl = &self.queues().durable;
         for _ in 0..2 {
             let lease = self.waiter_lease().await?;
-            let seq = self.queues().durable.seq.fetch_add(1, Ordering::Relaxed);
+            let seq = wl.seq.fetch_add(1, Ordering::Relaxed);
             let key = self.keys().waiter(d, lease, seq);
-            match self
-                .call_by(
-                    req.deadline,
-                    self.client().put(key.as_str(), value.as_str(), Some(PutOptions::new().with_lease(lease))),
-                )
-                .await
-            {
+            // Listed before the put: a sweep never takes a live waiter's key. If
+            // this future is dropped or the put fails, dropping `q` deletes the
+            // key (it may have committed) and strikes it.
+            wl.list(&key);
+            let mut q = Queued { store: self.clone(), key, lease, rev: 0, done: false };
+            let mut client = self.client();
+            let put = client.put(q.key.as_str(), value.as_str(), Some(PutOptions::new().with_lease(lease)));
+            match self.call_by(req.deadline, put).await {
                 Ok(r) => {
-                    let rev = r.header().map_or(0, |h| h.revision());
-                    return Ok(Queued { store: self.clone(), key, rev, done: false });
+                    q.rev = r.header().map_or(0, |h| h.revision());
+                    return Ok(q);
                 }
                 Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
-                    if let Some((_, alive)) = &*self.queues().durable.lease.lock().await {
+                    // Nothing was written.
+                    q.done = true;
+                    if let Some((_, alive)) = &*wl.lease.lock().await {
                         alive.store(false, Ordering::Release);
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    wl.suspect.store(true, Ordering::Release);
+                    return Err(e);
+                }
             }
         }
         Err(LockError::Unavailable("could not obtain a waiter lease".into()))
@@ -307,4 +378,42 @@ impl Store {
             _ = cancel.cancelled() => Err(LockError::Cancelled),
         }
     }
+}
+
+/// Deletes every key on waiter lease `lease` under `prefix` that no live waiter
+/// here owns (module docs, "Orphans"); returns how many it deleted.
+async fn sweep_orphans(
+    client: &mut Client,
+    lease: i64,
+    prefix: &str,
+    live: &Mutex<HashSet<String>>,
+) -> Result<usize, LockError> {
+    let unavailable = |e: String| LockError::Unavailable(e);
+    let step = Duration::from_secs(2);
+    let opts = LeaseTimeToLiveOptions::new().with_keys();
+    let r = tokio::time::timeout(step, client.lease_time_to_live(lease, Some(opts)))
+        .await
+        .map_err(|_| unavailable("etcd did not answer the waiter lease's key list".into()))?
+        .map_err(|e| unavailable(e.to_string()))?;
+    let orphans: Vec<Vec<u8>> = {
+        let live = live.lock().unwrap_or_else(|p| p.into_inner());
+        r.keys()
+            .iter()
+            .filter(|k| k.starts_with(prefix.as_bytes()))
+            .filter(|k| !std::str::from_utf8(k).is_ok_and(|s| live.contains(s)))
+            .cloned()
+            .collect()
+    };
+    for k in &orphans {
+        let cmp = [Compare::lease(k.clone(), CompareOp::Equal, lease)];
+        let txn = Txn::new().when(cmp).and_then([TxnOp::delete(k.clone(), None::<DeleteOptions>)]);
+        tokio::time::timeout(step, client.txn(txn))
+            .await
+            .map_err(|_| unavailable("etcd did not answer an orphan's delete".into()))?
+            .map_err(|e| unavailable(e.to_string()))?;
+    }
+    if !orphans.is_empty() {
+        tracing::info!(count = orphans.len(), "deleted durable waiter keys no waiter here owns");
+    }
+    Ok(orphans.len())
 }

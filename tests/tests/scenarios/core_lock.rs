@@ -177,29 +177,63 @@ async fn a_session_that_expires_while_waiting_gets_nothing() {
     assert!(holders(&a, k).await.is_empty(), "the expired session was granted the key");
 }
 
+/// A retried release of a finished grant (a lost answer, say) must not free the
+/// successor, even one of the same identity on the same session: then neither
+/// the identity nor the session check tells the two grants apart, only the
+/// compare on the grant's revision does. The scenario runs twice: with the
+/// release-by-name bug planted (`test_faults: [release_by_key_name]`, which
+/// deletes slot 0 of the caller's session by name, etcd #22082) the stale
+/// release frees the successor, so this test can fail; without it, never.
 #[tokio::test]
 async fn a_stale_release_never_frees_the_successor() {
-    let st = lock_tier("core-stale").start().await.unwrap();
-    let a = st.client("payments", "a").unwrap();
-    let b = st.client("payments", "b").unwrap();
-    let k = "payments/order-3";
-    let t1 = token(&a.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
-    assert_eq!(a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap().code(), 200);
-    let t2 = token(&b.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
-    assert!(t2 > t1);
-    // a retries its release (a lost answer, say): it must not touch b's grant.
-    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t1.to_string())]).await.unwrap();
-    assert_eq!((r.code(), s(&r, "code")), (409, "not_holder".into()), "{}", r.body);
-    // b's own token from another identity is refused too, and a made-up one.
-    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())]).await.unwrap();
-    assert_eq!(r.code(), 409, "{}", r.body);
-    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &(t2 + 1).to_string())]).await.unwrap();
-    assert_eq!(r.code(), 409, "{}", r.body);
-    let h = holders(&a, k).await;
-    assert_eq!(h.len(), 1);
-    assert_eq!(h[0]["identity"], st.pki().workload_spiffe_id("payments", "b"));
-    assert_eq!(b.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())]).await.unwrap().code(), 200);
-    assert!(holders(&a, k).await.is_empty());
+    for planted in [true, false] {
+        let mut b = lock_tier(if planted { "core-stale-planted" } else { "core-stale" });
+        if planted {
+            b = b.arbiter_extra_yaml("test_faults: [release_by_key_name]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+        }
+        let st = b.start().await.unwrap();
+        let a = st.client("payments", "a").unwrap();
+        let k = "payments/order-3";
+        let opened = a.post("/v1/sessions", &[("x-lock-key", k)]).await.unwrap();
+        assert_eq!(opened.code(), 200, "{}", opened.body);
+        let sid = s(&opened, "session");
+        let acq = [("x-lock-key", k), ("x-lock-session", sid.as_str())];
+        let t1 = token(&a.post(ACQ, &acq).await.unwrap()).to_string();
+        let rel1 = [("x-lock-key", k), ("x-lock-token", t1.as_str()), ("x-lock-session", sid.as_str())];
+        assert_eq!(a.post(REL, &rel1).await.unwrap().code(), 200);
+        // The same identity takes the key again on the same session.
+        let t2 = token(&a.post(ACQ, &acq).await.unwrap());
+        assert!(t2 > t1.parse().unwrap());
+        // a retries its first release: it must not touch its own successor grant.
+        let stale = a.post(REL, &rel1).await.unwrap();
+        let own = a.get("/v1/locks", &acq).await.unwrap();
+        assert_eq!(own.code(), 200, "{}", own.body);
+        let held: Vec<String> = own.json["holders"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["token"].as_str().map(str::to_owned))
+            .collect();
+        if planted {
+            assert_eq!(stale.code(), 200, "the planted arbiter deletes slot 0 by name: {}", stale.body);
+            assert!(held.is_empty(), "the planted stale release should have freed the successor: {}", own.body);
+            continue;
+        }
+        assert_eq!((stale.code(), s(&stale, "code")), (409, "not_holder".into()), "{}", stale.body);
+        assert_eq!(held, [t2.to_string()], "the successor grant is still held: {}", own.body);
+        // Another identity with the successor's token is refused too, and a made-up one.
+        let b = st.client("payments", "b").unwrap();
+        let r = b.post(REL, &[("x-lock-key", k), ("x-lock-token", &t2.to_string())]).await.unwrap();
+        assert_eq!(r.code(), 409, "{}", r.body);
+        let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &(t2 + 1).to_string())]).await.unwrap();
+        assert_eq!(r.code(), 409, "{}", r.body);
+        let h = holders(&a, k).await;
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0]["identity"], st.pki().workload_spiffe_id("payments", "a"));
+        let rel2 = [("x-lock-key", k), ("x-lock-token", &t2.to_string()), ("x-lock-session", &sid)];
+        assert_eq!(a.post(REL, &rel2).await.unwrap().code(), 200);
+        assert!(holders(&a, k).await.is_empty());
+    }
 }
 
 #[tokio::test]

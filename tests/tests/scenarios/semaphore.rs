@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use lockmesh_tests::Stack;
 
 const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
@@ -17,13 +17,20 @@ classes:
 
 /// Replays the holder history of every key under the root and returns, per key
 /// digest, the largest number of simultaneous holders.
+///
+/// The replay ends at a barrier key this test puts under its own root, and the
+/// watch covers the whole root, so the last event it waits for is one of its
+/// own: the shared etcd's current revision is no end, since another test's
+/// write can be the last one and no event of this root ever reaches it.
 async fn max_concurrent(st: &Stack, from: i64) -> std::collections::HashMap<String, usize> {
     let mut c = st.etcd().client().await.unwrap();
+    let root = format!("{}/", st.root());
     let prefix = format!("{}/l/", st.root());
-    let now = c.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
-    let end = now.header().unwrap().revision();
+    let barrier = format!("{}/test/semaphore-barrier", st.root());
     let opts = WatchOptions::new().with_prefix().with_start_revision(from).with_prev_key();
-    let mut w = c.watch(prefix.as_str(), Some(opts)).await.unwrap();
+    let mut w = c.watch(root.as_str(), Some(opts)).await.unwrap();
+    let put = c.put(barrier.as_str(), "end", None).await.unwrap();
+    let end = put.header().unwrap().revision();
     let mut held: std::collections::HashMap<String, std::collections::HashSet<Vec<u8>>> = Default::default();
     let mut max: std::collections::HashMap<String, usize> = Default::default();
     let mut seen = from;
@@ -32,6 +39,9 @@ async fn max_concurrent(st: &Stack, from: i64) -> std::collections::HashMap<Stri
         for e in r.events() {
             let kv = e.kv().unwrap();
             seen = seen.max(kv.mod_revision());
+            if !kv.key().starts_with(prefix.as_bytes()) || kv.mod_revision() > end {
+                continue;
+            }
             let k = String::from_utf8_lossy(kv.key()).into_owned();
             let digest = k.split("/h/").next().unwrap().to_owned();
             let set = held.entry(digest.clone()).or_default();
