@@ -152,6 +152,60 @@ async fn planted_release_by_key_name_is_caught() {
     }
 }
 
+/// A hold deleted with nothing on the record to say why: no release marker, no
+/// end of its session, no force record, no epoch advance. The planted bug stands
+/// in for any arbiter path that frees a holder without a marker (the checker
+/// once looked only at deletes that carried one, so this was invisible): while
+/// holders loop on the mutex keys, the bug run deletes live holds straight from
+/// etcd. `deleted_hold_accounted` must catch it; the control, the same run
+/// without the deletes, passes.
+#[tokio::test]
+async fn planted_unmarked_delete_of_a_hold_is_caught() {
+    for bug in [true, false] {
+        let mut g = GateCluster::start(small("plant-unmarked")).await.unwrap();
+        let keys = g.mutex_keys();
+        for i in 0..2 {
+            g.spawn_holder(&format!("h{i}"), &keys, false).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if bug {
+            let mut etcd = g.etcd.client().await.unwrap();
+            let holds = format!("{}/l/", g.root);
+            let mut deleted = 0;
+            let until = tokio::time::Instant::now() + Duration::from_secs(10);
+            while deleted < 3 && tokio::time::Instant::now() < until {
+                let r = etcd.get(holds.as_str(), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+                for kv in r.kvs().iter().filter(|kv| kv.key().windows(3).any(|w| w == b"/h/")) {
+                    let cmp = etcd_client::Compare::create_revision(
+                        kv.key(),
+                        etcd_client::CompareOp::Equal,
+                        kv.create_revision(),
+                    );
+                    let del = etcd_client::TxnOp::delete(kv.key(), None);
+                    if etcd.txn(etcd_client::Txn::new().when([cmp]).and_then([del])).await.unwrap().succeeded() {
+                        deleted += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            assert!(deleted > 0, "no live hold to delete");
+            // The holders see their answers (and record them) after the deletes.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        let v = verdict(&g).await;
+        if bug {
+            assert_caught(&v, "deleted_hold_accounted");
+            assert!(v.explain().contains("no release marker naming it"), "{}", v.explain());
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let Verdict::Pass(s) = v else { unreachable!() };
+            assert!(s.grants > 5 && s.deletes > 5, "the control ran: {s:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn planted_semaphore_counting_before_it_locks_is_caught() {
     for bug in [true, false] {
