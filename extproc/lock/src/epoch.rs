@@ -211,6 +211,57 @@ impl Store {
         None
     }
 
+    /// Whether the etcd cluster that just committed a grant is at or past this
+    /// arbiter's raft mark (ADR-03). A restore with `--bump-revision` passes the
+    /// revision floor every grant compares; only the raft position, which restarts
+    /// with the restored log, tells it apart, and the seal check reads it once a
+    /// second: a grant committed in between would hand out a key the restored
+    /// store forgot was held. So every grant asks here before it answers.
+    ///
+    /// Every member is asked at once and the first at or past the mark answers
+    /// yes (a healthy cluster has one, however far a follower lags). A no refuses
+    /// the grant (`unavailable`) and never seals: a lagging follower is behind the
+    /// mark too, and the seal check, which reads the proven leader, decides. A
+    /// member that refuses `Status` (etcd 3.5 auth for a non-root user) cannot be
+    /// asked; when every member refuses, the check is skipped, as the seal check's
+    /// raft comparison is (docs/OPERATIONS.md).
+    pub(crate) async fn raft_at_mark(&self) -> Result<(), LockError> {
+        use futures::stream::StreamExt;
+        let m = self.seal().marks();
+        let mark = (m.raft_term, m.raft_index);
+        if mark == (0, 0) {
+            return Ok(());
+        }
+        let mut asks: futures::stream::FuturesUnordered<_> = self
+            .members
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                async move { self.call(c.status()).await }
+            })
+            .collect();
+        let (mut refused, mut highest) = (0, None);
+        while let Some(r) = asks.next().await {
+            match r {
+                Ok(s) if (s.raft_term(), s.raft_index()) >= mark => return Ok(()),
+                Ok(s) => highest = highest.max(Some((s.raft_term(), s.raft_index()))),
+                Err(LockError::Unavailable(e)) if e.contains("permission denied") => refused += 1,
+                Err(_) => {}
+            }
+        }
+        if refused == self.members.len() {
+            return Ok(());
+        }
+        Err(LockError::Unavailable(match highest {
+            Some((t, i)) => format!(
+                "no etcd member is at the raft mark ({}, {}): the highest answered ({t}, {i}); a restored or lagging \
+                 cluster, the seal check decides",
+                mark.0, mark.1
+            ),
+            None => "no etcd member answered its raft position after the grant committed".into(),
+        }))
+    }
+
     /// Drops the cached state so the next grant reloads it.
     pub(crate) fn forget_epoch(&self) {
         if let Ok(mut g) = self.epoch.0.write() {

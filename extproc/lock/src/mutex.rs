@@ -277,20 +277,49 @@ impl Store {
         // an idempotent re-acquire) and wait from that read's revision with an
         // offer, so the holder's release hands the key over in its own transaction.
         // A release anywhere shows in the watch from that revision.
-        if self.queues().held_since(&d).is_some() && new_record.is_none() && !req.try_once && req.class.max_holders == 1
-        {
-            let opts = Some(GetOptions::new().with_prefix());
-            let r = self.call_by(req.deadline, self.client().get(self.keys().holds(&d), opts)).await?;
-            if let Some(answer) = self.classify_holders(req, sid, r.kvs()) {
-                return answer;
-            }
-            if !r.kvs().is_empty() {
-                let revision = r.header().map_or(0, |h| h.revision());
-                if let Some(g) = self.wait_change(&d, revision, req.deadline, cancel, &ticket, Some((req, sid))).await?
-                {
-                    self.queues().note_held(&d, token_revision(&g));
-                    return Ok(g);
+        // The limit that decides "mutex" is the authoritative one (`lock::policy`),
+        // read with the holders: the registry's may be behind a `lockctl limit`
+        // change, and a key with free slots must be granted, not waited for.
+        if self.queues().held_since(&d).is_some() && new_record.is_none() && !req.try_once {
+            let policy_key = self.keys().class_policy(req.class.name.as_str());
+            let txn = Txn::new().and_then([
+                TxnOp::get(self.keys().holds(&d), Some(GetOptions::new().with_prefix())),
+                TxnOp::get(policy_key, None),
+            ]);
+            let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
+            let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (holders, policy) = (gets.next(), gets.next());
+            let limit = policy
+                .as_ref()
+                .and_then(|p| p.kvs().first())
+                .and_then(|kv| serde_json::from_slice::<lockmesh_core::policy::ClassPolicy>(kv.value()).ok())
+                .map(|p| p.limit);
+            if let (Some(holders), Some(1)) = (holders, limit) {
+                if let Some(answer) = self.classify_holders(req, sid, holders.kvs()) {
+                    return answer;
                 }
+                if !holders.kvs().is_empty() {
+                    let revision = r.header().map_or(0, |h| h.revision());
+                    if let Some(g) =
+                        self.wait_change(&d, revision, req.deadline, cancel, &ticket, Some((req, sid))).await?
+                    {
+                        self.queues().note_held(&d, token_revision(&g));
+                        return Ok(g);
+                    }
+                }
+            }
+        }
+        // A re-acquire on the caller's own session of a key with several slots:
+        // the grant transaction compares one slot empty, so with that slot free it
+        // would commit a second hold for the same session. Its existing hold is the
+        // answer (`existing: true`). A mutex needs no read: its one slot is the one
+        // compared, and the refusal's reads find the hold.
+        if new_record.is_none() && !matches!(self.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1))) {
+            if let Some(g) = self.own_hold(req, &d, sid).await? {
+                return Ok(g);
             }
         }
         let mut epoch_moves = 0;
@@ -356,6 +385,41 @@ impl Store {
         let opts = Some(GetOptions::new().with_prefix());
         let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
         Ok(self.classify_holders(req, sid, r.kvs()))
+    }
+
+    /// The hold of session `sid` on `d` with the request's hold id, as an
+    /// `existing` grant (one read, no proposal).
+    async fn own_hold(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Grant>, LockError> {
+        let opts = Some(GetOptions::new().with_prefix());
+        let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
+        for kv in r.kvs().iter().filter(|kv| kv.lease() == sid.lease()) {
+            let Some(h) = hold_of(kv) else { continue };
+            if h.hold_id == req.hold_id {
+                let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
+                return FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| {
+                    Some(Grant {
+                        token,
+                        session: sid,
+                        ttl_s: req.class.ttl_s,
+                        class: req.class.name.to_string(),
+                        existing: true,
+                        new_session: false,
+                    })
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes the hold `hold_key` this arbiter's grant committed at `revision`,
+    /// compared by its create revision: the key may be another grant's by now
+    /// (released, expired, granted again), and a delete by name would free it.
+    async fn take_back(&self, hold_key: &str, revision: i64) {
+        let cmp = [Compare::create_revision(hold_key, CompareOp::Equal, revision)];
+        let txn = Txn::new().when(cmp).and_then([TxnOp::delete(hold_key, None::<DeleteOptions>)]);
+        if let Err(e) = self.call(self.client().txn(txn)).await {
+            tracing::warn!(error = %e, "could not take back a grant refused after its commit; it ends with its session");
+        }
     }
 
     fn classify_holders(
@@ -473,9 +537,17 @@ impl Store {
         }
         if let Err(e) = self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
-                let _ = self.call(self.client().delete(slot.as_str(), None)).await;
+                self.take_back(&slot, revision).await;
             }
             return Err(e);
+        }
+        if r.succeeded() {
+            // A bumped restore passes the floor: the raft position is checked
+            // before the grant is answered, not only by the seal check.
+            if let Err(e) = self.raft_at_mark().await {
+                self.take_back(&slot, revision).await;
+                return Err(e);
+            }
         }
         self.seal().observe_revision(revision);
         if r.succeeded() {
@@ -491,7 +563,7 @@ impl Store {
                 })),
                 Err(e) => {
                     // Revision space exhausted: never hand out a token that does not fit.
-                    let _ = self.call(self.client().delete(slot.as_str(), None)).await;
+                    self.take_back(&slot, revision).await;
                     Err(LockError::Sealed(e.to_string()))
                 }
             };
@@ -543,9 +615,15 @@ impl Store {
         if let Some(sid) = session {
             self.owned_session(sid, caller).await?;
         }
-        let ep = self.epoch_state().await?;
+        let mut ep = self.epoch_state().await?;
         if !ep.holds_epoch(token.epoch()) {
-            return Err(LockError::NotHolder);
+            // The cache may predate an advance (a shard move's, or another
+            // arbiter's grant in the new epoch): a refusal is decided on a fresh
+            // read, once, never on the cache (the SDK takes not_holder as final).
+            ep = self.refresh_epoch().await?;
+            if !ep.holds_epoch(token.epoch()) {
+                return Err(LockError::NotHolder);
+            }
         }
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
@@ -741,7 +819,11 @@ impl Store {
             );
         }
         let token = FencingToken::mint(ep.epoch, u64::try_from(revision).unwrap_or(u64::MAX));
-        match (self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()), token) {
+        let checked = match self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
+            Ok(()) => self.raft_at_mark().await,
+            Err(e) => Err(e),
+        };
+        match (checked, token) {
             (Ok(()), Ok(token)) => {
                 self.seal().observe_revision(revision);
                 if new_key.ends_with(b".1") {

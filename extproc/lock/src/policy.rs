@@ -117,6 +117,16 @@ impl Store {
                 policy.change_epoch
             )));
         }
+        if policy.limit > lockmesh_core::class::MAX_HOLDERS {
+            // Slot names have four digits: above the cap, the limit's range compare
+            // no longer covers every slot at or above the limit.
+            return Err(LockError::Unavailable(format!(
+                "class {class}'s authoritative limit {} is above {}, the most holder slots a key can name; lower it \
+                 with lockctl limit change",
+                policy.limit,
+                lockmesh_core::class::MAX_HOLDERS
+            )));
+        }
         // Where the key lives: refused here if the shard map homes it elsewhere or
         // it is moving (compared by the grant like the records above).
         let home = self.home_gate(&class, &req.key).await?;

@@ -1,1 +1,212 @@
-//! (slot: scenarios being written this session)
+//! Issue 18: the grant and release transactions at the edges, each on real
+//! processes (etcd, Envoy, arbiters): a bumped restore is never served before the
+//! seal (item 4), a release is not refused by an arbiter's stale epoch cache
+//! (item 7), a semaphore re-acquire on its own session is idempotent and the
+//! mutex fast path obeys the authoritative limit (item 8).
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use lockmesh_tests::{eventually, Stack};
+
+const ACQ: &str = "/v1/locks/acquire";
+const REL: &str = "/v1/locks/release";
+
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
+classes:
+  - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+  - { name: pool, prefixes: ["payments/pool"], ttl_s: 15, max_holders: 3, enforcement: advisory, risk_owner: t,
+      waiver_expiry: "2099-12-31" }
+"#;
+
+fn token_epoch(r: &lockmesh_tests::Resp) -> u64 {
+    let t: u64 = r.json["token"].as_str().unwrap_or_else(|| panic!("no token: {}", r.body)).parse().unwrap();
+    t >> 48
+}
+
+/// Item 7. The epoch record advances the way a shard move's advance leaves it
+/// (a new epoch, the old one kept in `prior`). Arbiter 0 grants in the new epoch
+/// (its grant's epoch compare fails and it re-reads); the release goes through
+/// arbiter 1 at once, before its once-a-second seal check re-read the record: its
+/// cached epoch is the old one, and the release must still free the hold.
+#[tokio::test]
+async fn a_release_after_an_epoch_advance_is_not_refused_by_a_stale_epoch_cache() {
+    let st = Stack::builder("edges-stale-epoch")
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .arbiters(2)
+        .envoy_arbiters(0, &[0])
+        .envoy_arbiters(1, &[1])
+        .start()
+        .await
+        .unwrap();
+    let (a0, a1) = (st.client_at(0, "payments", "a").unwrap(), st.client_at(1, "payments", "a").unwrap());
+    // Both arbiters have read epoch 1.
+    for c in [&a0, &a1] {
+        let r = c.post(ACQ, &[("x-lock-key", "payments/warm")]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let t = r.json["token"].as_str().unwrap();
+        let rel = c.post(REL, &[("x-lock-key", "payments/warm"), ("x-lock-token", t)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "{}", rel.body);
+    }
+    let mut etcd = st.etcd().client().await.unwrap();
+    let epoch_key = format!("{}/sys/epoch", st.root());
+    for round in 0..3 {
+        let cur = etcd.get(epoch_key.as_str(), None).await.unwrap();
+        let mut rec: serde_json::Value = serde_json::from_slice(cur.kvs()[0].value()).unwrap();
+        let old = rec["epoch"].as_u64().unwrap();
+        rec["prior"] = serde_json::json!([old]);
+        rec["epoch"] = serde_json::json!(old + 1);
+        etcd.put(epoch_key.as_str(), serde_json::to_vec(&rec).unwrap(), None).await.unwrap();
+        let key = format!("payments/stale-{round}");
+        let r = a0.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        assert_eq!(token_epoch(&r), old + 1, "{}", r.body);
+        let t = r.json["token"].as_str().unwrap();
+        let rel = a1.post(REL, &[("x-lock-key", &key), ("x-lock-token", t)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "round {round}: the release through the arbiter with a stale cache: {}", rel.body);
+        let h = a1.get("/v1/locks", &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(h.json["holders"].as_array().map(Vec::len), Some(0), "{}", h.body);
+    }
+}
+
+/// Item 8: a session holding slot 1 of a pool re-acquires after slot 0 was freed:
+/// the answer is its grant (`existing: true`, the same token), not a second slot.
+#[tokio::test]
+async fn a_semaphore_re_acquire_on_its_session_answers_existing() {
+    let st = Stack::builder("edges-sem-again").envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap();
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let key = "payments/pool/again";
+    let first = b.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(first.code(), 200, "{}", first.body);
+    let s = a.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
+    let sid = s.json["session"].as_str().unwrap().to_owned();
+    let mine = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!((mine.code(), mine.json["existing"].as_bool()), (200, Some(false)), "{}", mine.body);
+    let t = first.json["token"].as_str().unwrap();
+    let rel = b.post(REL, &[("x-lock-key", key), ("x-lock-token", t)]).await.unwrap();
+    assert_eq!(rel.code(), 200, "{}", rel.body);
+    let again = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!(again.code(), 200, "{}", again.body);
+    assert_eq!(again.json["existing"].as_bool(), Some(true), "a second slot for the same session: {}", again.body);
+    assert_eq!(again.json["token"], mine.json["token"], "{}", again.body);
+    let h = a.get("/v1/locks", &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(h.json["holders"].as_array().map(Vec::len), Some(1), "{}", h.body);
+}
+
+/// Item 8: the registry says mutex, the authoritative policy record says 3 (as
+/// after `lockctl limit` raised it ahead of a registry apply). A key this arbiter
+/// granted is "most likely held" to its fast path; the second acquire must still
+/// be granted at once under the authoritative limit, not wait for a release.
+#[tokio::test]
+async fn the_mutex_fast_path_obeys_the_authoritative_limit() {
+    let st = Stack::builder("edges-fast-limit").envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap();
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let key = "payments/raised";
+    let r = a.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let mut etcd = st.etcd().client().await.unwrap();
+    let pkey = format!("{}/c/default", st.root());
+    let cur = etcd.get(pkey.as_str(), None).await.unwrap();
+    let mut p: serde_json::Value = serde_json::from_slice(cur.kvs()[0].value()).unwrap();
+    assert_eq!(p["limit"], 1, "{p}");
+    p["limit"] = serde_json::json!(3);
+    p["change_epoch"] = serde_json::json!(p["change_epoch"].as_u64().unwrap() + 1);
+    etcd.put(pkey.as_str(), serde_json::to_vec(&p).unwrap(), None).await.unwrap();
+    // The fast path serves acquires on the caller's own session.
+    let s = b.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
+    let sid = s.json["session"].as_str().unwrap_or_else(|| panic!("{}", s.body)).to_owned();
+    let started = tokio::time::Instant::now();
+    let second =
+        b.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid), ("x-lock-wait-ms", "4000")]).await.unwrap();
+    assert_eq!(second.code(), 200, "under the authoritative limit 3: {}", second.body);
+    assert!(started.elapsed() < Duration::from_secs(2), "granted only after {:?}", started.elapsed());
+    let h = a.get("/v1/locks", &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(h.json["holders"].as_array().map(Vec::len), Some(2), "{}", h.body);
+}
+
+/// Item 4. Keys granted after the snapshot are held when etcd is restored with
+/// `--bump-revision` (revisions jump ahead, so the revision floor passes) while
+/// the arbiter runs; in the restored store they are free. Clients hammer them
+/// from before the restore until well after the seal: no acquire may succeed,
+/// neither in the window before the seal check sees the raft position nor after.
+#[tokio::test]
+async fn a_bumped_restore_grants_no_key_held_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let st = Stack::builder("edges-bump")
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .own_etcd(1)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()))
+        .start()
+        .await
+        .unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let warm = a.post(ACQ, &[("x-lock-key", "payments/before-snapshot")]).await.unwrap();
+    assert_eq!(warm.code(), 200, "{}", warm.body);
+    let snap = dir.path().join("snap.db");
+    st.etcd().snapshot_save(&snap).await.unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("payments/after-snapshot-{i}")).collect();
+    for k in &keys {
+        let r = a.post(ACQ, &[("x-lock-key", k)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    }
+    // The seal check has recorded the leader's raft position past these grants.
+    eventually(Duration::from_secs(10), async || {
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&marks)?)?;
+        anyhow::ensure!(m["raft_index"].as_u64().unwrap_or(0) > 0, "marks {m}");
+        anyhow::ensure!(m["revision"].as_i64().unwrap_or(0) >= 10, "marks {m}");
+        Ok(())
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (c, keys, stop, granted) =
+            (st.client("payments", "b").unwrap(), keys.clone(), stop.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = t;
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let k = &keys[i % keys.len()];
+                i += 1;
+                match c.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "0")]).await {
+                    Ok(r) if r.code() == 200 => {
+                        granted.fetch_add(1, Ordering::Relaxed);
+                        seen.push(r.body);
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+            seen
+        }));
+    }
+    st.etcd().restore_from(&snap, Some(1_000_000)).await.unwrap();
+    let reason = eventually(Duration::from_secs(15), async || {
+        let (_, body) = st.arbiter(0).admin_get("/status").await?;
+        let s: serde_json::Value = serde_json::from_str(&body)?;
+        anyhow::ensure!(s["sealed"] == true, "not sealed: {s}");
+        Ok(s["seal_reason"].as_str().unwrap_or_default().to_owned())
+    })
+    .await;
+    assert_eq!(reason, "raft_behind_mark");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut bodies = Vec::new();
+    for t in tasks {
+        bodies.extend(t.await.unwrap());
+    }
+    assert_eq!(granted.load(Ordering::Relaxed), 0, "keys held before the restore were granted again: {bodies:?}");
+    // Nothing but the snapshot's own hold is in the restored store.
+    let mut etcd = st.etcd().client().await.unwrap();
+    let held = etcd.get(format!("{}/l/", st.root()), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(held.kvs().len(), 1, "only the restored hold may exist");
+}
