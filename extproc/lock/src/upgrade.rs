@@ -603,7 +603,7 @@ mod tests {
         let mut r = Registry::default();
         register(&mut r);
         let mut s = String::new();
-        prometheus_client::encoding::text::encode(&mut s, &r).unwrap();
+        prometheus_client::encoding::prometheus_text::encode(&mut s, &r).unwrap();
         for line in [
             "lockmesh_arbiter_keyspace_refused{reason=\"capability\"} 0\n",
             "lockmesh_arbiter_keyspace_capability_enabled{capability=\"permits\"} 0\n",
