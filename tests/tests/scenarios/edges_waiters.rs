@@ -52,6 +52,8 @@ fn token(r: &Resp) -> u64 {
 /// waiter owns. The scenario writes it as such a put would (same lease, name
 /// shape and record) and then checks that a later arrival is granted once the
 /// holder releases, well within its wait: the orphan is swept, not waited on.
+/// Against the arbiter before the sweep (commit 9841528's parent) the newcomer
+/// was answered 409 `key_gated` at its deadline, the orphan still first.
 #[tokio::test]
 async fn an_orphaned_durable_waiter_key_is_swept_and_never_blocks_the_queue() {
     let st = Stack::builder("edges-orphan").envoy_config("lock-tier").registry(REGISTRY).start().await.unwrap();
