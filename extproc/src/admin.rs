@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::{extract::State as AxState, http::StatusCode, routing::get, Router};
 
-use lockmesh_core::wire::status::{FailOpenStatus, Marks, OperatorsStatus, StatusReply};
+use lockmesh_core::wire::status::{ClassesStatus, FailOpenStatus, Marks, OperatorsStatus, StatusReply};
 
 use crate::state::State;
 
@@ -68,11 +68,21 @@ async fn metrics(AxState(state): AxState<Arc<State>>) -> axum::response::Respons
 
 /// Version, seal state and marks ([`StatusReply`]; numbers only: no key, token or
 /// identity).
+/// How long `/status` waits for etcd's class policies. The rest of the answer is
+/// the arbiter's own state, and `/status` is what an operator reads while etcd is
+/// slow (a restored member holds every old auth token back until its own wait
+/// runs out, about 2 s): the page answers in time and says the policies were
+/// unreadable.
+const STATUS_ETCD_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+
 async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> {
     let seal = state.store.seal().current();
     let m = state.store.seal().marks();
+    let classes = tokio::time::timeout(STATUS_ETCD_WAIT, crate::registry::classes_status(&state)).await;
     axum::Json(StatusReply {
-        classes: crate::registry::classes_status(&state).await,
+        classes: classes.unwrap_or_else(|_| ClassesStatus::Unreadable {
+            error: format!("etcd did not answer within {STATUS_ETCD_WAIT:?}"),
+        }),
         fail_open: state
             .tiers
             .fail_opens()

@@ -12,6 +12,14 @@ use etcd_client::{AlarmAction, AlarmType, Client};
 
 pub use lockmesh_core::wire::console::{ClusterView, MemberView};
 
+/// What a member's view says when `Status` was refused to a non-root user.
+pub const STATUS_ROOT_ONLY: &str =
+    "status: etcd 3.5 serves it to root only: version, raft position and leader id are not visible to this user";
+
+/// A lease id no one holds (the same probe as the seal check's, `lockmesh_lock::epoch`): its
+/// lookup reaches the leader and answers "not found".
+const PROBE_LEASE: i64 = -1;
+
 /// Reads the member list through `client`, then each member's status through a
 /// connection from `connect(url)`; every call is bounded by `timeout`.
 pub async fn cluster_view<F, Fut>(client: &mut Client, timeout: Duration, connect: F) -> ClusterView
@@ -33,6 +41,10 @@ where
     };
     view.cluster_id = list.header().map(|h| format!("{:016x}", h.cluster_id()));
     let mut leaders = Vec::new();
+    // Members that refused `Status` to this user but answered it: etcd 3.5 serves
+    // Status to root only, and no lockmesh component logs in as root.
+    let mut refused = 0usize;
+    let mut led_by_someone = false;
     for m in list.members() {
         let mut mv = MemberView {
             id: format!("{:016x}", m.id()),
@@ -70,6 +82,24 @@ where
                     }
                     mv.leader = s.leader() == m.id();
                 }
+                Err(e) if e.contains("permission denied") => {
+                    // The member answered (it checked the token): it is reachable.
+                    // A lease lookup is forwarded to the leader, so an answer (or
+                    // "not found") shows that a leader exists, though not which.
+                    mv.reachable = true;
+                    refused += 1;
+                    mv.errors.push(STATUS_ROOT_ONLY.into());
+                    if let Ok(mut c) = connect(url.clone()).await {
+                        led_by_someone |=
+                            match tokio::time::timeout(timeout, c.lease_time_to_live(PROBE_LEASE, None)).await {
+                                Ok(Ok(_)) => true,
+                                Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
+                                    st.message().contains("requested lease not found")
+                                }
+                                _ => false,
+                            };
+                    }
+                }
                 Err(e) => mv.errors.push(e),
             }
         } else {
@@ -84,7 +114,8 @@ where
     if let [one] = leaders.as_slice() {
         view.leader = Some(format!("{one:016x}"));
     }
-    view.quorum = view.voting > 0 && view.voting_reachable * 2 > view.voting && view.leader.is_some();
+    let leader_seen = view.leader.is_some() || (refused > 0 && leaders.is_empty() && led_by_someone);
+    view.quorum = view.voting > 0 && view.voting_reachable * 2 > view.voting && leader_seen;
     if let Ok(Ok(a)) = tokio::time::timeout(timeout, client.alarm(AlarmAction::Get, AlarmType::None, None)).await {
         view.alarms = a
             .alarms()

@@ -66,6 +66,11 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("sys/shardmap", false),
                 rw("sys/epochs", false),
                 rw("sys/home", false),
+                // The keyspace version and capabilities (issue #19): the arbiter
+                // reads the record and advertises its own support on a lease; only
+                // operators flip capabilities.
+                g(Perm::Read, r, "sys/keyspace", false),
+                rw("sys/arbiters/", true),
                 rw("sx/", true),
                 rw("s/", true),
                 rw("l/", true),
@@ -93,10 +98,10 @@ pub fn roles(root: &str) -> Vec<Role> {
         },
         Role {
             name: "lockmesh-classes",
-            purpose: "operators' limit, class and shard changes (lockctl limit change|resume|cancel, class apply, \
-                      shard apply|cancel): read the root (verification counts holds), write the class policies, \
-                      the prefix map, the shard map, the epoch counter and the home records; no hold, session \
-                      or epoch record",
+            purpose: "operators' limit, class, shard and capability changes (lockctl limit change|resume|cancel, \
+                      class apply, shard apply|cancel, upgrade enable|disable): read the root (verification \
+                      counts holds), write the class policies, the prefix map, the shard map, the epoch counter, \
+                      the home records and the keyspace record; no hold, session or epoch record",
             grants: vec![
                 g(Perm::Read, r, "", true),
                 rw("c/", true),
@@ -104,6 +109,7 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("sys/shardmap", false),
                 rw("sys/epochs", false),
                 rw("sys/home", false),
+                rw("sys/keyspace", false),
             ],
         },
         Role {
@@ -126,6 +132,8 @@ pub const COMMAND_ROLES: &[(&str, Option<&str>)] = &[
     ("limit change|resume|cancel", Some("lockmesh-classes")),
     ("class apply", Some("lockmesh-classes")),
     ("shard apply|cancel", Some("lockmesh-classes")),
+    ("upgrade status", Some("lockmesh-admin")),
+    ("upgrade enable|disable", Some("lockmesh-classes")),
     ("epoch-advance", Some("lockmesh-admin-epoch")),
     ("restore", Some("lockmesh-admin-epoch")),
     ("admin ...", None),
