@@ -41,7 +41,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-devcerts", 0, &[]),
     ("lockmesh-keyspace", 1, &["lockmesh-core"]),
     ("lockmesh-telemetry", 1, &["lockmesh-core"]),
-    ("lockmesh-client", 1, &["lockmesh-core"]),
+    ("lockmesh-client", 1, &["lockmesh-core", "lockmesh-runtime"]),
     ("lockmesh-wasm-filter", 1, &["lockmesh-core"]),
     ("lockmesh-fence-proxy", 1, &["lockmesh-core", "lockmesh-runtime"]),
     ("lockmesh-sidecar", 1, &["lockmesh-runtime"]),

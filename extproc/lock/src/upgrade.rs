@@ -408,7 +408,7 @@ impl Gate {
         let lapsed = lock(&self.inner).lease.is_none();
         if lapsed {
             if let Err(e) = self.advertise(store, listen).await {
-                self.etcd_failed("advertise", &e);
+                self.etcd_failed(store, "advertise", &e);
                 return;
             }
         }
@@ -420,7 +420,7 @@ impl Gate {
         match tokio::time::timeout(Duration::from_secs(3), read_view(&mut client, store.keys())).await {
             Ok(Ok(view)) => self.observe(store, view.record),
             Ok(Err(UpgradeError::Refused(r))) => self.refuse(store, r),
-            Ok(Err(e)) => self.etcd_failed("read the keyspace record", &e.to_string()),
+            Ok(Err(e)) => self.etcd_failed(store, "read the keyspace record", &e.to_string()),
             Err(_) => {}
         }
     }
@@ -449,17 +449,27 @@ impl Gate {
     }
 
     /// etcd refused or failed a gate call. A refused permission (an etcd role
-    /// without the grant on `sys/arbiters/` or `sys/keyspace`) leaves the gate
-    /// unguarded: logged at error level and shown in `/status`; a plain failure is
-    /// retried at the next tick (the lock calls fail closed on their own).
-    fn etcd_failed(&self, what: &str, e: &str) {
+    /// without the grant on `sys/arbiters/` or `sys/keyspace`, which the shipped
+    /// `lockmesh-arbiter` role has) fails closed: an arbiter that cannot advertise is
+    /// invisible to `lockctl upgrade enable`, which could then enable a capability
+    /// it lacks, so it refuses every request (sealed) until restarted with the
+    /// grants. A plain failure is retried at the next tick (the lock calls fail
+    /// closed on their own).
+    fn etcd_failed(&self, store: &Store, what: &str, e: &str) {
         if e.contains("permission denied") {
             let mut g = lock(&self.inner);
             if g.unguarded.is_none() {
-                tracing::error!(error = %e, "cannot {what}: the etcd role lacks the keyspace grants; this arbiter is invisible to `lockctl upgrade enable`");
+                tracing::error!(error = %e, "cannot {what}: the etcd role lacks the keyspace grants; this arbiter would be invisible to `lockctl upgrade enable`");
             }
             g.unguarded = Some(format!("{what}: {e}"));
             ADVERTISED.store(false, Ordering::Relaxed);
+            drop(g);
+            self.refuse(
+                store,
+                Refusal::Unreadable(format!(
+                    "cannot {what}: the etcd role lacks the keyspace grants (read sys/keyspace, write sys/arbiters/)"
+                )),
+            );
         } else {
             tracing::debug!(error = %e, "keyspace gate: cannot {what} yet");
         }
