@@ -382,7 +382,7 @@ mod tests {
             "lockmesh_arbiter_unprotected_ships_total{outcome=\"error\"} 0\n",
             "lockmesh_arbiter_quorum_loss_declared 0\n",
             "lockmesh_arbiter_etcd_check_failures_total 0\n",
-            "# TYPE lockmesh_arbiter_vm_renewal_failures counter\n",
+            "# TYPE lockmesh_arbiter_vm_renewal_failures_total counter\n",
             "lockmesh_arbiter_registry_reload_errors 0\n",
             "lockmesh_arbiter_registry_reloads_total 0\n",
             "# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n",
