@@ -243,6 +243,13 @@ impl Doctor {
         }
         for m in &v.members {
             let subject = format!("{} ({})", if m.name.is_empty() { "-" } else { &m.name }, m.id);
+            let root_only =
+                !m.errors.is_empty() && m.errors.iter().all(|e| e == lockmesh_ops::etcd_view::STATUS_ROOT_ONLY);
+            if m.reachable && root_only {
+                // It answered; its status is not for this (least-privilege) user.
+                self.add("etcd.member", Status::Ok, subject, format!("answers; {}", m.errors.join("; ")));
+                continue;
+            }
             if !m.reachable || !m.errors.is_empty() {
                 let url = m.url.as_deref().unwrap_or("-");
                 self.add("etcd.member", Status::Fail, subject, format!("{url}: {}", m.errors.join("; ")));

@@ -139,10 +139,14 @@ async fn the_mutex_fast_path_obeys_the_authoritative_limit() {
 async fn a_bumped_restore_grants_no_key_held_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let marks = dir.path().join("marks.json");
+    // On a plaintext etcd: the per-grant raft check reads etcd's Status, which
+    // etcd 3.5 serves to root only, so under the shipped (non-root) arbiter role it
+    // is skipped (docs/GUARANTEES.md G8 "Known gap", open work of issue #18 item 4).
     let st = Stack::builder("edges-bump")
         .envoy_config("lock-tier")
         .registry(REGISTRY)
         .own_etcd(1)
+        .plaintext_etcd()
         .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()))
         .start()
         .await

@@ -19,8 +19,24 @@ const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
 
 /// Label names a lockmesh metric may carry (ADR-22): bounded dimensions and enums.
-const ALLOWED_LABELS: &[&str] =
-    &["namespace", "class", "tier", "cluster", "route", "code", "outcome", "reason", "kind", "end", "le", "state"];
+const ALLOWED_LABELS: &[&str] = &[
+    "namespace",
+    "class",
+    "tier",
+    "cluster",
+    "route",
+    "code",
+    "outcome",
+    "reason",
+    "kind",
+    "end",
+    "le",
+    "state",
+    "capability",
+    "etcd_cluster",
+];
+// `capability`: the closed set of keyspace capabilities (lockmesh_keyspace::upgrade);
+// `etcd_cluster`: the clusters of the arbiter's own config.
 
 fn promtool() -> PathBuf {
     let p = repo_root().join(".tools/promtool/usr/bin/promtool");

@@ -85,7 +85,22 @@ async fn assert_refused_sealed(c: &LockClient, reason: &str) {
 async fn hand_run_restore(name: &str, bump: Option<u64>, restart_arbiter: bool, want_reason: &str) {
     let dir = tempfile::tempdir().unwrap();
     let marks = dir.path().join("marks.json");
-    let st = stack(name, &marks).await;
+    let st = if bump.is_some() {
+        // A bumped restore is told apart by the raft position, which etcd 3.5's
+        // Status serves to root only: under the shipped (non-root) arbiter role
+        // nothing sees it yet (docs/GUARANTEES.md G8 "Known gap", open work of
+        // issue #18 item 4). So these run on a plaintext etcd, where the check works.
+        Stack::builder(name)
+            .envoy_config("lock-tier")
+            .own_etcd(1)
+            .plaintext_etcd()
+            .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()))
+            .start()
+            .await
+            .unwrap()
+    } else {
+        stack(name, &marks).await
+    };
     let a = st.client("payments", "a").unwrap();
     // A hold that the snapshot captures, then more grants after the snapshot.
     let restored = a.post(ACQ, &[("x-lock-key", "payments/restored")]).await.unwrap();
