@@ -294,8 +294,15 @@ impl Store {
         match r {
             Ok(v) => Ok(v),
             Err(e) => {
-                if e.to_string().contains("revision of auth store is old") {
+                let text = e.to_string();
+                if text.contains("revision of auth store is old") {
                     self.relogin(Duration::ZERO).await;
+                } else if text.contains("Timeout expired") {
+                    // A restored member holds every token issued before the restore
+                    // back until the call's deadline (see
+                    // `relogin_after_failed_read`): log in again, at most once per
+                    // RELOGIN_EVERY, so the next call is served.
+                    self.relogin(RELOGIN_EVERY).await;
                 }
                 Err(unavailable(e))
             }
