@@ -143,6 +143,20 @@ fn token_revision(g: &Grant) -> i64 {
     i64::try_from(g.token.revision()).unwrap_or(i64::MAX)
 }
 
+/// The hold `kv` (minted at `epoch`) of session `sid`, answered as an `existing`
+/// grant of `req`.
+fn existing_grant(req: &AcquireRequest, sid: SessionId, kv: &KeyValue, epoch: u64) -> Result<Grant, LockError> {
+    let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
+    FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
+        token,
+        session: sid,
+        ttl_s: req.class.ttl_s,
+        class: req.class.name.to_string(),
+        existing: true,
+        new_session: false,
+    })
+}
+
 /// The hold value a grant of `req` at `epoch` writes.
 fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
@@ -395,17 +409,7 @@ impl Store {
         for kv in r.kvs().iter().filter(|kv| kv.lease() == sid.lease()) {
             let Some(h) = hold_of(kv) else { continue };
             if h.hold_id == req.hold_id {
-                let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
-                return FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| {
-                    Some(Grant {
-                        token,
-                        session: sid,
-                        ttl_s: req.class.ttl_s,
-                        class: req.class.name.to_string(),
-                        existing: true,
-                        new_session: false,
-                    })
-                });
+                return existing_grant(req, sid, kv, h.epoch).map(Some);
             }
         }
         Ok(None)
@@ -431,15 +435,7 @@ impl Store {
         for kv in kvs {
             let Some(h) = hold_of(kv) else { continue };
             if kv.lease() == sid.lease() && h.hold_id == req.hold_id {
-                let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
-                return Some(FencingToken::mint(h.epoch, rev).map_err(internal).map(|token| Grant {
-                    token,
-                    session: sid,
-                    ttl_s: req.class.ttl_s,
-                    class: req.class.name.to_string(),
-                    existing: true,
-                    new_session: false,
-                }));
+                return Some(existing_grant(req, sid, kv, h.epoch));
             }
             if req.caller.instance.is_some() && h.owner == req.caller.identity && h.instance == req.caller.instance {
                 return Some(Err(LockError::Leaked));
