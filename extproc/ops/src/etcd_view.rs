@@ -157,7 +157,13 @@ mod tests {
         let gib = 1u64 << 30;
         assert_eq!(quota_use(0, 2 * gib), (0, 0));
         assert_eq!(quota_use(i64::try_from(gib).unwrap(), 2 * gib), (50, 0));
-        assert_eq!(quota_use(i64::try_from(gib * 8 / 5).unwrap(), 2 * gib), (80, 1));
+        // The boundaries, on a quota that divides evenly: 79 % is fine, 80 % warns,
+        // 94 % still warns, 95 % fails.
+        assert_eq!(quota_use(799, 1000), (79, 0));
+        assert_eq!(quota_use(800, 1000), (80, 1));
+        assert_eq!(quota_use(949, 1000), (94, 1));
+        assert_eq!(quota_use(950, 1000), (95, 2));
+        assert_eq!(quota_use(1, 0), (100, 2));
         assert_eq!(quota_use(i64::try_from(2 * gib).unwrap(), 2 * gib), (100, 2));
         assert_eq!(quota_use(-1, 2 * gib), (0, 0));
     }
