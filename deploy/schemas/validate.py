@@ -4,7 +4,9 @@
 Built-in kinds are checked with kubernetes-validate (strict: unknown fields are
 errors) against every Kubernetes version named by --kubernetes-version. Other
 kinds are checked against the JSON Schema in this folder named
-<kind lowercased>.<apiVersion with / as ->.json (Draft 2020-12). A kind that has
+<kind lowercased>.<apiVersion with / as ->.json (Draft 2020-12), or, for
+lockmesh's own kinds, against the openAPIV3Schema of their CustomResourceDefinition
+in deploy/crds/ (the schema the API server admits them with). A kind that has
 neither schema is an error, never a warning: nothing passes unchecked.
 
 Usage: validate.py [--kubernetes-version V]... FILE...
@@ -35,10 +37,57 @@ Loader.yaml_implicit_resolvers = {
 }
 
 
+CRDS = HERE.parent / "crds"
+
+
+def crd_schema(api_version, kind):
+    """The openAPIV3Schema a CRD in deploy/crds/ serves for (api_version, kind)."""
+    group, _, version = api_version.rpartition("/")
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.load_all(path.read_text(), Loader=Loader):
+            if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = crd.get("spec") or {}
+            if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
+                continue
+            for v in spec.get("versions") or []:
+                if v.get("name") == version and v.get("served"):
+                    return (v.get("schema") or {}).get("openAPIV3Schema"), path
+    return None, None
+
+
+def strict(schema):
+    """A CRD schema as the API server's strict field validation applies it: an
+    object with declared properties admits no other field (unless it preserves
+    unknown fields), where plain JSON Schema would let them through."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def with_object_meta(schema):
+    """The top level also carries apiVersion, kind and metadata, which a CRD's
+    schema leaves implicit."""
+    schema = dict(schema)
+    props = dict(schema.get("properties") or {})
+    for field in ("apiVersion", "kind"):
+        props.setdefault(field, {"type": "string"})
+    props.setdefault("metadata", {"type": "object"})
+    schema["properties"] = props
+    return schema
+
+
 def custom_schema(api_version, kind):
     path = HERE / ("%s.%s.json" % (kind.lower(), api_version.replace("/", "-")))
     if not path.is_file():
-        return None, path
+        schema, crd = crd_schema(api_version, kind)
+        return (strict(with_object_meta(schema)), crd) if schema is not None else (None, path)
     return json.loads(path.read_text()), path
 
 

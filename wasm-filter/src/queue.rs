@@ -21,12 +21,17 @@
 //!   behind waiters.
 //! - **The filter, one Envoy (the backlog).** The workers of one Envoy share, per key,
 //!   a backlog of their queued waiters in proxy-wasm shared data, in the order they
-//!   were queued. A worker passes its head on only when nothing of its own is in
-//!   flight for the key *and* its head is the oldest waiter in the backlog; a new
+//!   were queued. A waiter stays in the backlog after it is passed on, until its
+//!   request completes. A worker passes its head on only when nothing of its own is
+//!   in flight for the key *and* its head is the oldest entry in the backlog; a new
 //!   request queues, instead of going straight on, while the backlog holds an older
-//!   waiter on any worker. One Envoy therefore hands a key's waiters to the arbiter in
-//!   the order it received them, across workers. The cost: when the next waiter in
-//!   line sits on another worker, that worker notices at its next tick (<= 100 ms).
+//!   entry on any worker. One Envoy therefore hands a key's queued waiters to the
+//!   arbiter one at a time, in the order it received them, across workers: a waiter
+//!   passed on cannot be raced to the arbiter by the next one on another worker
+//!   (with the entry dropped at hand-over, a loaded Envoy let waiter 3 on worker B
+//!   arrive before waiter 2 on worker A, handed over moments earlier). The worker
+//!   whose request completed wakes the worker holding the next entry at once; the
+//!   tick (100 ms) is the fallback.
 //! - **The arbiter.** Envoy ring-hashes every ext_proc stream on `x-lock-key`, so the
 //!   heads from every worker of every Envoy meet on one arbiter, which keeps them in
 //!   a FIFO by arrival and grants in that order.

@@ -423,6 +423,7 @@ impl Worker {
         match self.queues.leave(&ticket.key, ctx) {
             Left::InFlight => {
                 self.end_hold(&ticket, true, now);
+                self.drop_backlog_entry(&ticket.key, ctx, now);
                 self.pump(&ticket.key, now);
                 // Only when nothing of ours is in flight for the key: waking another
                 // worker while our next waiter travels to the arbiter would let both
@@ -470,14 +471,28 @@ impl Worker {
         self.metrics.request(cfg.ns_label(Some(key)), outcome);
     }
 
-    /// Bookkeeping for a waiter leaving the queue: backlog entry, gauge, histogram.
+    /// Bookkeeping for a waiter leaving the queue unanswered by the arbiter: backlog
+    /// entry, gauge, histogram.
     fn left_queue(&mut self, key: &str, w: &Waiter, now: u64) {
-        if let Some(owner) = self.owner {
-            let removed = shared::update_roster(&backlog_bucket(key), now, |r| r.remove(key, owner, w.ctx));
-            if removed.is_err() {
-                log(LogLevel::Warn, "a backlog entry could not be removed; it goes stale");
-            }
+        self.drop_backlog_entry(key, w.ctx, now);
+        self.queue_metrics(key, w, now);
+    }
+
+    /// Removes `ctx`'s entry from the key's backlog, if it has one (a request
+    /// forwarded without queueing never had one).
+    fn drop_backlog_entry(&mut self, key: &str, ctx: u32, now: u64) {
+        let Some(owner) = self.owner else { return };
+        let bucket = backlog_bucket(key);
+        if shared::read_roster(&bucket).is_ok_and(|r| !r.contains(key, owner, ctx)) {
+            return;
         }
+        if shared::update_roster(&bucket, now, |r| r.remove(key, owner, ctx)).is_err() {
+            log(LogLevel::Warn, "a backlog entry could not be removed; it goes stale");
+        }
+    }
+
+    /// The gauge and the queue-wait histogram, for a waiter leaving the queue.
+    fn queue_metrics(&mut self, key: &str, w: &Waiter, now: u64) {
         if let Some(cfg) = self.config.clone() {
             let ns = cfg.ns_label(Some(key));
             self.metrics.queue_depth(ns, -1);
@@ -511,17 +526,22 @@ impl Worker {
                     reply_to(w.ctx, &Refusal::contended());
                 }
                 Promotion::Forward { waiter, budget_ms } => {
-                    self.left_queue(key, &waiter, now);
+                    // Its backlog entry stays until its request completes (`finish`):
+                    // while it travels to the arbiter no other worker's waiter is
+                    // first, so none can race it there and arrive before it.
+                    self.queue_metrics(key, &waiter, now);
                     match hand_over(waiter.ctx, budget_ms) {
                         HandOver::Resumed => {
                             self.count(key, Outcome::Forwarded);
                             return;
                         }
                         HandOver::Gone => {
+                            self.drop_backlog_entry(key, waiter.ctx, now);
                             self.queues.leave(key, waiter.ctx);
                             self.count(key, Outcome::Cancelled);
                         }
                         HandOver::Failed => {
+                            self.drop_backlog_entry(key, waiter.ctx, now);
                             self.queues.leave(key, waiter.ctx);
                             self.count(key, Outcome::Internal);
                             reply(&Refusal::internal());
