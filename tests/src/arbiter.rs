@@ -211,7 +211,8 @@ impl ArbiterProcess {
             max_wait_ms: 30_000,
             grpc_port: None,
             admin_port: None,
-            rust_log: "info".into(),
+            // LOCKMESH_TEST_ARBITER_LOG: a RUST_LOG filter for every arbiter a run starts.
+            rust_log: std::env::var("LOCKMESH_TEST_ARBITER_LOG").unwrap_or_else(|_| "info".into()),
             envs: Vec::new(),
         }
     }

@@ -120,6 +120,23 @@ pub fn harness_pki() -> &'static DevPki {
     })
 }
 
+/// The harness etcd's JWT signing key pair (ES256; private key PKCS#8 PEM, public
+/// key SPKI PEM), made once per test binary next to [`harness_pki`].
+fn harness_jwt_keys() -> &'static (PathBuf, PathBuf) {
+    static KEYS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let make = || -> Result<(PathBuf, PathBuf)> {
+            let dir = temp_dir("etcd-jwt-")?.keep();
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            let (private, public) = (dir.join("jwt.key"), dir.join("jwt.pub"));
+            std::fs::write(&private, key.serialize_pem())?;
+            std::fs::write(&public, key.public_key_pem())?;
+            Ok((private, public))
+        };
+        make().unwrap_or_else(|e| panic!("cannot generate the harness etcd JWT key: {e:#}"))
+    })
+}
+
 fn harness_tls() -> EtcdTls {
     let pki = harness_pki();
     let server = pki.arbiter_server();
@@ -276,6 +293,16 @@ impl EtcdBuilder {
                 // bcrypt's minimum cost: every Authenticate (each client connect, each
                 // lockctl run) hashes the password. Production keeps etcd's default (10).
                 args.push("--bcrypt-cost=4".into());
+                // Signed tokens, as deploy/base/etcd runs: etcd's default simple
+                // tokens name the raft index they were issued at, and a member
+                // restored from a snapshot holds each one back until its deadline
+                // (docs/OPERATIONS.md "etcd auth tokens").
+                let (private, public) = harness_jwt_keys();
+                args.push(format!(
+                    "--auth-token=jwt,pub-key={},priv-key={},sign-method=ES256,ttl=10m",
+                    public.display(),
+                    private.display()
+                ));
             }
             args.extend(self.extra_args.iter().cloned());
             let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));

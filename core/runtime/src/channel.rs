@@ -13,6 +13,13 @@
 //! the connection in use: etcd checks a client certificate at the handshake
 //! only, so calls, watches and lease keep-alives on it carry on, and the next
 //! connection uses the new certificate.
+//!
+//! [`failover_channel`] is the same channel with a fixed TLS configuration
+//! ([`ca_client_config`]: a CA, no client certificate) or none (plaintext). Every
+//! etcd client of lockmesh connects through one of the two, instead of through
+//! etcd-client's own connect (a tower balancer over the endpoints): one transport,
+//! whatever the security, so how a member restart, a partition or a restore is
+//! met is the same in every deployment and in the tests of each.
 
 use std::{
     future::Future,
@@ -26,8 +33,11 @@ use std::{
 };
 
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
+use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+};
 
 use crate::ReloadingCerts;
 
@@ -50,11 +60,57 @@ struct Target {
     name: ServerName<'static>,
 }
 
-/// Parses `https://host:port` (or `host:port`) into a target.
-fn target(endpoint: &str) -> Result<Target, String> {
-    let rest = endpoint.strip_prefix("https://").unwrap_or(endpoint);
-    if rest.starts_with("http://") {
+/// How a [`failover_channel`] secures its connections.
+#[derive(Clone)]
+pub enum ChannelTls {
+    /// Plaintext TCP: `http://host:port` (or `host:port`) endpoints.
+    Plain,
+    /// TLS with this client configuration: `https://host:port` (or `host:port`)
+    /// endpoints. It should offer ALPN `h2`.
+    Tls(Arc<rustls::ClientConfig>),
+}
+
+impl std::fmt::Debug for ChannelTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Plain => "Plain",
+            Self::Tls(_) => "Tls",
+        })
+    }
+}
+
+/// A TLS client configuration that verifies servers against the CA bundle
+/// `ca_pem` (every certificate in it a trust anchor) and presents no certificate;
+/// ALPN `h2`, no session resumption. The error says what does not parse.
+pub fn ca_client_config(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(ca.map_err(|e| format!("ca: {e}"))?).map_err(|e| format!("ca: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("ca: no certificate in the bundle".into());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    c.resumption = rustls::client::Resumption::disabled();
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(c))
+}
+
+/// Parses an endpoint into a target: `https://host:port` (or `host:port`) for a
+/// TLS channel, `http://host:port` (or `host:port`) for a plaintext one.
+fn target(endpoint: &str, tls: bool) -> Result<Target, String> {
+    let rest = if tls { endpoint.strip_prefix("https://") } else { endpoint.strip_prefix("http://") };
+    let rest = rest.unwrap_or(endpoint);
+    if tls && rest.starts_with("http://") {
         return Err(format!("{endpoint:?}: a TLS channel needs an https:// endpoint"));
+    }
+    if !tls && rest.starts_with("https://") {
+        return Err(format!("{endpoint:?}: an https:// endpoint needs TLS (a CA)"));
     }
     let authority = rest.split('/').next().unwrap_or(rest);
     let uri: http::Uri =
@@ -67,17 +123,22 @@ fn target(endpoint: &str) -> Result<Target, String> {
     Ok(Target { addr, name })
 }
 
-/// The connector: the endpoints tried in turn, TLS from the current certificates.
+/// A connection, plaintext or TLS.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// The connector: the endpoints tried in turn, TLS (when set) from `tls`.
 #[derive(Clone)]
 struct Connector {
     targets: Arc<Vec<Target>>,
     next: Arc<AtomicUsize>,
-    tls: tokio_rustls::TlsConnector,
+    tls: Option<tokio_rustls::TlsConnector>,
     timeout: Duration,
 }
 
 impl Connector {
-    async fn connect(self) -> Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, std::io::Error> {
+    async fn connect(self) -> Result<TokioIo<Box<dyn Io>>, std::io::Error> {
         let n = self.targets.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut last = std::io::Error::other("no endpoint");
@@ -86,7 +147,10 @@ impl Connector {
             let attempt = async {
                 let tcp = TcpStream::connect(&t.addr).await?;
                 tcp.set_nodelay(true)?;
-                self.tls.connect(t.name.clone(), tcp).await
+                Ok::<Box<dyn Io>, std::io::Error>(match &self.tls {
+                    Some(tls) => Box::new(tls.connect(t.name.clone(), tcp).await?),
+                    None => Box::new(tcp),
+                })
             };
             match tokio::time::timeout(self.timeout, attempt).await {
                 Ok(Ok(tls)) => return Ok(TokioIo::new(tls)),
@@ -106,7 +170,7 @@ impl Connector {
 }
 
 impl tower_service::Service<http::Uri> for Connector {
-    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Response = TokioIo<Box<dyn Io>>;
     type Error = std::io::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -127,7 +191,19 @@ pub fn reloading_channel(
     certs: &Arc<ReloadingCerts>,
     opts: ChannelOptions,
 ) -> Result<tonic::transport::Channel, String> {
-    let targets = endpoints.iter().map(|e| target(e)).collect::<Result<Vec<_>, _>>()?;
+    failover_channel(endpoints, ChannelTls::Tls(certs.client_config(&[b"h2"])), opts)
+}
+
+/// A lazily connecting tonic channel to `endpoints` over one connection at a time,
+/// plaintext or TLS with a fixed configuration: the channel of
+/// [`reloading_channel`] (the module documentation) without the reloading.
+pub fn failover_channel(
+    endpoints: &[String],
+    tls: ChannelTls,
+    opts: ChannelOptions,
+) -> Result<tonic::transport::Channel, String> {
+    let is_tls = matches!(tls, ChannelTls::Tls(_));
+    let targets = endpoints.iter().map(|e| target(e, is_tls)).collect::<Result<Vec<_>, _>>()?;
     let Some(first) = targets.first() else {
         return Err("no endpoint".into());
     };
@@ -143,7 +219,10 @@ pub fn reloading_channel(
     let connector = Connector {
         targets: Arc::new(targets),
         next: Arc::new(AtomicUsize::new(0)),
-        tls: tokio_rustls::TlsConnector::from(certs.client_config(&[b"h2"])),
+        tls: match tls {
+            ChannelTls::Plain => None,
+            ChannelTls::Tls(c) => Some(tokio_rustls::TlsConnector::from(c)),
+        },
         timeout: opts.connect_timeout,
     };
     Ok(endpoint.connect_with_connector_lazy(connector))
@@ -155,14 +234,23 @@ mod tests {
 
     #[test]
     fn endpoints_parse_into_an_address_and_a_name() {
-        let t = target("https://127.0.0.1:2379").unwrap();
+        let t = target("https://127.0.0.1:2379", true).unwrap();
         assert_eq!(t.addr, "127.0.0.1:2379");
         assert!(matches!(t.name, ServerName::IpAddress(_)));
-        let t = target("etcd-0.etcd:2380").unwrap();
+        let t = target("etcd-0.etcd:2380", true).unwrap();
         assert_eq!(t.addr, "etcd-0.etcd:2380");
         assert!(matches!(t.name, ServerName::DnsName(_)));
-        assert_eq!(target("https://[::1]:2379").unwrap().addr, "[::1]:2379");
-        assert_eq!(target("https://etcd").unwrap().addr, "etcd:2379");
-        assert!(target("http://127.0.0.1:2379").is_err());
+        assert_eq!(target("https://[::1]:2379", true).unwrap().addr, "[::1]:2379");
+        assert_eq!(target("https://etcd", true).unwrap().addr, "etcd:2379");
+        assert!(target("http://127.0.0.1:2379", true).is_err());
+        assert_eq!(target("http://127.0.0.1:2379", false).unwrap().addr, "127.0.0.1:2379");
+        assert_eq!(target("127.0.0.1:2379", false).unwrap().addr, "127.0.0.1:2379");
+        assert!(target("https://127.0.0.1:2379", false).is_err());
+    }
+
+    #[test]
+    fn a_ca_config_needs_a_certificate() {
+        assert!(ca_client_config(b"").is_err());
+        assert!(ca_client_config(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").is_err());
     }
 }

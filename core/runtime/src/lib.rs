@@ -31,7 +31,7 @@ pub mod yaml;
 pub use self::{
     certs::{CertError, CertFiles, ClientAuth, ReloadingCerts},
     chain::error_chain,
-    channel::{reloading_channel, ChannelOptions},
+    channel::{ca_client_config, failover_channel, reloading_channel, ChannelOptions, ChannelTls},
     peer::spiffe_id_of,
     report::{report_config_errors, EX_USAGE},
     serve::{serve_tls, tls_incoming, ServeTls, TlsPeer},

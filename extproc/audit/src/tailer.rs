@@ -114,19 +114,13 @@ pub async fn run(
     Ok(())
 }
 
-/// Connects to etcd: over the reloading channel when a client certificate is
-/// configured (`lockmesh_lock::connect::EtcdClientAuth::connect`), else with
-/// etcd-client's own options.
+/// Connects to etcd over `lockmesh_lock::connect::EtcdClientAuth::connect`'s
+/// failover channel (reloading the client certificate when one is configured).
 async fn connect(cfg: &Config, certs: Option<&Arc<lockmesh_runtime::ReloadingCerts>>) -> Result<Client, Error> {
     let (connect_timeout, keep_alive) = (Duration::from_secs(3), (Duration::from_secs(5), Duration::from_secs(3)));
-    let opts = cfg
-        .etcd_auth
-        .apply(etcd_client::ConnectOptions::new())
-        .with_connect_timeout(connect_timeout)
-        .with_keep_alive(keep_alive.0, keep_alive.1);
     let timeouts =
         lockmesh_runtime::ChannelOptions { connect_timeout, request_timeout: None, keep_alive: Some(keep_alive) };
-    tokio::time::timeout(Duration::from_secs(5), cfg.etcd_auth.connect(&cfg.etcd_endpoints, certs, opts, timeouts))
+    tokio::time::timeout(Duration::from_secs(5), cfg.etcd_auth.connect(&cfg.etcd_endpoints, certs, timeouts))
         .await
         .map_err(|_| "etcd connect timed out".to_owned())?
         .map_err(e2s)

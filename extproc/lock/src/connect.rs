@@ -83,20 +83,7 @@ impl std::fmt::Debug for EtcdClientAuth {
 }
 
 impl EtcdClientAuth {
-    /// Applies TLS and the user to etcd connect options.
-    pub fn apply(&self, opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
-        let mut opts = self.apply_user(opts);
-        if let Some(ca) = &self.ca {
-            let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
-            if let Some((c, k)) = &self.identity {
-                tls = tls.identity(etcd_client::Identity::from_pem(c, k));
-            }
-            opts = opts.with_tls(tls);
-        }
-        opts
-    }
-
-    /// The user (and the token refresh) of [`EtcdClientAuth::apply`], without TLS.
+    /// The user, and the token refresh, on etcd-client's options.
     fn apply_user(&self, mut opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
         if let Some((u, p)) = &self.user {
             // etcd's simple auth tokens live in the server's memory: a restarted or
@@ -119,24 +106,30 @@ impl EtcdClientAuth {
         self.files.clone().map(|f| lockmesh_runtime::ReloadingCerts::watch(f, every)).transpose()
     }
 
-    /// Connects to `endpoints`. With `certs` (from [`EtcdClientAuth::reloading_certs`]):
-    /// over [`lockmesh_runtime::reloading_channel`], whose every new connection
-    /// presents the certificate current at its handshake, with the user and token
-    /// refresh of [`EtcdClientAuth::apply`] (etcd-client's `from_channel`); `opts`'
-    /// TLS is not used then, and `timeouts` bound the channel. Without: etcd-client's
-    /// own connect with `opts` (which should come from [`EtcdClientAuth::apply`]).
+    /// Connects to `endpoints` over one failover channel
+    /// ([`lockmesh_runtime::failover_channel`]: one connection at a time, the next
+    /// endpoint when it breaks, never an endpoint dropped for good), with the user
+    /// and token refresh of [`EtcdClientAuth::apply_user`] (etcd-client's
+    /// `from_channel`). With `certs` (from [`EtcdClientAuth::reloading_certs`]) every
+    /// new connection presents the certificate current at its handshake; with a CA
+    /// only, TLS verifies the members against it; with neither, plaintext.
+    /// `timeouts` bound each connect and each request.
     pub async fn connect(
         &self,
         endpoints: &[String],
         certs: Option<&std::sync::Arc<lockmesh_runtime::ReloadingCerts>>,
-        opts: etcd_client::ConnectOptions,
         timeouts: lockmesh_runtime::ChannelOptions,
     ) -> Result<etcd_client::Client, etcd_client::Error> {
-        let Some(certs) = certs else {
-            return etcd_client::Client::connect(endpoints, Some(opts)).await;
-        };
-        let channel =
-            lockmesh_runtime::reloading_channel(endpoints, certs, timeouts).map_err(etcd_client::Error::InvalidArgs)?;
+        let channel = match (certs, &self.ca) {
+            (Some(certs), _) => lockmesh_runtime::reloading_channel(endpoints, certs, timeouts),
+            (None, Some(ca)) => lockmesh_runtime::ca_client_config(ca).and_then(|c| {
+                lockmesh_runtime::failover_channel(endpoints, lockmesh_runtime::ChannelTls::Tls(c), timeouts)
+            }),
+            (None, None) => {
+                lockmesh_runtime::failover_channel(endpoints, lockmesh_runtime::ChannelTls::Plain, timeouts)
+            }
+        }
+        .map_err(etcd_client::Error::InvalidArgs)?;
         let opts = self.apply_user(etcd_client::ConnectOptions::new());
         etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
     }
@@ -320,19 +313,19 @@ impl EtcdConnection {
         Ok(c)
     }
 
-    /// The etcd-client options: timeouts, TLS and user.
-    pub fn options(&self) -> etcd_client::ConnectOptions {
-        self.auth.apply(
-            etcd_client::ConnectOptions::new()
-                .with_connect_timeout(self.connect_timeout)
-                .with_timeout(self.request_timeout),
-        )
-    }
-
     /// Connects (no request is made: the first one shows whether etcd answers and
-    /// whether the user may do it).
+    /// whether the user may do it), over [`EtcdClientAuth::connect`]'s channel.
     pub async fn connect(&self) -> Result<etcd_client::Client, etcd_client::Error> {
-        etcd_client::Client::connect(&self.endpoints, Some(self.options())).await
+        let certs = self
+            .auth
+            .reloading_certs(ETCD_CERT_RELOAD)
+            .map_err(|e| etcd_client::Error::InvalidArgs(format!("etcd tls: {e}")))?;
+        let timeouts = lockmesh_runtime::ChannelOptions {
+            connect_timeout: self.connect_timeout,
+            request_timeout: Some(self.request_timeout),
+            keep_alive: None,
+        };
+        self.auth.connect(&self.endpoints, certs.as_ref(), timeouts).await
     }
 }
 

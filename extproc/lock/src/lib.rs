@@ -181,11 +181,6 @@ impl Store {
         marks_file: Option<&std::path::Path>,
         auth: &crate::connect::EtcdClientAuth,
     ) -> Result<Arc<Self>, LockError> {
-        let opts = auth
-            .apply(etcd_client::ConnectOptions::new())
-            .with_connect_timeout(op_timeout)
-            .with_timeout(op_timeout)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
         // A client certificate is re-read while the arbiter runs: every new
         // connection (the first, and each after a member restarts or the
         // connection breaks) presents the current one (issue #16).
@@ -198,9 +193,9 @@ impl Store {
             keep_alive: Some((Duration::from_secs(5), Duration::from_secs(3))),
         };
         let connect = |eps: Vec<String>| {
-            let (opts, certs) = (opts.clone(), certs.clone());
+            let certs = certs.clone();
             async move {
-                tokio::time::timeout(op_timeout, auth.connect(&eps, certs.as_ref(), opts, timeouts))
+                tokio::time::timeout(op_timeout, auth.connect(&eps, certs.as_ref(), timeouts))
                     .await
                     .map_err(|_| LockError::Unavailable("connect timed out".into()))?
                     .map_err(unavailable)

@@ -187,8 +187,14 @@ impl Console {
         if let Some(c) = self.members.lock().await.get(&url) {
             return Ok(c.clone());
         }
-        let opts = self.state.config.etcd_auth.apply(etcd_client::ConnectOptions::new()).with_timeout(self.timeout());
-        let c = etcd_client::Client::connect([url.as_str()], Some(opts)).await.map_err(|e| e.to_string())?;
+        let auth = &self.state.config.etcd_auth;
+        let certs = auth.reloading_certs(lockmesh_lock::connect::ETCD_CERT_RELOAD).map_err(|e| e.to_string())?;
+        let timeouts = lockmesh_runtime::ChannelOptions {
+            connect_timeout: self.timeout(),
+            request_timeout: Some(self.timeout()),
+            keep_alive: None,
+        };
+        let c = auth.connect(&[url.clone()], certs.as_ref(), timeouts).await.map_err(|e| e.to_string())?;
         self.members.lock().await.insert(url, c.clone());
         Ok(c)
     }
