@@ -241,21 +241,45 @@ impl Store {
     /// Logs every client in again unless that was done less than `every` ago (a
     /// zero `every` still skips a login another task has just started).
     async fn relogin(&self, every: Duration) {
-        let Some(last) = &self.relogin else { return };
-        {
-            let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-            let now = tokio::time::Instant::now();
-            let min = every.max(RELOGIN_DEDUP);
-            if last.is_some_and(|t| now.duration_since(t) < min) {
-                return;
-            }
-            *last = Some(now);
+        if self.relogin_due(every) {
+            self.logins().await;
         }
-        let all = std::iter::once(&self.client).chain(self.members.iter());
-        let logins = all.map(|c| tokio::time::timeout(self.op_timeout, c.refresh_token()));
-        let failed = futures::future::join_all(logins).await.into_iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
-        if failed > 0 {
-            tracing::debug!(failed, "etcd login after a failed read did not succeed everywhere; retried later");
+    }
+
+    /// [`Store::relogin`] without waiting for it: for a call that already took its
+    /// whole time. Without a quorum a login (a raft request) waits out its own
+    /// timeout too, and answering only after it would overrun the caller's deadline
+    /// (Envoy's ext_proc message timeout answers 504 then).
+    fn relogin_in_background(&self, every: Duration) {
+        if self.relogin_due(every) {
+            tokio::spawn(self.logins());
+        }
+    }
+
+    /// Whether a login is due, marking it started when it is.
+    fn relogin_due(&self, every: Duration) -> bool {
+        let Some(last) = &self.relogin else { return false };
+        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        let min = every.max(RELOGIN_DEDUP);
+        if last.is_some_and(|t| now.duration_since(t) < min) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
+    /// Logs every client in again (the clients share their token with their clones).
+    fn logins(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let clients: Vec<Client> = std::iter::once(&self.client).chain(self.members.iter()).cloned().collect();
+        let op_timeout = self.op_timeout;
+        async move {
+            let logins = clients.iter().map(|c| tokio::time::timeout(op_timeout, c.refresh_token()));
+            let results = futures::future::join_all(logins).await;
+            let failed = results.into_iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
+            if failed > 0 {
+                tracing::debug!(failed, "etcd login after a failed read did not succeed everywhere; retried later");
+            }
         }
     }
 
@@ -296,8 +320,9 @@ impl Store {
                     // A restored member holds every token issued before the restore
                     // back until the call's deadline (see
                     // `relogin_after_failed_read`): log in again, at most once per
-                    // RELOGIN_EVERY, so the next call is served.
-                    self.relogin(RELOGIN_EVERY).await;
+                    // RELOGIN_EVERY, so the next call is served; in the background,
+                    // as this call has already used its time.
+                    self.relogin_in_background(RELOGIN_EVERY);
                 }
                 Err(unavailable(e))
             }
