@@ -49,6 +49,7 @@ pub struct ArbiterBuilder {
     registry: String,
     extra_yaml: Vec<String>,
     etcd_yaml: Vec<String>,
+    tls_reload_ms: Option<u64>,
     max_wait_ms: u64,
     grpc_port: Option<u16>,
     admin_port: Option<u16>,
@@ -125,6 +126,13 @@ impl ArbiterBuilder {
         self
     }
 
+    /// `tls.reload_ms`: how often the listener re-reads its certificate files
+    /// (the arbiter's default, 5000, unless set).
+    pub fn tls_reload_ms(mut self, ms: u64) -> Self {
+        self.tls_reload_ms = Some(ms);
+        self
+    }
+
     /// A line added under `etcd:` (e.g. `user: arbiter`), for etcd TLS and auth.
     pub fn etcd_yaml(mut self, line: impl Into<String>) -> Self {
         self.etcd_yaml.push(line.into());
@@ -154,6 +162,10 @@ impl ArbiterBuilder {
             registry = registry_file.display(),
             max_wait = self.max_wait_ms,
         );
+        if let Some(ms) = self.tls_reload_ms {
+            let at = yaml.find("etcd:\n").unwrap_or(yaml.len());
+            yaml.insert_str(at, &format!("  reload_ms: {ms}\n"));
+        }
         if !self.etcd_yaml.is_empty() {
             let at = yaml.find("registry_file:").unwrap_or(yaml.len());
             let lines: String = self.etcd_yaml.iter().map(|l| format!("  {l}\n")).collect();
@@ -208,6 +220,7 @@ impl ArbiterProcess {
             registry: DEFAULT_TEST_REGISTRY.to_owned(),
             extra_yaml: Vec::new(),
             etcd_yaml: Vec::new(),
+            tls_reload_ms: None,
             max_wait_ms: 30_000,
             grpc_port: None,
             admin_port: None,

@@ -42,17 +42,30 @@ impl LockClient {
     /// A client for `https://localhost:<port>` trusting `ca_pem` only and
     /// presenting `identity` (certificate and key PEM paths), if given.
     pub fn new(port: u16, ca_pem: &Path, identity: Option<(&Path, &Path)>) -> Result<Self> {
-        let ca = std::fs::read(ca_pem).with_context(|| format!("read {}", ca_pem.display()))?;
+        let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+        let identity = match identity {
+            Some((cert, key)) => Some((read(cert)?, read(key)?)),
+            None => None,
+        };
+        Self::from_pem(port, &read(ca_pem)?, identity.as_ref().map(|(c, k)| (&c[..], &k[..])))
+    }
+
+    /// [`LockClient::new`] from PEM bytes: the CA bundle (every certificate in it
+    /// trusted) and the identity's certificate and key, for example one consistent
+    /// set read from a directory being rotated.
+    pub fn from_pem(port: u16, ca_pem: &[u8], identity: Option<(&[u8], &[u8])>) -> Result<Self> {
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
             .resolve("localhost", SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .timeout(REQUEST_TIMEOUT);
+        for ca in reqwest::Certificate::from_pem_bundle(ca_pem)? {
+            builder = builder.add_root_certificate(ca);
+        }
         if let Some((cert, key)) = identity {
-            let mut pem = std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?;
+            let mut pem = cert.to_vec();
             pem.push(b'\n');
-            pem.extend(std::fs::read(key).with_context(|| format!("read {}", key.display()))?);
+            pem.extend_from_slice(key);
             builder = builder.identity(reqwest::Identity::from_pem(&pem)?);
         }
         Ok(Self { http: builder.build()?, base_url: format!("https://localhost:{port}") })

@@ -37,6 +37,7 @@ use anyhow::{bail, Context as _, Result};
 use tempfile::TempDir;
 
 use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
+use crate::kubelet::{read_plain_files, SecretDir};
 use crate::paths::{repo_root, target_dir, temp_dir, tool};
 use crate::ports::free_port;
 use crate::probe::http_get;
@@ -191,7 +192,7 @@ impl EnvoyBuilder {
         let tls = dir.join("tls");
         std::fs::create_dir_all(&tls).with_context(|| format!("create {}", tls.display()))?;
         let tls = tls.canonicalize()?;
-        swap_generation(&tls, &copy_files(cert_dir)?)?;
+        SecretDir::create(&tls, &read_plain_files(cert_dir)?)?;
         let sds = dir.join("sds");
         std::fs::create_dir_all(&sds).with_context(|| format!("create {}", sds.display()))?;
         let sds = sds.canonicalize()?;
@@ -424,12 +425,7 @@ impl EnvoyProcess {
     /// returns once the swap is done (Envoy's reload follows within moments: poll
     /// [`EnvoyProcess::cert_serials`] or a handshake).
     pub fn rotate_certs(&self, from: &Path) -> Result<()> {
-        let mut files = copy_files(&self.tls_dir.join(DATA_LINK))?;
-        for (name, bytes) in copy_files(from)? {
-            files.retain(|(n, _)| *n != name);
-            files.push((name, bytes));
-        }
-        swap_generation(&self.tls_dir, &files)
+        SecretDir::open(&self.tls_dir).swap(&read_plain_files(from)?)
     }
 
     /// The serial numbers (lowercase hex, as Envoy's admin `/certs` prints them) of
@@ -502,9 +498,6 @@ impl EnvoyProcess {
     }
 }
 
-/// The kubelet's name for the symlink to the current generation of a mounted Secret.
-const DATA_LINK: &str = "..data";
-
 /// A new PKI in `dir` with the same CA (and rogue CA) as `pki` and freshly issued
 /// leaves: the same names, identities and SANs, new keys and new serial numbers.
 /// Rotating an Envoy to it ([`EnvoyProcess::rotate_certs`]) keeps every peer's
@@ -516,54 +509,6 @@ pub fn reissued_pki(pki: &DevPki, dir: impl AsRef<Path>) -> Result<DevPki> {
         std::fs::copy(pki.dir().join(name), dir.join(name)).with_context(|| format!("copy {name}"))?;
     }
     DevPki::generate(dir, pki.trust_domain())
-}
-
-/// Every regular file directly in `dir` (symlinks followed), as (name, bytes).
-fn copy_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
-        if name.starts_with("..") || !path.is_file() {
-            continue;
-        }
-        out.push((name, std::fs::read(&path).with_context(|| format!("read {}", path.display()))?));
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Writes `files` as a new generation `..<n>` of the kubelet-style directory
-/// `tls`, points `..data` at it with one rename (atomic: a reader sees the old
-/// set or the new one), adds a `<name> -> ..data/<name>` link for each new name
-/// and removes the previous generation.
-fn swap_generation(tls: &Path, files: &[(String, Vec<u8>)]) -> Result<()> {
-    let data = tls.join(DATA_LINK);
-    let old = std::fs::read_link(&data).ok();
-    let mut n = 1u32;
-    while tls.join(format!("..{n}")).exists() {
-        n += 1;
-    }
-    let generation = format!("..{n}");
-    let gen_dir = tls.join(&generation);
-    std::fs::create_dir(&gen_dir).with_context(|| format!("create {}", gen_dir.display()))?;
-    for (name, bytes) in files {
-        std::fs::write(gen_dir.join(name), bytes).with_context(|| format!("write {name}"))?;
-    }
-    let tmp = tls.join("..data_tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&generation, &tmp)?;
-    std::fs::rename(&tmp, &data).with_context(|| format!("swap {}", data.display()))?;
-    for (name, _) in files {
-        let link = tls.join(name);
-        if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink(format!("{DATA_LINK}/{name}"), &link)?;
-        }
-    }
-    if let Some(old) = old.filter(|o| *o != Path::new(&generation)) {
-        let _ = std::fs::remove_dir_all(tls.join(old));
-    }
-    Ok(())
 }
 
 /// Where the SDS secrets come from: the frozen copy's `envoy-config/sds` when
@@ -736,25 +681,6 @@ mod tests {
         std::fs::write(&cfg, "a: {port_value: 18051}\n").unwrap();
         let err = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([1]).render().unwrap_err();
         assert!(format!("{err:#}").contains("endpoint"), "{err:#}");
-    }
-
-    #[test]
-    fn swaps_the_tls_directory_as_a_secret_update_does() {
-        let dir = tempfile::tempdir().unwrap();
-        let tls = dir.path().join("tls");
-        std::fs::create_dir(&tls).unwrap();
-        let files = |v: &str| vec![("a.pem".to_owned(), v.as_bytes().to_vec()), ("b.pem".to_owned(), b"b".to_vec())];
-        swap_generation(&tls, &files("one")).unwrap();
-        assert_eq!(std::fs::read_link(tls.join("a.pem")).unwrap(), Path::new("..data/a.pem"));
-        assert_eq!(std::fs::read_to_string(tls.join("a.pem")).unwrap(), "one");
-        let first = std::fs::read_link(tls.join(DATA_LINK)).unwrap();
-        swap_generation(&tls, &files("two")).unwrap();
-        assert_eq!(std::fs::read_to_string(tls.join("a.pem")).unwrap(), "two");
-        assert_ne!(std::fs::read_link(tls.join(DATA_LINK)).unwrap(), first);
-        assert!(!tls.join(&first).exists(), "the old generation is removed");
-        assert_eq!(copy_files(&tls).unwrap(), files("two"), "only the linked names, not the generations");
-        let sorted: Vec<String> = copy_files(&tls.join(DATA_LINK)).unwrap().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(sorted, ["a.pem", "b.pem"]);
     }
 
     #[test]

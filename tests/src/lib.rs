@@ -18,6 +18,7 @@
 //! - [`fence`]: the grant signing key, [`fence::KvStore`] and [`fence::FenceProxyProcess`].
 //! - [`postgres`]: [`postgres::PostgresProcess`], a real PostgreSQL for the reference fence.
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
+//! - [`kubelet`]: [`kubelet::SecretDir`], a directory updated as the kubelet updates a Secret volume.
 //! - [`stack`]: [`Stack`], all of the above for one scenario.
 //!
 //! The scenarios themselves are in `tests/scenarios/` (one test binary). The
@@ -39,6 +40,7 @@ pub mod client;
 pub mod envoy;
 pub mod etcd;
 pub mod fence;
+pub mod kubelet;
 pub mod paths;
 pub mod ports;
 pub mod postgres;

@@ -45,6 +45,7 @@ pub struct StackBuilder {
     arbiters: usize,
     arbiter_extra_yaml: Vec<String>,
     arbiter_env: Vec<(String, String)>,
+    arbiter_tls_reload_ms: Option<u64>,
     max_wait_ms: Option<u64>,
     own_etcd: Option<usize>,
     plaintext_etcd: bool,
@@ -122,6 +123,13 @@ impl StackBuilder {
     /// A raw YAML line appended to every arbiter config.
     pub fn arbiter_extra_yaml(mut self, line: impl Into<String>) -> Self {
         self.arbiter_extra_yaml.push(line.into());
+        self
+    }
+
+    /// The arbiters' `tls.reload_ms` (how often their listener re-reads its
+    /// certificate files). Default: the arbiter's own (5000).
+    pub fn arbiter_tls_reload_ms(mut self, ms: u64) -> Self {
+        self.arbiter_tls_reload_ms = Some(ms);
         self
     }
 
@@ -228,6 +236,9 @@ impl StackBuilder {
             if let Some(ms) = self.max_wait_ms {
                 b = b.max_wait_ms(ms);
             }
+            if let Some(ms) = self.arbiter_tls_reload_ms {
+                b = b.tls_reload_ms(ms);
+            }
             for line in &self.arbiter_extra_yaml {
                 b = b.extra_yaml(line);
             }
@@ -303,6 +314,7 @@ impl Stack {
             arbiters: 1,
             arbiter_extra_yaml: Vec::new(),
             arbiter_env: Vec::new(),
+            arbiter_tls_reload_ms: None,
             max_wait_ms: None,
             own_etcd: None,
             plaintext_etcd: false,

@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use lockmesh_tests::kubelet::{Files, SecretDir};
 use lockmesh_tests::Stack;
 use serde_json::Value;
 
@@ -46,28 +47,11 @@ fn grant(sa: &str) -> String {
     )
 }
 
-/// Publishes `files` into `dir` as the kubelet updates a ConfigMap volume.
+/// Publishes `files` into `dir` as the kubelet updates a ConfigMap volume
+/// (`version` names the step for the reader; the generation is named by time).
 fn publish(dir: &Path, version: &str, files: &[(&str, String)]) {
-    let ts = format!("..{version}");
-    std::fs::create_dir_all(dir.join(&ts)).unwrap();
-    for (name, text) in files {
-        std::fs::write(dir.join(&ts).join(name), text).unwrap();
-    }
-    let tmp = dir.join("..data_tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&ts, &tmp).unwrap();
-    std::fs::rename(&tmp, dir.join("..data")).unwrap();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if !name.starts_with('.') && !files.iter().any(|(n, _)| *n == name) {
-            std::fs::remove_file(dir.join(&name)).unwrap();
-        }
-    }
-    for (name, _) in files {
-        if std::fs::symlink_metadata(dir.join(name)).is_err() {
-            std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
-        }
-    }
+    let files: Files = files.iter().map(|(n, t)| ((*n).to_owned(), t.clone().into_bytes())).collect();
+    SecretDir::open(dir).replace(&files).unwrap_or_else(|e| panic!("publish {version}: {e:#}"));
 }
 
 /// Polls `/status` until `done` holds for `classes.registry`, at most 10 s.

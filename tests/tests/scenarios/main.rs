@@ -38,6 +38,7 @@ mod otlp;
 mod pg_fence;
 mod restore;
 mod rotation;
+mod rotation_stack;
 mod runbooks;
 mod scale;
 mod sdk;

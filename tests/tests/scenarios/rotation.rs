@@ -22,18 +22,12 @@
 //! handshake check after the roll fails against it (it still serves the first
 //! certificate, which a B-only client does not trust).
 //!
-//! FOR THE LEAD: the Envoy part (the lock tier's listener and its client
-//! certificate to the arbiter, through SDS `watched_directory`), the arbiter's
-//! listener and etcd channel, and the SDK's holds, waiters and transparent requests
-//! over them are not in this module yet: they need Envoy's SDS configs and the
-//! arbiter's reloading listener in the tree. `CertDir` and `issue` below are what
-//! that scenario swaps the stack's certificate directory with.
+//! The same roll across the whole stack (both Envoys, the arbiter, SDK holds,
+//! waiters and transparent requests) is [`crate::rotation_stack`]; `issue` and
+//! `expired` below make its sets too.
 
 use std::{
-    collections::BTreeMap,
     net::{Ipv4Addr, SocketAddr},
-    os::unix::fs::symlink,
-    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -41,6 +35,7 @@ use std::{
     time::Duration,
 };
 
+use lockmesh_tests::kubelet::{read_plain_files, Files, SecretDir};
 use lockmesh_tests::{certs::TEST_TRUST_DOMAIN, DevPki, Stack};
 
 use crate::audit::Tailer;
@@ -48,102 +43,9 @@ use crate::audit::Tailer;
 /// The operators' tool's identity, which the tailer's query port admits.
 const OPERATOR: (&str, &str) = ("lockmesh-system", "lockctl");
 
-/// File name → content of one set of certificate files.
-type Files = BTreeMap<String, Vec<u8>>;
-
-/// A certificate directory laid out as kubelet lays out a secret volume.
-struct CertDir {
-    dir: PathBuf,
-    generation: u32,
-}
-
-// === impl CertDir ===
-
-impl CertDir {
-    /// Turns `dir`, a directory of plain files, into a kubelet-style one in place:
-    /// the files move into a timestamped directory, `..data` links to it, and each
-    /// name becomes a link through `..data` (each replaced by one rename, so a
-    /// reader never finds a name missing).
-    fn adopt(dir: &Path) -> Self {
-        let files = read_files(dir);
-        let mut d = CertDir { dir: dir.to_owned(), generation: 0 };
-        let first = d.write_generation(&files);
-        symlink(&first, dir.join("..data")).unwrap();
-        for name in files.keys() {
-            d.link(name);
-        }
-        d
-    }
-
-    /// The set the names point at now.
-    fn current(&self) -> Files {
-        self.try_current().unwrap()
-    }
-
-    /// [`CertDir::current`], or the error of a read that raced a swap (which
-    /// removes the directory the names pointed at before).
-    fn try_current(&self) -> std::io::Result<Files> {
-        let data = self.dir.join("..data");
-        let mut files = Files::new();
-        for e in std::fs::read_dir(&data)? {
-            let name = e?.file_name().to_string_lossy().into_owned();
-            files.insert(name.clone(), std::fs::read(data.join(&name))?);
-        }
-        Ok(files)
-    }
-
-    /// Swaps to `files` as kubelet's atomic writer does: a new timestamped
-    /// directory, a new `..data` link renamed over the old one, then the old
-    /// directory removed. Names the new set lacks keep their current content.
-    fn swap(&mut self, files: &Files) {
-        let mut all = self.current();
-        all.extend(files.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let old = std::fs::read_link(self.dir.join("..data")).unwrap();
-        let new = self.write_generation(&all);
-        let tmp = self.dir.join("..data_tmp");
-        symlink(&new, &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
-        for name in all.keys() {
-            if std::fs::symlink_metadata(self.dir.join(name)).is_err() {
-                self.link(name);
-            }
-        }
-        std::fs::remove_dir_all(self.dir.join(old)).unwrap();
-    }
-
-    fn write_generation(&mut self, files: &Files) -> PathBuf {
-        self.generation += 1;
-        let name = PathBuf::from(format!("..2026_12_01_20_00_00.{}", self.generation));
-        let at = self.dir.join(&name);
-        std::fs::create_dir(&at).unwrap();
-        for (n, content) in files {
-            std::fs::write(at.join(n), content).unwrap();
-        }
-        name
-    }
-
-    fn link(&self, name: &str) {
-        let tmp = self.dir.join(format!(".{name}.link"));
-        symlink(Path::new("..data").join(name), &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.join(name)).unwrap();
-    }
-}
-
-/// The plain files of `dir`.
-fn read_files(dir: &Path) -> Files {
-    let mut files = Files::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            files.insert(e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap());
-        }
-    }
-    files
-}
-
 /// A full set of leaves (the stack's and `clients`'), new keys: signed by the CA
 /// of `ca` (a set holding `ca.pem` and `ca-key.pem`), or by a new CA without it.
-fn issue(ca: Option<&Files>, clients: &[(&str, &str)]) -> Files {
+pub(super) fn issue(ca: Option<&Files>, clients: &[(&str, &str)]) -> Files {
     let t = tempfile::tempdir().unwrap();
     if let Some(ca) = ca {
         for f in ["ca.pem", "ca-key.pem", "rogue-ca.pem", "rogue-ca-key.pem", "trust-domain"] {
@@ -154,7 +56,7 @@ fn issue(ca: Option<&Files>, clients: &[(&str, &str)]) -> Files {
     for (ns, sa) in clients {
         pki.client(ns, sa).unwrap();
     }
-    read_files(pki.dir())
+    read_plain_files(pki.dir()).unwrap()
 }
 
 /// The DER of the first certificate in `pem`.
@@ -163,7 +65,7 @@ fn der(pem: &[u8]) -> Vec<u8> {
 }
 
 /// A client certificate for `spiffe_id` signed by the CA of `ca` and expired since 2021.
-fn expired(ca: &Files, spiffe_id: &str) -> (Vec<u8>, Vec<u8>) {
+pub(super) fn expired(ca: &Files, spiffe_id: &str) -> (Vec<u8>, Vec<u8>) {
     use rcgen::{date_time_ymd, CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose, SanType};
     let ca_key = KeyPair::from_pem(std::str::from_utf8(&ca["ca-key.pem"]).unwrap()).unwrap();
     let issuer = rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca["ca.pem"]).unwrap(), ca_key).unwrap();
@@ -227,9 +129,9 @@ struct Traffic {
 
 /// A tailer over a kubelet-style copy of the stack's certificates, re-reading its
 /// query port's files every `reload_ms` (0: never).
-async fn tailer(st: &Stack, reload_ms: u64) -> (Tailer, CertDir) {
+async fn tailer(st: &Stack, reload_ms: u64) -> (Tailer, SecretDir) {
     st.pki().client(OPERATOR.0, OPERATOR.1).unwrap();
-    let dir = CertDir::adopt(st.pki().dir());
+    let dir = SecretDir::adopt(st.pki().dir()).unwrap();
     let t = Tailer::start(st, "").await;
     let path = t.dir.path().join("audit.yaml");
     let cfg = std::fs::read_to_string(&path).unwrap();
@@ -245,9 +147,9 @@ async fn tailer(st: &Stack, reload_ms: u64) -> (Tailer, CertDir) {
 /// a fresh handshake sees the set's server certificate. Returns the sets of steps
 /// 0, 1 and 4 and the traffic counters; `Err` names the step whose certificate
 /// never showed.
-async fn roll(t: &Tailer, dir: &mut CertDir) -> (Vec<Files>, Arc<Traffic>, Result<(), String>) {
+async fn roll(t: &Tailer, dir: &SecretDir) -> (Vec<Files>, Arc<Traffic>, Result<(), String>) {
     let port = t.query_port;
-    let first = dir.current();
+    let first = dir.current().unwrap();
     let traffic = Arc::new(Traffic::default());
     let stop = Arc::new(AtomicBool::new(false));
     // One kept-open connection, made from the first files.
@@ -266,10 +168,10 @@ async fn roll(t: &Tailer, dir: &mut CertDir) -> (Vec<Files>, Arc<Traffic>, Resul
     };
     // A fresh connection per round from the files of the moment.
     let fresh = {
-        let (tr, stop, live) = (traffic.clone(), stop.clone(), dir.dir.clone());
+        let (tr, stop, live) = (traffic.clone(), stop.clone(), dir.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let Ok(files) = (CertDir { dir: live.clone(), generation: 0 }).try_current() else { continue };
+                let Ok(files) = live.current() else { continue };
                 match fresh_query(port, &files).await {
                     Ok((200, _)) => tr.answered.fetch_add(1, Ordering::SeqCst),
                     _ => tr.refused.fetch_add(1, Ordering::SeqCst),
@@ -301,11 +203,12 @@ async fn roll(t: &Tailer, dir: &mut CertDir) -> (Vec<Files>, Arc<Traffic>, Resul
     ];
     let mut result = Ok(());
     for (what, files, also) in &steps {
-        dir.swap(files);
+        dir.swap(files).unwrap();
         let want = der(&files["arbiter.pem"]);
         let seen = tokio::time::timeout(Duration::from_secs(15), async {
             loop {
-                let leaf_ok = matches!(fresh_query(port, &dir.current()).await, Ok((200, leaf)) if leaf == want);
+                let leaf_ok =
+                    matches!(fresh_query(port, &dir.current().unwrap()).await, Ok((200, leaf)) if leaf == want);
                 let also_ok = match also {
                     None => true,
                     Some((ca, (cert, key), admitted)) => {
@@ -335,8 +238,8 @@ async fn roll(t: &Tailer, dir: &mut CertDir) -> (Vec<Files>, Arc<Traffic>, Resul
 #[tokio::test]
 async fn the_audit_query_port_follows_a_leaf_rotation_and_a_ca_roll_with_queries_in_flight() {
     let st = Stack::builder("rotation-audit").start().await.unwrap();
-    let (t, mut dir) = tailer(&st, 200).await;
-    let (sets, traffic, result) = roll(&t, &mut dir).await;
+    let (t, dir) = tailer(&st, 200).await;
+    let (sets, traffic, result) = roll(&t, &dir).await;
     result.unwrap();
     let (first, rotated, new_ca) = (&sets[0], &sets[1], &sets[2]);
     let answered = traffic.answered.load(Ordering::SeqCst);
@@ -370,8 +273,8 @@ async fn the_audit_query_port_follows_a_leaf_rotation_and_a_ca_roll_with_queries
 #[tokio::test]
 async fn a_query_port_that_does_not_reload_fails_the_roll() {
     let st = Stack::builder("rotation-audit-planted").start().await.unwrap();
-    let (t, mut dir) = tailer(&st, 0).await;
-    let (_, _, result) = roll(&t, &mut dir).await;
+    let (t, dir) = tailer(&st, 0).await;
+    let (_, _, result) = roll(&t, &dir).await;
     let e = result.expect_err("the roll passed against a tailer that never reloads");
     assert!(e.contains("step 1"), "{e}");
 }
