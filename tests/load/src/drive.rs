@@ -61,9 +61,10 @@ impl Worker {
                 ))
             }
             Workload::EtcdLock => Worker::EtcdLock(Box::new(EtcdLockClient::connect(&target.etcd, rec).await?)),
-            Workload::RawTxn => {
+            Workload::RawTxn | Workload::RawTxnMarker => {
                 let idle = format!("{}/.idle/{i}", target.etcd_prefix);
-                Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, rec).await?))
+                let marker = w == Workload::RawTxnMarker;
+                Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, marker, rec).await?))
             }
         })
     }

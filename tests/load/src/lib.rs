@@ -10,6 +10,9 @@
 //! - `raw-txn`: the two-writes floor: a put-if-absent transaction on the key with
 //!   the client's lease, then a delete; a refused client watches the key for its
 //!   delete (1 s poll as a backstop) and tries again.
+//! - `raw-txn-marker` (by name only): `raw-txn` whose release transaction also puts
+//!   a marker key on the client's lease, as lockmesh's release writes its release
+//!   marker; beside `raw-txn` it prices the marker in etcd (docs/DECISIONS.md).
 //!
 //! Every grant is recorded in grant order per key: tokens must strictly increase
 //! per key (and, for `lockmesh` and `raw-txn`, be unique across keys), and where
@@ -72,6 +75,11 @@ pub enum Workload {
     EtcdLock,
     /// A put-if-absent transaction and a delete.
     RawTxn,
+    /// [`Workload::RawTxn`] whose release also writes a marker key on the
+    /// client's lease in the delete's transaction, as lockmesh's release writes
+    /// its release marker: the two side by side price the marker (run by name,
+    /// not in [`Workload::ALL`]).
+    RawTxnMarker,
 }
 
 /// How clients map onto keys.
@@ -165,12 +173,17 @@ impl Workload {
     /// Every workload, in the order the tool runs them.
     pub const ALL: [Workload; 3] = [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn];
 
+    /// Every workload the command line names: [`Workload::ALL`] and those run
+    /// only by name.
+    pub const NAMED: [Workload; 4] = [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn, Workload::RawTxnMarker];
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Lockmesh => "lockmesh",
             Workload::EtcdLock => "etcd-lock",
             Workload::RawTxn => "raw-txn",
+            Workload::RawTxnMarker => "raw-txn-marker",
         }
     }
 
@@ -186,10 +199,10 @@ impl FromStr for Workload {
     type Err = anyhow::Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        Workload::ALL
+        Workload::NAMED
             .into_iter()
             .find(|w| w.name() == s)
-            .with_context(|| format!("unknown workload {s:?}: lockmesh, etcd-lock or raw-txn"))
+            .with_context(|| format!("unknown workload {s:?}: lockmesh, etcd-lock, raw-txn or raw-txn-marker"))
     }
 }
 

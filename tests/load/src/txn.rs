@@ -26,6 +26,8 @@ pub(crate) struct RawTxnClient {
     lease: Option<Lease>,
     watch: WatchStream,
     idle_key: String,
+    /// Whether a release also puts `<key>/r` on the lease (`raw-txn-marker`).
+    marker: bool,
     rec: Arc<Recorder>,
 }
 
@@ -43,12 +45,12 @@ async fn open_watch(client: &mut Client, idle_key: &str) -> Result<WatchStream> 
 
 impl RawTxnClient {
     /// Connects, grants the client's lease and opens its watch stream.
-    pub async fn connect(endpoints: &[String], idle_key: &str, rec: Arc<Recorder>) -> Result<Self> {
+    pub async fn connect(endpoints: &[String], idle_key: &str, marker: bool, rec: Arc<Recorder>) -> Result<Self> {
         let mut client =
             Client::connect(endpoints, None).await.with_context(|| format!("connect to etcd {endpoints:?}"))?;
         let lease = Lease::grant(&mut client, "raw-txn keepalive", rec.clone()).await?;
         let watch = open_watch(&mut client, idle_key).await?;
-        Ok(Self { client, lease: Some(lease), watch, idle_key: idle_key.to_owned(), rec })
+        Ok(Self { client, lease: Some(lease), watch, idle_key: idle_key.to_owned(), marker, rec })
     }
 
     /// Put-if-absent until it succeeds; the commit revision.
@@ -114,9 +116,19 @@ impl RawTxnClient {
         }
     }
 
-    /// Deletes the key.
+    /// Deletes the key; with `marker`, and puts `<key>/r` on the lease in the
+    /// same transaction (lockmesh's release marker has the same shape: a small
+    /// value on a lease, overwritten at each release of the key).
     pub async fn release(&mut self, key: &str) -> Result<()> {
-        self.client.delete(key, None).await?;
+        match (&self.lease, self.marker) {
+            (Some(lease), true) => {
+                let put = TxnOp::put(format!("{key}/r"), "released", Some(PutOptions::new().with_lease(lease.id())));
+                self.client.txn(Txn::new().and_then([TxnOp::delete(key, None), put])).await?;
+            }
+            _ => {
+                self.client.delete(key, None).await?;
+            }
+        }
         Ok(())
     }
 

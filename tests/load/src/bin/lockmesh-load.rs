@@ -50,7 +50,7 @@ struct Args {
     /// Keys in contended mode (each with --concurrency clients).
     #[arg(long, default_value_t = 16)]
     keys: usize,
-    /// Workloads, comma-separated: lockmesh, etcd-lock, raw-txn.
+    /// Workloads, comma-separated: lockmesh, etcd-lock, raw-txn (and raw-txn-marker, by name only).
     #[arg(long, default_value = "lockmesh,etcd-lock,raw-txn")]
     workloads: String,
     /// `x-lock-wait-ms` of lockmesh acquires; the limit of every workload's acquire.
