@@ -99,7 +99,10 @@ pub enum Admission {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Left {
     /// The key's head (in flight): the next waiter may now be promoted.
-    InFlight,
+    /// `queued`: it reached the head from the queue ([`Queues::promote`]), so it
+    /// has an Envoy-wide backlog entry to remove; a request forwarded at admission
+    /// never had one.
+    InFlight { queued: bool },
     /// A waiter, still paused (its caller went away).
     Waiting(Waiter),
     /// Nothing: the context was not (or no longer) in the queue.
@@ -122,6 +125,8 @@ pub enum Promotion {
 #[derive(Debug, Default)]
 struct KeyQueue {
     in_flight: Option<u32>,
+    /// Whether the head in flight was promoted from `waiting`.
+    promoted: bool,
     waiting: VecDeque<Waiter>,
 }
 
@@ -153,6 +158,7 @@ impl Queues {
         let idle = q.in_flight.is_none() && q.waiting.is_empty();
         let admission = if idle && !older_elsewhere {
             q.in_flight = Some(ctx);
+            q.promoted = false;
             Admission::Forward
         } else if wait_ms == 0 {
             Admission::Contended
@@ -175,7 +181,7 @@ impl Queues {
         };
         let left = if q.in_flight == Some(ctx) {
             q.in_flight = None;
-            Left::InFlight
+            Left::InFlight { queued: std::mem::take(&mut q.promoted) }
         } else if let Some(i) = q.waiting.iter().position(|w| w.ctx == ctx) {
             match q.waiting.remove(i) {
                 Some(w) => {
@@ -205,6 +211,7 @@ impl Queues {
             Promotion::Expired(head)
         } else if is_first(head.ctx) {
             q.in_flight = Some(head.ctx);
+            q.promoted = true;
             Promotion::Forward { waiter: head, budget_ms: head.deadline_ms() - now_ms }
         } else {
             return None;

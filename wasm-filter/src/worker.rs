@@ -421,9 +421,13 @@ impl Worker {
     pub fn finish(&mut self, ctx: u32, ticket: Ticket, now: u64) {
         self.release_slot(ctx, ticket.limit.as_deref(), now);
         match self.queues.leave(&ticket.key, ctx) {
-            Left::InFlight => {
+            Left::InFlight { queued } => {
                 self.end_hold(&ticket, true, now);
-                self.drop_backlog_entry(&ticket.key, ctx, now);
+                // Only a promoted waiter has a backlog entry (kept until now); a
+                // request forwarded at admission costs no shared-data read here.
+                if queued {
+                    self.drop_backlog_entry(&ticket.key, ctx, now);
+                }
                 self.pump(&ticket.key, now);
                 // Only when nothing of ours is in flight for the key: waking another
                 // worker while our next waiter travels to the arbiter would let both

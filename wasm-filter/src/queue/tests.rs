@@ -18,11 +18,12 @@ fn head_only_fifo_with_budget_left() {
     assert_eq!(q.admit(K, 3, 200, 5000, false, 10), Admission::Queued);
     assert_eq!(q.depth(K), 2);
     assert_eq!(fwd(&mut q, K, 300), None, "head still in flight");
-    assert_eq!(q.leave(K, 1), Left::InFlight);
+    assert_eq!(q.leave(K, 1), Left::InFlight { queued: false }, "forwarded at admission");
     let Some(Promotion::Forward { waiter, budget_ms }) = fwd(&mut q, K, 1100) else { panic!() };
     assert_eq!((waiter.ctx, budget_ms), (2, 4000));
     assert_eq!(q.in_flight(K), Some(2));
     assert_eq!(fwd(&mut q, K, 1100), None);
+    assert_eq!(q.leave(K, 2), Left::InFlight { queued: true }, "promoted from the queue");
     // Another key is independent.
     assert_eq!(q.admit("payments/j", 9, 0, 0, false, 10), Admission::Forward);
 }
@@ -95,6 +96,8 @@ proptest! {
         // Model: per key, contexts in admission order, and which are waiting.
         let mut order: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         let mut waiting: BTreeMap<u32, (String, Waiter)> = BTreeMap::new();
+        // Heads that reached the head slot by promotion (they carry a backlog entry).
+        let mut promoted: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
         for op in ops {
             match op {
                 Op::Tick(d) => now += d,
@@ -124,7 +127,10 @@ proptest! {
                     let was_head = q.in_flight(&key) == Some(ctx);
                     let was_waiting = waiting.get(&ctx).is_some_and(|(k, _)| *k == key);
                     match q.leave(&key, ctx) {
-                        Left::InFlight => prop_assert!(was_head),
+                        Left::InFlight { queued } => {
+                            prop_assert!(was_head);
+                            prop_assert_eq!(queued, promoted.remove(&ctx));
+                        }
                         Left::Waiting(w) => {
                             prop_assert!(was_waiting);
                             prop_assert_eq!(waiting.remove(&ctx).map(|x| x.1), Some(w));
@@ -139,6 +145,7 @@ proptest! {
                             Promotion::Forward { waiter, budget_ms } => {
                                 prop_assert!(budget_ms >= 1 && budget_ms <= waiter.wait_ms);
                                 prop_assert_eq!(budget_ms, waiter.deadline_ms() - now);
+                                promoted.insert(waiter.ctx);
                                 waiter
                             }
                             Promotion::Expired(w) => {
