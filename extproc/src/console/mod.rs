@@ -220,7 +220,8 @@ impl Console {
         let pol = policies.as_ref().unwrap_or(&empty);
         let limits: HashMap<String, u32> = pol.values().map(|p| (p.class.clone(), p.limit)).collect();
         let sat_per_class = scan.as_ref().map(|s| saturated_per_class(s, &limits)).unwrap_or_default();
-        let base = state.config.registry_file.parent().map(std::path::Path::to_owned).unwrap_or_default();
+        // The loader's base: the registry file's directory, or the manifest directory.
+        let base = state.config.registry_source.pause_base();
         let classes = reg
             .classes()
             .iter()

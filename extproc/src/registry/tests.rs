@@ -87,3 +87,14 @@ fn a_fenced_class_needs_a_passing_unexpired_pause_test_of_its_own() {
     let errs = load(&file).unwrap_err();
     assert_eq!(errs, vec![format!("{name}: classes[1].pause_test_result: required for a fenced class (ADR-17): the PauseTestResult file of a passing pause test (lockmesh-pausekit --out), relative to the registry file")]);
 }
+
+/// A fenced class's relative `pause_test_result` resolves against the registry
+/// file's directory, or against the manifest directory itself: the loader and the
+/// console (`console::state`) both take the base from here.
+#[test]
+fn pause_results_resolve_against_the_file_directory_or_the_manifest_directory() {
+    let file = RegistrySource::File(PathBuf::from("/etc/lockmesh/registry.yaml"));
+    assert_eq!(file.pause_base(), PathBuf::from("/etc/lockmesh"));
+    let dir = RegistrySource::Dir { dir: PathBuf::from("/etc/lockmesh/classes"), platform: Default::default() };
+    assert_eq!(dir.pause_base(), PathBuf::from("/etc/lockmesh/classes"), "not the directory's parent");
+}
