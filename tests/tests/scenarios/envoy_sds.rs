@@ -76,7 +76,7 @@ async fn handshake_serial(port: u16, client: &lockmesh_tests::ClientCert, ca: &P
 }
 
 /// Lowercase hex without leading zeros (openssl and Envoy's `/certs` differ there).
-fn normalise(hex: &str) -> String {
+pub(super) fn normalise(hex: &str) -> String {
     let s = hex.trim().to_ascii_lowercase();
     let s = s.trim_start_matches('0');
     if s.is_empty() {

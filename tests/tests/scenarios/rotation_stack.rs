@@ -40,6 +40,7 @@ use lockmesh_tests::backend::DELAY_HEADER;
 use lockmesh_tests::kubelet::{Files, SecretDir};
 use lockmesh_tests::{EnvoyProcess, LockClient, Stack};
 
+use crate::envoy_sds::normalise;
 use crate::rotation::{expired, issue};
 
 const HELD_KEY: &str = "payments/rot-held";
@@ -96,16 +97,6 @@ fn serial(pem: &[u8]) -> String {
     let der = x509_parser::pem::parse_x509_pem(pem).unwrap().1.contents;
     let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
     normalise(&cert.tbs_certificate.serial.to_str_radix(16))
-}
-
-fn normalise(hex: &str) -> String {
-    let s = hex.trim().to_ascii_lowercase();
-    let s = s.trim_start_matches('0');
-    if s.is_empty() {
-        "0".into()
-    } else {
-        s.into()
-    }
 }
 
 /// The serial of the certificate the listener on `port` presents on a new
