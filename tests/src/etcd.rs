@@ -22,6 +22,17 @@
 //! [`EtcdCluster::users_for_new_root`]). `LOCKMESH_TEST_ETCD=plain` runs everything
 //! against a plaintext, unauthenticated etcd instead; a test about such an etcd
 //! asks for it with [`EtcdBuilder::plaintext`] whatever the switch says.
+//!
+//! # Secret volumes (an etcd CA roll)
+//!
+//! [`EtcdBuilder::secret_volumes`] runs the members as deploy/base/etcd does with
+//! its Secret mounted at `/etc/etcd/tls`: each member reads `tls.crt` and
+//! `tls.key` (its certificate for clients and peers) and `ca.crt` (the CA its
+//! peers must chain to) from its own directory in the kubelet's layout
+//! ([`EtcdMember::tls_dir`], a [`SecretDir`]), and the bundle the harness's own
+//! clients and [`EtcdUsers`] trust is a Secret directory too
+//! ([`EtcdCluster::client_ca_dir`]). A test rolls the CA by swapping those
+//! directories and restarting members (docs/OPERATIONS.md, "Rolling the CA").
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +44,7 @@ use tempfile::TempDir;
 use tokio::sync::OnceCell;
 
 use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
+use crate::kubelet::{Files, SecretDir};
 use crate::paths::{repo_root, temp_dir, tool};
 use crate::ports::free_port;
 use crate::probe::http_get_within;
@@ -54,6 +66,15 @@ const SHARED_USER_POOL: usize = 128;
 /// How long `stop()` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// A member's certificate in its secret directory ([`EtcdBuilder::secret_volumes`]),
+/// as deploy/base/etcd names it: `--cert-file` and `--peer-cert-file`.
+pub const TLS_CERT: &str = "tls.crt";
+/// A member's key in its secret directory: `--key-file` and `--peer-key-file`.
+pub const TLS_KEY: &str = "tls.key";
+/// The CA bundle in a secret directory: a member's `--peer-trusted-ca-file`; in
+/// [`EtcdCluster::client_ca_dir`], the bundle clients verify the members with.
+pub const TLS_CA: &str = "ca.crt";
+
 /// A running etcd cluster; members are killed on drop.
 #[derive(Debug)]
 pub struct EtcdCluster {
@@ -61,6 +82,8 @@ pub struct EtcdCluster {
     token: String,
     initial_cluster: String,
     client_tls: Option<EtcdTls>,
+    /// The clients' bundle directory ([`EtcdBuilder::secret_volumes`]).
+    client_ca_dir: Option<PathBuf>,
     /// The root user's password when the harness turned auth on ([`EtcdBuilder::secure`]).
     root_password: Option<String>,
     /// Key roots whose users already exist, not yet handed out
@@ -152,6 +175,7 @@ pub struct EtcdBuilder {
     election_ms: u64,
     extra_args: Vec<String>,
     security: Security,
+    secret_volumes: bool,
 }
 
 /// Client TLS of an etcd cluster (ADR-05): server certificate, key and the CA
@@ -175,7 +199,10 @@ pub struct EtcdMember {
     data_dir: PathBuf,
     process: ChildProcess,
     scheme: &'static str,
+    peer_scheme: &'static str,
     health_port: u16,
+    /// The member's secret directory ([`EtcdBuilder::secret_volumes`]).
+    tls_dir: Option<PathBuf>,
 }
 
 // === impl EtcdBuilder ===
@@ -230,6 +257,25 @@ impl EtcdBuilder {
         self
     }
 
+    /// Production's shape ([`EtcdBuilder::secure`]: the harness CA, auth on) with
+    /// every TLS file read from a directory in the kubelet's layout, as
+    /// deploy/base/etcd mounts its Secret (the module documentation): per member
+    /// `tls.crt` and `tls.key` ([`member_identity`] of [`harness_pki`], served to
+    /// clients and peers; re-read by etcd at each handshake) and `ca.crt` (the
+    /// `--peer-trusted-ca-file`: peers authenticate by certificate,
+    /// `--peer-client-cert-auth`, so peer URLs are `https://`; read by etcd at
+    /// start only), and the clients' bundle in [`EtcdCluster::client_ca_dir`].
+    ///
+    /// No client `--trusted-ca-file`: with it etcd 3.5 asks every client for a
+    /// certificate whatever `--client-cert-auth` says (seen with 3.5.30: the
+    /// handshake fails with `tls: certificate required`), and lockmesh's clients
+    /// present none (a CA and a user, as deploy/base/arbiter configures them).
+    pub fn secret_volumes(mut self) -> Self {
+        self.security = Security::Secure;
+        self.secret_volumes = true;
+        self
+    }
+
     /// Starts all members at once and waits until each reports healthy.
     pub async fn start(self) -> Result<EtcdCluster> {
         let dir = temp_dir("etcd-")?;
@@ -241,10 +287,11 @@ impl EtcdBuilder {
         let etcd = etcd_bin()?;
         let token = self.token.unwrap_or_else(|| format!("lockmesh-test-{:016x}", rand::random::<u64>()));
         let ports: Vec<(u16, u16)> = (0..self.members).map(|_| (free_port(), free_port())).collect();
+        let peer_scheme = if self.secret_volumes { "https" } else { "http" };
         let initial_cluster = ports
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .map(|(i, (_, peer))| format!("m{i}={peer_scheme}://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::with_capacity(self.members);
@@ -253,11 +300,23 @@ impl EtcdBuilder {
             Security::Secure => true,
             Security::Plain | Security::Tls(_) => false,
         };
-        let client_tls = match &self.security {
+        ensure!(!self.secret_volumes || secure, "secret volumes need the harness's TLS and auth (EtcdBuilder::secure)");
+        let mut client_tls = match &self.security {
             Security::Tls(t) => Some(t.clone()),
             _ if secure => Some(harness_tls()),
             _ => None,
         };
+        let mut client_ca_dir = None;
+        if self.secret_volumes {
+            // The harness's clients and the stack's users trust the bundle in
+            // clients/ca.crt, which the test rolls like any client's.
+            let ca = std::fs::read(harness_pki().ca_cert_path()).context("read the harness CA")?;
+            let clients = SecretDir::create(dir.path().join("clients"), &Files::from([(TLS_CA.to_owned(), ca)]))?;
+            let m0 = dir.path().join("m0").join("tls");
+            client_tls =
+                Some(EtcdTls { cert: m0.join(TLS_CERT), key: m0.join(TLS_KEY), ca: clients.path().join(TLS_CA) });
+            client_ca_dir = Some(clients.path().to_path_buf());
+        }
         let scheme = if client_tls.is_some() { "https" } else { "http" };
         for (i, &(client_port, peer_port)) in ports.iter().enumerate() {
             let name = format!("m{i}");
@@ -269,8 +328,8 @@ impl EtcdBuilder {
                 format!("--data-dir={}", data_dir.display()),
                 format!("--listen-client-urls={scheme}://127.0.0.1:{client_port}"),
                 format!("--advertise-client-urls={scheme}://127.0.0.1:{client_port}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--listen-peer-urls={peer_scheme}://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls={peer_scheme}://127.0.0.1:{peer_port}"),
                 format!("--initial-cluster={initial_cluster}"),
                 format!("--initial-cluster-token={token}"),
                 "--initial-cluster-state=new".into(),
@@ -283,7 +342,24 @@ impl EtcdBuilder {
                 format!("--quota-backend-bytes={QUOTA_BACKEND_BYTES}"),
             ];
             let mut health_port = client_port;
-            if let Some(t) = &client_tls {
+            let mut tls_dir = None;
+            if self.secret_volumes {
+                let mut files = member_identity(harness_pki())?;
+                files.insert(TLS_CA.to_owned(), std::fs::read(harness_pki().ca_cert_path())?);
+                let tls = SecretDir::create(member_dir.join("tls"), &files)?.path().to_path_buf();
+                let at = |f: &str| tls.join(f).display().to_string();
+                health_port = free_port();
+                args.extend([
+                    format!("--cert-file={}", at(TLS_CERT)),
+                    format!("--key-file={}", at(TLS_KEY)),
+                    format!("--peer-cert-file={}", at(TLS_CERT)),
+                    format!("--peer-key-file={}", at(TLS_KEY)),
+                    format!("--peer-trusted-ca-file={}", at(TLS_CA)),
+                    "--peer-client-cert-auth=true".into(),
+                    format!("--listen-metrics-urls=http://127.0.0.1:{health_port}"),
+                ]);
+                tls_dir = Some(tls);
+            } else if let Some(t) = &client_tls {
                 health_port = free_port();
                 args.push(format!("--cert-file={}", t.cert.display()));
                 args.push(format!("--key-file={}", t.key.display()));
@@ -306,13 +382,24 @@ impl EtcdBuilder {
             }
             args.extend(self.extra_args.iter().cloned());
             let process = ChildProcess::new(format!("etcd-{name}"), &etcd, args, member_dir.join("etcd.log"));
-            members.push(EtcdMember { name, client_port, peer_port, data_dir, process, scheme, health_port });
+            members.push(EtcdMember {
+                name,
+                client_port,
+                peer_port,
+                data_dir,
+                process,
+                scheme,
+                peer_scheme,
+                health_port,
+                tls_dir,
+            });
         }
         let mut cluster = EtcdCluster {
             members,
             token,
             initial_cluster,
             client_tls,
+            client_ca_dir,
             root_password: None,
             pool: std::sync::Mutex::new(Vec::new()),
             made: std::sync::Mutex::new(Vec::new()),
@@ -344,6 +431,7 @@ impl EtcdCluster {
             election_ms: 1000,
             extra_args: Vec::new(),
             security: Security::Default,
+            secret_volumes: false,
         }
     }
 
@@ -366,7 +454,8 @@ impl EtcdCluster {
         &self.token
     }
 
-    /// The `--initial-cluster` value (`m0=http://127.0.0.1:<peer>,...`).
+    /// The `--initial-cluster` value (`m0=http://127.0.0.1:<peer>,...`; `https://`
+    /// with [`EtcdBuilder::secret_volumes`]).
     pub fn initial_cluster(&self) -> &str {
         &self.initial_cluster
     }
@@ -400,9 +489,18 @@ impl EtcdCluster {
         self.connect(&self.endpoints(), Some((user, password))).await
     }
 
-    /// The client TLS settings, if any.
+    /// The client TLS settings, if any. With [`EtcdBuilder::secret_volumes`]:
+    /// member 0's certificate and key, and the clients' bundle
+    /// ([`EtcdCluster::client_ca_dir`]).
     pub fn tls(&self) -> Option<&EtcdTls> {
         self.client_tls.as_ref()
+    }
+
+    /// The secret directory holding `ca.crt`, the bundle the harness's clients
+    /// ([`EtcdCluster::client`], `etcdctl` flags) and [`EtcdUsers`] trust, read
+    /// at each connect; with [`EtcdBuilder::secret_volumes`] only.
+    pub fn client_ca_dir(&self) -> Option<SecretDir> {
+        self.client_ca_dir.as_ref().map(SecretDir::open)
     }
 
     /// Whether the harness turned auth on ([`EtcdBuilder::secure`]).
@@ -768,9 +866,17 @@ impl EtcdMember {
         format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
 
-    /// `http://127.0.0.1:<peer port>`.
+    /// `http://127.0.0.1:<peer port>` (`https://` with [`EtcdBuilder::secret_volumes`]).
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("{}://127.0.0.1:{}", self.peer_scheme, self.peer_port)
+    }
+
+    /// The member's secret directory ([`EtcdBuilder::secret_volumes`]): `tls.crt`,
+    /// `tls.key` (re-read by etcd at each handshake: swap them in, no restart)
+    /// and `ca.crt` (`--peer-trusted-ca-file`, read at start: a restart applies a
+    /// new one).
+    pub fn tls_dir(&self) -> Option<SecretDir> {
+        self.tls_dir.as_ref().map(SecretDir::open)
     }
 
     /// The client port.
@@ -839,6 +945,37 @@ impl EtcdMember {
         }
         Ok(())
     }
+}
+
+/// A member certificate (`tls.crt`) and key (`tls.key`) signed by `pki`'s CA
+/// (its `ca.pem` and `ca-key.pem`), for a member's secret directory
+/// ([`EtcdBuilder::secret_volumes`]): SANs IP 127.0.0.1 and DNS `localhost`, for
+/// server and client use (a member is its peers' client), valid 2020 to 2100,
+/// a fresh key and serial each call.
+pub fn member_identity(pki: &DevPki) -> Result<Files> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, SanType};
+    let read = |f: &str| {
+        let path = pki.dir().join(f);
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+    };
+    let issuer = Issuer::from_ca_cert_pem(&read("ca.pem")?, KeyPair::from_pem(&read("ca-key.pem")?)?)?;
+    let mut params = CertificateParams::default();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2100, 1, 1);
+    params.distinguished_name.push(DnType::CommonName, "lockmesh-etcd");
+    params.subject_alt_names = vec![
+        SanType::IpAddress(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        SanType::DnsName("localhost".try_into()?),
+    ];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer).context("sign an etcd member certificate")?;
+    Ok(Files::from([
+        (TLS_CERT.to_owned(), cert.pem().into_bytes()),
+        (TLS_KEY.to_owned(), key.serialize_pem().into_bytes()),
+    ]))
 }
 
 /// The binary-wide shared 1-member etcd, started on first use.

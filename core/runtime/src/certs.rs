@@ -1,14 +1,17 @@
 //! Certificates that reload: an identity (chain and key) and a trust bundle read
-//! from three PEM files and re-read while the service runs (issue #16 item 3).
+//! from three PEM files and re-read while the service runs (issue #16 item 3), or
+//! a trust bundle alone, for a client that presents no certificate
+//! ([`ReloadingCerts::watch_ca`]: the etcd clients with `tls.ca` only).
 //!
 //! The SPIFFE helper and Kubernetes secret volumes rotate a workload's files by an
 //! atomic directory swap: the files are symlinks through a `..data` link that is
 //! renamed onto a new directory. Inotify on the files themselves misses that, so
-//! [`ReloadingCerts::watch`] polls: every `every` it reads the three files and,
-//! when their content (SHA-256 over all three) differs from the last set it saw,
-//! parses them. A set that does not parse, has no certificate or no CA, or whose
-//! key does not match its leaf certificate (a swap caught half-way) is logged and
-//! ignored: the previous identity stays in use and the set is tried again once its
+//! [`ReloadingCerts::watch`] polls: every `every` it reads the three files (the
+//! bundle alone for [`ReloadingCerts::watch_ca`]) and, when their content
+//! (SHA-256 over all of them) differs from the last set it saw, parses them. A set
+//! that does not parse, has no certificate or no CA, or whose key does not match
+//! its leaf certificate (a swap caught half-way) is logged and ignored: the
+//! previous identity and bundle stay in use and the set is tried again once its
 //! content changes.
 //!
 //! The rustls configurations it hands out ([`ReloadingCerts::server_config`],
@@ -111,25 +114,47 @@ pub enum CertError {
     },
 }
 
+/// What one [`ReloadingCerts`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// An identity and its bundle ([`ReloadingCerts::watch`]).
+    Identity(CertFiles),
+    /// A bundle alone ([`ReloadingCerts::watch_ca`]).
+    Bundle(PathBuf),
+}
+
+// === impl Source ===
+
+impl Source {
+    /// The CA bundle file.
+    fn ca(&self) -> &Path {
+        match self {
+            Self::Identity(f) => &f.ca,
+            Self::Bundle(ca) => ca,
+        }
+    }
+}
+
 /// One loaded set: what a handshake reads.
 struct Loaded {
-    /// The chain and signing key presented to peers.
-    key: Arc<CertifiedKey>,
+    /// The chain and signing key presented to peers; `None` for a bundle alone.
+    key: Option<Arc<CertifiedKey>>,
     /// Client-certificate verifiers over this set's bundle (required, optional).
     client_required: Arc<dyn ClientCertVerifier>,
     client_optional: Arc<dyn ClientCertVerifier>,
     /// Server-certificate verifier over this set's bundle.
     server: Arc<WebPkiServerVerifier>,
-    /// The leaf's `notAfter`.
+    /// The leaf's `notAfter`; for a bundle alone, the earliest CA's.
     not_after: SystemTime,
 }
 
-/// An identity (chain and key) and trust bundle that reload when their files
-/// change; see the module documentation for the polling and what a bad set does.
+/// An identity (chain and key) and trust bundle, or a trust bundle alone, that
+/// reload when their files change; see the module documentation for the polling
+/// and what a bad set does.
 ///
 /// Dropping the last `Arc` stops the background poll (it holds a weak reference).
 pub struct ReloadingCerts {
-    files: CertFiles,
+    source: Source,
     provider: Arc<CryptoProvider>,
     current: RwLock<Arc<Loaded>>,
     /// SHA-256 over the last file contents seen (loaded or refused): a refused set
@@ -142,7 +167,7 @@ pub struct ReloadingCerts {
 impl fmt::Debug for ReloadingCerts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReloadingCerts")
-            .field("files", &self.files)
+            .field("source", &self.source)
             .field("generation", &self.generation())
             .field("not_after", &self.not_after())
             .finish_non_exhaustive()
@@ -153,25 +178,31 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, CertError> {
     std::fs::read(path).map_err(|source| CertError::Read { what, path: path.to_owned(), source })
 }
 
-/// The three files' contents and their digest.
+/// The files' contents (certificate and key: `None` for a bundle alone) and
+/// their digest.
 struct Contents {
-    cert: Vec<u8>,
-    key: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
     ca: Vec<u8>,
     digest: [u8; 32],
 }
 
-fn read_all(files: &CertFiles) -> Result<Contents, CertError> {
-    let cert = read("cert", &files.cert)?;
-    let key = read("key", &files.key)?;
-    let ca = read("ca", &files.ca)?;
+fn read_all(source: &Source) -> Result<Contents, CertError> {
+    let (identity, ca) = match source {
+        Source::Identity(files) => {
+            let cert = read("cert", &files.cert)?;
+            let key = read("key", &files.key)?;
+            (Some((cert, key)), read("ca", &files.ca)?)
+        }
+        Source::Bundle(ca) => (None, read("ca", ca)?),
+    };
     let mut h = Sha256::new();
-    for part in [&cert, &key, &ca] {
+    let parts = identity.iter().flat_map(|(c, k)| [c, k]).chain([&ca]);
+    for part in parts {
         // Length-prefixed, so moving bytes from one file to the next is a change.
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    Ok(Contents { cert, key, ca, digest: h.finalize().into() })
+    Ok(Contents { identity, ca, digest: h.finalize().into() })
 }
 
 fn certs_of(what: &'static str, path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
@@ -183,10 +214,10 @@ fn certs_of(what: &'static str, path: &Path, pem: &[u8]) -> Result<Vec<Certifica
     Ok(certs)
 }
 
-fn not_after_of(path: &Path, leaf: &CertificateDer<'_>) -> Result<SystemTime, CertError> {
+fn not_after_of(what: &'static str, path: &Path, cert: &CertificateDer<'_>) -> Result<SystemTime, CertError> {
     use x509_parser::prelude::FromDer as _;
-    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf.as_ref())
-        .map_err(|e| CertError::Parse { what: "cert", path: path.to_owned(), reason: e.to_string() })?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(cert.as_ref())
+        .map_err(|e| CertError::Parse { what, path: path.to_owned(), reason: e.to_string() })?;
     let secs = cert.validity().not_after.timestamp();
     Ok(match u64::try_from(secs) {
         Ok(s) => UNIX_EPOCH + Duration::from_secs(s),
@@ -194,25 +225,49 @@ fn not_after_of(path: &Path, leaf: &CertificateDer<'_>) -> Result<SystemTime, Ce
     })
 }
 
-fn load(files: &CertFiles, c: &Contents, provider: &Arc<CryptoProvider>) -> Result<Loaded, CertError> {
-    let chain = certs_of("cert", &files.cert, &c.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&c.key).map_err(|e| CertError::Parse {
+/// The chain and key of an identity, and the leaf's `notAfter`.
+fn load_identity(
+    files: &CertFiles,
+    cert: &[u8],
+    key: &[u8],
+    provider: &Arc<CryptoProvider>,
+) -> Result<(Arc<CertifiedKey>, SystemTime), CertError> {
+    let chain = certs_of("cert", &files.cert, cert)?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| CertError::Parse {
         what: "key",
         path: files.key.clone(),
         reason: e.to_string(),
     })?;
-    let not_after = not_after_of(&files.cert, &chain[0])?;
+    let not_after = not_after_of("cert", &files.cert, &chain[0])?;
     let key = CertifiedKey::from_der(chain, key, provider).map_err(|e| CertError::KeyMismatch {
         cert: files.cert.clone(),
         key: files.key.clone(),
         reason: e.to_string(),
     })?;
+    Ok((Arc::new(key), not_after))
+}
+
+fn load(source: &Source, c: &Contents, provider: &Arc<CryptoProvider>) -> Result<Loaded, CertError> {
+    let identity = match (source, &c.identity) {
+        (Source::Identity(files), Some((cert, key))) => Some(load_identity(files, cert, key, provider)?),
+        _ => None,
+    };
+    let ca_path = source.ca();
+    let bad_ca =
+        |e: &dyn fmt::Display| CertError::Parse { what: "ca", path: ca_path.to_owned(), reason: e.to_string() };
     let mut roots = rustls::RootCertStore::empty();
-    for ca in certs_of("ca", &files.ca, &c.ca)? {
-        roots.add(ca).map_err(|e| CertError::Parse { what: "ca", path: files.ca.clone(), reason: e.to_string() })?;
+    // A bundle alone reports its earliest CA's expiry as its own.
+    let mut earliest = None::<SystemTime>;
+    for ca in certs_of("ca", ca_path, &c.ca)? {
+        let expiry = not_after_of("ca", ca_path, &ca)?;
+        earliest = Some(earliest.map_or(expiry, |t| t.min(expiry)));
+        roots.add(ca).map_err(|e| bad_ca(&e))?;
     }
+    let (key, not_after) = match identity {
+        Some((key, not_after)) => (Some(key), not_after),
+        None => (None, earliest.unwrap_or(UNIX_EPOCH)),
+    };
     let roots = Arc::new(roots);
-    let bad_ca = |e: &dyn fmt::Display| CertError::Parse { what: "ca", path: files.ca.clone(), reason: e.to_string() };
     let client_required =
         WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone()).build().map_err(|e| bad_ca(&e))?;
     let client_optional = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
@@ -221,7 +276,7 @@ fn load(files: &CertFiles, c: &Contents, provider: &Arc<CryptoProvider>) -> Resu
         .map_err(|e| bad_ca(&e))?;
     let server =
         WebPkiServerVerifier::builder_with_provider(roots, provider.clone()).build().map_err(|e| bad_ca(&e))?;
-    Ok(Loaded { key: Arc::new(key), client_required, client_optional, server, not_after })
+    Ok(Loaded { key, client_required, client_optional, server, not_after })
 }
 
 impl ReloadingCerts {
@@ -232,12 +287,26 @@ impl ReloadingCerts {
     /// one that does not is logged and ignored. `every` of zero loads once and
     /// never polls.
     pub fn watch(files: CertFiles, every: Duration) -> Result<Arc<Self>, CertError> {
+        Self::start(Source::Identity(files), every)
+    }
+
+    /// [`ReloadingCerts::watch`] for a CA bundle alone: a client that verifies
+    /// servers against the bundle of the moment and presents no certificate (the
+    /// etcd clients with `tls.ca` only, authenticated by user and password). Its
+    /// [`client_config`](Self::client_config) offers no client certificate; it has
+    /// no identity to serve with, so every handshake on its
+    /// [`server_config`](Self::server_config) fails.
+    pub fn watch_ca(ca: PathBuf, every: Duration) -> Result<Arc<Self>, CertError> {
+        Self::start(Source::Bundle(ca), every)
+    }
+
+    fn start(source: Source, every: Duration) -> Result<Arc<Self>, CertError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let contents = read_all(&files)?;
-        let loaded = load(&files, &contents, &provider)?;
+        let contents = read_all(&source)?;
+        let loaded = load(&source, &contents, &provider)?;
         let (changed, _) = tokio::sync::watch::channel(1);
         let this = Arc::new(Self {
-            files,
+            source,
             provider,
             current: RwLock::new(Arc::new(loaded)),
             seen: RwLock::new(contents.digest),
@@ -255,7 +324,7 @@ impl ReloadingCerts {
     /// the changed set was refused (the previous one stays). The background poll
     /// calls this; a test may call it to skip the wait.
     pub fn reload_now(&self) -> Result<bool, CertError> {
-        let contents = read_all(&self.files)?;
+        let contents = read_all(&self.source)?;
         {
             let mut seen = self.seen.write().unwrap_or_else(|e| e.into_inner());
             if *seen == contents.digest {
@@ -263,17 +332,20 @@ impl ReloadingCerts {
             }
             *seen = contents.digest;
         }
-        let loaded = load(&self.files, &contents, &self.provider)?;
+        let loaded = load(&self.source, &contents, &self.provider)?;
         let not_after = loaded.not_after;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.changed.send_replace(generation);
-        tracing::info!(
-            cert = %self.files.cert.display(),
-            generation,
-            not_after_unix_s = not_after.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            "certificates reloaded"
-        );
+        let not_after_unix_s = not_after.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        match &self.source {
+            Source::Identity(f) => {
+                tracing::info!(cert = %f.cert.display(), generation, not_after_unix_s, "certificates reloaded")
+            }
+            Source::Bundle(ca) => {
+                tracing::info!(ca = %ca.display(), generation, not_after_unix_s, "certificates reloaded")
+            }
+        }
         Ok(true)
     }
 
@@ -289,19 +361,30 @@ impl ReloadingCerts {
         self.changed.subscribe()
     }
 
-    /// The files watched.
-    pub fn files(&self) -> &CertFiles {
-        &self.files
+    /// The identity's files watched; `None` for a bundle alone
+    /// ([`ReloadingCerts::watch_ca`]).
+    pub fn files(&self) -> Option<&CertFiles> {
+        match &self.source {
+            Source::Identity(f) => Some(f),
+            Source::Bundle(_) => None,
+        }
     }
 
-    /// Expiry (`notAfter`) of the current leaf, for a metric or `doctor`.
+    /// The CA bundle file watched.
+    pub fn ca_file(&self) -> &Path {
+        self.source.ca()
+    }
+
+    /// Expiry (`notAfter`) of the current leaf, for a metric or `doctor`; for a
+    /// bundle alone, of its CA that expires first.
     pub fn not_after(&self) -> SystemTime {
         self.current().not_after
     }
 
-    /// The current leaf certificate (DER), e.g. to read its SPIFFE ID.
-    pub fn leaf(&self) -> CertificateDer<'static> {
-        self.current().key.cert[0].clone()
+    /// The current leaf certificate (DER), e.g. to read its SPIFFE ID; `None` for
+    /// a bundle alone.
+    pub fn leaf(&self) -> Option<CertificateDer<'static>> {
+        self.current().key.as_ref().map(|k| k.cert[0].clone())
     }
 
     fn current(&self) -> Arc<Loaded> {
@@ -341,18 +424,21 @@ impl ReloadingCerts {
         Arc::new(c)
     }
 
-    /// A rustls client configuration presenting the current identity and
-    /// verifying servers with the current bundle, at each handshake. `alpn` is the
-    /// protocols offered (`h2` for gRPC).
+    /// A rustls client configuration presenting the current identity (none for a
+    /// bundle alone) and verifying servers with the current bundle, at each
+    /// handshake. `alpn` is the protocols offered (`h2` for gRPC).
     pub fn client_config(self: &Arc<Self>, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        let mut c = rustls::ClientConfig::builder_with_provider(self.provider.clone())
+        let builder = rustls::ClientConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
             .unwrap_or_else(|_| unreachable!("ring supports TLS 1.2 and 1.3"))
             .dangerous()
             // Not a weakening: ServerVerifier delegates to the WebPki verifier of
             // the current bundle (chain, validity, name).
-            .with_custom_certificate_verifier(Arc::new(ServerVerifier(self.clone())))
-            .with_client_cert_resolver(Arc::new(Resolver(self.clone())));
+            .with_custom_certificate_verifier(Arc::new(ServerVerifier(self.clone())));
+        let mut c = match self.source {
+            Source::Identity(_) => builder.with_client_cert_resolver(Arc::new(Resolver(self.clone()))),
+            Source::Bundle(_) => builder.with_no_client_auth(),
+        };
         // No resumption, as on the server side: each connection verifies the
         // server's current certificate against the current bundle.
         c.resumption = rustls::client::Resumption::disabled();
@@ -404,23 +490,23 @@ struct Resolver(Arc<ReloadingCerts>);
 
 impl fmt::Debug for Resolver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Resolver").field(&self.0.files.cert).finish()
+        f.debug_tuple("Resolver").field(&self.0.source).finish()
     }
 }
 
 impl ResolvesServerCert for Resolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.current().key.clone())
+        self.0.current().key.clone()
     }
 }
 
 impl ResolvesClientCert for Resolver {
     fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.current().key.clone())
+        self.0.current().key.clone()
     }
 
     fn has_certs(&self) -> bool {
-        true
+        self.0.current().key.is_some()
     }
 }
 
@@ -432,7 +518,7 @@ struct ClientVerifier {
 
 impl fmt::Debug for ClientVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientVerifier").field("ca", &self.certs.files.ca).field("required", &self.required).finish()
+        f.debug_struct("ClientVerifier").field("ca", &self.certs.source.ca()).field("required", &self.required).finish()
     }
 }
 
@@ -498,7 +584,7 @@ struct ServerVerifier(Arc<ReloadingCerts>);
 
 impl fmt::Debug for ServerVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ServerVerifier").field(&self.0.files.ca).finish()
+        f.debug_tuple("ServerVerifier").field(&self.0.source.ca()).finish()
     }
 }
 

@@ -12,7 +12,10 @@
 //! presents the certificate current at that moment. A rotation does not close
 //! the connection in use: etcd checks a client certificate at the handshake
 //! only, so calls, watches and lease keep-alives on it carry on, and the next
-//! connection uses the new certificate.
+//! connection uses the new certificate. With a bundle alone
+//! ([`ReloadingCerts::watch_ca`]: a CA, no client certificate) the same holds for
+//! the CA: each new connection verifies the member against the bundle current at
+//! its handshake, which is how the etcd clients follow an etcd CA roll.
 //!
 //! [`failover_channel`] is the same channel with a fixed TLS configuration
 //! ([`ca_client_config`]: a CA, no client certificate) or none (plaintext). Every
@@ -184,8 +187,9 @@ impl tower_service::Service<http::Uri> for Connector {
 }
 
 /// A lazily connecting tonic channel to `endpoints` (`https://host:port`, one at
-/// least) over TLS from `certs` (ALPN `h2`), as the module documentation
-/// describes. The error names an endpoint that does not parse.
+/// least) over TLS from `certs` (ALPN `h2`; an identity and bundle, or a bundle
+/// alone), as the module documentation describes. The error names an endpoint
+/// that does not parse.
 pub fn reloading_channel(
     endpoints: &[String],
     certs: &Arc<ReloadingCerts>,

@@ -3,8 +3,9 @@
 //! native I/O only, so it is a crate of its own beside `lockmesh-core`.
 //!
 //! # Layout
-//! - [`certs`]: [`ReloadingCerts`], an identity and CA bundle that reload when
-//!   their files change, and the rustls configurations that read them per handshake.
+//! - [`certs`]: [`ReloadingCerts`], an identity and CA bundle (or a CA bundle
+//!   alone) that reload when their files change, and the rustls configurations
+//!   that read them per handshake.
 //! - [`channel`]: [`reloading_channel`], a tonic client channel over TLS from a
 //!   [`ReloadingCerts`] that fails over between endpoints (etcd's transport).
 //! - [`chain`]: [`error_chain`], an error and its causes on one line.

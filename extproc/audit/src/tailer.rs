@@ -39,8 +39,9 @@ use lockmesh_lock::{
 /// A running tailer's shared parts.
 pub struct Tailer {
     cfg: Config,
-    /// The etcd client certificate, re-read every `ETCD_CERT_RELOAD` when one is
-    /// configured: each (re)connect presents the one current at its handshake.
+    /// The etcd TLS files (the CA bundle, and the client certificate when one is
+    /// configured), re-read every `ETCD_CERT_RELOAD`: each (re)connect verifies
+    /// and presents the ones current at its handshake. `None` on plaintext.
     etcd_certs: Option<Arc<lockmesh_runtime::ReloadingCerts>>,
     store: Arc<Store>,
     stats: Stats,
@@ -115,7 +116,8 @@ pub async fn run(
 }
 
 /// Connects to etcd over `lockmesh_lock::connect::EtcdClientAuth::connect`'s
-/// failover channel (reloading the client certificate when one is configured).
+/// failover channel (reloading the CA bundle, and the client certificate when one
+/// is configured).
 async fn connect(cfg: &Config, certs: Option<&Arc<lockmesh_runtime::ReloadingCerts>>) -> Result<Client, Error> {
     let (connect_timeout, keep_alive) = (Duration::from_secs(3), (Duration::from_secs(5), Duration::from_secs(3)));
     let timeouts =

@@ -66,9 +66,14 @@ pub struct EtcdClientAuth {
     /// [`EtcdClientAuth::connect`]) rather than fixing `ca` and `identity` at
     /// connect, as etcd-client's own TLS options do.
     pub files: Option<lockmesh_runtime::CertFiles>,
+    /// The CA bundle by path, when TLS is on: without a client certificate the
+    /// connection re-reads it alone ([`EtcdClientAuth::reloading_certs`]), so an
+    /// etcd CA roll needs no client restart (docs/OPERATIONS.md).
+    pub ca_file: Option<PathBuf>,
 }
 
-/// How often a client certificate for etcd is re-read ([`EtcdClientAuth::reloading_certs`]).
+/// How often the etcd client's TLS files (the CA bundle, and the client
+/// certificate and key when set) are re-read ([`EtcdClientAuth::reloading_certs`]).
 pub const ETCD_CERT_RELOAD: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for EtcdClientAuth {
@@ -78,6 +83,7 @@ impl std::fmt::Debug for EtcdClientAuth {
             .field("client_cert", &self.identity.is_some())
             .field("user", &self.user.as_ref().map(|(u, _)| u))
             .field("files", &self.files)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -95,15 +101,20 @@ impl EtcdClientAuth {
         opts
     }
 
-    /// The client certificate files, loaded and re-read every `every`, when a
-    /// client certificate is configured (`None` otherwise: plaintext, or TLS with
-    /// the CA only, which etcd-client's options carry). One set serves every client
-    /// of a cluster. The error names the file that does not load.
+    /// The TLS files, loaded and re-read every `every`: the client certificate,
+    /// key and CA when a client certificate is configured, the CA bundle alone
+    /// otherwise ([`lockmesh_runtime::ReloadingCerts::watch_ca`]); `None` on
+    /// plaintext. One set serves every client of a cluster. The error names the
+    /// file that does not load.
     pub fn reloading_certs(
         &self,
         every: Duration,
     ) -> Result<Option<std::sync::Arc<lockmesh_runtime::ReloadingCerts>>, lockmesh_runtime::CertError> {
-        self.files.clone().map(|f| lockmesh_runtime::ReloadingCerts::watch(f, every)).transpose()
+        match (&self.files, &self.ca_file) {
+            (Some(f), _) => lockmesh_runtime::ReloadingCerts::watch(f.clone(), every).map(Some),
+            (None, Some(ca)) => lockmesh_runtime::ReloadingCerts::watch_ca(ca.clone(), every).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 
     /// Connects to `endpoints` over one failover channel
@@ -111,9 +122,11 @@ impl EtcdClientAuth {
     /// endpoint when it breaks, never an endpoint dropped for good), with the user
     /// and token refresh of [`EtcdClientAuth::apply_user`] (etcd-client's
     /// `from_channel`). With `certs` (from [`EtcdClientAuth::reloading_certs`]) every
-    /// new connection presents the certificate current at its handshake; with a CA
-    /// only, TLS verifies the members against it; with neither, plaintext.
-    /// `timeouts` bound each connect and each request.
+    /// new connection presents the certificate current at its handshake (if one is
+    /// configured) and verifies the members against the bundle current then;
+    /// without `certs` but with `ca`, TLS verifies the members against `ca` as read
+    /// at validation; with neither, plaintext. `timeouts` bound each connect and
+    /// each request.
     pub async fn connect(
         &self,
         endpoints: &[String],
@@ -202,6 +215,7 @@ fn validate_with(
                 ));
             }
             auth.ca = read("tls.ca", &t.ca, errs);
+            auth.ca_file = auth.ca.is_some().then(|| resolve(base, &t.ca));
             match (&t.cert, &t.key) {
                 (Some(c), Some(k)) => {
                     let files = lockmesh_runtime::CertFiles {
@@ -366,6 +380,24 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(errs, vec!["--etcd-ca: required for https:// endpoints (--etcd-ca names the CA)".to_owned()]);
+    }
+
+    /// With the CA only, the connection watches the bundle by path
+    /// (`reloading_certs` reads the file, not the bytes read at validation).
+    #[test]
+    fn a_ca_only_connection_reloads_its_bundle_file() {
+        let dir = std::env::temp_dir().join(format!("lockmesh-connect-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), "not a certificate").unwrap();
+        let eps = vec!["https://127.0.0.1:2379".to_owned()];
+        let tls = RawEtcdTls { ca: "ca.pem".into(), cert: None, key: None };
+        let raw = EtcdAuthFields { endpoints: &eps, tls: Some(&tls), user: None, password_file: None };
+        let c = EtcdConnection::from_fields(&raw, &flag_name, &dir, "").unwrap();
+        assert_eq!((c.auth.ca_file.as_deref(), c.auth.files.is_none()), (Some(dir.join("ca.pem").as_path()), true));
+        let e = c.auth.reloading_certs(Duration::ZERO).unwrap_err();
+        assert!(matches!(e, lockmesh_runtime::CertError::Parse { what: "ca", .. }), "{e}");
+        assert!(EtcdClientAuth::default().reloading_certs(Duration::ZERO).unwrap().is_none(), "plaintext");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

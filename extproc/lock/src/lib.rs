@@ -181,9 +181,11 @@ impl Store {
         marks_file: Option<&std::path::Path>,
         auth: &crate::connect::EtcdClientAuth,
     ) -> Result<Arc<Self>, LockError> {
-        // A client certificate is re-read while the arbiter runs: every new
-        // connection (the first, and each after a member restarts or the
-        // connection breaks) presents the current one (issue #16).
+        // The TLS files (the CA bundle, and a client certificate when set) are
+        // re-read while the arbiter runs: every new connection (the first, and
+        // each after a member restarts or the connection breaks) verifies the
+        // member with the current bundle and presents the current certificate
+        // (issue #16), so an etcd CA roll needs no arbiter restart.
         let certs = auth
             .reloading_certs(crate::connect::ETCD_CERT_RELOAD)
             .map_err(|e| LockError::Unavailable(format!("etcd tls: {e}")))?;

@@ -24,6 +24,7 @@ mod edges_waiters;
 mod envoy_sds;
 mod errors;
 mod etcd_auth;
+mod etcd_ca_roll;
 mod fail_open;
 mod fencing;
 mod filter;

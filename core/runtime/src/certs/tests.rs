@@ -157,7 +157,7 @@ fn the_first_load_refuses_missing_unparsable_or_mismatched_files() {
     vol.swap(&cert, &key, &ca1.pem);
     let c = ReloadingCerts::watch(vol.files(), Duration::ZERO).unwrap();
     assert_eq!(c.generation(), 1);
-    assert_eq!(spiffe_of(&c.leaf()), "spiffe://td/ns/test/sa/a");
+    assert_eq!(spiffe_of(&c.leaf().unwrap()), "spiffe://td/ns/test/sa/a");
     assert!(c.not_after() > SystemTime::now());
 }
 
@@ -215,7 +215,7 @@ async fn the_background_poll_reloads_and_without_it_the_old_identity_stays() {
         let waited = tokio::time::timeout(Duration::from_secs(2), changes.changed()).await;
         assert_eq!(waited.is_ok(), reloads, "every {every:?}");
         let want = if reloads { (2, "spiffe://td/ns/test/sa/two") } else { (1, "spiffe://td/ns/test/sa/one") };
-        assert_eq!((certs.generation(), spiffe_of(&certs.leaf()).as_str()), want, "every {every:?}");
+        assert_eq!((certs.generation(), spiffe_of(&certs.leaf().unwrap()).as_str()), want, "every {every:?}");
     }
 }
 
@@ -262,4 +262,79 @@ async fn expired_and_untrusted_peers_are_refused_and_a_ca_roll_keeps_both_then_o
     let old_only = client(&mut v4, &old.pem, &leaf(&old, "c", false)).client_config(&[]);
     let e = handshake(server.server_config(ClientAuth::None, &[]), old_only).await.unwrap_err();
     assert!(e.contains("client"), "{e}");
+}
+
+/// A bundle alone ([`ReloadingCerts::watch_ca`], the etcd clients with `tls.ca`
+/// only): it presents no certificate, verifies servers against the bundle of the
+/// moment through one unchanged `ClientConfig`, keeps its bundle over a bad one,
+/// and follows a CA roll (old, old and new, new).
+#[tokio::test]
+async fn a_bundle_alone_follows_a_ca_roll_and_keeps_its_bundle_over_a_bad_one() {
+    let (old, new) = (ca("old"), ca("new"));
+    let serve = |ca: &Ca, sa: &str, tag: &str| {
+        let mut vol = Volume::new(tag);
+        let pair = leaf(ca, sa, false);
+        vol.swap(&pair.0, &pair.1, &old.pem);
+        let certs = ReloadingCerts::watch(vol.files(), Duration::ZERO).unwrap();
+        (vol, certs.server_config(ClientAuth::Optional, &[b"h2"]))
+    };
+    let (_v1, old_server) = serve(&old, "old-server", "bundle-s1");
+    let (_v2, new_server) = serve(&new, "new-server", "bundle-s2");
+
+    let mut vol = Volume::new("bundle");
+    // Nothing behind the link, then no certificate in it: refused at the first load.
+    assert!(matches!(
+        ReloadingCerts::watch_ca(vol.files().ca, Duration::ZERO),
+        Err(CertError::Read { what: "ca", .. })
+    ));
+    vol.swap("", "", "not pem");
+    assert!(matches!(
+        ReloadingCerts::watch_ca(vol.files().ca, Duration::ZERO),
+        Err(CertError::Parse { what: "ca", .. })
+    ));
+    // Only the bundle is read: no certificate or key file is needed.
+    vol.swap("", "", &old.pem);
+    let bundle = ReloadingCerts::watch_ca(vol.files().ca, Duration::ZERO).unwrap();
+    assert!(bundle.files().is_none() && bundle.leaf().is_none());
+    assert_eq!(bundle.ca_file(), vol.files().ca);
+    let cfg = bundle.client_config(&[b"h2"]);
+
+    let (seen, peer) = handshake(old_server.clone(), cfg.clone()).await.unwrap();
+    assert_eq!((seen.as_str(), peer), ("spiffe://td/ns/test/sa/old-server", None), "no client certificate");
+    let e = handshake(new_server.clone(), cfg.clone()).await.unwrap_err();
+    assert!(e.starts_with("client"), "a server of the new CA is not trusted yet: {e}");
+
+    // Step 1: old and new.
+    vol.swap("", "", &format!("{}{}", old.pem, new.pem));
+    assert!(bundle.reload_now().unwrap());
+    assert_eq!(bundle.generation(), 2);
+    assert!(handshake(old_server.clone(), cfg.clone()).await.is_ok());
+    assert!(handshake(new_server.clone(), cfg.clone()).await.is_ok());
+    // A bad bundle is refused and the current one kept.
+    vol.swap("", "", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+    assert!(matches!(bundle.reload_now(), Err(CertError::Parse { what: "ca", .. })));
+    assert_eq!(bundle.generation(), 2);
+    assert!(handshake(new_server.clone(), cfg.clone()).await.is_ok());
+    // Step 3: the new CA only; a server of the old CA is refused.
+    vol.swap("", "", &new.pem);
+    assert!(bundle.reload_now().unwrap());
+    assert_eq!(bundle.generation(), 3);
+    assert!(handshake(old_server, cfg.clone()).await.is_err());
+    assert!(handshake(new_server, cfg).await.is_ok());
+}
+
+/// The background poll picks a bundle swap up by itself; with polling off (the
+/// planted failure: `every` of zero, the CA read once as before) it does not.
+#[tokio::test]
+async fn the_background_poll_reloads_a_bundle_and_without_it_the_old_bundle_stays() {
+    let (old, new) = (ca("old"), ca("new"));
+    for (every, reloads) in [(Duration::from_millis(50), true), (Duration::ZERO, false)] {
+        let mut vol = Volume::new("bundle-poll");
+        vol.swap("", "", &old.pem);
+        let bundle = ReloadingCerts::watch_ca(vol.files().ca, every).unwrap();
+        let mut changes = bundle.changes();
+        vol.swap("", "", &new.pem);
+        let waited = tokio::time::timeout(Duration::from_secs(2), changes.changed()).await;
+        assert_eq!((waited.is_ok(), bundle.generation()), (reloads, if reloads { 2 } else { 1 }), "every {every:?}");
+    }
 }
