@@ -151,6 +151,10 @@ fn refusal(code: Code, message: &str) -> ApiResponse {
     ApiError::new(code, message).into()
 }
 
+/// How young a request must be for a rerun after etcd refused it for an auth
+/// store change ([`lockmesh_lock::auth_refusals`]).
+const AUTH_RERUN_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the arbiter answers to `request_headers`.
 pub enum Answer {
     /// An `ImmediateResponse`: the request never reaches an upstream.
@@ -301,14 +305,32 @@ async fn request_headers(
     let mut task = tokio::spawn({
         let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), client.id.clone());
         async move {
-            match mode {
-                Some(transparent::Mode::Locked { vm, hold }) => {
-                    transparent::acquire(&state, &envoy, &vm, hold, &req, &cancel).await
+            let mut ran = 0;
+            loop {
+                let refusals = lockmesh_lock::auth_refusals();
+                let r = match &mode {
+                    Some(transparent::Mode::Locked { vm, hold }) => {
+                        transparent::acquire(&state, &envoy, vm, *hold, &req, &cancel).await
+                    }
+                    _ => {
+                        let (r, undo) = api::handle(&state, &req, &cancel).await;
+                        (Answer::Reply(r), undo)
+                    }
+                };
+                ran += 1;
+                // etcd refused a call because its users or roles changed under the
+                // login (nothing applied; the clients logged in again): once more,
+                // while the request is young, rather than a 503 the caller must retry.
+                let again = ran == 1
+                    && r.1.is_none()
+                    && matches!(&r.0, Answer::Reply(a) if a.status == 503 && a.body.contains("\"unavailable\""))
+                    && lockmesh_lock::auth_refusals() != refusals
+                    && !cancel.is_cancelled()
+                    && received.elapsed() < AUTH_RERUN_WITHIN;
+                if !again {
+                    break r;
                 }
-                _ => {
-                    let (r, undo) = api::handle(&state, &req, &cancel).await;
-                    (Answer::Reply(r), undo)
-                }
+                tracing::debug!(route, "etcd's auth store moved under this request; running it once more");
             }
         }
     });

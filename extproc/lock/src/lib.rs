@@ -132,8 +132,23 @@ pub struct Store {
     /// Whether the clients log in (`etcd.user`), and when they last logged in
     /// again after a failed read ([`Store::relogin_after_failed_read`]).
     relogin: Option<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    /// When the last login after an `auth store is old` refusal started
+    /// ([`Store::relogin_after_auth_change`]); held across the login.
+    auth_login: Mutex<Option<tokio::time::Instant>>,
     /// The cluster's name, epoch source and home record (`home`).
     home: home::HomeCell,
+}
+
+/// How many calls of this process etcd refused with `revision of auth store is old`
+/// (each followed by a new login, [`Store::call`]).
+static AUTH_REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The count of [`AUTH_REFUSALS`]: a request that answered `unavailable` while it
+/// moved was refused by etcd before anything was applied, because the users or
+/// roles changed under the client's login, and the clients have logged in again
+/// since; the arbiter runs it once more (`extproc` `server`).
+pub fn auth_refusals() -> u64 {
+    AUTH_REFUSALS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Shortest interval between two logins of [`Store::relogin_after_failed_read`]:
@@ -222,6 +237,7 @@ impl Store {
             policies: policy::PolicyCache::default(),
             members,
             relogin: auth.user.is_some().then(|| std::sync::Mutex::new(None)),
+            auth_login: Mutex::new(None),
             home: home::HomeCell::new(root),
         });
         Ok(store)
@@ -246,6 +262,24 @@ impl Store {
         if self.relogin_due(every) {
             self.logins().await;
         }
+    }
+
+    /// After etcd refused a call at `refused` because its users or roles changed:
+    /// one login that started after the refusal, shared by every call refused
+    /// before it started (they wait for it, so each returns with a fresh token
+    /// in place and its rerun is served). Not rate-limited like the other
+    /// relogins: each auth change refuses each login once, and a change is an
+    /// operator's act, not a flood.
+    async fn relogin_after_auth_change(&self, refused: tokio::time::Instant) {
+        if self.relogin.is_none() {
+            return;
+        }
+        let mut last = self.auth_login.lock().await;
+        if last.is_some_and(|started| started >= refused) {
+            return;
+        }
+        *last = Some(tokio::time::Instant::now());
+        self.logins().await;
     }
 
     /// [`Store::relogin`] without waiting for it: for a call that already took its
@@ -309,15 +343,17 @@ impl Store {
     /// An etcd answer as a lock result. An `auth store is old` refusal means etcd's
     /// users or roles changed since this client logged in (a user added, a password
     /// rotated): etcd refused the call before applying it, and etcd-client's own
-    /// refresh does not react to it. The clients log in again at once, so this
-    /// call answers `unavailable` and the next one is served.
+    /// refresh does not react to it. The clients log in again before this call
+    /// answers `unavailable`, and the arbiter runs the request once more
+    /// ([`auth_refusals`]).
     async fn checked<T>(&self, r: Result<T, etcd_client::Error>) -> Result<T, LockError> {
         match r {
             Ok(v) => Ok(v),
             Err(e) => {
                 let text = e.to_string();
                 if text.contains("revision of auth store is old") {
-                    self.relogin(Duration::ZERO).await;
+                    self.relogin_after_auth_change(tokio::time::Instant::now()).await;
+                    AUTH_REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 } else if text.contains("Timeout expired") {
                     // A restored member holds every token issued before the restore
                     // back until the call's deadline (see

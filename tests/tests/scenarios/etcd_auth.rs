@@ -19,7 +19,7 @@ use lockmesh_devcerts::jwt::Issuer;
 use lockmesh_ops::admin::etcd_roles::{roles, Perm, COMMAND_ROLES};
 use lockmesh_tests::{
     etcd::EtcdTls, paths::profile_dir, unique_prefix, ArbiterProcess, Backend, DevPki, EnvoyProcess, EtcdCluster,
-    LockClient, TEST_TRUST_DOMAIN,
+    LockClient, Stack, TEST_TRUST_DOMAIN,
 };
 use serde_json::json;
 
@@ -376,4 +376,87 @@ async fn every_lockctl_etcd_command_runs_with_its_own_role_over_tls() {
     let rec = adm.get(format!("{root}/sys/epoch"), None).await.unwrap();
     let rec: serde_json::Value = serde_json::from_slice(rec.kvs()[0].value()).unwrap();
     assert_eq!((rec["epoch"].as_u64(), rec.get("sealed")), (Some(2), None), "{rec}");
+}
+
+/// etcd refuses each call of a client whose login predates a change of its users
+/// or roles (`revision of auth store is old`), before applying anything; every
+/// `Stack` on a shared etcd adds users. The arbiter logs in again and runs the
+/// refused request once more: after each change, the next acquire, inspection
+/// and release are answered as if nothing happened (before the fix each first
+/// request after a change answered 503 `unavailable`).
+#[tokio::test]
+async fn a_user_change_under_the_arbiters_login_costs_callers_nothing() {
+    const ACQ: &str = "/v1/locks/acquire";
+    let st = Stack::builder("auth-change").envoy_config("lock-tier").own_etcd(1).start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let warm = a.post(ACQ, &[("x-lock-key", "payments/warm")]).await.unwrap();
+    assert_eq!(warm.code(), 200, "{}", warm.body);
+    let mut root = st.etcd().client().await.unwrap();
+    let mut n = 0;
+    let mut change = async || {
+        n += 1;
+        root.user_add(format!("bystander-{n}"), "bystander-password", None).await.unwrap();
+    };
+    for round in 0..3 {
+        let key = format!("payments/after-change-{round}");
+        change().await;
+        let r = a.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "acquire after a user change: {}", r.body);
+        let token = r.json["token"].as_str().unwrap().to_owned();
+        change().await;
+        let h = a.get("/v1/locks", &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(h.code(), 200, "inspection after a user change: {}", h.body);
+        change().await;
+        let rel = a.post("/v1/locks/release", &[("x-lock-key", &key), ("x-lock-token", &token)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "release after a user change: {}", rel.body);
+    }
+}
+
+/// An arbiter whose etcd role lacks `sys/clock` (roles applied before the grant
+/// clock) serves with the clock off and says why in `/status`; once the role has
+/// the grant again the clock is back on within seconds, with no restart, and
+/// grants move its mark.
+#[tokio::test]
+async fn a_role_without_the_grant_clock_serves_says_so_and_recovers_once_granted() {
+    const ACQ: &str = "/v1/locks/acquire";
+    let st = Stack::builder("clock-role").envoy_config("lock-tier").own_etcd(1).start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let status = async || -> anyhow::Result<serde_json::Value> {
+        let (_, body) = st.arbiter(0).admin_get("/status").await?;
+        Ok(serde_json::from_str(&body)?)
+    };
+    let r = a.post(ACQ, &[("x-lock-key", "payments/clock-0")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert!(status().await.unwrap()["marks"]["clock_off"].is_null());
+    let role = st.etcd_users().user("lockmesh-arbiter");
+    let clock = format!("{}/sys/clock", st.root());
+    let mut root = st.etcd().client().await.unwrap();
+    root.role_revoke_permission(role.as_str(), clock.as_str(), None).await.unwrap();
+    lockmesh_tests::eventually(std::time::Duration::from_secs(10), async || {
+        let s = status().await?;
+        let off = s["marks"]["clock_off"].as_str().unwrap_or_default().to_owned();
+        anyhow::ensure!(off.contains("sys/clock"), "clock not off: {s}");
+        Ok(())
+    })
+    .await;
+    for i in 1..4 {
+        let r = a.post(ACQ, &[("x-lock-key", &format!("payments/clock-{i}"))]).await.unwrap();
+        assert_eq!(r.code(), 200, "with the clock off: {}", r.body);
+    }
+    let before = status().await.unwrap()["marks"]["clock"].as_i64().unwrap();
+    root.role_grant_permission(role.as_str(), Permission::read_write(clock.as_str())).await.unwrap();
+    lockmesh_tests::eventually(std::time::Duration::from_secs(10), async || {
+        let s = status().await?;
+        anyhow::ensure!(s["marks"]["clock_off"].is_null(), "clock still off: {s}");
+        Ok(())
+    })
+    .await;
+    let r = a.post(ACQ, &[("x-lock-key", "payments/clock-after")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    lockmesh_tests::eventually(std::time::Duration::from_secs(5), async || {
+        let s = status().await?;
+        anyhow::ensure!(s["marks"]["clock"].as_i64().unwrap_or(0) > before, "clock mark not moved: {s}");
+        Ok(())
+    })
+    .await;
 }
