@@ -78,6 +78,7 @@ const STATUS_ETCD_WAIT: std::time::Duration = std::time::Duration::from_millis(8
 async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> {
     let seal = state.store.seal().current();
     let m = state.store.seal().marks();
+    let clock_off = state.store.seal().clock_off();
     let classes = tokio::time::timeout(STATUS_ETCD_WAIT, crate::registry::classes_status(&state)).await;
     axum::Json(StatusReply {
         classes: classes.unwrap_or_else(|_| ClassesStatus::Unreadable {
@@ -102,6 +103,8 @@ async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> 
             weakened: o.weakened(),
         }),
         marks: Marks {
+            clock: m.clock,
+            clock_off,
             cluster_id: m.cluster_id,
             epoch: m.epoch,
             raft_index: m.raft_index,

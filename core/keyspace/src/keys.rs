@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! <root>/sys/epoch                 {"epoch":E,"cluster_id":"..."}      no lease
+//! <root>/sys/clock                 empty; every grant puts it (restores) no lease
 //! <root>/s/<session>               session record                      session lease
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
 //! <root>/l/<digest>/h/<slot:04>.1  the same slot, after a hand-off     session lease
@@ -43,6 +44,13 @@ impl Keys {
     /// The epoch record.
     pub fn epoch(&self) -> String {
         format!("{}/sys/epoch", self.root)
+    }
+
+    /// The grant clock: every grant and hand-off puts it, so its mod revision is
+    /// the latest grant's commit revision; a restore brings back an older one
+    /// (`lockmesh_lock::seal`).
+    pub fn clock(&self) -> String {
+        format!("{}/sys/clock", self.root)
     }
 
     /// A session record.

@@ -26,7 +26,8 @@ pub struct StatusReply {
     /// What the seal rests on (numbers, never keys), or `null` when not sealed.
     pub seal_detail: Option<String>,
     /// Why the arbiter is sealed (`cluster_id_mismatch`, `revision_behind_mark`,
-    /// `epoch_behind_mark`, `raft_behind_mark`, `explicit`), or `null`.
+    /// `epoch_behind_mark`, `raft_behind_mark`, `clock_behind_mark`, `explicit`),
+    /// or `null`.
     pub seal_reason: Option<String>,
     /// True while the arbiter refuses every request until the epoch advances.
     pub sealed: bool,
@@ -55,7 +56,14 @@ pub struct OperatorsStatus {
 /// The durable high-water marks (`lock::seal`): what this arbiter has seen of its
 /// cluster, so a restored (older) cluster is noticed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Marks {
+    /// Highest mod revision of the grant clock (`<root>/sys/clock`) seen in this
+    /// epoch; 0 until the first grant.
+    pub clock: i64,
+    /// Why the grant clock is off (the arbiter's etcd role may not read and write
+    /// `sys/clock`, or no seal check has run yet), or `null` when it is on.
+    pub clock_off: Option<String>,
     /// The etcd cluster id, 16 hex digits; empty until first seen.
     pub cluster_id: String,
     /// Highest epoch seen.

@@ -5,7 +5,9 @@
 //! its own module once restore safety lands; this one refuses to serve on a cluster
 //! id mismatch already.
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::test_faults::{self, TestFault};
 
 use super::{LockError, Store};
 
@@ -174,6 +176,8 @@ impl Store {
             Err(LockError::Sealed(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
+        let clock_floor = self.seal().marks().clock;
+        let clock = self.read_clock().await?;
         let raft = self.leader_position().await;
         self.seal().check(&super::seal::Observation {
             cluster,
@@ -183,11 +187,54 @@ impl Store {
             floor,
             revision,
             raft,
+            clock_floor,
+            clock,
         });
         if let Err(e) = self.seal().persist() {
             tracing::error!(error = %e, "cannot persist the high-water marks");
         }
         Ok(())
+    }
+
+    /// The grant clock's mod revision (0: absent; `lock::seal`), read by a
+    /// transaction whose never-taken branch puts it: etcd checks the permission of
+    /// every operation of both branches, so an answer proves the role may read and
+    /// write the clock. A role without that grant turns the clock off (`None`;
+    /// grants then neither compare nor put it) and back on once it has it.
+    async fn read_clock(&self) -> Result<Option<i64>, LockError> {
+        if test_faults::on(TestFault::SkipClockCompare) {
+            self.seal().set_clock_off(Some("planted fault skip_clock_compare".into()));
+            return Ok(None);
+        }
+        let key = self.keys().clock();
+        let txn = Txn::new()
+            .when([Compare::version(key.as_str(), CompareOp::Less, 0)])
+            .and_then([TxnOp::put(key.as_str(), Vec::<u8>::new(), None::<PutOptions>)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        match self.call(self.client().txn(txn)).await {
+            Ok(r) => {
+                if self.seal().set_clock_off(None) && self.seal().marks().updated_ms > 0 {
+                    tracing::warn!("the grant clock is on: grants compare it again (restore detection under any role)");
+                }
+                let got = r.op_responses().into_iter().find_map(|o| match o {
+                    TxnOpResponse::Get(g) => Some(g.kvs().first().map_or(0, KeyValue::mod_revision)),
+                    _ => None,
+                });
+                got.map(Some).ok_or_else(|| LockError::Internal("grant clock read without its get".into()))
+            }
+            Err(LockError::Unavailable(e)) if e.contains("permission denied") => {
+                let why = format!(
+                    "the etcd role may not read and write {}: a restore with --bump-revision is then seen only by the \
+                     raft check, which needs root (docs/ADMIN.md, roles)",
+                    "sys/clock"
+                );
+                if self.seal().set_clock_off(Some(why.clone())) {
+                    tracing::warn!(reason = %why, "the grant clock is off");
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The (term, index) of the member that leads, taken only from a member that

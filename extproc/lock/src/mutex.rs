@@ -470,6 +470,7 @@ impl Store {
         // The authoritative class and limit (the policy records), compared below.
         let gate = self.policy_gate(req).await?;
         let floor = self.seal().revision_floor();
+        let clock = self.seal().clock_floor();
         let k = self.keys();
         let n = gate.limit;
         let slot_no = slot.min(n - 1);
@@ -515,6 +516,13 @@ impl Store {
         els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
         els.push(TxnOp::get(sess_key.as_str(), None));
         els.push(TxnOp::get(epoch_key.as_str(), None));
+        if let Some(c) = clock {
+            // The grant clock (`seal`): at or above this arbiter's mark, and put, so
+            // a restored store fails here before it can grant anything.
+            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
+            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
+            els.push(TxnOp::get(k.clock(), None));
+        }
         when.extend(gate.compares());
         els.extend(gate.reads());
         let txn = Txn::new().when(when).and_then(then).or_else(els);
@@ -524,6 +532,9 @@ impl Store {
         let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
+        if r.succeeded() && clock.is_some() {
+            self.seal().observe_clock(revision);
+        }
         let behind = revision < floor;
         if behind {
             self.seal().seal(
@@ -575,6 +586,23 @@ impl Store {
         if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
             self.forget_epoch();
             return Ok(Attempt::EpochMoved);
+        }
+        if let Some(c) = clock {
+            let at = gets.next().and_then(|g| g.kvs().first().map(KeyValue::mod_revision)).unwrap_or(0);
+            if at < c && ep.epoch > self.seal().marks().epoch {
+                // An epoch advance (after a restore) this arbiter's seal check has
+                // not re-based its marks on yet: it does within a second.
+                return Err(LockError::Unavailable(
+                    "the epoch advanced; this arbiter's restore marks are re-based by its next seal check".into(),
+                ));
+            }
+            if at < c {
+                // The epoch is unchanged and the clock went back: a restore (a
+                // linearizable answer of the cluster that serves the grants).
+                let why = format!("grant clock {at} below mark {c}");
+                self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
+                return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
+            }
         }
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
@@ -786,12 +814,20 @@ impl Store {
         when.extend(gate.compares());
         let hold = hold_record(req, ep.epoch)?;
         let floor = self.seal().revision_floor();
+        let clock = self.seal().clock_floor();
         let lease = self.marker_lease().await?;
-        let txn = Txn::new().when(when).and_then([
+        let mut then = vec![
             TxnOp::delete(hold_key.to_vec(), None::<DeleteOptions>),
             TxnOp::put(k.release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
             TxnOp::put(new_key.clone(), hold, Some(PutOptions::new().with_lease(offer.sid.lease()))),
-        ]);
+        ];
+        if let Some(c) = clock {
+            // The grant clock, as in a grant: a failed compare hands nothing off
+            // and the waiter's own grant attempt then seals.
+            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
+            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
+        }
+        let txn = Txn::new().when(when).and_then(then);
         let r = match self.call(self.client().txn(txn)).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
@@ -806,6 +842,9 @@ impl Store {
         }
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
+        if clock.is_some() {
+            self.seal().observe_clock(revision);
+        }
         // The same checks as after a grant: a grant below the restore mark or on
         // another cluster is taken back, the release stands.
         if revision < floor {

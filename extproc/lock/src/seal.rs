@@ -10,7 +10,21 @@
 //! | cluster id | every response header vs mark and epoch record | a restore that changed the id |
 //! | revision | linearizable reads and grant commits vs the revision floor | restore without bump |
 //! | epoch | the epoch record vs mark | a restore to before an advance |
-//! | raft (term, index) | status of the member that is leader, read after a linearizable read through it | restore with bump (the raft log restarts) |
+//! | grant clock | the mod revision of `<root>/sys/clock`, which every grant puts and compares | restore with or without bump, under any etcd role |
+//! | raft (term, index) | status of the member that is leader, read after a linearizable read through it | restore with bump (the raft log restarts); root only |
+//!
+//! The grant clock is one key every grant and hand-off transaction writes (an empty
+//! value, no lease), so its mod revision is the commit revision of the latest grant
+//! on the cluster. A restore brings back the key as the snapshot had it: below what
+//! this arbiter saw after the snapshot, whatever `--bump-revision` did to the store's
+//! revision, since a bump moves only revisions written after the restore. Every grant
+//! compares the clock's mod revision at or above the arbiter's clock mark, so the
+//! first grant after such a restore fails its compare, writes nothing and seals
+//! (`clock_behind_mark`); the seal check compares it once a second. Unlike etcd's
+//! `Status` it needs no root: a plain read and write of one key the arbiter's role
+//! grants. A role without that grant (a deployment whose roles predate it) turns the
+//! clock off, loudly (`/status` `clock`, a warning each minute), and the raft check
+//! is then the only guard against a bumped restore.
 //!
 //! A lagging follower cannot seal: revisions come from linearizable answers only,
 //! and raft positions only from a member that proves it leads by serving a
@@ -38,17 +52,20 @@ pub enum SealReason {
     EpochBehindMark,
     /// The leader's raft (term, index) is below the mark.
     RaftBehindMark,
+    /// The grant clock's mod revision is below the mark (a restore, bumped or not).
+    ClockBehindMark,
     /// The epoch record carries an explicit seal (an epoch advance in progress).
     Explicit,
 }
 
 impl SealReason {
     /// Every reason, for metrics.
-    pub const ALL: [SealReason; 5] = [
+    pub const ALL: [SealReason; 6] = [
         SealReason::ClusterIdMismatch,
         SealReason::RevisionBehindMark,
         SealReason::EpochBehindMark,
         SealReason::RaftBehindMark,
+        SealReason::ClockBehindMark,
         SealReason::Explicit,
     ];
 
@@ -59,6 +76,7 @@ impl SealReason {
             SealReason::RevisionBehindMark => "revision_behind_mark",
             SealReason::EpochBehindMark => "epoch_behind_mark",
             SealReason::RaftBehindMark => "raft_behind_mark",
+            SealReason::ClockBehindMark => "clock_behind_mark",
             SealReason::Explicit => "explicit",
         }
     }
@@ -89,6 +107,10 @@ pub struct Marks {
     pub raft_term: u64,
     /// Highest leader raft index seen at that term.
     pub raft_index: u64,
+    /// Highest mod revision of the grant clock seen in this epoch (0: none yet;
+    /// marks files of builds before the clock have none).
+    #[serde(default)]
+    pub clock: i64,
     /// Last update, unix ms.
     pub updated_ms: u64,
 }
@@ -110,6 +132,10 @@ pub struct Observation<'a> {
     pub revision: i64,
     /// The leader's (term, index), if a member proved it leads.
     pub raft: Option<(u64, u64)>,
+    /// The clock mark captured before the read was sent.
+    pub clock_floor: i64,
+    /// The grant clock's mod revision (0: absent), `None` when it is off.
+    pub clock: Option<i64>,
 }
 
 /// Seal state and marks.
@@ -118,6 +144,11 @@ pub struct Seal {
     marks: Mutex<Marks>,
     persisted: Mutex<Marks>,
     state: Mutex<Option<SealInfo>>,
+    /// Why the grant clock is off (`None`: on). On from the start (grants compare
+    /// it); a seal check that finds the role may not read and write it turns it off.
+    clock_off: Mutex<Option<String>>,
+    /// When the clock's state was last logged, unix ms.
+    clock_said: Mutex<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -150,6 +181,8 @@ impl Seal {
             persisted: Mutex::new(marks.clone()),
             marks: Mutex::new(marks),
             state: Mutex::new(None),
+            clock_off: Mutex::new(None),
+            clock_said: Mutex::new(0),
         })
     }
 
@@ -166,6 +199,44 @@ impl Seal {
     /// The lowest revision a linearizable answer to a request sent now may carry.
     pub(crate) fn revision_floor(&self) -> i64 {
         lock(&self.marks).revision
+    }
+
+    /// The clock mark a grant compares, `None` while the clock is off.
+    pub(crate) fn clock_floor(&self) -> Option<i64> {
+        if lock(&self.clock_off).is_some() {
+            return None;
+        }
+        Some(lock(&self.marks).clock)
+    }
+
+    /// Why the grant clock is off, `None` when it is on.
+    pub fn clock_off(&self) -> Option<String> {
+        lock(&self.clock_off).clone()
+    }
+
+    /// Records whether the role may use the grant clock (each seal check).
+    /// Returns whether to say so in the log: when it changed, and once a minute
+    /// while it stays off.
+    pub(crate) fn set_clock_off(&self, why: Option<String>) -> bool {
+        let mut c = lock(&self.clock_off);
+        let changed = c.is_some() != why.is_some();
+        let now = now_ms();
+        let mut said = lock(&self.clock_said);
+        let say = changed || (why.is_some() && now.saturating_sub(*said) >= 60_000);
+        if say {
+            *said = now;
+        }
+        *c = why;
+        say
+    }
+
+    /// Raises the clock mark after a grant committed (its commit revision is the
+    /// clock's mod revision: the grant put it).
+    pub(crate) fn observe_clock(&self, rev: i64) {
+        let mut m = lock(&self.marks);
+        if rev > m.clock {
+            m.clock = rev;
+        }
     }
 
     /// Declares a seal (the first reason stays until the epoch advances).
@@ -188,7 +259,7 @@ impl Seal {
     /// Checks one round of linearizable observations against the marks and, if
     /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
     pub fn check(&self, o: &Observation<'_>) {
-        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft } = *o;
+        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor, clock } = *o;
         let cluster_hex = super::epoch::cluster_hex(cluster);
         let mut m = lock(&self.marks);
         if epoch > m.epoch && explicit.is_none() {
@@ -204,6 +275,7 @@ impl Seal {
                 revision,
                 raft_term: 0,
                 raft_index: 0,
+                clock: clock.unwrap_or(0),
                 updated_ms: now_ms(),
             };
             if let Some((t, i)) = raft {
@@ -227,6 +299,8 @@ impl Seal {
             Some((SealReason::EpochBehindMark, format!("epoch {epoch} below mark {}", m.epoch)))
         } else if revision < floor {
             Some((SealReason::RevisionBehindMark, format!("revision {revision} below mark {floor}")))
+        } else if let Some(c) = clock.filter(|c| *c < clock_floor) {
+            Some((SealReason::ClockBehindMark, format!("grant clock {c} below mark {clock_floor}")))
         } else if let Some((t, i)) = raft.filter(|ti| *ti < (m.raft_term, m.raft_index)) {
             Some((
                 SealReason::RaftBehindMark,
@@ -244,6 +318,7 @@ impl Seal {
                 m.cluster_id = cluster_hex;
                 m.epoch = m.epoch.max(epoch);
                 m.revision = m.revision.max(revision);
+                m.clock = m.clock.max(clock.unwrap_or(0));
                 if let Some(ti) = raft {
                     if ti > (m.raft_term, m.raft_index) {
                         (m.raft_term, m.raft_index) = ti;
@@ -261,8 +336,8 @@ impl Seal {
         let m = self.marks();
         {
             let p = lock(&self.persisted);
-            if (p.epoch, p.revision, p.raft_term, p.raft_index, &p.cluster_id)
-                == (m.epoch, m.revision, m.raft_term, m.raft_index, &m.cluster_id)
+            if (p.epoch, p.revision, p.raft_term, p.raft_index, p.clock, &p.cluster_id)
+                == (m.epoch, m.revision, m.raft_term, m.raft_index, m.clock, &m.cluster_id)
             {
                 return Ok(());
             }
@@ -302,7 +377,30 @@ mod tests {
         revision: i64,
         raft: Option<(u64, u64)>,
     ) -> Observation<'_> {
-        Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft }
+        Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor: 0, clock: None }
+    }
+
+    #[test]
+    fn a_grant_clock_behind_its_mark_seals_whatever_the_revision_and_raft_say() {
+        let s = seal();
+        let o = |floor, revision, clock_floor, clock| Observation {
+            clock_floor,
+            clock,
+            ..obs(7, 7, 1, None, floor, revision, None)
+        };
+        s.check(&o(0, 10, 0, Some(8)));
+        s.check(&o(10, 20, 8, Some(19)));
+        assert_eq!((s.current(), s.marks().clock), (None, 19));
+        // The clock off (None) is never compared, whatever the mark.
+        s.check(&o(20, 25, 19, None));
+        assert_eq!(s.current(), None);
+        // A bumped restore: revisions far ahead, the clock back where the snapshot had it.
+        s.check(&o(25, 1_000_030, 19, Some(12)));
+        assert_eq!(s.current().map(|i| i.reason), Some(SealReason::ClockBehindMark));
+        // The epoch advance re-bases the clock mark on the restored clock.
+        s.check(&o(25, 1_000_040, 19, Some(12)).clone());
+        s.check(&Observation { epoch: 2, ..o(25, 1_000_050, 19, Some(12)) });
+        assert_eq!((s.current(), s.marks().clock), (None, 12));
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub enum TestFault {
     /// moving keys are still live on their old home when the new home starts
     /// granting them. Read by `lockctl` only.
     SkipMoveDrain,
+    /// Grants neither compare nor put the grant clock and the seal check does not
+    /// read it (`lock::seal`): under a non-root etcd role a restore with
+    /// `--bump-revision` then passes every check and restored-free keys are granted
+    /// again.
+    SkipClockCompare,
 }
 
 #[cfg(feature = "test-faults")]
@@ -64,6 +69,7 @@ impl TestFault {
             "skip_home_gate" => Some(Self::SkipHomeGate),
             "skip_move_epoch_advance" => Some(Self::SkipMoveEpochAdvance),
             "skip_move_drain" => Some(Self::SkipMoveDrain),
+            "skip_clock_compare" => Some(Self::SkipClockCompare),
             _ => None,
         }
     }

@@ -214,6 +214,16 @@ impl Doctor {
             } else {
                 self.add("arbiter.seal", Status::Ok, url, "not sealed");
             }
+            // An arbiter too old to have the grant clock reports no `clock_off` (on).
+            match &s.marks.clock_off {
+                Some(why) => self.add(
+                    "arbiter.grant_clock",
+                    Status::Warn,
+                    url,
+                    format!("off: {why}; re-apply the roles of `lockctl etcd-roles` (docs/OPERATIONS.md)"),
+                ),
+                None => self.add("arbiter.grant_clock", Status::Ok, url, "on: every grant compares it"),
+            }
             if let Some(ops) = &s.operators {
                 self.operators(url, ops);
             }
@@ -744,6 +754,28 @@ pub(crate) mod tests {
         let seal = f("arbiter.seal");
         assert_eq!(seal.status, Status::Fail);
         assert!(seal.detail.starts_with("sealed (revision_behind_mark): revision 3 < mark 9;"), "{}", seal.detail);
+    }
+
+    /// An arbiter whose role lacks the grant clock warns `arbiter.grant_clock` with
+    /// its reason; one without `clock_off` (on, or older than the clock) passes.
+    #[tokio::test]
+    async fn a_grant_clock_that_is_off_warns() {
+        for (marks, want) in [
+            (r#"{"clock":0,"clock_off":"the etcd role may not read and write sys/clock"}"#, Status::Warn),
+            (r#"{"clock":42,"clock_off":null}"#, Status::Ok),
+            (r#"{"epoch":1}"#, Status::Ok),
+        ] {
+            let body = format!(r#"{{"sealed":false,"version":"x","marks":{marks}}}"#);
+            let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let (base, _req) = serve_once(Some(reply)).await;
+            let mut d = Doctor { findings: Vec::new() };
+            d.arbiters(std::slice::from_ref(&base), Duration::from_secs(5)).await;
+            let f = d.findings.iter().find(|f| f.check == "arbiter.grant_clock").cloned().unwrap();
+            assert_eq!(f.status, want, "{marks}: {}", f.detail);
+            if want == Status::Warn {
+                assert!(f.detail.contains("sys/clock") && f.detail.contains("etcd-roles"), "{}", f.detail);
+            }
+        }
     }
 
     /// Each weakened safeguard is one failure; none weakened is one pass; an arbiter

@@ -60,6 +60,8 @@ pub fn roles(root: &str) -> Vec<Role> {
                       and their log)",
             grants: vec![
                 rw("sys/epoch", false),
+                // The grant clock every grant puts (restore detection, `lock::seal`).
+                rw("sys/clock", false),
                 rw("sys/classmap", false),
                 // Several clusters (docs/SCALE.md): the shard map and epoch counter
                 // (coord), every cluster's home record, session extensions.
