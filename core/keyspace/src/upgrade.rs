@@ -17,7 +17,12 @@
 //!   enabled only by a transaction that compares every advertisement unchanged since
 //!   it was read, all of them supporting it (`lockmesh_lock::upgrade`).
 //! - A capability gates **new record kinds**: nothing of a kind is written before
-//!   its capability is enabled, so a build that lacks it never meets one.
+//!   its capability is enabled, so a build that lacks it never meets one. A key
+//!   no earlier build reads needs no gate: the grant clock (`<root>/sys/clock`,
+//!   `Keys::clock`) is written by every build that has it, and an earlier build
+//!   neither reads nor lists it. While earlier builds still grant, only the grants
+//!   of builds with the clock move it, so restore detection by the clock covers
+//!   what those granted.
 //!
 //! Names are strings on the wire, so a record naming a capability a build has never
 //! heard of still parses and is refused by name; both records tolerate unknown

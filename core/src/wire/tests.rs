@@ -156,7 +156,7 @@ fn status() {
             "seal_reason": sealed.then_some("explicit"),
             "seal_detail": sealed.then(|| "epoch advance in progress".to_owned()),
             "sealed_since_ms": sealed.then_some(9u64),
-            "marks": { "cluster_id": "00000000000000aa", "epoch": 1, "revision": 42,
+            "marks": { "clock": 40, "clock_off": null, "cluster_id": "00000000000000aa", "epoch": 1, "revision": 42,
                        "raft_term": 2, "raft_index": 77, "updated_ms": 8 },
             "classes": classes,
             "fail_open": [json!({

@@ -201,12 +201,16 @@ impl Seal {
         lock(&self.marks).revision
     }
 
-    /// The clock mark a grant compares, `None` while the clock is off.
-    pub(crate) fn clock_floor(&self) -> Option<i64> {
+    /// The clock mark a grant in epoch `epoch` compares, `None` while the clock is
+    /// off or when `epoch` is above the marks' (an epoch advance, which ends every
+    /// restored hold, that the next seal check re-bases the marks on: the mark
+    /// then belongs to the store before the advance).
+    pub(crate) fn clock_floor(&self, epoch: u64) -> Option<i64> {
         if lock(&self.clock_off).is_some() {
             return None;
         }
-        Some(lock(&self.marks).clock)
+        let m = lock(&self.marks);
+        (epoch <= m.epoch).then_some(m.clock)
     }
 
     /// Why the grant clock is off, `None` when it is on.

@@ -119,7 +119,9 @@ fn max_open_holds(h: &[(i64, bool, String)]) -> usize {
 /// The key kinds of keyspace version 1 (`lockmesh_keyspace::keys`), plus the
 /// advertisements and the record of `lockmesh_keyspace::upgrade`.
 fn known_kind(key: &str) -> bool {
-    const SYS: [&str; 7] = ["epoch", "classmap", "shardmap", "epochs", "home", "keyspace", "audit-leader"];
+    // `clock`: the grant clock, written ungated (no build reads it but one that
+    // writes it; `lockmesh_keyspace::upgrade`).
+    const SYS: [&str; 8] = ["epoch", "clock", "classmap", "shardmap", "epochs", "home", "keyspace", "audit-leader"];
     if let Some(rest) = key.strip_prefix("sys/") {
         return SYS.contains(&rest) || rest.starts_with("home") || rest.starts_with("arbiters/");
     }
