@@ -164,6 +164,7 @@ async fn bumped_restore_under_load(name: &str, planted: bool) -> (Vec<String>, O
         .envoy_config("lock-tier")
         .registry(REGISTRY)
         .own_etcd(1)
+        .secure_etcd()
         .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
     if planted {
         b = b.arbiter_extra_yaml("test_faults: [skip_clock_compare]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");

@@ -387,7 +387,7 @@ async fn every_lockctl_etcd_command_runs_with_its_own_role_over_tls() {
 #[tokio::test]
 async fn a_user_change_under_the_arbiters_login_costs_callers_nothing() {
     const ACQ: &str = "/v1/locks/acquire";
-    let st = Stack::builder("auth-change").envoy_config("lock-tier").own_etcd(1).start().await.unwrap();
+    let st = Stack::builder("auth-change").envoy_config("lock-tier").own_etcd(1).secure_etcd().start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let warm = a.post(ACQ, &[("x-lock-key", "payments/warm")]).await.unwrap();
     assert_eq!(warm.code(), 200, "{}", warm.body);
@@ -419,7 +419,7 @@ async fn a_user_change_under_the_arbiters_login_costs_callers_nothing() {
 #[tokio::test]
 async fn a_role_without_the_grant_clock_serves_says_so_and_recovers_once_granted() {
     const ACQ: &str = "/v1/locks/acquire";
-    let st = Stack::builder("clock-role").envoy_config("lock-tier").own_etcd(1).start().await.unwrap();
+    let st = Stack::builder("clock-role").envoy_config("lock-tier").own_etcd(1).secure_etcd().start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let status = async || -> anyhow::Result<serde_json::Value> {
         let (_, body) = st.arbiter(0).admin_get("/status").await?;
