@@ -223,11 +223,9 @@ impl Store {
                 got.map(Some).ok_or_else(|| LockError::Internal("grant clock read without its get".into()))
             }
             Err(LockError::Unavailable(e)) if e.contains("permission denied") => {
-                let why = format!(
-                    "the etcd role may not read and write {}: a restore with --bump-revision is then seen only by the \
-                     raft check, which needs root (docs/ADMIN.md, roles)",
-                    "sys/clock"
-                );
+                let why = "the etcd role may not read and write sys/clock: a restore with --bump-revision is then \
+                           seen only by the raft check, which needs root (docs/ADMIN.md, roles)"
+                    .to_owned();
                 if self.seal().set_clock_off(Some(why.clone())) {
                     tracing::warn!(reason = %why, "the grant clock is off");
                 }

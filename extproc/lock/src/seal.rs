@@ -23,7 +23,7 @@
 //! (`clock_behind_mark`); the seal check compares it once a second. Unlike etcd's
 //! `Status` it needs no root: a plain read and write of one key the arbiter's role
 //! grants. A role without that grant (a deployment whose roles predate it) turns the
-//! clock off, loudly (`/status` `clock`, a warning each minute), and the raft check
+//! clock off, loudly (`/status` `marks.clock_off`, a warning each minute), and the raft check
 //! is then the only guard against a bumped restore.
 //!
 //! A lagging follower cannot seal: revisions come from linearizable answers only,
