@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     grant::{GrantSet, RawGrant},
     key::{covers, valid_namespace, LockKey},
+    quota::{QuotaTable, RawQuotas},
 };
 
 /// Platform TTL floor (ADR-11).
@@ -215,6 +216,13 @@ pub struct RawRegistry {
     /// every request against them (the filter checks first).
     #[serde(default)]
     pub grants: Vec<RawGrant>,
+    /// Per-namespace quotas ([`crate::quota`]); the built-in defaults without it.
+    #[serde(default, skip_serializing_if = "is_default_quotas")]
+    pub quotas: RawQuotas,
+}
+
+fn is_default_quotas(q: &RawQuotas) -> bool {
+    *q == RawQuotas::default()
 }
 
 /// Platform limits.
@@ -400,11 +408,13 @@ pub struct ClassRegistry {
     platform: Platform,
     /// Why the registry loosens a platform limit, when it does.
     lowered_floors_reason: Option<String>,
+    /// The per-namespace quotas.
+    quotas: QuotaTable,
 }
 
 impl PartialEq for ClassRegistry {
     fn eq(&self, o: &Self) -> bool {
-        self.classes == o.classes && self.default == o.default && self.prefixes == o.prefixes
+        self.classes == o.classes && self.default == o.default && self.prefixes == o.prefixes && self.quotas == o.quotas
     }
 }
 
@@ -696,6 +706,13 @@ impl ClassRegistry {
                 None
             }
         };
+        let quotas = match QuotaTable::try_from_raw(&raw.quotas) {
+            Ok(q) => q,
+            Err(e) => {
+                errs.extend(e.into_iter().map(|(path, message)| FieldError { path, message }));
+                QuotaTable::default()
+            }
+        };
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -707,7 +724,32 @@ impl ClassRegistry {
             grants,
             platform,
             lowered_floors_reason: reason.map(str::to_owned),
+            quotas,
         })
+    }
+
+    /// The per-namespace quotas.
+    pub fn quotas(&self) -> &QuotaTable {
+        &self.quotas
+    }
+
+    /// The one namespace every prefix of `class` lies in, if there is one: the
+    /// quota namespace of a session opened for the class with no key.
+    pub fn class_namespace(&self, class: &str) -> Option<&str> {
+        let c = self.get(class)?;
+        let mut nss = c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default());
+        let first = nss.next()?;
+        nss.all(|n| n == first).then_some(first)
+    }
+
+    /// The quota namespace of a session of `class` opened for `key` (the key's
+    /// namespace; with no key, [`ClassRegistry::class_namespace`], else
+    /// [`crate::quota::UNSCOPED`]).
+    pub fn session_namespace(&self, class: &str, key: Option<&LockKey>) -> String {
+        match key {
+            Some(k) => k.namespace().to_owned(),
+            None => self.class_namespace(class).unwrap_or(crate::quota::UNSCOPED).to_owned(),
+        }
     }
 
     /// The TTL limits in force (the CRDs for them: `lockmesh_lock::registry::crd`).

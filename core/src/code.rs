@@ -31,6 +31,7 @@
 //! | `internal` | 500 | no | |
 //! | `wrong_region` | 421 | no (send it to the named region) | |
 //! | `spool_full` | 503 | yes | 1 |
+//! | `quota_exceeded` | 429 | yes | 1 |
 
 use std::fmt;
 
@@ -82,6 +83,9 @@ pub enum Code {
     /// A fail-open class's unprotected grant could not be spooled (the spool is at
     /// its size cap or cannot be written, ADR-04): nothing was granted.
     SpoolFull,
+    /// The key's namespace is at one of its quotas (sessions, holds, waiters,
+    /// acquire rate; the body's `quota` names it): nothing was granted or opened.
+    QuotaExceeded,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -123,7 +127,7 @@ const RETRY_AFTER_VALUE: &str = "1";
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 20] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -143,6 +147,7 @@ impl Code {
         Code::Internal,
         Code::WrongRegion,
         Code::SpoolFull,
+        Code::QuotaExceeded,
     ];
 
     /// The wire string (snake_case), as in the body's `code` and `x-lockmesh-error`.
@@ -167,6 +172,7 @@ impl Code {
             Code::Internal => "internal",
             Code::WrongRegion => "wrong_region",
             Code::SpoolFull => "spool_full",
+            Code::QuotaExceeded => "quota_exceeded",
         }
     }
 
@@ -181,7 +187,7 @@ impl Code {
             Code::Contended | Code::Leaked | Code::NotHolder => 409,
             Code::SessionExpired => 410,
             Code::LockRequired => 428,
-            Code::QueueFull | Code::RateLimited => 429,
+            Code::QueueFull | Code::RateLimited | Code::QuotaExceeded => 429,
             Code::Internal => 500,
             Code::Sealed | Code::Unavailable | Code::Draining | Code::SpoolFull => 503,
         }
@@ -214,7 +220,8 @@ impl Code {
             | Code::Draining
             | Code::QueueFull
             | Code::RateLimited
-            | Code::SpoolFull => true,
+            | Code::SpoolFull
+            | Code::QuotaExceeded => true,
             Code::BadRequest
             | Code::Unauthenticated
             | Code::Denied
@@ -241,7 +248,13 @@ impl Code {
     fn carries_retry_after(self) -> bool {
         matches!(
             self,
-            Code::Sealed | Code::Unavailable | Code::Draining | Code::QueueFull | Code::RateLimited | Code::SpoolFull
+            Code::Sealed
+                | Code::Unavailable
+                | Code::Draining
+                | Code::QueueFull
+                | Code::RateLimited
+                | Code::SpoolFull
+                | Code::QuotaExceeded
         )
     }
 

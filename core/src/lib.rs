@@ -12,6 +12,7 @@
 //! - [`class`]: the class schema and the longest-prefix registry lookup.
 //! - [`policy`]: a class's authoritative limit and the limit-change protocol.
 //! - [`pause`]: the pause test result document and its validity check.
+//! - [`quota`]: per-namespace quotas (sessions, holds, waiters, acquire rate).
 //! - [`shard`]: the shard map and rendezvous homing of keys on clusters (ADR-07, ADR-09).
 //! - [`wire`]: every JSON body lockmesh speaks, as serde types (one module per
 //!   surface: API, VM routes, `/status`, console, admin, audit, `lockctl --json`).
@@ -32,6 +33,7 @@ pub mod pause;
 pub mod policy;
 #[cfg(feature = "proof")]
 pub mod proof;
+pub mod quota;
 pub mod shard;
 pub mod template;
 pub mod token;

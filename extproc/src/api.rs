@@ -274,7 +274,8 @@ async fn route(
                     .ok_or_else(|| ApiError::new(Code::BadRequest, format!("{}: no class {c}", headers::CLASS)))?,
                 (None, None) => state.registry().default_class().clone(),
             };
-            let sid = tiers.open_session(&caller, &class, lock.key.as_ref()).await?;
+            let ns = state.registry().session_namespace(class.name.as_str(), lock.key.as_ref());
+            let sid = tiers.open_session(&caller, &class, lock.key.as_ref(), &ns).await?;
             let mut r =
                 ApiResponse::ok(&SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s });
             r.headers.push((headers::SESSION, sid.to_string()));

@@ -48,6 +48,10 @@ pub struct RawConfig {
     /// carry none). Default: the ADR-11 floors; lowering one needs
     /// `lowered_floors_reason`, as in a registry file.
     pub registry_platform: Option<lockmesh_core::class::RawPlatform>,
+    /// With `registry_dir` only: the registry's `quotas:` section (manifests carry
+    /// none; docs/OPERATIONS.md "Quotas"). Default: the built-in per-namespace
+    /// limits (`lockmesh_core::quota::DEFAULT_LIMITS`).
+    pub registry_quotas: Option<lockmesh_core::quota::RawQuotas>,
     /// Longest wait an acquire may ask for, ms. Default 30000. Keep it below the
     /// Envoy listener's `request_timeout` and ext_proc `max_message_timeout`.
     pub max_wait_ms: Option<u64>,
@@ -628,6 +632,11 @@ fn registry_source(
                     "{name}: registry_platform: only with registry_dir (a registry file carries its own platform:)"
                 ));
             }
+            if raw.registry_quotas.is_some() {
+                errs.push(format!(
+                    "{name}: registry_quotas: only with registry_dir (a registry file carries its own quotas:)"
+                ));
+            }
             Some(RegistrySource::File(resolve(base, f)))
         }
         (None, Some(d)) => {
@@ -636,7 +645,11 @@ fn registry_source(
                 errs.push(format!("{name}: registry_dir: {} is not a directory", dir.display()));
                 return None;
             }
-            Some(RegistrySource::Dir { dir, platform: raw.registry_platform.clone().unwrap_or_default() })
+            Some(RegistrySource::Dir {
+                dir,
+                platform: raw.registry_platform.clone().unwrap_or_default(),
+                quotas: raw.registry_quotas.clone().unwrap_or_default(),
+            })
         }
     }
 }

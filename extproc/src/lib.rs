@@ -112,6 +112,11 @@ pub async fn run(
     // what this build supports, then seal if the record names what it lacks; again
     // every second while `state` lives.
     let _upgrade = state.upgrade.clone().start(state.store.clone(), state.config.listen.to_string()).await;
+    // The quota ledgers (`lock::quota`): each cluster's sessions and holds by
+    // namespace, listed once and followed by a watch.
+    for s in state.tiers.stores() {
+        s.start_ledger();
+    }
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.
     // With the shard map and every cluster's home record (`tiers`), retried every

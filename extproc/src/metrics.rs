@@ -191,6 +191,7 @@ pub(crate) fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::L
         Err(E::Cancelled) => "cancelled",
         Err(E::Draining(_)) => "draining",
         Err(E::SpoolFull(_)) => "spool_full",
+        Err(E::QuotaExceeded(_)) => "quota_exceeded",
         Err(E::NotHolder | E::Internal(_)) => "error",
     }
 }
@@ -271,6 +272,7 @@ impl Metrics {
         crate::lock::wait::HandoffCounts::register(r);
         r.register_collector(Box::new(EtcdCollector));
         crate::lock::upgrade::register(r);
+        crate::lock::quota::register(r);
         r.register_collector(Box::new(VmRenewalCollector));
         self
     }

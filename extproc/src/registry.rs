@@ -77,6 +77,8 @@ pub enum RegistrySource {
         dir: PathBuf,
         /// The `platform:` section the manifests lack.
         platform: RawPlatform,
+        /// The `quotas:` section the manifests lack (`registry_quotas`).
+        quotas: lockmesh_core::quota::RawQuotas,
     },
 }
 
@@ -125,7 +127,7 @@ impl RegistrySource {
     pub fn load(&self) -> Result<ClassRegistry, Vec<String>> {
         match self {
             Self::File(p) => load(p),
-            Self::Dir { dir, platform } => manifests::load_dir(dir, platform),
+            Self::Dir { dir, platform, quotas } => manifests::load_dir_with(dir, platform, quotas),
         }
     }
 
@@ -141,8 +143,8 @@ impl RegistrySource {
     /// Loads what `r` read (a file is read again by the loader, as before).
     fn load_reading(&self, r: Reading) -> Result<ClassRegistry, Vec<String>> {
         match (self, r.snapshot) {
-            (Self::Dir { dir, platform }, Some(s)) => {
-                let reg = s.parse(platform)?;
+            (Self::Dir { dir, platform, quotas }, Some(s)) => {
+                let reg = s.parse_with(platform, quotas)?;
                 manifests::warn_lowered(dir, &reg);
                 Ok(reg)
             }

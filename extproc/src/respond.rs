@@ -40,6 +40,8 @@ pub struct ApiError {
     pub reason: Option<Reason>,
     /// The home region, for `wrong_region`.
     pub region: Option<String>,
+    /// Which quota, for `quota_exceeded`.
+    pub quota: Option<lockmesh_core::quota::Quota>,
 }
 
 // === impl ApiError ===
@@ -47,7 +49,7 @@ pub struct ApiError {
 impl ApiError {
     /// A refusal with `code`.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), reason: None, region: None }
+        Self { code, message: message.into(), reason: None, region: None, quota: None }
     }
 
     /// The `421 wrong_region` refusal: the key's namespace is homed in `region`
@@ -76,12 +78,17 @@ impl From<LockError> for ApiError {
             // Routed again by `tiers`; answered only if the map keeps changing.
             LockError::Moved => Code::Unavailable,
             LockError::SpoolFull(_) => Code::SpoolFull,
+            LockError::QuotaExceeded(_) => Code::QuotaExceeded,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),
             _ => None,
         };
-        Self { code, message: e.to_string(), reason, region: None }
+        let quota = match &e {
+            LockError::QuotaExceeded(x) => Some(x.quota),
+            _ => None,
+        };
+        Self { code, message: e.to_string(), reason, region: None, quota }
     }
 }
 
@@ -94,6 +101,7 @@ impl From<ApiError> for ApiResponse {
         let mut body = ErrorBody::new(e.code, e.message);
         body.reason = e.reason.map(Into::into);
         body.region = e.region;
+        body.quota = e.quota.map(|q| q.as_str().to_owned());
         ApiResponse { status: e.code.status(), body: to_json(&body), headers }
     }
 }
@@ -161,6 +169,16 @@ mod tests {
             (LockError::Unavailable("x".into()), 503, "unavailable"),
             (LockError::Internal("x".into()), 500, "internal"),
             (LockError::SpoolFull("x".into()), 503, "spool_full"),
+            (
+                LockError::QuotaExceeded(crate::lock::quota::Exceeded {
+                    quota: lockmesh_core::quota::Quota::Holds,
+                    namespace: "ns".into(),
+                    used: 3,
+                    limit: 3,
+                }),
+                429,
+                "quota_exceeded",
+            ),
         ];
         for (e, status, code) in cases {
             let r = ApiResponse::from(ApiError::from(e));
@@ -171,6 +189,15 @@ mod tests {
         }
         let r = ApiResponse::from(ApiError::from(LockError::Contended(Reason::LockContended)));
         assert!(r.body.contains("\"reason\":\"lock_contended\""));
+        let x = crate::lock::quota::Exceeded {
+            quota: lockmesh_core::quota::Quota::AcquireRate,
+            namespace: "ns".into(),
+            used: 5,
+            limit: 5,
+        };
+        let r = ApiResponse::from(ApiError::from(LockError::QuotaExceeded(x)));
+        assert!(r.body.contains("\"quota\":\"acquire_rate\""), "{}", r.body);
+        assert!(r.headers.contains(&("retry-after", "1".to_owned())));
     }
 
     #[test]

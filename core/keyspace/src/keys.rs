@@ -108,6 +108,11 @@ impl Keys {
         format!("{}/q/{d}/{lease:016x}-{seq:016x}", self.root)
     }
 
+    /// The prefix of every session record.
+    pub fn all_sessions(&self) -> String {
+        format!("{}/s/", self.root)
+    }
+
     /// The prefix of all holds of all keys.
     pub fn all_locks(&self) -> String {
         format!("{}/l/", self.root)

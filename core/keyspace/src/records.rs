@@ -16,6 +16,12 @@ pub struct SessionRecord {
     pub ttl_s: u64,
     /// Creation time, unix ms (informational).
     pub created_ms: u64,
+    /// The quota namespace it counts against (`lockmesh_core::quota`): the
+    /// namespace of the key it was opened for. Absent in records of earlier
+    /// builds and of sessions opened with no key: the class's one namespace
+    /// then, else `*`. Readers that do not know it ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns: Option<String>,
 }
 
 /// A hold's value. The raw key sits here (never in key names) for the holder's own

@@ -1,7 +1,7 @@
 use super::*;
 
 fn raw(classes: Vec<RawClass>) -> RawRegistry {
-    RawRegistry { platform: RawPlatform::default(), classes, grants: vec![] }
+    RawRegistry { platform: RawPlatform::default(), classes, grants: vec![], quotas: Default::default() }
 }
 
 fn class(name: &str, prefixes: &[&str], ttl: Option<u64>, default: bool) -> RawClass {

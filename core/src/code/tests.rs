@@ -54,6 +54,7 @@ fn the_table() {
         (Internal, 500, false),
         (WrongRegion, 421, false),
         (SpoolFull, 503, true),
+        (QuotaExceeded, 429, true),
     ];
     assert_eq!(table.len(), Code::ALL.len());
     for (c, status, retryable) in table {
@@ -80,7 +81,15 @@ fn retry_after_is_on_retryable_codes_only_and_in_the_headers() {
     let with: Vec<_> = Code::ALL.into_iter().filter(|c| c.retry_after_s().is_some()).collect();
     assert_eq!(
         with,
-        [Code::Sealed, Code::Unavailable, Code::Draining, Code::QueueFull, Code::RateLimited, Code::SpoolFull]
+        [
+            Code::Sealed,
+            Code::Unavailable,
+            Code::Draining,
+            Code::QueueFull,
+            Code::RateLimited,
+            Code::SpoolFull,
+            Code::QuotaExceeded
+        ]
     );
 }
 

@@ -33,6 +33,9 @@ pub struct ConsoleState {
     pub policies_error: Option<String>,
     /// The registry file's reload state, or `null` when the policies could not be read.
     pub registry: Option<RegistryStatus>,
+    /// Each namespace's use against its quotas, per cluster (`lockmesh_core::quota`).
+    #[serde(default)]
+    pub quotas: Vec<ConsoleQuota>,
     /// The most saturated keys (at their limit), most holders first; each with
     /// `waiters_here`.
     pub saturated: Vec<SaturatedKey>,
@@ -269,6 +272,60 @@ pub struct ConsoleWaiters {
     pub digest: String,
     /// Acquires queued here now (not fleet-wide: sum over the arbiters).
     pub waiters: u64,
+}
+
+/// One namespace's use of its quotas on one cluster: a row of the console's
+/// quota table and of `lockctl class cost --json`'s `namespaces`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleQuota {
+    /// The cluster.
+    pub cluster: String,
+    /// The namespace (a key's first segment, or `*` for sessions of no namespace).
+    pub namespace: String,
+    /// Live sessions against the quota.
+    pub sessions: QuotaUse,
+    /// Live holds against the quota.
+    pub holds: QuotaUse,
+    /// Acquires waiting at this arbiter against its share, or `null` where it is
+    /// not counted (`lockctl`, which reads etcd only).
+    pub waiters: Option<QuotaUse>,
+    /// The acquire-rate quota, per second (cluster-wide).
+    pub acquires_per_s: u64,
+    /// True when some use is at or above 80 % of its limit (the alert's threshold).
+    pub alert: bool,
+}
+
+/// A use against a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaUse {
+    /// As counted.
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+    /// `used` over `limit`, whole percent (rounded down).
+    pub percent: u64,
+}
+
+impl QuotaUse {
+    /// `used` of `limit`.
+    pub fn of(used: u64, limit: u64) -> Self {
+        Self { used, limit, percent: crate::quota::percent(used, limit) }
+    }
+
+    /// At or above the alert threshold (80 %).
+    pub fn alerting(&self) -> bool {
+        self.used as f64 >= self.limit as f64 * crate::quota::ALERT_RATIO
+    }
+}
+
+/// `lockctl class cost FILE --endpoints ... --json`: each namespace's sessions and
+/// holds on one cluster, listed at `revision`, against the file's quotas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaReport {
+    /// The etcd revision of the list.
+    pub revision: i64,
+    /// One row per namespace with a session or a hold, or listed in the file.
+    pub namespaces: Vec<ConsoleQuota>,
 }
 
 /// A console refusal: the operator plane's one refusal body.

@@ -30,6 +30,10 @@ pub struct ErrorBody {
     /// namespace (also in [`crate::headers::REGION`]). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// With `quota_exceeded` only: which quota (`sessions`, `holds`, `waiters`,
+    /// `acquire_rate`; `lockmesh_core::quota::Quota`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<String>,
 }
 
 // === impl ErrorBody ===
@@ -37,7 +41,7 @@ pub struct ErrorBody {
 impl ErrorBody {
     /// A refusal with `code` and `message`, without reason or region.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), reason: None, region: None }
+        Self { code: code.into(), message: message.into(), reason: None, region: None, quota: None }
     }
 
     /// The same refusal with a `contended` reason.

@@ -570,6 +570,7 @@ mod tests {
             class: "default".into(),
             ttl_s: 15,
             created_ms: 1,
+            ns: Some("ns".into()),
         };
         let copy = ExtensionRecord { record: rec.clone(), home: Some("coord".into()) };
         let v = serde_json::to_vec(&copy).unwrap();

@@ -25,6 +25,7 @@
 //! - [`session`]: sessions (one lease each) and their owners (ADR-10).
 //! - [`mutex`]: grant, release and inspection.
 //! - [`policy`]: the authoritative class limits every grant compares.
+//! - [`quota`]: per-namespace quotas, counted without a counter in etcd.
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter, and the hand-off.
 //! - [`durable`]: waiters queued in etcd (`fairness: durable`, ADR-14).
@@ -42,6 +43,7 @@ pub mod failopen;
 pub mod home;
 pub mod mutex;
 pub mod policy;
+pub mod quota;
 pub mod registry;
 pub mod seal;
 pub mod session;
@@ -111,6 +113,10 @@ pub enum LockError {
     /// at its cap (`failopen::spool`). Nothing was granted.
     #[error("{0}")]
     SpoolFull(String),
+    /// The key's namespace is at one of its quotas ([`quota`]): nothing was
+    /// granted or opened.
+    #[error("{0}")]
+    QuotaExceeded(quota::Exceeded),
 }
 
 /// The arbiter's handle on etcd.
@@ -137,6 +143,8 @@ pub struct Store {
     auth_login: Mutex<Option<tokio::time::Instant>>,
     /// The cluster's name, epoch source and home record (`home`).
     home: home::HomeCell,
+    /// Sessions and holds by namespace, followed by a watch ([`quota`]).
+    ledger: Arc<quota::Ledger>,
 }
 
 /// How many calls of this process etcd refused with `revision of auth store is old`
@@ -157,7 +165,7 @@ const RELOGIN_EVERY: Duration = Duration::from_secs(3);
 /// Calls refused together by one auth change share one login.
 const RELOGIN_DEDUP: Duration = Duration::from_millis(200);
 
-fn unavailable(e: etcd_client::Error) -> LockError {
+pub(crate) fn unavailable(e: etcd_client::Error) -> LockError {
     // etcd's errors do not echo keys or values.
     LockError::Unavailable(e.to_string())
 }
@@ -239,6 +247,7 @@ impl Store {
             relogin: auth.user.is_some().then(|| std::sync::Mutex::new(None)),
             auth_login: Mutex::new(None),
             home: home::HomeCell::new(root),
+            ledger: Arc::default(),
         });
         Ok(store)
     }
@@ -322,6 +331,11 @@ impl Store {
     /// The key layout.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The timeout of one etcd call.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
     }
 
     /// A client handle (cheap clone sharing the channel).

@@ -190,6 +190,8 @@ impl Store {
         req: &AcquireRequest,
         cancel: &CancellationToken,
     ) -> Result<Grant, LockError> {
+        // Quotas first (`quota`): over one, nothing is opened or granted.
+        let _admitted = super::quota::admit(self, req.key.namespace(), req.session.is_none())?;
         let (sid, new_record) = match req.session {
             Some(sid) => {
                 let rec = self.owned_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller)).await?;
@@ -202,7 +204,10 @@ impl Store {
                 }
                 (sid, None)
             }
-            None => (self.grant_lease(req.class.ttl_s).await?, Some(Self::new_record(&req.caller, &req.class))),
+            None => (
+                self.grant_lease(req.class.ttl_s).await?,
+                Some(Self::new_record(&req.caller, &req.class, req.key.namespace())),
+            ),
         };
         let opened = new_record.is_some();
         // A session opened for this acquire is unknown to the caller until the
@@ -558,6 +563,12 @@ impl Store {
         }
         self.seal().observe_revision(revision);
         if r.succeeded() {
+            // Counted at once, before the ledger's watch shows it (`quota`).
+            let ns = req.key.namespace();
+            self.ledger().note_hold(slot.as_bytes(), revision, ns);
+            if new_record.is_some() {
+                self.ledger().note_session(sess_key.as_bytes(), revision, ns);
+            }
             let rev = u64::try_from(revision).unwrap_or(u64::MAX);
             return match FencingToken::mint(ep.epoch, rev) {
                 Ok(token) => Ok(Attempt::Granted(Grant {

@@ -48,25 +48,36 @@ impl Store {
     }
 
     /// The session record for a new session of `class`.
-    pub(crate) fn new_record(caller: &Caller, class: &ClassSpec) -> SessionRecord {
+    pub(crate) fn new_record(caller: &Caller, class: &ClassSpec, ns: &str) -> SessionRecord {
         SessionRecord {
             owner: caller.identity.clone(),
             instance: caller.instance.clone(),
             class: class.name.to_string(),
             ttl_s: class.ttl_s,
             created_ms: now_ms(),
+            ns: Some(ns.to_owned()),
         }
     }
 
     /// Opens a session for `class` (`POST /v1/sessions`).
-    pub async fn open_session(&self, caller: &Caller, class: &ClassSpec) -> Result<SessionId, LockError> {
+    /// It counts against the quota namespace `ns` (`quota`) and is refused
+    /// `QuotaExceeded` there, before anything is opened.
+    pub async fn open_session(&self, caller: &Caller, class: &ClassSpec, ns: &str) -> Result<SessionId, LockError> {
+        super::quota::admit_session(self, ns)?;
         let sid = self.grant_lease(class.ttl_s).await?;
-        let rec = Self::new_record(caller, class);
+        let rec = Self::new_record(caller, class, ns);
         let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
-        if let Err(e) = self.call(self.client().put(self.keys().session(sid), value, opts)).await {
-            self.revoke_quietly(sid).await;
-            return Err(e);
+        let key = self.keys().session(sid);
+        match self.call(self.client().put(key.as_str(), value, opts)).await {
+            Ok(r) => {
+                let revision = r.header().map_or(0, |h| h.revision());
+                self.ledger().note_session(key.as_bytes(), revision, ns);
+            }
+            Err(e) => {
+                self.revoke_quietly(sid).await;
+                return Err(e);
+            }
         }
         self.sessions.insert(sid, Arc::new(rec));
         Ok(sid)

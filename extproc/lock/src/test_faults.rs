@@ -49,6 +49,9 @@ pub enum TestFault {
     /// `--bump-revision` then passes every check and restored-free keys are granted
     /// again.
     SkipClockCompare,
+    /// Acquires and session opens skip every quota check (`lock::quota`): one
+    /// namespace can take sessions, holds and waiters without bound.
+    SkipQuota,
 }
 
 #[cfg(feature = "test-faults")]
@@ -70,6 +73,7 @@ impl TestFault {
             "skip_move_epoch_advance" => Some(Self::SkipMoveEpochAdvance),
             "skip_move_drain" => Some(Self::SkipMoveDrain),
             "skip_clock_compare" => Some(Self::SkipClockCompare),
+            "skip_quota" => Some(Self::SkipQuota),
             _ => None,
         }
     }

@@ -439,18 +439,20 @@ impl Tiers {
         Err(LockError::Unavailable("the key's home keeps moving; retry".into()))
     }
 
-    /// Opens a session of `class` on the home of `key` (or of the class).
+    /// Opens a session of `class` on the home of `key` (or of the class); it
+    /// counts against quota namespace `ns` (`ClassRegistry::session_namespace`).
     pub async fn open_session(
         &self,
         caller: &Caller,
         class: &ClassSpec,
         key: Option<&LockKey>,
+        ns: &str,
     ) -> Result<SessionId, LockError> {
         let store = match key {
             Some(k) => self.route(class, k, false).await?,
             None => self.class_home(class).await?,
         };
-        let sid = store.open_session(caller, class).await?;
+        let sid = store.open_session(caller, class, ns).await?;
         self.remember_home(sid, &store, class.ttl_s);
         Ok(sid)
     }

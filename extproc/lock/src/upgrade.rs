@@ -418,7 +418,11 @@ impl Gate {
         }
         let mut client = store.client();
         match tokio::time::timeout(Duration::from_secs(3), read_view(&mut client, store.keys())).await {
-            Ok(Ok(view)) => self.observe(store, view.record),
+            Ok(Ok(view)) => {
+                // The quotas counted at each arbiter are shared among the live ones.
+                super::quota::set_arbiters(view.advertisements.len());
+                self.observe(store, view.record)
+            }
             Ok(Err(UpgradeError::Refused(r))) => self.refuse(store, r),
             Ok(Err(e)) => self.etcd_failed(store, "read the keyspace record", &e.to_string()),
             Err(_) => {}

@@ -203,6 +203,8 @@ impl Store {
                 class: class.name.to_string(),
                 ttl_s: class.ttl_s,
                 created_ms: now_ms(),
+                // Counted against the class's one namespace, else `*` (`quota`).
+                ns: None,
             };
             let v = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let lease = Some(PutOptions::new().with_lease(sid.lease()));

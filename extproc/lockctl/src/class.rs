@@ -16,7 +16,9 @@
 //!   is what deploy/crds ships), to stdout or as DIR/lockclass.yaml and
 //!   DIR/lockgrant.yaml: a deployment that lowers a floor installs these.
 //! - `class cost FILE`: per class, the keepalive load and the liveness bound of
-//!   its TTL (ADR-11), for the review of a class change.
+//!   its TTL (ADR-11), for the review of a class change. With `--endpoints`:
+//!   instead, each namespace's live sessions and holds on that cluster against
+//!   FILE's quotas (`--json`: a `QuotaReport`), flagged at 80 %.
 //! - `class apply FILE --endpoints .. --root ..`: makes the file's prefix map
 //!   authoritative through the drain discipline ([`lockmesh_ops::reconcile`]'s
 //!   `apply`): exit 0 applied, unchanged or cancelled; 2 still draining (`held`
@@ -79,6 +81,13 @@ pub enum ClassCmd {
         /// Only this class.
         #[arg(long)]
         class: Option<String>,
+        /// With --endpoints: also each namespace's live sessions and holds on
+        /// that cluster against the file's quotas (read-only; `lockmesh-admin`).
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// Print the quota use as JSON (`QuotaReport`) instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Make the file's prefix-to-class map authoritative (drain, verify, apply).
     Apply {
@@ -169,7 +178,10 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
         ClassCmd::Apply { file, .. } => return apply(cmd, file).await,
         ClassCmd::Crds { file, out } => return crds(file.as_deref(), out.as_deref()),
         ClassCmd::Check { file } => (file, None),
-        ClassCmd::Cost { file, sessions, leader_changes, election_timeout_ms, class } => {
+        ClassCmd::Cost { file, etcd, json, .. } if !etcd.endpoints.is_empty() => {
+            return quota_use(file, etcd, *json).await;
+        }
+        ClassCmd::Cost { file, sessions, leader_changes, election_timeout_ms, class, .. } => {
             let input = CostInput {
                 sessions: *sessions,
                 leader_changes: *leader_changes,
@@ -206,6 +218,93 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
             }
         }
     }
+    ExitCode::SUCCESS
+}
+
+/// `class cost FILE --endpoints ..`: each namespace's sessions and holds on the
+/// cluster, listed once at one revision, against FILE's quotas; `alert` at 80 %.
+/// Exit 0, 1 when etcd cannot be read, 64 for an invalid file. Waiters and the
+/// acquire rate are counted at the arbiters (their console and metrics), so
+/// only their limits show here.
+async fn quota_use(file: &Path, etcd: &EtcdArgs, json: bool) -> ExitCode {
+    use lockmesh_core::wire::console::{ConsoleQuota, QuotaReport, QuotaUse};
+    let reg = match load(file) {
+        Ok(r) => r,
+        Err(errs) => {
+            for e in errs {
+                eprintln!("  {e}");
+            }
+            return ExitCode::from(64);
+        }
+    };
+    let conn = match etcd.connection() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lockctl: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let mut client = match conn.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lockctl: etcd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    lockmesh_lock::quota::set_registry(&reg);
+    let keys = lockmesh_lock::Keys::new(&etcd.root);
+    let (used, revision) = match lockmesh_lock::quota::count(&mut client, &keys, Duration::from_secs(5)).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lockctl: etcd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let table = reg.quotas();
+    let mut names: std::collections::BTreeSet<String> = used.keys().cloned().collect();
+    names.extend(table.listed().map(|(n, _)| n.to_owned()));
+    let namespaces: Vec<ConsoleQuota> = names
+        .into_iter()
+        .map(|n| {
+            let l = table.limits(&n);
+            let u = used.get(&n).copied().unwrap_or_default();
+            let (sessions, holds) = (QuotaUse::of(u.sessions, l.sessions), QuotaUse::of(u.holds, l.holds));
+            ConsoleQuota {
+                alert: sessions.alerting() || holds.alerting(),
+                cluster: etcd.root.clone(),
+                namespace: n,
+                sessions,
+                holds,
+                waiters: None,
+                acquires_per_s: l.acquires_per_s,
+            }
+        })
+        .collect();
+    let report = QuotaReport { revision, namespaces };
+    if json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    println!("quota use at etcd revision {} (root {}):", report.revision, etcd.root);
+    println!("  {:<24} {:>22} {:>22} {:>9} {:>11}", "namespace", "sessions", "holds", "waiters", "acquires/s");
+    let d = table.default_limits();
+    for q in &report.namespaces {
+        let cell = |u: &QuotaUse| format!("{}/{} ({} %)", u.used, u.limit, u.percent);
+        println!(
+            "  {:<24} {:>22} {:>22} {:>9} {:>11}{}",
+            q.namespace,
+            cell(&q.sessions),
+            cell(&q.holds),
+            table.limits(&q.namespace).waiters,
+            q.acquires_per_s,
+            if q.alert { "  ALERT: at or above 80 %" } else { "" }
+        );
+    }
+    println!(
+        "  (unlisted namespaces: sessions {}, holds {}, waiters {}, acquires/s {}; waiters and the rate are \
+         counted at the arbiters: console and lockmesh_quota_* metrics)",
+        d.sessions, d.holds, d.waiters, d.acquires_per_s
+    );
     ExitCode::SUCCESS
 }
 

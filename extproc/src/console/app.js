@@ -68,7 +68,7 @@ function renderError(status, code, message) {
     el("span", { id: "error-message" }, message),
   );
   box.hidden = false;
-  for (const id of ["seal", "quorum", "classes", "draining", "grants", "saturated", "audit"]) {
+  for (const id of ["seal", "quorum", "classes", "draining", "grants", "quotas", "saturated", "audit"]) {
     fill(id, el("span", { class: "muted" }, status === 401 ? "sign in to see this" : "unavailable"));
   }
 }
@@ -171,6 +171,24 @@ function renderSaturated(keys) {
     ["waiting here", "num"]], rows));
 }
 
+function quotaCell(u) {
+  if (!u) return el("td", { class: "num muted" }, "-");
+  return el("td", { class: "num" + (u.percent >= 80 ? " bad" : "") }, u.used + "/" + u.limit + " (" + u.percent + " %)");
+}
+
+function renderQuotas(quotas) {
+  if (!quotas || !quotas.length) {
+    fill("quotas", el("p", { class: "muted" }, "no namespace holds a session or a lock"));
+    return;
+  }
+  const rows = quotas.map((q) => el("tr", { "data-namespace": q.namespace, "data-alert": String(q.alert) },
+    el("td", {}, q.namespace), el("td", {}, q.cluster), quotaCell(q.sessions), quotaCell(q.holds),
+    quotaCell(q.waiters), el("td", { class: "num" }, q.acquires_per_s)));
+  fill("quotas", table([["namespace"], ["cluster"], ["sessions", "num"], ["holds", "num"],
+    ["waiting here", "num"], ["acquires/s", "num"]], rows),
+    el("p", { class: "muted" }, "red: at or above 80 % of the quota (the alert's threshold)"));
+}
+
 function renderAudit(a) {
   if (!a.configured) {
     fill("audit", el("p", { class: "muted", id: "audit-off" }, a.message));
@@ -200,6 +218,7 @@ function render(s) {
   }
   renderDraining(s.draining);
   renderGrants(s.classes, s.scan);
+  renderQuotas(s.quotas);
   renderSaturated(s.saturated);
   renderAudit(s.audit);
 }

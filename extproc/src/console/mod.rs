@@ -308,6 +308,7 @@ impl Console {
             operator: ConsoleOperator { sub: op.sub.clone() },
             policies_error: policies.as_ref().err().cloned(),
             registry,
+            quotas: quota_rows(),
             saturated,
             scan: match &scan {
                 Ok(s) => ConsoleScan::Done { holds: s.holds as u64, revision: s.revision, truncated: s.truncated },
@@ -362,4 +363,25 @@ impl Console {
             Err(e) => ConsoleAudit { error: Some(format!("audit tailer: {e}")), ..none },
         }
     }
+}
+
+/// The quota table: every namespace this arbiter counts (`lock::quota::usage`).
+fn quota_rows() -> Vec<lockmesh_core::wire::console::ConsoleQuota> {
+    use lockmesh_core::wire::console::{ConsoleQuota, QuotaUse};
+    crate::lock::quota::usage()
+        .into_iter()
+        .map(|u| {
+            let (sessions, holds) = (QuotaUse::of(u.sessions, u.limits.sessions), QuotaUse::of(u.holds, u.limits.holds));
+            let waiters = QuotaUse::of(u.waiters, u.waiters_share);
+            ConsoleQuota {
+                alert: sessions.alerting() || holds.alerting() || waiters.alerting(),
+                cluster: u.cluster,
+                namespace: u.namespace,
+                sessions,
+                holds,
+                waiters: Some(waiters),
+                acquires_per_s: u.limits.acquires_per_s,
+            }
+        })
+        .collect()
 }

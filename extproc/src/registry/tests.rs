@@ -95,6 +95,10 @@ fn a_fenced_class_needs_a_passing_unexpired_pause_test_of_its_own() {
 fn pause_results_resolve_against_the_file_directory_or_the_manifest_directory() {
     let file = RegistrySource::File(PathBuf::from("/etc/lockmesh/registry.yaml"));
     assert_eq!(file.pause_base(), PathBuf::from("/etc/lockmesh"));
-    let dir = RegistrySource::Dir { dir: PathBuf::from("/etc/lockmesh/classes"), platform: Default::default() };
+    let dir = RegistrySource::Dir {
+        dir: PathBuf::from("/etc/lockmesh/classes"),
+        platform: Default::default(),
+        quotas: Default::default(),
+    };
     assert_eq!(dir.pause_base(), PathBuf::from("/etc/lockmesh/classes"), "not the directory's parent");
 }

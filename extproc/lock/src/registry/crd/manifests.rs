@@ -42,6 +42,7 @@ use std::{
 use lockmesh_core::{
     class::{FieldError, Platform, RawPlatform, RawRegistry},
     grant::RawGrant,
+    quota::RawQuotas,
     ClassRegistry,
 };
 use lockmesh_keyspace::now_ms;
@@ -126,6 +127,12 @@ impl Snapshot {
     /// every one, each `file: document N (Kind name): field: message` (the file as
     /// a path under the directory).
     pub fn parse(&self, platform: &RawPlatform) -> Result<ClassRegistry, Vec<String>> {
+        self.parse_with(platform, &RawQuotas::default())
+    }
+
+    /// [`Snapshot::parse`] with the registry's `quotas:` section (the arbiter's
+    /// `registry_quotas`; manifests carry none).
+    pub fn parse_with(&self, platform: &RawPlatform, quotas: &RawQuotas) -> Result<ClassRegistry, Vec<String>> {
         let mut errs = Vec::new();
         let (mut classes, mut grants) = (Vec::new(), Vec::new());
         let mut class_origins: Vec<Origin> = Vec::new();
@@ -194,7 +201,7 @@ impl Snapshot {
                 }
             }
         }
-        let raw = RawRegistry { platform: platform.clone(), classes, grants };
+        let raw = RawRegistry { platform: platform.clone(), classes, grants, quotas: quotas.clone() };
         let now = now_ms() / 1000;
         let check = |class: &str, file: Option<&str>| crate::registry::check_pause_file(&self.dir, class, file, now);
         // With a document refused above, the registry-wide verdicts (exactly one
@@ -244,7 +251,11 @@ impl Snapshot {
                 return format!("{}: {}: {message}", at(o), spec_field(&field, &GRANT_FIELDS));
             }
         }
-        let path = e.path.strip_prefix("platform.").map_or(e.path.clone(), |f| format!("registry_platform.{f}"));
+        let path = match (e.path.strip_prefix("platform."), e.path.strip_prefix("quotas.")) {
+            (Some(f), _) => format!("registry_platform.{f}"),
+            (_, Some(f)) => format!("registry_quotas.{f}"),
+            _ => e.path.clone(),
+        };
         format!("{}: {path}: {message}", self.dir.display())
     }
 }
@@ -397,8 +408,13 @@ fn one_line(s: &str) -> String {
 /// platform floor is logged as a warning, as [`crate::registry::load`] logs a
 /// registry file's.
 pub fn load_dir(dir: &Path, platform: &RawPlatform) -> Result<ClassRegistry, Vec<String>> {
+    load_dir_with(dir, platform, &RawQuotas::default())
+}
+
+/// [`load_dir`] with the registry's `quotas:` section (`registry_quotas`).
+pub fn load_dir_with(dir: &Path, platform: &RawPlatform, quotas: &RawQuotas) -> Result<ClassRegistry, Vec<String>> {
     let snapshot = Snapshot::read(dir).map_err(|e| vec![e])?;
-    let reg = snapshot.parse(platform)?;
+    let reg = snapshot.parse_with(platform, quotas)?;
     warn_lowered(dir, &reg);
     Ok(reg)
 }

@@ -1,0 +1,716 @@
+//! Quota enforcement (issue #19; the quotas themselves: `lockmesh_core::quota`).
+//!
+//! Every acquire passes [`admit`] before anything is written, and a session
+//! opened on its own passes [`admit_session`]: over a quota the answer is
+//! `429 quota_exceeded` naming the quota, and nothing is granted or opened.
+//!
+//! # Counting, and how far off it can be
+//!
+//! No counter is written to etcd (a hot mutable key per namespace would serialise
+//! every grant of the namespace, which ADR-15's one-write grant path refuses).
+//! Instead:
+//!
+//! - **sessions, holds**: each arbiter keeps a [`Ledger`] per cluster: it lists
+//!   `<root>/s/` and `<root>/l/` once (paged, at one revision) and follows both
+//!   with a watch, so it knows every live session record and hold and the
+//!   namespace each counts against (the hold record's key; the session record's
+//!   `ns`). Its own grants and opens are entered at once, before their watch
+//!   event. What it can miss is what *other* arbiters granted in the last watch
+//!   delivery (milliseconds; while a watch is broken, until it is listed again):
+//!   so a namespace can overshoot its sessions or holds quota by at most what
+//!   the other arbiters admit for it in that window, which the acquire-rate
+//!   quota bounds (`acquires_per_s` x the lag). The hard backstop is etcd's own
+//!   backend quota, which `lockctl doctor` reports and the `LockmeshEtcdDbSize`
+//!   alert watches.
+//! - **waiters, acquire rate**: counted where they happen, at each arbiter (an
+//!   acquire waiting or running; a token bucket). Each arbiter enforces its share,
+//!   the quota divided by the live arbiters (the keyspace advertisements,
+//!   `upgrade`), rounded up: exact per arbiter, and the cluster-wide figure is
+//!   off only as far as Envoy's ring hash spreads a namespace's keys unevenly.
+//!
+//! A ledger that has never listed its cluster (etcd down since the arbiter
+//! started) enforces neither sessions nor holds; the other two always apply.
+//!
+//! Cost: one paged list per cluster at start and after a broken watch, then one
+//! watch event per session and hold change; memory about 100 bytes per live
+//! session and hold (10^5 of each: about 20 MB per arbiter).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, LazyLock, Mutex, RwLock, Weak,
+    },
+    time::Duration,
+};
+
+use etcd_client::{Client, EventType, GetOptions, KeyValue, WatchOptions};
+use lockmesh_core::{
+    quota::{self as q, Limits, Quota, QuotaTable, UNSCOPED},
+    ClassRegistry,
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+use tokio::time::Instant;
+
+use super::{keys::prefix_end, HoldRecord, Keys, LockError, SessionRecord, Store};
+
+/// Page size of a ledger's list.
+const PAGE: i64 = 1000;
+/// The metrics label of every namespace the registry does not name.
+const OTHER: &str = "other";
+
+/// A refusal: which quota, and of which namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exceeded {
+    /// The quota.
+    pub quota: Quota,
+    /// The namespace.
+    pub namespace: String,
+    /// Its use as counted.
+    pub used: u64,
+    /// The limit (for `waiters` and `acquire_rate`, this arbiter's share).
+    pub limit: u64,
+}
+
+impl std::fmt::Display for Exceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Exceeded { quota, namespace, used, limit } = self;
+        match quota {
+            Quota::AcquireRate => write!(
+                f,
+                "namespace {namespace} is over its acquire_rate quota ({limit} acquires per second at this arbiter)"
+            ),
+            Quota::Waiters => write!(
+                f,
+                "namespace {namespace} is at its waiters quota ({used} of {limit} acquires waiting at this arbiter)"
+            ),
+            _ => write!(f, "namespace {namespace} is at its {quota} quota ({used} of {limit})"),
+        }
+    }
+}
+
+/// A token bucket: `rate` tokens a second, at most `rate` kept.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// The process-wide quota state: the table in force, the live arbiters, and what
+/// is counted here (waiters, rate buckets, refusals).
+pub struct Quotas {
+    table: RwLock<Arc<QuotaTable>>,
+    /// Class name to the one namespace of its prefixes (sessions with no `ns`).
+    class_ns: RwLock<Arc<HashMap<String, String>>>,
+    /// Namespaces the registry names (metrics labels).
+    labels: RwLock<Arc<HashSet<String>>>,
+    arbiters: AtomicUsize,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    waiting: Mutex<HashMap<String, u64>>,
+    refusals: Mutex<HashMap<(String, Quota), u64>>,
+    ledgers: Mutex<Vec<Weak<Ledger>>>,
+}
+
+/// The one [`Quotas`] of this process.
+pub static QUOTAS: LazyLock<Quotas> = LazyLock::new(|| Quotas {
+    table: RwLock::new(Arc::new(QuotaTable::default())),
+    class_ns: RwLock::new(Arc::default()),
+    labels: RwLock::new(Arc::default()),
+    arbiters: AtomicUsize::new(1),
+    buckets: Mutex::new(HashMap::new()),
+    waiting: Mutex::new(HashMap::new()),
+    refusals: Mutex::new(HashMap::new()),
+    ledgers: Mutex::new(Vec::new()),
+});
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T: Clone>(m: &RwLock<T>) -> T {
+    m.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn write<T>(m: &RwLock<T>, v: T) {
+    *m.write().unwrap_or_else(|p| p.into_inner()) = v;
+}
+
+/// Takes the quotas of a (re)loaded registry.
+pub fn set_registry(reg: &ClassRegistry) {
+    let class_ns = reg
+        .classes()
+        .iter()
+        .filter_map(|c| reg.class_namespace(c.name.as_str()).map(|n| (c.name.to_string(), n.to_owned())))
+        .collect();
+    let mut labels: HashSet<String> = reg
+        .classes()
+        .iter()
+        .flat_map(|c| c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()))
+        .collect();
+    labels.extend(reg.quotas().listed().map(|(n, _)| n.to_owned()));
+    labels.insert(UNSCOPED.to_owned());
+    write(&QUOTAS.table, Arc::new(reg.quotas().clone()));
+    write(&QUOTAS.class_ns, Arc::new(class_ns));
+    write(&QUOTAS.labels, Arc::new(labels));
+}
+
+/// The number of live arbiters (the keyspace advertisements), for the shares.
+pub fn set_arbiters(n: usize) {
+    QUOTAS.arbiters.store(n.max(1), Ordering::Relaxed);
+}
+
+/// The table in force.
+pub fn table() -> Arc<QuotaTable> {
+    read(&QUOTAS.table)
+}
+
+/// The metrics label of namespace `ns`: itself when the registry names it.
+pub fn label(ns: &str) -> String {
+    if read(&QUOTAS.labels).contains(ns) {
+        ns.to_owned()
+    } else {
+        OTHER.to_owned()
+    }
+}
+
+/// The quota namespace of a session record.
+fn session_ns(rec: &SessionRecord) -> String {
+    match &rec.ns {
+        Some(n) => n.clone(),
+        None => read(&QUOTAS.class_ns).get(&rec.class).cloned().unwrap_or_else(|| UNSCOPED.to_owned()),
+    }
+}
+
+/// An acquire admitted against the `waiters` quota; dropping it ends its count.
+pub struct Admitted {
+    ns: String,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut w = lock(&QUOTAS.waiting);
+        if let Some(n) = w.get_mut(&self.ns) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.remove(&self.ns);
+            }
+        }
+    }
+}
+
+fn refuse(e: Exceeded) -> LockError {
+    *lock(&QUOTAS.refusals).entry((label(&e.namespace), e.quota)).or_default() += 1;
+    LockError::QuotaExceeded(e)
+}
+
+fn check_ledger(ledger: &Ledger, ns: &str, limits: &Limits, quota: Quota) -> Result<(), LockError> {
+    let Some(u) = ledger.use_of(ns) else { return Ok(()) };
+    let used = match quota {
+        Quota::Sessions => u.sessions,
+        _ => u.holds,
+    };
+    let limit = limits.of(quota);
+    if used >= limit {
+        return Err(refuse(Exceeded { quota, namespace: ns.to_owned(), used, limit }));
+    }
+    Ok(())
+}
+
+/// Admits an acquire of a key in `ns` on `store`'s cluster, in this order: the
+/// acquire rate, the waiters, the sessions (when it opens one), the holds. The
+/// returned guard counts it as waiting until dropped.
+pub fn admit(store: &Store, ns: &str, opens_session: bool) -> Result<Admitted, LockError> {
+    let table = table();
+    let limits = *table.limits(ns);
+    let arbiters = QUOTAS.arbiters.load(Ordering::Relaxed);
+    if test_faults_skip() {
+        return Ok(count_waiting(ns));
+    }
+    let rate = q::share(limits.acquires_per_s, arbiters);
+    {
+        let mut buckets = lock(&QUOTAS.buckets);
+        let now = Instant::now();
+        let b = buckets.entry(ns.to_owned()).or_insert(Bucket { tokens: rate as f64, at: now });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate as f64).min(rate as f64);
+        b.at = now;
+        if b.tokens < 1.0 {
+            drop(buckets);
+            return Err(refuse(Exceeded { quota: Quota::AcquireRate, namespace: ns.to_owned(), used: rate, limit: rate }));
+        }
+        b.tokens -= 1.0;
+    }
+    let waiters = q::share(limits.waiters, arbiters);
+    let admitted = {
+        let mut w = lock(&QUOTAS.waiting);
+        let used = w.get(ns).copied().unwrap_or(0);
+        if used >= waiters {
+            drop(w);
+            return Err(refuse(Exceeded { quota: Quota::Waiters, namespace: ns.to_owned(), used, limit: waiters }));
+        }
+        *w.entry(ns.to_owned()).or_default() += 1;
+        Admitted { ns: ns.to_owned() }
+    };
+    // A refusal below drops `admitted`, which ends its count.
+    if opens_session {
+        check_ledger(store.ledger(), ns, &limits, Quota::Sessions)?;
+    }
+    check_ledger(store.ledger(), ns, &limits, Quota::Holds)?;
+    Ok(admitted)
+}
+
+fn count_waiting(ns: &str) -> Admitted {
+    *lock(&QUOTAS.waiting).entry(ns.to_owned()).or_default() += 1;
+    Admitted { ns: ns.to_owned() }
+}
+
+/// Admits a session opened on its own (`POST /v1/sessions`) for `ns`.
+pub fn admit_session(store: &Store, ns: &str) -> Result<(), LockError> {
+    if test_faults_skip() {
+        return Ok(());
+    }
+    let limits = *table().limits(ns);
+    check_ledger(store.ledger(), ns, &limits, Quota::Sessions)
+}
+
+fn test_faults_skip() -> bool {
+    super::test_faults::on(super::test_faults::TestFault::SkipQuota)
+}
+
+// === Ledger ===
+
+/// Sessions and holds of one namespace on one cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Use {
+    /// Live session records.
+    pub sessions: u64,
+    /// Live holds.
+    pub holds: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Session,
+    Hold,
+}
+
+#[derive(Default)]
+struct LedgerState {
+    /// Listed at least once.
+    synced: bool,
+    /// The last revision applied, per kind (the list's, then each event's).
+    applied: [i64; 2],
+    keys: HashMap<Vec<u8>, (Kind, Arc<str>)>,
+    by_ns: HashMap<Arc<str>, Use>,
+}
+
+impl LedgerState {
+    fn slot(kind: Kind) -> usize {
+        match kind {
+            Kind::Session => 0,
+            Kind::Hold => 1,
+        }
+    }
+
+    fn count(&mut self, kind: Kind, ns: &Arc<str>, up: bool) {
+        let u = self.by_ns.entry(ns.clone()).or_default();
+        let c = match kind {
+            Kind::Session => &mut u.sessions,
+            Kind::Hold => &mut u.holds,
+        };
+        *c = if up { *c + 1 } else { c.saturating_sub(1) };
+        if *u == Use::default() {
+            self.by_ns.remove(ns);
+        }
+    }
+
+    fn put(&mut self, kind: Kind, key: &[u8], ns: &str) {
+        if self.keys.contains_key(key) {
+            return;
+        }
+        let ns: Arc<str> = Arc::from(ns);
+        self.keys.insert(key.to_vec(), (kind, ns.clone()));
+        self.count(kind, &ns, true);
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        if let Some((kind, ns)) = self.keys.remove(key) {
+            self.count(kind, &ns, false);
+        }
+    }
+}
+
+/// One cluster's sessions and holds by namespace, as this arbiter follows them.
+#[derive(Default)]
+pub struct Ledger {
+    state: Mutex<LedgerState>,
+    started: AtomicBool,
+    cluster: Mutex<String>,
+}
+
+/// The namespace a listed or watched `kv` counts against.
+fn ns_of(kind: Kind, kv: &KeyValue) -> Option<String> {
+    match kind {
+        Kind::Hold => {
+            let h: HoldRecord = serde_json::from_slice(kv.value()).ok()?;
+            h.key.split('/').next().map(str::to_owned)
+        }
+        Kind::Session => {
+            let r: SessionRecord = serde_json::from_slice(kv.value()).ok()?;
+            Some(session_ns(&r))
+        }
+    }
+}
+
+impl Ledger {
+    /// The use of `ns`, or `None` before the first list.
+    pub fn use_of(&self, ns: &str) -> Option<Use> {
+        let s = lock(&self.state);
+        s.synced.then(|| s.by_ns.get(ns).copied().unwrap_or_default())
+    }
+
+    /// Whether the ledger has listed its cluster.
+    pub fn synced(&self) -> bool {
+        lock(&self.state).synced
+    }
+
+    /// Every namespace with a live session or hold.
+    pub fn usage(&self) -> Vec<(String, Use)> {
+        let s = lock(&self.state);
+        let mut v: Vec<(String, Use)> = s.by_ns.iter().map(|(n, u)| (n.to_string(), *u)).collect();
+        v.sort();
+        v
+    }
+
+    /// Enters this arbiter's own write of `key` (created at `revision`) before its
+    /// watch event arrives. Skipped when the watch has already gone past it (it
+    /// then showed the put, or its delete).
+    fn note(&self, kind: Kind, key: &[u8], revision: i64, ns: &str) {
+        let mut s = lock(&self.state);
+        if s.synced && revision > s.applied[LedgerState::slot(kind)] {
+            s.put(kind, key, ns);
+        }
+    }
+
+    pub(crate) fn note_hold(&self, key: &[u8], revision: i64, ns: &str) {
+        self.note(Kind::Hold, key, revision, ns);
+    }
+
+    pub(crate) fn note_session(&self, key: &[u8], revision: i64, ns: &str) {
+        self.note(Kind::Session, key, revision, ns);
+    }
+
+    fn replace(&self, listed: Vec<(Kind, Vec<u8>, String)>, revision: i64) {
+        let mut s = LedgerState { synced: true, applied: [revision; 2], ..Default::default() };
+        for (kind, key, ns) in listed {
+            s.put(kind, &key, &ns);
+        }
+        *lock(&self.state) = s;
+    }
+
+    fn apply(&self, kind: Kind, ev: &etcd_client::Event) {
+        let Some(kv) = ev.kv() else { return };
+        let mut s = lock(&self.state);
+        let i = LedgerState::slot(kind);
+        s.applied[i] = s.applied[i].max(kv.mod_revision());
+        match ev.event_type() {
+            EventType::Put => {
+                if let Some(ns) = ns_of(kind, kv) {
+                    s.put(kind, kv.key(), &ns);
+                }
+            }
+            EventType::Delete => s.delete(kv.key()),
+        }
+    }
+}
+
+/// Lists every key under `prefix` at one revision, a page at a time, each page
+/// within `timeout`: `(kvs, revision)`.
+async fn list(
+    client: &mut Client,
+    prefix: &str,
+    at: Option<i64>,
+    timeout: Duration,
+) -> Result<(Vec<KeyValue>, i64), String> {
+    let end = prefix_end(prefix);
+    let mut from = prefix.as_bytes().to_vec();
+    let mut out = Vec::new();
+    let mut revision = at.unwrap_or(0);
+    loop {
+        let mut opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if revision > 0 {
+            opts = opts.with_revision(revision);
+        }
+        let r = tokio::time::timeout(timeout, client.get(from.clone(), Some(opts)))
+            .await
+            .map_err(|_| format!("etcd did not answer within {timeout:?}"))?
+            .map_err(|e| e.to_string())?;
+        if revision == 0 {
+            revision = r.header().map_or(0, |h| h.revision());
+        }
+        let kvs = r.kvs();
+        if let Some(last) = kvs.last() {
+            from = [last.key(), b"\0"].concat();
+        }
+        out.extend_from_slice(kvs);
+        if !r.more() || kvs.is_empty() {
+            return Ok((out, revision));
+        }
+    }
+}
+
+/// Counts the sessions and holds of every namespace under `keys` with one paged
+/// list at one revision (what a ledger starts from; `lockctl class cost`). Call
+/// [`set_registry`] first: sessions of earlier builds count by their class.
+pub async fn count(
+    client: &mut Client,
+    keys: &Keys,
+    timeout: Duration,
+) -> Result<(HashMap<String, Use>, i64), String> {
+    let (listed, revision) = list_all(client, keys, timeout).await?;
+    let mut s = LedgerState::default();
+    for (kind, key, ns) in listed {
+        s.put(kind, &key, &ns);
+    }
+    Ok((s.by_ns.into_iter().map(|(n, u)| (n.to_string(), u)).collect(), revision))
+}
+
+type Listed = Vec<(Kind, Vec<u8>, String)>;
+
+async fn list_all(client: &mut Client, k: &Keys, timeout: Duration) -> Result<(Listed, i64), String> {
+    let (sessions, revision) = list(client, &k.all_sessions(), None, timeout).await?;
+    let (holds, _) = list(client, &k.all_locks(), Some(revision), timeout).await?;
+    let mut out = Vec::with_capacity(sessions.len() + holds.len());
+    for (kind, kvs) in [(Kind::Session, sessions), (Kind::Hold, holds)] {
+        for kv in kvs {
+            if kind == Kind::Hold && k.slot_of(kv.key()).is_none() {
+                continue;
+            }
+            if let Some(ns) = ns_of(kind, &kv) {
+                out.push((kind, kv.key().to_vec(), ns));
+            }
+        }
+    }
+    Ok((out, revision))
+}
+
+impl Store {
+    /// This cluster's ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Starts following this cluster's sessions and holds (once; the arbiter calls
+    /// it for every cluster it serves). The task ends with the store.
+    pub fn start_ledger(self: &Arc<Self>) {
+        if self.ledger.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *lock(&self.ledger.cluster) = self.cluster_name().to_owned();
+        let weak = Arc::downgrade(self);
+        lock(&QUOTAS.ledgers).push(Arc::downgrade(&self.ledger));
+        tokio::spawn(async move {
+            loop {
+                let Some(store) = weak.upgrade() else { return };
+                if let Err(e) = follow(&store).await {
+                    tracing::debug!(error = %e, "the quota ledger lost its watch; listing again");
+                }
+                drop(store);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+}
+
+/// Lists, then follows the watch until it breaks.
+async fn follow(store: &Store) -> Result<(), LockError> {
+    let (listed, revision) =
+        list_all(&mut store.client(), store.keys(), store.op_timeout()).await.map_err(LockError::Unavailable)?;
+    store.ledger.replace(listed, revision);
+    let k = store.keys();
+    let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+    let mut client = store.client();
+    let mut sessions = client.watch(k.all_sessions(), Some(opts.clone())).await.map_err(super::unavailable)?;
+    let mut holds = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
+    loop {
+        let (kind, msg) = tokio::select! {
+            m = sessions.message() => (Kind::Session, m),
+            m = holds.message() => (Kind::Hold, m),
+        };
+        let r = match msg {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(LockError::Unavailable("the watch ended".into())),
+            Err(e) => return Err(super::unavailable(e)),
+        };
+        if r.canceled() || r.compact_revision() > 0 {
+            return Err(LockError::Unavailable("the watch was cancelled or compacted".into()));
+        }
+        for ev in r.events() {
+            if kind == Kind::Hold && ev.kv().is_some_and(|kv| k.slot_of(kv.key()).is_none()) {
+                continue;
+            }
+            store.ledger.apply(kind, ev);
+        }
+    }
+}
+
+// === what the console, `/status` and the metrics show ===
+
+/// One namespace's use against its quota on one cluster (the console's rows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceUse {
+    /// The cluster.
+    pub cluster: String,
+    /// The namespace.
+    pub namespace: String,
+    /// Its use; `waiters` is this arbiter's.
+    pub sessions: u64,
+    /// Live holds.
+    pub holds: u64,
+    /// Acquires waiting or running at this arbiter.
+    pub waiters: u64,
+    /// The limits (cluster-wide).
+    pub limits: Limits,
+    /// This arbiter's share of `waiters` and `acquires_per_s`.
+    pub waiters_share: u64,
+    /// This arbiter's share of the acquire rate.
+    pub rate_share: u64,
+}
+
+/// Every namespace with a session, a hold or a waiter, or listed in the table.
+pub fn usage() -> Vec<NamespaceUse> {
+    let table = table();
+    let arbiters = QUOTAS.arbiters.load(Ordering::Relaxed);
+    let waiting = lock(&QUOTAS.waiting).clone();
+    let ledgers: Vec<Arc<Ledger>> = lock(&QUOTAS.ledgers).iter().filter_map(Weak::upgrade).collect();
+    let mut out = Vec::new();
+    for l in &ledgers {
+        let cluster = lock(&l.cluster).clone();
+        let mut seen: HashMap<String, Use> = l.usage().into_iter().collect();
+        for (n, _) in table.listed() {
+            seen.entry(n.to_owned()).or_default();
+        }
+        for n in waiting.keys() {
+            seen.entry(n.clone()).or_default();
+        }
+        for (namespace, u) in seen {
+            let limits = *table.limits(&namespace);
+            out.push(NamespaceUse {
+                cluster: cluster.clone(),
+                waiters: waiting.get(&namespace).copied().unwrap_or(0),
+                sessions: u.sessions,
+                holds: u.holds,
+                waiters_share: q::share(limits.waiters, arbiters),
+                rate_share: q::share(limits.acquires_per_s, arbiters),
+                limits,
+                namespace,
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
+    out
+}
+
+/// Adds the quota families to `registry`, read at scrape time:
+/// `lockmesh_quota_refusals_total{namespace,quota}`,
+/// `lockmesh_quota_use{cluster,namespace,quota}`,
+/// `lockmesh_quota_limit{cluster,namespace,quota}` and
+/// `lockmesh_quota_use_ratio{cluster,namespace,quota}` (use over limit; for
+/// `waiters`, this arbiter's over its share). Namespaces the registry does not
+/// name share the label `other`, which carries the highest use among them.
+pub fn register(registry: &mut Registry) {
+    registry.register_collector(Box::new(QuotaCollector));
+}
+
+#[derive(Debug)]
+struct QuotaCollector;
+
+impl Collector for QuotaCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let refusals = lock(&QUOTAS.refusals).clone();
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_quota_refusals",
+            "Acquires and session opens refused with quota_exceeded, by namespace and quota.",
+            None,
+            MetricType::Counter,
+        )?;
+        let mut rows: Vec<_> = refusals.into_iter().collect();
+        rows.sort();
+        for ((ns, quota), n) in rows {
+            ConstCounter::new(n).encode(family.encode_family(&[("namespace", ns.as_str()), ("quota", quota.as_str())])?)?;
+        }
+        // (cluster, label, quota) -> (use, limit), the highest ratio per label.
+        let mut rows: HashMap<(String, String, Quota), (u64, u64)> = HashMap::new();
+        for u in usage() {
+            let l = label(&u.namespace);
+            for (quota, used, limit) in [
+                (Quota::Sessions, u.sessions, u.limits.sessions),
+                (Quota::Holds, u.holds, u.limits.holds),
+                (Quota::Waiters, u.waiters, u.waiters_share),
+            ] {
+                let e = rows.entry((u.cluster.clone(), l.clone(), quota)).or_insert((used, limit));
+                if (used as f64 / limit.max(1) as f64) > (e.0 as f64 / e.1.max(1) as f64) {
+                    *e = (used, limit);
+                }
+            }
+        }
+        let mut rows: Vec<_> = rows.into_iter().collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, help, pick) in [
+            ("lockmesh_quota_use", "Use of a quota as this arbiter counts it (waiters: at this arbiter).", 0u8),
+            ("lockmesh_quota_limit", "A quota's limit (waiters: this arbiter's share).", 1),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for ((cluster, ns, quota), (used, limit)) in &rows {
+                let v = if pick == 0 { *used } else { *limit };
+                ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(family.encode_family(&[
+                    ("cluster", cluster.as_str()),
+                    ("namespace", ns.as_str()),
+                    ("quota", quota.as_str()),
+                ])?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_quota_use_ratio",
+            "Use over limit of a quota (the alert fires at 0.8).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((cluster, ns, quota), (used, limit)) in &rows {
+            ConstGauge::new(*used as f64 / (*limit).max(1) as f64).encode(family.encode_family(&[
+                ("cluster", cluster.as_str()),
+                ("namespace", ns.as_str()),
+                ("quota", quota.as_str()),
+            ])?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_counts_puts_once_and_skips_its_own_writes_the_watch_has_passed() {
+        let l = Ledger::default();
+        assert_eq!(l.use_of("a"), None, "not listed yet: nothing enforced");
+        l.replace(vec![(Kind::Session, b"s1".to_vec(), "a".into()), (Kind::Hold, b"h1".to_vec(), "a".into())], 10);
+        assert_eq!(l.use_of("a"), Some(Use { sessions: 1, holds: 1 }));
+        l.note_hold(b"h2", 11, "a");
+        l.note_hold(b"h2", 11, "a");
+        assert_eq!(l.use_of("a").unwrap().holds, 2, "a second note of one key is not a second hold");
+        // The watch already went past revision 12 (a put and its delete): a late
+        // note of a key created at 12 must not bring it back.
+        lock(&l.state).applied[1] = 13;
+        l.note_hold(b"h3", 12, "a");
+        assert_eq!(l.use_of("a").unwrap().holds, 2);
+        lock(&l.state).delete(b"h1");
+        lock(&l.state).delete(b"h1");
+        assert_eq!(l.use_of("a"), Some(Use { sessions: 1, holds: 1 }));
+        assert_eq!(l.use_of("b"), Some(Use::default()));
+    }
+}
