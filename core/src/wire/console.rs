@@ -31,11 +31,11 @@ pub struct ConsoleState {
     pub operator: ConsoleOperator,
     /// Why the class policies could not be read, or `null`.
     pub policies_error: Option<String>,
-    /// The registry file's reload state, or `null` when the policies could not be read.
-    pub registry: Option<RegistryStatus>,
     /// Each namespace's use against its quotas, per cluster (`lockmesh_core::quota`).
     #[serde(default)]
     pub quotas: Vec<ConsoleQuota>,
+    /// The registry file's reload state, or `null` when the policies could not be read.
+    pub registry: Option<RegistryStatus>,
     /// The most saturated keys (at their limit), most holders first; each with
     /// `waiters_here`.
     pub saturated: Vec<SaturatedKey>,
@@ -278,32 +278,32 @@ pub struct ConsoleWaiters {
 /// quota table and of `lockctl class cost --json`'s `namespaces`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsoleQuota {
-    /// The cluster.
-    pub cluster: String,
-    /// The namespace (a key's first segment, or `*` for sessions of no namespace).
-    pub namespace: String,
-    /// Live sessions against the quota.
-    pub sessions: QuotaUse,
-    /// Live holds against the quota.
-    pub holds: QuotaUse,
-    /// Acquires waiting at this arbiter against its share, or `null` where it is
-    /// not counted (`lockctl`, which reads etcd only).
-    pub waiters: Option<QuotaUse>,
     /// The acquire-rate quota, per second (cluster-wide).
     pub acquires_per_s: u64,
     /// True when some use is at or above 80 % of its limit (the alert's threshold).
     pub alert: bool,
+    /// The cluster.
+    pub cluster: String,
+    /// Live holds against the quota.
+    pub holds: QuotaUse,
+    /// The namespace (a key's first segment, or `*` for sessions of no namespace).
+    pub namespace: String,
+    /// Live sessions against the quota.
+    pub sessions: QuotaUse,
+    /// Acquires waiting at this arbiter against its share, or `null` where it is
+    /// not counted (`lockctl`, which reads etcd only).
+    pub waiters: Option<QuotaUse>,
 }
 
 /// A use against a limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaUse {
-    /// As counted.
-    pub used: u64,
     /// The limit.
     pub limit: u64,
     /// `used` over `limit`, whole percent (rounded down).
     pub percent: u64,
+    /// As counted.
+    pub used: u64,
 }
 
 impl QuotaUse {

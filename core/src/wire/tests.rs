@@ -217,6 +217,10 @@ fn console() {
                              "pending_move": false, "draining_age_ms": 30 })],
         "saturated": [json!({ "digest": "ab".repeat(32), "class": "default", "holders": 1, "limit": 1,
                               "oldest_age_ms": 12, "waiters_here": 0 })],
+        "quotas": [json!({ "cluster": "coord", "namespace": "payments", "acquires_per_s": 2000, "alert": true,
+                           "sessions": { "used": 8, "limit": 10, "percent": 80 },
+                           "holds": { "used": 1, "limit": 20, "percent": 5 },
+                           "waiters": null })],
         "scan": { "holds": 1, "truncated": false, "revision": 42 },
         "policies_error": null,
         "audit": { "configured": true, "events": [json!({ "kind": "grant", "revision": 42, "epoch": 1,
@@ -225,6 +229,11 @@ fn console() {
     .to_string();
     let s: ConsoleState = same(&state);
     assert!(matches!(s.classes[1].enforcement, ConsoleEnforcement::Advisory { .. }));
+    assert!(s.quotas[0].sessions.alerting() && !s.quotas[0].holds.alerting());
+    // A console of an earlier build (no quotas) still reads.
+    let mut old: serde_json::Value = serde_json::from_str(&state).unwrap();
+    old.as_object_mut().unwrap().remove("quotas");
+    assert!(serde_json::from_value::<ConsoleState>(old).unwrap().quotas.is_empty());
     let failed = json!({ "error": "holds: timed out" }).to_string();
     assert_eq!(same::<ConsoleScan>(&failed), ConsoleScan::Failed { error: "holds: timed out".into() });
     same::<ConsoleAudit>(

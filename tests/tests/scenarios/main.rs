@@ -37,6 +37,7 @@ mod load_smoke;
 mod observability;
 mod otlp;
 mod pg_fence;
+mod quotas;
 mod restore;
 mod rotation;
 mod rotation_stack;

@@ -34,9 +34,11 @@ const ALLOWED_LABELS: &[&str] = &[
     "state",
     "capability",
     "etcd_cluster",
+    "quota",
 ];
 // `capability`: the closed set of keyspace capabilities (lockmesh_keyspace::upgrade);
-// `etcd_cluster`: the clusters of the arbiter's own config.
+// `etcd_cluster`: the clusters of the arbiter's own config; `quota`: the four
+// quotas (lockmesh_core::quota::Quota).
 
 fn promtool() -> PathBuf {
     let p = repo_root().join(".tools/promtool/usr/bin/promtool");
