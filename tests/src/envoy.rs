@@ -267,7 +267,27 @@ impl EnvoyBuilder {
     }
 
     /// Renders the config, starts Envoy and waits until admin `/ready` is `LIVE`.
+    ///
+    /// A port the harness picked (listener, admin) can still be bound by another
+    /// program on a shared machine between the pick and Envoy's bind (below the
+    /// ephemeral range only an explicit bind can take it, `ports`): Envoy then
+    /// exits with `Address already in use`, and the start is tried again on new
+    /// ports, at most three times. Ports the caller chose are never changed.
     pub async fn start(self) -> Result<EnvoyProcess> {
+        let picked = self.listener_port.is_none() && self.admin_port.is_none();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.start_once().await {
+                Err(e) if picked && attempt < 3 && format!("{e:#}").contains("Address already in use") => {
+                    eprintln!("lockmesh-tests: envoy lost a picked port to another program; starting on new ports");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn start_once(&self) -> Result<EnvoyProcess> {
         let envoy = envoy_bin()?;
         let dir = temp_dir("envoy-")?;
         let (tls_dir, rendered) = self.render_materialized(dir.path(), self.cert_dir.as_deref())?;
