@@ -175,7 +175,8 @@ async fn request(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
             let (mut c, root) = (state.store.client(), state.config.etcd_root.as_str());
             let r = flow::request(&mut c, root, b.action, &b.reason, &op, b.ttl_s).await?;
             let reg = state.registry();
-            let p = flow::preview(&mut c, root, &r.id, Some(&reg)).await?;
+            let at = holds_at(&state, &r.id).await?;
+            let p = flow::preview(&mut c, at, root, &r.id, Some(&reg)).await?;
             Ok((r.id, to_json(&p)?))
         };
         match run.await {
@@ -193,7 +194,10 @@ async fn show(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
             Err(e) => return (None, None, Err(e)),
         };
         let (mut c, reg) = (state.store.client(), state.registry());
-        let r = flow::preview(&mut c, &state.config.etcd_root, &b.id, Some(&reg)).await.and_then(to_json);
+        let r = match holds_at(&state, &b.id).await {
+            Ok(at) => flow::preview(&mut c, at, &state.config.etcd_root, &b.id, Some(&reg)).await.and_then(to_json),
+            Err(e) => Err(e),
+        };
         (None, Some(b.id), r)
     })
     .await
@@ -212,9 +216,10 @@ async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
         };
         let (mut c, root, reg) = (state.store.client(), state.config.etcd_root.as_str(), state.registry());
         let run = async {
-            let p = flow::preview(&mut c, root, &b.id, Some(&reg)).await?;
+            let at = holds_at(&state, &b.id).await?;
+            let p = flow::preview(&mut c, at.clone(), root, &b.id, Some(&reg)).await?;
             let retention = ops.force_record_retention_s;
-            let o = flow::approve(&mut c, root, &b.id, &op, Some(&reg), b.shown.as_deref(), retention).await?;
+            let o = flow::approve(&mut c, at, root, &b.id, &op, Some(&reg), b.shown.as_deref(), retention).await?;
             to_json(ApproveReply { outcome: o, preview: p })
         };
         let r = run.await;
@@ -234,4 +239,36 @@ async fn list(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
         (None, None, run.await)
     })
     .await
+}
+
+/// Where the holds of request `id`'s key are, on a split deployment: the one
+/// cluster other than the coord cluster that has any (`None`: the coord cluster,
+/// a single-cluster deployment, or an epoch advance). A key's holds are on its
+/// home; holds on two clusters at once mean a shard move left them (drained but
+/// not yet verified): the request is refused until `lockctl shard apply` finishes.
+async fn holds_at(state: &State, id: &str) -> Result<Option<flow::HoldsAt>, AdminError> {
+    if state.tiers.stores().count() < 2 {
+        return Ok(None);
+    }
+    let root = state.config.etcd_root.as_str();
+    let Some(digest) = flow::request_digest(&mut state.store.client(), root, id).await? else {
+        return Ok(None);
+    };
+    let mut found = Vec::new();
+    for s in state.tiers.stores() {
+        if flow::hold_count(&mut s.client(), root, &digest).await? > 0 {
+            found.push(s.clone());
+        }
+    }
+    match found.as_slice() {
+        [] => Ok(None),
+        [s] if s.cluster_name() == state.store.cluster_name() => Ok(None),
+        [s] => Ok(Some(flow::HoldsAt { cluster: s.cluster_name().to_owned(), client: s.client() })),
+        many => Err(AdminError::BadCall(format!(
+            "the key has holds on {} clusters ({}): a shard move is in progress; finish it (lockctl shard apply) \
+             and ask again",
+            many.len(),
+            many.iter().map(|s| s.cluster_name()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }

@@ -107,6 +107,10 @@ pub struct HoldView {
 /// What the approver is shown (the answer to request and show).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preview {
+    /// Force release on a split deployment: the cluster the key's holds are on
+    /// (absent: the coord cluster, or an epoch advance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// `fenced`, `advisory` or `unknown` (no registry, or holds of several classes).
     pub enforcement: String,
     /// The key's holds now (force release; empty for an epoch advance).
@@ -122,6 +126,10 @@ pub struct Preview {
 pub struct Outcome {
     /// Epoch advance: its step log, one line per step.
     pub advance_log: Vec<String>,
+    /// Force release on a split deployment: the cluster the holds were deleted on
+    /// (absent: the coord cluster). `revision` is that cluster's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Force release: the holds deleted.
     pub released: Vec<HoldView>,
     /// The request after approval.

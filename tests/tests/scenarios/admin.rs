@@ -14,7 +14,7 @@ use lockmesh_tests::{eventually, paths::profile_dir, ClientCert, Stack, TEST_TRU
 use serde_json::{json, Value};
 
 const ACQ: &str = "/v1/locks/acquire";
-const ISS: &str = "https://idp.admin.test";
+pub(crate) const ISS: &str = "https://idp.admin.test";
 
 const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
@@ -27,7 +27,7 @@ fn now_s() -> u64 {
 
 /// A token for `sub` with the operator role, signed in a minute ago and expiring
 /// `exp_in` seconds from now.
-fn token(idp: &Issuer, sub: &str, exp_in: i64) -> String {
+pub(crate) fn token(idp: &Issuer, sub: &str, exp_in: i64) -> String {
     let exp = (now_s() as i64 + exp_in) as u64;
     idp.token(&json!({"iss": ISS, "aud": "lockmesh-admin", "sub": sub, "exp": exp, "iat": now_s() - 60,
         "realm_access": {"roles": ["lock-operator"]}, "amr": ["pwd", "otp"]}))
@@ -43,18 +43,18 @@ pub fn operators_yaml(jwks: &Path, issuer: &str) -> String {
     )
 }
 
-struct Admin<'a> {
+pub(crate) struct Admin<'a> {
     st: &'a Stack,
     cert: ClientCert,
 }
 
 impl Admin<'_> {
-    fn new(st: &Stack) -> Admin<'_> {
+    pub(crate) fn new(st: &Stack) -> Admin<'_> {
         Admin { st, cert: st.pki().client("lockmesh-system", "lockctl").unwrap() }
     }
 
     /// `lockctl admin <args> --json` with `tok` in LOCKMESH_ADMIN_TOKEN: (exit code, JSON).
-    fn run(&self, args: &[&str], tok: Option<&str>) -> (i32, Value) {
+    pub(crate) fn run(&self, args: &[&str], tok: Option<&str>) -> (i32, Value) {
         self.run_as(&self.cert, args, tok)
     }
 

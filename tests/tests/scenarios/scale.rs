@@ -745,3 +745,53 @@ mod bench {
         }
     }
 }
+
+/// Issue 18 item 9: a key homed on a shard is force-released by the real
+/// `lockctl admin` two-person flow in one command pair: the preview shows its
+/// holds and their cluster (the coord cluster has none), the approval deletes
+/// them there with the force record beside them, and the request is marked
+/// executed on the coord cluster. Before, the flow read only the coord
+/// cluster: the preview showed no hold and the approval voided the request.
+#[tokio::test]
+async fn a_key_homed_on_a_shard_is_force_released_from_one_lockctl_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = lockmesh_devcerts::jwt::Issuer::generate("k1").unwrap();
+    std::fs::write(dir.path().join("jwks.json"), idp.jwks()).unwrap();
+    let ops = format!("{}\n", crate::admin::operators_yaml(&dir.path().join("jwks.json"), crate::admin::ISS));
+    let s = scale("scale-force", &["shard-a", "shard-b"], &["shard-a", "shard-b"], &ops).await;
+    let m = map(&["shard-a", "shard-b"]);
+    let key = (0..64).map(|i| format!("payments/wedged-{i}")).find(|k| m.home("default", k) == Some("shard-b")).unwrap();
+    let holder = s.st.client("payments", "holder").unwrap();
+    acquire(&holder, &key).await;
+    assert_eq!(s.held_on("shard-b").await, vec![key.clone()]);
+    assert!(s.held_on("coord").await.is_empty());
+
+    let adm = crate::admin::Admin::new(&s.st);
+    let (alice, bob) = (crate::admin::token(&idp, "alice", 600), crate::admin::token(&idp, "bob", 600));
+    let (code, p) =
+        adm.run(&["request", "force-release", &key, "--reason", "wedged on a shard", "--revoke-session"], Some(&alice));
+    assert_eq!(code, 0, "{p}");
+    assert_eq!((p["cluster"].as_str(), p["holds"].as_array().map(Vec::len)), (Some("shard-b"), Some(1)), "{p}");
+    let id = p["request"]["id"].as_str().unwrap().to_owned();
+    let (code, o) = adm.run(&["approve", &id], Some(&bob));
+    assert_eq!(code, 0, "{o}");
+    assert_eq!(o["outcome"]["cluster"].as_str(), Some("shard-b"), "{o}");
+    assert_eq!(o["outcome"]["sessions_revoked"].as_u64(), Some(1), "{o}");
+    assert!(s.held_on("shard-b").await.is_empty(), "the hold was deleted on its home");
+    // The force record sits beside the delete on the shard (its audit reads it there).
+    let rev = o["outcome"]["revision"].as_i64().unwrap();
+    let mut shard = s.client_of("shard-b").await;
+    let f = shard.get(format!("{}/f/", s.st.root()), Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(f.kvs().iter().map(|kv| kv.mod_revision()).collect::<Vec<_>>(), vec![rev], "record and delete together");
+    // The request is executed, on the coord cluster, and approving again is refused.
+    let mut coord = s.client_of("coord").await;
+    let req = coord.get(format!("{}/adm/req/{id}", s.st.root()), None).await.unwrap();
+    let req: serde_json::Value = serde_json::from_slice(req.kvs()[0].value()).unwrap();
+    assert_eq!(req["state"], "executed", "{req}");
+    let (code, j) = adm.run(&["approve", &id], Some(&bob));
+    assert_eq!((code, j["error"].as_str()), (65, Some("admin.request_not_pending")), "{j}");
+    // The key is free for a new holder, on its home.
+    let next = s.st.client("payments", "next").unwrap();
+    acquire(&next, &key).await;
+    assert_eq!(s.held_on("shard-b").await, vec![key]);
+}

@@ -201,17 +201,49 @@ fn enforcement(holds: &[HoldView], registry: Option<&ClassRegistry>) -> (String,
     (e.to_owned(), w)
 }
 
-/// What an approver is shown before approving.
+/// Where a force release's holds are on a split deployment: another cluster than
+/// the coord cluster, whose client `client` is (docs/SCALE.md). The requests, the
+/// action log and the approval stay on the coord cluster; the holds, the force
+/// record and the session revocations are on this one.
+#[derive(Clone)]
+pub struct HoldsAt {
+    /// The cluster's name.
+    pub cluster: String,
+    /// A client of it.
+    pub client: Client,
+}
+
+/// The digest a request force-releases, if it is a force release.
+pub async fn request_digest(client: &mut Client, root: &str, id: &str) -> Result<Option<String>, AdminError> {
+    let (request, _) = read_request(client, root, id).await?;
+    Ok(match request.action {
+        Action::ForceRelease { digest, .. } => Some(digest),
+        Action::EpochAdvance { .. } => None,
+    })
+}
+
+/// How many holds of `digest` a cluster has (one count-only read).
+pub async fn hold_count(client: &mut Client, root: &str, digest: &str) -> Result<i64, AdminError> {
+    let prefix = format!("{}/l/{digest}/h/", root.trim_end_matches('/'));
+    let r = client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map_err(io)?;
+    Ok(r.count())
+}
+
+/// What an approver is shown before approving; `holds_at` names the cluster of
+/// the key's holds when it is not `client`'s.
 pub async fn preview(
     client: &mut Client,
+    holds_at: Option<HoldsAt>,
     root: &str,
     id: &str,
     registry: Option<&ClassRegistry>,
 ) -> Result<Preview, AdminError> {
     let (request, _) = read_request(client, root, id).await?;
+    let cluster = holds_at.as_ref().map(|h| h.cluster.clone());
+    let mut hc = holds_at.map_or_else(|| client.clone(), |h| h.client);
     let (holds, (enforcement, warning)) = match &request.action {
         Action::ForceRelease { digest, .. } => {
-            let holds: Vec<HoldView> = holds_of(client, root, digest).await?.into_iter().map(|h| h.view).collect();
+            let holds: Vec<HoldView> = holds_of(&mut hc, root, digest).await?.into_iter().map(|h| h.view).collect();
             let e = enforcement(&holds, registry);
             (holds, e)
         }
@@ -220,7 +252,7 @@ pub async fn preview(
             ("n/a".into(), Some("every hold and waiter under the root is deleted and every session revoked".into())),
         ),
     };
-    Ok(Preview { request, holds, enforcement, warning })
+    Ok(Preview { cluster, request, holds, enforcement, warning })
 }
 
 /// Approves and executes request `id` as `approver`. With `shown`, the grant
@@ -232,8 +264,17 @@ pub async fn preview(
 /// `record_retention_s`: etcd deletes it when that lease expires. The audit
 /// tailer archived it when it was written (its `force_release` event carries the
 /// whole record), so nothing is lost when it goes.
+///
+/// With `holds_at` (a key homed on another cluster than `client`'s), the release
+/// and the request's update are two transactions: first the holds are deleted
+/// with the force record on their cluster (compared as shown), then the request
+/// is marked executed on the coord cluster. A crash between leaves the request
+/// pending with the holds released and the record written; approving it again
+/// finds no hold and voids it.
+#[allow(clippy::too_many_arguments)]
 pub async fn approve(
     client: &mut Client,
+    holds_at: Option<HoldsAt>,
     root: &str,
     id: &str,
     approver: &Operator,
@@ -241,6 +282,9 @@ pub async fn approve(
     shown: Option<&[i64]>,
     record_retention_s: u64,
 ) -> Result<Outcome, AdminError> {
+    let cluster = holds_at.as_ref().map(|h| h.cluster.clone());
+    let split = holds_at.is_some();
+    let mut hc = holds_at.map_or_else(|| client.clone(), |h| h.client);
     for _ in 0..5 {
         let (req, req_rev) = read_request(client, root, id).await?;
         if req.state != State::Pending {
@@ -261,7 +305,7 @@ pub async fn approve(
         let guard = Compare::mod_revision(req_key(root, id), CompareOp::Equal, req_rev);
         match &req.action {
             Action::ForceRelease { digest, revoke_session } => {
-                let read = holds_of(client, root, digest).await?;
+                let read = holds_of(&mut hc, root, digest).await?;
                 let holds: Vec<HoldView> = read.iter().map(|h| h.view.clone()).collect();
                 if let Some(shown) = shown {
                     let mut now_revs: Vec<i64> = holds.iter().map(|h| h.grant_revision).collect();
@@ -294,38 +338,61 @@ pub async fn approve(
                     at_ms: now,
                 };
                 let ttl = i64::try_from(record_retention_s).unwrap_or(i64::MAX);
-                let retention = client.lease_grant(ttl, None).await.map_err(io)?.id();
-                let mut when = vec![guard];
-                let mut ops = vec![
-                    TxnOp::put(
-                        force_key(root, digest),
-                        serde_json::to_vec(&record).map_err(io)?,
-                        Some(PutOptions::new().with_lease(retention)),
-                    ),
-                    TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None),
-                ];
+                // The record goes beside the deletes, on the holds' cluster (its
+                // audit tailer reads it from that cluster's history).
+                let retention = hc.lease_grant(ttl, None).await.map_err(io)?.id();
+                let done_put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);
+                // One cluster: the request's guard and update in the same transaction.
+                let mut when = if split { vec![] } else { vec![guard.clone()] };
+                let mut ops = vec![TxnOp::put(
+                    force_key(root, digest),
+                    serde_json::to_vec(&record).map_err(io)?,
+                    Some(PutOptions::new().with_lease(retention)),
+                )];
+                if !split {
+                    ops.push(done_put.clone());
+                }
                 for h in &read {
                     when.push(Compare::mod_revision(h.etcd_key.as_str(), CompareOp::Equal, h.mod_revision));
                     ops.push(TxnOp::delete(h.etcd_key.as_str(), None));
                 }
-                let r = client.txn(Txn::new().when(when).and_then(ops)).await;
+                if split {
+                    // Still pending just before the release (the update below is
+                    // the second transaction, on the coord cluster).
+                    let (now_req, _) = read_request(client, root, id).await?;
+                    if now_req.state != State::Pending {
+                        let _ = hc.lease_revoke(retention).await;
+                        continue;
+                    }
+                }
+                let r = hc.txn(Txn::new().when(when).and_then(ops)).await;
                 if !r.as_ref().is_ok_and(|r| r.succeeded()) {
                     // Nothing rides on the retention lease: revoke it (best effort;
                     // unrevoked, it expires with no key).
-                    let _ = client.lease_revoke(retention).await;
+                    let _ = hc.lease_revoke(retention).await;
                 }
                 let r = r.map_err(io)?;
                 if !r.succeeded() {
                     continue; // the request or a hold changed: re-read and re-check
                 }
                 let revision = r.header().map_or(0, |h| h.revision());
+                if split {
+                    let r = client.txn(Txn::new().when([guard]).and_then([done_put])).await.map_err(io)?;
+                    if !r.succeeded() {
+                        return Err(io(format!(
+                            "released on cluster {} at revision {revision}, but the request changed before it was \
+                             marked executed; show it",
+                            cluster.as_deref().unwrap_or("?")
+                        )));
+                    }
+                }
                 let mut revoked = 0;
                 if *revoke_session {
                     let mut leases: Vec<i64> = read.iter().map(|h| h.lease).filter(|l| *l != 0).collect();
                     leases.sort_unstable();
                     leases.dedup();
                     for l in leases {
-                        match client.lease_revoke(l).await {
+                        match hc.lease_revoke(l).await {
                             Ok(_) => revoked += 1,
                             Err(e) if e.to_string().contains("lease not found") => {}
                             Err(e) => return Err(io(format!("released, but revoking a session failed: {e}"))),
@@ -338,13 +405,15 @@ pub async fn approve(
                     operator: Some(approver.clone()),
                     outcome: "ok".into(),
                     detail: format!(
-                        "force release of {digest}: {} holds deleted at revision {revision}, {revoked} sessions revoked",
-                        holds.len()
+                        "force release of {digest}: {} holds deleted at revision {revision}{}, {revoked} sessions revoked",
+                        holds.len(),
+                        cluster.as_deref().map(|c| format!(" of cluster {c}")).unwrap_or_default()
                     ),
                     at_ms: now,
                 };
                 log(client, root, &entry).await?;
                 return Ok(Outcome {
+                    cluster,
                     request: done,
                     released: holds,
                     sessions_revoked: revoked,
@@ -375,7 +444,14 @@ pub async fn approve(
                 };
                 log(client, root, &entry).await?;
                 res.map_err(|e| AdminError::Advance(e.to_string()))?;
-                return Ok(Outcome { request: done, released: vec![], sessions_revoked: 0, revision, advance_log });
+                return Ok(Outcome {
+                    cluster: None,
+                    request: done,
+                    released: vec![],
+                    sessions_revoked: 0,
+                    revision,
+                    advance_log,
+                });
             }
         }
     }
