@@ -26,7 +26,9 @@
 //!   etcd or conflict; 64 invalid file.
 //! - `limit change|resume|cancel|show`: the limit-change protocol on the
 //!   authoritative policy records ([`lockmesh_ops::reconcile`]). Each prints one JSON
-//!   line. Exit 0: raised, activated, cancelled or shown; 2: still draining
+//!   line. With `--config arbiter.yaml` (a split deployment) the command runs on
+//!   every cluster of the config ([`fleet_limit`]): one line with each cluster's
+//!   outcome; `change` re-run with the same `--to` resumes where it stopped. Exit 0: raised, activated, cancelled or shown; 2: still draining
 //!   (`over_target` or `verification_incomplete`, resume or cancel later with the
 //!   printed `change_epoch` and `pending_target`); 3: refused by the protocol
 //!   (stale, change pending, no change), nothing changed; 1: etcd or conflict.
@@ -130,6 +132,11 @@ pub struct Target {
     /// Bound of the verification scan, ms (then `verification_incomplete`).
     #[arg(long, default_value_t = 10_000)]
     pub verify_timeout_ms: u64,
+    /// A split deployment: the arbiter config (its `etcd:`, `clusters:` and root);
+    /// the command then acts on every cluster it names, one after another, and
+    /// prints each cluster's outcome (docs/SCALE.md). Re-running `change` resumes.
+    #[arg(long, conflicts_with = "endpoints")]
+    pub config: Option<PathBuf>,
 }
 
 /// `lockctl limit ...`.
@@ -147,9 +154,10 @@ pub enum LimitCmd {
     Resume {
         #[command(flatten)]
         target: Target,
-        /// The pending change's epoch (printed by `change`).
-        #[arg(long)]
-        epoch: u64,
+        /// The pending change's epoch (printed by `change`; with `--config`, each
+        /// cluster's own is read instead).
+        #[arg(long, required_unless_present = "config")]
+        epoch: Option<u64>,
         /// The pending change's target.
         #[arg(long = "to")]
         to: u32,
@@ -158,12 +166,12 @@ pub enum LimitCmd {
     Cancel {
         #[command(flatten)]
         target: Target,
-        /// The pending change's epoch.
-        #[arg(long)]
-        epoch: u64,
-        /// The pending change's target.
-        #[arg(long = "to")]
-        to: u32,
+        /// The pending change's epoch (with `--config`, each cluster's own).
+        #[arg(long, required_unless_present = "config")]
+        epoch: Option<u64>,
+        /// The pending change's target (with `--config`, each cluster's own).
+        #[arg(long = "to", required_unless_present = "config")]
+        to: Option<u32>,
     },
     /// Print the policy record.
     Show {
@@ -473,6 +481,9 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
         | LimitCmd::Cancel { target, .. }
         | LimitCmd::Show { target } => target,
     };
+    if let Some(config) = &t.config {
+        return fleet_limit(cmd, t, config).await;
+    }
     let admin = match connect(&t.etcd, &t.actor).await {
         Ok(a) => a,
         Err(code) => return code,
@@ -480,8 +491,12 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
     let timeout = Duration::from_millis(t.verify_timeout_ms);
     let r = match cmd {
         LimitCmd::Change { to, .. } => admin.change(&t.class, *to, &t.reason, timeout).await,
-        LimitCmd::Resume { epoch, to, .. } => admin.resume(&t.class, *epoch, *to, &t.reason, timeout).await,
-        LimitCmd::Cancel { epoch, to, .. } => admin.cancel(&t.class, *epoch, *to, &t.reason).await,
+        LimitCmd::Resume { epoch, to, .. } => {
+            admin.resume(&t.class, epoch.unwrap_or_default(), *to, &t.reason, timeout).await
+        }
+        LimitCmd::Cancel { epoch, to, .. } => {
+            admin.cancel(&t.class, epoch.unwrap_or_default(), to.unwrap_or_default(), &t.reason).await
+        }
         LimitCmd::Show { .. } => {
             return match admin.read(&t.class).await {
                 Ok((p, _)) => {
@@ -506,6 +521,86 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
 
 /// The policy records' handle: exit 64 for flags that do not validate, 1 when etcd
 /// cannot be reached.
+/// One cluster's part of a fleet-wide limit command.
+#[derive(serde::Serialize)]
+struct ClusterLimit {
+    cluster: String,
+    /// The step's outcome, or `null` after an error.
+    outcome: Option<serde_json::Value>,
+    /// Why the step failed, or `null`.
+    error: Option<String>,
+}
+
+/// `lockctl limit ... --config arbiter.yaml`: the command on every cluster of the
+/// deployment, in name order, each on its own record (each cluster has its own
+/// policy records and its own change epochs). One JSON line:
+/// `{"clusters":[{"cluster","outcome","error"}]}`. Exit 0 when every cluster is
+/// done (raised, activated, unchanged, cancelled, shown), 2 when one still drains
+/// (re-run `change` with the same `--to` to resume it, or `cancel --config`), 3
+/// when one refused, 1 when one could not be reached; a failing cluster does not
+/// stop the others.
+async fn fleet_limit(cmd: &LimitCmd, t: &Target, config: &Path) -> ExitCode {
+    let clusters = match lockmesh_lock::clusters::Clusters::load_arbiter_file(config) {
+        Ok(c) => c,
+        Err(errs) => {
+            eprintln!("lockctl: {}", errs.join("; "));
+            return ExitCode::from(64);
+        }
+    };
+    let tiers = match clusters.connect().await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("lockctl: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let timeout = Duration::from_millis(t.verify_timeout_ms);
+    let (mut rows, mut exit) = (Vec::new(), 0u8);
+    let mut stores: Vec<_> = tiers.stores().cloned().collect();
+    stores.sort_by(|a, b| a.cluster_name().cmp(b.cluster_name()));
+    for store in stores {
+        let admin = Admin::from_client(store.client(), &clusters.root, &t.actor);
+        let r = match cmd {
+            LimitCmd::Change { to, .. } | LimitCmd::Resume { to, .. } => {
+                admin.converge(&t.class, *to, &t.reason, timeout).await
+            }
+            LimitCmd::Cancel { .. } => admin.cancel_pending(&t.class, &t.reason).await,
+            LimitCmd::Show { .. } => admin.read(&t.class).await.map(|(policy, _)| Outcome::Unchanged { policy }),
+        };
+        let cluster = store.cluster_name().to_owned();
+        let (outcome, error, code) = match r {
+            Ok(o) => {
+                let code = match o {
+                    Outcome::OverTarget { .. } | Outcome::VerificationIncomplete { .. } => 2,
+                    _ => 0,
+                };
+                (serde_json::to_value(&o).ok(), None, code)
+            }
+            Err(e) => {
+                let code = if matches!(e, AdminError::Refused(_)) { 3 } else { 1 };
+                (None, Some(e.to_string()), code)
+            }
+        };
+        // The worst step decides: 1 (unreachable) over 3 (refused) over 2 (draining).
+        let rank = |c: u8| match c {
+            1 => 3,
+            3 => 2,
+            2 => 1,
+            _ => 0,
+        };
+        if rank(code) > rank(exit) {
+            exit = code;
+        }
+        rows.push(ClusterLimit { cluster, outcome, error });
+    }
+    #[derive(serde::Serialize)]
+    struct Fleet {
+        clusters: Vec<ClusterLimit>,
+    }
+    println!("{}", serde_json::to_string(&Fleet { clusters: rows }).unwrap_or_default());
+    ExitCode::from(exit)
+}
+
 async fn connect(etcd: &EtcdArgs, actor: &str) -> Result<Admin, ExitCode> {
     let conn = etcd.connection().map_err(|e| {
         eprintln!("lockctl: {e}");

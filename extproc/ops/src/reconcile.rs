@@ -66,6 +66,13 @@ pub enum Outcome {
         /// The record now.
         policy: ClassPolicy,
     },
+    /// Nothing to do on this cluster: the limit is already the target, active
+    /// (a fleet-wide change re-run after it finished here), or nothing is pending
+    /// to cancel.
+    Unchanged {
+        /// The record.
+        policy: ClassPolicy,
+    },
 }
 
 /// Why a limit command failed. Nothing changed.
@@ -115,6 +122,42 @@ impl Admin {
     pub async fn connect(conn: &EtcdConnection, root: &str, actor: &str) -> Result<Self, AdminError> {
         let client = conn.connect().await.map_err(etcd)?;
         Ok(Self { client, keys: Keys::new(root), actor: actor.to_owned() })
+    }
+
+    /// The same over an existing client (a cluster of `lockmesh_lock::tiers::Tiers`).
+    pub fn from_client(client: Client, root: &str, actor: &str) -> Self {
+        Self { client, keys: Keys::new(root), actor: actor.to_owned() }
+    }
+
+    /// One cluster's step of a fleet-wide change to `target` (`lockctl limit
+    /// change --config`), safe to run again: a change already pending for
+    /// `target` is resumed (its own epoch, read here), a limit already at `target`
+    /// and active is [`Outcome::Unchanged`], anything else is [`Admin::change`].
+    pub async fn converge(
+        &self,
+        class: &str,
+        target: u32,
+        reason: &str,
+        verify_timeout: Duration,
+    ) -> Result<Outcome, AdminError> {
+        let (p, _) = self.read(class).await?;
+        if p.pending_target == Some(target) && !p.admits() {
+            return self.resume(class, p.change_epoch, target, reason, verify_timeout).await;
+        }
+        if p.limit == target && p.admits() {
+            return Ok(Outcome::Unchanged { policy: p });
+        }
+        self.change(class, target, reason, verify_timeout).await
+    }
+
+    /// Cancels whatever limit change is pending on this cluster (its own epoch and
+    /// target, read here); [`Outcome::Unchanged`] when none is.
+    pub async fn cancel_pending(&self, class: &str, reason: &str) -> Result<Outcome, AdminError> {
+        let (p, _) = self.read(class).await?;
+        match p.pending_target {
+            Some(t) if !p.admits() && !p.pending_move => self.cancel(class, p.change_epoch, t, reason).await,
+            _ => Ok(Outcome::Unchanged { policy: p }),
+        }
     }
 
     fn note(&self, action: &str, reason: &str) -> ChangeNote {

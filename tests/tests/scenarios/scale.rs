@@ -795,3 +795,86 @@ async fn a_key_homed_on_a_shard_is_force_released_from_one_lockctl_flow() {
     acquire(&next, &key).await;
     assert_eq!(s.held_on("shard-b").await, vec![key]);
 }
+
+/// `lockctl limit <args> --config <the arbiter's config> --class default`: (exit code, JSON).
+fn limit(s: &Scale, args: &[&str]) -> (i32, serde_json::Value, String) {
+    let config = s.st.arbiter(0).config_path().display().to_string();
+    let out = Command::new(profile_dir().join("lockctl"))
+        .arg("limit")
+        .args(args)
+        .args(["--config", &config, "--class", "default", "--actor", "test", "--reason", "fleet limit"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Each cluster's `outcome` tag of a fleet limit command, by cluster.
+fn outcomes(j: &serde_json::Value) -> BTreeMap<String, String> {
+    j["clusters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no clusters in {j}"))
+        .iter()
+        .map(|c| {
+            let o = c["outcome"]["outcome"].as_str().map_or_else(|| format!("error: {}", c["error"]), str::to_owned);
+            (c["cluster"].as_str().unwrap().to_owned(), o)
+        })
+        .collect()
+}
+
+/// Issue 18 item 9: a limit change of a class whose keys live on several
+/// clusters is one `lockctl limit change --config` command: raised on every
+/// cluster at once; lowered on each with its own drain and verification, the one
+/// whose key is over the target reported `over_target` (exit 2) while the others
+/// activate, and the same command re-run after the release finishes it there.
+/// Before, `lockctl limit` reached only the cluster of `--endpoints`.
+#[tokio::test]
+async fn a_limit_change_acts_on_every_cluster_from_one_lockctl_command() {
+    let s = scale("scale-limit", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    let m = map(&["shard-a", "shard-b"]);
+    let key = (0..64).map(|i| format!("payments/pool-{i}")).find(|k| m.home("default", k) == Some("shard-b")).unwrap();
+    let all = |o: &str| s.clusters().into_iter().map(|c| (c, o.to_owned())).collect::<BTreeMap<_, _>>();
+
+    let (code, j, err) = limit(&s, &["change", "--to", "2"]);
+    assert_eq!((code, outcomes(&j)), (0, all("raised")), "{j} {err}");
+    // The shard now admits two holders of one key.
+    let (a, b) = (s.st.client("payments", "a").unwrap(), s.st.client("payments", "b").unwrap());
+    let ta = acquire(&a, &key).await;
+    eventually_acquire(&b, &key).await;
+    assert_eq!(s.held_on("shard-b").await.len(), 2);
+
+    // Lowering to 1: the shard holding two drains and reports over_target; the
+    // others activate.
+    let (code, j, err) = limit(&s, &["change", "--to", "1", "--verify-timeout-ms", "3000"]);
+    let mut want = all("activated");
+    want.insert("shard-b".into(), "over_target".into());
+    assert_eq!((code, outcomes(&j)), (2, want), "{j} {err}");
+    let c = s.st.client("payments", "c").unwrap();
+    let r = c.post(ACQ, &[("x-lock-key", key.as_str())]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("draining")), "{}", r.body);
+    // Released to within the target, the same command finishes it where it stopped.
+    release(&a, &key, ta).await;
+    let (code, j, err) = limit(&s, &["change", "--to", "1", "--verify-timeout-ms", "3000"]);
+    let mut want = all("unchanged");
+    want.insert("shard-b".into(), "activated".into());
+    assert_eq!((code, outcomes(&j)), (0, want), "{j} {err}");
+    let (code, j, _) = limit(&s, &["show"]);
+    assert_eq!(code, 0, "{j}");
+    for c in j["clusters"].as_array().unwrap() {
+        assert_eq!(c["outcome"]["policy"]["limit"].as_u64(), Some(1), "{c}");
+    }
+}
+
+/// Acquires `key`, retrying while the arbiter still caches the old limit (it
+/// reads the authoritative record again within a second).
+async fn eventually_acquire(c: &LockClient, key: &str) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        let r = c.post(ACQ, &[("x-lock-key", key), ("x-lock-wait-ms", "2000")]).await.unwrap();
+        if r.code() == 200 {
+            return token(&r);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{key}: {}", r.body);
+    }
+}
