@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct InspectReport {
     /// The key's authoritative class (etcd's prefix map), or `null` without a map.
     pub class: Option<String>,
+    /// With `--config` (a split deployment): the cluster the shard map homes the
+    /// key on, where its holders and policy were read. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The key's digest (what etcd, logs and the audit store name it by).
     pub digest: String,
     /// The holders, by slot.

@@ -4,6 +4,8 @@
 //!   holders (slot, identity, instance, session, epoch, age: never the token) and,
 //!   with `--admin-url` and an operator token, the waiters queued on those
 //!   arbiters (waiters live in the arbiter's memory, not in etcd).
+//!   With `--config arbiter.yaml` (a split deployment) the key is read on its
+//!   home cluster (the coord cluster's shard map), which is printed.
 //! - `saturated`: the keys at their class's authoritative limit, by digest, fullest
 //!   and oldest first, from one scan of every open hold.
 //!
@@ -47,6 +49,10 @@ pub struct InspectArgs {
     /// JSON output.
     #[arg(long)]
     json: bool,
+    /// A split deployment: the arbiter config (its `etcd:`, `clusters:` and root).
+    /// The key is read on the cluster the shard map homes it on, which is printed.
+    #[arg(long, conflicts_with = "endpoints")]
+    config: Option<std::path::PathBuf>,
 }
 
 /// `lockctl saturated`.
@@ -87,13 +93,15 @@ pub async fn inspect(a: &InspectArgs) -> ExitCode {
         }
     };
     let view = async {
-        let mut c = client(&a.etcd).await?;
-        tokio::time::timeout(TIMEOUT, inspect_key(&mut c, &a.etcd.root, &key, now_ms()))
-            .await
-            .map_err(|_| format!("etcd: no answer within {TIMEOUT:?}"))?
-            .map_err(|e| format!("etcd: {e}"))
+        match &a.config {
+            Some(config) => home_view(config, &key).await.map(|(v, c)| (v, Some(c))),
+            None => {
+                let mut c = client(&a.etcd).await?;
+                view_on(&mut c, &a.etcd.root, &key).await.map(|v| (v, None))
+            }
+        }
     };
-    let view = match view.await {
+    let (view, cluster) = match view.await {
         Ok(v) => v,
         Err(e) => {
             eprintln!("lockctl inspect: {e}");
@@ -124,9 +132,14 @@ pub async fn inspect(a: &InspectArgs) -> ExitCode {
         }
     }
     if a.json {
-        println!("{}", serde_json::to_string(&report(&view, waiters, &errors)).unwrap_or_default());
+        let mut r = report(&view, waiters, &errors);
+        r.cluster = cluster;
+        println!("{}", serde_json::to_string(&r).unwrap_or_default());
     } else {
         println!("digest   {}", view.digest);
+        if let Some(c) = &cluster {
+            println!("cluster  {c} (the key's home in the shard map)");
+        }
         println!(
             "class    {}  limit {}  state {}{}",
             view.class.as_deref().unwrap_or("? (no authoritative map)"),
@@ -162,10 +175,40 @@ pub async fn inspect(a: &InspectArgs) -> ExitCode {
     }
 }
 
+async fn view_on(c: &mut etcd_client::Client, root: &str, key: &LockKey) -> Result<KeyView, String> {
+    tokio::time::timeout(TIMEOUT, inspect_key(c, root, key, now_ms()))
+        .await
+        .map_err(|_| format!("etcd: no answer within {TIMEOUT:?}"))?
+        .map_err(|e| format!("etcd: {e}"))
+}
+
+/// The key's view on its home cluster of the deployment `config` names: the class
+/// from the coord cluster's authoritative map, the home from its shard map (the
+/// coord cluster while there is no map), then the holders and policy there.
+async fn home_view(config: &std::path::Path, key: &LockKey) -> Result<(KeyView, String), String> {
+    let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config).map_err(|e| e.join("; "))?;
+    let tiers = clusters.connect().await.map_err(|e| e.to_string())?;
+    let coord = tiers.coord();
+    let at_coord = view_on(&mut coord.client(), &clusters.root, key).await?;
+    let map = coord.read_map().await.map_err(|e| e.to_string())?;
+    let class = at_coord.class.clone().unwrap_or_default();
+    let home = map.as_ref().and_then(|(m, _)| m.current.home(&class, key.as_str()).map(str::to_owned));
+    match home.and_then(|h| tiers.get(&h).cloned()) {
+        Some(store) if store.cluster_name() != coord.cluster_name() => {
+            let mut view = view_on(&mut store.client(), &clusters.root, key).await?;
+            // The class comes from the coord cluster's map, the authoritative one.
+            view.class = at_coord.class;
+            Ok((view, store.cluster_name().to_owned()))
+        }
+        _ => Ok((at_coord, coord.cluster_name().to_owned())),
+    }
+}
+
 /// `lockctl inspect --json`: the etcd view with the waiters counted on the arbiters.
 fn report(view: &KeyView, waiters: Option<u64>, errors: &[String]) -> InspectReport {
     InspectReport {
         class: view.class.clone(),
+        cluster: None,
         digest: view.digest.clone(),
         holders: view
             .holders

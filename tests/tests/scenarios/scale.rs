@@ -746,14 +746,15 @@ mod bench {
     }
 }
 
-/// Issue 18 item 9: a key homed on a shard is force-released by the real
+/// Issue 18 item 9: a key homed on a shard is inspected by one `lockctl inspect
+/// --config` (read on its home, which it names) and force-released by the real
 /// `lockctl admin` two-person flow in one command pair: the preview shows its
 /// holds and their cluster (the coord cluster has none), the approval deletes
 /// them there with the force record beside them, and the request is marked
 /// executed on the coord cluster. Before, the flow read only the coord
 /// cluster: the preview showed no hold and the approval voided the request.
 #[tokio::test]
-async fn a_key_homed_on_a_shard_is_force_released_from_one_lockctl_flow() {
+async fn a_key_homed_on_a_shard_is_inspected_and_force_released_from_one_lockctl_command_each() {
     let dir = tempfile::tempdir().unwrap();
     let idp = lockmesh_devcerts::jwt::Issuer::generate("k1").unwrap();
     std::fs::write(dir.path().join("jwks.json"), idp.jwks()).unwrap();
@@ -765,6 +766,22 @@ async fn a_key_homed_on_a_shard_is_force_released_from_one_lockctl_flow() {
     acquire(&holder, &key).await;
     assert_eq!(s.held_on("shard-b").await, vec![key.clone()]);
     assert!(s.held_on("coord").await.is_empty());
+
+    // `lockctl inspect --config` reads the key on its home and says which.
+    let inspect = || {
+        let config = s.st.arbiter(0).config_path().display().to_string();
+        let out = Command::new(profile_dir().join("lockctl"))
+            .args(["inspect", key.as_str(), "--config", &config, "--json"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<lockmesh_core::wire::inspect::InspectReport>(stdout.trim()).unwrap()
+    };
+    let seen = inspect();
+    assert_eq!((seen.cluster.as_deref(), seen.holders.len()), (Some("shard-b"), 1), "{seen:?}");
+    assert!(seen.holders[0].identity.contains("holder"), "{seen:?}");
+    assert_eq!(seen.class.as_deref(), Some("default"));
 
     let adm = crate::admin::Admin::new(&s.st);
     let (alice, bob) = (crate::admin::token(&idp, "alice", 600), crate::admin::token(&idp, "bob", 600));
@@ -778,6 +795,7 @@ async fn a_key_homed_on_a_shard_is_force_released_from_one_lockctl_flow() {
     assert_eq!(o["outcome"]["cluster"].as_str(), Some("shard-b"), "{o}");
     assert_eq!(o["outcome"]["sessions_revoked"].as_u64(), Some(1), "{o}");
     assert!(s.held_on("shard-b").await.is_empty(), "the hold was deleted on its home");
+    assert!(inspect().holders.is_empty());
     // The force record sits beside the delete on the shard (its audit reads it there).
     let rev = o["outcome"]["revision"].as_i64().unwrap();
     let mut shard = s.client_of("shard-b").await;
