@@ -16,10 +16,12 @@
 //!   namespace each counts against (the hold record's key; the session record's
 //!   `ns`). Its own grants and opens are entered at once, before their watch
 //!   event. What it can miss is what *other* arbiters granted in the last watch
-//!   delivery (milliseconds; while a watch is broken, until it is listed again):
-//!   so a namespace can overshoot its sessions or holds quota by at most what
-//!   the other arbiters admit for it in that window, which the acquire-rate
-//!   quota bounds (`acquires_per_s` x the lag). The hard backstop is etcd's own
+//!   delivery (milliseconds; while a watch is broken, until it is listed again),
+//!   and its own acquires admitted together before any of them committed: so a
+//!   namespace can overshoot its sessions or holds quota by at most its acquires
+//!   in flight here (the `waiters` share) plus what the other arbiters admit for
+//!   it in that window, which the acquire-rate quota bounds (`acquires_per_s` x
+//!   the lag). The hard backstop is etcd's own
 //!   backend quota, which `lockctl doctor` reports and the `LockmeshEtcdDbSize`
 //!   alert watches.
 //! - **waiters, acquire rate**: counted where they happen, at each arbiter (an
@@ -61,6 +63,9 @@ use super::{keys::prefix_end, HoldRecord, Keys, LockError, SessionRecord, Store}
 
 /// Page size of a ledger's list.
 const PAGE: i64 = 1000;
+/// Rate buckets kept before the refilled ones are dropped (namespaces are bounded
+/// by the grants; this bounds the memory whatever they say).
+const MAX_BUCKETS: usize = 10_000;
 /// The metrics label of every namespace the registry does not name.
 const OTHER: &str = "other";
 
@@ -234,6 +239,10 @@ pub fn admit(store: &Store, ns: &str, opens_session: bool) -> Result<Admitted, L
     {
         let mut buckets = lock(&QUOTAS.buckets);
         let now = Instant::now();
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(ns) {
+            // A refilled bucket says nothing a new one would not: drop those.
+            buckets.retain(|_, b| now.duration_since(b.at) < Duration::from_secs(1));
+        }
         let b = buckets.entry(ns.to_owned()).or_insert(Bucket { tokens: rate as f64, at: now });
         b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate as f64).min(rate as f64);
         b.at = now;
