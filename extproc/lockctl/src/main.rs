@@ -32,15 +32,40 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The five most common tasks, in `lockctl --help`.
+const EXAMPLES: &str = "\
+Examples:
+  # Who holds a key, and how long (digested locally; never the token):
+  lockctl inspect payments/order-42 --endpoints https://etcd:2379 --root /lockmesh --etcd-ca ca.pem \\
+    --etcd-user lockmesh-admin --etcd-password-file admin.pw
+
+  # Run a command under a lock (waiting up to 30 s); it is stopped if the lock is lost:
+  lockctl run payments/nightly-report --endpoint https://lock-tier:8443 --ca ca.pem --cert svid.pem \\
+    --cert-key svid-key.pem --wait-ms 30000 -- ./report.sh
+
+  # Everything an operator must act on (seal, quorum, draining classes, etcd's size):
+  lockctl doctor --endpoints https://etcd:2379 --etcd-ca ca.pem --admin-url http://arbiter:18052
+
+  # Release a wedged holder's lock: two operators and a reason (LOCKMESH_ARBITER_URL,
+  # LOCKMESH_ADMIN_TOKEN and the admin certificate set as in docs/ADMIN.md):
+  lockctl admin request force-release payments/order-42 --reason 'INC-42: holder wedged'
+  lockctl admin approve REQUEST_ID
+
+  # Lower a class's limit on every cluster, resumably (re-run to resume):
+  lockctl limit change --config arbiter.yaml --class pool --to 2 --reason 'capacity review'
+
+Every command's --help explains it; docs/OPERATIONS.md, docs/CLASSES.md, docs/AUDIT.md and docs/ADMIN.md
+are the runbooks. Shell completions: `lockctl completions bash|zsh|fish`; man pages: `lockctl man DIR`.";
+
 /// lockmesh operator commands.
 #[derive(Parser)]
 #[command(
+    name = "lockctl",
     version,
     about = "lockmesh operator commands: inspect a key, saturated keys by digest, class check and cost, \
              limit change/resume/cancel, two-person force release and epoch advance, restore, audit \
              queries, running a command under a lock, and doctor",
-    after_help = "Every command's --help explains it; docs/OPERATIONS.md, docs/CLASSES.md, docs/AUDIT.md \
-                  and docs/ADMIN.md are the runbooks."
+    after_help = EXAMPLES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -95,10 +120,29 @@ enum Cmd {
     /// a live arbiter lacks it), `disable CAP`. Exit 0 done, 1 etcd failed, 2
     /// refused, 3 this lockctl does not know the keyspace, 64 bad arguments.
     Upgrade(upgrade::UpgradeArgs),
+    /// Print a shell completion script: `lockctl completions bash > /etc/bash_completion.d/lockctl`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (lockctl.1 and one per subcommand, lockctl-inspect.1, ...) into DIR.
+    Man {
+        /// The directory (created if missing), e.g. /usr/local/share/man/man1.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match &cli.cmd {
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "lockctl", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Man { dir } => return man(dir),
+        _ => {}
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -126,6 +170,91 @@ fn main() -> ExitCode {
             Cmd::Run(args) => ExitCode::from(lockmesh_client::run::main(args.clone()).await),
             Cmd::EpochAdvance(a) => restore::epoch_advance(a).await,
             Cmd::Restore(r) => restore::main(r).await,
+            Cmd::Completions { .. } | Cmd::Man { .. } => ExitCode::SUCCESS,
         }
     })
+}
+
+/// `lockctl man DIR`: the man pages of lockctl and of every subcommand.
+fn man(dir: &std::path::Path) -> ExitCode {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let r = std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(cmd, dir));
+    match r {
+        Ok(()) => {
+            println!("man pages written to {}", dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockctl man: {}: {e}", dir.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_consistent_and_its_completions_and_man_pages_name_every_subcommand() {
+        Cli::command().debug_assert();
+        let mut out = Vec::new();
+        clap_complete::generate(clap_complete::Shell::Bash, &mut Cli::command(), "lockctl", &mut out);
+        let bash = String::from_utf8(out).unwrap();
+        let dir = std::env::temp_dir().join(format!("lockctl-man-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        clap_mangen::generate_to(Cli::command(), &dir).unwrap();
+        for sub in Cli::command().get_subcommands().map(|c| c.get_name().to_owned()) {
+            assert!(bash.contains(&sub), "bash completion lacks {sub}");
+            let page = dir.join(format!("lockctl-{sub}.1"));
+            assert!(page.exists(), "no man page {}", page.display());
+        }
+        let top = std::fs::read_to_string(dir.join("lockctl.1")).unwrap();
+        assert!(top.contains(".TH lockctl") && top.contains("force\\-release"), "{top}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Each example of `lockctl --help`, split as a shell would (single quotes,
+    /// `\\` continuations).
+    fn examples() -> Vec<Vec<String>> {
+        let joined = EXAMPLES.replace("\\\n", " ");
+        joined
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("lockctl "))
+            .map(|l| {
+                let (mut words, mut cur, mut quoted) = (vec!["lockctl".to_owned()], String::new(), false);
+                for c in l.chars() {
+                    match c {
+                        '\'' => quoted = !quoted,
+                        ' ' if !quoted => {
+                            if !cur.is_empty() {
+                                words.push(std::mem::take(&mut cur));
+                            }
+                        }
+                        c => cur.push(c),
+                    }
+                }
+                if !cur.is_empty() {
+                    words.push(cur);
+                }
+                words
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_help_example_parses() {
+        let ex = examples();
+        assert_eq!(ex.len(), 6, "{ex:?}");
+        for mut words in ex {
+            if words[1] == "admin" {
+                // The examples take the operator's token from LOCKMESH_ADMIN_TOKEN.
+                words.extend(["--token".to_owned(), "t".to_owned()]);
+            }
+            if let Err(e) = Cli::try_parse_from(&words) {
+                panic!("{words:?}: {e}");
+            }
+        }
+    }
 }
