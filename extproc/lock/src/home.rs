@@ -176,6 +176,14 @@ impl Store {
         }
     }
 
+    /// [`Store::allocate_epoch`] for an operator tool (`lockctl epoch-advance
+    /// --epochs-from`): an epoch above `floor` and above every epoch the coord
+    /// counter ever handed out, so a shard restored or advanced by hand never
+    /// shares an epoch with another cluster. Call it on the coord cluster.
+    pub async fn allocate_epoch_above(&self, floor: u64) -> Result<u64, LockError> {
+        self.allocate_epoch(floor).await
+    }
+
     /// Allocates a new epoch above `floor` from this (coord) cluster's counter: one
     /// above the counter, this cluster's own epoch record and `floor`.
     pub(crate) async fn allocate_epoch(&self, floor: u64) -> Result<u64, LockError> {

@@ -21,8 +21,15 @@ pub struct Advance {
     #[arg(long)]
     expected_epoch: u64,
     /// The new epoch. Without it, one above the highest epoch in the --marks files.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "epochs_from")]
     new_epoch: Option<u64>,
+    /// A split deployment: the arbiter config (its `etcd:` names the coord
+    /// cluster). The new epoch is allocated from the coord cluster's epoch counter,
+    /// above --expected-epoch, the --marks files and every epoch any cluster was
+    /// given, so an advanced or restored shard never shares an epoch with another
+    /// cluster (docs/SCALE.md). --endpoints still names the cluster advanced.
+    #[arg(long)]
+    epochs_from: Option<PathBuf>,
     /// Arbiter marks files (their `marks_file`), to take the new epoch from.
     #[arg(long)]
     marks: Vec<PathBuf>,
@@ -67,7 +74,7 @@ async fn restore_snapshot(r: &Restore) -> Result<(), RestoreError> {
     let members = r.members.iter().map(|m| parse_member(m)).collect::<Result<Vec<_>, _>>()?;
     // The flags are checked before etcdutl writes anything.
     let conn = r.advance.etcd.connection().map_err(RestoreError::Other)?;
-    let target = target_of(&r.advance)?;
+    let target = target_of(&r.advance).await?;
     println!("restore: new epoch will be {target}");
     restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
     let mut c =
@@ -91,14 +98,25 @@ fn exit(r: Result<(), RestoreError>) -> ExitCode {
     }
 }
 
-fn target_of(a: &Advance) -> Result<u64, RestoreError> {
+async fn target_of(a: &Advance) -> Result<u64, RestoreError> {
     let marks: Vec<&std::path::Path> = a.marks.iter().map(PathBuf::as_path).collect();
-    restore::choose_epoch(a.expected_epoch, a.new_epoch, &marks)
+    let Some(config) = &a.epochs_from else {
+        return restore::choose_epoch(a.expected_epoch, a.new_epoch, &marks);
+    };
+    let floor = restore::epoch_floor(a.expected_epoch, &marks)?;
+    let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config)
+        .map_err(|e| RestoreError::Other(format!("--epochs-from: {}", e.join("; "))))?;
+    let tiers = clusters.connect().await.map_err(|e| RestoreError::Other(format!("--epochs-from: {e}")))?;
+    match tiers.coord().allocate_epoch_above(floor).await {
+        Ok(e) => Ok(e),
+        Err(lockmesh_lock::LockError::Sealed(_)) => Err(RestoreError::EpochExhausted(floor + 1)),
+        Err(e) => Err(RestoreError::Other(format!("--epochs-from: the coord epoch counter: {e}"))),
+    }
 }
 
 async fn advance(a: &Advance, out: &mut std::io::Stdout) -> Result<(), RestoreError> {
     let conn = a.etcd.connection().map_err(RestoreError::Other)?;
-    let target = target_of(a)?;
+    let target = target_of(a).await?;
     let mut c = restore::wait_for_etcd(&conn, &a.etcd.root, Duration::from_secs(30), out).await?;
     restore::advance(&mut c, &a.etcd.root, a.expected_epoch, target, out).await
 }

@@ -83,12 +83,7 @@ fn other(e: impl std::fmt::Display) -> RestoreError {
 /// Picks the new epoch: `--new-epoch`, else one above the highest of the expected
 /// epoch and every marks file; refuses to guess.
 pub fn choose_epoch(expected: u64, new_epoch: Option<u64>, marks: &[&Path]) -> Result<u64, RestoreError> {
-    let mut floor = expected;
-    for p in marks {
-        let m: Marks = serde_json::from_slice(&std::fs::read(p).map_err(|e| other(format!("{}: {e}", p.display())))?)
-            .map_err(|e| other(format!("{}: {e}", p.display())))?;
-        floor = floor.max(m.epoch);
-    }
+    let floor = epoch_floor(expected, marks)?;
     let new = match (new_epoch, marks.is_empty()) {
         (Some(n), _) => n,
         (None, false) => floor + 1,
@@ -101,6 +96,17 @@ pub fn choose_epoch(expected: u64, new_epoch: Option<u64>, marks: &[&Path]) -> R
         return Err(RestoreError::EpochExhausted(new));
     }
     Ok(new)
+}
+
+/// The epoch a new one must be above: `expected` and every marks file's epoch.
+pub fn epoch_floor(expected: u64, marks: &[&Path]) -> Result<u64, RestoreError> {
+    let mut floor = expected;
+    for p in marks {
+        let m: Marks = serde_json::from_slice(&std::fs::read(p).map_err(|e| other(format!("{}: {e}", p.display())))?)
+            .map_err(|e| other(format!("{}: {e}", p.display())))?;
+        floor = floor.max(m.epoch);
+    }
+    Ok(floor)
 }
 
 async fn read_record(client: &mut Client, keys: &Keys) -> Result<(EpochRecord, i64, u64), RestoreError> {

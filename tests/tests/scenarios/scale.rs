@@ -35,6 +35,8 @@ struct Scale {
     shards: BTreeMap<String, EtcdCluster>,
     /// The shard clusters' password files (the arbiters read them at start).
     _users: tempfile::TempDir,
+    /// Each shard's users of this root (for operator commands run against it).
+    shard_users: BTreeMap<String, lockmesh_tests::EtcdUsers>,
 }
 
 /// A lock tier over the shared etcd (coord) and one single-member etcd per shard;
@@ -53,11 +55,14 @@ async fn scale_with(name: &str, shards: &[&str], entity: &[&str], extra: &str, e
     // other stacks run).
     let (root, _) = lockmesh_tests::shared_etcd().await.users_for_new_root(name, users_dir.path()).await.unwrap();
     let mut yaml = String::from("clusters:\n");
+    let mut shard_users = BTreeMap::new();
     for (n, c) in &shards {
         yaml.push_str(&format!("  {n}:\n    endpoints: [{:?}]\n", c.endpoints()[0]));
-        for line in c.users_for(&root, users_dir.path()).await.unwrap().arbiter_yaml("lockmesh-arbiter") {
+        let users = c.users_for(&root, users_dir.path()).await.unwrap();
+        for line in users.arbiter_yaml("lockmesh-arbiter") {
             yaml.push_str(&format!("    {line}\n"));
         }
+        shard_users.insert(n.clone(), users);
     }
     yaml.push_str(&format!("tiers:\n  entity: [{}]\n", entity.join(", ")));
     yaml.push_str(extra);
@@ -65,7 +70,7 @@ async fn scale_with(name: &str, shards: &[&str], entity: &[&str], extra: &str, e
     for (k, v) in env {
         b = b.arbiter_env(*k, *v);
     }
-    Scale { st: b.start().await.unwrap(), shards, _users: users_dir }
+    Scale { st: b.start().await.unwrap(), shards, _users: users_dir, shard_users }
 }
 
 impl Scale {
@@ -894,5 +899,54 @@ async fn eventually_acquire(c: &LockClient, key: &str) -> u64 {
             return token(&r);
         }
         assert!(t0.elapsed() < Duration::from_secs(15), "{key}: {}", r.body);
+    }
+}
+
+/// Issue 18 item 9: `lockctl epoch-advance` of a shard takes its new epoch from the
+/// coord cluster's counter (`--epochs-from` the arbiter config): above every epoch
+/// any cluster was given, so the shard's next tokens can collide with no other
+/// cluster's. Before, the operator had to pick `--new-epoch` above `lockctl shard
+/// show`'s epochs by hand (one above the shard's own could be another's).
+#[tokio::test]
+async fn a_shard_epoch_advance_takes_its_epoch_from_the_coord_counter() {
+    let s = scale("scale-advance", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    let m = map(&["shard-a", "shard-b"]);
+    let on = |c: &str| (0..64).map(|i| format!("payments/adv-{i}")).find(|k| m.home("default", k) == Some(c)).unwrap();
+    let pay = s.st.client("payments", "a").unwrap();
+    let bill = s.st.client("billing", "a").unwrap();
+    let (ka, kb) = (on("shard-a"), on("shard-b"));
+    let (ta, tb, tc) = (acquire(&pay, &ka).await, acquire(&pay, &kb).await, acquire(&bill, "billing/elect/x").await);
+    let top = [ta, tb, tc].map(epoch_of).into_iter().max().unwrap();
+    release(&pay, &ka, ta).await;
+
+    let config = s.st.arbiter(0).config_path().display().to_string();
+    let ep = s.shards["shard-a"].endpoints()[0].clone();
+    let expected = epoch_of(ta).to_string();
+    let out = Command::new(profile_dir().join("lockctl"))
+        .args(["epoch-advance", "--endpoints", &ep, "--root", s.st.root(), "--expected-epoch", &expected])
+        .args(["--epochs-from", &config])
+        .envs(s.shard_users["shard-a"].env("lockmesh-admin-epoch"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout} {stderr}");
+    let mut shard = s.client_of("shard-a").await;
+    let rec = shard.get(format!("{}/sys/epoch", s.st.root()), None).await.unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(rec.kvs()[0].value()).unwrap();
+    let new = rec["epoch"].as_u64().unwrap();
+    assert!(new > top, "shard-a's epoch {new} is not above every cluster's ({top}): {stdout}");
+    let mut coord = s.client_of("coord").await;
+    let counter = coord.get(format!("{}/sys/epochs", s.st.root()), None).await.unwrap();
+    let counter: serde_json::Value = serde_json::from_slice(counter.kvs()[0].value()).unwrap();
+    assert_eq!(counter["last"].as_u64(), Some(new), "the epoch came from the coord counter");
+    // The shard grants at its new epoch.
+    let t0 = Instant::now();
+    loop {
+        let r = pay.post(ACQ, &[("x-lock-key", ka.as_str()), ("x-lock-wait-ms", "2000")]).await.unwrap();
+        if r.code() == 200 {
+            assert_eq!(epoch_of(token(&r)), new, "{}", r.body);
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", r.body);
     }
 }
