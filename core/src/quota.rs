@@ -204,7 +204,10 @@ impl QuotaTable {
             }
             let l = fill(default, n.sessions, n.holds, n.waiters, n.acquires_per_s);
             for f in zero_fields(&l) {
-                errs.push((format!("quotas.namespaces[{i}].{f}"), "0 would refuse everything; a quota is at least 1".into()));
+                errs.push((
+                    format!("quotas.namespaces[{i}].{f}"),
+                    "0 would refuse everything; a quota is at least 1".into(),
+                ));
             }
             if namespaces.insert(n.namespace.clone(), l).is_some() {
                 errs.push((format!("quotas.namespaces[{i}].namespace"), format!("{} is listed twice", n.namespace)));

@@ -248,7 +248,12 @@ pub fn admit(store: &Store, ns: &str, opens_session: bool) -> Result<Admitted, L
         b.at = now;
         if b.tokens < 1.0 {
             drop(buckets);
-            return Err(refuse(Exceeded { quota: Quota::AcquireRate, namespace: ns.to_owned(), used: rate, limit: rate }));
+            return Err(refuse(Exceeded {
+                quota: Quota::AcquireRate,
+                namespace: ns.to_owned(),
+                used: rate,
+                limit: rate,
+            }));
         }
         b.tokens -= 1.0;
     }
@@ -474,11 +479,7 @@ async fn list(
 /// Counts the sessions and holds of every namespace under `keys` with one paged
 /// list at one revision (what a ledger starts from; `lockctl class cost`). Call
 /// [`set_registry`] first: sessions of earlier builds count by their class.
-pub async fn count(
-    client: &mut Client,
-    keys: &Keys,
-    timeout: Duration,
-) -> Result<(HashMap<String, Use>, i64), String> {
+pub async fn count(client: &mut Client, keys: &Keys, timeout: Duration) -> Result<(HashMap<String, Use>, i64), String> {
     let (listed, revision) = list_all(client, keys, timeout).await?;
     let mut s = LedgerState::default();
     for (kind, key, ns) in listed {
@@ -649,7 +650,8 @@ impl Collector for QuotaCollector {
         let mut rows: Vec<_> = refusals.into_iter().collect();
         rows.sort();
         for ((ns, quota), n) in rows {
-            ConstCounter::new(n).encode(family.encode_family(&[("namespace", ns.as_str()), ("quota", quota.as_str())])?)?;
+            ConstCounter::new(n)
+                .encode(family.encode_family(&[("namespace", ns.as_str()), ("quota", quota.as_str())])?)?;
         }
         // (cluster, label, quota) -> (use, limit), the highest ratio per label.
         let mut rows: HashMap<(String, String, Quota), (u64, u64)> = HashMap::new();

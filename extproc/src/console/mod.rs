@@ -371,7 +371,8 @@ fn quota_rows() -> Vec<lockmesh_core::wire::console::ConsoleQuota> {
     crate::lock::quota::usage()
         .into_iter()
         .map(|u| {
-            let (sessions, holds) = (QuotaUse::of(u.sessions, u.limits.sessions), QuotaUse::of(u.holds, u.limits.holds));
+            let (sessions, holds) =
+                (QuotaUse::of(u.sessions, u.limits.sessions), QuotaUse::of(u.holds, u.limits.holds));
             let waiters = QuotaUse::of(u.waiters, u.waiters_share);
             ConsoleQuota {
                 alert: sessions.alerting() || holds.alerting() || waiters.alerting(),

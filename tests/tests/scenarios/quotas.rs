@@ -148,7 +148,10 @@ async fn one_namespace_is_stopped_at_each_quota_while_another_is_served() {
     for w in waiters {
         let r = w.await.unwrap();
         assert_eq!(r.code(), 200, "a waiter admitted before the refusal is granted: {}", r.body);
-        assert_eq!(pay.post(CLOSE, &[("x-lock-session", r.json["session"].as_str().unwrap())]).await.unwrap().code(), 200);
+        assert_eq!(
+            pay.post(CLOSE, &[("x-lock-session", r.json["session"].as_str().unwrap())]).await.unwrap().code(),
+            200
+        );
     }
     assert_eq!(pay.post(CLOSE, &[("x-lock-session", &holder)]).await.unwrap().code(), 200);
 

@@ -766,7 +766,8 @@ async fn a_key_homed_on_a_shard_is_inspected_and_force_released_from_one_lockctl
     let ops = format!("{}\n", crate::admin::operators_yaml(&dir.path().join("jwks.json"), crate::admin::ISS));
     let s = scale("scale-force", &["shard-a", "shard-b"], &["shard-a", "shard-b"], &ops).await;
     let m = map(&["shard-a", "shard-b"]);
-    let key = (0..64).map(|i| format!("payments/wedged-{i}")).find(|k| m.home("default", k) == Some("shard-b")).unwrap();
+    let key =
+        (0..64).map(|i| format!("payments/wedged-{i}")).find(|k| m.home("default", k) == Some("shard-b")).unwrap();
     let holder = s.st.client("payments", "holder").unwrap();
     acquire(&holder, &key).await;
     assert_eq!(s.held_on("shard-b").await, vec![key.clone()]);
