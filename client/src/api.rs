@@ -27,7 +27,10 @@ use lockmesh_core::{
 use reqwest::Method;
 use serde::de::DeserializeOwned;
 
-use crate::{ledger::Grant, Config, Error};
+use crate::{
+    ledger::{Grant, Proof},
+    Config, Error,
+};
 
 /// A client for one lock tier, one identity and one instance id.
 #[derive(Clone, Debug)]
@@ -232,7 +235,15 @@ impl Api {
         if granted_to != session {
             return Err(CallError::Unknown("the grant names another session".into()));
         }
-        let grant = Grant { key: key.to_owned(), token, session, ttl_s: a.ttl_s, class: a.class, cluster: a.cluster };
+        let grant = Grant {
+            key: key.to_owned(),
+            token,
+            session,
+            ttl_s: a.ttl_s,
+            class: a.class,
+            cluster: a.cluster,
+            proof: Proof(a.proof),
+        };
         Ok(Acquired { grant })
     }
 
@@ -254,7 +265,15 @@ impl Api {
         // A listing names no TTL: the caller fills it in.
         let holds = l.holds.into_iter();
         Ok(holds
-            .map(|h| Grant { key: h.key, token: h.token, session, ttl_s: 0, class: h.class, cluster: h.cluster })
+            .map(|h| Grant {
+                key: h.key,
+                token: h.token,
+                session,
+                ttl_s: 0,
+                class: h.class,
+                cluster: h.cluster,
+                proof: Proof::default(),
+            })
             .collect())
     }
 

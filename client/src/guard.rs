@@ -41,6 +41,14 @@ impl LockGuard {
         self.grant.token
     }
 
+    /// The signed grant proof, for a resource behind fence-proxy (send it as
+    /// `x-lock-proof` with the token). `None` if the service signs no proofs, or
+    /// the grant was adopted from a hold listing after an unknown outcome. A
+    /// credential: keep it out of logs.
+    pub fn proof(&self) -> Option<&str> {
+        self.grant.proof.0.as_deref()
+    }
+
     /// The token's epoch.
     pub fn epoch(&self) -> u64 {
         self.grant.token.epoch()

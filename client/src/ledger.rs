@@ -27,6 +27,33 @@ pub struct Grant {
     /// The etcd cluster holding it, as the service named it (`None` from an older
     /// service): its epoch is that cluster's own (`docs/SCALE.md`).
     pub cluster: Option<String>,
+    /// The signed grant proof the service answered with, for a resource behind
+    /// fence-proxy (`x-lock-proof`).
+    pub proof: Proof,
+}
+
+/// A grant's signed proof (`v1.<kid>.<payload>.<sig>`), if the service sent one:
+/// none from a service without a signing key, nor for a grant adopted from a
+/// session's hold listing (after an unknown outcome). A credential like the
+/// token: its `Debug` prints no content, and it takes no part in comparing
+/// grants (the same grant, listed, carries none).
+#[derive(Clone, Default)]
+pub struct Proof(pub Option<String>);
+
+// === impl Proof ===
+
+impl PartialEq for Proof {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Proof {}
+
+impl std::fmt::Debug for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Proof(..)" } else { "Proof(none)" })
+    }
 }
 
 /// Per-key state of this process.
@@ -247,6 +274,7 @@ mod tests {
             ttl_s: 15,
             class: "default".into(),
             cluster: None,
+            proof: Proof::default(),
         }
     }
 

@@ -47,7 +47,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-sidecar", 1, &["lockmesh-runtime"]),
     ("lockmesh-tests", 4, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-ops"]),
     ("lockmesh-lock", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"]),
-    ("lockmesh-gate", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
+    ("lockmesh-gate", 5, &["lockmesh-client", "lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
     ("lockmesh-load", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
     ("lockmesh-ops", 3, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-lock", "lockmesh-runtime"]),
     (

@@ -238,6 +238,9 @@ impl Store {
     /// The (term, index) of the member that leads, taken only from a member that
     /// serves a linearizable read itself (a deposed or lagging member cannot).
     async fn leader_position(&self) -> Option<(u64, u64)> {
+        if test_faults::on(TestFault::NoRaftCheck) {
+            return None; // TEST SWITCH (release gate): as under a non-root etcd role.
+        }
         for m in &self.members {
             let Ok(s) = self.call(m.clone().status()).await else { continue };
             let Some(h) = s.header() else { continue };

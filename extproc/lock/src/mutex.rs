@@ -108,6 +108,7 @@ impl Fair<'_> {
         match *self {
             Fair::Memory => vec![],
             // An empty range compares as one key with create revision 0.
+            Fair::Arrival if test_faults::on(TestFault::SkipQueueCompare) => vec![], // PLANTED BUG (release gate)
             Fair::Arrival => {
                 vec![Compare::create_revision(q.as_str(), CompareOp::Equal, 0).with_range(keys::prefix_end(&q))]
             }
@@ -205,7 +206,7 @@ impl Store {
                 (sid, None)
             }
             None => (
-                self.grant_lease(req.class.ttl_s).await?,
+                self.grant_lease(test_faults::lease_ttl(req.class.name.as_str(), req.class.ttl_s)).await?,
                 Some(Self::new_record(&req.caller, &req.class, req.key.namespace())),
             ),
         };
@@ -477,7 +478,11 @@ impl Store {
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let k = self.keys();
-        let n = gate.limit;
+        let n = if test_faults::on(TestFault::RegistryLimit) {
+            req.class.max_holders // PLANTED BUG (release gate): the registry's limit.
+        } else {
+            gate.limit
+        };
         let slot_no = slot.min(n - 1);
         let (epoch_key, holds, mut slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
         let lease = PutOptions::new().with_lease(sid.lease());

@@ -64,7 +64,7 @@ impl Store {
     /// `QuotaExceeded` there, before anything is opened.
     pub async fn open_session(&self, caller: &Caller, class: &ClassSpec, ns: &str) -> Result<SessionId, LockError> {
         super::quota::admit_session(self, ns)?;
-        let sid = self.grant_lease(class.ttl_s).await?;
+        let sid = self.grant_lease(super::test_faults::lease_ttl(class.name.as_str(), class.ttl_s)).await?;
         let rec = Self::new_record(caller, class, ns);
         let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
         let opts = Some(PutOptions::new().with_lease(sid.lease()));

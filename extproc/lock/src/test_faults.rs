@@ -52,6 +52,24 @@ pub enum TestFault {
     /// Acquires and session opens skip every quota check (`lock::quota`): one
     /// namespace can take sessions, holds and waiters without bound.
     SkipQuota,
+    /// Grants take the key's limit from the YAML registry (`max_holders`), not from
+    /// the authoritative policy record: after `lockctl limit change` lowers a
+    /// limit, grants still fill the old one.
+    RegistryLimit,
+    /// Session leases are granted the TTL this process first saw for the class
+    /// (a cache a registry reload does not clear), while the session record and
+    /// the answer carry the class's current TTL: after a TTL is raised, a holder
+    /// is told a longer TTL than its lease has.
+    StaleSessionTtl,
+    /// Not a bug: stands in for production's non-root etcd role, under which
+    /// `Status` is denied and the seal check reads no raft position
+    /// (`lock::seal`). The gate's etcd runs without auth (every client is root),
+    /// so without this switch the raft check would hide what the grant clock
+    /// alone must catch after a bumped restore.
+    NoRaftCheck,
+    /// The first grant of a durable-fairness key does not compare the key's
+    /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
+    SkipQueueCompare,
 }
 
 #[cfg(feature = "test-faults")]
@@ -74,6 +92,10 @@ impl TestFault {
             "skip_move_drain" => Some(Self::SkipMoveDrain),
             "skip_clock_compare" => Some(Self::SkipClockCompare),
             "skip_quota" => Some(Self::SkipQuota),
+            "registry_limit" => Some(Self::RegistryLimit),
+            "stale_session_ttl" => Some(Self::StaleSessionTtl),
+            "skip_queue_compare" => Some(Self::SkipQueueCompare),
+            "no_raft_check" => Some(Self::NoRaftCheck),
             _ => None,
         }
     }
@@ -105,6 +127,26 @@ pub fn install(_faults: &[TestFault]) {}
 #[cfg(feature = "test-faults")]
 pub fn on(fault: TestFault) -> bool {
     ACTIVE.get().is_some_and(|v| v.contains(&fault))
+}
+
+/// The TTL a new session lease of `class` is granted: `ttl_s`, or with
+/// [`TestFault::StaleSessionTtl`] planted the first TTL this process saw for
+/// the class.
+#[cfg(feature = "test-faults")]
+pub(crate) fn lease_ttl(class: &str, ttl_s: u64) -> u64 {
+    static FIRST: OnceLock<std::sync::Mutex<std::collections::HashMap<String, u64>>> = OnceLock::new();
+    if !on(TestFault::StaleSessionTtl) {
+        return ttl_s;
+    }
+    let mut m = FIRST.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *m.entry(class.to_owned()).or_insert(ttl_s) // PLANTED BUG (release gate): a stale TTL.
+}
+
+/// Without the feature a lease gets the class's TTL.
+#[cfg(not(feature = "test-faults"))]
+#[inline(always)]
+pub(crate) fn lease_ttl(_class: &str, ttl_s: u64) -> u64 {
+    ttl_s
 }
 
 /// Without the feature no fault is ever planted.

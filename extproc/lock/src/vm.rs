@@ -196,7 +196,7 @@ impl Store {
                 self.retire_vm_session(vm, class.name.as_str(), sid, kv.mod_revision()).await?;
                 continue;
             }
-            let sid = self.grant_lease(class.ttl_s).await?;
+            let sid = self.grant_lease(super::test_faults::lease_ttl(class.name.as_str(), class.ttl_s)).await?;
             let rec = SessionRecord {
                 owner: owner.identity.clone(),
                 instance: owner.instance.clone(),

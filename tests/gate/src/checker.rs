@@ -5,13 +5,16 @@
 //! |---|---|---|
 //! | `fence_monotonic` | store writes, arrival order | per resource, each accepted token is above every token accepted before (strict rule) |
 //! | `fence_genuine` | store writes × etcd | each accepted token is a committed grant of the route's lock key |
-//! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex) |
+//! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex; from its commit on, the limit of the class's authoritative policy record) |
+//! | `durable_order_kept` | etcd | a grant of a durable-fairness key commits only with no older waiter key queued: the oldest waiter's grant (deleting its own waiter key), or an arrival while none waits |
+//! | `restore_serves_new_epoch` | etcd × client acquires | after a restore (bumped or not), no grant handed to a client carries an epoch that a grant before it carried: the restore is sealed until its epoch advance |
 //! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
 //! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
 //! | `deleted_hold_accounted` | etcd × client acquires | every deleted hold was released by its own holder (a marker naming it), expired or closed with its session (its session record deleted in the same revision), force-released on the record (`<root>/f/<digest>` in the same revision) or purged by an epoch advance; the one other delete allowed is an arbiter taking back a grant no client was answered with |
 //! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores |
 //! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
 //! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
+//! | `sdk_deadline_conservative` | SDK claims × client acquires | an SDK holder's fence deadline never outlives its hold: no other grant of the mutex key (same epoch, greater token) is answered before both the deadline the SDK reported and its own release call |
 //!
 //! Why not a Porcupine search: every lock operation is an etcd transaction, so the
 //! watch gives a total order of commits; client operations are linked to it by
@@ -33,7 +36,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::history::{token_of, EpochValue, EtcdEvent, History, HoldValue, MarkerValue, Outcome};
+use super::history::{token_of, ClientOp, EpochValue, EtcdEvent, History, HoldValue, MarkerValue, Outcome};
 
 /// How long after a quorum-loss window opens an old leader may still answer
 /// (election timeout and a round trip, doubled for 2 starved cores).
@@ -129,6 +132,16 @@ struct State {
     epoch: Option<EpochValue>,
     /// Session records (`<root>/s/<session>`) → the lease they are on.
     sessions: HashMap<String, i64>,
+    /// Authoritative limits by class (`<root>/c/<class>`).
+    limits: HashMap<String, usize>,
+    /// Durable waiter keys (`<root>/q/<digest>/<name>`) → their create revision.
+    waiters: BTreeMap<String, i64>,
+}
+
+/// The fields of a class policy record the checker reads.
+#[derive(serde::Deserialize)]
+struct PolicyValue {
+    limit: usize,
 }
 
 /// Tokens some client was answered with (an acquire that succeeded), by lock key.
@@ -206,6 +219,8 @@ fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), Time
     check_fence(h, b, &grants, &mut v)?;
     check_clients(h, b, &grants, &mut v)?;
     check_quorum_loss(h, b, &mut v)?;
+    check_restored_epochs(h, b, &grants, &mut v)?;
+    check_sdk_claims(h, b, &mut v)?;
     homes::check(h, b, &grants, &mut v)?;
     Ok((stats, v))
 }
@@ -224,6 +239,12 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
     }
     if let Some(d) = rest.strip_prefix("/f/") {
         return Some(("force", d));
+    }
+    if let Some(c) = rest.strip_prefix("/c/") {
+        return (!c.contains('/')).then_some(("policy", c));
+    }
+    if let Some(q) = rest.strip_prefix("/q/") {
+        return q.split_once('/').map(|(digest, _)| ("waiter", digest));
     }
     rest.strip_prefix("/r/").map(|d| ("marker", d))
 }
@@ -306,6 +327,8 @@ fn apply_txn(
     let mut ended_leases: HashSet<i64> = HashSet::new();
     let mut forced: HashSet<&str> = HashSet::new();
     let mut advanced = false;
+    // Waiter keys this transaction deleted: (digest, create revision).
+    let mut left: Vec<(&str, i64)> = Vec::new();
     // One revision is one transaction: its deletes come before its puts, so a
     // hand-off (the release of `h/0000` and the grant of `h/0000.1` in one
     // transaction) is a release and then a grant, never two holds at once.
@@ -330,6 +353,19 @@ fn apply_txn(
             }
             ("force", true) => {
                 forced.insert(digest);
+            }
+            ("policy", true) => {
+                if let Ok(p) = serde_json::from_str::<PolicyValue>(&e.value) {
+                    st.limits.insert(digest.to_owned(), p.limit);
+                }
+            }
+            ("waiter", true) => {
+                st.waiters.insert(e.key.clone(), e.create_revision);
+            }
+            ("waiter", false) => {
+                if let Some(cr) = st.waiters.remove(&e.key) {
+                    left.push((digest, cr));
+                }
             }
             ("hold", true) if e.prev_value.is_none() => {
                 let Ok(hv) = serde_json::from_str::<HoldValue>(&e.value) else { continue };
@@ -376,7 +412,10 @@ fn apply_txn(
                 let prefix = format!("{}/l/{digest}/h/", h.root);
                 let open: Vec<usize> =
                     st.open.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, gi)| *gi).collect();
-                let limit = h.limit_of(&hv.key);
+                let limit = h.class_of(&hv.key).and_then(|c| st.limits.get(c).copied()).unwrap_or(h.limit_of(&hv.key));
+                if h.is_durable(&hv.key) {
+                    durable_order(h, (si, e), &hv.key, digest, &left, st, v);
+                }
                 if open.len() > limit {
                     let first = open.iter().map(|gi| grants[*gi].revision).min().unwrap_or(e.revision);
                     let mut toks: Vec<u64> = open.iter().map(|gi| grants[*gi].token).collect();
@@ -460,6 +499,141 @@ fn apply_txn(
             revisions: (g.revision, rev),
             time_us: (g.observed_us, at),
         });
+    }
+    Ok(())
+}
+
+/// `durable_order_kept` at the grant `e` of durable key `key`: the waiter keys
+/// of its digest still queued after the transaction must all be younger than
+/// the waiter key the grant deleted (its own), and with none deleted (an
+/// arrival) none may be queued.
+fn durable_order(
+    h: &History,
+    (si, e): (usize, &EtcdEvent),
+    key: &str,
+    digest: &str,
+    left: &[(&str, i64)],
+    st: &State,
+    v: &mut Vec<Violation>,
+) {
+    let own = left.iter().filter(|(d, _)| *d == digest).map(|(_, cr)| *cr).min();
+    let prefix = format!("{}/q/{digest}/", h.root);
+    let older: Vec<i64> = st
+        .waiters
+        .range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, cr)| *cr)
+        .filter(|cr| own.is_none_or(|o| *cr < o))
+        .collect();
+    if let Some(first) = older.iter().min() {
+        let by = match own {
+            Some(o) => format!("the waiter queued at revision {o}"),
+            None => "an arrival that never queued".to_owned(),
+        };
+        v.push(Violation {
+            check: "durable_order_kept",
+            explanation: format!(
+                "the grant of durable {key} at revision {} went to {by} while {} older waiter key(s) were queued (the oldest at revision {first}): the queue was overtaken",
+                e.revision,
+                older.len()
+            ),
+            segment: si,
+            revisions: (*first, e.revision),
+            time_us: (e.observed_us, e.observed_us),
+        });
+    }
+}
+
+/// `restore_serves_new_epoch`: every grant handed to a client in a segment after
+/// a restore carries an epoch above every grant's of the segments before it on
+/// its cluster.
+fn check_restored_epochs(
+    h: &History,
+    b: &mut Budget,
+    grants: &[Grant],
+    v: &mut Vec<Violation>,
+) -> Result<(), TimedOut> {
+    let handed: HandedOut<'_> = h
+        .ops
+        .iter()
+        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
+        .filter_map(|o| Some((o.key.as_str(), o.token?)))
+        .collect();
+    let mut top: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for g in grants {
+        let e = top.entry((g.cluster, g.segment)).or_default();
+        *e = (*e).max(g.epoch);
+    }
+    for g in grants {
+        b.tick("restored_epochs")?;
+        if !handed.contains(&(g.key.as_str(), g.token)) {
+            continue;
+        }
+        let before = top.range((g.cluster, 0)..(g.cluster, g.segment)).map(|(_, e)| *e).max();
+        if let Some(old) = before.filter(|old| g.epoch <= *old) {
+            v.push(Violation {
+                check: "restore_serves_new_epoch",
+                explanation: format!(
+                    "after a restore, grant {} of {} (revision {}) was handed out in epoch {}, which grants before the restore already carried (up to epoch {old}): the restored cluster was served before its epoch advance",
+                    g.token, g.key, g.revision, g.epoch
+                ),
+                segment: g.segment,
+                revisions: (g.revision, g.revision),
+                time_us: (g.observed_us, g.observed_us),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `sdk_deadline_conservative`: for each claim of an SDK holder (`valid`: its hold
+/// of token T lasts until V), no other client was answered a grant T' of the same
+/// mutex key, in T's epoch and above T, before both V and the claimant's release
+/// of T was called. Such a T' committed after T's hold was deleted, which its
+/// holder had not asked for, at a time the SDK still called the hold valid.
+fn check_sdk_claims(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+    let mut acquired: HashMap<&str, Vec<(&ClientOp, u64)>> = HashMap::new();
+    let mut released: HashMap<(&str, &str, u64), u64> = HashMap::new();
+    for o in &h.ops {
+        match (o.op.as_str(), o.token) {
+            ("acquire", Some(t)) if o.outcome == Outcome::Ok => {
+                acquired.entry(o.key.as_str()).or_default().push((o, t))
+            }
+            ("release", Some(t)) => {
+                let r = released.entry((o.process.as_str(), o.key.as_str(), t)).or_insert(u64::MAX);
+                *r = (*r).min(o.call_us);
+            }
+            _ => {}
+        }
+    }
+    for claim in h.ops.iter().filter(|o| o.op == "valid") {
+        let (Some(t), Some(until)) = (claim.token, claim.valid_until_us) else { continue };
+        if h.limit_of(&claim.key) != 1 {
+            continue;
+        }
+        let release = released.get(&(claim.process.as_str(), claim.key.as_str(), t)).copied().unwrap_or(u64::MAX);
+        let bound = until.min(release);
+        for (o, t2) in acquired.get(claim.key.as_str()).into_iter().flatten() {
+            b.tick("sdk")?;
+            if *t2 > t && t2 >> 48 == t >> 48 && o.ret_us < bound {
+                v.push(Violation {
+                    check: "sdk_deadline_conservative",
+                    explanation: format!(
+                        "{} was told at {} that its hold of {} (token {t}) lasts until {until}, and had not released it, yet {} was answered grant {t2} of that key at {} ({} ms before that deadline)",
+                        claim.process,
+                        claim.call_us,
+                        claim.key,
+                        o.process,
+                        o.ret_us,
+                        (until.saturating_sub(o.ret_us)) / 1000
+                    ),
+                    segment: 0,
+                    revisions: (0, 0),
+                    time_us: (claim.call_us.min(o.ret_us), until),
+                });
+                break;
+            }
+        }
     }
     Ok(())
 }

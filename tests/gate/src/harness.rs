@@ -52,15 +52,31 @@ pub(crate) const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 /// holds are short; a paused holder's lasts the TTL).
 pub(crate) const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
-/// The gate's registry: a fenced mutex class and an advisory class of N = 3.
-pub(crate) const GATE_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
+/// Lock-key prefix of the gate's durable-fairness mutex keys (advisory).
+pub const DURABLE_PREFIX: &str = "payments/gate/dur";
+/// The class of the semaphore keys, whose limit a `policy_change` lowers.
+pub(crate) const SEM_CLASS: &str = "gatesem";
+/// The limit a `policy_change` lowers the semaphore class to.
+pub(crate) const SEM_LOWERED: usize = 2;
+/// The TTL a `policy_change` raises the fenced mutex class to, seconds.
+pub(crate) const GATE_TTL_RAISED_S: u64 = 5;
+
+/// The gate's registry, with the fenced mutex class at `ttl_m` seconds: that
+/// class, an advisory class of N = 3 and a durable-fairness advisory mutex class.
+pub(crate) fn gate_registry(ttl_m: u64) -> String {
+    format!(
+        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
 classes:
-  - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }
-  - { name: gatem, prefixes: ["payments/gate/m"], ttl_s: 3, enforcement: advisory, risk_owner: gate,
-      waiver_expiry: "2099-12-31" }
-  - { name: gatesem, prefixes: ["payments/gate/sem"], ttl_s: 3, max_holders: 3, enforcement: advisory,
-      risk_owner: gate, waiver_expiry: "2099-12-31" }
-"#;
+  - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatem, prefixes: ["{MUTEX_PREFIX}"], ttl_s: {ttl_m}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: {SEM_CLASS}, prefixes: ["{SEM_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {SEM_N}, enforcement: advisory,
+      risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatedur, prefixes: ["{DURABLE_PREFIX}"], ttl_s: {GATE_TTL_S}, fairness: durable, enforcement: advisory,
+      risk_owner: gate, waiver_expiry: "2099-12-31" }}
+"#
+    )
+}
 
 /// Options of a gate cluster.
 #[derive(Debug, Clone)]
@@ -83,6 +99,13 @@ pub struct GateOptions {
     pub mutex_keys: usize,
     /// Semaphore keys.
     pub sem_keys: usize,
+    /// SDK holders ([`GateCluster::spawn_workload`]: `k0`, `k1`, .. on the fenced
+    /// mutex keys, holding through `lockmesh-client`).
+    pub sdk_holders: usize,
+    /// Durable-fairness keys.
+    pub durable_keys: usize,
+    /// Holders on the durable keys ([`GateCluster::spawn_workload`]: `d0`, ..).
+    pub durable_holders: usize,
     /// Run arbiters 0 and 1 and holders h0 and h1 under libfaketime (wall clock
     /// only for the first of each, wall and monotonic for the second), so the
     /// schedule can step their clocks ([`super::clock`]).
@@ -143,6 +166,8 @@ pub struct GateCluster {
     pub pki: DevPki,
     opts: GateOptions,
     faults: Mutex<Vec<Fault>>,
+    /// Whether a `policy_change` is in force (limit lowered, TTL raised).
+    changed: Mutex<bool>,
     quorum_loss: Mutex<Vec<(u64, u64)>>,
     epoch: Mutex<u64>,
     moves: Mutex<Vec<Move>>,
@@ -166,6 +191,9 @@ impl GateOptions {
             fence_accepts_lower: false,
             mutex_keys: 3,
             sem_keys: 2,
+            sdk_holders: 2,
+            durable_keys: 1,
+            durable_holders: 2,
             clock_steps: true,
             shards: Vec::new(),
             move_faults: Vec::new(),
@@ -240,7 +268,7 @@ impl GateCluster {
             let mut b = ArbiterProcess::builder(&pki)
                 .etcd_endpoints(row.iter().map(FaultProxy::url).collect())
                 .root(&root)
-                .registry(GATE_REGISTRY)
+                .registry(gate_registry(GATE_TTL_S))
                 .max_wait_ms(5000)
                 .extra_yaml(key.arbiter_yaml())
                 .extra_yaml(format!(
@@ -287,6 +315,7 @@ impl GateCluster {
             pki,
             opts,
             faults: Mutex::new(Vec::new()),
+            changed: Mutex::new(false),
             quorum_loss: Mutex::new(Vec::new()),
             epoch: Mutex::new(1),
             moves: Mutex::new(Vec::new()),
@@ -311,6 +340,11 @@ impl GateCluster {
         (0..self.opts.sem_keys).map(|i| format!("{SEM_PREFIX}/{i}")).collect()
     }
 
+    /// The durable-fairness keys.
+    pub fn durable_keys(&self) -> Vec<String> {
+        (0..self.opts.durable_keys).map(|i| format!("{DURABLE_PREFIX}/{i}")).collect()
+    }
+
     /// Envoy listener ports.
     pub(crate) fn envoy_ports(&self) -> Vec<u16> {
         self.envoys.iter().map(EnvoyProcess::listener_port).collect()
@@ -321,6 +355,12 @@ impl GateCluster {
         self.spawn_holder_with_clock(name, keys, fenced, None)
     }
 
+    /// Starts an SDK holder process (`holder --sdk`) looping over `keys`, with
+    /// fenced writes, keeping each hold `hold_ms` after its write.
+    pub fn spawn_sdk_holder(&mut self, name: &str, keys: &[String], hold_ms: u64) -> Result<()> {
+        self.spawn_holder_args(name, keys, true, None, &["--sdk".to_owned(), format!("--hold-ms={hold_ms}")])
+    }
+
     /// [`GateCluster::spawn_holder`], under libfaketime with a clock in `mode` if given.
     pub(crate) fn spawn_holder_with_clock(
         &mut self,
@@ -328,6 +368,17 @@ impl GateCluster {
         keys: &[String],
         fenced: bool,
         mode: Option<ClockMode>,
+    ) -> Result<()> {
+        self.spawn_holder_args(name, keys, fenced, mode, &[])
+    }
+
+    fn spawn_holder_args(
+        &mut self,
+        name: &str,
+        keys: &[String],
+        fenced: bool,
+        mode: Option<ClockMode>,
+        extra: &[String],
     ) -> Result<()> {
         let cert = self.pki.client("payments", &format!("gate-{name}"))?;
         let out = self.dir.path().join(format!("ops-{name}.jsonl"));
@@ -345,6 +396,7 @@ impl GateCluster {
         if fenced {
             args.push(format!("--fence-url={}", self.fence.url()));
         }
+        args.extend(extra.iter().cloned());
         let clock = match mode {
             Some(mode) => Some(FakeClock::new(self.dir.path(), name, mode)?),
             None => None,
@@ -364,10 +416,12 @@ impl GateCluster {
     }
 
     /// Starts the standard workload: `fenced` holders on the mutex keys and `sem`
-    /// holders on the semaphore keys. With `clock_steps`, h0 runs with a stepped
-    /// wall clock and h1 with stepped wall and monotonic clocks.
+    /// holders on the semaphore keys, then the options' SDK holders (on the mutex
+    /// keys, fenced) and durable-fairness holders (advisory). With
+    /// `clock_steps`, h0 runs with a stepped wall clock and h1 with stepped wall
+    /// and monotonic clocks; SDK holders keep the real clock (docs/GATE.md).
     pub fn spawn_workload(&mut self, fenced: usize, sem: usize) -> Result<()> {
-        let (m, s) = (self.mutex_keys(), self.sem_keys());
+        let (m, s, d) = (self.mutex_keys(), self.sem_keys(), self.durable_keys());
         for i in 0..fenced {
             let mode = clock_mode(&self.opts, i);
             self.spawn_holder_with_clock(&format!("h{i}"), &m, true, mode)?;
@@ -375,6 +429,66 @@ impl GateCluster {
         for i in 0..sem {
             self.spawn_holder(&format!("s{i}"), &s, false)?;
         }
+        for i in 0..self.opts.sdk_holders {
+            self.spawn_sdk_holder(&format!("k{i}"), &m, 0)?;
+        }
+        if !d.is_empty() {
+            for i in 0..self.opts.durable_holders {
+                self.spawn_holder(&format!("d{i}"), &d, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Raises the fenced mutex class's TTL to `ttl_s` (or sets it back) in every
+    /// arbiter's registry file (written whole, then renamed into place) and waits
+    /// for the hot reload (a second; 2.5 s allowed).
+    pub async fn set_ttl(&self, ttl_s: u64) -> Result<()> {
+        let text = gate_registry(ttl_s);
+        for a in &self.arbiters {
+            let dir = a.config_path().parent().context("arbiter config without a directory")?;
+            let tmp = dir.join("registry.yaml.new");
+            std::fs::write(&tmp, &text)?;
+            std::fs::rename(&tmp, dir.join("registry.yaml"))?;
+        }
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        Ok(())
+    }
+
+    /// `lockctl limit change --class gatesem --to <limit>` on every cluster (a
+    /// lowered limit drains, verifies and activates), run again until it reports
+    /// success (60 s at most).
+    pub async fn set_limit(&self, limit: usize) -> Result<()> {
+        let args: Vec<String> = ["limit", "change", "--class", SEM_CLASS, "--to", &limit.to_string()]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(["--verify-timeout-ms".to_owned(), MOVE_VERIFY_TIMEOUT_MS.to_string()])
+            .collect();
+        let end = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (code, out, err) = self.lockctl(&args).await?;
+            if code == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!("lockctl {} did not finish in 60 s: exit {code}: {out}{err}", args.join(" "));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A `policy_change` step: lowers the semaphore class's limit to
+    /// [`SEM_LOWERED`] and raises the fenced mutex class's TTL to
+    /// [`GATE_TTL_RAISED_S`], or (the next one) sets both back, while the
+    /// holders contend. Recorded as a fault.
+    pub async fn policy_change(&self) -> Result<()> {
+        let start = now_us();
+        let was = *self.changed.lock().unwrap_or_else(|p| p.into_inner());
+        let (limit, ttl) = if was { (SEM_N, GATE_TTL_S) } else { (SEM_LOWERED, GATE_TTL_RAISED_S) };
+        self.set_limit(limit).await?;
+        self.set_ttl(ttl).await?;
+        *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = !was;
+        self.note("policy_change", format!("{SEM_CLASS} limit -> {limit}, gatem ttl_s -> {ttl}"), start);
         Ok(())
     }
 
@@ -423,6 +537,18 @@ impl GateCluster {
     /// the ORIGINAL cluster id (same `--initial-cluster` and token) and runs the
     /// guarded epoch advance. Returns the snapshot revision.
     pub async fn restore(&self, lost: Duration) -> Result<i64> {
+        self.restore_with(lost, None, Duration::ZERO).await
+    }
+
+    /// [`GateCluster::restore`], with `etcdutl snapshot restore --bump-revision
+    /// <bump> --mark-compacted` if `bump` is given: the restored cluster's
+    /// revisions then continue above every revision the lost stretch used, so
+    /// only the grant clock and the raft check tell the arbiters it was
+    /// restored (`lock::seal`). The arbiters reach the restored cluster
+    /// `advance_after` before the epoch advance starts, as they do when an
+    /// operator runs `lockctl epoch-advance` once the cluster is up: every grant
+    /// in between must be refused.
+    pub async fn restore_with(&self, lost: Duration, bump: Option<u64>, advance_after: Duration) -> Result<i64> {
         // Restoring the coord cluster can take the shard map back behind the
         // shards' home records: a manual repair (docs/SCALE.md), not a gate fault.
         ensure!(self.shards.is_empty(), "a restore of the coord cluster is not run with shards");
@@ -440,11 +566,12 @@ impl GateCluster {
         }
         self.recorder.barrier(Duration::from_secs(30)).await?;
         self.recorder.stop();
-        self.etcd.restore_from(&snap, None).await?;
-        self.recorder.new_segment(base);
+        self.etcd.restore_from(&snap, bump).await?;
+        self.recorder.new_segment(base, bump.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)));
         for (i, m) in modes.into_iter().enumerate() {
             self.set_links(i, m);
         }
+        tokio::time::sleep(advance_after).await;
         let expected = self.epoch();
         self.epoch_advance(expected, expected + 1).await?;
         *self.epoch.lock().unwrap_or_else(|p| p.into_inner()) = expected + 1;
@@ -522,6 +649,8 @@ impl GateCluster {
         Ok(History {
             root: self.root.clone(),
             limits: vec![(SEM_PREFIX.to_owned(), SEM_N)],
+            classes: vec![(SEM_PREFIX.to_owned(), SEM_CLASS.to_owned())],
+            durable: vec![DURABLE_PREFIX.to_owned()],
             segments,
             shards,
             moves: self.moves.lock().unwrap_or_else(|p| p.into_inner()).clone(),
@@ -610,19 +739,26 @@ impl GateCluster {
     /// `lockctl shard <args> --config <the gate's lockctl config>`: exit code,
     /// stdout and stderr.
     async fn lockctl_shard(&self, args: &[String]) -> Result<(i32, String, String)> {
+        let args: Vec<String> = std::iter::once("shard".to_owned()).chain(args.iter().cloned()).collect();
+        self.lockctl(&args).await
+    }
+
+    /// `lockctl <args> --config <the gate's lockctl config>` as the gate's
+    /// operator: exit code, stdout and stderr.
+    async fn lockctl(&self, args: &[String]) -> Result<(i32, String, String)> {
         let mut cmd = tokio::process::Command::new(profile_dir().join("lockctl"));
-        cmd.arg("shard").args(args).arg("--config").arg(&self.lockctl_config);
-        cmd.args(["--actor", "lockmesh-gate", "--reason", "gate rebalance"]).kill_on_drop(true);
+        cmd.args(args).arg("--config").arg(&self.lockctl_config);
+        cmd.args(["--actor", "lockmesh-gate", "--reason", "gate fault"]).kill_on_drop(true);
         if !self.opts.move_faults.is_empty() {
             cmd.env(TEST_FAULTS_ENV, "1");
         }
         let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
             .await
-            .context("lockctl shard did not return in 90 s")?
+            .context("lockctl did not return in 90 s")?
             .context("run lockctl (cargo build -p lockmesh-extproc)")?;
         let (stdout, stderr) =
             (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-        tracing::debug!(%stdout, %stderr, "lockctl shard");
+        tracing::debug!(%stdout, %stderr, "lockctl");
         Ok((out.status.code().unwrap_or(-1), stdout, stderr))
     }
 
@@ -666,8 +802,9 @@ fn write_lockctl_config(
     root: &str,
 ) -> Result<PathBuf> {
     let registry = dir.join("lockctl-registry.yaml");
-    std::fs::write(&registry, GATE_REGISTRY)?;
-    let mut b = ArbiterProcess::builder(pki).etcd_endpoints(etcd.endpoints()).root(root).registry(GATE_REGISTRY);
+    std::fs::write(&registry, gate_registry(GATE_TTL_S))?;
+    let mut b =
+        ArbiterProcess::builder(pki).etcd_endpoints(etcd.endpoints()).root(root).registry(gate_registry(GATE_TTL_S));
     if !shards.is_empty() {
         b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.etcd.endpoints()[0].clone()))));
     }

@@ -54,7 +54,9 @@ pub enum Outcome {
 pub struct ClientOp {
     /// The holder process (`h0`, `s1`, ...).
     pub process: String,
-    /// `acquire`, `write`, `keepalive`, `release` or `close`.
+    /// `acquire`, `write`, `keepalive`, `release` or `close`; an SDK holder also
+    /// records `valid` (its claim, [`ClientOp::valid_until_us`]) and `fenced` (its
+    /// fence callback ran for the session of `token`'s hold).
     pub op: String,
     /// The lock key.
     pub key: String,
@@ -73,6 +75,12 @@ pub struct ClientOp {
     /// ms (non-zero while the gate steps its clock, [`super::clock`]).
     #[serde(default)]
     pub skew_ms: i64,
+    /// An SDK holder's claim (`op: "valid"`, made at `call_us` under the hold of
+    /// `token`): the SDK's fence deadline, on the real time line, unix µs. The SDK
+    /// promises the hold lasts at least until then unless its holder releases it
+    /// (`sdk_deadline_conservative`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until_us: Option<u64>,
 }
 
 /// The name of the coord cluster (the arbiters' `etcd:`), whose history is
@@ -107,6 +115,10 @@ pub struct EtcdEvent {
 pub struct Segment {
     /// The snapshot revision this segment was restored from (0 for the first).
     pub base_revision: i64,
+    /// The restore's `--bump-revision` (0: none): the segment's revisions start
+    /// above `base_revision + bump`, its state is the snapshot's.
+    #[serde(default)]
+    pub bump: i64,
     /// Events in revision order, all above `base_revision`.
     pub events: Vec<EtcdEvent>,
 }
@@ -171,6 +183,16 @@ pub struct History {
     pub root: String,
     /// Holder limit per lock-key prefix (`payments/gate/sem` → 3); others are 1.
     pub limits: Vec<(String, usize)>,
+    /// The class of each lock-key prefix whose limit may change during the run:
+    /// from the commit of its authoritative policy record (`<root>/c/<class>`,
+    /// written by `lockctl limit change`) on, that record's limit replaces
+    /// [`History::limits`].
+    #[serde(default)]
+    pub classes: Vec<(String, String)>,
+    /// Lock-key prefixes of durable-fairness classes: their grants follow the
+    /// waiter queue (`durable_order_kept`).
+    #[serde(default)]
+    pub durable: Vec<String>,
     /// Store segments of the coord cluster (the only one without shards), one per
     /// restore plus the first.
     pub segments: Vec<Segment>,
@@ -229,11 +251,17 @@ pub struct EpochValue {
 impl History {
     /// The holder limit of `key` (longest matching prefix on `/` boundaries; 1 if none).
     pub(crate) fn limit_of(&self, key: &str) -> usize {
-        self.limits
-            .iter()
-            .filter(|(p, _)| key == p || key.starts_with(&format!("{p}/")))
-            .max_by_key(|(p, _)| p.len())
-            .map_or(1, |(_, n)| *n)
+        longest(&self.limits, key).map_or(1, |n| *n)
+    }
+
+    /// The class [`History::classes`] gives `key` (longest matching prefix).
+    pub(crate) fn class_of(&self, key: &str) -> Option<&str> {
+        longest(&self.classes, key).map(String::as_str)
+    }
+
+    /// Whether `key` is of a durable-fairness class.
+    pub(crate) fn is_durable(&self, key: &str) -> bool {
+        self.durable.iter().any(|p| covers(p, key))
     }
 
     /// Every cluster's store history, the coord cluster ([`COORD`]) first, then
@@ -291,6 +319,16 @@ impl History {
         }
         m.into_iter().collect()
     }
+}
+
+/// Whether lock-key prefix `p` covers `key` (on a `/` boundary).
+fn covers(p: &str, key: &str) -> bool {
+    key == p || key.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+}
+
+/// The value of the longest prefix in `table` that covers `key`.
+fn longest<'a, T>(table: &'a [(String, T)], key: &str) -> Option<&'a T> {
+    table.iter().filter(|(p, _)| covers(p, key)).max_by_key(|(p, _)| p.len()).map(|(_, v)| v)
 }
 
 /// The epoch×2^48 + revision token of a grant.

@@ -2,6 +2,13 @@
 //! write) → keepalive → release → close through the lock tier's HTTP API, and
 //! appends one JSON line per operation (call and return time, outcome) to its
 //! output file. It is a process so the gate can SIGSTOP it past its TTL.
+//!
+//! With `--sdk` it holds through the real SDK (`lockmesh-client`) instead:
+//! lock → work → the SDK's claim (`valid`: the fence deadline it reports, on the
+//! real time line) → fenced write if the guard still lets work start → hold →
+//! release, with the SDK renewing its sessions in the background and the fence
+//! callback recorded (`fenced`). The checker holds each claim against the
+//! grants other clients were answered (`sdk_deadline_conservative`).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -45,13 +52,35 @@ pub struct HolderArgs {
     /// JSON-lines output file.
     #[arg(long)]
     pub out: PathBuf,
+    /// Hold through the SDK (`lockmesh-client`), one client per Envoy.
+    #[arg(long)]
+    pub sdk: bool,
+    /// SDK mode: how long to keep the hold after the write, ms.
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
 }
 
 struct Holder {
     args: HolderArgs,
     clients: Vec<LockClient>,
     http: reqwest::Client,
-    out: std::fs::File,
+    out: Out,
+}
+
+/// The output file, shared with the SDK's fence callback.
+#[derive(Clone)]
+struct Out(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+
+// === impl Out ===
+
+impl Out {
+    fn write(&self, rec: &ClientOp) {
+        if let Ok(line) = serde_json::to_string(rec) {
+            // One write per line: a killed holder leaves at most one torn line.
+            let mut f = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
 }
 
 /// Runs the loop until the process is stopped.
@@ -67,10 +96,45 @@ pub async fn run(args: HolderArgs) -> Result<()> {
         .open(&args.out)
         .with_context(|| format!("open {}", args.out.display()))?;
     let http = reqwest::Client::builder().timeout(HOLDER_REQUEST_TIMEOUT).build()?;
+    let out = Out(std::sync::Arc::new(std::sync::Mutex::new(out)));
+    let sdk = if args.sdk { sdk_clients(&args, &out)? } else { Vec::new() };
     let mut h = Holder { args, clients, http, out };
     loop {
-        h.round().await;
+        if sdk.is_empty() {
+            h.round().await;
+        } else {
+            h.sdk_round(&sdk).await;
+        }
     }
+}
+
+/// One SDK client per Envoy, each recording its fence callbacks.
+fn sdk_clients(args: &HolderArgs, out: &Out) -> Result<Vec<lockmesh_client::Client>> {
+    let mut v = Vec::new();
+    for &port in &args.envoy_ports {
+        let mut c = lockmesh_client::Config::new(format!("https://localhost:{port}"), &args.ca, &args.cert, &args.key);
+        c.resolve = Some(std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)));
+        let (out, name) = (out.clone(), args.name.clone());
+        let client = lockmesh_client::Client::new(c, move |ev: lockmesh_client::FenceEvent| {
+            let at = now_us();
+            out.write(&ClientOp {
+                process: name.clone(),
+                op: "fenced".into(),
+                key: ev.keys.join(","),
+                token: None,
+                call_us: at,
+                ret_us: at,
+                outcome: Outcome::Ok,
+                status: 0,
+                code: Some(ev.reason.as_str().to_owned()),
+                skew_ms: clock_skew_ms(),
+                valid_until_us: None,
+            });
+        })
+        .map_err(|e| anyhow::anyhow!("SDK client for port {port}: {e}"))?;
+        v.push(client);
+    }
+    Ok(v)
 }
 
 // === impl Holder ===
@@ -93,11 +157,94 @@ impl Holder {
             status,
             code,
             skew_ms: clock_skew_ms(),
+            valid_until_us: None,
         };
-        if let Ok(line) = serde_json::to_string(&rec) {
-            // One write per line: a killed holder leaves at most one torn line.
-            let _ = self.out.write_all(format!("{line}\n").as_bytes());
+        self.out.write(&rec);
+    }
+
+    /// One SDK round on a client picked at random (see the module doc).
+    async fn sdk_round(&mut self, sdk: &[lockmesh_client::Client]) {
+        let key = {
+            let keys = &self.args.keys;
+            keys[rand::random_range(0..keys.len())].clone()
+        };
+        let c = &sdk[rand::random_range(0..sdk.len())];
+        let call = now_us();
+        let opts = lockmesh_client::LockOptions::default().wait(Duration::from_secs(2));
+        let guard = match c.lock(&key, opts).await {
+            Ok(g) => g,
+            Err(e) => {
+                let outcome =
+                    if matches!(e, lockmesh_client::Error::OutcomeUnknown) { Outcome::Unknown } else { Outcome::Fail };
+                self.record("acquire", &key, None, call, (outcome, 0, Some(e.code().to_owned())));
+                tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+                return;
+            }
+        };
+        let token = guard.token().get();
+        self.record("acquire", &key, Some(token), call, (Outcome::Ok, 200, None));
+        let work = rand::random_range(0..=self.args.work_ms);
+        tokio::time::sleep(Duration::from_millis(work)).await;
+        // The claim: the SDK's fence deadline, moved onto the real time line.
+        let call = now_us();
+        let left = u64::try_from(guard.remaining_ttl().as_micros()).unwrap_or(u64::MAX);
+        self.out.write(&ClientOp {
+            process: self.args.name.clone(),
+            op: "valid".into(),
+            key: key.clone(),
+            token: Some(token),
+            call_us: call,
+            ret_us: call,
+            outcome: Outcome::Ok,
+            status: 0,
+            code: None,
+            skew_ms: clock_skew_ms(),
+            valid_until_us: Some(call.saturating_add(left)),
+        });
+        if guard.can_start() {
+            if let Some(url) = self.args.fence_url.clone() {
+                let proof = guard.proof().unwrap_or_default().to_owned();
+                self.fenced_write(&url, &key, token, &proof).await;
+            }
         }
+        tokio::time::sleep(Duration::from_millis(self.args.hold_ms)).await;
+        let call = now_us();
+        let res = match guard.release().await {
+            Ok(()) => (Outcome::Ok, 200, None),
+            Err(lockmesh_client::Error::OutcomeUnknown) => (Outcome::Unknown, 0, None),
+            Err(e) => (Outcome::Fail, 0, Some(e.code().to_owned())),
+        };
+        self.record("release", &key, Some(token), call, res);
+    }
+
+    /// `PUT <url>/items/<last key segment>` with the token and proof; records it.
+    async fn fenced_write(&mut self, url: &str, key: &str, token: u64, proof: &str) {
+        let id = key.rsplit('/').next().unwrap_or_default().to_owned();
+        let tok = token.to_string();
+        let call = now_us();
+        let r = self
+            .http
+            .put(format!("{url}/items/{id}"))
+            .header("x-lock-token", &tok)
+            .header("x-lock-proof", proof)
+            .body(format!("{}:{tok}", self.args.name))
+            .send()
+            .await;
+        let res = match r {
+            Ok(r) => {
+                let code = r.headers().get("x-lockmesh-error").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let s = r.status().as_u16();
+                let o = match s {
+                    200 => Outcome::Ok,
+                    // 504: forwarded, may or may not have landed.
+                    504 => Outcome::Unknown,
+                    _ => Outcome::Fail,
+                };
+                (o, s, code)
+            }
+            Err(_) => (Outcome::Unknown, 0, None),
+        };
+        self.record("write", key, Some(token), call, res);
     }
 
     async fn call(&self, path: &str, headers: &[(&str, &str)]) -> (Outcome, u16, Option<String>, serde_json::Value) {
@@ -137,31 +284,7 @@ impl Holder {
         tokio::time::sleep(Duration::from_millis(work)).await;
         let tok = token.to_string();
         if let Some(url) = self.args.fence_url.clone() {
-            let id = key.rsplit('/').next().unwrap_or_default().to_owned();
-            let call = now_us();
-            let r = self
-                .http
-                .put(format!("{url}/items/{id}"))
-                .header("x-lock-token", &tok)
-                .header("x-lock-proof", &proof)
-                .body(format!("{}:{tok}", self.args.name))
-                .send()
-                .await;
-            let res = match r {
-                Ok(r) => {
-                    let code = r.headers().get("x-lockmesh-error").and_then(|v| v.to_str().ok()).map(str::to_owned);
-                    let s = r.status().as_u16();
-                    let o = match s {
-                        200 => Outcome::Ok,
-                        // 504: forwarded, may or may not have landed.
-                        504 => Outcome::Unknown,
-                        _ => Outcome::Fail,
-                    };
-                    (o, s, code)
-                }
-                Err(_) => (Outcome::Unknown, 0, None),
-            };
-            self.record("write", &key, Some(token), call, res);
+            self.fenced_write(&url, &key, token, &proof).await;
         }
         let call = now_us();
         let (o, st, code, _) = self.call("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await;

@@ -88,13 +88,15 @@ impl Recorder {
         }
     }
 
-    /// After a restore to `base_revision`: a new segment, followed from there.
-    pub(crate) fn new_segment(&self, base_revision: i64) {
+    /// After a restore to `base_revision` (with `--bump-revision` `bump`, 0 if
+    /// none): a new segment, followed from above `base_revision + bump` (a bumped
+    /// restore is marked compacted there).
+    pub(crate) fn new_segment(&self, base_revision: i64, bump: i64) {
         self.stop();
         {
             let mut s = self.lock();
-            s.segments.push(Segment { base_revision, events: Vec::new() });
-            s.last_rev = base_revision;
+            s.segments.push(Segment { base_revision, bump, events: Vec::new() });
+            s.last_rev = base_revision + bump;
         }
         self.spawn();
     }

@@ -49,6 +49,13 @@ pub enum FaultKind {
     EnvoyRestart,
     /// Snapshot, keep serving, restore with the original cluster id, advance the epoch.
     Restore,
+    /// [`FaultKind::Restore`] with `--bump-revision` [`BUMP`] and
+    /// `--mark-compacted`: revisions continue above the lost stretch's.
+    RestoreBumped,
+    /// Lower the semaphore class's limit (`lockctl limit change`: drain, verify,
+    /// activate) and raise the fenced mutex class's TTL (a registry reload), or
+    /// set both back.
+    PolicyChange,
     /// Step the clock of a fenced holder (libfaketime; wall, or wall and monotonic).
     HolderClockStep,
     /// Step the clock of an arbiter (libfaketime; wall, or wall and monotonic).
@@ -58,9 +65,16 @@ pub enum FaultKind {
     Rebalance,
 }
 
+/// How long the arbiters reach a restored cluster before its epoch advance.
+pub(crate) const ADVANCE_AFTER: Duration = Duration::from_secs(1);
+
+/// How far a [`FaultKind::RestoreBumped`] moves revisions ahead.
+pub(crate) const BUMP: u64 = 1_000_000;
+
 /// Every kind, in the quick gate's order.
-pub const ALL: [FaultKind; 13] = [
+pub const ALL: [FaultKind; 15] = [
     FaultKind::HolderPause,
+    FaultKind::PolicyChange,
     FaultKind::HolderClockStep,
     FaultKind::MemberKill,
     FaultKind::ArbiterPartition,
@@ -71,6 +85,7 @@ pub const ALL: [FaultKind; 13] = [
     FaultKind::LeaderIsolation,
     FaultKind::ArbiterRestart,
     FaultKind::EnvoyRestart,
+    FaultKind::RestoreBumped,
     FaultKind::QuorumLoss,
     FaultKind::Restore,
 ];
@@ -92,6 +107,8 @@ impl FaultKind {
             FaultKind::ArbiterRestart => "arbiter_restart",
             FaultKind::EnvoyRestart => "envoy_restart",
             FaultKind::Restore => "restore",
+            FaultKind::RestoreBumped => "restore_bumped",
+            FaultKind::PolicyChange => "policy_change",
             FaultKind::HolderClockStep => "holder_clock_step",
             FaultKind::ArbiterClockStep => "arbiter_clock_step",
             FaultKind::Rebalance => "rebalance",
@@ -101,11 +118,12 @@ impl FaultKind {
 
 /// The kinds of a run with shards: [`FaultKind::Rebalance`] and every kind of
 /// [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
-/// knows one cluster; the gate keys live on the shards) and [`FaultKind::Restore`]
-/// (a restored coord cluster can take the shard map back: a manual repair,
+/// knows one cluster; the gate keys live on the shards) and the restores (a
+/// restored coord cluster can take the shard map back: a manual repair,
 /// docs/SCALE.md).
 pub(crate) fn rebalance_kinds() -> Vec<FaultKind> {
-    let others = ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore));
+    let others =
+        ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore | FaultKind::RestoreBumped));
     std::iter::once(FaultKind::Rebalance).chain(others).collect()
 }
 
@@ -116,7 +134,8 @@ pub fn random(n: usize) -> Vec<FaultKind> {
 
 /// A random schedule of `n` steps for a run with shards: at least two
 /// rebalances (there and back) when `n` is 2 or more, and each of
-/// [`rebalance_kinds`] at least once when `n` allows (13 or more).
+/// [`rebalance_kinds`] at least once when `n` allows (one more than there are
+/// kinds).
 pub fn random_rebalance(n: usize) -> Vec<FaultKind> {
     let mut v = random_of(&rebalance_kinds(), n);
     while n >= 2 && v.iter().filter(|k| **k == FaultKind::Rebalance).count() < 2 {
@@ -206,8 +225,14 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             g.note(name, format!("arbiter {i}"), start);
         }
         FaultKind::HolderPause => {
-            let fenced: Vec<usize> =
-                g.holders.iter().enumerate().filter(|(_, h)| h.name.starts_with('h')).map(|(i, _)| i).collect();
+            // A fenced holder: raw (`h*`) or SDK (`k*`).
+            let fenced: Vec<usize> = g
+                .holders
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.name.starts_with('h') || h.name.starts_with('k'))
+                .map(|(i, _)| i)
+                .collect();
             if let Some(&i) = fenced.get(rand::random_range(0..fenced.len().max(1))) {
                 let h = &g.holders[i];
                 h.process.pause()?;
@@ -249,13 +274,19 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             // Recorded by the harness (a `rebalance` fault and a move).
             g.rebalance().await?;
         }
-        FaultKind::Restore => {
-            let base = g.restore(Duration::from_secs(2)).await?;
+        FaultKind::Restore | FaultKind::RestoreBumped => {
+            let bump = (kind == FaultKind::RestoreBumped).then_some(BUMP);
+            let base = g.restore_with(Duration::from_secs(2), bump, ADVANCE_AFTER).await?;
+            let bumped = bump.map_or(String::new(), |b| format!(", revisions bumped by {b}"));
             g.note(
                 name,
-                format!("snapshot at revision {base}, same cluster id, epoch advanced to {}", g.epoch()),
+                format!("snapshot at revision {base}, same cluster id{bumped}, epoch advanced to {}", g.epoch()),
                 start,
             );
+        }
+        FaultKind::PolicyChange => {
+            // Recorded by the harness.
+            g.policy_change().await?;
         }
     }
     Ok(())
@@ -313,11 +344,12 @@ mod tests {
     #[test]
     fn a_rebalance_schedule_moves_there_and_back_and_runs_every_kind_when_it_can() {
         for _ in 0..50 {
-            let v = random_rebalance(13);
-            assert_eq!(v.len(), 13);
+            let v = random_rebalance(rebalance_kinds().len() + 1);
+            assert_eq!(v.len(), rebalance_kinds().len() + 1);
             assert!(v.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{v:?}");
             assert!(rebalance_kinds().iter().all(|k| v.contains(k)), "{v:?}");
             assert!(!v.contains(&FaultKind::Restore) && !v.contains(&FaultKind::QuorumLoss));
+            assert!(!v.contains(&FaultKind::RestoreBumped));
             let short = random_rebalance(3);
             assert!(short.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{short:?}");
         }

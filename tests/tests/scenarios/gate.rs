@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lockmesh_gate::clock::{ClockMode, ClockStep};
 use lockmesh_gate::faultproxy::LinkMode;
-use lockmesh_gate::harness::{GateCluster, GateOptions, MUTEX_PREFIX, SEM_PREFIX};
+use lockmesh_gate::harness::{GateCluster, GateOptions, DURABLE_PREFIX, MUTEX_PREFIX, SEM_PREFIX};
 use lockmesh_gate::history::ClientOp;
 use lockmesh_gate::{check, report, schedule, History, Verdict, CHECK_BUDGET};
 use lockmesh_tests::client::LockClient;
@@ -21,7 +21,15 @@ const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
 
 fn small(name: &str) -> GateOptions {
-    GateOptions { members: 1, arbiters: 1, envoys: 1, clock_steps: false, ..GateOptions::gate(name) }
+    GateOptions {
+        members: 1,
+        arbiters: 1,
+        envoys: 1,
+        clock_steps: false,
+        sdk_holders: 0,
+        durable_holders: 0,
+        ..GateOptions::gate(name)
+    }
 }
 
 /// Checks the history; on failure writes the report and returns the verdict.
@@ -55,6 +63,10 @@ fn client(g: &GateCluster, sa: &str, envoy: usize) -> LockClient {
         .unwrap()
 }
 
+/// Every fault kind once on the full topology with every workload: raw fenced
+/// and semaphore holders, SDK holders (`k*`) and durable-fairness holders (`d*`);
+/// a bumped restore, then later an unbumped one; a limit lowered and a TTL
+/// raised mid-run.
 #[tokio::test]
 async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     let mut g = GateCluster::start(GateOptions::gate("quickgate")).await.unwrap();
@@ -63,7 +75,8 @@ async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     // The restore is the last fault: the history must show the service granting
     // again on the new epoch, however slowly the holders get back on a busy
     // machine (the schedule leaves only a 1 s gap after it).
-    let after_restore = |o: &ClientOp| o.op == "acquire" && o.token.is_some_and(|t| t >> 48 == 2);
+    let epoch = g.epoch();
+    let after_restore = |o: &ClientOp| o.op == "acquire" && o.token.is_some_and(|t| t >> 48 == epoch);
     let regranted = g.wait_for_op(Duration::from_secs(30), after_restore).await;
     let h = g.finish().await.unwrap();
     let v = check(&h, CHECK_BUDGET);
@@ -73,10 +86,23 @@ async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     }
     let kinds: Vec<String> = h.faults_by_kind().into_iter().map(|(k, _)| k).collect();
     assert_eq!(kinds.len(), schedule::ALL.len(), "every fault kind ran: {kinds:?}");
-    assert_eq!(h.segments.len(), 2, "the restore started a second store segment");
+    assert_eq!(h.segments.len(), 3, "each restore started a store segment");
+    assert!(h.segments[1].bump > 0 && h.segments[2].bump == 0, "the first restore was bumped, the second not");
     let Verdict::Pass(s) = check(&h, CHECK_BUDGET) else { unreachable!() };
     assert!(s.grants > 20 && s.releases > 10 && s.writes > 10, "the workload ran: {s:?}");
-    assert!(regranted && h.ops.iter().any(after_restore), "no grant on epoch 2 within 30 s after the restore");
+    assert!(regranted && h.ops.iter().any(after_restore), "no grant on epoch {epoch} within 30 s after the restore");
+    // The new workloads ran, so their checks had something to check.
+    let by = |p: char, op: &str| h.ops.iter().filter(|o| o.process.starts_with(p) && o.op == op).count();
+    assert!(by('k', "valid") > 3 && by('k', "write") > 3, "the SDK holders made claims and fenced writes");
+    assert!(by('d', "acquire") > 3, "the durable holders ran");
+    let events = || h.segments.iter().flat_map(|s| &s.events);
+    let waiters = format!("{}/q/", h.root);
+    assert!(events().any(|e| e.put && e.key.starts_with(&waiters)), "no durable waiter ever queued");
+    let policy = format!("{}/c/gatesem", h.root);
+    assert!(
+        events().any(|e| e.put && e.key == policy && e.value.contains("\"limit\":2")),
+        "the limit change never reached the policy record"
+    );
 }
 
 #[tokio::test]
@@ -359,12 +385,228 @@ async fn stepped_clocks_of_holders_and_arbiters_break_neither_fencing_nor_the_li
     assert_eq!(h.faults.len(), 6, "{:?}", h.faults);
 }
 
+/// `lockctl limit change` lowers the semaphore class from 3 to 2 (drain,
+/// verify, activate) while six holders contend for one key. With
+/// `test_faults: [registry_limit]` grants keep filling the registry's 3 slots;
+/// the checker follows the authoritative policy record and must report the third
+/// holder. The control, with the same change, passes, and its history shows
+/// grants after the change.
+#[tokio::test]
+async fn planted_registry_limit_is_caught_across_a_limit_change() {
+    for bug in [true, false] {
+        let faults = if bug { vec!["registry_limit".to_owned()] } else { vec![] };
+        let mut g = GateCluster::start(GateOptions { arbiter_faults: faults, sem_keys: 1, ..small("plant-limit") })
+            .await
+            .unwrap();
+        let keys = g.sem_keys();
+        for i in 0..6 {
+            g.spawn_holder(&format!("s{i}"), &keys, false).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        g.set_limit(2).await.unwrap();
+        let changed = lockmesh_gate::history::now_us();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (h, v) = finish_checked(&g, "fault schedule:").await;
+        let after = h.ops.iter().filter(|o| o.op == "acquire" && o.token.is_some() && o.call_us > changed).count();
+        assert!(after > 5, "grants after the change: {after}");
+        if bug {
+            assert_caught(&v, "holders_within_limit");
+            assert!(v.explain().contains("(limit 2)"), "{}", v.explain());
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+        }
+    }
+}
+
+/// A class TTL raised from 3 s to 8 s by a registry reload while an SDK holder
+/// holds its keys. With `test_faults: [stale_session_ttl]` the arbiter keeps
+/// granting leases of the TTL it first saw (3 s) but answers the new one, so the
+/// SDK's fence deadline (send + 8 s - 1 s) outlives the lease. The holder is
+/// stopped right after a claim made under the new TTL; a probe waiting for the
+/// key is granted when the lease ends: before the claimed deadline with the
+/// bug (`sdk_deadline_conservative`), after it without.
+#[tokio::test]
+async fn planted_stale_session_ttl_is_caught_by_the_sdk_claims_across_a_ttl_change() {
+    for bug in [true, false] {
+        let faults = if bug { vec!["stale_session_ttl".to_owned()] } else { vec![] };
+        let mut g = GateCluster::start(GateOptions { arbiter_faults: faults, ..small("plant-ttl") }).await.unwrap();
+        let key = format!("{MUTEX_PREFIX}/0");
+        g.spawn_sdk_holder("k0", std::slice::from_ref(&key), 3000).unwrap();
+        let acquired = |o: &ClientOp| o.process == "k0" && o.op == "acquire" && o.token.is_some();
+        assert!(g.wait_for_op(Duration::from_secs(20), acquired).await, "k0 never acquired");
+        g.set_ttl(8).await.unwrap();
+        // A claim made on a session of the new TTL: more than 3 s left.
+        let long = |o: &ClientOp| {
+            o.process == "k0" && o.op == "valid" && o.valid_until_us.is_some_and(|u| u > o.call_us + 3_500_000)
+        };
+        assert!(g.wait_for_op(Duration::from_secs(30), long).await, "k0 made no claim under the new TTL");
+        g.holders[0].process.pause().unwrap();
+        let stopped = lockmesh_gate::history::now_us();
+        let probe = client(&g, "probe", 0);
+        let mut got = None;
+        while got.is_none() && lockmesh_gate::history::now_us() < stopped + 15_000_000 {
+            let r = probe.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
+            if r.code() == 200 {
+                got = Some(lockmesh_gate::history::now_us());
+            }
+        }
+        let got = got.expect("the probe was never granted the stopped holder's key");
+        g.holders[0].process.resume().unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprintln!("probe granted {} ms after k0 stopped", (got - stopped) / 1000);
+        // The probe's grant is not a gate client's: record it so the claim is held against it.
+        let (h, v) = {
+            let mut h = g.finish().await.unwrap();
+            h.ops.push(ClientOp {
+                process: "probe".into(),
+                op: "acquire".into(),
+                key: key.clone(),
+                token: probe_token(&h, &key),
+                call_us: stopped,
+                ret_us: got,
+                outcome: lockmesh_gate::history::Outcome::Ok,
+                status: 200,
+                code: None,
+                skew_ms: 0,
+                valid_until_us: None,
+            });
+            let v = check(&h, CHECK_BUDGET);
+            if !v.passed() {
+                report::write(g.dir(), &h, &v).unwrap();
+            }
+            (h, v)
+        };
+        assert!(h.ops.iter().any(long));
+        if bug {
+            assert_caught(&v, "sdk_deadline_conservative");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+        }
+    }
+}
+
+/// The token of the last grant of `key` in the history (the probe's).
+fn probe_token(h: &History, key: &str) -> Option<u64> {
+    let holds = format!("{}/l/", h.root);
+    h.segments
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|e| e.put && e.prev_value.is_none() && e.key.starts_with(&holds))
+        .filter(|e| serde_json::from_str::<serde_json::Value>(&e.value).is_ok_and(|v| v["key"] == key))
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(&e.value).ok()?;
+            Some((v["epoch"].as_u64()? << 48) | u64::try_from(e.create_revision).ok()?)
+        })
+        .next_back()
+}
+
+/// An arrival must not overtake a queued waiter of a durable-fairness key. Envoy
+/// i reaches only arbiter i. A holds the key through arbiter 1; B queues for it
+/// through arbiter 0 (its waiter key is in etcd); arbiter 0 is stopped, so B
+/// cannot grant itself when A releases; C arrives through arbiter 1 while the
+/// key is free and B's waiter key still queued. With `test_faults:
+/// [skip_queue_compare]` C's arrival grant does not compare the waiter range
+/// empty and is granted: `durable_order_kept` must catch it. In the control C
+/// is refused (`key_gated`) and B is granted once arbiter 0 runs again.
+#[tokio::test]
+async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
+    for bug in [true, false] {
+        let faults = if bug { vec!["skip_queue_compare".to_owned()] } else { vec![] };
+        let opts = GateOptions {
+            arbiter_faults: faults,
+            arbiters: 2,
+            envoys: 2,
+            envoy_per_arbiter: true,
+            ..small("plant-queue")
+        };
+        let g = GateCluster::start(opts).await.unwrap();
+        let key = format!("{DURABLE_PREFIX}/0");
+        let (a, b, c) = (client(&g, "a", 1), client(&g, "b", 0), client(&g, "c", 1));
+        let held = a.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(held.code(), 200, "{}", held.body);
+        let waiting =
+            tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await });
+        let key = format!("{DURABLE_PREFIX}/0");
+        let mut etcd = g.etcd.client().await.unwrap();
+        let queue = format!("{}/q/", g.root);
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = etcd.get(queue.as_str(), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+            if !r.kvs().is_empty() {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "B never queued");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        g.arbiters[0].pause().unwrap();
+        let (t, sid) = (held.json["token"].as_str().unwrap(), held.json["session"].as_str().unwrap());
+        let rel = a.post(REL, &[("x-lock-key", &key), ("x-lock-token", t), ("x-lock-session", sid)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "{}", rel.body);
+        let arrival = c.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "500")]).await.unwrap();
+        g.arbiters[0].resume().unwrap();
+        let queued = waiting.await.unwrap().unwrap();
+        let v = verdict(&g).await;
+        if bug {
+            assert_eq!(arrival.code(), 200, "the planted arrival overtakes: {}", arrival.body);
+            assert_caught(&v, "durable_order_kept");
+            assert!(v.explain().contains("the queue was overtaken"), "{}", v.explain());
+        } else {
+            assert_eq!((arrival.code(), arrival.json["reason"].as_str()), (409, Some("key_gated")), "{}", arrival.body);
+            assert_eq!(queued.code(), 200, "B is granted in its turn: {}", queued.body);
+            assert!(v.passed(), "control: {}", v.explain());
+        }
+    }
+}
+
+/// A restore with `--bump-revision`: revisions continue above the lost
+/// stretch's, so the revision floor cannot see it; the grant clock (compared by
+/// every grant) and the raft check (the seal loop, each second, root only) do.
+/// Both runs take `test_faults: [no_raft_check]`, which stands in for
+/// production's non-root etcd role (no `Status`), so the grant clock is the only
+/// guard, as it is there; the arbiters reach the restored cluster 2 s before the
+/// epoch advance. With `skip_clock_compare` planted on top, restored-free keys
+/// are granted again in the old epoch: `restore_serves_new_epoch` must catch it.
+/// The control (the clock alone) passes and grants on the new epoch.
+#[tokio::test]
+async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
+    for bug in [true, false] {
+        let mut faults = vec!["no_raft_check".to_owned()];
+        if bug {
+            faults.push("skip_clock_compare".to_owned());
+        }
+        let mut g = GateCluster::start(GateOptions { arbiter_faults: faults, ..small("plant-bump") }).await.unwrap();
+        let keys = g.mutex_keys();
+        for i in 0..4 {
+            g.spawn_holder(&format!("h{i}"), &keys, false).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..2 {
+            g.restore_with(Duration::from_secs(1), Some(1_000_000), Duration::from_secs(2)).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let (h, v) = finish_checked(&g, "fault schedule:").await;
+        assert!(h.segments.len() >= 2 && h.segments[1].bump == 1_000_000);
+        if bug {
+            assert_caught(&v, "restore_serves_new_epoch");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let epoch = g.epoch();
+            assert!(
+                h.ops.iter().any(|o| o.op == "acquire" && o.token.is_some_and(|t| t >> 48 == epoch)),
+                "no grant on the new epoch after the bumped restore"
+            );
+        }
+    }
+}
+
 /// A rebalance run on two cores: the coord cluster and both shards have one
 /// member each; 2 arbiters, 2 Envoys, no clock steps.
 fn rebalance(name: &str, move_faults: &[&str]) -> GateOptions {
     GateOptions {
         members: 1,
         clock_steps: false,
+        sdk_holders: 0,
+        durable_holders: 0,
         move_faults: move_faults.iter().map(|f| (*f).to_owned()).collect(),
         ..GateOptions::rebalance(name)
     }

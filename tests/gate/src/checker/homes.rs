@@ -336,6 +336,7 @@ mod tests {
             status: 200,
             code: None,
             skew_ms: 0,
+            valid_until_us: None,
         }
     }
 
@@ -362,10 +363,16 @@ mod tests {
         ];
         History {
             root: ROOT.into(),
-            segments: vec![Segment { base_revision: 0, events: vec![epoch(1, 1, 10), tick(2, 5, 12)] }],
+            segments: vec![Segment { base_revision: 0, bump: 0, events: vec![epoch(1, 1, 10), tick(2, 5, 12)] }],
             shards: vec![
-                ClusterHistory { name: "shard-a".into(), segments: vec![Segment { base_revision: 0, events: a }] },
-                ClusterHistory { name: "shard-b".into(), segments: vec![Segment { base_revision: 0, events: b }] },
+                ClusterHistory {
+                    name: "shard-a".into(),
+                    segments: vec![Segment { base_revision: 0, bump: 0, events: a }],
+                },
+                ClusterHistory {
+                    name: "shard-b".into(),
+                    segments: vec![Segment { base_revision: 0, bump: 0, events: b }],
+                },
             ],
             ops: vec![acquire(token_of(ea, 3), 90, 110), acquire(token_of(eb, 3), b_at - 10, b_at + 10)],
             ..History::default()

@@ -79,6 +79,7 @@ mod tests {
             status: 200,
             code: None,
             skew_ms: 0,
+            valid_until_us: None,
         }
     }
 

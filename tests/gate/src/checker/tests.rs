@@ -47,6 +47,7 @@ fn op(op: &str, token: u64, call: u64, ret: u64) -> ClientOp {
         status: 200,
         code: None,
         skew_ms: 0,
+        valid_until_us: None,
     }
 }
 
@@ -54,7 +55,7 @@ fn base(events: Vec<EtcdEvent>) -> History {
     History {
         root: ROOT.into(),
         limits: vec![("k/sem".into(), 3)],
-        segments: vec![Segment { base_revision: 0, events }],
+        segments: vec![Segment { base_revision: 0, bump: 0, events }],
         ..History::default()
     }
 }
@@ -152,7 +153,7 @@ fn tokens_must_increase_across_a_restore() {
     // Segment 0 hands out revision 10; the restore goes back to revision 5 and a
     // grant there in epoch 1 (revision 7) is handed out: lower than before.
     let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0), marker(11, 1, 10)]);
-    h.segments.push(Segment { base_revision: 5, events: vec![grant(7, 0, "k/a", 1)] });
+    h.segments.push(Segment { base_revision: 5, bump: 0, events: vec![grant(7, 0, "k/a", 1)] });
     h.ops = vec![op("acquire", t(1, 10), 9000, 10_500), op("acquire", t(1, 7), 6000, 7500)];
     assert_eq!(checks(&h), vec!["tokens_increase"]);
     // After an epoch advance the same revision gives a greater token: fine.
