@@ -155,7 +155,7 @@ fn tokens_must_increase_across_a_restore() {
     let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0), marker(11, 1, 10)]);
     h.segments.push(Segment { base_revision: 5, bump: 0, events: vec![grant(7, 0, "k/a", 1)] });
     h.ops = vec![op("acquire", t(1, 10), 9000, 10_500), op("acquire", t(1, 7), 6000, 7500)];
-    assert_eq!(checks(&h), vec!["tokens_increase"]);
+    assert_eq!(checks(&h), vec!["tokens_increase", "restore_serves_new_epoch"]);
     // After an epoch advance the same revision gives a greater token: fine.
     h.segments[1].events = vec![epoch(6, 2), grant(7, 0, "k/a", 2)];
     h.ops[1].token = Some(t(2, 7));
@@ -284,4 +284,68 @@ fn a_transparent_release_marker_is_read() {
     h.segments[0].events.extend([del(5, 0), vm(5, 2)]);
     h.ops = vec![op("acquire", t(1, 4), 3000, 4500)];
     assert_eq!(checks(&h), vec!["release_frees_only_its_grant"]);
+}
+
+#[test]
+fn a_bumped_restore_served_in_the_old_epoch_is_caught_though_tokens_rise() {
+    // The restore goes back to revision 5 with a bump of 100: the regrant at
+    // revision 107 in epoch 1 carries a greater token, yet it was served
+    // before the epoch advance.
+    let mut h = base(vec![epoch(1, 1), grant(10, 0, "k/a", 1), del(11, 0), marker(11, 1, 10)]);
+    h.segments.push(Segment { base_revision: 5, bump: 100, events: vec![grant(107, 0, "k/a", 1)] });
+    h.ops = vec![op("acquire", t(1, 10), 9000, 10_500), op("acquire", t(1, 107), 106_000, 107_500)];
+    assert_eq!(checks(&h), vec!["restore_serves_new_epoch"]);
+    // A grant nobody was answered with (taken back) is not reported.
+    h.ops.pop();
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // In the advanced epoch: fine.
+    h.segments[1].events = vec![epoch(106, 2), grant(107, 0, "k/a", 2)];
+    h.ops.push(op("acquire", t(2, 107), 106_000, 107_500));
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+}
+
+#[test]
+fn a_grant_past_a_lowered_authoritative_limit_is_caught() {
+    let policy =
+        |rev: i64, limit: u32| ev(rev, true, "/g/c/sem", &format!(r#"{{"limit":{limit},"state":"active"}}"#), 2, None);
+    let mut h = base(vec![epoch(1, 1), policy(2, 3), grant(3, 0, "k/sem/a", 1), grant(4, 1, "k/sem/a", 1)]);
+    h.classes = vec![("k/sem".into(), "sem".into())];
+    assert!(checks(&h).is_empty(), "two of three: {:?}", checks(&h));
+    h.segments[0].events.insert(3, policy(4, 1));
+    h.segments[0].events[4].revision = 5;
+    assert_eq!(checks(&h), vec!["holders_within_limit"], "two holds under a limit lowered to 1");
+}
+
+#[test]
+fn a_durable_arrival_that_overtakes_a_queued_waiter_is_caught() {
+    let waiter = |rev: i64, name: &str| ev(rev, true, &format!("/g/q/{D}/{name}"), "{}", rev, None);
+    let left = |rev: i64, name: &str| ev(rev, false, &format!("/g/q/{D}/{name}"), "", 0, Some("{}"));
+    let mut h = base(vec![epoch(1, 1), waiter(2, "w1"), waiter(3, "w2"), left(4, "w1"), grant(4, 0, "k/dur/a", 1)]);
+    h.durable = vec!["k/dur".into()];
+    assert!(checks(&h).is_empty(), "the oldest waiter's grant: {:?}", checks(&h));
+    // The younger waiter granted itself past the older one.
+    h.segments[0].events =
+        vec![epoch(1, 1), waiter(2, "w1"), waiter(3, "w2"), left(4, "w2"), grant(4, 0, "k/dur/a", 1)];
+    assert_eq!(checks(&h), vec!["durable_order_kept"]);
+    // An arrival while w1 waits.
+    h.segments[0].events = vec![epoch(1, 1), waiter(2, "w1"), grant(4, 0, "k/dur/a", 1)];
+    assert_eq!(checks(&h), vec!["durable_order_kept"]);
+}
+
+#[test]
+fn an_sdk_claim_outliving_its_hold_is_caught() {
+    let claim =
+        |until: u64| ClientOp { op: "valid".into(), valid_until_us: Some(until), ..op("valid", t(1, 2), 3000, 3000) };
+    let other = ClientOp { process: "h1".into(), ..op("acquire", t(1, 5), 4000, 6000) };
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(4, 0), grant(5, 0, "k/a", 1)]);
+    h.ops = vec![op("acquire", t(1, 2), 1000, 2500), claim(9000), other.clone()];
+    // The hold was deleted by no marker or session end here, so only look at the claim check.
+    assert!(checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
+    // A deadline before the successor's answer is honest.
+    h.ops[1] = claim(5000);
+    assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
+    // So is a successor after the claimant's own release call.
+    h.ops[1] = claim(9000);
+    h.ops.push(op("release", t(1, 2), 3500, 3900));
+    assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
 }
