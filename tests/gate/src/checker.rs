@@ -249,16 +249,20 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
     rest.strip_prefix("/r/").map(|d| ("marker", d))
 }
 
+/// Every (lock key, token) some client was answered with.
+fn handed_out(h: &History) -> HandedOut<'_> {
+    h.ops
+        .iter()
+        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
+        .filter_map(|o| Some((o.key.as_str(), o.token?)))
+        .collect()
+}
+
 /// Replays every cluster's segments (each from the state at its snapshot
 /// revision) and runs the store checks; returns every committed grant.
 fn replay(h: &History, b: &mut Budget, v: &mut Vec<Violation>, stats: &mut Stats) -> Result<Vec<Grant>, TimedOut> {
     let mut grants: Vec<Grant> = Vec::new();
-    let handed: HandedOut<'_> = h
-        .ops
-        .iter()
-        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
-        .filter_map(|o| Some((o.key.as_str(), o.token?)))
-        .collect();
+    let handed = handed_out(h);
     let mut si = 0;
     for (ci, (_, segments)) in h.clusters().into_iter().enumerate() {
         replay_cluster(h, b, (ci, si), segments, &handed, &mut grants, v, stats)?;
@@ -553,12 +557,7 @@ fn check_restored_epochs(
     grants: &[Grant],
     v: &mut Vec<Violation>,
 ) -> Result<(), TimedOut> {
-    let handed: HandedOut<'_> = h
-        .ops
-        .iter()
-        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
-        .filter_map(|o| Some((o.key.as_str(), o.token?)))
-        .collect();
+    let handed = handed_out(h);
     let mut top: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for g in grants {
         let e = top.entry((g.cluster, g.segment)).or_default();

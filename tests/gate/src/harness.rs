@@ -203,13 +203,7 @@ impl GateOptions {
     /// The gate topology with a coord cluster and two entity shards
     /// ([`REBALANCE_SHARDS`]), on which [`GateCluster::rebalance`] moves the gate keys.
     pub fn rebalance(name: &str) -> Self {
-        // No durable holders: durable waiters of a moving key stay on its old
-        // home (docs/SCALE.md "Not yet", issue #18 item 9).
-        Self {
-            shards: REBALANCE_SHARDS.iter().map(|s| (*s).to_owned()).collect(),
-            durable_holders: 0,
-            ..Self::gate(name)
-        }
+        Self { shards: REBALANCE_SHARDS.iter().map(|s| (*s).to_owned()).collect(), ..Self::gate(name) }
     }
 }
 
