@@ -51,6 +51,15 @@ async fn finish_checked(g: &GateCluster, in_report: &str) -> (History, Verdict) 
     (h, v)
 }
 
+/// The arbiter's `test_faults` of a run: `fault` in the bug run, none in its control.
+fn planted(bug: bool, fault: &str) -> Vec<String> {
+    if bug {
+        vec![fault.to_owned()]
+    } else {
+        Vec::new()
+    }
+}
+
 fn assert_caught(v: &Verdict, check_name: &str) {
     assert!(!v.passed(), "the planted bug was not caught: {}", v.explain());
     let names: Vec<&str> = v.violations().iter().map(|x| x.check).collect();
@@ -152,7 +161,7 @@ async fn planted_fence_accepting_lower_tokens_is_caught() {
 #[tokio::test]
 async fn planted_release_by_key_name_is_caught() {
     for bug in [true, false] {
-        let faults = if bug { vec!["release_by_key_name".to_owned()] } else { vec![] };
+        let faults = planted(bug, "release_by_key_name");
         let g = GateCluster::start(GateOptions { arbiter_faults: faults, ..small("plant-release") }).await.unwrap();
         let (a, b) = (client(&g, "a", 0), client(&g, "b", 0));
         let key = format!("{MUTEX_PREFIX}/1");
@@ -235,7 +244,7 @@ async fn planted_unmarked_delete_of_a_hold_is_caught() {
 #[tokio::test]
 async fn planted_semaphore_counting_before_it_locks_is_caught() {
     for bug in [true, false] {
-        let faults = if bug { vec!["count_before_lock".to_owned()] } else { vec![] };
+        let faults = planted(bug, "count_before_lock");
         let opts = GateOptions {
             arbiter_faults: faults,
             arbiters: 2,
@@ -264,7 +273,7 @@ async fn planted_semaphore_counting_before_it_locks_is_caught() {
 #[tokio::test]
 async fn planted_skipped_epoch_compare_is_caught_across_a_restore() {
     for bug in [true, false] {
-        let faults = if bug { vec!["skip_epoch_compare".to_owned()] } else { vec![] };
+        let faults = planted(bug, "skip_epoch_compare");
         let opts = GateOptions { arbiter_faults: faults, arbiters: 2, envoys: 1, ..small("plant-epoch") };
         let mut g = GateCluster::start(opts).await.unwrap();
         let keys = g.mutex_keys();
@@ -394,7 +403,7 @@ async fn stepped_clocks_of_holders_and_arbiters_break_neither_fencing_nor_the_li
 #[tokio::test]
 async fn planted_registry_limit_is_caught_across_a_limit_change() {
     for bug in [true, false] {
-        let faults = if bug { vec!["registry_limit".to_owned()] } else { vec![] };
+        let faults = planted(bug, "registry_limit");
         let mut g = GateCluster::start(GateOptions { arbiter_faults: faults, sem_keys: 1, ..small("plant-limit") })
             .await
             .unwrap();
@@ -428,7 +437,7 @@ async fn planted_registry_limit_is_caught_across_a_limit_change() {
 #[tokio::test]
 async fn planted_stale_session_ttl_is_caught_by_the_sdk_claims_across_a_ttl_change() {
     for bug in [true, false] {
-        let faults = if bug { vec!["stale_session_ttl".to_owned()] } else { vec![] };
+        let faults = planted(bug, "stale_session_ttl");
         let mut g = GateCluster::start(GateOptions { arbiter_faults: faults, ..small("plant-ttl") }).await.unwrap();
         let key = format!("{MUTEX_PREFIX}/0");
         g.spawn_sdk_holder("k0", std::slice::from_ref(&key), 3000).unwrap();
@@ -487,17 +496,7 @@ async fn planted_stale_session_ttl_is_caught_by_the_sdk_claims_across_a_ttl_chan
 
 /// The token of the last grant of `key` in the history (the probe's).
 fn probe_token(h: &History, key: &str) -> Option<u64> {
-    let holds = format!("{}/l/", h.root);
-    h.segments
-        .iter()
-        .flat_map(|s| &s.events)
-        .filter(|e| e.put && e.prev_value.is_none() && e.key.starts_with(&holds))
-        .filter(|e| serde_json::from_str::<serde_json::Value>(&e.value).is_ok_and(|v| v["key"] == key))
-        .filter_map(|e| {
-            let v: serde_json::Value = serde_json::from_str(&e.value).ok()?;
-            Some((v["epoch"].as_u64()? << 48) | u64::try_from(e.create_revision).ok()?)
-        })
-        .next_back()
+    h.grant_homes().into_keys().filter(|(k, _)| k == key).map(|(_, t)| t).max()
 }
 
 /// An arrival must not overtake a queued waiter of a durable-fairness key. Envoy
@@ -511,7 +510,7 @@ fn probe_token(h: &History, key: &str) -> Option<u64> {
 #[tokio::test]
 async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
     for bug in [true, false] {
-        let faults = if bug { vec!["skip_queue_compare".to_owned()] } else { vec![] };
+        let faults = planted(bug, "skip_queue_compare");
         let opts = GateOptions {
             arbiter_faults: faults,
             arbiters: 2,
