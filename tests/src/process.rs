@@ -64,6 +64,7 @@ impl ChildProcess {
         args: Vec<String>,
         log_path: impl Into<PathBuf>,
     ) -> Self {
+        remember_panics();
         Self {
             name: name.into(),
             program: program.into(),
@@ -282,8 +283,41 @@ impl Drop for ChildProcess {
         self.kill();
         if started && std::thread::panicking() {
             eprintln!("{}", self.log_tails());
+            // CI shows the end of the output: say again why the test failed,
+            // after the logs that would otherwise bury the panic message.
+            if let Some(why) = PANIC_MESSAGE.with(|m| m.borrow().clone()) {
+                eprintln!("----- the test failed (repeated after {}'s log): {why}", self.name);
+            }
         }
     }
+}
+
+thread_local! {
+    /// The message of the panic this thread is unwinding from, for [`ChildProcess`]'s
+    /// drop to repeat after the log tails it prints.
+    static PANIC_MESSAGE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Installs (once per binary) a panic hook that keeps the panic's message and
+/// location for the panicking thread, then runs the hook that was there before.
+fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(a panic without a message)".to_owned());
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            // Bounded: a history dump in a message must not double the output.
+            let text: String = text.chars().take(4000).collect();
+            PANIC_MESSAGE.with(|m| *m.borrow_mut() = Some(format!("{text}{at}")));
+            previous(info);
+        }));
+    });
 }
 
 /// The last `lines` lines of a file, or a note saying why it cannot be read.

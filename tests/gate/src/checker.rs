@@ -607,6 +607,11 @@ fn check_sdk_claims(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Resu
     }
     for claim in h.ops.iter().filter(|o| o.op == "valid") {
         let (Some(t), Some(until)) = (claim.token, claim.valid_until_us) else { continue };
+        // A deadline not after the claim's own time claims nothing (older holders
+        // recorded a zero time left this way).
+        if until <= claim.call_us {
+            continue;
+        }
         if h.limit_of(&claim.key) != 1 {
             continue;
         }

@@ -185,22 +185,28 @@ impl Holder {
         self.record("acquire", &key, Some(token), call, (Outcome::Ok, 200, None));
         let work = rand::random_range(0..=self.args.work_ms);
         tokio::time::sleep(Duration::from_millis(work)).await;
-        // The claim: the SDK's fence deadline, moved onto the real time line.
+        // The claim: the SDK's fence deadline, moved onto the real time line. The
+        // time is read before the SDK reads its own clock, so call + left is never
+        // later than the SDK's deadline. No time left is no claim: the SDK says the
+        // hold may be over, and when its deadline passed is not recorded (a holder
+        // woken from a pause past its TTL reads zero here).
         let call = now_us();
         let left = u64::try_from(guard.remaining_ttl().as_micros()).unwrap_or(u64::MAX);
-        self.out.write(&ClientOp {
-            process: self.args.name.clone(),
-            op: "valid".into(),
-            key: key.clone(),
-            token: Some(token),
-            call_us: call,
-            ret_us: call,
-            outcome: Outcome::Ok,
-            status: 0,
-            code: None,
-            skew_ms: clock_skew_ms(),
-            valid_until_us: Some(call.saturating_add(left)),
-        });
+        if left > 0 {
+            self.out.write(&ClientOp {
+                process: self.args.name.clone(),
+                op: "valid".into(),
+                key: key.clone(),
+                token: Some(token),
+                call_us: call,
+                ret_us: call,
+                outcome: Outcome::Ok,
+                status: 0,
+                code: None,
+                skew_ms: clock_skew_ms(),
+                valid_until_us: Some(call.saturating_add(left)),
+            });
+        }
         if guard.can_start() {
             if let Some(url) = self.args.fence_url.clone() {
                 let proof = guard.proof().unwrap_or_default().to_owned();

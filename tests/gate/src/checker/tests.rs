@@ -348,4 +348,9 @@ fn an_sdk_claim_outliving_its_hold_is_caught() {
     h.ops[1] = claim(9000);
     h.ops.push(op("release", t(1, 2), 3500, 3900));
     assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
+    // A claim of no time left (the deadline at or before the claim) claims nothing:
+    // a holder woken from a pause reads zero after a successor was granted.
+    h.ops.pop();
+    h.ops[1] = ClientOp { op: "valid".into(), valid_until_us: Some(7000), ..op("valid", t(1, 2), 7000, 7000) };
+    assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
 }
