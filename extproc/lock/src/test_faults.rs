@@ -44,6 +44,11 @@ pub enum TestFault {
     /// moving keys are still live on their old home when the new home starts
     /// granting them. Read by `lockctl` only.
     SkipMoveDrain,
+    /// `lockctl class apply` skips its tier check (`lockmesh_ops::reconcile`'s
+    /// `tier_crossings`): a prefix handed to a class of the other tier moves its
+    /// keys between the coord cluster and a shard outside the fenced move, so the
+    /// old cluster's holds outlive the new cluster's first grant. Read by `lockctl` only.
+    SkipTierCheck,
     /// Grants neither compare nor put the grant clock and the seal check does not
     /// read it (`lock::seal`): under a non-root etcd role a restore with
     /// `--bump-revision` then passes every check and restored-free keys are granted
@@ -90,6 +95,7 @@ impl TestFault {
             "skip_home_gate" => Some(Self::SkipHomeGate),
             "skip_move_epoch_advance" => Some(Self::SkipMoveEpochAdvance),
             "skip_move_drain" => Some(Self::SkipMoveDrain),
+            "skip_tier_check" => Some(Self::SkipTierCheck),
             "skip_clock_compare" => Some(Self::SkipClockCompare),
             "skip_quota" => Some(Self::SkipQuota),
             "registry_limit" => Some(Self::RegistryLimit),

@@ -22,8 +22,12 @@
 //! - `class apply FILE --endpoints .. --root ..`: makes the file's prefix map
 //!   authoritative through the drain discipline ([`lockmesh_ops::reconcile`]'s
 //!   `apply`): exit 0 applied, unchanged or cancelled; 2 still draining (`held`
-//!   or `verification_incomplete`: re-run to resume, or `--cancel`); 3 refused; 1
-//!   etcd or conflict; 64 invalid file.
+//!   or `verification_incomplete`: re-run to resume, or `--cancel`); 3 refused (a
+//!   change that moves keys between the coord and the entity tier of a split
+//!   deployment, nothing written); 1 etcd or conflict; 64 invalid file. With
+//!   `--config arbiter.yaml` it runs on every cluster of the config, each on its
+//!   own map and records ([`fleet_apply`]): one line with each cluster's outcome,
+//!   the worst step's exit code; re-running resumes, `--cancel` cancels everywhere.
 //! - `limit change|resume|cancel|show`: the limit-change protocol on the
 //!   authoritative policy records ([`lockmesh_ops::reconcile`]). Each prints one JSON
 //!   line. With `--config arbiter.yaml` (a split deployment) the command runs on
@@ -91,10 +95,27 @@ pub enum ClassCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Make the file's prefix-to-class map authoritative (drain, verify, apply).
+    /// Make the file's prefix-to-class map authoritative (drain, verify, apply), on
+    /// one cluster (--endpoints) or on every cluster of a split deployment (--config).
+    #[command(after_help = "\
+Exit: 0 applied, unchanged or cancelled (on every cluster); 2 still draining (held or
+verification_incomplete: re-run the same command to resume, or --cancel); 3 refused,
+nothing written (a change that moves keys between the coord and the entity tier:
+lockctl shard apply --tier first); 1 etcd unreachable or a concurrent change; 64 invalid file.
+
+Examples:
+  # Every cluster of a split deployment, one JSON line with each cluster's outcome:
+  lockctl class apply registry.yaml --config arbiter.yaml --reason 'payments/x to class pool'
+  # One cluster:
+  lockctl class apply registry.yaml --endpoints https://etcd:2379 --root /lockmesh")]
     Apply {
         /// The registry YAML.
         file: PathBuf,
+        /// A split deployment: the arbiter config (its `etcd:`, `clusters:` and
+        /// root); the apply then runs on every cluster it names, each on its own
+        /// authoritative map, and prints each cluster's outcome (docs/SCALE.md).
+        #[arg(long, conflicts_with = "endpoints")]
+        config: Option<PathBuf>,
         /// etcd (endpoints, root, TLS and user: the `lockmesh-classes` role).
         #[command(flatten)]
         etcd: EtcdArgs,
@@ -445,7 +466,7 @@ fn crds(file: Option<&Path>, out: Option<&Path>) -> ExitCode {
 }
 
 async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
-    let ClassCmd::Apply { etcd, actor, reason, verify_timeout_ms, cancel, .. } = cmd else {
+    let ClassCmd::Apply { etcd, actor, reason, verify_timeout_ms, cancel, config, .. } = cmd else {
         return ExitCode::from(64);
     };
     let reg = match load(file) {
@@ -457,19 +478,44 @@ async fn apply(cmd: &ClassCmd, file: &std::path::Path) -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    let timeout = Duration::from_millis(*verify_timeout_ms);
+    if let Some(config) = config {
+        return fleet(
+            config,
+            |admin| {
+                let reg = &reg;
+                async move { admin.apply_map(reg, reason, timeout, *cancel).await.map(|o| (exit_of_apply(&o), o)) }
+            },
+            actor,
+        )
+        .await;
+    }
     let admin = match connect(etcd, actor).await {
         Ok(a) => a,
         Err(code) => return code,
     };
-    match admin.apply_map(&reg, reason, Duration::from_millis(*verify_timeout_ms), *cancel).await {
+    match admin.apply_map(&reg, reason, timeout, *cancel).await {
         Ok(o) => {
             println!("{}", serde_json::to_string(&o).unwrap_or_default());
-            match o {
-                ApplyOutcome::Held { .. } | ApplyOutcome::VerificationIncomplete { .. } => ExitCode::from(2),
-                _ => ExitCode::SUCCESS,
-            }
+            ExitCode::from(exit_of_apply(&o))
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// 2 while an apply still drains (`held`, `verification_incomplete`), else 0.
+fn exit_of_apply(o: &ApplyOutcome) -> u8 {
+    match o {
+        ApplyOutcome::Held { .. } | ApplyOutcome::VerificationIncomplete { .. } => 2,
+        _ => 0,
+    }
+}
+
+/// 2 while a limit change still drains (`over_target`, `verification_incomplete`), else 0.
+fn exit_of_limit(o: &Outcome) -> u8 {
+    match o {
+        Outcome::OverTarget { .. } | Outcome::VerificationIncomplete { .. } => 2,
+        _ => 0,
     }
 }
 
@@ -510,20 +556,15 @@ pub async fn limit(cmd: &LimitCmd) -> ExitCode {
     match r {
         Ok(o) => {
             println!("{}", serde_json::to_string(&o).unwrap_or_default());
-            match o {
-                Outcome::OverTarget { .. } | Outcome::VerificationIncomplete { .. } => ExitCode::from(2),
-                _ => ExitCode::SUCCESS,
-            }
+            ExitCode::from(exit_of_limit(&o))
         }
         Err(e) => fail(&e),
     }
 }
 
-/// The policy records' handle: exit 64 for flags that do not validate, 1 when etcd
-/// cannot be reached.
-/// One cluster's part of a fleet-wide limit command.
+/// One cluster's part of a fleet-wide command.
 #[derive(serde::Serialize)]
-struct ClusterLimit {
+struct ClusterStep {
     cluster: String,
     /// The step's outcome, or `null` after an error.
     outcome: Option<serde_json::Value>,
@@ -532,14 +573,41 @@ struct ClusterLimit {
 }
 
 /// `lockctl limit ... --config arbiter.yaml`: the command on every cluster of the
-/// deployment, in name order, each on its own record (each cluster has its own
-/// policy records and its own change epochs). One JSON line:
-/// `{"clusters":[{"cluster","outcome","error"}]}`. Exit 0 when every cluster is
-/// done (raised, activated, unchanged, cancelled, shown), 2 when one still drains
-/// (re-run `change` with the same `--to` to resume it, or `cancel --config`), 3
-/// when one refused, 1 when one could not be reached; a failing cluster does not
-/// stop the others.
+/// deployment ([`fleet`]), each on its own record (each cluster has its own
+/// policy records and its own change epochs). Exit 2 when one still drains
+/// (re-run `change` with the same `--to` to resume it, or `cancel --config`).
 async fn fleet_limit(cmd: &LimitCmd, t: &Target, config: &Path) -> ExitCode {
+    let timeout = Duration::from_millis(t.verify_timeout_ms);
+    fleet(
+        config,
+        |admin| async move {
+            let r = match cmd {
+                LimitCmd::Change { to, .. } | LimitCmd::Resume { to, .. } => {
+                    admin.converge(&t.class, *to, &t.reason, timeout).await
+                }
+                LimitCmd::Cancel { .. } => admin.cancel_pending(&t.class, &t.reason).await,
+                LimitCmd::Show { .. } => admin.read(&t.class).await.map(|(policy, _)| Outcome::Unchanged { policy }),
+            };
+            r.map(|o| (exit_of_limit(&o), o))
+        },
+        &t.actor,
+    )
+    .await
+}
+
+/// Runs `step` on every cluster of the deployment `config` names, in name order
+/// (`coord` and the shards), each through its own connection. One JSON line:
+/// `{"clusters":[{"cluster","outcome","error"}]}`. The worst step decides the
+/// exit code: 1 (a cluster could not be reached, or a concurrent change) over 3
+/// (refused, nothing changed there) over 2 (still draining: re-run to resume) over
+/// 0 (done); a failing cluster does not stop the others. 64 for a config that
+/// does not validate.
+async fn fleet<O, F, Fut>(config: &Path, step: F, actor: &str) -> ExitCode
+where
+    O: serde::Serialize,
+    F: Fn(Admin) -> Fut,
+    Fut: std::future::Future<Output = Result<(u8, O), AdminError>>,
+{
     let clusters = match lockmesh_lock::clusters::Clusters::load_arbiter_file(config) {
         Ok(c) => c,
         Err(errs) => {
@@ -547,6 +615,9 @@ async fn fleet_limit(cmd: &LimitCmd, t: &Target, config: &Path) -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    // Planted bugs of the config are lockctl's too (`skip_tier_check`); a test
+    // build only, and refused unless LOCKMESH_TEST_FAULTS=1.
+    lockmesh_lock::test_faults::install(&clusters.test_faults);
     let tiers = match clusters.connect().await {
         Ok(t) => t,
         Err(e) => {
@@ -554,32 +625,15 @@ async fn fleet_limit(cmd: &LimitCmd, t: &Target, config: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let timeout = Duration::from_millis(t.verify_timeout_ms);
     let (mut rows, mut exit) = (Vec::new(), 0u8);
     let mut stores: Vec<_> = tiers.stores().cloned().collect();
     stores.sort_by(|a, b| a.cluster_name().cmp(b.cluster_name()));
     for store in stores {
-        let admin = Admin::from_client(store.client(), &clusters.root, &t.actor);
-        let r = match cmd {
-            LimitCmd::Change { to, .. } | LimitCmd::Resume { to, .. } => {
-                admin.converge(&t.class, *to, &t.reason, timeout).await
-            }
-            LimitCmd::Cancel { .. } => admin.cancel_pending(&t.class, &t.reason).await,
-            LimitCmd::Show { .. } => admin.read(&t.class).await.map(|(policy, _)| Outcome::Unchanged { policy }),
-        };
+        let admin = Admin::from_client(store.client(), &clusters.root, actor);
         let cluster = store.cluster_name().to_owned();
-        let (outcome, error, code) = match r {
-            Ok(o) => {
-                let code = match o {
-                    Outcome::OverTarget { .. } | Outcome::VerificationIncomplete { .. } => 2,
-                    _ => 0,
-                };
-                (serde_json::to_value(&o).ok(), None, code)
-            }
-            Err(e) => {
-                let code = if matches!(e, AdminError::Refused(_)) { 3 } else { 1 };
-                (None, Some(e.to_string()), code)
-            }
+        let (outcome, error, code) = match step(admin).await {
+            Ok((code, o)) => (serde_json::to_value(&o).ok(), None, code),
+            Err(e) => (None, Some(e.to_string()), if e.refused() { 3 } else { 1 }),
         };
         // The worst step decides: 1 (unreachable) over 3 (refused) over 2 (draining).
         let rank = |c: u8| match c {
@@ -591,16 +645,18 @@ async fn fleet_limit(cmd: &LimitCmd, t: &Target, config: &Path) -> ExitCode {
         if rank(code) > rank(exit) {
             exit = code;
         }
-        rows.push(ClusterLimit { cluster, outcome, error });
+        rows.push(ClusterStep { cluster, outcome, error });
     }
     #[derive(serde::Serialize)]
     struct Fleet {
-        clusters: Vec<ClusterLimit>,
+        clusters: Vec<ClusterStep>,
     }
     println!("{}", serde_json::to_string(&Fleet { clusters: rows }).unwrap_or_default());
     ExitCode::from(exit)
 }
 
+/// The policy records' handle: exit 64 for flags that do not validate, 1 when etcd
+/// cannot be reached.
 async fn connect(etcd: &EtcdArgs, actor: &str) -> Result<Admin, ExitCode> {
     let conn = etcd.connection().map_err(|e| {
         eprintln!("lockctl: {e}");
@@ -611,8 +667,5 @@ async fn connect(etcd: &EtcdArgs, actor: &str) -> Result<Admin, ExitCode> {
 
 fn fail(e: &AdminError) -> ExitCode {
     eprintln!("lockctl: {e}");
-    match e {
-        AdminError::Refused(_) => ExitCode::from(3),
-        _ => ExitCode::from(1),
-    }
+    ExitCode::from(if e.refused() { 3 } else { 1 })
 }

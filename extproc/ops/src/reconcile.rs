@@ -26,7 +26,7 @@ use lockmesh_lock::{connect::EtcdConnection, keys::prefix_end, now_ms, policy::C
 
 mod apply;
 
-pub use apply::ApplyOutcome;
+pub use apply::{tier_crossings, ApplyOutcome};
 
 /// Holds read per verification page.
 pub const VERIFY_PAGE: i64 = 500;
@@ -90,12 +90,25 @@ pub enum AdminError {
     /// etcd failed.
     #[error("etcd: {0}")]
     Etcd(String),
+    /// A class map change would move keys between the coord cluster and the
+    /// entity clusters outside the fenced move (`apply::tier_crossings`).
+    #[error("{0}")]
+    CrossTier(String),
+}
+
+impl AdminError {
+    /// True when the protocol refused the step and nothing changed (exit 3).
+    pub fn refused(&self) -> bool {
+        matches!(self, Self::Refused(_) | Self::CrossTier(_))
+    }
 }
 
 /// An operator's handle on the policy records of one root.
 pub struct Admin {
     client: Client,
     keys: Keys,
+    /// This cluster's home record and (coord cluster) shard map.
+    home: lockmesh_lock::home::HomeCell,
     actor: String,
 }
 
@@ -121,12 +134,13 @@ impl Admin {
     /// every change.
     pub async fn connect(conn: &EtcdConnection, root: &str, actor: &str) -> Result<Self, AdminError> {
         let client = conn.connect().await.map_err(etcd)?;
-        Ok(Self { client, keys: Keys::new(root), actor: actor.to_owned() })
+        Ok(Self::from_client(client, root, actor))
     }
 
     /// The same over an existing client (a cluster of `lockmesh_lock::tiers::Tiers`).
     pub fn from_client(client: Client, root: &str, actor: &str) -> Self {
-        Self { client, keys: Keys::new(root), actor: actor.to_owned() }
+        let home = lockmesh_lock::home::HomeCell::new(root);
+        Self { client, keys: Keys::new(root), home, actor: actor.to_owned() }
     }
 
     /// One cluster's step of a fleet-wide change to `target` (`lockctl limit

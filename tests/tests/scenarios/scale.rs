@@ -951,3 +951,220 @@ async fn a_shard_epoch_advance_takes_its_epoch_from_the_coord_counter() {
         assert!(t0.elapsed() < Duration::from_secs(20), "{}", r.body);
     }
 }
+
+/// `REGISTRY` with one more class: `pool` (entity tier, two holders) on `prefix`,
+/// or, with `to_leader`, `prefix` added to the coord-tier class `leader`.
+fn registry_with(prefix: &str, to_leader: bool) -> String {
+    if to_leader {
+        return REGISTRY
+            .replace(r#"prefixes: ["billing/elect"]"#, &format!(r#"prefixes: ["billing/elect", "{prefix}"]"#));
+    }
+    format!(
+        "{REGISTRY}  - {{ name: pool, prefixes: [\"{prefix}\"], max_holders: 2, ttl_s: 15, enforcement: advisory, \
+         risk_owner: t, waiver_expiry: \"2099-12-31\" }}\n"
+    )
+}
+
+/// `lockctl class apply FILE --config CONFIG <args>` with `env`: (exit code, JSON, stderr).
+fn class_apply(
+    file: &std::path::Path,
+    config: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, serde_json::Value, String) {
+    let out = Command::new(profile_dir().join("lockctl"))
+        .args(["class", "apply"])
+        .arg(file)
+        .arg("--config")
+        .arg(config)
+        .args(["--actor", "test", "--reason", "fleet apply", "--verify-timeout-ms", "3000"])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+impl Scale {
+    /// The authoritative class map's `(prefix, class)` entries on `cluster`.
+    async fn class_map_on(&self, cluster: &str) -> Vec<(String, String)> {
+        let mut c = self.client_of(cluster).await;
+        let r = c.get(format!("{}/sys/classmap", self.st.root()), None).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(r.kvs()[0].value()).unwrap();
+        serde_json::from_value(v["map"].clone()).unwrap()
+    }
+
+    /// The classes whose policy record drains on `cluster`.
+    async fn draining_on(&self, cluster: &str) -> Vec<String> {
+        let mut c = self.client_of(cluster).await;
+        let r = c.get(format!("{}/c/", self.st.root()), Some(GetOptions::new().with_prefix())).await.unwrap();
+        r.kvs()
+            .iter()
+            .map(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).unwrap())
+            .filter(|p| p["state"] == "draining")
+            .map(|p| p["class"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Writes the arbiter's registry file and waits until a key of `prefix` is
+    /// granted to `c` as `class` (the reload took; the grant is released).
+    async fn reload_registry(&self, yaml: &str, c: &LockClient, key: &str, class: &str) {
+        std::fs::write(self.st.arbiter(0).config_path().with_file_name("registry.yaml"), yaml).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let r = c.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+            if r.code() == 200 {
+                let t = token(&r);
+                release(c, key, t).await;
+                if r.json["class"].as_str() == Some(class) {
+                    return;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{key} never granted as {class}: {}", r.body);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Issue 18 item 9: `lockctl class apply FILE --config arbiter.yaml` makes a new
+/// prefix map authoritative on every cluster from one command, each through its own
+/// drain and verification: the shard holding a key of the new prefix reports
+/// `held` (exit 2) and keeps its classes draining while the others apply; `--cancel`
+/// reopens it everywhere; the same command re-run after the release finishes it
+/// there (the others `unchanged`), and the key is then granted as the new class.
+/// Before, `class apply` reached only the cluster of `--endpoints`.
+#[tokio::test]
+async fn a_class_apply_acts_on_every_cluster_from_one_lockctl_command() {
+    let s = scale("scale-apply", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    let m = map(&["shard-a", "shard-b"]);
+    let (k1, k2) = ("payments/pool/k1", "payments/pool/k2");
+    let home = m.home("default", k1).unwrap().to_owned();
+    assert_eq!(m.home("default", k2), Some(home.as_str()), "one unit, one home");
+    let (a, b) = (s.st.client("payments", "a").unwrap(), s.st.client("payments", "b").unwrap());
+    let t1 = acquire(&a, k1).await;
+    assert_eq!(s.held_on(&home).await, vec![k1.to_owned()]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("registry.yaml");
+    let yaml = registry_with("payments/pool", false);
+    std::fs::write(&file, &yaml).unwrap();
+    let config = s.st.arbiter(0).config_path().to_path_buf();
+    let all = |o: &str| s.clusters().into_iter().map(|c| (c, o.to_owned())).collect::<BTreeMap<_, _>>();
+    let entry = ("payments/pool".to_owned(), "pool".to_owned());
+
+    // One command: applied where nothing of the prefix is held, held on its home.
+    let (code, j, err) = class_apply(&file, &config, &[], &[]);
+    let mut want = all("applied");
+    want.insert(home.clone(), "held".into());
+    assert_eq!((code, outcomes(&j)), (2, want), "{j} {err}");
+    for c in s.clusters() {
+        assert_eq!(s.class_map_on(&c).await.contains(&entry), c != home, "map on {c}");
+    }
+    let mut drained = s.draining_on(&home).await;
+    drained.sort();
+    assert_eq!(drained, ["default", "pool"], "the home keeps both classes draining");
+    let r = b.post(ACQ, &[("x-lock-key", k2)]).await.unwrap();
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("draining")), "{}", r.body);
+
+    // --cancel reopens the home's classes (the applied clusters keep the new map).
+    let (code, j, err) = class_apply(&file, &config, &["--cancel"], &[]);
+    assert_eq!((code, outcomes(&j)), (0, all("cancelled")), "{j} {err}");
+    assert!(s.draining_on(&home).await.is_empty());
+    let t2 = eventually_acquire(&b, k2).await;
+    release(&b, k2, t2).await;
+
+    // Re-run: held again; released, the same command finishes on the home only.
+    let (code, j, err) = class_apply(&file, &config, &[], &[]);
+    let mut want = all("unchanged");
+    want.insert(home.clone(), "held".into());
+    assert_eq!((code, outcomes(&j)), (2, want), "{j} {err}");
+    release(&a, k1, t1).await;
+    let (code, j, err) = class_apply(&file, &config, &[], &[]);
+    let mut want = all("unchanged");
+    want.insert(home.clone(), "applied".into());
+    assert_eq!((code, outcomes(&j)), (0, want), "{j} {err}");
+    for c in s.clusters() {
+        assert!(s.class_map_on(&c).await.contains(&entry), "map on {c}");
+        assert!(s.draining_on(&c).await.is_empty(), "{c} drains");
+    }
+    // The arbiter on the new registry grants the prefix as `pool`: two holders.
+    s.reload_registry(&yaml, &a, k1, "pool").await;
+    let r = a.post(ACQ, &[("x-lock-key", k1)]).await.unwrap();
+    assert_eq!((r.code(), r.json["class"].as_str()), (200, Some("pool")), "{}", r.body);
+    let r = b.post(ACQ, &[("x-lock-key", k1)]).await.unwrap();
+    assert_eq!((r.code(), r.json["class"].as_str()), (200, Some("pool")), "{}", r.body);
+    assert_eq!(s.held_on(&home).await.len(), 2);
+}
+
+/// Issue 18 item 9: a class map change that hands a prefix of entity keys to a
+/// coord-tier class is refused on every cluster (exit 3, nothing drained, no map
+/// changed): its keys would leave their shard for the coord cluster outside the
+/// fenced move. Planted (`test_faults: [skip_tier_check]` in the config lockctl is
+/// given) the apply goes through where nothing is held, and the coord cluster
+/// grants the key while its shard still holds it: two holders of one mutex.
+#[tokio::test]
+async fn a_class_apply_that_moves_keys_between_tiers_is_refused() {
+    let s = scale("scale-apply-tier", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    let m = map(&["shard-a", "shard-b"]);
+    let key = "payments/elect/k";
+    let home = m.home("default", key).unwrap().to_owned();
+    let (a, b) = (s.st.client("payments", "a").unwrap(), s.st.client("payments", "b").unwrap());
+    acquire(&a, key).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("registry.yaml");
+    let yaml = registry_with("payments/elect", true);
+    std::fs::write(&file, &yaml).unwrap();
+    let config = s.st.arbiter(0).config_path().to_path_buf();
+    let mut before = BTreeMap::new();
+    for c in s.clusters() {
+        before.insert(c.clone(), s.class_map_on(&c).await);
+    }
+
+    let (code, j, err) = class_apply(&file, &config, &[], &[]);
+    assert_eq!(code, 3, "{j} {err}");
+    for c in j["clusters"].as_array().unwrap() {
+        let e = c["error"].as_str().unwrap_or_default();
+        assert!(
+            e.contains("prefix \"payments/elect\": class default (entity tier) to class leader (coord tier)")
+                && e.contains("lockctl shard apply --tier"),
+            "{c}"
+        );
+    }
+    for c in s.clusters() {
+        assert_eq!(s.class_map_on(&c).await, before[&c], "map on {c}");
+        assert!(s.draining_on(&c).await.is_empty(), "{c} drains");
+    }
+
+    // Planted: the check skipped, the change applies wherever the key is not held.
+    let planted = dir.path().join("arbiter.yaml");
+    std::fs::write(
+        &planted,
+        format!("{}\ntest_faults: [skip_tier_check]\n", std::fs::read_to_string(&config).unwrap()),
+    )
+    .unwrap();
+    let (code, j, err) = class_apply(&file, &planted, &[], &[("LOCKMESH_TEST_FAULTS", "1")]);
+    let mut want: BTreeMap<String, String> = s.clusters().into_iter().map(|c| (c, "applied".into())).collect();
+    want.insert(home.clone(), "held".into());
+    assert_eq!((code, outcomes(&j)), (2, want), "{j} {err}");
+    // An arbiter on the new registry routes the key to the coord cluster, whose
+    // map now agrees: granted there while the shard still holds it.
+    std::fs::write(s.st.arbiter(0).config_path().with_file_name("registry.yaml"), &yaml).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let r = b.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+        if r.code() == 200 {
+            assert_eq!(r.json["class"].as_str(), Some("leader"), "{}", r.body);
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (s.held_on(&home).await, s.held_on("coord").await),
+        (vec![key.to_owned()], vec![key.to_owned()]),
+        "planted: two holders of one mutex on two clusters"
+    );
+}

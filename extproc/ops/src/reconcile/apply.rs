@@ -15,14 +15,31 @@
 //!
 //! Arbiters whose registry file is older than the map refuse the moved keys
 //! (`unavailable`) until they reload it; none guesses.
+//!
+//! **Tiers.** A key's cluster follows its class: the shard map homes the keys of
+//! its `coord_classes` on the coord cluster and every other key on an entity
+//! shard (`lockmesh_core::shard::ShardMap::home`). A change that gives keys a
+//! class of the other tier would move them to another cluster with neither the
+//! home fence nor the epoch advance of a fenced move (docs/SCALE.md): the old
+//! cluster's holds could overlap the new cluster's grants and the key's tokens
+//! could fall. Such a change is refused before anything is written
+//! ([`tier_crossings`], `AdminError::CrossTier`), on a split deployment (a map
+//! whose entity keys live off the coord cluster) only; the map of the cluster's
+//! home record and, on the coord cluster, the shard map (current and pending)
+//! decide. Per cluster, each apply is otherwise independent: a key whose class
+//! changes within one tier stays on its cluster, so that cluster's drain and
+//! verification fence it (`lockctl class apply --config` runs it on every cluster).
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lockmesh_core::{policy::ClassPolicy, ClassRegistry};
+use lockmesh_core::{policy::ClassPolicy, shard::ShardMap, ClassRegistry};
 use serde::Serialize;
 use tokio::time::Duration;
 
 use super::{etcd, Admin, AdminError};
-use lockmesh_lock::policy::ClassMapRecord;
+use lockmesh_lock::{
+    home::{HomeRecord, MapRecord},
+    policy::ClassMapRecord,
+};
 
 /// What `lockctl class apply` did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,9 +71,70 @@ pub enum ApplyOutcome {
     },
 }
 
+/// Where the keys of each class pair that `old` to `new` moves between lie on
+/// different tiers of a split map in `maps`: one line per crossing, `prefix P
+/// (or the default): class A (coord tier) to class B (entity tier)`. Empty when
+/// every moved key keeps its cluster: both classes on one tier, or no map whose
+/// entity keys live off its coord cluster.
+pub fn tier_crossings(old: &ClassMapRecord, new: &ClassMapRecord, maps: &[ShardMap]) -> Vec<String> {
+    let split: Vec<&ShardMap> =
+        maps.iter().filter(|m| m.shards.iter().chain(m.overrides.values()).any(|c| *c != m.coord)).collect();
+    let tier = |m: &ShardMap, class: &str| if m.coord_classes.contains(class) { "coord" } else { "entity" };
+    let diff = old.map.iter().filter(|e| !new.map.contains(e)).chain(new.map.iter().filter(|e| !old.map.contains(e)));
+    let mut pairs: Vec<(String, &str, &str)> =
+        diff.map(|(prefix, _)| (format!("prefix {prefix:?}"), old.class_of(prefix), new.class_of(prefix))).collect();
+    pairs.push(("keys no prefix covers".into(), old.default.as_str(), new.default.as_str()));
+    let mut out: Vec<String> = Vec::new();
+    for (what, a, b) in pairs {
+        let Some(m) = split.iter().find(|m| a != b && tier(m, a) != tier(m, b)) else { continue };
+        let line = format!("{what}: class {a} ({} tier) to class {b} ({} tier)", tier(m, a), tier(m, b));
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
 // === impl Admin ===
 
 impl Admin {
+    /// The shard maps in force on this cluster: its home record's current and
+    /// pending map and, on the coord cluster, the shard map's (none on a
+    /// deployment that never ran split).
+    async fn shard_maps(&self) -> Result<Vec<ShardMap>, AdminError> {
+        let mut maps = Vec::new();
+        let r = self.client.clone().get(self.home.home_key(), None).await.map_err(etcd)?;
+        if let Some(kv) = r.kvs().first() {
+            let h: HomeRecord = serde_json::from_slice(kv.value()).map_err(etcd)?;
+            maps.push(h.current);
+            maps.extend(h.pending);
+        }
+        let r = self.client.clone().get(self.home.map_key(), None).await.map_err(etcd)?;
+        if let Some(kv) = r.kvs().first() {
+            let m: MapRecord = serde_json::from_slice(kv.value()).map_err(etcd)?;
+            maps.push(m.current);
+            maps.extend(m.pending);
+        }
+        Ok(maps)
+    }
+
+    /// Refuses (nothing written) a change of `current` to `desired` that moves
+    /// keys between tiers ([`tier_crossings`]).
+    async fn refuse_tier_crossing(&self, current: &ClassMapRecord, desired: &ClassMapRecord) -> Result<(), AdminError> {
+        use lockmesh_lock::test_faults::{on, TestFault};
+        let crossings = tier_crossings(current, desired, &self.shard_maps().await?);
+        if crossings.is_empty() || on(TestFault::SkipTierCheck) {
+            return Ok(());
+        }
+        Err(AdminError::CrossTier(format!(
+            "refused, nothing changed: this class map change gives keys a class of the other tier, which would move \
+             them between the coord cluster and an entity shard outside the fenced move (no drain of the old \
+             cluster, no epoch advance of the new one): {}. Put both classes on one tier first (lockctl shard apply \
+             --tier CLASS=coord|entity, a fenced move), then apply the map",
+            crossings.join("; ")
+        )))
+    }
+
     /// The authoritative map and its mod revision (`None`: not created yet).
     async fn read_map(&self) -> Result<Option<(ClassMapRecord, i64)>, AdminError> {
         let r = self.client.clone().get(self.keys.class_map(), None).await.map_err(etcd)?;
@@ -92,6 +170,7 @@ impl Admin {
         if cancel {
             return self.cancel_move(reason).await;
         }
+        self.refuse_tier_crossing(&current, &desired).await?;
         // Records of classes new in the registry (no key maps to them yet).
         for c in reg.classes() {
             self.create_policy(c.name.as_str(), c.max_holders).await?;
@@ -231,5 +310,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_change_of_tier_is_a_crossing_on_a_split_map_only() {
+        let shard = |coord_classes: &[&str], shards: &[&str]| {
+            let shards: Vec<String> = shards.iter().map(|s| (*s).to_owned()).collect();
+            ShardMap::initial("coord", &shards, coord_classes.iter().map(|c| (*c).to_owned()))
+        };
+        let split = shard(&["leader"], &["shard-a", "shard-b"]);
+        let old = map(&[("billing/elect", "leader"), ("payments", "a")], "default");
+        // Within the entity tier, and a new prefix of a coord class carved out of
+        // another coord class: every key keeps its cluster.
+        let entity = map(&[("billing/elect", "leader"), ("payments/x", "b"), ("payments", "a")], "default");
+        assert!(tier_crossings(&old, &entity, &[split.clone()]).is_empty());
+        // A coord-tier prefix handed to an entity class, and an entity prefix to
+        // the coord class; a default that changes tier.
+        let to_entity = map(&[("payments", "a")], "default");
+        assert_eq!(
+            tier_crossings(&old, &to_entity, &[split.clone()]),
+            ["prefix \"billing/elect\": class leader (coord tier) to class default (entity tier)"]
+        );
+        let to_coord = map(&[("billing/elect", "leader"), ("payments", "leader")], "default");
+        assert_eq!(tier_crossings(&old, &to_coord, &[split.clone()]).len(), 1);
+        let default_coord = map(&[("billing/elect", "leader"), ("payments", "a")], "leader");
+        assert_eq!(
+            tier_crossings(&old, &default_coord, &[split.clone()]),
+            ["keys no prefix covers: class default (entity tier) to class leader (coord tier)"]
+        );
+        // One cluster backs both tiers (or no map at all): nothing changes cluster.
+        assert!(tier_crossings(&old, &to_entity, &[shard(&["leader"], &["coord"])]).is_empty());
+        assert!(tier_crossings(&old, &to_entity, &[]).is_empty());
+        // A pending move that makes a class coord-tier counts too.
+        assert_eq!(tier_crossings(&old, &entity, &[split.clone(), shard(&["leader", "b"], &["shard-a"])]).len(), 1);
     }
 }
