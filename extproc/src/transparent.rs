@@ -4,7 +4,8 @@
 //! and a hold number ([`headers::VM`], [`headers::HOLD`]). The arbiter then grants
 //! the request's `x-lock-key` on that VM's session for the key's class
 //! ([`crate::lock::vm`]) and answers `request_headers` with a `CONTINUE` that adds the
-//! grant (`x-lock-token`, `x-lock-epoch`, `x-lock-revision`) and removes the internal
+//! grant (`x-lock-token`, `x-lock-epoch`, `x-lock-revision`, and `x-lock-proof` when
+//! the arbiter has a signing key) and removes the internal
 //! headers, so the upstream sees the token and never a client-supplied one (the
 //! filter already stripped those; the set here overwrites in any case). A request
 //! that is not granted gets the API's error answer and never reaches the upstream.
@@ -190,11 +191,17 @@ async fn grant(
         }
     };
     let t = grant.token;
-    let set = vec![
+    let mut set = vec![
         (headers::TOKEN, t.to_string()),
         (headers::EPOCH, t.epoch().to_string()),
         (headers::REVISION, t.revision().to_string()),
     ];
+    // The signed grant proof, as an acquire answer carries it: a fence-proxy in front
+    // of the upstream (the injected legacy-store shape) refuses a write without one.
+    // The filter stripped any client-sent proof; this is the only one upstream sees.
+    if let Some(proof) = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, t, &grant.class) {
+        set.push((headers::PROOF, proof));
+    }
     Ok((set, Undo::Grant { req: areq, grant, store }))
 }
 

@@ -359,3 +359,61 @@ async fn the_application_sidecar_carries_lock_calls_to_the_lock_tier_as_the_appl
     assert_eq!(r.status(), 200);
     drop(sidecar);
 }
+
+/// The injected legacy-store shape (docs/TRANSPARENT.md, sidecar/): the inbound
+/// sidecar locks the request and forwards it to fence-proxy, which lets a write
+/// through only with the arbiter's signed grant proof. The arbiter adds the proof
+/// to a transparent grant as it does to an acquire answer; a forged proof the
+/// client sends is stripped, so only the arbiter's reaches the fence. Without
+/// the proof (an arbiter without a signing key) the fence refuses every write:
+/// the same request is answered `428 grant_required` and the store sees nothing.
+#[tokio::test]
+async fn a_transparent_write_passes_the_fence_with_the_arbiters_proof_and_only_with_it() {
+    use lockmesh_tests::fence::{ensure_signing_key, FenceProxyProcess, KvStore};
+    let dir = tempfile::tempdir().unwrap();
+    let key = ensure_signing_key(dir.path()).unwrap();
+    let store = KvStore::start().await.unwrap();
+    let fence = FenceProxyProcess::builder(store.port())
+        .trust(&key.kid, &key.pub_file)
+        .routes(
+            "routes:\n  - name: orders\n    path: /orders/{id}\n    reads: [GET]\n    resource: \"orders/{id}\"\n    lock_key: \"payments/order-{id}\"",
+        )
+        .start()
+        .await
+        .unwrap();
+    let upstream = format!("port_value: {}", fence.port());
+    for signed in [true, false] {
+        let mut b = sidecar(if signed { "tp-fence" } else { "tp-fence-unsigned" })
+            .envoy_replace("port_value: 18080", upstream.clone());
+        if signed {
+            b = b.arbiter_extra_yaml(key.arbiter_yaml());
+        }
+        let st = b.start().await.unwrap();
+        let c = st.client("payments", "writer").unwrap();
+        let before = store.requests().len();
+        let body = if signed { "signed" } else { "bare" };
+        let r = c
+            .request(Method::PUT, "/orders/5", &[("x-lock-proof", "v1.dev1.forged.forged")], body.as_bytes().to_vec())
+            .await
+            .unwrap();
+        if signed {
+            assert_eq!(r.code(), 200, "{}", r.body);
+            let seen = store.requests();
+            assert_eq!(seen.len(), before + 1, "the write reached the store once");
+            let w = &seen[before];
+            let proof = w.headers.iter().find(|(k, _)| k == "x-lock-proof");
+            assert!(proof.is_none(), "fence-proxy strips the proof before the store: {:?}", w.headers);
+            let token: u64 = w.headers.iter().find(|(k, _)| k == "x-lock-token").unwrap().1.parse().unwrap();
+            assert!(token >> 48 >= 1, "a real grant's token: {token}");
+            assert_eq!(store.get("/orders/5").as_deref(), Some("signed"));
+        } else {
+            assert_eq!((r.code(), r.header("x-lockmesh-error")), (428, Some("grant_required")), "{}", r.body);
+            assert_eq!(store.requests().len(), before, "an unproven write reached the store");
+        }
+        // Either way the hold ends with the request.
+        eventually_true(Duration::from_secs(5), "the hold is released after the response", || async {
+            holds(&st).await == 0
+        })
+        .await;
+    }
+}
