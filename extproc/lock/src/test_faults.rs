@@ -35,6 +35,10 @@ pub enum TestFault {
     /// arbiter never re-reads the shard map (`lock::home`, `tiers`): after a move,
     /// grants routed by the stale map commit on the keys' old home.
     SkipHomeGate,
+    /// Session and VM keepalives renew the clusters in turn and stop at the first
+    /// that fails (`tiers`; the code before issue 18 item 1): with one cluster
+    /// unreachable, sessions and transparent holds on the clusters after it lapse.
+    RenewInTurn,
     /// `lockctl shard apply` skips step 3 (the epoch advance of every cluster that
     /// gains keys above every cluster that loses them, `shardctl`): a key moving to
     /// a cluster with a lower epoch is granted tokens below its old home's. Read by
@@ -75,6 +79,14 @@ pub enum TestFault {
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
+    /// A VM keepalive's reconcile (`lock::vm`) releases every hold numbered below
+    /// the filter's next number, also those whose requests are still open: a long
+    /// transparent request loses its hold while it is at the upstream.
+    ReconcileOpenHolds,
+    /// The answer to `POST /v1/sessions` carries `ttl_s` as a string (`"15"`): a
+    /// reply docs/openapi.yaml does not allow, which the OpenAPI scenario's
+    /// schemathesis run must report (`tests/tests/scenarios/openapi.rs`).
+    WireDrift,
 }
 
 #[cfg(feature = "test-faults")]
@@ -93,6 +105,7 @@ impl TestFault {
             "release_by_key_name" => Some(Self::ReleaseByKeyName),
             "count_before_lock" => Some(Self::CountBeforeLock),
             "skip_home_gate" => Some(Self::SkipHomeGate),
+            "renew_in_turn" => Some(Self::RenewInTurn),
             "skip_move_epoch_advance" => Some(Self::SkipMoveEpochAdvance),
             "skip_move_drain" => Some(Self::SkipMoveDrain),
             "skip_tier_check" => Some(Self::SkipTierCheck),
@@ -101,7 +114,9 @@ impl TestFault {
             "registry_limit" => Some(Self::RegistryLimit),
             "stale_session_ttl" => Some(Self::StaleSessionTtl),
             "skip_queue_compare" => Some(Self::SkipQueueCompare),
+            "reconcile_open_holds" => Some(Self::ReconcileOpenHolds),
             "no_raft_check" => Some(Self::NoRaftCheck),
+            "wire_drift" => Some(Self::WireDrift),
             _ => None,
         }
     }

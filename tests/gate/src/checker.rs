@@ -14,6 +14,9 @@
 //! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores |
 //! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
 //! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
+//! | `transparent_forwarded_under_grant` | upstream requests × etcd | every request a transparent holder's sidecar forwarded carried a token of a committed grant of its key |
+//! | `transparent_hold_spans_request` | upstream requests × etcd | a transparent hold is released (its marker) only after its request left the upstream |
+//! | `transparent_renewed` | upstream requests × etcd × faults | a transparent hold's session does not end while its request is at the upstream unless a fault that can stop its renewal was in force (not: a partition of another cluster) |
 //! | `sdk_deadline_conservative` | SDK claims × client acquires | an SDK holder's fence deadline never outlives its hold: no other grant of the mutex key (same epoch, greater token) is answered before both the deadline the SDK reported and its own release call |
 //!
 //! Why not a Porcupine search: every lock operation is an etcd transaction, so the
@@ -119,6 +122,19 @@ struct Grant {
     /// The store segment and revision of that delete (the last, if a restore
     /// brought the hold back).
     close: Option<(usize, i64)>,
+    /// How that delete ended the hold.
+    end: Option<End>,
+}
+
+/// How a hold's delete ended it (the transaction's other writes say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// A release marker of its key in the same revision: its holder released it.
+    Released,
+    /// Its session record deleted in the same revision: expired or closed.
+    SessionEnded,
+    /// A force record, or an epoch advance, or anything else.
+    Other,
 }
 
 /// Tokens handed out for one key on one cluster: (segment, revision, token,
@@ -221,6 +237,7 @@ fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), Time
     check_quorum_loss(h, b, &mut v)?;
     check_restored_epochs(h, b, &grants, &mut v)?;
     check_sdk_claims(h, b, &mut v)?;
+    transparent::check(h, b, &grants, &mut v)?;
     homes::check(h, b, &grants, &mut v)?;
     Ok((stats, v))
 }
@@ -384,6 +401,7 @@ fn apply_txn(
                     observed_us: e.observed_us,
                     closed_us: None,
                     close: None,
+                    end: None,
                 };
                 stats.grants += 1;
                 match &epoch_before {
@@ -482,8 +500,16 @@ fn apply_txn(
     // record or an epoch advance, or take back a grant nobody was answered with.
     for (d, gi) in &deleted {
         stats.deletes += 1;
-        let g = &grants[*gi];
         let released = markers.iter().any(|(md, _, _)| md == d);
+        let g = &mut grants[*gi];
+        g.end = Some(if released {
+            End::Released
+        } else if ended_leases.contains(&g.lease) {
+            End::SessionEnded
+        } else {
+            End::Other
+        });
+        let g = &grants[*gi];
         if released || ended_leases.contains(&g.lease) || forced.contains(d.as_str()) || advanced {
             continue;
         }
@@ -801,6 +827,8 @@ fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Res
 mod homes;
 
 mod open;
+
+mod transparent;
 pub use self::open::check_with_open;
 
 #[cfg(test)]

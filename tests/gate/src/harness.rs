@@ -23,6 +23,7 @@ use super::faultproxy::{FaultProxy, LinkMode};
 use super::history::{now_us, ClientOp, ClusterHistory, Fault, History, Move, StoreWrite};
 use super::holder::read_ops;
 use super::recorder::{Recorder, Ticker};
+use super::upstream::Upstream;
 use lockmesh_devcerts::{DevPki, TEST_TRUST_DOMAIN};
 use lockmesh_tests::arbiter::ArbiterProcess;
 use lockmesh_tests::envoy::EnvoyProcess;
@@ -52,6 +53,13 @@ pub(crate) const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 /// holds are short; a paused holder's lasts the TTL).
 pub(crate) const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
+/// Lock-key prefix of the gate's transparent keys (`<prefix>/<i>`): the inbound
+/// sidecar derives `payments/gate/t/<id>` from `/orders/<id>`.
+pub const TRANSPARENT_PREFIX: &str = "payments/gate/t";
+/// How long a transparent holder's long requests stay at the upstream, ms: past
+/// the class TTL, so the hold must be renewed while the request runs.
+pub(crate) const TRANSPARENT_LONG_MS: u64 = GATE_TTL_S * 1000 + 600;
+
 /// Lock-key prefix of the gate's durable-fairness mutex keys (advisory).
 pub const DURABLE_PREFIX: &str = "payments/gate/dur";
 /// The class of the semaphore keys, whose limit a `policy_change` lowers.
@@ -62,7 +70,8 @@ pub(crate) const SEM_LOWERED: usize = 2;
 pub(crate) const GATE_TTL_RAISED_S: u64 = 5;
 
 /// The gate's registry, with the fenced mutex class at `ttl_m` seconds: that
-/// class, an advisory class of N = 3 and a durable-fairness advisory mutex class.
+/// class, an advisory class of N = 3, a durable-fairness advisory mutex class and
+/// the transparent holders' mutex class.
 pub(crate) fn gate_registry(ttl_m: u64) -> String {
     format!(
         r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
@@ -74,6 +83,8 @@ classes:
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
   - {{ name: gatedur, prefixes: ["{DURABLE_PREFIX}"], ttl_s: {GATE_TTL_S}, fairness: durable, enforcement: advisory,
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatet, prefixes: ["{TRANSPARENT_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
 "#
     )
 }
@@ -106,6 +117,13 @@ pub struct GateOptions {
     pub durable_keys: usize,
     /// Holders on the durable keys ([`GateCluster::spawn_workload`]: `d0`, ..).
     pub durable_holders: usize,
+    /// Transparent keys (`payments/gate/t/<i>`).
+    pub transparent_keys: usize,
+    /// Transparent holders ([`GateCluster::spawn_workload`]: `t0`, ..): requests
+    /// through an inbound-sidecar Envoy (listing every arbiter) to the gate's
+    /// recording [`Upstream`], which the sidecar holds the key for. With none, no
+    /// sidecar runs.
+    pub transparent_holders: usize,
     /// Run arbiters 0 and 1 and holders h0 and h1 under libfaketime (wall clock
     /// only for the first of each, wall and monotonic for the second), so the
     /// schedule can step their clocks ([`super::clock`]).
@@ -146,6 +164,10 @@ pub struct HolderProc {
 pub struct GateCluster {
     /// Holders (dropped first).
     pub holders: Vec<HolderProc>,
+    /// The transparent holders' inbound sidecar (if any run).
+    pub sidecar: Option<EnvoyProcess>,
+    /// The upstream behind it.
+    pub upstream: Option<Upstream>,
     pub envoys: Vec<EnvoyProcess>,
     pub arbiters: Vec<ArbiterProcess>,
     /// `proxies[arbiter][member]`.
@@ -194,6 +216,8 @@ impl GateOptions {
             sdk_holders: 2,
             durable_keys: 1,
             durable_holders: 2,
+            transparent_keys: 2,
+            transparent_holders: 2,
             clock_steps: true,
             shards: Vec::new(),
             move_faults: Vec::new(),
@@ -300,8 +324,17 @@ impl GateCluster {
             EnvoyProcess::builder("lock-tier").cert_dir(pki.dir()).arbiter_ports(listed).start()
         }))
         .await?;
+        let (sidecar, upstream) = if opts.transparent_holders > 0 {
+            let upstream = Upstream::start().await?;
+            let sidecar = sidecar_builder(&pki, &ports, upstream.port()).start().await?;
+            (Some(sidecar), Some(upstream))
+        } else {
+            (None, None)
+        };
         Ok(Self {
             holders: Vec::new(),
+            sidecar,
+            upstream,
             envoys,
             arbiters,
             proxies,
@@ -340,6 +373,11 @@ impl GateCluster {
         (0..self.opts.sem_keys).map(|i| format!("{SEM_PREFIX}/{i}")).collect()
     }
 
+    /// The transparent keys.
+    pub fn transparent_keys(&self) -> Vec<String> {
+        (0..self.opts.transparent_keys).map(|i| format!("{TRANSPARENT_PREFIX}/{i}")).collect()
+    }
+
     /// The durable-fairness keys.
     pub fn durable_keys(&self) -> Vec<String> {
         (0..self.opts.durable_keys).map(|i| format!("{DURABLE_PREFIX}/{i}")).collect()
@@ -358,7 +396,8 @@ impl GateCluster {
     /// Starts an SDK holder process (`holder --sdk`) looping over `keys`, with
     /// fenced writes, keeping each hold `hold_ms` after its write.
     pub fn spawn_sdk_holder(&mut self, name: &str, keys: &[String], hold_ms: u64) -> Result<()> {
-        self.spawn_holder_args(name, keys, true, None, &["--sdk".to_owned(), format!("--hold-ms={hold_ms}")])
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, true, None, &["--sdk".to_owned(), format!("--hold-ms={hold_ms}")])
     }
 
     /// [`GateCluster::spawn_holder`], under libfaketime with a clock in `mode` if given.
@@ -369,12 +408,24 @@ impl GateCluster {
         fenced: bool,
         mode: Option<ClockMode>,
     ) -> Result<()> {
-        self.spawn_holder_args(name, keys, fenced, mode, &[])
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, fenced, mode, &[])
+    }
+
+    /// Starts a transparent holder (`holder --transparent`) sending requests for
+    /// `keys` through the inbound sidecar, one in four staying
+    /// [`TRANSPARENT_LONG_MS`] at the upstream.
+    pub fn spawn_transparent_holder(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let port = self.sidecar.as_ref().context("no inbound sidecar: GateOptions::transparent_holders is 0")?;
+        let ports = [port.listener_port()];
+        let extra = ["--transparent".to_owned(), format!("--long-ms={TRANSPARENT_LONG_MS}")];
+        self.spawn_holder_args(name, &ports, keys, false, None, &extra)
     }
 
     fn spawn_holder_args(
         &mut self,
         name: &str,
+        ports: &[u16],
         keys: &[String],
         fenced: bool,
         mode: Option<ClockMode>,
@@ -382,7 +433,7 @@ impl GateCluster {
     ) -> Result<()> {
         let cert = self.pki.client("payments", &format!("gate-{name}"))?;
         let out = self.dir.path().join(format!("ops-{name}.jsonl"));
-        let ports: Vec<String> = self.envoy_ports().iter().map(u16::to_string).collect();
+        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
         let mut args = vec![
             "holder".to_owned(),
             format!("--name={name}"),
@@ -417,7 +468,8 @@ impl GateCluster {
 
     /// Starts the standard workload: `fenced` holders on the mutex keys and `sem`
     /// holders on the semaphore keys, then the options' SDK holders (on the mutex
-    /// keys, fenced) and durable-fairness holders (advisory). With
+    /// keys, fenced), durable-fairness holders (advisory) and transparent holders
+    /// (through the inbound sidecar). With
     /// `clock_steps`, h0 runs with a stepped wall clock and h1 with stepped wall
     /// and monotonic clocks; SDK holders keep the real clock (docs/GATE.md).
     pub fn spawn_workload(&mut self, fenced: usize, sem: usize) -> Result<()> {
@@ -435,6 +487,12 @@ impl GateCluster {
         if !d.is_empty() {
             for i in 0..self.opts.durable_holders {
                 self.spawn_holder(&format!("d{i}"), &d, false)?;
+            }
+        }
+        let t = self.transparent_keys();
+        if !t.is_empty() {
+            for i in 0..self.opts.transparent_holders {
+                self.spawn_transparent_holder(&format!("t{i}"), &t)?;
             }
         }
         Ok(())
@@ -489,6 +547,51 @@ impl GateCluster {
         self.set_ttl(ttl).await?;
         *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = !was;
         self.note("policy_change", format!("{SEM_CLASS} limit -> {limit}, gatem ttl_s -> {ttl}"), start);
+        Ok(())
+    }
+
+    /// A `sidecar_kill` step: SIGKILL the inbound sidecar while a transparent
+    /// request is at the upstream (waiting up to 3 s for one), start it again 1 s
+    /// later with the same ports. Its VM's sessions stop being renewed, so its
+    /// holds end with them within the TTL; the new process is a new VM.
+    pub async fn sidecar_kill(&self) -> Result<()> {
+        let start = now_us();
+        let (Some(sidecar), Some(upstream)) = (&self.sidecar, &self.upstream) else { return Ok(()) };
+        let open = || upstream.seen().iter().filter(|e| e.left_us.is_none()).count();
+        let end = tokio::time::Instant::now() + Duration::from_secs(3);
+        while open() == 0 && tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let at_upstream = open();
+        sidecar.kill();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sidecar.restart().await?;
+        self.note(
+            "sidecar_kill",
+            format!("inbound sidecar killed with {at_upstream} request(s) at the upstream, started again"),
+            start,
+        );
+        Ok(())
+    }
+
+    /// A `cluster_partition` step (a run with shards): cut every arbiter's links to
+    /// one cluster, the coord cluster or a shard (`Some(i)`), past the TTL, while
+    /// keys on the others are held and renewed. Recorded as `<cluster> cut from
+    /// every arbiter`.
+    pub async fn cluster_partition(&self, pick: Option<usize>) -> Result<()> {
+        let start = now_us();
+        let (links, name): (Vec<&FaultProxy>, &str) = match pick {
+            None => (self.proxies.iter().flatten().collect(), super::history::COORD),
+            Some(i) => (self.shards[i].proxies.iter().collect(), self.shards[i].name.as_str()),
+        };
+        for p in &links {
+            p.set(LinkMode::Cut);
+        }
+        tokio::time::sleep(super::schedule::PAST_TTL).await;
+        for p in &links {
+            p.set(LinkMode::Pass);
+        }
+        self.note("cluster_partition", format!("{name} cut from every arbiter"), start);
         Ok(())
     }
 
@@ -656,6 +759,7 @@ impl GateCluster {
             moves: self.moves.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             ops,
             writes: self.store_writes(),
+            upstream: self.upstream.as_ref().map(Upstream::seen).unwrap_or_default(),
             faults: self.faults.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             quorum_loss: self.quorum_loss.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             gaps,
@@ -780,6 +884,23 @@ impl GateCluster {
 
 /// The `clusters:` and `tiers:` YAML of a run with shards: each shard reached at
 /// the given URL, every shard in the first map's entity tier.
+/// The transparent holders' inbound sidecar: the shipped `inbound-sidecar`
+/// config listing every arbiter, in front of the gate's upstream, its bound
+/// route `/orders/{id}` deriving the gate's transparent key `payments/gate/t/<id>`,
+/// and its reconcile every second (the shortest allowed), so a reconcile that
+/// released an open hold would do so while long requests run.
+fn sidecar_builder(pki: &DevPki, arbiters: &[u16], upstream: u16) -> lockmesh_tests::envoy::EnvoyBuilder {
+    EnvoyProcess::builder("inbound-sidecar")
+        .cert_dir(pki.dir())
+        .arbiter_ports(arbiters.iter().copied())
+        .upstream_port(upstream)
+        .replace(r#""key": "payments/order-{id}""#, format!(r#""key": "{TRANSPARENT_PREFIX}/{{id}}""#))
+        .replace(
+            r#""arbiter_cluster": "lockmesh_arbiter","#,
+            r#""arbiter_cluster": "lockmesh_arbiter", "reconcile_every_ms": 1000,"#,
+        )
+}
+
 fn shards_yaml<'a>(shards: impl Iterator<Item = (&'a str, String)>) -> String {
     let (mut yaml, mut names) = (String::from("clusters:\n"), Vec::new());
     for (name, url) in shards {

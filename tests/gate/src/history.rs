@@ -136,6 +136,24 @@ pub struct StoreWrite {
     pub body: String,
 }
 
+/// One request of a transparent holder as the upstream behind the inbound
+/// sidecar saw it ([`super::upstream`]): the sidecar forwards a request only
+/// once its key is granted, with the grant's token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamExec {
+    /// The lock key the sidecar derived (`x-lock-key` as forwarded).
+    pub key: String,
+    /// The forwarded `x-lock-token` (`None`: absent or not a number).
+    pub token: Option<u64>,
+    /// The holder that sent it (the body's `<process>:` prefix).
+    pub process: String,
+    /// When it arrived at the upstream, unix µs.
+    pub arrived_us: u64,
+    /// When the upstream answered it, unix µs; `None` if it never answered (the
+    /// request was reset first: the sidecar was killed, the caller gave up).
+    pub left_us: Option<u64>,
+}
+
 /// One injected fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
@@ -206,6 +224,10 @@ pub struct History {
     pub ops: Vec<ClientOp>,
     /// Writes the store received, in arrival order.
     pub writes: Vec<StoreWrite>,
+    /// Requests of transparent holders that reached the upstream behind the
+    /// inbound sidecar, in arrival order (`transparent_*` checks).
+    #[serde(default)]
+    pub upstream: Vec<UpstreamExec>,
     /// The fault schedule as executed.
     pub faults: Vec<Fault>,
     /// Quorum-loss windows, unix µs (start, end): no member majority ran.

@@ -58,7 +58,20 @@ pub struct HolderArgs {
     /// SDK mode: how long to keep the hold after the write, ms.
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
+    /// Transparent mode: `--envoy-ports` is the inbound sidecar's, and each round
+    /// is one request `POST /orders/<last key segment>` that the sidecar locks
+    /// (op `treq`); the upstream records what reached it.
+    #[arg(long)]
+    pub transparent: bool,
+    /// Transparent mode: one request in four stays this long (±10 %) at the
+    /// upstream, past the class TTL, so its hold must be renewed; 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub long_ms: u64,
 }
+
+/// How long a transparent holder waits for its request: the grant wait, a long
+/// request's stay at the upstream and slack.
+const TRANSPARENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Holder {
     args: HolderArgs,
@@ -99,8 +112,12 @@ pub async fn run(args: HolderArgs) -> Result<()> {
     let out = Out(std::sync::Arc::new(std::sync::Mutex::new(out)));
     let sdk = if args.sdk { sdk_clients(&args, &out)? } else { Vec::new() };
     let mut h = Holder { args, clients, http, out };
+    let mut n = 0u64;
     loop {
-        if sdk.is_empty() {
+        if h.args.transparent {
+            n += 1;
+            h.transparent_round(n).await;
+        } else if sdk.is_empty() {
             h.round().await;
         } else {
             h.sdk_round(&sdk).await;
@@ -267,6 +284,49 @@ impl Holder {
                 (outcome, r.code(), code, r.json)
             }
             _ => (Outcome::Unknown, 0, None, serde_json::Value::Null),
+        }
+    }
+
+    /// One transparent request (see [`HolderArgs::transparent`]): the key is never
+    /// named by the holder, the sidecar derives it from the path.
+    async fn transparent_round(&mut self, n: u64) {
+        let key = {
+            let keys = &self.args.keys;
+            keys[rand::random_range(0..keys.len())].clone()
+        };
+        let id = key.rsplit('/').next().unwrap_or_default().to_owned();
+        let long = self.args.long_ms;
+        let stay = if long > 0 && rand::random_range(0..4) == 0 {
+            rand::random_range(long * 9 / 10..=long * 11 / 10)
+        } else {
+            rand::random_range(0..=self.args.work_ms)
+        };
+        let stay = stay.to_string();
+        let body = format!("{}:{n}", self.args.name).into_bytes();
+        let headers = [("x-lock-wait-ms", "2000"), (lockmesh_tests::backend::DELAY_HEADER, stay.as_str())];
+        let c = self.client().clone();
+        let call = now_us();
+        let res = match tokio::time::timeout(
+            TRANSPARENT_TIMEOUT,
+            c.request(reqwest::Method::POST, &format!("/orders/{id}"), &headers, body),
+        )
+        .await
+        {
+            Ok(Ok(r)) => {
+                let code = r.header("x-lockmesh-error").map(str::to_owned);
+                let outcome = match r.code() {
+                    200 => Outcome::Ok,
+                    _ if code.is_some() => Outcome::Fail,
+                    _ => Outcome::Unknown,
+                };
+                (outcome, r.code(), code)
+            }
+            _ => (Outcome::Unknown, 0, None),
+        };
+        let refused = res.0 != Outcome::Ok;
+        self.record("treq", &key, None, call, res);
+        if refused {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
         }
     }
 

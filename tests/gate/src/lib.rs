@@ -14,6 +14,7 @@
 //! - [`clock`]: clock steps of holders and arbiters (libfaketime).
 //! - [`checker`]: the checks; a timeout fails.
 //! - [`report`]: writes a failing history, its smallest window and the schedule.
+//! - [`upstream`]: the upstream behind the inbound sidecar of the transparent holders.
 //!
 //! `docs/GATE.md` documents the modes (quick gate in the test command, long gate
 //! `lockmesh-gate long`).
@@ -27,6 +28,7 @@ pub mod holder;
 pub mod recorder;
 pub mod report;
 pub mod schedule;
+pub mod upstream;
 
 use std::time::Duration;
 

@@ -18,7 +18,7 @@ use super::history::now_us;
 use lockmesh_tests::etcd::EtcdCluster;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
-pub(crate) const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
+pub const PAST_TTL: Duration = Duration::from_millis(GATE_TTL_S * 1000 + 1500);
 
 /// How long a clock step that is stepped back is held: longer than a preloaded
 /// process takes to see it ([`super::clock::CACHE_S`]).
@@ -63,6 +63,11 @@ pub enum FaultKind {
     /// Move every gate key to the other entity shard, or back, with `lockctl
     /// shard apply` while the holders contend (runs with shards only).
     Rebalance,
+    /// SIGKILL the transparent holders' inbound sidecar mid-request, start it again.
+    SidecarKill,
+    /// Cut every arbiter's links to one cluster (coord or a shard) past the TTL
+    /// while keys on the others are held and renewed (runs with shards only).
+    ClusterPartition,
 }
 
 /// How long the arbiters reach a restored cluster before its epoch advance.
@@ -72,8 +77,9 @@ pub(crate) const ADVANCE_AFTER: Duration = Duration::from_secs(1);
 pub(crate) const BUMP: u64 = 1_000_000;
 
 /// Every kind, in the quick gate's order.
-pub const ALL: [FaultKind; 15] = [
+pub const ALL: [FaultKind; 16] = [
     FaultKind::HolderPause,
+    FaultKind::SidecarKill,
     FaultKind::PolicyChange,
     FaultKind::HolderClockStep,
     FaultKind::MemberKill,
@@ -112,19 +118,21 @@ impl FaultKind {
             FaultKind::HolderClockStep => "holder_clock_step",
             FaultKind::ArbiterClockStep => "arbiter_clock_step",
             FaultKind::Rebalance => "rebalance",
+            FaultKind::SidecarKill => "sidecar_kill",
+            FaultKind::ClusterPartition => "cluster_partition",
         }
     }
 }
 
-/// The kinds of a run with shards: [`FaultKind::Rebalance`] and every kind of
-/// [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
+/// The kinds of a run with shards: [`FaultKind::Rebalance`],
+/// [`FaultKind::ClusterPartition`] and every kind of [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
 /// knows one cluster; the gate keys live on the shards) and the restores (a
 /// restored coord cluster can take the shard map back: a manual repair,
 /// docs/SCALE.md).
 pub(crate) fn rebalance_kinds() -> Vec<FaultKind> {
     let others =
         ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore | FaultKind::RestoreBumped));
-    std::iter::once(FaultKind::Rebalance).chain(others).collect()
+    [FaultKind::Rebalance, FaultKind::ClusterPartition].into_iter().chain(others).collect()
 }
 
 /// A random schedule of `n` faults (each kind at least once when `n` allows).
@@ -287,6 +295,16 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
         FaultKind::PolicyChange => {
             // Recorded by the harness.
             g.policy_change().await?;
+        }
+        FaultKind::SidecarKill => {
+            // Recorded by the harness.
+            g.sidecar_kill().await?;
+        }
+        FaultKind::ClusterPartition => {
+            // Recorded by the harness; without shards there is no other cluster.
+            if !g.shards.is_empty() {
+                g.cluster_partition(pick_cluster(g)).await?;
+            }
         }
     }
     Ok(())

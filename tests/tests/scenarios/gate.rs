@@ -13,7 +13,7 @@ use std::time::Duration;
 use lockmesh_gate::clock::{ClockMode, ClockStep};
 use lockmesh_gate::faultproxy::LinkMode;
 use lockmesh_gate::harness::{GateCluster, GateOptions, DURABLE_PREFIX, MUTEX_PREFIX, SEM_PREFIX};
-use lockmesh_gate::history::ClientOp;
+use lockmesh_gate::history::{ClientOp, Outcome};
 use lockmesh_gate::{check, report, schedule, History, Verdict, CHECK_BUDGET};
 use lockmesh_tests::client::LockClient;
 
@@ -28,6 +28,7 @@ fn small(name: &str) -> GateOptions {
         clock_steps: false,
         sdk_holders: 0,
         durable_holders: 0,
+        transparent_holders: 0,
         ..GateOptions::gate(name)
     }
 }
@@ -107,6 +108,18 @@ async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     let events = || h.segments.iter().flat_map(|s| &s.events);
     let waiters = format!("{}/q/", h.root);
     assert!(events().any(|e| e.put && e.key.starts_with(&waiters)), "no durable waiter ever queued");
+    // Transparent requests reached the upstream through the sidecar, long ones
+    // (past the TTL) were answered under their renewed holds, and one request at
+    // least was at the upstream when the sidecar was killed.
+    assert!(
+        h.ops.iter().filter(|o| o.op == "treq" && o.outcome == Outcome::Ok).count() > 3,
+        "the transparent holders' requests were answered"
+    );
+    let ttl_us = 3_000_000;
+    assert!(
+        h.upstream.iter().any(|e| e.left_us.is_some_and(|l| l - e.arrived_us > ttl_us)),
+        "no transparent request stayed at the upstream past the TTL and was answered"
+    );
     let policy = format!("{}/c/gatesem", h.root);
     assert!(
         events().any(|e| e.put && e.key == policy && e.value.contains("\"limit\":2")),
@@ -606,6 +619,7 @@ fn rebalance(name: &str, move_faults: &[&str]) -> GateOptions {
         clock_steps: false,
         sdk_holders: 0,
         durable_holders: 0,
+        transparent_holders: 0,
         move_faults: move_faults.iter().map(|f| (*f).to_owned()).collect(),
         ..GateOptions::rebalance(name)
     }
@@ -701,4 +715,87 @@ async fn planted_move_without_the_drain_is_caught_across_homes() {
         "{}",
         v.explain()
     );
+}
+
+/// Transparent holders only (two, on one key, through the inbound sidecar; one
+/// request in four stays 3.6 s at the upstream, past the 3 s TTL), no fault.
+fn transparent_only(name: &str, faults: Vec<String>) -> GateOptions {
+    GateOptions {
+        mutex_keys: 0,
+        sem_keys: 0,
+        durable_keys: 0,
+        transparent_keys: 1,
+        transparent_holders: 2,
+        arbiter_faults: faults,
+        ..small(name)
+    }
+}
+
+/// Requests that stayed at the upstream past the TTL and were answered: their
+/// holds were renewed while they ran.
+fn long_answered(h: &History) -> usize {
+    h.upstream.iter().filter(|e| e.left_us.is_some_and(|l| l - e.arrived_us > 3_000_000)).count()
+}
+
+/// `reconcile_open_holds`: the VM keepalive's reconcile (every second here)
+/// releases holds whose requests are still open, so a long request loses its
+/// hold while it is at the upstream; `transparent_hold_spans_request` must catch
+/// it. The control, the same run without the bug, passes and has long requests
+/// answered under their holds.
+#[tokio::test]
+async fn planted_reconcile_of_open_transparent_holds_is_caught() {
+    for bug in [true, false] {
+        let mut g = GateCluster::start(transparent_only("plant-reconcile", planted(bug, "reconcile_open_holds")))
+            .await
+            .unwrap();
+        g.spawn_workload(0, 0).unwrap();
+        let enough = |o: &ClientOp| o.op == "treq";
+        // Long requests are one in four: run until a few have had their chance.
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert!(g.wait_for_op(Duration::from_secs(10), enough).await, "no transparent request ran");
+        let (h, v) = finish_checked(&g, "transparent_hold_spans_request").await;
+        if bug {
+            assert_caught(&v, "transparent_hold_spans_request");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            assert!(long_answered(&h) > 0, "control: no long request was answered under its hold");
+        }
+    }
+}
+
+/// Split deployment (coord cluster and two single-member shards; the transparent
+/// key lives on a shard): every arbiter's links to the coord cluster are cut past
+/// the TTL, twice, while long transparent requests run on the shard. Each
+/// cluster's VM sessions are renewed on their own, so the shard's holds outlive
+/// the partition; with `renew_in_turn` planted (clusters renewed in turn, coord
+/// first, stopping at the first failure: the code before issue 18 item 1) the
+/// shard's VM session lapses while a request is at the upstream, which
+/// `transparent_renewed` must catch. The control passes with a long request
+/// answered across a partition.
+#[tokio::test]
+async fn planted_renewal_in_turn_is_caught_when_another_cluster_is_partitioned() {
+    for bug in [true, false] {
+        let opts =
+            GateOptions { arbiters: 1, envoys: 1, ..transparent_only("plant-renew", planted(bug, "renew_in_turn")) };
+        let opts = GateOptions { shards: rebalance("x", &[]).shards, ..opts };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        g.spawn_workload(0, 0).unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..2 {
+            g.cluster_partition(None).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let (h, v) = finish_checked(&g, "cluster_partition").await;
+        let cut = h.faults.iter().filter(|f| f.kind == "cluster_partition").collect::<Vec<_>>();
+        assert_eq!(cut.len(), 2, "{:?}", h.faults);
+        if bug {
+            assert_caught(&v, "transparent_renewed");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let across = h.upstream.iter().filter(|e| {
+                e.left_us.is_some_and(|l| cut.iter().any(|f| e.arrived_us < f.end_us && l > f.start_us + 3_000_000))
+            });
+            assert!(across.count() > 0, "control: no request was answered across a partition's TTL: {:?}", h.upstream);
+        }
+    }
 }

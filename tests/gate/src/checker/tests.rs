@@ -354,3 +354,53 @@ fn an_sdk_claim_outliving_its_hold_is_caught() {
     h.ops[1] = ClientOp { op: "valid".into(), valid_until_us: Some(7000), ..op("valid", t(1, 2), 7000, 7000) };
     assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
 }
+
+#[test]
+fn transparent_requests_are_held_to_their_grants_and_holds() {
+    use crate::history::{Fault, UpstreamExec};
+    let exec = |token: Option<u64>, arrived: u64, left: Option<u64>| UpstreamExec {
+        key: "k/t/0".into(),
+        token,
+        process: "t0".into(),
+        arrived_us: arrived,
+        left_us: left,
+    };
+    let session = |rev: i64, put: bool| ev(rev, put, "/g/s/00000000000000aa", if put { "{}" } else { "" }, rev, None);
+    let tmarker = |rev: i64, r: i64| {
+        ev(rev, true, &format!("{ROOT}/r/{D}"), &format!(r#"{{"revision":{r},"transparent":true}}"#), rev, None)
+    };
+    // Granted at revision 3 (observed at 3 ms), released at revision 9 (9 ms).
+    let released = vec![epoch(1, 1), session(2, true), grant(3, 0, "k/t/0", 1), del(9, 0), tmarker(9, 3)];
+    let mut h = base(released.clone());
+    h.upstream = vec![exec(Some(t(1, 3)), 4000, Some(8000))];
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // A request reset before its answer is checked for its token only.
+    h.upstream = vec![exec(Some(t(1, 3)), 4000, None)];
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+    // Released while the request was still at the upstream.
+    h.upstream = vec![exec(Some(t(1, 3)), 4000, Some(9500))];
+    assert_eq!(checks(&h), vec!["transparent_hold_spans_request"]);
+    // Forwarded without a token, or with a token no grant of the key carries.
+    h.upstream = vec![exec(None, 4000, Some(5000)), exec(Some(t(1, 4)), 4000, Some(5000))];
+    assert_eq!(checks(&h), vec!["transparent_forwarded_under_grant", "transparent_forwarded_under_grant"]);
+    // Its session ended (expired) at revision 9 while the request was there.
+    let expired = vec![epoch(1, 1), session(2, true), grant(3, 0, "k/t/0", 1), session(9, false), del(9, 0)];
+    let mut h = base(expired);
+    h.upstream = vec![exec(Some(t(1, 3)), 4000, Some(9500))];
+    assert_eq!(checks(&h), vec!["transparent_renewed"], "no fault: the renewal itself failed");
+    let fault =
+        |kind: &str, detail: &str| Fault { kind: kind.into(), detail: detail.into(), start_us: 1000, end_us: 6000 };
+    for (f, excused) in [
+        (fault("sidecar_kill", "sidecar killed"), true),
+        (fault("cluster_partition", "coord cut from every arbiter"), true),
+        (fault("cluster_partition", "shard-a cut from every arbiter"), false),
+        (fault("policy_change", "gatesem limit -> 2"), false),
+    ] {
+        h.faults = vec![f.clone()];
+        assert_eq!(checks(&h).is_empty(), excused, "{f:?}: {:?}", checks(&h));
+    }
+    // Expired after the request left: nothing to say.
+    h.faults.clear();
+    h.upstream = vec![exec(Some(t(1, 3)), 4000, Some(8000))];
+    assert!(checks(&h).is_empty(), "{:?}", checks(&h));
+}
