@@ -375,7 +375,17 @@ impl Tiers {
     async fn map(&self, fresh: bool) -> Result<ShardMap, LockError> {
         match self.current_map() {
             Some(m) if !fresh => Ok(m),
-            _ => self.refresh_map().await,
+            cached => match self.refresh_map().await {
+                // Never read (an arbiter started while the coord cluster was lost):
+                // no key can be routed, a healthy shard's included (docs/SCALE.md).
+                Err(LockError::Unavailable(m)) if cached.is_none() && !m.starts_with("no shard map") => {
+                    Err(LockError::Unavailable(format!(
+                        "no shard map yet: the coord cluster, which holds it, cannot be read ({m}); this arbiter \
+                         routes no key until it can"
+                    )))
+                }
+                r => r,
+            },
         }
     }
 
@@ -528,6 +538,16 @@ impl Tiers {
         }
         let marked = home.extensions(sid).await?;
         let others: Vec<&Arc<Store>> = self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)).collect();
+        if crate::test_faults::on(crate::test_faults::TestFault::RenewInTurn) {
+            // PLANTED BUG (split scenarios): in turn, stopping at the first failure.
+            for s in others {
+                if !s.renew_lease(sid).await? && marked.iter().any(|m| m == s.cluster_name()) {
+                    self.revoke_everywhere(sid).await;
+                    return Err(LockError::SessionExpired);
+                }
+            }
+            return Ok(ttl);
+        }
         let renewed = join_all(others.iter().map(|s| s.renew_lease(sid))).await;
         for (s, r) in others.iter().zip(renewed) {
             if !marked.iter().any(|m| m == s.cluster_name()) {
@@ -690,6 +710,9 @@ impl Tiers {
         vm: &str,
         reconcile: Option<&crate::vm::Reconcile>,
     ) -> Result<crate::vm::VmStatus, LockError> {
+        if crate::test_faults::on(crate::test_faults::TestFault::RenewInTurn) {
+            return self.vm_keepalive_in_turn(envoy, vm, reconcile).await;
+        }
         let stores: Vec<&Arc<Store>> = self.stores().collect();
         let answers = join_all(stores.iter().map(|s| s.vm_keepalive(envoy, vm, reconcile))).await;
         let mut total = crate::vm::VmStatus::default();
@@ -725,6 +748,27 @@ impl Tiers {
         }
         if partial {
             total.min_ttl_s = 0;
+        }
+        Ok(total)
+    }
+
+    /// [`Tiers::vm_keepalive`] with [`crate::test_faults::TestFault::RenewInTurn`]
+    /// planted: the clusters in turn, coord first, stopping at the first that fails.
+    async fn vm_keepalive_in_turn(
+        &self,
+        envoy: &str,
+        vm: &str,
+        reconcile: Option<&crate::vm::Reconcile>,
+    ) -> Result<crate::vm::VmStatus, LockError> {
+        let mut total = crate::vm::VmStatus::default();
+        for s in self.stores() {
+            let st = s.vm_keepalive(envoy, vm, reconcile).await?; // PLANTED BUG (split scenarios)
+            total.sessions += st.sessions;
+            total.reconciled += st.reconciled;
+            total.failed += st.failed;
+            if st.min_ttl_s > 0 {
+                total.min_ttl_s = if total.min_ttl_s == 0 { st.min_ttl_s } else { total.min_ttl_s.min(st.min_ttl_s) };
+            }
         }
         Ok(total)
     }
