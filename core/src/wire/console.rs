@@ -19,11 +19,19 @@ use super::{audit::EventKind, inspect::SaturatedKey, status::RegistryStatus};
 pub struct ConsoleState {
     /// Recent audit events from the tailer, if one is configured.
     pub audit: ConsoleAudit,
-    /// Every class of the registry in force, with what is held now.
+    /// Every class of the registry in force, with what is held now (over every
+    /// cluster; each cluster's part in [`ConsoleClass::clusters`]).
     pub classes: Vec<ConsoleClass>,
-    /// Classes draining a lowered limit.
+    /// Every cluster the arbiter knows (`coord` first, then the others by name),
+    /// each read on its own. `[]` from an arbiter that read only the coord cluster
+    /// (before issue 18).
+    #[serde(default)]
+    pub clusters: Vec<ConsoleCluster>,
+    /// Classes draining a lowered limit or a prefix move, one row per cluster
+    /// whose record drains.
     pub draining: Vec<ConsoleDraining>,
-    /// etcd as this arbiter sees it.
+    /// The coord cluster's etcd as this arbiter sees it (every cluster's members:
+    /// [`ConsoleCluster::etcd`]).
     pub etcd: ConsoleEtcd,
     /// When the snapshot was taken, unix ms.
     pub generated_ms: u64,
@@ -36,12 +44,15 @@ pub struct ConsoleState {
     pub quotas: Vec<ConsoleQuota>,
     /// The registry file's reload state, or `null` when the policies could not be read.
     pub registry: Option<RegistryStatus>,
-    /// The most saturated keys (at their limit), most holders first; each with
-    /// `waiters_here`.
+    /// The most saturated keys (at their limit), most holders first, over every
+    /// cluster; each with `waiters_here` and its `cluster`.
     pub saturated: Vec<SaturatedKey>,
-    /// The hold scan the class numbers come from.
+    /// The hold scans the class numbers come from, over every cluster: holds
+    /// summed, `truncated` if any was, the coord cluster's `revision`; `error`
+    /// (naming the cluster) when one failed.
     pub scan: ConsoleScan,
-    /// The arbiter's seal state and the epoch record.
+    /// The arbiter's seal state and the coord cluster's epoch record (every
+    /// cluster's: [`ConsoleCluster`]).
     pub seal: ConsoleSeal,
     /// The arbiter's crate version.
     pub version: String,
@@ -82,9 +93,15 @@ pub struct ConsoleAuditEvent {
 }
 
 /// One class in [`ConsoleState`]. Policy members are `null` without a policy
-/// record; hold numbers are 0 (ages `null`) when the scan failed.
+/// record; hold numbers are 0 (ages `null`) when the scan failed. Hold numbers are
+/// over every cluster; `limit` is the coord cluster's record's, and `state` is
+/// `draining` when any cluster's record drains.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsoleClass {
+    /// The class on each cluster: its holds there and that cluster's own policy
+    /// record. `[]` from an arbiter before issue 18.
+    #[serde(default)]
+    pub clusters: Vec<ConsoleClassCluster>,
     /// The registry's `max_holders`.
     pub desired_max_holders: u32,
     /// Fenced or advisory, with the waiver.
@@ -115,6 +132,42 @@ pub struct ConsoleClass {
     pub tier: String,
     /// The class TTL, seconds.
     pub ttl_s: u64,
+}
+
+/// One class on one cluster (each cluster has its own policy records and holds).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleClassCluster {
+    /// The cluster.
+    pub cluster: String,
+    /// Keys with at least one hold there.
+    pub keys_held: u64,
+    /// That cluster's authoritative holder limit, or `null` without a record.
+    pub limit: Option<u32>,
+    /// Age of the oldest open hold there, ms.
+    pub oldest_grant_age_ms: Option<u64>,
+    /// Open holds there.
+    pub open_grants: u64,
+    /// Keys at their limit there.
+    pub saturated_keys: u64,
+    /// `active` or `draining`, or `null` without a record.
+    pub state: Option<String>,
+}
+
+/// One etcd cluster in [`ConsoleState`]: what this arbiter reads of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleCluster {
+    /// Its name (`coord` for the config's `etcd:`).
+    pub cluster: String,
+    /// Its epoch record's current epoch, or `null` when it could not be read.
+    pub epoch: Option<u64>,
+    /// Its members, each asked through its own connection.
+    pub etcd: ClusterView,
+    /// Why its class policies could not be read, or `null`.
+    pub policies_error: Option<String>,
+    /// Its hold scan.
+    pub scan: ConsoleScan,
+    /// Why this arbiter refuses grants on it (its seal reason), or `null`.
+    pub sealed: Option<String>,
 }
 
 /// A class's enforcement posture, tagged by `posture`.
@@ -150,6 +203,10 @@ pub struct ConsoleDraining {
     pub change_epoch: u64,
     /// The class name.
     pub class: String,
+    /// The cluster whose record drains; `null` from an arbiter before issue 18
+    /// (which read the coord cluster only).
+    #[serde(default)]
+    pub cluster: Option<String>,
     /// How long it has been draining, ms.
     pub draining_age_ms: Option<u64>,
     /// The limit in force while draining.

@@ -72,6 +72,10 @@ pub struct SaturatedReport {
 pub struct SaturatedKey {
     /// The class recorded in its holds.
     pub class: String,
+    /// The cluster holding it (the console only; absent from `lockctl saturated`,
+    /// which reads one cluster, and from a console before issue 18).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The key digest.
     pub digest: String,
     /// Open holds.

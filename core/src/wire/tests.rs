@@ -198,6 +198,8 @@ fn console() {
             "fairness": "memory", "desired_max_holders": 1, "prefixes": ["payments/"],
             "limit": 1, "state": "active", "pending_target": null,
             "open_grants": 1, "keys_held": 1, "oldest_grant_age_ms": 12, "saturated_keys": 1,
+            "clusters": [json!({ "cluster": "shard-a", "keys_held": 1, "limit": 1, "oldest_grant_age_ms": 12,
+                                 "open_grants": 1, "saturated_keys": 1, "state": "active" })],
         })
     };
     let member = json!({ "id": "8e9e05c52164694d", "name": "etcd-0", "url": "http://127.0.0.1:2379",
@@ -214,9 +216,13 @@ fn console() {
         "registry": { "valid": true, "errors": [], "loaded_ms": 1, "reloads": 0, "refused": 0 },
         "classes": [class(false), class(true)],
         "draining": [json!({ "class": "default", "limit": 2, "pending_target": 1, "change_epoch": 1,
-                             "pending_move": false, "draining_age_ms": 30 })],
+                             "pending_move": false, "draining_age_ms": 30, "cluster": "shard-a" })],
         "saturated": [json!({ "digest": "ab".repeat(32), "class": "default", "holders": 1, "limit": 1,
-                              "oldest_age_ms": 12, "waiters_here": 0 })],
+                              "oldest_age_ms": 12, "waiters_here": 0, "cluster": "shard-a" })],
+        "clusters": [json!({ "cluster": "shard-a", "epoch": 2, "etcd": { "cluster_id": "00000000000000bb",
+            "members": [member], "leader": "8e9e05c52164694d", "voting": 1, "voting_reachable": 1, "quorum": true,
+            "alarms": [], "error": null }, "policies_error": null, "scan": { "holds": 1, "truncated": false,
+            "revision": 7 }, "sealed": null })],
         "quotas": [json!({ "cluster": "coord", "namespace": "payments", "acquires_per_s": 2000, "alert": true,
                            "sessions": { "used": 8, "limit": 10, "percent": 80 },
                            "holds": { "used": 1, "limit": 20, "percent": 5 },
@@ -230,10 +236,32 @@ fn console() {
     let s: ConsoleState = same(&state);
     assert!(matches!(s.classes[1].enforcement, ConsoleEnforcement::Advisory { .. }));
     assert!(s.quotas[0].sessions.alerting() && !s.quotas[0].holds.alerting());
-    // A console of an earlier build (no quotas) still reads.
+    assert_eq!(s.saturated[0].cluster.as_deref(), Some("shard-a"));
+    // A console of an earlier build (no quotas; the coord cluster only: no
+    // clusters, no row's cluster) still reads.
     let mut old: serde_json::Value = serde_json::from_str(&state).unwrap();
-    old.as_object_mut().unwrap().remove("quotas");
-    assert!(serde_json::from_value::<ConsoleState>(old).unwrap().quotas.is_empty());
+    let o = old.as_object_mut().unwrap();
+    o.remove("quotas");
+    o.remove("clusters");
+    for c in o["classes"].as_array_mut().unwrap() {
+        c.as_object_mut().unwrap().remove("clusters");
+    }
+    o["draining"][0].as_object_mut().unwrap().remove("cluster");
+    o["saturated"][0].as_object_mut().unwrap().remove("cluster");
+    let old = serde_json::from_value::<ConsoleState>(old).unwrap();
+    assert!(old.quotas.is_empty() && old.clusters.is_empty() && old.classes[0].clusters.is_empty());
+    assert_eq!((old.draining[0].cluster.as_ref(), old.saturated[0].cluster.as_ref()), (None, None));
+    // And an older reader (a struct without the new members) reads this one: no
+    // answer type denies unknown members.
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct OldDraining {
+        class: String,
+        limit: u32,
+    }
+    let d: Vec<OldDraining> =
+        serde_json::from_value(serde_json::from_str::<serde_json::Value>(&state).unwrap()["draining"].clone()).unwrap();
+    assert_eq!(d[0].class, "default");
     let failed = json!({ "error": "holds: timed out" }).to_string();
     assert_eq!(same::<ConsoleScan>(&failed), ConsoleScan::Failed { error: "holds: timed out".into() });
     same::<ConsoleAudit>(

@@ -235,6 +235,7 @@ fn report(view: &KeyView, waiters: Option<u64>, errors: &[String]) -> InspectRep
 fn saturated_key(k: &Saturated) -> SaturatedKey {
     SaturatedKey {
         class: k.class.clone(),
+        cluster: None,
         digest: k.digest.clone(),
         holders: k.holders,
         limit: k.limit,

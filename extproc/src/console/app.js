@@ -68,7 +68,7 @@ function renderError(status, code, message) {
     el("span", { id: "error-message" }, message),
   );
   box.hidden = false;
-  for (const id of ["seal", "quorum", "classes", "draining", "grants", "quotas", "saturated", "audit"]) {
+  for (const id of ["seal", "clusters", "quorum", "classes", "draining", "grants", "quotas", "saturated", "audit"]) {
     fill(id, el("span", { class: "muted" }, status === 401 ? "sign in to see this" : "unavailable"));
   }
 }
@@ -110,6 +110,29 @@ function renderQuorum(e) {
   fill("quorum", ...lines);
 }
 
+// Every cluster the arbiter reads (coord first): its epoch, seal, quorum and
+// hold scan. An arbiter before issue 18 sends no `clusters`.
+function renderClusters(clusters) {
+  if (!clusters || !clusters.length) {
+    fill("clusters", el("p", { class: "muted" }, "this arbiter reports its coord cluster only (above)"));
+    return;
+  }
+  const rows = clusters.map((c) => {
+    const v = c.etcd || {};
+    const scan = c.scan || {};
+    return el("tr", { "data-cluster": c.cluster },
+      el("td", { class: "name" }, c.cluster), el("td", { class: "num" }, c.epoch ?? "?"),
+      el("td", { class: c.sealed ? "bad" : "ok" }, c.sealed ? "SEALED (" + c.sealed + ")" : "not sealed"),
+      el("td", { class: v.quorum ? "ok" : "bad" }, (v.quorum ? "quorum " : "NO QUORUM ") +
+        (v.voting_reachable ?? 0) + "/" + (v.voting ?? 0)),
+      el("td", { class: "num" }, scan.error ? "-" : scan.holds),
+      el("td", { class: scan.error || c.policies_error || v.error ? "bad" : "muted" },
+        [scan.error, c.policies_error, v.error].filter((e) => e).join("; ") ||
+          "read at etcd revision " + scan.revision + (scan.truncated ? " (truncated)" : "")));
+  });
+  fill("clusters", table([["cluster"], ["epoch", "num"], ["seal"], ["etcd"], ["holds", "num"], ["scan"]], rows));
+}
+
 function posture(c) {
   const e = c.enforcement || {};
   if (e.posture === "fenced") {
@@ -141,21 +164,36 @@ function renderDraining(draining) {
   const rows = draining.map((d) => el("tr", { "data-class": d.class },
     el("td", { class: "name" }, d.class), el("td", { class: "num limit" }, d.limit),
     el("td", { class: "num target" }, d.pending_move ? "prefix move" : d.pending_target ?? "?"),
-    el("td", { class: "num" }, d.change_epoch), el("td", { class: "num age" }, age(d.draining_age_ms))));
+    el("td", { class: "num" }, d.change_epoch), el("td", { class: "num age" }, age(d.draining_age_ms)),
+    el("td", { class: "cluster" }, d.cluster ?? "-")));
   fill("draining", el("p", { class: "bad" }, "these classes admit nothing until the change is resumed or cancelled"),
-    table([["class"], ["limit", "num"], ["pending target", "num"], ["change epoch", "num"], ["draining for", "num"]], rows));
+    table([["class"], ["limit", "num"], ["pending target", "num"], ["change epoch", "num"], ["draining for", "num"],
+      ["cluster"]], rows));
 }
 
+// One row per class (over every cluster); on a split deployment, below it one
+// row per cluster with holds of the class there.
 function renderGrants(classes, scan) {
-  const rows = classes.map((c) => el("tr", { "data-class": c.name },
-    el("td", { class: "name" }, c.name), el("td", { class: "num open" }, c.open_grants),
-    el("td", { class: "num" }, c.keys_held), el("td", { class: "num" }, age(c.oldest_grant_age_ms)),
-    el("td", { class: "num" }, c.saturated_keys)));
+  const rows = [];
+  for (const c of classes) {
+    const split = (c.clusters || []).length > 1;
+    rows.push(el("tr", { "data-class": c.name },
+      el("td", { class: "name" }, c.name), el("td", { class: "num open" }, c.open_grants),
+      el("td", { class: "num" }, c.keys_held), el("td", { class: "num" }, age(c.oldest_grant_age_ms)),
+      el("td", { class: "num" }, c.saturated_keys), el("td", { class: "cluster" }, split ? "all" : "-")));
+    if (!split) continue;
+    for (const k of c.clusters.filter((k) => k.open_grants > 0)) {
+      rows.push(el("tr", { "data-class": c.name, "data-cluster": k.cluster, class: "sub" },
+        el("td", { class: "name muted" }, c.name), el("td", { class: "num open" }, k.open_grants),
+        el("td", { class: "num" }, k.keys_held), el("td", { class: "num" }, age(k.oldest_grant_age_ms)),
+        el("td", { class: "num" }, k.saturated_keys), el("td", { class: "cluster" }, k.cluster)));
+    }
+  }
   const note = scan.error ? el("p", { class: "bad" }, scan.error)
     : el("p", { class: "muted" }, scan.holds + " holds read at etcd revision " + scan.revision +
       (scan.truncated ? " (truncated)" : ""));
   fill("grants", table([["class"], ["open grants", "num"], ["keys", "num"], ["oldest", "num"],
-    ["saturated keys", "num"]], rows), note);
+    ["saturated keys", "num"], ["cluster"]], rows), note);
 }
 
 function renderSaturated(keys) {
@@ -166,9 +204,9 @@ function renderSaturated(keys) {
   const rows = keys.map((k) => el("tr", { "data-digest": k.digest },
     el("td", { class: "digest" }, k.digest), el("td", {}, k.class),
     el("td", { class: "num" }, k.holders + "/" + k.limit), el("td", { class: "num" }, age(k.oldest_age_ms)),
-    el("td", { class: "num" }, k.waiters_here)));
+    el("td", { class: "num" }, k.waiters_here), el("td", { class: "cluster" }, k.cluster ?? "-")));
   fill("saturated", table([["key digest"], ["class"], ["holders", "num"], ["oldest", "num"],
-    ["waiting here", "num"]], rows));
+    ["waiting here", "num"], ["cluster"]], rows));
 }
 
 function quotaCell(u) {
@@ -210,6 +248,7 @@ function render(s) {
     s.operator.sub + "; " + when(s.generated_ms);
   const reg = s.registry || {};
   renderSeal(s.seal);
+  renderClusters(s.clusters);
   renderQuorum(s.etcd);
   renderClasses(s.classes);
   if (reg.valid === false) {

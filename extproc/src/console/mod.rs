@@ -19,12 +19,23 @@
 //! which browsers never send to a server) or a paste box, keeps it in the tab's
 //! `sessionStorage` and sends it only in that header.
 //!
+//! On a split deployment (`clusters:`, docs/SCALE.md) every cluster the arbiter
+//! knows is read, each through its own connection and in parallel: its class
+//! policies, a hold scan, its members and its epoch. The tables name the cluster
+//! of each row (`clusters`, each class's `clusters`, `draining`, `saturated`,
+//! `quotas`); class totals are summed over the clusters. The waiters route counts
+//! the key's waiters at this arbiter on every cluster.
+//!
 //! What it shows carries no token and no raw key: keys are digests (the hold
 //! records' raw keys are dropped as they are read), audit events are shown by
 //! kind, class, digest and revision, and the only identity is the signed-in
 //! operator's own `sub`. Nothing is logged per request but refusals' codes.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
     extract::{Path as AxPath, State as AxState},
@@ -35,21 +46,24 @@ use axum::{
 };
 use lockmesh_core::{
     class::{Enforcement, Fairness},
+    policy::ClassPolicy,
     wire::{
         audit::{Answer, Query},
         console::{
-            ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleDraining, ConsoleEnforcement, ConsoleEtcd,
-            ConsoleOperator, ConsoleScan, ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest,
+            ClusterView, ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleClassCluster, ConsoleCluster,
+            ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleOperator, ConsoleScan, ConsoleSeal, ConsoleState,
+            ConsoleWaiters, PauseTest,
         },
         inspect::SaturatedKey,
         status::ClassesStatus,
     },
     KeyDigest,
 };
+use lockmesh_lock::{connect::EtcdClientAuth, Store};
 use lockmesh_ops::{
     admin::{jwt::Operator, AdminError},
     etcd_view::cluster_view,
-    inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str},
+    inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str, HoldScan},
     pause::{day_string, pause_status},
 };
 use serde::Serialize;
@@ -77,6 +91,26 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 pub struct Console {
     state: Arc<State>,
     members: tokio::sync::Mutex<HashMap<String, etcd_client::Client>>,
+}
+
+/// What one cluster's reads gave, for one snapshot.
+struct ClusterRead {
+    store: Arc<Store>,
+    policies: Result<BTreeMap<String, ClassPolicy>, String>,
+    scan: Result<HoldScan, String>,
+    view: ClusterView,
+    epoch: Option<u64>,
+}
+
+impl ClusterRead {
+    fn name(&self) -> &str {
+        self.store.cluster_name()
+    }
+
+    /// The authoritative limits of its policy records, by class.
+    fn limits(&self) -> HashMap<String, u32> {
+        self.policies.iter().flat_map(|p| p.values()).map(|p| (p.class.clone(), p.limit)).collect()
+    }
 }
 
 /// A refusal: the operator plane's one answer, with the console's no-store headers.
@@ -151,7 +185,8 @@ async fn api_waiters(
 ) -> Result<Response, Refusal> {
     authenticate(&c.state, &headers)?;
     let d = KeyDigest::parse(&digest).ok_or(AdminError::BadDigest)?;
-    let waiters = c.state.store.queues().len(&d) as u64;
+    // The key's waiters queue on the store of its home: count every cluster's.
+    let waiters = c.state.tiers.stores().map(|s| s.queues().len(&d) as u64).sum();
     Ok(json_response(&ConsoleWaiters { digest: d.to_string(), waiters }))
 }
 
@@ -182,12 +217,17 @@ impl Console {
         Duration::from_millis(self.state.config.op_timeout_ms)
     }
 
-    /// A connection to one member (cached).
-    async fn member(&self, url: String) -> Result<etcd_client::Client, String> {
+    /// The TLS and user of cluster `name` (the coord cluster's: `etcd:`).
+    fn auth_of(&self, name: &str) -> &EtcdClientAuth {
+        let config = &self.state.config;
+        config.topology.clusters.iter().find(|c| c.name == name).map_or(&config.etcd_auth, |c| &c.auth)
+    }
+
+    /// A connection to one member (cached), with its cluster's `auth`.
+    async fn member(&self, url: String, auth: &EtcdClientAuth) -> Result<etcd_client::Client, String> {
         if let Some(c) = self.members.lock().await.get(&url) {
             return Ok(c.clone());
         }
-        let auth = &self.state.config.etcd_auth;
         let certs = auth.reloading_certs(lockmesh_lock::connect::ETCD_CERT_RELOAD).map_err(|e| e.to_string())?;
         let timeouts = lockmesh_runtime::ChannelOptions {
             connect_timeout: self.timeout(),
@@ -199,13 +239,10 @@ impl Console {
         Ok(c)
     }
 
-    /// Everything the page shows.
-    async fn snapshot(&self, op: &Operator, token: Option<String>) -> ConsoleState {
-        let state = &self.state;
-        let (now, timeout) = (now_ms(), self.timeout());
-        let root = state.config.etcd_root.clone();
-        let reg = state.registry();
-        let mut client = state.store.client();
+    /// One cluster's policies, hold scan, members and epoch, each bounded.
+    async fn read_cluster(&self, store: Arc<Store>, now: u64) -> ClusterRead {
+        let (timeout, root) = (self.timeout(), self.state.config.etcd_root.clone());
+        let mut client = store.client();
         let policies = match tokio::time::timeout(timeout, read_policies(&mut client, &root)).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(format!("class policies: {e}")),
@@ -216,10 +253,33 @@ impl Console {
             Ok(Err(e)) => Err(format!("holds: {e}")),
             Err(_) => Err(format!("holds: the scan did not finish within {:?}", timeout * 5)),
         };
-        let empty = Default::default();
-        let pol = policies.as_ref().unwrap_or(&empty);
-        let limits: HashMap<String, u32> = pol.values().map(|p| (p.class.clone(), p.limit)).collect();
-        let sat_per_class = scan.as_ref().map(|s| saturated_per_class(s, &limits)).unwrap_or_default();
+        let auth = self.auth_of(store.cluster_name());
+        let view = cluster_view(&mut client, timeout, |url| self.member(url, auth)).await;
+        let epoch = match tokio::time::timeout(timeout, store.epoch_state()).await {
+            Ok(Ok(e)) => Some(e.epoch),
+            _ => None,
+        };
+        ClusterRead { store, policies, scan, view, epoch }
+    }
+
+    /// Everything the page shows.
+    async fn snapshot(&self, op: &Operator, token: Option<String>) -> ConsoleState {
+        let state = &self.state;
+        let now = now_ms();
+        let reg = state.registry();
+        // Every cluster, coord first, read in parallel.
+        let reads: Vec<ClusterRead> =
+            futures::future::join_all(state.tiers.stores().map(|s| self.read_cluster(s.clone(), now))).await;
+        let split = reads.len() > 1;
+        // An error names its cluster when there are several.
+        let named = |r: &ClusterRead, e: &str| if split { format!("{}: {e}", r.name()) } else { e.to_owned() };
+        let coord = &reads[0];
+        let limits: Vec<HashMap<String, u32>> = reads.iter().map(ClusterRead::limits).collect();
+        let sat_per_class: Vec<HashMap<String, u64>> = reads
+            .iter()
+            .zip(&limits)
+            .map(|(r, l)| r.scan.as_ref().map(|s| saturated_per_class(s, l)).unwrap_or_default())
+            .collect();
         // The loader's base: the registry file's directory, or the manifest directory.
         let base = state.config.registry_source.pause_base();
         let classes = reg
@@ -227,8 +287,29 @@ impl Console {
             .iter()
             .map(|c| {
                 let name = c.name.as_str();
-                let p = pol.get(name);
-                let held = scan.as_ref().ok().and_then(|s| s.classes.get(name));
+                let per: Vec<ConsoleClassCluster> = reads
+                    .iter()
+                    .zip(&sat_per_class)
+                    .map(|(r, sat)| {
+                        let p = r.policies.as_ref().ok().and_then(|p| p.get(name));
+                        let held = r.scan.as_ref().ok().and_then(|s| s.classes.get(name));
+                        ConsoleClassCluster {
+                            cluster: r.name().to_owned(),
+                            keys_held: held.map_or(0, |h| h.keys),
+                            limit: p.map(|p| p.limit),
+                            oldest_grant_age_ms: held.map(|h| h.oldest_age_ms),
+                            open_grants: held.map_or(0, |h| h.open),
+                            saturated_keys: sat.get(name).copied().unwrap_or(0),
+                            state: p.map(|p| state_str(p).to_owned()),
+                        }
+                    })
+                    .collect();
+                let p = coord.policies.as_ref().ok().and_then(|p| p.get(name));
+                // A class drains while any cluster's record does (the draining table names it).
+                let draining = reads
+                    .iter()
+                    .filter_map(|r| r.policies.as_ref().ok()?.get(name))
+                    .find(|p| state_str(p) == "draining");
                 let pause = matches!(c.enforcement, Enforcement::Fenced).then(|| {
                     let p = pause_status(&base, name, c.pause_test_result.as_deref(), now / 1000);
                     PauseTest { expires_unix_s: p.expires_unix_s, passing: p.passing }
@@ -241,54 +322,90 @@ impl Console {
                         Fairness::Durable => "durable",
                     }
                     .into(),
-                    keys_held: held.map_or(0, |h| h.keys),
+                    keys_held: per.iter().map(|k| k.keys_held).sum(),
                     limit: p.map(|p| p.limit),
                     name: name.to_owned(),
-                    oldest_grant_age_ms: held.map(|h| h.oldest_age_ms),
-                    open_grants: held.map_or(0, |h| h.open),
+                    oldest_grant_age_ms: per.iter().filter_map(|k| k.oldest_grant_age_ms).max(),
+                    open_grants: per.iter().map(|k| k.open_grants).sum(),
                     pause_test: pause,
-                    pending_target: p.and_then(|p| p.pending_target),
+                    pending_target: draining.or(p).and_then(|p| p.pending_target),
                     prefixes: c.prefixes.iter().map(ToString::to_string).collect(),
-                    saturated_keys: sat_per_class.get(name).copied().unwrap_or(0),
-                    state: p.map(|p| state_str(p).to_owned()),
+                    saturated_keys: per.iter().map(|k| k.saturated_keys).sum(),
+                    state: draining.or(p).map(|p| state_str(p).to_owned()),
                     tier: tier_label(c.tier).to_owned(),
                     ttl_s: c.ttl_s,
+                    clusters: per,
                 }
             })
             .collect();
-        let draining = pol
-            .values()
-            .filter(|p| state_str(p) == "draining")
-            .map(|p| ConsoleDraining {
+        let draining = reads
+            .iter()
+            .flat_map(|r| r.policies.iter().flat_map(|p| p.values()).map(move |p| (r, p)))
+            .filter(|(_, p)| state_str(p) == "draining")
+            .map(|(r, p)| ConsoleDraining {
                 change_epoch: p.change_epoch,
                 class: p.class.clone(),
+                cluster: Some(r.name().to_owned()),
                 draining_age_ms: p.draining_age_ms(now),
                 limit: p.limit,
                 pending_move: p.pending_move,
                 pending_target: p.pending_target,
             })
             .collect();
-        let saturated = scan
-            .as_ref()
-            .map(|s| saturated(s, &limits, None, TOP_SATURATED))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|k| {
-                let waiters = KeyDigest::parse(&k.digest).map_or(0, |d| state.store.queues().len(&d));
-                SaturatedKey {
-                    class: k.class,
-                    digest: k.digest,
-                    holders: k.holders,
-                    limit: k.limit,
-                    oldest_age_ms: k.oldest_age_ms,
-                    waiters_here: Some(waiters as u64),
-                }
+        let mut saturated_keys: Vec<SaturatedKey> = reads
+            .iter()
+            .zip(&limits)
+            .flat_map(|(r, l)| {
+                let keys = r.scan.as_ref().map(|s| saturated(s, l, None, TOP_SATURATED)).unwrap_or_default();
+                keys.into_iter().map(move |k| {
+                    let waiters = KeyDigest::parse(&k.digest).map_or(0, |d| r.store.queues().len(&d));
+                    SaturatedKey {
+                        class: k.class,
+                        cluster: Some(r.name().to_owned()),
+                        digest: k.digest,
+                        holders: k.holders,
+                        limit: k.limit,
+                        oldest_age_ms: k.oldest_age_ms,
+                        waiters_here: Some(waiters as u64),
+                    }
+                })
+            })
+            .collect();
+        // Fullest, then oldest first, over every cluster (`saturated`'s order).
+        saturated_keys.sort_by(|a, b| b.holders.cmp(&a.holders).then(b.oldest_age_ms.cmp(&a.oldest_age_ms)));
+        saturated_keys.truncate(TOP_SATURATED);
+        let scan_errors: Vec<String> =
+            reads.iter().filter_map(|r| r.scan.as_ref().err().map(|e| named(r, e))).collect();
+        let scan = if scan_errors.is_empty() {
+            let done = reads.iter().filter_map(|r| r.scan.as_ref().ok());
+            ConsoleScan::Done {
+                holds: done.clone().map(|s| s.holds as u64).sum(),
+                revision: coord.scan.as_ref().map_or(0, |s| s.revision),
+                truncated: done.clone().any(|s| s.truncated),
+            }
+        } else {
+            ConsoleScan::Failed { error: scan_errors.join("; ") }
+        };
+        let policy_errors: Vec<String> =
+            reads.iter().filter_map(|r| r.policies.as_ref().err().map(|e| named(r, e))).collect();
+        let clusters = reads
+            .iter()
+            .map(|r| ConsoleCluster {
+                cluster: r.name().to_owned(),
+                epoch: r.epoch,
+                etcd: r.view.clone(),
+                policies_error: r.policies.as_ref().err().cloned(),
+                scan: match &r.scan {
+                    Ok(s) => ConsoleScan::Done { holds: s.holds as u64, revision: s.revision, truncated: s.truncated },
+                    Err(e) => ConsoleScan::Failed { error: e.clone() },
+                },
+                sealed: r.store.seal().current().map(|s| s.reason.as_str().to_owned()),
             })
             .collect();
         let seal = state.store.seal().current();
         let epoch = state.store.epoch_state().await.ok();
         let endpoints = state.config.etcd_endpoints.len() as u64;
-        let cluster = cluster_view(&mut client, timeout, |url| self.member(url)).await;
+        let cluster = coord.view.clone();
         let audit = self.audit(token).await;
         let registry = match crate::registry::classes_status(state).await {
             ClassesStatus::Read(r) => Some(r.registry),
@@ -297,6 +414,7 @@ impl Console {
         ConsoleState {
             audit,
             classes,
+            clusters,
             draining,
             etcd: ConsoleEtcd {
                 cluster,
@@ -306,14 +424,11 @@ impl Console {
             },
             generated_ms: now,
             operator: ConsoleOperator { sub: op.sub.clone() },
-            policies_error: policies.as_ref().err().cloned(),
+            policies_error: (!policy_errors.is_empty()).then(|| policy_errors.join("; ")),
             registry,
             quotas: quota_rows(),
-            saturated,
-            scan: match &scan {
-                Ok(s) => ConsoleScan::Done { holds: s.holds as u64, revision: s.revision, truncated: s.truncated },
-                Err(e) => ConsoleScan::Failed { error: e.clone() },
-            },
+            saturated: saturated_keys,
+            scan,
             seal: ConsoleSeal {
                 detail: seal.as_ref().map(|s| s.detail.clone()),
                 epoch: epoch.as_ref().map(|e| e.epoch),

@@ -1168,3 +1168,79 @@ async fn a_class_apply_that_moves_keys_between_tiers_is_refused() {
         "planted: two holders of one mutex on two clusters"
     );
 }
+
+/// Issue 18 item 9: the arbiter's console reads every cluster it knows. A hold on
+/// a shard shows in its class's totals and under that shard, as a saturated key
+/// naming the shard, in that shard's own scan; a waiter queued for it counts in
+/// the waiters route; every cluster has its row (epoch, seal, quorum, scan); no raw
+/// key reaches the answer. Before, the console read the coord cluster only: the
+/// hold was invisible (class `default` 0 open grants, no saturated key, no waiter).
+#[tokio::test]
+async fn the_console_shows_a_hold_on_a_shard_with_its_cluster() {
+    use lockmesh_core::wire::console::{ConsoleScan, ConsoleState, ConsoleWaiters};
+    let dir = tempfile::tempdir().unwrap();
+    let idp = lockmesh_devcerts::jwt::Issuer::generate("k1").unwrap();
+    std::fs::write(dir.path().join("jwks.json"), idp.jwks()).unwrap();
+    let ops = format!("{}\n", crate::admin::operators_yaml(&dir.path().join("jwks.json"), crate::admin::ISS));
+    let s = scale("scale-console", &["shard-a", "shard-b"], &["shard-a", "shard-b"], &ops).await;
+    let m = map(&["shard-a", "shard-b"]);
+    let key = (0..64).map(|i| format!("payments/shown-{i}")).find(|k| m.home("default", k) == Some("shard-b")).unwrap();
+    let digest = lockmesh_core::LockKey::parse(key.as_bytes()).unwrap().digest().to_string();
+    let (a, b) = (s.st.client("payments", "a").unwrap(), s.st.client("payments", "b").unwrap());
+    let t = acquire(&a, &key).await;
+    let bill = s.st.client("billing", "a").unwrap();
+    acquire(&bill, "billing/elect/shown").await;
+
+    let base = format!("http://127.0.0.1:{}/console/api", s.st.arbiter(0).admin_port());
+    let token = crate::admin::token(&idp, "alice", 600);
+    let http = reqwest::Client::new();
+    let r = http.get(format!("{base}/state")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains(&key) && !body.contains("billing/elect/shown"), "a raw key in the answer: {body}");
+    let st: ConsoleState = serde_json::from_str(&body).unwrap();
+
+    // One row per cluster, each with its own scan: the hold is on shard-b.
+    let scans: BTreeMap<String, u64> = st
+        .clusters
+        .iter()
+        .map(|c| match &c.scan {
+            ConsoleScan::Done { holds, .. } => (c.cluster.clone(), *holds),
+            ConsoleScan::Failed { error } => panic!("{}: {error}", c.cluster),
+        })
+        .collect();
+    let want: BTreeMap<String, u64> = [("coord", 1), ("shard-a", 0), ("shard-b", 1)].map(|(c, n)| (c.into(), n)).into();
+    assert_eq!(scans, want, "{body}");
+    assert!(st.clusters.iter().all(|c| c.epoch.is_some() && c.sealed.is_none() && c.etcd.quorum), "{body}");
+    assert!(matches!(st.scan, ConsoleScan::Done { holds: 2, .. }), "{body}");
+    // The class totals count it, and its shard's part names the cluster.
+    let default = st.classes.iter().find(|c| c.name == "default").unwrap();
+    assert_eq!((default.open_grants, default.keys_held, default.saturated_keys), (1, 1, 1), "{body}");
+    let held: Vec<(&str, u64)> =
+        default.clusters.iter().filter(|c| c.open_grants > 0).map(|c| (c.cluster.as_str(), c.open_grants)).collect();
+    assert_eq!(held, [("shard-b", 1)], "{body}");
+    assert!(default.clusters.iter().all(|c| c.limit == Some(1) && c.state.as_deref() == Some("active")), "{body}");
+    // A saturated key (limit 1) on shard-b.
+    let sat = st.saturated.iter().find(|k| k.digest == digest).unwrap_or_else(|| panic!("not saturated: {body}"));
+    assert_eq!((sat.cluster.as_deref(), sat.class.as_str(), sat.holders), (Some("shard-b"), "default", 1));
+
+    // A waiter of the shard's key counts at the waiters route.
+    let k = key.clone();
+    let waiter = tokio::spawn(async move {
+        let r = b.post(ACQ, &[("x-lock-key", k.as_str()), ("x-lock-wait-ms", "20000")]).await.unwrap();
+        (r.code(), r.body)
+    });
+    let t0 = Instant::now();
+    loop {
+        let r = http.get(format!("{base}/waiters/{digest}")).bearer_auth(&token).send().await.unwrap();
+        let w: ConsoleWaiters = r.json().await.unwrap();
+        if w.waiters == 1 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "the waiter never showed: {w:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    release(&a, &key, t).await;
+    let (code, body) = waiter.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+}
