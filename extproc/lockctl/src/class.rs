@@ -100,8 +100,9 @@ pub enum ClassCmd {
     #[command(after_help = "\
 Exit: 0 applied, unchanged or cancelled (on every cluster); 2 still draining (held or
 verification_incomplete: re-run the same command to resume, or --cancel); 3 refused,
-nothing written (a change that moves keys between the coord and the entity tier:
-lockctl shard apply --tier first); 1 etcd unreachable or a concurrent change; 64 invalid file.
+nothing written (a change that moves keys between the coord and the entity tier: run
+`lockctl shard apply --tier` first); 1 etcd unreachable or a concurrent change; 64
+invalid file.
 
 Examples:
   # Every cluster of a split deployment, one JSON line with each cluster's outcome:

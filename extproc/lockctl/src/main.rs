@@ -39,9 +39,10 @@ Examples:
   lockctl inspect payments/order-42 --endpoints https://etcd:2379 --root /lockmesh --etcd-ca ca.pem \\
     --etcd-user lockmesh-admin --etcd-password-file admin.pw
 
-  # Run a command under a lock (waiting up to 30 s); it is stopped if the lock is lost:
+  # Run a command under a lock (waiting up to 30 s); it is stopped if the lock is lost,
+  # and gets SIGUSR1 when the lock enters jeopardy or recovers (see $LOCKMESH_JEOPARDY_FILE):
   lockctl run payments/nightly-report --endpoint https://lock-tier:8443 --ca ca.pem --cert svid.pem \\
-    --cert-key svid-key.pem --wait-ms 30000 -- ./report.sh
+    --cert-key svid-key.pem --wait-ms 30000 --jeopardy-signal USR1 -- ./report.sh
 
   # Everything an operator must act on (seal, quorum, draining classes, etcd's size):
   lockctl doctor --endpoints https://etcd:2379 --etcd-ca ca.pem --admin-url http://arbiter:18052
@@ -80,7 +81,8 @@ enum Cmd {
     /// The keys at their class's authoritative limit, by digest, fullest and
     /// oldest first (one scan of every open hold).
     Saturated(inspect::SaturatedArgs),
-    /// Class registry files: `check FILE`, `cost FILE`, `apply FILE` (docs/CLASSES.md).
+    /// Class registry files: `check FILE`, `cost FILE`, `apply FILE` (one cluster, or
+    /// every cluster of a split deployment with `--config`; docs/CLASSES.md).
     #[command(subcommand)]
     Class(class::ClassCmd),
     /// Class limits: `change`, `resume`, `cancel`, `show` (docs/CLASSES.md).
@@ -109,7 +111,10 @@ enum Cmd {
     },
     /// Run a command while holding a lock (like `etcdctl lock`): the token is in
     /// its environment (LOCKMESH_TOKEN...); when the lock is lost it gets SIGTERM,
-    /// then SIGKILL after --grace-ms. Exits with the command's code.
+    /// then SIGKILL after --grace-ms. While the lock is in jeopardy (a keepalive
+    /// failed, the fence deadline not yet come) the file named by
+    /// LOCKMESH_JEOPARDY_FILE exists (recovery removes it); --jeopardy-signal SIG
+    /// also signals the command then and on recovery. Exits with the command's code.
     Run(lockmesh_client::run::RunArgs),
     /// Check everything an operator must act on: versions (lockctl, arbiters, etcd),
     /// seal, etcd members and quorum, draining classes, fenced classes without a
@@ -218,7 +223,12 @@ mod tests {
     /// Each example of `lockctl --help`, split as a shell would (single quotes,
     /// `\\` continuations).
     fn examples() -> Vec<Vec<String>> {
-        let joined = EXAMPLES.replace("\\\n", " ");
+        split_examples(EXAMPLES)
+    }
+
+    /// The `lockctl ...` lines of a help text, split as a shell would.
+    fn split_examples(text: &str) -> Vec<Vec<String>> {
+        let joined = text.replace("\\\n", " ");
         joined
             .lines()
             .filter_map(|l| l.trim().strip_prefix("lockctl "))
@@ -241,6 +251,22 @@ mod tests {
                 words
             })
             .collect()
+    }
+
+    #[test]
+    fn the_class_apply_examples_parse() {
+        let cmd = Cli::command();
+        let apply = cmd.find_subcommand("class").and_then(|c| c.find_subcommand("apply")).unwrap();
+        let ex = split_examples(&apply.get_after_help().unwrap().to_string());
+        assert_eq!(ex.len(), 2, "{ex:?}");
+        for words in ex {
+            if let Err(e) = Cli::try_parse_from(&words) {
+                panic!("{words:?}: {e}");
+            }
+        }
+        // --config and --endpoints name different deployments: not both.
+        let both = ["lockctl", "class", "apply", "r.yaml", "--config", "a.yaml", "--endpoints", "http://e:2379"];
+        assert!(Cli::try_parse_from(both).is_err());
     }
 
     #[test]
