@@ -26,7 +26,7 @@
 //!   change that moves keys between the coord and the entity tier of a split
 //!   deployment, nothing written); 1 etcd or conflict; 64 invalid file. With
 //!   `--config arbiter.yaml` it runs on every cluster of the config, each on its
-//!   own map and records ([`fleet_apply`]): one line with each cluster's outcome,
+//!   own map and records ([`fleet`]): one line with each cluster's outcome,
 //!   the worst step's exit code; re-running resumes, `--cancel` cancels everywhere.
 //! - `limit change|resume|cancel|show`: the limit-change protocol on the
 //!   authoritative policy records ([`lockmesh_ops::reconcile`]). Each prints one JSON

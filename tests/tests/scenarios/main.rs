@@ -46,5 +46,6 @@ mod scale;
 mod sdk;
 mod self_client;
 mod semaphore;
+mod split_faults;
 mod transparent;
 mod upgrade;
