@@ -1,5 +1,6 @@
 //! [`Client`]: one workload identity talking to one lock tier; its sessions (one
-//! per TTL), its re-entrancy ledger and its fence callback.
+//! per TTL), its re-entrancy ledger, its fence callback and its optional jeopardy
+//! callback.
 
 use std::{
     collections::HashMap,
@@ -18,7 +19,7 @@ use tokio::{sync::Notify, time::Instant};
 
 use crate::{
     api::Api,
-    clock::LossReason,
+    clock::{HoldState, LossReason},
     guard::LockGuard,
     ledger::{Enter, Ledger},
     session::{Session, SessionStatus},
@@ -48,6 +49,28 @@ pub struct FenceEvent {
 /// The fence callback type: called once per lost session, on a runtime thread; it
 /// must not block.
 pub type OnFence = Arc<dyn Fn(FenceEvent) + Send + Sync>;
+
+/// What the jeopardy callback is told: a session entered jeopardy (a keepalive
+/// failed: start no new work under its holds) or left it by recovery (a later
+/// keepalive was acknowledged before the fence deadline). Jeopardy that ends in
+/// loss is told by the fence callback instead, never here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JeopardyEvent {
+    /// The session (16 hex digits).
+    pub session: String,
+    /// [`HoldState::Jeopardy`] on entering, [`HoldState::Safe`] on recovery.
+    pub state: HoldState,
+    /// Time left before the fence deadline when the change was seen (on entering:
+    /// how long a recovery may still take).
+    pub remaining: Duration,
+    /// The keys held on the session, sorted.
+    pub keys: Vec<String>,
+}
+
+/// The jeopardy callback type: called on a runtime thread; it must not block.
+/// For one session the calls alternate (entered, recovered, entered, ...) and all
+/// come before that session's fence callback.
+pub type OnJeopardy = Arc<dyn Fn(JeopardyEvent) + Send + Sync>;
 
 /// Options of one [`Client::lock`] call.
 #[derive(Clone, Debug, Default)]
@@ -86,6 +109,7 @@ pub(crate) struct Inner {
     pub(crate) api: Api,
     pub(crate) config: Config,
     on_fence: OnFence,
+    on_jeopardy: Option<OnJeopardy>,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     opening: tokio::sync::Mutex<()>,
     /// TTL of keys and classes seen in session opens (which the registry decides).
@@ -130,6 +154,23 @@ impl Client {
     /// each session lost, with the keys it held. Must be called inside a tokio
     /// runtime (the keepalives run on it).
     pub fn new(config: Config, on_fence: impl Fn(FenceEvent) + Send + Sync + 'static) -> Result<Self, Error> {
+        Self::build(config, Arc::new(on_fence), None)
+    }
+
+    /// [`Client::new`] that also tells `on_jeopardy` when a session enters
+    /// jeopardy (its first failed keepalive) and when it recovers (a later
+    /// keepalive acknowledged before the fence deadline): Chubby's jeopardy and
+    /// safe events. A session that does not recover gets the fence callback at its
+    /// deadline, after its jeopardy event. Polling works too: [`LockGuard::state`].
+    pub fn with_jeopardy(
+        config: Config,
+        on_fence: impl Fn(FenceEvent) + Send + Sync + 'static,
+        on_jeopardy: impl Fn(JeopardyEvent) + Send + Sync + 'static,
+    ) -> Result<Self, Error> {
+        Self::build(config, Arc::new(on_fence), Some(Arc::new(on_jeopardy)))
+    }
+
+    fn build(config: Config, on_fence: OnFence, on_jeopardy: Option<OnJeopardy>) -> Result<Self, Error> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
             field: "runtime",
             why: "Client::new must run inside a tokio runtime".into(),
@@ -138,7 +179,8 @@ impl Client {
         let inner = Inner {
             api,
             config,
-            on_fence: Arc::new(on_fence),
+            on_fence,
+            on_jeopardy,
             sessions: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             key_ttl: Mutex::new(HashMap::new()),
@@ -360,6 +402,7 @@ impl Inner {
     /// callback once, and (unless the service already dropped it) close the
     /// session in the background so its holds end as soon as the service hears.
     pub(crate) fn fence(&self, session: &Arc<Session>, reason: LossReason) {
+        let _telling = session.telling();
         if !session.mark_lost(reason) {
             return;
         }
@@ -378,6 +421,30 @@ impl Inner {
         if reason != LossReason::SessionExpired {
             let (api, sid, t) = (self.api.clone(), session.id, self.config.request_timeout);
             self.runtime.spawn(async move { api.close(sid, t).await });
+        }
+    }
+
+    /// `session` entered jeopardy (`state` [`HoldState::Jeopardy`]) or recovered
+    /// ([`HoldState::Safe`]): logs it and runs the jeopardy callback, unless the
+    /// session is lost by now (the fence callback told, or will tell, the rest).
+    pub(crate) fn jeopardy(&self, session: &Arc<Session>, state: HoldState) {
+        let _telling = session.telling();
+        let status = session.status();
+        if status.lost.is_some() {
+            return;
+        }
+        let keys = self.ledger().keys_on(session.id);
+        // No session id, key or token in logs (ADR-22).
+        let remaining_ms = u64::try_from(status.remaining.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            state = state.as_str(),
+            holds = keys.len(),
+            ttl_s = session.ttl_s,
+            remaining_ms,
+            "session jeopardy changed"
+        );
+        if let Some(f) = &self.on_jeopardy {
+            f(JeopardyEvent { session: session.id.to_string(), state, remaining: status.remaining, keys });
         }
     }
 

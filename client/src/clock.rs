@@ -1,9 +1,11 @@
 //! The two-stage loss clock of one session (ADR-12), with no I/O and no clock
 //! reads: every method takes the instant it is about.
 //!
-//! - **Draining** starts at the first failed keepalive: [`KeepaliveClock::can_start`]
-//!   is false from then until a later keepalive is acknowledged. Work already
-//!   started may finish.
+//! - **Jeopardy** (draining) starts at the first failed keepalive:
+//!   [`KeepaliveClock::can_start`] is false from then until a later keepalive is
+//!   acknowledged (*recovery*), which ends it. Work already started may finish.
+//!   [`KeepaliveClock::on_fail`] and [`KeepaliveClock::on_ack`] say when it starts
+//!   and ends, so the SDK can tell the holder ([`HoldState`]).
 //! - **Fenced** starts at the deadline, `send time of the last acknowledged
 //!   keepalive + TTL - margin`, or at once when the service says the session is gone
 //!   or the epoch changed. It is final.
@@ -31,6 +33,20 @@ pub enum LossReason {
     Closed,
 }
 
+/// Where a session (and every hold on it) stands, from the holder's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldState {
+    /// Every keepalive since the last acknowledged one was acknowledged (or none
+    /// was sent yet): new work may start.
+    Safe,
+    /// A keepalive failed since the last acknowledged one and the fence deadline has
+    /// not passed: start no new work. An acknowledged keepalive returns to
+    /// [`HoldState::Safe`]; the deadline makes it [`HoldState::Lost`].
+    Jeopardy,
+    /// Lost, and final.
+    Lost(LossReason),
+}
+
 /// Keepalive bookkeeping of one session.
 #[derive(Clone, Debug)]
 pub struct KeepaliveClock {
@@ -50,6 +66,9 @@ pub struct KeepaliveClock {
 pub struct ClockStatus {
     /// Whether new work may start now.
     pub can_start: bool,
+    /// In jeopardy now: a keepalive failed since the last acknowledged one, and
+    /// neither the deadline nor any other loss came yet.
+    pub jeopardy: bool,
     /// Time left before the fence deadline (zero once lost).
     pub remaining: Duration,
     /// The fence deadline.
@@ -73,6 +92,25 @@ impl LossReason {
             LossReason::EpochChanged => "epoch_changed",
             LossReason::Closed => "closed",
         }
+    }
+}
+
+// === impl HoldState ===
+
+impl HoldState {
+    /// A stable name, for logs and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldState::Safe => "safe",
+            HoldState::Jeopardy => "jeopardy",
+            HoldState::Lost(_) => "lost",
+        }
+    }
+}
+
+impl std::fmt::Display for HoldState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -113,10 +151,12 @@ impl KeepaliveClock {
     }
 
     /// A keepalive sent at `sent_at` was acknowledged. The deadline only moves
-    /// forward; a lost session stays lost.
-    pub fn on_ack(&mut self, sent_at: Instant) {
+    /// forward; a lost session stays lost. Returns true if this ends jeopardy
+    /// (recovery): the keepalive was sent at or after the latest failed one. An ack
+    /// of a keepalive sent before that failure ends nothing.
+    pub fn on_ack(&mut self, sent_at: Instant) -> bool {
         if self.lost.is_some() {
-            return;
+            return false;
         }
         self.acked += 1;
         if sent_at > self.last_ack_sent {
@@ -124,17 +164,22 @@ impl KeepaliveClock {
         }
         if self.failed_since.is_some_and(|f| sent_at >= f) {
             self.failed_since = None;
+            return true;
         }
+        false
     }
 
     /// A keepalive sent at `sent_at` failed (no answer, or an answer other than
-    /// success or `session_expired`): draining starts.
-    pub fn on_fail(&mut self, sent_at: Instant) {
+    /// success or `session_expired`): jeopardy (draining) starts. Returns true if it
+    /// starts now (no failure was pending and the session is not lost).
+    pub fn on_fail(&mut self, sent_at: Instant) -> bool {
         if self.lost.is_some() {
-            return;
+            return false;
         }
         self.failed += 1;
+        let entered = self.failed_since.is_none();
         self.failed_since = Some(self.failed_since.map_or(sent_at, |f| f.max(sent_at)));
+        entered
     }
 
     /// Marks the session lost; returns true only the first time (the fence runs
@@ -163,6 +208,17 @@ impl KeepaliveClock {
         self.lost.is_none() && self.failed_since.is_none() && now < self.deadline()
     }
 
+    /// Whether the session is in jeopardy at `now`: a keepalive failed since the
+    /// last acknowledged one, and it is neither lost nor past its deadline.
+    pub fn in_jeopardy(&self, now: Instant) -> bool {
+        self.lost.is_none() && self.failed_since.is_some() && now < self.deadline()
+    }
+
+    /// The state at `now` (the deadline applied, as [`KeepaliveClock::status`]).
+    pub fn state(&self, now: Instant) -> HoldState {
+        self.status(now).state()
+    }
+
     /// Time left at `now` before the fence deadline; zero once lost.
     pub fn remaining(&self, now: Instant) -> Duration {
         if self.lost.is_some() {
@@ -175,11 +231,25 @@ impl KeepaliveClock {
     pub fn status(&self, now: Instant) -> ClockStatus {
         ClockStatus {
             can_start: self.can_start(now),
+            jeopardy: self.in_jeopardy(now),
             remaining: self.remaining(now),
             deadline: self.deadline(),
             acked: self.acked,
             failed: self.failed,
             lost: self.lost.or_else(|| (now >= self.deadline()).then_some(LossReason::Deadline)),
+        }
+    }
+}
+
+// === impl ClockStatus ===
+
+impl ClockStatus {
+    /// The state this reading shows.
+    pub fn state(&self) -> HoldState {
+        match self.lost {
+            Some(r) => HoldState::Lost(r),
+            None if self.jeopardy => HoldState::Jeopardy,
+            None => HoldState::Safe,
         }
     }
 }
@@ -260,6 +330,50 @@ mod tests {
         assert_eq!(c.lost(), Some(LossReason::SessionExpired));
         assert!(!c.can_start(t0));
         assert!(!c.check(t0 + s(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jeopardy_starts_at_the_first_failure_and_a_later_ack_ends_it_each_reported_once() {
+        let t0 = Instant::now();
+        let mut c = KeepaliveClock::new(t0, TTL, MARGIN);
+        assert_eq!((c.state(t0), c.status(t0).jeopardy), (HoldState::Safe, false));
+        assert!(!c.on_ack(t0 + s(1)), "an ack while safe ends nothing");
+        assert!(c.on_fail(t0 + s(5)), "the first failure enters jeopardy");
+        assert_eq!(c.state(t0 + s(6)), HoldState::Jeopardy);
+        assert!(c.in_jeopardy(t0 + s(6)) && !c.can_start(t0 + s(6)));
+        assert!(!c.on_fail(t0 + s(6)), "a second failure enters nothing");
+        // An ack of a keepalive sent before the latest failure is no recovery.
+        assert!(!c.on_ack(t0 + s(5)));
+        assert_eq!(c.state(t0 + s(7)), HoldState::Jeopardy);
+        assert!(c.on_ack(t0 + s(7)), "an ack sent after the failure recovers");
+        let st = c.status(t0 + s(8));
+        assert_eq!((st.state(), st.jeopardy, st.can_start), (HoldState::Safe, false, true));
+        assert_eq!(st.deadline, t0 + s(7) + s(14));
+        assert!(!c.on_ack(t0 + s(8)), "recovery is reported once");
+        // A new failure is a new jeopardy.
+        assert!(c.on_fail(t0 + s(9)));
+        assert_eq!(c.state(t0 + s(9)), HoldState::Jeopardy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jeopardy_ends_in_loss_at_the_deadline_and_nothing_recovers_from_it() {
+        let t0 = Instant::now();
+        let mut c = KeepaliveClock::new(t0, TTL, MARGIN);
+        assert!(c.on_fail(t0 + s(5)));
+        // Jeopardy lasts from the failure to the deadline, t0 + ttl - margin.
+        assert_eq!(c.state(t0 + s(14) - Duration::from_millis(1)), HoldState::Jeopardy);
+        assert_eq!(c.state(t0 + s(14)), HoldState::Lost(LossReason::Deadline), "the deadline ends jeopardy");
+        assert!(!c.in_jeopardy(t0 + s(14)));
+        assert!(c.check(t0 + s(14)));
+        assert!(!c.on_ack(t0 + s(13)), "no ack recovers a lost session");
+        assert!(!c.on_fail(t0 + s(15)), "a lost session enters no jeopardy");
+        assert_eq!(c.state(t0 + s(15)), HoldState::Lost(LossReason::Deadline));
+        // The service forgetting a session in jeopardy: lost at once.
+        let mut c = KeepaliveClock::new(t0, TTL, MARGIN);
+        assert!(c.on_fail(t0 + s(5)));
+        assert!(c.on_lost(LossReason::SessionExpired));
+        assert_eq!(c.state(t0 + s(6)), HoldState::Lost(LossReason::SessionExpired));
+        assert!(!c.status(t0 + s(6)).jeopardy);
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use lockmesh_core::{Code, FencingToken};
 
 use crate::{
     client::Inner,
-    clock::LossReason,
+    clock::{HoldState, LossReason},
     ledger::{Exit, Grant},
     session::Session,
     Error,
@@ -78,6 +78,19 @@ impl LockGuard {
     /// failed keepalive of its session (ADR-12) and once the hold is lost.
     pub fn can_start(&self) -> bool {
         self.session.status().can_start
+    }
+
+    /// Where the hold stands: [`HoldState::Safe`], [`HoldState::Jeopardy`] (a
+    /// keepalive of its session failed and the fence deadline has not come: start
+    /// no new work; a later acknowledged keepalive makes it safe again) or
+    /// [`HoldState::Lost`] (final).
+    pub fn state(&self) -> HoldState {
+        self.session.status().state()
+    }
+
+    /// Whether the hold is in jeopardy now (see [`LockGuard::state`]).
+    pub fn in_jeopardy(&self) -> bool {
+        self.session.status().jeopardy
     }
 
     /// Time left before the fence deadline: decline work that will not finish

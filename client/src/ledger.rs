@@ -230,6 +230,20 @@ impl Ledger {
         out
     }
 
+    /// The keys held on `session`, sorted.
+    pub fn keys_on(&self, session: SessionId) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .slots
+            .iter()
+            .filter_map(|(k, s)| match s {
+                Slot::Held { grant, .. } if grant.session == session => Some(k.clone()),
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// How many guards count `key` (0 if not held).
     pub fn count(&self, key: &str) -> u32 {
         match self.slots.get(key) {

@@ -25,10 +25,13 @@
 //!   renewed by one keepalive every TTL/3 however many holds it carries. Requests
 //!   carry a per-process instance id (`x-lock-instance`), so the service can name a
 //!   leak as a leak.
-//! - **Two-stage loss** (ADR-12): from the first failed keepalive
-//!   [`LockGuard::can_start`] is false; at `send time of the last acknowledged
-//!   keepalive + TTL - margin` the required fence callback runs. `session_expired`
-//!   or an epoch change is loss at once.
+//! - **Two-stage loss** (ADR-12): from the first failed keepalive the session is
+//!   in *jeopardy*: [`LockGuard::can_start`] is false, [`LockGuard::state`] says
+//!   [`HoldState::Jeopardy`], and the optional jeopardy callback
+//!   ([`Client::with_jeopardy`]) is told; a later acknowledged keepalive ends it
+//!   (told too). At `send time of the last acknowledged keepalive + TTL - margin`
+//!   the required fence callback runs. `session_expired` or an epoch change is
+//!   loss at once.
 //! - **Re-entrancy** (ADR-13) is counted here: only the outermost acquire and the
 //!   final release reach the service.
 //! - **No leaks**: an acquire whose answer is lost, or whose caller stopped
@@ -57,8 +60,8 @@ pub mod run;
 mod session;
 mod tls;
 
-pub use client::{instance_id, Client, FenceEvent, LockOptions, OnFence, Stats};
-pub use clock::LossReason;
+pub use client::{instance_id, Client, FenceEvent, JeopardyEvent, LockOptions, OnFence, OnJeopardy, Stats};
+pub use clock::{HoldState, LossReason};
 pub use config::Config;
 pub use error::Error;
 pub use guard::LockGuard;

@@ -7,6 +7,16 @@
 //! - When the lock is lost (the fence deadline passed, the service dropped the
 //!   session, or the epoch changed) the child gets SIGTERM, then SIGKILL after the
 //!   grace period.
+//! - **Jeopardy** (a keepalive failed; the fence deadline has not come): the file
+//!   named by `LOCKMESH_JEOPARDY_FILE` exists from the first failed keepalive until
+//!   a later one is acknowledged (recovery removes it), and from the loss of the
+//!   lock until the child ends: a child that checks it before each unit of work
+//!   never starts one in jeopardy. Its content is `jeopardy` or `lost <reason>`.
+//!   The path is `jeopardy` in a new private directory (mode 0700) under the
+//!   temporary directory unless `--jeopardy-file` names one. With
+//!   `--jeopardy-signal SIG` the child also gets SIG when jeopardy starts and again
+//!   when it ends by recovery (the file says which); by default no signal is sent,
+//!   since a signal the child does not handle would end it at every keepalive blip.
 //! - SIGTERM and SIGINT sent to `lockctl` are passed on to the child, and the
 //!   child gets SIGTERM if `lockctl` dies (Linux `PR_SET_PDEATHSIG`): its lock
 //!   ends with `lockctl`'s session.
@@ -15,15 +25,21 @@
 //!   usage or configuration error, 75 the lock was not granted within the wait,
 //!   126 the command could not be started, 127 it was not found, 1 anything else.
 
-use std::{net::SocketAddr, os::unix::process::ExitStatusExt, path::PathBuf, process::ExitStatus, time::Duration};
+use std::{
+    net::SocketAddr,
+    os::unix::process::ExitStatusExt,
+    path::{Path, PathBuf},
+    process::ExitStatus,
+    time::Duration,
+};
 
 use tokio::{
     process::{Child, Command},
     signal::unix::{signal, SignalKind},
-    sync::watch,
+    sync::mpsc,
 };
 
-use crate::{Client, Config, Error, LockOptions, LossReason};
+use crate::{Client, Config, Error, HoldState, LockOptions, LossReason};
 
 mod signal_child;
 
@@ -64,6 +80,19 @@ pub struct RunArgs {
     /// time + TTL - margin`, in ms.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1_000))]
     pub margin_ms: u64,
+    /// File that exists while the lock is in jeopardy (a keepalive failed and the
+    /// fence deadline has not come) and after it is lost; recovery removes it. The
+    /// command finds its path in LOCKMESH_JEOPARDY_FILE. A file already there is
+    /// removed at start. Default: `jeopardy` in a new private directory (mode 0700)
+    /// under $TMPDIR, removed with it when lockctl exits.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub jeopardy_file: Option<PathBuf>,
+    /// Also send this signal to the command when the lock enters jeopardy and
+    /// again when it recovers (the file says which): a name (USR1, SIGUSR2, HUP,
+    /// ...) or a number. Default: no signal (one the command does not handle would
+    /// end it at every keepalive blip).
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_signal))]
+    pub jeopardy_signal: Option<i32>,
     /// The lock key.
     pub key: String,
     /// The command and its arguments (after `--`).
@@ -91,6 +120,31 @@ pub enum RunError {
     /// Waiting for the child failed.
     #[error("waiting for the command: {0}")]
     Wait(#[source] std::io::Error),
+    /// The jeopardy file could not be prepared.
+    #[error("jeopardy file {path}: {source}")]
+    JeopardyFile {
+        /// The path.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the client tells the supervising loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Told {
+    /// Jeopardy started (true) or ended by recovery (false).
+    Jeopardy(bool),
+    /// The lock is lost.
+    Lost(LossReason),
+}
+
+/// The file that tells the child about jeopardy (`LOCKMESH_JEOPARDY_FILE`).
+#[derive(Debug)]
+struct JeopardyFile {
+    path: PathBuf,
+    /// The private directory made for it, removed on drop.
+    made_dir: Option<PathBuf>,
 }
 
 // === impl RunError ===
@@ -103,6 +157,7 @@ impl RunError {
             RunError::Lock(Error::Contended { .. }) => 75,
             RunError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             RunError::Spawn { .. } => 126,
+            RunError::JeopardyFile { .. } => 64,
             _ => 1,
         }
     }
@@ -127,10 +182,18 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
     config.resolve = args.resolve;
     config.cert_reload = Some(Duration::from_millis(args.cert_reload_ms)).filter(|d| !d.is_zero());
     config.margin = Duration::from_millis(args.margin_ms);
-    let (lost_tx, mut lost_rx) = watch::channel(None::<LossReason>);
-    let client = Client::new(config, move |fence| {
-        lost_tx.send_replace(Some(fence.reason));
-    })?;
+    let jeopardy = JeopardyFile::new(args.jeopardy_file.clone())?;
+    let (told_tx, mut told_rx) = mpsc::unbounded_channel();
+    let fenced = told_tx.clone();
+    let client = Client::with_jeopardy(
+        config,
+        move |fence| {
+            let _ = fenced.send(Told::Lost(fence.reason));
+        },
+        move |ev| {
+            let _ = told_tx.send(Told::Jeopardy(ev.state == HoldState::Jeopardy));
+        },
+    )?;
     let mut opts = LockOptions::default().wait(Duration::from_millis(args.wait_ms));
     opts.class = args.class.clone();
     let guard = client.lock(&args.key, opts).await?;
@@ -143,6 +206,7 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
         .env("LOCKMESH_REVISION", guard.revision().to_string())
         .env("LOCKMESH_SESSION", guard.session())
         .env("LOCKMESH_TTL_S", guard.ttl().as_secs().to_string())
+        .env("LOCKMESH_JEOPARDY_FILE", &jeopardy.path)
         .kill_on_drop(true);
     signal_child::term_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
@@ -153,16 +217,26 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
             return Err(RunError::Spawn { program: program.clone(), source });
         }
     };
-    let status = supervise(&mut child, &mut lost_rx, Duration::from_millis(args.grace_ms)).await;
+    let tell = Tell { file: &jeopardy, signal: args.jeopardy_signal };
+    let status = supervise(&mut child, &mut told_rx, &tell, Duration::from_millis(args.grace_ms)).await;
     let _ = guard.release().await;
     client.shutdown().await;
+    drop(jeopardy);
     Ok(exit_code(status.map_err(RunError::Wait)?))
 }
 
-/// Waits for the child; passes SIGTERM/SIGINT on; stops it when the lock is lost.
+/// How the child is told about jeopardy: the file, and the signal if asked for.
+struct Tell<'a> {
+    file: &'a JeopardyFile,
+    signal: Option<i32>,
+}
+
+/// Waits for the child; passes SIGTERM/SIGINT on; tells it about jeopardy; stops
+/// it when the lock is lost.
 async fn supervise(
     child: &mut Child,
-    lost: &mut watch::Receiver<Option<LossReason>>,
+    told: &mut mpsc::UnboundedReceiver<Told>,
+    tell: &Tell<'_>,
     grace: Duration,
 ) -> std::io::Result<ExitStatus> {
     let mut term = signal(SignalKind::terminate())?;
@@ -170,20 +244,134 @@ async fn supervise(
     loop {
         tokio::select! {
             status = child.wait() => return status,
-            changed = lost.changed() => {
-                let reason = (*lost.borrow()).unwrap_or(LossReason::Closed);
-                if changed.is_err() {
-                    // The client is gone: the lock cannot be kept.
-                    eprintln!("lockctl run: the lock client stopped; stopping the command");
-                } else {
+            t = told.recv() => match t {
+                Some(Told::Jeopardy(on)) => tell.jeopardy(child, on),
+                Some(Told::Lost(reason)) => {
+                    tell.file.set(&format!("lost {reason}"));
                     eprintln!("lockctl run: lock lost ({reason}); sending SIGTERM to the command");
+                    return stop(child, grace).await;
                 }
-                return stop(child, grace).await;
-            }
+                None => {
+                    // The client is gone: the lock cannot be kept.
+                    tell.file.set("lost closed");
+                    eprintln!("lockctl run: the lock client stopped; stopping the command");
+                    return stop(child, grace).await;
+                }
+            },
             _ = term.recv() => signal_child::send(child, libc::SIGTERM),
             _ = int.recv() => signal_child::send(child, libc::SIGINT),
         }
     }
+}
+
+// === impl Tell ===
+
+impl Tell<'_> {
+    /// Jeopardy started (`on`) or ended by recovery: the file first, then the
+    /// signal, so a handler sees the new state in the file.
+    fn jeopardy(&self, child: &Child, on: bool) {
+        if on {
+            eprintln!("lockctl run: a keepalive failed: the lock is in jeopardy (start no new work)");
+            self.file.set("jeopardy");
+        } else {
+            eprintln!("lockctl run: a keepalive was acknowledged: jeopardy is over");
+            self.file.clear();
+        }
+        if let Some(sig) = self.signal {
+            signal_child::send(child, sig);
+        }
+    }
+}
+
+// === impl JeopardyFile ===
+
+impl JeopardyFile {
+    /// The file at `given` (a stale one removed), or `jeopardy` in a new private
+    /// directory under the temporary directory.
+    fn new(given: Option<PathBuf>) -> Result<Self, RunError> {
+        let made = |path: &Path, source| RunError::JeopardyFile { path: path.to_owned(), source };
+        match given {
+            Some(path) => {
+                let f = Self { path, made_dir: None };
+                f.remove().map_err(|e| made(&f.path, e))?;
+                Ok(f)
+            }
+            None => {
+                use std::os::unix::fs::DirBuilderExt;
+                let dir = std::env::temp_dir().join(format!(
+                    "lockctl-run-{}-{:016x}",
+                    std::process::id(),
+                    rand::random::<u64>()
+                ));
+                // `create`, not `create_all`: a directory that already exists (made by
+                // someone else) is refused, so nobody else can own it.
+                std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| made(&dir, e))?;
+                Ok(Self { path: dir.join("jeopardy"), made_dir: Some(dir) })
+            }
+        }
+    }
+
+    /// Makes the file exist with `content` (written beside it, then renamed: it
+    /// appears whole). Failures are reported and otherwise ignored: the lock and
+    /// the command carry on, and the signal (if asked for) still goes out.
+    fn set(&self, content: &str) {
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
+        let r = std::fs::write(&tmp, format!("{content}\n")).and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = r {
+            eprintln!("lockctl run: could not write the jeopardy file {}: {e}", self.path.display());
+        }
+    }
+
+    /// Removes the file (recovery).
+    fn clear(&self) {
+        if let Err(e) = self.remove() {
+            eprintln!("lockctl run: could not remove the jeopardy file {}: {e}", self.path.display());
+        }
+    }
+
+    fn remove(&self) -> std::io::Result<()> {
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for JeopardyFile {
+    fn drop(&mut self) {
+        let _ = self.remove();
+        if let Some(dir) = &self.made_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A signal by name (`USR1`, `SIGUSR1`, `usr1`) or number, for `--jeopardy-signal`.
+pub fn parse_signal(s: &str) -> Result<i32, String> {
+    const NAMES: [(&str, i32); 9] = [
+        ("HUP", libc::SIGHUP),
+        ("INT", libc::SIGINT),
+        ("QUIT", libc::SIGQUIT),
+        ("USR1", libc::SIGUSR1),
+        ("USR2", libc::SIGUSR2),
+        ("ALRM", libc::SIGALRM),
+        ("TERM", libc::SIGTERM),
+        ("WINCH", libc::SIGWINCH),
+        ("PWR", libc::SIGPWR),
+    ];
+    if let Ok(n) = s.parse::<i32>() {
+        return match n {
+            1..=64 if n != libc::SIGKILL && n != libc::SIGSTOP => Ok(n),
+            _ => Err(format!("{n}: not a signal number that can be handled (1-64, not KILL or STOP)")),
+        };
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    NAMES.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(|| {
+        let known: Vec<&str> = NAMES.iter().map(|(n, _)| *n).collect();
+        format!("{s:?}: unknown signal (one of {}, or a number)", known.join(", "))
+    })
 }
 
 /// SIGTERM, then SIGKILL after `grace`.
@@ -229,6 +417,45 @@ mod tests {
         let st = stop(&mut c, Duration::from_millis(300)).await.unwrap();
         assert_eq!(exit_code(st), 128 + 9);
         assert!(t.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[test]
+    fn jeopardy_signals_by_name_or_number_never_kill_or_stop() {
+        for s in ["USR1", "SIGUSR1", "usr1", "10"] {
+            assert_eq!(parse_signal(s), Ok(libc::SIGUSR1), "{s}");
+        }
+        assert_eq!(parse_signal("hup"), Ok(libc::SIGHUP));
+        for bad in ["KILL", "9", "19", "0", "65", "-1", "USR3", ""] {
+            assert!(parse_signal(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_jeopardy_file_lives_in_a_private_directory_and_goes_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = JeopardyFile::new(None).unwrap();
+        let dir = f.made_dir.clone().unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!f.path.exists(), "no jeopardy yet");
+        f.set("jeopardy");
+        assert_eq!(std::fs::read_to_string(&f.path).unwrap(), "jeopardy\n");
+        f.clear();
+        assert!(!f.path.exists(), "recovery removes it");
+        f.clear();
+        f.set("lost deadline");
+        drop(f);
+        assert!(!dir.exists(), "the private directory is removed at exit");
+        // A path the user gives: a stale file is removed at start, the directory kept.
+        let user = std::env::temp_dir().join(format!("lockctl-run-test-{}", std::process::id()));
+        std::fs::create_dir_all(&user).unwrap();
+        let path = user.join("j");
+        std::fs::write(&path, "stale").unwrap();
+        let f = JeopardyFile::new(Some(path.clone())).unwrap();
+        assert!(!path.exists(), "a stale file would say jeopardy from the start");
+        f.set("jeopardy");
+        drop(f);
+        assert!(!path.exists() && user.exists());
+        std::fs::remove_dir(&user).unwrap();
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! One session (an etcd lease at the service) and its background keepalive: one
 //! renewal every TTL/3 however many holds the session carries (ADR-10), and the
-//! two-stage loss of [`crate::clock`] applied with real (tokio) time.
+//! two-stage loss of [`crate::clock`] applied with real (tokio) time: jeopardy from
+//! the first failed keepalive (reported when it starts and when a later keepalive
+//! ends it), the fence at the deadline.
 
 use std::{
     sync::{Arc, Mutex, Weak},
@@ -17,7 +19,7 @@ use tokio::{
 use crate::{
     api::CallError,
     client::Inner,
-    clock::{ClockStatus, KeepaliveClock, LossReason},
+    clock::{ClockStatus, HoldState, KeepaliveClock, LossReason},
 };
 
 /// A session of this process.
@@ -28,6 +30,9 @@ pub(crate) struct Session {
     clock: Mutex<KeepaliveClock>,
     lost_tx: watch::Sender<Option<LossReason>>,
     task: Mutex<Option<AbortHandle>>,
+    /// Held while the holder is told anything (jeopardy, recovery, the fence), so
+    /// nothing is told after the fence.
+    telling: Mutex<()>,
 }
 
 /// A reading of one session, for observability.
@@ -48,11 +53,16 @@ impl Session {
     pub(crate) fn new(id: SessionId, ttl_s: u64, sent: Instant, margin: Duration) -> Arc<Self> {
         let clock = KeepaliveClock::new(sent, Duration::from_secs(ttl_s), margin);
         let (lost_tx, _) = watch::channel(None);
-        Arc::new(Self { id, ttl_s, clock: Mutex::new(clock), lost_tx, task: Mutex::new(None) })
+        Arc::new(Self { id, ttl_s, clock: Mutex::new(clock), lost_tx, task: Mutex::new(None), telling: Mutex::new(()) })
     }
 
     fn clock(&self) -> std::sync::MutexGuard<'_, KeepaliveClock> {
         self.clock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Serializes what the holder is told about this session (see `telling`).
+    pub(crate) fn telling(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.telling.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The clock now.
@@ -127,7 +137,13 @@ async fn keepalive_loop(inner: Weak<Inner>, session: Arc<Session>) {
     };
     // Well inside the interval, so a failure is seen long before the deadline.
     let timeout = request_timeout.min(Duration::from_secs(session.ttl_s) / 6);
-    let reason = renew_until_lost(&session, || api.keepalive(session.id, timeout)).await;
+    let told = inner.clone();
+    let on_change = |state: HoldState| {
+        if let Some(inner) = told.upgrade() {
+            inner.jeopardy(&session, state);
+        }
+    };
+    let reason = renew_until_lost(&session, || api.keepalive(session.id, timeout), on_change).await;
     match inner.upgrade() {
         Some(inner) => inner.fence(&session, reason),
         None => {
@@ -136,11 +152,13 @@ async fn keepalive_loop(inner: Weak<Inner>, session: Arc<Session>) {
     }
 }
 
-/// The keepalive schedule: one `renew` every TTL/3 (faster while draining), each
-/// failure starting the drain, `session_expired` ending the session at once. The
+/// The keepalive schedule: one `renew` every TTL/3 (faster in jeopardy), the first
+/// failure starting jeopardy (`on_change(Jeopardy)`), a later acknowledged renewal
+/// ending it (`on_change(Safe)`), `session_expired` ending the session at once. The
 /// deadline is raced against every sleep and every renewal, so the loss is
-/// returned on time even while a renewal hangs.
-async fn renew_until_lost<F, Fut>(session: &Session, mut renew: F) -> LossReason
+/// returned on time even while a renewal hangs; the loss itself is the caller's to
+/// report (the fence), never an `on_change`.
+async fn renew_until_lost<F, Fut>(session: &Session, mut renew: F, mut on_change: impl FnMut(HoldState)) -> LossReason
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), CallError>>,
@@ -160,12 +178,21 @@ where
             r = renew() => r,
         };
         match answer {
-            Ok(()) => session.clock().on_ack(sent),
+            Ok(()) => {
+                let recovered = session.clock().on_ack(sent);
+                if recovered {
+                    tracing::info!(ttl_s = session.ttl_s, "keepalive acknowledged: jeopardy ended");
+                    on_change(HoldState::Safe);
+                }
+            }
             Err(e) if e.code() == Some(Code::SessionExpired) => return LossReason::SessionExpired,
             Err(e) => {
-                session.clock().on_fail(sent);
+                let entered = session.clock().on_fail(sent);
                 // No session id, key or token in logs (ADR-22).
-                tracing::warn!(ttl_s = session.ttl_s, error = ?e.code_str(), "keepalive failed: no new work may start");
+                tracing::warn!(ttl_s = session.ttl_s, error = ?e.code_str(), "keepalive failed: in jeopardy, no new work may start");
+                if entered {
+                    on_change(HoldState::Jeopardy);
+                }
             }
         }
     }
@@ -183,8 +210,11 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// What `on_change` was told, and when.
+    type Told = Arc<std::sync::Mutex<Vec<(Instant, HoldState)>>>;
+
     /// A session of TTL 3 s and margin 1 s, renewed by `renew` on a task.
-    fn start<F, Fut>(renew: F) -> (Arc<Session>, Instant, tokio::task::JoinHandle<LossReason>)
+    fn start<F, Fut>(renew: F) -> (Arc<Session>, Instant, tokio::task::JoinHandle<LossReason>, Told)
     where
         F: FnMut() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<(), CallError>> + Send,
@@ -192,8 +222,11 @@ mod tests {
         let t0 = Instant::now();
         let s = Session::new(SessionId::from_lease(7).unwrap(), 3, t0, Duration::from_secs(1));
         let s2 = s.clone();
-        let task = tokio::spawn(async move { renew_until_lost(&s2, renew).await });
-        (s, t0, task)
+        let told = Told::default();
+        let t = told.clone();
+        let on_change = move |st| t.lock().unwrap().push((Instant::now(), st));
+        let task = tokio::spawn(async move { renew_until_lost(&s2, renew, on_change).await });
+        (s, t0, task, told)
     }
 
     async fn at(t: Instant) {
@@ -206,7 +239,7 @@ mod tests {
         // from the 3rd on they hang for 500 ms (the keepalive timeout) and fail.
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
-        let (s, t0, task) = start(move || {
+        let (s, t0, task, told) = start(move || {
             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 if n == 1 {
@@ -238,22 +271,26 @@ mod tests {
         assert_eq!(s.status().lost, None);
         advance(ms(20)).await;
         assert_eq!(task.await.unwrap(), LossReason::Deadline);
+        // Jeopardy was told once, at the failure; the loss is the fence's to tell.
+        assert_eq!(*told.lock().unwrap(), vec![(t0 + ms(3700), HoldState::Jeopardy)]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_hanging_renewal_does_not_delay_the_fence() {
-        let (s, t0, task) = start(std::future::pending);
+        let (s, t0, task, told) = start(std::future::pending);
         let reason = task.await.unwrap();
         assert_eq!(reason, LossReason::Deadline);
         assert_eq!(Instant::now(), t0 + ms(2000), "fenced at open send time + ttl - margin");
         assert!(!s.status().can_start);
+        // A renewal that hangs past the deadline never failed: no jeopardy was told.
+        assert!(told.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_blip_ends_the_drain_and_moves_the_deadline() {
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
-        let (s, t0, task) = start(move || {
+        let (s, t0, task, told) = start(move || {
             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 if n == 1 {
@@ -270,18 +307,21 @@ mod tests {
         });
         at(t0 + ms(1100)).await;
         assert!(!s.status().can_start, "the failed renewal at 1 s drains");
+        assert_eq!(s.status().state(), HoldState::Jeopardy);
         // Retried 300 ms later (TTL/10), acknowledged: work may start again.
         at(t0 + ms(1400)).await;
         let st = s.status();
         assert!(st.can_start);
         assert_eq!(st.deadline, t0 + ms(1300) + ms(2000));
+        assert_eq!((st.jeopardy, st.state()), (false, HoldState::Safe));
+        assert_eq!(*told.lock().unwrap(), vec![(t0 + ms(1000), HoldState::Jeopardy), (t0 + ms(1300), HoldState::Safe)]);
         assert!(!task.is_finished());
         task.abort();
     }
 
     #[tokio::test(start_paused = true)]
     async fn session_expired_is_loss_at_once() {
-        let (_s, t0, task) = start(|| async {
+        let (_s, t0, task, told) = start(|| async {
             Err(CallError::Refused {
                 status: 410,
                 code: Code::SessionExpired.into(),
@@ -291,5 +331,6 @@ mod tests {
         });
         assert_eq!(task.await.unwrap(), LossReason::SessionExpired);
         assert_eq!(Instant::now(), t0 + ms(1000), "at the first renewal, not at the deadline");
+        assert!(told.lock().unwrap().is_empty(), "session_expired is loss, not jeopardy");
     }
 }

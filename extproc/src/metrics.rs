@@ -112,21 +112,37 @@ impl Collector for EtcdCollector {
 }
 
 /// Encodes `lockmesh_lock::vm::RENEWAL_FAILURES` at scrape time as
-/// `lockmesh_arbiter_vm_renewal_failures_total{etcd_cluster}`: one series per etcd
-/// cluster of this arbiter's config (a bounded set), each from 0.
+/// `lockmesh_arbiter_vm_renewal_failures_total{etcd_cluster}`, and
+/// `lockmesh_lock::vm::JEOPARDY` as `lockmesh_arbiter_vm_sessions_in_jeopardy{etcd_cluster}`:
+/// one series per etcd cluster of this arbiter's config (a bounded set), each from 0.
 #[derive(Debug)]
 struct VmRenewalCollector;
 
 impl Collector for VmRenewalCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let clusters = crate::lock::vm::RENEWAL_FAILURES.snapshot();
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_vm_renewal_failures",
+                "Transparent-mode VM session renewals that failed, by etcd cluster (a failing cluster does not stop the others' renewals).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (cluster, n) in &clusters {
+                ConstCounter::new(*n).encode(family.encode_family(&[("etcd_cluster", cluster.as_str())])?)?;
+            }
+        }
         let mut family = encoder.encode_descriptor(
-            "lockmesh_arbiter_vm_renewal_failures",
-            "Transparent-mode VM session renewals that failed, by etcd cluster (a failing cluster does not stop the others' renewals).",
+            "lockmesh_arbiter_vm_sessions_in_jeopardy",
+            "Transparent-mode VM sessions whose last renewal by this arbiter failed and whose TTL has not run out since its last renewal here, by etcd cluster (0 again on recovery or expiry).",
             None,
-            MetricType::Counter,
+            MetricType::Gauge,
         )?;
-        for (cluster, n) in crate::lock::vm::RENEWAL_FAILURES.snapshot() {
-            ConstCounter::new(n).encode(family.encode_family(&[("etcd_cluster", cluster.as_str())])?)?;
+        let now = std::time::Instant::now();
+        for (cluster, _) in &clusters {
+            let n = crate::lock::vm::JEOPARDY.count(cluster, now);
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("etcd_cluster", cluster.as_str())])?)?;
         }
         Ok(())
     }
@@ -386,6 +402,7 @@ mod tests {
             "lockmesh_arbiter_etcd_check_failures_total 0\n",
             "# TYPE lockmesh_arbiter_vm_renewal_failures_total counter\n",
             "lockmesh_arbiter_registry_reload_errors 0\n",
+            "# TYPE lockmesh_arbiter_vm_sessions_in_jeopardy gauge\n",
             "lockmesh_arbiter_registry_reloads_total 0\n",
             "# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n",
             "# TYPE lockmesh_arbiter_etcd_reachable gauge\n",

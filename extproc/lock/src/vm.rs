@@ -38,10 +38,18 @@
 //! call failed) is counted in [`VmStatus::failed`] and the others are still renewed;
 //! `lockmesh_lock::tiers` does the same per cluster and counts each cluster's
 //! failures in [`RENEWAL_FAILURES`].
+//!
+//! **Jeopardy** ([`JEOPARDY`]): a VM session whose last renewal by this arbiter
+//! failed (its own call, or the listing of its VM's sessions on that cluster) and
+//! whose lease has not run out since this arbiter last renewed it (its TTL from
+//! the send time of that renewal) is in jeopardy: its holds may still be renewed in
+//! time, or may lapse. An acknowledged renewal clears it; so does the end of that
+//! TTL (the lease is gone by then).
 
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -78,6 +86,33 @@ pub static RENEWAL_FAILURES: RenewalFailures = RenewalFailures { by_cluster: Mut
 #[derive(Debug)]
 pub struct RenewalFailures {
     by_cluster: Mutex<BTreeMap<String, u64>>,
+}
+
+/// VM sessions in jeopardy by etcd cluster (the module doc), for
+/// `lockmesh_arbiter_vm_sessions_in_jeopardy{etcd_cluster}`.
+pub static JEOPARDY: VmJeopardy = VmJeopardy { by_cluster: Mutex::new(BTreeMap::new()) };
+
+/// Most VM sessions remembered per cluster: past it (after dropping lapsed ones) a
+/// new session is not tracked, and its jeopardy not counted.
+const MAX_TRACKED: usize = 65_536;
+
+/// The last renewal by this arbiter of each VM session it renews, by cluster (see
+/// [`JEOPARDY`]). Entries are keyed by VM id and session (never a label) and
+/// dropped once their TTL has run out.
+#[derive(Debug)]
+pub struct VmJeopardy {
+    by_cluster: Mutex<BTreeMap<String, BTreeMap<(String, SessionId), Renewal>>>,
+}
+
+/// One VM session's renewals by this arbiter.
+#[derive(Debug, Clone, Copy)]
+struct Renewal {
+    /// Send time of the last acknowledged renewal (or of the failed call, for a
+    /// session first seen failing: its lease ends no later than that plus its TTL).
+    ok_sent: Instant,
+    ttl: Duration,
+    /// The last renewal attempt failed.
+    failing: bool,
 }
 
 /// A VM's session for one class, and its TTL (the class TTL when it was opened).
@@ -162,6 +197,115 @@ impl RenewalFailures {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
         self.by_cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+// === impl VmJeopardy ===
+
+impl VmJeopardy {
+    /// The session `sid` of `vm` on `cluster` (TTL `ttl_s`) was renewed by a call
+    /// sent at `sent`.
+    pub fn renewed(&self, cluster: &str, vm: &str, sid: SessionId, ttl_s: u64, sent: Instant) {
+        let mut all = self.lock();
+        let sessions = all.entry(cluster.to_owned()).or_default();
+        let r = Renewal { ok_sent: sent, ttl: Duration::from_secs(ttl_s), failing: false };
+        insert_bounded(sessions, (vm.to_owned(), sid), r, sent);
+    }
+
+    /// A renewal of `sid` sent at `sent` failed (seen at `now`). A session renewed
+    /// by a call sent at or after `sent` is not failing (its reconcile failed after
+    /// the lease was renewed). A session not seen before is tracked if its TTL is
+    /// known.
+    pub fn failed(&self, cluster: &str, vm: &str, sid: SessionId, ttl_s: Option<u64>, sent: Instant, now: Instant) {
+        let mut all = self.lock();
+        let sessions = all.entry(cluster.to_owned()).or_default();
+        let key = (vm.to_owned(), sid);
+        match sessions.get_mut(&key) {
+            Some(r) if r.ok_sent >= sent => {}
+            Some(r) => r.failing = true,
+            None => {
+                if let Some(ttl_s) = ttl_s {
+                    let r = Renewal { ok_sent: sent, ttl: Duration::from_secs(ttl_s), failing: true };
+                    insert_bounded(sessions, key, r, now);
+                }
+            }
+        }
+    }
+
+    /// A keepalive of `vm` on `cluster` that started at `started` ended without
+    /// renewing its sessions there (the listing failed, or the caller gave up and
+    /// the call was dropped): every one this arbiter renewed there, and not since
+    /// `started`, is failing.
+    pub fn unreachable(&self, cluster: &str, vm: &str, started: Instant) {
+        if let Some(sessions) = self.lock().get_mut(cluster) {
+            for ((v, _), r) in sessions.iter_mut() {
+                if v == vm && r.ok_sent < started {
+                    r.failing = true;
+                }
+            }
+        }
+    }
+
+    /// The sessions of `vm` on `cluster` are `live` now: every other one it had
+    /// there has ended (or is a retired session left to lapse).
+    pub fn listed(&self, cluster: &str, vm: &str, live: &[SessionId]) {
+        if let Some(sessions) = self.lock().get_mut(cluster) {
+            sessions.retain(|(v, sid), _| v != vm || live.contains(sid));
+        }
+    }
+
+    /// VM sessions on `cluster` in jeopardy at `now`; drops those whose TTL has run
+    /// out since their last renewal here.
+    pub fn count(&self, cluster: &str, now: Instant) -> u64 {
+        let mut all = self.lock();
+        let Some(sessions) = all.get_mut(cluster) else { return 0 };
+        sessions.retain(|_, r| now < r.ok_sent + r.ttl);
+        sessions.values().filter(|r| r.failing).count() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeMap<(String, SessionId), Renewal>>> {
+        self.by_cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One VM keepalive on one cluster: unless [`Attempt::finished`] runs, its end
+/// (an early return, or the future dropped because the filter's call timed out
+/// first) marks the VM's sessions there failing.
+struct Attempt<'a> {
+    cluster: &'a str,
+    vm: &'a str,
+    started: Instant,
+    finished: bool,
+}
+
+impl Attempt<'_> {
+    /// Every session was renewed or found failing or ended, each recorded.
+    fn finished(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            JEOPARDY.unreachable(self.cluster, self.vm, self.started);
+        }
+    }
+}
+
+/// Inserts unless `sessions` is full of sessions whose TTL has not run out at `now`.
+fn insert_bounded(
+    sessions: &mut BTreeMap<(String, SessionId), Renewal>,
+    key: (String, SessionId),
+    r: Renewal,
+    now: Instant,
+) {
+    if sessions.len() >= MAX_TRACKED && !sessions.contains_key(&key) {
+        sessions.retain(|_, r| now < r.ok_sent + r.ttl);
+        if sessions.len() >= MAX_TRACKED {
+            return;
+        }
+    }
+    sessions.insert(key, r);
 }
 
 // === impl Store ===
@@ -327,22 +471,29 @@ impl Store {
     ) -> Result<VmStatus, LockError> {
         let owner = Self::vm_owner(envoy, vm);
         let prefix = self.keys().vm_sessions(vm);
+        let cluster = self.cluster_name();
+        let attempt = Attempt { cluster, vm, started: Instant::now(), finished: false };
         let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
         let mut status = VmStatus::default();
+        let mut live = Vec::new();
         for kv in r.kvs() {
             let Some(sid) = SessionId::from_lease(kv.lease()) else { continue };
+            let sent = Instant::now();
             let rec = match self.owned_session(sid, &owner).await {
                 Ok(rec) => rec,
                 Err(LockError::SessionExpired) => continue,
                 Err(e) => {
                     status.failed += 1;
+                    live.push(sid);
+                    JEOPARDY.failed(cluster, vm, sid, None, sent, Instant::now());
                     tracing::warn!(error = %e, "could not read a VM session's record; renewing the others");
                     continue;
                 }
             };
             let retired = kv.key() != self.keys().vm_session(vm, &rec.class).as_bytes();
-            match self.renew_vm_session(sid, vm, retired, reconcile).await {
+            match self.renew_vm_session(sid, vm, retired, reconcile, rec.ttl_s).await {
                 Ok(Some(reconciled)) => {
+                    live.push(sid);
                     status.sessions += 1;
                     status.reconciled += reconciled;
                     status.min_ttl_s = if status.min_ttl_s == 0 { rec.ttl_s } else { status.min_ttl_s.min(rec.ttl_s) };
@@ -354,10 +505,14 @@ impl Store {
                 }
                 Err(e) => {
                     status.failed += 1;
+                    live.push(sid);
+                    JEOPARDY.failed(cluster, vm, sid, Some(rec.ttl_s), sent, Instant::now());
                     tracing::warn!(error = %e, "could not renew a VM session; renewing the others");
                 }
             }
         }
+        JEOPARDY.listed(cluster, vm, &live);
+        attempt.finished();
         if status.failed > 0 {
             status.min_ttl_s = 0;
         }
@@ -366,19 +521,22 @@ impl Store {
 
     /// Renews one VM session (a retired one only while it carries holds) and
     /// reconciles it: the holds released, or `None` for a retired session left to
-    /// lapse; `SessionExpired` when its lease is gone.
+    /// lapse; `SessionExpired` when its lease is gone. The renewal is recorded in
+    /// [`JEOPARDY`] as soon as it is acknowledged.
     async fn renew_vm_session(
         &self,
         sid: SessionId,
         vm: &str,
         retired: bool,
         reconcile: Option<&Reconcile>,
+        ttl_s: u64,
     ) -> Result<Option<usize>, LockError> {
         if retired && self.lease_hold_keys(sid).await?.is_empty() {
             return Ok(None);
         }
+        let sent = Instant::now();
         match self.call(self.client().lease_keep_alive(sid.lease())).await {
-            Ok(_) => {}
+            Ok(_) => JEOPARDY.renewed(self.cluster_name(), vm, sid, ttl_s, sent),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => return Err(LockError::SessionExpired),
             Err(e) => return Err(e),
         }
@@ -433,6 +591,50 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vm_session_is_in_jeopardy_from_a_failed_renewal_until_an_ack_or_the_end_of_its_ttl() {
+        let j = VmJeopardy { by_cluster: Mutex::new(BTreeMap::new()) };
+        let (vm, other) = ("0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210");
+        let (a, b) = (SessionId::from_lease(1).unwrap(), SessionId::from_lease(2).unwrap());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        j.renewed("shard-a", vm, a, 6, t0);
+        j.renewed("shard-a", vm, b, 15, t0);
+        j.renewed("shard-a", other, a, 6, t0);
+        assert_eq!(j.count("shard-a", t0), 0);
+        // A failed renewal of one session: that one, on that cluster only.
+        j.failed("shard-a", vm, a, Some(6), t0 + s(2), t0 + s(3));
+        assert_eq!((j.count("shard-a", t0 + s(3)), j.count("coord", t0 + s(3))), (1, 0));
+        // An ack clears it.
+        j.renewed("shard-a", vm, a, 6, t0 + s(4));
+        assert_eq!(j.count("shard-a", t0 + s(4)), 0);
+        // A failure after a renewal sent during the same call (its reconcile failed)
+        // is no jeopardy: the lease was renewed.
+        j.failed("shard-a", vm, a, Some(6), t0 + s(4), t0 + s(5));
+        assert_eq!(j.count("shard-a", t0 + s(5)), 0);
+        // The cluster unreachable: every session of that VM there, not the other VM's,
+        // and not one renewed since the failed call started.
+        j.unreachable("shard-a", vm, t0 + s(4));
+        assert_eq!(j.count("shard-a", t0 + s(5)), 1, "a was renewed at t0 + 4 s");
+        j.unreachable("shard-a", vm, t0 + s(5));
+        assert_eq!(j.count("shard-a", t0 + s(5)), 2);
+        // The end of a session's TTL since its last renewal ends its jeopardy (a lapsed
+        // lease) and forgets it; the other is renewed.
+        assert_eq!(j.count("shard-a", t0 + s(10)), 1, "a's lease (6 s from t0 + 4 s) lapsed");
+        j.renewed("shard-a", vm, b, 15, t0 + s(11));
+        assert_eq!(j.count("shard-a", t0 + s(11)), 0);
+        // A session no longer listed has ended.
+        j.failed("shard-a", vm, b, Some(15), t0 + s(12), t0 + s(13));
+        assert_eq!(j.count("shard-a", t0 + s(13)), 1);
+        j.listed("shard-a", vm, &[]);
+        assert_eq!(j.count("shard-a", t0 + s(13)), 0);
+        // A session first seen failing counts if its TTL is known, from the call.
+        j.failed("coord", vm, a, None, t0 + s(13), t0 + s(14));
+        assert_eq!(j.count("coord", t0 + s(14)), 0);
+        j.failed("coord", vm, a, Some(6), t0 + s(13), t0 + s(14));
+        assert_eq!((j.count("coord", t0 + s(18)), j.count("coord", t0 + s(19))), (1, 0));
+    }
 
     #[test]
     fn vm_ids_and_hold_numbers() {

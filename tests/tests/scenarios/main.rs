@@ -32,6 +32,7 @@ mod fleet;
 mod gate;
 mod handoff;
 mod harness_selftest;
+mod jeopardy;
 mod limits;
 mod load_smoke;
 mod observability;

@@ -47,7 +47,7 @@ fn promtool() -> PathBuf {
 }
 
 /// `promtool check <what> [file]` with `input` on stdin; panics with its output.
-fn promtool_check(args: &[&str], input: Option<&str>) {
+pub(super) fn promtool_check(args: &[&str], input: Option<&str>) {
     use std::io::Write;
     let mut child = Command::new(promtool())
         .arg("check")

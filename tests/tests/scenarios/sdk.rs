@@ -285,7 +285,7 @@ fn lockctl() -> PathBuf {
     p
 }
 
-fn lockctl_run(st: &Stack, sa: &str, key: &str, extra: &[&str], script: &str) -> tokio::process::Command {
+pub(super) fn lockctl_run(st: &Stack, sa: &str, key: &str, extra: &[&str], script: &str) -> tokio::process::Command {
     let cert = st.pki().client("payments", sa).unwrap();
     let port = st.envoy().listener_port();
     let mut cmd = tokio::process::Command::new(lockctl());
