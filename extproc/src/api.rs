@@ -276,8 +276,13 @@ async fn route(
             };
             let ns = state.registry().session_namespace(class.name.as_str(), lock.key.as_ref());
             let sid = tiers.open_session(&caller, &class, lock.key.as_ref(), &ns).await?;
-            let mut r =
-                ApiResponse::ok(&SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s });
+            let opened = SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s };
+            let mut r = if crate::test_faults::on(crate::test_faults::TestFault::WireDrift) {
+                // PLANTED BUG (the OpenAPI scenario): `ttl_s` as a string.
+                ApiResponse::ok(&serde_json::json!({ "class": opened.class, "session": sid, "ttl_s": opened.ttl_s.to_string() }))
+            } else {
+                ApiResponse::ok(&opened)
+            };
             r.headers.push((headers::SESSION, sid.to_string()));
             r
         }

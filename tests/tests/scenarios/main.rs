@@ -36,6 +36,7 @@ mod jeopardy;
 mod limits;
 mod load_smoke;
 mod observability;
+mod openapi;
 mod otlp;
 mod pg_fence;
 mod quotas;
