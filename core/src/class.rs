@@ -35,6 +35,10 @@ pub const PLATFORM_DEFAULT_TTL_S: u64 = 15;
 pub const PLATFORM_ADVISORY_MIN_TTL_S: u64 = 30;
 /// etcd's own lease floor with default timing: a registry may not go below it.
 pub const ETCD_MIN_TTL_S: u64 = 2;
+/// The longest `lock_delay_s` a class may set: a key stays ungrantable that long
+/// after its holder's session expired or it was force-released (Consul's
+/// lock-delay; docs/CLASSES.md).
+pub const MAX_LOCK_DELAY_S: u64 = 300;
 /// The highest `max_holders` a class (and a policy record) may carry. A key's
 /// holds sit in slots named with four digits (`<root>/l/<digest>/h/0000`, see
 /// `lockmesh_keyspace::keys`); a grant compares the range from slot `N` to the end
@@ -285,6 +289,12 @@ pub struct RawClass {
     pub max_holders: Option<u32>,
     /// Waiter order (ADR-14): `memory` (per-arbiter FIFO). Default `memory`.
     pub fairness: Option<String>,
+    /// Seconds a key stays ungrantable after its hold ended without its holder
+    /// releasing it (the session expired, or a force release): time for a paused
+    /// holder to wake and notice before anyone else starts. Default 0 (off), at
+    /// most [`MAX_LOCK_DELAY_S`]; mutex classes only (`max_holders` 1).
+    #[serde(alias = "lockDelaySeconds")]
+    pub lock_delay_s: Option<u64>,
     /// Path of the PauseTestResult document a fenced class rests on (ADR-17).
     #[serde(alias = "pauseTestResult")]
     pub pause_test_result: Option<String>,
@@ -368,6 +378,8 @@ pub struct ClassSpec {
     pub max_holders: u32,
     /// Waiter order.
     pub fairness: Fairness,
+    /// Lock-delay after an expiry or a force release, seconds (0: none).
+    pub lock_delay_s: u64,
     /// The pause-test result file of a fenced class, as written.
     pub pause_test_result: Option<String>,
     /// Without an etcd quorum: closed, or open (ADR-04).
@@ -657,6 +669,22 @@ impl ClassRegistry {
                     None
                 }
             };
+            let lock_delay_s = c.lock_delay_s.unwrap_or(0);
+            if lock_delay_s > MAX_LOCK_DELAY_S {
+                err(
+                    at("lock_delay_s"),
+                    format!("{lock_delay_s} is above {MAX_LOCK_DELAY_S}: a key would stay ungrantable that long after every expiry"),
+                );
+            }
+            if lock_delay_s > 0 && max_holders > 1 {
+                err(
+                    at("lock_delay_s"),
+                    format!(
+                        "{lock_delay_s} with max_holders {max_holders}: lock-delay is defined for mutex classes \
+                         (max_holders 1), where an expiry frees the one hold"
+                    ),
+                );
+            }
             let fairness = match c.fairness.as_deref() {
                 None | Some("memory") => Some(Fairness::Memory),
                 Some("durable") => Some(Fairness::Durable),
@@ -688,6 +716,7 @@ impl ClassRegistry {
                     enforcement,
                     max_holders,
                     fairness,
+                    lock_delay_s,
                     pause_test_result: c.pause_test_result.clone(),
                     on_quorum_loss,
                     purpose,

@@ -95,6 +95,10 @@ pub enum Reason {
     KeyGated,
     /// A transient conflict with a concurrent grant.
     LockContended,
+    /// The key is free but in its class's lock-delay: its last hold ended without
+    /// its holder releasing it (the session expired, or a force release), and the
+    /// class keeps the key ungrantable for `lock_delay_s` after that was seen.
+    LockDelay,
 }
 
 /// A code as read off the wire: one this build knows, or one it does not (a newer
@@ -297,13 +301,14 @@ impl<'de> Deserialize<'de> for Code {
 
 impl Reason {
     /// Every reason, for tests.
-    pub const ALL: [Reason; 2] = [Reason::KeyGated, Reason::LockContended];
+    pub const ALL: [Reason; 3] = [Reason::KeyGated, Reason::LockContended, Reason::LockDelay];
 
     /// The wire string.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::KeyGated => "key_gated",
             Reason::LockContended => "lock_contended",
+            Reason::LockDelay => "lock_delay",
         }
     }
 

@@ -257,11 +257,17 @@ async fn route(
                     you: h.own.is_some(),
                 })
                 .collect();
+            let lock_delay_ms = if class.lock_delay_s > 0 {
+                store.delay_record_left(&key.digest()).await?.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            } else {
+                None
+            };
             ApiResponse::ok(&LockInfo {
                 class: class.name.to_string(),
                 holders,
                 max_holders: class.max_holders,
                 waiting_here: store.queues().len(&key.digest()) as u64,
+                lock_delay_ms,
             })
         }
         Route::SessionOpen => {

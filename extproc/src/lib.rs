@@ -116,6 +116,8 @@ pub async fn run(
     // namespace, listed once and followed by a watch.
     for s in state.tiers.stores() {
         s.start_ledger();
+        // Lock-delay (`lock::delay`): a watch of hold deletes while a class sets one.
+        s.start_delay_watch();
     }
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.

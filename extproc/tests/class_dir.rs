@@ -178,7 +178,7 @@ fn envelopes_unknown_fields_types_and_duplicates_are_refused_naming_file_documen
         ),
         format!(
             "{b}: document 3 (LockClass snake): spec.ttl_s: unknown field (the CRD's fields here: default, \
-             enforcement, fairness, maxHolders, onQuorumLoss, pauseTestResult, prefixes, purpose, riskOwner, tier, \
+             enforcement, fairness, lockDelaySeconds, maxHolders, onQuorumLoss, pauseTestResult, prefixes, purpose, riskOwner, tier, \
              ttlSeconds, waiverExpiry)"
         ),
         format!("{b}: document 4 (LockClass typed): spec.ttlSeconds: must be an integer, got a string"),

@@ -14,7 +14,15 @@
 //! <root>/c/<class>                 authoritative class policy          no lease
 //! <root>/v/<vm>/<class>            transparent-mode VM session id      session lease
 //! <root>/u/<grant>/<op>            a shipped unprotected-grant record   ship lease (10 min)
+//! <root>/g/<digest>                lock-delay guard: the holder's session no lease
+//! <root>/d/<digest>                lock-delay in force (cause, delay)   delay lease (lock_delay_s)
 //! ```
+//!
+//! The last two exist only for keys of classes with `lock_delay_s`
+//! (`lockmesh_lock::delay`): every grant of such a key puts its guard, every
+//! release deletes it, so a guard whose hold is gone marks an end without a
+//! release (an expiry or a force release), which an arbiter turns into the delay
+//! record on a lease of the class's delay.
 //!
 //! Holds sit in numbered slots under `h/` so a key can have N holders without a
 //! migration; a mutex uses slot `0000`. A hold's create revision is its grant's
@@ -159,6 +167,21 @@ impl Keys {
     /// The close marker of a session.
     pub fn close_marker(&self, s: SessionId) -> String {
         format!("{}/x/{s}", self.root)
+    }
+
+    /// The force-release record of a key (an approved admin force release).
+    pub fn force_record(&self, d: &KeyDigest) -> String {
+        format!("{}/f/{d}", self.root)
+    }
+
+    /// The lock-delay guard of a key (`lockmesh_lock::delay`).
+    pub fn delay_guard(&self, d: &KeyDigest) -> String {
+        format!("{}/g/{d}", self.root)
+    }
+
+    /// The lock-delay record of a key (`lockmesh_lock::delay`).
+    pub fn lock_delay(&self, d: &KeyDigest) -> String {
+        format!("{}/d/{d}", self.root)
     }
 
     /// A shipped unprotected-grant record (`failopen`): `op` is grant, release or

@@ -61,3 +61,27 @@ mod tests {
         assert_eq!(serde_json::to_string(&w).unwrap(), r#"{"owner":"spiffe://t/a","session":"000000000000002a"}"#);
     }
 }
+
+/// `<root>/g/<digest>` ([`super::Keys::delay_guard`]): put (no lease) by every
+/// grant of a key of a class with `lock_delay_s`, deleted by its release. Left
+/// behind when the hold ends otherwise (its session expired or was closed, a force
+/// release), where `lockmesh_lock::delay` finds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelayGuard {
+    /// The session the hold is on, 16 hex digits (a close marker of it says the
+    /// holder closed the session: a release, no delay).
+    pub session: String,
+}
+
+/// `<root>/d/<digest>` ([`super::Keys::lock_delay`]): the key is in its class's
+/// lock-delay; on a lease of `delay_s`, so it ends with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockDelayRecord {
+    /// Why the last hold ended: `expiry` (its session ended without a close) or
+    /// `force` (an admin force release).
+    pub cause: String,
+    /// The class's delay, seconds (the lease's TTL).
+    pub delay_s: u64,
+    /// When the arbiter that wrote it saw the end, unix ms (informational).
+    pub seen_ms: u64,
+}

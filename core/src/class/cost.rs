@@ -115,6 +115,7 @@ mod tests {
             enforcement: Enforcement::Fenced,
             max_holders: 1,
             fairness: Fairness::Memory,
+            lock_delay_s: 0,
             pause_test_result: None,
             on_quorum_loss: crate::class::OnQuorumLoss::Closed,
             purpose: None,

@@ -274,3 +274,32 @@ fn the_ttl_verdict_uses_the_default_ttl_and_the_advisory_floor() {
         assert_eq!(p.check_ttl(Some(ttl), advisory).is_ok(), ok, "{ttl} advisory={advisory}");
     }
 }
+
+#[test]
+fn lock_delay_is_bounded_and_for_mutex_classes_only() {
+    let mut ok = class("pay", &["payments"], Some(30), true);
+    ok.lock_delay_s = Some(15);
+    let r = ClassRegistry::try_from_raw(&raw(vec![ok.clone()])).unwrap();
+    assert_eq!(r.class_of(&LockKey::parse(b"payments/x").unwrap()).lock_delay_s, 15);
+    let mut long = ok.clone();
+    long.lock_delay_s = Some(MAX_LOCK_DELAY_S + 1);
+    assert_eq!(
+        errors(&raw(vec![long])),
+        vec!["classes[0].lock_delay_s: 301 is above 300: a key would stay ungrantable that long after every expiry"]
+    );
+    let mut sem = ok;
+    sem.enforcement = Some("advisory".into());
+    sem.risk_owner = Some("x".into());
+    sem.waiver_expiry = Some("2099-01-01".into());
+    sem.max_holders = Some(3);
+    assert_eq!(
+        errors(&raw(vec![sem])),
+        vec![
+            "classes[0].lock_delay_s: 15 with max_holders 3: lock-delay is defined for mutex classes (max_holders 1), \
+             where an expiry frees the one hold"
+        ]
+    );
+    // Unset is off.
+    let r = ClassRegistry::try_from_raw(&raw(vec![class("d", &[], None, true)])).unwrap();
+    assert_eq!(r.class_of(&LockKey::parse(b"x/y").unwrap()).lock_delay_s, 0);
+}

@@ -88,6 +88,10 @@ pub struct LockInfo {
     pub max_holders: u32,
     /// Acquires of the key queued at the answering arbiter now (not fleet-wide).
     pub waiting_here: u64,
+    /// Time left of the key's lock-delay, ms (a class with `lock_delay_s` whose
+    /// last hold ended without a release); absent when the key is in none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_delay_ms: Option<u64>,
 }
 
 /// One holder of a key in [`LockInfo`]. The token and session are shown only for

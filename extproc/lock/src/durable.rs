@@ -244,6 +244,9 @@ impl Store {
                             self.wait_delete(holds, true, revision, req.deadline, cancel).await?;
                         }
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
+                        Reason::LockDelay => {
+                            self.wait_delay(&d, req.class.lock_delay_s, req.deadline, cancel).await?;
+                        }
                     }
                 }
             }

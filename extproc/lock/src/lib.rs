@@ -37,6 +37,7 @@
 
 pub mod clusters;
 pub mod connect;
+pub mod delay;
 pub mod durable;
 pub mod epoch;
 pub mod failopen;

@@ -255,6 +255,10 @@ impl Store {
             return;
         }
         if g.new_session {
+            if req.class.lock_delay_s > 0 {
+                // The revoke ends the hold: not an expiry (`delay`).
+                self.drop_delay_guard(&req.key.digest(), g.session).await;
+            }
             self.revoke_quietly(g.session).await;
         } else if let Some(hold) = &req.hold_id {
             if let Err(e) = self.release_hold(&req.key.digest(), g.session, hold).await {
@@ -389,6 +393,9 @@ impl Store {
                             }
                         }
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
+                        Reason::LockDelay => {
+                            self.wait_delay(&d, req.class.lock_delay_s, req.deadline, cancel).await?;
+                        }
                     }
                 }
             }
@@ -426,7 +433,12 @@ impl Store {
     /// (released, expired, granted again), and a delete by name would free it.
     async fn take_back(&self, hold_key: &str, revision: i64) {
         let cmp = [Compare::create_revision(hold_key, CompareOp::Equal, revision)];
-        let txn = Txn::new().when(cmp).and_then([TxnOp::delete(hold_key, None::<DeleteOptions>)]);
+        // With its lock-delay guard (`delay`): a grant taken back is no expiry.
+        let mut ops = vec![TxnOp::delete(hold_key, None::<DeleteOptions>)];
+        if let Some(d) = self.keys().digest_of_hold(hold_key.as_bytes()) {
+            ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
+        }
+        let txn = Txn::new().when(cmp).and_then(ops);
         if let Err(e) = self.call(self.client().txn(txn)).await {
             tracing::warn!(error = %e, "could not take back a grant refused after its commit; it ends with its session");
         }
@@ -521,6 +533,17 @@ impl Store {
         }
         let hold = hold_record(req, ep.epoch)?;
         then.push(TxnOp::put(slot.as_str(), hold, Some(lease)));
+        // Lock-delay (`delay`): a mutex of a class with a delay puts its guard and
+        // compares neither a guard nor a delay record left.
+        let delay = if n == 1 && !test_faults::on(TestFault::SkipLockDelay) { req.class.lock_delay_s } else { 0 };
+        let delay_reads = if delay > 0 {
+            let (cmp, put, reads) = self.delay_grant_ops(d, sid);
+            when.extend(cmp);
+            then.push(put);
+            Some(reads)
+        } else {
+            None
+        };
         when.extend(fair.compares(k, d));
         then.extend(fair.ops());
         els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
@@ -533,6 +556,8 @@ impl Store {
             then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
             els.push(TxnOp::get(k.clock(), None));
         }
+        // Before the gate's reads: `policy_moved` reads those from the end.
+        els.extend(delay_reads.into_iter().flatten());
         when.extend(gate.compares());
         els.extend(gate.reads());
         let txn = Txn::new().when(when).and_then(then).or_else(els);
@@ -613,6 +638,12 @@ impl Store {
                 return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
             }
         }
+        let delay_kept = if delay > 0 {
+            let (guard, record) = (gets.next(), gets.next());
+            guard.is_some_and(|g| !g.kvs().is_empty()) || record.is_some_and(|r| !r.kvs().is_empty())
+        } else {
+            false
+        };
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }
@@ -622,6 +653,15 @@ impl Store {
         }
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
+        }
+        if delay_kept && holders.kvs().is_empty() {
+            // No holder, and a guard or a delay record: the last hold ended without
+            // a release. Turned into the delay here if no arbiter has yet; a guard
+            // of a closed session is dropped and the grant retried at once.
+            return Ok(match self.delay_left(d, delay).await? {
+                Some(_) => Attempt::Refused { reason: Reason::LockDelay, revision, free_slot: 0 },
+                None => Attempt::Refused { reason: Reason::LockContended, revision, free_slot: 0 },
+            });
         }
         let taken: Vec<u32> = holders.kvs().iter().filter_map(|kv| k.slot_of(kv.key())).collect();
         let free_slot = (0..n).find(|s| !taken.contains(s));
@@ -750,9 +790,12 @@ impl Store {
         }
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
+            // Every release deletes the key's lock-delay guard (`delay`): a release
+            // is no reason for a delay. Absent for classes without one: no write.
             let txn = Txn::new().when(cmp.clone()).and_then([
                 TxnOp::delete(hold_key.clone(), None::<DeleteOptions>),
                 TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
+                TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>),
             ]);
             match self.call(self.client().txn(txn)).await {
                 Ok(r) if r.succeeded() => {
@@ -836,6 +879,12 @@ impl Store {
             when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
             then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
         }
+        if n == 1 && req.class.lock_delay_s > 0 && !test_faults::on(TestFault::SkipLockDelay) {
+            // A release: the key's lock-delay guard now names the waiter's session.
+            then.push(TxnOp::put(k.delay_guard(d), super::delay::guard_value(offer.sid), None));
+        } else {
+            then.push(TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>));
+        }
         let txn = Txn::new().when(when).and_then(then);
         let r = match self.call(self.client().txn(txn)).await {
             Ok(r) => r,
@@ -884,7 +933,10 @@ impl Store {
             }
             _ => {
                 let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
-                let undo = Txn::new().when(cmp).and_then([TxnOp::delete(new_key, None::<DeleteOptions>)]);
+                let undo = Txn::new().when(cmp).and_then([
+                    TxnOp::delete(new_key, None::<DeleteOptions>),
+                    TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>),
+                ]);
                 let _ = self.call(self.client().txn(undo)).await;
                 Ok(HandOff::ReleasedOnly)
             }
@@ -899,7 +951,10 @@ impl Store {
         let Ok(r) = self.call(self.client().get(self.keys().holds(d), opts)).await else { return };
         if let Some(kv) = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease()) {
             let cmp = [Compare::create_revision(kv.key(), CompareOp::Equal, rev)];
-            let txn = Txn::new().when(cmp).and_then([TxnOp::delete(kv.key(), None::<DeleteOptions>)]);
+            let txn = Txn::new().when(cmp).and_then([
+                TxnOp::delete(kv.key(), None::<DeleteOptions>),
+                TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>),
+            ]);
             if self.call(self.client().txn(txn)).await.is_err() {
                 tracing::warn!(key = %d.short(), "could not take back a handed-over grant whose waiter left; it ends with its session");
             }

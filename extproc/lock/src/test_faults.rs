@@ -83,6 +83,9 @@ pub enum TestFault {
     /// the filter's next number, also those whose requests are still open: a long
     /// transparent request loses its hold while it is at the upstream.
     ReconcileOpenHolds,
+    /// Grants of a class with `lock_delay_s` neither compare nor put the lock-delay
+    /// guard (`lock::delay`): a key whose holder's session expired is granted at once.
+    SkipLockDelay,
     /// The answer to `POST /v1/sessions` carries `ttl_s` as a string (`"15"`): a
     /// reply docs/openapi.yaml does not allow, which the OpenAPI scenario's
     /// schemathesis run must report (`tests/tests/scenarios/openapi.rs`).
@@ -115,6 +118,7 @@ impl TestFault {
             "stale_session_ttl" => Some(Self::StaleSessionTtl),
             "skip_queue_compare" => Some(Self::SkipQueueCompare),
             "reconcile_open_holds" => Some(Self::ReconcileOpenHolds),
+            "skip_lock_delay" => Some(Self::SkipLockDelay),
             "no_raft_check" => Some(Self::NoRaftCheck),
             "wire_drift" => Some(Self::WireDrift),
             _ => None,

@@ -34,6 +34,7 @@ mod handoff;
 mod harness_selftest;
 mod jeopardy;
 mod limits;
+mod lock_delay;
 mod load_smoke;
 mod observability;
 mod openapi;

@@ -16,7 +16,7 @@
 //! of classes that the loader, the schema and the CEL rules refuse the same ones
 //! on the same fields.
 
-use lockmesh_core::class::{Platform, PLATFORM_DEFAULT_TTL_S};
+use lockmesh_core::class::{Platform, MAX_LOCK_DELAY_S, PLATFORM_DEFAULT_TTL_S};
 use serde_json::{json, Value};
 
 pub mod manifests;
@@ -29,7 +29,7 @@ pub(crate) const GROUP: &str = "lockmesh.dev";
 pub const VERSION: &str = "v1alpha1";
 
 /// `(CRD spec property, registry field)` of a LockClass, in schema order.
-pub const CLASS_FIELDS: [(&str, &str); 11] = [
+pub const CLASS_FIELDS: [(&str, &str); 12] = [
     ("prefixes", "prefixes"),
     ("tier", "tier"),
     ("ttlSeconds", "ttl_s"),
@@ -40,6 +40,7 @@ pub const CLASS_FIELDS: [(&str, &str); 11] = [
     ("purpose", "purpose"),
     ("maxHolders", "max_holders"),
     ("fairness", "fairness"),
+    ("lockDelaySeconds", "lock_delay_s"),
     ("pauseTestResult", "pause_test_result"),
 ];
 
@@ -81,6 +82,8 @@ fn class_spec(p: &Platform) -> Value {
             "purpose": { "type": "string", "enum": ["correctness", "efficiency"], "description": "ADR-04: what a second holder costs. Only an efficiency class may declare onQuorumLoss open." },
             "maxHolders": { "type": "integer", "minimum": 1, "description": "Most holders of one key; fenced classes need 1. 0 is refused: it would pause every key of the class." },
             "fairness": { "type": "string", "enum": ["memory", "durable"], "description": "Waiter order (ADR-14). Default memory." },
+            "lockDelaySeconds": { "type": "integer", "minimum": 0, "maximum": MAX_LOCK_DELAY_S,
+                                  "description": format!("Seconds a key stays ungrantable after its hold ended without a release (session expired, force release). Default 0 (off), at most {MAX_LOCK_DELAY_S}; mutex classes only (maxHolders 1).") },
             "pauseTestResult": { "type": "string", "minLength": 1, "description": "Fenced classes: the PauseTestResult file, relative to the registry file." },
             "default": { "type": "boolean", "description": "The class of keys no prefix covers; exactly one class sets it." }
         },
@@ -91,6 +94,8 @@ fn class_spec(p: &Platform) -> Value {
                  format!("an advisory class needs ttlSeconds (default {d}) of at least {adv} s: it has no fence, its TTL is the only protection against a paused holder (ADR-11)")),
             rule(format!("!{fenced} || !has(self.maxHolders) || self.maxHolders == 1"), "maxHolders",
                  "a fenced class admits one holder at a time (maxHolders 1)".into()),
+            rule("!has(self.lockDelaySeconds) || self.lockDelaySeconds == 0 || !has(self.maxHolders) || self.maxHolders == 1".into(),
+                 "lockDelaySeconds", "lock-delay is defined for mutex classes (maxHolders 1)".into()),
             rule(format!("!{advisory} || has(self.riskOwner)"), "riskOwner",
                  "an advisory class needs riskOwner (ADR-01)".into()),
             rule(format!("!{advisory} || has(self.waiverExpiry)"), "waiverExpiry",

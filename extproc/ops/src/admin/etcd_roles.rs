@@ -82,6 +82,9 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("v/", true),
                 rw("q/", true),
                 rw("f/", true),
+                // Lock-delay guards and records (`lock::delay`), classes with a delay only.
+                rw("g/", true),
+                rw("d/", true),
                 rw("adm/", true),
                 // Shipped unprotected-grant records (fail-open classes, ADR-04).
                 rw("u/", true),

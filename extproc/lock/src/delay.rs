@@ -1,0 +1,315 @@
+//! Lock-delay (Consul's `LockDelay`; docs/CLASSES.md): a key of a class with
+//! `lock_delay_s` stays ungrantable for that long after its hold ended without its
+//! holder releasing it (the session expired, or an admin force release), so a
+//! paused holder that wakes has time to notice before anyone else starts. A
+//! release by the holder, or the holder's own session close, frees the key at once.
+//!
+//! etcd records no times, and an expiry writes nothing of its own (the lessor
+//! deletes the lease's keys in one revision). So the cost lives on delay classes
+//! only, inside transactions that run anyway:
+//!
+//! ```text
+//! grant     compare  <root>/g/<d> absent, <root>/d/<d> absent   (beside the grant's)
+//!           then     put <root>/g/<d> = {session}               the guard, no lease
+//! release   then     delete <root>/g/<d>                        (every release: no read)
+//! hand-off  then     put <root>/g/<d> = {waiter's session}
+//! ```
+//!
+//! A guard whose key has no hold marks an end without a release. The first
+//! arbiter to see one ([`Store::delay_left`]: a grant attempt refused by the guard,
+//! or this module's watch of hold deletes, [`Store::start_delay_watch`]) turns it
+//! into the delay record in one transaction (guard unchanged, no hold) on a new
+//! lease of `lock_delay_s`: etcd's lease clock ends the delay, the same for every
+//! arbiter and across restarts. A guard whose session has a close marker was a
+//! holder's close: it is deleted, no delay.
+//!
+//! The promise (docs/GUARANTEES.md G14): no grant of the key for at least
+//! `lock_delay_s` after an arbiter saw the end (no grant can commit before that:
+//! a grant compares the guard and the record absent), and the key is grantable
+//! again at most `lock_delay_s` + the detection lag (a watch delivery, or the next
+//! grant attempt) + one etcd election timeout after the end, unless the etcd
+//! leader changes during the delay: etcd 3.5 gives a new leader's leases their
+//! full TTL again (no lease checkpoints by default), up to one more `lock_delay_s`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+};
+use lockmesh_core::{ClassRegistry, KeyDigest, Reason};
+use lockmesh_keyspace::{DelayGuard, LockDelayRecord};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{keys, now_ms, HoldRecord, LockError, Store};
+
+/// `lock_delay_s` by class name, for the classes that set one (the registry's:
+/// a reload replaces it).
+static DELAYS: RwLock<Option<HashMap<String, u64>>> = RwLock::new(None);
+
+/// Stores whose watch of hold deletes runs (by address; stores live as long as
+/// the process).
+static WATCHED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Takes the delays of `reg`'s classes (at start and at every reload).
+pub fn set_registry(reg: &ClassRegistry) {
+    let m: HashMap<String, u64> =
+        reg.classes().iter().filter(|c| c.lock_delay_s > 0).map(|c| (c.name.to_string(), c.lock_delay_s)).collect();
+    *DELAYS.write().unwrap_or_else(|p| p.into_inner()) = Some(m);
+}
+
+/// The delay of `class` in the registry this process loaded (0: none).
+fn delay_of(class: &str) -> u64 {
+    DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(class).copied()).unwrap_or(0)
+}
+
+/// Whether any class sets a delay.
+fn any_delay() -> bool {
+    DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|m| !m.is_empty())
+}
+
+/// The guard a grant of a delay class puts for session `sid`.
+pub(crate) fn guard_value(sid: lockmesh_core::headers::SessionId) -> Vec<u8> {
+    serde_json::to_vec(&DelayGuard { session: sid.to_string() }).unwrap_or_default()
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The compares and the put a grant of a key of a class with a delay adds: no
+    /// guard, no delay record; put the guard for `sid`.
+    pub(crate) fn delay_grant_ops(
+        &self,
+        d: &KeyDigest,
+        sid: lockmesh_core::headers::SessionId,
+    ) -> (Vec<Compare>, TxnOp, [TxnOp; 2]) {
+        let (g, r) = (self.keys().delay_guard(d), self.keys().lock_delay(d));
+        (
+            vec![
+                Compare::create_revision(g.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(r.as_str(), CompareOp::Equal, 0),
+            ],
+            TxnOp::put(g.as_str(), guard_value(sid), None),
+            [TxnOp::get(g, None), TxnOp::get(r, None)],
+        )
+    }
+
+    /// Deletes key `d`'s lock-delay guard if it names session `sid` (a grant this
+    /// arbiter undoes by revoking the session it opened: no expiry).
+    pub(crate) async fn drop_delay_guard(&self, d: &KeyDigest, sid: lockmesh_core::headers::SessionId) {
+        let g = self.keys().delay_guard(d);
+        let txn = Txn::new()
+            .when([Compare::value(g.as_str(), CompareOp::Equal, guard_value(sid))])
+            .and_then([TxnOp::delete(g.as_str(), None::<DeleteOptions>)]);
+        if let Err(e) = self.call(self.client().txn(txn)).await {
+            tracing::debug!(error = %e, key = %d.short(), "could not drop an undone grant's lock-delay guard; the key may see one delay");
+        }
+    }
+
+    /// How long key `d` (of a class with `delay_s`) is still in its lock-delay,
+    /// turning a guard whose hold is gone into the delay record first; `None` when
+    /// it may be granted now (as far as the delay goes).
+    pub(crate) async fn delay_left(&self, d: &KeyDigest, delay_s: u64) -> Result<Option<Duration>, LockError> {
+        for _ in 0..3 {
+            let k = self.keys();
+            let (holds, g, r) = (k.holds(d), k.delay_guard(d), k.lock_delay(d));
+            let txn = Txn::new().and_then([
+                TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only())),
+                TxnOp::get(g.as_str(), None),
+                TxnOp::get(r.as_str(), None),
+            ]);
+            let resp = self.call(self.client().txn(txn)).await?;
+            let ops = resp.op_responses();
+            let gets: Vec<&etcd_client::GetResponse> = ops
+                .iter()
+                .filter_map(|o| match o {
+                    TxnOpResponse::Get(g) => Some(g),
+                    _ => None,
+                })
+                .collect();
+            let [held, guard, record] = gets.as_slice() else {
+                return Err(LockError::Internal("lock-delay read without its three answers".into()));
+            };
+            if let Some(kv) = record.kvs().first() {
+                return Ok(Some(self.lease_left(kv.lease()).await));
+            }
+            let Some(gkv) = guard.kvs().first() else { return Ok(None) };
+            if held.count() > 0 {
+                // Held: the guard is its holder's. Not a delay (the key is gated).
+                return Ok(None);
+            }
+            let guard: Option<DelayGuard> = serde_json::from_slice(gkv.value()).ok();
+            let cause = self.end_cause(d, guard.as_ref()).await?;
+            let unchanged = [
+                Compare::mod_revision(g.as_str(), CompareOp::Equal, gkv.mod_revision()),
+                Compare::create_revision(holds.as_str(), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)),
+            ];
+            let Some(cause) = cause else {
+                // The holder closed its session: a release, no delay.
+                let txn = Txn::new().when(unchanged).and_then([TxnOp::delete(g.as_str(), None::<DeleteOptions>)]);
+                self.call(self.client().txn(txn)).await?;
+                continue;
+            };
+            let ttl = i64::try_from(delay_s).map_err(|_| LockError::Internal("lock_delay_s out of range".into()))?;
+            let lease = self.call(self.client().lease_grant(ttl, None)).await?.id();
+            let rec = LockDelayRecord { cause: cause.to_owned(), delay_s, seen_ms: now_ms() };
+            let rec = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
+            let txn = Txn::new().when(unchanged).and_then([
+                TxnOp::delete(g.as_str(), None::<DeleteOptions>),
+                TxnOp::put(r.as_str(), rec, Some(PutOptions::new().with_lease(lease))),
+            ]);
+            let done = self.call(self.client().txn(txn)).await?;
+            if done.succeeded() {
+                tracing::info!(key = %d.short(), cause, delay_s, "a hold ended without a release: the key is in its lock-delay");
+                return Ok(Some(Duration::from_secs(delay_s)));
+            }
+            // Another arbiter turned it first, or the key was granted meanwhile.
+            let _ = self.call(self.client().lease_revoke(lease)).await;
+        }
+        Err(LockError::Unavailable("the lock-delay guard kept changing".into()))
+    }
+
+    /// Why a guard's hold ended: `Some("force")` when the key has a force record
+    /// (an approved force release; the record stays, so a later expiry of the key
+    /// reads as `force` too: either way the delay applies), `None` when the guard's
+    /// session has a close marker (its holder closed it: a release), else
+    /// `Some("expiry")`. Close markers live 120 s (the marker lease): an end turned
+    /// later than that reads as an expiry.
+    async fn end_cause(&self, d: &KeyDigest, guard: Option<&DelayGuard>) -> Result<Option<&'static str>, LockError> {
+        let k = self.keys();
+        let mut ops = vec![TxnOp::get(k.force_record(d), Some(GetOptions::new().with_count_only()))];
+        let closed = guard
+            .and_then(|g| i64::from_str_radix(&g.session, 16).ok())
+            .and_then(lockmesh_core::headers::SessionId::from_lease);
+        if let Some(sid) = closed {
+            ops.push(TxnOp::get(k.close_marker(sid), Some(GetOptions::new().with_count_only())));
+        }
+        let r = self.call(self.client().txn(Txn::new().and_then(ops))).await?;
+        let counts: Vec<i64> = r
+            .op_responses()
+            .iter()
+            .filter_map(|o| match o {
+                TxnOpResponse::Get(g) => Some(g.count()),
+                _ => None,
+            })
+            .collect();
+        if counts.first().copied().unwrap_or(0) > 0 {
+            return Ok(Some("force"));
+        }
+        if counts.get(1).copied().unwrap_or(0) > 0 {
+            return Ok(None);
+        }
+        Ok(Some("expiry"))
+    }
+
+    /// Time left on lease `id` (a delay record's), at least 50 ms while it exists.
+    async fn lease_left(&self, id: i64) -> Duration {
+        match self.call(self.client().lease_time_to_live(id, None)).await {
+            Ok(r) if r.ttl() > 0 => Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(1)),
+            _ => Duration::from_millis(50),
+        }
+    }
+
+    /// Waits out key `d`'s lock-delay (a grant was refused `lock_delay`), or answers
+    /// `contended` (`lock_delay`) at once when it outlasts the deadline.
+    pub(crate) async fn wait_delay(
+        &self,
+        d: &KeyDigest,
+        delay_s: u64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<(), LockError> {
+        let Some(left) = self.delay_left(d, delay_s).await? else { return Ok(()) };
+        let until = Instant::now() + left;
+        if until > deadline {
+            return Err(LockError::Contended(Reason::LockDelay));
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => Ok(()),
+            () = cancel.cancelled() => Err(LockError::Cancelled),
+        }
+    }
+
+    /// Time left of key `d`'s lock-delay without turning anything (inspection):
+    /// `None` when no delay record exists.
+    pub async fn delay_record_left(&self, d: &KeyDigest) -> Result<Option<Duration>, LockError> {
+        let r = self.call(self.client().get(self.keys().lock_delay(d), None)).await?;
+        match r.kvs().first() {
+            Some(kv) => Ok(Some(self.lease_left(kv.lease()).await)),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts (once per store) the watch of hold deletes that turns the guards of
+    /// delay classes into delay records as soon as a hold ends without a release.
+    /// It watches only while some class sets a delay; otherwise it costs nothing.
+    pub fn start_delay_watch(self: &Arc<Self>) {
+        {
+            let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+            let me = Arc::as_ptr(self) as usize;
+            if w.contains(&me) {
+                return;
+            }
+            w.push(me);
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                if !any_delay() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                let Some(store) = weak.upgrade() else { return };
+                if let Err(e) = follow_deletes(&store).await {
+                    tracing::debug!(error = %e, "the lock-delay watch ended; watching again");
+                }
+                drop(store);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+}
+
+/// Follows hold deletes (with the deleted hold) until the watch breaks or no
+/// class sets a delay any more.
+async fn follow_deletes(store: &Arc<Store>) -> Result<(), LockError> {
+    let k = store.keys();
+    let opts = etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
+    let mut client = store.client();
+    let mut stream = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+        if !any_delay() {
+            return Ok(());
+        }
+        let r = match msg {
+            Err(_) => continue,
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Err(LockError::Unavailable("the watch ended".into())),
+            Ok(Err(e)) => return Err(super::unavailable(e)),
+        };
+        if r.canceled() {
+            return Err(LockError::Unavailable("the watch was cancelled".into()));
+        }
+        for ev in r.events() {
+            if ev.event_type() != EventType::Delete {
+                continue;
+            }
+            let Some(prev) = ev.prev_kv() else { continue };
+            let Ok(hold) = serde_json::from_slice::<HoldRecord>(prev.value()) else { continue };
+            let delay = delay_of(&hold.class);
+            let Some(d) = k.digest_of_hold(prev.key()) else { continue };
+            if delay == 0 {
+                continue;
+            }
+            let store = store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.delay_left(&d, delay).await {
+                    tracing::debug!(error = %e, key = %d.short(), "could not check a lock-delay guard; the next grant attempt will");
+                }
+            });
+        }
+    }
+}
