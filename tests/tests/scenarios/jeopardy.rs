@@ -169,8 +169,6 @@ async fn lockctl_run_tells_its_command_of_jeopardy_by_file_and_only_by_the_signa
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&private).unwrap().permissions().mode() & 0o777, 0o700, "{path:?}");
     }
-    // Two keepalives acknowledged at least (one every 2 s): the session is healthy.
-    sleep(Duration::from_secs(2)).await;
     assert_eq!(lines(&out)[1..], ["file absent"], "jeopardy before any cut");
     st.envoy().pause().unwrap();
     let cut = Instant::now();
@@ -209,7 +207,6 @@ async fn lockctl_run_tells_its_command_of_jeopardy_by_file_and_only_by_the_signa
     let script = recorder(&out, &stop, "");
     let child = lockctl_run(&st, "jeo-quiet", "payments/jeo/run-quiet", &[], &script).spawn().unwrap();
     until(Duration::from_secs(10), "the command started", || lines(&out).len() >= 2).await;
-    sleep(Duration::from_secs(2)).await;
     st.envoy().pause().unwrap();
     let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output()).await.unwrap().unwrap();
     st.envoy().resume().unwrap();
