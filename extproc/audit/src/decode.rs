@@ -95,6 +95,8 @@ enum Place<'k> {
     Policy(&'k str),
     /// A shipped unprotected-grant record (`failopen`): `u/<grant>/<op>`.
     Unprotected,
+    /// A key's lock-delay record (`d/<digest>`).
+    LockDelay(&'k str),
     Other,
 }
 
@@ -114,6 +116,7 @@ fn place<'k>(root: &str, key: &'k [u8]) -> Place<'k> {
         ["sys", "classmap"] => Place::ClassMap,
         ["c", class] => Place::Policy(class),
         ["u", _, _] => Place::Unprotected,
+        ["d", d] => Place::LockDelay(d),
         _ => Place::Other,
     }
 }
@@ -326,6 +329,13 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                 Some(e)
             }
             (Place::Unprotected, Op::Put) => unprotected(ctx, revision, etcd_key.clone(), &c.value),
+            (Place::LockDelay(d), Op::Put) => {
+                let rec = record::<lockmesh_keyspace::LockDelayRecord>(&c.value);
+                let mut e = base(EventKind::LockDelay, epoch, rec.as_ref().map_or(ctx.now_ms, |r| r.seen_ms));
+                e.digest = Some(d.to_owned());
+                e.detail = json(&c.value);
+                Some(e)
+            }
             _ => None,
         };
         out.events.extend(ev);

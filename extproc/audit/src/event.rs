@@ -29,6 +29,9 @@ pub enum EventKind {
     SessionExpiry,
     /// A force record was written without a hold deleted at its revision.
     ForceRecord,
+    /// A key's lock-delay began (`<root>/d/<digest>`, `lockmesh_lock::delay`): its
+    /// last hold ended without a release; `detail` names the cause and the delay.
+    LockDelay,
     /// A class policy record changed (limit change, drain, resume, cancel).
     LimitChange,
     /// The authoritative prefix-to-class map changed.
@@ -139,7 +142,7 @@ pub struct HoldEnd {
 
 impl EventKind {
     /// Every kind, in label order.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::Grant,
         EventKind::Release,
         EventKind::SessionRelease,
@@ -156,6 +159,7 @@ impl EventKind {
         EventKind::Epoch,
         EventKind::Gap,
         EventKind::Restore,
+        EventKind::LockDelay,
     ];
 
     /// The snake_case name (metric label, key component).
@@ -177,6 +181,7 @@ impl EventKind {
             EventKind::Epoch => "epoch",
             EventKind::Gap => "gap",
             EventKind::Restore => "restore",
+            EventKind::LockDelay => "lock_delay",
         }
     }
 

@@ -65,11 +65,21 @@ use tokio::sync::Mutex;
 
 pub use self::{epoch::EpochState, keys::Keys};
 
+/// The message of a `contended` answer.
+fn contended_message(r: Reason) -> &'static str {
+    match r {
+        Reason::LockDelay => {
+            "the key is in its lock-delay: its last hold ended without a release (an expiry or a force release)"
+        }
+        Reason::KeyGated | Reason::LockContended => "the key is held",
+    }
+}
+
 /// Why a lock operation did not succeed. Messages never carry a key or a token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockError {
     /// Not granted before the deadline.
-    #[error("the key is held")]
+    #[error("{}", contended_message(*.0))]
     Contended(Reason),
     /// The same identity and instance holds the key under another session (ADR-13).
     #[error("this identity and instance already hold the key under another session")]

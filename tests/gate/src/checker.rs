@@ -7,6 +7,7 @@
 //! | `fence_genuine` | store writes × etcd | each accepted token is a committed grant of the route's lock key |
 //! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex; from its commit on, the limit of the class's authoritative policy record) |
 //! | `durable_order_kept` | etcd | a grant of a durable-fairness key commits only with no older waiter key queued: the oldest waiter's grant (deleting its own waiter key), or an arrival while none waits |
+//! | `lock_delay_kept` | etcd | a key of a class with a lock-delay is granted neither while its lock-delay record exists nor after a hold a client was answered with ended by an expiry or a force release with no lock-delay record since |
 //! | `restore_serves_new_epoch` | etcd × client acquires | after a restore (bumped or not), no grant handed to a client carries an epoch that a grant before it carried: the restore is sealed until its epoch advance |
 //! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
 //! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
@@ -131,8 +132,11 @@ struct Grant {
 enum End {
     /// A release marker of its key in the same revision: its holder released it.
     Released,
-    /// Its session record deleted in the same revision: expired or closed.
+    /// Its session record deleted in the same revision, with no close marker:
+    /// expired (or revoked by an arbiter).
     SessionEnded,
+    /// Its session ended after its holder closed it (close marker): a release.
+    SessionClosed,
     /// A force record, or an epoch advance, or anything else.
     Other,
 }
@@ -152,6 +156,13 @@ struct State {
     limits: HashMap<String, usize>,
     /// Durable waiter keys (`<root>/q/<digest>/<name>`) → their create revision.
     waiters: BTreeMap<String, i64>,
+    /// Sessions with a close marker (`<root>/x/<session>`): their end is a close.
+    closed: HashSet<String>,
+    /// Keys (digests) whose lock-delay record (`<root>/d/<digest>`) exists.
+    delays: HashSet<String>,
+    /// Keys of a lock-delay class whose last hold, handed to a client, ended by an
+    /// expiry or a force release at this revision, with no lock-delay record since.
+    owed: HashMap<String, i64>,
 }
 
 /// The fields of a class policy record the checker reads.
@@ -257,6 +268,12 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
     if let Some(d) = rest.strip_prefix("/f/") {
         return Some(("force", d));
     }
+    if let Some(d) = rest.strip_prefix("/d/") {
+        return Some(("delay", d));
+    }
+    if let Some(s) = rest.strip_prefix("/x/") {
+        return Some(("close", s));
+    }
     if let Some(c) = rest.strip_prefix("/c/") {
         return (!c.contains('/')).then_some(("policy", c));
     }
@@ -346,6 +363,7 @@ fn apply_txn(
     // deletes the record and the holds in one revision), the keys it put a force
     // record for, and whether it advanced the epoch (the advance deletes every hold).
     let mut ended_leases: HashSet<i64> = HashSet::new();
+    let mut closed_leases: HashSet<i64> = HashSet::new();
     let mut forced: HashSet<&str> = HashSet::new();
     let mut advanced = false;
     // Waiter keys this transaction deleted: (digest, create revision).
@@ -370,7 +388,20 @@ fn apply_txn(
             ("session", false) => {
                 if let Some(l) = st.sessions.remove(&e.key) {
                     ended_leases.insert(l);
+                    if st.closed.contains(digest) {
+                        closed_leases.insert(l);
+                    }
                 }
+            }
+            ("close", true) => {
+                st.closed.insert(digest.to_owned());
+            }
+            ("delay", true) => {
+                st.delays.insert(digest.to_owned());
+                st.owed.remove(digest);
+            }
+            ("delay", false) => {
+                st.delays.remove(digest);
             }
             ("force", true) => {
                 forced.insert(digest);
@@ -428,6 +459,9 @@ fn apply_txn(
                         time_us: (e.observed_us, e.observed_us),
                     }),
                     _ => {}
+                }
+                if h.is_delayed(&hv.key) {
+                    lock_delay_kept(&hv.key, (si, e), digest, st, v);
                 }
                 grants.push(g);
                 st.open.insert(e.key.clone(), grants.len() - 1);
@@ -502,14 +536,24 @@ fn apply_txn(
         stats.deletes += 1;
         let released = markers.iter().any(|(md, _, _)| md == d);
         let g = &mut grants[*gi];
-        g.end = Some(if released {
+        let end = if released {
             End::Released
+        } else if closed_leases.contains(&g.lease) {
+            End::SessionClosed
         } else if ended_leases.contains(&g.lease) {
             End::SessionEnded
         } else {
             End::Other
-        });
+        };
+        g.end = Some(end);
         let g = &grants[*gi];
+        // An expiry or a force release of a hold some client was answered with
+        // owes the key its lock-delay (`lock_delay_kept`).
+        let ended_unreleased = end == End::SessionEnded || (end == End::Other && forced.contains(d.as_str()));
+        if ended_unreleased && h.is_delayed(&g.key) && handed.contains(&(g.key.as_str(), g.token)) {
+            let rev = txn.first().map_or(0, |e| e.revision);
+            st.owed.insert(d.clone(), rev);
+        }
         if released || ended_leases.contains(&g.lease) || forced.contains(d.as_str()) || advanced {
             continue;
         }
@@ -531,6 +575,27 @@ fn apply_txn(
         });
     }
     Ok(())
+}
+
+/// `lock_delay_kept` at the grant `e` of `key`, of a class with a lock-delay: no
+/// lock-delay record of the key exists at the commit, and its last hold did not
+/// end by an expiry or a force release with no record written since (the delay
+/// is owed). Exact over revisions; how long the record lived is etcd's lease.
+fn lock_delay_kept(key: &str, (si, e): (usize, &EtcdEvent), digest: &str, st: &State, v: &mut Vec<Violation>) {
+    let why = if st.delays.contains(digest) {
+        "while its lock-delay record existed".to_owned()
+    } else if let Some(rev) = st.owed.get(digest) {
+        format!("after its last hold ended without a release at revision {rev}, with no lock-delay since")
+    } else {
+        return;
+    };
+    v.push(Violation {
+        check: "lock_delay_kept",
+        explanation: format!("{key} was granted at revision {} {why}", e.revision),
+        segment: si,
+        revisions: (st.owed.get(digest).copied().unwrap_or(e.revision), e.revision),
+        time_us: (e.observed_us, e.observed_us),
+    });
 }
 
 /// `durable_order_kept` at the grant `e` of durable key `key`: the waiter keys

@@ -47,6 +47,9 @@ pub(crate) const GATE_TTL_S: u64 = 3;
 /// The lock-key namespace of every gate key: a rebalance moves it (one
 /// namespace override), so every gate key changes home at once.
 pub(crate) const GATE_NAMESPACE: &str = "payments";
+/// The fenced mutex class's lock-delay, seconds: a paused holder's key waits it
+/// out after the holder's session expires (`lock_delay_kept`).
+pub(crate) const GATE_LOCK_DELAY_S: u64 = 2;
 /// The entity shards of [`GateOptions::rebalance`].
 pub(crate) const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 /// How long `lockctl shard apply` waits for holds of moving keys (the gate's
@@ -70,15 +73,15 @@ pub(crate) const SEM_LOWERED: usize = 2;
 pub(crate) const GATE_TTL_RAISED_S: u64 = 5;
 
 /// The gate's registry, with the fenced mutex class at `ttl_m` seconds: that
-/// class, an advisory class of N = 3, a durable-fairness advisory mutex class and
+/// class (with a lock-delay of [`GATE_LOCK_DELAY_S`]), an advisory class of N = 3, a durable-fairness advisory mutex class and
 /// the transparent holders' mutex class.
 pub(crate) fn gate_registry(ttl_m: u64) -> String {
     format!(
         r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
 classes:
   - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }}
-  - {{ name: gatem, prefixes: ["{MUTEX_PREFIX}"], ttl_s: {ttl_m}, enforcement: advisory, risk_owner: gate,
-      waiver_expiry: "2099-12-31" }}
+  - {{ name: gatem, prefixes: ["{MUTEX_PREFIX}"], ttl_s: {ttl_m}, lock_delay_s: {GATE_LOCK_DELAY_S}, enforcement: advisory,
+      risk_owner: gate, waiver_expiry: "2099-12-31" }}
   - {{ name: {SEM_CLASS}, prefixes: ["{SEM_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {SEM_N}, enforcement: advisory,
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
   - {{ name: gatedur, prefixes: ["{DURABLE_PREFIX}"], ttl_s: {GATE_TTL_S}, fairness: durable, enforcement: advisory,
@@ -754,6 +757,7 @@ impl GateCluster {
             limits: vec![(SEM_PREFIX.to_owned(), SEM_N)],
             classes: vec![(SEM_PREFIX.to_owned(), SEM_CLASS.to_owned())],
             durable: vec![DURABLE_PREFIX.to_owned()],
+            delayed: vec![MUTEX_PREFIX.to_owned()],
             segments,
             shards,
             moves: self.moves.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -211,6 +211,10 @@ pub struct History {
     /// waiter queue (`durable_order_kept`).
     #[serde(default)]
     pub durable: Vec<String>,
+    /// Lock-key prefixes of classes with a lock-delay (`lock_delay_s`):
+    /// `lock_delay_kept` holds their keys to it.
+    #[serde(default)]
+    pub delayed: Vec<String>,
     /// Store segments of the coord cluster (the only one without shards), one per
     /// restore plus the first.
     pub segments: Vec<Segment>,
@@ -284,6 +288,11 @@ impl History {
     /// Whether `key` is of a durable-fairness class.
     pub(crate) fn is_durable(&self, key: &str) -> bool {
         self.durable.iter().any(|p| covers(p, key))
+    }
+
+    /// Whether `key`'s class has a lock-delay ([`History::delayed`]).
+    pub(crate) fn is_delayed(&self, key: &str) -> bool {
+        self.delayed.iter().any(|p| covers(p, key))
     }
 
     /// Every cluster's store history, the coord cluster ([`COORD`]) first, then

@@ -154,8 +154,12 @@ async fn planted_fence_accepting_lower_tokens_is_caught() {
             }
         };
         assert_eq!(put(&first.json, "a-first").await, 200);
-        // A is "paused": it never renews, its session expires, B is granted.
-        let second = b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
+        // A is "paused": it never renews, its session expires, B is granted (after
+        // the TTL and the class's lock-delay).
+        let mut second = b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
+        if second.code() == 409 {
+            second = b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await.unwrap();
+        }
         assert_eq!(second.code(), 200, "{}", second.body);
         assert_eq!(put(&second.json, "b-second").await, 200);
         let late = put(&first.json, "a-late").await;
@@ -796,6 +800,42 @@ async fn planted_renewal_in_turn_is_caught_when_another_cluster_is_partitioned()
                 e.left_us.is_some_and(|l| cut.iter().any(|f| e.arrived_us < f.end_us && l > f.start_us + 3_000_000))
             });
             assert!(across.count() > 0, "control: no request was answered across a partition's TTL: {:?}", h.upstream);
+        }
+    }
+}
+
+/// `skip_lock_delay`: grants of the fenced mutex class (lock-delay 2 s) skip the
+/// guard and the delay record, so after a paused holder's session expires the
+/// other holder is granted the key at once; `lock_delay_kept` must catch it. The
+/// control, the same run without the bug, passes and shows a lock-delay record
+/// written after an expiry.
+#[tokio::test]
+async fn planted_skipped_lock_delay_is_caught_after_a_paused_holder() {
+    for bug in [true, false] {
+        let opts = GateOptions { mutex_keys: 1, sem_keys: 0, durable_keys: 0, ..small("plant-delay") };
+        let opts = GateOptions { arbiter_faults: planted(bug, "skip_lock_delay"), ..opts };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        g.spawn_workload(2, 0).unwrap();
+        for _ in 0..3 {
+            // Stop h0 right after it was granted: it holds past its TTL.
+            let since = lockmesh_gate::history::now_us();
+            let granted =
+                |o: &ClientOp| o.process == "h0" && o.op == "acquire" && o.token.is_some() && o.ret_us > since;
+            assert!(g.wait_for_op(Duration::from_secs(20), granted).await, "h0 was never granted");
+            let h0 = g.holders.iter().find(|h| h.name == "h0").unwrap();
+            h0.process.pause().unwrap();
+            tokio::time::sleep(lockmesh_gate::schedule::PAST_TTL).await;
+            h0.process.resume().unwrap();
+            g.note("holder_pause", "h0", since);
+        }
+        let (h, v) = finish_checked(&g, "holder_pause").await;
+        if bug {
+            assert_caught(&v, "lock_delay_kept");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let delays = format!("{}/d/", h.root);
+            let events = || h.segments.iter().flat_map(|s| &s.events);
+            assert!(events().any(|e| e.put && e.key.starts_with(&delays)), "control: no lock-delay record was written");
         }
     }
 }

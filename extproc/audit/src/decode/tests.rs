@@ -236,3 +236,17 @@ fn a_self_clients_claimed_caller_is_kept_as_unverified_beside_the_holder() {
     let d = decode_at(10, &[put(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", owner), 0x1f, 10)], &|_| false);
     assert_eq!(d.events[0].detail, None);
 }
+
+#[test]
+fn a_lock_delay_record_is_its_own_event_with_the_cause_and_delay() {
+    let rec = serde_json::to_vec(&serde_json::json!({"cause":"expiry","delay_s":15,"seen_ms":4321})).unwrap();
+    let d = decode_at(30, &[put(format!("{ROOT}/d/{D1}"), rec, 0x2a, 30)], &|_| false);
+    assert_eq!(kinds(&d), [EventKind::LockDelay]);
+    let e = &d.events[0];
+    assert_eq!((e.digest.as_deref(), e.at_ms), (Some(D1), 4321));
+    assert_eq!(e.detail.as_ref().unwrap()["cause"], "expiry");
+    // The guard (`g/`) and the record's end by its lease are no events.
+    let guard = serde_json::to_vec(&serde_json::json!({"session":"000000000000001f"})).unwrap();
+    let d = decode_at(31, &[put(format!("{ROOT}/g/{D1}"), guard, 0, 31)], &|_| false);
+    assert!(d.events.is_empty());
+}

@@ -404,3 +404,45 @@ fn transparent_requests_are_held_to_their_grants_and_holds() {
     h.upstream = vec![exec(Some(t(1, 3)), 4000, Some(8000))];
     assert!(checks(&h).is_empty(), "{:?}", checks(&h));
 }
+
+#[test]
+fn a_grant_inside_an_owed_or_running_lock_delay_is_caught() {
+    let session = |rev: i64, put: bool| ev(rev, put, "/g/s/00000000000000aa", if put { "{}" } else { "" }, rev, None);
+    let delay = |rev: i64, put: bool| ev(rev, put, &format!("{ROOT}/d/{D}"), if put { "{}" } else { "" }, rev, None);
+    let close = |rev: i64| ev(rev, true, "/g/x/00000000000000aa", "{}", rev, None);
+    let with = |events: Vec<EtcdEvent>| {
+        let mut h = base(events);
+        h.delayed = vec!["k".into()];
+        h.ops = vec![op("acquire", t(1, 3), 2000, 3500)];
+        h
+    };
+    let start = || vec![epoch(1, 1), session(2, true), grant(3, 0, "k/a", 1)];
+    let expired = || [session(5, false), del(5, 0)];
+    // Expired, the delay record written, ended by its lease, then granted: kept.
+    let mut ok = start();
+    ok.extend(expired());
+    ok.extend([delay(6, true), delay(8, false), grant(9, 0, "k/a", 1)]);
+    assert!(checks(&with(ok)).is_empty(), "{:?}", checks(&with(vec![])));
+    // Granted while the record exists.
+    let mut inside = start();
+    inside.extend(expired());
+    inside.extend([delay(6, true), grant(7, 0, "k/a", 1)]);
+    assert_eq!(checks(&with(inside)), vec!["lock_delay_kept"]);
+    // Granted after the expiry with no record at all (the delay owed).
+    let mut owed = start();
+    owed.extend(expired());
+    owed.push(grant(6, 0, "k/a", 1));
+    assert_eq!(checks(&with(owed.clone())), vec!["lock_delay_kept"]);
+    // The same history for a class without a delay, or a hold no client was
+    // answered with (an arbiter undoing its own grant), owes nothing.
+    assert!(checks(&base(owed.clone())).is_empty());
+    let mut unanswered = with(owed);
+    unanswered.ops.clear();
+    assert!(checks(&unanswered).is_empty());
+    // The holder closed its session (close marker first): a release.
+    let mut closed = start();
+    closed.push(close(4));
+    closed.extend(expired());
+    closed.push(grant(6, 0, "k/a", 1));
+    assert!(checks(&with(closed)).is_empty());
+}
