@@ -23,7 +23,7 @@
 //! arbiter and across restarts. A guard whose session has a close marker was a
 //! holder's close: it is deleted, no delay.
 //!
-//! The promise (docs/GUARANTEES.md G14): no grant of the key for at least
+//! The promise (docs/GUARANTEES.md G13): no grant of the key for at least
 //! `lock_delay_s` after an arbiter saw the end (no grant can commit before that:
 //! a grant compares the guard and the record absent), and the key is grantable
 //! again at most `lock_delay_s` + the detection lag (a watch delivery, or the next
