@@ -122,6 +122,8 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
         "lockmesh_arbiter_grant_latency_seconds_bucket{namespace=\"payments\"",
         "lockmesh_arbiter_renewal_failures_total{reason=\"expired\"} 1",
         "lockmesh_arbiter_etcd_reachable 1",
+        // Issue 21 item 2 (its nonzero value is checked by jeopardy::the_vm_jeopardy_gauge_*).
+        "lockmesh_arbiter_vm_sessions_in_jeopardy{etcd_cluster=\"coord\"} 0",
     ] {
         assert!(arbiter.contains(want), "{want} missing from the arbiter's /metrics:\n{arbiter}");
     }
