@@ -3,7 +3,9 @@
 //!
 //! - The child gets `LOCKMESH_KEY`, `LOCKMESH_TOKEN`, `LOCKMESH_EPOCH`,
 //!   `LOCKMESH_REVISION`, `LOCKMESH_SESSION` and `LOCKMESH_TTL_S` in its
-//!   environment; it should present the token to the resource it writes.
+//!   environment, and `LOCKMESH_PROOF` (the grant's signed proof, for a resource
+//!   behind fence-proxy) when the service signs proofs; it should present the
+//!   token (and the proof) to the resource it writes.
 //! - When the lock is lost (the fence deadline passed, the service dropped the
 //!   session, or the epoch changed) the child gets SIGTERM, then SIGKILL after the
 //!   grace period.
@@ -208,6 +210,9 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
         .env("LOCKMESH_TTL_S", guard.ttl().as_secs().to_string())
         .env("LOCKMESH_JEOPARDY_FILE", &jeopardy.path)
         .kill_on_drop(true);
+    if let Some(proof) = guard.proof() {
+        cmd.env("LOCKMESH_PROOF", proof);
+    }
     signal_child::term_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,

@@ -246,6 +246,22 @@ pub struct RawPlatform {
     pub lowered_floors_reason: Option<String>,
 }
 
+/// A class's candidate policy (shadow mode): evaluated beside the enforced one,
+/// never deciding. Each field unset keeps the enforced value.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawCandidate {
+    /// The limit the candidate would enforce.
+    #[serde(alias = "maxHolders")]
+    pub max_holders: Option<u32>,
+    /// The lock-delay the candidate would enforce, seconds.
+    #[serde(alias = "lockDelaySeconds")]
+    pub lock_delay_s: Option<u64>,
+    /// The session TTL the candidate would give new sessions, seconds.
+    #[serde(alias = "ttlSeconds")]
+    pub ttl_s: Option<u64>,
+}
+
 /// One class (a `LockClass`) as written in YAML.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -295,6 +311,11 @@ pub struct RawClass {
     /// most [`MAX_LOCK_DELAY_S`]; mutex classes only (`max_holders` 1).
     #[serde(alias = "lockDelaySeconds")]
     pub lock_delay_s: Option<u64>,
+    /// A candidate policy evaluated beside the enforced one (shadow mode,
+    /// docs/CLASSES.md): every decision it would make differently is counted and
+    /// audited; it never decides.
+    #[serde(default)]
+    pub candidate: Option<RawCandidate>,
     /// Path of the PauseTestResult document a fenced class rests on (ADR-17).
     #[serde(alias = "pauseTestResult")]
     pub pause_test_result: Option<String>,
@@ -380,12 +401,26 @@ pub struct ClassSpec {
     pub fairness: Fairness,
     /// Lock-delay after an expiry or a force release, seconds (0: none).
     pub lock_delay_s: u64,
+    /// The candidate policy evaluated in shadow mode, if any.
+    pub candidate: Option<Candidate>,
     /// The pause-test result file of a fenced class, as written.
     pub pause_test_result: Option<String>,
     /// Without an etcd quorum: closed, or open (ADR-04).
     pub on_quorum_loss: OnQuorumLoss,
     /// Correctness or efficiency, when declared.
     pub purpose: Option<Purpose>,
+}
+
+/// A validated candidate policy (shadow mode): the values it would enforce, each
+/// already resolved against the enforced one (an unset field is the enforced value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    /// Limit.
+    pub max_holders: u32,
+    /// Lock-delay, seconds.
+    pub lock_delay_s: u64,
+    /// Session TTL, seconds.
+    pub ttl_s: u64,
 }
 
 /// The pause-test check of a fenced class: its name and its `pause_test_result`
@@ -685,6 +720,31 @@ impl ClassRegistry {
                     ),
                 );
             }
+            let candidate = c.candidate.as_ref().map(|k| Candidate {
+                max_holders: k.max_holders.unwrap_or(max_holders),
+                lock_delay_s: k.lock_delay_s.unwrap_or(lock_delay_s),
+                ttl_s: k.ttl_s.unwrap_or(ttl_s),
+            });
+            if let (Some(k), Some(raw)) = (candidate, c.candidate.as_ref()) {
+                if *raw == RawCandidate::default() {
+                    err(at("candidate"), "sets nothing: name max_holders, lock_delay_s or ttl_s, or remove it".into());
+                }
+                if k.max_holders == 0 || k.max_holders > MAX_HOLDERS {
+                    err(at("candidate.max_holders"), format!("{} is outside 1 to {MAX_HOLDERS}", k.max_holders));
+                }
+                if k.lock_delay_s > MAX_LOCK_DELAY_S {
+                    err(at("candidate.lock_delay_s"), format!("{} is above {MAX_LOCK_DELAY_S}", k.lock_delay_s));
+                }
+                if k.lock_delay_s > 0 && k.max_holders > 1 {
+                    err(
+                        at("candidate.lock_delay_s"),
+                        format!("{} with max_holders {}: lock-delay is for mutex classes", k.lock_delay_s, k.max_holders),
+                    );
+                }
+                if let Err(m) = platform.check_ttl(Some(k.ttl_s), c.enforcement.as_deref() == Some("advisory")) {
+                    err(at("candidate.ttl_s"), m);
+                }
+            }
             let fairness = match c.fairness.as_deref() {
                 None | Some("memory") => Some(Fairness::Memory),
                 Some("durable") => Some(Fairness::Durable),
@@ -717,6 +777,7 @@ impl ClassRegistry {
                     max_holders,
                     fairness,
                     lock_delay_s,
+                    candidate,
                     pause_test_result: c.pause_test_result.clone(),
                     on_quorum_loss,
                     purpose,

@@ -41,8 +41,17 @@ pub const GRANT: &str = "x-lock-grant";
 /// token, no fence accepts it.
 pub const UNPROTECTED_TOKEN: &str = "0";
 
+/// An election leader's proclaimed value (`/v1/elections/campaign` and
+/// `/v1/elections/proclaim`): 1-[`MAX_ELECTION_VALUE_LEN`] bytes of printable
+/// ASCII, no leading or trailing space. Public to whoever may observe the election.
+pub const VALUE: &str = "x-lock-value";
+
+/// An observer's resume point (`GET /v1/elections`): the `revision` of the last
+/// answer; the next answer is the first leadership change after it.
+pub const AFTER: &str = "x-lock-after";
+
 /// Every caller-facing lock header (each may appear at most once).
-pub const LOCK_HEADERS: [&str; 7] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT];
+pub const LOCK_HEADERS: [&str; 9] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT, VALUE, AFTER];
 
 /// Prefix of headers only lockmesh may set.
 pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
@@ -249,6 +258,32 @@ pub fn parse_grant(raw: &[u8]) -> Result<String, HeaderError> {
     Ok(String::from_utf8_lossy(raw).into_owned())
 }
 
+/// Longest election value ([`VALUE`]), bytes.
+pub const MAX_ELECTION_VALUE_LEN: usize = 1024;
+
+/// Parses `x-lock-value`: 1-1024 bytes of printable ASCII (space to `~`), no
+/// leading or trailing space (a proxy may trim those: one spelling only).
+pub fn parse_value(raw: &[u8]) -> Result<String, HeaderError> {
+    let printable = raw.iter().all(|b| (b' '..=b'~').contains(b));
+    let trimmed = raw.first() != Some(&b' ') && raw.last() != Some(&b' ');
+    if raw.is_empty() || raw.len() > MAX_ELECTION_VALUE_LEN || !printable || !trimmed {
+        return Err(HeaderError::new(
+            VALUE,
+            "must be 1-1024 bytes of printable ASCII without leading or trailing spaces",
+        ));
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
+/// Parses `x-lock-after`: a canonical decimal etcd revision (1 to 2^63 - 1).
+pub fn parse_after(raw: &[u8]) -> Result<u64, HeaderError> {
+    let v = decimal(AFTER, raw, 19)?;
+    if v == 0 || i64::try_from(v).is_err() {
+        return Err(HeaderError::new(AFTER, "must be a revision from 1 to 2^63 - 1"));
+    }
+    Ok(v)
+}
+
 /// Parses `x-lock-class`.
 pub fn parse_class(raw: &[u8]) -> Result<crate::ClassName, HeaderError> {
     std::str::from_utf8(raw)
@@ -274,6 +309,10 @@ pub struct LockHeaders {
     pub class: Option<crate::ClassName>,
     /// `x-lock-grant`.
     pub grant: Option<String>,
+    /// `x-lock-value`.
+    pub value: Option<String>,
+    /// `x-lock-after`.
+    pub after: Option<u64>,
 }
 
 /// Parses every lock header from `(name, value)` pairs as the host delivers them
@@ -309,7 +348,9 @@ where
             3 => out.instance = Some(parse_instance(value)?),
             4 => out.token = Some(parse_token(value)?),
             5 => out.class = Some(parse_class(value)?),
-            _ => out.grant = Some(parse_grant(value)?),
+            6 => out.grant = Some(parse_grant(value)?),
+            7 => out.value = Some(parse_value(value)?),
+            _ => out.after = Some(parse_after(value)?),
         }
     }
     Ok(out)
@@ -360,6 +401,16 @@ mod tests {
             assert_eq!(parse_grant(bad).unwrap_err().header, GRANT);
         }
         assert!(parse_instance(&[b'a'; 65]).is_err());
+        assert_eq!(parse_value(b"10.0.0.7:8443 primary").unwrap(), "10.0.0.7:8443 primary");
+        assert_eq!(parse_value(&[b'~'; 1024]).unwrap().len(), 1024);
+        for bad in [&b""[..], b" lead", b"lead ", b"a\tb", b"\xc3\xa9", &[b'v'; 1025]] {
+            assert_eq!(parse_value(bad).unwrap_err().header, VALUE, "{bad:?}");
+        }
+        assert_eq!(parse_after(b"42").unwrap(), 42);
+        assert_eq!(parse_after(b"9223372036854775807").unwrap(), i64::MAX as u64);
+        for bad in [&b"0"[..], b"042", b"9223372036854775808", b"-1", b""] {
+            assert_eq!(parse_after(bad).unwrap_err().header, AFTER, "{bad:?}");
+        }
     }
 
     #[test]

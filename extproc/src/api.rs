@@ -9,9 +9,10 @@ use std::sync::Arc;
 use lockmesh_core::{
     grant::Operation,
     headers::{self, LockHeaders},
+    class::OnQuorumLoss,
     wire::api::{
-        Acquired as AcquiredBody, Holder, LockInfo, Released, SessionClosed, SessionHold, SessionHolds, SessionOpened,
-        SessionRenewed, TokenValidity,
+        Acquired as AcquiredBody, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed,
+        SessionHold, SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
     },
     ClassSpec, Code, LockKey,
 };
@@ -48,10 +49,18 @@ pub enum Route {
     SessionHolds,
     /// `POST /v1/tokens/validate`.
     Validate,
+    /// `POST /v1/elections/campaign`: an acquire of an election's key.
+    Campaign,
+    /// `POST /v1/elections/proclaim`.
+    Proclaim,
+    /// `POST /v1/elections/resign`: the release of a leadership.
+    Resign,
+    /// `GET /v1/elections`: the leadership, now or after a resume point.
+    Observe,
 }
 
 /// Every API route: method, path (without the query, matched byte for byte) and route.
-pub const ROUTES: [(&str, &str, Route); 8] = [
+pub const ROUTES: [(&str, &str, Route); 12] = [
     ("POST", "/v1/locks/acquire", Route::Acquire),
     ("POST", "/v1/locks/release", Route::Release),
     ("GET", "/v1/locks", Route::Inspect),
@@ -60,6 +69,10 @@ pub const ROUTES: [(&str, &str, Route); 8] = [
     ("POST", "/v1/sessions/close", Route::SessionClose),
     ("GET", "/v1/sessions/holds", Route::SessionHolds),
     ("POST", "/v1/tokens/validate", Route::Validate),
+    ("POST", "/v1/elections/campaign", Route::Campaign),
+    ("POST", "/v1/elections/proclaim", Route::Proclaim),
+    ("POST", "/v1/elections/resign", Route::Resign),
+    ("GET", "/v1/elections", Route::Observe),
 ];
 
 /// Prefix of the paths the filter classifies as operator routes (no API route
@@ -83,8 +96,11 @@ impl Route {
             | Route::SessionOpen
             | Route::SessionKeepalive
             | Route::SessionClose
-            | Route::SessionHolds => Operation::Acquire,
-            Route::Inspect => Operation::Inspect,
+            | Route::SessionHolds
+            | Route::Campaign
+            | Route::Proclaim
+            | Route::Resign => Operation::Acquire,
+            Route::Inspect | Route::Observe => Operation::Inspect,
             Route::Validate => Operation::Validate,
         }
     }
@@ -100,6 +116,10 @@ impl Route {
             Route::SessionClose => "session_close",
             Route::SessionHolds => "session_holds",
             Route::Validate => "validate",
+            Route::Campaign => "campaign",
+            Route::Proclaim => "proclaim",
+            Route::Resign => "resign",
+            Route::Observe => "observe",
         }
     }
 }
@@ -233,16 +253,17 @@ async fn route(
             tiers.release_unprotected(&key, grant, &caller).await?;
             ApiResponse::ok(&Released { released: true, unprotected: true })
         }
-        Route::Release => {
-            let key = need(lock.key.clone(), headers::KEY)?;
-            let token = need(lock.token, headers::TOKEN)?;
-            let class = state.registry().class_of(&key).clone();
-            let span = crate::telemetry::release_span(&state.registry(), &key);
-            let r = tiers.release(&class, &key, token, &caller, lock.session).instrument(span.clone()).await;
-            crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
-            r?;
-            ApiResponse::ok(&Released { released: true, unprotected: false })
+        Route::Release => release(state, lock, &caller).await?,
+        Route::Campaign => return campaign(state, req, caller, cancel).await,
+        Route::Proclaim => proclaim(state, lock, &caller).await?,
+        Route::Resign if lock.grant.is_some() => {
+            return Err(ApiError::new(
+                Code::BadRequest,
+                format!("{}: a leadership is never unprotected; resign names its {}", headers::GRANT, headers::TOKEN),
+            ));
         }
+        Route::Resign => release(state, lock, &caller).await?,
+        Route::Observe => observe(state, req, cancel).await?,
         Route::Inspect => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let class = class_for(state, lock, &key)?;
@@ -285,7 +306,13 @@ async fn route(
             let opened = SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s };
             let mut r = if crate::test_faults::on(crate::test_faults::TestFault::WireDrift) {
                 // PLANTED BUG (the OpenAPI scenario): `ttl_s` as a string.
-                ApiResponse::ok(&serde_json::json!({ "class": opened.class, "session": sid, "ttl_s": opened.ttl_s.to_string() }))
+                #[derive(serde::Serialize)]
+                struct Drifted {
+                    class: String,
+                    session: lockmesh_core::headers::SessionId,
+                    ttl_s: String,
+                }
+                ApiResponse::ok(&Drifted { class: opened.class, session: sid, ttl_s: opened.ttl_s.to_string() })
             } else {
                 ApiResponse::ok(&opened)
             };
@@ -331,6 +358,115 @@ async fn route(
         }
     };
     Ok((r, None))
+}
+
+/// The release of a protected grant (`/v1/locks/release`, `/v1/elections/resign`).
+async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Result<ApiResponse, ApiError> {
+    let key = need(lock.key.clone(), headers::KEY)?;
+    let token = need(lock.token, headers::TOKEN)?;
+    let class = state.registry().class_of(&key).clone();
+    let span = crate::telemetry::release_span(&state.registry(), &key);
+    let r = state.tiers.release(&class, &key, token, caller, lock.session).instrument(span.clone()).await;
+    crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
+    r?;
+    Ok(ApiResponse::ok(&Released { released: true, unprotected: false }))
+}
+
+/// The key's class, when it can hold an election: a mutex (one leader) that fails
+/// closed (a leadership always carries a token).
+fn election_class(state: &State, lock: &LockHeaders, key: &LockKey) -> Result<ClassSpec, ApiError> {
+    let class = class_for(state, lock, key)?;
+    if class.max_holders != 1 {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!(
+                "{}: the key's class {} allows {} holders; an election needs a class with max_holders 1",
+                headers::KEY,
+                class.name,
+                class.max_holders
+            ),
+        ));
+    }
+    if class.on_quorum_loss == OnQuorumLoss::Open {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!(
+                "{}: the key's class {} grants without a token when etcd's quorum is lost; an election needs a \
+                 class that fails closed",
+                headers::KEY,
+                class.name
+            ),
+        ));
+    }
+    Ok(class)
+}
+
+/// `POST /v1/elections/campaign`: an acquire of the election's key (the same
+/// queue, grant and answer), then the value proclaimed under the new token. A
+/// value that cannot be stored undoes the grant: the caller is not leader.
+async fn campaign(
+    state: &Arc<State>,
+    req: &ApiRequest,
+    caller: Caller,
+    cancel: &CancellationToken,
+) -> Result<(ApiResponse, Option<Undo>), ApiError> {
+    let lock = &req.lock;
+    let key = need(lock.key.clone(), headers::KEY)?;
+    election_class(state, lock, &key)?;
+    let mut granted = acquire(state, req, caller.clone(), cancel).await;
+    if crate::test_faults::on(crate::test_faults::TestFault::CampaignAfterSessionLoss)
+        && lock.session.is_some()
+        && matches!(&granted, Err(e) if e.code == Code::SessionExpired)
+    {
+        // PLANTED BUG (the election scenario): the campaign's session is gone, and
+        // it campaigns on with a new one (etcd's phantom leadership).
+        let mut again = req.clone();
+        again.lock.session = None;
+        granted = acquire(state, &again, caller.clone(), cancel).await;
+    }
+    let (r, undo) = granted?;
+    let (Some(value), Some(Undo::Grant { grant, store, .. })) = (&lock.value, &undo) else {
+        return Ok((r, undo));
+    };
+    if let Err(e) = store.proclaim(&key, grant.token, &caller, Some(grant.session), value).await {
+        if let Some(u) = &undo {
+            u.run().await;
+        }
+        return Err(e.into());
+    }
+    Ok((r, undo))
+}
+
+/// `POST /v1/elections/proclaim`.
+async fn proclaim(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Result<ApiResponse, ApiError> {
+    let key = need(lock.key.clone(), headers::KEY)?;
+    let token = need(lock.token, headers::TOKEN)?;
+    let value = need(lock.value.as_deref(), headers::VALUE)?;
+    let class = class_for(state, lock, &key)?;
+    let store = state.tiers.route(&class, &key, false).await?;
+    store.unsealed()?;
+    let revision = store.proclaim(&key, token, caller, lock.session, value).await?;
+    Ok(ApiResponse::ok(&Proclaimed { proclaimed: true, revision: u64::try_from(revision).unwrap_or(0) }))
+}
+
+/// `GET /v1/elections`: the leadership now, or (with `x-lock-after`) after the
+/// first change past that revision, waiting up to the request's wait.
+async fn observe(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> Result<ApiResponse, ApiError> {
+    let lock = &req.lock;
+    let key = need(lock.key.clone(), headers::KEY)?;
+    let class = class_for(state, lock, &key)?;
+    let wait = wait_of(state, req)?;
+    let store = state.tiers.route(&class, &key, false).await?;
+    let after = lock.after.map(|a| i64::try_from(a).unwrap_or(i64::MAX));
+    let o = store.observe(&key, after, req.received + wait, cancel).await?;
+    let leader = o.leader.map(|l| Leader { identity: l.identity, since_ms: l.since_ms, token: l.token, value: l.value });
+    Ok(ApiResponse::ok(&Election {
+        changed: o.changed,
+        class: class.name.to_string(),
+        compacted: o.compacted,
+        leader,
+        revision: u64::try_from(o.revision).unwrap_or(0),
+    }))
 }
 
 async fn acquire(

@@ -6,11 +6,14 @@
 //! relabelling), not here.
 //!
 //! One [`Registry`] holds the arbiter's families, the fail-open ones
-//! (`lockmesh_lock::failopen::STATS`), the class ones (`crate::registry`) and two
+//! (`lockmesh_lock::failopen::STATS`), the class ones (`crate::registry`) and
 //! collectors read at scrape time: the hand-off counters
-//! (`lockmesh_lock::wait::HANDOFFS`) and etcd's health ([`ETCD`]). Values that
-//! exist only at scrape time (waiting keys, seal state, class gauges) are set by
-//! [`Metrics::encode`] just before it encodes.
+//! (`lockmesh_lock::wait::HANDOFFS`), etcd's health ([`ETCD`]), and the holds and
+//! waits by namespace and class ([`WaitCollector`]: the oldest open hold, from the
+//! quota ledgers; gated waiters, wake-ups per grant and pickup latency, from the
+//! waiters' books of `lockmesh_lock::wait`). Values that exist only at scrape time
+//! (waiting keys, seal state, class gauges) are set by [`Metrics::encode`] just
+//! before it encodes.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, Ordering},
@@ -143,6 +146,95 @@ impl Collector for VmRenewalCollector {
             let n = crate::lock::vm::JEOPARDY.count(cluster, now);
             ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
                 .encode(family.encode_family(&[("etcd_cluster", cluster.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Encodes the holds and waits by namespace and class at scrape time:
+/// `lockmesh_arbiter_oldest_hold_seconds` (fleet-wide: every cluster's ledger),
+/// `lockmesh_arbiter_gated_waiters` and `lockmesh_arbiter_oldest_gated_wait_seconds`
+/// (this arbiter's waiters), `lockmesh_arbiter_wakeups_per_grant` and
+/// `lockmesh_arbiter_pickup_latency_seconds` (grants here after a wait). Labels are
+/// `namespace` (`other` unless the registry names it) and `class`; every pair the
+/// registry's prefixes declare is there from the start, and a pair that had a
+/// hold or a waiter stays (at 0) once it has none.
+#[derive(Debug)]
+struct WaitCollector;
+
+/// The label pairs the oldest-hold gauge has shown: it keeps them at 0 afterwards
+/// (bounded: namespace and class labels are the registry's or `other`).
+static HOLD_PAIRS: Mutex<std::collections::BTreeSet<(String, String)>> = Mutex::new(std::collections::BTreeSet::new());
+
+impl Collector for WaitCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let pair = |ns: &'_ str, class: &'_ str| -> [(&'static str, String); 2] {
+            [("namespace", ns.to_owned()), ("class", class.to_owned())]
+        };
+        {
+            let holds = crate::lock::quota::oldest_holds(crate::lock::now_ms());
+            let mut seen = HOLD_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rows: std::collections::BTreeMap<(String, String), u64> =
+                seen.iter().map(|p| (p.clone(), 0)).collect();
+            for h in holds {
+                seen.insert((h.namespace.clone(), h.class.clone()));
+                rows.insert((h.namespace, h.class), h.age_ms);
+            }
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_oldest_hold_seconds",
+                "Age of the oldest open hold by namespace and class, over every etcd cluster (fleet-wide: from the holds every arbiter follows; 0 without one).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((ns, class), ms) in &rows {
+                ConstGauge::new(*ms as f64 / 1000.0).encode(family.encode_family(&pair(ns, class))?)?;
+            }
+        }
+        let gated = crate::lock::wait::gated();
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_gated_waiters",
+                "Acquires waiting at this arbiter for a key held by others (gated), by namespace and class.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (l, g) in &gated {
+                ConstGauge::new(i64::try_from(g.waiters).unwrap_or(i64::MAX))
+                    .encode(family.encode_family(&pair(&l.namespace, &l.class))?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_oldest_gated_wait_seconds",
+                "How long the oldest acquire gated at this arbiter has been waiting, by namespace and class (0 without one).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (l, g) in &gated {
+                ConstGauge::new(g.oldest_ms as f64 / 1000.0)
+                    .encode(family.encode_family(&pair(&l.namespace, &l.class))?)?;
+            }
+        }
+        let figures = crate::lock::wait::FIGURES.all();
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_wakeups_per_grant",
+                "For each grant here of a key with waiters here: how many times its waiters woke to look again since its previous grant here (wake amplification).",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (l, f) in &figures {
+                f.wakeups.encode(family.encode_family(&pair(&l.namespace, &l.class))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_arbiter_pickup_latency_seconds",
+            "Time from the start of a release of a key with waiters here to the commit of its next grant here (one transaction for a hand-off).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (l, f) in &figures {
+            f.pickup.encode(family.encode_family(&pair(&l.namespace, &l.class))?)?;
         }
         Ok(())
     }
@@ -291,7 +383,16 @@ impl Metrics {
         crate::lock::upgrade::register(r);
         crate::lock::quota::register(r);
         r.register_collector(Box::new(VmRenewalCollector));
+        r.register_collector(Box::new(WaitCollector));
         self
+    }
+
+    /// This arbiter's acquires answered `key_gated` and `lock_contended` under `labels`.
+    pub(crate) fn refusals(&self, labels: &LockLabels) -> (u64, u64) {
+        let n = |outcome| {
+            self.acquires.get(&AcquireLabels { lock: labels.clone(), outcome }).map_or(0, |c| c.get())
+        };
+        (n("key_gated"), n("lock_contended"))
     }
 
     /// Counts one acquire by outcome, and its latency when granted.

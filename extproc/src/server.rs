@@ -292,12 +292,12 @@ async fn request_headers(
     }
     let self_client = client.kind == ClientKind::SelfClient;
     let req = ApiRequest { method, path, lock, budget_ms, identity, unverified_caller, self_client, received };
-    // An acquire that may wait stretches Envoy's per-message timer to cover the
-    // wait, but only once it has waited OVERRIDE_AFTER: most grants answer well
-    // before Envoy's `message_timeout`, and the extra message would cost every
-    // acquire a gRPC frame in both processes.
+    // An acquire (a campaign too) or an election observer that may wait stretches
+    // Envoy's per-message timer to cover the wait, but only once it has waited
+    // OVERRIDE_AFTER: most grants answer well before Envoy's `message_timeout`,
+    // and the extra message would cost every acquire a gRPC frame in both processes.
     let mut stretch = match route {
-        "acquire" | "transparent" => api::wait_of(state, &req).ok().filter(|w| !w.is_zero()),
+        "acquire" | "transparent" | "campaign" | "observe" => api::wait_of(state, &req).ok().filter(|w| !w.is_zero()),
         _ => None,
     };
     let stretch_at = received + OVERRIDE_AFTER;

@@ -31,6 +31,7 @@ impl State {
     pub fn new(config: Config, store: Arc<Store>) -> Self {
         crate::lock::quota::set_registry(&config.registry);
         crate::lock::delay::set_registry(&config.registry);
+        crate::lock::shadow::set_registry(&config.registry);
         let registry = RwLock::new(Arc::new(config.registry.clone()));
         let validate_limiter = crate::validate::RateLimiter::new(config.validate_rate_per_s);
         let tiers = Arc::new(crate::tiers::Tiers::new(
@@ -60,6 +61,7 @@ impl State {
     pub(crate) fn set_registry(&self, reg: ClassRegistry) {
         crate::lock::quota::set_registry(&reg);
         crate::lock::delay::set_registry(&reg);
+        crate::lock::shadow::set_registry(&reg);
         let mut g = self.registry.write().unwrap_or_else(|p| p.into_inner());
         *g = Arc::new(reg);
     }

@@ -177,7 +177,7 @@ fn envelopes_unknown_fields_types_and_duplicates_are_refused_naming_file_documen
              '.')"
         ),
         format!(
-            "{b}: document 3 (LockClass snake): spec.ttl_s: unknown field (the CRD's fields here: default, \
+            "{b}: document 3 (LockClass snake): spec.ttl_s: unknown field (the CRD's fields here: candidate, default, \
              enforcement, fairness, lockDelaySeconds, maxHolders, onQuorumLoss, pauseTestResult, prefixes, purpose, riskOwner, tier, \
              ttlSeconds, waiverExpiry)"
         ),

@@ -45,6 +45,7 @@ fn sample(schema: &Value) -> Value {
         "array" => json!(["a"]),
         "integer" => json!(1),
         "boolean" => json!(true),
+        "object" => json!({}),
         _ => json!("x"),
     }
 }

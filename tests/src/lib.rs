@@ -16,6 +16,8 @@
 //! - [`arbiter`]: [`ArbiterProcess`] (`lockmesh-extproc`).
 //! - [`backend`]: [`Backend`], the recording upstream.
 //! - [`fence`]: the grant signing key, [`fence::KvStore`] and [`fence::FenceProxyProcess`].
+//! - [`demo_store`]: the quick start's key-value store behind fence-proxy (the
+//!   `lockmesh-demo-store` binary that `scripts/up` runs).
 //! - [`postgres`]: [`postgres::PostgresProcess`], a real PostgreSQL for the reference fence.
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
 //! - [`kubelet`]: [`kubelet::SecretDir`], a directory updated as the kubelet updates a Secret volume.
@@ -37,6 +39,7 @@ use tokio::time::Instant;
 pub mod arbiter;
 pub mod backend;
 pub mod client;
+pub mod demo_store;
 pub mod envoy;
 pub mod etcd;
 pub mod fence;

@@ -28,6 +28,15 @@ pub enum Route {
     SessionHolds,
     /// `POST /v1/tokens/validate`.
     Validate,
+    /// `POST /v1/elections/campaign`: an acquire of an election's key; queues.
+    Campaign,
+    /// `POST /v1/elections/proclaim`.
+    Proclaim,
+    /// `POST /v1/elections/resign`.
+    Resign,
+    /// `GET /v1/elections`: an observer's long poll (it waits at the arbiter,
+    /// never in a key's queue).
+    Observe,
     /// Any method under `/v1/admin/`.
     Admin,
     /// A transparent-mode route (`docs/TRANSPARENT.md`): the request itself holds
@@ -56,6 +65,10 @@ impl Route {
             (b"POST", b"/v1/sessions/close") => Route::SessionClose,
             (b"GET", b"/v1/sessions/holds") => Route::SessionHolds,
             (b"POST", b"/v1/tokens/validate") => Route::Validate,
+            (b"POST", b"/v1/elections/campaign") => Route::Campaign,
+            (b"POST", b"/v1/elections/proclaim") => Route::Proclaim,
+            (b"POST", b"/v1/elections/resign") => Route::Resign,
+            (b"GET", b"/v1/elections") => Route::Observe,
             _ => return None,
         })
     }
@@ -69,8 +82,11 @@ impl Route {
             | Route::SessionKeepalive
             | Route::SessionClose
             | Route::SessionHolds
+            | Route::Campaign
+            | Route::Proclaim
+            | Route::Resign
             | Route::Transparent => Operation::Acquire,
-            Route::Inspect => Operation::Inspect,
+            Route::Inspect | Route::Observe => Operation::Inspect,
             Route::Validate => Operation::Validate,
             Route::Admin => Operation::Admin,
         }
@@ -78,12 +94,21 @@ impl Route {
 
     /// Routes that hold a key and so go through its queue.
     pub fn queues(self) -> bool {
-        matches!(self, Route::Acquire | Route::Transparent)
+        matches!(self, Route::Acquire | Route::Campaign | Route::Transparent)
     }
 
     /// Routes that cannot be answered without `x-lock-key`.
     pub(crate) fn needs_key(self) -> bool {
-        matches!(self, Route::Acquire | Route::Release | Route::Inspect)
+        matches!(
+            self,
+            Route::Acquire
+                | Route::Release
+                | Route::Inspect
+                | Route::Campaign
+                | Route::Proclaim
+                | Route::Resign
+                | Route::Observe
+        )
     }
 }
 
@@ -104,5 +129,11 @@ mod tests {
         assert_eq!(Route::SessionHolds.operation(), Operation::Acquire);
         assert_eq!(Route::Validate.operation(), Operation::Validate);
         assert!(Route::Release.needs_key() && !Route::SessionOpen.needs_key());
+        assert_eq!(Route::of(b"POST", b"/v1/elections/campaign"), Some(Route::Campaign));
+        assert_eq!(Route::of(b"GET", b"/v1/elections?x=1"), Some(Route::Observe));
+        assert_eq!(Route::of(b"POST", b"/v1/elections"), None);
+        assert!(Route::Campaign.queues() && !Route::Observe.queues() && !Route::Proclaim.queues());
+        assert_eq!(Route::Observe.operation(), Operation::Inspect);
+        assert_eq!(Route::Resign.operation(), Operation::Acquire);
     }
 }

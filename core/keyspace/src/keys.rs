@@ -7,6 +7,7 @@
 //! <root>/s/<session>               session record                      session lease
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
 //! <root>/l/<digest>/h/<slot:04>.1  the same slot, after a hand-off     session lease
+//! <root>/l/<digest>/e              an election leader's proclaimed value the leader's session lease
 //! <root>/q/<digest>/<waiter>       a durable waiter (fairness: durable) arbiter lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
@@ -16,6 +17,7 @@
 //! <root>/u/<grant>/<op>            a shipped unprotected-grant record   ship lease (10 min)
 //! <root>/g/<digest>                lock-delay guard: the holder's session no lease
 //! <root>/d/<digest>                lock-delay in force (cause, delay)   delay lease (lock_delay_s)
+//! <root>/w/<class>                 latest shadow decision (audit)      no lease
 //! ```
 //!
 //! The last two exist only for keys of classes with `lock_delay_s`
@@ -23,6 +25,14 @@
 //! release deletes it, so a guard whose hold is gone marks an end without a
 //! release (an expiry or a force release), which an arbiter turns into the delay
 //! record on a lease of the class's delay.
+//!
+//! An election (`lockmesh_lock::election`) is a mutex key: its leader is its hold.
+//! The value its leader proclaims sits beside the slots (`e`, outside `h/`, so no
+//! grant compare sees it), naming the token it was proclaimed under, so one watch
+//! of `l/<digest>/` orders every leadership change and every proclamation. Readers
+//! of holds ignore it: it is no slot ([`Keys::slot_of`]) and its value is no
+//! [`crate::HoldRecord`]. No earlier build reads it, so it needs no capability
+//! (`crate::upgrade`).
 //!
 //! Holds sit in numbered slots under `h/` so a key can have N holders without a
 //! migration; a mutex uses slot `0000`. A hold's create revision is its grant's
@@ -64,6 +74,16 @@ impl Keys {
     /// A session record.
     pub fn session(&self, s: SessionId) -> String {
         format!("{}/s/{s}", self.root)
+    }
+
+    /// Everything of a key under `l/`: its hold slots and its election value.
+    pub fn lock_entries(&self, d: &KeyDigest) -> String {
+        format!("{}/l/{d}/", self.root)
+    }
+
+    /// The value an election's leader proclaimed ([`crate::ElectionValue`]).
+    pub fn election_value(&self, d: &KeyDigest) -> String {
+        format!("{}/l/{d}/e", self.root)
     }
 
     /// The prefix of every hold of a key (`.../h/`).
@@ -174,6 +194,11 @@ impl Keys {
         format!("{}/f/{d}", self.root)
     }
 
+    /// The shadow-decision audit record of a class (`lockmesh_lock::shadow`).
+    pub fn shadow_record(&self, class: &str) -> String {
+        format!("{}/w/{class}", self.root)
+    }
+
     /// The lock-delay guard of a key (`lockmesh_lock::delay`).
     pub fn delay_guard(&self, d: &KeyDigest) -> String {
         format!("{}/g/{d}", self.root)
@@ -239,5 +264,19 @@ mod tests {
         assert!(k.waiter(&d, 1, 2).starts_with(&k.waiters(&d)));
         assert!(!k.waiter(&d, 1, 2).starts_with(&k.all_locks()));
         assert!(k.waiter(&d, 1, 2).starts_with(&k.all_waiters()));
+    }
+
+    #[test]
+    fn an_election_value_sits_beside_the_slots_and_is_none() {
+        let k = Keys::new("/t");
+        let d = LockKey::parse(b"ns/leader").unwrap().digest();
+        let e = k.election_value(&d);
+        assert!(e.starts_with(&k.lock_entries(&d)) && k.holds(&d).starts_with(&k.lock_entries(&d)));
+        assert!(!e.starts_with(&k.holds(&d)), "a grant compares the slots' range empty");
+        assert_eq!(k.slot_of(e.as_bytes()), None);
+        let v = crate::ElectionValue { token: "281474976710659".into(), value: "a".into(), proclaimed_ms: 1 };
+        let bytes = serde_json::to_vec(&v).unwrap();
+        assert!(serde_json::from_slice::<crate::HoldRecord>(&bytes).is_err(), "no reader takes it for a hold");
+        assert_eq!(serde_json::from_slice::<crate::ElectionValue>(&bytes).unwrap(), v);
     }
 }

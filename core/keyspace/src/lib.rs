@@ -5,7 +5,7 @@
 //!
 //! # Layout
 //! - [`keys`]: where each record lives ([`Keys`], [`prefix_end`]).
-//! - [`records`]: sessions and holds.
+//! - [`records`]: sessions, holds and election values.
 //! - [`markers`]: release and close markers, durable waiters.
 //! - [`epoch`]: the epoch record (ADR-03 in docs/DECISIONS.md).
 //! - [`classmap`]: the authoritative prefix-to-class map.
@@ -29,7 +29,7 @@ pub use self::{
     home::{Admit, ExtensionRecord, HomeRecord, MapRecord, COORD_CLUSTER},
     keys::{prefix_end, Keys},
     markers::{CloseMarker, DelayGuard, LockDelayRecord, ReleaseMarker, WaiterRecord},
-    records::{HoldRecord, SessionRecord},
+    records::{ElectionValue, HoldRecord, SessionRecord},
     spool::{SpoolOp, SpoolRecord},
 };
 

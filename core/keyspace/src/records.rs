@@ -1,4 +1,5 @@
-//! Sessions and holds, as stored (`<root>/s/<session>`, `<root>/l/<digest>/h/<slot>`).
+//! Sessions, holds and election values, as stored (`<root>/s/<session>`,
+//! `<root>/l/<digest>/h/<slot>`, `<root>/l/<digest>/e`).
 
 use serde::{Deserialize, Serialize};
 
@@ -49,4 +50,18 @@ pub struct HoldRecord {
     /// when it differs from `owner`: unverified, recorded for the audit only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unverified_caller: Option<String>,
+}
+
+/// An election leader's proclaimed value (`<root>/l/<digest>/e`, on the leader's
+/// session lease). Written only by a transaction that compares the leader's hold
+/// (its create revision is the token's revision), so it names the leadership it
+/// belongs to; a reader shows it only while that hold leads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionValue {
+    /// The leader's fencing token, as a decimal string.
+    pub token: String,
+    /// The value (`x-lock-value`).
+    pub value: String,
+    /// When it was proclaimed, unix ms (informational).
+    pub proclaimed_ms: u64,
 }

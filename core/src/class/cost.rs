@@ -116,6 +116,7 @@ mod tests {
             max_holders: 1,
             fairness: Fairness::Memory,
             lock_delay_s: 0,
+            candidate: None,
             pause_test_result: None,
             on_quorum_loss: crate::class::OnQuorumLoss::Closed,
             purpose: None,

@@ -12,6 +12,10 @@
 //! | `POST /v1/sessions/close` | [`SessionClosed`] |
 //! | `GET /v1/sessions/holds` | [`SessionHolds`] |
 //! | `POST /v1/tokens/validate` | [`TokenValidity`] |
+//! | `POST /v1/elections/campaign` | [`Acquired`] |
+//! | `POST /v1/elections/proclaim` | [`Proclaimed`] |
+//! | `POST /v1/elections/resign` | [`Released`] |
+//! | `GET /v1/elections` | [`Election`] |
 
 use serde::{Deserialize, Serialize};
 
@@ -177,6 +181,53 @@ pub struct SessionHold {
 pub struct TokenValidity {
     /// True when the token is a current hold of the key in the current epoch.
     pub current: bool,
+}
+
+/// `POST /v1/elections/proclaim`: the leader's value is stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proclaimed {
+    /// Always true on a 200 answer.
+    pub proclaimed: bool,
+    /// The etcd revision that stored it: an observer resuming from an earlier
+    /// revision sees this proclamation.
+    pub revision: u64,
+}
+
+/// `GET /v1/elections`: an election's leadership at `revision`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Election {
+    /// The key's class.
+    pub class: String,
+    /// The leader at `revision`, or `null` when nobody leads.
+    #[serde(default)]
+    pub leader: Option<Leader>,
+    /// The etcd revision this answer describes: send it as `x-lock-after` to wait
+    /// for the next change.
+    pub revision: u64,
+    /// True when the leadership (leader or value) changed after `x-lock-after` and
+    /// this is the state right after the first such change; false when the wait
+    /// ended first (the state is `x-lock-after`'s, unchanged) or no
+    /// `x-lock-after` was sent (the state now).
+    pub changed: bool,
+    /// True when etcd had compacted its history past `x-lock-after`: this is the
+    /// state now, and changes between may be missing. Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compacted: bool,
+}
+
+/// The leader of an [`Election`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    /// The leader's SPIFFE ID.
+    pub identity: String,
+    /// The leadership's fencing token (its term): a later leader's is larger.
+    pub token: FencingToken,
+    /// The value the leader proclaimed, if it proclaimed one.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// When the leadership was granted, unix ms (the arbiter's wall clock;
+    /// informational).
+    pub since_ms: u64,
 }
 
 // === impl Acquired ===

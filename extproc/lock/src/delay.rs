@@ -65,9 +65,11 @@ fn delay_of(class: &str) -> u64 {
     DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(class).copied()).unwrap_or(0)
 }
 
-/// Whether any class sets a delay.
+/// Whether any class sets a delay, or a candidate delay other than its own
+/// (shadow mode: the candidate's memory of ends without a release, `shadow`).
 fn any_delay() -> bool {
     DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|m| !m.is_empty())
+        || super::shadow::any_delay_candidate()
 }
 
 /// The guard a grant of a delay class puts for session `sid`.
@@ -204,6 +206,20 @@ impl Store {
         Ok(Some("expiry"))
     }
 
+    /// Whether the hold of `d` deleted at `revision` (on lease `lease`) ended without
+    /// a release: no release marker of the key written at that revision, no close
+    /// marker of its session. A read at that revision and one of the close marker.
+    async fn ended_unreleased(&self, d: &KeyDigest, revision: i64, lease: i64) -> Result<bool, LockError> {
+        let k = self.keys();
+        let marker = self.call(self.client().get(k.release_marker(d), None)).await?;
+        if marker.kvs().first().is_some_and(|kv| kv.mod_revision() == revision) {
+            return Ok(false);
+        }
+        let Some(sid) = lockmesh_core::headers::SessionId::from_lease(lease) else { return Ok(true) };
+        let closed = self.call(self.client().get(k.close_marker(sid), Some(GetOptions::new().with_count_only()))).await?;
+        Ok(closed.count() == 0)
+    }
+
     /// Time left on lease `id` (a delay record's), at least 50 ms while it exists.
     async fn lease_left(&self, id: i64) -> Duration {
         match self.call(self.client().lease_time_to_live(id, None)).await {
@@ -212,18 +228,20 @@ impl Store {
         }
     }
 
-    /// Waits out key `d`'s lock-delay (a grant was refused `lock_delay`), or answers
-    /// `contended` (`lock_delay`) at once when it outlasts the deadline.
+    /// Waits out key `d`'s lock-delay (the grant of `req` on session `sid` was
+    /// refused `lock_delay`), or answers `contended` (`lock_delay`) at once when it
+    /// outlasts the deadline.
     pub(crate) async fn wait_delay(
         &self,
         d: &KeyDigest,
-        delay_s: u64,
-        deadline: Instant,
+        req: &super::mutex::AcquireRequest,
+        sid: lockmesh_core::headers::SessionId,
         cancel: &CancellationToken,
     ) -> Result<(), LockError> {
-        let Some(left) = self.delay_left(d, delay_s).await? else { return Ok(()) };
+        let Some(left) = self.delay_left(d, req.class.lock_delay_s).await? else { return Ok(()) };
+        super::shadow::after_delayed(self, &req.class, &req.key, left, &(sid.lease(), d.clone(), req.deadline));
         let until = Instant::now() + left;
-        if until > deadline {
+        if until > req.deadline {
             return Err(LockError::Contended(Reason::LockDelay));
         }
         tokio::select! {
@@ -301,6 +319,16 @@ async fn follow_deletes(store: &Arc<Store>) -> Result<(), LockError> {
             let Ok(hold) = serde_json::from_slice::<HoldRecord>(prev.value()) else { continue };
             let delay = delay_of(&hold.class);
             let Some(d) = k.digest_of_hold(prev.key()) else { continue };
+            if super::shadow::delay_candidate(&hold.class).is_some() {
+                // Shadow mode: remember when this arbiter saw an end without a release.
+                let (store, rev, lease) = (store.clone(), r.header().map_or(0, |h| h.revision()), prev.lease());
+                let d = d.clone();
+                tokio::spawn(async move {
+                    if let Ok(true) = store.ended_unreleased(&d, rev, lease).await {
+                        super::shadow::saw_end(&d);
+                    }
+                });
+            }
             if delay == 0 {
                 continue;
             }

@@ -118,6 +118,9 @@ enum Position {
 /// leaves an orphan the sweep finds.
 struct Queued {
     store: Arc<Store>,
+    /// The lock key's digest and this waiter's id in the waiters' book (`wait`).
+    digest: KeyDigest,
+    gate: u64,
     key: String,
     /// The waiter lease the key was put on.
     lease: i64,
@@ -135,6 +138,7 @@ impl Queued {
 
 impl Drop for Queued {
     fn drop(&mut self) {
+        self.store.queues().ungate(&self.digest, self.gate);
         let wl = &self.store.queues().durable;
         wl.strike(&self.key);
         if self.done {
@@ -220,6 +224,7 @@ impl Store {
                 }
                 Position::Behind(ahead) => {
                     self.wait_delete(ahead, false, revision, req.deadline, cancel).await?;
+                    self.queues().woke(&d);
                     continue;
                 }
                 Position::Head => {}
@@ -242,11 +247,10 @@ impl Store {
                         Reason::KeyGated => {
                             let holds = self.keys().holds(&d).into_bytes();
                             self.wait_delete(holds, true, revision, req.deadline, cancel).await?;
+                            self.queues().woke(&d);
                         }
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
-                        Reason::LockDelay => {
-                            self.wait_delay(&d, req.class.lock_delay_s, req.deadline, cancel).await?;
-                        }
+                        Reason::LockDelay => self.wait_delay(&d, req, sid, cancel).await?,
                     }
                 }
             }
@@ -308,7 +312,9 @@ impl Store {
             // this future is dropped or the put fails, dropping `q` deletes the
             // key (it may have committed) and strikes it.
             wl.list(&key);
-            let mut q = Queued { store: self.clone(), key, lease, rev: 0, done: false };
+            let gate = self.queues().next_id();
+            self.queues().gate(d, gate, Some(req));
+            let mut q = Queued { store: self.clone(), digest: d.clone(), gate, key, lease, rev: 0, done: false };
             let mut client = self.client();
             let put = client.put(q.key.as_str(), value.as_str(), Some(PutOptions::new().with_lease(lease)));
             match self.call_by(req.deadline, put).await {

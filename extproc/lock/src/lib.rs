@@ -24,6 +24,7 @@
 //! - [`epoch`], [`seal`]: the epoch record and restore detection (ADR-03).
 //! - [`session`]: sessions (one lease each) and their owners (ADR-10).
 //! - [`mutex`]: grant, release and inspection.
+//! - [`election`]: leader election on the grant protocol: proclaim and observe.
 //! - [`policy`]: the authoritative class limits every grant compares.
 //! - [`quota`]: per-namespace quotas, counted without a counter in etcd.
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
@@ -39,6 +40,7 @@ pub mod clusters;
 pub mod connect;
 pub mod delay;
 pub mod durable;
+pub mod election;
 pub mod epoch;
 pub mod failopen;
 pub mod home;
@@ -48,6 +50,7 @@ pub mod quota;
 pub mod registry;
 pub mod seal;
 pub mod session;
+pub mod shadow;
 pub mod test_faults;
 pub mod tiers;
 pub mod topology;

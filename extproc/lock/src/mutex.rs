@@ -393,9 +393,7 @@ impl Store {
                             }
                         }
                         Reason::LockContended => super::wait::backoff(req.deadline, cancel).await?,
-                        Reason::LockDelay => {
-                            self.wait_delay(&d, req.class.lock_delay_s, req.deadline, cancel).await?;
-                        }
+                        Reason::LockDelay => self.wait_delay(&d, req, sid, cancel).await?,
                     }
                 }
             }
@@ -558,6 +556,12 @@ impl Store {
         }
         // Before the gate's reads: `policy_moved` reads those from the end.
         els.extend(delay_reads.into_iter().flatten());
+        // Shadow mode (`shadow`): a stricter candidate limit needs the holder count
+        // after the grant; a read in the same transaction, no round trip.
+        let count_after = super::shadow::wants_count(&req.class, n);
+        if count_after {
+            then.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only())));
+        }
         when.extend(gate.compares());
         els.extend(gate.reads());
         let txn = Txn::new().when(when).and_then(then).or_else(els);
@@ -593,6 +597,15 @@ impl Store {
         }
         self.seal().observe_revision(revision);
         if r.succeeded() {
+            let held = count_after
+                .then(|| {
+                    r.op_responses().iter().find_map(|o| match o {
+                        TxnOpResponse::Get(g) => Some(u64::try_from(g.count()).unwrap_or(0)),
+                        _ => None,
+                    })
+                })
+                .flatten();
+            super::shadow::after_grant(self, &req.class, &req.key, held, n);
             // Counted at once, before the ledger's watch shows it (`quota`).
             let ns = req.key.namespace();
             self.ledger().note_hold(slot.as_bytes(), revision, ns);
@@ -670,7 +683,11 @@ impl Store {
         // under us: retry at once. Otherwise the key is at its limit.
         match free_slot {
             Some(s) if within => Ok(Attempt::Refused { reason: Reason::LockContended, revision, free_slot: s }),
-            _ => Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 }),
+            _ => {
+                let holders = u32::try_from(holders.kvs().len()).unwrap_or(u32::MAX);
+                super::shadow::after_gated(self, &req.class, &req.key, holders, n, &(sid.lease(), d.clone(), req.deadline));
+                Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 })
+            }
         }
     }
 

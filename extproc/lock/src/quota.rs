@@ -36,12 +36,23 @@
 //! Cost: one paged list per cluster at start and after a broken watch, then one
 //! watch event per session and hold change; memory about 100 bytes per live
 //! session and hold (10^5 of each: about 20 MB per arbiter).
+//!
+//! # The oldest hold
+//!
+//! The same ledger keeps each hold's class and grant time (`acquired_ms`, the
+//! granting arbiter's wall clock) in a per-(namespace, class) multiset, so
+//! [`oldest_holds`] answers the age of the oldest open hold of every namespace and
+//! class on every cluster without a read: what `lockmesh_arbiter_oldest_hold_seconds`
+//! and the console show. It is fleet-wide (every arbiter follows every hold), so
+//! every arbiter reports the same figure, off by its watch lag and by how far the
+//! arbiters' wall clocks disagree (an age below 0 counts as 0). A hold this arbiter
+//! granted is counted at once but aged from its watch event (milliseconds later).
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, LazyLock, Mutex, RwLock, Weak,
+        Arc, LazyLock, Mutex, OnceLock, RwLock, Weak,
     },
     time::Duration,
 };
@@ -113,6 +124,9 @@ pub struct Quotas {
     class_ns: RwLock<Arc<HashMap<String, String>>>,
     /// Namespaces the registry names (metrics labels).
     labels: RwLock<Arc<HashSet<String>>>,
+    /// The lock metrics' labels (`lockmesh_telemetry::labels::lock_labels`): the
+    /// namespaces of the registry's prefixes, and its classes.
+    lock_labels: RwLock<Arc<LockLabelSet>>,
     arbiters: AtomicUsize,
     buckets: Mutex<HashMap<String, Bucket>>,
     waiting: Mutex<HashMap<String, u64>>,
@@ -125,6 +139,7 @@ pub static QUOTAS: LazyLock<Quotas> = LazyLock::new(|| Quotas {
     table: RwLock::new(Arc::new(QuotaTable::default())),
     class_ns: RwLock::new(Arc::default()),
     labels: RwLock::new(Arc::default()),
+    lock_labels: RwLock::new(Arc::default()),
     arbiters: AtomicUsize::new(1),
     buckets: Mutex::new(HashMap::new()),
     waiting: Mutex::new(HashMap::new()),
@@ -156,11 +171,67 @@ pub fn set_registry(reg: &ClassRegistry) {
         .iter()
         .flat_map(|c| c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()))
         .collect();
+    let lock_labels = LockLabelSet::of(reg, &labels);
     labels.extend(reg.quotas().listed().map(|(n, _)| n.to_owned()));
     labels.insert(UNSCOPED.to_owned());
     write(&QUOTAS.table, Arc::new(reg.quotas().clone()));
     write(&QUOTAS.class_ns, Arc::new(class_ns));
     write(&QUOTAS.labels, Arc::new(labels));
+    write(&QUOTAS.lock_labels, Arc::new(lock_labels));
+}
+
+/// What the lock metrics may name: the namespaces of the registry's prefixes and
+/// its classes (anything else is `other`), and the (namespace, class) pairs its
+/// prefixes declare, whose hold and wait series start at 0.
+#[derive(Debug, Default)]
+pub struct LockLabelSet {
+    namespaces: HashSet<String>,
+    classes: HashSet<String>,
+    pairs: Vec<(String, String)>,
+}
+
+impl LockLabelSet {
+    fn of(reg: &ClassRegistry, namespaces: &HashSet<String>) -> Self {
+        let mut pairs: Vec<(String, String)> = reg
+            .classes()
+            .iter()
+            .flat_map(|c| {
+                let name = c.name.to_string();
+                let mut nss: Vec<String> =
+                    c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
+                if nss.is_empty() {
+                    // A class without prefixes (the default) takes keys of any
+                    // namespace: its unnamed ones are `other`.
+                    nss.push(OTHER.to_owned());
+                }
+                nss.into_iter().map(move |n| (n, name.clone()))
+            })
+            .collect();
+        pairs.sort();
+        pairs.dedup();
+        Self {
+            namespaces: namespaces.clone(),
+            classes: reg.classes().iter().map(|c| c.name.to_string()).collect(),
+            pairs,
+        }
+    }
+
+    /// The labels of a key's namespace `ns` and class `class`.
+    pub fn label(&self, ns: &str, class: &str) -> (String, String) {
+        let ns = if self.namespaces.contains(ns) { ns } else { OTHER };
+        let class = if self.classes.contains(class) { class } else { OTHER };
+        (ns.to_owned(), class.to_owned())
+    }
+
+    /// The (namespace, class) label pairs the registry's prefixes declare.
+    pub fn pairs(&self) -> &[(String, String)] {
+        &self.pairs
+    }
+}
+
+/// The lock metrics' label set of the registry in force.
+pub fn lock_labels() -> Arc<LockLabelSet> {
+    read(&QUOTAS.lock_labels)
 }
 
 /// The number of live arbiters (the keyspace advertisements), for the shares.
@@ -311,14 +382,51 @@ enum Kind {
     Hold,
 }
 
+/// A hold's class and grant time, unix ms (from its record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HoldAge {
+    class: String,
+    acquired_ms: u64,
+}
+
+/// A listed or watched session or hold: the namespace it counts against and, for
+/// a hold, its age.
+struct Seen {
+    kind: Kind,
+    key: Vec<u8>,
+    ns: String,
+    age: Option<HoldAge>,
+}
+
+/// One followed key.
+struct Entry {
+    kind: Kind,
+    ns: Arc<str>,
+    /// A hold's class and grant time; `None` for a session, and for a hold this
+    /// arbiter noted before its watch event.
+    age: Option<(Arc<str>, u64)>,
+}
+
+/// The open holds of one namespace and class: how many, and their grant times.
+#[derive(Default)]
+struct Ages {
+    holds: u64,
+    /// Grant time (unix ms) to the holds granted then.
+    acquired: std::collections::BTreeMap<u64, u32>,
+}
+
 #[derive(Default)]
 struct LedgerState {
     /// Listed at least once.
     synced: bool,
     /// The last revision applied, per kind (the list's, then each event's).
     applied: [i64; 2],
-    keys: HashMap<Vec<u8>, (Kind, Arc<str>)>,
+    keys: HashMap<Vec<u8>, Entry>,
     by_ns: HashMap<Arc<str>, Use>,
+    /// Aged holds by (namespace, class).
+    ages: HashMap<(Arc<str>, Arc<str>), Ages>,
+    /// Class names, shared by the holds of a class.
+    classes: HashSet<Arc<str>>,
 }
 
 impl LedgerState {
@@ -341,18 +449,64 @@ impl LedgerState {
         }
     }
 
-    fn put(&mut self, kind: Kind, key: &[u8], ns: &str) {
-        if self.keys.contains_key(key) {
+    fn class(&mut self, class: &str) -> Arc<str> {
+        if let Some(c) = self.classes.get(class) {
+            return c.clone();
+        }
+        let c: Arc<str> = Arc::from(class);
+        self.classes.insert(c.clone());
+        c
+    }
+
+    fn age(&mut self, ns: &Arc<str>, class: &Arc<str>, acquired_ms: u64, up: bool) {
+        let pair = (ns.clone(), class.clone());
+        let a = self.ages.entry(pair.clone()).or_default();
+        if up {
+            a.holds += 1;
+            *a.acquired.entry(acquired_ms).or_default() += 1;
+        } else {
+            a.holds = a.holds.saturating_sub(1);
+            if let Some(n) = a.acquired.get_mut(&acquired_ms) {
+                *n -= 1;
+                if *n == 0 {
+                    a.acquired.remove(&acquired_ms);
+                }
+            }
+            if a.holds == 0 {
+                self.ages.remove(&pair);
+            }
+        }
+    }
+
+    fn put(&mut self, kind: Kind, key: &[u8], ns: &str, age: Option<HoldAge>) {
+        if let Some(e) = self.keys.get(key) {
+            // Noted by this arbiter before its watch event: the event brings the age.
+            if let (None, Some(a)) = (&e.age, age) {
+                let ns = e.ns.clone();
+                let class = self.class(&a.class);
+                self.age(&ns, &class, a.acquired_ms, true);
+                if let Some(e) = self.keys.get_mut(key) {
+                    e.age = Some((class, a.acquired_ms));
+                }
+            }
             return;
         }
         let ns: Arc<str> = Arc::from(ns);
-        self.keys.insert(key.to_vec(), (kind, ns.clone()));
+        let age = age.map(|a| {
+            let class = self.class(&a.class);
+            self.age(&ns, &class, a.acquired_ms, true);
+            (class, a.acquired_ms)
+        });
+        self.keys.insert(key.to_vec(), Entry { kind, ns: ns.clone(), age });
         self.count(kind, &ns, true);
     }
 
     fn delete(&mut self, key: &[u8]) {
-        if let Some((kind, ns)) = self.keys.remove(key) {
-            self.count(kind, &ns, false);
+        if let Some(e) = self.keys.remove(key) {
+            self.count(e.kind, &e.ns, false);
+            if let Some((class, acquired_ms)) = e.age {
+                self.age(&e.ns, &class, acquired_ms, false);
+            }
         }
     }
 }
@@ -363,20 +517,25 @@ pub struct Ledger {
     state: Mutex<LedgerState>,
     started: AtomicBool,
     cluster: Mutex<String>,
+    /// The store it follows (set when it starts), whose waiters' book hears of
+    /// this arbiter's grants.
+    store: OnceLock<Weak<Store>>,
 }
 
-/// The namespace a listed or watched `kv` counts against.
-fn ns_of(kind: Kind, kv: &KeyValue) -> Option<String> {
-    match kind {
+/// The namespace a listed or watched `kv` counts against, and a hold's age.
+fn seen(kind: Kind, kv: &KeyValue) -> Option<Seen> {
+    let (ns, age) = match kind {
         Kind::Hold => {
             let h: HoldRecord = serde_json::from_slice(kv.value()).ok()?;
-            h.key.split('/').next().map(str::to_owned)
+            let ns = h.key.split('/').next()?.to_owned();
+            (ns, Some(HoldAge { class: h.class, acquired_ms: h.acquired_ms }))
         }
         Kind::Session => {
             let r: SessionRecord = serde_json::from_slice(kv.value()).ok()?;
-            Some(session_ns(&r))
+            (session_ns(&r), None)
         }
-    }
+    };
+    Some(Seen { kind, key: kv.key().to_vec(), ns, age })
 }
 
 impl Ledger {
@@ -405,11 +564,16 @@ impl Ledger {
     fn note(&self, kind: Kind, key: &[u8], revision: i64, ns: &str) {
         let mut s = lock(&self.state);
         if s.synced && revision > s.applied[LedgerState::slot(kind)] {
-            s.put(kind, key, ns);
+            s.put(kind, key, ns, None);
         }
     }
 
+    /// Enters this arbiter's own grant of hold `key`, and tells the store's
+    /// waiters' book (`wait`) that the key was granted here.
     pub(crate) fn note_hold(&self, key: &[u8], revision: i64, ns: &str) {
+        if let Some(store) = self.store.get().and_then(Weak::upgrade) {
+            store.queues().granted_hold(store.keys(), key);
+        }
         self.note(Kind::Hold, key, revision, ns);
     }
 
@@ -417,12 +581,25 @@ impl Ledger {
         self.note(Kind::Session, key, revision, ns);
     }
 
-    fn replace(&self, listed: Vec<(Kind, Vec<u8>, String)>, revision: i64) {
+    fn replace(&self, listed: Vec<Seen>, revision: i64) {
         let mut s = LedgerState { synced: true, applied: [revision; 2], ..Default::default() };
-        for (kind, key, ns) in listed {
-            s.put(kind, &key, &ns);
+        for e in listed {
+            s.put(e.kind, &e.key, &e.ns, e.age);
         }
         *lock(&self.state) = s;
+    }
+
+    /// The oldest open hold of every namespace and class with one: `(namespace,
+    /// class, holds, oldest grant time unix ms)`, raw names (not labels).
+    pub fn oldest(&self) -> Vec<(String, String, u64, u64)> {
+        let s = lock(&self.state);
+        s.ages
+            .iter()
+            .filter_map(|((ns, class), a)| {
+                let (t, _) = a.acquired.first_key_value()?;
+                Some((ns.to_string(), class.to_string(), a.holds, *t))
+            })
+            .collect()
     }
 
     fn apply(&self, kind: Kind, ev: &etcd_client::Event) {
@@ -432,8 +609,8 @@ impl Ledger {
         s.applied[i] = s.applied[i].max(kv.mod_revision());
         match ev.event_type() {
             EventType::Put => {
-                if let Some(ns) = ns_of(kind, kv) {
-                    s.put(kind, kv.key(), &ns);
+                if let Some(e) = seen(kind, kv) {
+                    s.put(kind, &e.key, &e.ns, e.age);
                 }
             }
             EventType::Delete => s.delete(kv.key()),
@@ -482,13 +659,13 @@ async fn list(
 pub async fn count(client: &mut Client, keys: &Keys, timeout: Duration) -> Result<(HashMap<String, Use>, i64), String> {
     let (listed, revision) = list_all(client, keys, timeout).await?;
     let mut s = LedgerState::default();
-    for (kind, key, ns) in listed {
-        s.put(kind, &key, &ns);
+    for e in listed {
+        s.put(e.kind, &e.key, &e.ns, None);
     }
     Ok((s.by_ns.into_iter().map(|(n, u)| (n.to_string(), u)).collect(), revision))
 }
 
-type Listed = Vec<(Kind, Vec<u8>, String)>;
+type Listed = Vec<Seen>;
 
 async fn list_all(client: &mut Client, k: &Keys, timeout: Duration) -> Result<(Listed, i64), String> {
     let (sessions, revision) = list(client, &k.all_sessions(), None, timeout).await?;
@@ -499,8 +676,8 @@ async fn list_all(client: &mut Client, k: &Keys, timeout: Duration) -> Result<(L
             if kind == Kind::Hold && k.slot_of(kv.key()).is_none() {
                 continue;
             }
-            if let Some(ns) = ns_of(kind, &kv) {
-                out.push((kind, kv.key().to_vec(), ns));
+            if let Some(e) = seen(kind, &kv) {
+                out.push(e);
             }
         }
     }
@@ -521,6 +698,7 @@ impl Store {
         }
         *lock(&self.ledger.cluster) = self.cluster_name().to_owned();
         let weak = Arc::downgrade(self);
+        let _ = self.ledger.store.set(weak.clone());
         lock(&QUOTAS.ledgers).push(Arc::downgrade(&self.ledger));
         tokio::spawn(async move {
             loop {
@@ -624,6 +802,42 @@ pub fn usage() -> Vec<NamespaceUse> {
     out
 }
 
+/// The oldest open hold of one namespace and class label over every cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OldestHold {
+    /// The namespace label (`other` for one the registry does not name).
+    pub namespace: String,
+    /// The class label (`other` for one the registry does not name).
+    pub class: String,
+    /// Open holds under these labels, over every cluster.
+    pub holds: u64,
+    /// Age of the oldest of them, ms (0 when there is none).
+    pub age_ms: u64,
+}
+
+/// The oldest open hold of every (namespace, class) label pair, over every
+/// cluster's ledger, at wall time `now_ms`; every pair the registry's prefixes
+/// declare is there, at 0 without a hold. Sorted by labels.
+pub fn oldest_holds(now_ms: u64) -> Vec<OldestHold> {
+    let labels = lock_labels();
+    let mut rows: HashMap<(String, String), (u64, u64)> =
+        labels.pairs().iter().map(|p| (p.clone(), (0, 0))).collect();
+    let ledgers: Vec<Arc<Ledger>> = lock(&QUOTAS.ledgers).iter().filter_map(Weak::upgrade).collect();
+    for l in &ledgers {
+        for (ns, class, holds, acquired_ms) in l.oldest() {
+            let r = rows.entry(labels.label(&ns, &class)).or_default();
+            r.0 += holds;
+            r.1 = r.1.max(now_ms.saturating_sub(acquired_ms));
+        }
+    }
+    let mut out: Vec<OldestHold> = rows
+        .into_iter()
+        .map(|((namespace, class), (holds, age_ms))| OldestHold { namespace, class, holds, age_ms })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.class).cmp(&(&b.namespace, &b.class)));
+    out
+}
+
 /// Adds the quota families to `registry`, read at scrape time:
 /// `lockmesh_quota_refusals_total{namespace,quota}`,
 /// `lockmesh_quota_use{cluster,namespace,quota}`,
@@ -705,11 +919,16 @@ impl Collector for QuotaCollector {
 mod tests {
     use super::*;
 
+    fn seen(kind: Kind, key: &[u8], ns: &str, age: Option<(&str, u64)>) -> Seen {
+        let age = age.map(|(class, acquired_ms)| HoldAge { class: class.into(), acquired_ms });
+        Seen { kind, key: key.to_vec(), ns: ns.into(), age }
+    }
+
     #[test]
     fn the_ledger_counts_puts_once_and_skips_its_own_writes_the_watch_has_passed() {
         let l = Ledger::default();
         assert_eq!(l.use_of("a"), None, "not listed yet: nothing enforced");
-        l.replace(vec![(Kind::Session, b"s1".to_vec(), "a".into()), (Kind::Hold, b"h1".to_vec(), "a".into())], 10);
+        l.replace(vec![seen(Kind::Session, b"s1", "a", None), seen(Kind::Hold, b"h1", "a", Some(("c", 5)))], 10);
         assert_eq!(l.use_of("a"), Some(Use { sessions: 1, holds: 1 }));
         l.note_hold(b"h2", 11, "a");
         l.note_hold(b"h2", 11, "a");
@@ -723,5 +942,56 @@ mod tests {
         lock(&l.state).delete(b"h1");
         assert_eq!(l.use_of("a"), Some(Use { sessions: 1, holds: 1 }));
         assert_eq!(l.use_of("b"), Some(Use::default()));
+    }
+
+    #[test]
+    fn the_oldest_hold_of_a_namespace_and_class_is_the_earliest_grant_still_open() {
+        let l = Ledger::default();
+        l.replace(
+            vec![
+                seen(Kind::Hold, b"h1", "a", Some(("c", 100))),
+                seen(Kind::Hold, b"h2", "a", Some(("c", 100))),
+                seen(Kind::Hold, b"h3", "a", Some(("c", 300))),
+                seen(Kind::Hold, b"h4", "a", Some(("d", 50))),
+                seen(Kind::Session, b"s1", "a", None),
+            ],
+            10,
+        );
+        let mut o = l.oldest();
+        o.sort();
+        assert_eq!(o, [("a".into(), "c".into(), 3, 100), ("a".into(), "d".into(), 1, 50)]);
+        // Two holds granted in the same ms: the first to go leaves the other.
+        lock(&l.state).delete(b"h1");
+        assert!(l.oldest().contains(&("a".into(), "c".into(), 2, 100)));
+        lock(&l.state).delete(b"h2");
+        assert!(l.oldest().contains(&("a".into(), "c".into(), 1, 300)));
+        lock(&l.state).delete(b"h3");
+        lock(&l.state).delete(b"h4");
+        assert_eq!(l.oldest(), [], "no hold, no row");
+        assert!(lock(&l.state).ages.is_empty());
+        // A hold noted by this arbiter has no age until its watch event brings it;
+        // the event does not count it twice.
+        l.note_hold(b"h5", 11, "a");
+        assert_eq!(l.oldest(), []);
+        lock(&l.state).put(Kind::Hold, b"h5", "a", Some(HoldAge { class: "c".into(), acquired_ms: 700 }));
+        assert_eq!(l.oldest(), [("a".into(), "c".into(), 1, 700)]);
+        assert_eq!(l.use_of("a").unwrap().holds, 1);
+        lock(&l.state).delete(b"h5");
+        assert_eq!((l.oldest(), l.use_of("a").unwrap().holds), (vec![], 0));
+    }
+
+    #[test]
+    fn hold_labels_name_only_what_the_registry_names() {
+        let reg = crate::registry::parse(
+            "classes:\n  - name: pay\n    prefixes: [payments, payments/x, refunds/y]\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
+        )
+        .unwrap();
+        let nss = ["payments", "refunds"].iter().map(|s| s.to_string()).collect();
+        let l = LockLabelSet::of(&reg, &nss);
+        assert_eq!(l.label("payments", "pay"), ("payments".into(), "pay".into()));
+        assert_eq!(l.label("attacker-chosen", "pay"), ("other".into(), "pay".into()));
+        assert_eq!(l.label("payments", "a-class-since-removed"), ("payments".into(), "other".into()));
+        let pairs: Vec<(&str, &str)> = l.pairs().iter().map(|(n, c)| (n.as_str(), c.as_str())).collect();
+        assert_eq!(pairs, [("other", "d"), ("payments", "pay"), ("refunds", "pay")]);
     }
 }

@@ -118,6 +118,15 @@ impl Store {
     /// reports. Renewal is leader-served; a lost quorum fails it (fail closed).
     pub async fn keepalive(&self, sid: SessionId, caller: &Caller) -> Result<u64, LockError> {
         let rec = self.owned_session(sid, caller).await?;
+        // Shadow mode (`shadow`): a candidate TTL shorter than the enforced one
+        // would have expired a session whose keepalive comes later than it.
+        if let Some(class) = super::shadow::ttl_candidate(&rec.class) {
+            let r = self.call(self.client().lease_time_to_live(sid.lease(), None)).await;
+            if let Ok(t) = r.as_ref().map(|t| t.ttl()).map(|t| u64::try_from(t).unwrap_or(0)) {
+                let ns = rec.ns.as_deref().unwrap_or("other");
+                super::shadow::at_keepalive(self, &class, ns, rec.ttl_s, std::time::Duration::from_secs(t));
+            }
+        }
         // lease_keep_alive sends one renewal and reads its answer; a TTL of zero
         // (the lease is gone) comes back as "lease not found".
         match self.call(self.client().lease_keep_alive(sid.lease())).await {

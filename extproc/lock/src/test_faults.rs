@@ -90,6 +90,18 @@ pub enum TestFault {
     /// reply docs/openapi.yaml does not allow, which the OpenAPI scenario's
     /// schemathesis run must report (`tests/tests/scenarios/openapi.rs`).
     WireDrift,
+    /// `POST /v1/elections/proclaim` checks that the caller's identity holds the
+    /// election, not that its token is the current leadership (`lock::election`): a
+    /// resigned leader of the same workload overwrites its successor's value.
+    ProclaimWithoutToken,
+    /// `GET /v1/elections` waits for any change after the resume point, then
+    /// answers the state now (`lock::election`): changes between two polls merge,
+    /// and an observer misses leaderships.
+    ObserveCoalesces,
+    /// A campaign whose session is gone while it waits campaigns on with a new
+    /// session (the arbiter's `api`): the caller, whose session is lost, is made
+    /// leader anyway (etcd's phantom leadership).
+    CampaignAfterSessionLoss,
 }
 
 #[cfg(feature = "test-faults")]
@@ -121,6 +133,9 @@ impl TestFault {
             "skip_lock_delay" => Some(Self::SkipLockDelay),
             "no_raft_check" => Some(Self::NoRaftCheck),
             "wire_drift" => Some(Self::WireDrift),
+            "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
+            "observe_coalesces" => Some(Self::ObserveCoalesces),
+            "campaign_after_session_loss" => Some(Self::CampaignAfterSessionLoss),
             _ => None,
         }
     }

@@ -19,12 +19,29 @@
 //! (which then always answers the waiter: granted, or retry) or the waiter leaving
 //! its wait (withdrawn), so a waiter never runs its own grant while a hand-off for
 //! it may commit.
+//!
+//! # The waiters' book
+//!
+//! What the wait metrics and the console show (docs/OPERATIONS.md) is kept per store
+//! in a [`WaitBook`], only for keys with a *gated* waiter here: one that had to
+//! wait (behind another waiter, or refused `key_gated` as the head, or queued in
+//! etcd for a durable class), from when it began waiting until it leaves. Per key:
+//! when each gated waiter began waiting (the oldest gated waiter's age), how many
+//! times its waiters woke to look again since the key's last grant here (a release
+//! hint or a queue move waking every waiter of the key, a watch event, a poll, a
+//! hand-off answer: the wake-ups per grant), and when the last release of the key
+//! through here began (the pickup latency: from the start of that release's
+//! transaction to the commit of the key's next grant here; one transaction for a
+//! hand-off). A key's labels come from the first of its waiters that waits with
+//! its request in hand (a gated head, a durable waiter); waiters behind a head
+//! that never waited are not shown until then. With no gated waiter anywhere here
+//! the release and grant paths only read one atomic.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, LazyLock, Mutex, Weak,
     },
     time::Duration,
 };
@@ -34,7 +51,7 @@ use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, histogram::Histogram, MetricType},
     registry::Registry,
 };
 use rand::Rng;
@@ -46,7 +63,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     mutex::{AcquireRequest, Grant},
-    LockError, Store,
+    Keys, LockError, Store,
 };
 
 /// Base poll period while gated.
@@ -165,16 +182,21 @@ pub struct Queues {
     held: Mutex<HashMap<KeyDigest, i64>>,
     /// This arbiter's lease for durable waiter keys (`lock::durable`).
     pub(crate) durable: super::durable::WaiterLease,
+    /// Gated waiters, wake-ups and releases of keys with a gated waiter here.
+    book: Arc<WaitBook>,
 }
 
 impl Default for Queues {
     fn default() -> Self {
+        let book = Arc::new(WaitBook::default());
+        lock(&BOOKS).push(Arc::downgrade(&book));
         Self {
             next: AtomicU64::new(0),
             map: Mutex::default(),
             handed_names: Mutex::default(),
             held: Mutex::default(),
             durable: super::durable::WaiterLease::default(),
+            book,
         }
     }
 }
@@ -202,6 +224,7 @@ impl Queues {
     /// Wakes the head of `d`'s queue (a release of `d` went through here).
     pub fn hint(&self, d: &KeyDigest) {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(d);
+        self.book.released(d);
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(q) = map.get(d) {
             q.notify.notify_waiters();
@@ -252,8 +275,10 @@ impl Queues {
         }
     }
 
-    /// Takes the offer of `d`'s head, if one is posted (a releaser).
+    /// Takes the offer of `d`'s head, if one is posted (a releaser: every release
+    /// transaction asks first, so this is where a release of `d` begins).
     pub(crate) fn take_offer(&self, d: &KeyDigest) -> Option<Offer> {
+        self.book.release_begins(d);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let o = map.get_mut(d).and_then(|q| q.offer.take());
         if o.is_some() {
@@ -307,7 +332,39 @@ impl Queues {
         map.get(d).and_then(|q| q.order.front()) == Some(&id)
     }
 
+    /// A fresh waiter id (a durable waiter's place in the book).
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Waiter `id` of `d` began waiting (again: a no-op); `req` labels the key
+    /// when it has no labels yet.
+    pub(crate) fn gate(&self, d: &KeyDigest, id: u64, req: Option<&AcquireRequest>) {
+        self.book.gate(d, id, req);
+    }
+
+    /// Waiter `id` of `d` stopped waiting (granted, or gone).
+    pub(crate) fn ungate(&self, d: &KeyDigest, id: u64) {
+        self.book.ungate(d, id);
+    }
+
+    /// A waiter of `d` woke to look again.
+    pub(crate) fn woke(&self, d: &KeyDigest) {
+        self.book.woke(d);
+    }
+
+    /// This arbiter granted hold `hold_key` (the grant transaction committed).
+    pub(crate) fn granted_hold(&self, keys: &Keys, hold_key: &[u8]) {
+        if self.book.active.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(d) = keys.digest_of_hold(hold_key) {
+            self.book.granted(&d, false);
+        }
+    }
+
     fn leave(&self, d: &KeyDigest, id: u64) {
+        self.book.ungate(d, id);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(q) = map.get_mut(d) {
             let was_head = q.order.front() == Some(&id);
@@ -335,6 +392,7 @@ impl Ticket<'_> {
 
     /// Waits until first in line, the deadline (`Contended`) or cancellation.
     pub(crate) async fn wait_head(&self, deadline: Instant, cancel: &CancellationToken) -> Result<(), LockError> {
+        let mut gated = false;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -342,8 +400,12 @@ impl Ticket<'_> {
             if self.is_head() {
                 return Ok(());
             }
+            if !gated {
+                self.queues.gate(&self.digest, self.id, None);
+                gated = true;
+            }
             tokio::select! {
-                _ = &mut notified => {}
+                _ = &mut notified => self.queues.woke(&self.digest),
                 _ = tokio::time::sleep_until(deadline) => return Err(LockError::Contended(Reason::KeyGated)),
                 _ = cancel.cancelled() => return Err(LockError::Cancelled),
             }
@@ -383,17 +445,25 @@ impl Store {
         offer: Option<(&AcquireRequest, SessionId)>,
     ) -> Result<Option<Grant>, LockError> {
         let (tx, mut rx) = oneshot::channel();
+        self.queues().gate(d, ticket.id, offer.map(|(req, _)| req));
         let offered = offer.is_some_and(|(req, sid)| self.queues().post_offer(d, ticket.id, req, sid, tx));
         let outcome = self.wait_change_in(d, revision, deadline, cancel, ticket, offered, &mut rx).await;
         if let Some(g) = outcome.handed {
+            self.queues().woke(d);
+            self.queues().book.granted(d, true);
             return Ok(Some(g));
         }
         if offered && !outcome.answered && !self.queues().withdraw_offer(d, ticket.id) {
             // A releaser took the offer: its transaction decides, and it always
             // answers (or drops the sender when its task ends).
             if let Ok(Handed::Granted(g)) = rx.await {
+                self.queues().woke(d);
+                self.queues().book.granted(d, true);
                 return Ok(Some(g));
             }
+        }
+        if outcome.result.is_ok() {
+            self.queues().woke(d);
         }
         outcome.result.map(|()| None)
     }
@@ -465,4 +535,206 @@ struct WaitOutcome {
     /// The releaser answered (the receiver is spent).
     answered: bool,
     result: Result<(), LockError>,
+}
+
+// === the waiters' book ===
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bucket bounds of `lockmesh_arbiter_wakeups_per_grant`.
+pub const WAKEUP_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// The bounded labels of a waiting key: its namespace when the registry names it
+/// in a prefix (else `other`) and its class, as the lock metrics label it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaitLabels {
+    /// The namespace label.
+    pub namespace: String,
+    /// The class label.
+    pub class: String,
+}
+
+impl WaitLabels {
+    fn of(req: &AcquireRequest) -> Self {
+        let (namespace, class) = super::quota::lock_labels().label(req.key.namespace(), req.class.name.as_str());
+        Self { namespace, class }
+    }
+}
+
+/// One key's gated waiters here, and what happened since its last grant here.
+#[derive(Default)]
+struct KeyWaits {
+    labels: Option<Arc<WaitLabels>>,
+    /// Gated waiters by id, with when each began waiting, in that order.
+    gated: Vec<(u64, std::time::Instant)>,
+    /// Wake-ups of its waiters since its last grant here.
+    wakes: u64,
+    /// When the release transaction of the key last began here.
+    release_started: Option<std::time::Instant>,
+    /// When the last release of the key through here that committed began.
+    released: Option<std::time::Instant>,
+}
+
+/// The keys of one store with a gated waiter here (module docs, "The waiters' book").
+#[derive(Default)]
+pub(crate) struct WaitBook {
+    keys: Mutex<HashMap<KeyDigest, KeyWaits>>,
+    /// How many keys `keys` has: while 0, the release and grant paths stop at it.
+    active: AtomicUsize,
+}
+
+/// Every store's book (stores live as long as the process; dead ones are skipped).
+static BOOKS: Mutex<Vec<Weak<WaitBook>>> = Mutex::new(Vec::new());
+
+// === impl WaitBook ===
+
+impl WaitBook {
+    fn gate(&self, d: &KeyDigest, id: u64, req: Option<&AcquireRequest>) {
+        let mut keys = lock(&self.keys);
+        if !keys.contains_key(d) {
+            keys.insert(d.clone(), KeyWaits::default());
+            self.active.store(keys.len(), Ordering::Relaxed);
+        }
+        let Some(w) = keys.get_mut(d) else { return };
+        if w.labels.is_none() {
+            if let Some(req) = req {
+                let labels = WaitLabels::of(req);
+                FIGURES.of(&labels);
+                w.labels = Some(Arc::new(labels));
+            }
+        }
+        if !w.gated.iter().any(|(i, _)| *i == id) {
+            w.gated.push((id, std::time::Instant::now()));
+        }
+    }
+
+    fn ungate(&self, d: &KeyDigest, id: u64) {
+        if self.active.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut keys = lock(&self.keys);
+        if let Some(w) = keys.get_mut(d) {
+            w.gated.retain(|(i, _)| *i != id);
+            if w.gated.is_empty() {
+                keys.remove(d);
+                self.active.store(keys.len(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn with(&self, d: &KeyDigest, f: impl FnOnce(&mut KeyWaits)) {
+        if self.active.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(w) = lock(&self.keys).get_mut(d) {
+            f(w);
+        }
+    }
+
+    fn woke(&self, d: &KeyDigest) {
+        self.with(d, |w| w.wakes += 1);
+    }
+
+    fn release_begins(&self, d: &KeyDigest) {
+        self.with(d, |w| w.release_started = Some(std::time::Instant::now()));
+    }
+
+    fn released(&self, d: &KeyDigest) {
+        self.with(d, |w| w.released = Some(w.release_started.take().unwrap_or_else(std::time::Instant::now)));
+    }
+
+    /// `d` was granted here: by hand-off in a release transaction (`handed`), or
+    /// by a grant transaction. Observes the wake-ups since its last grant and the
+    /// pickup latency from the release that freed it, if one went through here.
+    fn granted(&self, d: &KeyDigest, handed: bool) {
+        let mut seen = None;
+        self.with(d, |w| {
+            let wakes = std::mem::take(&mut w.wakes);
+            let from = if handed { w.release_started.take() } else { w.released.take() };
+            w.released = None;
+            seen = w.labels.clone().map(|l| (l, wakes, from));
+        });
+        if let Some((labels, wakes, from)) = seen {
+            let f = FIGURES.of(&labels);
+            f.wakeups.observe(wakes as f64);
+            if let Some(t) = from {
+                f.pickup.observe(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+/// The wake-ups per grant and pickup latency histograms of one label pair.
+#[derive(Clone, Debug)]
+pub struct Figures {
+    /// `lockmesh_arbiter_wakeups_per_grant`.
+    pub wakeups: Histogram,
+    /// `lockmesh_arbiter_pickup_latency_seconds`.
+    pub pickup: Histogram,
+}
+
+/// The histograms of every label pair a waiting key had here (process-wide; the
+/// label pairs are bounded by the registry).
+pub struct WaitFigures {
+    by: Mutex<BTreeMap<WaitLabels, Figures>>,
+}
+
+/// This process's [`WaitFigures`].
+pub static FIGURES: LazyLock<WaitFigures> = LazyLock::new(|| WaitFigures { by: Mutex::new(BTreeMap::new()) });
+
+// === impl WaitFigures ===
+
+impl WaitFigures {
+    /// The histograms of `labels` (created at 0 on first use).
+    pub fn of(&self, labels: &WaitLabels) -> Figures {
+        let mut by = lock(&self.by);
+        if let Some(f) = by.get(labels) {
+            return f.clone();
+        }
+        let f = Figures {
+            wakeups: Histogram::new(WAKEUP_BUCKETS.iter().copied()),
+            pickup: Histogram::new(lockmesh_telemetry::labels::LATENCY_BUCKETS.iter().copied()),
+        };
+        by.insert(labels.clone(), f.clone());
+        f
+    }
+
+    /// Every label pair's histograms, by labels.
+    pub fn all(&self) -> Vec<(WaitLabels, Figures)> {
+        lock(&self.by).iter().map(|(l, f)| (l.clone(), f.clone())).collect()
+    }
+}
+
+/// Gated waiters of one label pair on this arbiter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gated {
+    /// Waiters waiting now.
+    pub waiters: u64,
+    /// How long the oldest of them has been waiting, ms (0 without one).
+    pub oldest_ms: u64,
+}
+
+/// The gated waiters of every store here by label pair, with every pair that ever
+/// had one here and every pair the registry's prefixes declare (at 0).
+pub fn gated() -> BTreeMap<WaitLabels, Gated> {
+    let mut out: BTreeMap<WaitLabels, Gated> = BTreeMap::new();
+    for (namespace, class) in super::quota::lock_labels().pairs() {
+        out.insert(WaitLabels { namespace: namespace.clone(), class: class.clone() }, Gated::default());
+    }
+    for (labels, _) in FIGURES.all() {
+        out.entry(labels).or_default();
+    }
+    let books: Vec<Arc<WaitBook>> = lock(&BOOKS).iter().filter_map(Weak::upgrade).collect();
+    let now = std::time::Instant::now();
+    for b in books {
+        for w in lock(&b.keys).values() {
+            let (Some(labels), Some((_, since))) = (&w.labels, w.gated.first()) else { continue };
+            let g = out.entry(WaitLabels::clone(labels)).or_default();
+            g.waiters += w.gated.len() as u64;
+            g.oldest_ms = g.oldest_ms.max(u64::try_from(now.duration_since(*since).as_millis()).unwrap_or(u64::MAX));
+        }
+    }
+    out
 }

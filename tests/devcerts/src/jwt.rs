@@ -2,7 +2,15 @@
 //! and publishes its JWKS, the shape an OIDC provider (Keycloak, ADR-20 in
 //! docs/DECISIONS.md) gives the arbiter. Never part of a shipped binary: only the
 //! dev PKI tool, the harness and the quick start use it.
+//!
+//! The quick start's operators (`lockmesh-devcerts operator`, run by `scripts/up`)
+//! come from [`ensure_issuer`] and [`operator_claims`]: one issuer key kept in the
+//! state directory, so its JWKS stays the same across runs, and tokens minted afresh
+//! at each run.
 
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
 use jsonwebtoken::{
     jwk::{Jwk, JwkSet, PublicKeyUse},
     Algorithm, EncodingKey, Header,
@@ -38,6 +46,42 @@ impl Issuer {
         let header = Header { kid: Some(self.kid.clone()), ..Header::new(Algorithm::ES256) };
         jsonwebtoken::encode(&header, claims, &self.key).map_err(|e| e.to_string())
     }
+
+    /// The issuer of a P-256 private key in PKCS#8 PEM (as [`ensure_issuer`] writes it).
+    pub fn from_pem(kid: &str, pem: &str) -> Result<Self, String> {
+        let pair = rcgen::KeyPair::from_pem(pem).map_err(|e| e.to_string())?;
+        if pair.algorithm() != &rcgen::PKCS_ECDSA_P256_SHA256 {
+            return Err("the issuer key is not a P-256 key".to_owned());
+        }
+        Ok(Self { key: EncodingKey::from_ec_der(&pair.serialize_der()), kid: kid.to_owned() })
+    }
+}
+
+/// File name of the operator issuer's private key in a directory.
+pub const ISSUER_KEY_FILE: &str = "issuer-key.pem";
+
+/// The issuer whose key is `dir/issuer-key.pem`, written (mode 0600) if missing:
+/// running again keeps the key, so a JWKS published from it stays valid.
+pub fn ensure_issuer(dir: &Path, kid: &str) -> Result<Issuer> {
+    let file = dir.join(ISSUER_KEY_FILE);
+    if !file.is_file() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        crate::write_atomic(&file, pair.serialize_pem().as_bytes(), 0o600)?;
+    }
+    let pem = std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+    Issuer::from_pem(kid, &pem).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+}
+
+/// The claims of a dev operator's token, as an identity provider's MFA sign-in
+/// would issue them for the arbiter's default `operators` checks (docs/ADMIN.md):
+/// `iss`, `aud` `lockmesh-admin`, `sub`, `iat` = `now_s`, `exp` = `now_s + valid_s`,
+/// the role `lock-operator` in `realm_access.roles` and `amr` `[pwd, otp]`.
+pub fn operator_claims(issuer: &str, sub: &str, now_s: u64, valid_s: u64) -> serde_json::Value {
+    serde_json::json!({
+        "iss": issuer, "aud": "lockmesh-admin", "sub": sub, "iat": now_s, "exp": now_s + valid_s,
+        "realm_access": {"roles": ["lock-operator"]}, "amr": ["pwd", "otp"],
+    })
 }
 
 #[cfg(test)]
@@ -56,5 +100,27 @@ mod tests {
         let got = jsonwebtoken::decode::<serde_json::Value>(&t, &key, &v).unwrap();
         assert_eq!(got.header.kid.as_deref(), Some("k1"));
         assert_eq!(got.claims["sub"], "alice");
+    }
+
+    #[test]
+    fn an_ensured_issuer_keeps_its_key_across_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ensure_issuer(dir.path(), "k1").unwrap();
+        let second = ensure_issuer(dir.path(), "k1").unwrap();
+        assert_eq!(first.jwks(), second.jwks(), "a second run published another key");
+        let set: JwkSet = serde_json::from_str(&first.jwks()).unwrap();
+        let claims = operator_claims("https://idp", "bob", 1000, 60);
+        let t = second.token(&claims).unwrap();
+        let mut v = jsonwebtoken::Validation::new(Algorithm::ES256);
+        v.set_audience(&["lockmesh-admin"]);
+        v.validate_exp = false;
+        let key = jsonwebtoken::DecodingKey::from_jwk(set.find("k1").unwrap()).unwrap();
+        let got = jsonwebtoken::decode::<serde_json::Value>(&t, &key, &v).unwrap();
+        assert_eq!((got.claims["sub"].as_str(), got.claims["exp"].as_u64()), (Some("bob"), Some(1060)));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join(ISSUER_KEY_FILE)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(Issuer::from_pem("k1", "not a key").is_err());
     }
 }

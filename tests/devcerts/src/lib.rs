@@ -350,7 +350,7 @@ fn remove_pems(dir: &Path) -> Result<()> {
 }
 
 /// Writes via a temporary file and rename, so readers never see half a file.
-fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let mut file = fs::File::options()
         .write(true)

@@ -22,6 +22,17 @@
 //!
 //! `--ttl` takes a number with a unit (`s`, `m`, `h`, `d`). `bundle` writes the
 //! CA files given into one trust bundle, in order (old and new CA during a roll).
+//!
+//! Operators of the quick start (docs/QUICKSTART.md):
+//!
+//! ```text
+//! lockmesh-devcerts operator --out run/operators --issuer https://idp.lockmesh.local \
+//!     --sub alice --sub bob --valid 12h
+//! ```
+//!
+//! keeps (or writes) the issuer key `issuer-key.pem`, writes its `jwks.json` and
+//! mints `<sub>.jwt` afresh for each `--sub` (mode 0600; claims:
+//! `lockmesh_devcerts::jwt::operator_claims`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,6 +77,21 @@ enum Command {
         #[arg(required = true)]
         cas: Vec<PathBuf>,
     },
+    /// A dev identity provider: its JWKS and a fresh operator token per --sub.
+    Operator {
+        /// Output directory (issuer-key.pem, jwks.json, <sub>.jwt).
+        #[arg(long)]
+        out: PathBuf,
+        /// The tokens' `iss` (the arbiter's `operators.issuer`).
+        #[arg(long)]
+        issuer: String,
+        /// An operator's `sub`; repeatable.
+        #[arg(long = "sub", required = true, value_parser = parse_sub)]
+        subs: Vec<String>,
+        /// How long each token is valid (`exp` - `iat`).
+        #[arg(long, default_value = "12h", value_parser = parse_ttl)]
+        valid: std::time::Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -92,6 +118,9 @@ fn run(args: &Args) -> Result<()> {
         println!("{}", out.display());
         return Ok(());
     }
+    if let Some(Command::Operator { out, issuer, subs, valid }) = &args.command {
+        return operators(out, issuer, subs, *valid);
+    }
     let pki = match args.ttl {
         None => DevPki::generate(&args.out, &args.trust_domain),
         Some(ttl) => DevPki::generate_with_ttl(&args.out, &args.trust_domain, ttl),
@@ -108,6 +137,47 @@ fn run(args: &Args) -> Result<()> {
         println!("{}", file.display());
     }
     Ok(())
+}
+
+/// Key id of the dev operator issuer's key.
+const OPERATOR_KID: &str = "dev-operators";
+
+/// `operator`: the issuer's JWKS and one token per operator.
+fn operators(out: &std::path::Path, issuer: &str, subs: &[String], valid: std::time::Duration) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let idp = lockmesh_devcerts::jwt::ensure_issuer(out, OPERATOR_KID)?;
+    let jwks = out.join("jwks.json");
+    std::fs::write(&jwks, idp.jwks()).with_context(|| format!("write {}", jwks.display()))?;
+    println!("{}", jwks.display());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).context("clock")?.as_secs();
+    for sub in subs {
+        let claims = lockmesh_devcerts::jwt::operator_claims(issuer, sub, now, valid.as_secs());
+        let token = idp.token(&claims).map_err(|e| anyhow::anyhow!("sign the token of {sub}: {e}"))?;
+        let file = out.join(format!("{sub}.jwt"));
+        let tmp = out.join(format!("{sub}.jwt.tmp"));
+        let mut f = std::fs::File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("create {}", tmp.display()))?;
+        std::io::Write::write_all(&mut f, token.as_bytes())?;
+        std::fs::rename(&tmp, &file).with_context(|| format!("write {}", file.display()))?;
+        println!("# operator {sub} -> {}", file.display());
+    }
+    Ok(())
+}
+
+/// Parses an operator's `sub` (it names a file): `[a-z0-9-]`, 1 to 64 characters.
+fn parse_sub(value: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err("an operator name is 1 to 64 characters of a-z, 0-9 and -".to_owned())
+    }
 }
 
 /// Parses a duration: a positive number and a unit, `s`, `m`, `h` or `d`.

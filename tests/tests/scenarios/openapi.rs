@@ -36,8 +36,8 @@ use lockmesh_core::{
     quota::Quota,
     wire::{
         api::{
-            Acquired, Holder, LockInfo, Released, SessionClosed, SessionHold, SessionHolds, SessionOpened,
-            SessionRenewed, TokenValidity,
+            Acquired, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed, SessionHold,
+            SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
         },
         ErrorBody,
     },
@@ -386,6 +386,18 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let hold_bare = SessionHold { cluster: None, ..hold.clone() };
     let holds = SessionHolds { holds: vec![hold.clone(), hold_bare.clone()], session: sid };
     let opened = SessionOpened { class: "default".into(), session: sid, ttl_s: 15 };
+    let proclaimed = Proclaimed { proclaimed: true, revision: 9 };
+    let leader = Leader {
+        identity: "spiffe://lockmesh.test/ns/payments/sa/a".into(),
+        since_ms: 1_764_486_221_123,
+        token,
+        value: Some("10.0.0.7:8443 primary".into()),
+    };
+    let leader_bare = Leader { value: None, ..leader.clone() };
+    let election =
+        Election { changed: true, class: "default".into(), compacted: false, leader: Some(leader.clone()), revision: 9 };
+    let election_bare = Election { changed: false, leader: Some(leader_bare.clone()), ..election.clone() };
+    let election_none = Election { compacted: true, leader: None, ..election.clone() };
 
     let mut cases = vec![
         case(&schema("Acquired"), "protected grant", &acquired, true),
@@ -407,6 +419,10 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         case(&schema("SessionHolds"), "no holds", &SessionHolds { holds: vec![], session: sid }, true),
         case(&schema("TokenValidity"), "current", &TokenValidity { current: true }, true),
         case(&schema("TokenValidity"), "not current", &TokenValidity { current: false }, true),
+        case(&schema("Proclaimed"), "proclaimed", &proclaimed, true),
+        case(&schema("Election"), "a leader with a value", &election, true),
+        case(&schema("Election"), "a leader without a value", &election_bare, true),
+        case(&schema("Election"), "nobody leads, history compacted", &election_none, true),
     ];
     // Drifts the schemas must refuse: the planted `wire_drift` body, a member
     // renamed or added, a protected grant with an unprotected token, a token as a
@@ -423,6 +439,9 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     cases.push(case(&schema("Acquired"), "an undocumented member", &extra, false));
     let zero = Acquired { token: headers::UNPROTECTED_TOKEN.into(), ..acquired.clone() };
     cases.push(case(&schema("Acquired"), "token 0 on a protected grant", &zero, false));
+    let mut spaced = serde_json::to_value(&election).unwrap();
+    spaced["leader"]["value"] = json!(" lead");
+    cases.push(case(&schema("Election"), "a value with a leading space", &spaced, false));
     let mut number = serde_json::to_value(&hold).unwrap();
     number["token"] = json!(token.get());
     cases.push(case(&schema("SessionHold"), "token as a number", &number, false));
@@ -473,6 +492,9 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     assert_members(&doc, &schema("SessionHolds"), &[v(&holds)]);
     assert_members(&doc, &schema("SessionHold"), &[v(&hold), v(&hold_bare)]);
     assert_members(&doc, &schema("TokenValidity"), &[v(&TokenValidity { current: true })]);
+    assert_members(&doc, &schema("Proclaimed"), &[v(&proclaimed)]);
+    assert_members(&doc, &schema("Election"), &[v(&election), v(&election_bare), v(&election_none)]);
+    assert_members(&doc, &schema("Leader"), &[v(&leader), v(&leader_bare)]);
     assert_members(&doc, &schema("ErrorBody"), &error_bodies);
 }
 

@@ -29,7 +29,7 @@ pub(crate) const GROUP: &str = "lockmesh.dev";
 pub const VERSION: &str = "v1alpha1";
 
 /// `(CRD spec property, registry field)` of a LockClass, in schema order.
-pub const CLASS_FIELDS: [(&str, &str); 12] = [
+pub const CLASS_FIELDS: [(&str, &str); 13] = [
     ("prefixes", "prefixes"),
     ("tier", "tier"),
     ("ttlSeconds", "ttl_s"),
@@ -41,6 +41,7 @@ pub const CLASS_FIELDS: [(&str, &str); 12] = [
     ("maxHolders", "max_holders"),
     ("fairness", "fairness"),
     ("lockDelaySeconds", "lock_delay_s"),
+    ("candidate", "candidate"),
     ("pauseTestResult", "pause_test_result"),
 ];
 
@@ -84,6 +85,12 @@ fn class_spec(p: &Platform) -> Value {
             "fairness": { "type": "string", "enum": ["memory", "durable"], "description": "Waiter order (ADR-14). Default memory." },
             "lockDelaySeconds": { "type": "integer", "minimum": 0, "maximum": MAX_LOCK_DELAY_S,
                                   "description": format!("Seconds a key stays ungrantable after its hold ended without a release (session expired, force release). Default 0 (off), at most {MAX_LOCK_DELAY_S}; mutex classes only (maxHolders 1).") },
+            "candidate": { "type": "object", "additionalProperties": false, "minProperties": 1,
+                           "description": "Shadow mode: a policy evaluated beside the enforced one; every decision it would make differently is counted and audited (would_refuse, would_grant). It never decides.",
+                           "properties": {
+                               "maxHolders": { "type": "integer", "minimum": 1, "maximum": lockmesh_core::class::MAX_HOLDERS },
+                               "lockDelaySeconds": { "type": "integer", "minimum": 0, "maximum": MAX_LOCK_DELAY_S },
+                               "ttlSeconds": { "type": "integer", "minimum": min, "maximum": max } } },
             "pauseTestResult": { "type": "string", "minLength": 1, "description": "Fenced classes: the PauseTestResult file, relative to the registry file." },
             "default": { "type": "boolean", "description": "The class of keys no prefix covers; exactly one class sets it." }
         },
