@@ -151,8 +151,9 @@ impl Collector for VmRenewalCollector {
     }
 }
 
-/// Encodes the holds and waits by namespace and class at scrape time:
-/// `lockmesh_arbiter_oldest_hold_seconds` (fleet-wide: every cluster's ledger),
+/// Encodes the holds and waits by namespace and class at scrape time (ADR-033):
+/// `lockmesh_arbiter_oldest_hold_seconds` and `lockmesh_arbiter_open_holds`
+/// (fleet-wide: every cluster's ledger, which follows every arbiter's holds),
 /// `lockmesh_arbiter_gated_waiters` and `lockmesh_arbiter_oldest_gated_wait_seconds`
 /// (this arbiter's waiters), `lockmesh_arbiter_wakeups_per_grant` and
 /// `lockmesh_arbiter_pickup_latency_seconds` (grants here after a wait). Labels are
@@ -166,35 +167,54 @@ struct WaitCollector;
 /// (bounded: namespace and class labels are the registry's or `other`).
 static HOLD_PAIRS: Mutex<std::collections::BTreeSet<(String, String)>> = Mutex::new(std::collections::BTreeSet::new());
 
+/// The open holds and the oldest hold's age (ms) by (namespace, class) label
+/// pair, over every cluster's quota ledger now: every pair the registry declares
+/// or that had a hold since this process started (at 0 without one).
+pub(crate) fn hold_rows() -> std::collections::BTreeMap<(String, String), (u64, u64)> {
+    let holds = crate::lock::quota::oldest_holds(crate::lock::now_ms());
+    let mut seen = HOLD_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rows: std::collections::BTreeMap<(String, String), (u64, u64)> =
+        seen.iter().map(|p| (p.clone(), (0, 0))).collect();
+    for h in holds {
+        seen.insert((h.namespace.clone(), h.class.clone()));
+        rows.insert((h.namespace, h.class), (h.holds, h.age_ms));
+    }
+    rows
+}
+
 impl Collector for WaitCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let pair = |ns: &'_ str, class: &'_ str| -> [(&'static str, String); 2] {
             [("namespace", ns.to_owned()), ("class", class.to_owned())]
         };
         {
-            let holds = crate::lock::quota::oldest_holds(crate::lock::now_ms());
-            let mut seen = HOLD_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
-            let mut rows: std::collections::BTreeMap<(String, String), u64> =
-                seen.iter().map(|p| (p.clone(), 0)).collect();
-            for h in holds {
-                seen.insert((h.namespace.clone(), h.class.clone()));
-                rows.insert((h.namespace, h.class), h.age_ms);
-            }
+            // (namespace, class) -> (open holds, oldest age ms).
+            let rows = hold_rows();
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_oldest_hold_seconds",
-                "Age of the oldest open hold by namespace and class, over every etcd cluster (fleet-wide: from the holds every arbiter follows; 0 without one).",
+                "Age of the oldest open hold by namespace and class, over every etcd cluster (fleet-wide: every arbiter follows every hold and reports the same figure; 0 without one).",
                 None,
                 MetricType::Gauge,
             )?;
-            for ((ns, class), ms) in &rows {
+            for ((ns, class), (_, ms)) in &rows {
                 ConstGauge::new(*ms as f64 / 1000.0).encode(family.encode_family(&pair(ns, class))?)?;
+            }
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_open_holds",
+                "Open holds by namespace and class, over every etcd cluster (fleet-wide, like lockmesh_arbiter_oldest_hold_seconds).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((ns, class), (n, _)) in &rows {
+                ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX))
+                    .encode(family.encode_family(&pair(ns, class))?)?;
             }
         }
         let gated = crate::lock::wait::gated();
         {
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_gated_waiters",
-                "Acquires waiting at this arbiter for a key held by others (gated), by namespace and class.",
+                "Acquires waiting at this arbiter for a key at its limit or behind another waiter (gated), by namespace and class (per arbiter).",
                 None,
                 MetricType::Gauge,
             )?;
@@ -206,7 +226,7 @@ impl Collector for WaitCollector {
         {
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_oldest_gated_wait_seconds",
-                "How long the oldest acquire gated at this arbiter has been waiting, by namespace and class (0 without one).",
+                "How long the oldest acquire gated at this arbiter has been waiting, by namespace and class (per arbiter; 0 without one).",
                 None,
                 MetricType::Gauge,
             )?;
@@ -219,7 +239,7 @@ impl Collector for WaitCollector {
         {
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_wakeups_per_grant",
-                "For each grant here of a key with waiters here: how many times its waiters woke to look again since its previous grant here (wake amplification).",
+                "For each grant by this arbiter of a key with gated waiters here: how many times its waiters here woke to look again since its previous grant here (wake amplification; per arbiter).",
                 None,
                 MetricType::Histogram,
             )?;
@@ -229,7 +249,7 @@ impl Collector for WaitCollector {
         }
         let mut family = encoder.encode_descriptor(
             "lockmesh_arbiter_pickup_latency_seconds",
-            "Time from the start of a release of a key with waiters here to the commit of its next grant here (one transaction for a hand-off).",
+            "Time from the start of a release through this arbiter of a key with gated waiters here to the commit of its next grant here (one transaction for a hand-off; per arbiter).",
             None,
             MetricType::Histogram,
         )?;
@@ -389,9 +409,7 @@ impl Metrics {
 
     /// This arbiter's acquires answered `key_gated` and `lock_contended` under `labels`.
     pub(crate) fn refusals(&self, labels: &LockLabels) -> (u64, u64) {
-        let n = |outcome| {
-            self.acquires.get(&AcquireLabels { lock: labels.clone(), outcome }).map_or(0, |c| c.get())
-        };
+        let n = |outcome| self.acquires.get(&AcquireLabels { lock: labels.clone(), outcome }).map_or(0, |c| c.get());
         (n("key_gated"), n("lock_contended"))
     }
 
@@ -508,6 +526,13 @@ mod tests {
             "lockmesh_arbiter_registry_reloads_total 0\n",
             "# TYPE lockmesh_arbiter_quorum_lost_seconds gauge\n",
             "# TYPE lockmesh_arbiter_etcd_reachable gauge\n",
+            // ADR-033: holds and waits by namespace and class (no pair before a registry).
+            "# TYPE lockmesh_arbiter_oldest_hold_seconds gauge\n",
+            "# TYPE lockmesh_arbiter_open_holds gauge\n",
+            "# TYPE lockmesh_arbiter_gated_waiters gauge\n",
+            "# TYPE lockmesh_arbiter_oldest_gated_wait_seconds gauge\n",
+            "# TYPE lockmesh_arbiter_wakeups_per_grant histogram\n",
+            "# TYPE lockmesh_arbiter_pickup_latency_seconds histogram\n",
         ] {
             assert!(s.contains(line), "{line}:\n{s}");
         }

@@ -35,6 +35,11 @@ pub struct ConsoleState {
     pub etcd: ConsoleEtcd,
     /// When the snapshot was taken, unix ms.
     pub generated_ms: u64,
+    /// Holds and waits by namespace and class (ADR-033): the same figures as the
+    /// arbiter's `lockmesh_arbiter_oldest_hold_seconds` and its wait families.
+    /// `[]` from an arbiter before issue 21.
+    #[serde(default)]
+    pub holds_and_waits: Vec<ConsoleHoldWait>,
     /// The signed-in operator.
     pub operator: ConsoleOperator,
     /// Why the class policies could not be read, or `null`.
@@ -151,6 +156,42 @@ pub struct ConsoleClassCluster {
     pub saturated_keys: u64,
     /// `active` or `draining`, or `null` without a record.
     pub state: Option<String>,
+}
+
+/// One (namespace, class) label pair in [`ConsoleState::holds_and_waits`]: the
+/// labels of the arbiter's metrics (a namespace the registry does not name, or a
+/// class it no longer has, is `other`). The holds are fleet-wide (every arbiter
+/// follows every cluster's holds and shows the same); everything else is counted
+/// at this arbiter since it started (docs/OPERATIONS.md, Holds and waits).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleHoldWait {
+    /// The class label.
+    pub class: String,
+    /// Acquires of the pair waiting here now: gated behind a key at its limit or
+    /// behind another waiter.
+    pub gated_waiters: u64,
+    /// Grants here of the pair's keys while they had gated waiters here (each a
+    /// `lockmesh_arbiter_wakeups_per_grant` observation).
+    pub grants_after_wait: u64,
+    /// Acquires answered `409 contended` with reason `key_gated` here.
+    pub key_gated: u64,
+    /// Acquires answered `409 contended` with reason `lock_contended` here.
+    pub lock_contended: u64,
+    /// The namespace label.
+    pub namespace: String,
+    /// How long the oldest gated waiter here has waited, ms (0 without one).
+    pub oldest_gated_wait_ms: u64,
+    /// Age of the oldest open hold, ms, over every cluster (0 without one).
+    pub oldest_hold_ms: u64,
+    /// Open holds, over every cluster.
+    pub open_holds: u64,
+    /// Mean time from a release here to the next grant here, ms, or `null`
+    /// before the first (`lockmesh_arbiter_pickup_latency_seconds`).
+    pub pickup_mean_ms: Option<u64>,
+    /// Pickups measured (grants here after a release here).
+    pub pickups: u64,
+    /// Wake-ups of the waiters here over `grants_after_wait` grants.
+    pub wakeups: u64,
 }
 
 /// One etcd cluster in [`ConsoleState`]: what this arbiter reads of it.

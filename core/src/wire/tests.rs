@@ -228,6 +228,10 @@ fn console() {
                            "holds": { "used": 1, "limit": 20, "percent": 5 },
                            "waiters": null })],
         "scan": { "holds": 1, "truncated": false, "revision": 42 },
+        "holds_and_waits": [json!({ "namespace": "payments", "class": "default", "open_holds": 1,
+                                    "oldest_hold_ms": 12, "gated_waiters": 2, "oldest_gated_wait_ms": 9,
+                                    "key_gated": 1, "lock_contended": 0, "grants_after_wait": 3, "wakeups": 7,
+                                    "pickups": 3, "pickup_mean_ms": 4 })],
         "policies_error": null,
         "audit": { "configured": true, "events": [json!({ "kind": "grant", "revision": 42, "epoch": 1,
                    "at_ms": 9, "class": "default", "digest": "ab".repeat(32) })] },
@@ -243,6 +247,7 @@ fn console() {
     let o = old.as_object_mut().unwrap();
     o.remove("quotas");
     o.remove("clusters");
+    o.remove("holds_and_waits");
     for c in o["classes"].as_array_mut().unwrap() {
         c.as_object_mut().unwrap().remove("clusters");
     }
@@ -250,6 +255,7 @@ fn console() {
     o["saturated"][0].as_object_mut().unwrap().remove("cluster");
     let old = serde_json::from_value::<ConsoleState>(old).unwrap();
     assert!(old.quotas.is_empty() && old.clusters.is_empty() && old.classes[0].clusters.is_empty());
+    assert!(old.holds_and_waits.is_empty());
     assert_eq!((old.draining[0].cluster.as_ref(), old.saturated[0].cluster.as_ref()), (None, None));
     // And an older reader (a struct without the new members) reads this one: no
     // answer type denies unknown members.

@@ -596,7 +596,11 @@ impl Ledger {
         s.ages
             .iter()
             .filter_map(|((ns, class), a)| {
-                let (t, _) = a.acquired.first_key_value()?;
+                let (t, _) = if super::test_faults::on(super::test_faults::TestFault::OldestHoldNewest) {
+                    a.acquired.last_key_value()? // PLANTED BUG (tests only): the newest hold.
+                } else {
+                    a.acquired.first_key_value()?
+                };
                 Some((ns.to_string(), class.to_string(), a.holds, *t))
             })
             .collect()
@@ -820,8 +824,7 @@ pub struct OldestHold {
 /// declare is there, at 0 without a hold. Sorted by labels.
 pub fn oldest_holds(now_ms: u64) -> Vec<OldestHold> {
     let labels = lock_labels();
-    let mut rows: HashMap<(String, String), (u64, u64)> =
-        labels.pairs().iter().map(|p| (p.clone(), (0, 0))).collect();
+    let mut rows: HashMap<(String, String), (u64, u64)> = labels.pairs().iter().map(|p| (p.clone(), (0, 0))).collect();
     let ledgers: Vec<Arc<Ledger>> = lock(&QUOTAS.ledgers).iter().filter_map(Weak::upgrade).collect();
     for l in &ledgers {
         for (ns, class, holds, acquired_ms) in l.oldest() {

@@ -102,6 +102,10 @@ pub enum TestFault {
     /// session (the arbiter's `api`): the caller, whose session is lost, is made
     /// leader anyway (etcd's phantom leadership).
     CampaignAfterSessionLoss,
+    /// The quota ledger reports the newest open hold of a namespace and class as
+    /// its oldest (`lock::quota`): an old stuck hold hides behind any younger hold
+    /// of its class, and `lockmesh_arbiter_oldest_hold_seconds` stays low.
+    OldestHoldNewest,
 }
 
 #[cfg(feature = "test-faults")]
@@ -136,6 +140,7 @@ impl TestFault {
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),
             "campaign_after_session_loss" => Some(Self::CampaignAfterSessionLoss),
+            "oldest_hold_newest" => Some(Self::OldestHoldNewest),
             _ => None,
         }
     }

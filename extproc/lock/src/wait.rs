@@ -657,22 +657,57 @@ impl WaitBook {
             seen = w.labels.clone().map(|l| (l, wakes, from));
         });
         if let Some((labels, wakes, from)) = seen {
-            let f = FIGURES.of(&labels);
-            f.wakeups.observe(wakes as f64);
-            if let Some(t) = from {
-                f.pickup.observe(t.elapsed().as_secs_f64());
-            }
+            FIGURES.of(&labels).observe(wakes, from.map(|t| t.elapsed()));
         }
     }
 }
 
-/// The wake-ups per grant and pickup latency histograms of one label pair.
+/// The wake-ups per grant and pickup latency histograms of one label pair, and
+/// their counts and sums (what the console shows).
 #[derive(Clone, Debug)]
 pub struct Figures {
     /// `lockmesh_arbiter_wakeups_per_grant`.
     pub wakeups: Histogram,
     /// `lockmesh_arbiter_pickup_latency_seconds`.
     pub pickup: Histogram,
+    totals: Arc<[AtomicU64; 4]>,
+}
+
+/// The counts and sums of one label pair's [`Figures`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FigureTotals {
+    /// Grants observed (the wake-ups histogram's count).
+    pub grants: u64,
+    /// Wake-ups over those grants (its sum).
+    pub wakeups: u64,
+    /// Pickups observed (the pickup histogram's count).
+    pub pickups: u64,
+    /// Their sum, µs.
+    pub pickup_us: u64,
+}
+
+// === impl Figures ===
+
+impl Figures {
+    /// One grant after `wakes` wake-ups, `pickup` after the release that freed it
+    /// (when one went through here).
+    fn observe(&self, wakes: u64, pickup: Option<Duration>) {
+        let t = &self.totals;
+        self.wakeups.observe(wakes as f64);
+        t[0].fetch_add(1, Ordering::Relaxed);
+        t[1].fetch_add(wakes, Ordering::Relaxed);
+        if let Some(p) = pickup {
+            self.pickup.observe(p.as_secs_f64());
+            t[2].fetch_add(1, Ordering::Relaxed);
+            t[3].fetch_add(u64::try_from(p.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
+    }
+
+    /// The counts and sums so far.
+    pub fn totals(&self) -> FigureTotals {
+        let [grants, wakeups, pickups, pickup_us] = self.totals.each_ref().map(|a| a.load(Ordering::Relaxed));
+        FigureTotals { grants, wakeups, pickups, pickup_us }
+    }
 }
 
 /// The histograms of every label pair a waiting key had here (process-wide; the
@@ -696,6 +731,7 @@ impl WaitFigures {
         let f = Figures {
             wakeups: Histogram::new(WAKEUP_BUCKETS.iter().copied()),
             pickup: Histogram::new(lockmesh_telemetry::labels::LATENCY_BUCKETS.iter().copied()),
+            totals: Arc::default(),
         };
         by.insert(labels.clone(), f.clone());
         f
@@ -737,4 +773,80 @@ pub fn gated() -> BTreeMap<WaitLabels, Gated> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(key: &str) -> KeyDigest {
+        lockmesh_core::LockKey::parse(key.as_bytes()).unwrap().digest()
+    }
+
+    /// A book whose key `d` waits under `labels` (as a gated head's request would
+    /// label it), with waiter `id` gated.
+    fn labelled(b: &WaitBook, d: &KeyDigest, id: u64, labels: &WaitLabels) {
+        b.gate(d, id, None);
+        lock(&b.keys).get_mut(d).unwrap().labels = Some(Arc::new(labels.clone()));
+        FIGURES.of(labels);
+    }
+
+    #[test]
+    fn the_book_counts_wakeups_per_grant_and_the_pickup_from_the_release() {
+        let labels = WaitLabels { namespace: "book-test".into(), class: "wakeups".into() };
+        let (b, d) = (WaitBook::default(), digest("book-test/k1"));
+        // Nothing is kept for a key without a gated waiter.
+        b.woke(&d);
+        b.release_begins(&d);
+        assert_eq!(b.active.load(Ordering::Relaxed), 0);
+        labelled(&b, &d, 1, &labels);
+        b.gate(&d, 2, None);
+        b.gate(&d, 1, None);
+        assert_eq!(lock(&b.keys)[&d].gated.len(), 2, "a waiter gated again is one waiter");
+        for _ in 0..3 {
+            b.woke(&d);
+        }
+        b.release_begins(&d);
+        std::thread::sleep(Duration::from_millis(30));
+        b.released(&d);
+        b.granted(&d, false);
+        let f = FIGURES.of(&labels);
+        let t = f.totals();
+        assert_eq!((t.grants, t.wakeups, t.pickups), (1, 3, 1));
+        assert!(t.pickup_us >= 30_000, "from the start of the release: {t:?}");
+        // The next grant without a release here since: wake-ups, no pickup.
+        b.woke(&d);
+        b.granted(&d, false);
+        let t = f.totals();
+        assert_eq!((t.grants, t.wakeups, t.pickups), (2, 4, 1));
+        // A hand-off: from the start of its release transaction.
+        b.release_begins(&d);
+        b.woke(&d);
+        b.granted(&d, true);
+        let t = f.totals();
+        assert_eq!((t.grants, t.wakeups, t.pickups), (3, 5, 2));
+        b.ungate(&d, 1);
+        b.ungate(&d, 2);
+        assert!(lock(&b.keys).is_empty());
+        assert_eq!(b.active.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_oldest_gated_waiter_is_the_first_still_waiting() {
+        let labels = WaitLabels { namespace: "book-test".into(), class: "oldest".into() };
+        let (b, d) = (Arc::new(WaitBook::default()), digest("book-test/k2"));
+        lock(&BOOKS).push(Arc::downgrade(&b));
+        labelled(&b, &d, 1, &labels);
+        std::thread::sleep(Duration::from_millis(40));
+        b.gate(&d, 2, None);
+        let g = gated().remove(&labels).unwrap();
+        assert_eq!(g.waiters, 2);
+        assert!(g.oldest_ms >= 40, "{g:?}");
+        b.ungate(&d, 1);
+        let g = gated().remove(&labels).unwrap();
+        assert_eq!(g.waiters, 1);
+        assert!(g.oldest_ms < 40, "the first left: {g:?}");
+        b.ungate(&d, 2);
+        assert_eq!(gated().remove(&labels), Some(Gated::default()), "the pair stays, at 0");
+    }
 }

@@ -68,7 +68,8 @@ function renderError(status, code, message) {
     el("span", { id: "error-message" }, message),
   );
   box.hidden = false;
-  for (const id of ["seal", "clusters", "quorum", "classes", "draining", "grants", "quotas", "saturated", "audit"]) {
+  for (const id of ["seal", "clusters", "quorum", "classes", "draining", "grants", "holdwaits", "quotas", "saturated",
+    "audit"]) {
     fill(id, el("span", { class: "muted" }, status === 401 ? "sign in to see this" : "unavailable"));
   }
 }
@@ -209,6 +210,31 @@ function renderSaturated(keys) {
     ["waiting here", "num"], ["cluster"]], rows));
 }
 
+// Holds and waits by namespace and class (ADR-033): the open holds and the oldest
+// are over every cluster (every arbiter shows the same); the rest is this
+// arbiter's. An arbiter before issue 21 sends no `holds_and_waits`.
+function renderHoldsWaits(rows) {
+  if (!rows || !rows.length) {
+    fill("holdwaits", el("p", { class: "muted" }, "no hold and no waiter"));
+    return;
+  }
+  const trs = rows.map((r) => el("tr", { "data-labels": r.namespace + "/" + r.class },
+    el("td", {}, r.namespace), el("td", {}, r.class), el("td", { class: "num" }, r.open_holds),
+    el("td", { class: "num" }, r.open_holds ? age(r.oldest_hold_ms) : "-"),
+    el("td", { class: "num" }, r.gated_waiters),
+    el("td", { class: "num" }, r.gated_waiters ? age(r.oldest_gated_wait_ms) : "-"),
+    el("td", { class: "num" }, r.key_gated), el("td", { class: "num" }, r.lock_contended),
+    el("td", { class: "num" }, r.grants_after_wait),
+    el("td", { class: "num" }, r.grants_after_wait ? (r.wakeups / r.grants_after_wait).toFixed(1) : "-"),
+    el("td", { class: "num" }, r.pickups ? age(r.pickup_mean_ms) : "-")));
+  fill("holdwaits", table([["namespace"], ["class"], ["open holds", "num"], ["oldest hold", "num"],
+    ["gated here", "num"], ["oldest gated wait", "num"], ["key_gated answers", "num"],
+    ["lock_contended answers", "num"], ["grants after a wait", "num"], ["wake-ups per grant", "num"],
+    ["pickup (mean)", "num"]], trs),
+    el("p", { class: "muted" }, "open holds and the oldest hold: every cluster, the same on every arbiter; " +
+      "the rest: this arbiter, since it started"));
+}
+
 function quotaCell(u) {
   if (!u) return el("td", { class: "num muted" }, "-");
   return el("td", { class: "num" + (u.percent >= 80 ? " bad" : "") }, u.used + "/" + u.limit + " (" + u.percent + " %)");
@@ -257,6 +283,7 @@ function render(s) {
   }
   renderDraining(s.draining);
   renderGrants(s.classes, s.scan);
+  renderHoldsWaits(s.holds_and_waits);
   renderQuotas(s.quotas);
   renderSaturated(s.saturated);
   renderAudit(s.audit);

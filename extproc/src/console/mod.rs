@@ -26,6 +26,9 @@
 //! `quotas`); class totals are summed over the clusters. The waiters route counts
 //! the key's waiters at this arbiter on every cluster.
 //!
+//! The holds-and-waits table (ADR-033) is by namespace and class, with the
+//! arbiter's metrics' labels and figures (`hold_wait_rows`): no read of etcd.
+//!
 //! What it shows carries no token and no raw key: keys are digests (the hold
 //! records' raw keys are dropped as they are read), audit events are shown by
 //! kind, class, digest and revision, and the only identity is the signed-in
@@ -51,8 +54,8 @@ use lockmesh_core::{
         audit::{Answer, Query},
         console::{
             ClusterView, ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleClassCluster, ConsoleCluster,
-            ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleOperator, ConsoleScan, ConsoleSeal, ConsoleState,
-            ConsoleWaiters, PauseTest,
+            ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleHoldWait, ConsoleOperator, ConsoleScan,
+            ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest,
         },
         inspect::SaturatedKey,
         status::ClassesStatus,
@@ -70,7 +73,7 @@ use serde::Serialize;
 
 use crate::{
     lock::now_ms,
-    metrics::{tier_label, ETCD},
+    metrics::{tier_label, LockLabels, ETCD},
     state::State,
 };
 
@@ -423,6 +426,7 @@ impl Console {
                 reachable: ETCD.reachable(),
             },
             generated_ms: now,
+            holds_and_waits: hold_wait_rows(state, &reg),
             operator: ConsoleOperator { sub: op.sub.clone() },
             policies_error: (!policy_errors.is_empty()).then(|| policy_errors.join("; ")),
             registry,
@@ -478,6 +482,61 @@ impl Console {
             Err(e) => ConsoleAudit { error: Some(format!("audit tailer: {e}")), ..none },
         }
     }
+}
+
+/// Holds and waits by namespace and class (ADR-033), as the arbiter's metrics
+/// show them: the open holds and the oldest one from the quota ledgers (every
+/// cluster, fleet-wide), gated waiters, wake-ups and pickups from the waiters'
+/// books (`lock::wait`), and this arbiter's `key_gated` and `lock_contended`
+/// answers. Every pair any of them knows, by labels.
+fn hold_wait_rows(state: &State, reg: &lockmesh_core::ClassRegistry) -> Vec<ConsoleHoldWait> {
+    let mut rows: BTreeMap<(String, String), ConsoleHoldWait> = BTreeMap::new();
+    for ((ns, class), (holds, age_ms)) in crate::metrics::hold_rows() {
+        let r = hold_wait_row(&mut rows, &ns, &class);
+        (r.open_holds, r.oldest_hold_ms) = (holds, age_ms);
+    }
+    for (l, g) in crate::lock::wait::gated() {
+        let r = hold_wait_row(&mut rows, &l.namespace, &l.class);
+        (r.gated_waiters, r.oldest_gated_wait_ms) = (g.waiters, g.oldest_ms);
+    }
+    for (l, f) in crate::lock::wait::FIGURES.all() {
+        let r = hold_wait_row(&mut rows, &l.namespace, &l.class);
+        let t = f.totals();
+        (r.grants_after_wait, r.wakeups, r.pickups) = (t.grants, t.wakeups, t.pickups);
+        r.pickup_mean_ms = (t.pickups > 0).then(|| t.pickup_us / t.pickups / 1000);
+    }
+    let mut out: Vec<ConsoleHoldWait> = rows.into_values().collect();
+    for r in &mut out {
+        // The acquire counters' labels carry the class's tier (`metrics::lock_labels`).
+        if let Some(c) = reg.classes().iter().find(|c| c.name.as_str() == r.class) {
+            let labels =
+                LockLabels { namespace: r.namespace.clone(), class: r.class.clone(), tier: tier_label(c.tier) };
+            (r.key_gated, r.lock_contended) = state.metrics.refusals(&labels);
+        }
+    }
+    out
+}
+
+/// The row of `namespace` and `class` in `rows` (all 0 when new).
+fn hold_wait_row<'a>(
+    rows: &'a mut BTreeMap<(String, String), ConsoleHoldWait>,
+    namespace: &str,
+    class: &str,
+) -> &'a mut ConsoleHoldWait {
+    rows.entry((namespace.to_owned(), class.to_owned())).or_insert_with(|| ConsoleHoldWait {
+        class: class.to_owned(),
+        gated_waiters: 0,
+        grants_after_wait: 0,
+        key_gated: 0,
+        lock_contended: 0,
+        namespace: namespace.to_owned(),
+        oldest_gated_wait_ms: 0,
+        oldest_hold_ms: 0,
+        open_holds: 0,
+        pickup_mean_ms: None,
+        pickups: 0,
+        wakeups: 0,
+    })
 }
 
 /// The quota table: every namespace this arbiter counts (`lock::quota::usage`).
