@@ -4,7 +4,8 @@
 //!
 //! - `PUT` or `POST /path` stores the body under the path together with the
 //!   `x-lock-token` the request carried (fence-proxy forwards the token it
-//!   checked) and answers `stored /path under token N`. `x-demo-delay-ms: N` (at
+//!   checked) and answers `stored /path under token N` (answers end without a
+//!   newline: the walkthrough's `curl -w` appends the status or the time). `x-demo-delay-ms: N` (at
 //!   most 30000) makes the store take N ms before it writes: a slow write, during
 //!   which a second request for the same key can be seen waiting for the lock.
 //! - `GET` or `HEAD /path` answers the value, with `x-demo-token` naming the token
@@ -119,12 +120,12 @@ async fn answer(store: &Store, method: &Method, path: &str, headers: &HeaderMap,
                     .unwrap_or(HeaderValue::from_static("none"));
                 (StatusCode::OK, [(TOKEN_HEADER, token)], e.value).into_response()
             }
-            None => (StatusCode::NOT_FOUND, format!("no value at {path}\n")).into_response(),
+            None => (StatusCode::NOT_FOUND, format!("no value at {path}")).into_response(),
         },
         Method::DELETE => match store.change(|d| {
             d.remove(path);
         }) {
-            Ok(()) => (StatusCode::OK, format!("deleted {path}\n")).into_response(),
+            Ok(()) => (StatusCode::OK, format!("deleted {path}")).into_response(),
             Err(e) => failed(&e),
         },
         Method::PUT | Method::POST => {
@@ -140,12 +141,12 @@ async fn answer(store: &Store, method: &Method, path: &str, headers: &HeaderMap,
             }) {
                 Ok(()) => {
                     let under = token.map_or_else(|| "without a token".to_owned(), |t| format!("under token {t}"));
-                    (StatusCode::OK, format!("stored {path} {under}\n")).into_response()
+                    (StatusCode::OK, format!("stored {path} {under}")).into_response()
                 }
                 Err(e) => failed(&e),
             }
         }
-        _ => (StatusCode::METHOD_NOT_ALLOWED, "GET, HEAD, PUT, POST or DELETE\n").into_response(),
+        _ => (StatusCode::METHOD_NOT_ALLOWED, "GET, HEAD, PUT, POST or DELETE").into_response(),
     }
 }
 
@@ -156,13 +157,13 @@ fn delay(headers: &HeaderMap) -> Result<Duration, String> {
     };
     match v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
         Some(ms) if ms <= MAX_DELAY_MS => Ok(Duration::from_millis(ms)),
-        _ => Err(format!("{DELAY_HEADER} must be a number of ms from 0 to {MAX_DELAY_MS}\n")),
+        _ => Err(format!("{DELAY_HEADER} must be a number of ms from 0 to {MAX_DELAY_MS}")),
     }
 }
 
 fn failed(e: &anyhow::Error) -> Response {
     eprintln!("demo store: {e:#}");
-    (StatusCode::INTERNAL_SERVER_ERROR, "the data file could not be written\n").into_response()
+    (StatusCode::INTERNAL_SERVER_ERROR, "the data file could not be written").into_response()
 }
 
 #[cfg(test)]
@@ -188,9 +189,9 @@ mod tests {
         let url = format!("http://127.0.0.1:{port}/orders/42");
         let r = http.put(&url).header("x-lock-token", "281474976710700").body("first").send().await.unwrap();
         assert_eq!(r.status(), 200);
-        assert_eq!(r.text().await.unwrap(), "stored /orders/42 under token 281474976710700\n");
+        assert_eq!(r.text().await.unwrap(), "stored /orders/42 under token 281474976710700");
         let r = http.put(format!("http://127.0.0.1:{port}/notes")).body("x").send().await.unwrap();
-        assert_eq!(r.text().await.unwrap(), "stored /notes without a token\n");
+        assert_eq!(r.text().await.unwrap(), "stored /notes without a token");
         let r = http.put(&url).header(DELAY_HEADER, "30001").body("late").send().await.unwrap();
         assert_eq!(r.status(), 400, "a delay above the cap is refused");
         stop.send(()).unwrap();
