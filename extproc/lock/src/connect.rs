@@ -133,6 +133,17 @@ impl EtcdClientAuth {
         certs: Option<&std::sync::Arc<lockmesh_runtime::ReloadingCerts>>,
         timeouts: lockmesh_runtime::ChannelOptions,
     ) -> Result<etcd_client::Client, etcd_client::Error> {
+        self.connect_as(endpoints, certs, timeouts, Login::Now).await
+    }
+
+    /// [`EtcdClientAuth::connect`], logging the user in now or [`Login::Later`].
+    pub async fn connect_as(
+        &self,
+        endpoints: &[String],
+        certs: Option<&std::sync::Arc<lockmesh_runtime::ReloadingCerts>>,
+        timeouts: lockmesh_runtime::ChannelOptions,
+        login: Login,
+    ) -> Result<etcd_client::Client, etcd_client::Error> {
         let channel = match (certs, &self.ca) {
             (Some(certs), _) => lockmesh_runtime::reloading_channel(endpoints, certs, timeouts),
             (None, Some(ca)) => lockmesh_runtime::ca_client_config(ca).and_then(|c| {
@@ -143,9 +154,78 @@ impl EtcdClientAuth {
             }
         }
         .map_err(etcd_client::Error::InvalidArgs)?;
-        let opts = self.apply_user(etcd_client::ConnectOptions::new());
+        let opts = match login {
+            Login::Now => self.apply_user(etcd_client::ConnectOptions::new()),
+            // No user yet (so no request is made), the refresh on for when
+            // [`login_later`] has set it.
+            Login::Later => etcd_client::ConnectOptions::new().with_auto_token_refresh(self.user.is_some()),
+        };
         etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
     }
+}
+
+/// When [`EtcdClientAuth::connect_as`] logs the user in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Login {
+    /// At connect: the connect fails when etcd does not answer the login.
+    Now,
+    /// Not at connect ([`login_later`] does it): the client makes no request
+    /// until used, and its calls go without a token until the login succeeds.
+    Later,
+}
+
+/// Whether a failed login at connect may be retried later rather than fail the
+/// connect: etcd did not answer it (unreachable, no quorum, timed out), as
+/// opposed to refusing it (a wrong password or user, auth not enabled), which
+/// is a configuration error to report at once.
+pub fn login_may_wait(e: &etcd_client::Error) -> bool {
+    // gRPC status codes (the gRPC spec's numbers): INVALID_ARGUMENT 3 (a wrong user
+    // or password), PERMISSION_DENIED 7, FAILED_PRECONDITION 9 (auth not
+    // enabled), UNAUTHENTICATED 16.
+    const REFUSED: [i32; 4] = [3, 7, 9, 16];
+    match e {
+        etcd_client::Error::GRpcStatus(s) => !REFUSED.contains(&i32::from(s.code())),
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => false,
+        _ => true,
+    }
+}
+
+/// Logs `clients` (made with [`Login::Later`]) in as `user` in the background,
+/// every `every` until each has logged in once; from then on etcd-client's own
+/// token refresh keeps them logged in. Each client's clones share its token.
+pub fn login_later(clients: Vec<etcd_client::Client>, user: (String, String), every: Duration, what: String) {
+    tokio::spawn(async move {
+        let mut left = clients;
+        let mut attempts = 0u32;
+        loop {
+            let mut failed = Vec::new();
+            let mut last_error = None;
+            for mut c in left {
+                match tokio::time::timeout(every.max(Duration::from_secs(1)), c.update_user(Some(user.clone()))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        last_error = Some(e.to_string());
+                        failed.push(c);
+                    }
+                    Err(_) => {
+                        last_error = Some("timed out".to_owned());
+                        failed.push(c);
+                    }
+                }
+            }
+            if failed.is_empty() {
+                tracing::info!(cluster = %what, attempts, "etcd login done (it was deferred at start)");
+                return;
+            }
+            attempts += 1;
+            if attempts % 30 == 1 {
+                tracing::warn!(cluster = %what, attempts, error = last_error.as_deref().unwrap_or(""),
+                    "etcd login deferred: this cluster's calls fail until it succeeds");
+            }
+            left = failed;
+            tokio::time::sleep(every).await;
+        }
+    });
 }
 
 /// The etcd client fields the arbiter (`etcd.tls`, ...) and the audit tailer

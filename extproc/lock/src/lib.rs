@@ -176,6 +176,9 @@ pub fn auth_refusals() -> u64 {
 /// Shortest interval between two logins of [`Store::relogin_after_failed_read`]:
 /// an etcd that is merely down is not asked for a bcrypt check on every probe.
 const RELOGIN_EVERY: Duration = Duration::from_secs(3);
+
+/// How often a login deferred at start is retried ([`crate::connect::login_later`]).
+const LOGIN_RETRY: Duration = Duration::from_secs(1);
 /// Calls refused together by one auth change share one login.
 const RELOGIN_DEDUP: Duration = Duration::from_millis(200);
 
@@ -231,20 +234,40 @@ impl Store {
             request_timeout: Some(op_timeout),
             keep_alive: Some((Duration::from_secs(5), Duration::from_secs(3))),
         };
-        let connect = |eps: Vec<String>| {
+        let connect = |eps: Vec<String>, login: crate::connect::Login| {
             let certs = certs.clone();
             async move {
-                tokio::time::timeout(op_timeout, auth.connect(&eps, certs.as_ref(), timeouts))
+                tokio::time::timeout(op_timeout, auth.connect_as(&eps, certs.as_ref(), timeouts, login))
                     .await
-                    .map_err(|_| LockError::Unavailable("connect timed out".into()))?
-                    .map_err(unavailable)
+                    .map_err(|_| etcd_client::Error::IoError(std::io::ErrorKind::TimedOut.into()))?
             }
         };
-        let client = connect(endpoints.to_vec()).await?;
-        let mut members = Vec::new();
-        for e in endpoints {
-            members.push(connect(vec![e.clone()]).await?);
-        }
+        let connect_all = |login: crate::connect::Login| async move {
+            let client = connect(endpoints.to_vec(), login).await?;
+            let mut members = Vec::new();
+            for e in endpoints {
+                members.push(connect(vec![e.clone()], login).await?);
+            }
+            Ok::<_, etcd_client::Error>((client, members))
+        };
+        // Under etcd auth the client logs in when it connects. A cluster that does
+        // not answer that login (unreachable, no quorum) must not keep the arbiter
+        // from starting and serving the keys of every other cluster (issue 18 item
+        // 9): its clients connect without a token and log in in the background;
+        // until then its calls fail (`unavailable`), as they would without the
+        // login. A login etcd refuses (a wrong password) still fails the start.
+        let (client, members) = match connect_all(crate::connect::Login::Now).await {
+            Ok(c) => c,
+            Err(e) if auth.user.is_some() && crate::connect::login_may_wait(&e) => {
+                let (client, members) = connect_all(crate::connect::Login::Later).await.map_err(unavailable)?;
+                tracing::warn!(root, error = %e, "etcd did not answer the login at start; logging in in the background");
+                let clients = std::iter::once(&client).chain(members.iter()).cloned().collect();
+                let user = auth.user.clone().unwrap_or_default();
+                crate::connect::login_later(clients, user, LOGIN_RETRY, endpoints.join(","));
+                (client, members)
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
         let seal = seal::Seal::load(marks_file, root).map_err(LockError::Internal)?;
         let store = Arc::new(Self {
             client,

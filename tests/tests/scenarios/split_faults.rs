@@ -11,6 +11,8 @@
 //!   shard and audited there after the recovery.
 //! - An arbiter without the shard map (started while the coord cluster is lost)
 //!   routes nothing: every key answers `unavailable`, a fail-open one included.
+//! - Under etcd auth an arbiter started while a shard is lost serves every other
+//!   cluster, and the lost shard's keys once it returns (its login is deferred).
 //! - Holds on the healthy clusters (API sessions and transparent VM sessions) are
 //!   renewed through one shard's quorum loss; with renewals that stop at the first
 //!   failing cluster planted (`test_faults: [renew_in_turn]`) the same checks fail.
@@ -456,8 +458,8 @@ async fn shard_tailer(s: &Split, cluster: &str) -> Tailer {
 /// whose home is healthy would run beside that home's fenced holders). Lock routes
 /// fail closed. After the quorum returns it routes again.
 ///
-/// The etcd here is plaintext: under etcd auth an arbiter does not start at all
-/// while a cluster of its config cannot be reached (its client logs in at connect).
+/// The etcd here is plaintext, so that the coord cluster can be this stack's own
+/// (the shared etcd cannot be lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_arbiter_without_the_shard_map_answers_unavailable_while_the_coord_cluster_is_lost() {
     let setup = Setup { shards: &["shard-a"], entity: &["shard-a"], own_plaintext_coord: true, ..Setup::default() };
@@ -516,6 +518,53 @@ async fn an_arbiter_without_the_shard_map_answers_unavailable_while_the_coord_cl
             assert!(t0.elapsed() < Duration::from_secs(30), "{k}: {}", r.body);
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+}
+
+/// Issue 18 item 9: under etcd auth (the harness's default, each shard with its
+/// own users), an arbiter restarted while one shard's quorum is lost starts, grants
+/// keys homed on the coord cluster and on the healthy shard at once, answers `503
+/// unavailable` for keys homed on the lost shard, and grants those too once the
+/// shard answers again (its login, deferred at start, is done in the background).
+/// Before the fix the restart itself failed: the etcd client logged in at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arbiter_under_etcd_auth_starts_and_serves_the_other_clusters_while_a_shard_is_lost() {
+    let shards = ["shard-a", "shard-b"];
+    let s = split("split-auth-start", Setup { shards: &shards, entity: &shards, ..Setup::default() }).await;
+    let m = map(&shards);
+    let (on_a, on_b) =
+        (homed(&m, keys("payments/s", 64, "k"), "shard-a"), homed(&m, keys("payments/s", 64, "k"), "shard-b"));
+    let coord_key = "payments/elect/auth-start";
+    let c = s.st.client("payments", "a").unwrap();
+    for k in [coord_key, on_a.as_str(), on_b.as_str()] {
+        let (t, _) = acquire(&c, k, None).await;
+        release(&c, k, t).await;
+    }
+
+    s.shards["shard-a"].member(0).kill();
+    s.st.arbiter(0).restart().await.expect("the arbiter must start while one shard under etcd auth is lost");
+    for k in [coord_key, on_b.as_str()] {
+        let (t, _) = acquire(&c, k, None).await;
+        assert!(t > 0);
+        release(&c, k, t).await;
+    }
+    let r = c.post(ACQ, &[("x-lock-key", &on_a), ("x-lock-wait-ms", "0")]).await.unwrap();
+    assert_eq!((r.code(), r.header("x-lockmesh-error")), (503, Some("unavailable")), "{on_a}: {}", r.body);
+    assert!(s.held_on("shard-b").await.is_empty() && s.held_on("coord").await.is_empty());
+
+    s.shards["shard-a"].member(0).restart().await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        let r = c.post(ACQ, &[("x-lock-key", &on_a), ("x-lock-wait-ms", "1000")]).await.unwrap();
+        if r.code() == 200 {
+            assert_eq!(r.json["unprotected"], false, "{}", r.body);
+            assert_eq!(s.held_on("shard-a").await, vec![on_a.clone()], "granted, but not on its home");
+            release(&c, &on_a, token(&r)).await;
+            break;
+        }
+        assert_eq!(r.code(), 503, "{on_a}: {}", r.body);
+        assert!(t0.elapsed() < Duration::from_secs(30), "shard-a still refused after it returned: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
