@@ -41,6 +41,7 @@ mod openapi;
 mod otlp;
 mod pg_fence;
 mod quotas;
+mod quickstart;
 mod restore;
 mod rotation;
 mod rotation_stack;
