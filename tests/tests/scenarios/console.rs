@@ -71,7 +71,7 @@ fn chromium() -> PathBuf {
 
 /// Loads `url` in headless Chromium and returns the DOM once the page settled
 /// (virtual time does not advance while a fetch is pending).
-async fn render(url: &str) -> String {
+pub(super) async fn render(url: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
     let mut cmd = tokio::process::Command::new(chromium());
     cmd.args([
@@ -100,21 +100,21 @@ async fn render(url: &str) -> String {
 }
 
 /// The inner HTML of `<section id="ID">`.
-fn section<'a>(dom: &'a str, id: &str) -> &'a str {
+pub(super) fn section<'a>(dom: &'a str, id: &str) -> &'a str {
     let start = dom.find(&format!("<section id=\"{id}\"")).unwrap_or_else(|| panic!("no section {id}: {dom}"));
     let rest = &dom[start..];
     &rest[..rest.find("</section>").unwrap()]
 }
 
 /// The `<tr>` whose `attr` is `value` inside `html`.
-fn row<'a>(html: &'a str, attr: &str, value: &str) -> &'a str {
+pub(super) fn row<'a>(html: &'a str, attr: &str, value: &str) -> &'a str {
     let start = html.find(&format!("<tr {attr}=\"{value}\">")).unwrap_or_else(|| panic!("no row {value}: {html}"));
     let rest = &html[start..];
     &rest[..rest.find("</tr>").unwrap()]
 }
 
 /// The text of each `<td>` of a row.
-fn cells(tr: &str) -> Vec<String> {
+pub(super) fn cells(tr: &str) -> Vec<String> {
     tr.split("<td").skip(1).map(|c| strip_tags(&c[c.find('>').unwrap() + 1..c.find("</td>").unwrap()])).collect()
 }
 

@@ -32,6 +32,7 @@ mod fleet;
 mod gate;
 mod handoff;
 mod harness_selftest;
+mod hold_waits;
 mod jeopardy;
 mod limits;
 mod lock_delay;

@@ -1,9 +1,9 @@
 //! Issue 9 item 2 (ADR-22): the expositions of the arbiter, the audit tailer and
 //! fence-proxy pass `promtool check metrics`; the alert rules pass `promtool check
-//! rules`; the dashboard parses and names only metrics that exist; no metric has a
-//! key, token or identity label (nor such a value); and the logs of a run (arbiter,
-//! Envoy at its pinned `info` level, tailer) hold none of the tokens or raw keys
-//! it used.
+//! rules` and their unit tests (`promtool test rules`); the dashboard parses and
+//! names only metrics that exist; no metric has a key, token or identity label
+//! (nor such a value); and the logs of a run (arbiter, Envoy at its pinned `info`
+//! level, tailer) hold none of the tokens or raw keys it used.
 
 use std::{collections::BTreeSet, path::PathBuf, process::Command, time::Duration};
 
@@ -68,6 +68,20 @@ pub(super) fn promtool_check(args: &[&str], input: Option<&str>) {
     );
 }
 
+/// The alert rules' unit tests (`deploy/monitoring/rules_test.yaml`): among them,
+/// LockmeshOldestHoldOverClassThreshold fires for each class past its own
+/// threshold (or the default), and not before.
+#[test]
+fn the_alert_rules_pass_their_promtool_unit_tests() {
+    let out = Command::new(promtool())
+        .args(["test", "rules", "rules_test.yaml"])
+        .current_dir(repo_root().join("deploy/monitoring"))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("SUCCESS"), "promtool test rules:\n{text}");
+}
+
 #[tokio::test]
 async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
     // `payments` is a namespace the registry names; `billing` is not (label `other`).
@@ -124,6 +138,12 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
         "lockmesh_arbiter_etcd_reachable 1",
         // Issue 21 item 2 (its nonzero value is checked by jeopardy::the_vm_jeopardy_gauge_*).
         "lockmesh_arbiter_vm_sessions_in_jeopardy{etcd_cluster=\"coord\"} 0",
+        // Issue 21 item 4 (ADR-033), by namespace and class: every pair the registry
+        // declares, from 0 (their nonzero values: hold_waits::*).
+        "lockmesh_arbiter_oldest_hold_seconds{namespace=\"payments\",class=\"pay\"} ",
+        "lockmesh_arbiter_open_holds{namespace=\"payments\",class=\"pay\"} ",
+        "lockmesh_arbiter_gated_waiters{namespace=\"payments\",class=\"pay\"} 0",
+        "lockmesh_arbiter_oldest_gated_wait_seconds{namespace=\"other\",class=\"default\"} 0",
     ] {
         assert!(arbiter.contains(want), "{want} missing from the arbiter's /metrics:\n{arbiter}");
     }
@@ -183,8 +203,10 @@ async fn expositions_pass_promtool_and_carry_no_key_token_or_identity() {
             exprs.push(t["expr"].as_str().unwrap().to_owned());
         }
     }
-    for r in rules["groups"][0]["rules"].as_array().unwrap() {
-        exprs.push(r["expr"].as_str().unwrap().to_owned());
+    for g in rules["groups"].as_array().unwrap() {
+        for r in g["rules"].as_array().unwrap() {
+            exprs.push(r["expr"].as_str().unwrap().to_owned());
+        }
     }
     assert!(exprs.len() > 20);
     for e in &exprs {
