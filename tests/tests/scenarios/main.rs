@@ -51,6 +51,7 @@ mod scale;
 mod sdk;
 mod self_client;
 mod semaphore;
+mod shadow;
 mod split_faults;
 mod transparent;
 mod upgrade;
