@@ -15,6 +15,8 @@
 //! (waiting keys, seal state, class gauges) are set by [`Metrics::encode`] just
 //! before it encodes.
 
+mod shadow;
+
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, Ordering},
     Mutex,
@@ -404,6 +406,7 @@ impl Metrics {
         crate::lock::quota::register(r);
         r.register_collector(Box::new(VmRenewalCollector));
         r.register_collector(Box::new(WaitCollector));
+        r.register_collector(Box::new(shadow::ShadowCollector));
         self
     }
 

@@ -28,7 +28,7 @@ pub use self::{
     epoch::{cluster_hex, EpochRecord, FIRST_EPOCH},
     home::{Admit, ExtensionRecord, HomeRecord, MapRecord, COORD_CLUSTER},
     keys::{prefix_end, Keys},
-    markers::{CloseMarker, DelayGuard, LockDelayRecord, ReleaseMarker, WaiterRecord},
+    markers::{CloseMarker, DelayGuard, LockDelayRecord, ReleaseMarker, ShadowDecision, ShadowRecord, WaiterRecord},
     records::{ElectionValue, HoldRecord, SessionRecord},
     spool::{SpoolOp, SpoolRecord},
 };

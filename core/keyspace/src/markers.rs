@@ -85,3 +85,48 @@ pub struct LockDelayRecord {
     /// When the arbiter that wrote it saw the end, unix ms (informational).
     pub seen_ms: u64,
 }
+
+/// What a class's candidate policy would have done instead of the enforced one
+/// (`lockmesh_lock::shadow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShadowDecision {
+    /// The enforced policy granted (or renewed); the candidate would have refused.
+    WouldRefuse,
+    /// The enforced policy refused; the candidate would have granted.
+    WouldGrant,
+}
+
+impl ShadowDecision {
+    /// The label and audit kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShadowDecision::WouldRefuse => "would_refuse",
+            ShadowDecision::WouldGrant => "would_grant",
+        }
+    }
+}
+
+/// The audit record `<root>/w/<class>` ([`super::Keys::shadow_record`]): the latest differing decision of the
+/// class's candidate, standing for `count` decisions since the previous record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowRecord {
+    /// When, unix ms.
+    pub at_ms: u64,
+    /// The candidate's value of the field that decided.
+    pub candidate: u64,
+    /// The class.
+    pub class: String,
+    /// Decisions this record stands for (records are written at most
+    /// `AUDIT_PER_S` a second per class; the rest are counted into the next).
+    pub count: u64,
+    /// `would_refuse` or `would_grant`.
+    pub decision: ShadowDecision,
+    /// The key's digest (never the key); none for a session's decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The enforced value of the field that decided.
+    pub enforced: u64,
+    /// Why (`key_gated`, `lock_delay`, `session_expired`).
+    pub reason: String,
+}

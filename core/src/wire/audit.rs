@@ -124,6 +124,13 @@ pub enum EventKind {
     Gap,
     /// The cluster's revision went behind the tailer's checkpoint: a restore.
     Restore,
+    /// A key's lock-delay began (`<root>/d/<digest>`): its last hold ended
+    /// without a release.
+    LockDelay,
+    /// A class's candidate policy would have refused what the enforced one granted.
+    WouldRefuse,
+    /// A class's candidate policy would have granted what the enforced one refused.
+    WouldGrant,
 }
 
 /// One audit event.
@@ -351,7 +358,7 @@ pub enum GapDetail {
 
 impl EventKind {
     /// Every kind, in label order.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::Grant,
         EventKind::Release,
         EventKind::SessionRelease,
@@ -368,6 +375,9 @@ impl EventKind {
         EventKind::Epoch,
         EventKind::Gap,
         EventKind::Restore,
+        EventKind::LockDelay,
+        EventKind::WouldRefuse,
+        EventKind::WouldGrant,
     ];
 
     /// The snake_case name (wire string, metric label, key component).
@@ -389,6 +399,9 @@ impl EventKind {
             EventKind::Epoch => "epoch",
             EventKind::Gap => "gap",
             EventKind::Restore => "restore",
+            EventKind::LockDelay => "lock_delay",
+            EventKind::WouldRefuse => "would_refuse",
+            EventKind::WouldGrant => "would_grant",
         }
     }
 

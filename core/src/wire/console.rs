@@ -59,6 +59,12 @@ pub struct ConsoleState {
     /// The arbiter's seal state and the coord cluster's epoch record (every
     /// cluster's: [`ConsoleCluster`]).
     pub seal: ConsoleSeal,
+    /// What promoting each class's candidate policy would have changed over the
+    /// last 24 hours at this arbiter (shadow policies, docs/CLASSES.md), by class,
+    /// decision and reason. `[]` without a candidate, and from an arbiter before
+    /// issue 21.
+    #[serde(default)]
+    pub shadow: Vec<ShadowCount>,
     /// The arbiter's crate version.
     pub version: String,
 }
@@ -156,6 +162,21 @@ pub struct ConsoleClassCluster {
     pub saturated_keys: u64,
     /// `active` or `draining`, or `null` without a record.
     pub state: Option<String>,
+}
+
+/// One row of [`ConsoleState::shadow`] (and of `/status` `shadow`): decisions a
+/// class's candidate policy would have made differently from the enforced one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowCount {
+    /// The class.
+    pub class: String,
+    /// Decisions counted.
+    pub count: u64,
+    /// `would_refuse` (the enforced policy granted or renewed) or `would_grant`
+    /// (it refused).
+    pub decision: String,
+    /// `key_gated`, `lock_delay` or `session_expired`.
+    pub reason: String,
 }
 
 /// One (namespace, class) label pair in [`ConsoleState::holds_and_waits`]: the

@@ -33,6 +33,10 @@ pub struct StatusReply {
     pub sealed: bool,
     /// When the seal was declared, unix ms, or `null`.
     pub sealed_since_ms: Option<u64>,
+    /// What promoting each class's candidate policy would have changed over the
+    /// last 24 hours at this arbiter (shadow policies, docs/CLASSES.md).
+    #[serde(default)]
+    pub shadow: Vec<super::console::ShadowCount>,
     /// The arbiter's crate version (`CARGO_PKG_VERSION`); empty from an arbiter
     /// too old to report it.
     pub version: String,

@@ -163,6 +163,7 @@ fn status() {
                 "cluster": "coord", "spool": true, "quorum_loss_declared": false, "outage": null,
                 "spool_bytes": 0, "unprotected_holds": 0,
             })],
+            "shadow": [json!({ "class": "default", "count": 2, "decision": "would_refuse", "reason": "key_gated" })],
         })
         .to_string()
     };
@@ -232,6 +233,7 @@ fn console() {
                                     "oldest_hold_ms": 12, "gated_waiters": 2, "oldest_gated_wait_ms": 9,
                                     "key_gated": 1, "lock_contended": 0, "grants_after_wait": 3, "wakeups": 7,
                                     "pickups": 3, "pickup_mean_ms": 4 })],
+        "shadow": [json!({ "class": "default", "count": 2, "decision": "would_grant", "reason": "lock_delay" })],
         "policies_error": null,
         "audit": { "configured": true, "events": [json!({ "kind": "grant", "revision": 42, "epoch": 1,
                    "at_ms": 9, "class": "default", "digest": "ab".repeat(32) })] },
@@ -248,6 +250,7 @@ fn console() {
     o.remove("quotas");
     o.remove("clusters");
     o.remove("holds_and_waits");
+    o.remove("shadow");
     for c in o["classes"].as_array_mut().unwrap() {
         c.as_object_mut().unwrap().remove("clusters");
     }
@@ -255,7 +258,7 @@ fn console() {
     o["saturated"][0].as_object_mut().unwrap().remove("cluster");
     let old = serde_json::from_value::<ConsoleState>(old).unwrap();
     assert!(old.quotas.is_empty() && old.clusters.is_empty() && old.classes[0].clusters.is_empty());
-    assert!(old.holds_and_waits.is_empty());
+    assert!(old.holds_and_waits.is_empty() && old.shadow.is_empty());
     assert_eq!((old.draining[0].cluster.as_ref(), old.saturated[0].cluster.as_ref()), (None, None));
     // And an older reader (a struct without the new members) reads this one: no
     // answer type denies unknown members.

@@ -97,6 +97,8 @@ enum Place<'k> {
     Unprotected,
     /// A key's lock-delay record (`d/<digest>`).
     LockDelay(&'k str),
+    /// A class's latest shadow decision (`w/<class>`, `lockmesh_lock::shadow`).
+    Shadow(&'k str),
     Other,
 }
 
@@ -117,6 +119,7 @@ fn place<'k>(root: &str, key: &'k [u8]) -> Place<'k> {
         ["c", class] => Place::Policy(class),
         ["u", _, _] => Place::Unprotected,
         ["d", d] => Place::LockDelay(d),
+        ["w", class] => Place::Shadow(class),
         _ => Place::Other,
     }
 }
@@ -333,6 +336,18 @@ pub fn decode(ctx: &Context<'_>, revision: i64, changes: &[Change]) -> Decoded {
                 let rec = record::<lockmesh_keyspace::LockDelayRecord>(&c.value);
                 let mut e = base(EventKind::LockDelay, epoch, rec.as_ref().map_or(ctx.now_ms, |r| r.seen_ms));
                 e.digest = Some(d.to_owned());
+                e.detail = json(&c.value);
+                Some(e)
+            }
+            (Place::Shadow(class), Op::Put) => {
+                let rec = record::<lockmesh_keyspace::ShadowRecord>(&c.value);
+                let kind = match rec.as_ref().map(|r| r.decision) {
+                    Some(lockmesh_keyspace::ShadowDecision::WouldGrant) => EventKind::WouldGrant,
+                    _ => EventKind::WouldRefuse,
+                };
+                let mut e = base(kind, epoch, rec.as_ref().map_or(ctx.now_ms, |r| r.at_ms));
+                e.class = Some(class.to_owned());
+                e.digest = rec.and_then(|r| r.digest);
                 e.detail = json(&c.value);
                 Some(e)
             }

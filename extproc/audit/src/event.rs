@@ -32,6 +32,12 @@ pub enum EventKind {
     /// A key's lock-delay began (`<root>/d/<digest>`, `lockmesh_lock::delay`): its
     /// last hold ended without a release; `detail` names the cause and the delay.
     LockDelay,
+    /// A class's candidate policy would have refused what the enforced one
+    /// granted (`<root>/w/<class>`, `lockmesh_lock::shadow`): `detail` is the
+    /// record (`reason`, `enforced`, `candidate`, `count` decisions it stands for).
+    WouldRefuse,
+    /// A class's candidate policy would have granted what the enforced one refused.
+    WouldGrant,
     /// A class policy record changed (limit change, drain, resume, cancel).
     LimitChange,
     /// The authoritative prefix-to-class map changed.
@@ -142,7 +148,7 @@ pub struct HoldEnd {
 
 impl EventKind {
     /// Every kind, in label order.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::Grant,
         EventKind::Release,
         EventKind::SessionRelease,
@@ -160,6 +166,8 @@ impl EventKind {
         EventKind::Gap,
         EventKind::Restore,
         EventKind::LockDelay,
+        EventKind::WouldRefuse,
+        EventKind::WouldGrant,
     ];
 
     /// The snake_case name (metric label, key component).
@@ -182,6 +190,8 @@ impl EventKind {
             EventKind::Gap => "gap",
             EventKind::Restore => "restore",
             EventKind::LockDelay => "lock_delay",
+            EventKind::WouldRefuse => "would_refuse",
+            EventKind::WouldGrant => "would_grant",
         }
     }
 
@@ -237,6 +247,20 @@ impl AuditEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The console and `lockctl` read events as `lockmesh_core::wire::audit`: every
+    /// kind the tailer writes must parse there (a kind missing there fails the
+    /// console's whole audit panel).
+    #[test]
+    fn every_kind_is_a_kind_of_the_wire() {
+        let ours: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        let wire: Vec<&str> = lockmesh_core::wire::audit::EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(ours, wire);
+        for k in EventKind::ALL {
+            let w: Result<lockmesh_core::wire::audit::EventKind, _> = serde_json::from_value(serde_json::json!(k.as_str()));
+            assert!(w.is_ok(), "{} is not a kind of lockmesh_core::wire::audit", k.as_str());
+        }
+    }
 
     #[test]
     fn kinds_round_trip_and_keys_sort_by_revision() {

@@ -55,6 +55,32 @@ pub enum Query {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         outage: Option<String>,
     },
+    /// What promoting each class's candidate policy would have changed since a
+    /// time (shadow policies, docs/CLASSES.md): the `would_refuse` and
+    /// `would_grant` events summed by class, decision and reason.
+    Shadow {
+        /// Window start, unix ms.
+        since_ms: u64,
+    },
+}
+
+/// One row of a [`Query::Shadow`] answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowSum {
+    pub class: String,
+    /// `would_refuse` or `would_grant`.
+    pub decision: EventKind,
+    /// `key_gated`, `lock_delay` or `session_expired`.
+    pub reason: String,
+    /// Decisions (each event stands for its record's `count`).
+    pub decisions: u64,
+    /// Distinct keys among the events (by digest; a session's decision has none).
+    pub keys: u64,
+    /// The enforced and the candidate value of the latest event.
+    pub enforced: u64,
+    pub candidate: u64,
+    /// The latest event, unix ms.
+    pub last_ms: u64,
 }
 
 /// One unprotected grant, joined with its end.
@@ -124,6 +150,10 @@ pub enum Answer {
     Events {
         /// In revision order.
         events: Vec<AuditEvent>,
+    },
+    Shadow {
+        /// By class, decision and reason.
+        rows: Vec<ShadowSum>,
     },
     Holds {
         /// Ordered by the query.
@@ -226,7 +256,42 @@ pub fn run(store: &Store, q: &Query, now_ms: u64) -> Result<Answer, StoreError> 
         Query::Unprotected { since_ms, until_ms, outage } => {
             Answer::Unprotected { grants: unprotected(&store.events()?, *since_ms, *until_ms, outage.as_deref()) }
         }
+        Query::Shadow { since_ms } => Answer::Shadow { rows: shadow(&store.events()?, *since_ms) },
     })
+}
+
+/// Sums the shadow decisions (`would_refuse`, `would_grant`) at or after `since_ms`.
+pub fn shadow(events: &[AuditEvent], since_ms: u64) -> Vec<ShadowSum> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut rows: BTreeMap<(String, EventKind, String), (ShadowSum, BTreeSet<String>)> = BTreeMap::new();
+    for e in events {
+        if !matches!(e.kind, EventKind::WouldRefuse | EventKind::WouldGrant) || e.at_ms < since_ms {
+            continue;
+        }
+        let num = |f: &str| e.detail.as_ref().and_then(|d| d[f].as_u64()).unwrap_or(0);
+        let reason = detail_str(e, "reason").unwrap_or_default();
+        let class = e.class.clone().unwrap_or_default();
+        let (row, keys) = rows.entry((class.clone(), e.kind, reason.clone())).or_insert_with(|| {
+            let row = ShadowSum {
+                class,
+                decision: e.kind,
+                reason,
+                decisions: 0,
+                keys: 0,
+                enforced: 0,
+                candidate: 0,
+                last_ms: 0,
+            };
+            (row, BTreeSet::new())
+        });
+        row.decisions += num("count").max(1);
+        if e.at_ms >= row.last_ms {
+            (row.last_ms, row.enforced, row.candidate) = (e.at_ms, num("enforced"), num("candidate"));
+        }
+        keys.extend(e.digest.clone());
+        row.keys = keys.len() as u64;
+    }
+    rows.into_values().map(|(r, _)| r).collect()
 }
 
 /// Human output: one line per event or hold. Keys are shown as digests (the raw
@@ -277,6 +342,32 @@ pub fn render(a: &Answer) -> String {
                 );
             }
             let _ = writeln!(s, "{} holds", holds.len());
+        }
+        Answer::Shadow { rows } => {
+            let _ = writeln!(
+                s,
+                "{:<16} {:<13} {:<16} {:>10} {:>8} {:>9} {:>10} last_ms",
+                "class", "decision", "reason", "decisions", "keys", "enforced", "candidate"
+            );
+            for r in rows {
+                let _ = writeln!(
+                    s,
+                    "{:<16} {:<13} {:<16} {:>10} {:>8} {:>9} {:>10} {}",
+                    r.class,
+                    r.decision.as_str(),
+                    r.reason,
+                    r.decisions,
+                    r.keys,
+                    r.enforced,
+                    r.candidate,
+                    r.last_ms
+                );
+            }
+            let _ = writeln!(
+                s,
+                "promoting each candidate would have changed {} decisions",
+                rows.iter().map(|r| r.decisions).sum::<u64>()
+            );
         }
         Answer::Unprotected { grants } => {
             let _ = writeln!(
@@ -359,5 +450,33 @@ mod tests {
         let table = render(&Answer::Unprotected { grants: all });
         assert!(table.contains("3 unprotected grants") && table.contains("release") && table.contains(" open "));
         assert!(!table.contains("secret"), "the table shows digests, never raw keys");
+    }
+
+    #[test]
+    fn shadow_sums_decisions_by_class_decision_and_reason_since_a_time() {
+        let sh = |kind: EventKind, digest: Option<&str>, at_ms: u64, count: u64, reason: &str| AuditEvent {
+            digest: digest.map(str::to_owned),
+            detail: Some(serde_json::json!({ "count": count, "reason": reason, "enforced": 4, "candidate": at_ms })),
+            key: None,
+            unprotected: false,
+            ..ev(kind, "-", "-", at_ms, 0)
+        };
+        let events = vec![
+            sh(EventKind::WouldRefuse, Some("d1"), 50, 9, "key_gated"),
+            sh(EventKind::WouldRefuse, Some("d1"), 100, 3, "key_gated"),
+            sh(EventKind::WouldRefuse, Some("d2"), 110, 1, "key_gated"),
+            sh(EventKind::WouldGrant, Some("d1"), 120, 2, "lock_delay"),
+            sh(EventKind::WouldRefuse, None, 130, 1, "session_expired"),
+            ev(EventKind::Grant, "g", "o", 140, 0),
+        ];
+        let rows = shadow(&events, 100);
+        let got: Vec<_> =
+            rows.iter().map(|r| (r.decision.as_str(), r.reason.as_str(), r.decisions, r.keys, r.candidate)).collect();
+        assert_eq!(
+            got,
+            [("would_refuse", "key_gated", 4, 2, 110), ("would_refuse", "session_expired", 1, 0, 130), ("would_grant", "lock_delay", 2, 1, 120)]
+        );
+        let table = render(&Answer::Shadow { rows });
+        assert!(table.contains("would have changed 7 decisions"), "{table}");
     }
 }

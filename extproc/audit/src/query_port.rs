@@ -147,6 +147,7 @@ fn kind_of(q: &query::Query) -> &'static str {
         query::Query::Recent { .. } => "recent",
         query::Query::Events { .. } => "events",
         query::Query::Unprotected { .. } => "unprotected",
+        query::Query::Shadow { .. } => "shadow",
     }
 }
 

@@ -490,6 +490,8 @@ impl Store {
         let k = self.keys();
         let n = if test_faults::on(TestFault::RegistryLimit) {
             req.class.max_holders // PLANTED BUG (release gate): the registry's limit.
+        } else if let Some(k) = req.class.candidate.filter(|_| test_faults::on(TestFault::ShadowDecides)) {
+            k.max_holders // PLANTED BUG (shadow scenario): the candidate decides.
         } else {
             gate.limit
         };

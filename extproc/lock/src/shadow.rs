@@ -33,48 +33,7 @@ use tokio::time::Instant;
 
 use super::{now_ms, Store};
 
-/// What the candidate would have done instead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    /// The enforced policy granted (or renewed); the candidate would have refused.
-    WouldRefuse,
-    /// The enforced policy refused; the candidate would have granted.
-    WouldGrant,
-}
-
-impl Decision {
-    /// The label and audit kind.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::WouldRefuse => "would_refuse",
-            Decision::WouldGrant => "would_grant",
-        }
-    }
-}
-
-/// The audit record `<root>/w/<class>`: the latest differing decision of the
-/// class's candidate, standing for `count` decisions since the previous record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShadowRecord {
-    /// `would_refuse` or `would_grant`.
-    pub decision: Decision,
-    /// Why (`key_gated`, `lock_delay`, `session_expired`).
-    pub reason: String,
-    /// The class.
-    pub class: String,
-    /// The key's digest (never the key).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// Decisions this record stands for (records are written at most
-    /// [`AUDIT_PER_S`] a second per class; the rest are counted into the next).
-    pub count: u64,
-    /// The enforced and the candidate value of the field that decided.
-    pub enforced: u64,
-    pub candidate: u64,
-    /// When, unix ms.
-    pub at_ms: u64,
-}
+pub use lockmesh_keyspace::{ShadowDecision as Decision, ShadowRecord};
 
 /// Audit records written per class and second at most.
 pub const AUDIT_PER_S: u32 = 20;

@@ -106,6 +106,10 @@ pub enum TestFault {
     /// its oldest (`lock::quota`): an old stuck hold hides behind any younger hold
     /// of its class, and `lockmesh_arbiter_oldest_hold_seconds` stays low.
     OldestHoldNewest,
+    /// A class's candidate limit decides grants instead of the enforced one
+    /// (`lock::mutex`): shadow mode fails open for a looser candidate and refuses
+    /// for a stricter one (`tests/tests/scenarios/shadow.rs`).
+    ShadowDecides,
 }
 
 #[cfg(feature = "test-faults")]
@@ -140,6 +144,7 @@ impl TestFault {
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),
             "campaign_after_session_loss" => Some(Self::CampaignAfterSessionLoss),
+            "shadow_decides" => Some(Self::ShadowDecides),
             "oldest_hold_newest" => Some(Self::OldestHoldNewest),
             _ => None,
         }

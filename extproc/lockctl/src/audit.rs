@@ -97,6 +97,14 @@ pub enum AuditCmd {
         #[arg(long)]
         outage: Option<String>,
     },
+    /// What promoting each class's candidate policy (shadow mode,
+    /// docs/CLASSES.md) would have changed: its would_refuse and would_grant
+    /// decisions summed by class and reason.
+    Shadow {
+        /// Window start: unix ms or an age. Default: 24h.
+        #[arg(long, default_value = "24h")]
+        since: String,
+    },
     /// Events of one kind: gap, restore, limit_change, epoch, force_release, ...
     Events {
         /// The event kind.
@@ -150,6 +158,7 @@ pub fn query_of(cmd: &AuditCmd, now_ms: u64) -> Result<Query, String> {
             since_ms: since(s)?,
         },
         AuditCmd::Expiries { since: s } => Query::Expiries { since_ms: since(s)? },
+        AuditCmd::Shadow { since: s } => Query::Shadow { since_ms: since(&Some(s.clone()))? },
     })
 }
 

@@ -235,6 +235,21 @@ function renderHoldsWaits(rows) {
       "the rest: this arbiter, since it started"));
 }
 
+// Shadow policies (docs/CLASSES.md): what promoting each class's candidate would
+// have changed over the last 24 hours at this arbiter.
+function renderShadow(rows) {
+  if (!rows || !rows.length) {
+    fill("shadow", el("p", { class: "muted" }, "no candidate policy decided differently in the last 24 hours"));
+    return;
+  }
+  const trs = rows.map((r) => el("tr", { "data-shadow": r.class + "/" + r.decision + "/" + r.reason },
+    el("td", {}, r.class), el("td", {}, r.decision), el("td", {}, r.reason), el("td", { class: "num" }, r.count)));
+  fill("shadow", table([["class"], ["the candidate"], ["reason"], ["decisions", "num"]], trs),
+    el("p", { class: "muted" }, "would_refuse: granted or renewed, the candidate would have refused; " +
+      "would_grant: refused, the candidate would have granted. This arbiter, last 24 hours; " +
+      "every arbiter's: lockctl audit shadow"));
+}
+
 function quotaCell(u) {
   if (!u) return el("td", { class: "num muted" }, "-");
   return el("td", { class: "num" + (u.percent >= 80 ? " bad" : "") }, u.used + "/" + u.limit + " (" + u.percent + " %)");
@@ -285,6 +300,7 @@ function render(s) {
   renderGrants(s.classes, s.scan);
   renderHoldsWaits(s.holds_and_waits);
   renderQuotas(s.quotas);
+  renderShadow(s.shadow);
   renderSaturated(s.saturated);
   renderAudit(s.audit);
 }

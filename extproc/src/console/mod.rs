@@ -55,7 +55,7 @@ use lockmesh_core::{
         console::{
             ClusterView, ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleClassCluster, ConsoleCluster,
             ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleHoldWait, ConsoleOperator, ConsoleScan,
-            ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest,
+            ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest, ShadowCount,
         },
         inspect::SaturatedKey,
         status::ClassesStatus,
@@ -433,6 +433,7 @@ impl Console {
             quotas: quota_rows(),
             saturated: saturated_keys,
             scan,
+            shadow: shadow_rows(),
             seal: ConsoleSeal {
                 detail: seal.as_ref().map(|s| s.detail.clone()),
                 epoch: epoch.as_ref().map(|e| e.epoch),
@@ -537,6 +538,15 @@ fn hold_wait_row<'a>(
         pickups: 0,
         wakeups: 0,
     })
+}
+
+/// What promoting each class's candidate would have changed over the last 24
+/// hours at this arbiter (`lock::shadow::last_day`), for the console and `/status`.
+pub(crate) fn shadow_rows() -> Vec<ShadowCount> {
+    crate::lock::shadow::last_day()
+        .into_iter()
+        .map(|c| ShadowCount { class: c.class, count: c.count, decision: c.decision.as_str().to_owned(), reason: c.reason })
+        .collect()
 }
 
 /// The quota table: every namespace this arbiter counts (`lock::quota::usage`).

@@ -250,3 +250,20 @@ fn a_lock_delay_record_is_its_own_event_with_the_cause_and_delay() {
     let d = decode_at(31, &[put(format!("{ROOT}/g/{D1}"), guard, 0, 31)], &|_| false);
     assert!(d.events.is_empty());
 }
+
+#[test]
+fn a_shadow_record_is_a_would_refuse_or_would_grant_event_of_its_class() {
+    let rec = |decision: &str| {
+        serde_json::to_vec(&serde_json::json!({"at_ms": 777, "candidate": 1, "class": "payments", "count": 3,
+            "decision": decision, "digest": D1, "enforced": 2, "reason": "key_gated"}))
+        .unwrap()
+    };
+    let d = decode_at(40, &[put(format!("{ROOT}/w/payments"), rec("would_refuse"), 0, 40)], &|_| false);
+    assert_eq!(kinds(&d), [EventKind::WouldRefuse]);
+    let e = &d.events[0];
+    assert_eq!((e.class.as_deref(), e.digest.as_deref(), e.at_ms), (Some("payments"), Some(D1), 777));
+    assert_eq!((e.detail.as_ref().unwrap()["count"].as_u64(), e.key.as_deref()), (Some(3), None));
+    let d = decode_at(41, &[put(format!("{ROOT}/w/payments"), rec("would_grant"), 0, 41)], &|_| false);
+    assert_eq!(kinds(&d), [EventKind::WouldGrant]);
+}
+

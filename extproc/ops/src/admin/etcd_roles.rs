@@ -85,6 +85,8 @@ pub fn roles(root: &str) -> Vec<Role> {
                 // Lock-delay guards and records (`lock::delay`), classes with a delay only.
                 rw("g/", true),
                 rw("d/", true),
+                // Shadow decisions' audit records (`lock::shadow`), classes with a candidate only.
+                rw("w/", true),
                 rw("adm/", true),
                 // Shipped unprotected-grant records (fail-open classes, ADR-04).
                 rw("u/", true),
