@@ -46,8 +46,10 @@ pub const UNPROTECTED_TOKEN: &str = "0";
 /// ASCII, no leading or trailing space. Public to whoever may observe the election.
 pub const VALUE: &str = "x-lock-value";
 
-/// An observer's resume point (`GET /v1/elections`): the `revision` of the last
-/// answer; the next answer is the first leadership change after it.
+/// An observer's resume point (`GET /v1/elections`): the `cursor` of the last
+/// answer; the next answer is the first leadership change after it. Opaque
+/// ([`ELECTION_CURSOR_LEN`] lowercase hex digits): it names no etcd revision, so an
+/// observer learns no leader's token from it (docs/GUARANTEES.md, G7).
 pub const AFTER: &str = "x-lock-after";
 
 /// Every caller-facing lock header (each may appear at most once).
@@ -275,13 +277,17 @@ pub fn parse_value(raw: &[u8]) -> Result<String, HeaderError> {
     Ok(String::from_utf8_lossy(raw).into_owned())
 }
 
-/// Parses `x-lock-after`: a canonical decimal etcd revision (1 to 2^63 - 1).
-pub fn parse_after(raw: &[u8]) -> Result<u64, HeaderError> {
-    let v = decimal(AFTER, raw, 19)?;
-    if v == 0 || i64::try_from(v).is_err() {
-        return Err(HeaderError::new(AFTER, "must be a revision from 1 to 2^63 - 1"));
+/// Length of an election observer's cursor ([`AFTER`]), hex digits.
+pub const ELECTION_CURSOR_LEN: usize = 32;
+
+/// Parses `x-lock-after`: an observer's cursor, [`ELECTION_CURSOR_LEN`] lowercase
+/// hex digits as an answer gave it. Only its form is checked here; whether the
+/// arbiter can resume from it is the arbiter's to say.
+pub fn parse_after(raw: &[u8]) -> Result<String, HeaderError> {
+    if raw.len() != ELECTION_CURSOR_LEN || !raw.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+        return Err(HeaderError::new(AFTER, "must be the 32 lowercase hex digits of an answer's cursor"));
     }
-    Ok(v)
+    Ok(String::from_utf8_lossy(raw).into_owned())
 }
 
 /// Parses `x-lock-class`.
@@ -312,7 +318,7 @@ pub struct LockHeaders {
     /// `x-lock-value`.
     pub value: Option<String>,
     /// `x-lock-after`.
-    pub after: Option<u64>,
+    pub after: Option<String>,
 }
 
 /// Parses every lock header from `(name, value)` pairs as the host delivers them
@@ -406,9 +412,10 @@ mod tests {
         for bad in [&b""[..], b" lead", b"lead ", b"a\tb", b"\xc3\xa9", &[b'v'; 1025]] {
             assert_eq!(parse_value(bad).unwrap_err().header, VALUE, "{bad:?}");
         }
-        assert_eq!(parse_after(b"42").unwrap(), 42);
-        assert_eq!(parse_after(b"9223372036854775807").unwrap(), i64::MAX as u64);
-        for bad in [&b"0"[..], b"042", b"9223372036854775808", b"-1", b""] {
+        let cursor = "0123456789abcdef0123456789abcdef";
+        assert_eq!(parse_after(cursor.as_bytes()).unwrap(), cursor);
+        let upper = cursor.to_ascii_uppercase();
+        for bad in [&b"42"[..], upper.as_bytes(), &cursor.as_bytes()[1..], b"0123456789abcdef0123456789abcdeg", b""] {
             assert_eq!(parse_after(bad).unwrap_err().header, AFTER, "{bad:?}");
         }
     }

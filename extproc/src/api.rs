@@ -262,8 +262,11 @@ async fn route(
                 format!("{}: a leadership is never unprotected; resign names its {}", headers::GRANT, headers::TOKEN),
             ));
         }
-        Route::Resign => release(state, lock, &caller).await?,
-        Route::Observe => observe(state, req, cancel).await?,
+        Route::Resign => {
+            election_class(state, lock, &need(lock.key.clone(), headers::KEY)?)?;
+            release(state, lock, &caller).await?
+        }
+        Route::Observe => observe(state, req, &caller, cancel).await?,
         Route::Inspect => {
             let key = need(lock.key.clone(), headers::KEY)?;
             let class = class_for(state, lock, &key)?;
@@ -442,30 +445,50 @@ async fn proclaim(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Re
     let key = need(lock.key.clone(), headers::KEY)?;
     let token = need(lock.token, headers::TOKEN)?;
     let value = need(lock.value.as_deref(), headers::VALUE)?;
-    let class = class_for(state, lock, &key)?;
+    let class = election_class(state, lock, &key)?;
     let store = state.tiers.route(&class, &key, false).await?;
     store.unsealed()?;
-    let revision = store.proclaim(&key, token, caller, lock.session, value).await?;
-    Ok(ApiResponse::ok(&Proclaimed { proclaimed: true, revision: u64::try_from(revision).unwrap_or(0) }))
+    store.proclaim(&key, token, caller, lock.session, value).await?;
+    Ok(ApiResponse::ok(&Proclaimed { proclaimed: true }))
 }
 
 /// `GET /v1/elections`: the leadership now, or (with `x-lock-after`) after the
-/// first change past that revision, waiting up to the request's wait.
-async fn observe(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> Result<ApiResponse, ApiError> {
+/// first change past that cursor, waiting up to the request's wait. Shows what an
+/// inspection shows (G7): the leader's token only to the leader naming its
+/// session, and revisions only sealed into cursors (`crate::cursor`).
+async fn observe(
+    state: &Arc<State>,
+    req: &ApiRequest,
+    caller: &Caller,
+    cancel: &CancellationToken,
+) -> Result<ApiResponse, ApiError> {
     let lock = &req.lock;
     let key = need(lock.key.clone(), headers::KEY)?;
-    let class = class_for(state, lock, &key)?;
+    let class = election_class(state, lock, &key)?;
     let wait = wait_of(state, req)?;
     let store = state.tiers.route(&class, &key, false).await?;
-    let after = lock.after.map(|a| i64::try_from(a).unwrap_or(i64::MAX));
-    let o = store.observe(&key, after, req.received + wait, cancel).await?;
-    let leader = o.leader.map(|l| Leader { identity: l.identity, since_ms: l.since_ms, token: l.token, value: l.value });
+    let d = key.digest();
+    let cluster = store.cluster_name().to_owned();
+    // A cursor that does not open here (another arbiter's, an earlier run's, or
+    // made up) resumes nothing: the state now, with the gap said.
+    let (after, unopened) = match lock.after.as_deref() {
+        None => (None, false),
+        Some(c) => match state.cursor.open(&cluster, &d, c) {
+            Some(rev) => (Some(rev), false),
+            None => (None, true),
+        },
+    };
+    let o = store.observe(&key, caller, lock.session, after, req.received + wait, cancel).await?;
+    let leader = o.leader.map(|l| {
+        let you = l.identity == caller.identity && lock.session.is_some_and(|s| s.lease() == l.lease);
+        Leader { identity: l.identity, since_ms: l.since_ms, token: you.then_some(l.token), value: l.value, you }
+    });
     Ok(ApiResponse::ok(&Election {
-        changed: o.changed,
+        changed: o.changed || unopened,
         class: class.name.to_string(),
-        compacted: o.compacted,
+        cursor: state.cursor.seal(&cluster, &d, o.revision),
+        gap: o.gap || unopened,
         leader,
-        revision: u64::try_from(o.revision).unwrap_or(0),
     }))
 }
 

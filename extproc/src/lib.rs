@@ -19,6 +19,7 @@
 //!   class part of `/status` and `/metrics`.
 //! - [`respond`]: the one error-to-response table.
 //! - [`signing`]: grant proofs for fences.
+//! - [`cursor`]: election observers' sealed resume points.
 //! - [`state`]: what every request handler shares.
 //! - [`metrics`]: the arbiter's Prometheus metrics.
 //! - [`admin`]: health, readiness and metrics on the admin port.
@@ -32,6 +33,7 @@ pub mod admin_actions;
 pub mod api;
 pub mod config;
 pub mod console;
+pub mod cursor;
 pub mod internal;
 pub mod metrics;
 pub mod registry;

@@ -57,6 +57,20 @@ impl Signer {
     pub fn sign(&self, claims: &GrantClaims) -> String {
         proof::sign(&self.key, &self.kid, claims)
     }
+
+    /// A secret for another purpose, derived from the signing key under `label`
+    /// (SHA-256 of the label, a zero byte and the key): every arbiter with this
+    /// key derives the same one, and it tells nothing about the key
+    /// (`crate::cursor`).
+    pub fn derive_secret(&self, label: &str) -> [u8; 32] {
+        let mut msg = label.as_bytes().to_vec();
+        msg.push(0);
+        msg.extend_from_slice(&self.key.to_bytes());
+        let d = ring::digest::digest(&ring::digest::SHA256, &msg);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(d.as_ref());
+        out
+    }
 }
 
 impl fmt::Debug for Signer {

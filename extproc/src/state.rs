@@ -23,6 +23,8 @@ pub struct State {
     /// The keyspace version and capabilities this arbiter supports, its
     /// advertisement and its refusal (`lockmesh_lock::upgrade`, issue #19).
     pub upgrade: Arc<crate::lock::upgrade::Gate>,
+    /// Seals election observers' cursors (`crate::cursor`).
+    pub cursor: crate::cursor::CursorKey,
     registry: RwLock<Arc<ClassRegistry>>,
 }
 
@@ -39,6 +41,7 @@ impl State {
             vec![store.cluster_name().to_owned()],
             config.topology.region.clone(),
         ));
+        let cursor = crate::cursor::CursorKey::new(config.signing.as_ref());
         Self {
             config,
             store,
@@ -47,6 +50,7 @@ impl State {
             validate_limiter,
             registry_status: Default::default(),
             upgrade: crate::lock::upgrade::Gate::new(support_from_env()),
+            cursor,
             registry,
         }
     }

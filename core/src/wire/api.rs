@@ -188,46 +188,52 @@ pub struct TokenValidity {
 pub struct Proclaimed {
     /// Always true on a 200 answer.
     pub proclaimed: bool,
-    /// The etcd revision that stored it: an observer resuming from an earlier
-    /// revision sees this proclamation.
-    pub revision: u64,
 }
 
-/// `GET /v1/elections`: an election's leadership at `revision`.
+/// `GET /v1/elections`: an election's leadership, as of `cursor`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Election {
     /// The key's class.
     pub class: String,
-    /// The leader at `revision`, or `null` when nobody leads.
+    /// The leader, or `null` when nobody leads.
     #[serde(default)]
     pub leader: Option<Leader>,
-    /// The etcd revision this answer describes: send it as `x-lock-after` to wait
-    /// for the next change.
-    pub revision: u64,
+    /// Where this answer stands in the election's history: send it as
+    /// `x-lock-after` to wait for the next change. Opaque (32 lowercase hex
+    /// digits): it names no etcd revision, so no token can be read from it.
+    pub cursor: String,
     /// True when the leadership (leader or value) changed after `x-lock-after` and
-    /// this is the state right after the first such change; false when the wait
-    /// ended first (the state is `x-lock-after`'s, unchanged) or no
-    /// `x-lock-after` was sent (the state now).
+    /// this is the state right after the first such change (or, with `gap`, the
+    /// state now); false when the wait ended first (the state is `x-lock-after`'s,
+    /// unchanged) or no `x-lock-after` was sent (the state now).
     pub changed: bool,
-    /// True when etcd had compacted its history past `x-lock-after`: this is the
-    /// state now, and changes between may be missing. Absent otherwise.
+    /// True when the arbiter could not resume from `x-lock-after` (etcd compacted
+    /// its history past it, or another arbiter or an earlier run of this one
+    /// answered it): this is the state now, and changes between may be missing.
+    /// Absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub compacted: bool,
+    pub gap: bool,
 }
 
-/// The leader of an [`Election`].
+/// The leader of an [`Election`]. Like a [`Holder`] in [`LockInfo`]: the token is
+/// shown only to the leader itself, naming its session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Leader {
     /// The leader's SPIFFE ID.
     pub identity: String,
-    /// The leadership's fencing token (its term): a later leader's is larger.
-    pub token: FencingToken,
-    /// The value the leader proclaimed, if it proclaimed one.
+    /// The value the leader proclaimed under this leadership, if it proclaimed one.
     #[serde(default)]
     pub value: Option<String>,
     /// When the leadership was granted, unix ms (the arbiter's wall clock;
     /// informational).
     pub since_ms: u64,
+    /// The leadership's fencing token (its term: a later leader's is larger), for
+    /// the caller's own leadership only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<FencingToken>,
+    /// True when the caller leads (naming the leadership's session); absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub you: bool,
 }
 
 // === impl Acquired ===

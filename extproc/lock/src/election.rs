@@ -17,6 +17,9 @@
 //!            state right after the first revision whose events change it
 //! ```
 //!
+//! The revisions here are the store's; the arbiter hands them to observers only
+//! sealed (`lockmesh_extproc::cursor`), since a grant's revision is its token's.
+//!
 //! The value names the token it was proclaimed under, and a reader shows it only
 //! while that hold leads: a value left by a leader that resigned (a release does
 //! not delete it) is never shown for its successor, and goes with its session's
@@ -46,8 +49,10 @@ use lockmesh_keyspace::ElectionValue;
 pub struct LeaderView {
     /// The holder's SPIFFE ID.
     pub identity: String,
-    /// The leadership's token.
+    /// The leadership's token (shown only to the leader: docs/GUARANTEES.md, G7).
     pub token: FencingToken,
+    /// The leader's session lease (its hold's).
+    pub lease: i64,
     /// The value proclaimed under this token, if any.
     pub value: Option<String>,
     /// Grant time, unix ms (informational).
@@ -64,8 +69,9 @@ pub struct Observed {
     /// True when this is the state right after the first change after the
     /// resume point.
     pub changed: bool,
-    /// True when the resume point was compacted away (this is the state now).
-    pub compacted: bool,
+    /// True when the resume point could not be used (compacted away, or a
+    /// revision etcd has not reached): this is the state now.
+    pub gap: bool,
 }
 
 /// The entries of `l/<d>/` an observation follows: etcd key -> what it needs.
@@ -75,6 +81,7 @@ struct Entries(BTreeMap<Vec<u8>, Entry>);
 #[derive(Debug, Clone)]
 struct Entry {
     create_revision: i64,
+    lease: i64,
     value: Vec<u8>,
 }
 
@@ -82,22 +89,23 @@ struct Entry {
 
 impl Entries {
     fn put(&mut self, kv: &etcd_client::KeyValue) {
-        self.0.insert(kv.key().to_vec(), Entry { create_revision: kv.create_revision(), value: kv.value().to_vec() });
+        let e = Entry { create_revision: kv.create_revision(), lease: kv.lease(), value: kv.value().to_vec() };
+        self.0.insert(kv.key().to_vec(), e);
     }
 
     /// The leader: the hold granted first (a mutex has one), with the value
     /// proclaimed under its token.
     fn leader(&self, store: &Store, d: &lockmesh_core::KeyDigest) -> Option<LeaderView> {
         let k = store.keys();
-        let (hold, rev) = self
+        let (hold, rev, lease) = self
             .0
             .iter()
             .filter(|(key, _)| k.slot_of(key).is_some())
             .filter_map(|(_, e)| {
                 let h = serde_json::from_slice::<lockmesh_keyspace::HoldRecord>(&e.value).ok()?;
-                Some((h, e.create_revision))
+                Some((h, e.create_revision, e.lease))
             })
-            .min_by_key(|(_, rev)| *rev)?;
+            .min_by_key(|(_, rev, _)| *rev)?;
         let token = FencingToken::mint(hold.epoch, u64::try_from(rev).ok()?).ok()?;
         let value = self
             .0
@@ -105,7 +113,7 @@ impl Entries {
             .and_then(|e| serde_json::from_slice::<ElectionValue>(&e.value).ok())
             .filter(|v| v.token == token.to_string())
             .map(|v| v.value);
-        Some(LeaderView { identity: hold.owner, token, value, since_ms: hold.acquired_ms })
+        Some(LeaderView { identity: hold.owner, token, lease, value, since_ms: hold.acquired_ms })
     }
 }
 
@@ -192,14 +200,19 @@ impl Store {
     /// after the first change after revision `after`, or (`changed: false`) the
     /// state at `after` when `deadline` comes first. An `after` etcd no longer
     /// keeps (compacted), or has not reached, is answered at once with the state
-    /// now.
+    /// now (`gap`). A named `session` must be the caller's, as for an inspection.
     pub async fn observe(
         &self,
         key: &LockKey,
+        caller: &Caller,
+        session: Option<SessionId>,
         after: Option<i64>,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Observed, LockError> {
+        if let Some(sid) = session {
+            self.owned_session(sid, caller).await?;
+        }
         let d = key.digest();
         let prefix = self.keys().lock_entries(&d);
         let Some(after) = after else {
@@ -210,7 +223,7 @@ impl Store {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("compacted") => return self.observe_now(key, true).await,
             Err(LockError::Unavailable(m)) if m.contains("future revision") => {
-                return self.observe_now(key, false).await;
+                return self.observe_now(key, true).await;
             }
             Err(e) => return Err(e),
         };
@@ -228,7 +241,7 @@ impl Store {
             let msg = tokio::select! {
                 m = watch.message() => m,
                 () = tokio::time::sleep_until(deadline) => {
-                    return Ok(Observed { leader: before, revision: after, changed: false, compacted: false });
+                    return Ok(Observed { leader: before, revision: after, changed: false, gap: false });
                 }
                 () = cancel.cancelled() => return Err(LockError::Cancelled),
             };
@@ -262,20 +275,21 @@ impl Store {
                 }
                 let now = state.leader(self, &d);
                 if now != before {
-                    return Ok(Observed { leader: now, revision: rev, changed: true, compacted: false });
+                    return Ok(Observed { leader: now, revision: rev, changed: true, gap: false });
                 }
             }
         }
     }
 
-    /// The leadership now, by one read.
-    async fn observe_now(&self, key: &LockKey, compacted: bool) -> Result<Observed, LockError> {
+    /// The leadership now, by one read (`gap`: in place of a resume point that
+    /// could not be used).
+    async fn observe_now(&self, key: &LockKey, gap: bool) -> Result<Observed, LockError> {
         let d = key.digest();
         let r = self
             .call(self.client().get(self.keys().lock_entries(&d), Some(GetOptions::new().with_prefix())))
             .await?;
         let revision = r.header().map_or(0, |h| h.revision());
-        Ok(Observed { leader: entries(r.kvs()).leader(self, &d), revision, changed: compacted, compacted })
+        Ok(Observed { leader: entries(r.kvs()).leader(self, &d), revision, changed: gap, gap })
     }
 
     /// [`TestFault::ObserveCoalesces`]: the state now, once it differs from `before`.
@@ -295,7 +309,7 @@ impl Store {
             tokio::select! {
                 () = tokio::time::sleep(std::time::Duration::from_millis(300)) => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return Ok(Observed { leader: before, revision: after, changed: false, compacted: false });
+                    return Ok(Observed { leader: before, revision: after, changed: false, gap: false });
                 }
                 () = cancel.cancelled() => return Err(LockError::Cancelled),
             }

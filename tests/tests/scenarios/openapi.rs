@@ -386,18 +386,27 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let hold_bare = SessionHold { cluster: None, ..hold.clone() };
     let holds = SessionHolds { holds: vec![hold.clone(), hold_bare.clone()], session: sid };
     let opened = SessionOpened { class: "default".into(), session: sid, ttl_s: 15 };
-    let proclaimed = Proclaimed { proclaimed: true, revision: 9 };
+    let proclaimed = Proclaimed { proclaimed: true };
     let leader = Leader {
         identity: "spiffe://lockmesh.test/ns/payments/sa/a".into(),
         since_ms: 1_764_486_221_123,
-        token,
+        token: None,
         value: Some("10.0.0.7:8443 primary".into()),
+        you: false,
     };
     let leader_bare = Leader { value: None, ..leader.clone() };
-    let election =
-        Election { changed: true, class: "default".into(), compacted: false, leader: Some(leader.clone()), revision: 9 };
+    let leader_you = Leader { token: Some(token), you: true, ..leader.clone() };
+    let cursor = "5f0c2b7e91d4a8c3e07b6a5d4c3b2a19".to_owned();
+    let election = Election {
+        changed: true,
+        class: "default".into(),
+        cursor: cursor.clone(),
+        gap: false,
+        leader: Some(leader.clone()),
+    };
     let election_bare = Election { changed: false, leader: Some(leader_bare.clone()), ..election.clone() };
-    let election_none = Election { compacted: true, leader: None, ..election.clone() };
+    let election_you = Election { leader: Some(leader_you.clone()), ..election.clone() };
+    let election_none = Election { gap: true, leader: None, ..election.clone() };
 
     let mut cases = vec![
         case(&schema("Acquired"), "protected grant", &acquired, true),
@@ -422,7 +431,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         case(&schema("Proclaimed"), "proclaimed", &proclaimed, true),
         case(&schema("Election"), "a leader with a value", &election, true),
         case(&schema("Election"), "a leader without a value", &election_bare, true),
-        case(&schema("Election"), "nobody leads, history compacted", &election_none, true),
+        case(&schema("Election"), "the caller leads", &election_you, true),
+        case(&schema("Election"), "nobody leads, a gap", &election_none, true),
     ];
     // Drifts the schemas must refuse: the planted `wire_drift` body, a member
     // renamed or added, a protected grant with an unprotected token, a token as a
@@ -442,6 +452,9 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let mut spaced = serde_json::to_value(&election).unwrap();
     spaced["leader"]["value"] = json!(" lead");
     cases.push(case(&schema("Election"), "a value with a leading space", &spaced, false));
+    let mut revision = serde_json::to_value(&election).unwrap();
+    revision["cursor"] = json!(9);
+    cases.push(case(&schema("Election"), "a revision for a cursor", &revision, false));
     let mut number = serde_json::to_value(&hold).unwrap();
     number["token"] = json!(token.get());
     cases.push(case(&schema("SessionHold"), "token as a number", &number, false));
@@ -494,7 +507,7 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     assert_members(&doc, &schema("TokenValidity"), &[v(&TokenValidity { current: true })]);
     assert_members(&doc, &schema("Proclaimed"), &[v(&proclaimed)]);
     assert_members(&doc, &schema("Election"), &[v(&election), v(&election_bare), v(&election_none)]);
-    assert_members(&doc, &schema("Leader"), &[v(&leader), v(&leader_bare)]);
+    assert_members(&doc, &schema("Leader"), &[v(&leader), v(&leader_bare), v(&leader_you)]);
     assert_members(&doc, &schema("ErrorBody"), &error_bodies);
 }
 
