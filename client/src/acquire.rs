@@ -9,6 +9,13 @@
 //! is checked by listing the session's holds once the service can no longer grant
 //! it (`sent + wait + acquire_slack`), and again after the tier's own request
 //! timeout, in case it sat in the tier past its wait.
+//!
+//! A campaign (`crate::election`) is the same acquire on the election route, with
+//! one difference: it stops when its session is lost. Its request is raced
+//! against the session's loss and dropped at the loss (the tier then gives up its
+//! wait; a grant that commits as it leaves is undone, and the session's close
+//! ends anything else), so a campaigner never becomes leader on a session it
+//! already counts as lost.
 
 use std::{sync::Arc, time::Duration};
 
@@ -33,6 +40,8 @@ pub(crate) struct Acquire {
     pub(crate) wait: Duration,
     pub(crate) class: Option<String>,
     pub(crate) timeout: Duration,
+    /// A campaign, with the value to proclaim if any (`None`: a plain acquire).
+    pub(crate) campaign: Option<Option<String>>,
 }
 
 // === impl Acquire ===
@@ -41,10 +50,28 @@ impl Acquire {
     /// Sends the acquire and delivers its outcome on `tx`. A guard that cannot be
     /// delivered (the caller left) is dropped, which releases it.
     pub(crate) async fn run(self, tx: oneshot::Sender<Result<LockGuard, Error>>) {
-        let Acquire { inner, session, key, wait, class, timeout } = self;
+        let Acquire { inner, session, key, wait, class, timeout, campaign } = self;
         let sent = Instant::now();
         inner.count(1);
-        let answer = inner.api.acquire(&key, session.id, wait, class.as_deref(), timeout).await;
+        let value = campaign.as_ref().map(Option::as_deref);
+        let request = inner.api.acquire(&key, session.id, wait, class.as_deref(), value, timeout);
+        let answer = if campaign.is_some() {
+            tokio::select! {
+                a = request => a,
+                r = session.wait_lost() => {
+                    // Dropping the request ends the wait at the tier; the fence
+                    // (once per session, whoever sees the loss first) closes the
+                    // session and forgets the key's slot.
+                    inner.fence(&session, r);
+                    inner.ledger().not_acquired(&key, session.id);
+                    inner.changed.notify_waiters();
+                    let _ = tx.send(Err(Error::SessionLost(r)));
+                    return;
+                }
+            }
+        } else {
+            request.await
+        };
         let result = match answer {
             Ok(a) => {
                 let mut grant = a.grant;
@@ -92,7 +119,7 @@ async fn resolve(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, sent: In
         Listed::Present(g) => {
             let decision = inner.ledger().resolved_granted(&g);
             if let Adopt::Release(g) = decision {
-                let _ = release_grant(inner, session, &g).await;
+                let _ = release_grant(inner, session, &g, false).await;
             }
         }
     }
@@ -108,7 +135,7 @@ async fn resolve(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, sent: In
     if let Listed::Present(g) = list_after(inner, session, key, late).await {
         let decision = inner.ledger().adopt(&g);
         if let Adopt::Release(g) = decision {
-            let _ = release_grant(inner, session, &g).await;
+            let _ = release_grant(inner, session, &g, false).await;
         }
     }
 }

@@ -19,7 +19,10 @@ use lockmesh_core::{
     code::{AnyCode, AnyReason},
     headers::{self, SessionId},
     wire::{
-        api::{Acquired as AcquiredBody, Released, SessionClosed, SessionHolds, SessionOpened, SessionRenewed},
+        api::{
+            Acquired as AcquiredBody, Election, Proclaimed, Released, SessionClosed, SessionHolds, SessionOpened,
+            SessionRenewed,
+        },
         ErrorBody,
     },
     Code, Reason,
@@ -203,13 +206,16 @@ impl Api {
         renewed(session, &r)
     }
 
-    /// `POST /v1/locks/acquire` on `session`.
+    /// `POST /v1/locks/acquire` on `session`, or `POST /v1/elections/campaign`
+    /// when `campaign` is given (with the value to proclaim, if any): the same
+    /// grant and answer.
     pub(crate) async fn acquire(
         &self,
         key: &str,
         session: SessionId,
         wait: Duration,
         class: Option<&str>,
+        campaign: Option<Option<&str>>,
         timeout: Duration,
     ) -> Result<Acquired, CallError> {
         let mut h = vec![
@@ -220,7 +226,11 @@ impl Api {
         if let Some(c) = class {
             h.push((headers::CLASS, c.to_owned()));
         }
-        let a: AcquiredBody = self.call(Method::POST, "/v1/locks/acquire", &h, timeout).await?;
+        if let Some(Some(v)) = campaign {
+            h.push((headers::VALUE, v.to_owned()));
+        }
+        let path = if campaign.is_some() { "/v1/elections/campaign" } else { "/v1/locks/acquire" };
+        let a: AcquiredBody = self.call(Method::POST, path, &h, timeout).await?;
         if a.unprotected {
             // Token 0 fences nothing and the grant is on no session: hand it back.
             let grant = a.grant.ok_or_else(|| bad("grant"))?;
@@ -247,15 +257,50 @@ impl Api {
         Ok(Acquired { grant })
     }
 
-    /// `POST /v1/locks/release` of exactly this grant.
-    pub(crate) async fn release(&self, g: &Grant, timeout: Duration) -> Result<(), CallError> {
+    /// `POST /v1/locks/release` of exactly this grant, or `POST
+    /// /v1/elections/resign` of exactly this leadership (`resign`).
+    pub(crate) async fn release(&self, g: &Grant, resign: bool, timeout: Duration) -> Result<(), CallError> {
         let h = [
             (headers::KEY, g.key.clone()),
             (headers::TOKEN, g.token.to_string()),
             (headers::SESSION, g.session.to_string()),
         ];
-        let _: Released = self.call(Method::POST, "/v1/locks/release", &h, timeout).await?;
+        let path = if resign { "/v1/elections/resign" } else { "/v1/locks/release" };
+        let _: Released = self.call(Method::POST, path, &h, timeout).await?;
         Ok(())
+    }
+
+    /// `POST /v1/elections/proclaim`: `value` under exactly this leadership.
+    pub(crate) async fn proclaim(&self, g: &Grant, value: &str, timeout: Duration) -> Result<(), CallError> {
+        let h = [
+            (headers::KEY, g.key.clone()),
+            (headers::TOKEN, g.token.to_string()),
+            (headers::SESSION, g.session.to_string()),
+            (headers::VALUE, value.to_owned()),
+        ];
+        let _: Proclaimed = self.call(Method::POST, "/v1/elections/proclaim", &h, timeout).await?;
+        Ok(())
+    }
+
+    /// `GET /v1/elections`: the leadership now, or after the first change past
+    /// `after`, waiting up to `wait`. Naming `session` shows the caller's own
+    /// leadership's token.
+    pub(crate) async fn observe(
+        &self,
+        key: &str,
+        after: Option<&str>,
+        wait: Duration,
+        session: Option<SessionId>,
+        timeout: Duration,
+    ) -> Result<Election, CallError> {
+        let mut h = vec![(headers::KEY, key.to_owned()), (headers::WAIT_MS, wait.as_millis().to_string())];
+        if let Some(a) = after {
+            h.push((headers::AFTER, a.to_owned()));
+        }
+        if let Some(s) = session {
+            h.push((headers::SESSION, s.to_string()));
+        }
+        self.call(Method::GET, "/v1/elections", &h, timeout).await
     }
 
     /// `GET /v1/sessions/holds`.

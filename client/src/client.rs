@@ -203,14 +203,33 @@ impl Client {
     /// answer is lost returns [`Error::OutcomeUnknown`] and is resolved the same
     /// way; calling `lock` again is safe.
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, Error> {
+        self.take(key, &opts, None, None).await
+    }
+
+    /// [`Client::lock`], or a campaign (`campaign`: the value to proclaim, if
+    /// any) on `pinned`, the campaign's one session: when it is lost this ends
+    /// with [`Error::SessionLost`] instead of opening another.
+    pub(crate) async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        campaign: Option<Option<&str>>,
+        pinned: Option<&Arc<Session>>,
+    ) -> Result<LockGuard, Error> {
         headers::parse_key(key.as_bytes()).map_err(|e| Error::Config { field: "key", why: e.why })?;
         let give_up = Instant::now() + opts.wait;
         let inner = &self.inner;
         let mut relearnt = false;
         loop {
-            let session = inner.session_for(key, opts.class.as_deref()).await?;
+            let session = match pinned {
+                Some(s) => s.clone(),
+                None => inner.session_for(key, opts.class.as_deref()).await?,
+            };
             if let Some(r) = session.lost() {
                 inner.fence(&session, r);
+                if pinned.is_some() {
+                    return Err(Error::SessionLost(r));
+                }
                 continue;
             }
             if !session.status().can_start {
@@ -243,22 +262,36 @@ impl Client {
                         wait,
                         class: opts.class.clone(),
                         timeout: opts.timeout.unwrap_or(wait + inner.config.acquire_slack),
+                        campaign: campaign.map(|v| v.map(str::to_owned)),
                     };
                     inner.runtime.spawn(task.run(tx));
                     let r = rx.await.unwrap_or(Err(Error::OutcomeUnknown));
                     // The class TTL changed since this key's TTL was learnt: learn it
-                    // again (one new session open) and acquire once more.
+                    // again (one new session open) and acquire once more (a campaign
+                    // is told, and pins a session of the new TTL).
                     if !relearnt
                         && matches!(&r, Err(Error::Refused { code, .. }) if *code == Code::SessionClassMismatch)
                     {
                         relearnt = true;
                         inner.forget_ttl(key, opts.class.as_deref());
-                        continue;
+                        if pinned.is_none() {
+                            continue;
+                        }
                     }
                     return r;
                 }
             }
         }
+    }
+
+    /// The live session for `key`'s TTL, opening one if needed (a campaign pins it).
+    pub(crate) async fn session_for(&self, key: &str, class: Option<&str>) -> Result<Arc<Session>, Error> {
+        self.inner.session_for(key, class).await
+    }
+
+    /// The shared state (`crate::election`).
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// The per-process instance id this client sends as `x-lock-instance`.

@@ -21,13 +21,36 @@ pub struct LockGuard {
     session: Arc<Session>,
     grant: Grant,
     done: bool,
+    /// A leadership (`crate::election`): its end is sent as a resign.
+    resign: bool,
 }
 
 // === impl LockGuard ===
 
 impl LockGuard {
     pub(crate) fn new(inner: Arc<Inner>, session: Arc<Session>, grant: Grant) -> Self {
-        Self { inner, session, grant, done: false }
+        Self { inner, session, grant, done: false, resign: false }
+    }
+
+    /// Makes this guard a leadership's: its end is a resign.
+    pub(crate) fn leadership(mut self) -> Self {
+        self.resign = true;
+        self
+    }
+
+    /// The session the hold is on.
+    pub(crate) fn session_handle(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The grant.
+    pub(crate) fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    /// The client's shared state.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// The lock key.
@@ -118,7 +141,7 @@ impl LockGuard {
                 Some(r) => Err(Error::SessionLost(r)),
                 None => Ok(()),
             },
-            Exit::Release(g) => release_grant(&self.inner, &self.session, &g).await,
+            Exit::Release(g) => release_grant(&self.inner, &self.session, &g, self.resign).await,
         }
     }
 }
@@ -130,9 +153,9 @@ impl Drop for LockGuard {
         }
         let exit = self.inner.ledger().exit(&self.grant.key, self.grant.token);
         if let Exit::Release(g) = exit {
-            let (inner, session) = (self.inner.clone(), self.session.clone());
+            let (inner, session, resign) = (self.inner.clone(), self.session.clone(), self.resign);
             self.inner.runtime.spawn(async move {
-                if let Err(e) = release_grant(&inner, &session, &g).await {
+                if let Err(e) = release_grant(&inner, &session, &g, resign).await {
                     tracing::debug!(code = e.code(), "release on drop ended without a release");
                 }
             });
@@ -147,16 +170,21 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-/// Sends the release of `g` until it is answered, then ends the ledger's
+/// Sends the release (`resign`: the resign) of `g` until it is answered, then ends the ledger's
 /// releasing state. A failure retries with backoff when sending it again may
 /// succeed ([`crate::api::CallError::retryable`]: no answer, or a refusal whose code
 /// [`Code::retryable`] says so); any other refusal ends the attempt with it, and so
 /// does the session's loss (its holds are gone with it).
-pub(crate) async fn release_grant(inner: &Arc<Inner>, session: &Arc<Session>, g: &Grant) -> Result<(), Error> {
+pub(crate) async fn release_grant(
+    inner: &Arc<Inner>,
+    session: &Arc<Session>,
+    g: &Grant,
+    resign: bool,
+) -> Result<(), Error> {
     let mut backoff = Duration::from_millis(100);
     let result = loop {
         inner.count(2);
-        match inner.api.release(g, inner.config.request_timeout).await {
+        match inner.api.release(g, resign, inner.config.request_timeout).await {
             Ok(()) => break Ok(()),
             Err(e) if e.code() == Some(Code::SessionExpired) => {
                 inner.fence(session, LossReason::SessionExpired);

@@ -45,7 +45,9 @@
 //!   files change ([`Config::cert_reload`]).
 //! - `session`: a session and its keepalive task.
 //! - `client`, `guard`, `acquire`: the public handles and the acquire task.
-//! - [`run`]: `lockctl run KEY -- CMD`.
+//! - [`election`]: [`Client::campaign`], [`Leadership`] and [`Observer`] (leader
+//!   election on the same grants).
+//! - [`run`]: `lockctl run KEY -- CMD` and `lockctl elect NAME -- CMD`.
 #![deny(unsafe_code)]
 
 mod acquire;
@@ -53,6 +55,7 @@ mod api;
 mod client;
 pub mod clock;
 mod config;
+pub mod election;
 mod error;
 mod guard;
 pub mod ledger;
@@ -63,6 +66,7 @@ mod tls;
 pub use client::{instance_id, Client, FenceEvent, JeopardyEvent, LockOptions, OnFence, OnJeopardy, Stats};
 pub use clock::{HoldState, LossReason};
 pub use config::Config;
+pub use election::{CampaignOptions, LeaderInfo, Leadership, Observation, Observer};
 pub use error::Error;
 pub use guard::LockGuard;
 pub use session::SessionStatus;

@@ -1,5 +1,9 @@
 //! `lockctl run KEY -- CMD ARGS...`: runs a command while holding a lock, like
-//! `etcdctl lock KEY CMD` and `consul lock PREFIX CMD`.
+//! `etcdctl lock KEY CMD` and `consul lock PREFIX CMD`; `lockctl elect NAME -- CMD
+//! ARGS...` runs one only while leader of an election, like `etcdctl elect NAME
+//! CMD` (campaigning until leader unless `--wait-ms` bounds it; `--value` is
+//! proclaimed with the leadership). Both work the same way once the command runs,
+//! the leadership being the election key's hold:
 //!
 //! - The child gets `LOCKMESH_KEY`, `LOCKMESH_TOKEN`, `LOCKMESH_EPOCH`,
 //!   `LOCKMESH_REVISION`, `LOCKMESH_SESSION` and `LOCKMESH_TTL_S` in its
@@ -23,9 +27,11 @@
 //!   child gets SIGTERM if `lockctl` dies (Linux `PR_SET_PDEATHSIG`): its lock
 //!   ends with `lockctl`'s session.
 //! - The exit code is the child's (128 + the signal number if a signal ended it);
-//!   the lock is released when the child ends. Codes of `lockctl` itself: 64 a
-//!   usage or configuration error, 75 the lock was not granted within the wait,
-//!   126 the command could not be started, 127 it was not found, 1 anything else.
+//!   the lock is released (the leadership resigned) when the child ends. Codes of
+//!   `lockctl` itself: 64 a usage or configuration error, 75 the lock (the
+//!   leadership) was not granted within the wait, 126 the command could not be
+//!   started, 127 it was not found, 1 anything else (`elect`: the campaign's
+//!   session was lost, or the class cannot hold an election).
 
 use std::{
     net::SocketAddr,
@@ -41,14 +47,15 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::{Client, Config, Error, HoldState, LockOptions, LossReason};
+use crate::{CampaignOptions, Client, Config, Error, HoldState, LockGuard, LockOptions, LossReason};
 
 mod signal_child;
 
-/// Command-line arguments of `lockctl run`.
+/// What `lockctl run` and `lockctl elect` share: the lock tier, the workload's
+/// certificate, and how the command is told about jeopardy and stopped at a loss.
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 #[derive(Clone, Debug)]
-pub struct RunArgs {
+pub struct HoldArgs {
     /// The lock tier's HTTPS URL.
     #[cfg_attr(feature = "cli", arg(long, env = "LOCKMESH_ENDPOINT"))]
     pub endpoint: String,
@@ -69,9 +76,6 @@ pub struct RunArgs {
     /// its SVID keeps its lock: keepalives on new connections present the rotated one.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 10_000))]
     pub cert_reload_ms: u64,
-    /// How long to wait for the lock, in ms (0: try once).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
-    pub wait_ms: u64,
     /// Refuse unless the key's class is this one.
     #[cfg_attr(feature = "cli", arg(long))]
     pub class: Option<String>,
@@ -95,6 +99,18 @@ pub struct RunArgs {
     /// end it at every keepalive blip).
     #[cfg_attr(feature = "cli", arg(long, value_parser = parse_signal))]
     pub jeopardy_signal: Option<i32>,
+}
+
+/// Command-line arguments of `lockctl run`.
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    /// The lock tier, the certificate, the loss handling.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub hold: HoldArgs,
+    /// How long to wait for the lock, in ms (0: try once).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub wait_ms: u64,
     /// The lock key.
     pub key: String,
     /// The command and its arguments (after `--`).
@@ -102,15 +118,39 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// Why `lockctl run` did not run the command to its end.
+/// Command-line arguments of `lockctl elect`.
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[derive(Clone, Debug)]
+pub struct ElectArgs {
+    /// The lock tier, the certificate, the loss handling.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub hold: HoldArgs,
+    /// How long to campaign, in ms (0: try once). Default: until leader.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub wait_ms: Option<u64>,
+    /// The value to proclaim with the leadership (1-1024 printable ASCII bytes,
+    /// no leading or trailing space): observers of the election see it.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub value: Option<String>,
+    /// The election: a key of a class with max_holders 1 that fails closed.
+    pub name: String,
+    /// The command and its arguments (after `--`).
+    #[cfg_attr(feature = "cli", arg(last = true, required = true))]
+    pub command: Vec<String>,
+}
+
+/// Why `lockctl run` (or `elect`) did not run the command to its end.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// No command after `--`.
-    #[error("command: missing (lockctl run KEY -- CMD ARGS...)")]
+    #[error("command: missing (lockctl run KEY -- CMD ARGS..., lockctl elect NAME -- CMD ARGS...)")]
     NoCommand,
     /// The lock could not be taken.
     #[error("lock: {0}")]
     Lock(#[from] Error),
+    /// The leadership could not be won.
+    #[error("campaign: {0}")]
+    Campaign(Error),
     /// The command could not be started.
     #[error("command {program}: {source}")]
     Spawn {
@@ -155,8 +195,8 @@ impl RunError {
     /// The exit code `lockctl` uses for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RunError::NoCommand | RunError::Lock(Error::Config { .. }) => 64,
-            RunError::Lock(Error::Contended { .. }) => 75,
+            RunError::NoCommand | RunError::Lock(Error::Config { .. }) | RunError::Campaign(Error::Config { .. }) => 64,
+            RunError::Lock(Error::Contended { .. }) | RunError::Campaign(Error::Contended { .. }) => 75,
             RunError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             RunError::Spawn { .. } => 126,
             RunError::JeopardyFile { .. } => 64,
@@ -167,10 +207,19 @@ impl RunError {
 
 /// Runs `lockctl run` and returns the process exit code; errors are printed.
 pub async fn main(args: RunArgs) -> u8 {
-    match run(args).await {
+    report(RUN, run(args).await)
+}
+
+/// Runs `lockctl elect` and returns the process exit code; errors are printed.
+pub async fn elect_main(args: ElectArgs) -> u8 {
+    report(ELECT, elect(args).await)
+}
+
+fn report(names: Names, r: Result<u8, RunError>) -> u8 {
+    match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("lockctl run: {e}");
+            eprintln!("lockctl {}: {e}", names.cmd);
             e.exit_code()
         }
     }
@@ -180,60 +229,107 @@ pub async fn main(args: RunArgs) -> u8 {
 /// lost, releases the lock; returns the command's exit code.
 pub async fn run(args: RunArgs) -> Result<u8, RunError> {
     let (program, rest) = args.command.split_first().ok_or(RunError::NoCommand)?;
-    let mut config = Config::new(&args.endpoint, &args.ca, &args.cert, &args.cert_key);
-    config.resolve = args.resolve;
-    config.cert_reload = Some(Duration::from_millis(args.cert_reload_ms)).filter(|d| !d.is_zero());
-    config.margin = Duration::from_millis(args.margin_ms);
-    let jeopardy = JeopardyFile::new(args.jeopardy_file.clone())?;
-    let (told_tx, mut told_rx) = mpsc::unbounded_channel();
-    let fenced = told_tx.clone();
-    let client = Client::with_jeopardy(
-        config,
-        move |fence| {
-            let _ = fenced.send(Told::Lost(fence.reason));
-        },
-        move |ev| {
-            let _ = told_tx.send(Told::Jeopardy(ev.state == HoldState::Jeopardy));
-        },
-    )?;
+    let mut held = Held::new(&args.hold, RUN)?;
     let mut opts = LockOptions::default().wait(Duration::from_millis(args.wait_ms));
-    opts.class = args.class.clone();
-    let guard = client.lock(&args.key, opts).await?;
-
-    let mut cmd = Command::new(program);
-    cmd.args(rest)
-        .env("LOCKMESH_KEY", guard.key())
-        .env("LOCKMESH_TOKEN", guard.token().to_string())
-        .env("LOCKMESH_EPOCH", guard.epoch().to_string())
-        .env("LOCKMESH_REVISION", guard.revision().to_string())
-        .env("LOCKMESH_SESSION", guard.session())
-        .env("LOCKMESH_TTL_S", guard.ttl().as_secs().to_string())
-        .env("LOCKMESH_JEOPARDY_FILE", &jeopardy.path)
-        .kill_on_drop(true);
-    if let Some(proof) = guard.proof() {
-        cmd.env("LOCKMESH_PROOF", proof);
-    }
-    signal_child::term_with_parent(&mut cmd);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(source) => {
-            let _ = guard.release().await;
-            client.shutdown().await;
-            return Err(RunError::Spawn { program: program.clone(), source });
-        }
-    };
-    let tell = Tell { file: &jeopardy, signal: args.jeopardy_signal };
-    let status = supervise(&mut child, &mut told_rx, &tell, Duration::from_millis(args.grace_ms)).await;
+    opts.class = args.hold.class.clone();
+    let guard = held.client.lock(&args.key, opts).await?;
+    let status = held.command(program, rest, &guard).await;
     let _ = guard.release().await;
-    client.shutdown().await;
-    drop(jeopardy);
-    Ok(exit_code(status.map_err(RunError::Wait)?))
+    held.client.shutdown().await;
+    Ok(exit_code(status?))
+}
+
+/// Campaigns until leader (or `--wait-ms`), runs the command while leader, stops
+/// it if the leadership is lost, resigns when it ends; returns its exit code.
+pub async fn elect(args: ElectArgs) -> Result<u8, RunError> {
+    let (program, rest) = args.command.split_first().ok_or(RunError::NoCommand)?;
+    let mut held = Held::new(&args.hold, ELECT)?;
+    let opts = CampaignOptions {
+        wait: args.wait_ms.map(Duration::from_millis),
+        value: args.value.clone(),
+        class: args.hold.class.clone(),
+        round: None,
+    };
+    let leadership = held.client.campaign(&args.name, opts).await.map_err(RunError::Campaign)?;
+    let status = held.command(program, rest, leadership.guard()).await;
+    let _ = leadership.resign().await;
+    held.client.shutdown().await;
+    Ok(exit_code(status?))
+}
+
+/// How a subcommand names itself and what it holds, in its messages.
+#[derive(Clone, Copy, Debug)]
+struct Names {
+    cmd: &'static str,
+    hold: &'static str,
+}
+
+const RUN: Names = Names { cmd: "run", hold: "lock" };
+const ELECT: Names = Names { cmd: "elect", hold: "leadership" };
+
+/// The client and everything that supervises the command under its hold.
+struct Held {
+    client: Client,
+    told: mpsc::UnboundedReceiver<Told>,
+    jeopardy: JeopardyFile,
+    signal: Option<i32>,
+    grace: Duration,
+    names: Names,
+}
+
+// === impl Held ===
+
+impl Held {
+    /// The client for `args`, its fence and jeopardy callbacks feeding `told`.
+    fn new(args: &HoldArgs, names: Names) -> Result<Self, RunError> {
+        let mut config = Config::new(&args.endpoint, &args.ca, &args.cert, &args.cert_key);
+        config.resolve = args.resolve;
+        config.cert_reload = Some(Duration::from_millis(args.cert_reload_ms)).filter(|d| !d.is_zero());
+        config.margin = Duration::from_millis(args.margin_ms);
+        let jeopardy = JeopardyFile::new(args.jeopardy_file.clone())?;
+        let (told_tx, told) = mpsc::unbounded_channel();
+        let fenced = told_tx.clone();
+        let client = Client::with_jeopardy(
+            config,
+            move |fence| {
+                let _ = fenced.send(Told::Lost(fence.reason));
+            },
+            move |ev| {
+                let _ = told_tx.send(Told::Jeopardy(ev.state == HoldState::Jeopardy));
+            },
+        )?;
+        let grace = Duration::from_millis(args.grace_ms);
+        Ok(Self { client, told, jeopardy, signal: args.jeopardy_signal, grace, names })
+    }
+
+    /// Runs the command under `guard` until it ends, or until the hold is lost
+    /// (then SIGTERM, SIGKILL after the grace).
+    async fn command(&mut self, program: &str, rest: &[String], guard: &LockGuard) -> Result<ExitStatus, RunError> {
+        let mut cmd = Command::new(program);
+        cmd.args(rest)
+            .env("LOCKMESH_KEY", guard.key())
+            .env("LOCKMESH_TOKEN", guard.token().to_string())
+            .env("LOCKMESH_EPOCH", guard.epoch().to_string())
+            .env("LOCKMESH_REVISION", guard.revision().to_string())
+            .env("LOCKMESH_SESSION", guard.session())
+            .env("LOCKMESH_TTL_S", guard.ttl().as_secs().to_string())
+            .env("LOCKMESH_JEOPARDY_FILE", &self.jeopardy.path)
+            .kill_on_drop(true);
+        if let Some(proof) = guard.proof() {
+            cmd.env("LOCKMESH_PROOF", proof);
+        }
+        signal_child::term_with_parent(&mut cmd);
+        let mut child = cmd.spawn().map_err(|source| RunError::Spawn { program: program.to_owned(), source })?;
+        let tell = Tell { file: &self.jeopardy, signal: self.signal, names: self.names };
+        supervise(&mut child, &mut self.told, &tell, self.grace).await.map_err(RunError::Wait)
+    }
 }
 
 /// How the child is told about jeopardy: the file, and the signal if asked for.
 struct Tell<'a> {
     file: &'a JeopardyFile,
     signal: Option<i32>,
+    names: Names,
 }
 
 /// Waits for the child; passes SIGTERM/SIGINT on; tells it about jeopardy; stops
@@ -253,14 +349,15 @@ async fn supervise(
                 Some(Told::Jeopardy(on)) => tell.jeopardy(child, on),
                 Some(Told::Lost(reason)) => {
                     tell.file.set(&format!("lost {reason}"));
-                    eprintln!("lockctl run: lock lost ({reason}); sending SIGTERM to the command");
-                    return stop(child, grace).await;
+                    let Names { cmd, hold } = tell.names;
+                    eprintln!("lockctl {cmd}: {hold} lost ({reason}); sending SIGTERM to the command");
+                    return stop(child, grace, tell.names).await;
                 }
                 None => {
                     // The client is gone: the lock cannot be kept.
                     tell.file.set("lost closed");
-                    eprintln!("lockctl run: the lock client stopped; stopping the command");
-                    return stop(child, grace).await;
+                    eprintln!("lockctl {}: the lock client stopped; stopping the command", tell.names.cmd);
+                    return stop(child, grace, tell.names).await;
                 }
             },
             _ = term.recv() => signal_child::send(child, libc::SIGTERM),
@@ -275,11 +372,12 @@ impl Tell<'_> {
     /// Jeopardy started (`on`) or ended by recovery: the file first, then the
     /// signal, so a handler sees the new state in the file.
     fn jeopardy(&self, child: &Child, on: bool) {
+        let Names { cmd, hold } = self.names;
         if on {
-            eprintln!("lockctl run: a keepalive failed: the lock is in jeopardy (start no new work)");
+            eprintln!("lockctl {cmd}: a keepalive failed: the {hold} is in jeopardy (start no new work)");
             self.file.set("jeopardy");
         } else {
-            eprintln!("lockctl run: a keepalive was acknowledged: jeopardy is over");
+            eprintln!("lockctl {cmd}: a keepalive was acknowledged: jeopardy is over");
             self.file.clear();
         }
         if let Some(sig) = self.signal {
@@ -380,12 +478,12 @@ pub fn parse_signal(s: &str) -> Result<i32, String> {
 }
 
 /// SIGTERM, then SIGKILL after `grace`.
-async fn stop(child: &mut Child, grace: Duration) -> std::io::Result<ExitStatus> {
+async fn stop(child: &mut Child, grace: Duration, names: Names) -> std::io::Result<ExitStatus> {
     signal_child::send(child, libc::SIGTERM);
     tokio::select! {
         status = child.wait() => status,
         _ = tokio::time::sleep(grace) => {
-            eprintln!("lockctl run: the command is still running after {grace:?}; sending SIGKILL");
+            eprintln!("lockctl {}: the command is still running after {grace:?}; sending SIGKILL", names.cmd);
             child.start_kill()?;
             child.wait().await
         }
@@ -419,7 +517,7 @@ mod tests {
         let mut c = Command::new("sh").args(["-c", "trap '' TERM; sleep 10"]).spawn().unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await; // let the trap be set
         let t = tokio::time::Instant::now();
-        let st = stop(&mut c, Duration::from_millis(300)).await.unwrap();
+        let st = stop(&mut c, Duration::from_millis(300), RUN).await.unwrap();
         assert_eq!(exit_code(st), 128 + 9);
         assert!(t.elapsed() >= Duration::from_millis(300));
     }
@@ -470,5 +568,8 @@ mod tests {
         let nf = std::io::Error::from(std::io::ErrorKind::NotFound);
         assert_eq!(RunError::Spawn { program: "x".into(), source: nf }.exit_code(), 127);
         assert_eq!(RunError::Lock(Error::OutcomeUnknown).exit_code(), 1);
+        assert_eq!(RunError::Campaign(Error::Contended { reason: "key_gated".into() }).exit_code(), 75);
+        let lost = RunError::Campaign(Error::SessionLost(LossReason::Deadline));
+        assert_eq!((lost.exit_code(), lost.to_string().as_str()), (1, "campaign: session lost (deadline)"));
     }
 }

@@ -5,8 +5,9 @@
 //! - `lockctl restore`: restore an etcd snapshot with a revision bump into each
 //!   member's data directory, wait for the members to be started, then run the
 //!   epoch advance. Safe to re-run after a crash at any step.
-//! - `lockctl run KEY -- CMD ARGS...`: run a command under a lock (the holder
-//!   SDK's `lockmesh_client::run`).
+//! - `lockctl run KEY -- CMD ARGS...`: run a command under a lock, and `lockctl
+//!   elect NAME -- CMD ARGS...`: run one only while leader of an election (the
+//!   holder SDK's `lockmesh_client::run`).
 //!
 //! - `lockctl class check|cost FILE`, `lockctl limit change|resume|cancel|show`:
 //!   class registries and limit changes (`docs/CLASSES.md`).
@@ -116,6 +117,13 @@ enum Cmd {
     /// LOCKMESH_JEOPARDY_FILE exists (recovery removes it); --jeopardy-signal SIG
     /// also signals the command then and on recovery. Exits with the command's code.
     Run(lockmesh_client::run::RunArgs),
+    /// Run a command only while leader of an election (like `etcdctl elect`):
+    /// campaigns for NAME (until leader, or --wait-ms), runs the command with the
+    /// leadership's token in its environment as `run` does, and resigns when it
+    /// ends; when the leadership is lost the command gets SIGTERM, then SIGKILL
+    /// after --grace-ms. --value is proclaimed with the leadership (observers see
+    /// it). Exits with the command's code; 75 if not leader within --wait-ms.
+    Elect(lockmesh_client::run::ElectArgs),
     /// Check everything an operator must act on: versions (lockctl, arbiters, etcd),
     /// seal, etcd members and quorum, draining classes, fenced classes without a
     /// passing pause test, advisory classes with expired waivers. Exit 0 healthy,
@@ -173,6 +181,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Cmd::Run(args) => ExitCode::from(lockmesh_client::run::main(args.clone()).await),
+            Cmd::Elect(args) => ExitCode::from(lockmesh_client::run::elect_main(args.clone()).await),
             Cmd::EpochAdvance(a) => restore::epoch_advance(a).await,
             Cmd::Restore(r) => restore::main(r).await,
             Cmd::Completions { .. } | Cmd::Man { .. } => ExitCode::SUCCESS,
