@@ -21,6 +21,7 @@ mod durable;
 mod edges_grant;
 mod edges_vm;
 mod edges_waiters;
+mod election;
 mod envoy_sds;
 mod errors;
 mod etcd_auth;
