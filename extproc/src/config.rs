@@ -210,6 +210,12 @@ pub struct RawConsole {
     pub audit_tls: Option<RawConsoleAuditTls>,
     /// Recent audit events shown. Default 20 (1 to 200).
     pub audit_events: Option<usize>,
+    /// The Grafana dashboard the page links to (`http://` or `https://`), e.g.
+    /// deploy/monitoring's `https://grafana.example/d/lockmesh-overview`.
+    pub grafana_url: Option<String>,
+    /// Seconds between two samples of the console's history (its plots keep 360
+    /// samples: an hour at the default 10; 1 to 60).
+    pub history_interval_s: Option<u64>,
 }
 
 /// `console.audit_tls`: PEM file paths, relative to the config file.
@@ -233,6 +239,10 @@ pub struct Console {
     pub audit_tls: Option<ConsoleAuditTls>,
     /// Recent audit events shown.
     pub audit_events: usize,
+    /// The Grafana dashboard the page links to, if any.
+    pub grafana_url: Option<String>,
+    /// Time between two samples of the console's history.
+    pub history_interval: std::time::Duration,
 }
 
 /// Validated `console.audit_tls`.
@@ -248,10 +258,37 @@ pub struct ConsoleAuditTls {
 
 /// Default `console.audit_events`.
 pub const DEFAULT_CONSOLE_AUDIT_EVENTS: usize = 20;
+/// Default `console.history_interval_s`.
+pub const DEFAULT_CONSOLE_HISTORY_INTERVAL_S: u64 = 10;
+/// Longest `console.grafana_url`.
+const MAX_GRAFANA_URL: usize = 2048;
+
+/// The problem with `console.grafana_url` `u`, if any: an `http://` or `https://`
+/// URL with a host, at most 2048 bytes, without spaces, quotes, angle brackets or
+/// control characters (the page puts it in a link's `href`).
+fn grafana_url_problem(u: &str) -> Option<&'static str> {
+    let rest = u.strip_prefix("https://").or_else(|| u.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or_default());
+    if host.is_none_or(str::is_empty) {
+        Some("must be an http:// or https:// URL with a host")
+    } else if u.len() > MAX_GRAFANA_URL {
+        Some("is longer than 2048 bytes")
+    } else if u.chars().any(|c| c.is_control() || c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '\\')) {
+        Some("holds a space, quote, angle bracket, backslash or control character")
+    } else {
+        None
+    }
+}
 
 fn console(raw: Option<&RawConsole>, base: &Path, name: &str, errs: &mut Vec<String>) -> Console {
     let Some(raw) = raw else {
-        return Console { audit_url: None, audit_tls: None, audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS };
+        return Console {
+            audit_url: None,
+            audit_tls: None,
+            audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS,
+            grafana_url: None,
+            history_interval: std::time::Duration::from_secs(DEFAULT_CONSOLE_HISTORY_INTERVAL_S),
+        };
     };
     if let Some(u) = &raw.audit_url {
         let hostport = u.strip_prefix("https://").map(|h| h.trim_end_matches('/'));
@@ -283,7 +320,20 @@ fn console(raw: Option<&RawConsole>, base: &Path, name: &str, errs: &mut Vec<Str
     if !(1..=200).contains(&audit_events) {
         errs.push(format!("{name}: console.audit_events: {audit_events} is outside 1 to 200"));
     }
-    Console { audit_url: raw.audit_url.clone(), audit_tls, audit_events }
+    if let Some(problem) = raw.grafana_url.as_deref().and_then(grafana_url_problem) {
+        errs.push(format!("{name}: console.grafana_url: {problem}"));
+    }
+    let interval_s = raw.history_interval_s.unwrap_or(DEFAULT_CONSOLE_HISTORY_INTERVAL_S);
+    if !(1..=60).contains(&interval_s) {
+        errs.push(format!("{name}: console.history_interval_s: {interval_s} is outside 1 to 60"));
+    }
+    Console {
+        audit_url: raw.audit_url.clone(),
+        audit_tls,
+        audit_events,
+        grafana_url: raw.grafana_url.clone(),
+        history_interval: std::time::Duration::from_secs(interval_s),
+    }
 }
 
 /// Grant proof signing (`docs/FENCING.md`).
@@ -871,6 +921,31 @@ mod tests {
         let (o, errs) = ops(&format!("{BASE}force_record_retention_s: 86400\n"));
         assert!(!errs.iter().any(|e| e.contains("retention")), "{errs:?}");
         assert_eq!(o.force_record_retention_s, 86_400);
+    }
+
+    #[test]
+    fn the_grafana_link_is_an_http_url_and_the_history_interval_is_bounded() {
+        let console_of = |yaml: &str| {
+            let raw: RawConsole = serde_saphyr::from_str(yaml).unwrap();
+            let mut errs = Vec::new();
+            let c = console(Some(&raw), Path::new("/nonexistent"), "a.yaml", &mut errs);
+            (c, errs)
+        };
+        let (c, errs) = console_of("grafana_url: https://grafana.example/d/lockmesh-overview?orgId=1\n");
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(c.grafana_url.as_deref(), Some("https://grafana.example/d/lockmesh-overview?orgId=1"));
+        assert_eq!(c.history_interval, std::time::Duration::from_secs(DEFAULT_CONSOLE_HISTORY_INTERVAL_S));
+        for bad in ["javascript:alert(1)", "https://", "ftp://x", "https://a/\"x\"", "https://a/<b>", "//grafana/d/x"] {
+            let (_, errs) = console_of(&format!("grafana_url: '{bad}'\n"));
+            assert!(errs.iter().any(|e| e.contains("console.grafana_url")), "{bad}: {errs:?}");
+        }
+        for bad in [0, 61] {
+            let (_, errs) = console_of(&format!("history_interval_s: {bad}\n"));
+            assert!(errs.iter().any(|e| e.contains("console.history_interval_s")), "{bad}: {errs:?}");
+        }
+        let (c, errs) = console_of("history_interval_s: 2\n");
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(c.history_interval, std::time::Duration::from_secs(2));
     }
 
     fn tls(allowed: &[&str], own: &[&str]) -> RawTls {

@@ -92,8 +92,9 @@ pub async fn run(
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                let started = tokio::time::Instant::now();
                 let r = store.check_seal().await;
-                metrics::ETCD.observe(r.is_ok());
+                metrics::ETCD.observe(r.is_ok(), started.elapsed());
                 // The fail-open trigger (ADR-04): a declared quorum loss, and the
                 // spool shipped once the quorum is back.
                 tiers.observe_quorum(&store, r.is_ok()).await;
@@ -138,6 +139,8 @@ pub async fn run(
         }
     });
     let reloader = tokio::spawn(registry::watch(state.clone(), state.config.registry_file.clone()));
+    // The console's plots: the arbiter's own figures, sampled into memory.
+    let history = console::history::start(state.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(admin::run(admin, state.clone(), {
         let mut rx = stop_rx.clone();
@@ -164,6 +167,7 @@ pub async fn run(
     checker.abort();
     tiers_task.abort();
     reloader.abort();
+    history.abort();
     let _ = admin_task.await;
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! One [`Registry`] holds the arbiter's families, the fail-open ones
 //! (`lockmesh_lock::failopen::STATS`), the class ones (`crate::registry`) and
 //! collectors read at scrape time: the hand-off counters
-//! (`lockmesh_lock::wait::HANDOFFS`), etcd's health ([`ETCD`]), and the holds and
+//! (`lockmesh_lock::wait::HANDOFFS`), etcd's health and the seal checks' time
+//! ([`ETCD`]), and the holds and
 //! waits by namespace and class ([`WaitCollector`]: the oldest open hold, from the
 //! quota ledgers; gated waiters, wake-ups per grant and pickup latency, from the
 //! waiters' books of `lockmesh_lock::wait`). Values that exist only at scrape time
@@ -17,9 +18,13 @@
 
 mod shadow;
 
-use std::sync::{
-    atomic::{AtomicBool, AtomicU64, Ordering},
-    Mutex,
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, LazyLock, Mutex, RwLock,
+    },
+    time::Duration,
 };
 
 use lockmesh_telemetry::labels::Described;
@@ -49,17 +54,45 @@ pub struct EtcdHealth {
     reachable: AtomicBool,
     failing_since_ms: AtomicU64,
     failures: AtomicU64,
+    /// Seal checks, and their total time in µs (what `ETCD_CHECK` counts; its
+    /// count and sum are not readable outside prometheus-client's tests).
+    checks: AtomicU64,
+    sum_us: AtomicU64,
+    /// The slowest check since [`EtcdHealth::take_max_us`] last ran, µs.
+    max_us: AtomicU64,
 }
 
 /// etcd reachability as the seal checker last saw it (a process-wide fact).
-pub static ETCD: EtcdHealth =
-    EtcdHealth { reachable: AtomicBool::new(false), failing_since_ms: AtomicU64::new(0), failures: AtomicU64::new(0) };
+pub static ETCD: EtcdHealth = EtcdHealth {
+    reachable: AtomicBool::new(false),
+    failing_since_ms: AtomicU64::new(0),
+    failures: AtomicU64::new(0),
+    checks: AtomicU64::new(0),
+    sum_us: AtomicU64::new(0),
+    max_us: AtomicU64::new(0),
+};
+
+/// How long each seal check took (`lockmesh_arbiter_etcd_check_seconds`).
+static ETCD_CHECK: LazyLock<Histogram> = LazyLock::new(latency_histogram);
+
+/// The seal checks so far: how many, how many failed, their total time (µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EtcdChecks {
+    pub checks: u64,
+    pub failures: u64,
+    pub sum_us: u64,
+}
 
 // === impl EtcdHealth ===
 
 impl EtcdHealth {
-    /// Records one seal check's outcome.
-    pub fn observe(&self, ok: bool) {
+    /// Records one seal check's outcome and how long it took.
+    pub fn observe(&self, ok: bool, took: Duration) {
+        ETCD_CHECK.observe(took.as_secs_f64());
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.checks.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.max_us.fetch_max(us, Ordering::Relaxed);
         self.reachable.store(ok, Ordering::Relaxed);
         if ok {
             self.failing_since_ms.store(0, Ordering::Relaxed);
@@ -75,6 +108,20 @@ impl EtcdHealth {
         self.reachable.load(Ordering::Relaxed)
     }
 
+    /// The seal checks so far (the history's etcd series, `console::history`).
+    pub(crate) fn checks(&self) -> EtcdChecks {
+        EtcdChecks {
+            checks: self.checks.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            sum_us: self.sum_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The slowest check since the last call, µs (0 without one), and starts over.
+    pub(crate) fn take_max_us(&self) -> u64 {
+        self.max_us.swap(0, Ordering::Relaxed)
+    }
+
     /// How long linearizable reads have been failing at `now_ms`, ms (0 while they succeed).
     pub fn failing_for_ms(&self, now_ms: u64) -> u64 {
         let since = self.failing_since_ms.load(Ordering::Relaxed);
@@ -87,7 +134,8 @@ impl EtcdHealth {
 }
 
 /// Encodes [`ETCD`] at scrape time: `lockmesh_arbiter_etcd_reachable`,
-/// `lockmesh_arbiter_quorum_lost_seconds` and `lockmesh_arbiter_etcd_check_failures_total`.
+/// `lockmesh_arbiter_quorum_lost_seconds`, `lockmesh_arbiter_etcd_check_failures_total`
+/// and `lockmesh_arbiter_etcd_check_seconds`.
 #[derive(Debug)]
 struct EtcdCollector;
 
@@ -112,6 +160,12 @@ impl Collector for EtcdCollector {
             "Seal checks that could not read etcd.",
             None,
             MetricType::Counter,
+        )?)?;
+        ETCD_CHECK.encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_etcd_check_seconds",
+            "Time of each seal check (a linearizable read of the epoch record, once a second; failed ones included): etcd's latency as this arbiter sees it (per arbiter).",
+            None,
+            MetricType::Histogram,
         )?)
     }
 }
@@ -279,10 +333,29 @@ pub struct Metrics {
     acquires: Described<Family<AcquireLabels, Counter>>,
     grant_latency: Described<Family<LockLabels, Histogram, fn() -> Histogram>>,
     renewal_failures: Family<ReasonLabel, Counter>,
+    /// The acquires answered by class (granted, refused), the same events as
+    /// `acquires` summed over namespace and tier: the console's history reads them.
+    by_class: RwLock<HashMap<String, Arc<ClassCounts>>>,
     /// The class families, set from the registry and the policy records at each scrape.
     pub(crate) classes: crate::registry::ClassMetrics,
     /// Held from setting the scrape-time values to encoding, so two scrapes do not interleave.
     scrape: Mutex<()>,
+}
+
+/// One class's acquires answered here.
+#[derive(Debug, Default)]
+struct ClassCounts {
+    granted: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A class's acquires answered here since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClassTotals {
+    /// Answered `granted`.
+    pub granted: u64,
+    /// Answered anything but `granted` and `cancelled` (the caller left).
+    pub refused: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -341,6 +414,7 @@ impl Default for Metrics {
             acquires: Described::default(),
             grant_latency: Described(Family::new_with_constructor(latency_histogram)),
             renewal_failures: Family::default(),
+            by_class: RwLock::default(),
             classes: crate::registry::ClassMetrics::default(),
             scrape: Mutex::new(()),
         };
@@ -421,7 +495,35 @@ impl Metrics {
         if outcome == "granted" {
             self.grant_latency.get_or_create(&labels).observe(seconds);
         }
+        if outcome != "cancelled" {
+            let counts = self.class_counts(&labels.class);
+            let n = if outcome == "granted" { &counts.granted } else { &counts.refused };
+            n.fetch_add(1, Ordering::Relaxed);
+        }
         self.acquires.get_or_create(&AcquireLabels { lock: labels, outcome }).inc();
+    }
+
+    /// The counts of `class` (created at 0).
+    fn class_counts(&self, class: &str) -> Arc<ClassCounts> {
+        if let Some(c) = self.by_class.read().unwrap_or_else(|p| p.into_inner()).get(class) {
+            return c.clone();
+        }
+        let mut w = self.by_class.write().unwrap_or_else(|p| p.into_inner());
+        w.entry(class.to_owned()).or_default().clone()
+    }
+
+    /// Every class's acquires answered here since the start (classes with one).
+    pub(crate) fn class_totals(&self) -> BTreeMap<String, ClassTotals> {
+        let r = self.by_class.read().unwrap_or_else(|p| p.into_inner());
+        r.iter()
+            .map(|(class, c)| {
+                let t = ClassTotals {
+                    granted: c.granted.load(Ordering::Relaxed),
+                    refused: c.refused.load(Ordering::Relaxed),
+                };
+                (class.clone(), t)
+            })
+            .collect()
     }
 
     /// Counts a failed session renewal: `expired` (the session is gone) or
@@ -484,6 +586,13 @@ mod tests {
         assert!(s.contains(&format!("{series}_bucket{{{l},le=\"+Inf\"}} 3\n")), "{s}");
         assert!(s.contains(&format!("{series}_count{{{l}}} 3\n")), "{s}");
         assert!(s.contains(&format!("lockmesh_arbiter_acquires_total{{{l},outcome=\"granted\"}} 3\n")), "{s}");
+        // The console's history reads the same events by class: refusals are every
+        // outcome but granted and cancelled.
+        for outcome in ["key_gated", "draining", "cancelled", "quota_exceeded"] {
+            m.acquire(labels.clone(), outcome, 0.0);
+        }
+        m.acquire(LockLabels { namespace: "other".into(), ..labels.clone() }, "granted", 0.1);
+        assert_eq!(m.class_totals().get("c"), Some(&ClassTotals { granted: 4, refused: 3 }));
         let reg = crate::registry::parse(
             "classes:\n  - name: pay\n    prefixes: [payments]\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
         )
@@ -536,6 +645,7 @@ mod tests {
             "# TYPE lockmesh_arbiter_oldest_gated_wait_seconds gauge\n",
             "# TYPE lockmesh_arbiter_wakeups_per_grant histogram\n",
             "# TYPE lockmesh_arbiter_pickup_latency_seconds histogram\n",
+            "# TYPE lockmesh_arbiter_etcd_check_seconds histogram\n",
         ] {
             assert!(s.contains(line), "{line}:\n{s}");
         }

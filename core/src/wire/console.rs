@@ -6,6 +6,8 @@
 //! | Route | Answer |
 //! |---|---|
 //! | `GET /console/api/state` | [`ConsoleState`] |
+//! | `GET /console/api/history` | [`ConsoleHistory`] |
+//! | `GET /console/api/classes/{class}` | [`ConsoleClassDetail`] |
 //! | `GET /console/api/waiters/{digest}` | [`ConsoleWaiters`] |
 //!
 //! A refusal is a [`ConsoleErrorBody`] (`admin.*` and `console.*` codes).
@@ -35,6 +37,14 @@ pub struct ConsoleState {
     pub etcd: ConsoleEtcd,
     /// When the snapshot was taken, unix ms.
     pub generated_ms: u64,
+    /// The Grafana dashboard the page links to (`console.grafana_url`), or `null`.
+    /// Absent from an arbiter before issue 23.
+    #[serde(default)]
+    pub grafana_url: Option<String>,
+    /// The open holds by age, over every cluster (from the hold scans); `null`
+    /// when a scan failed, and from an arbiter before issue 23.
+    #[serde(default)]
+    pub hold_ages: Option<ConsoleHoldAges>,
     /// Holds and waits by namespace and class (ADR-033): the same figures as the
     /// arbiter's `lockmesh_arbiter_oldest_hold_seconds` and its wait families.
     /// `[]` from an arbiter before issue 21.
@@ -382,6 +392,104 @@ pub struct ConsoleSeal {
     pub sealed: bool,
     /// When the seal was declared, unix ms, or `null`.
     pub since_ms: Option<u64>,
+}
+
+/// Open holds by age: `counts[i]` holds are younger than `bounds_ms[i]` and at
+/// least `bounds_ms[i - 1]` old; the last count is of holds at least the last
+/// bound old (`counts` has one more member than `bounds_ms`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleHoldAges {
+    /// The buckets' upper bounds, ms, ascending.
+    pub bounds_ms: Vec<u64>,
+    /// Open holds in each bucket.
+    pub counts: Vec<u64>,
+}
+
+/// `GET /console/api/history`: the arbiter's own figures over its last
+/// `capacity` samples, one every `interval_ms` (an hour at the default 10 s),
+/// kept in memory and lost at a restart. Columns: every series has one value per
+/// member of `at_ms`, oldest first. Counts are per window: from the previous
+/// sample (the first: from `started_ms`) to the sample's time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleHistory {
+    /// When each sample was taken, unix ms, oldest first.
+    pub at_ms: Vec<u64>,
+    /// Most samples kept; the oldest is dropped beyond.
+    pub capacity: u64,
+    /// One series set per class: the registry's classes and every class a kept
+    /// sample has, by name.
+    pub classes: Vec<HistoryClass>,
+    /// etcd as this arbiter's seal checks (one a second) saw it.
+    pub etcd: HistoryEtcd,
+    /// When this answer was made, unix ms.
+    pub generated_ms: u64,
+    /// Time between samples, ms (`console.history_interval_s`).
+    pub interval_ms: u64,
+    /// When sampling began (the arbiter's start), unix ms.
+    pub started_ms: u64,
+}
+
+/// One class's series in [`ConsoleHistory`]. Grants, refusals and gated waiters
+/// are this arbiter's; open holds and the oldest hold are fleet-wide (every
+/// cluster's holds, which every arbiter follows: the same on every arbiter).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryClass {
+    /// The class label (as the metrics name it).
+    pub class: String,
+    /// Gated waiters here at each sample (`lockmesh_arbiter_gated_waiters`, summed
+    /// over namespaces).
+    pub gated_waiters: Vec<u64>,
+    /// Acquires answered with a grant here in each window.
+    pub grants: Vec<u64>,
+    /// Acquires answered with a grant here since the start, at the last sample
+    /// (`lockmesh_arbiter_acquires_total{outcome="granted"}` summed over namespaces).
+    pub grants_total: u64,
+    /// Age of the oldest open hold at each sample, ms
+    /// (`lockmesh_arbiter_oldest_hold_seconds`, the highest over namespaces).
+    pub oldest_hold_ms: Vec<u64>,
+    /// Open holds at each sample (`lockmesh_arbiter_open_holds`, summed).
+    pub open_holds: Vec<u64>,
+    /// Acquires refused here in each window: every outcome but `granted` and
+    /// `cancelled` (the caller left).
+    pub refusals: Vec<u64>,
+    /// Acquires refused here since the start, at the last sample.
+    pub refusals_total: u64,
+}
+
+/// The seal checks' series in [`ConsoleHistory`] (per arbiter): how long one
+/// linearizable read of the epoch record took (`lockmesh_arbiter_etcd_check_seconds`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEtcd {
+    /// Seal checks in each window.
+    pub checks: Vec<u64>,
+    /// Seal checks that failed in each window.
+    pub failures: Vec<u64>,
+    /// The slowest check of each window, µs; `null` without one.
+    pub max_us: Vec<Option<u64>>,
+    /// The checks' mean time in each window, µs; `null` without one.
+    pub mean_us: Vec<Option<u64>>,
+}
+
+/// `GET /console/api/classes/{class}`: one class's drill-down, over every cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleClassDetail {
+    /// The class.
+    pub class: String,
+    /// When it was read, unix ms.
+    pub generated_ms: u64,
+    /// Its open holds by age, or `null` when a scan failed.
+    pub hold_ages: Option<ConsoleHoldAges>,
+    /// Its rows of [`ConsoleState::holds_and_waits`].
+    pub holds_and_waits: Vec<ConsoleHoldWait>,
+    /// Its open holds.
+    pub open_grants: u64,
+    /// Its keys at their limit, most holders then oldest first (at most 100),
+    /// each with the acquires waiting for it at this arbiter.
+    pub saturated: Vec<SaturatedKey>,
+    /// How many of its keys are at their limit.
+    pub saturated_keys: u64,
+    /// The hold scans read.
+    pub scan: ConsoleScan,
 }
 
 /// `GET /console/api/waiters/{digest}`: acquires of one key queued at this arbiter.

@@ -229,6 +229,8 @@ fn console() {
                            "holds": { "used": 1, "limit": 20, "percent": 5 },
                            "waiters": null })],
         "scan": { "holds": 1, "truncated": false, "revision": 42 },
+        "grafana_url": "https://grafana.example/d/lockmesh-overview",
+        "hold_ages": { "bounds_ms": [1000, 5000], "counts": [0, 1, 0] },
         "holds_and_waits": [json!({ "namespace": "payments", "class": "default", "open_holds": 1,
                                     "oldest_hold_ms": 12, "gated_waiters": 2, "oldest_gated_wait_ms": 9,
                                     "key_gated": 1, "lock_contended": 0, "grants_after_wait": 3, "wakeups": 7,
@@ -251,6 +253,8 @@ fn console() {
     o.remove("clusters");
     o.remove("holds_and_waits");
     o.remove("shadow");
+    o.remove("grafana_url");
+    o.remove("hold_ages");
     for c in o["classes"].as_array_mut().unwrap() {
         c.as_object_mut().unwrap().remove("clusters");
     }
@@ -259,6 +263,7 @@ fn console() {
     let old = serde_json::from_value::<ConsoleState>(old).unwrap();
     assert!(old.quotas.is_empty() && old.clusters.is_empty() && old.classes[0].clusters.is_empty());
     assert!(old.holds_and_waits.is_empty() && old.shadow.is_empty());
+    assert_eq!((old.grafana_url, old.hold_ages), (None, None));
     assert_eq!((old.draining[0].cluster.as_ref(), old.saturated[0].cluster.as_ref()), (None, None));
     // And an older reader (a struct without the new members) reads this one: no
     // answer type denies unknown members.
@@ -278,6 +283,29 @@ fn console() {
     );
     same::<ConsoleAudit>(&json!({ "configured": true, "error": "audit tailer: refused" }).to_string());
     same::<ConsoleWaiters>(&json!({ "digest": "ab".repeat(32), "waiters": 3 }).to_string());
+    // extproc/src/console/history.rs answer(): two samples, one class.
+    let h: ConsoleHistory = same(
+        &json!({
+            "at_ms": [10_000, 20_000], "capacity": 360, "interval_ms": 10_000, "started_ms": 1, "generated_ms": 20_001,
+            "classes": [json!({ "class": "default", "grants": [0, 3], "grants_total": 3, "refusals": [1, 0],
+                                "refusals_total": 1, "gated_waiters": [0, 1], "open_holds": [0, 2],
+                                "oldest_hold_ms": [0, 900] })],
+            "etcd": { "checks": [10, 10], "failures": [0, 1], "mean_us": [800, null], "max_us": [2000, null] },
+        })
+        .to_string(),
+    );
+    assert_eq!((h.classes[0].grants[1], h.etcd.mean_us[1]), (3, None));
+    // extproc/src/console/mod.rs class_detail().
+    same::<ConsoleClassDetail>(
+        &json!({
+            "class": "default", "generated_ms": 5, "open_grants": 1, "saturated_keys": 1,
+            "hold_ages": { "bounds_ms": [1000], "counts": [1, 0] },
+            "holds_and_waits": [], "scan": { "holds": 1, "truncated": false, "revision": 42 },
+            "saturated": [json!({ "digest": "ab".repeat(32), "class": "default", "holders": 1, "limit": 1,
+                                  "oldest_age_ms": 12, "waiters_here": 2, "cluster": "coord" })],
+        })
+        .to_string(),
+    );
     same::<ConsoleErrorBody>(&json!({ "code": "admin.token_missing", "message": "sign in" }).to_string());
 }
 

@@ -110,6 +110,10 @@ pub enum TestFault {
     /// (`lock::mutex`): shadow mode fails open for a looser candidate and refuses
     /// for a stricter one (`tests/tests/scenarios/shadow.rs`).
     ShadowDecides,
+    /// The console's history (the arbiter's `console::history`) records at each
+    /// sample what it read at the previous one: every plotted point is one sample
+    /// late (`tests/tests/scenarios/console.rs`).
+    ConsoleHistoryLag,
 }
 
 #[cfg(feature = "test-faults")]
@@ -146,6 +150,7 @@ impl TestFault {
             "campaign_after_session_loss" => Some(Self::CampaignAfterSessionLoss),
             "shadow_decides" => Some(Self::ShadowDecides),
             "oldest_hold_newest" => Some(Self::OldestHoldNewest),
+            "console_history_lag" => Some(Self::ConsoleHistoryLag),
             _ => None,
         }
     }

@@ -72,6 +72,20 @@ pub struct ClassHolds {
     pub keys: u64,
     /// Age of the oldest open hold, ms.
     pub oldest_age_ms: u64,
+    /// Open holds by age: `ages[i]` are younger than [`AGE_BOUNDS_MS`]`[i]` and at
+    /// least the bound before old; the last, at least the last bound (the
+    /// console's hold-age distribution; not in `lockctl`'s output).
+    #[serde(skip)]
+    pub ages: [u64; AGE_BOUNDS_MS.len() + 1],
+}
+
+/// The upper bounds of [`ClassHolds::ages`]' buckets, ms: 1 s, 5 s, 10 s, 30 s,
+/// 1 min, 5 min, 15 min, 1 h, 4 h.
+pub const AGE_BOUNDS_MS: [u64; 9] = [1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 14_400_000];
+
+/// The bucket of [`ClassHolds::ages`] a hold `age_ms` old counts in.
+pub fn age_bucket(age_ms: u64) -> usize {
+    AGE_BOUNDS_MS.iter().position(|b| age_ms < *b).unwrap_or(AGE_BOUNDS_MS.len())
 }
 
 /// The holds of one key (by digest).
@@ -236,6 +250,7 @@ pub async fn scan_holds(
             let c = scan.classes.entry(h.class).or_default();
             c.open += 1;
             c.oldest_age_ms = c.oldest_age_ms.max(age);
+            c.ages[age_bucket(age)] += 1;
         }
         match r.kvs().last() {
             Some(last) if r.more() && !scan.truncated => {
@@ -329,6 +344,17 @@ mod tests {
         let low = HashMap::from([("pool".to_string(), 2)]);
         assert_eq!(saturated(&scan, &low, Some("pool"), 10).len(), 3);
         assert_eq!(saturated_per_class(&scan, &limits).get("pool"), Some(&2));
+    }
+
+    #[test]
+    fn a_hold_counts_in_the_age_bucket_below_its_bound() {
+        assert_eq!(age_bucket(0), 0);
+        assert_eq!(age_bucket(999), 0);
+        assert_eq!(age_bucket(1_000), 1);
+        assert_eq!(age_bucket(59_999), 4);
+        assert_eq!(age_bucket(14_399_999), 8);
+        assert_eq!(age_bucket(14_400_000), AGE_BOUNDS_MS.len());
+        assert_eq!(age_bucket(u64::MAX), AGE_BOUNDS_MS.len());
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! GET /console                      the page (static HTML, embedded in the binary)
 //! GET /console/app.js, /app.css     its script and style (no framework, no CDN)
 //! GET /console/api/state            everything the page shows, JSON   (operator token)
+//! GET /console/api/history          the plots' samples (`history`)     (operator token)
+//! GET /console/api/classes/<class>  one class's drill-down             (operator token)
 //! GET /console/api/waiters/<digest> waiters queued here for one key    (operator token)
 //! ```
 //!
@@ -14,7 +16,7 @@
 //! the same statuses and bodies as the admin actions: `admin.token_missing`,
 //! `admin.token_invalid`, `admin.token_expired`, `admin.token_stale` → 401;
 //! `admin.role_missing`, `admin.mfa_missing` → 403; `console.bad_digest` → 400;
-//! `admin.not_configured` → 404; `admin.jwks_invalid` → 503). Answers are the
+//! `admin.not_configured`, `console.unknown_class` → 404; `admin.jwks_invalid` → 503). Answers are the
 //! types of `core::wire::console`. The page takes the token from the URL fragment (`/console#token=...`,
 //! which browsers never send to a server) or a paste box, keeps it in the tab's
 //! `sessionStorage` and sends it only in that header.
@@ -28,6 +30,13 @@
 //!
 //! The holds-and-waits table (ADR-033) is by namespace and class, with the
 //! arbiter's metrics' labels and figures (`hold_wait_rows`): no read of etcd.
+//!
+//! The plots (grants and refusals per second by class, gated waiters, the oldest
+//! hold, etcd's latency) come from [`history`], a ring of the arbiter's own
+//! figures sampled in memory; the hold-age distribution from the hold scans. A
+//! class's drill-down (`classes/<class>`) scans the holds again for that class's
+//! saturated keys, each with the acquires waiting for it here. The page links to
+//! the Grafana dashboard of `console.grafana_url` when one is set.
 //!
 //! What it shows carries no token and no raw key: keys are digests (the hold
 //! records' raw keys are dropped as they are read), audit events are shown by
@@ -53,9 +62,9 @@ use lockmesh_core::{
     wire::{
         audit::{Answer, Query},
         console::{
-            ClusterView, ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleClassCluster, ConsoleCluster,
-            ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleHoldWait, ConsoleOperator, ConsoleScan,
-            ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest, ShadowCount,
+            ClusterView, ConsoleAudit, ConsoleAuditEvent, ConsoleClass, ConsoleClassCluster, ConsoleClassDetail,
+            ConsoleCluster, ConsoleDraining, ConsoleEnforcement, ConsoleEtcd, ConsoleHoldAges, ConsoleHoldWait,
+            ConsoleOperator, ConsoleScan, ConsoleSeal, ConsoleState, ConsoleWaiters, PauseTest, ShadowCount,
         },
         inspect::SaturatedKey,
         status::ClassesStatus,
@@ -66,10 +75,12 @@ use lockmesh_lock::{connect::EtcdClientAuth, Store};
 use lockmesh_ops::{
     admin::{jwt::Operator, AdminError},
     etcd_view::cluster_view,
-    inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str, HoldScan},
+    inspect::{read_policies, saturated, saturated_per_class, scan_holds, state_str, HoldScan, AGE_BOUNDS_MS},
     pause::{day_string, pause_status},
 };
 use serde::Serialize;
+
+pub mod history;
 
 use crate::{
     lock::now_ms,
@@ -81,6 +92,10 @@ use crate::{
 pub(crate) const SCAN_MAX: usize = 50_000;
 /// Saturated keys shown.
 pub(crate) const TOP_SATURATED: usize = 20;
+/// Saturated keys of one class shown in its drill-down.
+pub(crate) const CLASS_SATURATED: usize = 100;
+/// Longest class name a refusal quotes.
+const MAX_CLASS_QUOTED: usize = 64;
 
 const INDEX_HTML: &str = include_str!("index.html");
 const APP_JS: &str = include_str!("app.js");
@@ -98,14 +113,27 @@ pub struct Console {
 
 /// What one cluster's reads gave, for one snapshot.
 struct ClusterRead {
-    store: Arc<Store>,
-    policies: Result<BTreeMap<String, ClassPolicy>, String>,
-    scan: Result<HoldScan, String>,
+    holds: ClusterHolds,
     view: ClusterView,
     epoch: Option<u64>,
 }
 
-impl ClusterRead {
+/// One cluster's class policies and hold scan.
+struct ClusterHolds {
+    store: Arc<Store>,
+    policies: Result<BTreeMap<String, ClassPolicy>, String>,
+    scan: Result<HoldScan, String>,
+}
+
+impl std::ops::Deref for ClusterRead {
+    type Target = ClusterHolds;
+
+    fn deref(&self) -> &ClusterHolds {
+        &self.holds
+    }
+}
+
+impl ClusterHolds {
     fn name(&self) -> &str {
         self.store.cluster_name()
     }
@@ -114,6 +142,61 @@ impl ClusterRead {
     fn limits(&self) -> HashMap<String, u32> {
         self.policies.iter().flat_map(|p| p.values()).map(|p| (p.class.clone(), p.limit)).collect()
     }
+
+    /// Its saturated keys (of `class`, or every class), at most `top`, each with
+    /// the acquires waiting for it here.
+    fn saturated(&self, limits: &HashMap<String, u32>, class: Option<&str>, top: usize) -> Vec<SaturatedKey> {
+        let keys = self.scan.as_ref().map(|s| saturated(s, limits, class, top)).unwrap_or_default();
+        keys.into_iter()
+            .map(|k| {
+                let waiters = KeyDigest::parse(&k.digest).map_or(0, |d| self.store.queues().len(&d));
+                SaturatedKey {
+                    class: k.class,
+                    cluster: Some(self.name().to_owned()),
+                    digest: k.digest,
+                    holders: k.holders,
+                    limit: k.limit,
+                    oldest_age_ms: k.oldest_age_ms,
+                    waiters_here: Some(waiters as u64),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The hold scans of `reads` in one: holds summed, `truncated` if any was, the
+/// first (coord) cluster's revision; or every failure, each naming its cluster
+/// when there are several.
+fn scan_summary<'a>(reads: impl Iterator<Item = &'a ClusterHolds> + Clone) -> ConsoleScan {
+    let split = reads.clone().count() > 1;
+    let errors: Vec<String> = reads
+        .clone()
+        .filter_map(|r| r.scan.as_ref().err().map(|e| if split { format!("{}: {e}", r.name()) } else { e.clone() }))
+        .collect();
+    if !errors.is_empty() {
+        return ConsoleScan::Failed { error: errors.join("; ") };
+    }
+    let done = reads.clone().filter_map(|r| r.scan.as_ref().ok());
+    ConsoleScan::Done {
+        holds: done.clone().map(|s| s.holds as u64).sum(),
+        revision: reads.clone().next().and_then(|r| r.scan.as_ref().ok()).map_or(0, |s| s.revision),
+        truncated: done.clone().any(|s| s.truncated),
+    }
+}
+
+/// The open holds by age of `class` (or every class) over `reads`; `None` when a
+/// scan failed.
+fn hold_ages<'a>(reads: impl Iterator<Item = &'a ClusterHolds>, class: Option<&str>) -> Option<ConsoleHoldAges> {
+    let mut counts = vec![0u64; AGE_BOUNDS_MS.len() + 1];
+    for r in reads {
+        let scan = r.scan.as_ref().ok()?;
+        for (_, h) in scan.classes.iter().filter(|(name, _)| class.is_none_or(|c| c == name.as_str())) {
+            for (n, add) in counts.iter_mut().zip(h.ages) {
+                *n += add;
+            }
+        }
+    }
+    Some(ConsoleHoldAges { bounds_ms: AGE_BOUNDS_MS.to_vec(), counts })
 }
 
 /// A refusal: the operator plane's one answer, with the console's no-store headers.
@@ -149,6 +232,8 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/console/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
         .route("/console/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
         .route("/console/api/state", get(api_state))
+        .route("/console/api/history", get(api_history))
+        .route("/console/api/classes/{class}", get(api_class))
         .route("/console/api/waiters/{digest}", get(api_waiters))
         .with_state(console)
 }
@@ -191,6 +276,25 @@ async fn api_waiters(
     // The key's waiters queue on the store of its home: count every cluster's.
     let waiters = c.state.tiers.stores().map(|s| s.queues().len(&d) as u64).sum();
     Ok(json_response(&ConsoleWaiters { digest: d.to_string(), waiters }))
+}
+
+async fn api_history(AxState(c): AxState<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
+    authenticate(&c.state, &headers)?;
+    let classes = c.state.registry().classes().iter().map(|k| k.name.to_string()).collect::<Vec<_>>();
+    Ok(json_response(&history::answer(classes)))
+}
+
+async fn api_class(
+    AxState(c): AxState<Arc<Console>>,
+    headers: HeaderMap,
+    AxPath(class): AxPath<String>,
+) -> Result<Response, Refusal> {
+    authenticate(&c.state, &headers)?;
+    let reg = c.state.registry();
+    if !reg.classes().iter().any(|k| k.name.as_str() == class) {
+        return Err(AdminError::UnknownClass(class.chars().take(MAX_CLASS_QUOTED).collect()).into());
+    }
+    Ok(json_response(&c.class_detail(&class, &reg).await))
 }
 
 async fn api_state(AxState(c): AxState<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
@@ -242,8 +346,8 @@ impl Console {
         Ok(c)
     }
 
-    /// One cluster's policies, hold scan, members and epoch, each bounded.
-    async fn read_cluster(&self, store: Arc<Store>, now: u64) -> ClusterRead {
+    /// One cluster's policies and hold scan, each bounded.
+    async fn read_holds(&self, store: Arc<Store>, now: u64) -> ClusterHolds {
         let (timeout, root) = (self.timeout(), self.state.config.etcd_root.clone());
         let mut client = store.client();
         let policies = match tokio::time::timeout(timeout, read_policies(&mut client, &root)).await {
@@ -256,13 +360,53 @@ impl Console {
             Ok(Err(e)) => Err(format!("holds: {e}")),
             Err(_) => Err(format!("holds: the scan did not finish within {:?}", timeout * 5)),
         };
+        ClusterHolds { store, policies, scan }
+    }
+
+    /// One cluster's policies, hold scan, members and epoch, each bounded.
+    async fn read_cluster(&self, store: Arc<Store>, now: u64) -> ClusterRead {
+        let timeout = self.timeout();
+        let holds = self.read_holds(store.clone(), now).await;
+        let mut client = store.client();
         let auth = self.auth_of(store.cluster_name());
         let view = cluster_view(&mut client, timeout, |url| self.member(url, auth)).await;
         let epoch = match tokio::time::timeout(timeout, store.epoch_state()).await {
             Ok(Ok(e)) => Some(e.epoch),
             _ => None,
         };
-        ClusterRead { store, policies, scan, view, epoch }
+        ClusterRead { holds, view, epoch }
+    }
+
+    /// One class's drill-down over every cluster (read in parallel): its saturated
+    /// keys with their waiters here, its holds by age, its holds-and-waits rows.
+    async fn class_detail(&self, class: &str, reg: &lockmesh_core::ClassRegistry) -> ConsoleClassDetail {
+        let state = &self.state;
+        let now = now_ms();
+        let reads: Vec<ClusterHolds> =
+            futures::future::join_all(state.tiers.stores().map(|s| self.read_holds(s.clone(), now))).await;
+        let mut saturated_keys = 0;
+        let mut open_grants = 0;
+        let mut keys = Vec::new();
+        for r in &reads {
+            let limits = r.limits();
+            if let Ok(scan) = &r.scan {
+                saturated_keys += saturated_per_class(scan, &limits).get(class).copied().unwrap_or(0);
+                open_grants += scan.classes.get(class).map_or(0, |h| h.open);
+            }
+            keys.extend(r.saturated(&limits, Some(class), CLASS_SATURATED));
+        }
+        keys.sort_by(|a, b| b.holders.cmp(&a.holders).then(b.oldest_age_ms.cmp(&a.oldest_age_ms)));
+        keys.truncate(CLASS_SATURATED);
+        ConsoleClassDetail {
+            class: class.to_owned(),
+            generated_ms: now,
+            hold_ages: hold_ages(reads.iter(), Some(class)),
+            holds_and_waits: hold_wait_rows(state, reg).into_iter().filter(|r| r.class == class).collect(),
+            open_grants,
+            saturated: keys,
+            saturated_keys,
+            scan: scan_summary(reads.iter()),
+        }
     }
 
     /// Everything the page shows.
@@ -277,7 +421,7 @@ impl Console {
         // An error names its cluster when there are several.
         let named = |r: &ClusterRead, e: &str| if split { format!("{}: {e}", r.name()) } else { e.to_owned() };
         let coord = &reads[0];
-        let limits: Vec<HashMap<String, u32>> = reads.iter().map(ClusterRead::limits).collect();
+        let limits: Vec<HashMap<String, u32>> = reads.iter().map(|r| r.limits()).collect();
         let sat_per_class: Vec<HashMap<String, u64>> = reads
             .iter()
             .zip(&limits)
@@ -355,40 +499,12 @@ impl Console {
                 pending_target: p.pending_target,
             })
             .collect();
-        let mut saturated_keys: Vec<SaturatedKey> = reads
-            .iter()
-            .zip(&limits)
-            .flat_map(|(r, l)| {
-                let keys = r.scan.as_ref().map(|s| saturated(s, l, None, TOP_SATURATED)).unwrap_or_default();
-                keys.into_iter().map(move |k| {
-                    let waiters = KeyDigest::parse(&k.digest).map_or(0, |d| r.store.queues().len(&d));
-                    SaturatedKey {
-                        class: k.class,
-                        cluster: Some(r.name().to_owned()),
-                        digest: k.digest,
-                        holders: k.holders,
-                        limit: k.limit,
-                        oldest_age_ms: k.oldest_age_ms,
-                        waiters_here: Some(waiters as u64),
-                    }
-                })
-            })
-            .collect();
+        let mut saturated_keys: Vec<SaturatedKey> =
+            reads.iter().zip(&limits).flat_map(|(r, l)| r.saturated(l, None, TOP_SATURATED)).collect();
         // Fullest, then oldest first, over every cluster (`saturated`'s order).
         saturated_keys.sort_by(|a, b| b.holders.cmp(&a.holders).then(b.oldest_age_ms.cmp(&a.oldest_age_ms)));
         saturated_keys.truncate(TOP_SATURATED);
-        let scan_errors: Vec<String> =
-            reads.iter().filter_map(|r| r.scan.as_ref().err().map(|e| named(r, e))).collect();
-        let scan = if scan_errors.is_empty() {
-            let done = reads.iter().filter_map(|r| r.scan.as_ref().ok());
-            ConsoleScan::Done {
-                holds: done.clone().map(|s| s.holds as u64).sum(),
-                revision: coord.scan.as_ref().map_or(0, |s| s.revision),
-                truncated: done.clone().any(|s| s.truncated),
-            }
-        } else {
-            ConsoleScan::Failed { error: scan_errors.join("; ") }
-        };
+        let scan = scan_summary(reads.iter().map(|r| &r.holds));
         let policy_errors: Vec<String> =
             reads.iter().filter_map(|r| r.policies.as_ref().err().map(|e| named(r, e))).collect();
         let clusters = reads
@@ -426,6 +542,8 @@ impl Console {
                 reachable: ETCD.reachable(),
             },
             generated_ms: now,
+            grafana_url: state.config.console.grafana_url.clone(),
+            hold_ages: hold_ages(reads.iter().map(|r| &r.holds), None),
             holds_and_waits: hold_wait_rows(state, &reg),
             operator: ConsoleOperator { sub: op.sub.clone() },
             policies_error: (!policy_errors.is_empty()).then(|| policy_errors.join("; ")),
@@ -545,7 +663,12 @@ fn hold_wait_row<'a>(
 pub(crate) fn shadow_rows() -> Vec<ShadowCount> {
     crate::lock::shadow::last_day()
         .into_iter()
-        .map(|c| ShadowCount { class: c.class, count: c.count, decision: c.decision.as_str().to_owned(), reason: c.reason })
+        .map(|c| ShadowCount {
+            class: c.class,
+            count: c.count,
+            decision: c.decision.as_str().to_owned(),
+            reason: c.reason,
+        })
         .collect()
 }
 

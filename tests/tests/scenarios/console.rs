@@ -6,7 +6,10 @@
 //! an unauthenticated load renders the API's 401 code (forged and role-less tokens
 //! are refused 401 and 403 by the API); and neither the DOM, the API's answer nor
 //! the logs ever hold the token or a raw key. `lockctl inspect` and `saturated`
-//! read the same state.
+//! read the same state. The plots (issue 23 item 3, `plots`): screenshots at
+//! 1280x800 and 390x844 under load, the plotted figures equal to `/metrics` at
+//! the same moment, the drill-down from the keyboard, the Grafana link; a planted
+//! lagging history fails that check.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -21,12 +24,40 @@ use lockmesh_tests::{
 };
 use serde_json::{json, Value};
 
+#[path = "console_plots.rs"]
+mod plots;
+
 const ACQ: &str = "/v1/locks/acquire";
 const ISS: &str = "https://idp.console.test";
 
-/// Raw keys held in the scenario: none may ever reach the page or its API.
-const KEYS: [&str; 4] =
-    ["payments/pool/secret-k1", "payments/pool/secret-k2", "payments/ledger/secret-l1", "payments/batch/secret-b1"];
+/// Raw keys held in the scenario: none may ever reach the page or its API (the
+/// last is granted and released by the plot check's burst).
+const KEYS: [&str; 5] = [
+    "payments/pool/secret-k1",
+    "payments/pool/secret-k2",
+    "payments/ledger/secret-l1",
+    "payments/batch/secret-b1",
+    "payments/pool/secret-k3",
+];
+/// The Grafana dashboard the console links to.
+const GRAFANA: &str = "https://grafana.example/d/lockmesh-overview?orgId=1";
+
+/// The scenario's registry: `pool` (2 holders), `ledger` (fenced, a mutex, its
+/// pause-test result at `pause`), `batch` (3 holders).
+fn registry(pause: &std::path::Path) -> String {
+    format!(
+        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
+classes:
+  - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }}
+  - {{ name: pool, prefixes: ["payments/pool"], ttl_s: 15, max_holders: 2, enforcement: advisory, risk_owner: pool-team,
+      waiver_expiry: "2099-06-30" }}
+  - {{ name: ledger, prefixes: ["payments/ledger"], tier: coord, ttl_s: 15, enforcement: fenced, pause_test_result: {:?} }}
+  - {{ name: batch, prefixes: ["payments/batch"], ttl_s: 15, max_holders: 3, enforcement: advisory, risk_owner: t,
+      waiver_expiry: "2099-12-31" }}
+"#,
+        pause.display().to_string()
+    )
+}
 
 fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
@@ -184,18 +215,7 @@ async fn the_console_shows_a_running_system_in_chromium() {
     std::fs::write(&jwks, idp.jwks()).unwrap();
     let pause = dir.path().join("ledger-pause.yaml");
     std::fs::write(&pause, pause_result("ledger")).unwrap();
-    let registry = format!(
-        r#"platform: {{ min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }}
-classes:
-  - {{ name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }}
-  - {{ name: pool, prefixes: ["payments/pool"], ttl_s: 15, max_holders: 2, enforcement: advisory, risk_owner: pool-team,
-      waiver_expiry: "2099-06-30" }}
-  - {{ name: ledger, prefixes: ["payments/ledger"], tier: coord, ttl_s: 15, enforcement: fenced, pause_test_result: {:?} }}
-  - {{ name: batch, prefixes: ["payments/batch"], ttl_s: 15, max_holders: 3, enforcement: advisory, risk_owner: t,
-      waiver_expiry: "2099-12-31" }}
-"#,
-        pause.display().to_string()
-    );
+    let registry = registry(&pause);
     let audit_port = free_port();
     let st = Stack::builder("console")
         .envoy_config("lock-tier")
@@ -212,8 +232,10 @@ classes:
     let audit = tailer(&st, audit_port, query_port, &console_cert, dir.path()).await;
     let path = st.arbiter(0).config_path().to_owned();
     let mut cfg = std::fs::read_to_string(&path).unwrap();
+    // The plots sample every 3 s here (default 10) to keep the scenario short.
     cfg.push_str(&format!(
-        "console:\n  audit_url: \"https://127.0.0.1:{query_port}\"\n  audit_tls: {{ ca: {:?}, cert: {:?}, key: {:?} }}\n",
+        "console:\n  history_interval_s: 3\n  grafana_url: {GRAFANA:?}\n  audit_url: \"https://127.0.0.1:{query_port}\"\n  \
+         audit_tls: {{ ca: {:?}, cert: {:?}, key: {:?} }}\n",
         st.pki().ca_cert_path().display().to_string(),
         console_cert.cert_path.display().to_string(),
         console_cert.key_path.display().to_string(),
@@ -386,6 +408,48 @@ classes:
     assert!(audit_html.contains("<tr data-kind=\"grant\">"), "{audit_html}");
     assert!(audit_html.contains(&digest(KEYS[3])[..16]), "{audit_html}");
 
+    // The plots agree with /metrics under load, at 1280x800 and a phone's width,
+    // with screenshots; the drill-down works from the keyboard; Grafana is linked.
+    let started = tokio::time::Instant::now();
+    let browser = plots::Browser::start().await;
+    let load = plots::Load {
+        client: &c,
+        pool_full: KEYS[0],
+        ledger_full: KEYS[2],
+        pool_free: KEYS[4],
+        pool_full_digest: digest(KEYS[0]),
+    };
+    let url = format!("http://127.0.0.1:{admin}/console#token={token}");
+    let shots = plots::output_dir();
+    if let Err(e) = plots::plots_agree(&st, &browser, &url, &token, &load, Some(&shots)).await {
+        panic!("the plots disagree with /metrics:\n{e}");
+    }
+    eprintln!("plots checked in {:?} (chromedriver started); screenshots in {}", started.elapsed(), shots.display());
+    let link = browser.exec("return document.querySelector('#plot-links a.grafana').getAttribute('href');").await;
+    assert_eq!(link, GRAFANA);
+    let dom = browser.exec("return document.documentElement.outerHTML;").await;
+    let dom = dom.as_str().unwrap();
+    assert!(!dom.contains(&token), "the token is in the DOM");
+    for k in KEYS {
+        assert!(!dom.contains(k), "raw key {k} in the DOM");
+    }
+    browser.quit().await;
+    // The drill-down's route: a class the registry lacks is refused with its code.
+    let class_url = format!("http://127.0.0.1:{admin}/console/api/classes/");
+    let r = http.get(format!("{class_url}nope")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], "console.unknown_class");
+    let r = http.get(format!("{class_url}pool")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http.get(format!("{class_url}pool")).bearer_auth(&token).send().await.unwrap();
+    let detail: lockmesh_core::wire::console::ConsoleClassDetail = r.json().await.unwrap();
+    assert_eq!((detail.open_grants, detail.saturated_keys, detail.saturated.len()), (3, 1, 1), "{detail:?}");
+    let csp = http.get(format!("http://127.0.0.1:{admin}/console/app.js")).send().await.unwrap();
+    assert!(csp.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .starts_with("default-src 'none'; script-src 'self'"));
+
     // Unauthenticated: the page renders the API's 401 and its stable code.
     let dom = render(&format!("http://127.0.0.1:{admin}/console")).await;
     assert!(dom.contains("<span class=\"code\" id=\"error-code\">admin.token_missing</span> (HTTP 401)"), "{dom}");
@@ -415,4 +479,47 @@ classes:
     }
     assert!(log.contains("console: request refused"), "refusals are logged (by code)");
     audit.kill();
+}
+
+/// The planted twin: with `console_history_lag` (each sample records what the
+/// previous one read) the plot check fails: the burst's window counts nothing.
+#[tokio::test]
+async fn planted_a_lagging_history_fails_the_plot_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = Issuer::generate("k1").unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, idp.jwks()).unwrap();
+    let pause = dir.path().join("ledger-pause.yaml");
+    std::fs::write(&pause, pause_result("ledger")).unwrap();
+    let st = Stack::builder("console-planted")
+        .envoy_config("lock-tier")
+        .registry(registry(&pause))
+        .arbiter_extra_yaml(format!(
+            "{}\nconsole:\n  history_interval_s: 3\ntest_faults: [console_history_lag]\n",
+            operators_yaml(&jwks, ISS)
+        ))
+        .arbiter_env("LOCKMESH_TEST_FAULTS", "1")
+        .start()
+        .await
+        .unwrap();
+    let c = st.client("payments", "a").unwrap();
+    for key in [KEYS[0], KEYS[0], KEYS[2]] {
+        let r = c.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{key}: {}", r.body);
+    }
+    let started = tokio::time::Instant::now();
+    let browser = plots::Browser::start().await;
+    let load = plots::Load {
+        client: &c,
+        pool_full: KEYS[0],
+        ledger_full: KEYS[2],
+        pool_free: KEYS[4],
+        pool_full_digest: LockKey::parse(KEYS[0].as_bytes()).unwrap().digest().to_string(),
+    };
+    let token = operator_token(&idp, ISS, "alice");
+    let url = format!("http://127.0.0.1:{}/console#token={token}", st.arbiter(0).admin_port());
+    let err = plots::plots_agree(&st, &browser, &url, &token, &load, None).await.expect_err("a lagging history passed");
+    eprintln!("the plot check failed in {:?} (chromedriver started), as it must:\n{err}", started.elapsed());
+    assert!(err.contains("in the burst's window"), "{err}");
+    browser.quit().await;
 }

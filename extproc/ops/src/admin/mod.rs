@@ -115,6 +115,9 @@ pub enum AdminError {
     /// A console route named something that is not a key digest.
     #[error("digest: 64 lowercase hex digits (lockctl inspect KEY prints it)")]
     BadDigest,
+    /// A console route named a class the registry in force does not have.
+    #[error("class {0:?} is not in the registry in force")]
+    UnknownClass(String),
     /// The epoch advance failed (the request stays approved; re-run `lockctl epoch-advance` to resume).
     #[error("epoch advance: {0}")]
     Advance(String),
@@ -142,6 +145,7 @@ impl AdminError {
             Self::NoHold(_) => "admin.no_hold",
             Self::BadKey(_) => "admin.bad_key",
             Self::BadDigest => "console.bad_digest",
+            Self::UnknownClass(_) => "console.unknown_class",
             Self::HoldsChanged(_) => "admin.holds_changed",
             Self::ClientDenied(_) => "admin.client_denied",
             Self::NotConfigured => "admin.not_configured",
@@ -166,7 +170,7 @@ impl AdminError {
     /// | 400 | `bad_call`, `bad_key`, `reason_missing`, `console.bad_digest` |
     /// | 401 | `token_missing`, `token_invalid`, `token_expired`, `token_stale` |
     /// | 403 | `role_missing`, `mfa_missing`, `same_operator`, `client_denied` |
-    /// | 404 | `request_not_found`, `not_configured` |
+    /// | 404 | `request_not_found`, `not_configured`, `console.unknown_class` |
     /// | 409 | `request_not_pending`, `request_expired`, `no_hold`, `holds_changed` |
     /// | 503 | `jwks_invalid`, `advance_failed`, `unavailable` |
     pub fn status(&self) -> u16 {
@@ -174,7 +178,7 @@ impl AdminError {
             Self::BadCall(_) | Self::BadKey(_) | Self::ReasonMissing | Self::BadDigest => 400,
             Self::TokenMissing | Self::TokenInvalid(_) | Self::TokenExpired { .. } | Self::TokenStale { .. } => 401,
             Self::RoleMissing(_) | Self::MfaMissing | Self::SameOperator { .. } | Self::ClientDenied(_) => 403,
-            Self::NotFound(_) | Self::NotConfigured => 404,
+            Self::NotFound(_) | Self::NotConfigured | Self::UnknownClass(_) => 404,
             Self::NotPending { .. } | Self::RequestExpired(_) | Self::NoHold(_) | Self::HoldsChanged(_) => 409,
             Self::Jwks(_) | Self::Advance(_) | Self::Io(_) => 503,
         }
@@ -212,7 +216,8 @@ pub fn exit_code_of(code: &str) -> u8 {
         | "admin.bad_key"
         | "admin.holds_changed"
         | "admin.bad_call"
-        | "console.bad_digest" => 65,
+        | "console.bad_digest"
+        | "console.unknown_class" => 65,
         _ => 1,
     }
 }
@@ -273,6 +278,7 @@ mod tests {
             AdminError::BadCall("x".into()),
             AdminError::BadKey("x".into()),
             AdminError::BadDigest,
+            AdminError::UnknownClass("c".into()),
             AdminError::Advance("x".into()),
             AdminError::Io("x".into()),
         ];
