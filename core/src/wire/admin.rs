@@ -215,9 +215,9 @@ pub struct ListReply {
 /// An operator-plane refusal: `{"code", "message"}`, answered by the admin-action
 /// routes and the console alike, with the status of `AdminError::status`
 /// (extproc/ops/src/admin/mod.rs, the one table). Codes are `admin.*` (and the
-/// console's `console.bad_digest`; docs/ADMIN.md); `lockctl`'s exit code follows
-/// from the code. Arbiters of earlier builds named the code `error`; readers still
-/// accept that.
+/// console's `console.bad_digest` and `console.unknown_class`; docs/ADMIN.md);
+/// `lockctl`'s exit code follows from the code. Arbiters of earlier builds named
+/// the code `error`; readers still accept that.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminErrorBody {
     /// The stable code, e.g. `admin.same_operator`.
