@@ -600,9 +600,9 @@ function renderDrill(r) {
     plural(d.saturated_keys, "key", "keys") + " at the limit",
     scan.error ? el("span", { class: "bad" }, " (" + scan.error + ")") : "");
   const keys = d.saturated.length
-    ? table([["key digest"], ["holders", "num"], ["oldest", "num"], ["waiting here", "num"], ["cluster"]],
+    ? table([["key digest"], ["holders", "num"], ["oldest hold", "num"], ["waiting here", "num"], ["cluster"]],
       d.saturated.map((k) => el("tr", { "data-digest": k.digest },
-        el("td", { class: "digest" }, k.digest), el("td", { class: "num" }, k.holders + "/" + k.limit),
+        el("td", { class: "digest wrap" }, k.digest), el("td", { class: "num" }, k.holders + "/" + k.limit),
         el("td", { class: "num" }, age(k.oldest_age_ms)),
         el("td", { class: "num" + (k.waiters_here ? " warn" : ""), "data-waiters": k.waiters_here ?? 0 },
           k.waiters_here ?? 0),
