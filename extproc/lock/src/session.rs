@@ -148,7 +148,15 @@ impl Store {
             let marker =
                 serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
             let opts = Some(PutOptions::new().with_lease(lease));
-            if self.call(self.client().put(self.keys().close_marker(sid), marker, opts)).await.is_err() {
+            // Only while the session is alive (its record on its lease): a marker
+            // written after an expiry would make that expiry read as a close, a
+            // release, and let the key skip its lock-delay (`delay::end_cause`;
+            // found by the long gate: a holder closing a session that had just
+            // expired).
+            let alive =
+                etcd_client::Compare::lease(self.keys().session(sid), etcd_client::CompareOp::Equal, sid.lease());
+            let txn = Txn::new().when([alive]).and_then([TxnOp::put(self.keys().close_marker(sid), marker, opts)]);
+            if self.call(self.client().txn(txn)).await.is_err() {
                 self.drop_marker_lease().await;
             }
         }

@@ -109,6 +109,34 @@ async fn an_expired_holders_key_waits_out_its_delay_on_every_arbiter_and_across_
     let t = r.json["token"].as_str().unwrap();
     assert_eq!(b.post(REL, &[("x-lock-key", key), ("x-lock-token", t)]).await.unwrap().code(), 200);
 
+    // A close that comes after the session expired is no release (the long gate's
+    // finding): the arbiter that opened the session still has it cached and takes
+    // the close, but writes no close marker for a dead session, so the expiry keeps
+    // its delay.
+    let s = a.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
+    let sid = s.json["session"].as_str().unwrap().to_owned();
+    assert_eq!(a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid)]).await.unwrap().code(), 200);
+    let end = Instant::now() + Duration::from_secs(15);
+    while holds(&st).await > 0 {
+        assert!(Instant::now() < end, "the hold did not expire");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone = Instant::now();
+    let c = a.post("/v1/sessions/close", &[("x-lock-session", &sid)]).await.unwrap();
+    assert_ne!(c.code(), 200, "closing an expired session: {}", c.body);
+    let mut etcd = st.etcd().client().await.unwrap();
+    let marker = etcd.get(format!("{}/x/{sid}", st.root()), None).await.unwrap();
+    assert!(marker.kvs().is_empty(), "a close marker was written for an expired session");
+    if gone.elapsed() < Duration::from_millis(DELAY_MS - 500) {
+        let r = b.post(ACQ, &try_once(key)).await.unwrap();
+        assert_eq!((r.code(), r.json["reason"].as_str()), (409, Some("lock_delay")), "after a late close: {}", r.body);
+    }
+    let r = b.post(ACQ, &[("x-lock-key", key), ("x-lock-wait-ms", "15000")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert!(gone.elapsed() >= Duration::from_millis(DELAY_MS - 100), "granted {:?} after the expiry", gone.elapsed());
+    let t = r.json["token"].as_str().unwrap();
+    assert_eq!(b.post(REL, &[("x-lock-key", key), ("x-lock-token", t)]).await.unwrap().code(), 200);
+
     // An expiry, then the arbiter B talks to restarts: the delay is etcd's, it holds.
     let gone = hold_until_expired(&st, &a, key).await;
     st.arbiter(1).kill();
