@@ -22,7 +22,8 @@ use crate::fixtures::{self, repo_root};
 /// `envoy.yaml` is the lock tier's Envoy config, rendered by
 /// scripts/gen-envoy-configs and checked by `envoy --mode validate` in the
 /// configs scenario).
-const NOT_OBJECTS: [&str; 4] = ["kustomization.yaml", "injector.yaml", "rules.yaml", "envoy.yaml"];
+// rules_test.yaml: promtool's unit tests of rules.yaml, not a Kubernetes object.
+const NOT_OBJECTS: [&str; 5] = ["kustomization.yaml", "injector.yaml", "rules.yaml", "rules_test.yaml", "envoy.yaml"];
 
 fn python() -> PathBuf {
     let p = repo_root().join(".tools/k8s-validate/bin/python");

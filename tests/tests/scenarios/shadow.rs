@@ -17,7 +17,7 @@ use etcd_client::GetOptions;
 use lockmesh_tests::{LockClient, Stack};
 use serde_json::Value;
 
-use super::audit::{head, Tailer};
+use super::audit::Tailer;
 
 const ACQ: &str = "/v1/locks/acquire";
 
@@ -110,8 +110,8 @@ async fn stricter(st: &Stack, tailer: Option<&Tailer>) -> Vec<String> {
         // The audit: each differing decision is a would_refuse event of the class
         // with the key's digest (never the key), and `lockctl audit shadow` sums them.
         let digest = lockmesh_core::LockKey::parse(key.as_bytes()).unwrap().digest().to_string();
-        lockmesh_tests::assert_eventually!(20, async || {
-            t.caught_up(head(st).await).await;
+        // The tailer may lag on a loaded machine: poll its answer, not its checkpoint.
+        lockmesh_tests::assert_eventually!(60, async || {
             let rows = t.lockctl(&["shadow", "--since", "1h"]);
             let rows = rows["rows"].as_array().cloned().unwrap_or_default();
             anyhow::ensure!(rows.len() == 1 && rows[0]["decisions"] == 2, "not yet: {rows:?}");
