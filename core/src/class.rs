@@ -738,7 +738,10 @@ impl ClassRegistry {
                 if k.lock_delay_s > 0 && k.max_holders > 1 {
                     err(
                         at("candidate.lock_delay_s"),
-                        format!("{} with max_holders {}: lock-delay is for mutex classes", k.lock_delay_s, k.max_holders),
+                        format!(
+                            "{} with max_holders {}: lock-delay is for mutex classes",
+                            k.lock_delay_s, k.max_holders
+                        ),
                     );
                 }
                 if let Err(m) = platform.check_ttl(Some(k.ttl_s), c.enforcement.as_deref() == Some("advisory")) {

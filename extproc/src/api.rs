@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use lockmesh_core::{
+    class::OnQuorumLoss,
     grant::Operation,
     headers::{self, LockHeaders},
-    class::OnQuorumLoss,
     wire::api::{
-        Acquired as AcquiredBody, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed,
-        SessionHold, SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
+        Acquired as AcquiredBody, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed, SessionHold,
+        SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
     },
     ClassSpec, Code, LockKey,
 };

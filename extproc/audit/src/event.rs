@@ -257,7 +257,8 @@ mod tests {
         let wire: Vec<&str> = lockmesh_core::wire::audit::EventKind::ALL.iter().map(|k| k.as_str()).collect();
         assert_eq!(ours, wire);
         for k in EventKind::ALL {
-            let w: Result<lockmesh_core::wire::audit::EventKind, _> = serde_json::from_value(serde_json::json!(k.as_str()));
+            let w: Result<lockmesh_core::wire::audit::EventKind, _> =
+                serde_json::from_value(serde_json::json!(k.as_str()));
             assert!(w.is_ok(), "{} is not a kind of lockmesh_core::wire::audit", k.as_str());
         }
     }

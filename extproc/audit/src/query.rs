@@ -474,7 +474,11 @@ mod tests {
             rows.iter().map(|r| (r.decision.as_str(), r.reason.as_str(), r.decisions, r.keys, r.candidate)).collect();
         assert_eq!(
             got,
-            [("would_refuse", "key_gated", 4, 2, 110), ("would_refuse", "session_expired", 1, 0, 130), ("would_grant", "lock_delay", 2, 1, 120)]
+            [
+                ("would_refuse", "key_gated", 4, 2, 110),
+                ("would_refuse", "session_expired", 1, 0, 130),
+                ("would_grant", "lock_delay", 2, 1, 120)
+            ]
         );
         let table = render(&Answer::Shadow { rows });
         assert!(table.contains("would have changed 7 decisions"), "{table}");

@@ -216,7 +216,8 @@ impl Store {
             return Ok(false);
         }
         let Some(sid) = lockmesh_core::headers::SessionId::from_lease(lease) else { return Ok(true) };
-        let closed = self.call(self.client().get(k.close_marker(sid), Some(GetOptions::new().with_count_only()))).await?;
+        let closed =
+            self.call(self.client().get(k.close_marker(sid), Some(GetOptions::new().with_count_only()))).await?;
         Ok(closed.count() == 0)
     }
 

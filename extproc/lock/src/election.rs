@@ -155,9 +155,7 @@ impl Store {
         let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
         let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
         let mine = |kv: &&etcd_client::KeyValue| {
-            hold_of(kv).is_some_and(|h| {
-                h.owner == caller.identity && session.is_none_or(|s| s.lease() == kv.lease())
-            })
+            hold_of(kv).is_some_and(|h| h.owner == caller.identity && session.is_none_or(|s| s.lease() == kv.lease()))
         };
         let found = if test_faults::on(TestFault::ProclaimWithoutToken) {
             // PLANTED BUG (the election scenario): the caller's identity holds the
@@ -285,9 +283,8 @@ impl Store {
     /// could not be used).
     async fn observe_now(&self, key: &LockKey, gap: bool) -> Result<Observed, LockError> {
         let d = key.digest();
-        let r = self
-            .call(self.client().get(self.keys().lock_entries(&d), Some(GetOptions::new().with_prefix())))
-            .await?;
+        let r =
+            self.call(self.client().get(self.keys().lock_entries(&d), Some(GetOptions::new().with_prefix()))).await?;
         let revision = r.header().map_or(0, |h| h.revision());
         Ok(Observed { leader: entries(r.kvs()).leader(self, &d), revision, changed: gap, gap })
     }

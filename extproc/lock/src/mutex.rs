@@ -687,7 +687,14 @@ impl Store {
             Some(s) if within => Ok(Attempt::Refused { reason: Reason::LockContended, revision, free_slot: s }),
             _ => {
                 let holders = u32::try_from(holders.kvs().len()).unwrap_or(u32::MAX);
-                super::shadow::after_gated(self, &req.class, &req.key, holders, n, &(sid.lease(), d.clone(), req.deadline));
+                super::shadow::after_gated(
+                    self,
+                    &req.class,
+                    &req.key,
+                    holders,
+                    n,
+                    &(sid.lease(), d.clone(), req.deadline),
+                );
                 Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 })
             }
         }

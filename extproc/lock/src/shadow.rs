@@ -152,9 +152,10 @@ pub(crate) fn note(
     let (mut client, k) = (store.client(), store.keys().shadow_record(class.name.as_str()));
     tokio::spawn(async move {
         let Ok(v) = serde_json::to_vec(&rec) else { return };
-        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), client.put(k, v, None)).await.unwrap_or_else(|_| {
-            Err(etcd_client::Error::InvalidArgs("timed out".into()))
-        }) {
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), client.put(k, v, None))
+            .await
+            .unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("timed out".into())))
+        {
             tracing::debug!(error = %e, class = %rec.class, "could not write a shadow decision's audit record; it is counted");
         }
     });
@@ -174,7 +175,9 @@ pub fn totals() -> Vec<ShadowCount> {
             })
             .collect()
     });
-    v.sort_by(|a, b| (&a.namespace, &a.class, a.decision, &a.reason).cmp(&(&b.namespace, &b.class, b.decision, &b.reason)));
+    v.sort_by(|a, b| {
+        (&a.namespace, &a.class, a.decision, &a.reason).cmp(&(&b.namespace, &b.class, b.decision, &b.reason))
+    });
     v
 }
 
@@ -193,7 +196,13 @@ pub fn last_day() -> Vec<ShadowCount> {
     });
     let mut v: Vec<ShadowCount> = sum
         .into_iter()
-        .map(|((c, d, r), n)| ShadowCount { namespace: String::new(), class: c, decision: d, reason: r.to_owned(), count: n })
+        .map(|((c, d, r), n)| ShadowCount {
+            namespace: String::new(),
+            class: c,
+            decision: d,
+            reason: r.to_owned(),
+            count: n,
+        })
         .collect();
     v.sort_by(|a, b| (&a.class, a.decision, &a.reason).cmp(&(&b.class, b.decision, &b.reason)));
     v
@@ -226,14 +235,28 @@ pub(crate) fn after_grant(store: &Store, class: &ClassSpec, key: &LockKey, holde
     let Some(k) = class.candidate else { return };
     if let Some(n) = holders {
         if k.max_holders < limit && n > u64::from(k.max_holders) {
-            note(store, class, (key.namespace(), Some(key.digest().to_string())), Decision::WouldRefuse, "key_gated", (u64::from(limit), u64::from(k.max_holders)));
+            note(
+                store,
+                class,
+                (key.namespace(), Some(key.digest().to_string())),
+                Decision::WouldRefuse,
+                "key_gated",
+                (u64::from(limit), u64::from(k.max_holders)),
+            );
             return;
         }
     }
     if k.lock_delay_s > class.lock_delay_s {
         if let Some(ago) = since_end(&key.digest()) {
             if ago < Duration::from_secs(k.lock_delay_s) {
-                note(store, class, (key.namespace(), Some(key.digest().to_string())), Decision::WouldRefuse, "lock_delay", (class.lock_delay_s, k.lock_delay_s));
+                note(
+                    store,
+                    class,
+                    (key.namespace(), Some(key.digest().to_string())),
+                    Decision::WouldRefuse,
+                    "lock_delay",
+                    (class.lock_delay_s, k.lock_delay_s),
+                );
             }
         }
     }
@@ -270,7 +293,14 @@ fn first_time(id: &AcquireId, reason: &'static str) -> bool {
 pub(crate) fn after_gated(store: &Store, class: &ClassSpec, key: &LockKey, holders: u32, limit: u32, id: &AcquireId) {
     let Some(k) = class.candidate else { return };
     if k.max_holders > limit && holders < k.max_holders && first_time(id, "key_gated") {
-        note(store, class, (key.namespace(), Some(key.digest().to_string())), Decision::WouldGrant, "key_gated", (u64::from(limit), u64::from(k.max_holders)));
+        note(
+            store,
+            class,
+            (key.namespace(), Some(key.digest().to_string())),
+            Decision::WouldGrant,
+            "key_gated",
+            (u64::from(limit), u64::from(k.max_holders)),
+        );
     }
 }
 
@@ -283,7 +313,14 @@ pub(crate) fn after_delayed(store: &Store, class: &ClassSpec, key: &LockKey, lef
         && passed >= Duration::from_secs(k.lock_delay_s)
         && first_time(id, "lock_delay")
     {
-        note(store, class, (key.namespace(), Some(key.digest().to_string())), Decision::WouldGrant, "lock_delay", (class.lock_delay_s, k.lock_delay_s));
+        note(
+            store,
+            class,
+            (key.namespace(), Some(key.digest().to_string())),
+            Decision::WouldGrant,
+            "lock_delay",
+            (class.lock_delay_s, k.lock_delay_s),
+        );
     }
 }
 

@@ -266,4 +266,3 @@ fn a_shadow_record_is_a_would_refuse_or_would_grant_event_of_its_class() {
     let d = decode_at(41, &[put(format!("{ROOT}/w/payments"), rec("would_grant"), 0, 41)], &|_| false);
     assert_eq!(kinds(&d), [EventKind::WouldGrant]);
 }
-
