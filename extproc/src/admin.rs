@@ -40,6 +40,13 @@ async fn health(AxState(state): AxState<Arc<State>>) -> String {
 
 async fn ready(AxState(state): AxState<Arc<State>>) -> (StatusCode, String) {
     match state.store.ready().await {
+        // Started, but the class and shard records are not there yet (the first
+        // bootstrap failed and is retried every second): not ready, or the first
+        // callers routed here would get `unavailable`.
+        Ok(()) if !state.tiers.coord_bootstrapped() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the shard map and class records are not created yet; retried every second\n".into(),
+        ),
         Ok(()) => (StatusCode::OK, format!("ready\n{}", seal_line(&state))),
         // A declared quorum loss with a fail-open class to serve (ADR-04): this
         // arbiter still answers those, so it stays in its Service; every other

@@ -76,6 +76,10 @@ pub struct Tiers {
     /// can cost a re-read, never a grant. Close and revoke-everywhere invalidate it.
     homes: moka::sync::Cache<SessionId, SessionHome>,
     bootstrapped: std::sync::atomic::AtomicBool,
+    /// The coord cluster's shard map, home record, class map and class policies
+    /// exist (the first part of [`Tiers::bootstrap`]): readiness waits for it, since
+    /// a grant on a cluster without its class map answers `unavailable`.
+    coord_bootstrapped: std::sync::atomic::AtomicBool,
 }
 
 /// Where a session was opened, and its TTL (which decides the entry's expiry).
@@ -161,6 +165,7 @@ impl Tiers {
             map: RwLock::new(None),
             homes: cache::new(),
             bootstrapped: std::sync::atomic::AtomicBool::new(false),
+            coord_bootstrapped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -298,11 +303,22 @@ impl Tiers {
         for s in self.stores() {
             s.create_home_if_missing(&map).await?;
             s.bootstrap_policies(reg).await?;
+            if s.cluster_name() == COORD_CLUSTER {
+                self.coord_bootstrapped.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         self.warn_tiers(reg, &map.current);
         self.set_map(map.current);
         self.bootstrapped.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the coord cluster's records exist (its part of [`Tiers::bootstrap`]
+    /// succeeded once). Until then the arbiter is not ready: every grant there would
+    /// answer `unavailable`. A lost entity shard does not hold readiness back; its
+    /// keys answer `unavailable` until its records exist.
+    pub fn coord_bootstrapped(&self) -> bool {
+        self.coord_bootstrapped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Creates missing class policy records on every cluster (a registry reload).
