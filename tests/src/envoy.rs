@@ -603,21 +603,30 @@ fn parse_stat(stats: &str, name: &str) -> Option<u64> {
     })
 }
 
-/// Repeats the `- endpoint:` entry that ends with `port_value: 18051` once per
-/// port (each with its port), keeping its indentation.
+/// Repeats every `- endpoint:` entry that ends with `port_value: 18051` once per
+/// port (each with its port), keeping its indentation: a config may have several
+/// clusters of the arbiters (the key's ring hash, and the transparent filter's
+/// own calls).
 fn render_endpoints(text: &str, ports: &[u16]) -> Result<String> {
     let needle = format!("port_value: {DEFAULT_ARBITER_PORT}");
-    let Some((at, _)) = text.match_indices(&needle).find(|(i, _)| !next_is_digit(text, i + needle.len())) else {
+    let (mut out, mut rest, mut found) = (String::with_capacity(text.len()), text, false);
+    while let Some((at, _)) = rest.match_indices(&needle).find(|(i, _)| !next_is_digit(rest, i + needle.len())) {
+        let Some(entry) = rest[..at].rfind("- endpoint:") else {
+            bail!("{needle:?} is not inside a `- endpoint:` entry");
+        };
+        let start = rest[..entry].rfind('\n').map_or(0, |i| i + 1);
+        let end = rest[at..].find('\n').map_or(rest.len(), |i| at + i + 1);
+        let block = &rest[start..end];
+        out.push_str(&rest[..start]);
+        out.extend(ports.iter().map(|p| replace_token(block, &needle, &format!("port_value: {p}"))));
+        rest = &rest[end..];
+        found = true;
+    }
+    if !found {
         bail!("no {needle:?} to render arbiter endpoints at");
-    };
-    let Some(entry) = text[..at].rfind("- endpoint:") else {
-        bail!("{needle:?} is not inside a `- endpoint:` entry");
-    };
-    let start = text[..entry].rfind('\n').map_or(0, |i| i + 1);
-    let end = text[at..].find('\n').map_or(text.len(), |i| at + i + 1);
-    let block = &text[start..end];
-    let rendered: String = ports.iter().map(|p| replace_token(block, &needle, &format!("port_value: {p}"))).collect();
-    Ok(format!("{}{rendered}{}", &text[..start], &text[end..]))
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Whether `needle` occurs not followed by another digit.
@@ -698,6 +707,11 @@ mod tests {
             )
         };
         assert_eq!(text, format!("a: 1\n          - lb_endpoints:\n{}{}tls: {{}}\n", one(7001), one(7002)));
+        // Every cluster of the arbiters gets them.
+        std::fs::write(&cfg, format!("a: 1\n{entry}b: 2\n{entry}tls: {{}}\n")).unwrap();
+        let text = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([7001, 7002]).render().unwrap();
+        let both = format!("          - lb_endpoints:\n{}{}", one(7001), one(7002));
+        assert_eq!(text, format!("a: 1\n{both}b: 2\n{both}tls: {{}}\n"));
         std::fs::write(&cfg, "a: {port_value: 18051}\n").unwrap();
         let err = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([1]).render().unwrap_err();
         assert!(format!("{err:#}").contains("endpoint"), "{err:#}");

@@ -13,8 +13,18 @@
 //!   is retried with backoff ([`RELEASE_ATTEMPTS`] in all).
 //! - **Renewal.** While this VM has sessions, the root renews all of them with one
 //!   call (`POST /internal/v1/vm/keepalive`) every `renew_ms` the arbiter asks for
-//!   (a third of the shortest class TTL). A dead Envoy or a trapped VM stops renewing,
-//!   so its holds expire within the class TTL.
+//!   (a third of the shortest class TTL), counted from each call's *send* time: a
+//!   call that hangs (an arbiter paused, or waiting on a cluster that does not
+//!   answer) does not hold the next one back. Each renewal is
+//!   [`KEEPALIVE_FANOUT`] calls at once, through the shipped configs' own arbiter
+//!   cluster (`lockmesh_arbiter_calls`, least-request by full scan): the second
+//!   call goes to a host with fewer active requests than the first's, so a renewal
+//!   reaches two arbiters and one holding a hung call is picked last. One healthy
+//!   arbiter keeps the sessions renewed. At most [`MAX_KEEPALIVES_IN_FLIGHT`] are in
+//!   flight, so a dead arbiter tier costs at most that many calls per timeout. Scheduling from the answer instead
+//!   let one call that ran into its timeout (2 s by default) stretch the period past
+//!   a 3 s TTL. A dead Envoy or a trapped VM stops renewing, so its holds expire
+//!   within the class TTL.
 //! - **Reconcile.** Every `reconcile_every_ms` the keepalive carries the hold numbers
 //!   still open here and the next number; the arbiter releases this VM's holds
 //!   numbered below it that are not open. A lost release is repaired within that
@@ -32,6 +42,10 @@ pub(crate) const RELEASE_ATTEMPTS: u32 = 5;
 pub(crate) const DEFAULT_RENEW_MS: u64 = 1000;
 /// Shortest renewal period accepted from the arbiter, ms.
 pub(crate) const MIN_RENEW_MS: u64 = 200;
+/// Most keepalive calls in flight at once (the module doc).
+pub(crate) const MAX_KEEPALIVES_IN_FLIGHT: u32 = 4;
+/// Calls per renewal (the module doc); each renews every session of the VM.
+pub(crate) const KEEPALIVE_FANOUT: u32 = 2;
 /// The arbiter's VM keepalive route.
 pub(crate) const KEEPALIVE_PATH: &str = "/internal/v1/vm/keepalive";
 /// The arbiter's transparent release route.
@@ -71,7 +85,7 @@ pub struct Holds {
     calls: BTreeMap<u32, Call>,
     /// When the next keepalive is due, ms; `None` while the VM has no sessions.
     keepalive_due_ms: Option<u64>,
-    keepalive_in_flight: bool,
+    keepalives_in_flight: u32,
     renew_ms: u64,
     last_reconcile_ms: u64,
 }
@@ -103,7 +117,7 @@ impl Holds {
             pending: VecDeque::new(),
             calls: BTreeMap::new(),
             keepalive_due_ms: None,
-            keepalive_in_flight: false,
+            keepalives_in_flight: 0,
             renew_ms: DEFAULT_RENEW_MS,
             last_reconcile_ms: 0,
         }
@@ -153,13 +167,20 @@ impl Holds {
         json!({ "vm": self.vm, "key": r.key, "hold": r.hold }).to_string().into_bytes()
     }
 
-    /// Whether a keepalive is due, and with a reconcile.
+    /// Whether a keepalive is due, and with a reconcile (the caller sends
+    /// [`Holds::keepalive_calls`] calls of it).
     pub(crate) fn keepalive_due(&self, now_ms: u64, reconcile_every_ms: u64) -> Option<bool> {
         let due = self.keepalive_due_ms?;
-        if self.keepalive_in_flight || now_ms < due {
+        if self.keepalives_in_flight >= MAX_KEEPALIVES_IN_FLIGHT || now_ms < due {
             return None;
         }
         Some(now_ms.saturating_sub(self.last_reconcile_ms) >= reconcile_every_ms)
+    }
+
+    /// How many calls the due keepalive is: [`KEEPALIVE_FANOUT`], fewer if the
+    /// in-flight bound leaves less room.
+    pub(crate) fn keepalive_calls(&self) -> u32 {
+        KEEPALIVE_FANOUT.min(MAX_KEEPALIVES_IN_FLIGHT.saturating_sub(self.keepalives_in_flight))
     }
 
     /// The body of a keepalive call.
@@ -175,7 +196,9 @@ impl Holds {
     /// Records a call made with callout `token`.
     pub fn sent(&mut self, token: u32, call: Call, now_ms: u64) {
         if let Call::Keepalive { reconcile } = &call {
-            self.keepalive_in_flight = true;
+            self.keepalives_in_flight += 1;
+            // The next one is due a period after this one left, answered or not.
+            self.keepalive_due_ms = Some(now_ms + self.renew_ms);
             if *reconcile {
                 self.last_reconcile_ms = now_ms;
             }
@@ -194,15 +217,21 @@ impl Holds {
         let call = self.calls.remove(&token)?;
         match (&call, status) {
             (Call::Keepalive { .. }, 200) => {
-                self.keepalive_in_flight = false;
+                self.keepalives_in_flight = self.keepalives_in_flight.saturating_sub(1);
                 let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
                 let sessions = v.get("sessions").and_then(serde_json::Value::as_u64).unwrap_or(0);
                 if let Some(ms) = v.get("renew_ms").and_then(serde_json::Value::as_u64) {
                     self.renew_ms = ms.max(MIN_RENEW_MS);
                 }
                 // No sessions and nothing open: stop renewing until the next hold.
-                self.keepalive_due_ms =
-                    if sessions == 0 && self.open.is_empty() { None } else { Some(now_ms + self.renew_ms) };
+                // Otherwise the next call stays due a period after the last send
+                // (sooner if the arbiter asked for a shorter period).
+                let next = now_ms + self.renew_ms;
+                self.keepalive_due_ms = if sessions == 0 && self.open.is_empty() {
+                    None
+                } else {
+                    Some(self.keepalive_due_ms.map_or(next, |d| d.min(next)))
+                };
             }
             (Call::Release(_), 200) => {}
             _ => self.failed(call.clone(), now_ms),
@@ -213,9 +242,10 @@ impl Holds {
     fn failed(&mut self, call: Call, now_ms: u64) {
         match call {
             Call::Keepalive { .. } => {
-                self.keepalive_in_flight = false;
+                self.keepalives_in_flight = self.keepalives_in_flight.saturating_sub(1);
                 // Retry soon: a session must not lapse for one lost call.
-                self.keepalive_due_ms = Some(now_ms + (self.renew_ms / 2).max(MIN_RENEW_MS));
+                let retry = now_ms + (self.renew_ms / 2).max(MIN_RENEW_MS);
+                self.keepalive_due_ms = Some(self.keepalive_due_ms.map_or(retry, |d| d.min(retry)));
             }
             Call::Release(mut r) => {
                 r.attempts += 1;

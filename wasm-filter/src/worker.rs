@@ -251,12 +251,15 @@ impl Worker {
             }
         }
         if let Some(reconcile) = holds.keepalive_due(now, t.reconcile_every_ms) {
-            let call = Call::Keepalive { reconcile };
-            match send(crate::transparent::KEEPALIVE_PATH, &holds.keepalive_body(reconcile)) {
-                Ok(token) => holds.sent(token, call, now),
-                Err(e) => {
-                    log(LogLevel::Warn, &format!("a keepalive call could not be made ({e:?}); retrying"));
-                    holds.not_sent(call, now);
+            let body = holds.keepalive_body(reconcile);
+            for _ in 0..holds.keepalive_calls() {
+                let call = Call::Keepalive { reconcile };
+                match send(crate::transparent::KEEPALIVE_PATH, &body) {
+                    Ok(token) => holds.sent(token, call, now),
+                    Err(e) => {
+                        log(LogLevel::Warn, &format!("a keepalive call could not be made ({e:?}); retrying"));
+                        holds.not_sent(call, now);
+                    }
                 }
             }
         }

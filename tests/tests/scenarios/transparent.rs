@@ -315,6 +315,45 @@ async fn a_long_request_keeps_its_hold_past_the_ttl() {
     assert_eq!(st.backend().requests().len(), 1);
 }
 
+/// The hold's creation revision, if the key is held.
+async fn hold_revision(st: &Stack) -> Option<i64> {
+    let mut c = st.etcd().client().await.unwrap();
+    let prefix = format!("{}/l/", st.root());
+    let r = c.get(prefix, Some(GetOptions::new().with_prefix())).await.unwrap();
+    r.kvs().first().map(|kv| kv.create_revision())
+}
+
+/// Two arbiters in the sidecar's clusters; each is paused in turn for longer than
+/// the class TTL while a long request holds its key. A keepalive that reaches the
+/// paused one hangs until its callout timeout; the next must go to the other and
+/// keep the session renewed: the one hold stays, never granted again. Failed
+/// before (checked at every arbiter pause): the next keepalive waited for the hung
+/// one's 2 s timeout, and the ring-hashed cluster could send it to the paused
+/// arbiter again, so a 3 s session lapsed under its running request.
+#[tokio::test]
+async fn a_long_request_keeps_its_hold_while_either_arbiter_is_paused() {
+    let st = sidecar("tp-pause").arbiters(2).envoy_arbiters(0, &[0, 1]).start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    // Class `short` (TTL 3 s): two pauses of 5 s each inside a 16 s request.
+    let long = tokio::spawn(async move {
+        c.post("/jobs/3", &[("x-lock-key", "short/job-3"), (DELAY_HEADER, "16000")]).await.unwrap()
+    });
+    eventually_true(Duration::from_secs(10), "the request reached the backend", || async {
+        st.backend().requests().len() == 1
+    })
+    .await;
+    let held = hold_revision(&st).await.expect("the request should hold its key");
+    for i in 0..2 {
+        st.arbiter(i).pause().unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = hold_revision(&st).await;
+        st.arbiter(i).resume().unwrap();
+        assert_eq!(now, Some(held), "the hold lapsed (or was granted again) while arbiter {i} was paused");
+    }
+    assert_eq!(long.await.unwrap().code(), 200);
+    assert_eq!(st.backend().requests().len(), 1);
+}
+
 #[tokio::test]
 async fn the_application_sidecar_carries_lock_calls_to_the_lock_tier_as_the_application() {
     let st = Stack::builder("tp-appside").envoy_config("lock-tier").start().await.unwrap();
@@ -333,8 +372,9 @@ async fn the_application_sidecar_carries_lock_calls_to_the_lock_tier_as_the_appl
     let plain = reqwest::Client::new();
     let url = |p: &str| format!("http://127.0.0.1:{listen}{p}");
     let r = plain.post(url("/v1/locks/acquire")).header("x-lock-key", "payments/app-1").send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    let v: serde_json::Value = r.json().await.unwrap();
+    let (status, body) = (r.status(), r.text().await.unwrap());
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let (token, session) = (v["token"].as_str().unwrap().to_owned(), v["session"].as_str().unwrap().to_owned());
     // The lock tier saw the application's identity: the same caller, calling the lock
     // tier directly with its own certificate, sees itself as the holder.

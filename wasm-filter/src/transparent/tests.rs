@@ -56,18 +56,50 @@ fn keepalives_start_with_the_first_hold_follow_the_arbiter_and_stop_when_idle() 
     assert_eq!(h.keepalive_due(999, 5000), None);
     assert_eq!(h.keepalive_due(1000, 5000), Some(false));
     h.sent(1, Call::Keepalive { reconcile: false }, 1000);
-    assert_eq!(h.keepalive_due(5000, 5000), None, "one keepalive at a time");
+    assert_eq!(h.keepalive_due(1999, 5000), None, "a period after the send");
     h.answered(1, 200, br#"{"sessions":1,"renew_ms":1000,"reconciled":0}"#, 1100);
-    assert_eq!(h.keepalive_due(2099, 5000), None);
+    assert_eq!(h.keepalive_due(1999, 5000), None);
+    assert_eq!(h.keepalive_due(2000, 5000), Some(false), "counted from the send, not the answer");
     assert_eq!(h.keepalive_due(6000, 5000), Some(true), "reconcile every 5 s");
     h.sent(2, Call::Keepalive { reconcile: true }, 6000);
     // A failed keepalive is retried within half a period.
     h.answered(2, 0, b"", 6100);
+    assert_eq!(h.keepalive_due(6599, 5000), None);
     assert_eq!(h.keepalive_due(6600, 5000), Some(false));
     h.end("a/b", n, true, 6600);
     h.sent(3, Call::Keepalive { reconcile: false }, 6600);
     h.answered(3, 200, br#"{"sessions":0,"renew_ms":1000}"#, 6700);
     assert_eq!(h.keepalive_due(100_000, 5000), None, "idle: no sessions, nothing open");
+}
+
+/// A keepalive that hangs until its callout timeout (a paused arbiter, or one
+/// waiting on a cluster that does not answer) does not hold the next one back: the
+/// renewals stay a period apart while calls hang, each renewal is two calls, and
+/// at most four are in flight.
+#[test]
+fn a_hanging_keepalive_does_not_stretch_the_renewal_period() {
+    let mut h = Holds::new(VM.into());
+    h.open(0);
+    assert_eq!(h.keepalive_due(1000, 60_000), Some(false));
+    assert_eq!(h.keepalive_calls(), 2, "each renewal is two calls");
+    h.sent(1, Call::Keepalive { reconcile: false }, 1000);
+    h.sent(2, Call::Keepalive { reconcile: false }, 1000);
+    h.answered(1, 200, br#"{"sessions":1,"renew_ms":1000}"#, 1010);
+    // Call 2 hangs until its 2 s timeout; the next renewal leaves anyway.
+    assert_eq!(h.keepalive_due(1999, 60_000), None);
+    assert_eq!(h.keepalive_due(2000, 60_000), Some(false), "the next one leaves while one hangs");
+    h.sent(3, Call::Keepalive { reconcile: false }, 2000);
+    h.sent(4, Call::Keepalive { reconcile: false }, 2000);
+    // Call 4 hangs too: three in flight, room for one more call only.
+    h.answered(3, 200, br#"{"sessions":1,"renew_ms":1000}"#, 2020);
+    assert_eq!(h.keepalive_due(3000, 60_000), Some(false));
+    assert_eq!(h.keepalive_calls(), 2);
+    h.sent(5, Call::Keepalive { reconcile: false }, 3000);
+    h.sent(6, Call::Keepalive { reconcile: false }, 3000);
+    assert_eq!(h.keepalive_due(4000, 60_000), None, "four in flight: the next waits");
+    h.answered(2, 0, b"", 4000);
+    assert_eq!(h.keepalive_due(4000, 60_000), Some(false), "a timeout frees room and moves nothing later");
+    assert_eq!(h.keepalive_calls(), 1, "the bound leaves room for one call");
 }
 
 #[test]
