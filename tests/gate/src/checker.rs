@@ -554,6 +554,12 @@ fn apply_txn(
             let rev = txn.first().map_or(0, |e| e.revision);
             st.owed.insert(d.clone(), rev);
         }
+        // A hold granted after the debt and ended by its holder: that grant was
+        // judged (and reported) at its commit; the key owes nothing more, so one
+        // skipped delay is one violation, not one per later grant.
+        if matches!(end, End::Released | End::SessionClosed) && st.owed.get(d).is_some_and(|&owed| g.revision > owed) {
+            st.owed.remove(d);
+        }
         if released || ended_leases.contains(&g.lease) || forced.contains(d.as_str()) || advanced {
             continue;
         }

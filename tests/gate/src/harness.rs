@@ -900,8 +900,8 @@ fn sidecar_builder(pki: &DevPki, arbiters: &[u16], upstream: u16) -> lockmesh_te
         .upstream_port(upstream)
         .replace(r#""key": "payments/order-{id}""#, format!(r#""key": "{TRANSPARENT_PREFIX}/{{id}}""#))
         .replace(
-            r#""arbiter_cluster": "lockmesh_arbiter","#,
-            r#""arbiter_cluster": "lockmesh_arbiter", "reconcile_every_ms": 1000,"#,
+            r#""arbiter_cluster": "lockmesh_arbiter_calls","#,
+            r#""arbiter_cluster": "lockmesh_arbiter_calls", "reconcile_every_ms": 1000,"#,
         )
 }
 

@@ -433,6 +433,11 @@ fn a_grant_inside_an_owed_or_running_lock_delay_is_caught() {
     owed.extend(expired());
     owed.push(grant(6, 0, "k/a", 1));
     assert_eq!(checks(&with(owed.clone())), vec!["lock_delay_kept"]);
+    // That grant released by its holder: the debt is settled, the next grant is
+    // no second violation.
+    let mut settled = owed.clone();
+    settled.extend([marker(7, 1, 6), del(7, 0), grant(8, 0, "k/a", 1)]);
+    assert_eq!(checks(&with(settled)), vec!["lock_delay_kept"]);
     // The same history for a class without a delay, or a hold no client was
     // answered with (an arbiter undoing its own grant), owes nothing.
     assert!(checks(&base(owed.clone())).is_empty());
