@@ -144,13 +144,7 @@ impl Store {
         if let Some(sid) = session {
             self.owned_session(sid, caller).await?;
         }
-        let mut ep = self.epoch_state().await?;
-        if !ep.holds_epoch(token.epoch()) {
-            ep = self.refresh_epoch().await?;
-            if !ep.holds_epoch(token.epoch()) {
-                return Err(LockError::NotHolder);
-            }
-        }
+        self.ensure_epoch_holds(token.epoch()).await?;
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
         let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;

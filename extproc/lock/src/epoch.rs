@@ -111,6 +111,19 @@ impl Store {
         self.load_epoch().await.map(|(state, _, _)| state)
     }
 
+    /// `NotHolder` unless the current epoch holds `epoch`, for a call naming a
+    /// grant of it (a release, a proclaim): the cache decides a yes, a fresh read a
+    /// no. The cache may predate an advance (a shard move's, or another
+    /// arbiter's grant in the new epoch), so a refusal is decided on a fresh read,
+    /// once, never on the cache (the SDK takes `not_holder` as final).
+    pub(crate) async fn ensure_epoch_holds(&self, epoch: u64) -> Result<(), LockError> {
+        if self.epoch_state().await?.holds_epoch(epoch) || self.refresh_epoch().await?.holds_epoch(epoch) {
+            Ok(())
+        } else {
+            Err(LockError::NotHolder)
+        }
+    }
+
     /// [`Store::refresh_epoch`], also returning the read's header revision and
     /// cluster id (the seal check compares them, so it needs no second read).
     async fn load_epoch(&self) -> Result<(EpochState, i64, u64), LockError> {

@@ -714,16 +714,7 @@ impl Store {
         if let Some(sid) = session {
             self.owned_session(sid, caller).await?;
         }
-        let mut ep = self.epoch_state().await?;
-        if !ep.holds_epoch(token.epoch()) {
-            // The cache may predate an advance (a shard move's, or another
-            // arbiter's grant in the new epoch): a refusal is decided on a fresh
-            // read, once, never on the cache (the SDK takes not_holder as final).
-            ep = self.refresh_epoch().await?;
-            if !ep.holds_epoch(token.epoch()) {
-                return Err(LockError::NotHolder);
-            }
-        }
+        self.ensure_epoch_holds(token.epoch()).await?;
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
         let marker = lockmesh_keyspace::ReleaseMarker {
