@@ -440,13 +440,23 @@ async fn campaign(
     Ok((r, undo))
 }
 
-/// `POST /v1/elections/proclaim`.
-async fn proclaim(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Result<ApiResponse, ApiError> {
+/// The election named by `lock`: its key, class and the cluster that homes it
+/// (proclaim and observe; a campaign routes as an acquire).
+async fn election_home(
+    state: &State,
+    lock: &LockHeaders,
+) -> Result<(LockKey, ClassSpec, Arc<lockmesh_lock::Store>), ApiError> {
     let key = need(lock.key.clone(), headers::KEY)?;
-    let token = need(lock.token, headers::TOKEN)?;
-    let value = need(lock.value.as_deref(), headers::VALUE)?;
     let class = election_class(state, lock, &key)?;
     let store = state.tiers.route(&class, &key, false).await?;
+    Ok((key, class, store))
+}
+
+/// `POST /v1/elections/proclaim`.
+async fn proclaim(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Result<ApiResponse, ApiError> {
+    let (key, _, store) = election_home(state, lock).await?;
+    let token = need(lock.token, headers::TOKEN)?;
+    let value = need(lock.value.as_deref(), headers::VALUE)?;
     store.unsealed()?;
     store.proclaim(&key, token, caller, lock.session, value).await?;
     Ok(ApiResponse::ok(&Proclaimed { proclaimed: true }))
@@ -463,10 +473,8 @@ async fn observe(
     cancel: &CancellationToken,
 ) -> Result<ApiResponse, ApiError> {
     let lock = &req.lock;
-    let key = need(lock.key.clone(), headers::KEY)?;
-    let class = election_class(state, lock, &key)?;
+    let (key, class, store) = election_home(state, lock).await?;
     let wait = wait_of(state, req)?;
-    let store = state.tiers.route(&class, &key, false).await?;
     let d = key.digest();
     let cluster = store.cluster_name().to_owned();
     // A cursor that does not open here (another arbiter's, an earlier run's, or
