@@ -630,11 +630,19 @@ async fn renewals_through_a_shard_loss(name: &str, faults: &[&str]) -> Vec<Strin
         let (w, k) = (worker.clone(), kb3.clone());
         async move { w.post("/jobs/1", &[("x-lock-key", &k), ("x-test-delay-ms", &delay)]).await.unwrap() }
     });
-    let t3: u64 = lockmesh_tests::assert_eventually!(15, async || {
-        let seen = tp.backend().requests();
-        anyhow::ensure!(seen.len() == 1, "the first request is not at the upstream yet");
-        Ok(seen[0].header("x-lock-token").unwrap().parse().unwrap())
-    });
+    // Until it is at the upstream; an answer before that is the finding, with its body.
+    let waiting = Instant::now();
+    let t3: u64 = loop {
+        if let Some(seen) = tp.backend().requests().first() {
+            break seen.header("x-lock-token").unwrap().parse().unwrap();
+        }
+        if first.is_finished() {
+            let r = first.await.unwrap();
+            panic!("the first request was answered before it reached the upstream: {} {}", r.code(), r.body);
+        }
+        assert!(waiting.elapsed() < Duration::from_secs(30), "the first request is not at the upstream after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(s.held_on("shard-b").await.contains(&kb3));
 
     s.shards["shard-a"].member(0).kill();
