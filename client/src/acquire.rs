@@ -39,6 +39,8 @@ pub(crate) struct Acquire {
     pub(crate) key: String,
     pub(crate) wait: Duration,
     pub(crate) class: Option<String>,
+    /// `x-lock-permits` or `x-lock-mode`, when the options ask for one.
+    pub(crate) shape: Option<(&'static str, String)>,
     pub(crate) timeout: Duration,
     /// A campaign, with the value to proclaim if any (`None`: a plain acquire).
     pub(crate) campaign: Option<Option<String>>,
@@ -50,11 +52,13 @@ impl Acquire {
     /// Sends the acquire and delivers its outcome on `tx`. A guard that cannot be
     /// delivered (the caller left) is dropped, which releases it.
     pub(crate) async fn run(self, tx: oneshot::Sender<Result<LockGuard, Error>>) {
-        let Acquire { inner, session, key, wait, class, timeout, campaign } = self;
+        let Acquire { inner, session, key, wait, class, shape, timeout, campaign } = self;
         let sent = Instant::now();
         inner.count(1);
         let value = campaign.as_ref().map(Option::as_deref);
-        let request = inner.api.acquire(&key, session.id, wait, class.as_deref(), value, timeout);
+        let ask: Vec<(&'static str, String)> =
+            class.map(|c| (lockmesh_core::headers::CLASS, c)).into_iter().chain(shape).collect();
+        let request = inner.api.acquire(&key, session.id, wait, &ask, value, timeout);
         let answer = if campaign.is_some() {
             tokio::select! {
                 a = request => a,

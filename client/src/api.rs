@@ -214,7 +214,7 @@ impl Api {
         key: &str,
         session: SessionId,
         wait: Duration,
-        class: Option<&str>,
+        ask: &[(&'static str, String)],
         campaign: Option<Option<&str>>,
         timeout: Duration,
     ) -> Result<Acquired, CallError> {
@@ -223,9 +223,8 @@ impl Api {
             (headers::SESSION, session.to_string()),
             (headers::WAIT_MS, wait.as_millis().to_string()),
         ];
-        if let Some(c) = class {
-            h.push((headers::CLASS, c.to_owned()));
-        }
+        // `x-lock-class`, `x-lock-permits`, `x-lock-mode` as the options ask.
+        h.extend(ask.iter().cloned());
         if let Some(Some(v)) = campaign {
             h.push((headers::VALUE, v.to_owned()));
         }

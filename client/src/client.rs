@@ -12,7 +12,7 @@ use std::{
 };
 
 use lockmesh_core::{
-    headers::{self, SessionId},
+    headers::{self, LockMode, SessionId},
     Code,
 };
 use tokio::{sync::Notify, time::Instant};
@@ -83,6 +83,10 @@ pub struct LockOptions {
     /// Client-side bound of the acquire request. Default `wait + acquire_slack`.
     /// Past it the outcome is unknown and resolved in the background.
     pub timeout: Option<Duration>,
+    /// Take `k` of the key's N slots at once (`x-lock-permits`). Default none: one.
+    pub permits: Option<u32>,
+    /// A read-write lock (`x-lock-mode`): shared takes one slot, exclusive all N.
+    pub mode: Option<LockMode>,
 }
 
 /// Requests this client sent, by route (for tests and dashboards).
@@ -144,6 +148,29 @@ impl LockOptions {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// Take `k` of the key's N slots, all at once or none (1 to 64). The guard's
+    /// one token releases them all. Not with [`LockOptions::mode`].
+    pub fn permits(mut self, k: u32) -> Self {
+        self.permits = Some(k);
+        self
+    }
+
+    /// Hold the key shared (one slot, beside other readers) or exclusive (all N
+    /// slots, alone). Not with [`LockOptions::permits`].
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// The `x-lock-permits` or `x-lock-mode` header these options send, if any.
+    fn shape(&self) -> Option<(&'static str, String)> {
+        match (self.permits, self.mode) {
+            (Some(k), _) => Some((headers::PERMITS, k.to_string())),
+            (None, Some(m)) => Some((headers::MODE, m.as_str().to_owned())),
+            (None, None) => None,
+        }
     }
 }
 
@@ -217,6 +244,14 @@ impl Client {
         pinned: Option<&Arc<Session>>,
     ) -> Result<LockGuard, Error> {
         headers::parse_key(key.as_bytes()).map_err(|e| Error::Config { field: "key", why: e.why })?;
+        if let Some(k) = opts.permits {
+            headers::parse_permits(k.to_string().as_bytes())
+                .map_err(|e| Error::Config { field: "permits", why: e.why })?;
+            if opts.mode.is_some() {
+                let why = "permits and mode cannot both be set (exclusive takes every slot)".to_owned();
+                return Err(Error::Config { field: "permits", why });
+            }
+        }
         let give_up = Instant::now() + opts.wait;
         let inner = &self.inner;
         let mut relearnt = false;
@@ -261,6 +296,7 @@ impl Client {
                         key: key.to_owned(),
                         wait,
                         class: opts.class.clone(),
+                        shape: opts.shape(),
                         timeout: opts.timeout.unwrap_or(wait + inner.config.acquire_slack),
                         campaign: campaign.map(|v| v.map(str::to_owned)),
                     };

@@ -126,7 +126,7 @@ impl Client {
         let mut repinned = false;
         loop {
             let wait = until.map_or(round, |u| u.saturating_duration_since(Instant::now()).min(round));
-            let lock = LockOptions { wait, class: opts.class.clone(), timeout: None };
+            let lock = LockOptions { wait, class: opts.class.clone(), ..LockOptions::default() };
             match self.take(key, &lock, Some(opts.value.as_deref()), Some(&session)).await {
                 Ok(guard) => return Leadership::won(self.inner(), guard, opts.value).await,
                 Err(Error::Contended { .. }) if until.is_none_or(|u| Instant::now() < u) => continue,

@@ -69,4 +69,5 @@ pub use config::Config;
 pub use election::{CampaignOptions, LeaderInfo, Leadership, Observation, Observer};
 pub use error::Error;
 pub use guard::LockGuard;
+pub use lockmesh_core::headers::LockMode;
 pub use session::SessionStatus;

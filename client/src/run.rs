@@ -111,6 +111,13 @@ pub struct RunArgs {
     /// How long to wait for the lock, in ms (0: try once).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub wait_ms: u64,
+    /// Take this many of the key's N slots at once (x-lock-permits, 1-64).
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "mode"))]
+    pub permits: Option<u32>,
+    /// A read-write lock: `shared` (one slot, beside other readers) or
+    /// `exclusive` (every slot, alone).
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_mode))]
+    pub mode: Option<lockmesh_core::headers::LockMode>,
     /// The lock key.
     pub key: String,
     /// The command and its arguments (after `--`).
@@ -232,6 +239,7 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
     let mut held = Held::new(&args.hold, RUN)?;
     let mut opts = LockOptions::default().wait(Duration::from_millis(args.wait_ms));
     opts.class = args.hold.class.clone();
+    (opts.permits, opts.mode) = (args.permits, args.mode);
     let guard = held.client.lock(&args.key, opts).await?;
     let status = held.command(program, rest, &guard).await;
     let _ = guard.release().await;
@@ -448,6 +456,11 @@ impl Drop for JeopardyFile {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// `shared` or `exclusive`, for `--mode`.
+pub fn parse_mode(s: &str) -> Result<lockmesh_core::headers::LockMode, String> {
+    lockmesh_core::headers::parse_mode(s.as_bytes()).map_err(|e| e.why)
 }
 
 /// A signal by name (`USR1`, `SIGUSR1`, `usr1`) or number, for `--jeopardy-signal`.

@@ -52,8 +52,24 @@ pub const VALUE: &str = "x-lock-value";
 /// observer learns no leader's token from it (docs/GUARANTEES.md, G7).
 pub const AFTER: &str = "x-lock-after";
 
+/// How many of the key's N slots an acquire takes (`1`-[`MAX_PERMITS`], default 1),
+/// all in one transaction or none: k permits of an N-semaphore.
+pub const PERMITS: &str = "x-lock-permits";
+
+/// `shared` or `exclusive`: a read-write lock on a key of a class with
+/// `max_holders` N. A shared hold takes one of the N slots, an exclusive hold all
+/// N, so many readers or one writer hold the key, never both.
+pub const MODE: &str = "x-lock-mode";
+
+/// The most permits one acquire may ask for, and the most slots an exclusive
+/// hold may take: each slot is a compare and a put in the grant transaction,
+/// which with the grant's other operations stays under etcd's default
+/// `--max-txn-ops` of 128.
+pub const MAX_PERMITS: u32 = 64;
+
 /// Every caller-facing lock header (each may appear at most once).
-pub const LOCK_HEADERS: [&str; 9] = [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT, VALUE, AFTER];
+pub const LOCK_HEADERS: [&str; 11] =
+    [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT, VALUE, AFTER, PERMITS, MODE];
 
 /// Prefix of headers only lockmesh may set.
 pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
@@ -298,6 +314,69 @@ pub fn parse_class(raw: &[u8]) -> Result<crate::ClassName, HeaderError> {
         .ok_or_else(|| HeaderError::new(CLASS, "must be 1-63 characters of [a-z0-9-]"))
 }
 
+/// Parses `x-lock-permits`: a canonical decimal from 1 to [`MAX_PERMITS`].
+pub fn parse_permits(raw: &[u8]) -> Result<u32, HeaderError> {
+    match decimal(PERMITS, raw, 2) {
+        Ok(k) if (1..=u64::from(MAX_PERMITS)).contains(&k) => Ok(u32::try_from(k).unwrap_or(MAX_PERMITS)),
+        Ok(_) => Err(HeaderError::new(PERMITS, format!("must be from 1 to {MAX_PERMITS}"))),
+        Err(e) => Err(HeaderError::new(PERMITS, format!("{}; from 1 to {MAX_PERMITS}", e.why))),
+    }
+}
+
+/// A read-write lock's mode ([`MODE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockMode {
+    /// One of the key's slots: beside other shared holders.
+    Shared,
+    /// All of the key's slots: alone.
+    Exclusive,
+}
+
+impl LockMode {
+    /// The header spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Exclusive => "exclusive",
+        }
+    }
+}
+
+/// Parses `x-lock-mode`: `shared` or `exclusive`, lower-case.
+pub fn parse_mode(raw: &[u8]) -> Result<LockMode, HeaderError> {
+    match raw {
+        b"shared" => Ok(LockMode::Shared),
+        b"exclusive" => Ok(LockMode::Exclusive),
+        _ => Err(HeaderError::new(MODE, "must be shared or exclusive")),
+    }
+}
+
+/// What an acquire asks for: k of the key's slots, or all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Permits {
+    /// `k` slots (`x-lock-permits`, or 1: a plain acquire or a shared hold).
+    Count(u32),
+    /// Every slot of the key's limit (an exclusive hold).
+    All,
+}
+
+impl Default for Permits {
+    fn default() -> Self {
+        Self::Count(1)
+    }
+}
+
+impl Permits {
+    /// How many slots of a key limited to `limit` this takes.
+    pub fn of(self, limit: u32) -> u32 {
+        match self {
+            Self::Count(k) => k,
+            Self::All => limit,
+        }
+    }
+}
+
 /// The lock headers of one request, each validated, in canonical form.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockHeaders {
@@ -319,6 +398,26 @@ pub struct LockHeaders {
     pub value: Option<String>,
     /// `x-lock-after`.
     pub after: Option<String>,
+    /// `x-lock-permits`.
+    pub permits: Option<u32>,
+    /// `x-lock-mode`.
+    pub mode: Option<LockMode>,
+}
+
+impl LockHeaders {
+    /// What an acquire with these headers asks for. Both `x-lock-permits` and
+    /// `x-lock-mode` leave it open (is `exclusive` with 2 permits 2 slots or all?),
+    /// so asking both is refused.
+    pub fn permits(&self) -> Result<Permits, HeaderError> {
+        match (self.permits, self.mode) {
+            (Some(_), Some(_)) => {
+                Err(HeaderError::new(PERMITS, "cannot be sent with x-lock-mode: send one (exclusive takes every slot)"))
+            }
+            (Some(k), None) => Ok(Permits::Count(k)),
+            (None, Some(LockMode::Exclusive)) => Ok(Permits::All),
+            (None, Some(LockMode::Shared) | None) => Ok(Permits::Count(1)),
+        }
+    }
 }
 
 /// Parses every lock header from `(name, value)` pairs as the host delivers them
@@ -356,7 +455,9 @@ where
             5 => out.class = Some(parse_class(value)?),
             6 => out.grant = Some(parse_grant(value)?),
             7 => out.value = Some(parse_value(value)?),
-            _ => out.after = Some(parse_after(value)?),
+            8 => out.after = Some(parse_after(value)?),
+            9 => out.permits = Some(parse_permits(value)?),
+            _ => out.mode = Some(parse_mode(value)?),
         }
     }
     Ok(out)
@@ -387,6 +488,27 @@ mod tests {
         assert_eq!(h.session.unwrap().lease(), 255);
         assert_eq!(h.session.unwrap().to_string(), "00000000000000ff");
         assert_eq!(h.token.unwrap().epoch(), 1);
+    }
+
+    #[test]
+    fn permits_and_modes_parse_strictly_and_not_together() {
+        let h = parse(&[("x-lock-permits", b"3")]).unwrap();
+        assert_eq!(h.permits(), Ok(Permits::Count(3)));
+        assert_eq!(parse(&[("x-lock-permits", b"64")]).unwrap().permits, Some(MAX_PERMITS));
+        for bad in [&b"0"[..], b"65", b"03", b"+2", b"2 ", b"", b"100", b"two"] {
+            assert_eq!(parse(&[("x-lock-permits", bad)]).unwrap_err().header, PERMITS, "{bad:?}");
+        }
+        assert_eq!(parse(&[("x-lock-mode", b"exclusive")]).unwrap().permits(), Ok(Permits::All));
+        assert_eq!(parse(&[("x-lock-mode", b"shared")]).unwrap().permits(), Ok(Permits::Count(1)));
+        for bad in [&b"EXCLUSIVE"[..], b"read", b"", b"shared "] {
+            assert_eq!(parse(&[("x-lock-mode", bad)]).unwrap_err().header, MODE, "{bad:?}");
+        }
+        let both = parse(&[("x-lock-permits", b"2"), ("x-lock-mode", b"shared")]).unwrap();
+        assert_eq!(both.permits().unwrap_err().header, PERMITS);
+        assert_eq!(parse(&[]).unwrap().permits(), Ok(Permits::Count(1)));
+        assert_eq!(parse(&[("x_lock_permits", b"2")]).unwrap_err().header, PERMITS);
+        assert_eq!(parse(&[("x-lock-mode", b"shared"), ("x-lock-mode", b"shared")]).unwrap_err().header, MODE);
+        assert_eq!((Permits::All.of(5), Permits::Count(2).of(5)), (5, 2));
     }
 
     #[test]

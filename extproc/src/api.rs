@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lockmesh_core::{
     class::OnQuorumLoss,
     grant::Operation,
-    headers::{self, LockHeaders},
+    headers::{self, LockHeaders, Permits},
     wire::api::{
         Acquired as AcquiredBody, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed, SessionHold,
         SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
@@ -209,6 +209,25 @@ pub(crate) fn wait_of(state: &State, req: &ApiRequest) -> Result<Duration, ApiEr
     Ok(Duration::from_millis(ms))
 }
 
+/// What an acquire asks for (`x-lock-permits`, `x-lock-mode`). A fail-open class
+/// grants from memory during a quorum loss, one slot at a time, so more than one
+/// slot is not offered there; nor on elections (one leader). Asking for more
+/// slots than the key's limit is refused by the grant, which reads that limit.
+pub(crate) fn permits_of(lock: &LockHeaders, class: &ClassSpec) -> Result<Permits, ApiError> {
+    let p = lock.permits().map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?;
+    if p.of(class.max_holders) != 1 && class.on_quorum_loss == OnQuorumLoss::Open {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!(
+                "{}: more than one slot is not offered on the fail-open class {} (its quorum-loss grants take one)",
+                headers::PERMITS,
+                class.name
+            ),
+        ));
+    }
+    Ok(p)
+}
+
 /// Answers one API request. `undo` receives a grant whose answer may be lost.
 pub async fn handle(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> (ApiResponse, Option<Undo>) {
     match route(state, req, cancel).await {
@@ -279,6 +298,8 @@ async fn route(
                     session: h.own.map(|(_, s)| s),
                     token: h.own.map(|(t, _)| t),
                     you: h.own.is_some(),
+                    permits: (h.permits > 1).then_some(h.permits),
+                    mode: h.mode,
                 })
                 .collect();
             let lock_delay_ms = if class.lock_delay_s > 0 {
@@ -416,6 +437,15 @@ async fn campaign(
     let lock = &req.lock;
     let key = need(lock.key.clone(), headers::KEY)?;
     election_class(state, lock, &key)?;
+    if let Some(h) = [(lock.permits.is_some(), headers::PERMITS), (lock.mode.is_some(), headers::MODE)]
+        .into_iter()
+        .find_map(|(sent, h)| sent.then_some(h))
+    {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!("{h}: an election has one leader; send it on acquires only"),
+        ));
+    }
     let mut granted = acquire(state, req, caller.clone(), cancel).await;
     if crate::test_faults::on(crate::test_faults::TestFault::CampaignAfterSessionLoss)
         && lock.session.is_some()
@@ -510,6 +540,7 @@ async fn acquire(
     let key = need(lock.key.clone(), headers::KEY)?;
     let class = class_for(state, lock, &key)?;
     let wait = wait_of(state, req)?;
+    let permits = permits_of(lock, &class)?;
     let areq = AcquireRequest {
         key,
         class,
@@ -520,6 +551,8 @@ async fn acquire(
         hold_id: None,
         session_owner: None,
         unverified_caller: req.unverified_caller.clone(),
+        permits,
+        mode: lock.mode,
     };
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
     let reg = state.registry();
@@ -537,6 +570,8 @@ async fn acquire(
                 existing: g.existing,
                 grant: Some(g.grant.clone()),
                 new_session: false,
+                permits: None,
+                mode: areq.mode,
                 outage: Some(g.outage.clone()),
                 proof: None,
                 revision: 0,
@@ -565,6 +600,8 @@ async fn acquire(
         existing: g.existing,
         grant: None,
         new_session: g.new_session,
+        permits: (g.permits > 1).then_some(g.permits),
+        mode: areq.mode,
         outage: None,
         proof: proof.clone(),
         revision: g.token.revision(),

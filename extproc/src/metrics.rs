@@ -396,6 +396,7 @@ pub(crate) fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::L
         Err(E::Draining(_)) => "draining",
         Err(E::SpoolFull(_)) => "spool_full",
         Err(E::QuotaExceeded(_)) => "quota_exceeded",
+        Err(E::PermitsAboveLimit { .. }) => "bad_request",
         Err(E::NotHolder | E::Internal(_)) => "error",
     }
 }

@@ -65,6 +65,7 @@ impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         let code = match &e {
             LockError::Contended(_) => Code::Contended,
+            LockError::PermitsAboveLimit { .. } => Code::BadRequest,
             LockError::Leaked => Code::Leaked,
             LockError::NotHolder => Code::NotHolder,
             LockError::SessionExpired => Code::SessionExpired,

@@ -132,6 +132,7 @@ async fn grant(
         .ok_or_else(|| ApiError::new(Code::LockRequired, format!("{}: required on this route", headers::KEY)))?;
     let class = api::class_for(state, &req.lock, &key)?;
     let wait = api::wait_of(state, req)?;
+    let permits = api::permits_of(&req.lock, &class)?;
     let mut areq = AcquireRequest {
         key,
         class,
@@ -142,6 +143,8 @@ async fn grant(
         hold_id: Some(vm::hold_id(vm, hold)),
         session_owner: Some(Store::vm_owner(envoy, vm)),
         unverified_caller: req.unverified_caller.clone(),
+        permits,
+        mode: req.lock.mode,
     };
     // A fail-open class during a declared quorum loss: unprotected, from memory.
     let open = if areq.class.on_quorum_loss == OnQuorumLoss::Open {

@@ -50,6 +50,14 @@ pub struct HoldRecord {
     /// when it differs from `owner`: unverified, recorded for the audit only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unverified_caller: Option<String>,
+    /// How many slots the grant took (`x-lock-permits`, or N for an exclusive
+    /// hold), when more than one. Each of its slot keys carries this record; all
+    /// were put by one transaction, so they share one create revision (the token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// A read-write lock's mode (`x-lock-mode`), when the acquire named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<lockmesh_core::headers::LockMode>,
 }
 
 /// An election leader's proclaimed value (`<root>/l/<digest>/e`, on the leader's

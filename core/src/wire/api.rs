@@ -45,6 +45,14 @@ pub struct Acquired {
     pub grant: Option<String>,
     /// True when the acquire opened the session it names (no `x-lock-session` sent).
     pub new_session: bool,
+    /// How many of the key's slots the grant holds, when more than one
+    /// (`x-lock-permits`, or every slot for an exclusive hold); all are released
+    /// together by the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// The read-write mode the acquire named (`x-lock-mode`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::headers::LockMode>,
     /// The outage the unprotected grant was made in (`<cluster>-<declared ms>`, as
     /// the audit store names it). Absent on a protected grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,6 +123,13 @@ pub struct Holder {
     /// True for the caller's own hold; absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub you: bool,
+    /// How many of the key's slots this hold takes, when more than one
+    /// (`x-lock-permits`, or every slot for an exclusive hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// The hold's read-write mode (`x-lock-mode`), when its acquire named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::headers::LockMode>,
 }
 
 /// `POST /v1/sessions`: a new session (also in `x-lock-session`).

@@ -84,6 +84,11 @@ pub enum LockError {
     /// Not granted before the deadline.
     #[error("{}", contended_message(*.0))]
     Contended(Reason),
+    /// More slots asked (`x-lock-permits`, or an exclusive hold's N) than one
+    /// acquire of the key can get: its authoritative limit, and at most
+    /// `MAX_PERMITS`. Never grantable, so refused at once (`bad_request`).
+    #[error("x-lock-permits: {asked} slots asked, at most {limit} can go to one acquire of this key")]
+    PermitsAboveLimit { asked: u32, limit: u32 },
     /// The same identity and instance holds the key under another session (ADR-13).
     #[error("this identity and instance already hold the key under another session")]
     Leaked,

@@ -20,7 +20,11 @@
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockmesh_core::{class::Fairness, headers::SessionId, ClassSpec, FencingToken, KeyDigest, LockKey, Reason};
+use lockmesh_core::{
+    class::Fairness,
+    headers::{LockMode, Permits, SessionId},
+    ClassSpec, FencingToken, KeyDigest, LockKey, Reason,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +59,11 @@ pub struct AcquireRequest {
     /// The caller a self client claimed (`tls.self_clients`), when it differs from
     /// `caller`: recorded in the hold as unverified, never used to authorise.
     pub unverified_caller: Option<String>,
+    /// How many of the key's slots to take, all in the one grant transaction
+    /// (`x-lock-permits`; every slot for an exclusive hold).
+    pub permits: Permits,
+    /// The read-write mode the caller named (`x-lock-mode`), recorded in the hold.
+    pub mode: Option<LockMode>,
 }
 
 /// A granted (or already held) lock.
@@ -72,6 +81,8 @@ pub struct Grant {
     pub existing: bool,
     /// True when this acquire opened the session.
     pub new_session: bool,
+    /// How many slots the grant holds (1 but for `x-lock-permits` and exclusive holds).
+    pub permits: u32,
 }
 
 /// A holder as inspection shows it.
@@ -82,6 +93,10 @@ pub struct HolderView {
     pub age_ms: u64,
     /// Token and session, only when the caller is this holder.
     pub own: Option<(FencingToken, SessionId)>,
+    /// How many slots the hold takes (all of its slot keys are one holder here).
+    pub permits: u32,
+    /// Its read-write mode, when its acquire named one.
+    pub mode: Option<LockMode>,
 }
 
 pub(crate) enum Attempt {
@@ -155,11 +170,13 @@ fn existing_grant(req: &AcquireRequest, sid: SessionId, kv: &KeyValue, epoch: u6
         class: req.class.name.to_string(),
         existing: true,
         new_session: false,
+        permits: hold_of(kv).and_then(|h| h.permits).unwrap_or(1),
     })
 }
 
-/// The hold value a grant of `req` at `epoch` writes.
-fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
+/// The hold value a grant of `req` at `epoch`, taking `permits` slots, writes
+/// into each of its slots.
+fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
         key: req.key.as_str().to_owned(),
         owner: req.caller.identity.clone(),
@@ -169,6 +186,8 @@ fn hold_record(req: &AcquireRequest, epoch: u64) -> Result<Vec<u8>, LockError> {
         acquired_ms: now_ms(),
         hold_id: req.hold_id.clone(),
         unverified_caller: req.unverified_caller.clone(),
+        permits: (permits > 1).then_some(permits),
+        mode: req.mode,
     };
     serde_json::to_vec(&hold).map_err(internal)
 }
@@ -426,14 +445,27 @@ impl Store {
         Ok(None)
     }
 
-    /// Deletes the hold `hold_key` this arbiter's grant committed at `revision`,
+    /// The `want` lowest slots below `n` that hold nothing now (one read); the
+    /// lowest `want` slots when fewer are free, so that the grant transaction
+    /// fails and its refusal says why. A k-permit grant compares each one empty.
+    async fn free_slots(&self, d: &KeyDigest, n: u32, want: u32) -> Result<Vec<u32>, LockError> {
+        let opts = Some(GetOptions::new().with_prefix().with_keys_only());
+        let r = self.call(self.client().get(self.keys().holds(d), opts)).await?;
+        let taken: std::collections::HashSet<u32> =
+            r.kvs().iter().filter_map(|kv| self.keys().slot_of(kv.key())).collect();
+        let free: Vec<u32> = (0..n).filter(|s| !taken.contains(s)).take(want as usize).collect();
+        Ok(if free.len() == want as usize { free } else { (0..want).collect() })
+    }
+
+    /// Deletes the holds `hold_keys` this arbiter's grant committed at `revision`,
     /// compared by its create revision: the key may be another grant's by now
     /// (released, expired, granted again), and a delete by name would free it.
-    async fn take_back(&self, hold_key: &str, revision: i64) {
-        let cmp = [Compare::create_revision(hold_key, CompareOp::Equal, revision)];
+    async fn take_back(&self, hold_keys: &[String], revision: i64) {
+        let cmp: Vec<Compare> =
+            hold_keys.iter().map(|h| Compare::create_revision(h.as_str(), CompareOp::Equal, revision)).collect();
         // With its lock-delay guard (`delay`): a grant taken back is no expiry.
-        let mut ops = vec![TxnOp::delete(hold_key, None::<DeleteOptions>)];
-        if let Some(d) = self.keys().digest_of_hold(hold_key.as_bytes()) {
+        let mut ops: Vec<TxnOp> = hold_keys.iter().map(|h| TxnOp::delete(h.as_str(), None::<DeleteOptions>)).collect();
+        if let Some(d) = hold_keys.first().and_then(|h| self.keys().digest_of_hold(h.as_bytes())) {
             ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
         }
         let txn = Txn::new().when(cmp).and_then(ops);
@@ -495,16 +527,26 @@ impl Store {
         } else {
             gate.limit
         };
-        let slot_no = slot.min(n - 1);
-        let (epoch_key, holds, mut slot, sess_key) = (k.epoch(), k.holds(d), k.slot(d, slot_no), k.session(sid));
+        // k permits (`x-lock-permits`, all N for an exclusive hold): k slots in this
+        // one transaction. More than the limit can never be granted.
+        let want = req.permits.of(n);
+        if want > n.min(lockmesh_core::headers::MAX_PERMITS) {
+            return Err(LockError::PermitsAboveLimit {
+                asked: want,
+                limit: n.min(lockmesh_core::headers::MAX_PERMITS),
+            });
+        }
+        let (epoch_key, holds, sess_key) = (k.epoch(), k.holds(d), k.session(sid));
+        let slot_nos = if want == 1 { vec![slot.min(n - 1)] } else { self.free_slots(d, n, want).await? };
+        let mut slots: Vec<String> = slot_nos.iter().map(|s| k.slot(d, *s)).collect();
         let lease = PutOptions::new().with_lease(sid.lease());
-        let mut when = vec![
-            Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision),
+        let mut when = vec![Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision)];
+        for (no, name) in slot_nos.iter().zip(&slots) {
             // The slot's range is empty: neither of its two names (`keys`) is held.
-            Compare::create_revision(slot.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, slot_no + 1)),
-            // Empty range [slot N, end of the key's holds): no holder above the limit.
-            Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)),
-        ];
+            when.push(Compare::create_revision(name.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, no + 1)));
+        }
+        // Empty range [slot N, end of the key's holds): no holder above the limit.
+        when.push(Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)));
         if test_faults::on(TestFault::SkipEpochCompare) {
             when.remove(0); // PLANTED BUG (release gate): no epoch compare.
         }
@@ -513,11 +555,12 @@ impl Store {
             let opts = Some(GetOptions::new().with_prefix().with_count_only());
             let c = self.call(self.client().get(holds.as_str(), opts)).await?;
             let revision = c.header().map_or(0, |h| h.revision());
-            if c.count() >= i64::from(n) {
+            if c.count() + i64::from(want) > i64::from(n) {
                 return Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 });
             }
             when.truncate(1);
-            slot = k.slot(d, 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0));
+            let base = 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0) * 64;
+            slots = (0..want).map(|i| k.slot(d, base + i)).collect();
         }
         let mut then = Vec::with_capacity(2);
         let mut els = Vec::with_capacity(4);
@@ -531,8 +574,10 @@ impl Store {
             }
             None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
         }
-        let hold = hold_record(req, ep.epoch)?;
-        then.push(TxnOp::put(slot.as_str(), hold, Some(lease)));
+        let hold = hold_record(req, ep.epoch, want)?;
+        for name in &slots {
+            then.push(TxnOp::put(name.as_str(), hold.clone(), Some(lease.clone())));
+        }
         // Lock-delay (`delay`): a mutex of a class with a delay puts its guard and
         // compares neither a guard nor a delay record left.
         let delay = if n == 1 && !test_faults::on(TestFault::SkipLockDelay) { req.class.lock_delay_s } else { 0 };
@@ -585,7 +630,7 @@ impl Store {
         }
         if let Err(e) = self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
-                self.take_back(&slot, revision).await;
+                self.take_back(&slots, revision).await;
             }
             return Err(e);
         }
@@ -593,7 +638,7 @@ impl Store {
             // A bumped restore passes the floor: the raft position is checked
             // before the grant is answered, not only by the seal check.
             if let Err(e) = self.raft_at_mark().await {
-                self.take_back(&slot, revision).await;
+                self.take_back(&slots, revision).await;
                 return Err(e);
             }
         }
@@ -610,7 +655,9 @@ impl Store {
             super::shadow::after_grant(self, &req.class, &req.key, held, n);
             // Counted at once, before the ledger's watch shows it (`quota`).
             let ns = req.key.namespace();
-            self.ledger().note_hold(slot.as_bytes(), revision, ns);
+            for name in &slots {
+                self.ledger().note_hold(name.as_bytes(), revision, ns);
+            }
             if new_record.is_some() {
                 self.ledger().note_session(sess_key.as_bytes(), revision, ns);
             }
@@ -623,10 +670,11 @@ impl Store {
                     class: req.class.name.to_string(),
                     existing: false,
                     new_session: false,
+                    permits: want,
                 })),
                 Err(e) => {
                     // Revision space exhausted: never hand out a token that does not fit.
-                    self.take_back(&slot, revision).await;
+                    self.take_back(&slots, revision).await;
                     Err(LockError::Sealed(e.to_string()))
                 }
             };
@@ -680,11 +728,15 @@ impl Store {
         }
         let taken: Vec<u32> = holders.kvs().iter().filter_map(|kv| k.slot_of(kv.key())).collect();
         let free_slot = (0..n).find(|s| !taken.contains(s));
+        let free = (0..n).filter(|s| !taken.contains(s)).count();
         let within = holders.kvs().iter().all(|kv| kv.key() < k.slot(d, n).as_bytes());
-        // A free slot under the limit means a concurrent grant or release moved
-        // under us: retry at once. Otherwise the key is at its limit.
+        // Enough free slots under the limit means a concurrent grant or release
+        // moved under us: retry at once. Otherwise the key is at its limit (for
+        // this ask: k permits wait until k slots are free at once).
         match free_slot {
-            Some(s) if within => Ok(Attempt::Refused { reason: Reason::LockContended, revision, free_slot: s }),
+            Some(s) if within && free >= want as usize => {
+                Ok(Attempt::Refused { reason: Reason::LockContended, revision, free_slot: s })
+            }
             _ => {
                 let holders = u32::try_from(holders.kvs().len()).unwrap_or(u32::MAX);
                 super::shadow::after_gated(
@@ -736,9 +788,14 @@ impl Store {
                 // PLANTED BUG (release gate): delete by key name (etcd #22082).
                 vec![Compare::version(slot0.clone(), CompareOp::Greater, 0)]
             } else {
+                let holds = self.keys().holds(&d);
                 vec![
                     Compare::create_revision(slot0.clone(), CompareOp::Equal, rev),
                     Compare::lease(slot0.clone(), CompareOp::Equal, sid.lease()),
+                    // No other slot of this grant (k permits put theirs in one
+                    // transaction, so they share its revision): those go below.
+                    Compare::create_revision(self.keys().slot(&d, 1), CompareOp::NotEqual, rev)
+                        .with_range(keys::prefix_end(&holds)),
                 ]
             };
             if self.release_txn(&d, slot0, cmp, &marker).await? {
@@ -746,12 +803,22 @@ impl Store {
             }
         }
         let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
-        let kv = holds.kvs().iter().find(|kv| kv.create_revision() == rev).ok_or(LockError::NotHolder)?;
+        // Every slot of the grant: one for most, k for `x-lock-permits`, N for an
+        // exclusive hold; all put by its one transaction, so all at its revision.
+        let grant: Vec<&KeyValue> = holds.kvs().iter().filter(|kv| kv.create_revision() == rev).collect();
+        let kv = grant.first().ok_or(LockError::NotHolder)?;
         let hold = hold_of(kv).ok_or(LockError::NotHolder)?;
         // Only the holder releases (a token seen in transit is not enough), and
         // through its own session when it names one.
         if hold.owner != caller.identity || session.is_some_and(|s| s.lease() != kv.lease()) {
             return Err(LockError::NotHolder);
+        }
+        if grant.len() > 1 {
+            return if self.release_slots(&d, &grant, rev, &marker).await? {
+                Ok(())
+            } else {
+                Err(LockError::NotHolder)
+            };
         }
         let cmp = vec![
             Compare::create_revision(kv.key(), CompareOp::Equal, rev),
@@ -762,6 +829,40 @@ impl Store {
         } else {
             Err(LockError::NotHolder)
         }
+    }
+
+    /// Deletes every slot of a multi-slot grant (`grant`, created at `rev`) in one
+    /// transaction, each compared by its create and mod revisions, with the
+    /// release marker. No hand-off: the key's waiters look again (one hint).
+    pub(crate) async fn release_slots(
+        &self,
+        d: &KeyDigest,
+        grant: &[&KeyValue],
+        rev: i64,
+        marker: &str,
+    ) -> Result<bool, LockError> {
+        let mut cmp = Vec::with_capacity(grant.len() * 2);
+        let mut ops = Vec::with_capacity(grant.len() + 2);
+        for kv in grant {
+            cmp.push(Compare::create_revision(kv.key(), CompareOp::Equal, rev));
+            cmp.push(Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()));
+            ops.push(TxnOp::delete(kv.key(), None::<DeleteOptions>));
+        }
+        for _ in 0..2 {
+            let lease = self.marker_lease().await?;
+            let mut then = ops.clone();
+            then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
+            match self.call(self.client().txn(Txn::new().when(cmp.clone()).and_then(then))).await {
+                Ok(r) if r.succeeded() => {
+                    self.queues().hint(d);
+                    return Ok(true);
+                }
+                Ok(_) => return Ok(false),
+                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable("could not obtain a marker lease".into()))
     }
 
     /// Deletes `hold_key` under `cmp` and writes the release marker in the same
@@ -856,7 +957,8 @@ impl Store {
         offer: &Offer,
     ) -> Result<HandOff, LockError> {
         let req = &offer.req;
-        if req.class.fairness != Fairness::Memory || self.unsealed().is_err() {
+        // A hand-off moves one slot: a waiter for several looks again instead.
+        if req.class.fairness != Fairness::Memory || self.unsealed().is_err() || req.permits != Permits::Count(1) {
             return Ok(HandOff::NotDone);
         }
         let Ok(ep) = self.epoch_state().await else { return Ok(HandOff::NotDone) };
@@ -881,7 +983,7 @@ impl Store {
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
         );
         when.extend(gate.compares());
-        let hold = hold_record(req, ep.epoch)?;
+        let hold = hold_record(req, ep.epoch, 1)?;
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let lease = self.marker_lease().await?;
@@ -946,6 +1048,7 @@ impl Store {
                     class: req.class.name.to_string(),
                     existing: false,
                     new_session: false,
+                    permits: 1,
                 }))
             }
             _ => {
@@ -993,15 +1096,26 @@ impl Store {
         let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
         let now = now_ms();
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for kv in r.kvs() {
             let Some(h) = hold_of(kv) else { continue };
+            // A multi-slot hold shows once (its slots share lease and revision).
+            if !seen.insert((kv.lease(), kv.create_revision())) {
+                continue;
+            }
             let own = (h.owner == caller.identity && session.is_some_and(|s| s.lease() == kv.lease()))
                 .then(|| {
                     let rev = u64::try_from(kv.create_revision()).ok()?;
                     Some((FencingToken::mint(h.epoch, rev).ok()?, SessionId::from_lease(kv.lease())?))
                 })
                 .flatten();
-            out.push(HolderView { identity: h.owner, age_ms: now.saturating_sub(h.acquired_ms), own });
+            out.push(HolderView {
+                identity: h.owner,
+                age_ms: now.saturating_sub(h.acquired_ms),
+                own,
+                permits: h.permits.unwrap_or(1),
+                mode: h.mode,
+            });
         }
         Ok(out)
     }

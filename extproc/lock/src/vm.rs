@@ -421,11 +421,13 @@ impl Store {
     /// still exists; returns whether one was released.
     pub(crate) async fn release_hold(&self, d: &KeyDigest, sid: SessionId, hold_id: &str) -> Result<bool, LockError> {
         let r = self.call(self.client().get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))).await?;
-        let Some(kv) = r
+        // Every slot of the hold (several for `x-lock-permits` or an exclusive hold).
+        let slots: Vec<&etcd_client::KeyValue> = r
             .kvs()
             .iter()
-            .find(|kv| kv.lease() == sid.lease() && hold_of(kv).and_then(|h| h.hold_id).as_deref() == Some(hold_id))
-        else {
+            .filter(|kv| kv.lease() == sid.lease() && hold_of(kv).and_then(|h| h.hold_id).as_deref() == Some(hold_id))
+            .collect();
+        let Some(kv) = slots.first().copied() else {
             return Ok(false);
         };
         let marker = lockmesh_keyspace::ReleaseMarker {
@@ -435,6 +437,9 @@ impl Store {
             transparent: true,
         };
         let marker = serde_json::to_string(&marker).map_err(|e| LockError::Internal(e.to_string()))?;
+        if slots.len() > 1 {
+            return self.release_slots(d, &slots, kv.create_revision(), &marker).await;
+        }
         let cmp = vec![
             Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
             Compare::lease(kv.key(), CompareOp::Equal, sid.lease()),

@@ -133,6 +133,8 @@ async fn transparent_grant(
         hold_id: Some(vm::hold_id(VM, hold)),
         session_owner: Some(Store::vm_owner(ENVOY, VM)),
         unverified_caller: None,
+        permits: Default::default(),
+        mode: None,
     };
     let g = store.acquire(&req, &CancellationToken::new()).await?;
     Ok((g, store))

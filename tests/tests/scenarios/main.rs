@@ -41,6 +41,7 @@ mod lock_delay;
 mod observability;
 mod openapi;
 mod otlp;
+mod permits;
 mod pg_fence;
 mod quickstart;
 mod quotas;

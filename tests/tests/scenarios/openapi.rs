@@ -329,6 +329,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         existing: false,
         grant: None,
         new_session: true,
+        permits: None,
+        mode: None,
         outage: None,
         proof: Some("v1.k1.cGF5bG9hZA.c2ln".into()),
         revision: 3,
@@ -338,6 +340,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         unprotected: false,
     };
     let acquired_bare = Acquired { cluster: None, proof: None, existing: true, new_session: false, ..acquired.clone() };
+    let acquired_permits =
+        Acquired { permits: Some(3), mode: Some(lockmesh_core::headers::LockMode::Exclusive), ..acquired.clone() };
     let unprotected = Acquired {
         class: "batch".into(),
         cluster: None,
@@ -345,6 +349,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         existing: false,
         grant: Some("5f0c2b0123456789abcdef0123456789".into()),
         new_session: false,
+        permits: None,
+        mode: None,
         outage: Some("coord-1764486221123".into()),
         proof: None,
         revision: 0,
@@ -359,6 +365,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         session: Some(sid),
         token: Some(token),
         you: true,
+        permits: None,
+        mode: None,
     };
     let other = Holder {
         age_ms: 3,
@@ -366,6 +374,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         session: None,
         token: None,
         you: false,
+        permits: Some(2),
+        mode: Some(lockmesh_core::headers::LockMode::Shared),
     };
     let info = LockInfo {
         class: "default".into(),
@@ -411,6 +421,7 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let mut cases = vec![
         case(&schema("Acquired"), "protected grant", &acquired, true),
         case(&schema("Acquired"), "protected grant, no cluster or proof", &acquired_bare, true),
+        case(&schema("Acquired"), "a 3-permit exclusive grant", &acquired_permits, true),
         case(&schema("Acquired"), "unprotected grant", &unprotected, true),
         case(&schema("Released"), "released", &Released { released: true, unprotected: false }, true),
         case(&schema("Released"), "released unprotected", &Released { released: true, unprotected: true }, true),
@@ -493,7 +504,11 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     assert!(bad.is_empty(), "docs/openapi.yaml vs lockmesh_core::wire:\n{}", bad.join("\n"));
 
     // The members: what each struct prints, nothing more, nothing less.
-    assert_members(&doc, &schema("Acquired"), &[v(&acquired), v(&acquired_bare), v(&unprotected)]);
+    assert_members(
+        &doc,
+        &schema("Acquired"),
+        &[v(&acquired), v(&acquired_bare), v(&unprotected), v(&acquired_permits)],
+    );
     let released =
         [v(&Released { released: true, unprotected: false }), v(&Released { released: true, unprotected: true })];
     assert_members(&doc, &schema("Released"), &released);
@@ -539,7 +554,8 @@ fn test_profile(dir: &Path) -> (PathBuf, u64) {
 /// schemathesis's `positive_data_acceptance` with the refusals of a well-formed
 /// request that docs/openapi.yaml states and no schema can (`400 class_mismatch`
 /// and `session_class_mismatch`: the registry decides a key's class; a release
-/// naming both `x-lock-token` and `x-lock-grant`, or neither), and only for requests whose
+/// naming both `x-lock-token` and `x-lock-grant`, or neither; an acquire's
+/// `x-lock-permits` beside `x-lock-mode`, or above the key's limit), and only for requests whose
 /// headers its schemas accept (the coverage phase labels an optional header's
 /// `0` positive whatever its pattern says).
 const HOOKS_PY: &str = r##"# schemathesis hooks of the OpenAPI scenario (tests/tests/scenarios/openapi.rs).
@@ -588,14 +604,24 @@ def lockmesh_positive_data_acceptance(ctx, response, case):
             return None
         if response.status_code == 400:
             try:
-                code = json.loads(response.content).get("code")
-            except ValueError:
-                code = None
+                body = json.loads(response.content)
+                code, message = body.get("code"), str(body.get("message", ""))
+            except (ValueError, AttributeError):
+                code, message = None, ""
             if code in SEMANTIC_400:
                 return None
             headers = case.headers or {}
             # A release names one grant: by token or (unprotected) by grant id.
             if case.operation.path == "/v1/locks/release" and ("x-lock-token" in headers) == ("x-lock-grant" in headers):
+                return None
+            # An acquire's size: both x-lock-permits and x-lock-mode, more permits
+            # than the key's limit (the registry's), or more than one slot on a
+            # fail-open class; each refusal names x-lock-permits.
+            if (
+                case.operation.path == "/v1/locks/acquire"
+                and ("x-lock-permits" in headers or headers.get("x-lock-mode") == "exclusive")
+                and message.startswith("x-lock-permits:")
+            ):
                 return None
         raise
 "##;

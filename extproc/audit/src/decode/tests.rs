@@ -14,6 +14,8 @@ fn hold(key: &str, owner: &str) -> Vec<u8> {
         acquired_ms: 1000,
         hold_id: None,
         unverified_caller: None,
+        permits: None,
+        mode: None,
     })
     .unwrap()
 }
