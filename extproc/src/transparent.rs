@@ -132,6 +132,14 @@ async fn grant(
         .ok_or_else(|| ApiError::new(Code::LockRequired, format!("{}: required on this route", headers::KEY)))?;
     let class = api::class_for(state, &req.lock, &key)?;
     let wait = api::wait_of(state, req)?;
+    // A transparent hold is one slot: the filter keeps one request of a key in
+    // flight per sidecar, so shared holds would not overlap there (docs/API.md).
+    if let Some(h) = [(req.lock.permits.is_some(), headers::PERMITS), (req.lock.mode.is_some(), headers::MODE)]
+        .into_iter()
+        .find_map(|(sent, h)| sent.then_some(h))
+    {
+        return Err(ApiError::new(Code::BadRequest, format!("{h}: not offered on transparent routes; use the lock API")));
+    }
     let permits = api::permits_of(&req.lock, &class)?;
     let mut areq = AcquireRequest {
         key,

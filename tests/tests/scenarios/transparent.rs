@@ -113,7 +113,14 @@ async fn a_locked_route_refuses_requests_without_a_lock_header_and_strips_forged
     // On a bound route the caller cannot name another key at all.
     let r = c.post("/orders/3", &[("x-lock-key", "billing/x")]).await.unwrap();
     assert_eq!(r.code(), 400, "{}", r.body);
+    // Permits and modes are the lock API's: refused here, naming the header.
+    for (h, v) in [("x-lock-mode", "shared"), ("x-lock-permits", "2")] {
+        let r = c.post("/jobs/4", &[("x-lock-key", "payments/job-4"), (h, v)]).await.unwrap();
+        assert_eq!((r.code(), r.header("x-lockmesh-error")), (400, Some("bad_request")), "{h}: {}", r.body);
+        assert!(r.body.contains(h), "{h}: {}", r.body);
+    }
     assert_eq!(st.backend().requests().len(), 2);
+    assert_eq!(holds(&st).await, 0);
 }
 
 #[tokio::test]
