@@ -138,7 +138,10 @@ async fn grant(
         .into_iter()
         .find_map(|(sent, h)| sent.then_some(h))
     {
-        return Err(ApiError::new(Code::BadRequest, format!("{h}: not offered on transparent routes; use the lock API")));
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!("{h}: not offered on transparent routes; use the lock API"),
+        ));
     }
     let permits = api::permits_of(&req.lock, &class)?;
     let mut areq = AcquireRequest {

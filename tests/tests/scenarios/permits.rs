@@ -331,3 +331,37 @@ async fn bad_asks_are_refused_and_a_release_frees_exactly_its_permits() {
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(in_use(c).await, 4);
 }
+
+/// The SDK's `LockOptions::permits` and `LockOptions::mode` send the headers and
+/// hold what they asked for: a shared and a 2-permit holder leave one of 4 slots,
+/// so an exclusive ask is refused at once; once both release, it is granted, with a
+/// token above both; asking both options at once is a configuration error.
+#[tokio::test]
+async fn the_sdk_takes_permits_and_modes() {
+    use lockmesh_client::{Error, LockMode, LockOptions};
+    let st = stack("permits-sdk").start().await.unwrap();
+    let key = "payments/perm/sdk";
+    let clients: Vec<_> =
+        ["a", "b", "c"].iter().map(|sa| super::sdk::sdk(super::sdk::config(&st, "payments", sa)).0).collect();
+    let shared = clients[0].lock(key, LockOptions::default().mode(LockMode::Shared)).await.unwrap();
+    let two = clients[1].lock(key, LockOptions::default().permits(2)).await.unwrap();
+    let r = st.client("payments", "x").unwrap().get("/v1/locks", &[("x-lock-key", key)]).await.unwrap();
+    let used: u64 = r.json["holders"].as_array().unwrap().iter().map(|h| h["permits"].as_u64().unwrap_or(1)).sum();
+    assert_eq!(used, 3, "{}", r.body);
+    let exclusive = LockOptions::default().mode(LockMode::Exclusive);
+    assert!(matches!(clients[2].lock(key, exclusive.clone()).await, Err(Error::Contended { .. })));
+    let both = LockOptions::default().permits(2).mode(LockMode::Shared);
+    assert!(matches!(clients[2].lock(key, both).await, Err(Error::Config { field: "permits", .. })));
+    let (t1, t2) = (shared.token(), two.token());
+    shared.release().await.unwrap();
+    two.release().await.unwrap();
+    let w = clients[2].lock(key, exclusive.wait(Duration::from_secs(10))).await.unwrap();
+    assert!(w.token() > t1 && w.token() > t2);
+    let r = st.client("payments", "x").unwrap().get("/v1/locks", &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(r.json["holders"][0]["permits"], N as u64, "{}", r.body);
+    assert_eq!(r.json["holders"][0]["mode"], "exclusive", "{}", r.body);
+    w.release().await.unwrap();
+    for c in &clients {
+        c.shutdown().await;
+    }
+}

@@ -346,6 +346,15 @@ async fn lockctl_run_gives_the_command_its_token_and_exit_code_and_releases() {
     assert_eq!(r.code(), 200);
     let o = lockctl_run(&st, "run", k, &[], "exit 0").output().await.unwrap();
     assert_eq!(o.status.code(), Some(75), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // --permits reaches the service: 2 slots of a mutex key are refused, naming
+    // the header, and the command never runs.
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let o = lockctl_run(&st, "run", "payments/sdk-run-2", &["--permits", "2"], &touch).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() != Some(0) && stderr.contains("x-lock-permits"), "{:?} {stderr}", o.status.code());
+    assert!(!ran.exists(), "the command ran without the lock");
 }
 
 #[tokio::test]
