@@ -832,8 +832,8 @@ impl Store {
     }
 
     /// Deletes every slot of a multi-slot grant (`grant`, created at `rev`) in one
-    /// transaction, each compared by its create and mod revisions, with the
-    /// release marker. No hand-off: the key's waiters look again (one hint).
+    /// transaction, each compared by its create revision, with the release
+    /// marker. No hand-off: the key's waiters look again (one hint).
     pub(crate) async fn release_slots(
         &self,
         d: &KeyDigest,
@@ -841,28 +841,12 @@ impl Store {
         rev: i64,
         marker: &str,
     ) -> Result<bool, LockError> {
-        let mut cmp = Vec::with_capacity(grant.len() * 2);
-        let mut ops = Vec::with_capacity(grant.len() + 2);
-        for kv in grant {
-            cmp.push(Compare::create_revision(kv.key(), CompareOp::Equal, rev));
-            cmp.push(Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()));
-            ops.push(TxnOp::delete(kv.key(), None::<DeleteOptions>));
-        }
-        for _ in 0..2 {
-            let lease = self.marker_lease().await?;
-            let mut then = ops.clone();
-            then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
-            match self.call(self.client().txn(Txn::new().when(cmp.clone()).and_then(then))).await {
-                Ok(r) if r.succeeded() => {
-                    self.queues().hint(d);
-                    return Ok(true);
-                }
-                Ok(_) => return Ok(false),
-                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(LockError::Unavailable("could not obtain a marker lease".into()))
+        // One compare per slot (k of them, at most 64, within etcd's 128 per
+        // transaction): its create revision is the grant's, so a slot freed and
+        // taken again since the read is another grant's and fails the compare.
+        let cmp = grant.iter().map(|kv| Compare::create_revision(kv.key(), CompareOp::Equal, rev)).collect();
+        let ops = grant.iter().map(|kv| TxnOp::delete(kv.key(), None::<DeleteOptions>)).collect();
+        self.release_plain(d, cmp, ops, marker).await
     }
 
     /// Deletes `hold_key` under `cmp` and writes the release marker in the same
@@ -906,16 +890,27 @@ impl Store {
                 return r;
             }
         }
+        self.release_plain(d, cmp, vec![TxnOp::delete(hold_key, None::<DeleteOptions>)], marker).await
+    }
+
+    /// The release transaction: `deletes` (the grant's slot keys) under `cmp`, the
+    /// release marker on this arbiter's marker lease, and the key's lock-delay
+    /// guard deleted (`delay`: a release is no reason for a delay; absent for
+    /// classes without one, so no write). Returns whether the compares held; the
+    /// key's waiters here are told to look again when they did.
+    async fn release_plain(
+        &self,
+        d: &KeyDigest,
+        cmp: Vec<Compare>,
+        deletes: Vec<TxnOp>,
+        marker: &str,
+    ) -> Result<bool, LockError> {
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
-            // Every release deletes the key's lock-delay guard (`delay`): a release
-            // is no reason for a delay. Absent for classes without one: no write.
-            let txn = Txn::new().when(cmp.clone()).and_then([
-                TxnOp::delete(hold_key.clone(), None::<DeleteOptions>),
-                TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
-                TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>),
-            ]);
-            match self.call(self.client().txn(txn)).await {
+            let mut then = deletes.clone();
+            then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
+            then.push(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
+            match self.call(self.client().txn(Txn::new().when(cmp.clone()).and_then(then))).await {
                 Ok(r) if r.succeeded() => {
                     self.queues().hint(d);
                     return Ok(true);
