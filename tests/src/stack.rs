@@ -156,6 +156,12 @@ impl StackBuilder {
         self
     }
 
+    /// `n` arbiters and `n` Envoys, Envoy i talking to arbiter i only: every
+    /// key is granted by two (or more) arbiters racing, whatever the ring hash.
+    pub fn envoy_per_arbiter(self, n: usize) -> Self {
+        (0..n).fold(self.arbiters(n).envoys(n), |b, i| b.envoy_arbiters(i, &[i]))
+    }
+
     /// An environment variable for every arbiter process.
     pub fn arbiter_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.arbiter_env.push((key.into(), value.into()));

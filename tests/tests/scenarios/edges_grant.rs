@@ -39,9 +39,7 @@ async fn a_release_after_an_epoch_advance_is_not_refused_by_a_stale_epoch_cache(
     let st = Stack::builder("edges-stale-epoch")
         .envoy_config("lock-tier")
         .registry(REGISTRY)
-        .arbiters(2)
-        .envoy_arbiters(0, &[0])
-        .envoy_arbiters(1, &[1])
+        .envoy_per_arbiter(2)
         .start()
         .await
         .unwrap();

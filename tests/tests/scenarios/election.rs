@@ -521,7 +521,7 @@ async fn sessions_that_end(st: &Stack, waited: &'static str, lapsed: &'static st
 
 #[tokio::test]
 async fn racing_campaigners_on_two_arbiters_lead_one_at_a_time_and_never_past_their_session() {
-    let st = start(stack("election-race").arbiters(2).envoys(2).envoy_arbiters(0, &[0]).envoy_arbiters(1, &[1])).await;
+    let st = start(stack("election-race").envoy_per_arbiter(2)).await;
     let t = Instant::now();
     let (raced, ended) = tokio::join!(
         race_and_observe(&st, "payments/leader-race", 6, 2),

@@ -230,9 +230,7 @@ async fn two_arbiters_racing_for_every_key_never_exceed_the_limit() {
     // key to arbiter 0 and Envoy 1 to arbiter 1, so both arbiters grant each key.
     let st = Stack::builder("fleet-split")
         .envoy_config("lock-tier")
-        .arbiters(2)
-        .envoy_arbiters(0, &[0])
-        .envoy_arbiters(1, &[1])
+        .envoy_per_arbiter(2)
         .registry(REGISTRY)
         .start()
         .await

@@ -30,13 +30,7 @@ classes:
 
 /// Two arbiters, Envoy i talking to arbiter i only.
 fn stack(name: &str) -> StackBuilder {
-    Stack::builder(name)
-        .envoy_config("lock-tier")
-        .registry(REGISTRY)
-        .arbiters(2)
-        .envoys(2)
-        .envoy_arbiters(0, &[0])
-        .envoy_arbiters(1, &[1])
+    Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).envoy_per_arbiter(2)
 }
 
 async fn start_revision(st: &Stack) -> i64 {
