@@ -113,6 +113,74 @@ impl Acquire {
     }
 }
 
+/// One multi-key acquire to send (`Client::lock_all`): every key was entered in
+/// the ledger as `Acquire` by the caller.
+pub(crate) struct AcquireAll {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) session: Arc<Session>,
+    pub(crate) keys: Vec<String>,
+    pub(crate) wait: Duration,
+    pub(crate) class: Option<String>,
+    pub(crate) timeout: Duration,
+}
+
+impl AcquireAll {
+    /// Sends the acquire and delivers one guard per key on `tx` (in the order of
+    /// `keys`). Guards that cannot be delivered are dropped, which releases them.
+    pub(crate) async fn run(self, tx: oneshot::Sender<Result<Vec<LockGuard>, Error>>) {
+        let AcquireAll { inner, session, keys, wait, class, timeout } = self;
+        let sent = Instant::now();
+        inner.count(1);
+        let answer = inner.api.acquire_all(&keys, session.id, wait, class.as_deref(), timeout).await;
+        let result = match answer {
+            Ok(grants) => {
+                let mut guards = Vec::with_capacity(grants.len());
+                let mut lost = false;
+                for mut grant in grants {
+                    grant.ttl_s = session.ttl_s;
+                    inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch());
+                    if inner.ledger().acquired(&grant) {
+                        guards.push(LockGuard::new(inner.clone(), session.clone(), grant));
+                    } else {
+                        lost = true;
+                    }
+                }
+                inner.changed.notify_waiters();
+                if lost {
+                    // The session was lost while the acquire was in flight: the holds
+                    // end with it; the guards made are dropped (released).
+                    Err(Error::SessionLost(session.lost().unwrap_or(LossReason::EpochChanged)))
+                } else {
+                    Ok(guards)
+                }
+            }
+            Err(CallError::Unknown(m)) => {
+                tracing::warn!(error = %m, "multi-key acquire answer lost: resolving from the session's holds");
+                let _ = tx.send(Err(Error::OutcomeUnknown));
+                // Each key's hold is an ordinary hold of the session (in turn: after
+                // the first, the others' check times have passed).
+                for k in &keys {
+                    resolve(&inner, &session, k, sent, wait).await;
+                }
+                return;
+            }
+            Err(e) => {
+                for k in &keys {
+                    inner.ledger().not_acquired(k, session.id);
+                }
+                inner.changed.notify_waiters();
+                if e.code() == Some(Code::SessionExpired) {
+                    inner.fence(&session, LossReason::SessionExpired);
+                    Err(Error::SessionLost(LossReason::SessionExpired))
+                } else {
+                    Err(e.into_error())
+                }
+            }
+        };
+        let _ = tx.send(result);
+    }
+}
+
 /// Resolves an acquire of `key` sent at `sent` whose answer was lost.
 async fn resolve(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, sent: Instant, wait: Duration) {
     let first = sent + wait + inner.config.acquire_slack;

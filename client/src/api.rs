@@ -256,6 +256,43 @@ impl Api {
         Ok(Acquired { grant })
     }
 
+    /// `POST /v1/locks/acquire-all` of `keys` on `session`: one grant per key, in
+    /// the order of `keys`.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: &[String],
+        session: SessionId,
+        wait: Duration,
+        class: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<Grant>, CallError> {
+        let mut h = vec![
+            (headers::KEYS, keys.join(" ")),
+            (headers::SESSION, session.to_string()),
+            (headers::WAIT_MS, wait.as_millis().to_string()),
+        ];
+        h.extend(class.map(|c| (headers::CLASS, c.to_owned())));
+        let a: lockmesh_core::wire::api::AcquiredAll =
+            self.call(Method::POST, "/v1/locks/acquire-all", &h, timeout).await?;
+        if a.session != session {
+            return Err(CallError::Unknown("the grant names another session".into()));
+        }
+        keys.iter()
+            .map(|key| {
+                let k = a.keys.iter().find(|k| k.key == *key).ok_or_else(|| bad("keys"))?;
+                Ok(Grant {
+                    key: key.clone(),
+                    token: k.token.parse().map_err(|_| bad("token"))?,
+                    session,
+                    ttl_s: a.ttl_s,
+                    class: a.class.clone(),
+                    cluster: Some(a.cluster.clone()),
+                    proof: Proof(k.proof.clone()),
+                })
+            })
+            .collect()
+    }
+
     /// `POST /v1/locks/release` of exactly this grant, or `POST
     /// /v1/elections/resign` of exactly this leadership (`resign`).
     pub(crate) async fn release(&self, g: &Grant, resign: bool, timeout: Duration) -> Result<(), CallError> {

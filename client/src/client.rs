@@ -233,6 +233,66 @@ impl Client {
         self.take(key, &opts, None, None).await
     }
 
+    /// Acquires every key of `keys` (2 to 16, of one class, on one etcd cluster)
+    /// in one grant, or none (`POST /v1/locks/acquire-all`): one guard per key, in
+    /// the order given, all with the same token; each guard releases its key.
+    /// The keys are held on one session. Waiting (`opts.wait`) holds nothing, so
+    /// two callers whose key sets overlap cannot deadlock. `opts.permits` and
+    /// `opts.mode` are not offered here ([`Error::Config`]). A key this client
+    /// already holds or is acquiring is refused `Contended { reason:
+    /// "acquiring_here" }`: a multi-key grant is never nested into holds.
+    ///
+    /// Cancel-safe like [`Client::lock`]: a grant whose caller left is released.
+    pub async fn lock_all(&self, keys: &[&str], opts: LockOptions) -> Result<Vec<LockGuard>, Error> {
+        let list = keys.join(" ");
+        headers::parse_keys(list.as_bytes()).map_err(|e| Error::Config { field: "keys", why: e.why })?;
+        if opts.permits.is_some() || opts.mode.is_some() {
+            let why = "a multi-key acquire takes one slot of each key".to_owned();
+            return Err(Error::Config { field: "permits", why });
+        }
+        let inner = &self.inner;
+        let session = loop {
+            let s = inner.session_for(keys[0], opts.class.as_deref()).await?;
+            match s.lost() {
+                Some(r) => inner.fence(&s, r),
+                None => break s,
+            }
+        };
+        if !session.status().can_start {
+            return Err(Error::Draining);
+        }
+        // Every key enters the ledger as this acquire's, or none does.
+        let mut entered: Vec<&str> = Vec::with_capacity(keys.len());
+        for k in keys {
+            // Bound first: the ledger's lock must be free again in the arms.
+            let e = inner.ledger().enter(k, session.id);
+            match e {
+                Enter::Acquire => entered.push(k),
+                other => {
+                    if let Enter::Nested(g) = other {
+                        // Counted once more by `enter`: uncount it.
+                        let _ = inner.ledger().exit(k, g.token);
+                    }
+                    for e in &entered {
+                        inner.ledger().not_acquired(e, session.id);
+                    }
+                    return Err(Error::Contended { reason: "acquiring_here".into() });
+                }
+            }
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = crate::acquire::AcquireAll {
+            inner: inner.clone(),
+            session,
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            wait: opts.wait,
+            class: opts.class.clone(),
+            timeout: opts.timeout.unwrap_or(opts.wait + inner.config.acquire_slack),
+        };
+        inner.runtime.spawn(task.run(tx));
+        rx.await.unwrap_or(Err(Error::OutcomeUnknown))
+    }
+
     /// [`Client::lock`], or a campaign (`campaign`: the value to proclaim, if
     /// any) on `pinned`, the campaign's one session: when it is lost this ends
     /// with [`Error::SessionLost`] instead of opening another.

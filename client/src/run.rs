@@ -120,6 +120,13 @@ pub struct RunArgs {
     pub mode: Option<lockmesh_core::headers::LockMode>,
     /// The lock key.
     pub key: String,
+    /// More keys to hold with KEY, all granted at once or none (a multi-key
+    /// acquire, up to 16 keys in all, of one class): repeat the flag per key. The
+    /// command then also gets LOCKMESH_KEYS (the keys, space-separated) and
+    /// LOCKMESH_PROOFS (their proofs, in the same order); the token is the same
+    /// for every key.
+    #[cfg_attr(feature = "cli", arg(long = "also", value_name = "KEY", conflicts_with_all = ["permits", "mode"]))]
+    pub also: Vec<String>,
     /// The command and its arguments (after `--`).
     #[cfg_attr(feature = "cli", arg(last = true, required = true))]
     pub command: Vec<String>,
@@ -240,9 +247,16 @@ pub async fn run(args: RunArgs) -> Result<u8, RunError> {
     let mut opts = LockOptions::default().wait(Duration::from_millis(args.wait_ms));
     opts.class = args.hold.class.clone();
     (opts.permits, opts.mode) = (args.permits, args.mode);
-    let guard = held.client.lock(&args.key, opts).await?;
-    let status = held.command(program, rest, &guard).await;
-    let _ = guard.release().await;
+    let guards = if args.also.is_empty() {
+        vec![held.client.lock(&args.key, opts).await?]
+    } else {
+        let keys: Vec<&str> = std::iter::once(args.key.as_str()).chain(args.also.iter().map(String::as_str)).collect();
+        held.client.lock_all(&keys, opts).await?
+    };
+    let status = held.command(program, rest, &guards).await;
+    for g in guards {
+        let _ = g.release().await;
+    }
     held.client.shutdown().await;
     Ok(exit_code(status?))
 }
@@ -259,7 +273,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, RunError> {
         round: None,
     };
     let leadership = held.client.campaign(&args.name, opts).await.map_err(RunError::Campaign)?;
-    let status = held.command(program, rest, leadership.guard()).await;
+    let status = held.command(program, rest, std::slice::from_ref(leadership.guard())).await;
     let _ = leadership.resign().await;
     held.client.shutdown().await;
     Ok(exit_code(status?))
@@ -312,8 +326,14 @@ impl Held {
 
     /// Runs the command under `guard` until it ends, or until the hold is lost
     /// (then SIGTERM, SIGKILL after the grace).
-    async fn command(&mut self, program: &str, rest: &[String], guard: &LockGuard) -> Result<ExitStatus, RunError> {
+    async fn command(&mut self, program: &str, rest: &[String], guards: &[LockGuard]) -> Result<ExitStatus, RunError> {
+        let guard = guards.first().ok_or(RunError::NoCommand)?;
         let mut cmd = Command::new(program);
+        if guards.len() > 1 {
+            let keys: Vec<&str> = guards.iter().map(LockGuard::key).collect();
+            let proofs: Vec<&str> = guards.iter().map(|g| g.proof().unwrap_or("-")).collect();
+            cmd.env("LOCKMESH_KEYS", keys.join(" ")).env("LOCKMESH_PROOFS", proofs.join(" "));
+        }
         cmd.args(rest)
             .env("LOCKMESH_KEY", guard.key())
             .env("LOCKMESH_TOKEN", guard.token().to_string())

@@ -32,6 +32,7 @@
 //! | `wrong_region` | 421 | no (send it to the named region) | |
 //! | `spool_full` | 503 | yes | 1 |
 //! | `quota_exceeded` | 429 | yes | 1 |
+//! | `keys_span_clusters` | 409 | no (name keys of one cluster) | |
 
 use std::fmt;
 
@@ -86,6 +87,10 @@ pub enum Code {
     /// The key's namespace is at one of its quotas (sessions, holds, waiters,
     /// acquire rate; the body's `quota` names it): nothing was granted or opened.
     QuotaExceeded,
+    /// A multi-key acquire named keys that live on different etcd clusters (the
+    /// shard map homes them apart): one transaction cannot grant them, so nothing
+    /// was granted.
+    KeysSpanClusters,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -131,7 +136,7 @@ const RETRY_AFTER_VALUE: &str = "1";
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 21] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -152,6 +157,7 @@ impl Code {
         Code::WrongRegion,
         Code::SpoolFull,
         Code::QuotaExceeded,
+        Code::KeysSpanClusters,
     ];
 
     /// The wire string (snake_case), as in the body's `code` and `x-lockmesh-error`.
@@ -177,6 +183,7 @@ impl Code {
             Code::WrongRegion => "wrong_region",
             Code::SpoolFull => "spool_full",
             Code::QuotaExceeded => "quota_exceeded",
+            Code::KeysSpanClusters => "keys_span_clusters",
         }
     }
 
@@ -188,7 +195,7 @@ impl Code {
             Code::Denied => 403,
             Code::NotFound => 404,
             Code::WrongRegion => 421,
-            Code::Contended | Code::Leaked | Code::NotHolder => 409,
+            Code::Contended | Code::Leaked | Code::NotHolder | Code::KeysSpanClusters => 409,
             Code::SessionExpired => 410,
             Code::LockRequired => 428,
             Code::QueueFull | Code::RateLimited | Code::QuotaExceeded => 429,
@@ -237,7 +244,8 @@ impl Code {
             | Code::NotFound
             | Code::LockRequired
             | Code::Internal
-            | Code::WrongRegion => false,
+            | Code::WrongRegion
+            | Code::KeysSpanClusters => false,
         }
     }
 

@@ -61,6 +61,21 @@ pub const PERMITS: &str = "x-lock-permits";
 /// N, so many readers or one writer hold the key, never both.
 pub const MODE: &str = "x-lock-mode";
 
+/// The keys of a multi-key acquire (`POST /v1/locks/acquire-all`): 2-[`MAX_KEYS`]
+/// keys, each separated from the next by one space (a key never holds a space;
+/// the header may appear once, like every lock header), granted all in one etcd
+/// transaction or none.
+pub const KEYS: &str = "x-lock-keys";
+
+/// The most keys one multi-key acquire may name. Each key costs its grant
+/// transaction at most five compares (its slot, no holder above the limit, a
+/// durable queue, two lock-delay records) and two puts (its hold, a lock-delay
+/// guard); with the transaction's own (epoch, session, clock, policy, map, home:
+/// six compares, two puts) 16 keys stay within etcd's default `--max-txn-ops` of
+/// 128 counting every compare and put together (`extproc/lock/src/multi.rs`
+/// asserts the count).
+pub const MAX_KEYS: usize = 16;
+
 /// The most permits one acquire may ask for, and the most slots an exclusive
 /// hold may take: each slot is a compare and a put in the grant transaction,
 /// which with the grant's other operations stays under etcd's default
@@ -68,8 +83,8 @@ pub const MODE: &str = "x-lock-mode";
 pub const MAX_PERMITS: u32 = 64;
 
 /// Every caller-facing lock header (each may appear at most once).
-pub const LOCK_HEADERS: [&str; 11] =
-    [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT, VALUE, AFTER, PERMITS, MODE];
+pub const LOCK_HEADERS: [&str; 12] =
+    [KEY, WAIT_MS, SESSION, INSTANCE, TOKEN, CLASS, GRANT, VALUE, AFTER, PERMITS, MODE, KEYS];
 
 /// Prefix of headers only lockmesh may set.
 pub const INTERNAL_PREFIX: &str = "x-lockmesh-";
@@ -352,6 +367,33 @@ pub fn parse_mode(raw: &[u8]) -> Result<LockMode, HeaderError> {
     }
 }
 
+/// Parses `x-lock-keys`: 2-[`MAX_KEYS`] valid keys separated by single spaces, no
+/// key twice. Errors name the position of the key at fault, never a key.
+pub fn parse_keys(raw: &[u8]) -> Result<Vec<LockKey>, HeaderError> {
+    let max_len = MAX_KEYS * (crate::key::MAX_KEY_LEN + 1);
+    if raw.len() > max_len {
+        return Err(HeaderError::new(KEYS, format!("is above {max_len} bytes")));
+    }
+    let mut keys: Vec<LockKey> = Vec::new();
+    for (i, part) in raw.split(|b| *b == b' ').enumerate() {
+        if keys.len() == MAX_KEYS {
+            return Err(HeaderError::new(KEYS, format!("names more than {MAX_KEYS} keys")));
+        }
+        if part.is_empty() {
+            return Err(HeaderError::new(KEYS, "keys are separated by exactly one space, none leading or trailing"));
+        }
+        let key = LockKey::parse(part).map_err(|e| HeaderError::new(KEYS, format!("key {}: {e}", i + 1)))?;
+        if keys.contains(&key) {
+            return Err(HeaderError::new(KEYS, format!("key {} names an earlier key again", i + 1)));
+        }
+        keys.push(key);
+    }
+    if keys.len() < 2 {
+        return Err(HeaderError::new(KEYS, format!("names 2 to {MAX_KEYS} keys (one key: use {KEY})")));
+    }
+    Ok(keys)
+}
+
 /// What an acquire asks for: k of the key's slots, or all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Permits {
@@ -402,6 +444,8 @@ pub struct LockHeaders {
     pub permits: Option<u32>,
     /// `x-lock-mode`.
     pub mode: Option<LockMode>,
+    /// `x-lock-keys`, in the order sent.
+    pub keys: Option<Vec<LockKey>>,
 }
 
 impl LockHeaders {
@@ -457,7 +501,8 @@ where
             7 => out.value = Some(parse_value(value)?),
             8 => out.after = Some(parse_after(value)?),
             9 => out.permits = Some(parse_permits(value)?),
-            _ => out.mode = Some(parse_mode(value)?),
+            10 => out.mode = Some(parse_mode(value)?),
+            _ => out.keys = Some(parse_keys(value)?),
         }
     }
     Ok(out)
@@ -591,8 +636,29 @@ mod tests {
         assert!(!e.to_string().contains("99999"), "never the value: {e}");
         // Not lock headers: left alone.
         assert_eq!(lock_header_twin("x_lock_proof"), None);
-        assert_eq!(lock_header_twin("x_lock_keys"), None);
+        assert_eq!(lock_header_twin("x_lock_keyz"), None);
         assert!(parse(&[("x_custom_header", b"1"), ("x-lock-key", b"ns/a")]).is_ok());
+    }
+
+    #[test]
+    fn a_key_list_is_two_to_sixteen_distinct_keys_one_space_apart() {
+        let ks = parse_keys(b"ns/b ns/a other/c,d").unwrap();
+        let got: Vec<&str> = ks.iter().map(LockKey::as_str).collect();
+        assert_eq!(got, ["ns/b", "ns/a", "other/c,d"], "kept in the order sent");
+        for bad in
+            [&b""[..], b"ns/a", b"ns/a  ns/b", b" ns/a ns/b", b"ns/a ns/b ", b"ns/a\tns/b", b"ns/a ns/a", b"ns/a ns"]
+        {
+            let e = parse_keys(bad).unwrap_err();
+            assert_eq!(e.header, KEYS, "{bad:?}");
+            assert!(!e.to_string().contains("ns/a"), "never a key: {e}");
+        }
+        let max: Vec<String> = (0..MAX_KEYS).map(|i| format!("ns/k{i}")).collect();
+        assert_eq!(parse_keys(max.join(" ").as_bytes()).unwrap().len(), MAX_KEYS);
+        let over: Vec<String> = (0..=MAX_KEYS).map(|i| format!("ns/k{i}")).collect();
+        assert!(parse_keys(over.join(" ").as_bytes()).unwrap_err().why.contains("more than 16"));
+        let h = parse(&[("x-lock-keys", b"ns/a ns/b"), ("x-lock-wait-ms", b"10")]).unwrap();
+        assert_eq!(h.keys.map(|k| k.len()), Some(2));
+        assert_eq!(parse(&[("x-lock-keys", b"ns/a ns/b"), ("X-Lock-Keys", b"ns/c ns/d")]).unwrap_err().header, KEYS);
     }
 
     proptest! {

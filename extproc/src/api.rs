@@ -11,8 +11,8 @@ use lockmesh_core::{
     grant::Operation,
     headers::{self, LockHeaders, Permits},
     wire::api::{
-        Acquired as AcquiredBody, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed, SessionHold,
-        SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
+        Acquired as AcquiredBody, AcquiredAll, Election, Holder, KeyGrant, Leader, LockInfo, Proclaimed, Released,
+        SessionClosed, SessionHold, SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
     },
     ClassSpec, Code, LockKey,
 };
@@ -37,6 +37,8 @@ pub enum Route {
     Acquire,
     /// `POST /v1/locks/release`.
     Release,
+    /// `POST /v1/locks/acquire-all`: every key of `x-lock-keys` in one grant, or none.
+    AcquireAll,
     /// `GET /v1/locks`.
     Inspect,
     /// `POST /v1/sessions`.
@@ -60,8 +62,9 @@ pub enum Route {
 }
 
 /// Every API route: method, path (without the query, matched byte for byte) and route.
-pub const ROUTES: [(&str, &str, Route); 12] = [
+pub const ROUTES: [(&str, &str, Route); 13] = [
     ("POST", "/v1/locks/acquire", Route::Acquire),
+    ("POST", "/v1/locks/acquire-all", Route::AcquireAll),
     ("POST", "/v1/locks/release", Route::Release),
     ("GET", "/v1/locks", Route::Inspect),
     ("POST", "/v1/sessions", Route::SessionOpen),
@@ -92,6 +95,7 @@ impl Route {
     pub fn operation(self) -> Operation {
         match self {
             Route::Acquire
+            | Route::AcquireAll
             | Route::Release
             | Route::SessionOpen
             | Route::SessionKeepalive
@@ -109,6 +113,7 @@ impl Route {
     pub fn label(self) -> &'static str {
         match self {
             Route::Acquire => "acquire",
+            Route::AcquireAll => "acquire_all",
             Route::Release => "release",
             Route::Inspect => "inspect",
             Route::SessionOpen => "session_open",
@@ -156,6 +161,8 @@ pub enum Undo {
         /// The cluster that granted it.
         store: Arc<Store>,
     },
+    /// A multi-key grant: one per key, all on `store`.
+    Grants { reqs: Vec<AcquireRequest>, grants: Vec<crate::lock::mutex::Grant>, store: Arc<Store> },
     /// An unprotected grant (ADR-04): released from memory, its end spooled.
     Unprotected {
         /// The fail-open state holding it.
@@ -171,6 +178,7 @@ impl Undo {
     pub async fn run(&self) {
         match self {
             Undo::Grant { req, grant, store } => store.undo(req, grant).await,
+            Undo::Grants { reqs, grants, store } => store.undo_all(reqs, grants).await,
             Undo::Unprotected { fail_open, req, grant } => {
                 let _ = fail_open.release(&req.key.digest(), grant, &req.caller, Some("caller_gone")).await;
             }
@@ -249,7 +257,7 @@ async fn route(
     // Defence in depth: the registry's LockGrants, when it carries any.
     crate::registry::authorise(state, req, crate::registry::api_operation(&req.method, &req.path))?;
     // A key homed in another region is redirected, never forwarded (ADR-08).
-    if let Some(key) = &lock.key {
+    for key in lock.key.iter().chain(lock.keys.iter().flatten()) {
         if let Some(region) = tiers.wrong_region(key) {
             return Err(ApiError::wrong_region(key.namespace(), region));
         }
@@ -259,6 +267,7 @@ async fn route(
     };
     let r = match route {
         Route::Acquire => return acquire(state, req, caller, cancel).await,
+        Route::AcquireAll => return acquire_all(state, req, caller, cancel).await,
         Route::Release if lock.grant.is_some() => {
             // An unprotected grant (ADR-04) is released by its grant id, from memory.
             let key = need(lock.key.clone(), headers::KEY)?;
@@ -528,6 +537,99 @@ async fn observe(
         gap: o.gap || unopened,
         leader,
     }))
+}
+
+/// `POST /v1/locks/acquire-all`: every key of `x-lock-keys` (of one class, homed
+/// on one cluster) in one grant transaction, or none (`lock::multi`).
+async fn acquire_all(
+    state: &Arc<State>,
+    req: &ApiRequest,
+    caller: Caller,
+    cancel: &CancellationToken,
+) -> Result<(ApiResponse, Option<Undo>), ApiError> {
+    let lock = &req.lock;
+    let bad = |m: String| Err(ApiError::new(Code::BadRequest, m));
+    let mut keys = need(lock.keys.clone(), headers::KEYS)?;
+    if lock.key.is_some() {
+        return bad(format!("{}: a multi-key acquire names its keys in {} only", headers::KEY, headers::KEYS));
+    }
+    if lock.permits.is_some() || lock.mode.is_some() {
+        let h = if lock.permits.is_some() { headers::PERMITS } else { headers::MODE };
+        return bad(format!("{h}: a multi-key acquire takes one slot of each key"));
+    }
+    keys.sort();
+    let classes = keys.iter().map(|k| class_for(state, lock, k)).collect::<Result<Vec<_>, _>>()?;
+    let class = classes[0].clone();
+    let distinct = {
+        let mut names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
+    };
+    if distinct > 1 {
+        return bad(format!(
+            "{}: the keys are of {distinct} classes; one acquire takes keys of one class",
+            headers::KEYS
+        ));
+    }
+    if class.on_quorum_loss == OnQuorumLoss::Open {
+        return bad(format!(
+            "{}: a multi-key acquire is not offered on the fail-open class {} (its quorum-loss grants take one key)",
+            headers::KEYS,
+            class.name
+        ));
+    }
+    let wait = wait_of(state, req)?;
+    let reqs: Vec<AcquireRequest> = keys
+        .into_iter()
+        .map(|key| AcquireRequest {
+            key,
+            class: class.clone(),
+            caller: caller.clone(),
+            session: lock.session,
+            deadline: req.received + wait,
+            try_once: wait.is_zero(),
+            hold_id: None,
+            session_owner: None,
+            unverified_caller: req.unverified_caller.clone(),
+            permits: Permits::Count(1),
+            mode: None,
+        })
+        .collect();
+    let reg = state.registry();
+    let span = crate::telemetry::acquire_span(&reg, &reqs[0].key);
+    let result = state.tiers.acquire_all(&reqs, cancel).instrument(span.clone()).await;
+    let outcome = crate::metrics::outcome_label(&result);
+    crate::telemetry::finish(&span, outcome, Some(req.received.elapsed()));
+    let labels = crate::metrics::lock_labels(&reg, &reqs[0].key);
+    state.metrics.acquire(labels, outcome, req.received.elapsed().as_secs_f64());
+    let (grants, store) = result?;
+    let g = grants.first().ok_or_else(|| ApiError::new(Code::Internal, "a multi-key grant without grants"))?;
+    let signing = state.config.signing.as_ref();
+    let body = AcquiredAll {
+        class: g.class.clone(),
+        cluster: store.cluster_name().to_owned(),
+        epoch: g.token.epoch(),
+        existing: g.existing,
+        new_session: g.new_session,
+        revision: g.token.revision(),
+        session: g.session,
+        token: g.token.to_string(),
+        ttl_s: g.ttl_s,
+        keys: reqs
+            .iter()
+            .zip(&grants)
+            .map(|(r, kg)| KeyGrant {
+                key: r.key.as_str().to_owned(),
+                token: kg.token.to_string(),
+                proof: crate::signing::proof_for(signing, &r.key, kg.token, &kg.class),
+            })
+            .collect(),
+    };
+    let mut r = ApiResponse::ok(&body);
+    r.headers.push((headers::TOKEN, g.token.to_string()));
+    r.headers.push((headers::SESSION, g.session.to_string()));
+    Ok((r, Some(Undo::Grants { reqs, grants, store })))
 }
 
 async fn acquire(

@@ -381,7 +381,7 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The outcome label of an acquire: a closed set.
-pub(crate) fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::LockError>) -> &'static str {
+pub(crate) fn outcome_label<T>(r: &Result<T, crate::lock::LockError>) -> &'static str {
     use crate::lock::LockError as E;
     match r {
         Ok(_) => "granted",
@@ -396,7 +396,7 @@ pub(crate) fn outcome_label(r: &Result<crate::lock::mutex::Grant, crate::lock::L
         Err(E::Draining(_)) => "draining",
         Err(E::SpoolFull(_)) => "spool_full",
         Err(E::QuotaExceeded(_)) => "quota_exceeded",
-        Err(E::PermitsAboveLimit { .. }) => "bad_request",
+        Err(E::PermitsAboveLimit { .. } | E::BadKeys(_) | E::KeysSpanClusters(_)) => "bad_request",
         Err(E::NotHolder | E::Internal(_)) => "error",
     }
 }

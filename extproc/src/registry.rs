@@ -241,8 +241,11 @@ pub fn authorise(state: &State, req: &ApiRequest, op: Operation) -> Result<(), A
     let Some(grants) = reg.grants() else {
         return if req.self_client { Err(denied()) } else { Ok(()) };
     };
-    let ok = match &req.lock.key {
-        Some(key) => grants.allowed(&req.identity, key, op),
+    // Every key the request names (`x-lock-key`, each of `x-lock-keys`): one key
+    // denied denies the request, with the same answer whichever it is.
+    let mut keys = req.lock.key.iter().chain(req.lock.keys.iter().flatten()).peekable();
+    let ok = match keys.peek() {
+        Some(_) => keys.all(|key| grants.allowed(&req.identity, key, op)),
         None => grants.holds_any(&req.identity, op),
     };
     if ok {

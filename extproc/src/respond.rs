@@ -80,6 +80,8 @@ impl From<LockError> for ApiError {
             LockError::Moved => Code::Unavailable,
             LockError::SpoolFull(_) => Code::SpoolFull,
             LockError::QuotaExceeded(_) => Code::QuotaExceeded,
+            LockError::KeysSpanClusters(_) => Code::KeysSpanClusters,
+            LockError::BadKeys(_) => Code::BadRequest,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),

@@ -134,10 +134,13 @@ async fn grant(
     let wait = api::wait_of(state, req)?;
     // A transparent hold is one slot: the filter keeps one request of a key in
     // flight per sidecar, so shared holds would not overlap there (docs/API.md).
-    if let Some(h) = [(req.lock.permits.is_some(), headers::PERMITS), (req.lock.mode.is_some(), headers::MODE)]
-        .into_iter()
-        .find_map(|(sent, h)| sent.then_some(h))
-    {
+    // Nor several keys: a transparent request holds its one key.
+    let sent = [
+        (req.lock.permits.is_some(), headers::PERMITS),
+        (req.lock.mode.is_some(), headers::MODE),
+        (req.lock.keys.is_some(), headers::KEYS),
+    ];
+    if let Some(h) = sent.into_iter().find_map(|(sent, h)| sent.then_some(h)) {
         return Err(ApiError::new(
             Code::BadRequest,
             format!("{h}: not offered on transparent routes; use the lock API"),

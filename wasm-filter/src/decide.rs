@@ -169,6 +169,19 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     if route.needs_key() && lock.key.is_none() {
         return Decision::reject(Code::BadRequest, &format!("{}: required", headers::KEY));
     }
+    // Several keys only on the multi-key route, and there instead of one.
+    match (route.needs_keys(), &lock.keys, &lock.key) {
+        (true, None, _) => return Decision::reject(Code::BadRequest, &format!("{}: required", headers::KEYS)),
+        (true, Some(_), Some(_)) => {
+            let msg = format!("{}: a multi-key acquire names its keys in {} only", headers::KEY, headers::KEYS);
+            return Decision::reject(Code::BadRequest, &msg);
+        }
+        (false, Some(_), _) => {
+            let msg = format!("{}: only on POST /v1/locks/acquire-all", headers::KEYS);
+            return Decision::reject(Code::BadRequest, &msg);
+        }
+        _ => {}
+    }
     let unlocked = match (transparent, &lock.key) {
         (Some(t), None) if t.allow_unlocked => true,
         (Some(_), None) => {
@@ -180,11 +193,13 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     // A transparent request waits by default (its route's default wait).
     let wait_ms = lock.wait_ms.or(transparent.map(|t| t.default_wait_ms)).unwrap_or(0);
     let op = route.operation();
-    let allowed = match &lock.key {
-        Some(key) => cfg.grants.allowed(identity, key, op),
+    let allowed = match (&lock.key, &lock.keys) {
+        // Every key: one denied denies the request, with the one answer.
+        (None, Some(keys)) => keys.iter().all(|key| cfg.grants.allowed(identity, key, op)),
+        (Some(key), _) => cfg.grants.allowed(identity, key, op),
         // An unlocked request on a transparent route needs no lock grant.
-        None if unlocked => true,
-        None => cfg.grants.holds_any(identity, op),
+        (None, None) if unlocked => true,
+        (None, None) => cfg.grants.holds_any(identity, op),
     };
     if !allowed {
         return Decision::denied();

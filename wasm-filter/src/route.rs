@@ -16,6 +16,9 @@ pub enum Route {
     Acquire,
     /// `POST /v1/locks/release`.
     Release,
+    /// `POST /v1/locks/acquire-all`: several keys (`x-lock-keys`) in one grant. It
+    /// waits at the arbiter, never in a key's queue: one queue cannot order it.
+    AcquireAll,
     /// `GET /v1/locks`.
     Inspect,
     /// `POST /v1/sessions`.
@@ -59,6 +62,7 @@ impl Route {
         Some(match (method, path) {
             (b"POST", b"/v1/locks/acquire") => Route::Acquire,
             (b"POST", b"/v1/locks/release") => Route::Release,
+            (b"POST", b"/v1/locks/acquire-all") => Route::AcquireAll,
             (b"GET", b"/v1/locks") => Route::Inspect,
             (b"POST", b"/v1/sessions") => Route::SessionOpen,
             (b"POST", b"/v1/sessions/keepalive") => Route::SessionKeepalive,
@@ -77,6 +81,7 @@ impl Route {
     pub fn operation(self) -> Operation {
         match self {
             Route::Acquire
+            | Route::AcquireAll
             | Route::Release
             | Route::SessionOpen
             | Route::SessionKeepalive
@@ -95,6 +100,11 @@ impl Route {
     /// Routes that hold a key and so go through its queue.
     pub fn queues(self) -> bool {
         matches!(self, Route::Acquire | Route::Campaign | Route::Transparent)
+    }
+
+    /// Routes that cannot be answered without `x-lock-keys` (and take no `x-lock-key`).
+    pub(crate) fn needs_keys(self) -> bool {
+        matches!(self, Route::AcquireAll)
     }
 
     /// Routes that cannot be answered without `x-lock-key`.
@@ -135,5 +145,7 @@ mod tests {
         assert!(Route::Campaign.queues() && !Route::Observe.queues() && !Route::Proclaim.queues());
         assert_eq!(Route::Observe.operation(), Operation::Inspect);
         assert_eq!(Route::Resign.operation(), Operation::Acquire);
+        assert_eq!(Route::of(b"POST", b"/v1/locks/acquire-all"), Some(Route::AcquireAll));
+        assert!(!Route::AcquireAll.queues() && !Route::AcquireAll.needs_key() && Route::AcquireAll.needs_keys());
     }
 }

@@ -58,6 +58,11 @@ pub struct HoldRecord {
     /// A read-write lock's mode (`x-lock-mode`), when the acquire named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<lockmesh_core::headers::LockMode>,
+    /// How many keys the grant took together (a multi-key acquire, `x-lock-keys`),
+    /// when more than one. Each key's hold carries this record; all were put by one
+    /// transaction, so they share one create revision (each key's token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<u32>,
 }
 
 /// An election leader's proclaimed value (`<root>/l/<digest>/e`, on the leader's

@@ -55,6 +55,7 @@ fn the_table() {
         (WrongRegion, 421, false),
         (SpoolFull, 503, true),
         (QuotaExceeded, 429, true),
+        (KeysSpanClusters, 409, false),
     ];
     assert_eq!(table.len(), Code::ALL.len());
     for (c, status, retryable) in table {

@@ -76,6 +76,48 @@ pub struct Acquired {
     pub unprotected: bool,
 }
 
+/// `POST /v1/locks/acquire-all`, granted: every key of `x-lock-keys`, by one
+/// etcd transaction, on one session. Each key's token is the same number (the
+/// transaction's commit revision at the cluster's epoch), and for each key it is
+/// higher than any token that key had before.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquiredAll {
+    /// The keys' class.
+    pub class: String,
+    /// The etcd cluster that granted them (`coord` or a shard's name).
+    pub cluster: String,
+    /// The tokens' epoch.
+    pub epoch: u64,
+    /// True when the caller's session already held every key by one grant (an
+    /// idempotent retry): nothing new was granted.
+    pub existing: bool,
+    /// True when the acquire opened the session it names.
+    pub new_session: bool,
+    /// The tokens' etcd commit revision.
+    pub revision: u64,
+    /// The session holding every key.
+    pub session: SessionId,
+    /// Every key's fencing token, as a decimal string (also in `x-lock-token`).
+    pub token: String,
+    /// The session's TTL, seconds (the class TTL).
+    pub ttl_s: u64,
+    /// Each key's grant, in key order (bytewise): release each by its key and
+    /// token, or all by closing the session.
+    pub keys: Vec<KeyGrant>,
+}
+
+/// One key of a multi-key grant ([`AcquiredAll`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyGrant {
+    /// The key, as sent.
+    pub key: String,
+    /// Its fencing token (the grant's token).
+    pub token: String,
+    /// Its signed grant proof, or `null` when the arbiter signs nothing.
+    #[serde(default)]
+    pub proof: Option<String>,
+}
+
 /// `POST /v1/locks/release`, done: the grant named is gone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Released {

@@ -44,6 +44,7 @@ pub mod election;
 pub mod epoch;
 pub mod failopen;
 pub mod home;
+pub mod multi;
 pub mod mutex;
 pub mod policy;
 pub mod quota;
@@ -136,6 +137,14 @@ pub enum LockError {
     /// granted or opened.
     #[error("{0}")]
     QuotaExceeded(quota::Exceeded),
+    /// A multi-key acquire's keys live on different etcd clusters: no one
+    /// transaction can grant them (`multi`). Nothing was granted.
+    #[error("x-lock-keys: the keys live on {0} etcd clusters; one acquire takes keys of one cluster")]
+    KeysSpanClusters(usize),
+    /// A multi-key acquire that can never be granted as sent (`bad_request`): the
+    /// message starts with the header at fault and names no key.
+    #[error("{0}")]
+    BadKeys(String),
 }
 
 /// The arbiter's handle on etcd.

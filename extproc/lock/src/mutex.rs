@@ -118,7 +118,7 @@ pub(crate) enum Fair<'a> {
 }
 
 impl Fair<'_> {
-    fn compares(&self, k: &Keys, d: &KeyDigest) -> Vec<Compare> {
+    pub(crate) fn compares(&self, k: &Keys, d: &KeyDigest) -> Vec<Compare> {
         let q = k.waiters(d);
         match *self {
             Fair::Memory => vec![],
@@ -161,7 +161,12 @@ fn token_revision(g: &Grant) -> i64 {
 
 /// The hold `kv` (minted at `epoch`) of session `sid`, answered as an `existing`
 /// grant of `req`.
-fn existing_grant(req: &AcquireRequest, sid: SessionId, kv: &KeyValue, epoch: u64) -> Result<Grant, LockError> {
+pub(crate) fn existing_grant(
+    req: &AcquireRequest,
+    sid: SessionId,
+    kv: &KeyValue,
+    epoch: u64,
+) -> Result<Grant, LockError> {
     let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
     FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
         token,
@@ -176,7 +181,12 @@ fn existing_grant(req: &AcquireRequest, sid: SessionId, kv: &KeyValue, epoch: u6
 
 /// The hold value a grant of `req` at `epoch`, taking `permits` slots, writes
 /// into each of its slots.
-fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32) -> Result<Vec<u8>, LockError> {
+pub(crate) fn hold_record(
+    req: &AcquireRequest,
+    epoch: u64,
+    permits: u32,
+    keys: Option<u32>,
+) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
         key: req.key.as_str().to_owned(),
         owner: req.caller.identity.clone(),
@@ -188,6 +198,7 @@ fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32) -> Result<Vec<u8>
         unverified_caller: req.unverified_caller.clone(),
         permits: (permits > 1).then_some(permits),
         mode: req.mode,
+        keys,
     };
     serde_json::to_vec(&hold).map_err(internal)
 }
@@ -212,6 +223,27 @@ impl Store {
     ) -> Result<Grant, LockError> {
         // Quotas first (`quota`): over one, nothing is opened or granted.
         let _admitted = super::quota::admit(self, req.key.namespace(), req.session.is_none())?;
+        let (mut g, opened) =
+            self.in_session(req, async |sid, rec| self.acquire_in(req, sid, rec, cancel).await).await?;
+        g.new_session = opened;
+        if cancel.is_cancelled() {
+            // The caller left while the grant committed: release it at once.
+            self.undo(req, &g).await;
+            return Err(LockError::Cancelled);
+        }
+        Ok(g)
+    }
+
+    /// Runs `body` on the request's session, or on a session it opens for it:
+    /// `body` gets the session and, for an opened one, the record its grant
+    /// transaction must put. Also answers whether it opened one. An opened session
+    /// is renewed while `body` runs (the caller cannot: it learns the session only
+    /// from the answer) and revoked if `body` fails.
+    pub(crate) async fn in_session<T>(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        body: impl AsyncFnOnce(SessionId, Option<SessionRecord>) -> Result<T, LockError>,
+    ) -> Result<(T, bool), LockError> {
         let (sid, new_record) = match req.session {
             Some(sid) => {
                 let rec = self.owned_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller)).await?;
@@ -230,8 +262,6 @@ impl Store {
             ),
         };
         let opened = new_record.is_some();
-        // A session opened for this acquire is unknown to the caller until the
-        // answer: the arbiter renews it while the acquire waits, and only then.
         let renew = opened.then(|| {
             let (store, ttl) = (self.clone(), req.class.ttl_s.max(1));
             tokio::spawn(async move {
@@ -244,21 +274,12 @@ impl Store {
                 }
             })
         });
-        let result = self.acquire_in(req, sid, new_record, cancel).await;
+        let result = body(sid, new_record).await;
         if let Some(r) = renew {
             r.abort();
         }
         match result {
-            Ok(mut g) if cancel.is_cancelled() => {
-                // The caller left while the grant committed: release it at once.
-                g.new_session = opened;
-                self.undo(req, &g).await;
-                Err(LockError::Cancelled)
-            }
-            Ok(mut g) => {
-                g.new_session = opened;
-                Ok(g)
-            }
+            Ok(t) => Ok((t, opened)),
             Err(e) => {
                 if opened {
                     self.revoke_quietly(sid).await;
@@ -460,12 +481,15 @@ impl Store {
     /// Deletes the holds `hold_keys` this arbiter's grant committed at `revision`,
     /// compared by its create revision: the key may be another grant's by now
     /// (released, expired, granted again), and a delete by name would free it.
-    async fn take_back(&self, hold_keys: &[String], revision: i64) {
+    pub(crate) async fn take_back(&self, hold_keys: &[String], revision: i64) {
         let cmp: Vec<Compare> =
             hold_keys.iter().map(|h| Compare::create_revision(h.as_str(), CompareOp::Equal, revision)).collect();
         // With its lock-delay guard (`delay`): a grant taken back is no expiry.
         let mut ops: Vec<TxnOp> = hold_keys.iter().map(|h| TxnOp::delete(h.as_str(), None::<DeleteOptions>)).collect();
-        if let Some(d) = hold_keys.first().and_then(|h| self.keys().digest_of_hold(h.as_bytes())) {
+        let mut digests: Vec<KeyDigest> =
+            hold_keys.iter().filter_map(|h| self.keys().digest_of_hold(h.as_bytes())).collect();
+        digests.dedup();
+        for d in digests {
             ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
         }
         let txn = Txn::new().when(cmp).and_then(ops);
@@ -474,7 +498,7 @@ impl Store {
         }
     }
 
-    fn classify_holders(
+    pub(crate) fn classify_holders(
         &self,
         req: &AcquireRequest,
         sid: SessionId,
@@ -574,7 +598,7 @@ impl Store {
             }
             None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
         }
-        let hold = hold_record(req, ep.epoch, want)?;
+        let hold = hold_record(req, ep.epoch, want, None)?;
         for name in &slots {
             then.push(TxnOp::put(name.as_str(), hold.clone(), Some(lease.clone())));
         }
@@ -616,33 +640,7 @@ impl Store {
         // this acquire the caller revokes it; with the caller's own session the
         // hold shows in GET /v1/sessions/holds (docs/API.md).
         let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
-        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
-        let (revision, cluster) = (header.revision(), header.cluster_id());
-        if r.succeeded() && clock.is_some() {
-            self.seal().observe_clock(revision);
-        }
-        let behind = revision < floor;
-        if behind {
-            self.seal().seal(
-                super::seal::SealReason::RevisionBehindMark,
-                format!("grant revision {revision} below mark {floor}"),
-            );
-        }
-        if let Err(e) = self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
-            if r.succeeded() {
-                self.take_back(&slots, revision).await;
-            }
-            return Err(e);
-        }
-        if r.succeeded() {
-            // A bumped restore passes the floor: the raft position is checked
-            // before the grant is answered, not only by the seal check.
-            if let Err(e) = self.raft_at_mark().await {
-                self.take_back(&slots, revision).await;
-                return Err(e);
-            }
-        }
-        self.seal().observe_revision(revision);
+        let revision = self.settle(&ep, floor, clock, &r, &slots).await?;
         if r.succeeded() {
             let held = count_after
                 .then(|| {
@@ -750,6 +748,45 @@ impl Store {
                 Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 })
             }
         }
+    }
+
+    /// The checks after a grant transaction answered that may still take its holds
+    /// `slots` back: the answer's revision against this arbiter's floor, the
+    /// cluster that answered, the seal and, for a commit, the raft position (a
+    /// bumped restore passes the floor). Returns the answer's revision.
+    pub(crate) async fn settle(
+        &self,
+        ep: &super::EpochState,
+        floor: i64,
+        clock: Option<i64>,
+        r: &etcd_client::TxnResponse,
+        slots: &[String],
+    ) -> Result<i64, LockError> {
+        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
+        let (revision, cluster) = (header.revision(), header.cluster_id());
+        if r.succeeded() && clock.is_some() {
+            self.seal().observe_clock(revision);
+        }
+        if revision < floor {
+            self.seal().seal(
+                super::seal::SealReason::RevisionBehindMark,
+                format!("grant revision {revision} below mark {floor}"),
+            );
+        }
+        if let Err(e) = self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
+            if r.succeeded() {
+                self.take_back(slots, revision).await;
+            }
+            return Err(e);
+        }
+        if r.succeeded() {
+            if let Err(e) = self.raft_at_mark().await {
+                self.take_back(slots, revision).await;
+                return Err(e);
+            }
+        }
+        self.seal().observe_revision(revision);
+        Ok(revision)
     }
 
     /// Releases the grant `token` of `key`. A token that is not a current grant
@@ -978,7 +1015,7 @@ impl Store {
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
         );
         when.extend(gate.compares());
-        let hold = hold_record(req, ep.epoch, 1)?;
+        let hold = hold_record(req, ep.epoch, 1, None)?;
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let lease = self.marker_lease().await?;

@@ -114,6 +114,9 @@ pub enum TestFault {
     /// sample what it read at the previous one: every plotted point is one sample
     /// late (`tests/tests/scenarios/console.rs`).
     ConsoleHistoryLag,
+    /// A multi-key grant (`lock::multi`) compares only its first key free: the
+    /// others are put over any holder (`tests/tests/scenarios/multikey.rs`).
+    MultiKeyFirstOnly,
 }
 
 #[cfg(feature = "test-faults")]
@@ -151,6 +154,7 @@ impl TestFault {
             "shadow_decides" => Some(Self::ShadowDecides),
             "oldest_hold_newest" => Some(Self::OldestHoldNewest),
             "console_history_lag" => Some(Self::ConsoleHistoryLag),
+            "multi_key_first_only" => Some(Self::MultiKeyFirstOnly),
             _ => None,
         }
     }

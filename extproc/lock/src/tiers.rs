@@ -465,6 +465,44 @@ impl Tiers {
         Err(LockError::Unavailable("the key's home keeps moving; retry".into()))
     }
 
+    /// Acquires every key of `reqs` (a multi-key acquire, `multi`) on their one
+    /// home cluster; keys homed on different clusters are refused
+    /// (`KeysSpanClusters`), since no one transaction can grant them.
+    pub async fn acquire_all(
+        &self,
+        reqs: &[AcquireRequest],
+        cancel: &CancellationToken,
+    ) -> Result<(Vec<Grant>, Arc<Store>), LockError> {
+        let first = reqs.first().ok_or_else(|| LockError::Internal("a multi-key acquire without keys".into()))?;
+        for attempt in 0..=REROUTES {
+            let mut stores: Vec<Arc<Store>> = Vec::with_capacity(reqs.len());
+            for r in reqs {
+                let s = self.route(&r.class, &r.key, attempt > 0).await?;
+                if !stores.iter().any(|t| Arc::ptr_eq(t, &s)) {
+                    stores.push(s);
+                }
+            }
+            if stores.len() > 1 {
+                return Err(LockError::KeysSpanClusters(stores.len()));
+            }
+            let store = stores.remove(0);
+            if let Some(sid) = first.session {
+                self.ensure_session(sid, first.session_owner.as_ref().unwrap_or(&first.caller), &store).await?;
+            }
+            match store.acquire_all(reqs, cancel).await {
+                Err(LockError::Moved) => continue,
+                Ok(gs) => {
+                    if gs.first().is_some_and(|g| g.new_session) {
+                        self.remember_home(gs[0].session, &store, first.class.ttl_s);
+                    }
+                    return Ok((gs, store));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable("the keys' home keeps moving; retry".into()))
+    }
+
     /// Opens a session of `class` on the home of `key` (or of the class); it
     /// counts against quota namespace `ns` (`ClassRegistry::session_namespace`).
     pub async fn open_session(

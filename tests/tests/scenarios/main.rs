@@ -38,6 +38,7 @@ mod jeopardy;
 mod limits;
 mod load_smoke;
 mod lock_delay;
+mod multikey;
 mod observability;
 mod openapi;
 mod otlp;

@@ -36,8 +36,8 @@ use lockmesh_core::{
     quota::Quota,
     wire::{
         api::{
-            Acquired, Election, Holder, Leader, LockInfo, Proclaimed, Released, SessionClosed, SessionHold,
-            SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
+            Acquired, AcquiredAll, Election, Holder, KeyGrant, Leader, LockInfo, Proclaimed, Released, SessionClosed,
+            SessionHold, SessionHolds, SessionOpened, SessionRenewed, TokenValidity,
         },
         ErrorBody,
     },
@@ -418,7 +418,31 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let election_you = Election { leader: Some(leader_you.clone()), ..election.clone() };
     let election_none = Election { gap: true, leader: None, ..election.clone() };
 
+    let key_grant = |key: &str, proof: Option<&str>| KeyGrant {
+        key: key.into(),
+        token: token.to_string(),
+        proof: proof.map(str::to_owned),
+    };
+    let all = AcquiredAll {
+        class: "default".into(),
+        cluster: "coord".into(),
+        epoch: 1,
+        existing: false,
+        new_session: true,
+        revision: 3,
+        session: sid,
+        token: token.to_string(),
+        ttl_s: 15,
+        keys: vec![key_grant("payments/a", Some("v1.k1.cGF5bG9hZA.c2ln")), key_grant("payments/b", None)],
+    };
     let mut cases = vec![
+        case(&schema("AcquiredAll"), "multi-key grant", &all, true),
+        case(
+            &schema("AcquiredAll"),
+            "one key is no multi-key grant",
+            &AcquiredAll { keys: vec![key_grant("payments/a", None)], ..all.clone() },
+            false,
+        ),
         case(&schema("Acquired"), "protected grant", &acquired, true),
         case(&schema("Acquired"), "protected grant, no cluster or proof", &acquired_bare, true),
         case(&schema("Acquired"), "a 3-permit exclusive grant", &acquired_permits, true),
@@ -512,6 +536,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let released =
         [v(&Released { released: true, unprotected: false }), v(&Released { released: true, unprotected: true })];
     assert_members(&doc, &schema("Released"), &released);
+    assert_members(&doc, &schema("AcquiredAll"), &[v(&all)]);
+    assert_members(&doc, &schema("KeyGrant"), &[v(&all.keys[0]), v(&all.keys[1])]);
     assert_members(&doc, &schema("LockInfo"), &[v(&info), v(&LockInfo { lock_delay_ms: None, ..info.clone() })]);
     assert_members(&doc, &schema("Holder"), &[v(&own), v(&other)]);
     assert_members(&doc, &schema("SessionOpened"), &[v(&opened)]);
@@ -555,7 +581,8 @@ fn test_profile(dir: &Path) -> (PathBuf, u64) {
 /// request that docs/openapi.yaml states and no schema can (`400 class_mismatch`
 /// and `session_class_mismatch`: the registry decides a key's class; a release
 /// naming both `x-lock-token` and `x-lock-grant`, or neither; an acquire's
-/// `x-lock-permits` beside `x-lock-mode`, or above the key's limit), and only for requests whose
+/// `x-lock-permits` beside `x-lock-mode`, or above the key's limit; a multi-key
+/// acquire's keys of two classes, named twice or too long), and only for requests whose
 /// headers its schemas accept (the coverage phase labels an optional header's
 /// `0` positive whatever its pattern says).
 const HOOKS_PY: &str = r##"# schemathesis hooks of the OpenAPI scenario (tests/tests/scenarios/openapi.rs).
@@ -613,6 +640,11 @@ def lockmesh_positive_data_acceptance(ctx, response, case):
             headers = case.headers or {}
             # A release names one grant: by token or (unprotected) by grant id.
             if case.operation.path == "/v1/locks/release" and ("x-lock-token" in headers) == ("x-lock-grant" in headers):
+                return None
+            # A multi-key acquire the schema allows and the registry or the key
+            # grammar refuses: keys of two classes, a key twice or too long, a key
+            # of a fail-open class; each refusal names x-lock-keys.
+            if case.operation.path == "/v1/locks/acquire-all" and message.startswith("x-lock-keys:"):
                 return None
             # An acquire's size: both x-lock-permits and x-lock-mode, more permits
             # than the key's limit (the registry's), or more than one slot on a

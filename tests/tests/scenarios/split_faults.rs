@@ -238,6 +238,43 @@ fn epoch_of(t: u64) -> u64 {
     t >> 48
 }
 
+/// A multi-key acquire (issue 22 item 3) is one etcd transaction, so its keys
+/// must live on one cluster: keys the shard map homes on two shards are refused
+/// `409 keys_span_clusters` with nothing held on either; keys of one shard are
+/// granted there, and the answer names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_acquire_of_keys_on_two_clusters_is_refused_and_holds_nothing() {
+    let s = split(
+        "split-multikey",
+        Setup { shards: &["shard-a", "shard-b"], entity: &["shard-a", "shard-b"], ..Setup::default() },
+    )
+    .await;
+    let c = s.st.client("payments", "multi").unwrap();
+    // Where each candidate key lives: its grant's answer says.
+    let mut home: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 0..16 {
+        let key = format!("payments/m{i}/x");
+        let r = c.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        home.entry(field(&r, "cluster")).or_default().push(key.clone());
+        release(&c, &key, token(&r)).await;
+    }
+    let (a, b) = (&home["shard-a"], &home["shard-b"]);
+    let apart = format!("{} {}", a[0], b[0]);
+    let r = c.post("/v1/locks/acquire-all", &[("x-lock-keys", &apart)]).await.unwrap();
+    assert_eq!((r.code(), r.header("x-lockmesh-error")), (409, Some("keys_span_clusters")), "{}", r.body);
+    assert!(r.json["message"].as_str().unwrap().starts_with("x-lock-keys"), "{}", r.body);
+    for cluster in ["shard-a", "shard-b", "coord"] {
+        assert_eq!(s.held_on(cluster).await, Vec::<String>::new(), "nothing held on {cluster}");
+    }
+    for (cluster, keys) in [("shard-a", a), ("shard-b", b)] {
+        let together = format!("{} {}", keys[0], keys[1]);
+        let r = c.post("/v1/locks/acquire-all", &[("x-lock-keys", &together)]).await.unwrap();
+        assert_eq!((r.code(), field(&r, "cluster")), (200, cluster.to_owned()), "{}", r.body);
+        assert_eq!(s.held_on(cluster).await.len(), 2, "both keys held on {cluster}");
+    }
+}
+
 /// A protected grant of `key`: (token, session).
 async fn acquire(c: &LockClient, key: &str, session: Option<&str>) -> (u64, String) {
     let mut h = vec![("x-lock-key", key)];

@@ -55,6 +55,34 @@ fn unknown_routes_and_bad_headers() {
 }
 
 #[test]
+fn a_multi_key_acquire_is_authorised_key_by_key_and_denied_as_one() {
+    let all = |keys: &[u8]| h("POST", "/v1/locks/acquire-all", &[("x-lock-keys", keys)]);
+    let d = on_request_headers(&cfg(), &all(b"payments/a payments/b"), Some(ID));
+    let Decision::Pass(p) = d else { panic!("{d:?}") };
+    assert_eq!((p.route, p.key), (Route::AcquireAll, None), "never queued under a key");
+    // One key outside the caller's grants denies the request, wherever it stands,
+    // with the one denial's bytes.
+    let first = on_request_headers(&cfg(), &all(b"billing/x payments/b"), Some(ID));
+    let last = on_request_headers(&cfg(), &all(b"payments/a payments/b billing/x"), Some(ID));
+    let single = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"billing/x")]), Some(ID));
+    assert_eq!(first, Decision::denied());
+    assert_eq!((&last, &single), (&first, &first));
+    // x-lock-keys on this route only, required there, never beside x-lock-key.
+    let none = on_request_headers(&cfg(), &h("POST", "/v1/locks/acquire-all", &[]), Some(ID));
+    assert_eq!(none, Decision::reject(Code::BadRequest, "x-lock-keys: required"));
+    let both =
+        h("POST", "/v1/locks/acquire-all", &[("x-lock-keys", b"payments/a payments/b"), ("x-lock-key", b"payments/a")]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &both, Some(ID))), 400);
+    let on_acquire = acq(&[("x-lock-key", b"payments/a"), ("x-lock-keys", b"payments/a payments/b")]);
+    let Decision::Reject { status: 400, body, .. } = on_request_headers(&cfg(), &on_acquire, Some(ID)) else {
+        panic!("x-lock-keys on a single-key acquire")
+    };
+    assert!(body.contains("x-lock-keys"), "{body}");
+    let twice = h("POST", "/v1/locks/acquire-all", &[("x-lock-keys", b"payments/a payments/a")]);
+    assert_eq!(http_status(&on_request_headers(&cfg(), &twice, Some(ID))), 400);
+}
+
+#[test]
 fn denial_is_one_answer_decided_by_grants() {
     let held = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"payments/held")]), Some(BILLING));
     let missing = on_request_headers(&cfg(), &acq(&[("x-lock-key", b"payments/none")]), Some(BILLING));

@@ -16,6 +16,7 @@ fn hold(key: &str, owner: &str) -> Vec<u8> {
         unverified_caller: None,
         permits: None,
         mode: None,
+        keys: None,
     })
     .unwrap()
 }

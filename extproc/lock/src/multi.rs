@@ -1,0 +1,432 @@
+//! Multi-key acquire (`POST /v1/locks/acquire-all`, `x-lock-keys`): every key of
+//! the request in one grant transaction, or none.
+//!
+//! ```text
+//! compare  mod_revision(<root>/sys/epoch) == E.mod_revision      epoch unchanged
+//!          for each key d:  slot range of d empty, no holder of d above N
+//!                           (durable class: no durable waiter of d queued)
+//!                           (lock-delay class: neither guard nor delay record of d)
+//!          lease(<root>/s/<sid>) == sid                           session alive at commit
+//!          grant clock, class policy, class map, home record      as a single-key grant
+//! then     put each key's hold (lease sid), its lock-delay guard
+//! else     get each key's holders, the session, the epoch, ...   classify the refusal
+//! ```
+//!
+//! All holds are put at one commit revision, so each key's token is that
+//! revision at the cluster's epoch: a token of each key higher than any earlier
+//! one of that key (the keys share the number, never a key's history).
+//!
+//! Waiting: a multi-key waiter holds nothing while it waits (no deadlock, however
+//! the waiters' key sets overlap) and takes no place in any key's FIFO. It tries
+//! again when etcd shows a release of any of its keys, and at least once a
+//! second; single-key waiters of its keys may be granted before it
+//! (docs/GUARANTEES.md, G18).
+
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use futures::future::select_all;
+use lockmesh_core::{class::Fairness, headers::SessionId, FencingToken, KeyDigest, Reason};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    keys,
+    mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant},
+    test_faults::{self, TestFault},
+    LockError, SessionRecord, Store,
+};
+
+/// The most compares and puts, together, that one multi-key grant transaction
+/// of [`lockmesh_core::headers::MAX_KEYS`] keys may carry: etcd's default
+/// `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// Compares and puts of a grant of `keys` keys at most (each key: its slot, no
+/// holder above the limit, a durable queue, two lock-delay records, its hold,
+/// its guard; the transaction: epoch, session (compare or put), clock (compare
+/// and put), policy, map, home).
+pub const fn worst_case_ops(keys: usize) -> usize {
+    keys * 7 + 8
+}
+
+const _: () = assert!(worst_case_ops(lockmesh_core::headers::MAX_KEYS) <= MAX_TXN_OPS);
+
+enum Attempt {
+    Granted(Vec<Grant>),
+    /// Refused; `free` is, per key, the lowest slot the refusal saw free.
+    Refused {
+        reason: Reason,
+        revision: i64,
+        free: Vec<u32>,
+    },
+    EpochMoved,
+}
+
+fn internal(e: impl std::fmt::Display) -> LockError {
+    LockError::Internal(e.to_string())
+}
+
+/// The request's keys once each, in key order (the SDK and the API sort; a
+/// transaction reads the same whatever the order, but errors and answers are
+/// stable this way).
+fn digests(reqs: &[AcquireRequest]) -> Vec<KeyDigest> {
+    reqs.iter().map(|r| r.key.digest()).collect()
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Acquires every key of `reqs` (one request per key, all of one class, the
+    /// same caller, session and deadline) in one transaction, waiting up to the
+    /// deadline. The grants come back in the order of `reqs`, all with the same
+    /// token. A grant that commits after `cancel` fired is released before this
+    /// returns `Cancelled`.
+    pub async fn acquire_all(
+        self: &Arc<Self>,
+        reqs: &[AcquireRequest],
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Grant>, LockError> {
+        let first = reqs.first().ok_or_else(|| internal("a multi-key acquire without keys"))?;
+        let mut namespaces: Vec<&str> = reqs.iter().map(|r| r.key.namespace()).collect();
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        // Quotas first (`quota`): each namespace's; over one, nothing is granted.
+        let _admitted = namespaces
+            .iter()
+            .map(|ns| super::quota::admit(self, ns, first.session.is_none()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mut gs, opened) =
+            self.in_session(first, async |sid, rec| self.acquire_all_in(reqs, sid, rec, cancel).await).await?;
+        for g in &mut gs {
+            g.new_session = opened;
+        }
+        if cancel.is_cancelled() {
+            self.undo_all(reqs, &gs).await;
+            return Err(LockError::Cancelled);
+        }
+        Ok(gs)
+    }
+
+    /// Releases a multi-key grant nobody received: the session it opened, or
+    /// each key's hold by its token.
+    pub async fn undo_all(&self, reqs: &[AcquireRequest], gs: &[Grant]) {
+        match gs.first() {
+            Some(g) if g.existing => {}
+            Some(g) if g.new_session => {
+                for r in reqs.iter().filter(|r| r.class.lock_delay_s > 0) {
+                    // The revoke ends the hold: not an expiry (`delay`).
+                    self.drop_delay_guard(&r.key.digest(), g.session).await;
+                }
+                self.revoke_quietly(g.session).await;
+            }
+            _ => {
+                for (r, g) in reqs.iter().zip(gs) {
+                    self.undo(r, g).await;
+                }
+            }
+        }
+    }
+
+    async fn acquire_all_in(
+        self: &Arc<Self>,
+        reqs: &[AcquireRequest],
+        sid: SessionId,
+        mut new_record: Option<SessionRecord>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Grant>, LockError> {
+        let first = &reqs[0];
+        if new_record.is_none() {
+            // A retry whose answer was lost finds its grant; a session that holds
+            // some of the keys otherwise could only wait for itself.
+            if let Some(gs) = self.own_holds_all(reqs, sid).await? {
+                return Ok(gs);
+            }
+        }
+        let (mut epoch_moves, mut conflicts) = (0, 0);
+        let mut slots = vec![0u32; reqs.len()];
+        loop {
+            match self.try_grant_all(reqs, sid, new_record.as_ref(), &slots).await? {
+                Attempt::Granted(gs) => {
+                    if let Some(g) = gs.first().filter(|_| first.class.max_holders == 1) {
+                        let rev = i64::try_from(g.token.revision()).unwrap_or(i64::MAX);
+                        for d in digests(reqs) {
+                            self.queues().note_held(&d, rev);
+                        }
+                    }
+                    return Ok(gs);
+                }
+                Attempt::EpochMoved => {
+                    epoch_moves += 1;
+                    if epoch_moves > 3 {
+                        return Err(LockError::Unavailable("the epoch record keeps changing".into()));
+                    }
+                }
+                Attempt::Refused { reason, revision, free } => {
+                    // The failure branch wrote an opened session's record.
+                    new_record = None;
+                    slots = free;
+                    if reason == Reason::LockContended && conflicts < 4 {
+                        conflicts += 1;
+                        continue;
+                    }
+                    if first.try_once || Instant::now() >= first.deadline {
+                        return Err(LockError::Contended(reason));
+                    }
+                    match reason {
+                        Reason::LockContended => super::wait::backoff(first.deadline, cancel).await?,
+                        Reason::KeyGated | Reason::LockDelay => {
+                            self.wait_any(reqs, revision, first.deadline, cancel).await?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until etcd shows a delete under any of the keys' holds after
+    /// `revision`, the poll interval passes, or the deadline.
+    async fn wait_any(
+        &self,
+        reqs: &[AcquireRequest],
+        revision: i64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<(), LockError> {
+        let watches = digests(reqs).into_iter().map(|d| {
+            let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+            Box::pin(super::wait::delete_seen(self.client(), self.keys().holds(&d), opts))
+        });
+        let any = select_all(watches);
+        tokio::select! {
+            _ = any => Ok(()),
+            _ = tokio::time::sleep_until(super::wait::next_poll().min(deadline)) => Ok(()),
+            _ = cancel.cancelled() => Err(LockError::Cancelled),
+        }
+    }
+
+    /// Reads every key's holders once (no proposal). All held by session `sid` in
+    /// one grant: that grant, answered `existing`. Some held by `sid`: refused.
+    async fn own_holds_all(&self, reqs: &[AcquireRequest], sid: SessionId) -> Result<Option<Vec<Grant>>, LockError> {
+        let gets = digests(reqs)
+            .iter()
+            .map(|d| TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())))
+            .collect::<Vec<_>>();
+        let r = self.call_by(reqs[0].deadline, self.client().txn(Txn::new().and_then(gets))).await?;
+        let mut own: Vec<Option<KeyValue>> = Vec::with_capacity(reqs.len());
+        for (req, o) in reqs.iter().zip(r.op_responses()) {
+            let TxnOpResponse::Get(g) = o else { return Err(internal("etcd txn answered a get with another op")) };
+            own.push(
+                g.kvs()
+                    .iter()
+                    .find(|kv| kv.lease() == sid.lease() && hold_of(kv).is_some_and(|h| h.hold_id == req.hold_id))
+                    .cloned(),
+            );
+        }
+        let held = own.iter().filter(|o| o.is_some()).count();
+        if held == 0 {
+            return Ok(None);
+        }
+        let revs: Vec<i64> = own.iter().flatten().map(KeyValue::create_revision).collect();
+        if held == reqs.len() && revs.windows(2).all(|w| w[0] == w[1]) {
+            let mut gs = Vec::with_capacity(reqs.len());
+            for (req, kv) in reqs.iter().zip(own.iter().flatten()) {
+                let epoch = hold_of(kv).map_or(0, |h| h.epoch);
+                gs.push(existing_grant(req, sid, kv, epoch)?);
+            }
+            return Ok(Some(gs));
+        }
+        Err(LockError::BadKeys(format!(
+            "{}: this session already holds {held} of these {} keys by other grants: release those, or send the others",
+            lockmesh_core::headers::KEYS,
+            reqs.len()
+        )))
+    }
+
+    /// One grant transaction for every key of `reqs`, into slot `slots[i]` of
+    /// key i (the lowest free one the last refusal saw).
+    async fn try_grant_all(
+        &self,
+        reqs: &[AcquireRequest],
+        sid: SessionId,
+        new_record: Option<&SessionRecord>,
+        slots: &[u32],
+    ) -> Result<Attempt, LockError> {
+        self.unsealed()?;
+        let ep = self.epoch_state().await?;
+        if let Some(why) = &ep.sealed {
+            return Err(LockError::Sealed(why.clone()));
+        }
+        let first = &reqs[0];
+        // Every key's class as the authoritative map gives it; the first key's
+        // compares cover all of them (one class map record, one class policy).
+        let gate = self.policy_gate(first).await?;
+        for r in &reqs[1..] {
+            self.policy_gate(r).await?;
+        }
+        let (floor, clock) = (self.seal().revision_floor(), self.seal().clock_floor(ep.epoch));
+        let (k, n) = (self.keys(), gate.limit.max(1));
+        let ds = digests(reqs);
+        let lease = PutOptions::new().with_lease(sid.lease());
+        let sess_key = k.session(sid);
+        let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
+        let delay = if n == 1 { first.class.lock_delay_s } else { 0 };
+        let fair = if first.class.fairness == Fairness::Durable { Fair::Arrival } else { Fair::Memory };
+        let mut when = vec![Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision)];
+        let (mut then, mut els, mut delay_reads) = (Vec::new(), Vec::new(), Vec::new());
+        let mut holds = Vec::with_capacity(reqs.len());
+        let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
+        for (i, (req, d)) in reqs.iter().zip(&ds).enumerate() {
+            let slot = slots.get(i).copied().unwrap_or(0).min(n - 1);
+            let name = k.slot(d, slot);
+            if !first_only || i == 0 {
+                // PLANTED BUG (multi-key scenario) when only the first key is compared.
+                when.push(Compare::create_revision(name.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, slot + 1)));
+                when.push(
+                    Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0)
+                        .with_range(keys::prefix_end(&k.holds(d))),
+                );
+            }
+            when.extend(fair.compares(k, d));
+            then.push(TxnOp::put(name.as_str(), hold_record(req, ep.epoch, 1, Some(count))?, Some(lease.clone())));
+            holds.push(name);
+            if delay > 0 {
+                let (cmp, put, reads) = self.delay_grant_ops(d, sid);
+                when.extend(cmp);
+                then.push(put);
+                delay_reads.extend(reads);
+            }
+            els.push(TxnOp::get(k.holds(d), Some(GetOptions::new().with_prefix())));
+        }
+        match new_record {
+            Some(rec) => {
+                let v = serde_json::to_vec(rec).map_err(internal)?;
+                then.push(TxnOp::put(sess_key.as_str(), v.clone(), Some(lease.clone())));
+                els.push(TxnOp::put(sess_key.as_str(), v, Some(lease.clone())));
+            }
+            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
+        }
+        els.push(TxnOp::get(sess_key.as_str(), None));
+        els.push(TxnOp::get(k.epoch(), None));
+        if let Some(c) = clock {
+            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
+            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
+            els.push(TxnOp::get(k.clock(), None));
+        }
+        els.extend(delay_reads);
+        when.extend(gate.compares());
+        els.extend(gate.reads());
+        debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
+        let txn = Txn::new().when(when).and_then(then).or_else(els);
+        let r = self.call_by(first.deadline, self.client().txn(txn)).await?;
+        let revision = self.settle(&ep, floor, clock, &r, &holds).await?;
+        if r.succeeded() {
+            for (req, name) in reqs.iter().zip(&holds) {
+                self.ledger().note_hold(name.as_bytes(), revision, req.key.namespace());
+            }
+            if new_record.is_some() {
+                self.ledger().note_session(sess_key.as_bytes(), revision, first.key.namespace());
+            }
+            let rev = u64::try_from(revision).unwrap_or(u64::MAX);
+            let token = match FencingToken::mint(ep.epoch, rev) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.take_back(&holds, revision).await;
+                    return Err(LockError::Sealed(e.to_string()));
+                }
+            };
+            let grant = |req: &AcquireRequest| Grant {
+                token,
+                session: sid,
+                ttl_s: req.class.ttl_s,
+                class: req.class.name.to_string(),
+                existing: false,
+                new_session: false,
+                permits: 1,
+            };
+            return Ok(Attempt::Granted(reqs.iter().map(grant).collect()));
+        }
+        let ops = r.op_responses();
+        let mut gets = ops.iter().filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let holders: Vec<_> = gets.by_ref().take(reqs.len()).collect();
+        let (Some(sess), Some(epoch)) = (gets.next(), gets.next()) else {
+            return Err(internal("etcd txn failure branch without the expected reads"));
+        };
+        if holders.len() != reqs.len() {
+            return Err(internal("etcd txn failure branch without every key's holders"));
+        }
+        if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
+            self.forget_epoch();
+            return Ok(Attempt::EpochMoved);
+        }
+        if let Some(c) = clock {
+            let at = gets.next().and_then(|g| g.kvs().first().map(KeyValue::mod_revision)).unwrap_or(0);
+            if at < c {
+                let why = format!("grant clock {at} below mark {c}");
+                self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
+                return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
+            }
+        }
+        // Per key: whether a guard or a delay record is left (`delay`).
+        let delay_kept: Vec<bool> = if delay > 0 {
+            (0..reqs.len())
+                .map(|_| {
+                    let (guard, record) = (gets.next(), gets.next());
+                    guard.is_some_and(|g| !g.kvs().is_empty()) || record.is_some_and(|r| !r.kvs().is_empty())
+                })
+                .collect()
+        } else {
+            vec![false; reqs.len()]
+        };
+        if self.policy_moved(&gate, &ops) {
+            return Ok(Attempt::EpochMoved);
+        }
+        if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {
+            self.forget_session(sid).await;
+            return Err(LockError::SessionExpired);
+        }
+        let revision = r.header().map_or(0, |h| h.revision());
+        let mut gated = false;
+        let mut free = Vec::with_capacity(reqs.len());
+        for (((req, d), h), kept) in reqs.iter().zip(&ds).zip(&holders).zip(&delay_kept) {
+            // Its own hold appearing since the first read (a concurrent request on
+            // the same session) occupies the key like any other.
+            if let Some(Err(e)) = self.classify_holders(req, sid, h.kvs()) {
+                return Err(e);
+            }
+            if *kept && h.kvs().is_empty() {
+                // No holder and a lock-delay record: turned into the delay here if
+                // no arbiter has yet (`delay`).
+                if self.delay_left(d, delay).await?.is_some() {
+                    return Ok(Attempt::Refused { reason: Reason::LockDelay, revision, free: slots.to_vec() });
+                }
+            }
+            let taken: Vec<u32> = h.kvs().iter().filter_map(|kv| k.slot_of(kv.key())).collect();
+            let within = h.kvs().iter().all(|kv| kv.key() < k.slot(d, n).as_bytes());
+            match (0..n).find(|s| !taken.contains(s)) {
+                Some(s) if within => free.push(s),
+                _ => {
+                    gated = true;
+                    free.push(0);
+                }
+            }
+        }
+        let reason = if gated { Reason::KeyGated } else { Reason::LockContended };
+        Ok(Attempt::Refused { reason, revision, free })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sixteen_keys_stay_within_etcds_default_max_txn_ops() {
+        let max = lockmesh_core::headers::MAX_KEYS;
+        assert!(worst_case_ops(max) <= MAX_TXN_OPS, "{} ops", worst_case_ops(max));
+        assert!(worst_case_ops(max + 3) > MAX_TXN_OPS, "the bound is near the limit, not far below it");
+    }
+}
