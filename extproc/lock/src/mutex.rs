@@ -553,7 +553,11 @@ impl Store {
         };
         // k permits (`x-lock-permits`, all N for an exclusive hold): k slots in this
         // one transaction. More than the limit can never be granted.
-        let want = req.permits.of(n);
+        let want = if test_faults::on(TestFault::ExclusiveOneSlot) && req.permits == Permits::All {
+            1 // PLANTED BUG (release gate): an exclusive hold of one slot.
+        } else {
+            req.permits.of(n)
+        };
         if want > n.min(lockmesh_core::headers::MAX_PERMITS) {
             return Err(LockError::PermitsAboveLimit {
                 asked: want,

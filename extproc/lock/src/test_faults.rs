@@ -117,6 +117,9 @@ pub enum TestFault {
     /// A multi-key grant (`lock::multi`) compares only its first key free: the
     /// others are put over any holder (`tests/tests/scenarios/multikey.rs`).
     MultiKeyFirstOnly,
+    /// An exclusive hold (`x-lock-mode: exclusive`) takes one slot instead of all
+    /// N (`lock::mutex`): a writer beside readers (the gate's `writer_alone`).
+    ExclusiveOneSlot,
 }
 
 #[cfg(feature = "test-faults")]
@@ -155,6 +158,7 @@ impl TestFault {
             "oldest_hold_newest" => Some(Self::OldestHoldNewest),
             "console_history_lag" => Some(Self::ConsoleHistoryLag),
             "multi_key_first_only" => Some(Self::MultiKeyFirstOnly),
+            "exclusive_one_slot" => Some(Self::ExclusiveOneSlot),
             _ => None,
         }
     }

@@ -6,13 +6,15 @@
 //! | `fence_monotonic` | store writes, arrival order | per resource, each accepted token is above every token accepted before (strict rule) |
 //! | `fence_genuine` | store writes × etcd | each accepted token is a committed grant of the route's lock key |
 //! | `holders_within_limit` | etcd, per segment | never more than N committed, unclosed holds of a key (N = 1 for a mutex; from its commit on, the limit of the class's authoritative policy record) |
+//! | `writer_alone` | etcd | a read-write lock's exclusive grant (hold record `mode: exclusive`) is never open beside another grant of its key, shared or exclusive (the grant's own slots are one grant) |
 //! | `durable_order_kept` | etcd | a grant of a durable-fairness key commits only with no older waiter key queued: the oldest waiter's grant (deleting its own waiter key), or an arrival while none waits |
 //! | `lock_delay_kept` | etcd | a key of a class with a lock-delay is granted neither while its lock-delay record exists nor after a hold a client was answered with ended by an expiry or a force release with no lock-delay record since |
 //! | `restore_serves_new_epoch` | etcd × client acquires | after a restore (bumped or not), no grant handed to a client carries an epoch that a grant before it carried: the restore is sealed until its epoch advance |
 //! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
 //! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
 //! | `deleted_hold_accounted` | etcd × client acquires | every deleted hold was released by its own holder (a marker naming it), expired or closed with its session (its session record deleted in the same revision), force-released on the record (`<root>/f/<digest>` in the same revision) or purged by an epoch advance; the one other delete allowed is an arbiter taking back a grant no client was answered with |
-//! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores |
+//! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores (a campaign is an acquire, a resign a release) |
+//! | `leader_on_own_session` | client campaigns × etcd | a campaign answered leadership holds it on the session it campaigned with, never on one it did not open (etcd's phantom leadership) |
 //! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
 //! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
 //! | `transparent_forwarded_under_grant` | upstream requests × etcd | every request a transparent holder's sidecar forwarded carried a token of a committed grant of its key |
@@ -117,6 +119,8 @@ struct Grant {
     token: u64,
     /// The lease its hold was put on (its session's).
     lease: i64,
+    /// A read-write lock's exclusive hold (all of the key's slots).
+    exclusive: bool,
     observed_us: u64,
     /// When its hold was deleted (observed), if it was.
     closed_us: Option<u64>,
@@ -287,7 +291,7 @@ fn parse_kind<'a>(root: &str, key: &'a str) -> Option<(&'static str, &'a str)> {
 fn handed_out(h: &History) -> HandedOut<'_> {
     h.ops
         .iter()
-        .filter(|o| o.op == "acquire" && o.outcome == Outcome::Ok)
+        .filter(|o| o.asks_grant() && o.outcome == Outcome::Ok)
         .filter_map(|o| Some((o.key.as_str(), o.token?)))
         .collect()
 }
@@ -429,6 +433,7 @@ fn apply_txn(
                     epoch: hv.epoch,
                     token: token_of(hv.epoch, e.create_revision),
                     lease: e.lease,
+                    exclusive: hv.mode.as_deref() == Some("exclusive"),
                     observed_us: e.observed_us,
                     closed_us: None,
                     close: None,
@@ -472,6 +477,7 @@ fn apply_txn(
                 if h.is_durable(&hv.key) {
                     durable_order(h, (si, e), &hv.key, digest, &left, st, v);
                 }
+                writer_alone(&hv.key, (si, e), &open, grants, v);
                 if open.len() > limit {
                     let first = open.iter().map(|gi| grants[*gi].revision).min().unwrap_or(e.revision);
                     let mut toks: Vec<u64> = open.iter().map(|gi| grants[*gi].token).collect();
@@ -583,7 +589,39 @@ fn apply_txn(
     Ok(())
 }
 
-/// `lock_delay_kept` at the grant `e` of `key`, of a class with a lock-delay: no
+/// `writer_alone` at the put `e` of a hold of `key` (`open`: the key's open holds
+/// after it, indices into `grants`): a read-write lock's exclusive grant is never
+/// beside another grant of the key, shared or exclusive. A grant's slots share
+/// its revision; checked once per grant, at its first slot.
+fn writer_alone(key: &str, (si, e): (usize, &EtcdEvent), open: &[usize], grants: &[Grant], v: &mut Vec<Violation>) {
+    if open.iter().filter(|gi| grants[**gi].revision == e.revision).count() != 1 {
+        return;
+    }
+    let mut by_grant: BTreeMap<i64, (bool, u64)> = BTreeMap::new();
+    for gi in open {
+        let g = &grants[*gi];
+        by_grant.insert(g.revision, (g.exclusive, g.token));
+    }
+    if by_grant.len() < 2 || !by_grant.values().any(|(x, _)| *x) {
+        return;
+    }
+    let describe: Vec<String> =
+        by_grant.values().map(|(x, t)| format!("{t} ({})", if *x { "exclusive" } else { "shared" })).collect();
+    let first = by_grant.keys().next().copied().unwrap_or(e.revision);
+    v.push(Violation {
+        check: "writer_alone",
+        explanation: format!(
+            "{key} has an exclusive grant beside another at revision {}: open grants {}",
+            e.revision,
+            describe.join(", ")
+        ),
+        segment: si,
+        revisions: (first, e.revision),
+        time_us: (e.observed_us, e.observed_us),
+    });
+}
+
+/// `lock_delay_kept` at the grant `e` of `key`/// `lock_delay_kept` at the grant `e` of `key`, of a class with a lock-delay: no
 /// lock-delay record of the key exists at the commit, and its last hold did not
 /// end by an expiry or a force release with no record written since (the delay
 /// is owed). Exact over revisions; how long the record lived is etcd's lease.
@@ -798,7 +836,7 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
             ix.iter().rev().find(|&&i| grants[i].observed_us <= op.ret_us + 1_000_000).or(ix.last()).copied()
         });
         match op.op.as_str() {
-            "acquire" => {
+            _ if op.asks_grant() => {
                 let Some(gi) = g else {
                     v.push(Violation {
                         check: "tokens_increase",
@@ -825,9 +863,26 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
                     });
                 }
                 let gr = &grants[gi];
+                // A campaign names its session: the leadership must be on it, never
+                // on one the campaigner did not open (etcd's phantom leadership).
+                if let Some(sent) = op.session.as_deref().filter(|_| op.op == "campaign") {
+                    let on = format!("{:016x}", gr.lease);
+                    if on != sent {
+                        v.push(Violation {
+                            check: "leader_on_own_session",
+                            explanation: format!(
+                                "{} campaigned for {} on session {sent} and was answered leadership {t}, whose hold is on session {on}",
+                                op.process, op.key
+                            ),
+                            segment: gr.segment,
+                            revisions: (gr.revision, gr.revision),
+                            time_us: (op.call_us, op.ret_us),
+                        });
+                    }
+                }
                 handed.entry((op.key.as_str(), gr.cluster)).or_default().push((gr.segment, gr.revision, t, op.ret_us));
             }
-            "release" => {
+            _ if op.ends_grant() => {
                 if let Some(closed) = g.and_then(|gi| grants[gi].closed_us) {
                     if closed < op.call_us {
                         v.push(Violation {
@@ -877,7 +932,7 @@ fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Res
     for &(start, end) in &h.quorum_loss {
         for op in &h.ops {
             b.tick("quorum_loss")?;
-            let renewing = op.op == "acquire" || op.op == "keepalive";
+            let renewing = op.asks_grant() || op.op == "keepalive";
             if renewing && op.outcome == Outcome::Ok && op.call_us >= start + QUORUM_LOSS_GRACE_US && op.ret_us <= end {
                 v.push(Violation {
                     check: "quorum_loss_grants_nothing",

@@ -65,6 +65,13 @@ pub(crate) const TRANSPARENT_LONG_MS: u64 = GATE_TTL_S * 1000 + 600;
 
 /// Lock-key prefix of the gate's durable-fairness mutex keys (advisory).
 pub const DURABLE_PREFIX: &str = "payments/gate/dur";
+/// Prefix of the read-write keys (class `gaterw`, [`RW_N`] slots: a shared hold
+/// takes one, an exclusive hold all).
+pub const RW_PREFIX: &str = "payments/gate/rw";
+/// Slots of a read-write key.
+pub(crate) const RW_N: usize = 3;
+/// Prefix of the election keys (class `gatelead`, a mutex that fails closed).
+pub const LEAD_PREFIX: &str = "payments/gate/lead";
 /// The class of the semaphore keys, whose limit a `policy_change` lowers.
 pub(crate) const SEM_CLASS: &str = "gatesem";
 /// The limit a `policy_change` lowers the semaphore class to.
@@ -87,6 +94,10 @@ classes:
   - {{ name: gatedur, prefixes: ["{DURABLE_PREFIX}"], ttl_s: {GATE_TTL_S}, fairness: durable, enforcement: advisory,
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
   - {{ name: gatet, prefixes: ["{TRANSPARENT_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: gaterw, prefixes: ["{RW_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {RW_N}, enforcement: advisory,
+      risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatelead, prefixes: ["{LEAD_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
       waiver_expiry: "2099-12-31" }}
 "#
     )
@@ -137,6 +148,16 @@ pub struct GateOptions {
     /// Planted bugs of `lockctl shard apply` (`test_faults` of the config it is
     /// given, e.g. `skip_move_epoch_advance`); sets `LOCKMESH_TEST_FAULTS=1` for it.
     pub move_faults: Vec<String>,
+    /// Read-write keys (`payments/gate/rw/<i>`).
+    pub rw_keys: usize,
+    /// Read-write holders ([`GateCluster::spawn_workload`]: `w0`, ..): shared
+    /// holds, and exclusive ones one time in three.
+    pub rw_holders: usize,
+    /// Election keys (`payments/gate/lead/<i>`).
+    pub elections: usize,
+    /// Campaigners ([`GateCluster::spawn_workload`]: `e0`, ..): campaign on a
+    /// session of their own, lead, resign.
+    pub campaigners: usize,
 }
 
 /// An entity shard of a run with shards: its etcd, recorder and clock ticks.
@@ -224,6 +245,10 @@ impl GateOptions {
             clock_steps: true,
             shards: Vec::new(),
             move_faults: Vec::new(),
+            rw_keys: 1,
+            rw_holders: 3,
+            elections: 1,
+            campaigners: 2,
         }
     }
 
@@ -381,6 +406,28 @@ impl GateCluster {
         (0..self.opts.transparent_keys).map(|i| format!("{TRANSPARENT_PREFIX}/{i}")).collect()
     }
 
+    /// The read-write keys.
+    pub fn rw_keys(&self) -> Vec<String> {
+        (0..self.opts.rw_keys).map(|i| format!("{RW_PREFIX}/{i}")).collect()
+    }
+
+    /// The election keys.
+    pub fn election_keys(&self) -> Vec<String> {
+        (0..self.opts.elections).map(|i| format!("{LEAD_PREFIX}/{i}")).collect()
+    }
+
+    /// Starts a read-write holder (`holder --rw`) on `keys`.
+    pub fn spawn_rw_holder(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, false, None, &["--rw".to_owned()])
+    }
+
+    /// Starts a campaigner (`holder --campaign`) on the elections `keys`.
+    pub fn spawn_campaigner(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, false, None, &["--campaign".to_owned()])
+    }
+
     /// The durable-fairness keys.
     pub fn durable_keys(&self) -> Vec<String> {
         (0..self.opts.durable_keys).map(|i| format!("{DURABLE_PREFIX}/{i}")).collect()
@@ -496,6 +543,18 @@ impl GateCluster {
         if !t.is_empty() {
             for i in 0..self.opts.transparent_holders {
                 self.spawn_transparent_holder(&format!("t{i}"), &t)?;
+            }
+        }
+        let rw = self.rw_keys();
+        if !rw.is_empty() {
+            for i in 0..self.opts.rw_holders {
+                self.spawn_rw_holder(&format!("w{i}"), &rw)?;
+            }
+        }
+        let lead = self.election_keys();
+        if !lead.is_empty() {
+            for i in 0..self.opts.campaigners {
+                self.spawn_campaigner(&format!("e{i}"), &lead)?;
             }
         }
         Ok(())
@@ -754,7 +813,7 @@ impl GateCluster {
         }
         Ok(History {
             root: self.root.clone(),
-            limits: vec![(SEM_PREFIX.to_owned(), SEM_N)],
+            limits: vec![(SEM_PREFIX.to_owned(), SEM_N), (RW_PREFIX.to_owned(), RW_N)],
             classes: vec![(SEM_PREFIX.to_owned(), SEM_CLASS.to_owned())],
             durable: vec![DURABLE_PREFIX.to_owned()],
             delayed: vec![MUTEX_PREFIX.to_owned()],

@@ -54,7 +54,8 @@ pub enum Outcome {
 pub struct ClientOp {
     /// The holder process (`h0`, `s1`, ...).
     pub process: String,
-    /// `acquire`, `write`, `keepalive`, `release` or `close`; an SDK holder also
+    /// `acquire`, `write`, `keepalive`, `release` or `close` (a campaigner's
+    /// `campaign` and `resign` are an acquire and a release); an SDK holder also
     /// records `valid` (its claim, [`ClientOp::valid_until_us`]) and `fenced` (its
     /// fence callback ran for the session of `token`'s hold).
     pub op: String,
@@ -81,6 +82,23 @@ pub struct ClientOp {
     /// (`sdk_deadline_conservative`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub valid_until_us: Option<u64>,
+    /// The session the op named (`x-lock-session`, 16 hex digits), when the
+    /// checker compares it: a campaign's (`leader_on_own_session`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+impl ClientOp {
+    /// An op that asks for a grant: an `acquire`, or a `campaign` (an acquire of
+    /// an election's key).
+    pub fn asks_grant(&self) -> bool {
+        self.op == "acquire" || self.op == "campaign"
+    }
+
+    /// An op that ends a grant by its token: a `release`, or a `resign`.
+    pub fn ends_grant(&self) -> bool {
+        self.op == "release" || self.op == "resign"
+    }
 }
 
 /// The name of the coord cluster (the arbiters' `etcd:`), whose history is
@@ -247,6 +265,9 @@ pub struct HoldValue {
     pub key: String,
     /// The epoch of the grant.
     pub epoch: u64,
+    /// A read-write hold's mode (`shared`, `exclusive`), if its acquire named one.
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 /// A release marker (`<root>/r/<digest>`, `lockmesh_keyspace::ReleaseMarker`).

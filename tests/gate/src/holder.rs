@@ -67,6 +67,15 @@ pub struct HolderArgs {
     /// upstream, past the class TTL, so its hold must be renewed; 0: none.
     #[arg(long, default_value_t = 0)]
     pub long_ms: u64,
+    /// Read-write mode: each acquire names `x-lock-mode`, `exclusive` one time in
+    /// three, else `shared` (the keys are of a class with N holders).
+    #[arg(long)]
+    pub rw: bool,
+    /// Election mode: each round opens a session, campaigns on it (op
+    /// `campaign`, proclaiming `<name>-<round>`), leads for up to `work_ms`,
+    /// resigns (op `resign`) and closes the session.
+    #[arg(long)]
+    pub campaign: bool,
 }
 
 /// How long a transparent holder waits for its request: the grant wait, a long
@@ -117,6 +126,9 @@ pub async fn run(args: HolderArgs) -> Result<()> {
         if h.args.transparent {
             n += 1;
             h.transparent_round(n).await;
+        } else if h.args.campaign {
+            n += 1;
+            h.campaign_round(n).await;
         } else if sdk.is_empty() {
             h.round().await;
         } else {
@@ -146,6 +158,7 @@ fn sdk_clients(args: &HolderArgs, out: &Out) -> Result<Vec<lockmesh_client::Clie
                 code: Some(ev.reason.as_str().to_owned()),
                 skew_ms: clock_skew_ms(),
                 valid_until_us: None,
+                session: None,
             });
         })
         .map_err(|e| anyhow::anyhow!("SDK client for port {port}: {e}"))?;
@@ -162,6 +175,19 @@ impl Holder {
     }
 
     fn record(&mut self, op: &str, key: &str, token: Option<u64>, call_us: u64, res: (Outcome, u16, Option<String>)) {
+        self.record_on(op, key, token, call_us, res, None);
+    }
+
+    /// [`Holder::record`] of an op that named `session`.
+    fn record_on(
+        &mut self,
+        op: &str,
+        key: &str,
+        token: Option<u64>,
+        call_us: u64,
+        res: (Outcome, u16, Option<String>),
+        session: Option<String>,
+    ) {
         let (outcome, status, code) = res;
         let rec = ClientOp {
             process: self.args.name.clone(),
@@ -175,6 +201,7 @@ impl Holder {
             code,
             skew_ms: clock_skew_ms(),
             valid_until_us: None,
+            session,
         };
         self.out.write(&rec);
     }
@@ -222,6 +249,7 @@ impl Holder {
                 code: None,
                 skew_ms: clock_skew_ms(),
                 valid_until_us: Some(call.saturating_add(left)),
+                session: None,
             });
         }
         if guard.can_start() {
@@ -336,8 +364,12 @@ impl Holder {
             keys[rand::random_range(0..keys.len())].clone()
         };
         let call = now_us();
-        let (o, st, code, json) =
-            self.call("/v1/locks/acquire", &[("x-lock-key", &key), ("x-lock-wait-ms", "2000")]).await;
+        let mode = if rand::random_range(0..3) == 0 { "exclusive" } else { "shared" };
+        let mut ask = vec![("x-lock-key", key.as_str()), ("x-lock-wait-ms", "2000")];
+        if self.args.rw {
+            ask.push(("x-lock-mode", mode));
+        }
+        let (o, st, code, json) = self.call("/v1/locks/acquire", &ask).await;
         let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
         self.record("acquire", &key, token, call, (o, st, code));
         let (Outcome::Ok, Some(token)) = (o, token) else {
@@ -362,6 +394,50 @@ impl Holder {
         let call = now_us();
         let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
         self.record("close", &key, Some(token), call, (o, st, code));
+    }
+}
+
+impl Holder {
+    /// One election round (see [`HolderArgs::campaign`]).
+    async fn campaign_round(&mut self, n: u64) {
+        let key = {
+            let keys = &self.args.keys;
+            keys[rand::random_range(0..keys.len())].clone()
+        };
+        let call = now_us();
+        let (o, st, code, json) = self.call("/v1/sessions", &[("x-lock-key", &key)]).await;
+        let session = json["session"].as_str().unwrap_or_default().to_owned();
+        if o != Outcome::Ok || session.is_empty() {
+            self.record("open", &key, None, call, (o, st, code));
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+            return;
+        }
+        let value = format!("{}-{n}", self.args.name);
+        let call = now_us();
+        let ask = [
+            ("x-lock-key", key.as_str()),
+            ("x-lock-session", session.as_str()),
+            ("x-lock-wait-ms", "2000"),
+            ("x-lock-value", value.as_str()),
+        ];
+        let (o, st, code, json) = self.call("/v1/elections/campaign", &ask).await;
+        let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        self.record_on("campaign", &key, token, call, (o, st, code), Some(session.clone()));
+        if let (Outcome::Ok, Some(token)) = (o, token) {
+            let work = rand::random_range(0..=self.args.work_ms);
+            tokio::time::sleep(Duration::from_millis(work)).await;
+            let tok = token.to_string();
+            let call = now_us();
+            let hs =
+                [("x-lock-key", key.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+            let (o, st, code, _) = self.call("/v1/elections/resign", &hs).await;
+            self.record_on("resign", &key, Some(token), call, (o, st, code), Some(session.clone()));
+        } else {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+        }
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+        self.record("close", &key, token, call, (o, st, code));
     }
 }
 

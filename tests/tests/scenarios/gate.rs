@@ -29,6 +29,8 @@ fn small(name: &str) -> GateOptions {
         sdk_holders: 0,
         durable_holders: 0,
         transparent_holders: 0,
+        rw_holders: 0,
+        campaigners: 0,
         ..GateOptions::gate(name)
     }
 }
@@ -107,6 +109,12 @@ async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     assert!(by('d', "acquire") > 3, "the durable holders ran");
     let events = || h.segments.iter().flat_map(|s| &s.events);
     let waiters = format!("{}/q/", h.root);
+    // Read-write holders took exclusive holds beside shared ones (issue 22), and
+    // campaigners led and resigned.
+    let exclusive = events().filter(|e| e.put && e.value.contains(r#""mode":"exclusive""#)).count();
+    let shared = events().filter(|e| e.put && e.value.contains(r#""mode":"shared""#)).count();
+    assert!(exclusive > 0 && shared > 3, "the read-write holders ran: {exclusive} exclusive, {shared} shared");
+    assert!(by('e', "campaign") > 3 && by('e', "resign") > 3, "the campaigners led and resigned");
     assert!(events().any(|e| e.put && e.key.starts_with(&waiters)), "no durable waiter ever queued");
     // Transparent requests reached the upstream through the sidecar, long ones
     // (past the TTL) were answered under their renewed holds, and one request at
@@ -345,6 +353,8 @@ async fn stepped_clocks_of_holders_and_arbiters_break_neither_fencing_nor_the_li
         envoy_per_arbiter: true,
         mutex_keys: 1,
         sem_keys: 1,
+        rw_holders: 0,
+        campaigners: 0,
         ..GateOptions::gate("clock-steps")
     };
     let mut g = GateCluster::start(opts).await.unwrap();
@@ -495,6 +505,7 @@ async fn planted_stale_session_ttl_is_caught_by_the_sdk_claims_across_a_ttl_chan
                 code: None,
                 skew_ms: 0,
                 valid_until_us: None,
+                session: None,
             });
             let v = check(&h, CHECK_BUDGET);
             if !v.passed() {
@@ -624,6 +635,8 @@ fn rebalance(name: &str, move_faults: &[&str]) -> GateOptions {
         sdk_holders: 0,
         durable_holders: 0,
         transparent_holders: 0,
+        rw_holders: 0,
+        campaigners: 0,
         move_faults: move_faults.iter().map(|f| (*f).to_owned()).collect(),
         ..GateOptions::rebalance(name)
     }
@@ -836,6 +849,149 @@ async fn planted_skipped_lock_delay_is_caught_after_a_paused_holder() {
             let delays = format!("{}/d/", h.root);
             let events = || h.segments.iter().flat_map(|s| &s.events);
             assert!(events().any(|e| e.put && e.key.starts_with(&delays)), "control: no lock-delay record was written");
+        }
+    }
+}
+
+/// The read-write workload (issue 22): six holders on one read-write key (3
+/// slots; shared holds, exclusive one time in three) through two Envoys on two
+/// arbiters. With `exclusive_one_slot` planted (an exclusive hold takes one slot,
+/// not all three) a writer stands beside readers while the slots held stay
+/// within the limit, which `holders_within_limit` cannot see: `writer_alone`
+/// must. The control passes, with exclusive grants made.
+#[tokio::test]
+async fn planted_exclusive_hold_of_one_slot_is_caught_beside_readers() {
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "exclusive_one_slot"),
+            arbiters: 2,
+            envoys: 2,
+            envoy_per_arbiter: true,
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            ..small("plant-rw")
+        };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        let keys = g.rw_keys();
+        for i in 0..6 {
+            g.spawn_rw_holder(&format!("w{i}"), &keys).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let (h, v) = finish_checked(&g, "fault schedule:").await;
+        if bug {
+            assert_caught(&v, "writer_alone");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let exclusive = h
+                .segments
+                .iter()
+                .flat_map(|s| &s.events)
+                .filter(|e| e.put && e.create_revision == e.revision && e.value.contains(r#""mode":"exclusive""#))
+                .map(|e| e.revision)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            assert!(exclusive >= 3, "the control granted {exclusive} exclusive holds");
+        }
+    }
+}
+
+/// The election workload (issue 22): a campaigner whose session expires while it
+/// waits must not lead. With `campaign_after_session_loss` planted the arbiter
+/// campaigns on with a session of its own and answers leadership on it:
+/// `leader_on_own_session` must catch it from the campaign's answer and etcd's
+/// history. The control answers the campaign `session_expired` and passes.
+/// Campaigners (`e0`, `e1`) then contend on the key, checked with the rest.
+#[tokio::test]
+async fn planted_campaign_after_session_loss_is_caught_as_a_leadership_on_another_session() {
+    const CAMPAIGN: &str = "/v1/elections/campaign";
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "campaign_after_session_loss"),
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            ..small("plant-elect")
+        };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        let key = g.election_keys()[0].clone();
+        let (l, p) = (client(&g, "l", 0), client(&g, "p", 0));
+        let open = |c: &LockClient| {
+            let (c, key) = (c.clone(), key.clone());
+            async move {
+                let r = c.post("/v1/sessions", &[("x-lock-key", key.as_str())]).await.unwrap();
+                assert_eq!(r.code(), 200, "{}", r.body);
+                r.json["session"].as_str().unwrap().to_owned()
+            }
+        };
+        // L leads and renews; P waits on a session nobody renews (TTL 3 s).
+        let sl = open(&l).await;
+        let led = l.post(CAMPAIGN, &[("x-lock-key", &key), ("x-lock-session", &sl)]).await.unwrap();
+        assert_eq!(led.code(), 200, "{}", led.body);
+        let renew = {
+            let (l, sl) = (l.clone(), sl.clone());
+            tokio::spawn(async move {
+                loop {
+                    let _ = l.post("/v1/sessions/keepalive", &[("x-lock-session", &sl)]).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        let sp = open(&p).await;
+        let call = lockmesh_gate::history::now_us();
+        let waiter = {
+            let (p, sp, key) = (p.clone(), sp.clone(), key.clone());
+            tokio::spawn(async move {
+                p.post(CAMPAIGN, &[("x-lock-key", &key), ("x-lock-session", &sp), ("x-lock-wait-ms", "5000")])
+                    .await
+                    .unwrap()
+            })
+        };
+        // P's session lapses (3 s TTL) while it waits; then L resigns, a second
+        // before P's wait ends (the gate's longest wait is 5 s).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        renew.abort();
+        let t = led.json["token"].as_str().unwrap();
+        let resigned = l
+            .post("/v1/elections/resign", &[("x-lock-key", &key), ("x-lock-token", t), ("x-lock-session", &sl)])
+            .await
+            .unwrap();
+        assert_eq!(resigned.code(), 200, "{}", resigned.body);
+        let answer = tokio::time::timeout(Duration::from_secs(15), waiter).await.unwrap().unwrap();
+        // Then the election workload contends on the key for a while.
+        g.spawn_campaigner("e0", std::slice::from_ref(&key)).unwrap();
+        g.spawn_campaigner("e1", std::slice::from_ref(&key)).unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let mut h = g.finish().await.unwrap();
+        let code = answer.header("x-lockmesh-error").map(str::to_owned);
+        h.ops.push(ClientOp {
+            process: "p".into(),
+            op: "campaign".into(),
+            key: key.clone(),
+            token: answer.json["token"].as_str().and_then(|t| t.parse().ok()),
+            call_us: call,
+            ret_us: lockmesh_gate::history::now_us(),
+            outcome: if answer.code() == 200 { Outcome::Ok } else { Outcome::Fail },
+            status: answer.code(),
+            code,
+            skew_ms: 0,
+            valid_until_us: None,
+            session: Some(sp.clone()),
+        });
+        let v = check(&h, CHECK_BUDGET);
+        let campaigns = h.ops.iter().filter(|o| o.op == "campaign" && o.outcome == Outcome::Ok).count();
+        assert!(campaigns > 3, "the campaigners campaigned: {campaigns}");
+        if bug {
+            assert_eq!(answer.code(), 200, "the planted arbiter makes P leader: {}", answer.body);
+            assert_caught(&v, "leader_on_own_session");
+        } else {
+            assert_eq!(
+                (answer.code(), answer.header("x-lockmesh-error")),
+                (410, Some("session_expired")),
+                "{}",
+                answer.body
+            );
+            assert!(v.passed(), "control: {}", v.explain());
         }
     }
 }

@@ -107,7 +107,7 @@ pub(super) fn check(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<V
     let mut answered: HashMap<usize, u64> = HashMap::new();
     for op in &h.ops {
         b.tick("homes")?;
-        let (Some(t), true, Outcome::Ok) = (op.token, op.op == "acquire", op.outcome) else { continue };
+        let (Some(t), true, Outcome::Ok) = (op.token, op.asks_grant(), op.outcome) else { continue };
         // A token several grants carry (never, unless a restore reused an epoch) links none.
         if let Some([gi]) = by_token.get(&(op.key.as_str(), t)).map(Vec::as_slice) {
             let at = answered.entry(*gi).or_insert(op.ret_us);
@@ -337,6 +337,7 @@ mod tests {
             code: None,
             skew_ms: 0,
             valid_until_us: None,
+            session: None,
         }
     }
 

@@ -80,6 +80,7 @@ mod tests {
             code: None,
             skew_ms: 0,
             valid_until_us: None,
+            session: None,
         }
     }
 

@@ -48,6 +48,7 @@ fn op(op: &str, token: u64, call: u64, ret: u64) -> ClientOp {
         code: None,
         skew_ms: 0,
         valid_until_us: None,
+        session: None,
     }
 }
 
