@@ -97,16 +97,7 @@ impl Acquire {
                 resolve(&inner, &session, &key, sent, wait).await;
                 return;
             }
-            Err(e) => {
-                inner.ledger().not_acquired(&key, session.id);
-                inner.changed.notify_waiters();
-                if e.code() == Some(Code::SessionExpired) {
-                    inner.fence(&session, LossReason::SessionExpired);
-                    Err(Error::SessionLost(LossReason::SessionExpired))
-                } else {
-                    Err(e.into_error())
-                }
-            }
+            Err(e) => Err(refused(&inner, &session, std::slice::from_ref(&key), e)),
         };
         // If the caller is gone the guard comes back and is dropped: released.
         let _ = tx.send(result);
@@ -164,20 +155,24 @@ impl AcquireAll {
                 }
                 return;
             }
-            Err(e) => {
-                for k in &keys {
-                    inner.ledger().not_acquired(k, session.id);
-                }
-                inner.changed.notify_waiters();
-                if e.code() == Some(Code::SessionExpired) {
-                    inner.fence(&session, LossReason::SessionExpired);
-                    Err(Error::SessionLost(LossReason::SessionExpired))
-                } else {
-                    Err(e.into_error())
-                }
-            }
+            Err(e) => Err(refused(&inner, &session, &keys, e)),
         };
         let _ = tx.send(result);
+    }
+}
+
+/// An acquire of `keys` on `session` answered with a refusal: nothing is held,
+/// and a `session_expired` answer fences the session.
+fn refused(inner: &Arc<Inner>, session: &Arc<Session>, keys: &[String], e: CallError) -> Error {
+    for k in keys {
+        inner.ledger().not_acquired(k, session.id);
+    }
+    inner.changed.notify_waiters();
+    if e.code() == Some(Code::SessionExpired) {
+        inner.fence(session, LossReason::SessionExpired);
+        Error::SessionLost(LossReason::SessionExpired)
+    } else {
+        e.into_error()
     }
 }
 

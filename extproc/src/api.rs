@@ -109,6 +109,12 @@ impl Route {
         }
     }
 
+    /// Routes that may wait (`x-lock-wait-ms`): the arbiter stretches Envoy's
+    /// ext_proc message timer for them (`server`).
+    pub fn waits(self) -> bool {
+        matches!(self, Route::Acquire | Route::AcquireAll | Route::Campaign | Route::Observe)
+    }
+
     /// The `route` label of `lockmesh_arbiter_requests_total`.
     pub fn label(self) -> &'static str {
         match self {

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     keys,
-    mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant},
+    mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant, Next, Retries},
     test_faults::{self, TestFault},
     LockError, SessionRecord, Store,
 };
@@ -143,7 +143,7 @@ impl Store {
                 return Ok(gs);
             }
         }
-        let (mut epoch_moves, mut conflicts) = (0, 0);
+        let mut retries = Retries::default();
         let mut slots = vec![0u32; reqs.len()];
         loop {
             match self.try_grant_all(reqs, sid, new_record.as_ref(), &slots).await? {
@@ -156,22 +156,13 @@ impl Store {
                     }
                     return Ok(gs);
                 }
-                Attempt::EpochMoved => {
-                    epoch_moves += 1;
-                    if epoch_moves > 3 {
-                        return Err(LockError::Unavailable("the epoch record keeps changing".into()));
-                    }
-                }
+                Attempt::EpochMoved => retries.epoch_moved()?,
                 Attempt::Refused { reason, revision, free } => {
                     // The failure branch wrote an opened session's record.
                     new_record = None;
                     slots = free;
-                    if reason == Reason::LockContended && conflicts < 4 {
-                        conflicts += 1;
+                    if let Next::Now = retries.refused(reason, first)? {
                         continue;
-                    }
-                    if first.try_once || Instant::now() >= first.deadline {
-                        return Err(LockError::Contended(reason));
                     }
                     match reason {
                         Reason::LockContended => super::wait::backoff(first.deadline, cancel).await?,

@@ -211,6 +211,47 @@ fn internal(e: impl std::fmt::Display) -> LockError {
     LockError::Internal(e.to_string())
 }
 
+/// The retry policy of a grant loop (`acquire_in`, `multi`): an epoch record that
+/// keeps moving answers `unavailable`; a conflict with a concurrent grant or
+/// release is not a wait, so even a try-once retries it at once a few times;
+/// otherwise a try-once, or a passed deadline, ends the acquire as contended.
+#[derive(Default)]
+pub(crate) struct Retries {
+    epoch_moves: u32,
+    conflicts: u32,
+}
+
+/// What a grant loop does after a refusal ([`Retries::refused`]).
+pub(crate) enum Next {
+    /// Try again at once.
+    Now,
+    /// Wait for a reason to try again (the refusal's).
+    Wait,
+}
+
+impl Retries {
+    /// The epoch record moved under a grant: try again, a few times.
+    pub(crate) fn epoch_moved(&mut self) -> Result<(), LockError> {
+        self.epoch_moves += 1;
+        if self.epoch_moves > 3 {
+            return Err(LockError::Unavailable("the epoch record keeps changing".into()));
+        }
+        Ok(())
+    }
+
+    /// A grant of `req` was refused for `reason`.
+    pub(crate) fn refused(&mut self, reason: Reason, req: &AcquireRequest) -> Result<Next, LockError> {
+        if reason == Reason::LockContended && self.conflicts < 4 {
+            self.conflicts += 1;
+            return Ok(Next::Now);
+        }
+        if req.try_once || Instant::now() >= req.deadline {
+            return Err(LockError::Contended(reason));
+        }
+        Ok(Next::Wait)
+    }
+}
+
 // === impl Store ===
 
 impl Store {
@@ -386,10 +427,9 @@ impl Store {
                 return Ok(g);
             }
         }
-        let mut epoch_moves = 0;
+        let mut retries = Retries::default();
         // The slot to try: the lowest free one the last refusal saw.
         let mut slot = 0;
-        let mut conflicts = 0;
         loop {
             match self.try_grant(req, &d, sid, new_record.as_ref(), slot, Fair::Memory).await? {
                 Attempt::Granted(g) => {
@@ -398,25 +438,14 @@ impl Store {
                     }
                     return Ok(g);
                 }
-                Attempt::EpochMoved => {
-                    epoch_moves += 1;
-                    if epoch_moves > 3 {
-                        return Err(LockError::Unavailable("the epoch record keeps changing".into()));
-                    }
-                }
+                Attempt::EpochMoved => retries.epoch_moved()?,
                 Attempt::Refused { reason, revision, free_slot } => {
                     // The failure branch wrote the session record; later attempts
                     // compare it like any other session.
                     new_record = None;
                     slot = free_slot;
-                    // A conflict with a concurrent grant or release is not a wait:
-                    // even a try-once retries it a few times.
-                    if reason == Reason::LockContended && conflicts < 4 {
-                        conflicts += 1;
+                    if let Next::Now = retries.refused(reason, req)? {
                         continue;
-                    }
-                    if req.try_once || Instant::now() >= req.deadline {
-                        return Err(LockError::Contended(reason));
                     }
                     match reason {
                         Reason::KeyGated => {

@@ -714,6 +714,20 @@ impl GateCluster {
     /// operator runs `lockctl epoch-advance` once the cluster is up: every grant
     /// in between must be refused.
     pub async fn restore_with(&self, lost: Duration, bump: Option<u64>, advance_after: Duration) -> Result<i64> {
+        self.restore_until(lost, bump, advance_after, |_, _| false).await
+    }
+
+    /// [`GateCluster::restore_with`], starting the epoch advance as soon as a
+    /// holder records an op `until` accepts (given the op and the time the
+    /// arbiters' links came back, unix µs), and at most `advance_after` after the
+    /// links are back.
+    pub async fn restore_until(
+        &self,
+        lost: Duration,
+        bump: Option<u64>,
+        advance_after: Duration,
+        until: impl Fn(&ClientOp, u64) -> bool,
+    ) -> Result<i64> {
         // Restoring the coord cluster can take the shard map back behind the
         // shards' home records: a manual repair (docs/SCALE.md), not a gate fault.
         ensure!(self.shards.is_empty(), "a restore of the coord cluster is not run with shards");
@@ -736,7 +750,8 @@ impl GateCluster {
         for (i, m) in modes.into_iter().enumerate() {
             self.set_links(i, m);
         }
-        tokio::time::sleep(advance_after).await;
+        let back = now_us();
+        self.wait_for_op(advance_after, |o| until(o, back)).await;
         let expected = self.epoch();
         self.epoch_advance(expected, expected + 1).await?;
         *self.epoch.lock().unwrap_or_else(|p| p.into_inner()) = expected + 1;

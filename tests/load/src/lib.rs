@@ -48,6 +48,7 @@ pub mod etcdwork;
 mod lease;
 mod lockmesh;
 pub mod prom;
+pub mod recipes;
 pub mod record;
 pub mod renewal;
 pub mod report;

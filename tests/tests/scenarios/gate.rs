@@ -297,6 +297,7 @@ async fn planted_semaphore_counting_before_it_locks_is_caught() {
 
 #[tokio::test]
 async fn planted_skipped_epoch_compare_is_caught_across_a_restore() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     for bug in [true, false] {
         let faults = planted(bug, "skip_epoch_compare");
         let opts = GateOptions { arbiter_faults: faults, arbiters: 2, envoys: 1, ..small("plant-epoch") };
@@ -312,11 +313,22 @@ async fn planted_skipped_epoch_compare_is_caught_across_a_restore() {
             g.set_links(i, LinkMode::Delay(Duration::from_millis(300)));
         }
         // The planted bug shows only if a grant is in flight across the advance
-        // (about one restore in two on a loaded machine), so the bug run gets six
-        // restores (six chances), the control one.
-        for _ in 0..if bug { 6 } else { 1 } {
+        // (about one restore in two on a loaded machine, less under more load), so
+        // the bug run restores until a holder is answered a grant of an older
+        // epoch after the advance (the bug at work), at most twelve times; the
+        // control restores once. Either way 2 s of load follow each restore.
+        for _ in 0..if bug { 12 } else { 1 } {
             g.restore(Duration::ZERO).await.unwrap();
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            let (advanced, epoch) = (lockmesh_gate::history::now_us(), g.epoch());
+            let stale = |o: &ClientOp| {
+                o.op == "acquire"
+                    && o.outcome == Outcome::Ok
+                    && o.ret_us > advanced
+                    && o.token.is_some_and(|t| t >> 48 < epoch)
+            };
+            if g.wait_for_op(Duration::from_secs(2), stale).await {
+                break;
+            }
         }
         let v = verdict(&g).await;
         if bug {
@@ -596,6 +608,7 @@ async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
 /// The control (the clock alone) passes and grants on the new epoch.
 #[tokio::test]
 async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     for bug in [true, false] {
         let mut faults = vec!["no_raft_check".to_owned()];
         if bug {
@@ -608,7 +621,18 @@ async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         for _ in 0..2 {
-            g.restore_with(Duration::from_secs(1), Some(1_000_000), Duration::from_secs(2)).await.unwrap();
+            // The advance waits (at most 5 s) for a holder to be answered a grant
+            // it called after the restored cluster came back: with the bug, that
+            // grant is of the old epoch; the control's are refused until the
+            // advance, so it waits the 5 s.
+            let old = g.epoch();
+            let regranted = move |o: &ClientOp, back: u64| {
+                o.op == "acquire"
+                    && o.outcome == Outcome::Ok
+                    && o.call_us >= back
+                    && o.token.is_some_and(|t| t >> 48 == old)
+            };
+            g.restore_until(Duration::from_secs(1), Some(1_000_000), Duration::from_secs(5), regranted).await.unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let (h, v) = finish_checked(&g, "fault schedule:").await;

@@ -18,9 +18,10 @@ use std::{
     time::Duration,
 };
 
-use etcd_client::{EventType, WatchOptions};
 use lockmesh_tests::{LockClient, Stack, StackBuilder};
 use serde_json::Value;
+
+use super::holds::{hold_events, start_revision};
 
 const ALL: &str = "/v1/locks/acquire-all";
 const ACQ: &str = "/v1/locks/acquire";
@@ -39,11 +40,6 @@ classes:
 /// Two arbiters, Envoy i talking to arbiter i only.
 fn stack(name: &str) -> StackBuilder {
     Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).envoy_per_arbiter(2)
-}
-
-async fn start_revision(st: &Stack) -> i64 {
-    let mut c = st.etcd().client().await.unwrap();
-    c.get("x", None).await.unwrap().header().unwrap().revision() + 1
 }
 
 #[derive(Debug, Default)]
@@ -79,58 +75,37 @@ fn check(
     }
 }
 
-/// Replays every hold put and delete under the stack's root from `from` to a
-/// barrier key of its own.
+/// Replays every hold put and delete of the run (`holds::hold_events`), checking
+/// the state after each revision.
 async fn replay(st: &Stack, from: i64, limit: &dyn Fn(&str) -> usize) -> Replay {
-    let mut c = st.etcd().client().await.unwrap();
-    let root = format!("{}/", st.root());
-    let prefix = format!("{}/l/", st.root());
-    let barrier = format!("{}/test/multikey-barrier", st.root());
-    let opts = WatchOptions::new().with_prefix().with_start_revision(from);
-    let mut w = c.watch(root.as_str(), Some(opts)).await.unwrap();
-    let end = c.put(barrier.as_str(), "end", None).await.unwrap().header().unwrap().revision();
     let mut held: HashMap<String, BTreeMap<Vec<u8>, i64>> = HashMap::new();
-    let mut out = Replay::default();
-    let (mut seen, mut at) = (from, 0);
-    let mut grants_seen = std::collections::HashSet::new();
     let mut born: BTreeMap<i64, (usize, usize)> = BTreeMap::new();
-    while seen < end {
-        let r = tokio::time::timeout(Duration::from_secs(10), w.message()).await.unwrap().unwrap().unwrap();
-        for e in r.events() {
-            let kv = e.kv().unwrap();
-            seen = seen.max(kv.mod_revision());
-            if kv.mod_revision() != at {
-                check(at, &held, &born, limit, &mut out);
-                born.clear();
-                at = kv.mod_revision();
-            }
-            let k = String::from_utf8_lossy(kv.key()).into_owned();
-            if !k.starts_with(&prefix) || !k.contains("/h/") || kv.mod_revision() > end {
-                continue;
-            }
-            let digest = k.split("/h/").next().unwrap().to_owned();
-            let slots = held.entry(digest).or_default();
-            match e.event_type() {
-                EventType::Put => {
-                    let v: Value = serde_json::from_slice(kv.value()).unwrap();
-                    let keys = v["keys"].as_u64().map_or(1, |n| n as usize);
-                    if kv.create_revision() == kv.mod_revision() {
-                        born.entry(kv.create_revision()).or_insert((0, keys)).0 += 1;
-                    }
-                    if grants_seen.insert(kv.create_revision()) {
-                        if keys > 1 {
-                            out.multi_grants += 1;
-                        } else {
-                            out.single_grants += 1;
-                        }
-                    }
-                    slots.insert(kv.key().to_vec(), kv.create_revision());
-                }
-                EventType::Delete => {
-                    slots.remove(kv.key());
-                }
+    let mut grants_seen = std::collections::HashSet::new();
+    let mut out = Replay::default();
+    let mut at = 0;
+    for e in hold_events(st, from).await {
+        if e.revision != at {
+            check(at, &held, &born, limit, &mut out);
+            born.clear();
+            at = e.revision;
+        }
+        let slots = held.entry(e.digest).or_default();
+        if !e.put {
+            slots.remove(&e.key);
+            continue;
+        }
+        let keys = e.value["keys"].as_u64().map_or(1, |n| n as usize);
+        if e.create_revision == e.revision {
+            born.entry(e.create_revision).or_insert((0, keys)).0 += 1;
+        }
+        if grants_seen.insert(e.create_revision) {
+            if keys > 1 {
+                out.multi_grants += 1;
+            } else {
+                out.single_grants += 1;
             }
         }
+        slots.insert(e.key, e.create_revision);
     }
     check(at, &held, &born, limit, &mut out);
     out
@@ -202,6 +177,7 @@ async fn race(st: &Stack, strict: bool) {
 
 #[tokio::test]
 async fn multi_key_grants_are_all_or_nothing_and_a_ring_of_waiters_never_deadlocks_on_two_arbiters() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     let st = stack("multikey-race").start().await.unwrap();
     let from = start_revision(&st).await;
     race(&st, true).await;
@@ -217,6 +193,7 @@ async fn multi_key_grants_are_all_or_nothing_and_a_ring_of_waiters_never_deadloc
 /// replay must find a grant that put its own holds on fewer keys than it took.
 #[tokio::test]
 async fn planted_multi_key_grants_that_compare_one_key_are_caught() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     let st = stack("multikey-planted")
         .arbiter_extra_yaml("test_faults: [multi_key_first_only]")
         .arbiter_env("LOCKMESH_TEST_FAULTS", "1")
@@ -286,7 +263,9 @@ async fn a_multi_key_acquire_is_all_or_nothing_at_the_edges() {
                 .unwrap()
         })
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Longer than Envoy's ext_proc message timeout (3 s): the arbiter stretches it
+    // for a waiting multi-key acquire as for any acquire.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     assert!(!waiter.is_finished(), "it waits for b");
     assert_eq!(holders(a).await, 0, "and holds nothing while it waits");
     let rel = other.post(REL, &[("x-lock-key", b), ("x-lock-token", &held_token.to_string())]).await.unwrap();

@@ -15,9 +15,10 @@ use std::{
     time::Duration,
 };
 
-use etcd_client::{EventType, WatchOptions};
 use lockmesh_tests::{LockClient, Stack, StackBuilder};
 use serde_json::Value;
+
+use super::holds::{hold_events, start_revision};
 
 const N: usize = 4;
 
@@ -31,11 +32,6 @@ classes:
 /// Two arbiters, Envoy i talking to arbiter i only.
 fn stack(name: &str) -> StackBuilder {
     Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).envoy_per_arbiter(2)
-}
-
-async fn start_revision(st: &Stack) -> i64 {
-    let mut c = st.etcd().client().await.unwrap();
-    c.get("x", None).await.unwrap().header().unwrap().revision() + 1
 }
 
 /// One grant as the history shows it: its slots' shared create revision, how many
@@ -79,60 +75,34 @@ fn check_key(rev: i64, digest: &str, held: &BTreeMap<Vec<u8>, Held>, out: &mut R
     }
 }
 
-/// Replays every hold slot put and delete under the stack's root from `from` to a
-/// barrier key of its own (the shared etcd's last revision may be another test's).
+/// Replays every hold slot put and delete of the run (`holds::hold_events`),
+/// checking each key a revision touched once that revision is complete.
 async fn replay(st: &Stack, from: i64) -> Replay {
-    let mut c = st.etcd().client().await.unwrap();
-    let root = format!("{}/", st.root());
-    let prefix = format!("{}/l/", st.root());
-    let barrier = format!("{}/test/permits-barrier", st.root());
-    let opts = WatchOptions::new().with_prefix().with_start_revision(from);
-    let mut w = c.watch(root.as_str(), Some(opts)).await.unwrap();
-    let end = c.put(barrier.as_str(), "end", None).await.unwrap().header().unwrap().revision();
     let mut held: HashMap<String, BTreeMap<Vec<u8>, Held>> = HashMap::new();
     let mut out = Replay::default();
-    let mut seen = from;
-    // Events of one revision arrive together; the keys they touched are checked
-    // once that revision is complete.
     let mut touched: Vec<String> = Vec::new();
     let mut at = 0;
-    while seen < end {
-        let r = tokio::time::timeout(Duration::from_secs(10), w.message()).await.unwrap().unwrap().unwrap();
-        for e in r.events() {
-            let kv = e.kv().unwrap();
-            seen = seen.max(kv.mod_revision());
-            if kv.mod_revision() != at {
-                for d in touched.drain(..) {
-                    check_key(at, &d, &held[&d], &mut out);
-                }
-                at = kv.mod_revision();
+    for e in hold_events(st, from).await {
+        if e.revision != at {
+            for d in touched.drain(..) {
+                check_key(at, &d, &held[&d], &mut out);
             }
-            let k = String::from_utf8_lossy(kv.key()).into_owned();
-            if !k.starts_with(&prefix) || !k.contains("/h/") || kv.mod_revision() > end {
-                continue;
+            at = e.revision;
+        }
+        let slots = held.entry(e.digest.clone()).or_default();
+        if e.put {
+            let permits = e.value["permits"].as_u64().map_or(1, |p| p as usize);
+            let exclusive = e.value["mode"] == "exclusive";
+            if e.create_revision == e.revision && slots.values().all(|h| h.grant != e.create_revision) {
+                out.exclusive_grants += usize::from(exclusive);
+                out.multi_grants += usize::from(permits > 1);
             }
-            let digest = k.split("/h/").next().unwrap().to_owned();
-            let slots = held.entry(digest.clone()).or_default();
-            match e.event_type() {
-                EventType::Put => {
-                    let v: Value = serde_json::from_slice(kv.value()).unwrap();
-                    let permits = v["permits"].as_u64().map_or(1, |p| p as usize);
-                    let exclusive = v["mode"] == "exclusive";
-                    if kv.create_revision() == kv.mod_revision()
-                        && slots.values().all(|h| h.grant != kv.create_revision())
-                    {
-                        out.exclusive_grants += usize::from(exclusive);
-                        out.multi_grants += usize::from(permits > 1);
-                    }
-                    slots.insert(kv.key().to_vec(), Held { grant: kv.create_revision(), permits, exclusive });
-                }
-                EventType::Delete => {
-                    slots.remove(kv.key());
-                }
-            }
-            if !touched.contains(&digest) {
-                touched.push(digest);
-            }
+            slots.insert(e.key, Held { grant: e.create_revision, permits, exclusive });
+        } else {
+            slots.remove(&e.key);
+        }
+        if !touched.contains(&e.digest) {
+            touched.push(e.digest);
         }
     }
     for d in touched.drain(..) {
@@ -183,6 +153,7 @@ async fn race(st: &Stack) {
 
 #[tokio::test]
 async fn permits_and_modes_keep_the_limit_all_or_nothing_under_racing_clients_on_two_arbiters() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     let st = stack("permits-race").start().await.unwrap();
     let from = start_revision(&st).await;
     race(&st).await;
@@ -199,6 +170,7 @@ async fn permits_and_modes_keep_the_limit_all_or_nothing_under_racing_clients_on
 /// find more than N slots held.
 #[tokio::test]
 async fn planted_permits_counted_before_the_grant_are_caught() {
+    let _one_at_a_time = super::CONTENDED.lock().await;
     let st = stack("permits-planted")
         .arbiter_extra_yaml("test_faults: [count_before_lock]")
         .arbiter_env("LOCKMESH_TEST_FAULTS", "1")

@@ -106,6 +106,15 @@ struct Args {
     /// --scale: acquires in flight while attaching.
     #[arg(long, default_value_t = 64)]
     attach_concurrency: usize,
+    /// Instead of lock cycles: the coordination recipes (election, read-write,
+    /// multi-key, k permits) through lockmesh, etcd's own services and ZooKeeper's
+    /// recipes (kazoo), --concurrency clients, --seconds each; needs
+    /// `scripts/setup --bench` (docs/BENCHMARKS.md, recipes).
+    #[arg(long)]
+    recipes: bool,
+    /// --recipes: the Python with kazoo (default: `.tools/bench/bin/python`).
+    #[arg(long)]
+    python: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -148,6 +157,13 @@ fn main() -> ExitCode {
         };
         let result = rt.block_on(load::renewal::run(holds, sessions, !args.quiet));
         return report(result, Some(describe_machine()), load::renewal::render, |r| r.holds_after == r.holds);
+    }
+    if args.recipes {
+        let python = args.python.clone().unwrap_or_else(|| lockmesh_tests::repo_root().join(".tools/bench/bin/python"));
+        let (n, secs, warm) = (args.concurrency, opts.seconds.as_secs_f64(), opts.warmup.as_secs_f64());
+        let result = rt.block_on(load::recipes::run(n, secs, warm, &python, args.quiet));
+        let render = |r: &Vec<_>| load::recipes::render(r, n, secs);
+        return report(result, Some(describe_machine()), render, |r| !r.is_empty());
     }
     if args.filter_tax {
         let (secs, warm) = (opts.seconds, opts.warmup);
