@@ -349,17 +349,9 @@ impl Store {
         if holders.len() != reqs.len() {
             return Err(internal("etcd txn failure branch without every key's holders"));
         }
-        if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
-            self.forget_epoch();
+        let clock_read = clock.map(|c| (c, gets.next()));
+        if self.refusal_moved(&ep, epoch, clock_read)? {
             return Ok(Attempt::EpochMoved);
-        }
-        if let Some(c) = clock {
-            let at = gets.next().and_then(|g| g.kvs().first().map(KeyValue::mod_revision)).unwrap_or(0);
-            if at < c {
-                let why = format!("grant clock {at} below mark {c}");
-                self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
-                return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
-            }
         }
         // Per key: whether a guard or a delay record is left (`delay`).
         let delay_kept: Vec<bool> = if delay > 0 {

@@ -718,19 +718,9 @@ impl Store {
         let (Some(holders), Some(sess), Some(epoch)) = (gets.next(), gets.next(), gets.next()) else {
             return Err(internal("etcd txn failure branch without the expected reads"));
         };
-        if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
-            self.forget_epoch();
+        let clock_read = clock.map(|c| (c, gets.next()));
+        if self.refusal_moved(&ep, epoch, clock_read)? {
             return Ok(Attempt::EpochMoved);
-        }
-        if let Some(c) = clock {
-            let at = gets.next().and_then(|g| g.kvs().first().map(KeyValue::mod_revision)).unwrap_or(0);
-            if at < c {
-                // The epoch is unchanged and the clock went back: a restore (a
-                // linearizable answer of the cluster that serves the grants).
-                let why = format!("grant clock {at} below mark {c}");
-                self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
-                return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
-            }
         }
         let delay_kept = if delay > 0 {
             let (guard, record) = (gets.next(), gets.next());
@@ -781,6 +771,32 @@ impl Store {
                 Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 })
             }
         }
+    }
+
+    /// The epoch and grant-clock reads of a refused grant (`clock`: this
+    /// arbiter's mark and the clock record read): `true` when the epoch record
+    /// moved (try again with the new one); sealed when the clock went back with
+    /// the epoch unchanged, a restore (a linearizable answer of the cluster that
+    /// serves the grants).
+    pub(crate) fn refusal_moved(
+        &self,
+        ep: &super::EpochState,
+        epoch: &etcd_client::GetResponse,
+        clock: Option<(i64, Option<&etcd_client::GetResponse>)>,
+    ) -> Result<bool, LockError> {
+        if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
+            self.forget_epoch();
+            return Ok(true);
+        }
+        if let Some((c, read)) = clock {
+            let at = read.and_then(|g| g.kvs().first().map(KeyValue::mod_revision)).unwrap_or(0);
+            if at < c {
+                let why = format!("grant clock {at} below mark {c}");
+                self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
+                return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
+            }
+        }
+        Ok(false)
     }
 
     /// The checks after a grant transaction answered that may still take its holds
