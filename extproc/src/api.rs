@@ -242,6 +242,16 @@ pub(crate) fn permits_of(lock: &LockHeaders, class: &ClassSpec) -> Result<Permit
     Ok(p)
 }
 
+/// Refuses `x-lock-permits` and `x-lock-mode` on a route whose grant takes one
+/// slot: `bad_request` naming the first sent, then `why`.
+pub(crate) fn one_slot_only(lock: &LockHeaders, why: &str) -> Result<(), ApiError> {
+    let sent = [(lock.permits.is_some(), headers::PERMITS), (lock.mode.is_some(), headers::MODE)];
+    match sent.into_iter().find_map(|(s, h)| s.then_some(h)) {
+        Some(h) => Err(ApiError::new(Code::BadRequest, format!("{h}: {why}"))),
+        None => Ok(()),
+    }
+}
+
 /// Answers one API request. `undo` receives a grant whose answer may be lost.
 pub async fn handle(state: &Arc<State>, req: &ApiRequest, cancel: &CancellationToken) -> (ApiResponse, Option<Undo>) {
     match route(state, req, cancel).await {
@@ -452,15 +462,7 @@ async fn campaign(
     let lock = &req.lock;
     let key = need(lock.key.clone(), headers::KEY)?;
     election_class(state, lock, &key)?;
-    if let Some(h) = [(lock.permits.is_some(), headers::PERMITS), (lock.mode.is_some(), headers::MODE)]
-        .into_iter()
-        .find_map(|(sent, h)| sent.then_some(h))
-    {
-        return Err(ApiError::new(
-            Code::BadRequest,
-            format!("{h}: an election has one leader; send it on acquires only"),
-        ));
-    }
+    one_slot_only(lock, "an election has one leader; send it on acquires only")?;
     let mut granted = acquire(state, req, caller.clone(), cancel).await;
     if crate::test_faults::on(crate::test_faults::TestFault::CampaignAfterSessionLoss)
         && lock.session.is_some()
@@ -559,10 +561,7 @@ async fn acquire_all(
     if lock.key.is_some() {
         return bad(format!("{}: a multi-key acquire names its keys in {} only", headers::KEY, headers::KEYS));
     }
-    if lock.permits.is_some() || lock.mode.is_some() {
-        let h = if lock.permits.is_some() { headers::PERMITS } else { headers::MODE };
-        return bad(format!("{h}: a multi-key acquire takes one slot of each key"));
-    }
+    one_slot_only(lock, "a multi-key acquire takes one slot of each key")?;
     keys.sort();
     let classes = keys.iter().map(|k| class_for(state, lock, k)).collect::<Result<Vec<_>, _>>()?;
     let class = classes[0].clone();

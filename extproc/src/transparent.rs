@@ -134,16 +134,12 @@ async fn grant(
     let wait = api::wait_of(state, req)?;
     // A transparent hold is one slot: the filter keeps one request of a key in
     // flight per sidecar, so shared holds would not overlap there (docs/API.md).
+    api::one_slot_only(&req.lock, "not offered on transparent routes; use the lock API")?;
     // Nor several keys: a transparent request holds its one key.
-    let sent = [
-        (req.lock.permits.is_some(), headers::PERMITS),
-        (req.lock.mode.is_some(), headers::MODE),
-        (req.lock.keys.is_some(), headers::KEYS),
-    ];
-    if let Some(h) = sent.into_iter().find_map(|(sent, h)| sent.then_some(h)) {
+    if req.lock.keys.is_some() {
         return Err(ApiError::new(
             Code::BadRequest,
-            format!("{h}: not offered on transparent routes; use the lock API"),
+            format!("{}: not offered on transparent routes; use the lock API", headers::KEYS),
         ));
     }
     let permits = api::permits_of(&req.lock, &class)?;
