@@ -592,6 +592,12 @@ async fn a_stale_token_proclaims_nothing_and_strangers_neither_lead_nor_see_toke
     let b = st.client("payments", "b").unwrap();
     let obs = st.client("billing", "observer").unwrap();
     let refused = |r: &lockmesh_tests::client::Resp| (r.code(), s(r, "code"));
+    // A leadership is one slot: permits and modes are refused, naming the header.
+    for (h, v) in [("x-lock-permits", "2"), ("x-lock-mode", "shared")] {
+        let r = b.post(CAMPAIGN, &[("x-lock-key", key), (h, v)]).await.unwrap();
+        assert_eq!(refused(&r), (400, "bad_request".to_owned()), "{h}: {}", r.body);
+        assert!(s(&r, "message").starts_with(h), "{}", r.body);
+    }
 
     // The leader proclaims under its token, on its session.
     let h = [("x-lock-key", key), ("x-lock-token", t2.as_str()), ("x-lock-session", s2.as_str())];
