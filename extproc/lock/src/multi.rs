@@ -136,22 +136,24 @@ impl Store {
         cancel: &CancellationToken,
     ) -> Result<Vec<Grant>, LockError> {
         let first = &reqs[0];
+        // Each key's digest, once for the whole acquire.
+        let ds = digests(reqs);
         if new_record.is_none() {
             // A retry whose answer was lost finds its grant; a session that holds
             // some of the keys otherwise could only wait for itself.
-            if let Some(gs) = self.own_holds_all(reqs, sid).await? {
+            if let Some(gs) = self.own_holds_all(reqs, &ds, sid).await? {
                 return Ok(gs);
             }
         }
         let mut retries = Retries::default();
         let mut slots = vec![0u32; reqs.len()];
         loop {
-            match self.try_grant_all(reqs, sid, new_record.as_ref(), &slots).await? {
+            match self.try_grant_all(reqs, &ds, sid, new_record.as_ref(), &slots).await? {
                 Attempt::Granted(gs) => {
                     if let Some(g) = gs.first().filter(|_| first.class.max_holders == 1) {
                         let rev = i64::try_from(g.token.revision()).unwrap_or(i64::MAX);
-                        for d in digests(reqs) {
-                            self.queues().note_held(&d, rev);
+                        for d in &ds {
+                            self.queues().note_held(d, rev);
                         }
                     }
                     return Ok(gs);
@@ -167,7 +169,7 @@ impl Store {
                     match reason {
                         Reason::LockContended => super::wait::backoff(first.deadline, cancel).await?,
                         Reason::KeyGated | Reason::LockDelay => {
-                            self.wait_any(reqs, revision, first.deadline, cancel).await?;
+                            self.wait_any(&ds, revision, first.deadline, cancel).await?;
                         }
                     }
                 }
@@ -179,14 +181,14 @@ impl Store {
     /// `revision`, the poll interval passes, or the deadline.
     async fn wait_any(
         &self,
-        reqs: &[AcquireRequest],
+        ds: &[KeyDigest],
         revision: i64,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<(), LockError> {
-        let watches = digests(reqs).into_iter().map(|d| {
+        let watches = ds.iter().map(|d| {
             let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-            Box::pin(super::wait::delete_seen(self.client(), self.keys().holds(&d), opts))
+            Box::pin(super::wait::delete_seen(self.client(), self.keys().holds(d), opts))
         });
         let any = select_all(watches);
         tokio::select! {
@@ -198,8 +200,13 @@ impl Store {
 
     /// Reads every key's holders once (no proposal). All held by session `sid` in
     /// one grant: that grant, answered `existing`. Some held by `sid`: refused.
-    async fn own_holds_all(&self, reqs: &[AcquireRequest], sid: SessionId) -> Result<Option<Vec<Grant>>, LockError> {
-        let gets = digests(reqs)
+    async fn own_holds_all(
+        &self,
+        reqs: &[AcquireRequest],
+        ds: &[KeyDigest],
+        sid: SessionId,
+    ) -> Result<Option<Vec<Grant>>, LockError> {
+        let gets = ds
             .iter()
             .map(|d| TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())))
             .collect::<Vec<_>>();
@@ -239,6 +246,7 @@ impl Store {
     async fn try_grant_all(
         &self,
         reqs: &[AcquireRequest],
+        ds: &[KeyDigest],
         sid: SessionId,
         new_record: Option<&SessionRecord>,
         slots: &[u32],
@@ -257,7 +265,6 @@ impl Store {
         }
         let (floor, clock) = (self.seal().revision_floor(), self.seal().clock_floor(ep.epoch));
         let (k, n) = (self.keys(), gate.limit.max(1));
-        let ds = digests(reqs);
         let lease = PutOptions::new().with_lease(sid.lease());
         let sess_key = k.session(sid);
         let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
@@ -267,7 +274,7 @@ impl Store {
         let (mut then, mut els, mut delay_reads) = (Vec::new(), Vec::new(), Vec::new());
         let mut holds = Vec::with_capacity(reqs.len());
         let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
-        for (i, (req, d)) in reqs.iter().zip(&ds).enumerate() {
+        for (i, (req, d)) in reqs.iter().zip(ds).enumerate() {
             let slot = slots.get(i).copied().unwrap_or(0).min(n - 1);
             let name = k.slot(d, slot);
             if !first_only || i == 0 {
@@ -374,7 +381,7 @@ impl Store {
         let revision = r.header().map_or(0, |h| h.revision());
         let mut gated = false;
         let mut free = Vec::with_capacity(reqs.len());
-        for (((req, d), h), kept) in reqs.iter().zip(&ds).zip(&holders).zip(&delay_kept) {
+        for (((req, d), h), kept) in reqs.iter().zip(ds).zip(&holders).zip(&delay_kept) {
             // Its own hold appearing since the first read (a concurrent request on
             // the same session) occupies the key like any other.
             if let Some(Err(e)) = self.classify_holders(req, sid, h.kvs()) {
