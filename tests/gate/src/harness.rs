@@ -10,7 +10,7 @@
 //! and [`GateCluster::rebalance`] moves them all between the shards through the
 //! real `lockctl shard apply`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -735,9 +735,45 @@ impl GateCluster {
         self.etcd.snapshot_save(&snap).await?;
         let base = snapshot_revision(&snap).await?;
         tokio::time::sleep(lost).await;
-        // The old cluster goes away now: cut the arbiters (the only writers) first,
-        // so the barrier orders after every commit and nothing lands unrecorded
-        // between the barrier and the shutdown.
+        let modes = self.cut_and_restore(&snap, base, bump).await?;
+        for (i, m) in modes.into_iter().enumerate() {
+            self.set_links(i, m);
+        }
+        let back = now_us();
+        self.wait_for_op(advance_after, |o| until(o, back)).await;
+        self.advance_epoch_once().await?;
+        Ok(base)
+    }
+
+    /// A restore that loses nothing, with the epoch advanced before the arbiters
+    /// reach the restored cluster: the arbiters are cut off first, the snapshot
+    /// taken after the barrier (so it holds every write and no grant-clock or
+    /// revision mark is ahead of it), restored with the original cluster id, and
+    /// `lockctl epoch-advance` run before the links come back. Each arbiter then
+    /// comes back with the old epoch in its cache and nothing else to tell it of
+    /// the restore, until its next seal check or a refused grant reads the record:
+    /// only a grant's compare of the epoch record keeps a grant of the old epoch
+    /// out in between (`lock::mutex`), deterministically, not by the timing of
+    /// an advance against grants in flight. Returns the snapshot revision.
+    pub async fn restore_advanced_while_cut(&self) -> Result<i64> {
+        ensure!(self.shards.is_empty(), "a restore of the coord cluster is not run with shards");
+        let snap = self.dir.path().join(format!("snap-{}.db", now_us()));
+        let modes = self.cut_links().await?;
+        self.etcd.snapshot_save(&snap).await?;
+        let base = snapshot_revision(&snap).await?;
+        self.etcd.restore_from(&snap, None).await?;
+        self.recorder.new_segment(base, 0);
+        self.advance_epoch_once().await?;
+        for (i, m) in modes.into_iter().enumerate() {
+            self.set_links(i, m);
+        }
+        Ok(base)
+    }
+
+    /// Cuts every arbiter's links (the only writers) and stops the recorder after
+    /// its barrier, so the barrier orders after every commit and nothing lands
+    /// unrecorded before the old cluster goes away. Returns the links' modes.
+    async fn cut_links(&self) -> Result<Vec<LinkMode>> {
         let modes: Vec<LinkMode> =
             self.proxies.iter().map(|row| row.first().map_or(LinkMode::Pass, FaultProxy::mode)).collect();
         for i in 0..self.proxies.len() {
@@ -745,17 +781,24 @@ impl GateCluster {
         }
         self.recorder.barrier(Duration::from_secs(30)).await?;
         self.recorder.stop();
-        self.etcd.restore_from(&snap, bump).await?;
+        Ok(modes)
+    }
+
+    /// [`GateCluster::cut_links`], then the restore of `snap` (revision `base`)
+    /// and a new history segment. The links stay cut: returns their modes.
+    async fn cut_and_restore(&self, snap: &Path, base: i64, bump: Option<u64>) -> Result<Vec<LinkMode>> {
+        let modes = self.cut_links().await?;
+        self.etcd.restore_from(snap, bump).await?;
         self.recorder.new_segment(base, bump.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)));
-        for (i, m) in modes.into_iter().enumerate() {
-            self.set_links(i, m);
-        }
-        let back = now_us();
-        self.wait_for_op(advance_after, |o| until(o, back)).await;
+        Ok(modes)
+    }
+
+    /// The guarded epoch advance from the current epoch to the next.
+    async fn advance_epoch_once(&self) -> Result<()> {
         let expected = self.epoch();
         self.epoch_advance(expected, expected + 1).await?;
         *self.epoch.lock().unwrap_or_else(|p| p.into_inner()) = expected + 1;
-        Ok(base)
+        Ok(())
     }
 
     /// `lockctl epoch-advance`, retried until it reports success (30 s).
