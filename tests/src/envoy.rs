@@ -231,9 +231,17 @@ impl EnvoyBuilder {
             }
             text = text.replace(from.as_str(), to);
         }
+        // Every port goes in as a placeholder first and becomes a number only at
+        // the end: a port equal to a shipped default (a free port may be 18080)
+        // must not be rewritten again by a later substitution.
+        let mut ports: Vec<u16> = Vec::new();
+        let mut slot = |p: u16| {
+            ports.push(p);
+            format!("port_value: {PORT_MARK}{}{PORT_MARK}", ports.len() - 1)
+        };
         if !self.arbiter_ports.is_empty() {
-            text = render_endpoints(&text, &self.arbiter_ports)
-                .with_context(|| format!("{}: arbiter endpoints", path.display()))?;
+            let slots: Vec<String> = self.arbiter_ports.iter().map(|p| slot(*p)).collect();
+            text = render_endpoints(&text, &slots).with_context(|| format!("{}: arbiter endpoints", path.display()))?;
         }
         let listener_port = self.listener_port.unwrap_or_else(free_port);
         let admin_port = self.admin_port.unwrap_or_else(free_port);
@@ -245,9 +253,12 @@ impl EnvoyBuilder {
         ] {
             let from = format!("port_value: {default}");
             if contains_token(&text, &from) {
-                let to = format!("port_value: {}", port.unwrap_or_else(free_port));
+                let to = slot(port.unwrap_or_else(free_port));
                 text = replace_token(&text, &from, &to);
             }
+        }
+        for (i, p) in ports.iter().enumerate() {
+            text = text.replace(&format!("{PORT_MARK}{i}{PORT_MARK}"), &p.to_string());
         }
         if text.contains(CERT_DIR_PREFIX) {
             let Some(dir) = cert_dir else {
@@ -603,11 +614,14 @@ fn parse_stat(stats: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// Marks a port placeholder while a config is rendered (never in a shipped file).
+const PORT_MARK: &str = "@@lockmesh-port@@";
+
 /// Repeats every `- endpoint:` entry that ends with `port_value: 18051` once per
-/// port (each with its port), keeping its indentation: a config may have several
-/// clusters of the arbiters (the key's ring hash, and the transparent filter's
-/// own calls).
-fn render_endpoints(text: &str, ports: &[u16]) -> Result<String> {
+/// port (each with its own `port_value: ...` text from `ports`), keeping its
+/// indentation: a config may have several clusters of the arbiters (the key's
+/// ring hash, and the transparent filter's own calls).
+fn render_endpoints(text: &str, ports: &[String]) -> Result<String> {
     let needle = format!("port_value: {DEFAULT_ARBITER_PORT}");
     let (mut out, mut rest, mut found) = (String::with_capacity(text.len()), text, false);
     while let Some((at, _)) = rest.match_indices(&needle).find(|(i, _)| !next_is_digit(rest, i + needle.len())) {
@@ -618,7 +632,7 @@ fn render_endpoints(text: &str, ports: &[u16]) -> Result<String> {
         let end = rest[at..].find('\n').map_or(rest.len(), |i| at + i + 1);
         let block = &rest[start..end];
         out.push_str(&rest[..start]);
-        out.extend(ports.iter().map(|p| replace_token(block, &needle, &format!("port_value: {p}"))));
+        out.extend(ports.iter().map(|p| replace_token(block, &needle, p)));
         rest = &rest[end..];
         found = true;
     }
@@ -715,6 +729,37 @@ mod tests {
         std::fs::write(&cfg, "a: {port_value: 18051}\n").unwrap();
         let err = EnvoyProcess::builder(cfg.to_str().unwrap()).arbiter_ports([1]).render().unwrap_err();
         assert!(format!("{err:#}").contains("endpoint"), "{err:#}");
+    }
+
+    /// A port equal to a shipped default (a free port may be 18080, as happened
+    /// to an arbiter in a full run) stays what it was given: no later
+    /// substitution rewrites it.
+    #[test]
+    fn ports_equal_to_shipped_defaults_are_not_rewritten_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("x.yaml");
+        let entry = "  - endpoint:\n      socket_address: { port_value: 18051 }\n";
+        std::fs::write(
+            &cfg,
+            format!("l: {{port_value: 18000}}\nadmin: {{port_value: 18001}}\n{entry}up: {{port_value: 18080}}\n"),
+        )
+        .unwrap();
+        let text = EnvoyProcess::builder(cfg.to_str().unwrap())
+            .listener_port(18080)
+            .admin_port(18051)
+            .upstream_port(18000)
+            .arbiter_ports([18001, 18080])
+            .render()
+            .unwrap();
+        let one = |p: u16| format!("  - endpoint:\n      socket_address: {{ port_value: {p} }}\n");
+        assert_eq!(
+            text,
+            format!(
+                "l: {{port_value: 18080}}\nadmin: {{port_value: 18051}}\n{}{}up: {{port_value: 18000}}\n",
+                one(18001),
+                one(18080)
+            )
+        );
     }
 
     #[test]
