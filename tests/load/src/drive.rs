@@ -52,12 +52,21 @@ impl Worker {
         rec: Arc<Recorder>,
     ) -> Result<Self> {
         Ok(match w {
-            Workload::Lockmesh => {
+            Workload::Lockmesh | Workload::LockmeshOneShot => {
                 let tier = target.lock_tier.as_ref().ok_or_else(|| anyhow::anyhow!("no lock tier"))?;
                 let (cert, pem_key) = tier.identity(i)?;
+                let session = w == Workload::Lockmesh;
                 Worker::Lockmesh(Box::new(
-                    LockmeshClient::connect(tier.port, &tier.ca, &cert, &pem_key, opts.http1, key, opts.wait_ms, rec)
-                        .await?,
+                    LockmeshClient::connect(
+                        tier.port,
+                        &tier.ca,
+                        (&cert, &pem_key),
+                        opts.http1,
+                        (key, session),
+                        opts.wait_ms,
+                        rec,
+                    )
+                    .await?,
                 ))
             }
             Workload::EtcdLock => Worker::EtcdLock(Box::new(EtcdLockClient::connect(&target.etcd, rec).await?)),
@@ -129,7 +138,13 @@ pub(crate) async fn drive(
     let acquire_timeout = Duration::from_millis(plan.wait_ms) + Duration::from_secs(5);
     let mut acquire_us = Vec::new();
     let mut release_us = Vec::new();
+    // Open loop: starts spread over one period, then one per period.
+    let mut next = plan.every.map(|e| Instant::now() + e.mul_f64((client % 64) as f64 / 64.0));
     while Instant::now() < plan.window.end {
+        if let (Some(at), Some(every)) = (next.as_mut(), plan.every) {
+            tokio::time::sleep_until(*at).await;
+            *at = (*at + every).max(Instant::now());
+        }
         let asked = Instant::now();
         rec.requested(k, client);
         let token = match tokio::time::timeout(acquire_timeout, w.acquire(&key)).await {

@@ -10,6 +10,9 @@
 //! - `raw-txn`: the two-writes floor: a put-if-absent transaction on the key with
 //!   the client's lease, then a delete; a refused client watches the key for its
 //!   delete (1 s poll as a backstop) and tries again.
+//! - `lockmesh-oneshot` (by name only): `lockmesh` without a session of its own:
+//!   each acquire names no `x-lock-session`, so the arbiter opens one for it, and
+//!   the release names the session the answer gave (the header-only path).
 //! - `raw-txn-marker` (by name only): `raw-txn` whose release transaction also puts
 //!   a marker key on the client's lease, as lockmesh's release writes its release
 //!   marker; beside `raw-txn` it prices the marker in etcd (docs/DECISIONS.md).
@@ -76,6 +79,10 @@ pub enum Workload {
     EtcdLock,
     /// A put-if-absent transaction and a delete.
     RawTxn,
+    /// [`Workload::Lockmesh`] without a session of the client's own: the acquire
+    /// names none (the arbiter opens one for it), the release names the one the
+    /// answer gave (run by name, not in [`Workload::ALL`]).
+    LockmeshOneShot,
     /// [`Workload::RawTxn`] whose release also writes a marker key on the
     /// client's lease in the delete's transaction, as lockmesh's release writes
     /// its release marker: the two side by side price the marker (run by name,
@@ -123,6 +130,10 @@ pub struct LoadOptions {
     pub wait_ms: u64,
     /// Speak HTTP/1.1 to the lock tier instead of HTTP/2 (prior knowledge).
     pub http1: bool,
+    /// Open loop: cycles per second offered by all clients together (each client
+    /// starts one every clients/rate seconds; a late start goes at once and the
+    /// schedule moves on, so no backlog builds). `None`: closed loop.
+    pub rate: Option<f64>,
     /// Print a progress line each second on stderr.
     pub progress: bool,
     /// Keep every grant in [`WorkloadResult::grants`] (tests).
@@ -159,6 +170,8 @@ pub(crate) struct Plan {
     window: Window,
     wait_ms: u64,
     cycles: Arc<AtomicU64>,
+    /// Open loop: each client's time between cycle starts.
+    every: Option<Duration>,
 }
 
 /// The measured interval.
@@ -176,7 +189,8 @@ impl Workload {
 
     /// Every workload the command line names: [`Workload::ALL`] and those run
     /// only by name.
-    pub const NAMED: [Workload; 4] = [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn, Workload::RawTxnMarker];
+    pub const NAMED: [Workload; 5] =
+        [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn, Workload::RawTxnMarker, Workload::LockmeshOneShot];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -185,7 +199,13 @@ impl Workload {
             Workload::EtcdLock => "etcd-lock",
             Workload::RawTxn => "raw-txn",
             Workload::RawTxnMarker => "raw-txn-marker",
+            Workload::LockmeshOneShot => "lockmesh-oneshot",
         }
+    }
+
+    /// Whether it goes through the lock tier (Envoy and the arbiter).
+    pub fn lock_tier(self) -> bool {
+        matches!(self, Workload::Lockmesh | Workload::LockmeshOneShot)
     }
 
     /// Whether tokens are commit revisions of write transactions, hence unique
@@ -200,10 +220,9 @@ impl FromStr for Workload {
     type Err = anyhow::Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        Workload::NAMED
-            .into_iter()
-            .find(|w| w.name() == s)
-            .with_context(|| format!("unknown workload {s:?}: lockmesh, etcd-lock, raw-txn or raw-txn-marker"))
+        Workload::NAMED.into_iter().find(|w| w.name() == s).with_context(|| {
+            format!("unknown workload {s:?}: lockmesh, lockmesh-oneshot, etcd-lock, raw-txn or raw-txn-marker")
+        })
     }
 }
 
@@ -280,6 +299,7 @@ impl Default for LoadOptions {
             workloads: Workload::ALL.to_vec(),
             wait_ms: 30_000,
             http1: false,
+            rate: None,
             progress: false,
             keep_grants: false,
         }
@@ -298,6 +318,9 @@ impl LoadOptions {
         ensure!(!self.modes.is_empty(), "modes: none given");
         ensure!(!self.workloads.is_empty(), "workloads: none given");
         ensure!((1..=60_000).contains(&self.wait_ms), "wait_ms: {} must be in 1..=60000", self.wait_ms);
+        if let Some(r) = self.rate {
+            ensure!(r.is_finite() && (0.1..=100_000.0).contains(&r), "rate: {r} must be in 0.1..=100000 cycles/s");
+        }
         for m in &self.modes {
             let n = m.shape(self.concurrency, self.keys).clients();
             ensure!(n <= MAX_CLIENTS, "{} mode would run {n} clients, above {MAX_CLIENTS}", m.name());
@@ -350,6 +373,7 @@ impl<'a> Target<'a> {
     fn key_name(&self, w: Workload, run: &str, mode: Mode, k: usize) -> String {
         match w {
             Workload::Lockmesh => format!("{}/{run}/{}/k{k:04}", self.key_namespace, mode.name()),
+            Workload::LockmeshOneShot => format!("{}/{run}/{}/o{k:04}", self.key_namespace, mode.name()),
             _ => format!("{}/{run}/{}/{}/k{k:04}", self.etcd_prefix, w.name(), mode.name()),
         }
     }
@@ -386,16 +410,16 @@ pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
     let mut results = Vec::new();
     for &mode in &opts.modes {
         for &w in &opts.workloads {
-            if w == Workload::Lockmesh && target.lock_tier.is_none() {
-                bail!("the lockmesh workload needs the lock tier (--envoy)");
+            if w.lock_tier() && target.lock_tier.is_none() {
+                bail!("the {} workload needs the lock tier (--envoy)", w.name());
             }
-            if w != Workload::Lockmesh && target.etcd.is_empty() {
+            if !w.lock_tier() && target.etcd.is_empty() {
                 bail!("the {} workload needs etcd endpoints (--etcd)", w.name());
             }
             results.push(run_one(target, opts, &run_id, mode, w).await);
         }
     }
-    Ok(Report { run_id, seconds: opts.seconds.as_secs_f64(), results })
+    Ok(Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results })
 }
 
 async fn run_one(
@@ -437,7 +461,8 @@ async fn run_one(
 
     let t0 = Instant::now();
     let window = Window { start: t0 + opts.warmup, end: t0 + opts.warmup + opts.seconds };
-    let plan = Plan { workload, window, wait_ms: opts.wait_ms, cycles: Arc::new(AtomicU64::new(0)) };
+    let every = opts.rate.map(|r| Duration::from_secs_f64(shape.clients() as f64 / r));
+    let plan = Plan { workload, window, wait_ms: opts.wait_ms, cycles: Arc::new(AtomicU64::new(0)), every };
     let tasks: Vec<_> = workers
         .into_iter()
         .enumerate()

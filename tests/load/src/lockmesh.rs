@@ -1,7 +1,8 @@
 //! The `lockmesh` workload's client: its own mTLS connection to the lock tier,
 //! its own session renewed every TTL/3 in the background, then `acquire`
 //! (`x-lock-key`, `x-lock-session`, `x-lock-wait-ms`) and `release` (`x-lock-key`,
-//! `x-lock-token`, `x-lock-session`).
+//! `x-lock-token`, `x-lock-session`). `lockmesh-oneshot` opens no session: each
+//! acquire names none and its release names the one the answer gave.
 //!
 //! HTTP/2 is spoken with prior knowledge: the shipped lock-tier listener sets no
 //! `alpn_protocols`, so ALPN would settle on HTTP/1.1, while Envoy's `AUTO` codec
@@ -25,6 +26,9 @@ pub(crate) struct LockmeshClient {
     class_key: String,
     wait_ms: String,
     session: String,
+    /// Whether the client keeps a session of its own (`lockmesh`), or each acquire
+    /// opens one (`lockmesh-oneshot`).
+    own_session: bool,
     keeper: Option<JoinHandle<()>>,
     token: Option<String>,
     version: String,
@@ -81,15 +85,14 @@ pub(crate) fn lock_tier_http(port: u16, ca: &Path, cert: &Path, key: &Path, http
 
 impl LockmeshClient {
     /// Connects to `https://localhost:<port>` (127.0.0.1) as (`cert`, `key`),
-    /// trusting only `ca`, and opens a session of `class_key`'s class.
-    #[allow(clippy::too_many_arguments)]
+    /// trusting only `ca`, and, with `own_session`, opens a session of
+    /// `class_key`'s class.
     pub async fn connect(
         port: u16,
         ca: &Path,
-        cert: &Path,
-        key: &Path,
+        (cert, key): (&Path, &Path),
         http1: bool,
-        class_key: &str,
+        (class_key, own_session): (&str, bool),
         wait_ms: u64,
         rec: Arc<Recorder>,
     ) -> Result<Self> {
@@ -99,12 +102,15 @@ impl LockmeshClient {
             class_key: class_key.to_owned(),
             wait_ms: wait_ms.to_string(),
             session: String::new(),
+            own_session,
             keeper: None,
             token: None,
             version: String::new(),
             rec,
         };
-        c.open().await?;
+        if own_session {
+            c.open().await?;
+        }
         Ok(c)
     }
 
@@ -143,11 +149,17 @@ impl LockmeshClient {
     /// One acquire; the token.
     pub async fn acquire(&mut self, key: &str) -> Result<u64> {
         let url = format!("{}/v1/locks/acquire", self.base);
-        let headers =
-            [("x-lock-key", key), ("x-lock-session", self.session.as_str()), ("x-lock-wait-ms", self.wait_ms.as_str())];
-        let (status, _, json) = post(&self.http, &url, &headers).await?;
+        let mut headers = vec![("x-lock-key", key), ("x-lock-wait-ms", self.wait_ms.as_str())];
+        if self.own_session {
+            headers.push(("x-lock-session", self.session.as_str()));
+        }
+        let (status, version, json) = post(&self.http, &url, &headers).await?;
         if status != 200 {
             return Err(refused(status, &json));
+        }
+        if !self.own_session {
+            self.session = json["session"].as_str().context("no session in the answer")?.to_owned();
+            self.version = format!("{version:?}");
         }
         let token = json["token"].as_str().context("no token in the answer")?;
         let value = token.parse::<u64>().with_context(|| format!("token {token:?} is not a u64"))?;
@@ -173,7 +185,10 @@ impl LockmeshClient {
     /// Closes the session (ending any hold) and opens a new one.
     pub async fn reset(&mut self) -> Result<()> {
         self.end().await;
-        self.open().await
+        if self.own_session {
+            self.open().await?;
+        }
+        Ok(())
     }
 
     async fn end(&mut self) {
@@ -181,9 +196,15 @@ impl LockmeshClient {
             k.abort();
         }
         self.token = None;
+        if self.session.is_empty() {
+            return;
+        }
         let url = format!("{}/v1/sessions/close", self.base);
-        match post(&self.http, &url, &[("x-lock-session", &self.session)]).await {
+        let session = std::mem::take(&mut self.session);
+        match post(&self.http, &url, &[("x-lock-session", &session)]).await {
             Ok((s, _, _)) if s == 200 => {}
+            // An acquire's own session may have ended with its last hold already.
+            Ok((s, _, _)) if s == 410 && !self.own_session => {}
             Ok((s, _, j)) => self.rec.error("lockmesh close", &refused(s, &j).to_string()),
             Err(e) => self.rec.error("lockmesh close", &format!("{e:#}")),
         }

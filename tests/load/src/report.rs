@@ -66,6 +66,8 @@ pub struct Report {
     pub run_id: String,
     /// Measured seconds per workload.
     pub seconds: f64,
+    /// Open loop: the cycles per second offered (`LoadOptions::rate`).
+    pub rate: Option<f64>,
     /// Results in run order.
     pub results: Vec<WorkloadResult>,
 }
@@ -131,7 +133,7 @@ impl WorkloadResult {
     }
 
     /// Errors of any kind.
-    pub(crate) fn error_count(&self) -> u64 {
+    pub fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 
@@ -203,6 +205,12 @@ impl Report {
             );
         }
         let _ = writeln!(s, "(latencies in ms; keys = keys x clients per key)");
+        if let Some(r) = self.rate {
+            let _ = writeln!(
+                s,
+                "open loop: {r:.0} cycles/s offered to every workload; one below it was saturated and its cpu line is not at the same rate"
+            );
+        }
         self.render_ratios(&mut s);
         self.render_fairness(&mut s);
         self.render_cpu(&mut s);
@@ -237,6 +245,9 @@ impl Report {
                     f64::from(lm.acquire.p99) / f64::from(b.acquire.p99)
                 ));
             }
+            if let Some(o) = self.find(m, Workload::LockmeshOneShot).filter(|_| lm.cycles_per_s > 0.0) {
+                parts.push(format!("lockmesh-oneshot/lockmesh {:.2}x cycles/s", o.cycles_per_s / lm.cycles_per_s));
+            }
             if !parts.is_empty() {
                 let _ = writeln!(s, "ratios {}: {}", m.name(), parts.join(", "));
             }
@@ -260,6 +271,18 @@ impl Report {
                     verdict(r >= floor)
                 );
             }
+        }
+        for r in self.results.iter().filter(|r| r.workload == Workload::LockmeshOneShot) {
+            let Some(lm) = self.find(r.mode, Workload::Lockmesh).filter(|lm| lm.cycles_per_s > 0.0) else {
+                continue;
+            };
+            let x = r.cycles_per_s / lm.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "goal {}: header-only cycles/s >= 0.8x with a session: {x:.2}x, {}",
+                r.mode.name(),
+                verdict(x >= 0.8)
+            );
         }
         let uncontended =
             (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn));

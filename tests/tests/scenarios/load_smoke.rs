@@ -2,7 +2,8 @@
 //! harness stack, briefly: every workload completes cycles, and every token is
 //! unique and strictly increasing per key in grant order; `--scale` keeps every
 //! hold and session past a TTL and sees a session it starves on purpose expire.
-//! No timing is asserted.
+//! The open-loop run offers a fixed rate to the lock tier with and without a
+//! session per client. No timing is asserted.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -52,6 +53,38 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
     let lockmesh = &report.results[0];
     assert_eq!(lockmesh.workload, Workload::Lockmesh);
     assert_eq!(lockmesh.http_version.as_deref(), Some("HTTP/2.0"));
+}
+
+/// `--rate` with `lockmesh-oneshot` (acquires that name no session) beside
+/// `lockmesh`: both complete cycles at the offered rate's pace, and the report
+/// says it was an open loop and prints the header-only ratio and its goal.
+#[tokio::test]
+async fn an_open_loop_run_drives_acquires_with_and_without_a_session() {
+    let st = Stack::builder("load-open").envoy_config("lock-tier").plaintext_etcd().start().await.unwrap();
+    let opts = LoadOptions {
+        seconds: Duration::from_secs(2),
+        warmup: Duration::ZERO,
+        concurrency: 2,
+        modes: vec![Mode::Uncontended],
+        workloads: vec![Workload::Lockmesh, Workload::LockmeshOneShot],
+        rate: Some(20.0),
+        keep_grants: true,
+        ..LoadOptions::default()
+    };
+    let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    for r in &report.results {
+        let w = r.workload.name();
+        assert_eq!(r.failed, None, "{w}: {table}");
+        assert!(r.cycles > 0 && r.error_count() == 0, "{w}: {table}");
+        // 20 cycles/s offered for 2 s: never more than the schedule allows.
+        assert!(r.cycles <= 44, "{w}: {} cycles is more than the offered rate allows\n{table}", r.cycles);
+        assert_eq!(r.token_violations(), 0, "{w}: {table}");
+    }
+    assert!(table.contains("open loop: 20 cycles/s offered"), "{table}");
+    assert!(table.contains("lockmesh-oneshot/lockmesh"), "{table}");
+    assert!(table.contains("header-only cycles/s >= 0.8x with a session"), "{table}");
 }
 
 #[tokio::test]

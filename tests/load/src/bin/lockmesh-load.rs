@@ -59,6 +59,11 @@ struct Args {
     /// Speak HTTP/1.1 to the lock tier (default: HTTP/2 with prior knowledge).
     #[arg(long)]
     http1: bool,
+    /// Open loop: offer this many cycles per second in all (each client starts a
+    /// cycle every clients/RATE seconds, late ones at once, never a backlog), so
+    /// every workload is measured at the same rate; default: closed loop.
+    #[arg(long, value_name = "CYCLES_PER_S")]
+    rate: Option<f64>,
     /// Envoy `--concurrency` of the stack this tool starts.
     #[arg(long, default_value_t = 2)]
     envoy_concurrency: u32,
@@ -259,15 +264,16 @@ fn options(a: &Args) -> Result<LoadOptions> {
         workloads: load::parse_list::<Workload>(&a.workloads).context("--workloads")?,
         wait_ms: a.wait_ms,
         http1: a.http1,
+        rate: a.rate,
         progress: !a.quiet,
         keep_grants: false,
     };
     opts.validate()?;
     if a.envoy.is_some() || a.etcd.is_some() {
-        if opts.workloads.contains(&Workload::Lockmesh) {
-            ensure!(a.envoy.is_some(), "the lockmesh workload needs --envoy");
+        if opts.workloads.iter().any(|w| w.lock_tier()) {
+            ensure!(a.envoy.is_some(), "the lockmesh workloads need --envoy");
         }
-        if opts.workloads.iter().any(|w| *w != Workload::Lockmesh) {
+        if opts.workloads.iter().any(|w| !w.lock_tier()) {
             ensure!(a.etcd.is_some(), "the etcd workloads need --etcd");
         }
     }
