@@ -284,6 +284,7 @@ impl Report {
                 verdict(x >= 0.8)
             );
         }
+        self.render_mesh_goals(s);
         let uncontended =
             (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn));
         if let (Some(lm), Some(b)) = uncontended {
@@ -291,6 +292,66 @@ impl Report {
                 let r = f64::from(lm.acquire.p99) / f64::from(b.acquire.p99);
                 let _ = writeln!(s, "goal uncontended: acquire p99 <= 1.5x raw-txn: {r:.2}x, {}", verdict(r <= 1.5));
             }
+        }
+    }
+
+    /// Issue #20's uncontended goals, from one run's `cpu` and `etcd` lines:
+    /// what the mesh (Envoy and the arbiter) spends per lockmesh cycle against
+    /// what etcd spends per etcd-lock cycle, etcd's own CPU and keys written per
+    /// cycle, each lockmesh over etcd-lock. With `--rate` both ran at the same
+    /// offered rate, which the etcd CPU ratio needs (batching differs with rate).
+    fn render_mesh_goals(&self, s: &mut String) {
+        let verdict = |met: bool| if met { "met" } else { "NOT met" };
+        if let (Some(lm), Some(b)) = (
+            self.find(Mode::Hot, Workload::Lockmesh),
+            self.find(Mode::Hot, Workload::RawTxn).filter(|b| b.cycles_per_s > 0.0),
+        ) {
+            let r = lm.cycles_per_s / b.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "goal hot: cycles/s >= 0.6x raw-txn (which lets clients barge): {r:.2}x, {}",
+                verdict(r >= 0.6)
+            );
+        }
+        let (Some(lm), Some(b)) =
+            (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::EtcdLock))
+        else {
+            return;
+        };
+        if self.rate.is_none() && b.cycles_per_s > 0.0 {
+            let r = lm.cycles_per_s / b.cycles_per_s;
+            let _ = writeln!(s, "goal uncontended: cycles/s >= 0.5x etcd-lock: {r:.2}x, {}", verdict(r >= 0.5));
+        }
+        let ([le, lv, la, _], [be, _, _, _]) = (lm.cpu_ms_per_cycle(), b.cpu_ms_per_cycle());
+        if let (Some(v), Some(a), Some(e)) = (lv, la, be.filter(|e| *e > 0.0)) {
+            let r = (v + a) / e;
+            let _ = writeln!(
+                s,
+                "goal uncontended: (envoy + arbiter) CPU per lockmesh cycle <= 1.5x etcd CPU per etcd-lock cycle: {r:.2}x, {}",
+                verdict(r <= 1.5)
+            );
+        }
+        if let (Some(l), Some(e)) = (le, be.filter(|e| *e > 0.0)) {
+            let r = l / e;
+            let at = match self.rate {
+                Some(rate) => format!("at {rate:.0} cycles/s offered"),
+                None => "closed loop, NOT at one rate".to_owned(),
+            };
+            let _ = writeln!(
+                s,
+                "goal uncontended: etcd CPU per cycle lockmesh <= 1.0x etcd-lock ({at}): {r:.2}x, {}",
+                verdict(r <= 1.0 && self.rate.is_some())
+            );
+        }
+        if let (Some(l), Some(e)) = (&lm.etcd, b.etcd.as_ref().filter(|e| e.puts > 0.0)) {
+            let r = l.puts / e.puts;
+            let _ = writeln!(
+                s,
+                "goal uncontended: etcd keys put per cycle lockmesh <= 1.0x etcd-lock: {:.2} vs {:.2} = {r:.2}x, {}",
+                l.puts,
+                e.puts,
+                verdict(r <= 1.0)
+            );
         }
     }
 
