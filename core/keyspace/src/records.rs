@@ -23,6 +23,11 @@ pub struct SessionRecord {
     /// then, else `*`. Readers that do not know it ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns: Option<String>,
+    /// Opened by an acquire that named no session (the header-only path), not by
+    /// `POST /v1/sessions`: a release naming it ends it once it holds nothing
+    /// (docs/API.md). Absent (false) in every other record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_acquire: bool,
 }
 
 /// A hold's value. The raw key sits here (never in key names) for the holder's own

@@ -579,6 +579,7 @@ mod tests {
             ttl_s: 15,
             created_ms: 1,
             ns: Some("ns".into()),
+            by_acquire: false,
         };
         let copy = ExtensionRecord { record: rec.clone(), home: Some("coord".into()) };
         let v = serde_json::to_vec(&copy).unwrap();

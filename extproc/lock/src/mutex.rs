@@ -299,7 +299,10 @@ impl Store {
             }
             None => (
                 self.grant_lease(test_faults::lease_ttl(req.class.name.as_str(), req.class.ttl_s)).await?,
-                Some(Self::new_record(&req.caller, &req.class, req.key.namespace())),
+                Some(SessionRecord {
+                    by_acquire: true,
+                    ..Self::new_record(&req.caller, &req.class, req.key.namespace())
+                }),
             ),
         };
         let opened = new_record.is_some();

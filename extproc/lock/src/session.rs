@@ -56,6 +56,7 @@ impl Store {
             ttl_s: class.ttl_s,
             created_ms: now_ms(),
             ns: Some(ns.to_owned()),
+            by_acquire: false,
         }
     }
 

@@ -349,6 +349,7 @@ impl Store {
                 created_ms: now_ms(),
                 // Counted against the class's one namespace, else `*` (`quota`).
                 ns: None,
+                by_acquire: false,
             };
             let v = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let lease = Some(PutOptions::new().with_lease(sid.lease()));

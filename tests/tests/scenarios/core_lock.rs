@@ -144,6 +144,48 @@ async fn session_expiry_frees_holds_and_the_session_is_gone() {
     assert_eq!((r.code(), s(&r, "code")), (410, "session_expired".into()), "{}", r.body);
 }
 
+/// A session an acquire opened for itself (no `x-lock-session`: the header-only
+/// path) ends with the release of its last hold, shortly after that release's
+/// answer, as a close; while it holds another key it stays; a session opened by
+/// `POST /v1/sessions` stays after the release of its only hold.
+#[tokio::test]
+async fn an_acquires_own_session_ends_with_its_last_release_and_an_opened_one_stays() {
+    let st = lock_tier("core-oneshot").start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let keepalive = async |sid: &str| {
+        let r = a.post("/v1/sessions/keepalive", &[("x-lock-session", sid)]).await.unwrap();
+        (r.code(), r.json["code"].as_str().unwrap_or_default().to_owned())
+    };
+    let (k1, k2, k3) = ("payments/oneshot-1", "payments/oneshot-2", "payments/oneshot-3");
+    let r1 = a.post(ACQ, &[("x-lock-key", k1)]).await.unwrap();
+    assert_eq!((r1.code(), &r1.json["new_session"]), (200, &serde_json::json!(true)), "{}", r1.body);
+    let sid = s(&r1, "session");
+    let r2 = a.post(ACQ, &[("x-lock-key", k2), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!(r2.code(), 200, "{}", r2.body);
+    let release = async |k: &str, r: &lockmesh_tests::client::Resp, sid: &str| {
+        let t = s(r, "token");
+        a.post(REL, &[("x-lock-key", k), ("x-lock-token", t.as_str()), ("x-lock-session", sid)]).await.unwrap().code()
+    };
+    assert_eq!(release(k1, &r1, &sid).await, 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(keepalive(&sid).await.0, 200, "the session still holds {k2}: it must stay");
+    assert_eq!(release(k2, &r2, &sid).await, 200);
+    let end = Instant::now() + Duration::from_secs(10);
+    while keepalive(&sid).await != (410, "session_expired".to_owned()) {
+        assert!(Instant::now() < end, "the acquire's own session did not end with its last hold");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A session the caller opened itself stays open without holds.
+    let r = a.post("/v1/sessions", &[("x-lock-key", k3)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let own = s(&r, "session");
+    let r3 = a.post(ACQ, &[("x-lock-key", k3), ("x-lock-session", &own)]).await.unwrap();
+    assert_eq!((r3.code(), &r3.json["new_session"]), (200, &serde_json::json!(false)), "{}", r3.body);
+    assert_eq!(release(k3, &r3, &own).await, 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(keepalive(&own).await.0, 200, "a session opened by POST /v1/sessions ended with its release");
+}
+
 #[tokio::test]
 async fn a_session_that_expires_while_waiting_gets_nothing() {
     let st = lock_tier("core-expire-wait").start().await.unwrap();

@@ -202,6 +202,7 @@ fn the_arbiters_typed_records_decode_a_transparent_release_and_a_session_open() 
         ttl_s: 15,
         created_ms: 77,
         ns: None,
+        by_acquire: false,
     };
     let changes = vec![
         del(format!("{ROOT}/l/{D1}/h/0000"), hold("a/one", "spiffe://x/a"), 0x1f, 10),
