@@ -8,6 +8,8 @@ with the interpreter of `.tools/bench` (`scripts/setup --bench`); not part of th
 test command.
 
 Recipes (the same shapes as lockmesh's side):
+  mutex     Lock(path) by every client: one hot key
+  mutex-own Lock(path_i), a path per client: uncontended
   election  Election(path).run(lambda: None): campaign, lead, give up at once
   rw        client i % 4 == 0 takes WriteLock(path), the others ReadLock(path)
   multikey  client i takes Lock(k_i) then Lock(k_{i+1}) of a ring of N keys, in
@@ -28,7 +30,7 @@ from kazoo.client import KazooClient
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hosts", required=True)
-    p.add_argument("--recipe", required=True, choices=["election", "rw", "multikey", "permits"])
+    p.add_argument("--recipe", required=True, choices=["mutex", "mutex-own", "election", "rw", "multikey", "permits"])
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=1.0)
@@ -47,6 +49,9 @@ def main():
 
     def make(i, zk):
         ident = "c%d" % i
+        if a.recipe in ("mutex", "mutex-own"):
+            l = zk.Lock(base + ("/m" if a.recipe == "mutex" else "/m%d" % i), ident)
+            return lambda: (l.acquire(), l.release())
         if a.recipe == "election":
             e = zk.Election(base + "/e", ident)
             return lambda: e.run(lambda: None)

@@ -6,6 +6,8 @@
 //!
 //! | recipe | lockmesh | etcd | ZooKeeper (kazoo) |
 //! |---|---|---|---|
+//! | `mutex` | acquire and release of one key by every client, on its session | v3lock `Lock` on the client's lease, `Unlock` | `Lock(path)` |
+//! | `mutex-own` | the same, each client its own key (uncontended) | the same, a key per client | `Lock` of a path per client |
 //! | `election` | campaign on the client's session, resign at once | v3election `Campaign` on the client's lease, `Resign` | `Election.run` with an empty leader function |
 //! | `rw` | `x-lock-mode`: client i % 4 == 0 exclusive, the others shared, N = clients | none (etcd's `concurrency` has no read-write lock) | `WriteLock` / `ReadLock` alike |
 //! | `multikey` | `acquire-all` of keys i and i+1 of a ring of `clients` keys, released one by one | v3lock `Lock` of both keys in key order, `Unlock` both | `Lock` of both in key order, released |
@@ -28,7 +30,7 @@ use tokio::time::Instant;
 use super::lockmesh::{lock_tier_http, post};
 
 /// The recipes, in report order.
-pub const RECIPES: [&str; 4] = ["election", "rw", "multikey", "permits"];
+pub const RECIPES: [&str; 6] = ["mutex", "mutex-own", "election", "rw", "multikey", "permits"];
 
 /// The registry of the stack this mode starts: the read-write class has as many
 /// slots as there are clients (each exclusive hold takes them all, at most 64).
@@ -130,7 +132,7 @@ pub async fn run(clients: usize, seconds: f64, warmup: f64, python: &Path, quiet
         let w = Window::new(warmup, seconds);
         lockmesh(&st, recipe, clients, &w).await?;
         out.push(w.result(recipe, "lockmesh", seconds));
-        if matches!(recipe, "election" | "multikey") {
+        if recipe != "rw" && recipe != "permits" {
             let w = Window::new(warmup, seconds);
             etcd(&st.etcd().endpoints(), &format!("{}/bench", st.root()), recipe, clients, &w).await?;
             out.push(w.result(recipe, if recipe == "election" { "etcd v3election" } else { "etcd v3lock" }, seconds));
@@ -158,6 +160,8 @@ async fn lockmesh(st: &Stack, recipe: &'static str, clients: usize, w: &Arc<Wind
             "election" => "load/elect/e".to_owned(),
             "rw" => "load/rw/k".to_owned(),
             "permits" => "load/perm/k".to_owned(),
+            "mutex" => "load/mutex/hot".to_owned(),
+            "mutex-own" => format!("load/mutex/k{i}"),
             _ => format!("load/ring/k{i}"),
         };
         let (s, _, j) = post(&http, &format!("{base}/v1/sessions"), &[("x-lock-key", key.as_str())]).await?;
@@ -229,7 +233,11 @@ async fn etcd(endpoints: &[String], prefix: &str, recipe: &'static str, clients:
         let w = w.clone();
         let (name, mut ring) = (
             format!("{prefix}/elect"),
-            vec![format!("{prefix}/ring/k{i}"), format!("{prefix}/ring/k{}", (i + 1) % clients)],
+            match recipe {
+                "mutex" => vec![format!("{prefix}/mutex/hot")],
+                "mutex-own" => vec![format!("{prefix}/mutex/k{i}")],
+                _ => vec![format!("{prefix}/ring/k{i}"), format!("{prefix}/ring/k{}", (i + 1) % clients)],
+            },
         );
         ring.sort();
         tasks.push(tokio::spawn(async move {
@@ -369,6 +377,17 @@ pub fn render(results: &[RecipeResult], clients: usize, seconds: f64) -> String 
             "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} |\n",
             r.recipe, r.system, r.per_s, r.p50_ms, r.p99_ms, r.errors, ratio
         ));
+    }
+    // Issue 20's goals against ZooKeeper's lock recipe.
+    for (recipe, what, floor) in [("mutex", "one hot key", 1.2), ("mutex-own", "uncontended", 1.5)] {
+        let find = |system: &str| results.iter().find(|r| r.recipe == recipe && r.system == system);
+        if let (Some(ours), Some(zk)) = (find("lockmesh"), find("ZooKeeper (kazoo)").filter(|z| z.per_s > 0.0)) {
+            let x = ours.per_s / zk.per_s;
+            let verdict = if x >= floor { "met" } else { "NOT met" };
+            s.push_str(&format!(
+                "goal recipes {recipe}: {what} cycles/s >= {floor:.1}x ZooKeeper's lock recipe: {x:.2}x, {verdict}\n"
+            ));
+        }
     }
     s
 }

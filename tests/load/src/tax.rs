@@ -3,6 +3,9 @@
 //!
 //! - `plain`: an Envoy with the inbound sidecar's listener (mTLS, same HCM, same
 //!   route) but only the router: the baseline;
+//! - `empty-wasm`: the same Envoy with an empty Rust proxy-wasm filter before the
+//!   router (`tests/empty-filter`, same SDK, runtime and build): the floor of any
+//!   Wasm filter, which the lockmesh filters are judged against (issue 20);
 //! - `unlocked`: the shipped `inbound-sidecar.yaml`, requests on its
 //!   `allow_unlocked` route without lock headers (the Wasm filter runs; ext_proc is
 //!   skipped): the filter's tax on ordinary traffic;
@@ -43,8 +46,33 @@ pub struct TaxResult {
     pub envoy_cpu_us: Option<f64>,
 }
 
+/// The empty proxy-wasm module (`tests/empty-filter`, built by scripts/test and
+/// scripts/bench).
+fn empty_module() -> Result<PathBuf> {
+    let path = lockmesh_tests::paths::target_dir().join("wasm32-wasip1/release/lockmesh_empty_filter.wasm");
+    if !path.is_file() {
+        bail!(
+            "{} is missing: cargo build --release --target wasm32-wasip1 -p lockmesh-empty-filter (scripts/test does it)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
 /// The inbound-sidecar config with every HTTP filter but the router removed.
 fn plain_config() -> Result<PathBuf> {
+    sidecar_with(None)
+}
+
+/// [`plain_config`] with the empty proxy-wasm filter before the router, on the
+/// V8 runtime the lockmesh filter uses.
+fn empty_wasm_config() -> Result<PathBuf> {
+    sidecar_with(Some(&empty_module()?))
+}
+
+/// The inbound-sidecar config with only the router, and before it an HTTP Wasm
+/// filter running `module` if given.
+fn sidecar_with(module: Option<&std::path::Path>) -> Result<PathBuf> {
     let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
     // serde-saphyr has no value type of its own: the document is walked as JSON.
     let mut doc: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&src)?)?;
@@ -56,9 +84,28 @@ fn plain_config() -> Result<PathBuf> {
     if filters.len() != 1 {
         bail!("inbound-sidecar.yaml: expected one router filter");
     }
+    if let Some(m) = module {
+        let wasm = serde_json::json!({
+            "name": "envoy.filters.http.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {
+                    "name": "empty",
+                    "root_id": "empty",
+                    "failure_policy": "FAIL_CLOSED",
+                    "vm_config": {
+                        "vm_id": "empty",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": { "local": { "filename": m.display().to_string() } }
+                    }
+                }
+            }
+        });
+        filters.insert(0, wasm);
+    }
     let dir = std::env::temp_dir().join(format!("lockmesh-tax-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let out = dir.join("plain-sidecar.yaml");
+    let out = dir.join(if module.is_some() { "empty-wasm-sidecar.yaml" } else { "plain-sidecar.yaml" });
     std::fs::write(&out, serde_saphyr::to_string(&doc)?)?;
     Ok(out)
 }
@@ -147,9 +194,9 @@ async fn drive(
     })
 }
 
-/// Runs `plain` and `unlocked` alternately for `rounds` rounds (so the baseline's
-/// own spread is measured in the same run), then `transparent` once;
-/// `concurrency` clients, `seconds` each.
+/// Runs `plain`, `empty-wasm` and `unlocked` in turn for `rounds` rounds (so
+/// each baseline's own spread is measured in the same run), then `transparent`
+/// once; `concurrency` clients, `seconds` each.
 pub async fn run(
     concurrency: usize,
     seconds: Duration,
@@ -172,13 +219,21 @@ pub async fn run(
             .map(|_| LockClient::new(port, &st.pki().ca_cert_path(), Some((&id.cert_path, &id.key_path))))
             .collect()
     };
+    let empty = EnvoyProcess::builder(empty_wasm_config()?.to_str().context("temp path")?)
+        .cert_dir(st.pki().dir())
+        .upstream_port(st.backend().port())
+        .start()
+        .await?;
     let pid_of = |e: &EnvoyProcess| super::cpu::find_pid(&e.config_path().display().to_string(), "envoy");
-    let (plain_pid, sidecar_pid) = (pid_of(&plain), pid_of(st.envoy()));
+    let (plain_pid, empty_pid, sidecar_pid) = (pid_of(&plain), pid_of(&empty), pid_of(st.envoy()));
     let mut out = Vec::new();
     let direct = clients(plain.listener_port())?;
+    let floor = clients(empty.listener_port())?;
     let sidecar = clients(st.envoy().listener_port())?;
     for _ in 0..rounds.max(1) {
         out.push(drive("plain", plain_pid, &direct, seconds, warmup, progress).await?);
+        st.backend().clear();
+        out.push(drive("empty-wasm", empty_pid, &floor, seconds, warmup, progress).await?);
         st.backend().clear();
         out.push(drive("unlocked", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
         st.backend().clear();
@@ -193,7 +248,7 @@ pub async fn run(
 pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> String {
     let rounds = results.iter().filter(|r| r.name == "plain").count();
     let mut s = format!(
-        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain and unlocked, \
+        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain, empty-wasm and unlocked, \
          HTTP/2 over mTLS, inbound-sidecar.yaml, recording backend\n",
         seconds.as_secs_f64()
     );
@@ -201,7 +256,8 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
         "| workload | rounds | req/s (mean) | req/s (min-max) | p50 ms | p99 ms | errors | req/s vs plain | Envoy CPU µs/req |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
-    let rows: Vec<Row> = ["plain", "unlocked", "transparent"].iter().filter_map(|n| Row::of(results, n)).collect();
+    let rows: Vec<Row> =
+        ["plain", "empty-wasm", "unlocked", "transparent"].iter().filter_map(|n| Row::of(results, n)).collect();
     let base = rows.iter().find(|r| r.name == "plain").map_or(0.0, |r| r.mean);
     for r in &rows {
         let ratio = if base > 0.0 { r.mean / base } else { 0.0 };
@@ -228,6 +284,24 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
             p.min,
             p.max,
             if p.mean > 0.0 { 100.0 * (u.mean - p.mean) / p.mean } else { 0.0 }
+        ));
+    }
+    if let (Some(e), Some(u)) =
+        (rows.iter().find(|r| r.name == "empty-wasm"), rows.iter().find(|r| r.name == "unlocked"))
+    {
+        // Issue 20: lock-free requests through the lockmesh filters within 5 % of
+        // the same Envoy with an empty Rust proxy-wasm filter, in the same run.
+        let pct = if e.mean > 0.0 { 100.0 * (u.mean - e.mean) / e.mean } else { 0.0 };
+        let verdict = if e.n < 2 {
+            "not judged (one round)"
+        } else if pct >= -5.0 {
+            "met"
+        } else {
+            "NOT met"
+        };
+        s.push_str(&format!(
+            "goal tax: unlocked req/s within 5 % of an empty Rust Wasm filter's: {:.0} vs {:.0} ({pct:+.1} %), {verdict}\n",
+            u.mean, e.mean
         ));
     }
     s
