@@ -25,7 +25,8 @@ use serde::Deserialize;
 /// normal dependencies (today's edges). Every allowed edge points to a lower
 /// layer, so no cycle and no upward arrow can be added without changing this table.
 ///
-/// 0 foundations: the wire types (`lockmesh-core`), the service runtime, the dev PKI
+/// 0 foundations: the wire types (`lockmesh-core`), the service runtime, the dev
+///   PKI; the empty Wasm filter the filter tax is measured against (no lockmesh crate)
 /// 1 what builds on the wire types alone: the etcd records, telemetry, the SDK,
 ///   the Wasm filter, the fence proxy, the sidecar
 /// 2 the etcd recipe (`lockmesh-lock`)
@@ -39,6 +40,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-core", 0, &[]),
     ("lockmesh-runtime", 0, &[]),
     ("lockmesh-devcerts", 0, &[]),
+    ("lockmesh-empty-filter", 0, &[]),
     ("lockmesh-keyspace", 1, &["lockmesh-core"]),
     ("lockmesh-telemetry", 1, &["lockmesh-core"]),
     ("lockmesh-client", 1, &["lockmesh-core", "lockmesh-runtime"]),
