@@ -145,9 +145,17 @@ pub(crate) async fn drive(
             tokio::time::sleep_until(*at).await;
             *at = (*at + every).max(Instant::now());
         }
+        // Zipf: each cycle draws its key.
+        let (k, key) = match &plan.draw {
+            Some(d) => {
+                let i = d.0.draw();
+                (i, d.1[i].as_str())
+            }
+            None => (k, key.as_str()),
+        };
         let asked = Instant::now();
         rec.requested(k, client);
-        let token = match tokio::time::timeout(acquire_timeout, w.acquire(&key)).await {
+        let token = match tokio::time::timeout(acquire_timeout, w.acquire(key)).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
                 rec.withdrawn(k, client);
@@ -170,7 +178,7 @@ pub(crate) async fn drive(
         if plan.window.contains(granted) {
             acquire_us.push(micros(granted - asked));
         }
-        let r = tokio::time::timeout(RELEASE_TIMEOUT, w.release(&key)).await;
+        let r = tokio::time::timeout(RELEASE_TIMEOUT, w.release(key)).await;
         let done = Instant::now();
         match r {
             Ok(Ok(())) => {

@@ -99,6 +99,9 @@ pub enum Mode {
     Hot,
     /// K keys, C clients each.
     Contended,
+    /// K keys and C clients in all; each cycle draws its key from a Zipf
+    /// distribution over the K keys (`LoadOptions::zipf`, the first key hottest).
+    Zipf,
 }
 
 /// Keys and clients per key of one run.
@@ -106,8 +109,10 @@ pub enum Mode {
 pub struct Shape {
     /// Number of keys.
     pub keys: usize,
-    /// Clients per key.
+    /// Clients per key; with `drawn`, the number of clients in all.
     pub per_key: usize,
+    /// Each cycle draws its key (`Mode::Zipf`), so no client keeps one.
+    pub drawn: bool,
 }
 
 /// What to run.
@@ -130,6 +135,12 @@ pub struct LoadOptions {
     pub wait_ms: u64,
     /// Speak HTTP/1.1 to the lock tier instead of HTTP/2 (prior knowledge).
     pub http1: bool,
+    /// The Zipf exponent of `Mode::Zipf` (1.1 unless given): key i (from 1) is
+    /// drawn with weight 1 / i^s.
+    pub zipf: f64,
+    /// The most holders per key (the class's `max_holders`) on a stack this tool
+    /// starts: 1 (a mutex) unless given.
+    pub limit: u32,
     /// Open loop: cycles per second offered by all clients together (each client
     /// starts one every clients/rate seconds; a late start goes at once and the
     /// schedule moves on, so no backlog builds). `None`: closed loop.
@@ -172,6 +183,8 @@ pub(crate) struct Plan {
     cycles: Arc<AtomicU64>,
     /// Open loop: each client's time between cycle starts.
     every: Option<Duration>,
+    /// `Mode::Zipf`: the distribution and the keys each cycle draws from.
+    draw: Option<Arc<(Zipf, Vec<String>)>>,
 }
 
 /// The measured interval.
@@ -235,15 +248,17 @@ impl Mode {
             Mode::Uncontended => "uncontended",
             Mode::Hot => "hot",
             Mode::Contended => "contended",
+            Mode::Zipf => "zipf",
         }
     }
 
     /// Keys and clients per key for `concurrency` and `keys` (see [`LoadOptions`]).
     pub fn shape(self, concurrency: usize, keys: usize) -> Shape {
         match self {
-            Mode::Uncontended => Shape { keys: concurrency, per_key: 1 },
-            Mode::Hot => Shape { keys: 1, per_key: concurrency },
-            Mode::Contended => Shape { keys, per_key: concurrency },
+            Mode::Uncontended => Shape { keys: concurrency, per_key: 1, drawn: false },
+            Mode::Hot => Shape { keys: 1, per_key: concurrency, drawn: false },
+            Mode::Contended => Shape { keys, per_key: concurrency, drawn: false },
+            Mode::Zipf => Shape { keys, per_key: concurrency, drawn: true },
         }
     }
 }
@@ -252,11 +267,21 @@ impl FromStr for Mode {
     type Err = anyhow::Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        [Mode::Uncontended, Mode::Hot, Mode::Contended]
+        [Mode::Uncontended, Mode::Hot, Mode::Contended, Mode::Zipf]
             .into_iter()
             .find(|m| m.name() == s)
-            .with_context(|| format!("unknown mode {s:?}: uncontended, hot or contended"))
+            .with_context(|| format!("unknown mode {s:?}: uncontended, hot, contended or zipf"))
     }
+}
+
+/// The harness's test registry with the load keys (`load...`) in a class of `limit`
+/// holders per key (`--limit`).
+pub fn limited_registry(limit: u32) -> String {
+    format!(
+        "{}  - name: load-limit\n    prefixes: [\"load\"]\n    ttl_s: 15\n    max_holders: {limit}\n    \
+         enforcement: advisory\n    risk_owner: lockmesh-load\n    waiver_expiry: \"2099-12-31\"\n",
+        lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY
+    )
 }
 
 /// Parses a comma-separated list (`"lockmesh,raw-txn"`), refusing duplicates.
@@ -276,13 +301,49 @@ pub fn parse_list<T: FromStr<Err = anyhow::Error> + PartialEq>(s: &str) -> Resul
 impl Shape {
     /// Number of clients.
     pub fn clients(self) -> usize {
-        self.keys * self.per_key
+        if self.drawn {
+            self.per_key
+        } else {
+            self.keys * self.per_key
+        }
     }
 }
 
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}", self.keys, self.per_key)
+        if self.drawn {
+            write!(f, "{}z{}", self.keys, self.per_key)
+        } else {
+            write!(f, "{}x{}", self.keys, self.per_key)
+        }
+    }
+}
+
+/// Draws key indices from a Zipf distribution over `n` keys: index i (from 0)
+/// with weight 1 / (i + 1)^s, by inverting the cumulative weights.
+#[derive(Debug)]
+pub(crate) struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub(crate) fn new(n: usize, s: f64) -> Self {
+        let weights: Vec<f64> = (1..=n.max(1)).map(|i| 1.0 / (i as f64).powf(s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        let cdf = weights
+            .iter()
+            .map(|w| {
+                acc += w / total;
+                acc
+            })
+            .collect();
+        Self { cdf }
+    }
+
+    pub(crate) fn draw(&self) -> usize {
+        let u: f64 = rand::random();
+        self.cdf.partition_point(|c| *c < u).min(self.cdf.len() - 1)
     }
 }
 
@@ -299,6 +360,8 @@ impl Default for LoadOptions {
             workloads: Workload::ALL.to_vec(),
             wait_ms: 30_000,
             http1: false,
+            zipf: 1.1,
+            limit: 1,
             rate: None,
             progress: false,
             keep_grants: false,
@@ -318,6 +381,8 @@ impl LoadOptions {
         ensure!(!self.modes.is_empty(), "modes: none given");
         ensure!(!self.workloads.is_empty(), "workloads: none given");
         ensure!((1..=60_000).contains(&self.wait_ms), "wait_ms: {} must be in 1..=60000", self.wait_ms);
+        ensure!(self.zipf.is_finite() && (0.0..=5.0).contains(&self.zipf), "zipf: {} must be in 0..=5", self.zipf);
+        ensure!((1..=64).contains(&self.limit), "limit: {} must be in 1..=64", self.limit);
         if let Some(r) = self.rate {
             ensure!(r.is_finite() && (0.1..=100_000.0).contains(&r), "rate: {r} must be in 0.1..=100000 cycles/s");
         }
@@ -432,7 +497,10 @@ async fn run_one(
     let shape = mode.shape(opts.concurrency, opts.keys);
     let mut result = WorkloadResult::new(mode, workload, shape);
     let keys: Vec<String> = (0..shape.keys).map(|k| target.key_name(workload, run_id, mode, k)).collect();
-    let rec = Arc::new(record::Recorder::new(shape.keys, workload.tokens_unique(), opts.keep_grants));
+    // With more than one holder per key, concurrent grants answer in any order:
+    // tokens are then checked for uniqueness, not for order per key.
+    let ordered = opts.limit == 1 || !workload.lock_tier();
+    let rec = Arc::new(record::Recorder::new(shape.keys, workload.tokens_unique(), opts.keep_grants).ordered(ordered));
     if opts.progress {
         eprintln!(
             "[{} {}] {} clients on {} keys: connecting",
@@ -462,7 +530,8 @@ async fn run_one(
     let t0 = Instant::now();
     let window = Window { start: t0 + opts.warmup, end: t0 + opts.warmup + opts.seconds };
     let every = opts.rate.map(|r| Duration::from_secs_f64(shape.clients() as f64 / r));
-    let plan = Plan { workload, window, wait_ms: opts.wait_ms, cycles: Arc::new(AtomicU64::new(0)), every };
+    let draw = shape.drawn.then(|| Arc::new((Zipf::new(shape.keys, opts.zipf), keys.clone())));
+    let plan = Plan { workload, window, wait_ms: opts.wait_ms, cycles: Arc::new(AtomicU64::new(0)), every, draw };
     let tasks: Vec<_> = workers
         .into_iter()
         .enumerate()
@@ -536,4 +605,22 @@ async fn run_one(
         eprintln!("[{} {}] done: {:.1} cycles/s", mode.name(), workload.name(), result.cycles_per_s);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_draws_favour_the_first_keys_and_cover_all() {
+        let z = Zipf::new(4, 1.1);
+        let mut n = [0u32; 4];
+        for _ in 0..20_000 {
+            n[z.draw()] += 1;
+        }
+        // Weights 1, 0.47, 0.30, 0.22 of 1.99: about 50 %, 23 %, 15 %, 11 %.
+        assert!(n[0] > n[1] && n[1] > n[2] && n[2] > n[3] && n[3] > 1_000, "{n:?}");
+        assert!((9_000..11_000).contains(&n[0]), "{n:?}");
+        assert_eq!(Zipf::new(1, 1.1).draw(), 0);
+    }
 }

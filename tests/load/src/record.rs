@@ -47,6 +47,7 @@ pub(crate) struct Recorder {
     duplicates: AtomicU64,
     grants: Option<Mutex<Vec<GrantRecord>>>,
     errors: Mutex<BTreeMap<String, u64>>,
+    ordered: bool,
 }
 
 #[derive(Default)]
@@ -79,7 +80,15 @@ impl Recorder {
             duplicates: AtomicU64::new(0),
             grants: keep_grants.then(Mutex::default),
             errors: Mutex::default(),
+            ordered: true,
         }
+    }
+
+    /// Whether tokens must increase per key in grant order (a mutex); with more
+    /// holders per key they need not, and out-of-order grants are not counted.
+    pub fn ordered(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
+        self
     }
 
     /// Client `client` starts waiting for key `key` (just before sending).
@@ -97,7 +106,7 @@ impl Recorder {
     pub fn granted(&self, key: usize, client: usize, token: u64) {
         let client = client as u32;
         let mut st = lock(&self.keys[key]);
-        if st.last.is_some_and(|last| token <= last) {
+        if self.ordered && st.last.is_some_and(|last| token <= last) {
             st.out_of_order += 1;
         }
         st.last = Some(token);

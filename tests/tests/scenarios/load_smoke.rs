@@ -55,6 +55,39 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
     assert_eq!(lockmesh.http_version.as_deref(), Some("HTTP/2.0"));
 }
 
+/// `--mode zipf` on a class of 2 holders per key (`--limit 2`): cycles complete on
+/// keys drawn per cycle, every token is unique, and the table names the shape.
+#[tokio::test]
+async fn a_zipf_run_on_a_limit_of_two_completes_cycles_with_unique_tokens() {
+    let st = Stack::builder("load-zipf")
+        .envoy_config("lock-tier")
+        .plaintext_etcd()
+        .registry(load::limited_registry(2))
+        .start()
+        .await
+        .unwrap();
+    let opts = LoadOptions {
+        seconds: Duration::from_secs(2),
+        warmup: Duration::ZERO,
+        concurrency: 4,
+        keys: 4,
+        modes: vec![Mode::Zipf],
+        workloads: vec![Workload::Lockmesh],
+        limit: 2,
+        keep_grants: true,
+        ..LoadOptions::default()
+    };
+    let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    let r = &report.results[0];
+    assert!(r.failed.is_none() && r.cycles > 0 && r.error_count() == 0, "{table}");
+    assert!(table.contains("zipf         lockmesh      4z4"), "{table}");
+    let distinct: HashSet<u64> = r.grants.iter().map(|g| g.token).collect();
+    assert_eq!(distinct.len(), r.grants.len(), "a token was handed out twice\n{table}");
+    assert_eq!(r.token_violations(), 0, "{table}");
+}
+
 /// `--rate` with `lockmesh-oneshot` (acquires that name no session) beside
 /// `lockmesh`: both complete cycles at the offered rate's pace, and the report
 /// says it was an open loop and prints the header-only ratio and its goal.

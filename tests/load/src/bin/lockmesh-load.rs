@@ -44,7 +44,7 @@ struct Args {
     /// Clients per key (hot, contended), or keys of one client each (uncontended).
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
-    /// Key modes, comma-separated: uncontended, hot, contended.
+    /// Key modes, comma-separated: uncontended, hot, contended, zipf.
     #[arg(long, default_value = "uncontended")]
     mode: String,
     /// Keys in contended mode (each with --concurrency clients).
@@ -59,6 +59,14 @@ struct Args {
     /// Speak HTTP/1.1 to the lock tier (default: HTTP/2 with prior knowledge).
     #[arg(long)]
     http1: bool,
+    /// --mode zipf: the Zipf exponent s (key i from 1 drawn with weight 1/i^s over
+    /// --keys keys, --concurrency clients in all).
+    #[arg(long, default_value_t = 1.1)]
+    zipf: f64,
+    /// The most holders per key of the class the load keys get on the stack this
+    /// tool starts (1: a mutex; N: a semaphore of N).
+    #[arg(long, default_value_t = 1)]
+    limit: u32,
     /// Open loop: offer this many cycles per second in all (each client starts a
     /// cycle every clients/RATE seconds, late ones at once, never a backlog), so
     /// every workload is measured at the same rate; default: closed loop.
@@ -265,6 +273,8 @@ fn options(a: &Args) -> Result<LoadOptions> {
         wait_ms: a.wait_ms,
         http1: a.http1,
         rate: a.rate,
+        zipf: a.zipf,
+        limit: a.limit,
         progress: !a.quiet,
         keep_grants: false,
     };
@@ -315,6 +325,9 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         Stack::builder("load").envoy_config("lock-tier").envoy_concurrency(a.envoy_concurrency).plaintext_etcd();
     for line in &a.arbiter_yaml {
         b = b.arbiter_extra_yaml(line.clone());
+    }
+    if opts.limit > 1 {
+        b = b.registry(load::limited_registry(opts.limit));
     }
     let st = b.start().await.context(
         "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
