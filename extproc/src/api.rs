@@ -419,14 +419,17 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
     crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
     r?;
     // A session an acquire opened for itself ends with its last hold: after the
-    // answer, which waits on nothing but the release's own transaction.
+    // answer, which waits on nothing but the release's own transaction (the
+    // record was read, and cached, by the release). Other sessions cost no task.
     if let Some(sid) = lock.session {
-        let (state, caller) = (state.clone(), caller.clone());
-        tokio::spawn(async move {
-            if let Err(e) = state.tiers.end_if_spent(sid, &caller).await {
-                tracing::debug!(error = %e, "an acquire's own session could not be ended at its last release; it expires with its ttl");
-            }
-        });
+        if state.tiers.opened_by_acquire(sid, caller).await.unwrap_or(false) {
+            let (state, caller) = (state.clone(), caller.clone());
+            tokio::spawn(async move {
+                if let Err(e) = state.tiers.end_if_spent(sid, &caller).await {
+                    tracing::debug!(error = %e, "an acquire's own session could not be ended at its last release; it expires with its ttl");
+                }
+            });
+        }
     }
     Ok(ApiResponse::ok(&Released { released: true, unprotected: false }))
 }

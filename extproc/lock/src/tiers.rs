@@ -645,15 +645,20 @@ impl Tiers {
         home.close_session(sid, caller).await
     }
 
-    /// Ends session `sid` if an acquire opened it (`SessionRecord::by_acquire`, the
-    /// header-only path) and it holds nothing any more, as a close (its close
-    /// marker, then the revoke): the audit reads a release and a close, never an
-    /// expiry, and the lease does not linger for its TTL counted against the
-    /// namespace's session quota. A session opened by `POST /v1/sessions` is left
-    /// alone. Answers whether it ended it.
+    /// Whether an acquire opened session `sid` for itself (`SessionRecord::by_acquire`,
+    /// the header-only path) rather than `POST /v1/sessions`. Right after a release
+    /// naming the session its record is cached: no read.
+    pub async fn opened_by_acquire(&self, sid: SessionId, caller: &Caller) -> Result<bool, LockError> {
+        Ok(self.session_home(sid).await?.owned_session(sid, caller).await?.by_acquire)
+    }
+
+    /// Ends session `sid`, which an acquire opened ([`Tiers::opened_by_acquire`]),
+    /// if it holds nothing any more, as a close (its close marker, then the revoke):
+    /// the audit reads a release and a close, never an expiry, and the lease does
+    /// not linger for its TTL counted against the namespace's session quota.
+    /// Answers whether it ended it.
     pub async fn end_if_spent(&self, sid: SessionId, caller: &Caller) -> Result<bool, LockError> {
-        let home = self.session_home(sid).await?;
-        if !home.owned_session(sid, caller).await?.by_acquire || !self.session_holds(sid, caller).await?.is_empty() {
+        if !self.session_holds(sid, caller).await?.is_empty() {
             return Ok(false);
         }
         self.close_session(sid, caller).await?;
