@@ -192,3 +192,83 @@ fn json_pointer_to(root: &Value, target: &Value) -> Option<String> {
         _ => None,
     }
 }
+
+const EXT_PROC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor";
+
+/// Whether one `forward_rules.allowed_headers` pattern (exact or prefix, as the
+/// shipped configs write them) lets header `name` through.
+fn pattern_allows(p: &Value, name: &str) -> bool {
+    match (p["exact"].as_str(), p["prefix"].as_str()) {
+        (Some(e), _) => e == name,
+        (_, Some(pre)) => name.starts_with(pre),
+        _ => panic!("unexpected forward_rules pattern {p}"),
+    }
+}
+
+/// Every header the arbiter reads (issue 20: ext_proc receives only these) that an
+/// ext_proc filter's `forward_rules` would keep from it, and the headers it must
+/// not receive that the rules let through. Empty when the rules are right.
+fn forward_rule_problems(ext_proc: &Value) -> Vec<String> {
+    use lockmesh_core::headers as h;
+    let Some(patterns) = ext_proc["forward_rules"]["allowed_headers"]["patterns"].as_array() else {
+        return vec!["no forward_rules.allowed_headers: every request header is sent to the arbiter".into()];
+    };
+    let allowed = |n: &str| patterns.iter().any(|p| pattern_allows(p, n));
+    let mut read: Vec<&str> = vec![":method", ":path", h::FILTERED, h::BUDGET_MS, h::VM, h::HOLD, h::UNLOCKED];
+    read.extend(h::LOCK_HEADERS);
+    // A twin spelt with '_' must reach the arbiter too: it refuses it.
+    let twins: Vec<String> = h::LOCK_HEADERS.iter().map(|n| n.replace('-', "_")).collect();
+    let mut problems: Vec<String> = read
+        .into_iter()
+        .chain(twins.iter().map(String::as_str))
+        .filter(|n| !allowed(n))
+        .map(|n| format!("{n} is not forwarded"))
+        .collect();
+    for other in ["cookie", "user-agent", "authorization", "traceparent", ":authority", "x-forwarded-client-cert"] {
+        if allowed(other) {
+            problems.push(format!("{other} is forwarded, and the arbiter does not read it"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_shipped_ext_proc_receives_exactly_the_headers_the_arbiter_reads() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let mut docs: Vec<(std::path::PathBuf, Value)> = shipped_bootstraps()
+        .into_iter()
+        .map(|p| {
+            let doc = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            (p, doc)
+        })
+        .collect();
+    // The Istio patch is a list of documents; its ext_proc is in the first.
+    let istio = root.join("deploy/istio/envoyfilter.yaml");
+    let text = std::fs::read_to_string(&istio).unwrap();
+    let first = text.split("\n---").find(|d| d.contains(EXT_PROC_TYPE)).unwrap();
+    docs.push((istio, serde_saphyr::from_str(first).unwrap()));
+    let mut total = 0;
+    for (path, doc) in &docs {
+        let mut found = Vec::new();
+        find_typed(doc, EXT_PROC_TYPE, &mut found);
+        for e in found {
+            total += 1;
+            let problems = forward_rule_problems(e);
+            assert!(problems.is_empty(), "{}: {}", path.display(), problems.join("; "));
+        }
+    }
+    // lock tier, inbound sidecar, the Kubernetes lock tier, the Istio patch.
+    assert!(total >= 4, "only {total} ext_proc filters found");
+    // The check can fail: rules that drop the budget header, or forward everything.
+    let mut found = Vec::new();
+    find_typed(&docs[0].1, EXT_PROC_TYPE, &mut found);
+    let mut planted = found[0].clone();
+    planted["forward_rules"]["allowed_headers"]["patterns"] =
+        serde_json::json!([{ "exact": ":method" }, { "exact": ":path" }, { "prefix": "x-lock-" }]);
+    let p = forward_rule_problems(&planted);
+    assert!(p.iter().any(|m| m.contains(lockmesh_core::headers::BUDGET_MS)), "{p:?}");
+    planted.as_object_mut().unwrap().remove("forward_rules");
+    assert_eq!(forward_rule_problems(&planted).len(), 1);
+    planted["forward_rules"]["allowed_headers"]["patterns"] = serde_json::json!([{ "prefix": "" }]);
+    assert!(forward_rule_problems(&planted).iter().any(|m| m.contains("cookie")));
+}
