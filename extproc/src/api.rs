@@ -415,12 +415,20 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
     let token = need(lock.token, headers::TOKEN)?;
     let class = state.registry().class_of(&key).clone();
     let span = crate::telemetry::release_span(&state.registry(), &key);
+    #[cfg(not(feature = "bench-floor"))]
     let r = state.tiers.release(&class, &key, token, caller, lock.session).instrument(span.clone()).await;
+    // The mesh floor (benchmark builds only, `crate::floor`): released without etcd.
+    #[cfg(feature = "bench-floor")]
+    let r = {
+        let _ = (&class, token, caller);
+        Ok::<(), crate::lock::LockError>(())
+    };
     crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
     r?;
     // A session an acquire opened for itself ends with its last hold: after the
     // answer, which waits on nothing but the release's own transaction (the
     // record was read, and cached, by the release). Other sessions cost no task.
+    #[cfg(not(feature = "bench-floor"))]
     if let Some(sid) = lock.session {
         if state.tiers.opened_by_acquire(sid, caller).await.unwrap_or(false) {
             let (state, caller) = (state.clone(), caller.clone());
@@ -676,7 +684,14 @@ async fn acquire(
     };
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
     let reg = state.registry();
+    #[cfg(not(feature = "bench-floor"))]
     let result = state.tiers.acquire_or_open(&areq, None, &reg, cancel).instrument(span.clone()).await;
+    // The mesh floor (benchmark builds only, `crate::floor`): granted without etcd.
+    #[cfg(feature = "bench-floor")]
+    let _ = cancel;
+    #[cfg(feature = "bench-floor")]
+    let result = crate::floor::grant(areq.session, &areq.class.name.to_string(), areq.class.ttl_s)
+        .map(|g| Acquired::Protected(g, state.store.clone()));
     let labels = crate::metrics::lock_labels(&reg, &areq.key);
     let (result, store) = match result {
         Ok(Acquired::Protected(g, s)) => (Ok(g), Some(s)),

@@ -34,6 +34,8 @@ pub mod api;
 pub mod config;
 pub mod console;
 pub mod cursor;
+#[cfg(feature = "bench-floor")]
+pub mod floor;
 pub mod internal;
 pub mod metrics;
 pub mod registry;

@@ -38,6 +38,17 @@ fn main() -> ExitCode {
             return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
     };
+    #[cfg(feature = "bench-floor")]
+    {
+        if !lockmesh_extproc::floor::allowed() {
+            eprintln!(
+                "{BINARY}: this is a bench-floor build (locks granted without etcd); it runs only for benchmarks, with {}=1",
+                lockmesh_extproc::floor::ENV
+            );
+            return ExitCode::from(lockmesh_runtime::EX_USAGE);
+        }
+        tracing::error!("BENCH-FLOOR BUILD: every acquire is granted without etcd; never serve with it");
+    }
     // Capabilities switched off for this process (lockmesh_lock::upgrade): an
     // unknown name is a configuration error, not a silent no-op.
     if let Err(e) = lockmesh_lock::upgrade::Support::from_env() {

@@ -937,6 +937,23 @@ impl EtcdMember {
         self.process.wait_ready(ETCD_READY_TIMEOUT, async || self.check_health(Duration::from_secs(2)).await).await
     }
 
+    /// etcd's Prometheus text (`/metrics`), from the member's plain-HTTP listener.
+    pub async fn metrics_text(&self) -> Result<String> {
+        let resp = http_get_within(self.health_port, "/metrics", Duration::from_secs(5)).await?;
+        if resp.status != 200 {
+            bail!("/metrics: {}", resp.status);
+        }
+        Ok(resp.body)
+    }
+
+    /// One gauge or counter without labels from [`EtcdMember::metrics_text`].
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        let text = self.metrics_text().await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .with_context(|| format!("etcd exports no {name}"))
+    }
+
     async fn check_health(&self, timeout: Duration) -> Result<()> {
         let resp = http_get_within(self.health_port, "/health", timeout).await?;
         let body: String = resp.body.chars().filter(|c| !c.is_whitespace()).collect();

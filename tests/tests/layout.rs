@@ -214,6 +214,37 @@ fn the_shipped_arbiter_has_no_planted_faults() {
     assert!(planted(&["--features", "test-faults"]), "the check no longer sees the feature it looks for");
 }
 
+/// Fails if any crate of the workspace turns on the arbiter's `bench-floor`
+/// feature (acquires granted without etcd, `extproc/src/floor.rs`; planted:
+/// `features = ["bench-floor"]` on lockmesh-extproc in tests/Cargo.toml), and shows
+/// the check can see the feature: the same tree with it turned on has it.
+#[test]
+fn no_crate_builds_the_arbiter_as_the_bench_floor() {
+    let has_floor = |tree: String| tree.contains(r#"lockmesh-extproc feature "bench-floor""#);
+    // Every edge into the arbiter from the workspace, test and build edges too
+    // (the release gate's test-faults shows here: lockmesh-tests turns it on).
+    let workspace =
+        cargo(&["tree", "--locked", "--workspace", "-e", "features,normal,dev,build", "-i", "lockmesh-extproc"]);
+    assert!(
+        workspace.contains(r#"lockmesh-extproc feature "test-faults""#),
+        "the tree is not the one expected: {workspace}"
+    );
+    assert!(!has_floor(workspace), "a crate of the workspace builds lockmesh-extproc with bench-floor");
+    let on = cargo(&[
+        "tree",
+        "--locked",
+        "-p",
+        "lockmesh-extproc",
+        "-e",
+        "features,normal",
+        "-i",
+        "lockmesh-extproc",
+        "--features",
+        "bench-floor",
+    ]);
+    assert!(has_floor(on), "the check no longer sees the feature it looks for");
+}
+
 /// Fails if the shipped Wasm module's build enables `test-trap` (planted:
 /// `default = ["test-trap"]` in wasm-filter/Cargo.toml), or the module file
 /// holds the trap's strings (planted: drop the last, plain build of the module

@@ -43,9 +43,10 @@ impl Request {
         Self { ctx, worker, ticket: None }
     }
 
-    fn finish(&mut self) {
+    /// Gives back the request's queue place, if it had one; whether it had.
+    fn finish(&mut self) -> bool {
         let Some(ticket) = self.ticket.take() else {
-            return;
+            return false;
         };
         match self.worker.try_borrow_mut() {
             Ok(mut w) => w.finish(self.ctx, ticket, now_ms()),
@@ -56,6 +57,7 @@ impl Request {
                 );
             }
         }
+        true
     }
 }
 
@@ -67,16 +69,19 @@ fn internal(what: &str) -> Action {
 
 impl Context for Request {
     fn on_done(&mut self) -> bool {
-        self.finish();
         // Hand-overs moved the effective context; later host calls are ours again.
-        let _ = hostcalls::set_effective_context(self.ctx);
+        // A request without a queue place (lock-free, refused, or answered by the
+        // arbiter's API without queueing) handed nothing over: no host call.
+        if self.finish() {
+            let _ = hostcalls::set_effective_context(self.ctx);
+        }
         true
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        self.finish();
+        let _ = self.finish();
     }
 }
 

@@ -380,7 +380,7 @@ impl Store {
         if prefix {
             opts = opts.with_prefix();
         }
-        let watch = super::wait::delete_seen(self.client(), key, opts);
+        let watch = self.delete_seen(key, opts);
         tokio::select! {
             () = watch => Ok(()),
             _ = tokio::time::sleep_until(poll.min(deadline)) => Ok(()),

@@ -59,6 +59,7 @@ pub mod upgrade;
 pub mod validate;
 pub mod vm;
 pub mod wait;
+pub mod watches;
 
 use std::{sync::Arc, time::Duration};
 
@@ -173,6 +174,8 @@ pub struct Store {
     home: home::HomeCell,
     /// Sessions and holds by namespace, followed by a watch ([`quota`]).
     ledger: Arc<quota::Ledger>,
+    /// The one watch stream the waiters' hints share ([`watches`]).
+    watches: watches::Watches,
 }
 
 /// How many calls of this process etcd refused with `revision of auth store is old`
@@ -299,6 +302,7 @@ impl Store {
             auth_login: Mutex::new(None),
             home: home::HomeCell::new(root),
             ledger: Arc::default(),
+            watches: watches::Watches::default(),
         });
         Ok(store)
     }
@@ -377,6 +381,11 @@ impl Store {
                 tracing::debug!(failed, "etcd login after a failed read did not succeed everywhere; retried later");
             }
         }
+    }
+
+    /// The watch stream the waiters' hints share.
+    pub fn watches(&self) -> &watches::Watches {
+        &self.watches
     }
 
     /// The key layout.

@@ -188,7 +188,7 @@ impl Store {
     ) -> Result<(), LockError> {
         let watches = ds.iter().map(|d| {
             let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-            Box::pin(super::wait::delete_seen(self.client(), self.keys().holds(d), opts))
+            Box::pin(self.delete_seen(self.keys().holds(d), opts))
         });
         let any = select_all(watches);
         tokio::select! {

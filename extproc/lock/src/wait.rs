@@ -46,7 +46,7 @@ use std::{
     time::Duration,
 };
 
-use etcd_client::{EventType, WatchOptions};
+use etcd_client::WatchOptions;
 use lockmesh_core::{headers::SessionId, KeyDigest, Reason};
 use prometheus_client::{
     collector::Collector,
@@ -484,7 +484,7 @@ impl Store {
         notified.as_mut().enable();
         let poll = next_poll();
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let watch = delete_seen(self.client(), self.keys().holds(d), opts);
+        let watch = self.delete_seen(self.keys().holds(d), opts);
         let handed = async {
             if offered {
                 return rx.await;
@@ -512,21 +512,14 @@ pub(super) fn next_poll() -> Instant {
     Instant::now() + POLL.mul_f64(rand::rng().random_range(0.8..1.2))
 }
 
-/// Resolves when etcd reports a delete of `key` (of a key under it, with a
-/// prefix in `opts`) from `opts`' start revision on, or cancels the watch
-/// (compacted: look again now). Never resolves when the watch cannot be set up
-/// or breaks: a lost watch is only a lost hint, the caller's poll still runs.
-pub(super) async fn delete_seen(mut client: etcd_client::Client, key: impl Into<Vec<u8>>, opts: WatchOptions) {
-    match tokio::time::timeout(Duration::from_secs(2), client.watch(key, Some(opts))).await {
-        Ok(Ok(mut stream)) => loop {
-            match stream.message().await {
-                Ok(Some(r)) if r.canceled() => return,
-                Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Delete) => return,
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => std::future::pending::<()>().await,
-            }
-        },
-        _ => std::future::pending::<()>().await,
+impl Store {
+    /// Resolves when etcd reports a delete of `key` (of a key under it, with a
+    /// prefix in `opts`) from `opts`' start revision on, or cancels the watch
+    /// (compacted: look again now). Never resolves when the watch cannot be set up
+    /// or breaks: a lost watch is only a lost hint, the caller's poll still runs.
+    /// One watcher on the store's one watch stream ([`crate::watches`]).
+    pub(super) async fn delete_seen(&self, key: impl Into<Vec<u8>>, opts: WatchOptions) {
+        self.watches.delete_seen(&self.client, key, opts).await;
     }
 }
 

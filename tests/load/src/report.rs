@@ -70,7 +70,14 @@ pub struct Report {
     pub rate: Option<f64>,
     /// Results in run order.
     pub results: Vec<WorkloadResult>,
+    /// The arbiter was the bench-floor build (`LOCKMESH_BENCH_FLOOR=1`,
+    /// extproc/src/floor.rs): its `lockmesh` rows are the mesh floor.
+    pub floor: bool,
 }
+
+/// The environment variable a bench-floor arbiter needs (extproc/src/floor.rs
+/// `ENV`); set, the load tool reports its `lockmesh` rows as the floor.
+pub const FLOOR_ENV: &str = "LOCKMESH_BENCH_FLOOR";
 
 /// Nearest-rank percentiles of `v` (sorted here).
 pub(crate) fn percentiles(mut v: Vec<u32>) -> Percentiles {
@@ -205,6 +212,12 @@ impl Report {
             );
         }
         let _ = writeln!(s, "(latencies in ms; keys = keys x clients per key)");
+        if self.floor {
+            let _ = writeln!(
+                s,
+                "FLOOR: the arbiter is the bench-floor build: the lockmesh rows are Envoy, the Wasm filter, ext_proc and the arbiter answering without etcd"
+            );
+        }
         if let Some(r) = self.rate {
             let _ = writeln!(
                 s,
@@ -257,6 +270,10 @@ impl Report {
 
     /// Issue #8's goals for the modes this run measured, each with its verdict.
     fn render_goals(&self, s: &mut String) {
+        if self.floor {
+            self.render_floor(s);
+            return;
+        }
         let verdict = |met: bool| if met { "met" } else { "NOT met" };
         for (mode, floor) in [(Mode::Uncontended, 1.0), (Mode::Hot, 1.0), (Mode::Contended, 1.5)] {
             let (Some(lm), Some(b)) = (self.find(mode, Workload::Lockmesh), self.find(mode, Workload::EtcdLock)) else {
@@ -291,6 +308,42 @@ impl Report {
             if b.acquire.p99 > 0 {
                 let r = f64::from(lm.acquire.p99) / f64::from(b.acquire.p99);
                 let _ = writeln!(s, "goal uncontended: acquire p99 <= 1.5x raw-txn: {r:.2}x, {}", verdict(r <= 1.5));
+            }
+        }
+    }
+
+    /// A floor run (issue 20): instead of goal lines, where each goal's ratio
+    /// stands when the lock logic and etcd cost nothing. A goal the floor itself
+    /// misses cannot be met by any change to the lock logic on this design.
+    fn render_floor(&self, s: &mut String) {
+        let verdict = |reachable: bool| if reachable { "reachable" } else { "NOT reachable on this design" };
+        if let (Some(lm), Some(b)) = (
+            self.find(Mode::Uncontended, Workload::Lockmesh),
+            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
+        ) {
+            let r = lm.cycles_per_s / b.cycles_per_s;
+            let _ =
+                writeln!(s, "floor uncontended: cycles/s floor/etcd-lock {r:.2}x (goal 0.5x): {}", verdict(r >= 0.5));
+            let ([_, lv, la, _], [be, _, _, _]) = (lm.cpu_ms_per_cycle(), b.cpu_ms_per_cycle());
+            if let (Some(v), Some(a), Some(e)) = (lv, la, be.filter(|e| *e > 0.0)) {
+                let r = (v + a) / e;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: (envoy + arbiter) CPU per floor cycle / etcd CPU per etcd-lock cycle {r:.2}x (goal 1.5x): {}",
+                    verdict(r <= 1.5)
+                );
+            }
+        }
+        if let (Some(lm), Some(b)) =
+            (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn))
+        {
+            if b.acquire.p99 > 0 {
+                let r = f64::from(lm.acquire.p99) / f64::from(b.acquire.p99);
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: acquire p99 floor/raw-txn {r:.2}x (goal 1.5x): {}",
+                    verdict(r <= 1.5)
+                );
             }
         }
     }

@@ -9,6 +9,9 @@
 //! - `unlocked`: the shipped `inbound-sidecar.yaml`, requests on its
 //!   `allow_unlocked` route without lock headers (the Wasm filter runs; ext_proc is
 //!   skipped): the filter's tax on ordinary traffic;
+//! - `wasm-only`: `unlocked` without the ext_proc filter and the matcher that skips
+//!   it (not deployable: a locked request would pass unlocked): the Wasm filter's
+//!   share of the unlocked tax;
 //! - `transparent`: the same Envoy, each request with its own `x-lock-key`
 //!   (distinct keys): a request-scoped lock per request (grant, forward, release).
 //!
@@ -62,6 +65,29 @@ fn empty_module() -> Result<PathBuf> {
 /// The inbound-sidecar config with every HTTP filter but the router removed.
 fn plain_config() -> Result<PathBuf> {
     sidecar_with(None)
+}
+
+/// The shipped inbound-sidecar config without its ext_proc filter (and the matcher
+/// that skips it on unlocked requests): the lockmesh Wasm filter and the router.
+/// Not a deployable config (a locked request would pass unlocked); it splits the
+/// unlocked tax between the Wasm filter and the skipped ext_proc.
+fn wasm_only_config() -> Result<PathBuf> {
+    let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&src)?)?;
+    let filters = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["http_filters"]
+        .as_array_mut()
+        .context("inbound-sidecar.yaml: no http_filters where expected")?;
+    let before = filters.len();
+    filters.retain(|f| f["name"].as_str() != Some("envoy.filters.http.ext_proc"));
+    if filters.len() + 1 != before {
+        bail!("inbound-sidecar.yaml: expected one ext_proc filter");
+    }
+    let dir = std::env::temp_dir().join(format!("lockmesh-tax-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("wasm-only-sidecar.yaml");
+    std::fs::write(&out, serde_saphyr::to_string(&doc)?)?;
+    Ok(out)
 }
 
 /// [`plain_config`] with the empty proxy-wasm filter before the router, on the
@@ -224,18 +250,27 @@ pub async fn run(
         .upstream_port(st.backend().port())
         .start()
         .await?;
+    let wasm_only = EnvoyProcess::builder(wasm_only_config()?.to_str().context("temp path")?)
+        .cert_dir(st.pki().dir())
+        .upstream_port(st.backend().port())
+        .start()
+        .await?;
     let pid_of = |e: &EnvoyProcess| super::cpu::find_pid(&e.config_path().display().to_string(), "envoy");
     let (plain_pid, empty_pid, sidecar_pid) = (pid_of(&plain), pid_of(&empty), pid_of(st.envoy()));
+    let wasm_only_pid = pid_of(&wasm_only);
     let mut out = Vec::new();
     let direct = clients(plain.listener_port())?;
     let floor = clients(empty.listener_port())?;
     let sidecar = clients(st.envoy().listener_port())?;
+    let wasm_alone = clients(wasm_only.listener_port())?;
     for _ in 0..rounds.max(1) {
         out.push(drive("plain", plain_pid, &direct, seconds, warmup, progress).await?);
         st.backend().clear();
         out.push(drive("empty-wasm", empty_pid, &floor, seconds, warmup, progress).await?);
         st.backend().clear();
         out.push(drive("unlocked", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
+        st.backend().clear();
+        out.push(drive("wasm-only", wasm_only_pid, &wasm_alone, seconds, warmup, progress).await?);
         st.backend().clear();
     }
     out.push(drive("transparent", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
@@ -248,7 +283,7 @@ pub async fn run(
 pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> String {
     let rounds = results.iter().filter(|r| r.name == "plain").count();
     let mut s = format!(
-        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain, empty-wasm and unlocked, \
+        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain, empty-wasm, unlocked and wasm-only, \
          HTTP/2 over mTLS, inbound-sidecar.yaml, recording backend\n",
         seconds.as_secs_f64()
     );
@@ -256,8 +291,10 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
         "| workload | rounds | req/s (mean) | req/s (min-max) | p50 ms | p99 ms | errors | req/s vs plain | Envoy CPU µs/req |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
-    let rows: Vec<Row> =
-        ["plain", "empty-wasm", "unlocked", "transparent"].iter().filter_map(|n| Row::of(results, n)).collect();
+    let rows: Vec<Row> = ["plain", "empty-wasm", "unlocked", "wasm-only", "transparent"]
+        .iter()
+        .filter_map(|n| Row::of(results, n))
+        .collect();
     let base = rows.iter().find(|r| r.name == "plain").map_or(0.0, |r| r.mean);
     for r in &rows {
         let ratio = if base > 0.0 { r.mean / base } else { 0.0 };

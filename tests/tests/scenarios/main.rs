@@ -59,6 +59,7 @@ mod shadow;
 mod split_faults;
 mod transparent;
 mod upgrade;
+mod watch_hub;
 
 /// Held by the scenarios that race many clients (`multikey`, `permits`) and by
 /// the planted restore scenarios of `gate`, whose bugs show only when a grant is
