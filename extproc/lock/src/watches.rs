@@ -220,11 +220,8 @@ async fn on_response(r: &WatchResponse, stream: &mut Option<Stream>, waiters: &m
                 waiters.insert(id, Waiter::Active { watch_id, wake });
                 s.by_watch.insert(watch_id, id);
             }
-            Some(Waiter::LeftWhileCreating) if !r.canceled() => {
-                if s.sender.cancel(watch_id).await.is_err() {
-                    return false;
-                }
-            }
+            // It left while its create was in flight: nothing to wake, cancel it.
+            Some(Waiter::LeftWhileCreating) if !r.canceled() => return s.sender.cancel(watch_id).await.is_ok(),
             _ => {}
         }
         // Events may ride on the created response only for a watcher just
