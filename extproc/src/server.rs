@@ -12,7 +12,7 @@
 //! - while an acquire waits, an inbound end or error, or Envoy closing our
 //!   response stream, cancels the wait; a grant that commits anyway is released.
 
-use std::{collections::HashMap, pin::Pin, sync::Arc};
+use std::{collections::HashMap, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
 
 use envoy_types::pb::{
     envoy::{
@@ -25,7 +25,7 @@ use envoy_types::pb::{
     },
     google::protobuf::{value::Kind, Duration as PbDuration, Struct},
 };
-use futures::Stream;
+use futures::{FutureExt as _, Stream};
 use lockmesh_core::{headers, Code};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -95,9 +95,11 @@ impl ExternalProcessor for Arbiter {
         let (tx, rx) = mpsc::channel(4);
         // The stream's last word (F-3): a stream the handler left unanswered, or a
         // handler that panicked, ends with a non-OK status, never with OK.
+        // One task per stream (issue 20: a second task only to catch a panic cost
+        // every request a spawn and a cross-thread wake-up).
         let state = self.state.clone();
         tokio::spawn(async move {
-            let served = tokio::spawn(serve_stream(state, envoy, inbound, tx.clone())).await;
+            let served = AssertUnwindSafe(serve_stream(state, envoy, inbound, tx.clone())).catch_unwind().await;
             let fail = match served {
                 Ok(Ok(())) => return,
                 Ok(Err(status)) => status,
@@ -300,7 +302,10 @@ async fn request_headers(
     let mut stretch = if waits { api::wait_of(state, &req).ok().filter(|w| !w.is_zero()) } else { None };
     let stretch_at = received + OVERRIDE_AFTER;
     let cancel = CancellationToken::new();
-    let mut task = tokio::spawn({
+    // The handler runs inside this stream's task (no task of its own: issue 20),
+    // polled by the loop below beside Envoy's side of the stream. A panic in it
+    // ends the stream with a non-OK status (the caller of `serve_stream`).
+    let task = {
         let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), client.id.clone());
         async move {
             let mut ran = 0;
@@ -331,14 +336,12 @@ async fn request_headers(
                 tracing::debug!(route, "etcd's auth store moved under this request; running it once more");
             }
         }
-    });
+    };
+    tokio::pin!(task);
     let mut inbound_open = true;
     let (resp, undo) = loop {
         tokio::select! {
-            r = &mut task => match r {
-                Ok(r) => break r,
-                Err(_) => break (Answer::Reply(refusal(Code::Internal, "request handler failed")), None),
-            },
+            r = &mut task => break r,
             // Nothing more is expected from Envoy while we hold the request: an
             // end, an error or a stray message all mean the caller is gone.
             _ = inbound.message(), if inbound_open => {

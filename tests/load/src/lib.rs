@@ -154,6 +154,8 @@ pub struct LoadOptions {
 /// Where the load goes.
 pub struct Target<'a> {
     lock_tier: Option<LockTier<'a>>,
+    /// The arbiter's admin port (its `/metrics`), when the tool started the stack.
+    arbiter_admin: Option<u16>,
     etcd: Vec<String>,
     etcd_prefix: String,
     key_namespace: String,
@@ -402,6 +404,7 @@ impl<'a> Target<'a> {
     pub fn from_stack(st: &'a Stack) -> Self {
         let procs = cpu::Procs::of_stack(st);
         Self {
+            arbiter_admin: st.arbiters().first().map(|a| a.admin_port()),
             lock_tier: Some(LockTier {
                 port: st.envoy().listener_port(),
                 ca: st.pki().ca_cert_path(),
@@ -420,6 +423,7 @@ impl<'a> Target<'a> {
     /// and `/lockmesh-load/...`.
     pub fn external(etcd: Vec<String>, envoy_port: Option<u16>, ca: PathBuf, cert: PathBuf, key: PathBuf) -> Self {
         Self {
+            arbiter_admin: None,
             lock_tier: envoy_port.map(|port| LockTier { port, ca, identity: Identity::Shared { cert, key } }),
             etcd,
             etcd_prefix: "/lockmesh-load".into(),
@@ -551,9 +555,16 @@ async fn run_one(
     };
     let mut tick = window.start;
     let mut last = 0;
+    // Zipf (issue 20 item 7): the oldest gated wait, from the arbiter's gauge.
+    let gauge_port = target.arbiter_admin.filter(|_| mode == Mode::Zipf && workload.lock_tier());
     while tick < window.end {
         tick = (tick + Duration::from_secs(1)).min(window.end);
         tokio::time::sleep_until(tick).await;
+        if let Some(port) = gauge_port {
+            if let Some(g) = oldest_gated_s(port).await {
+                result.oldest_gated_s = Some(result.oldest_gated_s.map_or(g, |m: f64| m.max(g)));
+            }
+        }
         let n = plan.cycles.load(Ordering::Relaxed);
         if opts.progress {
             eprintln!(
@@ -608,9 +619,35 @@ async fn run_one(
     result
 }
 
+/// The largest `lockmesh_arbiter_oldest_gated_wait_seconds` over its label pairs
+/// in the arbiter's `/metrics` on `port`; `None` if unreadable.
+async fn oldest_gated_s(port: u16) -> Option<f64> {
+    let resp = lockmesh_tests::probe::http_get(port, "/metrics").await.ok()?;
+    max_gauge(&resp.body, "lockmesh_arbiter_oldest_gated_wait_seconds")
+}
+
+/// The largest value of gauge `name` (any labels) in Prometheus text.
+fn max_gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .filter_map(|rest| rest.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .reduce(f64::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gated_gauge_is_read_over_its_label_pairs() {
+        let text = "# TYPE lockmesh_arbiter_oldest_gated_wait_seconds gauge\n\
+            lockmesh_arbiter_oldest_gated_wait_seconds{namespace=\"load\",class=\"default\"} 0.25\n\
+            lockmesh_arbiter_oldest_gated_wait_seconds{namespace=\"other\",class=\"default\"} 1.5\n\
+            lockmesh_arbiter_oldest_gated_wait_seconds_other 9\n";
+        assert_eq!(max_gauge(text, "lockmesh_arbiter_oldest_gated_wait_seconds"), Some(1.5));
+        assert_eq!(max_gauge("", "lockmesh_arbiter_oldest_gated_wait_seconds"), None);
+    }
 
     #[test]
     fn zipf_draws_favour_the_first_keys_and_cover_all() {
