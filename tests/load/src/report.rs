@@ -362,6 +362,30 @@ impl Report {
                 );
             }
         }
+        // The CPU budget (closed loop, every process on the same cores): a lock
+        // cycle through the mesh costs at least the floor's CPU (every process)
+        // plus what etcd spends on the least any lock writes (the raw txn's two
+        // proposals). With every core busy, no lockmesh cycle on this design can
+        // run faster than the cores divided by that.
+        if let (Some(lm), Some(b), Some(raw), true) = (
+            self.find(Mode::Uncontended, Workload::Lockmesh),
+            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
+            self.find(Mode::Uncontended, Workload::RawTxn),
+            closed,
+        ) {
+            let floor: f64 = lm.cpu_ms_per_cycle().iter().map(|x| x.unwrap_or(0.0)).sum();
+            let cores = lm.cpu.map_or(0, |c| c.cores);
+            if let Some(e) = raw.cpu_ms_per_cycle()[0].filter(|_| floor > 0.0 && cores > 0) {
+                let most = cores as f64 * 1000.0 / (floor + e);
+                let x = most / b.cycles_per_s;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy (floor, every process, {floor:.3} ms + raw-txn's etcd {e:.3} ms of CPU per cycle): \
+                     {x:.2}x etcd-lock's (goal 0.5x): {}",
+                    verdict(x >= 0.5)
+                );
+            }
+        }
         if let (Some(lm), Some(b)) =
             (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn))
         {
