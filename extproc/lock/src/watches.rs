@@ -1,4 +1,5 @@
-//! One multiplexed etcd watch stream per store for the waiters' hints (issue 20).
+//! One multiplexed etcd watch stream per store for the waiters' hints (issue 20,
+//! docs/DECISIONS.md ADR-27).
 //!
 //! A gated waiter watches its key's holders from the revision of its failed
 //! transaction, and stops at the first delete (`wait`, `durable`, `multi`). Opened

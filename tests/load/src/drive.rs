@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::lockmesh::LockmeshClient;
 use super::record::Recorder;
-use super::txn::RawTxnClient;
+use super::txn::{RawTxnClient, TxnShape};
 use super::v3lock::EtcdLockClient;
 use super::{LoadOptions, Plan, Target, Workload};
 
@@ -70,10 +70,14 @@ impl Worker {
                 ))
             }
             Workload::EtcdLock => Worker::EtcdLock(Box::new(EtcdLockClient::connect(&target.etcd, rec).await?)),
-            Workload::RawTxn | Workload::RawTxnMarker => {
+            Workload::RawTxn | Workload::RawTxnMarker | Workload::RawTxnDesign => {
                 let idle = format!("{}/.idle/{i}", target.etcd_prefix);
-                let marker = w == Workload::RawTxnMarker;
-                Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, marker, rec).await?))
+                let shape = match w {
+                    Workload::RawTxnMarker => TxnShape::Marker,
+                    Workload::RawTxnDesign => TxnShape::Design { root: format!("{}/.design", target.etcd_prefix), i },
+                    _ => TxnShape::Plain,
+                };
+                Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, shape, rec).await?))
             }
         })
     }

@@ -13,6 +13,9 @@
 //! - `lockmesh-oneshot` (by name only): `lockmesh` without a session of its own:
 //!   each acquire names no `x-lock-session`, so the arbiter opens one for it, and
 //!   the release names the session the answer gave (the header-only path).
+//! - `raw-txn-design` (by name only): lockmesh's etcd operations per cycle without
+//!   the mesh (the grant's compares, hold and grant-clock puts and raft check; the
+//!   release's delete, guard delete and marker): the etcd-side floor of its design.
 //! - `raw-txn-marker` (by name only): `raw-txn` whose release transaction also puts
 //!   a marker key on the client's lease, as lockmesh's release writes its release
 //!   marker; beside `raw-txn` it prices the marker in etcd (docs/DECISIONS.md).
@@ -88,6 +91,13 @@ pub enum Workload {
     /// its release marker: the two side by side price the marker (run by name,
     /// not in [`Workload::ALL`]).
     RawTxnMarker,
+    /// lockmesh's etcd operations without the mesh (run by name, issue 20's
+    /// etcd-side floor): a grant transaction with lockmesh's compares (epoch
+    /// record, the key's slots, the session's lease, the grant clock) that puts
+    /// the hold and the grant clock, then a `Status` call (the grant-time raft
+    /// check); a release transaction that deletes the hold and the lock-delay
+    /// guard and puts the release marker.
+    RawTxnDesign,
 }
 
 /// How clients map onto keys.
@@ -204,8 +214,14 @@ impl Workload {
 
     /// Every workload the command line names: [`Workload::ALL`] and those run
     /// only by name.
-    pub const NAMED: [Workload; 5] =
-        [Workload::Lockmesh, Workload::EtcdLock, Workload::RawTxn, Workload::RawTxnMarker, Workload::LockmeshOneShot];
+    pub const NAMED: [Workload; 6] = [
+        Workload::Lockmesh,
+        Workload::EtcdLock,
+        Workload::RawTxn,
+        Workload::RawTxnMarker,
+        Workload::RawTxnDesign,
+        Workload::LockmeshOneShot,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -214,6 +230,7 @@ impl Workload {
             Workload::EtcdLock => "etcd-lock",
             Workload::RawTxn => "raw-txn",
             Workload::RawTxnMarker => "raw-txn-marker",
+            Workload::RawTxnDesign => "raw-txn-design",
             Workload::LockmeshOneShot => "lockmesh-oneshot",
         }
     }
@@ -236,7 +253,7 @@ impl FromStr for Workload {
 
     fn from_str(s: &str) -> Result<Self> {
         Workload::NAMED.into_iter().find(|w| w.name() == s).with_context(|| {
-            format!("unknown workload {s:?}: lockmesh, lockmesh-oneshot, etcd-lock, raw-txn or raw-txn-marker")
+            format!("unknown workload {s:?}: lockmesh, lockmesh-oneshot, etcd-lock, raw-txn, raw-txn-marker or raw-txn-design")
         })
     }
 }

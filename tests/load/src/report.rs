@@ -436,6 +436,22 @@ impl Report {
                 verdict(r <= 1.5)
             );
         }
+        // The etcd-side floor: what etcd spends on lockmesh's own operations per
+        // cycle without the mesh (`raw-txn-design`), against etcd-lock.
+        if let (Some(d), Some(e)) = (self.find(Mode::Uncontended, Workload::RawTxnDesign), be.filter(|e| *e > 0.0)) {
+            if let Some(de) = d.cpu_ms_per_cycle()[0] {
+                let r = de / e;
+                let at = match self.rate {
+                    Some(rate) => format!("at {rate:.0} cycles/s offered"),
+                    None => "closed loop, NOT at one rate".to_owned(),
+                };
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: etcd CPU per cycle of lockmesh's etcd operations without the mesh (raw-txn-design) <= 1.0x etcd-lock ({at}): {r:.2}x, {}",
+                    if r <= 1.0 { "reachable" } else { "NOT reachable on this design" }
+                );
+            }
+        }
         if let (Some(l), Some(e)) = (le, be.filter(|e| *e > 0.0)) {
             let r = l / e;
             let at = match self.rate {

@@ -7,6 +7,11 @@
 //!
 //! The client keeps one watch stream for its life and adds and cancels one watch
 //! per wait on it, so waiting costs no new gRPC stream.
+//!
+//! Shapes: `raw-txn` ([`TxnShape::Plain`]) as above; `raw-txn-marker` adds the
+//! release marker; `raw-txn-design` ([`TxnShape::Design`]) does what lockmesh asks
+//! of etcd per cycle, without the mesh: its etcd CPU per cycle is the etcd-side
+//! floor of lockmesh's design (issue 20).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +25,27 @@ use super::record::Recorder;
 /// Longest wait for a delete before trying again anyway.
 const POLL: Duration = Duration::from_secs(1);
 
+/// What a cycle writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TxnShape {
+    /// Put-if-absent, delete.
+    Plain,
+    /// A release also puts `<key>/r` on the lease (`raw-txn-marker`).
+    Marker,
+    /// lockmesh's etcd operations (`raw-txn-design`), with an epoch record, a
+    /// grant clock and client `i`'s session record under `root`.
+    Design { root: String, i: usize },
+}
+
 /// One etcd client (its own connection), its lease and its watch stream.
 pub(crate) struct RawTxnClient {
     client: Client,
     lease: Option<Lease>,
     watch: WatchStream,
     idle_key: String,
-    /// Whether a release also puts `<key>/r` on the lease (`raw-txn-marker`).
-    marker: bool,
+    shape: TxnShape,
+    /// `Design`: the epoch record's mod revision (compared by every grant).
+    epoch_rev: i64,
     rec: Arc<Recorder>,
 }
 
@@ -45,12 +63,59 @@ async fn open_watch(client: &mut Client, idle_key: &str) -> Result<WatchStream> 
 
 impl RawTxnClient {
     /// Connects, grants the client's lease and opens its watch stream.
-    pub async fn connect(endpoints: &[String], idle_key: &str, marker: bool, rec: Arc<Recorder>) -> Result<Self> {
+    pub async fn connect(endpoints: &[String], idle_key: &str, shape: TxnShape, rec: Arc<Recorder>) -> Result<Self> {
         let mut client =
             Client::connect(endpoints, None).await.with_context(|| format!("connect to etcd {endpoints:?}"))?;
         let lease = Lease::grant(&mut client, "raw-txn keepalive", rec.clone()).await?;
         let watch = open_watch(&mut client, idle_key).await?;
-        Ok(Self { client, lease: Some(lease), watch, idle_key: idle_key.to_owned(), marker, rec })
+        let mut epoch_rev = 0;
+        if let TxnShape::Design { root, i } = &shape {
+            // The epoch record (written once; every grant compares it) and this
+            // client's session record on its lease, as lockmesh keeps them.
+            let epoch = format!("{root}/sys/epoch");
+            let have = client.get(epoch.as_str(), None).await?;
+            epoch_rev = match have.kvs().first() {
+                Some(kv) => kv.mod_revision(),
+                None => {
+                    let put = Txn::new()
+                        .when([Compare::create_revision(epoch.as_str(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(epoch.as_str(), "1", None)]);
+                    client.txn(put).await?;
+                    let got = client.get(epoch.as_str(), None).await?;
+                    got.kvs().first().map(|kv| kv.mod_revision()).context("epoch record not written")?
+                }
+            };
+            let session = PutOptions::new().with_lease(lease.id());
+            client.put(format!("{root}/s/{i}"), "session", Some(session)).await?;
+        }
+        Ok(Self { client, lease: Some(lease), watch, idle_key: idle_key.to_owned(), shape, epoch_rev, rec })
+    }
+
+    /// The grant transaction for `key` on `lease`.
+    fn grant_txn(&self, key: &str, lease: i64) -> Txn {
+        let opts = PutOptions::new().with_lease(lease);
+        match &self.shape {
+            TxnShape::Design { root, i } => {
+                let slots = format!("{key}/");
+                Txn::new()
+                    .when([
+                        Compare::mod_revision(format!("{root}/sys/epoch"), CompareOp::Equal, self.epoch_rev),
+                        // Every slot of the key (`<key>/` up to `<key>0`, '/' + 1).
+                        Compare::create_revision(slots.as_str(), CompareOp::Equal, 0).with_range(format!("{key}0")),
+                        Compare::lease(format!("{root}/s/{i}"), CompareOp::Equal, lease),
+                        Compare::mod_revision(format!("{root}/sys/clock"), CompareOp::Greater, -1),
+                    ])
+                    .and_then([
+                        TxnOp::put(format!("{key}/0"), "held", Some(opts)),
+                        TxnOp::put(format!("{root}/sys/clock"), "", None),
+                    ])
+            }
+            _ => Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+                key,
+                "held",
+                Some(opts),
+            )]),
+        }
     }
 
     /// Put-if-absent until it succeeds; the commit revision.
@@ -58,19 +123,22 @@ impl RawTxnClient {
         let Some(lease) = &self.lease else {
             bail!("no lease");
         };
-        let opts = PutOptions::new().with_lease(lease.id());
+        let lease = lease.id();
         loop {
-            let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-                key,
-                "held",
-                Some(opts.clone()),
-            )]);
-            let r = self.client.txn(txn).await?;
+            let r = self.client.txn(self.grant_txn(key, lease)).await?;
             let rev = r.header().context("txn answer without header")?.revision();
             if r.succeeded() {
+                if matches!(self.shape, TxnShape::Design { .. }) {
+                    // The grant-time raft check: the member's raft position.
+                    self.client.status().await?;
+                }
                 return u64::try_from(rev).context("negative revision");
             }
-            self.wait_delete(key, rev).await?;
+            let watched = match self.shape {
+                TxnShape::Design { .. } => format!("{key}/0"),
+                _ => key.to_owned(),
+            };
+            self.wait_delete(&watched, rev).await?;
         }
     }
 
@@ -120,10 +188,22 @@ impl RawTxnClient {
     /// same transaction (lockmesh's release marker has the same shape: a small
     /// value on a lease, overwritten at each release of the key).
     pub async fn release(&mut self, key: &str) -> Result<()> {
-        match (&self.lease, self.marker) {
-            (Some(lease), true) => {
+        match (&self.lease, &self.shape) {
+            (Some(lease), TxnShape::Marker) => {
                 let put = TxnOp::put(format!("{key}/r"), "released", Some(PutOptions::new().with_lease(lease.id())));
                 self.client.txn(Txn::new().and_then([TxnOp::delete(key, None), put])).await?;
+            }
+            (Some(lease), TxnShape::Design { .. }) => {
+                // Only the holder's own hold (lease compare), its lock-delay guard
+                // (absent unless a class sets a delay) and the release marker.
+                let hold = format!("{key}/0");
+                let put = TxnOp::put(format!("{key}.r"), "released", Some(PutOptions::new().with_lease(lease.id())));
+                let txn = Txn::new().when([Compare::lease(hold.as_str(), CompareOp::Equal, lease.id())]).and_then([
+                    TxnOp::delete(hold.as_str(), None),
+                    TxnOp::delete(format!("{key}.g"), None),
+                    put,
+                ]);
+                self.client.txn(txn).await?;
             }
             _ => {
                 self.client.delete(key, None).await?;

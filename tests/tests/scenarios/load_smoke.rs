@@ -24,14 +24,15 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
         concurrency: 2,
         keys: 2,
         modes: vec![Mode::Contended],
-        workloads: Workload::ALL.to_vec(),
+        // And lockmesh's etcd operations without the mesh (issue 20's etcd floor).
+        workloads: Workload::ALL.iter().copied().chain([Workload::RawTxnDesign]).collect(),
         keep_grants: true,
         ..LoadOptions::default()
     };
     let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
     let table = report.render();
     println!("{table}");
-    assert_eq!(report.results.len(), 3, "{table}");
+    assert_eq!(report.results.len(), 4, "{table}");
     for r in &report.results {
         let w = r.workload.name();
         assert_eq!(r.failed, None, "{w}: {table}");
@@ -83,6 +84,9 @@ async fn a_zipf_run_on_a_limit_of_two_completes_cycles_with_unique_tokens() {
     let r = &report.results[0];
     assert!(r.failed.is_none() && r.cycles > 0 && r.error_count() == 0, "{table}");
     assert!(table.contains("zipf         lockmesh      4z4"), "{table}");
+    // The oldest gated wait, read from the arbiter's metrics during the window.
+    assert!(r.oldest_gated_s.is_some(), "the arbiter's gated-wait gauge was not read\n{table}");
+    assert!(table.contains("gated zipf lockmesh: oldest gated wait at most"), "{table}");
     let distinct: HashSet<u64> = r.grants.iter().map(|g| g.token).collect();
     assert_eq!(distinct.len(), r.grants.len(), "a token was handed out twice\n{table}");
     assert_eq!(r.token_violations(), 0, "{table}");
@@ -117,7 +121,9 @@ async fn an_open_loop_run_drives_acquires_with_and_without_a_session() {
     }
     assert!(table.contains("open loop: 20 cycles/s offered"), "{table}");
     assert!(table.contains("lockmesh-oneshot/lockmesh"), "{table}");
-    assert!(table.contains("header-only cycles/s >= 0.8x with a session"), "{table}");
+    // Every workload that keeps up runs at the offered rate: no cycles/s goal
+    // line is judged at one rate (only CPU, keys and latency ones are).
+    assert!(!table.contains("cycles/s >="), "{table}");
 }
 
 #[tokio::test]
@@ -126,7 +132,7 @@ async fn the_filter_tax_workloads_all_complete_requests() {
     let table = load::tax::render(&results, 2, Duration::from_secs(1));
     println!("{table}");
     let names: Vec<_> = results.iter().map(|r| r.name).collect();
-    assert_eq!(names, ["plain", "empty-wasm", "unlocked", "transparent"], "{table}");
+    assert_eq!(names, ["plain", "empty-wasm", "unlocked", "wasm-only", "transparent"], "{table}");
     for r in &results {
         assert_eq!(r.errors, 0, "{}: {table}", r.name);
         assert!(r.rps > 0.0, "{}: no request completed\n{table}", r.name);
