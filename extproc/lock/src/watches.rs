@@ -43,6 +43,11 @@ use tokio::sync::{mpsc, oneshot};
 /// left to their polls.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// After an open failed, how long waiters are left to their polls without
+/// another attempt: while etcd is unreachable, the hub does not queue one
+/// [`OPEN_TIMEOUT`] per wait behind another.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
 /// The store's watch hub: a handle on the task that owns the stream.
 #[derive(Default)]
 pub struct Watches {
@@ -120,6 +125,7 @@ struct Stream {
 async fn hub(client: etcd_client::Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, opened: std::sync::Arc<AtomicU64>) {
     let mut waiters: HashMap<u64, Waiter> = HashMap::new();
     let mut stream: Option<Stream> = None;
+    let mut reopen_at: Option<tokio::time::Instant> = None;
     loop {
         let event = match stream.as_mut() {
             Some(s) => tokio::select! {
@@ -134,15 +140,20 @@ async fn hub(client: etcd_client::Client, mut cmds: mpsc::UnboundedReceiver<Cmd>
                 waiters.insert(id, Waiter::Creating { wake });
                 let sent = match stream.as_mut() {
                     Some(s) => s.sender.watch(key, Some(opts)).await.is_ok(),
+                    None if reopen_at.is_some_and(|t| tokio::time::Instant::now() < t) => false,
                     None => match tokio::time::timeout(OPEN_TIMEOUT, client.clone().watch(key, Some(opts))).await {
                         Ok(Ok(ws)) => {
                             opened.fetch_add(1, Ordering::Relaxed);
+                            reopen_at = None;
                             let (sender, responses) = ws.split();
                             stream =
                                 Some(Stream { sender, responses, creating: VecDeque::new(), by_watch: HashMap::new() });
                             true
                         }
-                        _ => false,
+                        _ => {
+                            reopen_at = Some(tokio::time::Instant::now() + REOPEN_AFTER);
+                            false
+                        }
                     },
                 };
                 match (sent, stream.as_mut()) {
