@@ -330,6 +330,14 @@ impl Report {
         }
     }
 
+    /// How a CPU line was measured: at the offered rate, or `closed`.
+    fn rate_label(&self, closed: &str) -> String {
+        match self.rate {
+            Some(rate) => format!("at {rate:.0} cycles/s offered"),
+            None => closed.to_owned(),
+        }
+    }
+
     /// A floor run (issue 20): instead of goal lines, where each goal's ratio
     /// stands when the lock logic and etcd cost nothing. A goal the floor itself
     /// misses cannot be met by any change to the lock logic on this design.
@@ -351,10 +359,7 @@ impl Report {
             let ([_, lv, la, _], [be, _, _, _]) = (lm.cpu_ms_per_cycle(), b.cpu_ms_per_cycle());
             if let (Some(v), Some(a), Some(e)) = (lv, la, be.filter(|e| *e > 0.0)) {
                 let r = (v + a) / e;
-                let at = match self.rate {
-                    Some(rate) => format!("at {rate:.0} cycles/s offered"),
-                    None => "closed loop".to_owned(),
-                };
+                let at = self.rate_label("closed loop");
                 let _ = writeln!(
                     s,
                     "floor uncontended: (envoy + arbiter) CPU per floor cycle / etcd CPU per etcd-lock cycle ({at}) {r:.2}x (goal 1.5x): {}",
@@ -441,10 +446,7 @@ impl Report {
         if let (Some(d), Some(e)) = (self.find(Mode::Uncontended, Workload::RawTxnDesign), be.filter(|e| *e > 0.0)) {
             if let Some(de) = d.cpu_ms_per_cycle()[0] {
                 let r = de / e;
-                let at = match self.rate {
-                    Some(rate) => format!("at {rate:.0} cycles/s offered"),
-                    None => "closed loop, NOT at one rate".to_owned(),
-                };
+                let at = self.rate_label("closed loop, NOT at one rate");
                 let _ = writeln!(
                     s,
                     "floor uncontended: etcd CPU per cycle of lockmesh's etcd operations without the mesh (raw-txn-design) <= 1.0x etcd-lock ({at}): {r:.2}x, {}",
@@ -454,10 +456,7 @@ impl Report {
         }
         if let (Some(l), Some(e)) = (le, be.filter(|e| *e > 0.0)) {
             let r = l / e;
-            let at = match self.rate {
-                Some(rate) => format!("at {rate:.0} cycles/s offered"),
-                None => "closed loop, NOT at one rate".to_owned(),
-            };
+            let at = self.rate_label("closed loop, NOT at one rate");
             let _ = writeln!(
                 s,
                 "goal uncontended: etcd CPU per cycle lockmesh <= 1.0x etcd-lock ({at}): {r:.2}x, {}",

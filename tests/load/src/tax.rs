@@ -72,21 +72,36 @@ fn plain_config() -> Result<PathBuf> {
 /// Not a deployable config (a locked request would pass unlocked); it splits the
 /// unlocked tax between the Wasm filter and the skipped ext_proc.
 fn wasm_only_config() -> Result<PathBuf> {
-    let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
-    let mut doc: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&src)?)?;
-    let filters = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        ["http_filters"]
-        .as_array_mut()
-        .context("inbound-sidecar.yaml: no http_filters where expected")?;
+    let mut doc = sidecar_doc()?;
+    let filters = http_filters(&mut doc)?;
     let before = filters.len();
     filters.retain(|f| f["name"].as_str() != Some("envoy.filters.http.ext_proc"));
     if filters.len() + 1 != before {
         bail!("inbound-sidecar.yaml: expected one ext_proc filter");
     }
+    write_variant(&doc, "wasm-only-sidecar.yaml")
+}
+
+/// The shipped inbound-sidecar config, walked as JSON (serde-saphyr has no value
+/// type of its own).
+fn sidecar_doc() -> Result<serde_json::Value> {
+    let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
+    Ok(serde_saphyr::from_str(&std::fs::read_to_string(&src)?)?)
+}
+
+/// The HTTP filters of the sidecar's one listener.
+fn http_filters(doc: &mut serde_json::Value) -> Result<&mut Vec<serde_json::Value>> {
+    doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        .as_array_mut()
+        .context("inbound-sidecar.yaml: no http_filters where expected")
+}
+
+/// Writes a variant of the sidecar config to this run's temp directory.
+fn write_variant(doc: &serde_json::Value, name: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("lockmesh-tax-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let out = dir.join("wasm-only-sidecar.yaml");
-    std::fs::write(&out, serde_saphyr::to_string(&doc)?)?;
+    let out = dir.join(name);
+    std::fs::write(&out, serde_saphyr::to_string(doc)?)?;
     Ok(out)
 }
 
@@ -99,13 +114,8 @@ fn empty_wasm_config() -> Result<PathBuf> {
 /// The inbound-sidecar config with only the router, and before it an HTTP Wasm
 /// filter running `module` if given.
 fn sidecar_with(module: Option<&std::path::Path>) -> Result<PathBuf> {
-    let src = repo_root().join("envoy-config/inbound-sidecar.yaml");
-    // serde-saphyr has no value type of its own: the document is walked as JSON.
-    let mut doc: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&src)?)?;
-    let filters = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        ["http_filters"]
-        .as_array_mut()
-        .context("inbound-sidecar.yaml: no http_filters where expected")?;
+    let mut doc = sidecar_doc()?;
+    let filters = http_filters(&mut doc)?;
     filters.retain(|f| f["name"].as_str() == Some("envoy.filters.http.router"));
     if filters.len() != 1 {
         bail!("inbound-sidecar.yaml: expected one router filter");
@@ -129,11 +139,7 @@ fn sidecar_with(module: Option<&std::path::Path>) -> Result<PathBuf> {
         });
         filters.insert(0, wasm);
     }
-    let dir = std::env::temp_dir().join(format!("lockmesh-tax-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let out = dir.join(if module.is_some() { "empty-wasm-sidecar.yaml" } else { "plain-sidecar.yaml" });
-    std::fs::write(&out, serde_saphyr::to_string(&doc)?)?;
-    Ok(out)
+    write_variant(&doc, if module.is_some() { "empty-wasm-sidecar.yaml" } else { "plain-sidecar.yaml" })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
