@@ -421,6 +421,7 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
     #[cfg(feature = "bench-floor")]
     let r = {
         let _ = (&class, token, caller);
+        crate::floor::unhold(&key);
         Ok::<(), crate::lock::LockError>(())
     };
     crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
@@ -688,10 +689,11 @@ async fn acquire(
     let result = state.tiers.acquire_or_open(&areq, None, &reg, cancel).instrument(span.clone()).await;
     // The mesh floor (benchmark builds only, `crate::floor`): granted without etcd.
     #[cfg(feature = "bench-floor")]
-    let _ = cancel;
-    #[cfg(feature = "bench-floor")]
-    let result = crate::floor::grant(areq.session, &areq.class.name.to_string(), areq.class.ttl_s)
-        .map(|g| Acquired::Protected(g, state.store.clone()));
+    let result = match crate::floor::hold(&areq.key, cancel).await {
+        Ok(()) => crate::floor::grant(areq.session, &areq.class.name.to_string(), areq.class.ttl_s)
+            .map(|g| Acquired::Protected(g, state.store.clone())),
+        Err(e) => Err(e),
+    };
     let labels = crate::metrics::lock_labels(&reg, &areq.key);
     let (result, store) = match result {
         Ok(Acquired::Protected(g, s)) => (Ok(g), Some(s)),

@@ -11,13 +11,26 @@
 //! what the lock logic and etcd cost; what this floor costs is what any design
 //! that answers locks from an ext_proc service behind Envoy pays.
 //!
+//! One thing the floor keeps of a lock: a key has one holder at a time, in
+//! arrival order, held in memory (a fair semaphore per key) from the grant to its
+//! release, so a hot key's hand-offs are serialised as they are through etcd and
+//! its floor is comparable with one (issue 20's hot-key row).
+//!
 //! Such a build grants every acquire: it must never serve. It refuses to start
 //! unless the environment sets [`ENV`] to `1`, and says at start what it is.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicI64, AtomicU64, Ordering},
+        Arc, LazyLock, Mutex,
+    },
+};
 
-use lockmesh_core::{headers::SessionId, FencingToken};
+use lockmesh_core::{headers::SessionId, FencingToken, LockKey};
 use lockmesh_lock::{mutex::Grant, LockError};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 /// The environment variable that must be `1` for a floor build to start.
 pub const ENV: &str = "LOCKMESH_BENCH_FLOOR";
@@ -45,4 +58,33 @@ pub(crate) fn grant(session: Option<SessionId>, class: &str, ttl_s: u64) -> Resu
         }
     };
     Ok(Grant { token, session, ttl_s, class: class.to_owned(), existing: false, new_session, permits: 1 })
+}
+
+/// One fair semaphore of one permit per key that was ever acquired here.
+static KEYS: LazyLock<Mutex<HashMap<String, Arc<Semaphore>>>> = LazyLock::new(Mutex::default);
+
+fn key_slot(key: &LockKey) -> Arc<Semaphore> {
+    let mut keys = KEYS.lock().unwrap_or_else(|p| p.into_inner());
+    keys.entry(key.as_str().to_owned()).or_insert_with(|| Arc::new(Semaphore::new(1))).clone()
+}
+
+/// Waits (in arrival order) until `key` has no holder here, and takes it.
+pub(crate) async fn hold(key: &LockKey, cancel: &CancellationToken) -> Result<(), LockError> {
+    let slot = key_slot(key);
+    tokio::select! {
+        permit = slot.acquire_owned() => {
+            permit.map_err(|e| LockError::Internal(e.to_string()))?.forget();
+            Ok(())
+        }
+        () = cancel.cancelled() => Err(LockError::Cancelled),
+    }
+}
+
+/// Gives `key` back (to its next waiter). A release of a key not held here
+/// changes nothing.
+pub(crate) fn unhold(key: &LockKey) {
+    let slot = key_slot(key);
+    if slot.available_permits() == 0 {
+        slot.add_permits(1);
+    }
 }

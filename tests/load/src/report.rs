@@ -367,6 +367,20 @@ impl Report {
                 );
             }
         }
+        // A hot key: the floor serialises a key's holders in memory, in arrival
+        // order, so its hand-offs cost the mesh path and nothing of etcd.
+        if let (Some(lm), Some(b), true) = (
+            self.find(Mode::Hot, Workload::Lockmesh),
+            self.find(Mode::Hot, Workload::RawTxn).filter(|b| b.cycles_per_s > 0.0),
+            closed,
+        ) {
+            let r = lm.cycles_per_s / b.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "floor hot: cycles/s floor/raw-txn {r:.2}x (goal 0.6x; the raw txn lets clients barge): {}",
+                verdict(r >= 0.6)
+            );
+        }
         // The CPU budget (closed loop, every process on the same cores): a lock
         // cycle through the mesh costs at least the floor's CPU (every process)
         // plus what etcd spends on the least any lock writes (the raw txn's two
