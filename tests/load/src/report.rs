@@ -328,6 +328,20 @@ impl Report {
                 let _ = writeln!(s, "goal uncontended: acquire p99 <= 1.5x raw-txn: {r:.2}x, {}", verdict(r <= 1.5));
             }
         }
+        // The etcd-side floor of an acquire: lockmesh's grant transaction and raft
+        // check without the mesh (`raw-txn-design`), against the raw txn.
+        if let (Some(d), Some(b)) = (
+            self.find(Mode::Uncontended, Workload::RawTxnDesign),
+            self.find(Mode::Uncontended, Workload::RawTxn).filter(|b| b.acquire.p99 > 0),
+        ) {
+            let r = f64::from(d.acquire.p99) / f64::from(b.acquire.p99);
+            let _ = writeln!(
+                s,
+                "floor uncontended: acquire p99 of lockmesh's etcd operations without the mesh (raw-txn-design) <= 1.5x raw-txn ({}): {r:.2}x, {}",
+                self.rate_label("closed loop"),
+                if r <= 1.5 { "reachable" } else { "NOT reachable on this design" }
+            );
+        }
     }
 
     /// How a CPU line was measured: at the offered rate, or `closed`.
