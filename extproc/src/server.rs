@@ -306,17 +306,18 @@ async fn request_headers(
     // polled by the loop below beside Envoy's side of the stream. A panic in it
     // ends the stream with a non-OK status (the caller of `serve_stream`).
     let task = {
-        let (state, req, cancel, envoy) = (state.clone(), req.clone(), cancel.clone(), client.id.clone());
+        // Borrowed, not cloned: the handler no longer outlives this function.
+        let (req, cancel, envoy, mode) = (&req, &cancel, client.id.as_str(), &mode);
         async move {
             let mut ran = 0;
             loop {
                 let refusals = lockmesh_lock::auth_refusals();
-                let r = match &mode {
+                let r = match mode {
                     Some(transparent::Mode::Locked { vm, hold }) => {
-                        transparent::acquire(&state, &envoy, vm, *hold, &req, &cancel).await
+                        transparent::acquire(state, envoy, vm, *hold, req, cancel).await
                     }
                     _ => {
-                        let (r, undo) = api::handle(&state, &req, &cancel).await;
+                        let (r, undo) = api::handle(state, req, cancel).await;
                         (Answer::Reply(r), undo)
                     }
                 };

@@ -383,11 +383,6 @@ impl Store {
         }
     }
 
-    /// The watch stream the waiters' hints share.
-    pub fn watches(&self) -> &watches::Watches {
-        &self.watches
-    }
-
     /// The key layout.
     pub fn keys(&self) -> &Keys {
         &self.keys
