@@ -317,6 +317,10 @@ impl EnvoyBuilder {
             self.log_level.clone(),
             "--drain-time-s".into(),
             "1".into(),
+            // Envoy flushes its log file every 10 s by default: a failing test's
+            // dump (taken while Envoy runs) would miss the lines that explain it.
+            "--file-flush-interval-msec".into(),
+            "200".into(),
         ];
         let process = ChildProcess::new("envoy", envoy, args, dir.path().join("envoy.stdio.log")).extra_log(log);
         let envoy = EnvoyProcess {

@@ -17,10 +17,11 @@
 //!   call that hangs (an arbiter paused, or waiting on a cluster that does not
 //!   answer) does not hold the next one back. Each renewal is
 //!   [`KEEPALIVE_FANOUT`] calls at once, through the shipped configs' own arbiter
-//!   cluster (`lockmesh_arbiter_calls`, least-request by full scan): the second
-//!   call goes to a host with fewer active requests than the first's, so a renewal
-//!   reaches two arbiters and one holding a hung call is picked last. One healthy
-//!   arbiter keeps the sessions renewed. At most [`MAX_KEEPALIVES_IN_FLIGHT`] are in
+//!   cluster (`lockmesh_arbiter_calls`, round robin): two consecutive picks on one
+//!   worker go to two hosts, so a renewal reaches two arbiters (least-request could
+//!   send both to a paused one while its connections were still opening;
+//!   docs/TRANSPARENT.md, "When an arbiter hangs"). One healthy arbiter keeps the
+//!   sessions renewed. At most [`MAX_KEEPALIVES_IN_FLIGHT`] are in
 //!   flight, so a dead arbiter tier costs at most that many calls per timeout. Scheduling from the answer instead
 //!   let one call that ran into its timeout (2 s by default) stretch the period past
 //!   a 3 s TTL. A dead Envoy or a trapped VM stops renewing, so its holds expire

@@ -3,7 +3,9 @@
 //! that every shipped filter fails closed and has no test-only switch set (the
 //! shipped build's parser refuses `test_trap_header`), and that every shipped HTTP
 //! connection manager normalises paths and refuses underscore header names
-//! (issue #17, docs/DEPLOY.md "Path normalisation").
+//! (issue #17, docs/DEPLOY.md "Path normalisation"), that every ext_proc receives
+//! the headers the arbiter reads, and that the transparent filter's renewal cluster
+//! sends the two calls of a renewal to two arbiters (docs/TRANSPARENT.md).
 
 // A test binary: assertions by unwrap are the point, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -271,4 +273,79 @@ fn every_shipped_ext_proc_receives_exactly_the_headers_the_arbiter_reads() {
     assert_eq!(forward_rule_problems(&planted).len(), 1);
     planted["forward_rules"]["allowed_headers"]["patterns"] = serde_json::json!([{ "prefix": "" }]);
     assert!(forward_rule_problems(&planted).iter().any(|m| m.contains("cookie")));
+}
+
+/// Why cluster `c` may not carry the transparent filter's own calls (empty when it
+/// may): the filter sends each renewal as two calls at once and relies on them
+/// reaching two different arbiters (wasm-filter/src/transparent.rs, "Renewal").
+/// Round robin (Envoy's default) gives two consecutive picks on one worker two
+/// hosts. Least-request counts only requests already on a connection, so while
+/// connections are opening both calls tie and ties go to a random host; ring hash
+/// and Maglev send calls without a hash to one random host each; random is random.
+fn calls_cluster_problems(c: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(p) = c.get("lb_policy").and_then(Value::as_str) {
+        if p != "ROUND_ROBIN" {
+            problems.push(format!("lb_policy {p}: two calls of one renewal may reach the same arbiter"));
+        }
+    }
+    let mut policies = Vec::new();
+    walk_names(&c["load_balancing_policy"], &mut policies);
+    for name in policies {
+        if name != "envoy.load_balancing_policies.round_robin" {
+            problems.push(format!("load_balancing_policy {name}: two calls of one renewal may reach the same arbiter"));
+        }
+    }
+    problems
+}
+
+fn walk_names(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            if let (Some(Value::String(n)), Some(_)) = (m.get("name"), m.get("typed_config")) {
+                out.push(n.clone());
+            }
+            m.values().for_each(|c| walk_names(c, out));
+        }
+        Value::Array(s) => s.iter().for_each(|c| walk_names(c, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_shipped_renewal_cluster_sends_the_two_calls_of_a_renewal_to_two_arbiters() {
+    let mut checked = 0;
+    let mut planted_from = None;
+    for path in shipped_bootstraps() {
+        let doc: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut filters = Vec::new();
+        walk(&doc, &mut filters);
+        for f in filters {
+            let value = f["config"]["configuration"]["value"].as_str().unwrap_or("");
+            let parsed = lockmesh_wasm_filter::config::parse(value.as_bytes()).unwrap();
+            let Some(t) = parsed.transparent else { continue };
+            let clusters = doc["static_resources"]["clusters"].as_array().unwrap();
+            let c = clusters
+                .iter()
+                .find(|c| c["name"].as_str() == Some(t.arbiter_cluster.as_str()))
+                .unwrap_or_else(|| panic!("{}: no cluster {}", path.display(), t.arbiter_cluster));
+            let problems = calls_cluster_problems(c);
+            assert!(problems.is_empty(), "{}: {}", path.display(), problems.join("; "));
+            planted_from.get_or_insert_with(|| c.clone());
+            checked += 1;
+        }
+    }
+    // The inbound sidecar (the transparent shape that ships as a bootstrap).
+    assert!(checked >= 1, "no transparent filter found in the shipped bootstraps");
+    // The check can fail: the least-request cluster this replaced, and ring hash.
+    let mut planted = planted_from.unwrap();
+    planted["load_balancing_policy"] = serde_json::json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.least_request",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+            "selection_method": "FULL_SCAN"}}}]});
+    assert_eq!(calls_cluster_problems(&planted).len(), 1);
+    planted.as_object_mut().unwrap().remove("load_balancing_policy");
+    planted["lb_policy"] = Value::from("RING_HASH");
+    assert_eq!(calls_cluster_problems(&planted).len(), 1);
 }

@@ -419,6 +419,42 @@ impl Report {
                 );
             }
         }
+        // The same two bounds with the etcd work of lockmesh's own operations
+        // (`raw-txn-design`, in the same run) instead of the raw txn's: the hot
+        // key's serial hand-off with the grant-time raft check, and the CPU budget
+        // with the design's etcd CPU per cycle. Both sides of each ratio let
+        // clients barge (no queue), so the ratio is the etcd operations' alone.
+        if let (Some(d), Some(b), true) = (
+            self.find(Mode::Hot, Workload::RawTxnDesign),
+            self.find(Mode::Hot, Workload::RawTxn).filter(|b| b.cycles_per_s > 0.0),
+            closed,
+        ) {
+            let r = d.cycles_per_s / b.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "floor hot: cycles/s of lockmesh's etcd operations without the mesh (raw-txn-design) / raw-txn {r:.2}x (goal 0.6x): {}",
+                verdict(r >= 0.6)
+            );
+        }
+        if let (Some(lm), Some(b), Some(d), true) = (
+            self.find(Mode::Uncontended, Workload::Lockmesh),
+            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
+            self.find(Mode::Uncontended, Workload::RawTxnDesign),
+            closed,
+        ) {
+            let floor: f64 = lm.cpu_ms_per_cycle().iter().map(|x| x.unwrap_or(0.0)).sum();
+            let cores = lm.cpu.map_or(0, |c| c.cores);
+            if let Some(e) = d.cpu_ms_per_cycle()[0].filter(|_| floor > 0.0 && cores > 0) {
+                let most = cores as f64 * 1000.0 / (floor + e);
+                let x = most / b.cycles_per_s;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy (floor, every process, {floor:.3} ms + raw-txn-design's etcd {e:.3} ms of CPU per cycle): \
+                     {x:.2}x etcd-lock's (goal 0.5x): {}",
+                    verdict(x >= 0.5)
+                );
+            }
+        }
         if let (Some(lm), Some(b)) =
             (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn))
         {
@@ -581,5 +617,60 @@ mod tests {
         assert_eq!((p.n, p.p50, p.p99, p.max), (100, 50, 99, 100));
         assert_eq!(percentiles(vec![7]).p99, 7);
         assert_eq!(percentiles(Vec::new()), Percentiles::default());
+    }
+
+    fn result(mode: Mode, w: Workload, cycles: u64, etcd_s: f64, mesh_s: f64) -> WorkloadResult {
+        let mut r = WorkloadResult::new(mode, w, Shape { keys: 1, per_key: 1, drawn: false });
+        r.cpu = Some(Usage {
+            secs: 10.0,
+            etcd: Some(etcd_s),
+            envoy: Some(mesh_s),
+            arbiter: Some(mesh_s),
+            load: Some(0.0),
+            machine: None,
+            cores: 2,
+        });
+        r.cycles = cycles;
+        r.cycles_per_s = cycles as f64 / 10.0;
+        r
+    }
+
+    /// The design floor's lines read `raw-txn-design` from the same run: its hot
+    /// cycles against the raw txn's, and the CPU budget with its etcd CPU.
+    #[test]
+    fn a_floor_run_bounds_the_hot_key_and_the_cpu_budget_by_the_designs_etcd_operations() {
+        let report = |design_hot: u64| Report {
+            run_id: "t".into(),
+            seconds: 10.0,
+            rate: None,
+            floor: true,
+            results: vec![
+                // The floor: 8 000 cycles, 1 ms of CPU each (Envoy + arbiter).
+                result(Mode::Uncontended, Workload::Lockmesh, 8000, 0.0, 4.0),
+                result(Mode::Uncontended, Workload::EtcdLock, 30000, 10.0, 0.0),
+                result(Mode::Uncontended, Workload::RawTxn, 30000, 9.0, 0.0),
+                // The design's etcd operations: 1.5 ms of etcd CPU per cycle.
+                result(Mode::Uncontended, Workload::RawTxnDesign, 10000, 15.0, 0.0),
+                result(Mode::Hot, Workload::RawTxn, 10000, 5.0, 0.0),
+                result(Mode::Hot, Workload::RawTxnDesign, design_hot, 5.0, 0.0),
+            ],
+        };
+        let text = report(4000).render();
+        // 2 cores x 1000 / (1.0 + 1.5) = 800 cycles/s, 0.27x etcd-lock's 3 000.
+        assert!(
+            text.contains(
+                "at most 800 cycles/s on 2 cores busy (floor, every process, 1.000 ms + raw-txn-design's etcd 1.500 ms"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("0.27x etcd-lock's (goal 0.5x): NOT reachable on this design"), "{text}");
+        assert!(text.contains("(raw-txn-design) / raw-txn 0.40x (goal 0.6x): NOT reachable on this design"), "{text}");
+        let text = report(7000).render();
+        assert!(text.contains("(raw-txn-design) / raw-txn 0.70x (goal 0.6x): reachable"), "{text}");
+        // Without the design's rows (an older run), neither line is printed.
+        let mut r = report(4000);
+        r.results.retain(|x| x.workload != Workload::RawTxnDesign);
+        let text = r.render();
+        assert!(!text.contains("raw-txn-design"), "{text}");
     }
 }
