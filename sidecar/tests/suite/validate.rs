@@ -110,6 +110,7 @@ fn shipped_manifests_validate_against_kubernetes_and_istio_schemas() {
         "ServiceMonitor",
         "WasmPlugin",
         "EnvoyFilter",
+        "DestinationRule",
     ] {
         assert!(out.contains(&format!(" {kind}/")), "{kind} was not validated:\n{out}");
     }
@@ -137,6 +138,7 @@ fn the_validator_fails_on_bad_builtin_and_custom_objects_and_unknown_kinds() {
         ("pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: a, image: b, imagePullPolicy: Sometimes, bogus: 1}]\n", "'bogus' was unexpected"),
         ("ef.yaml", "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: e}\nspec:\n  configPatches: [{applyTo: HTTP_FILTR}]\n", "'HTTP_FILTR' is not one of"),
         ("wp.yaml", "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: w}\nspec: {failStrategy: FAIL_CLOSE}\n", "'url' is a required property"),
+        ("dr.yaml", "apiVersion: networking.istio.io/v1beta1\nkind: DestinationRule\nmetadata: {name: d}\nspec: {host: h, subsets: [{name: calls, trafficPolicy: {loadBalancer: {simple: ROUND_ROBN}}}]}\n", "'ROUND_ROBN' is not one of"),
         ("lc.yaml", "apiVersion: lockmesh.dev/v1alpha1\nkind: LockClass\nmetadata: {name: l}\nspec: {enforcement: advisory, bogus: 1}\n", "'bogus' was unexpected"),
         ("crd.yaml", "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: c}\nspec: {}\n", "no schema for cert-manager.io/v1 Certificate"),
     ];
@@ -211,16 +213,96 @@ fn istio_example_plugin_config_is_accepted_by_the_filter_and_fails_closed() {
     if let Err(errs) = lockmesh_wasm_filter::config::parse(&config) {
         panic!("the filter refuses the WasmPlugin's pluginConfig: {errs:?}");
     }
-    // ext_proc in the EnvoyFilter never fails open and calls the cluster the filter calls.
+    // ext_proc in the EnvoyFilter never fails open.
     let filter: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap()).unwrap();
     let proc =
         &filter["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["extension_config"]["typed_config"];
     assert_eq!(proc["failure_mode_allow"], false);
-    assert_eq!(
-        proc["grpc_service"]["envoy_grpc"]["cluster_name"],
-        plugin["spec"]["pluginConfig"]["transparent"]["arbiter_cluster"]
-    );
+    // ext_proc calls the ring-hashed subset of the arbiter Service, the filter's own
+    // calls a round-robin subset of the same Service (docs/TRANSPARENT.md).
+    let rule: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("destinationrule.yaml")).unwrap()).unwrap();
+    let ext_proc_cluster = proc["grpc_service"]["envoy_grpc"]["cluster_name"].as_str().unwrap();
+    let calls_cluster = plugin["spec"]["pluginConfig"]["transparent"]["arbiter_cluster"].as_str().unwrap();
+    let problems = istio_cluster_problems(&rule, &filter, ext_proc_cluster, calls_cluster);
+    assert!(problems.is_empty(), "{problems:?}");
+    // The check can fail: the filter's calls on the ext_proc cluster (as shipped
+    // before), on Istio's default cluster of the Service, on a subset the rule
+    // does not round-robin, or with the ring hash patched into every subset.
+    assert!(!istio_cluster_problems(&rule, &filter, ext_proc_cluster, ext_proc_cluster).is_empty());
+    let whole = "outbound|18051||lockmesh-arbiter.lockmesh-system.svc.cluster.local";
+    assert!(!istio_cluster_problems(&rule, &filter, ext_proc_cluster, whole).is_empty());
+    let mut planted = rule.clone();
+    planted["spec"]["subsets"][1]["trafficPolicy"]["loadBalancer"]["simple"] = Value::from("LEAST_REQUEST");
+    assert!(!istio_cluster_problems(&planted, &filter, ext_proc_cluster, calls_cluster).is_empty());
+    let mut planted = filter.clone();
+    for p in planted["spec"]["configPatches"].as_array_mut().unwrap() {
+        if let Some(m) = p["match"]["cluster"].as_object_mut() {
+            m.remove("subset");
+        }
+    }
+    assert!(!istio_cluster_problems(&rule, &planted, ext_proc_cluster, calls_cluster).is_empty());
     let text = std::fs::read_to_string(root.join("envoyfilter.yaml")).unwrap();
     assert!(text.contains("envoy.reloadable_features.ext_proc_fail_close_spurious_resp: true"));
+}
+
+/// Why the Istio example's clusters are not as the transparent filter needs them
+/// (empty when they are): `ext_proc` is the outbound cluster of a subset of the
+/// rule's host that the EnvoyFilter ring-hashes; `calls` (the filter's keepalives
+/// and releases) is another subset's cluster of the same host and port, round
+/// robin in the rule and touched by no cluster patch of the EnvoyFilter (a patch
+/// whose match names no subset patches every subset's cluster).
+fn istio_cluster_problems(rule: &Value, filter: &Value, ext_proc: &str, calls: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let parse = |c: &str| -> Option<(String, String, String)> {
+        let parts: Vec<&str> = c.split('|').collect();
+        match parts.as_slice() {
+            ["outbound", port, subset, host] => Some(((*port).to_owned(), (*subset).to_owned(), (*host).to_owned())),
+            _ => None,
+        }
+    };
+    let (Some((ep_port, ep_subset, ep_host)), Some((c_port, c_subset, c_host))) = (parse(ext_proc), parse(calls))
+    else {
+        return vec![format!("not Istio outbound cluster names: {ext_proc}, {calls}")];
+    };
+    if (ep_port.as_str(), ep_host.as_str()) != (c_port.as_str(), c_host.as_str()) {
+        problems.push("the two clusters are not of the same service and port".into());
+    }
+    if rule["spec"]["host"].as_str() != Some(c_host.as_str()) {
+        problems.push(format!("the DestinationRule is not for {c_host}"));
+    }
+    if ep_subset.is_empty() || c_subset.is_empty() || ep_subset == c_subset {
+        problems.push(format!("ext_proc ({ext_proc}) and the calls ({calls}) need two subsets of their own"));
+    }
+    let subset = |name: &str| rule["spec"]["subsets"].as_array().and_then(|v| v.iter().find(|s| s["name"] == name));
+    match subset(&c_subset) {
+        Some(s) if s["trafficPolicy"]["loadBalancer"]["simple"] == "ROUND_ROBIN" => {}
+        _ => problems.push(format!("the rule does not make subset {c_subset:?} round robin")),
+    }
+    if subset(&ep_subset).is_none() {
+        problems.push(format!("the rule has no subset {ep_subset:?}"));
+    }
+    let mut ring_hashed = false;
+    for p in filter["spec"]["configPatches"].as_array().into_iter().flatten() {
+        if p["applyTo"] != "CLUSTER" {
+            continue;
+        }
+        let m = &p["match"]["cluster"];
+        let hits = |subset: &str| {
+            m["service"].as_str().is_none_or(|s| s == c_host)
+                && m["portNumber"].as_u64().is_none_or(|n| n.to_string() == c_port)
+                && m["subset"].as_str().is_none_or(|s| s.is_empty() || s == subset)
+        };
+        if hits(&c_subset) {
+            problems.push(format!("a cluster patch of the EnvoyFilter also changes the calls' subset {c_subset:?}"));
+        }
+        if hits(&ep_subset) && p["patch"]["value"]["lb_policy"] == "RING_HASH" {
+            ring_hashed = true;
+        }
+    }
+    if !ring_hashed {
+        problems.push(format!("no cluster patch ring-hashes the ext_proc subset {ep_subset:?}"));
+    }
+    problems
 }
