@@ -154,6 +154,16 @@ enum HandOff {
     NotDone,
 }
 
+/// What the read of a key granted here says to do ([`Store::held_read`]).
+enum HeldRead {
+    /// The answer without waiting: an idempotent re-acquire, or a leak.
+    Answer(Result<Grant, LockError>),
+    /// Held by another: wait from this revision (with the offer).
+    Wait(i64),
+    /// Free, or not a mutex by the authoritative limit: run a grant transaction.
+    Grant,
+}
+
 /// The commit revision a grant's token carries.
 fn token_revision(g: &Grant) -> i64 {
     i64::try_from(g.token.revision()).unwrap_or(i64::MAX)
@@ -388,35 +398,37 @@ impl Store {
         // The limit that decides "mutex" is the authoritative one (`lock::policy`),
         // read with the holders: the registry's may be behind a `lockctl limit`
         // change, and a key with free slots must be granted, not waited for.
+        // The offer is posted before the read, not after it: a release that
+        // arrives while the read is in flight then still hands the key over in
+        // one transaction. Posted after, such a release found no offer and the key
+        // took two commits (the release's, then the waiter's grant after its
+        // watch woke it): 45 % of a hot key's hand-overs (docs/BENCHMARKS.md). A
+        // read that says not to wait ends the offer first (`settle_offer`): a
+        // releaser that took it meanwhile decides, and its grant is the answer.
         if self.queues().held_since(&d).is_some() && new_record.is_none() && !req.try_once {
-            let policy_key = self.keys().class_policy(req.class.name.as_str());
-            let txn = Txn::new().and_then([
-                TxnOp::get(self.keys().holds(&d), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(policy_key, None),
-            ]);
-            let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
-            let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            });
-            let (holders, policy) = (gets.next(), gets.next());
-            let limit = policy
-                .as_ref()
-                .and_then(|p| p.kvs().first())
-                .and_then(|kv| serde_json::from_slice::<lockmesh_core::policy::ClassPolicy>(kv.value()).ok())
-                .map(|p| p.limit);
-            if let (Some(holders), Some(1)) = (holders, limit) {
-                if let Some(answer) = self.classify_holders(req, sid, holders.kvs()) {
-                    return answer;
+            let late = test_faults::on(TestFault::OfferAfterRead);
+            let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid));
+            let next = self.held_read(req, &d, sid).await;
+            if let Ok(HeldRead::Wait(revision)) = next {
+                // PLANTED BUG (handoff scenario) when `late`: the offer only now.
+                let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid));
+                let waited =
+                    self.wait_offered(&d, revision, req.deadline, cancel, &ticket, Some(req), Some(posted)).await?;
+                if let Some(g) = waited {
+                    self.queues().note_held(&d, token_revision(&g));
+                    return Ok(g);
                 }
-                if !holders.kvs().is_empty() {
-                    let revision = r.header().map_or(0, |h| h.revision());
-                    if let Some(g) =
-                        self.wait_change(&d, revision, req.deadline, cancel, &ticket, Some((req, sid))).await?
-                    {
-                        self.queues().note_held(&d, token_revision(&g));
-                        return Ok(g);
-                    }
+            } else {
+                let settled = match posted {
+                    Some(p) => self.settle_offer(&d, &ticket, p).await,
+                    None => None,
+                };
+                if let Some(g) = settled {
+                    self.queues().note_held(&d, token_revision(&g));
+                    return Ok(g);
+                }
+                if let HeldRead::Answer(answer) = next? {
+                    return answer;
                 }
             }
         }
@@ -470,6 +482,39 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// The read of a mutex key's holders and authoritative limit that
+    /// [`Store::acquire_in`] makes for a key granted here (see there): what it says
+    /// to do next.
+    async fn held_read(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<HeldRead, LockError> {
+        if test_faults::on(TestFault::SlowHeldRead) {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await; // TEST SWITCH (handoff scenario)
+        }
+        let policy_key = self.keys().class_policy(req.class.name.as_str());
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(policy_key, None),
+        ]);
+        let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (holders, policy) = (gets.next(), gets.next());
+        let limit = policy
+            .as_ref()
+            .and_then(|p| p.kvs().first())
+            .and_then(|kv| serde_json::from_slice::<lockmesh_core::policy::ClassPolicy>(kv.value()).ok())
+            .map(|p| p.limit);
+        let (Some(holders), Some(1)) = (holders, limit) else {
+            return Ok(HeldRead::Grant);
+        };
+        if let Some(answer) = self.classify_holders(req, sid, holders.kvs()) {
+            return Ok(HeldRead::Answer(answer));
+        }
+        Ok(if holders.kvs().is_empty() { HeldRead::Grant } else { HeldRead::Wait(revision) })
     }
 
     /// Reads the holders once to answer an idempotent re-acquire or a leak.

@@ -120,6 +120,14 @@ pub enum TestFault {
     /// An exclusive hold (`x-lock-mode: exclusive`) takes one slot instead of all
     /// N (`lock::mutex`): a writer beside readers (the gate's `writer_alone`).
     ExclusiveOneSlot,
+    /// Not a bug: the read a head makes of a key granted here (`lock::mutex`,
+    /// `held_read`) waits 3 s first, so a scenario can release the key while that
+    /// read is in flight (`tests/tests/scenarios/handoff.rs`).
+    SlowHeldRead,
+    /// That head posts its hand-off offer after the read instead of before it
+    /// (`lock::mutex`, the order before 2026-12-04): a release during the read
+    /// finds no offer, and the key takes two commits instead of one.
+    OfferAfterRead,
 }
 
 #[cfg(feature = "test-faults")]
@@ -159,6 +167,8 @@ impl TestFault {
             "console_history_lag" => Some(Self::ConsoleHistoryLag),
             "multi_key_first_only" => Some(Self::MultiKeyFirstOnly),
             "exclusive_one_slot" => Some(Self::ExclusiveOneSlot),
+            "slow_held_read" => Some(Self::SlowHeldRead),
+            "offer_after_read" => Some(Self::OfferAfterRead),
             _ => None,
         }
     }

@@ -444,21 +444,48 @@ impl Store {
         ticket: &Ticket<'_>,
         offer: Option<(&AcquireRequest, SessionId)>,
     ) -> Result<Option<Grant>, LockError> {
-        let (tx, mut rx) = oneshot::channel();
-        self.queues().gate(d, ticket.id, offer.map(|(req, _)| req));
-        let offered = offer.is_some_and(|(req, sid)| self.queues().post_offer(d, ticket.id, req, sid, tx));
+        let posted = offer.map(|(req, sid)| self.post_offer(d, ticket, req, sid));
+        self.wait_offered(d, revision, deadline, cancel, ticket, offer.map(|(req, _)| req), posted).await
+    }
+
+    /// Posts head `ticket`'s offer of `req` on session `sid` (see the module docs),
+    /// to be ended by [`Store::wait_offered`] or [`Store::settle_offer`]; until
+    /// then a release of `d` here may grant it in the release's transaction.
+    pub(crate) fn post_offer(
+        &self,
+        d: &KeyDigest,
+        ticket: &Ticket<'_>,
+        req: &AcquireRequest,
+        sid: SessionId,
+    ) -> PostedOffer {
+        let (tx, rx) = oneshot::channel();
+        let offered = self.queues().post_offer(d, ticket.id, req, sid, tx);
+        PostedOffer { offered, rx }
+    }
+
+    /// [`Store::wait_change`] with the offer already posted (or none: `posted`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn wait_offered(
+        &self,
+        d: &KeyDigest,
+        revision: i64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        ticket: &Ticket<'_>,
+        req: Option<&AcquireRequest>,
+        posted: Option<PostedOffer>,
+    ) -> Result<Option<Grant>, LockError> {
+        self.queues().gate(d, ticket.id, req);
+        let PostedOffer { offered, mut rx } = posted.unwrap_or_else(PostedOffer::none);
         let outcome = self.wait_change_in(d, revision, deadline, cancel, ticket, offered, &mut rx).await;
         if let Some(g) = outcome.handed {
             self.queues().woke(d);
             self.queues().book.granted(d, true);
             return Ok(Some(g));
         }
-        if offered && !outcome.answered && !self.queues().withdraw_offer(d, ticket.id) {
-            // A releaser took the offer: its transaction decides, and it always
-            // answers (or drops the sender when its task ends).
-            if let Ok(Handed::Granted(g)) = rx.await {
+        if !outcome.answered {
+            if let Some(g) = self.settle_offer(d, ticket, PostedOffer { offered, rx }).await {
                 self.queues().woke(d);
-                self.queues().book.granted(d, true);
                 return Ok(Some(g));
             }
         }
@@ -466,6 +493,22 @@ impl Store {
             self.queues().woke(d);
         }
         outcome.result.map(|()| None)
+    }
+
+    /// Ends a posted offer that was not answered: withdrawn, or, when a releaser
+    /// took it first, that releaser's answer (its transaction decides, and it
+    /// always answers or drops the sender when its task ends): the grant it made.
+    pub(crate) async fn settle_offer(&self, d: &KeyDigest, ticket: &Ticket<'_>, posted: PostedOffer) -> Option<Grant> {
+        if !posted.offered || self.queues().withdraw_offer(d, ticket.id) {
+            return None;
+        }
+        match posted.rx.await {
+            Ok(Handed::Granted(g)) => {
+                self.queues().book.granted(d, true);
+                Some(g)
+            }
+            Ok(Handed::Retry) | Err(_) => None,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -520,6 +563,19 @@ impl Store {
     /// One watcher on the store's one watch stream ([`crate::watches`]).
     pub(super) async fn delete_seen(&self, key: impl Into<Vec<u8>>, opts: WatchOptions) {
         self.watches.delete_seen(&self.client, key, opts).await;
+    }
+}
+
+/// An offer posted by [`Store::post_offer`] and where its releaser answers.
+pub(crate) struct PostedOffer {
+    /// Whether it was posted (hand-off on, the ticket the head).
+    offered: bool,
+    rx: oneshot::Receiver<Handed>,
+}
+
+impl PostedOffer {
+    fn none() -> Self {
+        Self { offered: false, rx: oneshot::channel().1 }
     }
 }
 
