@@ -18,7 +18,10 @@
 //! hand-over instead of two. The offer is taken by exactly one side: the releaser
 //! (which then always answers the waiter: granted, or retry) or the waiter leaving
 //! its wait (withdrawn), so a waiter never runs its own grant while a hand-off for
-//! it may commit.
+//! it may commit. A head that reads a key granted here before it waits posts its
+//! offer before that read ([`Store::post_offer`], `mutex`), so a release during the
+//! read still hands over; a read that says not to wait settles the offer
+//! ([`Store::settle_offer`]) before anything else.
 //!
 //! # The waiters' book
 //!
