@@ -412,8 +412,7 @@ impl Store {
             if let Ok(HeldRead::Wait(revision)) = next {
                 // PLANTED BUG (handoff scenario) when `late`: the offer only now.
                 let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid));
-                let waited =
-                    self.wait_offered(&d, revision, req.deadline, cancel, &ticket, Some(req), Some(posted)).await?;
+                let waited = self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?;
                 if let Some(g) = waited {
                     self.queues().note_held(&d, token_revision(&g));
                     return Ok(g);
@@ -466,9 +465,9 @@ impl Store {
                         Reason::KeyGated => {
                             // The session record exists now (the refusal wrote it),
                             // so a release here may hand the key over directly.
-                            let offer = Some((req, sid));
+                            let posted = self.post_offer(&d, &ticket, req, sid);
                             if let Some(g) =
-                                self.wait_change(&d, revision, req.deadline, cancel, &ticket, offer).await?
+                                self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?
                             {
                                 if req.class.max_holders == 1 {
                                     self.queues().note_held(&d, token_revision(&g));

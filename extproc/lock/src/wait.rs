@@ -435,22 +435,6 @@ pub async fn backoff(deadline: Instant, cancel: &CancellationToken) -> Result<()
 // === impl Store ===
 
 impl Store {
-    /// Waits for a reason to retry a gated grant. With `offer` (the waiter's
-    /// request and session), a release through this arbiter may grant it in the
-    /// release transaction: then the grant is returned.
-    pub(crate) async fn wait_change(
-        &self,
-        d: &KeyDigest,
-        revision: i64,
-        deadline: Instant,
-        cancel: &CancellationToken,
-        ticket: &Ticket<'_>,
-        offer: Option<(&AcquireRequest, SessionId)>,
-    ) -> Result<Option<Grant>, LockError> {
-        let posted = offer.map(|(req, sid)| self.post_offer(d, ticket, req, sid));
-        self.wait_offered(d, revision, deadline, cancel, ticket, offer.map(|(req, _)| req), posted).await
-    }
-
     /// Posts head `ticket`'s offer of `req` on session `sid` (see the module docs),
     /// to be ended by [`Store::wait_offered`] or [`Store::settle_offer`]; until
     /// then a release of `d` here may grant it in the release's transaction.
@@ -466,7 +450,11 @@ impl Store {
         PostedOffer { offered, rx }
     }
 
-    /// [`Store::wait_change`] with the offer already posted (or none: `posted`).
+    /// Waits for a reason to retry a gated grant: a watch event on the key's
+    /// holders after `revision`, a release through here, the poll, the deadline.
+    /// While the offer `posted` ([`Store::post_offer`]) stands, a release through
+    /// this arbiter may grant the waiter in the release transaction: then the
+    /// grant is returned.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn wait_offered(
         &self,
@@ -475,11 +463,11 @@ impl Store {
         deadline: Instant,
         cancel: &CancellationToken,
         ticket: &Ticket<'_>,
-        req: Option<&AcquireRequest>,
-        posted: Option<PostedOffer>,
+        req: &AcquireRequest,
+        posted: PostedOffer,
     ) -> Result<Option<Grant>, LockError> {
-        self.queues().gate(d, ticket.id, req);
-        let PostedOffer { offered, mut rx } = posted.unwrap_or_else(PostedOffer::none);
+        self.queues().gate(d, ticket.id, Some(req));
+        let PostedOffer { offered, mut rx } = posted;
         let outcome = self.wait_change_in(d, revision, deadline, cancel, ticket, offered, &mut rx).await;
         if let Some(g) = outcome.handed {
             self.queues().woke(d);
@@ -574,12 +562,6 @@ pub(crate) struct PostedOffer {
     /// Whether it was posted (hand-off on, the ticket the head).
     offered: bool,
     rx: oneshot::Receiver<Handed>,
-}
-
-impl PostedOffer {
-    fn none() -> Self {
-        Self { offered: false, rx: oneshot::channel().1 }
-    }
 }
 
 struct WaitOutcome {

@@ -395,35 +395,10 @@ impl Report {
                 verdict(r >= 0.6)
             );
         }
-        // The CPU budget (closed loop, every process on the same cores): a lock
-        // cycle through the mesh costs at least the floor's CPU (every process)
-        // plus what etcd spends on the least any lock writes (the raw txn's two
-        // proposals). With every core busy, no lockmesh cycle on this design can
-        // run faster than the cores divided by that.
-        if let (Some(lm), Some(b), Some(raw), true) = (
-            self.find(Mode::Uncontended, Workload::Lockmesh),
-            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
-            self.find(Mode::Uncontended, Workload::RawTxn),
-            closed,
-        ) {
-            let floor: f64 = lm.cpu_ms_per_cycle().iter().map(|x| x.unwrap_or(0.0)).sum();
-            let cores = lm.cpu.map_or(0, |c| c.cores);
-            if let Some(e) = raw.cpu_ms_per_cycle()[0].filter(|_| floor > 0.0 && cores > 0) {
-                let most = cores as f64 * 1000.0 / (floor + e);
-                let x = most / b.cycles_per_s;
-                let _ = writeln!(
-                    s,
-                    "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy (floor, every process, {floor:.3} ms + raw-txn's etcd {e:.3} ms of CPU per cycle): \
-                     {x:.2}x etcd-lock's (goal 0.5x): {}",
-                    verdict(x >= 0.5)
-                );
-            }
-        }
-        // The same two bounds with the etcd work of lockmesh's own operations
-        // (`raw-txn-design`, in the same run) instead of the raw txn's: the hot
-        // key's serial hand-off with the grant-time raft check, and the CPU budget
-        // with the design's etcd CPU per cycle. Both sides of each ratio let
-        // clients barge (no queue), so the ratio is the etcd operations' alone.
+        // The hot key's etcd-side floor: lockmesh's own operations (`raw-txn-design`,
+        // in the same run) with the grant-time raft check in each serial hand-off.
+        // Both sides of the ratio let clients barge (no queue), so the ratio is the
+        // etcd operations' alone.
         if let (Some(d), Some(b), true) = (
             self.find(Mode::Hot, Workload::RawTxnDesign),
             self.find(Mode::Hot, Workload::RawTxn).filter(|b| b.cycles_per_s > 0.0),
@@ -436,41 +411,7 @@ impl Report {
                 verdict(r >= 0.6)
             );
         }
-        if let (Some(lm), Some(b), Some(d), true) = (
-            self.find(Mode::Uncontended, Workload::Lockmesh),
-            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
-            self.find(Mode::Uncontended, Workload::RawTxnDesign),
-            closed,
-        ) {
-            let floor: f64 = lm.cpu_ms_per_cycle().iter().map(|x| x.unwrap_or(0.0)).sum();
-            let cores = lm.cpu.map_or(0, |c| c.cores);
-            if let Some(e) = d.cpu_ms_per_cycle()[0].filter(|_| floor > 0.0 && cores > 0) {
-                let most = cores as f64 * 1000.0 / (floor + e);
-                let x = most / b.cycles_per_s;
-                let _ = writeln!(
-                    s,
-                    "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy (floor, every process, {floor:.3} ms + raw-txn-design's etcd {e:.3} ms of CPU per cycle): \
-                     {x:.2}x etcd-lock's (goal 0.5x): {}",
-                    verdict(x >= 0.5)
-                );
-                // The arbiter is the etcd client of those operations, which the
-                // floor's arbiter never calls. Counted: only what the design's
-                // client spends beyond the raw txn's client (the load tool's own
-                // bookkeeping is the same in both), a lower bound of that work.
-                let client = |w: &WorkloadResult| w.cpu_ms_per_cycle()[3];
-                let raw = self.find(Mode::Uncontended, Workload::RawTxn);
-                if let Some(c) = raw.and_then(client).zip(client(d)).map(|(r, d)| d - r).filter(|c| *c > 0.0) {
-                    let most = cores as f64 * 1000.0 / (floor + e + c);
-                    let x = most / b.cycles_per_s;
-                    let _ = writeln!(
-                        s,
-                        "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy (as above + {c:.3} ms of etcd-client CPU that raw-txn-design's client spends beyond raw-txn's): \
-                         {x:.2}x etcd-lock's (goal 0.5x): {}",
-                        verdict(x >= 0.5)
-                    );
-                }
-            }
-        }
+        self.render_cpu_budget(s);
         if let (Some(lm), Some(b)) =
             (self.find(Mode::Uncontended, Workload::Lockmesh), self.find(Mode::Uncontended, Workload::RawTxn))
         {
@@ -482,6 +423,64 @@ impl Report {
                     verdict(r <= 1.5)
                 );
             }
+        }
+    }
+
+    /// The CPU budget of a floor run (closed loop, every process on the same
+    /// cores): a lock cycle through the mesh costs at least the floor's CPU (every
+    /// process) plus etcd's work for the cycle's operations, so with every core
+    /// busy no lockmesh cycle on this design runs faster than the cores divided by
+    /// that. Three lines: with the least etcd work any lock costs (the raw txn's
+    /// two proposals); with lockmesh's own operations' (`raw-txn-design`); and
+    /// with the etcd-client work those operations add, which the arbiter does and
+    /// the floor's arbiter does not, counted only as what the design's client
+    /// spends beyond the raw txn's (the load tool's own bookkeeping is the same in
+    /// both): a lower bound of that work.
+    fn render_cpu_budget(&self, s: &mut String) {
+        let verdict = |reachable: bool| if reachable { "reachable" } else { "NOT reachable on this design" };
+        let (Some(lm), Some(b), None) = (
+            self.find(Mode::Uncontended, Workload::Lockmesh),
+            self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0),
+            self.rate,
+        ) else {
+            return;
+        };
+        let floor: f64 = lm.cpu_ms_per_cycle().iter().map(|x| x.unwrap_or(0.0)).sum();
+        let cores = lm.cpu.map_or(0, |c| c.cores);
+        if floor <= 0.0 || cores == 0 {
+            return;
+        }
+        let mut line = |ms: f64, what: &str| {
+            let most = cores as f64 * 1000.0 / ms;
+            let x = most / b.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "floor uncontended: at most {most:.0} cycles/s on {cores} cores busy ({what}): {x:.2}x etcd-lock's (goal 0.5x): {}",
+                verdict(x >= 0.5)
+            );
+        };
+        let run = |w| self.find(Mode::Uncontended, w);
+        let etcd = |w| run(w).and_then(|r| r.cpu_ms_per_cycle()[0]);
+        let client = |w| run(w).and_then(|r| r.cpu_ms_per_cycle()[3]);
+        if let Some(e) = etcd(Workload::RawTxn) {
+            line(
+                floor + e,
+                &format!("floor, every process, {floor:.3} ms + raw-txn's etcd {e:.3} ms of CPU per cycle"),
+            );
+        }
+        let Some(e) = etcd(Workload::RawTxnDesign) else { return };
+        line(
+            floor + e,
+            &format!("floor, every process, {floor:.3} ms + raw-txn-design's etcd {e:.3} ms of CPU per cycle"),
+        );
+        let extra = client(Workload::RawTxnDesign).zip(client(Workload::RawTxn)).map(|(d, r)| d - r);
+        if let Some(c) = extra.filter(|c| *c > 0.0) {
+            line(
+                floor + e + c,
+                &format!(
+                    "as above + {c:.3} ms of etcd-client CPU that raw-txn-design's client spends beyond raw-txn's"
+                ),
+            );
         }
     }
 
