@@ -9,7 +9,7 @@
 //! (`lockmesh_lock::failopen::STATS`), the class ones (`crate::registry`) and
 //! collectors read at scrape time: the hand-off counters
 //! (`lockmesh_lock::wait::HANDOFFS`), etcd's health and the seal checks' time
-//! ([`ETCD`]), and the holds and
+//! ([`ETCD`]), the etcd steps of lock cycles (`lockmesh_lock::steps`), and the holds and
 //! waits by namespace and class ([`WaitCollector`]: the oldest open hold, from the
 //! quota ledgers; gated waiters, wake-ups per grant and pickup latency, from the
 //! waiters' books of `lockmesh_lock::wait`). Values that exist only at scrape time
@@ -161,6 +161,30 @@ impl Collector for EtcdCollector {
             None,
             MetricType::Counter,
         )?)?;
+        // The etcd steps of lock cycles (`lockmesh_lock::steps`): a closed label set.
+        let steps = crate::lock::steps::STEPS.all();
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_etcd_step_seconds",
+                "Total time of this arbiter's etcd calls by lock-cycle step (grant_txn, handoff_txn, release_txn, held_read, raft_check), from the call to etcd's answer; divided by lockmesh_arbiter_etcd_steps_total, the mean latency of the step.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (step, _, secs) in &steps {
+                ConstCounter::new(*secs).encode(family.encode_family(&[("step", step.label())])?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_etcd_steps",
+                "This arbiter's etcd calls by lock-cycle step (see lockmesh_arbiter_etcd_step_seconds_total).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (step, n, _) in &steps {
+                ConstCounter::new(*n).encode(family.encode_family(&[("step", step.label())])?)?;
+            }
+        }
         ETCD_CHECK.encode(encoder.encode_descriptor(
             "lockmesh_arbiter_etcd_check_seconds",
             "Time of each seal check (a linearizable read of the epoch record, once a second; failed ones included): etcd's latency as this arbiter sees it (per arbiter).",
@@ -647,6 +671,8 @@ mod tests {
             "# TYPE lockmesh_arbiter_wakeups_per_grant histogram\n",
             "# TYPE lockmesh_arbiter_pickup_latency_seconds histogram\n",
             "# TYPE lockmesh_arbiter_etcd_check_seconds histogram\n",
+            "lockmesh_arbiter_etcd_steps_total{step=\"handoff_txn\"} ",
+            "lockmesh_arbiter_etcd_step_seconds_total{step=\"raft_check\"} ",
         ] {
             assert!(s.contains(line), "{line}:\n{s}");
         }

@@ -658,7 +658,14 @@ impl EtcdCluster {
         Ok(())
     }
 
-    async fn connect(&self, endpoints: &[String], user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
+    /// The options [`EtcdCluster::client`] connects with (TLS when the cluster has
+    /// it, root when auth is on): for a tool that makes its own clients, such as
+    /// the load tool's etcd workloads.
+    pub fn root_connect_options(&self) -> Result<etcd_client::ConnectOptions> {
+        self.connect_options(self.root_password.as_deref().map(|p| ("root", p)))
+    }
+
+    fn connect_options(&self, user: Option<(&str, &str)>) -> Result<etcd_client::ConnectOptions> {
         let mut opts = etcd_client::ConnectOptions::new();
         if let Some(t) = &self.client_tls {
             let ca = std::fs::read(&t.ca).with_context(|| format!("read {}", t.ca.display()))?;
@@ -669,6 +676,11 @@ impl EtcdCluster {
             // own clients log in again instead of failing with "invalid auth token".
             opts = opts.with_user(u, p).with_auto_token_refresh(true);
         }
+        Ok(opts)
+    }
+
+    async fn connect(&self, endpoints: &[String], user: Option<(&str, &str)>) -> Result<etcd_client::Client> {
+        let opts = self.connect_options(user)?;
         etcd_client::Client::connect(endpoints, Some(opts))
             .await
             .with_context(|| format!("connect etcd client to {endpoints:?}"))
@@ -935,6 +947,12 @@ impl EtcdMember {
     /// Polls `/health` until it answers `"health":"true"` ([`ETCD_READY_TIMEOUT`]).
     pub async fn wait_healthy(&self) -> Result<()> {
         self.process.wait_ready(ETCD_READY_TIMEOUT, async || self.check_health(Duration::from_secs(2)).await).await
+    }
+
+    /// The URL of the member's plain-HTTP listener (`/metrics`, `/health`): its
+    /// client URL on a plaintext cluster, a separate metrics port on a TLS one.
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.health_port)
     }
 
     /// etcd's Prometheus text (`/metrics`), from the member's plain-HTTP listener.

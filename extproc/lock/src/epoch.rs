@@ -287,12 +287,17 @@ impl Store {
     /// asked; when every member refuses, the check is skipped, as the seal check's
     /// raft comparison is (docs/OPERATIONS.md).
     pub(crate) async fn raft_at_mark(&self) -> Result<(), LockError> {
-        use futures::stream::StreamExt;
         let m = self.seal().marks();
         let mark = (m.raft_term, m.raft_index);
         if mark == (0, 0) {
             return Ok(());
         }
+        super::steps::timed(super::steps::Step::RaftCheck, self.members_at(mark)).await
+    }
+
+    /// The question of [`Store::raft_at_mark`], asked of every member.
+    async fn members_at(&self, mark: (u64, u64)) -> Result<(), LockError> {
+        use futures::stream::StreamExt;
         let mut asks: futures::stream::FuturesUnordered<_> = self
             .members
             .iter()

@@ -29,6 +29,7 @@
 //! - [`quota`]: per-namespace quotas, counted without a counter in etcd.
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter, and the hand-off.
+//! - [`steps`]: how long the etcd steps of a lock cycle take here.
 //! - [`durable`]: waiters queued in etcd (`fairness: durable`, ADR-14).
 //! - [`validate`]: ValidateToken's read.
 //! - [`failopen`]: fail-open classes during a quorum loss (ADR-04).
@@ -52,6 +53,7 @@ pub mod registry;
 pub mod seal;
 pub mod session;
 pub mod shadow;
+pub mod steps;
 pub mod test_faults;
 pub mod tiers;
 pub mod topology;

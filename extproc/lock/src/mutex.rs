@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     keys, now_ms,
     session::Caller,
+    steps::{timed, Step},
     wait::{Handed, Offer},
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
@@ -495,7 +496,7 @@ impl Store {
             TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())),
             TxnOp::get(policy_key, None),
         ]);
-        let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
+        let r = timed(Step::HeldRead, self.call_by(req.deadline, self.client().txn(txn))).await?;
         let revision = r.header().map_or(0, |h| h.revision());
         let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
             TxnOpResponse::Get(g) => Some(g),
@@ -719,7 +720,7 @@ impl Store {
         // An unknown outcome (timeout) may still commit: with a session opened for
         // this acquire the caller revokes it; with the caller's own session the
         // hold shows in GET /v1/sessions/holds (docs/API.md).
-        let r = self.call_by(req.deadline, self.client().txn(txn)).await?;
+        let r = timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await?;
         let revision = self.settle(&ep, floor, clock, &r, &slots).await?;
         if r.succeeded() {
             let held = count_after
@@ -1043,7 +1044,8 @@ impl Store {
             let mut then = deletes.clone();
             then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
             then.push(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
-            match self.call(self.client().txn(Txn::new().when(cmp.clone()).and_then(then))).await {
+            let txn = Txn::new().when(cmp.clone()).and_then(then);
+            match timed(Step::ReleaseTxn, self.call(self.client().txn(txn))).await {
                 Ok(r) if r.succeeded() => {
                     self.queues().hint(d);
                     return Ok(true);
@@ -1133,7 +1135,7 @@ impl Store {
             then.push(TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>));
         }
         let txn = Txn::new().when(when).and_then(then);
-        let r = match self.call(self.client().txn(txn)).await {
+        let r = match timed(Step::HandoffTxn, self.call(self.client().txn(txn))).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 // The marker lease lapsed (the waiter's is compared): nothing ran.

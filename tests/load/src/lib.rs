@@ -59,6 +59,7 @@ pub mod record;
 pub mod renewal;
 pub mod report;
 pub mod scale;
+pub mod steps;
 pub mod tax;
 mod txn;
 mod v3lock;
@@ -166,10 +167,30 @@ pub struct Target<'a> {
     lock_tier: Option<LockTier<'a>>,
     /// The arbiter's admin port (its `/metrics`), when the tool started the stack.
     arbiter_admin: Option<u16>,
-    etcd: Vec<String>,
+    etcd: EtcdAccess,
     etcd_prefix: String,
     key_namespace: String,
     procs: cpu::Procs,
+}
+
+/// How the etcd workloads reach etcd, and where its counters are read.
+#[derive(Clone, Default)]
+pub(crate) struct EtcdAccess {
+    endpoints: Vec<String>,
+    /// TLS and a user (root) on the production-shaped etcd; `None`: plaintext,
+    /// no auth.
+    options: Option<etcd_client::ConnectOptions>,
+    /// etcd's plain-HTTP `/metrics` listener.
+    metrics: Option<String>,
+}
+
+impl EtcdAccess {
+    /// A client of the workloads' own (one per client, as each workload keeps).
+    pub(crate) async fn connect(&self) -> Result<etcd_client::Client> {
+        etcd_client::Client::connect(&self.endpoints, self.options.clone())
+            .await
+            .with_context(|| format!("connect to etcd {:?}", self.endpoints))
+    }
 }
 
 /// The lock-tier Envoy and how clients authenticate to it.
@@ -418,20 +439,27 @@ impl LoadOptions {
 impl<'a> Target<'a> {
     /// A harness stack: its Envoy (one `load/w<i>` identity per client), its etcd,
     /// keys under its root, and its processes for CPU accounting.
-    pub fn from_stack(st: &'a Stack) -> Self {
+    pub fn from_stack(st: &'a Stack) -> Result<Self> {
         let procs = cpu::Procs::of_stack(st);
-        Self {
+        Ok(Self {
             arbiter_admin: st.arbiters().first().map(|a| a.admin_port()),
             lock_tier: Some(LockTier {
                 port: st.envoy().listener_port(),
                 ca: st.pki().ca_cert_path(),
                 identity: Identity::PerClient(st.pki()),
             }),
-            etcd: st.etcd().endpoints(),
+            etcd: EtcdAccess {
+                endpoints: st.etcd().endpoints(),
+                // The peers connect as the etcd's root (over TLS with auth on the
+                // production-shaped etcd, `--etcd secure`); lockmesh's arbiter as
+                // the shipped least-privilege role the stack made for it.
+                options: st.etcd().is_secure().then(|| st.etcd().root_connect_options()).transpose()?,
+                metrics: st.etcd().members().first().map(|m| m.metrics_url()),
+            },
             etcd_prefix: format!("{}/load", st.root()),
             key_namespace: "load".into(),
             procs,
-        }
+        })
     }
 
     /// An existing deployment on loopback: etcd `endpoints` (plain `http://`), and
@@ -442,7 +470,7 @@ impl<'a> Target<'a> {
         Self {
             arbiter_admin: None,
             lock_tier: envoy_port.map(|port| LockTier { port, ca, identity: Identity::Shared { cert, key } }),
-            etcd,
+            etcd: EtcdAccess { metrics: etcd.first().cloned(), endpoints: etcd, options: None },
             etcd_prefix: "/lockmesh-load".into(),
             key_namespace: "load".into(),
             procs: cpu::Procs::default(),
@@ -499,7 +527,7 @@ pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
             if w.lock_tier() && target.lock_tier.is_none() {
                 bail!("the {} workload needs the lock tier (--envoy)", w.name());
             }
-            if !w.lock_tier() && target.etcd.is_empty() {
+            if !w.lock_tier() && target.etcd.endpoints.is_empty() {
                 bail!("the {} workload needs etcd endpoints (--etcd)", w.name());
             }
             results.push(run_one(target, opts, &run_id, mode, w).await);
@@ -565,9 +593,15 @@ async fn run_one(
 
     tokio::time::sleep_until(window.start).await;
     let c0 = cpu::Sample::take(&target.procs);
-    let etcd_metrics = target.etcd.first().cloned();
+    let etcd_metrics = target.etcd.metrics.clone();
     let e0 = match &etcd_metrics {
         Some(url) => etcdwork::EtcdCounters::read(url).await,
+        None => None,
+    };
+    // The arbiter's etcd steps (a stack's own arbiter, lock-tier workloads only).
+    let steps_port = target.arbiter_admin.filter(|_| workload.lock_tier());
+    let s0 = match steps_port {
+        Some(port) => steps::StepCounters::read(port).await,
         None => None,
     };
     let mut tick = window.start;
@@ -600,6 +634,10 @@ async fn run_one(
         Some(url) => etcdwork::EtcdCounters::read(url).await,
         None => None,
     };
+    let s1 = match steps_port {
+        Some(port) => steps::StepCounters::read(port).await,
+        None => None,
+    };
 
     // Clients finish the cycle they are in; a stuck one is abandoned after the
     // longest acquire wait.
@@ -629,6 +667,9 @@ async fn run_one(
     result.finish(plan.cycles.load(Ordering::Relaxed), acquire, release, &rec);
     if let (Some(before), Some(after)) = (&e0, &e1) {
         result.etcd = after.per_cycle_since(before, result.cycles);
+    }
+    if let (Some(before), Some(after)) = (&s0, &s1) {
+        result.steps = after.per_cycle_since(before, result.cycles);
     }
     if opts.progress {
         eprintln!("[{} {}] done: {:.1} cycles/s", mode.name(), workload.name(), result.cycles_per_s);

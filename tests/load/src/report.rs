@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::cpu::Usage;
 use super::etcdwork::EtcdWork;
 use super::record::{Fairness, GrantRecord, Recorder};
+use super::steps::StepWork;
 use super::{Mode, Shape, Workload};
 
 /// Latency percentiles (nearest rank), microseconds.
@@ -60,6 +61,9 @@ pub struct WorkloadResult {
     /// pairs) the arbiter reported in the window, sampled each second; `None`
     /// when the arbiter's metrics were not read (not `--mode zipf`, or no stack).
     pub oldest_gated_s: Option<f64>,
+    /// The arbiter's etcd steps per cycle (`crate::steps`); `None` unless the tool
+    /// started the stack and the workload goes through the lock tier.
+    pub steps: Option<StepWork>,
     seconds: f64,
 }
 
@@ -122,6 +126,7 @@ impl WorkloadResult {
             failed: None,
             grants: Vec::new(),
             oldest_gated_s: None,
+            steps: None,
             seconds: 0.0,
         }
     }
@@ -607,6 +612,17 @@ impl Report {
         for r in self.results.iter().filter(|r| r.failed.is_none()) {
             if let Some(e) = &r.etcd {
                 let _ = writeln!(s, "etcd {} {}: per cycle {}", r.mode.name(), r.workload.name(), e.summary());
+            }
+        }
+        for r in self.results.iter().filter(|r| r.failed.is_none()) {
+            if let Some(st) = &r.steps {
+                let _ = writeln!(
+                    s,
+                    "arbiter {} {}: etcd steps per cycle (calls x mean latency) {}",
+                    r.mode.name(),
+                    r.workload.name(),
+                    st.summary()
+                );
             }
         }
         if let Some(v) = self.results.iter().find_map(|r| r.http_version.clone()) {

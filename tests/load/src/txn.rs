@@ -63,9 +63,13 @@ async fn open_watch(client: &mut Client, idle_key: &str) -> Result<WatchStream> 
 
 impl RawTxnClient {
     /// Connects, grants the client's lease and opens its watch stream.
-    pub async fn connect(endpoints: &[String], idle_key: &str, shape: TxnShape, rec: Arc<Recorder>) -> Result<Self> {
-        let mut client =
-            Client::connect(endpoints, None).await.with_context(|| format!("connect to etcd {endpoints:?}"))?;
+    pub async fn connect(
+        etcd: &crate::EtcdAccess,
+        idle_key: &str,
+        shape: TxnShape,
+        rec: Arc<Recorder>,
+    ) -> Result<Self> {
+        let mut client = etcd.connect().await?;
         let lease = Lease::grant(&mut client, "raw-txn keepalive", rec.clone()).await?;
         let watch = open_watch(&mut client, idle_key).await?;
         let mut epoch_rev = 0;

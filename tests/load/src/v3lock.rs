@@ -27,9 +27,8 @@ pub(crate) struct EtcdLockClient {
 
 impl EtcdLockClient {
     /// Connects and grants the client's lease.
-    pub async fn connect(endpoints: &[String], rec: Arc<Recorder>) -> Result<Self> {
-        let mut client =
-            Client::connect(endpoints, None).await.with_context(|| format!("connect to etcd {endpoints:?}"))?;
+    pub async fn connect(etcd: &crate::EtcdAccess, rec: Arc<Recorder>) -> Result<Self> {
+        let mut client = etcd.connect().await?;
         let lease = Lease::grant(&mut client, "etcd-lock keepalive", rec.clone()).await?;
         Ok(Self { client, lease: Some(lease), held: None, rec })
     }

@@ -14,9 +14,11 @@ use lockmesh_tests::Stack;
 
 #[tokio::test]
 async fn every_workload_cycles_and_tokens_increase_per_key() {
-    // Plaintext etcd whatever LOCKMESH_TEST_ETCD says, until lockmesh-load's etcd-lock
-    // and raw-txn workloads connect with TLS and a user (issue #16 item 2).
-    let st = Stack::builder("load-smoke").envoy_config("lock-tier").plaintext_etcd().start().await.unwrap();
+    // Production's etcd shape whatever LOCKMESH_TEST_ETCD says (`lockmesh-load
+    // --secure-etcd`): TLS and auth, the arbiter as the shipped role, the etcd-lock
+    // and raw-txn workloads as root over TLS, etcd's counters from its metrics port.
+    let st = Stack::builder("load-smoke").envoy_config("lock-tier").secure_etcd().start().await.unwrap();
+    assert!(st.etcd().is_secure());
     // 2 keys x 2 clients: contention on every key, across keys too.
     let opts = LoadOptions {
         seconds: Duration::from_secs(2),
@@ -29,7 +31,7 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
         keep_grants: true,
         ..LoadOptions::default()
     };
-    let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
+    let report = load::run(&Target::from_stack(&st).unwrap(), &opts).await.unwrap();
     let table = report.render();
     println!("{table}");
     assert_eq!(report.results.len(), 4, "{table}");
@@ -50,10 +52,21 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
             assert_eq!(distinct.len(), r.grants.len(), "{w}: a token was handed out twice");
         }
         assert_eq!(r.token_violations(), 0, "{w}: the tool's own check disagrees");
+        // etcd's own counters, read from its plain-HTTP metrics listener.
+        let work = r.etcd.as_ref().unwrap_or_else(|| panic!("{w}: no etcd counters\n{table}"));
+        assert!(work.proposals > 0.0, "{w}: no raft proposal counted\n{table}");
     }
     let lockmesh = &report.results[0];
     assert_eq!(lockmesh.workload, Workload::Lockmesh);
     assert_eq!(lockmesh.http_version.as_deref(), Some("HTTP/2.0"));
+    // The arbiter's etcd steps (its /metrics): every cycle's grant is a grant or a
+    // hand-off transaction, and each cycle ends with a release (plain or handing over).
+    let steps = lockmesh.steps.as_ref().unwrap_or_else(|| panic!("no arbiter step counters\n{table}"));
+    let calls = |s: &str| steps.0.get(s).map_or(0.0, |(c, _)| *c);
+    assert!(calls("grant_txn") + calls("handoff_txn") > 0.5, "{table}");
+    assert!(calls("release_txn") + calls("handoff_txn") > 0.5, "{table}");
+    assert!(steps.0.values().all(|(_, ms)| *ms > 0.0), "{table}");
+    assert!(report.results[1..].iter().all(|r| r.steps.is_none()), "only lock-tier workloads have arbiter steps");
 }
 
 /// `--mode zipf` on a class of 2 holders per key (`--limit 2`): cycles complete on
@@ -78,7 +91,7 @@ async fn a_zipf_run_on_a_limit_of_two_completes_cycles_with_unique_tokens() {
         keep_grants: true,
         ..LoadOptions::default()
     };
-    let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
+    let report = load::run(&Target::from_stack(&st).unwrap(), &opts).await.unwrap();
     let table = report.render();
     println!("{table}");
     let r = &report.results[0];
@@ -108,7 +121,7 @@ async fn an_open_loop_run_drives_acquires_with_and_without_a_session() {
         keep_grants: true,
         ..LoadOptions::default()
     };
-    let report = load::run(&Target::from_stack(&st), &opts).await.unwrap();
+    let report = load::run(&Target::from_stack(&st).unwrap(), &opts).await.unwrap();
     let table = report.render();
     println!("{table}");
     for r in &report.results {

@@ -59,6 +59,12 @@ struct Args {
     /// Speak HTTP/1.1 to the lock tier (default: HTTP/2 with prior knowledge).
     #[arg(long)]
     http1: bool,
+    /// The stack's etcd in production's shape: client TLS and auth on, the arbiter
+    /// logged in as the shipped least-privilege role, the etcd workloads (etcd-lock,
+    /// raw-txn) as root over the same TLS. Default: plaintext etcd without auth for
+    /// every workload alike.
+    #[arg(long)]
+    secure_etcd: bool,
     /// --mode zipf: the Zipf exponent s (key i from 1 drawn with weight 1/i^s over
     /// --keys keys, --concurrency clients in all).
     #[arg(long, default_value_t = 1.1)]
@@ -318,11 +324,10 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         println!("target: existing deployment ({}); run id below", describe_machine());
         return load::run(&target, opts).await;
     }
-    // Plaintext whatever LOCKMESH_TEST_ETCD says, until the load tools are converted to
-    // production's TLS + auth etcd (issue #16 item 2): they read etcd's counters from
-    // its client port and connect without TLS or a user.
-    let mut b =
-        Stack::builder("load").envoy_config("lock-tier").envoy_concurrency(a.envoy_concurrency).plaintext_etcd();
+    // Plaintext whatever LOCKMESH_TEST_ETCD says unless --secure-etcd: every workload
+    // then runs on the one production-shaped etcd (`Target::from_stack`).
+    let b = Stack::builder("load").envoy_config("lock-tier").envoy_concurrency(a.envoy_concurrency);
+    let mut b = if a.secure_etcd { b.secure_etcd() } else { b.plaintext_etcd() };
     for line in &a.arbiter_yaml {
         b = b.arbiter_extra_yaml(line.clone());
     }
@@ -333,9 +338,14 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
     )?;
     println!(
-        "stack: etcd {} ({}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
+        "stack: etcd {} ({}{}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
         st.etcd().endpoints().join(","),
         tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
+        if st.etcd().is_secure() {
+            "; TLS and auth: the arbiter as the shipped lockmesh-arbiter role, the etcd workloads as root"
+        } else {
+            "; plaintext, no auth"
+        },
         st.envoy().listener_port(),
         a.envoy_concurrency,
         tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
@@ -346,7 +356,7 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
         if a.arbiter_yaml.is_empty() { String::new() } else { format!("with {:?}", a.arbiter_yaml) }
     );
-    load::run(&Target::from_stack(&st).with_key_prefix(&a.key_prefix), opts).await
+    load::run(&Target::from_stack(&st)?.with_key_prefix(&a.key_prefix), opts).await
 }
 
 fn load_bin(p: Result<PathBuf>) -> Option<PathBuf> {
