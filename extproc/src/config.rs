@@ -19,6 +19,9 @@ use serde::Deserialize;
 pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 /// Ceiling of `max_wait_ms` (Envoy's ext_proc timeout ceiling is one hour).
 pub const MAX_WAIT_CEILING_MS: u64 = 3_600_000;
+/// Default `handoff_grace_ms`: about the time a hot key's next head takes to reach
+/// the arbiter after the new holder's answer left it (docs/BENCHMARKS.md).
+const DEFAULT_HANDOFF_GRACE_MS: u64 = 2;
 /// Default `validate_rate_per_s`.
 pub const DEFAULT_VALIDATE_RATE_PER_S: u32 = 100;
 
@@ -68,6 +71,10 @@ pub struct RawConfig {
     /// Hand a released key to its next waiter in the release transaction
     /// (docs/CLASSES.md). Default true; false only to measure what it saves.
     pub handoff: Option<bool>,
+    /// How long a release of a key whose last release here handed it over waits
+    /// for the next head's offer when none is posted yet, ms (docs/CLASSES.md,
+    /// "Hand-off"). Default 2; 0 never waits; at most 1000.
+    pub handoff_grace_ms: Option<u64>,
     /// Two-person admin actions executed by this arbiter (`docs/ADMIN.md`): who may
     /// call them and how operators' tokens are verified. Without it the admin
     /// routes answer `admin.not_configured`.
@@ -624,6 +631,8 @@ pub struct Config {
     pub max_wait_ms: u64,
     /// One-transaction hand-off on release.
     pub handoff: bool,
+    /// The hand-off chain's grace for a late offer, ms.
+    pub handoff_grace_ms: u64,
     /// Durable marks file.
     pub marks_file: Option<PathBuf>,
     /// Grant proof signer, if configured.
@@ -809,6 +818,10 @@ impl Config {
                 .map_err(|e| errs2.push(format!("{name}: signing.{e}")))
                 .ok()
         });
+        let handoff_grace_ms = raw.handoff_grace_ms.unwrap_or(DEFAULT_HANDOFF_GRACE_MS);
+        if handoff_grace_ms > 1000 {
+            errs2.push(format!("{name}: handoff_grace_ms: {handoff_grace_ms} is above 1000"));
+        }
         let validate_rate_per_s = raw.validate_rate_per_s.unwrap_or(DEFAULT_VALIDATE_RATE_PER_S);
         if !(1..=100_000).contains(&validate_rate_per_s) {
             errs2.push(format!("{name}: validate_rate_per_s: {validate_rate_per_s} is outside 1 to 100000"));
@@ -871,6 +884,7 @@ impl Config {
                 registry,
                 max_wait_ms,
                 handoff: raw.handoff.unwrap_or(true),
+                handoff_grace_ms,
                 marks_file,
                 signing,
                 validate_rate_per_s,

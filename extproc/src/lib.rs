@@ -78,6 +78,7 @@ pub async fn run(
     let tiers = Arc::new(tiers::Tiers::connect(&config.tiers_config(), store.clone()).await?);
     crate::test_faults::install(&config.test_faults);
     lock::wait::HANDOFF.store(config.handoff, std::sync::atomic::Ordering::Relaxed);
+    lock::wait::HANDOFF_GRACE_MS.store(config.handoff_grace_ms, std::sync::atomic::Ordering::Relaxed);
     if config.signing.is_none() {
         tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
     }

@@ -376,6 +376,9 @@ impl Store {
             // Waiters queue in etcd instead of this arbiter's memory.
             return self.acquire_durable(req, sid, new_record, cancel).await;
         }
+        if test_faults::on(TestFault::SlowQueueEntry) {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await; // TEST SWITCH (handoff scenario)
+        }
         let ticket = self.queues().enter(&d);
         if !ticket.is_head() {
             // Others wait here first. An explicit session may already hold the key
@@ -998,7 +1001,11 @@ impl Store {
         cmp: Vec<Compare>,
         marker: &str,
     ) -> Result<bool, LockError> {
-        if let Some(offer) = self.queues().take_offer(d) {
+        let offer = match self.queues().take_offer(d) {
+            Some(o) => Some(o),
+            None => self.queues().offer_within_grace(d).await,
+        };
+        if let Some(offer) = offer {
             let outcome = self.handoff(d, &hold_key, &cmp, marker, &offer).await;
             let c = &super::wait::HANDOFFS;
             let (answer, result, counter) = match outcome {
@@ -1011,6 +1018,7 @@ impl Store {
             };
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let handed = matches!(answer, Handed::Granted(_));
+            self.queues().chain(d, handed);
             if let Err(Handed::Granted(g)) = offer.tx.send(answer) {
                 // The waiter is gone (its task ended): take its grant back.
                 self.drop_grant(d, &g).await;

@@ -128,6 +128,10 @@ pub enum TestFault {
     /// (`lock::mutex`, the order before 2026-12-04): a release during the read
     /// finds no offer, and the key takes two commits instead of one.
     OfferAfterRead,
+    /// Not a bug: an acquire waits 400 ms before it enters its key's queue here
+    /// (`lock::mutex`, `acquire_in`), so a scenario can release a key before the
+    /// next head reaches the arbiter (`tests/tests/scenarios/handoff.rs`).
+    SlowQueueEntry,
 }
 
 #[cfg(feature = "test-faults")]
@@ -169,6 +173,7 @@ impl TestFault {
             "exclusive_one_slot" => Some(Self::ExclusiveOneSlot),
             "slow_held_read" => Some(Self::SlowHeldRead),
             "offer_after_read" => Some(Self::OfferAfterRead),
+            "slow_queue_entry" => Some(Self::SlowQueueEntry),
             _ => None,
         }
     }

@@ -23,6 +23,11 @@
 //! read still hands over; a read that says not to wait settles the offer
 //! ([`Store::settle_offer`]) before anything else.
 //!
+//! A release that finds no offer on a key whose last release here handed it over
+//! (a chain) waits up to `handoff_grace_ms` for the next head's offer
+//! ([`Queues::offer_within_grace`]): on a hot key that head is on its way, passed on
+//! by the filter when the new holder was answered.
+//!
 //! # The waiters' book
 //!
 //! What the wait metrics and the console show (docs/OPERATIONS.md) is kept per store
@@ -76,6 +81,11 @@ pub const POLL: Duration = Duration::from_millis(1000);
 /// measure what it saves). Process-wide: every cluster's store follows it.
 pub static HANDOFF: AtomicBool = AtomicBool::new(true);
 
+/// How long a release of a key in a hand-off chain waits for the next head's
+/// offer when none is posted yet (config `handoff_grace_ms`, default 2 ms; 0: never
+/// waits). See [`Queues::chained`]. Process-wide: every cluster's store follows it.
+pub static HANDOFF_GRACE_MS: AtomicU64 = AtomicU64::new(2);
+
 /// Hand-off attempts by result (process-wide counters, exposed by [`HandoffCounts::register`]).
 pub static HANDOFFS: HandoffCounts = HandoffCounts {
     granted: AtomicU64::new(0),
@@ -83,6 +93,8 @@ pub static HANDOFFS: HandoffCounts = HandoffCounts {
     not_done: AtomicU64::new(0),
     failed: AtomicU64::new(0),
     offers: AtomicU64::new(0),
+    grace_offered: AtomicU64::new(0),
+    grace_expired: AtomicU64::new(0),
 };
 
 /// Counts of release hand-off attempts.
@@ -97,6 +109,10 @@ pub struct HandoffCounts {
     pub failed: AtomicU64,
     /// Offers posted now (gated heads waiting for a release here).
     pub offers: AtomicU64,
+    /// Releases in a chain that found no offer and waited: one came in the grace.
+    pub grace_offered: AtomicU64,
+    /// ... none came: the release ran plainly and ended the chain.
+    pub grace_expired: AtomicU64,
 }
 
 // === impl HandoffCounts ===
@@ -130,6 +146,15 @@ impl Collector for HandoffCollector {
             ("not_done", &c.not_done),
             ("failed", &c.failed),
         ] {
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&[("outcome", outcome)])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "lockmesh_arbiter_handoff_grace_waits",
+            "Releases of a key whose last release here handed it over that found no offer posted and waited up to handoff_grace_ms for one: offered (one came; handed over in one transaction) or expired (none; a plain release, the chain ends).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in [("offered", &c.grace_offered), ("expired", &c.grace_expired)] {
             ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&[("outcome", outcome)])?)?;
         }
         let offers = ConstGauge::new(i64::try_from(c.offers.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
@@ -183,6 +208,10 @@ pub struct Queues {
     handed_names: Mutex<HashSet<(KeyDigest, i64)>>,
     /// Mutex keys granted here with no release through here since.
     held: Mutex<HashMap<KeyDigest, i64>>,
+    /// Keys whose last release here handed the key over (a chain of waiters).
+    chained: Mutex<HashSet<KeyDigest>>,
+    /// Woken whenever a head posts an offer (releasers in their grace wait).
+    offer_posted: Notify,
     /// This arbiter's lease for durable waiter keys (`lock::durable`).
     pub(crate) durable: super::durable::WaiterLease,
     /// Gated waiters, wake-ups and releases of keys with a gated waiter here.
@@ -198,6 +227,8 @@ impl Default for Queues {
             map: Mutex::default(),
             handed_names: Mutex::default(),
             held: Mutex::default(),
+            chained: Mutex::default(),
+            offer_posted: Notify::new(),
             durable: super::durable::WaiterLease::default(),
             book,
         }
@@ -272,6 +303,8 @@ impl Queues {
                 if q.offer.replace(Offer { ticket, req: req.clone(), sid, tx }).is_none() {
                     HANDOFFS.offers.fetch_add(1, Ordering::Relaxed);
                 }
+                drop(map);
+                self.offer_posted.notify_waiters();
                 true
             }
             _ => false,
@@ -282,12 +315,65 @@ impl Queues {
     /// transaction asks first, so this is where a release of `d` begins).
     pub(crate) fn take_offer(&self, d: &KeyDigest) -> Option<Offer> {
         self.book.release_begins(d);
+        self.try_take_offer(d)
+    }
+
+    fn try_take_offer(&self, d: &KeyDigest) -> Option<Offer> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let o = map.get_mut(d).and_then(|q| q.offer.take());
         if o.is_some() {
             HANDOFFS.offers.fetch_sub(1, Ordering::Relaxed);
         }
         o
+    }
+
+    /// The offer of `d`'s head for a release that found none posted
+    /// ([`Queues::take_offer`]): when the key's last release here handed it over
+    /// (a chain: a hot key's next head is usually on its way, passed on by the
+    /// filter the moment the new holder was answered, and can arrive just after
+    /// that holder's release), the release waits up to [`HANDOFF_GRACE_MS`] for an
+    /// offer; otherwise `None` at once. A release that hands over starts or
+    /// continues the chain ([`Queues::chain`]); one that found no offer within
+    /// the grace ends it, so only the last release of a burst waits.
+    pub(crate) async fn offer_within_grace(&self, d: &KeyDigest) -> Option<Offer> {
+        let grace = HANDOFF_GRACE_MS.load(Ordering::Relaxed);
+        if grace == 0 || !HANDOFF.load(Ordering::Relaxed) || !self.chained(d) {
+            return None;
+        }
+        let until = Instant::now() + Duration::from_millis(grace);
+        loop {
+            let posted = self.offer_posted.notified();
+            tokio::pin!(posted);
+            posted.as_mut().enable();
+            if let Some(o) = self.try_take_offer(d) {
+                HANDOFFS.grace_offered.fetch_add(1, Ordering::Relaxed);
+                return Some(o);
+            }
+            if tokio::time::timeout_at(until, posted).await.is_err() {
+                HANDOFFS.grace_expired.fetch_add(1, Ordering::Relaxed);
+                self.chain(d, false);
+                return None;
+            }
+        }
+    }
+
+    /// Whether `d`'s last release here handed it over.
+    fn chained(&self, d: &KeyDigest) -> bool {
+        self.chained.lock().unwrap_or_else(|p| p.into_inner()).contains(d)
+    }
+
+    /// Notes whether a release of `d` here handed it over (bounded like the
+    /// hand-off names).
+    pub(crate) fn chain(&self, d: &KeyDigest, handed: bool) {
+        let mut chained = self.chained.lock().unwrap_or_else(|p| p.into_inner());
+        if !handed {
+            chained.remove(d);
+            return;
+        }
+        if chained.len() >= HANDED_NAMES_MAX {
+            chained.clear();
+        }
+        chained.insert(d.clone());
     }
 
     /// Withdraws `ticket`'s offer; false when a releaser took it first.

@@ -206,3 +206,92 @@ async fn planted_an_offer_posted_after_the_read_misses_a_release_during_it() {
     assert_eq!(handed, 0, "the planted order handed over anyway");
     assert!(tb.revision() > released_at as u64, "B's grant must come after the release's commit");
 }
+
+/// What a release in a hand-off chain did when the next head reached the arbiter
+/// only after it (the arbiter's `slow_queue_entry` switch holds every acquire
+/// 400 ms before it enters the key's queue): A → B is a hand-off (the chain), then
+/// C's acquire is sent and B releases at once, before C is queued. Answers the
+/// hand-offs counted, C's token and the release marker's revision after B's
+/// release, and the grace waits counted (offered, expired) at three points: after
+/// B's release, after C's release (the last of the chain: nobody behind), and after
+/// a release of a fresh grant (no chain).
+async fn release_before_the_next_head_arrives(name: &str, grace_ms: u64) -> (u64, FencingToken, i64, [(u64, u64); 3]) {
+    let st = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .arbiter_extra_yaml("test_faults: [slow_queue_entry]")
+        .arbiter_extra_yaml(format!("handoff_grace_ms: {grace_ms}"))
+        .arbiter_env("LOCKMESH_TEST_FAULTS", "1")
+        .start()
+        .await
+        .unwrap();
+    let clients = ["a", "b", "c"].map(|w| st.client("payments", w).unwrap());
+    let [a, b, c] = &clients;
+    let grace = async || {
+        (
+            metric(&st, "lockmesh_arbiter_handoff_grace_waits_total{outcome=\"offered\"}").await,
+            metric(&st, "lockmesh_arbiter_handoff_grace_waits_total{outcome=\"expired\"}").await,
+        )
+    };
+    let handoffs = async || metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"granted\"}").await;
+    let held = |r: &lockmesh_tests::Resp| {
+        assert_eq!(r.code(), 200, "{}", r.body);
+        (token(r).to_string(), r.json["session"].as_str().unwrap().to_owned())
+    };
+    let release = async |who: &lockmesh_tests::LockClient, (t, s): &(String, String)| {
+        let r = who.post(REL, &[("x-lock-key", KEY), ("x-lock-token", t), ("x-lock-session", s)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    };
+    let ha = held(&a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap());
+    let b2 = b.clone();
+    let wb = tokio::spawn(async move { b2.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000")]).await });
+    offers_reach(&st, 1).await;
+    release(a, &ha).await;
+    let hb = held(&wb.await.unwrap().unwrap());
+    assert_eq!(handoffs().await, 1, "A's release did not hand the key to B");
+    // C's acquire first, B's release at once: C waits 400 ms before it is queued.
+    let c2 = c.clone();
+    let wc = tokio::spawn(async move { c2.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000")]).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    release(b, &hb).await;
+    let after_b = grace().await;
+    let rc = wc.await.unwrap().unwrap();
+    let hc = held(&rc);
+    let mut etcd = st.etcd().client().await.unwrap();
+    let d = LockKey::parse(KEY.as_bytes()).unwrap().digest();
+    let marker = etcd.get(format!("{}/r/{d}", st.root()), None).await.unwrap();
+    let marker_rev = marker.kvs()[0].mod_revision();
+    let handed = handoffs().await;
+    release(c, &hc).await;
+    let after_c = grace().await;
+    let hc2 = held(&c.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap());
+    release(c, &hc2).await;
+    (handed, token(&rc), marker_rev, [after_b, after_c, grace().await])
+}
+
+/// A release of a key whose last release here handed it over waits up to
+/// `handoff_grace_ms` for the next head's offer when none is posted yet (a hot
+/// key's next head is passed on by the filter as the holder is answered, and can
+/// reach the arbiter just after that holder's release): B's release, made before
+/// C reached the arbiter, still hands the key to C in its own transaction. The
+/// chain's last release waits once and ends the chain; a release outside a chain
+/// never waits.
+#[tokio::test]
+async fn a_release_just_before_the_next_head_arrives_still_hands_over() {
+    let (handed, tc, marker_rev, grace) = release_before_the_next_head_arrives("handoff-grace", 1000).await;
+    assert_eq!(handed, 2, "B's release did not hand the key to C");
+    assert_eq!(tc.revision(), marker_rev as u64, "B's release and C's grant in one transaction");
+    assert_eq!(grace[0], (1, 0), "B's release waited for C's offer and took it");
+    assert_eq!(grace[1], (1, 1), "C's release (nobody behind) waited once, in vain");
+    assert_eq!(grace[2], (1, 1), "a release outside a chain does not wait");
+}
+
+/// Planted: no grace (`handoff_grace_ms: 0`, the behaviour before it): B's release
+/// finds no offer and runs plainly; C is granted by a transaction of its own.
+#[tokio::test]
+async fn planted_without_the_grace_a_release_before_the_next_head_takes_two_commits() {
+    let (handed, tc, marker_rev, grace) = release_before_the_next_head_arrives("handoff-nograce", 0).await;
+    assert_eq!(handed, 1, "the planted arbiter handed the key to C anyway");
+    assert!(tc.revision() > marker_rev as u64, "C's grant must come after B's release commit");
+    assert_eq!(grace, [(0, 0); 3], "no grace, no wait");
+}
