@@ -35,10 +35,12 @@ const ALLOWED_LABELS: &[&str] = &[
     "capability",
     "etcd_cluster",
     "quota",
+    "step",
 ];
 // `capability`: the closed set of keyspace capabilities (lockmesh_keyspace::upgrade);
 // `etcd_cluster`: the clusters of the arbiter's own config; `quota`: the four
-// quotas (lockmesh_core::quota::Quota).
+// quotas (lockmesh_core::quota::Quota); `step`: the five etcd steps of a lock cycle
+// (lockmesh_lock::steps::Step).
 
 fn promtool() -> PathBuf {
     let p = repo_root().join(".tools/promtool/usr/bin/promtool");
