@@ -826,6 +826,12 @@ impl GateCluster {
         }
     }
 
+    /// The last operation holder `name` recorded (its output file, read now).
+    pub fn last_op(&self, name: &str) -> Option<ClientOp> {
+        let h = self.holders.iter().find(|h| h.name == name)?;
+        read_ops(&h.out).pop()
+    }
+
     /// Waits (at most `within`) until some holder has recorded an operation that
     /// satisfies `what`; `Ok(false)` if none did in time.
     pub async fn wait_for_op(&self, within: Duration, what: impl Fn(&ClientOp) -> bool) -> bool {
