@@ -451,9 +451,9 @@ impl<'a> Target<'a> {
             etcd: EtcdAccess {
                 endpoints: st.etcd().endpoints(),
                 // The peers connect as the etcd's root (over TLS with auth on the
-                // production-shaped etcd, `--etcd secure`); lockmesh's arbiter as
+                // production-shaped etcd, `--secure-etcd`); lockmesh's arbiter as
                 // the shipped least-privilege role the stack made for it.
-                options: st.etcd().is_secure().then(|| st.etcd().root_connect_options()).transpose()?,
+                options: Some(st.etcd().root_connect_options()?),
                 metrics: st.etcd().members().first().map(|m| m.metrics_url()),
             },
             etcd_prefix: format!("{}/load", st.root()),

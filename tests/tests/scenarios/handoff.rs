@@ -180,10 +180,15 @@ async fn release_during_the_heads_read(name: &str, faults: &str) -> (u64, Fencin
     let rb = waiter.await.unwrap().unwrap();
     assert_eq!(rb.code(), 200, "{}", rb.body);
     let handed = metric(&st, "lockmesh_arbiter_handoffs_total{outcome=\"granted\"}").await - before;
+    (handed, token(&rb), marker_revision(&st).await)
+}
+
+/// The mod revision of `KEY`'s release marker (the last release's commit).
+async fn marker_revision(st: &Stack) -> i64 {
     let mut etcd = st.etcd().client().await.unwrap();
     let d = LockKey::parse(KEY.as_bytes()).unwrap().digest();
     let marker = etcd.get(format!("{}/r/{d}", st.root()), None).await.unwrap();
-    (handed, token(&rb), marker.kvs()[0].mod_revision())
+    marker.kvs()[0].mod_revision()
 }
 
 /// The next head posts its offer before it reads the key's holders, so a release
@@ -257,10 +262,7 @@ async fn release_before_the_next_head_arrives(name: &str, grace_ms: u64) -> (u64
     let after_b = grace().await;
     let rc = wc.await.unwrap().unwrap();
     let hc = held(&rc);
-    let mut etcd = st.etcd().client().await.unwrap();
-    let d = LockKey::parse(KEY.as_bytes()).unwrap().digest();
-    let marker = etcd.get(format!("{}/r/{d}", st.root()), None).await.unwrap();
-    let marker_rev = marker.kvs()[0].mod_revision();
+    let marker_rev = marker_revision(&st).await;
     let handed = handoffs().await;
     release(c, &hc).await;
     let after_c = grace().await;
