@@ -641,10 +641,13 @@ async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
 /// every grant) and the raft check (the seal loop, each second, root only) do.
 /// Both runs take `test_faults: [no_raft_check]`, which stands in for
 /// production's non-root etcd role (no `Status`), so the grant clock is the only
-/// guard, as it is there; the arbiters reach the restored cluster 2 s before the
-/// epoch advance. With `skip_clock_compare` planted on top, restored-free keys
-/// are granted again in the old epoch: `restore_serves_new_epoch` must catch it.
-/// The control (the clock alone) passes and grants on the new epoch.
+/// guard, as it is there; the arbiters reach the restored cluster up to 5 s before
+/// the epoch advance. Each restore loses at least one grant (the harness draws
+/// the lost stretch out until one is answered) and then starts a holder on a key
+/// never taken before, so a restored-free key is asked for in that window every
+/// time. With `skip_clock_compare` planted on top, it is granted again in the old
+/// epoch: `restore_serves_new_epoch` must catch it. The control (the clock alone)
+/// refuses every grant until the advance, passes and grants on the new epoch.
 #[tokio::test]
 async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
     let _one_at_a_time = super::CONTENDED.lock().await;
@@ -659,19 +662,31 @@ async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
             g.spawn_holder(&format!("h{i}"), &keys, false).unwrap();
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for _ in 0..2 {
+        for round in 0..2 {
+            let old = g.epoch();
+            let restored = g.restore_unadvanced(Duration::from_secs(1), Some(1_000_000)).await.unwrap();
+            // Without a grant in the lost stretch nothing was lost: the clock
+            // rightly does not see the restore, and the control would grant.
+            assert!(restored.grant_lost, "round {round}: no grant in the lost stretch");
+            // A holder on a key no one took before: free in the restored cluster,
+            // so nothing but the grant clock keeps its grants out until the
+            // advance. (The other holders' keys may all have been held at the
+            // snapshot: they then stay held in the restored cluster for a TTL and
+            // a lock delay, about as long as the wait below.)
+            g.spawn_holder(&format!("fresh{round}"), &[format!("{MUTEX_PREFIX}/fresh-{round}")], false).unwrap();
             // The advance waits (at most 5 s) for a holder to be answered a grant
             // it called after the restored cluster came back: with the bug, that
             // grant is of the old epoch; the control's are refused until the
             // advance, so it waits the 5 s.
-            let old = g.epoch();
-            let regranted = move |o: &ClientOp, back: u64| {
+            let regranted = |o: &ClientOp| {
                 o.op == "acquire"
                     && o.outcome == Outcome::Ok
-                    && o.call_us >= back
+                    && o.call_us >= restored.back_us
                     && o.token.is_some_and(|t| t >> 48 == old)
             };
-            g.restore_until(Duration::from_secs(1), Some(1_000_000), Duration::from_secs(5), regranted).await.unwrap();
+            let seen = g.wait_for_op(Duration::from_secs(5), regranted).await;
+            assert_eq!(seen, bug, "round {round}: old-epoch grant after the restore seen: {seen}, planted: {bug}");
+            g.advance_epoch().await.unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let (h, v) = finish_checked(&g, "fault schedule:").await;
