@@ -185,6 +185,20 @@ impl Collector for EtcdCollector {
                 ConstCounter::new(*n).encode(family.encode_family(&[("step", step.label())])?)?;
             }
         }
+        ConstCounter::new(crate::lock::policy_watch::EVENTS.load(Ordering::Relaxed)).encode(
+            encoder.encode_descriptor(
+                "lockmesh_arbiter_policy_watch_events",
+                "Changes of the class policies or the class map this arbiter's policy watch saw; each dropped its policy cache (lockmesh_lock::policy_watch).",
+                None,
+                MetricType::Counter,
+            )?,
+        )?;
+        ConstGauge::new(crate::lock::policy_watch::OPEN.load(Ordering::Relaxed)).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_policy_watches_open",
+            "Policy watches open now (one per etcd cluster in use): while one is open, the next head of a key held by another caller takes the limit from the cache instead of reading it.",
+            None,
+            MetricType::Gauge,
+        )?)?;
         ETCD_CHECK.encode(encoder.encode_descriptor(
             "lockmesh_arbiter_etcd_check_seconds",
             "Time of each seal check (a linearizable read of the epoch record, once a second; failed ones included): etcd's latency as this arbiter sees it (per arbiter).",

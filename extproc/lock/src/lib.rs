@@ -48,6 +48,7 @@ pub mod home;
 pub mod multi;
 pub mod mutex;
 pub mod policy;
+pub mod policy_watch;
 pub mod quota;
 pub mod registry;
 pub mod seal;

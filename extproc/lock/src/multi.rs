@@ -34,6 +34,7 @@ use super::{
     keys,
     mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant, Next, Retries},
     test_faults::{self, TestFault},
+    wait::HeldBy,
     LockError, SessionRecord, Store,
 };
 
@@ -153,7 +154,7 @@ impl Store {
                     if let Some(g) = gs.first().filter(|_| first.class.max_holders == 1) {
                         let rev = i64::try_from(g.token.revision()).unwrap_or(i64::MAX);
                         for d in &ds {
-                            self.queues().note_held(d, rev);
+                            self.queues().note_held(d, HeldBy::of(first, g, rev));
                         }
                     }
                     return Ok(gs);

@@ -32,7 +32,7 @@ use super::{
     keys, now_ms,
     session::Caller,
     steps::{timed, Step},
-    wait::{Handed, Offer},
+    wait::{Handed, HeldBy, Offer},
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
 use crate::test_faults::{self, TestFault};
@@ -372,6 +372,7 @@ impl Store {
         cancel: &CancellationToken,
     ) -> Result<Grant, LockError> {
         let d = req.key.digest();
+        self.watch_policies();
         if req.class.fairness == Fairness::Durable {
             // Waiters queue in etcd instead of this arbiter's memory.
             return self.acquire_durable(req, sid, new_record, cancel).await;
@@ -395,43 +396,59 @@ impl Store {
         }
         // A mutex key granted here, with no release through here since, is most
         // likely still held: instead of a grant transaction that can only be
-        // refused (a raft proposal), read the holders (no proposal; it also answers
-        // an idempotent re-acquire) and wait from that read's revision with an
-        // offer, so the holder's release hands the key over in its own transaction.
-        // A release anywhere shows in the watch from that revision.
-        // The limit that decides "mutex" is the authoritative one (`lock::policy`),
-        // read with the holders: the registry's may be behind a `lockctl limit`
-        // change, and a key with free slots must be granted, not waited for.
-        // The offer is posted before the read, not after it: a release that
-        // arrives while the read is in flight then still hands the key over in
-        // one transaction. Posted after, such a release found no offer and the key
-        // took two commits (the release's, then the waiter's grant after its
+        // refused (a raft proposal), wait for the holder's release with an offer,
+        // so that release hands the key over in its own transaction. A release
+        // anywhere shows in the watch of the holders from the wait's revision.
+        //
+        // When the grant here was another session's and another caller's
+        // (`HeldBy`), nothing but the key's limit can change that, and the limit
+        // comes from the policy cache while the policy watch keeps it fresh
+        // (`policy_watch`): the head waits from the grant's revision with no read
+        // at all (on a hot key, one etcd round trip fewer per hand-over).
+        //
+        // Otherwise it reads the holders (no proposal; it answers an idempotent
+        // re-acquire and a leak) and the authoritative limit (`lock::policy`: the
+        // registry's may be behind a `lockctl limit` change, and a key with free
+        // slots must be granted, not waited for), and waits from that read's
+        // revision. The offer is posted before the read, not after it: a release
+        // that arrives while the read is in flight then still hands the key over
+        // in one transaction. Posted after, such a release found no offer and the
+        // key took two commits (the release's, then the waiter's grant after its
         // watch woke it): 45 % of a hot key's hand-overs (docs/BENCHMARKS.md). A
         // read that says not to wait ends the offer first (`settle_offer`): a
         // releaser that took it meanwhile decides, and its grant is the answer.
-        if self.queues().held_since(&d).is_some() && new_record.is_none() && !req.try_once {
-            let late = test_faults::on(TestFault::OfferAfterRead);
-            let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid));
-            let next = self.held_read(req, &d, sid).await;
-            if let Ok(HeldRead::Wait(revision)) = next {
-                // PLANTED BUG (handoff scenario) when `late`: the offer only now.
-                let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid));
-                let waited = self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?;
+        if let Some(held) = self.queues().held_by(&d).filter(|_| new_record.is_none() && !req.try_once) {
+            if self.may_skip_held_read(req, sid, held) {
+                let posted = self.post_offer(&d, &ticket, req, sid);
+                let waited = self.wait_offered(&d, held.revision, req.deadline, cancel, &ticket, req, posted).await?;
                 if let Some(g) = waited {
-                    self.queues().note_held(&d, token_revision(&g));
+                    self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
                     return Ok(g);
                 }
             } else {
-                let settled = match posted {
-                    Some(p) => self.settle_offer(&d, &ticket, p).await,
-                    None => None,
-                };
-                if let Some(g) = settled {
-                    self.queues().note_held(&d, token_revision(&g));
-                    return Ok(g);
-                }
-                if let HeldRead::Answer(answer) = next? {
-                    return answer;
+                let late = test_faults::on(TestFault::OfferAfterRead);
+                let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid));
+                let next = self.held_read(req, &d, sid).await;
+                if let Ok(HeldRead::Wait(revision)) = next {
+                    // PLANTED BUG (handoff scenario) when `late`: the offer only now.
+                    let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid));
+                    let waited = self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?;
+                    if let Some(g) = waited {
+                        self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
+                        return Ok(g);
+                    }
+                } else {
+                    let settled = match posted {
+                        Some(p) => self.settle_offer(&d, &ticket, p).await,
+                        None => None,
+                    };
+                    if let Some(g) = settled {
+                        self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
+                        return Ok(g);
+                    }
+                    if let HeldRead::Answer(answer) = next? {
+                        return answer;
+                    }
                 }
             }
         }
@@ -452,7 +469,7 @@ impl Store {
             match self.try_grant(req, &d, sid, new_record.as_ref(), slot, Fair::Memory).await? {
                 Attempt::Granted(g) => {
                     if req.class.max_holders == 1 && !g.existing {
-                        self.queues().note_held(&d, token_revision(&g));
+                        self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
                     }
                     return Ok(g);
                 }
@@ -474,7 +491,7 @@ impl Store {
                                 self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?
                             {
                                 if req.class.max_holders == 1 {
-                                    self.queues().note_held(&d, token_revision(&g));
+                                    self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
                                 }
                                 return Ok(g);
                             }
@@ -485,6 +502,22 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Whether the head of `d`, which this arbiter granted as `held`, may wait
+    /// without reading (see [`Store::acquire_in`]): the read could not answer
+    /// `req` on `sid` (another session and caller) and the key's limit is 1 by
+    /// the policy cache while the policy watch keeps it fresh.
+    fn may_skip_held_read(&self, req: &AcquireRequest, sid: SessionId, held: HeldBy) -> bool {
+        if test_faults::on(TestFault::SlowHeldRead) || test_faults::on(TestFault::OfferAfterRead) {
+            return false; // TEST SWITCHES (handoff scenario) exercise the read
+        }
+        // PLANTED BUG (held_memo scenario) when on: even the holder's own session
+        // and caller skip the read.
+        let anyone = test_faults::on(TestFault::SkipReadForAnyone);
+        (anyone || !held.may_answer(req, sid))
+            && self.policies_watched()
+            && matches!(self.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1)))
     }
 
     /// The read of a mutex key's holders and authoritative limit that

@@ -23,7 +23,13 @@
 //! the granting cluster's home record, so a grant never commits on a cluster the
 //! shard map has moved the key away from (or while it moves).
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Mutex, OnceLock,
+    },
+};
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{
@@ -36,10 +42,29 @@ use super::{mutex::AcquireRequest, now_ms, LockError, Store};
 pub use lockmesh_keyspace::ClassMapRecord;
 
 /// This arbiter's cached view of the records, with their mod revisions.
+///
+/// Grants never trust it: each compares the mod revisions it holds, and a
+/// mismatch drops it (`policy_moved`). The one reader that acts on it without a
+/// compare, a waiter that skips its read of a held key (`mutex`), does so only
+/// while [`crate::policy_watch`] keeps it fresh: the watch drops the cache on
+/// every change of a record, and a read that began before a drop is not cached
+/// (the generation).
 #[derive(Default)]
 pub struct PolicyCache {
     policies: Mutex<HashMap<String, (ClassPolicy, i64)>>,
     map: Mutex<Option<(ClassMapRecord, i64)>>,
+    /// Bumped by every drop of the cache, under the `policies` lock.
+    generation: AtomicU64,
+    /// The policy watch is open: every change since the cache was filled dropped it.
+    pub(crate) watched: AtomicBool,
+    /// The policy watch's task was started.
+    pub(crate) watch_started: OnceLock<()>,
+}
+
+impl PolicyCache {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
 }
 
 /// What one grant transaction adds: the limit, and the compares that pin it.
@@ -193,8 +218,14 @@ impl Store {
 
     /// Drops the cached records (they moved).
     pub(crate) fn forget_policies(&self) {
-        self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        *self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let cache = self.policy_cache();
+        {
+            let mut policies = cache.policies.lock().unwrap_or_else(|p| p.into_inner());
+            cache.generation.fetch_add(1, Ordering::SeqCst);
+            policies.clear();
+        }
+        // After the generation moved: a map read that checked it before is dropped here.
+        *cache.map.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     async fn class_map(&self, req: &AcquireRequest) -> Result<(ClassMapRecord, i64), LockError> {
@@ -202,6 +233,7 @@ impl Store {
             return Ok(m);
         }
         let key = self.keys().class_map();
+        let generation = self.policy_cache().generation();
         let r = self.call_by(req.deadline, self.client().get(key.as_str(), None)).await?;
         let m = match r.kvs().first() {
             Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
@@ -209,7 +241,10 @@ impl Store {
                 return Err(LockError::Unavailable("no authoritative class map yet; the arbiter creates it".into()))
             }
         };
-        *self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
+        let mut cached = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner());
+        if self.policy_cache().generation() == generation {
+            *cached = Some(m.clone());
+        }
         Ok(m)
     }
 
@@ -220,6 +255,7 @@ impl Store {
             return Ok(p.clone());
         }
         let key = self.keys().class_policy(class);
+        let generation = self.policy_cache().generation();
         let r = self.call(self.client().get(key.as_str(), None)).await?;
         let found = match r.kvs().first() {
             Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
@@ -237,7 +273,10 @@ impl Store {
                 return Box::pin(self.class_policy(class, None)).await;
             }
         };
-        self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).insert(class.to_owned(), found.clone());
+        let mut policies = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner());
+        if self.policy_cache().generation() == generation {
+            policies.insert(class.to_owned(), found.clone());
+        }
         Ok(found)
     }
 

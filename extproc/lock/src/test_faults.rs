@@ -122,16 +122,27 @@ pub enum TestFault {
     ExclusiveOneSlot,
     /// Not a bug: the read a head makes of a key granted here (`lock::mutex`,
     /// `held_read`) waits 3 s first, so a scenario can release the key while that
-    /// read is in flight (`tests/tests/scenarios/handoff.rs`).
+    /// read is in flight (`tests/tests/scenarios/handoff.rs`). While it is on, a
+    /// head always reads (it never skips the read for another session's hold).
     SlowHeldRead,
     /// That head posts its hand-off offer after the read instead of before it
     /// (`lock::mutex`, the order before 2026-12-04): a release during the read
-    /// finds no offer, and the key takes two commits instead of one.
+    /// finds no offer, and the key takes two commits instead of one. While it is
+    /// on, a head always reads, as with [`TestFault::SlowHeldRead`].
     OfferAfterRead,
     /// Not a bug: an acquire waits 400 ms before it enters its key's queue here
     /// (`lock::mutex`, `acquire_in`), so a scenario can release a key before the
     /// next head reaches the arbiter (`tests/tests/scenarios/handoff.rs`).
     SlowQueueEntry,
+    /// The head of a key granted here skips its read of the holders even when
+    /// the hold is its own session's or its caller's (`lock::mutex`): an
+    /// idempotent re-acquire or a leaked hold waits for itself instead of being
+    /// answered at once (`tests/tests/scenarios/held_memo.rs`).
+    SkipReadForAnyone,
+    /// The policy watch (`lock::policy_watch`) counts a change of a class's
+    /// policy but keeps the cache: a head that skips its read waits under a
+    /// limit that was raised (`tests/tests/scenarios/held_memo.rs`).
+    PolicyWatchKeepsCache,
 }
 
 #[cfg(feature = "test-faults")]
@@ -174,6 +185,8 @@ impl TestFault {
             "slow_held_read" => Some(Self::SlowHeldRead),
             "offer_after_read" => Some(Self::OfferAfterRead),
             "slow_queue_entry" => Some(Self::SlowQueueEntry),
+            "skip_read_for_anyone" => Some(Self::SkipReadForAnyone),
+            "policy_watch_keeps_cache" => Some(Self::PolicyWatchKeepsCache),
             _ => None,
         }
     }

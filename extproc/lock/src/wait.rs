@@ -199,6 +199,41 @@ pub(crate) enum Handed {
     Retry,
 }
 
+/// A grant of a mutex key made here, as the next acquire of the key here sees
+/// it ([`Queues::held_by`]): its commit revision, its session and a digest of its
+/// caller (identity and instance). No strings are kept: a digest that collides
+/// only makes an acquire read what it could have skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HeldBy {
+    /// The grant's commit revision (its token's).
+    pub revision: i64,
+    lease: i64,
+    caller: u64,
+}
+
+impl HeldBy {
+    /// The grant `g` of `req`, committed at `revision`.
+    pub(crate) fn of(req: &AcquireRequest, g: &Grant, revision: i64) -> Self {
+        Self { revision, lease: g.session.lease(), caller: caller_digest(req) }
+    }
+
+    /// Whether a read of the holders could answer `req` on session `sid` without
+    /// a wait: an acquire on the holder's own session (an idempotent re-acquire,
+    /// or its own second hold) or by the holder's caller and declared instance
+    /// (a leak, `Leaked`). Every other acquire can only wait for this hold.
+    pub(crate) fn may_answer(&self, req: &AcquireRequest, sid: SessionId) -> bool {
+        self.lease == sid.lease() || (req.caller.instance.is_some() && self.caller == caller_digest(req))
+    }
+}
+
+/// A digest of `req`'s caller identity and declared instance.
+fn caller_digest(req: &AcquireRequest) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (&req.caller.identity, &req.caller.instance).hash(&mut h);
+    h.finish()
+}
+
 /// Per-key FIFO queues of waiters on this arbiter.
 pub struct Queues {
     next: AtomicU64,
@@ -206,8 +241,8 @@ pub struct Queues {
     /// Holds this arbiter granted by hand-off under a slot's other name, by
     /// (digest, token revision): the release fast path tries that name first.
     handed_names: Mutex<HashSet<(KeyDigest, i64)>>,
-    /// Mutex keys granted here with no release through here since.
-    held: Mutex<HashMap<KeyDigest, i64>>,
+    /// Mutex keys granted here with no release through here since, and by whom.
+    held: Mutex<HashMap<KeyDigest, HeldBy>>,
     /// Keys whose last release here handed the key over (a chain of waiters).
     chained: Mutex<HashSet<KeyDigest>>,
     /// Woken whenever a head posts an offer (releasers in their grace wait).
@@ -265,22 +300,24 @@ impl Queues {
         }
     }
 
-    /// Notes a grant of mutex key `d` at `revision` made here, for the waiters
-    /// queued behind it.
-    /// Only a hint for the next acquire of `d` here: it reads the holders and waits
-    /// from that read instead of running a grant that can only be refused. Cleared
-    /// by a release through here; bounded like the hand-off names.
-    pub(crate) fn note_held(&self, d: &KeyDigest, revision: i64) {
+    /// Notes a grant of mutex key `d` made here (`by`), for the waiters queued
+    /// behind it.
+    /// Only a hint for the next acquire of `d` here: it waits for the holder's
+    /// release instead of running a grant that can only be refused (reading the
+    /// holders first unless `by` tells it the read could not answer it,
+    /// `mutex`). Cleared by a release through here; bounded like the hand-off
+    /// names.
+    pub(crate) fn note_held(&self, d: &KeyDigest, by: HeldBy) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HANDED_NAMES_MAX {
             held.clear();
         }
-        held.insert(d.clone(), revision);
+        held.insert(d.clone(), by);
     }
 
-    /// The revision of the last grant of mutex key `d` here, when no release of it
-    /// passed through here since (see [`Queues::note_held`]).
-    pub(crate) fn held_since(&self, d: &KeyDigest) -> Option<i64> {
+    /// The last grant of mutex key `d` here, when no release of it passed through
+    /// here since (see [`Queues::note_held`]).
+    pub(crate) fn held_by(&self, d: &KeyDigest) -> Option<HeldBy> {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).get(d).copied()
     }
 

@@ -33,6 +33,7 @@ mod fleet;
 mod gate;
 mod handoff;
 mod harness_selftest;
+mod held_memo;
 mod hold_waits;
 mod holds;
 mod jeopardy;

@@ -1,0 +1,123 @@
+//! The watch that keeps this arbiter's cache of the class policies and the class
+//! map fresh (issue 20: the next head of a hot key skips its read).
+//!
+//! A waiter that finds a mutex key granted here by another session and caller
+//! (`wait::HeldBy`) can only wait for that hold; what it must read before waiting is
+//! the key's authoritative limit, since a `lockctl limit` change may have raised it
+//! and a key with a free slot is granted, not waited for (docs/CLASSES.md). It takes
+//! the limit from the cache instead, and only while this watch is open:
+//!
+//! - the watch (one stream, two watchers: `<root>/c/` and `<root>/sys/classmap`)
+//!   drops the whole cache on every event, and once more when it opens, so a
+//!   change committed before the open is not served from an older read;
+//! - a read that began before a drop is not cached (`policy::PolicyCache`'s
+//!   generation), so an old read cannot refill the cache after the event;
+//! - while the watch is not open (starting, broken, refused) the cache is not
+//!   trusted and every such waiter reads, as before.
+//!
+//! What remains is the time between a change's commit and its event here
+//! (milliseconds): an acquire in that window waits for the holder's release, or
+//! its next poll (about a second), whose grant transaction compares the policy's
+//! revision and so sees the new limit. Grants never depend on this: each
+//! compares the revisions of the records it obeys.
+
+use std::{
+    sync::{
+        atomic::{AtomicI64, AtomicU64, Ordering},
+        Arc, Weak,
+    },
+    time::Duration,
+};
+
+use etcd_client::WatchOptions;
+
+use super::{test_faults, test_faults::TestFault, Store};
+
+/// How long opening the watch may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long to wait before opening it again after it broke or could not open.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
+/// Changes of the records this process's watches have seen (each dropped a cache).
+pub static EVENTS: AtomicU64 = AtomicU64::new(0);
+
+/// This process's policy watches that are open now (one per store at most).
+pub static OPEN: AtomicI64 = AtomicI64::new(0);
+
+impl Store {
+    /// Starts this store's policy watch once (a task that ends with the store).
+    pub(crate) fn watch_policies(self: &Arc<Self>) {
+        self.policy_cache().watch_started.get_or_init(|| {
+            tokio::spawn(run(Arc::downgrade(self)));
+        });
+    }
+
+    /// Whether the policy watch is open, so the cache may be acted on without a
+    /// compare.
+    pub(crate) fn policies_watched(&self) -> bool {
+        self.policy_cache().watched.load(Ordering::SeqCst)
+    }
+}
+
+async fn run(store: Weak<Store>) {
+    loop {
+        let Some((client, policies, map)) =
+            store.upgrade().map(|s| (s.client(), s.keys().class_policies(), s.keys().class_map()))
+        else {
+            return;
+        };
+        if let Ok(Ok((_sender, mut responses))) = tokio::time::timeout(OPEN_TIMEOUT, open(client, policies, map)).await
+        {
+            // `_sender` lives as long as the stream: dropping it would end the watch.
+            let Some(s) = store.upgrade() else { return };
+            // Events from here on drop the cache; what was read before may be older.
+            s.forget_policies();
+            s.policy_cache().watched.store(true, Ordering::SeqCst);
+            OPEN.fetch_add(1, Ordering::Relaxed);
+            drop(s);
+            loop {
+                let changed = match responses.message().await {
+                    Ok(Some(r)) if !r.canceled() => !r.events().is_empty(),
+                    _ => break,
+                };
+                let Some(s) = store.upgrade() else {
+                    OPEN.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                };
+                if changed {
+                    EVENTS.fetch_add(1, Ordering::Relaxed);
+                    if !test_faults::on(TestFault::PolicyWatchKeepsCache) {
+                        s.forget_policies();
+                    }
+                }
+            }
+            OPEN.fetch_sub(1, Ordering::Relaxed);
+            let Some(s) = store.upgrade() else { return };
+            s.policy_cache().watched.store(false, Ordering::SeqCst);
+            s.forget_policies();
+        }
+        tokio::time::sleep(REOPEN_AFTER).await;
+    }
+}
+
+/// Opens one stream with the two watchers and waits until etcd created both.
+async fn open(
+    client: etcd_client::Client,
+    policies: String,
+    map: String,
+) -> Result<(etcd_client::WatchRequestSender, etcd_client::WatchResponseStream), etcd_client::Error> {
+    let stream = client.clone().watch(policies, Some(WatchOptions::new().with_prefix())).await?;
+    let (mut sender, mut responses) = stream.split();
+    sender.watch(map, None).await?;
+    let mut created = 0;
+    while created < 2 {
+        match responses.message().await? {
+            Some(r) if r.canceled() => return Err(etcd_client::Error::WatchError(r.cancel_reason().to_owned())),
+            Some(r) if r.created() => created += 1,
+            Some(_) => {}
+            None => return Err(etcd_client::Error::WatchError("the watch stream ended while opening".into())),
+        }
+    }
+    Ok((sender, responses))
+}
