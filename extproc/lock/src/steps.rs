@@ -6,7 +6,7 @@
 //! | `grant_txn` | a grant's transaction ([`crate::Store::try_grant`]) |
 //! | `handoff_txn` | a release that hands the key to the waiter that offered, in one transaction |
 //! | `release_txn` | a plain release's transaction |
-//! | `held_read` | the next head's read of a held mutex key's holders and limit |
+//! | `held_read` | the next head's read of a held mutex key's holders and limit (skipped when it could not answer the head, `crate::policy_watch`) |
 //! | `raft_check` | the grant-time raft position check (ADR-03; only where etcd answers `Status`) |
 //!
 //! Each is timed from the call to its answer, including the wait for etcd's
