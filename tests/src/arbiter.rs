@@ -289,6 +289,14 @@ impl ArbiterProcess {
         Ok((resp.status, resp.body))
     }
 
+    /// The value of the first `/metrics` line that starts with `line_prefix` (a
+    /// name, with its labels as exported: `name_total{step="held_read"}`), or
+    /// `None` when no line does.
+    pub async fn metric(&self, line_prefix: &str) -> Result<Option<f64>> {
+        let (_, m) = self.admin_get("/metrics").await?;
+        Ok(m.lines().find(|l| l.starts_with(line_prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+    }
+
     async fn wait_ready(&self) -> Result<()> {
         let port = self.admin_port;
         self.process

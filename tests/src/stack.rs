@@ -399,6 +399,23 @@ impl Stack {
         &self.root
     }
 
+    /// Writes class `class`'s authoritative limit straight into its policy record
+    /// in etcd, with the change epoch moved on (as `lockctl limit change` leaves an
+    /// immediate raise), bypassing the arbiters. Returns the limit it replaced.
+    pub async fn write_class_limit(&self, class: &str, limit: u32) -> Result<u64> {
+        let mut etcd = self.etcd.client().await?;
+        let key = format!("{}/c/{class}", self.root);
+        let cur = etcd.get(key.as_str(), None).await?;
+        let kv = cur.kvs().first().with_context(|| format!("no policy record for class {class}"))?;
+        let mut p: serde_json::Value = serde_json::from_slice(kv.value())?;
+        let before = p["limit"].as_u64().context("the policy record has no limit")?;
+        let epoch = p["change_epoch"].as_u64().context("the policy record has no change_epoch")?;
+        p["limit"] = serde_json::json!(limit);
+        p["change_epoch"] = serde_json::json!(epoch + 1);
+        etcd.put(key.as_str(), serde_json::to_vec(&p)?, None).await?;
+        Ok(before)
+    }
+
     /// The stack's PKI (trust domain `lockmesh.test`).
     pub fn pki(&self) -> &DevPki {
         &self.pki

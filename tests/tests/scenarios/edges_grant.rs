@@ -108,14 +108,7 @@ async fn the_mutex_fast_path_obeys_the_authoritative_limit() {
     let key = "payments/raised";
     let r = a.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
-    let mut etcd = st.etcd().client().await.unwrap();
-    let pkey = format!("{}/c/default", st.root());
-    let cur = etcd.get(pkey.as_str(), None).await.unwrap();
-    let mut p: serde_json::Value = serde_json::from_slice(cur.kvs()[0].value()).unwrap();
-    assert_eq!(p["limit"], 1, "{p}");
-    p["limit"] = serde_json::json!(3);
-    p["change_epoch"] = serde_json::json!(p["change_epoch"].as_u64().unwrap() + 1);
-    etcd.put(pkey.as_str(), serde_json::to_vec(&p).unwrap(), None).await.unwrap();
+    assert_eq!(st.write_class_limit("default", 3).await.unwrap(), 1);
     // The fast path serves acquires on the caller's own session.
     let s = b.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
     let sid = s.json["session"].as_str().unwrap_or_else(|| panic!("{}", s.body)).to_owned();

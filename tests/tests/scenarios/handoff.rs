@@ -25,12 +25,7 @@ async fn stack(name: &str) -> Stack {
 
 /// A metric's value on arbiter 0 (0 when absent).
 async fn metric(st: &Stack, line_prefix: &str) -> u64 {
-    let (_, m) = st.arbiter(0).admin_get("/metrics").await.unwrap();
-    m.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    st.arbiter(0).metric(line_prefix).await.unwrap().unwrap_or(0.0) as u64
 }
 
 /// Waits until `n` gated heads have posted an offer on arbiter 0.

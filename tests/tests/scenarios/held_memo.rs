@@ -37,12 +37,7 @@ async fn stack(name: &str, fault: Option<&str>) -> Stack {
 
 /// A metric's value on arbiter 0 (0 when absent).
 async fn metric(st: &Stack, line_prefix: &str) -> u64 {
-    let (_, m) = st.arbiter(0).admin_get("/metrics").await.unwrap();
-    m.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    st.arbiter(0).metric(line_prefix).await.unwrap().unwrap_or(0.0) as u64
 }
 
 /// Waits (10 s at most) until `line_prefix` on arbiter 0 reaches `n`.
@@ -170,14 +165,7 @@ async fn raised_limit(fault: Option<&str>) -> u64 {
     let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
     assert_eq!(r.code(), 200, "{}", r.body);
     let events = metric(&st, "lockmesh_arbiter_policy_watch_events_total ").await;
-    let mut etcd = st.etcd().client().await.unwrap();
-    let pkey = format!("{}/c/default", st.root());
-    let cur = etcd.get(pkey.as_str(), None).await.unwrap();
-    let mut p: serde_json::Value = serde_json::from_slice(cur.kvs()[0].value()).unwrap();
-    assert_eq!(p["limit"], 1, "{p}");
-    p["limit"] = serde_json::json!(3);
-    p["change_epoch"] = serde_json::json!(p["change_epoch"].as_u64().unwrap() + 1);
-    etcd.put(pkey.as_str(), serde_json::to_vec(&p).unwrap(), None).await.unwrap();
+    assert_eq!(st.write_class_limit("default", 3).await.unwrap(), 1);
     metric_reaches(&st, "lockmesh_arbiter_policy_watch_events_total ", events + 1).await;
     let sb = session(&b, None).await;
     let reads = metric(&st, READS).await;
