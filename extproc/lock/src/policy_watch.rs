@@ -61,41 +61,57 @@ impl Store {
 }
 
 async fn run(store: Weak<Store>) {
+    // Logged when it opens and when it stops being open, not once per retry.
+    let mut failing = false;
     loop {
         let Some((client, policies, map)) =
             store.upgrade().map(|s| (s.client(), s.keys().class_policies(), s.keys().class_map()))
         else {
             return;
         };
-        if let Ok(Ok((_sender, mut responses))) = tokio::time::timeout(OPEN_TIMEOUT, open(client, policies, map)).await
-        {
+        let opened = match tokio::time::timeout(OPEN_TIMEOUT, open(client, policies, map)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {OPEN_TIMEOUT:?}")),
+        };
+        match opened {
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "the policy watch cannot open; heads read each held key's limit until it does");
+                }
+                failing = true;
+            }
             // `_sender` lives as long as the stream: dropping it would end the watch.
-            let Some(s) = store.upgrade() else { return };
-            // Events from here on drop the cache; what was read before may be older.
-            s.forget_policies();
-            s.policy_cache().watched.store(true, Ordering::SeqCst);
-            OPEN.fetch_add(1, Ordering::Relaxed);
-            drop(s);
-            loop {
-                let changed = match responses.message().await {
-                    Ok(Some(r)) if !r.canceled() => !r.events().is_empty(),
-                    _ => break,
-                };
-                let Some(s) = store.upgrade() else {
-                    OPEN.fetch_sub(1, Ordering::Relaxed);
-                    return;
-                };
-                if changed {
-                    EVENTS.fetch_add(1, Ordering::Relaxed);
-                    if !test_faults::on(TestFault::PolicyWatchKeepsCache) {
-                        s.forget_policies();
+            Ok((_sender, mut responses)) => {
+                let Some(s) = store.upgrade() else { return };
+                // Events from here on drop the cache; what was read before may be older.
+                s.forget_policies();
+                s.policy_cache().watched.store(true, Ordering::SeqCst);
+                OPEN.fetch_add(1, Ordering::Relaxed);
+                drop(s);
+                tracing::info!("the policy watch is open");
+                loop {
+                    let changed = match responses.message().await {
+                        Ok(Some(r)) if !r.canceled() => !r.events().is_empty(),
+                        _ => break,
+                    };
+                    let Some(s) = store.upgrade() else {
+                        OPEN.fetch_sub(1, Ordering::Relaxed);
+                        return;
+                    };
+                    if changed {
+                        EVENTS.fetch_add(1, Ordering::Relaxed);
+                        if !test_faults::on(TestFault::PolicyWatchKeepsCache) {
+                            s.forget_policies();
+                        }
                     }
                 }
+                OPEN.fetch_sub(1, Ordering::Relaxed);
+                let Some(s) = store.upgrade() else { return };
+                s.policy_cache().watched.store(false, Ordering::SeqCst);
+                s.forget_policies();
+                tracing::warn!("the policy watch broke; heads read each held key's limit until it reopens");
+                failing = true;
             }
-            OPEN.fetch_sub(1, Ordering::Relaxed);
-            let Some(s) = store.upgrade() else { return };
-            s.policy_cache().watched.store(false, Ordering::SeqCst);
-            s.forget_policies();
         }
         tokio::time::sleep(REOPEN_AFTER).await;
     }
