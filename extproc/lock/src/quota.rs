@@ -744,6 +744,13 @@ async fn follow(store: &Store) -> Result<(), LockError> {
             if kind == Kind::Hold && ev.kv().is_some_and(|kv| k.slot_of(kv.key()).is_none()) {
                 continue;
             }
+            if kind == Kind::Hold && ev.event_type() == EventType::Delete {
+                // A grant noted for the next head (`wait::HeldBy`) that ended
+                // without passing through here is forgotten.
+                if let Some((d, kv)) = ev.kv().and_then(|kv| Some((k.digest_of_hold(kv.key())?, kv))) {
+                    store.queues().forget_held_before(&d, kv.mod_revision());
+                }
+            }
             store.ledger.apply(kind, ev);
         }
     }

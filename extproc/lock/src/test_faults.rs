@@ -143,6 +143,11 @@ pub enum TestFault {
     /// policy but keeps the cache: a head that skips its read waits under a
     /// limit that was raised (`tests/tests/scenarios/held_memo.rs`).
     PolicyWatchKeepsCache,
+    /// The arbiter keeps its note of a grant it made after the quota ledger saw
+    /// that hold deleted (an expiry, a revoke, a release elsewhere; `lock::wait`):
+    /// the next head waits for a hold that no longer exists until its watch
+    /// wakes it (`tests/tests/scenarios/held_memo.rs`).
+    KeepEndedHeld,
 }
 
 #[cfg(feature = "test-faults")]
@@ -187,6 +192,7 @@ impl TestFault {
             "slow_queue_entry" => Some(Self::SlowQueueEntry),
             "skip_read_for_anyone" => Some(Self::SkipReadForAnyone),
             "policy_watch_keeps_cache" => Some(Self::PolicyWatchKeepsCache),
+            "keep_ended_held" => Some(Self::KeepEndedHeld),
             _ => None,
         }
     }

@@ -71,7 +71,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     mutex::{AcquireRequest, Grant},
-    Keys, LockError, Store,
+    test_faults, Keys, LockError, Store,
 };
 
 /// Base poll period while gated.
@@ -319,6 +319,20 @@ impl Queues {
             held.clear();
         }
         held.insert(d.clone(), by);
+    }
+
+    /// Forgets the grant of `d` noted here if it is older than `revision`, at
+    /// which a hold of `d` was deleted (the quota ledger's watch of every hold,
+    /// `lock::quota`): that hold ended by an expiry, a revoke or a release
+    /// elsewhere, so the next head reads or grants instead of waiting for it.
+    pub(crate) fn forget_held_before(&self, d: &KeyDigest, revision: i64) {
+        if test_faults::on(test_faults::TestFault::KeepEndedHeld) {
+            return; // PLANTED BUG (held_memo scenario)
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(d).is_some_and(|h| h.revision < revision) {
+            held.remove(d);
+        }
     }
 
     /// The last grant of mutex key `d` here, when no release of it passed through

@@ -187,3 +187,43 @@ async fn a_limit_raised_under_the_policy_watch_is_read_by_the_next_head() {
 async fn planted_a_policy_watch_that_keeps_the_cache_is_caught() {
     assert_eq!(raised_limit(Some("policy_watch_keeps_cache")).await, 0, "the planted head read the limit");
 }
+
+/// A (its own session) holds KEY, granted here, so the arbiter notes the grant for
+/// the next head. A's lease is then revoked straight in etcd, as an expiry ends a
+/// hold: nothing passes through the arbiter, whose quota ledger sees the hold's
+/// delete. B's acquire must then find the key free and be granted without being
+/// made to wait (no gated waiter: `lockmesh_arbiter_wakeups_per_grant` records a
+/// grant only for a key with a gated waiter). Returns how many such grants B's
+/// acquire recorded.
+async fn hold_ended_elsewhere(fault: Option<&str>) -> u64 {
+    const WAITED: &str = "lockmesh_arbiter_wakeups_per_grant_count";
+    let st = stack(&format!("held-memo-ended-{}", fault.unwrap_or("ok")), fault).await;
+    watch_open(&st).await;
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let sa = session(&a, None).await;
+    let r = a.post(ACQ, &[("x-lock-key", KEY), ("x-lock-session", &sa)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    metric_reaches(&st, "lockmesh_arbiter_open_holds{", 1).await;
+    let mut etcd = st.etcd().client().await.unwrap();
+    etcd.lease_revoke(i64::from_str_radix(&sa, 16).unwrap()).await.unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(&st, "lockmesh_arbiter_open_holds{").await != 0 {
+        assert!(tokio::time::Instant::now() < until, "the ledger never saw A's hold end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sb = session(&b, None).await;
+    let waited = metric(&st, WAITED).await;
+    let r = b.post(ACQ, &[("x-lock-key", KEY), ("x-lock-session", &sb), ("x-lock-wait-ms", "20000")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    metric(&st, WAITED).await - waited
+}
+
+#[tokio::test]
+async fn a_hold_that_ended_elsewhere_does_not_make_the_next_head_wait() {
+    assert_eq!(hold_ended_elsewhere(None).await, 0, "B waited for a hold the arbiter had seen end");
+}
+
+#[tokio::test]
+async fn planted_a_noted_grant_kept_after_its_hold_ended_is_caught() {
+    assert_eq!(hold_ended_elsewhere(Some("keep_ended_held")).await, 1, "the planted B was not made to wait");
+}
