@@ -42,9 +42,14 @@ async fn metric(st: &Stack, line_prefix: &str) -> u64 {
 
 /// Waits (10 s at most) until `line_prefix` on arbiter 0 reaches `n`.
 async fn metric_reaches(st: &Stack, line_prefix: &str, n: u64) {
+    metric_until(st, line_prefix, |v| v >= n).await;
+}
+
+/// Waits (10 s at most) until the value of `line_prefix` on arbiter 0 satisfies `ok`.
+async fn metric_until(st: &Stack, line_prefix: &str, ok: impl Fn(u64) -> bool) {
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(st, line_prefix).await < n {
-        assert!(tokio::time::Instant::now() < until, "{line_prefix} did not reach {n} within 10 s");
+    while !ok(metric(st, line_prefix).await) {
+        assert!(tokio::time::Instant::now() < until, "{line_prefix} did not reach its value within 10 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -206,11 +211,8 @@ async fn hold_ended_elsewhere(fault: Option<&str>) -> u64 {
     metric_reaches(&st, "lockmesh_arbiter_open_holds{", 1).await;
     let mut etcd = st.etcd().client().await.unwrap();
     etcd.lease_revoke(i64::from_str_radix(&sa, 16).unwrap()).await.unwrap();
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(&st, "lockmesh_arbiter_open_holds{").await != 0 {
-        assert!(tokio::time::Instant::now() < until, "the ledger never saw A's hold end");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The ledger has seen A's hold end.
+    metric_until(&st, "lockmesh_arbiter_open_holds{", |v| v == 0).await;
     let sb = session(&b, None).await;
     let waited = metric(&st, WAITED).await;
     let r = b.post(ACQ, &[("x-lock-key", KEY), ("x-lock-session", &sb), ("x-lock-wait-ms", "20000")]).await.unwrap();
