@@ -183,7 +183,6 @@ pub struct HolderProc {
     pub clock: Option<FakeClock>,
 }
 
-/// The running system, its recorder and what was injected.
 /// How long a restore's lost stretch may be drawn out waiting for a grant in it
 /// ([`GateCluster::restore_unadvanced`]).
 pub const LOST_GRANT_WAIT: Duration = Duration::from_secs(10);
@@ -200,6 +199,7 @@ pub struct Restored {
     pub grant_lost: bool,
 }
 
+/// The running system, its recorder and what was injected.
 #[derive(Debug)]
 pub struct GateCluster {
     /// Holders (dropped first).

@@ -59,8 +59,7 @@ fn registry_file(st_name: &str) -> std::path::PathBuf {
 }
 
 async fn metric(st: &Stack, prefix: &str) -> Option<f64> {
-    let (_, m) = st.arbiter(0).admin_get("/metrics").await.unwrap();
-    m.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    st.arbiter(0).metric(prefix).await.unwrap()
 }
 
 #[tokio::test]
