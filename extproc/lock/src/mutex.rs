@@ -317,9 +317,11 @@ impl Store {
             ),
         };
         let opened = new_record.is_some();
+        // Aborted when `body` ends, and when this future is dropped before that
+        // (a dropped handle would leave the task renewing the lease for ever).
         let renew = opened.then(|| {
             let (store, ttl) = (self.clone(), req.class.ttl_s.max(1));
-            tokio::spawn(async move {
+            AbortOnDrop(tokio::spawn(async move {
                 let period = std::time::Duration::from_millis(ttl * 1000 / 3);
                 loop {
                     tokio::time::sleep(period).await;
@@ -327,12 +329,10 @@ impl Store {
                         tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
                     }
                 }
-            })
+            }))
         });
         let result = body(sid, new_record).await;
-        if let Some(r) = renew {
-            r.abort();
-        }
+        drop(renew);
         match result {
             Ok(t) => Ok((t, opened)),
             Err(e) => {
@@ -417,9 +417,13 @@ impl Store {
         // watch woke it): 45 % of a hot key's hand-overs (docs/BENCHMARKS.md). A
         // read that says not to wait ends the offer first (`settle_offer`): a
         // releaser that took it meanwhile decides, and its grant is the answer.
-        if let Some(held) = self.queues().held_by(&d).filter(|_| new_record.is_none() && !req.try_once) {
+        if let Some(held) = self.queues().held_by(&d).filter(|_| !req.try_once) {
+            // An acquire that opened its session (the header-only path) offers the
+            // session's record with it: the releaser's transaction puts it beside
+            // the hold, so its session costs no refused grant first.
+            let record = new_record.as_ref();
             if self.may_skip_held_read(req, sid, held) {
-                let posted = self.post_offer(&d, &ticket, req, sid);
+                let posted = self.post_offer(&d, &ticket, req, sid, record);
                 let waited = self.wait_offered(&d, held.revision, req.deadline, cancel, &ticket, req, posted).await?;
                 if let Some(g) = waited {
                     self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
@@ -427,11 +431,11 @@ impl Store {
                 }
             } else {
                 let late = test_faults::on(TestFault::OfferAfterRead);
-                let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid));
+                let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid, record));
                 let next = self.held_read(req, &d, sid).await;
                 if let Ok(HeldRead::Wait(revision)) = next {
                     // PLANTED BUG (handoff scenario) when `late`: the offer only now.
-                    let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid));
+                    let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid, record));
                     let waited = self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?;
                     if let Some(g) = waited {
                         self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
@@ -486,7 +490,7 @@ impl Store {
                         Reason::KeyGated => {
                             // The session record exists now (the refusal wrote it),
                             // so a release here may hand the key over directly.
-                            let posted = self.post_offer(&d, &ticket, req, sid);
+                            let posted = self.post_offer(&d, &ticket, req, sid, None);
                             if let Some(g) =
                                 self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?
                             {
@@ -1106,6 +1110,8 @@ impl Store {
     /// compare  release_cmp                                  the caller's grant
     ///          mod_revision(epoch) == E.mod_revision        epoch unchanged
     ///          lease(<root>/s/<waiter sid>) == waiter sid    waiter's session alive
+    ///            (or create_revision(...) == 0 when the waiter's acquire opened
+    ///            its session: then the record is put too, on the waiter's lease)
     ///          create_revision(other name) == 0             the other name is free
     ///          create_revision([slot N, end)) == 0          nothing above the limit
     ///          policy and class map mod revisions           same as a grant
@@ -1148,7 +1154,25 @@ impl Store {
         if !test_faults::on(TestFault::SkipEpochCompare) {
             when.push(Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision));
         }
-        when.push(Compare::lease(k.session(offer.sid), CompareOp::Equal, offer.sid.lease()));
+        let sess_key = k.session(offer.sid);
+        let mut then = Vec::with_capacity(6);
+        match &offer.record {
+            // The waiter's acquire opened its session and no transaction wrote its
+            // record yet: put here, on the waiter's lease (a lease revoked since
+            // fails the whole transaction, `lease not found`, and the release
+            // then runs plainly). The create compare keeps a record a concurrent
+            // transaction wrote.
+            Some(rec) => {
+                when.push(Compare::create_revision(sess_key.as_str(), CompareOp::Equal, 0));
+                if !test_faults::on(TestFault::HandoffDropsRecord) {
+                    // PLANTED BUG (held_memo scenario) when skipped.
+                    let v = serde_json::to_vec(rec).map_err(internal)?;
+                    then.push(TxnOp::put(sess_key.as_str(), v, Some(PutOptions::new().with_lease(offer.sid.lease()))));
+                }
+            }
+            // The waiter's session alive.
+            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, offer.sid.lease())),
+        }
         when.push(Compare::create_revision(new_key.clone(), CompareOp::Equal, 0));
         when.push(
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
@@ -1158,11 +1182,11 @@ impl Store {
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let lease = self.marker_lease().await?;
-        let mut then = vec![
+        then.extend([
             TxnOp::delete(hold_key.to_vec(), None::<DeleteOptions>),
             TxnOp::put(k.release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
             TxnOp::put(new_key.clone(), hold, Some(PutOptions::new().with_lease(offer.sid.lease()))),
-        ];
+        ]);
         if let Some(c) = clock {
             // The grant clock, as in a grant: a failed compare hands nothing off
             // and the waiter's own grant attempt then seals.
@@ -1179,7 +1203,9 @@ impl Store {
         let r = match timed(Step::HandoffTxn, self.call(self.client().txn(txn))).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
-                // The marker lease lapsed (the waiter's is compared): nothing ran.
+                // The marker lease lapsed, or the lease of a waiter whose record
+                // rides here was revoked (etcd does not say which): nothing ran.
+                // The marker lease is taken again at worst once too often.
                 self.drop_marker_lease().await;
                 return Ok(HandOff::NotDone);
             }
@@ -1209,6 +1235,10 @@ impl Store {
         match (checked, token) {
             (Ok(()), Ok(token)) => {
                 self.seal().observe_revision(revision);
+                if offer.record.is_some() {
+                    // Counted at once, before the ledger's watch shows it (`quota`).
+                    self.ledger().note_session(sess_key.as_bytes(), revision, req.key.namespace());
+                }
                 if new_key.ends_with(b".1") {
                     self.queues().remember_handed_name(d, revision);
                 }
@@ -1289,5 +1319,14 @@ impl Store {
             });
         }
         Ok(out)
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

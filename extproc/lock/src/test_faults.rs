@@ -148,6 +148,11 @@ pub enum TestFault {
     /// the next head waits for a hold that no longer exists until its watch
     /// wakes it (`tests/tests/scenarios/held_memo.rs`).
     KeepEndedHeld,
+    /// A release that hands the key to a header-only waiter (its acquire opened
+    /// its session and offered the record, `lock::mutex`) puts the hold but not
+    /// the session's record: the hold stands on a lease no record names, so the
+    /// waiter cannot use or release its session (`tests/tests/scenarios/held_memo.rs`).
+    HandoffDropsRecord,
 }
 
 #[cfg(feature = "test-faults")]
@@ -193,6 +198,7 @@ impl TestFault {
             "skip_read_for_anyone" => Some(Self::SkipReadForAnyone),
             "policy_watch_keeps_cache" => Some(Self::PolicyWatchKeepsCache),
             "keep_ended_held" => Some(Self::KeepEndedHeld),
+            "handoff_drops_record" => Some(Self::HandoffDropsRecord),
             _ => None,
         }
     }

@@ -71,7 +71,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     mutex::{AcquireRequest, Grant},
-    test_faults, Keys, LockError, Store,
+    test_faults, Keys, LockError, SessionRecord, Store,
 };
 
 /// Base poll period while gated.
@@ -193,6 +193,9 @@ pub(crate) struct Offer {
     pub req: AcquireRequest,
     /// The session its grant goes on.
     pub sid: SessionId,
+    /// The record of that session when the acquire opened it and no transaction
+    /// wrote it yet (the header-only path): the hand-off puts it.
+    pub record: Option<SessionRecord>,
     /// Where the releaser answers.
     pub tx: oneshot::Sender<Handed>,
 }
@@ -349,6 +352,7 @@ impl Queues {
         ticket: u64,
         req: &AcquireRequest,
         sid: SessionId,
+        record: Option<&SessionRecord>,
         tx: oneshot::Sender<Handed>,
     ) -> bool {
         if !HANDOFF.load(Ordering::Relaxed) {
@@ -357,7 +361,7 @@ impl Queues {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         match map.get_mut(d) {
             Some(q) if q.order.front() == Some(&ticket) => {
-                if q.offer.replace(Offer { ticket, req: req.clone(), sid, tx }).is_none() {
+                if q.offer.replace(Offer { ticket, req: req.clone(), sid, record: record.cloned(), tx }).is_none() {
                     HANDOFFS.offers.fetch_add(1, Ordering::Relaxed);
                 }
                 drop(map);
@@ -587,9 +591,10 @@ impl Store {
         ticket: &Ticket<'_>,
         req: &AcquireRequest,
         sid: SessionId,
+        record: Option<&SessionRecord>,
     ) -> PostedOffer {
         let (tx, rx) = oneshot::channel();
-        let offered = self.queues().post_offer(d, ticket.id, req, sid, tx);
+        let offered = self.queues().post_offer(d, ticket.id, req, sid, record, tx);
         PostedOffer { offered, rx }
     }
 

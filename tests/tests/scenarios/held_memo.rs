@@ -229,3 +229,54 @@ async fn a_hold_that_ended_elsewhere_does_not_make_the_next_head_wait() {
 async fn planted_a_noted_grant_kept_after_its_hold_ended_is_caught() {
     assert_eq!(hold_ended_elsewhere(Some("keep_ended_held")).await, 1, "the planted B was not made to wait");
 }
+
+/// A (header-only: its acquire opens its session) holds KEY, granted here. B,
+/// another caller, header-only too, waits for it: its acquire offers the record of
+/// the session it opened, and A's release hands the key over in its transaction,
+/// which puts that record beside B's hold. Returns the grant transactions B's
+/// acquire ran (the record used to cost B a refused grant first) and the status
+/// of B's release by the session it was answered.
+async fn header_only_handed(fault: Option<&str>) -> (u64, u16) {
+    const GRANT_TXNS: &str = "lockmesh_arbiter_etcd_steps_total{step=\"grant_txn\"}";
+    let st = stack(&format!("held-memo-header-only-{}", fault.unwrap_or("ok")), fault).await;
+    watch_open(&st).await;
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let r = a.post(ACQ, &[("x-lock-key", KEY)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let (ta, sa) = (field(&r, "token"), field(&r, "session"));
+
+    let (txns, granted) = (metric(&st, GRANT_TXNS).await, metric(&st, GRANTED).await);
+    let b2 = st.client("payments", "b").unwrap();
+    let waiter = tokio::spawn(async move { b2.post(ACQ, &[("x-lock-key", KEY), ("x-lock-wait-ms", "20000")]).await });
+    metric_reaches(&st, "lockmesh_arbiter_handoff_offers ", 1).await;
+    let r = a.post(REL, &[("x-lock-key", KEY), ("x-lock-token", &ta), ("x-lock-session", &sa)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let rb = waiter.await.unwrap().unwrap();
+    assert_eq!(rb.code(), 200, "{}", rb.body);
+    assert_eq!(metric(&st, GRANTED).await, granted + 1, "B was handed the key by A's release");
+    let by_b = metric(&st, GRANT_TXNS).await - txns;
+    let (tb, sb) = (field(&rb, "token"), field(&rb, "session"));
+    assert_ne!(sb, sa, "B got a session of its own");
+    assert!(tb.parse::<u64>().unwrap() > ta.parse::<u64>().unwrap());
+
+    // Another caller cannot use B's session; B releases by it.
+    let h = [("x-lock-key", KEY), ("x-lock-token", tb.as_str()), ("x-lock-session", sb.as_str())];
+    let stolen = a.post(REL, &h).await.unwrap();
+    assert_ne!(stolen.code(), 200, "A released B's hold by B's session: {}", stolen.body);
+    let released = b.post(REL, &h).await.unwrap();
+    (by_b, released.code())
+}
+
+#[tokio::test]
+async fn a_header_only_waiter_is_handed_the_key_with_its_session() {
+    let (by_b, released) = header_only_handed(None).await;
+    assert_eq!(by_b, 0, "B ran a grant transaction of its own before the hand-off");
+    assert_eq!(released, 200, "B could not release by the session the hand-off opened");
+}
+
+#[tokio::test]
+async fn planted_a_hand_off_that_drops_the_waiters_session_record_is_caught() {
+    let (by_b, released) = header_only_handed(Some("handoff_drops_record")).await;
+    assert_eq!(by_b, 0);
+    assert_ne!(released, 200, "the planted hand-off left a session B could still release by");
+}
