@@ -27,7 +27,7 @@ use std::{
     collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Mutex, OnceLock,
+        Arc, Mutex, OnceLock,
     },
 };
 
@@ -49,10 +49,14 @@ pub use lockmesh_keyspace::ClassMapRecord;
 /// while [`crate::policy_watch`] keeps it fresh: the watch drops the cache on
 /// every change of a record, and a read that began before a drop is not cached
 /// (the generation).
+///
+/// The records are kept behind `Arc`s: a grant reads both on every acquire, and
+/// a clone of the map (every prefix and class name) or of a policy (its notes)
+/// would allocate on that path (the `policy_cache` criterion bench).
 #[derive(Default)]
 pub struct PolicyCache {
-    policies: Mutex<HashMap<String, (ClassPolicy, i64)>>,
-    map: Mutex<Option<(ClassMapRecord, i64)>>,
+    policies: Mutex<HashMap<String, (Arc<ClassPolicy>, i64)>>,
+    map: Mutex<Option<(Arc<ClassMapRecord>, i64)>>,
     /// Bumped by every drop of the cache, under the `policies` lock.
     generation: AtomicU64,
     /// The policy watch is open: every change since the cache was filled dropped it.
@@ -62,8 +66,70 @@ pub struct PolicyCache {
 }
 
 impl PolicyCache {
-    fn generation(&self) -> u64 {
+    /// Bumped by every drop of the cache: a read that began at an older
+    /// generation is not cached ([`PolicyCache::keep_map`], [`PolicyCache::keep_policy`]).
+    pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The cached class map and its mod revision.
+    pub fn map(&self) -> Option<(Arc<ClassMapRecord>, i64)> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The cached policy of `class` and its mod revision.
+    pub fn policy(&self, class: &str) -> Option<(Arc<ClassPolicy>, i64)> {
+        self.policies.lock().unwrap_or_else(|p| p.into_inner()).get(class).cloned()
+    }
+
+    /// Caches the map read at `generation`, unless the cache was dropped since.
+    pub fn keep_map(&self, map: Arc<ClassMapRecord>, revision: i64, generation: u64) {
+        let mut cached = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation() == generation {
+            *cached = Some((map, revision));
+        }
+    }
+
+    /// Caches `class`'s policy read at `generation`, unless the cache was dropped since.
+    pub fn keep_policy(&self, class: &str, policy: Arc<ClassPolicy>, revision: i64, generation: u64) {
+        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation() == generation {
+            policies.insert(class.to_owned(), (policy, revision));
+        }
+    }
+
+    /// Drops every cached record.
+    pub fn forget(&self) {
+        {
+            let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            policies.clear();
+        }
+        // After the generation moved: a map read that checked it before is dropped here.
+        *self.map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The authoritative limit of `class` for `key` as last read, without reading:
+    /// `None` when nothing was cached; refused like a grant when the cached map
+    /// gives the key another class or the cached policy is draining. No
+    /// allocation unless it refuses.
+    pub fn limit(&self, class: &str, key: &str) -> Result<Option<u32>, LockError> {
+        if let Some((map, _)) = self.map.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let auth = map.class_of(key);
+            if auth != class {
+                return Err(LockError::Unavailable(format!(
+                    "this arbiter's registry gives the key class {class}, the authoritative map gives {auth}: refusing \
+                     rather than guessing"
+                )));
+            }
+        }
+        match self.policies.lock().unwrap_or_else(|p| p.into_inner()).get(class) {
+            Some((p, _)) if !p.admits() => {
+                Err(LockError::Draining(format!("class {class} is draining a limit change; new grants wait")))
+            }
+            Some((p, _)) => Ok(Some(p.limit.max(1))),
+            None => Ok(None),
+        }
     }
 }
 
@@ -197,68 +263,46 @@ impl Store {
     /// was cached; refused like a grant when the cached map gives the key another
     /// class or the cached policy is draining.
     pub(crate) fn cached_limit(&self, class: &str, key: &LockKey) -> Result<Option<u32>, LockError> {
-        if let Some((map, _)) = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let auth = map.class_of(key.as_str());
-            if auth != class {
-                return Err(LockError::Unavailable(format!(
-                    "this arbiter's registry gives the key class {class}, the authoritative map gives {auth}: refusing \
-                     rather than guessing"
-                )));
-            }
-        }
-        let cached = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).get(class).cloned();
-        match cached {
-            Some((p, _)) if !p.admits() => {
-                Err(LockError::Draining(format!("class {class} is draining a limit change; new grants wait")))
-            }
-            Some((p, _)) => Ok(Some(p.limit.max(1))),
-            None => Ok(None),
-        }
+        self.policy_cache().limit(class, key.as_str())
     }
 
     /// Drops the cached records (they moved).
     pub(crate) fn forget_policies(&self) {
-        let cache = self.policy_cache();
-        {
-            let mut policies = cache.policies.lock().unwrap_or_else(|p| p.into_inner());
-            cache.generation.fetch_add(1, Ordering::SeqCst);
-            policies.clear();
-        }
-        // After the generation moved: a map read that checked it before is dropped here.
-        *cache.map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.policy_cache().forget();
     }
 
-    async fn class_map(&self, req: &AcquireRequest) -> Result<(ClassMapRecord, i64), LockError> {
-        if let Some(m) = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+    async fn class_map(&self, req: &AcquireRequest) -> Result<(Arc<ClassMapRecord>, i64), LockError> {
+        if let Some(m) = self.policy_cache().map() {
             return Ok(m);
         }
         let key = self.keys().class_map();
         let generation = self.policy_cache().generation();
         let r = self.call_by(req.deadline, self.client().get(key.as_str(), None)).await?;
-        let m = match r.kvs().first() {
-            Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
+        let m: (Arc<ClassMapRecord>, i64) = match r.kvs().first() {
+            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
             None => {
                 return Err(LockError::Unavailable("no authoritative class map yet; the arbiter creates it".into()))
             }
         };
-        let mut cached = self.policy_cache().map.lock().unwrap_or_else(|p| p.into_inner());
-        if self.policy_cache().generation() == generation {
-            *cached = Some(m.clone());
-        }
+        self.policy_cache().keep_map(m.0.clone(), m.1, generation);
         Ok(m)
     }
 
     /// The authoritative policy of `class` (cached), created with `create_limit`
     /// if it does not exist yet.
-    pub async fn class_policy(&self, class: &str, create_limit: Option<u32>) -> Result<(ClassPolicy, i64), LockError> {
-        if let Some(p) = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner()).get(class) {
-            return Ok(p.clone());
+    pub async fn class_policy(
+        &self,
+        class: &str,
+        create_limit: Option<u32>,
+    ) -> Result<(Arc<ClassPolicy>, i64), LockError> {
+        if let Some(p) = self.policy_cache().policy(class) {
+            return Ok(p);
         }
         let key = self.keys().class_policy(class);
         let generation = self.policy_cache().generation();
         let r = self.call(self.client().get(key.as_str(), None)).await?;
-        let found = match r.kvs().first() {
-            Some(kv) => (serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision()),
+        let found: (Arc<ClassPolicy>, i64) = match r.kvs().first() {
+            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
             None => {
                 let limit =
                     create_limit.ok_or_else(|| LockError::Unavailable(format!("no policy for class {class}")))?;
@@ -273,10 +317,7 @@ impl Store {
                 return Box::pin(self.class_policy(class, None)).await;
             }
         };
-        let mut policies = self.policy_cache().policies.lock().unwrap_or_else(|p| p.into_inner());
-        if self.policy_cache().generation() == generation {
-            policies.insert(class.to_owned(), found.clone());
-        }
+        self.policy_cache().keep_policy(class, found.0.clone(), found.1, generation);
         Ok(found)
     }
 

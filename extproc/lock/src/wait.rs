@@ -213,7 +213,7 @@ pub(crate) enum Handed {
 /// caller (identity and instance). No strings are kept: a digest that collides
 /// only makes an acquire read what it could have skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HeldBy {
+pub struct HeldBy {
     /// The grant's commit revision (its token's).
     pub revision: i64,
     lease: i64,
@@ -222,7 +222,7 @@ pub(crate) struct HeldBy {
 
 impl HeldBy {
     /// The grant `g` of `req`, committed at `revision`.
-    pub(crate) fn of(req: &AcquireRequest, g: &Grant, revision: i64) -> Self {
+    pub fn of(req: &AcquireRequest, g: &Grant, revision: i64) -> Self {
         Self { revision, lease: g.session.lease(), caller: caller_digest(req) }
     }
 
@@ -230,7 +230,7 @@ impl HeldBy {
     /// a wait: an acquire on the holder's own session (an idempotent re-acquire,
     /// or its own second hold) or by the holder's caller and declared instance
     /// (a leak, `Leaked`). Every other acquire can only wait for this hold.
-    pub(crate) fn may_answer(&self, req: &AcquireRequest, sid: SessionId) -> bool {
+    pub fn may_answer(&self, req: &AcquireRequest, sid: SessionId) -> bool {
         self.lease == sid.lease() || (req.caller.instance.is_some() && self.caller == caller_digest(req))
     }
 }
@@ -316,7 +316,7 @@ impl Queues {
     /// holders first unless `by` tells it the read could not answer it,
     /// `mutex`). Cleared by a release through here; bounded like the hand-off
     /// names.
-    pub(crate) fn note_held(&self, d: &KeyDigest, by: HeldBy) {
+    pub fn note_held(&self, d: &KeyDigest, by: HeldBy) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HANDED_NAMES_MAX {
             held.clear();
@@ -340,7 +340,7 @@ impl Queues {
 
     /// The last grant of mutex key `d` here, when no release of it passed through
     /// here since (see [`Queues::note_held`]).
-    pub(crate) fn held_by(&self, d: &KeyDigest) -> Option<HeldBy> {
+    pub fn held_by(&self, d: &KeyDigest) -> Option<HeldBy> {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).get(d).copied()
     }
 
