@@ -318,6 +318,10 @@ impl Store {
         debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
         let txn = Txn::new().when(when).and_then(then).or_else(els);
         let r = self.call_by(first.deadline, self.client().txn(txn)).await?;
+        if let Some(rec) = new_record {
+            // Either branch put it (as `try_grant`): cached for the release.
+            self.sessions.insert(sid, std::sync::Arc::new(rec.clone()));
+        }
         let revision = self.settle(&ep, floor, clock, &r, &holds).await?;
         if r.succeeded() {
             for (req, name) in reqs.iter().zip(&holds) {

@@ -761,6 +761,11 @@ impl Store {
         // this acquire the caller revokes it; with the caller's own session the
         // hold shows in GET /v1/sessions/holds (docs/API.md).
         let r = timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await?;
+        if let Some(rec) = new_record {
+            // Either branch put it: the release that names the session finds its
+            // owner here, with no read (`owned_session`).
+            self.sessions.insert(sid, Arc::new(rec.clone()));
+        }
         let revision = self.settle(&ep, floor, clock, &r, &slots).await?;
         if r.succeeded() {
             let held = count_after
@@ -1235,9 +1240,13 @@ impl Store {
         match (checked, token) {
             (Ok(()), Ok(token)) => {
                 self.seal().observe_revision(revision);
-                if offer.record.is_some() {
-                    // Counted at once, before the ledger's watch shows it (`quota`).
+                if let Some(rec) = &offer.record {
+                    // Counted at once, before the ledger's watch shows it (`quota`),
+                    // and cached, as a grant that puts a record does.
                     self.ledger().note_session(sess_key.as_bytes(), revision, req.key.namespace());
+                    if !test_faults::on(TestFault::HandoffDropsRecord) {
+                        self.sessions.insert(offer.sid, Arc::new(rec.clone()));
+                    }
                 }
                 if new_key.ends_with(b".1") {
                     self.queues().remember_handed_name(d, revision);
