@@ -51,7 +51,7 @@ fn envoy_of(state: &State, req: &Request) -> Result<String, ApiError> {
     req.extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|i| i.peer_certs())
-        .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
+        .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of_cached(c.as_ref())))
         .filter(|id| state.config.client_kind(id).is_some())
         .ok_or_else(|| ApiError::new(Code::Denied, "client certificate is not an allowed lockmesh Envoy"))
 }

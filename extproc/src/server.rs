@@ -86,7 +86,7 @@ impl ExternalProcessor for Arbiter {
         // (an in-pod sidecar) acts under its own SPIFFE ID only.
         let client = request
             .peer_certs()
-            .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of(c.as_ref())))
+            .and_then(|certs| certs.first().and_then(|c| lockmesh_runtime::spiffe_id_of_cached(c.as_ref())))
             .and_then(|id| self.state.config.client_kind(&id).map(|kind| Client { id, kind }));
         let Some(envoy) = client else {
             return Err(Status::permission_denied("client certificate is not an allowed lockmesh Envoy"));

@@ -33,7 +33,7 @@ pub use self::{
     certs::{CertError, CertFiles, ClientAuth, ReloadingCerts},
     chain::error_chain,
     channel::{ca_client_config, failover_channel, reloading_channel, ChannelOptions, ChannelTls},
-    peer::spiffe_id_of,
+    peer::{spiffe_id_of, spiffe_id_of_cached},
     report::{report_config_errors, EX_USAGE},
     serve::{serve_tls, tls_incoming, ServeTls, TlsPeer},
     signal::shutdown,
