@@ -52,7 +52,7 @@ pub use lockmesh_keyspace::ClassMapRecord;
 ///
 /// The records are kept behind `Arc`s: a grant reads both on every acquire, and
 /// a clone of the map (every prefix and class name) or of a policy (its notes)
-/// would allocate on that path (the `policy_cache` criterion bench).
+/// would allocate on that path (the `next_head` criterion bench, its `policy cache` cases).
 #[derive(Default)]
 pub struct PolicyCache {
     policies: Mutex<HashMap<String, (Arc<ClassPolicy>, i64)>>,
