@@ -1,14 +1,17 @@
 //! The proxy-wasm host calls whose SDK wrappers (proxy-wasm 0.2.5) panic on statuses
 //! Envoy does return, called directly so every status comes back as an `Err`
 //! (docs/DECISIONS.md F-7). A panic here would trap the VM and strand every paused request
-//! on the worker, so these three calls, made on other contexts' behalf during
-//! hand-offs, must not be able to panic:
+//! on the worker, so these calls (the first three made on other contexts' behalf
+//! during hand-offs) must not be able to panic:
 //!
 //! - `proxy_send_local_response`: Envoy answers `BadArgument` to a second local reply
 //!   on one stream;
 //! - `proxy_replace_header_map_value`: `BadArgument` once the request headers are
 //!   gone (the stream was resumed or ended);
-//! - `proxy_continue_stream`: mapped for completeness.
+//! - `proxy_continue_stream`: mapped for completeness;
+//! - `proxy_set_property`: `NotFound` without a stream, `BadArgument` when the
+//!   value is refused; the unlocked mark ([`set_unlocked_mark`]) must fail closed,
+//!   not trap.
 //!
 //! The statuses are read as plain integers: a value outside the SDK's `Status` enum
 //! would be undefined behaviour if read as that enum.
@@ -37,6 +40,28 @@ extern "C" {
         value_size: usize,
     ) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_set_property(path_data: *const u8, path_size: usize, value_data: *const u8, value_size: usize) -> u32;
+}
+
+/// The request's unlocked mark: Envoy keeps a Wasm property `name` in the stream's
+/// filter state under `wasm.<name>`, where the sidecar's ext_proc matcher reads it
+/// (`FilterStateInput`). Filter state is per stream and no client can write it.
+pub const UNLOCKED_MARK: &str = "lockmesh_unlocked";
+/// The value ext_proc's matcher skips on.
+pub const UNLOCKED_MARK_VALUE: &[u8] = b"1";
+
+/// Marks the effective context's request as let through unlocked: the one thing
+/// that lets the sidecar skip ext_proc (docs/TRANSPARENT.md "Unlocked routes").
+pub(crate) fn set_unlocked_mark() -> Result<(), HostStatus> {
+    // SAFETY: as above (a one-element property path is the name's bytes).
+    status(unsafe {
+        proxy_set_property(
+            UNLOCKED_MARK.as_ptr(),
+            UNLOCKED_MARK.len(),
+            UNLOCKED_MARK_VALUE.as_ptr(),
+            UNLOCKED_MARK_VALUE.len(),
+        )
+    })
 }
 
 /// A host status other than `Ok` (proxy-wasm ABI numbering: 1 NotFound, 2 BadArgument…).

@@ -69,8 +69,9 @@ pub struct Pass {
     /// Header names to remove (client-supplied internal or identity headers).
     pub remove: Vec<String>,
     /// Headers to set before it goes on ([`crate::worker`] adds the budget): the
-    /// filter's mark (or the unlocked mark) and, on a bound route, `x-lock-key` as
-    /// derived, so ext_proc's ring hash, the arbiter and the upstream all read it.
+    /// filter's mark and, on a bound route, `x-lock-key` as derived, so ext_proc's
+    /// ring hash, the arbiter and the upstream all read it. None for an unlocked
+    /// request: its mark is filter state ([`crate::abi::set_unlocked_mark`]).
     pub set: Vec<(&'static str, String)>,
     /// A transparent route's request without `x-lock-key`, allowed through unlocked.
     pub unlocked: bool,
@@ -221,14 +222,14 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
         .collect();
     remove.sort_unstable();
     remove.dedup();
-    // An unlocked request skips ext_proc, so it needs only the unlocked mark (the
-    // route removes it before the upstream); everything else carries the filter's
-    // stamp, which the arbiter requires.
-    set.push(if unlocked {
-        (headers::UNLOCKED, "1".to_owned())
-    } else {
-        (headers::FILTERED, headers::FILTER_PROTOCOL.to_owned())
-    });
+    // An unlocked request skips ext_proc and needs only the unlocked mark, which is
+    // filter state, not a header (set by `crate::http`: no client can send it, no
+    // upstream sees it, and a header write would cost the request a route
+    // re-resolution); everything else carries the filter's stamp, which the arbiter
+    // requires.
+    if !unlocked {
+        set.push((headers::FILTERED, headers::FILTER_PROTOCOL.to_owned()));
+    }
     Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })
 }
 

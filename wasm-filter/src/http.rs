@@ -3,7 +3,8 @@
 //! - `on_http_request_headers` decides ([`crate::decide`]); a refusal is answered
 //!   locally (`send_http_response`, performed by Envoy after the callback returns, and
 //!   `Pause`). A passed request has its internal and identity headers removed and the
-//!   filter's mark set; an acquire then goes through its key's queue
+//!   filter's mark set (an unlocked one's in filter state, [`abi::set_unlocked_mark`]);
+//!   an acquire then goes through its key's queue
 //!   ([`crate::worker`]): `Continue` with its budget when it is the key's head here,
 //!   `Pause` when queued (another context or the tick resumes or answers it later).
 //!   Any host-call failure answers `500 internal`, never forwarding: lock routes fail
@@ -129,6 +130,10 @@ impl HttpContext for Request {
             }
         }
         if pass.unlocked {
+            if abi::set_unlocked_mark().is_err() {
+                w.metrics().request(&ns, Outcome::Internal);
+                return internal("cannot set the unlocked mark");
+            }
             w.metrics().request(&ns, Outcome::Unlocked);
             return Action::Continue;
         }

@@ -12,6 +12,10 @@
 //! - `wasm-only`: `unlocked` without the ext_proc filter and the matcher that skips
 //!   it (not deployable: a locked request would pass unlocked): the Wasm filter's
 //!   share of the unlocked tax;
+//! - `design-floor`: the shipped chain with the empty module in its `floor` mode
+//!   where lockmesh's filter was (only the host calls the design needs: the header
+//!   map, the caller's URI SAN, the unlocked mark) and the ext_proc its matcher
+//!   skips: the least a lock-free request costs through this design;
 //! - `transparent`: the same Envoy, each request with its own `x-lock-key`
 //!   (distinct keys): a request-scoped lock per request (grant, forward, release).
 //!
@@ -82,6 +86,24 @@ fn wasm_only_config() -> Result<PathBuf> {
     write_variant(&doc, "wasm-only-sidecar.yaml")
 }
 
+/// The floor of this design for a lock-free request (`design-floor`): the shipped
+/// inbound-sidecar config with lockmesh's Wasm filter replaced by the empty module
+/// in its `floor` mode (it makes only the host calls the design needs: reads the
+/// header map and the caller's URI SAN, sets the unlocked mark), so the
+/// shipped ext_proc filter's matcher skips ext_proc as it does for an unlocked
+/// request. What lockmesh's own logic costs is the difference between `unlocked`
+/// and this.
+fn design_floor_config() -> Result<PathBuf> {
+    let mut doc = sidecar_doc()?;
+    let filters = http_filters(&mut doc)?;
+    let at = filters
+        .iter()
+        .position(|f| f["name"].as_str() == Some("envoy.filters.http.wasm"))
+        .context("inbound-sidecar.yaml: no Wasm filter")?;
+    filters[at] = empty_wasm_filter(&empty_module()?, Some("floor"));
+    write_variant(&doc, "design-floor-sidecar.yaml")
+}
+
 /// The shipped inbound-sidecar config, walked as JSON (serde-saphyr has no value
 /// type of its own).
 fn sidecar_doc() -> Result<serde_json::Value> {
@@ -121,25 +143,32 @@ fn sidecar_with(module: Option<&std::path::Path>) -> Result<PathBuf> {
         bail!("inbound-sidecar.yaml: expected one router filter");
     }
     if let Some(m) = module {
-        let wasm = serde_json::json!({
-            "name": "envoy.filters.http.wasm",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                "config": {
-                    "name": "empty",
-                    "root_id": "empty",
-                    "failure_policy": "FAIL_CLOSED",
-                    "vm_config": {
-                        "vm_id": "empty",
-                        "runtime": "envoy.wasm.runtime.v8",
-                        "code": { "local": { "filename": m.display().to_string() } }
-                    }
-                }
-            }
-        });
-        filters.insert(0, wasm);
+        filters.insert(0, empty_wasm_filter(m, None));
     }
     write_variant(&doc, if module.is_some() { "empty-wasm-sidecar.yaml" } else { "plain-sidecar.yaml" })
+}
+
+/// An HTTP Wasm filter running the empty module `m` on the V8 runtime lockmesh's
+/// filter uses, with `configuration` as its plugin configuration if given.
+fn empty_wasm_filter(m: &std::path::Path, configuration: Option<&str>) -> serde_json::Value {
+    let mut config = serde_json::json!({
+        "name": "empty",
+        "root_id": "empty",
+        "failure_policy": "FAIL_CLOSED",
+        "vm_config": {
+            "vm_id": "empty",
+            "runtime": "envoy.wasm.runtime.v8",
+            "code": { "local": { "filename": m.display().to_string() } }
+        }
+    });
+    if let Some(c) = configuration {
+        config["configuration"] =
+            serde_json::json!({ "@type": "type.googleapis.com/google.protobuf.StringValue", "value": c });
+    }
+    serde_json::json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm", "config": config }
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -226,7 +255,8 @@ async fn drive(
     })
 }
 
-/// Runs `plain`, `empty-wasm` and `unlocked` in turn for `rounds` rounds (so
+/// Runs `plain`, `empty-wasm`, `unlocked`, `wasm-only` and `design-floor` in turn
+/// for `rounds` rounds (so
 /// each baseline's own spread is measured in the same run), then `transparent`
 /// once; `concurrency` clients, `seconds` each.
 pub async fn run(
@@ -261,14 +291,23 @@ pub async fn run(
         .upstream_port(st.backend().port())
         .start()
         .await?;
+    // No arbiter behind its ext_proc cluster: a request the matcher did not skip
+    // fails (ext_proc fails closed) and shows in the row's errors.
+    let design_floor = EnvoyProcess::builder(design_floor_config()?.to_str().context("temp path")?)
+        .cert_dir(st.pki().dir())
+        .upstream_port(st.backend().port())
+        .start()
+        .await?;
     let pid_of = |e: &EnvoyProcess| super::cpu::find_pid(&e.config_path().display().to_string(), "envoy");
     let (plain_pid, empty_pid, sidecar_pid) = (pid_of(&plain), pid_of(&empty), pid_of(st.envoy()));
     let wasm_only_pid = pid_of(&wasm_only);
+    let design_floor_pid = pid_of(&design_floor);
     let mut out = Vec::new();
     let direct = clients(plain.listener_port())?;
     let floor = clients(empty.listener_port())?;
     let sidecar = clients(st.envoy().listener_port())?;
     let wasm_alone = clients(wasm_only.listener_port())?;
+    let floor_design = clients(design_floor.listener_port())?;
     for _ in 0..rounds.max(1) {
         out.push(drive("plain", plain_pid, &direct, seconds, warmup, progress).await?);
         st.backend().clear();
@@ -277,6 +316,8 @@ pub async fn run(
         out.push(drive("unlocked", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
         st.backend().clear();
         out.push(drive("wasm-only", wasm_only_pid, &wasm_alone, seconds, warmup, progress).await?);
+        st.backend().clear();
+        out.push(drive("design-floor", design_floor_pid, &floor_design, seconds, warmup, progress).await?);
         st.backend().clear();
     }
     out.push(drive("transparent", sidecar_pid, &sidecar, seconds, warmup, progress).await?);
@@ -289,7 +330,7 @@ pub async fn run(
 pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> String {
     let rounds = results.iter().filter(|r| r.name == "plain").count();
     let mut s = format!(
-        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain, empty-wasm, unlocked and wasm-only, \
+        "filter tax: {concurrency} clients, {:.0} s each, {rounds} alternating round(s) of plain, empty-wasm, unlocked, wasm-only and design-floor, \
          HTTP/2 over mTLS, inbound-sidecar.yaml, recording backend\n",
         seconds.as_secs_f64()
     );
@@ -297,7 +338,7 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
         "| workload | rounds | req/s (mean) | req/s (min-max) | p50 ms | p99 ms | errors | req/s vs plain | Envoy CPU µs/req |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
-    let rows: Vec<Row> = ["plain", "empty-wasm", "unlocked", "wasm-only", "transparent"]
+    let rows: Vec<Row> = ["plain", "empty-wasm", "design-floor", "unlocked", "wasm-only", "transparent"]
         .iter()
         .filter_map(|n| Row::of(results, n))
         .collect();
@@ -345,6 +386,24 @@ pub fn render(results: &[TaxResult], concurrency: usize, seconds: Duration) -> S
         s.push_str(&format!(
             "goal tax: unlocked req/s within 5 % of an empty Rust Wasm filter's: {:.0} vs {:.0} ({pct:+.1} %), {verdict}\n",
             u.mean, e.mean
+        ));
+    }
+    let row = |n: &str| rows.iter().find(|r| r.name == n);
+    if let (Some(e), Some(f), Some(u)) = (row("empty-wasm"), row("design-floor"), row("unlocked")) {
+        // What this design cannot shed (the filter's three host calls and the skipped
+        // ext_proc), and what lockmesh's own logic adds to it.
+        let pct = |a: f64, b: f64| if b > 0.0 { 100.0 * (a - b) / b } else { 0.0 };
+        s.push_str(&format!(
+            "design floor: a Wasm filter making only the design's host calls (header map, peer URI SAN, unlocked mark), and \
+             the skipped ext_proc: {:.0} vs empty-wasm {:.0} req/s ({:+.1} %, {:+.0} µs of Envoy CPU per request); lockmesh's \
+             own logic above that floor: unlocked {:.0} vs {:.0} ({:+.1} %)\n",
+            f.mean,
+            e.mean,
+            pct(f.mean, e.mean),
+            f.cpu_us.zip(e.cpu_us).map_or(0.0, |(f, e)| f - e),
+            u.mean,
+            f.mean,
+            pct(u.mean, f.mean)
         ));
     }
     s
@@ -414,5 +473,42 @@ mod tests {
         assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
         assert_eq!(kept[0]["name"], "envoy.filters.http.router");
         assert_eq!(plain, shipped, "the rest of the document changed");
+    }
+
+    /// The design floor keeps the shipped chain's ext_proc filter (and the matcher
+    /// that skips it) exactly, and runs the empty module in its `floor` mode where
+    /// lockmesh's Wasm filter was; Envoy accepts it.
+    #[tokio::test]
+    async fn the_design_floor_is_the_shipped_chain_with_the_empty_filter_in_floor_mode() {
+        let read = |p: &std::path::Path| -> serde_json::Value {
+            serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        let mut shipped = read(&repo_root().join("envoy-config/inbound-sidecar.yaml"));
+        let out = design_floor_config().unwrap();
+        let mut floor = read(&out);
+        let verdict = EnvoyProcess::validate(&out).await.unwrap();
+        std::fs::remove_dir_all(out.parent().unwrap()).ok();
+        if let Err(log) = verdict {
+            panic!("design-floor-sidecar.yaml rejected by envoy --mode validate:\n{log}");
+        }
+        let filters = |v: &mut serde_json::Value| {
+            v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+                .take()
+        };
+        let (all, kept) = (filters(&mut shipped), filters(&mut floor));
+        let (all, kept) = (all.as_array().unwrap(), kept.as_array().unwrap());
+        assert_eq!(all.len(), kept.len(), "{kept:?}");
+        for (a, k) in all.iter().zip(kept) {
+            assert_eq!(a["name"], k["name"]);
+            if a["name"] == "envoy.filters.http.wasm" {
+                let config = &k["typed_config"]["config"];
+                assert_eq!(config["configuration"]["value"], "floor", "{k}");
+                let module = config["vm_config"]["code"]["local"]["filename"].as_str().unwrap();
+                assert!(module.ends_with("lockmesh_empty_filter.wasm"), "{module}");
+            } else {
+                assert_eq!(a, k, "only the Wasm filter may differ");
+            }
+        }
+        assert_eq!(floor, shipped, "the rest of the document changed");
     }
 }

@@ -153,11 +153,14 @@ fn no_shipped_route_forwards_without_its_lock() {
             let proc = &filters[proc_at]["typed_config"];
             if ty(&filters[proc_at]) == WITH_MATCHER {
                 let tree = &proc["xds_matcher"]["matcher_tree"];
+                // The filter's unlocked mark, which only a Wasm property can set
+                // (filter state); never a header, which a client can send.
                 assert_eq!(
-                    tree["input"]["typed_config"]["header_name"].as_str(),
-                    Some("x-lockmesh-unlocked"),
+                    tree["input"]["typed_config"]["@type"].as_str(),
+                    Some("type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"),
                     "{name}"
                 );
+                assert_eq!(tree["input"]["typed_config"]["key"].as_str(), Some("wasm.lockmesh_unlocked"), "{name}");
                 let map = tree["exact_match_map"]["map"].as_object().unwrap();
                 assert_eq!(map.len(), 1, "{name}: ext_proc may be skipped on one mark only");
                 assert!(map.get("1").is_some(), "{name}");
