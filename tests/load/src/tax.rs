@@ -447,28 +447,33 @@ impl Row {
 mod tests {
     use super::*;
 
+    /// The shipped sidecar config and the variant written at `out`, each with its
+    /// HTTP filter chain taken out (returned beside it), once Envoy accepted the
+    /// variant's YAML as serde-saphyr wrote it. Only the variant's own file is
+    /// removed: the tests share this process's variant directory.
+    async fn shipped_and_variant(out: PathBuf) -> [(serde_json::Value, serde_json::Value); 2] {
+        let read = |p: &std::path::Path| -> serde_json::Value {
+            serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        let mut docs = [read(&repo_root().join("envoy-config/inbound-sidecar.yaml")), read(&out)];
+        let verdict = EnvoyProcess::validate(&out).await.unwrap();
+        std::fs::remove_file(&out).ok();
+        if let Err(log) = verdict {
+            panic!("{} rejected by envoy --mode validate:\n{log}", out.display());
+        }
+        docs.each_mut().map(|d| {
+            let filters = http_filters(d).unwrap().clone();
+            http_filters(d).unwrap().clear();
+            (std::mem::take(d), serde_json::Value::Array(filters))
+        })
+    }
+
     /// The derived config is the shipped one with only the router left in its HTTP
     /// filter chain (everything else reads back unchanged from the YAML written),
     /// and Envoy accepts the YAML serde-saphyr wrote.
     #[tokio::test]
     async fn the_plain_config_is_the_shipped_one_without_the_lockmesh_filters() {
-        let read = |p: &std::path::Path| -> serde_json::Value {
-            serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-        };
-        let mut shipped = read(&repo_root().join("envoy-config/inbound-sidecar.yaml"));
-        let out = plain_config().unwrap();
-        let mut plain = read(&out);
-        let verdict = EnvoyProcess::validate(&out).await.unwrap();
-        std::fs::remove_dir_all(out.parent().unwrap()).ok();
-        if let Err(log) = verdict {
-            panic!("plain-sidecar.yaml rejected by envoy --mode validate:\n{log}");
-        }
-        let filters = |v: &mut serde_json::Value| {
-            v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
-                .take()
-        };
-        let all = filters(&mut shipped);
-        let kept = filters(&mut plain);
+        let [(shipped, all), (plain, kept)] = shipped_and_variant(plain_config().unwrap()).await;
         assert!(all.as_array().unwrap().len() > 1, "the shipped chain has lockmesh's filters: {all}");
         assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
         assert_eq!(kept[0]["name"], "envoy.filters.http.router");
@@ -480,22 +485,7 @@ mod tests {
     /// lockmesh's Wasm filter was; Envoy accepts it.
     #[tokio::test]
     async fn the_design_floor_is_the_shipped_chain_with_the_empty_filter_in_floor_mode() {
-        let read = |p: &std::path::Path| -> serde_json::Value {
-            serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-        };
-        let mut shipped = read(&repo_root().join("envoy-config/inbound-sidecar.yaml"));
-        let out = design_floor_config().unwrap();
-        let mut floor = read(&out);
-        let verdict = EnvoyProcess::validate(&out).await.unwrap();
-        std::fs::remove_dir_all(out.parent().unwrap()).ok();
-        if let Err(log) = verdict {
-            panic!("design-floor-sidecar.yaml rejected by envoy --mode validate:\n{log}");
-        }
-        let filters = |v: &mut serde_json::Value| {
-            v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
-                .take()
-        };
-        let (all, kept) = (filters(&mut shipped), filters(&mut floor));
+        let [(shipped, all), (floor, kept)] = shipped_and_variant(design_floor_config().unwrap()).await;
         let (all, kept) = (all.as_array().unwrap(), kept.as_array().unwrap());
         assert_eq!(all.len(), kept.len(), "{kept:?}");
         for (a, k) in all.iter().zip(kept) {
