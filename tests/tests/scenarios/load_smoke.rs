@@ -145,7 +145,7 @@ async fn the_filter_tax_workloads_all_complete_requests() {
     let table = load::tax::render(&results, 2, Duration::from_secs(1));
     println!("{table}");
     let names: Vec<_> = results.iter().map(|r| r.name).collect();
-    assert_eq!(names, ["plain", "empty-wasm", "unlocked", "wasm-only", "transparent"], "{table}");
+    assert_eq!(names, ["plain", "empty-wasm", "unlocked", "wasm-only", "design-floor", "transparent"], "{table}");
     for r in &results {
         assert_eq!(r.errors, 0, "{}: {table}", r.name);
         assert!(r.rps > 0.0, "{}: no request completed\n{table}", r.name);
