@@ -287,11 +287,6 @@ async fn request_headers(
             return Ok(());
         }
     };
-    if let Some(transparent::Mode::Unlocked) = mode {
-        state.metrics.request(route, "unlocked");
-        let _ = tx.send(Ok(forward(&[], &transparent::INTERNAL))).await;
-        return Ok(());
-    }
     let self_client = client.kind == ClientKind::SelfClient;
     let req = ApiRequest { method, path, lock, budget_ms, identity, unverified_caller, self_client, received };
     // An acquire (a campaign too) or an election observer that may wait stretches

@@ -62,8 +62,6 @@ pub enum Mode {
         /// The hold number.
         hold: u64,
     },
-    /// The route lets requests without `x-lock-key` through unlocked.
-    Unlocked,
 }
 
 fn header<'a>(hdrs: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
@@ -74,11 +72,12 @@ fn header<'a>(hdrs: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
 /// internal error: only the filter sets these headers.
 pub fn mode(hdrs: &[(String, Vec<u8>)]) -> Result<Option<Mode>, ApiError> {
     let bad = |what: &str| ApiError::new(Code::Internal, format!("the filter's {what} header is malformed"));
+    // A request the filter lets through unlocked never reaches the arbiter: its mark
+    // is filter state that makes Envoy skip ext_proc (docs/DECISIONS.md ADR-29). The
+    // old header mark arriving here means a filter or config out of step, and it is
+    // refused rather than forwarded unlocked.
     if header(hdrs, headers::UNLOCKED).is_some() {
-        if header(hdrs, headers::UNLOCKED) != Some(b"1") || header(hdrs, headers::VM).is_some() {
-            return Err(bad(headers::UNLOCKED));
-        }
-        return Ok(Some(Mode::Unlocked));
+        return Err(bad(headers::UNLOCKED));
     }
     let Some(vm) = header(hdrs, headers::VM) else {
         return Ok(None);
@@ -254,7 +253,8 @@ mod tests {
             mode(&h(&[(headers::VM, vm), (headers::HOLD, "7")])),
             Ok(Some(Mode::Locked { vm: vm.to_owned(), hold: 7 }))
         );
-        assert_eq!(mode(&h(&[(headers::UNLOCKED, "1")])), Ok(Some(Mode::Unlocked)));
+        // The old header mark is never forwarded unlocked, whatever its value.
+        assert!(mode(&h(&[(headers::UNLOCKED, "1")])).is_err());
         assert!(mode(&h(&[(headers::UNLOCKED, "yes")])).is_err());
         assert!(mode(&h(&[(headers::UNLOCKED, "1"), (headers::VM, vm)])).is_err());
         assert!(mode(&h(&[(headers::VM, "short"), (headers::HOLD, "7")])).is_err());
