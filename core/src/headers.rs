@@ -115,9 +115,14 @@ pub const VM: &str = "x-lockmesh-vm";
 /// Set by the filter on a transparent-mode request: the hold id (a decimal counter,
 /// unique within the VM), by which the filter releases the hold when the request ends.
 pub const HOLD: &str = "x-lockmesh-hold";
-/// Set by the filter on a transparent-mode route that allows unlocked requests, when
-/// the request carries no `x-lock-key`: the arbiter passes it on without a lock.
+/// The unlocked mark of filters before docs/DECISIONS.md ADR-29, a header. No filter
+/// sets it now: the filter strips it from clients like every `x-lockmesh-*` header,
+/// and the arbiter refuses a request that carries it.
 pub const UNLOCKED: &str = "x-lockmesh-unlocked";
+/// The unlocked mark (ADR-29): the Wasm property the filter sets on a request it lets
+/// through unlocked, which Envoy keeps in the stream's filter state as
+/// `wasm.lockmesh_unlocked`, where the sidecar's ext_proc matcher reads it.
+pub const UNLOCKED_PROPERTY: &str = "lockmesh_unlocked";
 
 /// Headers clients may try to forge to pass as someone else; always removed.
 pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-id", "x-lockmesh-identity"];

@@ -43,24 +43,19 @@ extern "C" {
     fn proxy_set_property(path_data: *const u8, path_size: usize, value_data: *const u8, value_size: usize) -> u32;
 }
 
-/// The request's unlocked mark: Envoy keeps a Wasm property `name` in the stream's
-/// filter state under `wasm.<name>`, where the sidecar's ext_proc matcher reads it
-/// (`FilterStateInput`). Filter state is per stream and no client can write it.
-pub const UNLOCKED_MARK: &str = "lockmesh_unlocked";
 /// The value ext_proc's matcher skips on.
-pub const UNLOCKED_MARK_VALUE: &[u8] = b"1";
+const UNLOCKED_MARK_VALUE: &[u8] = b"1";
 
 /// Marks the effective context's request as let through unlocked: the one thing
 /// that lets the sidecar skip ext_proc (docs/TRANSPARENT.md "Unlocked routes").
 pub(crate) fn set_unlocked_mark() -> Result<(), HostStatus> {
+    // Envoy keeps a Wasm property `name` in the stream's filter state under
+    // `wasm.<name>`, where the sidecar's ext_proc matcher reads it
+    // (`FilterStateInput`); filter state is per stream and no client can write it.
+    let name = lockmesh_core::headers::UNLOCKED_PROPERTY;
     // SAFETY: as above (a one-element property path is the name's bytes).
     status(unsafe {
-        proxy_set_property(
-            UNLOCKED_MARK.as_ptr(),
-            UNLOCKED_MARK.len(),
-            UNLOCKED_MARK_VALUE.as_ptr(),
-            UNLOCKED_MARK_VALUE.len(),
-        )
+        proxy_set_property(name.as_ptr(), name.len(), UNLOCKED_MARK_VALUE.as_ptr(), UNLOCKED_MARK_VALUE.len())
     })
 }
 

@@ -61,6 +61,8 @@ impl HttpContext for Empty {
             // does not return for these calls on the request's own headers here.
             std::hint::black_box(self.get_http_request_headers_bytes());
             std::hint::black_box(self.get_property(vec!["connection", "uri_san_peer_certificate"]));
+            // lockmesh_core::headers::UNLOCKED_PROPERTY (this crate depends on no
+            // lockmesh crate, so the floor's code is only the SDK's).
             self.set_property(vec!["lockmesh_unlocked"], Some(b"1"));
         }
         Action::Continue

@@ -160,7 +160,8 @@ fn no_shipped_route_forwards_without_its_lock() {
                     Some("type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"),
                     "{name}"
                 );
-                assert_eq!(tree["input"]["typed_config"]["key"].as_str(), Some("wasm.lockmesh_unlocked"), "{name}");
+                let key = format!("wasm.{}", lockmesh_core::headers::UNLOCKED_PROPERTY);
+                assert_eq!(tree["input"]["typed_config"]["key"].as_str(), Some(key.as_str()), "{name}");
                 let map = tree["exact_match_map"]["map"].as_object().unwrap();
                 assert_eq!(map.len(), 1, "{name}: ext_proc may be skipped on one mark only");
                 assert!(map.get("1").is_some(), "{name}");
