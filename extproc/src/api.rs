@@ -420,9 +420,8 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
     // The mesh floor (benchmark builds only, `crate::floor`): released without etcd.
     #[cfg(feature = "bench-floor")]
     let r = {
-        let _ = (&class, token, caller);
-        crate::floor::unhold(&key);
-        Ok::<(), crate::lock::LockError>(())
+        let _ = (&class, caller);
+        crate::floor::release(&state.store, &key, token).await
     };
     crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
     r?;
@@ -690,8 +689,7 @@ async fn acquire(
     // The mesh floor (benchmark builds only, `crate::floor`): granted without etcd.
     #[cfg(feature = "bench-floor")]
     let result = match crate::floor::hold(&areq.key, cancel).await {
-        Ok(()) => crate::floor::grant(areq.session, &areq.class.name.to_string(), areq.class.ttl_s)
-            .map(|g| Acquired::Protected(g, state.store.clone())),
+        Ok(()) => crate::floor::grant(&state.store, &areq).await.map(|g| Acquired::Protected(g, state.store.clone())),
         Err(e) => Err(e),
     };
     let labels = crate::metrics::lock_labels(&reg, &areq.key);

@@ -42,12 +42,12 @@ fn main() -> ExitCode {
     {
         if !lockmesh_extproc::floor::allowed() {
             eprintln!(
-                "{BINARY}: this is a bench-floor build (locks granted without etcd); it runs only for benchmarks, with {}=1",
+                "{BINARY}: this is a bench-floor build (locks granted without the lock logic); it runs only for benchmarks, with {}=1 (no etcd) or {0}=etcd (the etcd requests only)",
                 lockmesh_extproc::floor::ENV
             );
             return ExitCode::from(lockmesh_runtime::EX_USAGE);
         }
-        tracing::error!("BENCH-FLOOR BUILD: every acquire is granted without etcd; never serve with it");
+        tracing::error!(level = ?lockmesh_extproc::floor::level(), "BENCH-FLOOR BUILD: every acquire is granted without the lock logic; never serve with it");
     }
     // Capabilities switched off for this process (lockmesh_lock::upgrade): an
     // unknown name is a configuration error, not a silent no-op.

@@ -286,7 +286,7 @@ impl Store {
     /// member that refuses `Status` (etcd 3.5 auth for a non-root user) cannot be
     /// asked; when every member refuses, the check is skipped, as the seal check's
     /// raft comparison is (docs/OPERATIONS.md).
-    pub(crate) async fn raft_at_mark(&self) -> Result<(), LockError> {
+    pub async fn raft_at_mark(&self) -> Result<(), LockError> {
         let m = self.seal().marks();
         let mark = (m.raft_term, m.raft_index);
         if mark == (0, 0) {

@@ -533,7 +533,7 @@ pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
             results.push(run_one(target, opts, &run_id, mode, w).await);
         }
     }
-    let floor = std::env::var(report::FLOOR_ENV).as_deref() == Ok("1");
+    let floor = report::Floor::from_env();
     Ok(Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results, floor })
 }
 

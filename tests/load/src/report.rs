@@ -78,14 +78,35 @@ pub struct Report {
     pub rate: Option<f64>,
     /// Results in run order.
     pub results: Vec<WorkloadResult>,
-    /// The arbiter was the bench-floor build (`LOCKMESH_BENCH_FLOOR=1`,
-    /// extproc/src/floor.rs): its `lockmesh` rows are the mesh floor.
-    pub floor: bool,
+    /// The arbiter was the bench-floor build (extproc/src/floor.rs): its
+    /// `lockmesh` rows are that floor.
+    pub floor: Option<Floor>,
 }
 
 /// The environment variable a bench-floor arbiter needs (extproc/src/floor.rs
 /// `ENV`); set, the load tool reports its `lockmesh` rows as the floor.
 pub const FLOOR_ENV: &str = "LOCKMESH_BENCH_FLOOR";
+
+/// Which floor a bench-floor arbiter ran (the value of [`FLOOR_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    /// `1`: the mesh floor, no etcd.
+    Mesh,
+    /// `etcd`: the mesh floor plus an uncontended cycle's etcd requests, made by
+    /// the arbiter, without the lock logic around them.
+    Etcd,
+}
+
+impl Floor {
+    /// The floor this process's environment names, if any.
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(FLOOR_ENV).as_deref() {
+            Ok("1") => Some(Self::Mesh),
+            Ok("etcd") => Some(Self::Etcd),
+            _ => None,
+        }
+    }
+}
 
 /// Nearest-rank percentiles of `v` (sorted here).
 pub(crate) fn percentiles(mut v: Vec<u32>) -> Percentiles {
@@ -222,11 +243,20 @@ impl Report {
             );
         }
         let _ = writeln!(s, "(latencies in ms; keys = keys x clients per key)");
-        if self.floor {
-            let _ = writeln!(
-                s,
-                "FLOOR: the arbiter is the bench-floor build: the lockmesh rows are Envoy, the Wasm filter, ext_proc and the arbiter answering without etcd"
-            );
+        match self.floor {
+            Some(Floor::Mesh) => {
+                let _ = writeln!(
+                    s,
+                    "FLOOR: the arbiter is the bench-floor build: the lockmesh rows are Envoy, the Wasm filter, ext_proc and the arbiter answering without etcd"
+                );
+            }
+            Some(Floor::Etcd) => {
+                let _ = writeln!(
+                    s,
+                    "ETCD FLOOR: the arbiter is the bench-floor build at its etcd level: the lockmesh rows are Envoy, the Wasm filter, ext_proc and the arbiter making an uncontended cycle's etcd requests (grant transaction, raft check where etcd answers it, release transaction) without the lock logic around them"
+                );
+            }
+            None => {}
         }
         if let Some(r) = self.rate {
             let _ = writeln!(
@@ -280,9 +310,10 @@ impl Report {
 
     /// Issue #8's goals for the modes this run measured, each with its verdict.
     fn render_goals(&self, s: &mut String) {
-        if self.floor {
-            self.render_floor(s);
-            return;
+        match self.floor {
+            Some(Floor::Mesh) => return self.render_floor(s),
+            Some(Floor::Etcd) => return self.render_etcd_floor(s),
+            None => {}
         }
         // At one offered rate every workload that keeps up runs at that rate: a
         // cycles/s ratio says nothing there (only the CPU, keys and latency lines do).
@@ -418,6 +449,54 @@ impl Report {
                 let _ = writeln!(
                     s,
                     "floor uncontended: acquire p99 floor/raw-txn {r:.2}x (goal 1.5x): {}",
+                    verdict(r <= 1.5)
+                );
+            }
+        }
+    }
+
+    /// An etcd-floor run (issue 20): the uncontended goals where they stand when
+    /// only the lock logic around the design's etcd requests costs nothing: what
+    /// no change to that logic can beat. A hot key's hand-over at this level is a
+    /// release and a grant in series (lockmesh hands over in one transaction), so
+    /// it bounds nothing and gets no line.
+    fn render_etcd_floor(&self, s: &mut String) {
+        let verdict = |reachable: bool| if reachable { "reachable" } else { "NOT reachable on this design" };
+        let Some(lm) = self.find(Mode::Uncontended, Workload::Lockmesh) else { return };
+        if let Some(b) = self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0) {
+            if self.rate.is_none() {
+                let r = lm.cycles_per_s / b.cycles_per_s;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: cycles/s etcd floor/etcd-lock {r:.2}x (goal 0.5x): {}",
+                    verdict(r >= 0.5)
+                );
+            }
+            let ([le, lv, la, _], [be, _, _, _]) = (lm.cpu_ms_per_cycle(), b.cpu_ms_per_cycle());
+            let at = self.rate_label("closed loop");
+            if let (Some(v), Some(a), Some(e)) = (lv, la, be.filter(|e| *e > 0.0)) {
+                let r = (v + a) / e;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: (envoy + arbiter) CPU per etcd-floor cycle / etcd CPU per etcd-lock cycle ({at}) {r:.2}x (goal 1.5x): {}",
+                    verdict(r <= 1.5)
+                );
+            }
+            if let (Some(l), Some(e)) = (le, be.filter(|e| *e > 0.0)) {
+                let r = l / e;
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: etcd CPU per etcd-floor cycle / per etcd-lock cycle ({at}) {r:.2}x (goal 1.0x): {}",
+                    verdict(r <= 1.0)
+                );
+            }
+        }
+        if let Some(b) = self.find(Mode::Uncontended, Workload::RawTxn).filter(|b| b.acquire.p99 > 0) {
+            if self.rate.is_none() {
+                let r = f64::from(lm.acquire.p99) / f64::from(b.acquire.p99);
+                let _ = writeln!(
+                    s,
+                    "floor uncontended: acquire p99 etcd floor/raw-txn {r:.2}x (goal 1.5x): {}",
                     verdict(r <= 1.5)
                 );
             }
@@ -671,7 +750,7 @@ mod tests {
             run_id: "t".into(),
             seconds: 10.0,
             rate: None,
-            floor: true,
+            floor: Some(Floor::Mesh),
             results: vec![
                 // The floor: 8 000 cycles, 1 ms of CPU each (Envoy + arbiter).
                 result(Mode::Uncontended, Workload::Lockmesh, 8000, 0.0, 4.0),
@@ -718,5 +797,56 @@ mod tests {
         r.results.retain(|x| x.workload != Workload::RawTxnDesign);
         let text = r.render();
         assert!(!text.contains("raw-txn-design"), "{text}");
+    }
+
+    /// An etcd-floor run (the lock logic around the design's etcd requests stubbed
+    /// out) bounds the uncontended goals, each with its verdict, and prints no
+    /// `goal` line and no hot-key line (its hand-over is not lockmesh's).
+    #[test]
+    fn an_etcd_floor_run_bounds_the_uncontended_goals() {
+        let mut lm = result(Mode::Uncontended, Workload::Lockmesh, 9000, 9.0, 4.5);
+        lm.acquire.p99 = 9000;
+        let mut raw = result(Mode::Uncontended, Workload::RawTxn, 20000, 6.0, 0.0);
+        raw.acquire.p99 = 4500;
+        let report = Report {
+            run_id: "t".into(),
+            seconds: 10.0,
+            rate: None,
+            floor: Some(Floor::Etcd),
+            results: vec![
+                lm,
+                // etcd-lock: 20 000 cycles, 0.3 ms of etcd CPU each.
+                result(Mode::Uncontended, Workload::EtcdLock, 20000, 6.0, 0.0),
+                raw,
+                result(Mode::Hot, Workload::Lockmesh, 5000, 5.0, 1.0),
+                result(Mode::Hot, Workload::RawTxn, 5000, 5.0, 0.0),
+            ],
+        };
+        let text = report.render();
+        assert!(text.contains("ETCD FLOOR: "), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("goal ")), "{text}");
+        assert!(!text.contains("floor hot"), "{text}");
+        // 900 against 2 000 cycles/s.
+        assert!(
+            text.contains("cycles/s etcd floor/etcd-lock 0.45x (goal 0.5x): NOT reachable on this design"),
+            "{text}"
+        );
+        // (0.5 + 0.5) ms of mesh CPU per cycle against 0.3 ms of etcd CPU.
+        assert!(
+            text.contains("(envoy + arbiter) CPU per etcd-floor cycle / etcd CPU per etcd-lock cycle (closed loop) 3.33x (goal 1.5x): NOT reachable"),
+            "{text}"
+        );
+        assert!(
+            text.contains("etcd CPU per etcd-floor cycle / per etcd-lock cycle (closed loop) 3.33x (goal 1.0x)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("acquire p99 etcd floor/raw-txn 2.00x (goal 1.5x): NOT reachable on this design"),
+            "{text}"
+        );
+        // A faster floor reaches the cycles/s goal.
+        let mut fast = report.clone();
+        fast.results[0].cycles_per_s = 1200.0;
+        assert!(fast.render().contains("cycles/s etcd floor/etcd-lock 0.60x (goal 0.5x): reachable"));
     }
 }

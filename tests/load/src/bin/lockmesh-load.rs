@@ -131,6 +131,9 @@ struct Args {
     /// `scripts/setup --bench` (docs/BENCHMARKS.md, recipes).
     #[arg(long)]
     recipes: bool,
+    /// --recipes: run only this recipe (repeatable; default every recipe).
+    #[arg(long, value_name = "NAME")]
+    recipe: Vec<String>,
     /// --recipes: the Python with kazoo (default: `.tools/bench/bin/python`).
     #[arg(long)]
     python: Option<PathBuf>,
@@ -180,8 +183,9 @@ fn main() -> ExitCode {
     if args.recipes {
         let python = args.python.clone().unwrap_or_else(|| lockmesh_tests::repo_root().join(".tools/bench/bin/python"));
         let (n, secs, warm) = (args.concurrency, opts.seconds.as_secs_f64(), opts.warmup.as_secs_f64());
-        let result = rt.block_on(load::recipes::run(n, secs, warm, &python, args.quiet));
-        let render = |r: &Vec<_>| load::recipes::render(r, n, secs);
+        let result = rt.block_on(load::recipes::run(n, secs, warm, &python, args.quiet, &args.recipe));
+        let floor = load::report::Floor::from_env();
+        let render = |r: &Vec<_>| load::recipes::render(r, n, secs, floor);
         return report(result, Some(describe_machine()), render, |r| !r.is_empty());
     }
     if args.filter_tax {
