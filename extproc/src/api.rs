@@ -688,10 +688,8 @@ async fn acquire(
     let result = state.tiers.acquire_or_open(&areq, None, &reg, cancel).instrument(span.clone()).await;
     // The mesh floor (benchmark builds only, `crate::floor`): granted without etcd.
     #[cfg(feature = "bench-floor")]
-    let result = match crate::floor::hold(&areq.key, cancel).await {
-        Ok(()) => crate::floor::grant(&state.store, &areq).await.map(|g| Acquired::Protected(g, state.store.clone())),
-        Err(e) => Err(e),
-    };
+    let result =
+        crate::floor::acquire(&state.store, &areq, cancel).await.map(|g| Acquired::Protected(g, state.store.clone()));
     let labels = crate::metrics::lock_labels(&reg, &areq.key);
     let (result, store) = match result {
         Ok(Acquired::Protected(g, s)) => (Ok(g), Some(s)),

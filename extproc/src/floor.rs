@@ -13,32 +13,36 @@
 //!   cycle costs above this floor is what the lock logic and etcd cost; what this
 //!   floor costs is what any design that answers locks from an ext_proc service
 //!   behind Envoy pays.
-//! - `etcd`, the **etcd floor**: the mesh floor plus the etcd requests of an
-//!   uncontended lockmesh cycle, made by the arbiter's own etcd client: the grant
+//! - `etcd`, the **etcd floor**: the mesh floor plus the etcd requests of
+//!   lockmesh's cycle, made by the arbiter's own etcd client: the grant
 //!   transaction (the epoch, slot-range, above-the-limit, session-lease and
 //!   grant-clock compares; the hold record on the session's lease and the grant
 //!   clock put), the grant-time raft check where etcd answers it
 //!   (`Store::raft_at_mark`), and the release transaction (the hold's create
 //!   revision compared; the hold and the lock-delay guard deleted, the release
-//!   marker put on a lease). Left out is the lock logic around them: no session
-//!   cache, no policy gate, queue, hand-off offer, quota ledger or seal
-//!   bookkeeping. What a cycle costs above this floor is that logic; a goal this
-//!   floor misses cannot be met by any change to it. The acquire must name its
-//!   session (`x-lock-session`, opened as shipped); a hot key's hand-over here is
-//!   a release and a grant in series, not lockmesh's one-transaction hand-off, so
-//!   only uncontended cycles are a floor.
+//!   marker put on a lease). A release with a waiter queued here hands the key
+//!   over in that one transaction, as lockmesh's hand-off does (the waiter's hold
+//!   put under the slot's other name, its session's lease compared), then the
+//!   raft check; a release of a key it handed over last, finding no waiter, waits
+//!   up to the shipped hand-off grace for one, as lockmesh's does. Left out is the
+//!   lock logic around those requests: no session cache, policy gate, durable
+//!   queue, quota ledger or seal bookkeeping, and no recovery beyond freeing the
+//!   key. What a cycle costs above
+//!   this floor is that logic; a goal this floor misses cannot be met by any
+//!   change to it. The acquire must name its session (`x-lock-session`, opened
+//!   as shipped).
 //!
-//! One thing both levels keep of a lock: a key has one holder at a time, in
-//! arrival order, held in memory (a fair semaphore per key) from the grant to its
-//! release, so a hot key's hand-offs are serialised as they are through etcd and
-//! the mesh floor is comparable with one (issue 20's hot-key row).
+//! Both levels keep a key's holders one at a time, in arrival order, in memory
+//! (the mesh floor with a fair semaphore per key, the etcd floor with a queue per
+//! key), so a hot key's hand-offs are serialised as they are through etcd and
+//! each floor is comparable with lockmesh's hot key (issue 20's hot-key row).
 //!
 //! Such a build grants every acquire: it must never serve. It refuses to start
 //! unless the environment sets [`ENV`] to `1` or `etcd`, and says at start what it
 //! is.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{
         atomic::{AtomicI64, AtomicU64, Ordering},
         Arc, LazyLock, Mutex,
@@ -52,7 +56,7 @@ use lockmesh_lock::{
     mutex::{AcquireRequest, Grant},
     HoldRecord, LockError, Store,
 };
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// The environment variable that must be `1` (the mesh floor) or `etcd` (the etcd
@@ -94,60 +98,242 @@ pub fn allowed() -> bool {
     level().is_some()
 }
 
-/// The grant of a floor build, once [`hold`] took the key here: at the mesh
-/// level without etcd, at the etcd level with the grant's etcd requests.
-pub(crate) async fn grant(store: &Store, req: &AcquireRequest) -> Result<Grant, LockError> {
+/// The acquire of a floor build: at the mesh level the key taken here and a
+/// grant made without etcd, at the etcd level with the etcd requests of
+/// lockmesh's cycle ([`etcd_acquire`]).
+pub(crate) async fn acquire(
+    store: &Store,
+    req: &AcquireRequest,
+    cancel: &CancellationToken,
+) -> Result<Grant, LockError> {
     match *LEVEL {
-        Some(Level::Etcd) => etcd_grant(store, req).await,
-        _ => mesh_grant(req.session, &req.class.name.to_string(), req.class.ttl_s),
+        Some(Level::Etcd) => etcd_acquire(store, req, cancel).await,
+        _ => {
+            hold(&req.key, cancel).await?;
+            mesh_grant(req.session, &req.class.name.to_string(), req.class.ttl_s)
+        }
     }
 }
 
-/// The release of a floor build: at the etcd level the release transaction
-/// first; then the key is given back here ([`unhold`]).
+/// The release of a floor build: at the mesh level the key given back here, at
+/// the etcd level the release (or hand-off) transaction ([`etcd_release`]).
 pub(crate) async fn release(store: &Store, key: &LockKey, token: FencingToken) -> Result<(), LockError> {
-    let r = match *LEVEL {
+    match *LEVEL {
         Some(Level::Etcd) => etcd_release(store, key, token).await,
-        _ => Ok(()),
-    };
-    unhold(key);
-    r
+        _ => {
+            unhold(key);
+            Ok(())
+        }
+    }
 }
 
-/// The grant transaction of an uncontended acquire in the caller's session
-/// (slot 0 of a mutex), then the grant-time raft check; the token is the
-/// commit's revision in the current epoch.
-async fn etcd_grant(store: &Store, req: &AcquireRequest) -> Result<Grant, LockError> {
+/// The etcd floor's acquire: the key taken here in arrival order; the first
+/// holder of a free key makes the grant transaction itself, a waiter is handed
+/// the key by the release before it in that release's transaction (as
+/// lockmesh's one-transaction hand-off), or told to make its own grant when the
+/// release before it handed nothing over.
+async fn etcd_acquire(store: &Store, req: &AcquireRequest, cancel: &CancellationToken) -> Result<Grant, LockError> {
     let sid = req
         .session
         .ok_or_else(|| LockError::Internal("the etcd floor needs the acquire to name its session".into()))?;
     let ep = store.epoch_state().await?;
-    let (k, d) = (store.keys(), req.key.digest());
-    let (slot, holds, sess) = (k.slot(&d, 0), k.holds(&d), k.session(sid));
-    let on_lease = PutOptions::new().with_lease(sid.lease());
-    let hold = HoldRecord {
-        key: req.key.as_str().to_owned(),
-        owner: req.caller.identity.clone(),
-        instance: req.caller.instance.clone(),
-        epoch: ep.epoch,
-        class: req.class.name.to_string(),
-        acquired_ms: lockmesh_lock::now_ms(),
-        hold_id: None,
-        unverified_caller: None,
-        permits: None,
-        mode: req.mode,
-        keys: None,
+    let waiter = Waiter::new(req, sid, ep.epoch)?;
+    let state = key_state(&req.key);
+    let rx = {
+        let mut st = lock(&state);
+        if st.holder.is_none() {
+            st.holder = Some(store.keys().slot(&req.key.digest(), 0));
+            None
+        } else {
+            let (tx, rx) = oneshot::channel();
+            st.waiters.push_back((waiter.clone(), tx));
+            st.arrived.notify_one();
+            Some(rx)
+        }
     };
-    let hold = serde_json::to_vec(&hold).map_err(|e| LockError::Internal(e.to_string()))?;
+    if let Some(mut rx) = rx {
+        let turn = tokio::select! {
+            t = &mut rx => t.map_err(|_| LockError::Internal("the etcd floor dropped a waiter".into()))?,
+            () = cancel.cancelled() => {
+                rx.close();
+                match rx.try_recv() {
+                    // Handed over as the wait ended: give it back.
+                    Ok(Turn::Granted(g)) => drop(etcd_release(store, &req.key, g.token).await),
+                    Ok(Turn::Yours) => pass_on(store, &req.key).await,
+                    Ok(Turn::Failed(_)) | Err(_) => {}
+                }
+                return Err(LockError::Cancelled);
+            }
+        };
+        match turn {
+            Turn::Granted(g) => return Ok(g),
+            Turn::Failed(e) => return Err(e),
+            Turn::Yours => {}
+        }
+    }
+    let name = lock(&state).holder.clone().unwrap_or_default();
+    match etcd_grant(store, &waiter, &name).await {
+        Ok(g) => Ok(g),
+        Err(e) => {
+            pass_on(store, &req.key).await;
+            Err(e)
+        }
+    }
+}
+
+/// What a waiter is told when its turn comes.
+enum Turn {
+    /// The release before it handed it the key: its grant.
+    Granted(Grant),
+    /// The key is free and its own: make the grant transaction.
+    Yours,
+    /// The hand-over to it failed.
+    Failed(LockError),
+}
+
+/// What a grant to one acquire writes.
+#[derive(Clone)]
+struct Waiter {
+    sid: SessionId,
+    key: LockKey,
+    hold: Vec<u8>,
+    class: String,
+    ttl_s: u64,
+}
+
+impl Waiter {
+    fn new(req: &AcquireRequest, sid: SessionId, epoch: u64) -> Result<Self, LockError> {
+        let hold = HoldRecord {
+            key: req.key.as_str().to_owned(),
+            owner: req.caller.identity.clone(),
+            instance: req.caller.instance.clone(),
+            epoch,
+            class: req.class.name.to_string(),
+            acquired_ms: lockmesh_lock::now_ms(),
+            hold_id: None,
+            unverified_caller: None,
+            permits: None,
+            mode: req.mode,
+            keys: None,
+        };
+        Ok(Self {
+            sid,
+            key: req.key.clone(),
+            hold: serde_json::to_vec(&hold).map_err(internal)?,
+            class: req.class.name.to_string(),
+            ttl_s: req.class.ttl_s,
+        })
+    }
+
+    fn grant(&self, epoch: u64, revision: i64) -> Result<Grant, LockError> {
+        let token = FencingToken::mint(epoch, u64::try_from(revision).map_err(internal)?).map_err(internal)?;
+        Ok(Grant {
+            token,
+            session: self.sid,
+            ttl_s: self.ttl_s,
+            class: self.class.clone(),
+            existing: false,
+            new_session: false,
+            permits: 1,
+        })
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> LockError {
+    LockError::Internal(e.to_string())
+}
+
+/// One key of the etcd floor: the hold key its holder has (or is being granted
+/// under), its waiters in arrival order, whether its last release handed it over
+/// (a chain), and a wake-up for a release waiting for a waiter to arrive.
+#[derive(Default)]
+struct KeyState {
+    holder: Option<String>,
+    waiters: VecDeque<(Waiter, oneshot::Sender<Turn>)>,
+    chained: bool,
+    arrived: Arc<Notify>,
+}
+
+impl KeyState {
+    /// The first waiter still waiting.
+    fn next_live(&mut self) -> Option<(Waiter, oneshot::Sender<Turn>)> {
+        loop {
+            match self.waiters.pop_front() {
+                Some((_, tx)) if tx.is_closed() => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+/// The next live waiter of a chained key, waiting for one to arrive up to the
+/// shipped hand-off grace (`handoff_grace_ms`, as `lockmesh_lock::wait` does:
+/// on a hot key the next head is on its way through the mesh).
+async fn next_within_grace(state: &Mutex<KeyState>) -> Option<(Waiter, oneshot::Sender<Turn>)> {
+    let grace = lockmesh_lock::wait::HANDOFF_GRACE_MS.load(Ordering::Relaxed);
+    let arrived = {
+        let mut st = lock(state);
+        if let Some(n) = st.next_live() {
+            return Some(n);
+        }
+        if grace == 0 || !st.chained {
+            return None;
+        }
+        st.arrived.clone()
+    };
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(grace);
+    loop {
+        let woke = tokio::time::timeout_at(until, arrived.notified()).await.is_ok();
+        let next = lock(state).next_live();
+        if next.is_some() || !woke {
+            return next;
+        }
+    }
+}
+
+static ETCD_KEYS: LazyLock<Mutex<HashMap<String, Arc<Mutex<KeyState>>>>> = LazyLock::new(Mutex::default);
+
+fn key_state(key: &LockKey) -> Arc<Mutex<KeyState>> {
+    lock(&ETCD_KEYS).entry(key.as_str().to_owned()).or_default().clone()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The key is free here again: its next live waiter is told to make its own
+/// grant, or the key has no holder.
+async fn pass_on(store: &Store, key: &LockKey) {
+    let state = key_state(key);
+    let mut st = lock(&state);
+    while let Some((_, tx)) = st.waiters.pop_front() {
+        if tx.send(Turn::Yours).is_ok() {
+            st.holder = Some(store.keys().slot(&key.digest(), 0));
+            return;
+        }
+    }
+    st.holder = None;
+}
+
+/// The grant transaction of an acquire (slot 0 of a mutex, under `name`), then
+/// the grant-time raft check; the token is the commit's revision in the
+/// current epoch.
+async fn etcd_grant(store: &Store, w: &Waiter, name: &str) -> Result<Grant, LockError> {
+    let ep = store.epoch_state().await?;
+    let (k, d) = (store.keys(), w.key.digest());
+    let (holds, sess) = (k.holds(&d), k.session(w.sid));
     let txn = Txn::new()
         .when([
             Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
-            Compare::create_revision(slot.as_str(), CompareOp::Equal, 0).with_range(k.slot(&d, 1)),
+            Compare::create_revision(k.slot(&d, 0), CompareOp::Equal, 0).with_range(k.slot(&d, 1)),
             Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&holds)),
-            Compare::lease(sess.as_str(), CompareOp::Equal, sid.lease()),
+            Compare::lease(sess.as_str(), CompareOp::Equal, w.sid.lease()),
             Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
         ])
-        .and_then([TxnOp::put(slot.as_str(), hold, Some(on_lease)), TxnOp::put(k.clock(), Vec::<u8>::new(), None)])
+        .and_then([
+            TxnOp::put(name, w.hold.clone(), Some(PutOptions::new().with_lease(w.sid.lease()))),
+            TxnOp::put(k.clock(), Vec::<u8>::new(), None),
+        ])
         .or_else([
             TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())),
             TxnOp::get(sess.as_str(), None),
@@ -155,46 +341,90 @@ async fn etcd_grant(store: &Store, req: &AcquireRequest) -> Result<Grant, LockEr
             TxnOp::get(k.clock(), None),
         ]);
     let r = store.call(store.client().txn(txn)).await?;
-    let revision = r.header().map(|h| h.revision()).unwrap_or(0);
     if !r.succeeded() {
-        unhold(&req.key);
-        return Err(LockError::Internal("the etcd floor's grant transaction failed its compares".into()));
+        return Err(internal("the etcd floor's grant transaction failed its compares"));
     }
-    if let Err(e) = store.raft_at_mark().await {
-        unhold(&req.key);
-        return Err(e);
-    }
-    let revision = u64::try_from(revision).map_err(|e| LockError::Internal(e.to_string()))?;
-    let token = FencingToken::mint(ep.epoch, revision).map_err(|e| LockError::Internal(e.to_string()))?;
-    Ok(Grant {
-        token,
-        session: sid,
-        ttl_s: req.class.ttl_s,
-        class: req.class.name.to_string(),
-        existing: false,
-        new_session: false,
-        permits: 1,
-    })
+    store.raft_at_mark().await?;
+    w.grant(ep.epoch, r.header().map_or(0, |h| h.revision()))
 }
 
-/// The release transaction of a grant of [`etcd_grant`].
+/// The etcd floor's release of `token` on `key`: handed to the key's next live
+/// waiter in one transaction (the hold deleted, the waiter's put under the
+/// slot's other name, the release marker and the grant clock put), then the
+/// raft check; with no waiter, the release transaction alone.
 async fn etcd_release(store: &Store, key: &LockKey, token: FencingToken) -> Result<(), LockError> {
-    let lease = *MARKER_LEASE
+    let marker = *MARKER_LEASE
         .get_or_try_init(|| async { store.call(store.client().lease_grant(MARKER_TTL_S, None)).await.map(|l| l.id()) })
         .await?;
+    let state = key_state(key);
     let (k, d) = (store.keys(), key.digest());
-    let slot = k.slot(&d, 0);
-    let revision = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
-    let txn = Txn::new().when([Compare::create_revision(slot.as_str(), CompareOp::Equal, revision)]).and_then([
-        TxnOp::delete(slot.as_str(), None::<DeleteOptions>),
-        TxnOp::put(k.release_marker(&d), "released", Some(PutOptions::new().with_lease(lease))),
-        TxnOp::delete(k.delay_guard(&d), None::<DeleteOptions>),
-    ]);
-    let r = store.call(store.client().txn(txn)).await?;
-    if r.succeeded() {
-        Ok(())
-    } else {
-        Err(LockError::NotHolder)
+    let mut revision = i64::try_from(token.revision()).map_err(internal)?;
+    let Some(mut name) = lock(&state).holder.clone() else {
+        return Err(LockError::NotHolder);
+    };
+    loop {
+        let next = next_within_grace(&state).await;
+        let held = Compare::create_revision(name.as_str(), CompareOp::Equal, revision);
+        let released = [
+            TxnOp::delete(name.as_str(), None::<DeleteOptions>),
+            TxnOp::put(k.release_marker(&d), "released", Some(PutOptions::new().with_lease(marker))),
+            TxnOp::delete(k.delay_guard(&d), None::<DeleteOptions>),
+        ];
+        let Some((w, tx)) = next else {
+            let r = store.call(store.client().txn(Txn::new().when([held]).and_then(released))).await;
+            lock(&state).chained = false;
+            pass_on(store, key).await;
+            return match r? {
+                r if r.succeeded() => Ok(()),
+                _ => Err(LockError::NotHolder),
+            };
+        };
+        let ep = store.epoch_state().await?;
+        let other = String::from_utf8(lockmesh_lock::Keys::other_name(name.as_bytes())).map_err(internal)?;
+        let mut then = released.to_vec();
+        then.push(TxnOp::put(other.as_str(), w.hold.clone(), Some(PutOptions::new().with_lease(w.sid.lease()))));
+        then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
+        let txn = Txn::new()
+            .when([
+                held,
+                Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
+                Compare::lease(k.session(w.sid), CompareOp::Equal, w.sid.lease()),
+                Compare::create_revision(other.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&k.holds(&d))),
+                Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
+            ])
+            .and_then(then);
+        let r = match store.call(store.client().txn(txn)).await {
+            Ok(r) => r,
+            Err(e) => {
+                // Unknown outcome: the waiter fails, the key is freed for the next.
+                let _ = tx.send(Turn::Failed(e.clone()));
+                pass_on(store, key).await;
+                return Err(e);
+            }
+        };
+        if !r.succeeded() {
+            let _ = tx.send(Turn::Failed(internal("the etcd floor's hand-off failed its compares")));
+            pass_on(store, key).await;
+            return Err(LockError::NotHolder);
+        }
+        let new_revision = r.header().map_or(0, |h| h.revision());
+        {
+            let mut st = lock(&state);
+            st.holder = Some(other.clone());
+            st.chained = true;
+        }
+        let turn = match store.raft_at_mark().await {
+            Ok(()) => w.grant(ep.epoch, new_revision).map_or_else(Turn::Failed, Turn::Granted),
+            Err(e) => Turn::Failed(e),
+        };
+        let failed = matches!(turn, Turn::Failed(_));
+        if tx.send(turn).is_ok() && !failed {
+            return Ok(());
+        }
+        // The waiter is gone (or its grant failed after the commit): its hold is
+        // released in turn.
+        (name, revision) = (other, new_revision);
     }
 }
 
@@ -213,7 +443,8 @@ fn mesh_grant(session: Option<SessionId>, class: &str, ttl_s: u64) -> Result<Gra
     Ok(Grant { token, session, ttl_s, class: class.to_owned(), existing: false, new_session, permits: 1 })
 }
 
-/// One fair semaphore of one permit per key that was ever acquired here.
+/// The mesh floor's keys: one fair semaphore of one permit per key that was
+/// ever acquired here.
 static KEYS: LazyLock<Mutex<HashMap<String, Arc<Semaphore>>>> = LazyLock::new(Mutex::default);
 
 fn key_slot(key: &LockKey) -> Arc<Semaphore> {
@@ -222,7 +453,7 @@ fn key_slot(key: &LockKey) -> Arc<Semaphore> {
 }
 
 /// Waits (in arrival order) until `key` has no holder here, and takes it.
-pub(crate) async fn hold(key: &LockKey, cancel: &CancellationToken) -> Result<(), LockError> {
+async fn hold(key: &LockKey, cancel: &CancellationToken) -> Result<(), LockError> {
     let slot = key_slot(key);
     tokio::select! {
         permit = slot.acquire_owned() => {
