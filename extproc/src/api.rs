@@ -421,7 +421,7 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
     #[cfg(feature = "bench-floor")]
     let r = {
         let _ = (&class, caller);
-        crate::floor::release(&state.store, &key, token).await
+        crate::floor::release(&state.store, &key, token, lock.session).await
     };
     crate::telemetry::finish(&span, crate::lock::release_outcome(&r), None);
     r?;

@@ -51,10 +51,11 @@ use std::{
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use lockmesh_core::{headers::SessionId, FencingToken, LockKey};
+use lockmesh_keyspace::CloseMarker;
 use lockmesh_lock::{
     keys::prefix_end,
     mutex::{AcquireRequest, Grant},
-    HoldRecord, LockError, Store,
+    HoldRecord, LockError, SessionRecord, Store,
 };
 use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -117,9 +118,15 @@ pub(crate) async fn acquire(
 
 /// The release of a floor build: at the mesh level the key given back here, at
 /// the etcd level the release (or hand-off) transaction ([`etcd_release`]).
-pub(crate) async fn release(store: &Store, key: &LockKey, token: FencingToken) -> Result<(), LockError> {
+/// `session` is the session the release names.
+pub(crate) async fn release(
+    store: &Store,
+    key: &LockKey,
+    token: FencingToken,
+    session: Option<SessionId>,
+) -> Result<(), LockError> {
     match *LEVEL {
-        Some(Level::Etcd) => etcd_release(store, key, token).await,
+        Some(Level::Etcd) => etcd_release(store, key, token, session).await,
         _ => {
             unhold(key);
             Ok(())
@@ -133,11 +140,28 @@ pub(crate) async fn release(store: &Store, key: &LockKey, token: FencingToken) -
 /// lockmesh's one-transaction hand-off), or told to make its own grant when the
 /// release before it handed nothing over.
 async fn etcd_acquire(store: &Store, req: &AcquireRequest, cancel: &CancellationToken) -> Result<Grant, LockError> {
-    let sid = req
-        .session
-        .ok_or_else(|| LockError::Internal("the etcd floor needs the acquire to name its session".into()))?;
     let ep = store.epoch_state().await?;
-    let waiter = Waiter::new(req, sid, ep.epoch)?;
+    let waiter = match req.session {
+        Some(sid) => Waiter::new(req, sid, ep.epoch, None)?,
+        None => {
+            // The header-only path: a session (lease) of this acquire's own,
+            // its record put by the grant, ended by the release.
+            let ttl = i64::try_from(req.class.ttl_s).map_err(internal)?;
+            let lease = store.call(store.client().lease_grant(ttl, None)).await?.id();
+            let sid = SessionId::from_lease(lease).ok_or_else(|| internal("lease id out of range"))?;
+            let record = SessionRecord {
+                owner: req.caller.identity.clone(),
+                instance: req.caller.instance.clone(),
+                class: req.class.name.to_string(),
+                ttl_s: req.class.ttl_s,
+                created_ms: lockmesh_lock::now_ms(),
+                ns: Some(req.key.namespace().to_owned()),
+                by_acquire: true,
+            };
+            lock(&OPENED).insert(sid.lease());
+            Waiter::new(req, sid, ep.epoch, Some(serde_json::to_vec(&record).map_err(internal)?))?
+        }
+    };
     let state = key_state(&req.key);
     let rx = {
         let mut st = lock(&state);
@@ -158,7 +182,7 @@ async fn etcd_acquire(store: &Store, req: &AcquireRequest, cancel: &Cancellation
                 rx.close();
                 match rx.try_recv() {
                     // Handed over as the wait ended: give it back.
-                    Ok(Turn::Granted(g)) => drop(etcd_release(store, &req.key, g.token).await),
+                    Ok(Turn::Granted(g)) => drop(etcd_release(store, &req.key, g.token, Some(g.session)).await),
                     Ok(Turn::Yours) => pass_on(store, &req.key).await,
                     Ok(Turn::Failed(_)) | Err(_) => {}
                 }
@@ -197,12 +221,14 @@ struct Waiter {
     sid: SessionId,
     key: LockKey,
     hold: Vec<u8>,
+    /// The session record of a session this acquire opened (put with the hold).
+    record: Option<Vec<u8>>,
     class: String,
     ttl_s: u64,
 }
 
 impl Waiter {
-    fn new(req: &AcquireRequest, sid: SessionId, epoch: u64) -> Result<Self, LockError> {
+    fn new(req: &AcquireRequest, sid: SessionId, epoch: u64, record: Option<Vec<u8>>) -> Result<Self, LockError> {
         let hold = HoldRecord {
             key: req.key.as_str().to_owned(),
             owner: req.caller.identity.clone(),
@@ -220,6 +246,7 @@ impl Waiter {
             sid,
             key: req.key.clone(),
             hold: serde_json::to_vec(&hold).map_err(internal)?,
+            record,
             class: req.class.name.to_string(),
             ttl_s: req.class.ttl_s,
         })
@@ -233,11 +260,27 @@ impl Waiter {
             ttl_s: self.ttl_s,
             class: self.class.clone(),
             existing: false,
-            new_session: false,
+            new_session: self.record.is_some(),
             permits: 1,
         })
     }
+
+    /// The compare and puts of its session: alive on its lease, or (opened by
+    /// this acquire) its record put with the hold.
+    fn session_ops(&self, k: &lockmesh_lock::Keys) -> (Compare, Vec<TxnOp>) {
+        let sess = k.session(self.sid);
+        match &self.record {
+            Some(r) => (
+                Compare::create_revision(sess.as_str(), CompareOp::Equal, 0),
+                vec![TxnOp::put(sess.as_str(), r.clone(), Some(PutOptions::new().with_lease(self.sid.lease())))],
+            ),
+            None => (Compare::lease(sess.as_str(), CompareOp::Equal, self.sid.lease()), Vec::new()),
+        }
+    }
 }
+
+/// Sessions the etcd floor opened for an acquire (ended by their release).
+static OPENED: LazyLock<Mutex<std::collections::HashSet<i64>>> = LazyLock::new(Mutex::default);
 
 fn internal(e: impl std::fmt::Display) -> LockError {
     LockError::Internal(e.to_string())
@@ -322,24 +365,25 @@ async fn etcd_grant(store: &Store, w: &Waiter, name: &str) -> Result<Grant, Lock
     let ep = store.epoch_state().await?;
     let (k, d) = (store.keys(), w.key.digest());
     let (holds, sess) = (k.holds(&d), k.session(w.sid));
-    let txn = Txn::new()
-        .when([
-            Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
-            Compare::create_revision(k.slot(&d, 0), CompareOp::Equal, 0).with_range(k.slot(&d, 1)),
-            Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&holds)),
-            Compare::lease(sess.as_str(), CompareOp::Equal, w.sid.lease()),
-            Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
-        ])
-        .and_then([
-            TxnOp::put(name, w.hold.clone(), Some(PutOptions::new().with_lease(w.sid.lease()))),
-            TxnOp::put(k.clock(), Vec::<u8>::new(), None),
-        ])
-        .or_else([
-            TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(sess.as_str(), None),
-            TxnOp::get(k.epoch(), None),
-            TxnOp::get(k.clock(), None),
-        ]);
+    let (alive, mut then) = w.session_ops(k);
+    // A session opened for this acquire is put on either branch, as lockmesh's is.
+    let mut els = then.clone();
+    then.push(TxnOp::put(name, w.hold.clone(), Some(PutOptions::new().with_lease(w.sid.lease()))));
+    then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
+    els.extend([
+        TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(sess.as_str(), None),
+        TxnOp::get(k.epoch(), None),
+        TxnOp::get(k.clock(), None),
+    ]);
+    let when = [
+        Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
+        Compare::create_revision(k.slot(&d, 0), CompareOp::Equal, 0).with_range(k.slot(&d, 1)),
+        Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&holds)),
+        alive,
+        Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
+    ];
+    let txn = Txn::new().when(when).and_then(then).or_else(els);
     let r = store.call(store.client().txn(txn)).await?;
     if !r.succeeded() {
         return Err(internal("the etcd floor's grant transaction failed its compares"));
@@ -351,11 +395,37 @@ async fn etcd_grant(store: &Store, w: &Waiter, name: &str) -> Result<Grant, Lock
 /// The etcd floor's release of `token` on `key`: handed to the key's next live
 /// waiter in one transaction (the hold deleted, the waiter's put under the
 /// slot's other name, the release marker and the grant clock put), then the
-/// raft check; with no waiter, the release transaction alone.
-async fn etcd_release(store: &Store, key: &LockKey, token: FencingToken) -> Result<(), LockError> {
+/// raft check; with no waiter, the release transaction alone. A session the
+/// acquire opened (`session`) ends with it: its close marker put in the same
+/// transaction (while the session is alive), its lease revoked after the answer.
+async fn etcd_release(
+    store: &Store,
+    key: &LockKey,
+    token: FencingToken,
+    session: Option<SessionId>,
+) -> Result<(), LockError> {
     let marker = *MARKER_LEASE
         .get_or_try_init(|| async { store.call(store.client().lease_grant(MARKER_TTL_S, None)).await.map(|l| l.id()) })
         .await?;
+    let ends = session.filter(|s| lock(&OPENED).remove(&s.lease()));
+    let r = release_or_hand_off(store, key, token, marker, ends).await;
+    if let Some(sid) = ends {
+        let client = store.client();
+        tokio::spawn(async move {
+            let _ = client.clone().lease_revoke(sid.lease()).await;
+        });
+    }
+    r
+}
+
+/// [`etcd_release`]'s transactions; `ends`: the releaser's session ends here.
+async fn release_or_hand_off(
+    store: &Store,
+    key: &LockKey,
+    token: FencingToken,
+    marker: i64,
+    mut ends: Option<SessionId>,
+) -> Result<(), LockError> {
     let state = key_state(key);
     let (k, d) = (store.keys(), key.digest());
     let mut revision = i64::try_from(token.revision()).map_err(internal)?;
@@ -364,14 +434,19 @@ async fn etcd_release(store: &Store, key: &LockKey, token: FencingToken) -> Resu
     };
     loop {
         let next = next_within_grace(&state).await;
-        let held = Compare::create_revision(name.as_str(), CompareOp::Equal, revision);
-        let released = [
+        let mut held = vec![Compare::create_revision(name.as_str(), CompareOp::Equal, revision)];
+        let mut released = vec![
             TxnOp::delete(name.as_str(), None::<DeleteOptions>),
             TxnOp::put(k.release_marker(&d), "released", Some(PutOptions::new().with_lease(marker))),
             TxnOp::delete(k.delay_guard(&d), None::<DeleteOptions>),
         ];
+        if let Some(sid) = ends {
+            let close = serde_json::to_string(&CloseMarker { closed_ms: lockmesh_lock::now_ms() }).map_err(internal)?;
+            held.push(Compare::lease(k.session(sid), CompareOp::Equal, sid.lease()));
+            released.push(TxnOp::put(k.close_marker(sid), close, Some(PutOptions::new().with_lease(marker))));
+        }
         let Some((w, tx)) = next else {
-            let r = store.call(store.client().txn(Txn::new().when([held]).and_then(released))).await;
+            let r = store.call(store.client().txn(Txn::new().when(held).and_then(released))).await;
             lock(&state).chained = false;
             pass_on(store, key).await;
             return match r? {
@@ -381,19 +456,18 @@ async fn etcd_release(store: &Store, key: &LockKey, token: FencingToken) -> Resu
         };
         let ep = store.epoch_state().await?;
         let other = String::from_utf8(lockmesh_lock::Keys::other_name(name.as_bytes())).map_err(internal)?;
-        let mut then = released.to_vec();
+        let (alive, mut then) = w.session_ops(k);
+        then.extend(released);
         then.push(TxnOp::put(other.as_str(), w.hold.clone(), Some(PutOptions::new().with_lease(w.sid.lease()))));
         then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
-        let txn = Txn::new()
-            .when([
-                held,
-                Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
-                Compare::lease(k.session(w.sid), CompareOp::Equal, w.sid.lease()),
-                Compare::create_revision(other.as_str(), CompareOp::Equal, 0),
-                Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&k.holds(&d))),
-                Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
-            ])
-            .and_then(then);
+        held.extend([
+            Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision),
+            alive,
+            Compare::create_revision(other.as_str(), CompareOp::Equal, 0),
+            Compare::create_revision(k.slot(&d, 1), CompareOp::Equal, 0).with_range(prefix_end(&k.holds(&d))),
+            Compare::mod_revision(k.clock(), CompareOp::Greater, -1),
+        ]);
+        let txn = Txn::new().when(held).and_then(then);
         let r = match store.call(store.client().txn(txn)).await {
             Ok(r) => r,
             Err(e) => {
@@ -423,8 +497,8 @@ async fn etcd_release(store: &Store, key: &LockKey, token: FencingToken) -> Resu
             return Ok(());
         }
         // The waiter is gone (or its grant failed after the commit): its hold is
-        // released in turn.
-        (name, revision) = (other, new_revision);
+        // released in turn (its session, if its acquire opened one, expires).
+        (name, revision, ends) = (other, new_revision, None);
     }
 }
 

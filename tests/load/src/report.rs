@@ -473,6 +473,20 @@ impl Report {
                 verdict(r >= 0.6)
             );
         }
+        // The header-only path at this level: a lease per acquire, its record put
+        // by the grant, its close marker by the release, its lease revoked.
+        for r in self.results.iter().filter(|r| r.workload == Workload::LockmeshOneShot && self.rate.is_none()) {
+            let Some(lm) = self.find(r.mode, Workload::Lockmesh).filter(|lm| lm.cycles_per_s > 0.0) else {
+                continue;
+            };
+            let x = r.cycles_per_s / lm.cycles_per_s;
+            let _ = writeln!(
+                s,
+                "floor {}: header-only cycles/s of the etcd floor / with a session {x:.2}x (goal 0.8x): {}",
+                r.mode.name(),
+                verdict(x >= 0.8)
+            );
+        }
         let Some(lm) = self.find(Mode::Uncontended, Workload::Lockmesh) else { return };
         if let Some(b) = self.find(Mode::Uncontended, Workload::EtcdLock).filter(|b| b.cycles_per_s > 0.0) {
             if self.rate.is_none() {
@@ -830,6 +844,7 @@ mod tests {
                 raw,
                 result(Mode::Hot, Workload::Lockmesh, 5000, 5.0, 1.0),
                 result(Mode::Hot, Workload::RawTxn, 5000, 5.0, 0.0),
+                result(Mode::Hot, Workload::LockmeshOneShot, 2000, 5.0, 1.0),
             ],
         };
         let text = report.render();
@@ -839,6 +854,11 @@ mod tests {
             text.contains(
                 "floor hot: cycles/s etcd floor/raw-txn 1.00x (goal 0.6x; the raw txn lets clients barge): reachable"
             ),
+            "{text}"
+        );
+        // 200 against 500 cycles/s with a session.
+        assert!(
+            text.contains("floor hot: header-only cycles/s of the etcd floor / with a session 0.40x (goal 0.8x): NOT reachable on this design"),
             "{text}"
         );
         // 900 against 2 000 cycles/s.
