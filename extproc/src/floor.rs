@@ -1,7 +1,8 @@
 //! BENCHMARK ONLY: the mesh floor (issue 20, docs/DECISIONS.md ADR-28). Compiled
 //! in only with the cargo feature `bench-floor`, which no crate of the workspace turns on
-//! (`tests/tests/layout.rs` checks it); `scripts/bench floor` builds it into a
-//! target directory of its own (`target/floor`), never the shipped binary.
+//! (`tests/tests/layout.rs` checks it); `scripts/bench` (its `floor`, `shipped` and
+//! `etcdfloor` sections) builds it into a target directory of its own
+//! (`target/floor`), never the shipped binary.
 //!
 //! Two levels, chosen by [`ENV`]:
 //!
