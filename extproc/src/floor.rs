@@ -56,7 +56,7 @@ use lockmesh_keyspace::CloseMarker;
 use lockmesh_lock::{
     keys::prefix_end,
     mutex::{AcquireRequest, Grant},
-    HoldRecord, LockError, SessionRecord, Store,
+    LockError, SessionRecord, Store,
 };
 use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -230,23 +230,10 @@ struct Waiter {
 
 impl Waiter {
     fn new(req: &AcquireRequest, sid: SessionId, epoch: u64, record: Option<Vec<u8>>) -> Result<Self, LockError> {
-        let hold = HoldRecord {
-            key: req.key.as_str().to_owned(),
-            owner: req.caller.identity.clone(),
-            instance: req.caller.instance.clone(),
-            epoch,
-            class: req.class.name.to_string(),
-            acquired_ms: lockmesh_lock::now_ms(),
-            hold_id: None,
-            unverified_caller: None,
-            permits: None,
-            mode: req.mode,
-            keys: None,
-        };
         Ok(Self {
             sid,
             key: req.key.clone(),
-            hold: serde_json::to_vec(&hold).map_err(internal)?,
+            hold: lockmesh_lock::mutex::hold_record(req, epoch, 1, None)?,
             record,
             class: req.class.name.to_string(),
             ttl_s: req.class.ttl_s,

@@ -191,13 +191,9 @@ pub(crate) fn existing_grant(
 }
 
 /// The hold value a grant of `req` at `epoch`, taking `permits` slots, writes
-/// into each of its slots.
-pub(crate) fn hold_record(
-    req: &AcquireRequest,
-    epoch: u64,
-    permits: u32,
-    keys: Option<u32>,
-) -> Result<Vec<u8>, LockError> {
+/// into each of its slots (also the arbiter's bench-floor build's, which writes
+/// what a grant writes).
+pub fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32, keys: Option<u32>) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
         key: req.key.as_str().to_owned(),
         owner: req.caller.identity.clone(),

@@ -337,15 +337,11 @@ impl Report {
                 );
             }
         }
-        for r in self.results.iter().filter(|r| r.workload == Workload::LockmeshOneShot) {
-            let Some(lm) = self.find(r.mode, Workload::Lockmesh).filter(|lm| lm.cycles_per_s > 0.0) else {
-                continue;
-            };
-            let x = r.cycles_per_s / lm.cycles_per_s;
+        for (mode, x) in self.header_only_ratios() {
             let _ = writeln!(
                 s,
                 "goal {}: header-only cycles/s >= 0.8x with a session: {x:.2}x, {}",
-                r.mode.name(),
+                mode.name(),
                 verdict(x >= 0.8)
             );
         }
@@ -455,6 +451,14 @@ impl Report {
         }
     }
 
+    /// Each mode's header-only cycles/s (`lockmesh-oneshot`) over `lockmesh`'s.
+    fn header_only_ratios(&self) -> impl Iterator<Item = (Mode, f64)> + '_ {
+        self.results.iter().filter(|r| r.workload == Workload::LockmeshOneShot).filter_map(|r| {
+            let lm = self.find(r.mode, Workload::Lockmesh).filter(|lm| lm.cycles_per_s > 0.0)?;
+            Some((r.mode, r.cycles_per_s / lm.cycles_per_s))
+        })
+    }
+
     /// An etcd-floor run (issue 20): the goals where they stand when only the
     /// lock logic around the design's etcd requests costs nothing: what no change
     /// to that logic can beat. A hot key's hand-over at this level is lockmesh's
@@ -475,15 +479,11 @@ impl Report {
         }
         // The header-only path at this level: a lease per acquire, its record put
         // by the grant, its close marker by the release, its lease revoked.
-        for r in self.results.iter().filter(|r| r.workload == Workload::LockmeshOneShot && self.rate.is_none()) {
-            let Some(lm) = self.find(r.mode, Workload::Lockmesh).filter(|lm| lm.cycles_per_s > 0.0) else {
-                continue;
-            };
-            let x = r.cycles_per_s / lm.cycles_per_s;
+        for (mode, x) in self.header_only_ratios().filter(|_| self.rate.is_none()) {
             let _ = writeln!(
                 s,
                 "floor {}: header-only cycles/s of the etcd floor / with a session {x:.2}x (goal 0.8x): {}",
-                r.mode.name(),
+                mode.name(),
                 verdict(x >= 0.8)
             );
         }
