@@ -184,7 +184,7 @@ async fn etcd_acquire(store: &Store, req: &AcquireRequest, cancel: &Cancellation
                 match rx.try_recv() {
                     // Handed over as the wait ended: give it back.
                     Ok(Turn::Granted(g)) => drop(etcd_release(store, &req.key, g.token, Some(g.session)).await),
-                    Ok(Turn::Yours) => pass_on(store, &req.key).await,
+                    Ok(Turn::Yours) => pass_on(store, &req.key),
                     Ok(Turn::Failed(_)) | Err(_) => {}
                 }
                 return Err(LockError::Cancelled);
@@ -200,7 +200,7 @@ async fn etcd_acquire(store: &Store, req: &AcquireRequest, cancel: &Cancellation
     match etcd_grant(store, &waiter, &name).await {
         Ok(g) => Ok(g),
         Err(e) => {
-            pass_on(store, &req.key).await;
+            pass_on(store, &req.key);
             Err(e)
         }
     }
@@ -334,7 +334,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The key is free here again: its next live waiter is told to make its own
 /// grant, or the key has no holder.
-async fn pass_on(store: &Store, key: &LockKey) {
+fn pass_on(store: &Store, key: &LockKey) {
     let state = key_state(key);
     let mut st = lock(&state);
     while let Some((_, tx)) = st.waiters.pop_front() {
@@ -436,7 +436,7 @@ async fn release_or_hand_off(
         let Some((w, tx)) = next else {
             let r = store.call(store.client().txn(Txn::new().when(held).and_then(released))).await;
             lock(&state).chained = false;
-            pass_on(store, key).await;
+            pass_on(store, key);
             return match r? {
                 r if r.succeeded() => Ok(()),
                 _ => Err(LockError::NotHolder),
@@ -461,13 +461,13 @@ async fn release_or_hand_off(
             Err(e) => {
                 // Unknown outcome: the waiter fails, the key is freed for the next.
                 let _ = tx.send(Turn::Failed(e.clone()));
-                pass_on(store, key).await;
+                pass_on(store, key);
                 return Err(e);
             }
         };
         if !r.succeeded() {
             let _ = tx.send(Turn::Failed(internal("the etcd floor's hand-off failed its compares")));
-            pass_on(store, key).await;
+            pass_on(store, key);
             return Err(LockError::NotHolder);
         }
         let new_revision = r.header().map_or(0, |h| h.revision());
@@ -510,8 +510,7 @@ fn mesh_grant(session: Option<SessionId>, class: &str, ttl_s: u64) -> Result<Gra
 static KEYS: LazyLock<Mutex<HashMap<String, Arc<Semaphore>>>> = LazyLock::new(Mutex::default);
 
 fn key_slot(key: &LockKey) -> Arc<Semaphore> {
-    let mut keys = KEYS.lock().unwrap_or_else(|p| p.into_inner());
-    keys.entry(key.as_str().to_owned()).or_insert_with(|| Arc::new(Semaphore::new(1))).clone()
+    lock(&KEYS).entry(key.as_str().to_owned()).or_insert_with(|| Arc::new(Semaphore::new(1))).clone()
 }
 
 /// Waits (in arrival order) until `key` has no holder here, and takes it.
