@@ -37,7 +37,7 @@ use serde::Deserialize;
 
 use lockmesh_core::template::{PathTemplate, TextTemplate};
 
-use crate::route::{EqualRule, Route};
+use crate::route::{DeleteBody, EqualRule, Route};
 
 pub mod env;
 
@@ -45,6 +45,8 @@ use self::env::{EnvSource, Origin, ProcessEnv};
 
 /// Default `upstream_timeout_ms`.
 pub(crate) const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
+/// Default `quarantine_ms`: three times the default `upstream_timeout_ms`.
+pub(crate) const DEFAULT_QUARANTINE_MS: u64 = 30_000;
 /// Default `max_body_bytes`.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 
@@ -72,6 +74,10 @@ pub struct RawConfig {
     pub marks_dir: Option<String>,
     /// Timeout of one forwarded request, ms. Default 10000.
     pub upstream_timeout_ms: Option<u64>,
+    /// How long a resource stays quarantined (its writes refused with
+    /// `503 fence_quarantined`) after a write to it timed out or lost its
+    /// connection, ms, unless the store answers that write sooner. Default 30000.
+    pub quarantine_ms: Option<u64>,
     /// Largest request body forwarded, bytes. Default 16 MiB.
     pub max_body_bytes: Option<usize>,
     /// Public keys that grant proofs may be signed with, by key id (several during
@@ -122,6 +128,9 @@ pub struct RawRoute {
     pub lock_key: String,
     /// Equal-token rule: `strict` or `allow`. Default `default_equal`.
     pub equal: Option<EqualRule>,
+    /// Whether a DELETE may carry a body: `refuse` (default) or `allow`.
+    #[serde(default)]
+    pub delete_body: DeleteBody,
 }
 
 /// The guard of unlisted routes.
@@ -134,6 +143,9 @@ pub struct RawGuard {
     pub lock_key: String,
     /// Equal-token rule: `strict` or `allow`. Default `default_equal`.
     pub equal: Option<EqualRule>,
+    /// Whether a DELETE may carry a body: `refuse` (default) or `allow`.
+    #[serde(default)]
+    pub delete_body: DeleteBody,
 }
 
 /// The validated configuration.
@@ -149,6 +161,8 @@ pub struct Config {
     pub marks_dir: PathBuf,
     /// Forwarded request timeout.
     pub upstream_timeout: Duration,
+    /// The longest a resource stays quarantined after a write's outcome was lost.
+    pub quarantine: Duration,
     /// Largest request body forwarded, bytes.
     pub max_body_bytes: usize,
     /// Checks grant proofs against `trusted_keys`, by key id.
@@ -234,6 +248,10 @@ impl Config {
         if !(100..=600_000).contains(&timeout_ms) {
             err("upstream_timeout_ms", format!("{timeout_ms} is outside 100 to 600000"));
         }
+        let quarantine_ms = raw.quarantine_ms.unwrap_or(DEFAULT_QUARANTINE_MS);
+        if !(100..=3_600_000).contains(&quarantine_ms) {
+            err("quarantine_ms", format!("{quarantine_ms} is outside 100 to 3600000"));
+        }
         let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 || max_body_bytes > 1 << 30 {
             err("max_body_bytes", format!("{max_body_bytes} is outside 1 to 1073741824"));
@@ -292,6 +310,7 @@ impl Config {
                     resource,
                     lock_key,
                     equal: r.equal.unwrap_or(default_equal),
+                    delete_body: r.delete_body,
                 });
             }
         }
@@ -306,6 +325,7 @@ impl Config {
                     resource,
                     lock_key,
                     equal: g.equal.unwrap_or(default_equal),
+                    delete_body: g.delete_body,
                 }),
                 _ => None,
             }
@@ -322,6 +342,7 @@ impl Config {
                 upstream,
                 marks_dir,
                 upstream_timeout: Duration::from_millis(timeout_ms),
+                quarantine: Duration::from_millis(quarantine_ms),
                 max_body_bytes,
                 verifier,
                 routes,

@@ -8,6 +8,8 @@
 //! - [`config`]: the YAML configuration and its validation.
 //! - [`route`]: routes over `lockmesh_core::template` (the filter's template language):
 //!   resources, guarding keys, reads and writes, decided on the canonical path.
+//! - [`screen`]: what passes: header twins, duplicates, overrides, bodies on reads;
+//!   the headers the store gets.
 //! - [`token`]: grant verification and the mark rule (pure).
 //! - [`marks`]: durable marks (redb), single-writer lock, instance id.
 //! - [`server`]: the proxy, admin endpoints and graceful shutdown.
@@ -23,6 +25,7 @@ mod metrics;
 pub mod pause;
 pub mod respond;
 pub mod route;
+pub mod screen;
 pub mod server;
 pub mod store;
 pub mod token;

@@ -46,9 +46,46 @@ pub enum FenceError {
     #[error("the store could not be reached: {0}")]
     StoreUnavailable(String),
     /// The store did not answer in time: the write may or may not have landed
-    /// (504 `store_timeout`).
-    #[error("the store did not answer within upstream_timeout_ms; the write may or may not have landed")]
+    /// (504 `store_timeout`); the resource is quarantined.
+    #[error(
+        "the store did not answer within upstream_timeout_ms; the write may or may not have landed \
+         (writes to this resource are refused until the store answers it or quarantine_ms passes)"
+    )]
     StoreTimeout,
+    /// A header name that a server reading `_` as `-` (and case-insensitively)
+    /// would read as a lock or lockmesh header, or as another header of the same
+    /// request, in a spelling other than the canonical one (400 `header_twin`).
+    /// `.0` is the name as sent, `.1` the name it reads as.
+    #[error(
+        "header {0:?} reads as {1:?} to a server that reads '_' as '-': fence-proxy checks only the \
+         canonical spelling, so it refuses every other one; send {1:?} once, spelt with '-'"
+    )]
+    HeaderTwin(String, String),
+    /// A lock or lockmesh header that appears more than once (400 `duplicate_header`).
+    #[error("header {0:?} appears more than once; a lock header may appear once")]
+    DuplicateHeader(String),
+    /// A method or path override header (400 `override_header`), on every route.
+    #[error(
+        "header {0:?} asks the store for another method or path than the request's; fence-proxy decides \
+         on the request's own method and path and refuses every override header"
+    )]
+    OverrideHeader(String),
+    /// A body on a method that carries none here (GET, HEAD, OPTIONS, TRACE; DELETE
+    /// unless its route allows one): 400 `body_not_allowed`. A store that does not
+    /// read it would take its bytes for the next request on the connection.
+    #[error(
+        "a {0} request may not carry a body here (content-length above 0, transfer-encoding or data): \
+         a store that does not read it would take it for the next request"
+    )]
+    BodyNotAllowed(String),
+    /// Writes to the resource are refused: an earlier write's outcome is unknown
+    /// (the store did not answer in time, or the connection was lost with the
+    /// write in flight) and it may still land (503 `fence_quarantined`).
+    #[error(
+        "an earlier write to this resource is still unaccounted for (the store did not answer it in time \
+         or the connection was lost); writes are refused until the store answers it or quarantine_ms passes"
+    )]
+    Quarantined,
 }
 
 // === impl FenceError ===
@@ -68,6 +105,11 @@ impl FenceError {
             FenceError::MarksUnavailable(_) => "marks_unavailable",
             FenceError::StoreUnavailable(_) => "store_unavailable",
             FenceError::StoreTimeout => "store_timeout",
+            FenceError::HeaderTwin(..) => "header_twin",
+            FenceError::DuplicateHeader(_) => "duplicate_header",
+            FenceError::OverrideHeader(_) => "override_header",
+            FenceError::BodyNotAllowed(_) => "body_not_allowed",
+            FenceError::Quarantined => "fence_quarantined",
         }
     }
 
@@ -75,13 +117,17 @@ impl FenceError {
     pub fn status(&self) -> StatusCode {
         match self {
             FenceError::GrantRequired => StatusCode::PRECONDITION_REQUIRED,
-            FenceError::BadToken(_) | FenceError::NotCanonical(_) | FenceError::BadRequest(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            FenceError::BadToken(_)
+            | FenceError::NotCanonical(_)
+            | FenceError::BadRequest(_)
+            | FenceError::HeaderTwin(..)
+            | FenceError::DuplicateHeader(_)
+            | FenceError::OverrideHeader(_)
+            | FenceError::BodyNotAllowed(_) => StatusCode::BAD_REQUEST,
             FenceError::BadProof(_) | FenceError::WrongKey | FenceError::UnlistedRoute => StatusCode::FORBIDDEN,
             FenceError::StaleToken(_) => StatusCode::CONFLICT,
             FenceError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            FenceError::MarksUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            FenceError::MarksUnavailable(_) | FenceError::Quarantined => StatusCode::SERVICE_UNAVAILABLE,
             FenceError::StoreUnavailable(_) => StatusCode::BAD_GATEWAY,
             FenceError::StoreTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -94,6 +140,9 @@ impl IntoResponse for FenceError {
         let body = serde_json::to_string(&body).unwrap_or_default();
         let mut r = (self.status(), [("content-type", "application/json")], body).into_response();
         r.headers_mut().insert(headers::ERROR, HeaderValue::from_static(self.code()));
+        if self == FenceError::Quarantined {
+            r.headers_mut().insert(headers::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         r
     }
 }
@@ -117,6 +166,11 @@ mod tests {
             (FenceError::MarksUnavailable("x".into()), 503, "marks_unavailable"),
             (FenceError::StoreUnavailable("x".into()), 502, "store_unavailable"),
             (FenceError::StoreTimeout, 504, "store_timeout"),
+            (FenceError::HeaderTwin("x_lock_token".into(), "x-lock-token".into()), 400, "header_twin"),
+            (FenceError::DuplicateHeader("x-lock-token".into()), 400, "duplicate_header"),
+            (FenceError::OverrideHeader("x-http-method-override".into()), 400, "override_header"),
+            (FenceError::BodyNotAllowed("GET".into()), 400, "body_not_allowed"),
+            (FenceError::Quarantined, 503, "fence_quarantined"),
         ];
         for (e, status, code) in cases {
             assert_eq!((e.status().as_u16(), e.code()), (status, code));

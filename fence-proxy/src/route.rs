@@ -28,6 +28,20 @@ pub enum EqualRule {
     Allow,
 }
 
+/// Whether a DELETE may carry a body on a route (`delete_body`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeleteBody {
+    /// A DELETE with a body is refused (`400 body_not_allowed`). The default: RFC
+    /// 9110 gives a DELETE body no meaning and many stores never read one, and a
+    /// body a store does not read is taken for the next request on its connection.
+    #[default]
+    Refuse,
+    /// The fence reads the body (bounded by `max_body_bytes`) and forwards it with
+    /// its own `content-length`, on a connection used for that request only.
+    Allow,
+}
+
 /// A configured route.
 #[derive(Clone, Debug)]
 pub struct Route {
@@ -43,6 +57,8 @@ pub struct Route {
     pub lock_key: TextTemplate,
     /// Whether a token equal to the resource's mark may write (route's or `default_equal`).
     pub equal: EqualRule,
+    /// Whether a DELETE may carry a body.
+    pub delete_body: DeleteBody,
 }
 
 /// What a request is, once classified.
@@ -74,6 +90,22 @@ pub enum RouteError {
 
 // === impl Route ===
 
+/// The route a request takes: the first whose path template matches, else the
+/// unlisted guard, with the path's variables.
+fn find<'a>(routes: &'a [Route], unlisted: Option<&'a Route>, path: &str) -> Result<(&'a Route, Vars), RouteError> {
+    let found = routes.iter().find_map(|r| r.path.as_ref()?.match_path(path).map(|v| (r, v)));
+    match (found, unlisted) {
+        (Some(f), _) => Ok(f),
+        (None, Some(u)) => Ok((u, Vars::new())),
+        (None, None) => Err(RouteError::Unlisted),
+    }
+}
+
+/// The route `path` takes (see [`classify`]), for its per-route rules.
+pub fn route_for<'a>(routes: &'a [Route], unlisted: Option<&'a Route>, path: &str) -> Result<&'a Route, RouteError> {
+    find(routes, unlisted, path).map(|(r, _)| r)
+}
+
 /// Classifies a request by the first matching route, else the unlisted guard.
 /// `path` is the request's canonical path, without the query.
 pub fn classify(
@@ -83,12 +115,7 @@ pub fn classify(
     path: &str,
     headers: &HeaderMap,
 ) -> Result<(String, Class), RouteError> {
-    let found = routes.iter().find_map(|r| r.path.as_ref()?.match_path(path).map(|v| (r, v)));
-    let (route, vars) = match (found, unlisted) {
-        (Some(f), _) => f,
-        (None, Some(u)) => (u, Vars::new()),
-        (None, None) => return Err(RouteError::Unlisted),
-    };
+    let (route, vars) = find(routes, unlisted, path)?;
     if route.reads.iter().any(|m| m == method) {
         return Ok((route.name.clone(), Class::Read));
     }
@@ -116,6 +143,7 @@ mod tests {
             resource,
             lock_key,
             equal: EqualRule::Strict,
+            delete_body: DeleteBody::Refuse,
         }
     }
 
