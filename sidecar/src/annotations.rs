@@ -29,8 +29,9 @@ pub(crate) const MARKS_CLAIM: &str = "lockmesh.io/fence-marks-claim";
 pub(crate) const MARKS_SIZE: &str = "lockmesh.io/fence-marks-size";
 /// Storage class of the marks claim template added to a StatefulSet.
 pub(crate) const MARKS_STORAGE_CLASS: &str = "lockmesh.io/fence-marks-storage-class";
-/// Written by the injector: JSON describing what was injected. Its presence makes
-/// injection a no-op (idempotence).
+/// Written by the injector: JSON describing what was injected. Informational
+/// only: it is never believed (a pod can write it), and a pod carrying it is
+/// injected again unless it already is exactly what the injector makes of it.
 pub(crate) const STATUS: &str = "lockmesh.io/fence-status";
 /// Label written by the injector on every fenced pod (`"true"`).
 pub const FENCED_LABEL: &str = "lockmesh.io/fenced";
@@ -55,10 +56,9 @@ const KNOWN: [&str; 11] = [
 /// What a pod template's annotations ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// No opt-in (or `disabled`): the object stays untouched.
+    /// No opt-in (or `disabled`): the object stays untouched unless the admin's
+    /// store selection picks it.
     NotRequested,
-    /// The status annotation is present: injection already happened.
-    AlreadyInjected,
     /// Inject with these settings.
     Inject(FenceRequest),
 }
@@ -117,7 +117,8 @@ pub fn read(annotations: Option<&Value>, at: &str) -> Result<Request, Vec<Refusa
         }
     };
     let opt_in = get(FENCE);
-    let status = get(STATUS);
+    // The status annotation is read only to check it is a string; it decides nothing.
+    let _status = get(STATUS);
     let mut req = FenceRequest {
         store_container: get(STORE_CONTAINER),
         backend_port_env: get(BACKEND_PORT_ENV),
@@ -130,9 +131,6 @@ pub fn read(annotations: Option<&Value>, at: &str) -> Result<Request, Vec<Refusa
     };
     let store_port = get(STORE_PORT);
     let backend_port = get(BACKEND_PORT);
-    if status.is_some() {
-        return Ok(Request::AlreadyInjected);
-    }
     match opt_in.as_deref() {
         None | Some("disabled") => return Ok(Request::NotRequested),
         Some("enabled") => {}
@@ -217,7 +215,7 @@ pub(crate) fn is_port_name(s: &str) -> bool {
         && !s.contains("--")
 }
 
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     (1..=63).contains(&s.len())
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
@@ -247,9 +245,11 @@ mod tests {
     }
 
     #[test]
-    fn status_wins_over_opt_in() {
+    fn status_decides_nothing() {
         let a = json!({FENCE: "enabled", STATUS: "{}"});
-        assert_eq!(read(Some(&a), "metadata").unwrap(), Request::AlreadyInjected);
+        assert_eq!(read(Some(&a), "metadata").unwrap(), Request::Inject(FenceRequest::default()));
+        let a = json!({STATUS: "{}"});
+        assert_eq!(read(Some(&a), "metadata").unwrap(), Request::NotRequested);
     }
 
     #[test]

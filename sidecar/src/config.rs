@@ -4,7 +4,10 @@
 //! optional and has the default documented on it. Parsing goes `RawConfig` (serde)
 //! to `Config` (validated), collecting every error with its field path.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use serde::Deserialize;
 
@@ -47,18 +50,46 @@ pub struct Config {
     pub readiness_path: String,
     /// HTTP path of fence-proxy's liveness endpoint on the admin port. Default `/healthz`.
     pub liveness_path: String,
-    /// The admin-owned store selector: pods whose labels carry every one of these
-    /// pairs are fenced stores. Such a pod is injected or refused whatever its own
-    /// annotations say (`lockmesh.io/fence: disabled` and a pre-set status are not
-    /// honoured). Empty (the default): pods opt in by annotation only. The
-    /// namespaces are chosen by the MutatingWebhookConfiguration's
-    /// namespaceSelector (`lockmesh.io/fence-injection: enabled`), which a pod
-    /// cannot change.
-    pub store_pod_labels: BTreeMap<String, String>,
+    /// The admin-owned store selector (`store_selector:`): which pods are fenced
+    /// stores, injected or refused whatever their own annotations say. A pod is
+    /// selected when ANY of its parts matches; none of them lets a pod leave a
+    /// selection. Besides these, every pod the webhook receives on `/mutate/store`
+    /// (namespaces labelled `lockmesh.io/fence-injection: store`, chosen by the
+    /// MutatingWebhookConfiguration) is selected.
+    pub store_selector: StoreSelector,
     /// The ConfigMap holding fence-proxy.yaml (and so the fence's trusted signing
     /// keys), chosen by the admin. When set, a pod naming another in
     /// `lockmesh.io/fence-config` is refused; a pod naming none gets this one.
     pub fence_config_map: Option<String>,
+}
+
+/// Which pods are fenced stores, by what the admins own. Every part adds pods to
+/// the selection; an empty selector selects nothing (pods may then opt in by
+/// annotation, and opt out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSelector {
+    /// Namespaces every pod of which is a store (`namespaces:`). The webhook reads
+    /// the namespace from the AdmissionReview (the API server's, not the pod's);
+    /// `lockmesh-inject` from the object's `metadata.namespace`.
+    pub namespaces: BTreeSet<String>,
+    /// `(namespace, service account)` pairs whose pods are stores
+    /// (`service_accounts: ["ns/name"]`). A pod chooses its service account, so
+    /// this only adds pods: a store pod running as another account is selected
+    /// only by the other parts.
+    pub service_accounts: BTreeSet<(String, String)>,
+    /// Labels a pod must all carry to be a store (`pod_labels:`). The pod writes
+    /// its own labels, so this is an opt-in the pod cannot take back by
+    /// annotation, never a way to select a namespace's stores: a pod dropping the
+    /// label leaves this part of the selection (use `namespaces` or the
+    /// `store` namespace label for that).
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+impl StoreSelector {
+    /// Whether no part is set.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty() && self.service_accounts.is_empty() && self.pod_labels.is_empty()
+    }
 }
 
 /// One configuration error, with the file and field it concerns.
@@ -93,7 +124,11 @@ struct RawConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStoreSelector {
-    pod_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    namespaces: Vec<String>,
+    #[serde(default)]
+    service_accounts: Vec<String>,
+    pod_labels: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -121,7 +156,7 @@ impl Default for Config {
             marks_size: DEFAULT_MARKS_SIZE.to_owned(),
             readiness_path: "/readyz".to_owned(),
             liveness_path: "/healthz".to_owned(),
-            store_pod_labels: BTreeMap::new(),
+            store_selector: StoreSelector::default(),
             fence_config_map: None,
         }
     }
@@ -130,26 +165,54 @@ impl Default for Config {
 impl Config {
     /// What the injector selects and excludes, in words (`--check-config` prints it).
     pub fn selection(&self) -> Vec<String> {
-        let mut out = vec!["namespaces: those the MutatingWebhookConfiguration's namespaceSelector sends \
-                            (lockmesh.io/fence-injection=enabled, never kube-system or lockmesh-system)"
-            .to_owned()];
-        if self.store_pod_labels.is_empty() {
-            out.push("stores: pods annotated lockmesh.io/fence: enabled (no store_selector: a pod may opt out)".into());
-        } else {
-            let pairs: Vec<String> = self.store_pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let sel = &self.store_selector;
+        let mut out = vec![
+            "namespaces sent: those the MutatingWebhookConfiguration's namespaceSelectors send, never kube-system or \
+             lockmesh-system: lockmesh.io/fence-injection=store to /mutate/store (every pod there is a store), \
+             lockmesh.io/fence-injection=enabled to /mutate (this file decides)"
+                .to_owned(),
+        ];
+        if !sel.namespaces.is_empty() {
+            let ns: Vec<&str> = sel.namespaces.iter().map(String::as_str).collect();
+            out.push(format!("stores: every pod in namespace {} is injected or refused", ns.join(", ")));
+        }
+        if !sel.service_accounts.is_empty() {
+            let sas: Vec<String> = sel.service_accounts.iter().map(|(n, s)| format!("{n}/{s}")).collect();
             out.push(format!(
-                "stores: every pod labelled {} is injected or refused, whatever its annotations say",
+                "stores: every pod running as service account {} is injected or refused (a pod choosing another \
+                 account is selected only by the other rules)",
+                sas.join(", ")
+            ));
+        }
+        if !sel.pod_labels.is_empty() {
+            let pairs: Vec<String> = sel.pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push(format!(
+                "stores: every pod labelled {} is injected or refused, whatever its annotations say (an opt-in: a \
+                 pod without the label is selected only by the other rules)",
                 pairs.join(",")
             ));
         }
+        if sel.is_empty() {
+            out.push(
+                "stores on /mutate: pods annotated lockmesh.io/fence: enabled (no store_selector: a pod may opt out; \
+                 only namespaces labelled lockmesh.io/fence-injection=store are fenced whatever their pods say)"
+                    .into(),
+            );
+        } else {
+            out.push(
+                "other pods on /mutate: injected when annotated lockmesh.io/fence: enabled, else untouched".into(),
+            );
+        }
         out.push(match &self.fence_config_map {
             Some(cm) => format!("fence config and trusted keys: ConfigMap {cm} only (a pod naming another is refused)"),
-            None => "fence config and trusted keys: the ConfigMap the pod names (no fence_config_map)".into(),
+            None => "fence config and trusted keys: the ConfigMap the pod names (no fence_config_map; a selected \
+                     store is refused)"
+                .into(),
         });
         out.push(format!(
-            "already injected: only a pod with a {} container of image {} and the status annotation",
-            crate::inject::CONTAINER,
-            self.image
+            "already injected: only a pod equal to what the injector itself makes of it; a {} container, init \
+             container, volume or status annotation of the pod's own is replaced, never believed",
+            crate::inject::CONTAINER
         ));
         out
     }
@@ -252,21 +315,49 @@ impl Config {
             }
         }
         if let Some(sel) = raw.store_selector {
-            if sel.pod_labels.is_empty() {
-                err("store_selector.pod_labels", "must name at least one label (omit store_selector for none)".into());
+            let pod_labels = sel.pod_labels.unwrap_or_default();
+            if sel.namespaces.is_empty() && sel.service_accounts.is_empty() && pod_labels.is_empty() {
+                err(
+                    "store_selector",
+                    "must name namespaces, service_accounts or pod_labels (omit store_selector for none)".into(),
+                );
             }
-            for (k, v) in &sel.pod_labels {
+            for ns in &sel.namespaces {
+                if !crate::annotations::is_dns_label(ns) {
+                    err("store_selector.namespaces", format!("{ns:?} is not a namespace name (a DNS-1123 label)"));
+                }
+                c.store_selector.namespaces.insert(ns.clone());
+            }
+            for sa in &sel.service_accounts {
+                match sa.split_once('/') {
+                    Some((ns, name))
+                        if crate::annotations::is_dns_label(ns) && crate::annotations::is_dns_subdomain(name) =>
+                    {
+                        c.store_selector.service_accounts.insert((ns.to_owned(), name.to_owned()));
+                    }
+                    _ => err("store_selector.service_accounts", format!("{sa:?} is not NAMESPACE/SERVICE_ACCOUNT")),
+                }
+            }
+            for (k, v) in &pod_labels {
                 if k.is_empty() || k.contains(char::is_whitespace) || v.contains(char::is_whitespace) {
                     err(&format!("store_selector.pod_labels.{k}"), format!("{k:?}: {v:?} is not a label pair"));
                 }
             }
-            c.store_pod_labels = sel.pod_labels;
+            c.store_selector.pod_labels = pod_labels;
         }
         if let Some(cm) = raw.fence_config_map {
             if !crate::annotations::is_dns_subdomain(&cm) {
                 err("fence_config_map", format!("{cm:?} is not an object name (a DNS-1123 subdomain)"));
             }
             c.fence_config_map = Some(cm);
+        }
+        if !c.store_selector.is_empty() && c.fence_config_map.is_none() {
+            err(
+                "fence_config_map",
+                "required with store_selector: a selected store's fence config and trusted keys must be the \
+                 admin's ConfigMap, not one the pod names"
+                    .into(),
+            );
         }
         if errs.is_empty() {
             Ok(c)

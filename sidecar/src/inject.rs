@@ -14,8 +14,9 @@
 //!   non-root read-only security context, and env telling it where to listen
 //!   and forward;
 //! - labels `lockmesh.io/fenced` and `lockmesh.io/fenced-backend-port` (selected by
-//!   the NetworkPolicy) and the `lockmesh.io/fence-status` annotation, whose
-//!   presence makes a second injection a no-op.
+//!   the NetworkPolicy) and the informational `lockmesh.io/fence-status`
+//!   annotation. Neither it nor a `lockmesh-fence` container is ever believed: a
+//!   second injection is a no-op only because it yields the same object.
 
 use serde_json::{json, Map, Value};
 
@@ -55,9 +56,11 @@ pub const ENV_MARKS_DIR: &str = "LOCKMESH_FENCE_MARKS_DIR";
 /// The result of [`inject`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// No opt-in, or a kind without a pod template: nothing to do.
+    /// Not selected and no opt-in, or a kind without a pod template: nothing to do.
     Untouched,
-    /// The `lockmesh.io/fence-status` annotation is present: nothing to do.
+    /// The object is already exactly what injection makes of it (checked by
+    /// injecting again, never by believing a status annotation or a container
+    /// name): nothing to do.
     AlreadyInjected,
     /// The fence was injected.
     Injected(Injected),
@@ -69,10 +72,24 @@ pub struct Injected {
     /// The whole object, injected.
     pub object: Value,
     /// Advice that does not refuse the injection (for example a store probe that
-    /// now goes through fence-proxy).
+    /// now goes through fence-proxy, or a `lockmesh-fence` container of the pod's
+    /// own that was replaced).
     pub warnings: Vec<String>,
     /// The loopback port the store moved to.
     pub backend_port: u16,
+}
+
+/// What the caller knows about where the object is admitted, from a source the
+/// pod's author does not control.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// The namespace: the AdmissionReview's (the API server's) for the webhook,
+    /// the object's `metadata.namespace` for `lockmesh-inject`.
+    pub namespace: Option<String>,
+    /// Every pod of this namespace is a fenced store, by the webhook
+    /// configuration (the namespace label `lockmesh.io/fence-injection: store`
+    /// sends its pods to `/mutate/store`).
+    pub store_namespace: bool,
 }
 
 /// Where the marks volume comes from, by workload kind.
@@ -87,18 +104,99 @@ enum MarksSource {
     ClaimTemplate,
 }
 
-/// Injects fence-proxy into `object` if its pod (template) opted in.
-///
-/// Pure: no I/O, the input is not modified, and `inject` of an injected object
-/// returns [`Outcome::AlreadyInjected`]. Kinds other than Pod, Deployment and
-/// StatefulSet are untouched unless their pod template opted in, which is refused
-/// (they cannot keep one fence with its own persistent marks per store).
+/// [`inject_in`] with the scope read from the object itself (its
+/// `metadata.namespace`), as `lockmesh-inject` does.
 pub fn inject(object: &Value, config: &Config) -> Result<Outcome, InjectError> {
+    let namespace = object.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
+    inject_in(object, config, &Scope { namespace, store_namespace: false })
+}
+
+/// Injects fence-proxy into `object` if its pod (template) is a store by the
+/// admin's selection ([`Scope`], the config's `store_selector`) or opted in.
+///
+/// Pure: no I/O, the input is not modified. Nothing the pod writes is believed:
+/// an object that already holds a `lockmesh-fence` container, a fence config
+/// volume, the status annotation or the fenced labels is
+/// [`Outcome::AlreadyInjected`] only if injecting it again from scratch yields
+/// exactly the same object; otherwise those parts are removed and the fence
+/// injected anew (the pod's own fence container is replaced by the injector's),
+/// or the object is refused. Kinds other than Pod, Deployment and StatefulSet are
+/// untouched unless their pod template opted in or is selected, which is refused
+/// (they cannot keep one fence with its own persistent marks per store).
+pub fn inject_in(object: &Value, config: &Config, scope: &Scope) -> Result<Outcome, InjectError> {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
-    let admin = admin_policy(object, kind, config);
+    let (tpl_pointer, at) = match kind {
+        "Pod" => ("", "metadata"),
+        "Deployment" | "StatefulSet" => ("/spec/template", "spec.template.metadata"),
+        _ => {
+            return match refuse_other_kind(object, kind, config, scope) {
+                Some(r) => Err(vec![r].into()),
+                None => Ok(Outcome::Untouched),
+            }
+        }
+    };
+    let Some(tpl) = object.pointer(tpl_pointer) else {
+        return Err(vec![Refusal::new(Code::Malformed, "spec.template", "missing pod template")].into());
+    };
+    let selected = selection(tpl, config, scope);
+    let admin = admin_policy(tpl, at, selected.as_ref(), config);
     if !admin.is_empty() {
         return Err(admin.into());
     }
+    let req = match annotations::read(tpl.pointer("/metadata/annotations"), at)? {
+        // A selected pod without the opt-in was refused by admin_policy.
+        Request::NotRequested => return Ok(Outcome::Untouched),
+        Request::Inject(r) => r,
+    };
+    let found = markers(tpl);
+    if found.is_empty() {
+        return fresh(object, kind, config);
+    }
+    // Idempotence without trust: rebuild the object the fence would have been
+    // injected into (the fence's client port back on the store) and inject that;
+    // only an identical result is "already injected".
+    let mut again = None;
+    for before in uninjected(object, tpl_pointer, &req) {
+        match fresh(&before, kind, config) {
+            Ok(Outcome::Injected(i)) if i.object == *object => return Ok(Outcome::AlreadyInjected),
+            Ok(Outcome::Injected(i)) if again.is_none() => again = Some(i),
+            _ => {}
+        }
+    }
+    // Otherwise those parts are the pod's own: removed, and the injector's fence
+    // injected into what remains (or, when the pod's fence container held the
+    // client port, into the pod with that port back on the store).
+    let note = format!(
+        "the pod's own {} {} not the injector's: removed, and the injector's fence injected in their place",
+        found.join(", "),
+        if found.len() == 1 { "is" } else { "are" }
+    );
+    let result = match (fresh(&stripped(object, tpl_pointer), kind, config), again) {
+        (Err(_), Some(i)) => Ok(Outcome::Injected(i)),
+        (first, _) => first,
+    };
+    match result {
+        Ok(Outcome::Injected(mut i)) => {
+            i.warnings.insert(0, note);
+            Ok(Outcome::Injected(i))
+        }
+        Ok(other) => Ok(other),
+        Err(mut e) => {
+            e.refusals.insert(
+                0,
+                Refusal::new(
+                    Code::AdminPolicy,
+                    at.replace("metadata", "spec.containers"),
+                    format!("{note}; what remains cannot be injected:"),
+                ),
+            );
+            Err(e)
+        }
+    }
+}
+
+/// Injection of an object without any part the injector writes.
+fn fresh(object: &Value, kind: &str, config: &Config) -> Result<Outcome, InjectError> {
     let mut out = object.clone();
     let result = match kind {
         "Pod" => inject_template(&mut out, "", MarksSource::PodVolumeOrClaim, config),
@@ -113,80 +211,110 @@ pub fn inject(object: &Value, config: &Config) -> Result<Outcome, InjectError> {
                 other => other,
             }
         }
-        "StatefulSet" => inject_template(&mut out, "spec.template.", MarksSource::ClaimTemplate, config),
-        _ => {
-            return match refuse_other_kind(object, kind) {
-                Some(r) => Err(vec![r].into()),
-                None => Ok(Outcome::Untouched),
-            }
-        }
+        _ => inject_template(&mut out, "spec.template.", MarksSource::ClaimTemplate, config),
     };
     match result {
-        Ok(None) => {
-            let at = if kind == "Pod" { "metadata" } else { "spec.template.metadata" };
-            let meta = if kind == "Pod" { object.get("metadata") } else { object.pointer("/spec/template/metadata") };
-            match annotations::read(meta.and_then(|m| m.get("annotations")), at) {
-                Ok(Request::AlreadyInjected) => Ok(Outcome::AlreadyInjected),
-                _ => Ok(Outcome::Untouched),
-            }
-        }
+        Ok(None) => Ok(Outcome::Untouched),
         Ok(Some((warnings, backend_port))) => Ok(Outcome::Injected(Injected { object: out, warnings, backend_port })),
         Err(errs) => Err(errs.into()),
     }
 }
 
-/// The injector's admin-owned decisions a pod cannot override (its config's
-/// `store_selector` and `fence_config_map`, and what makes a pod "already
-/// injected"). Every refusal here is [`Code::AdminPolicy`]:
-/// - a pod (template) carrying the status annotation without a container named
-///   [`CONTAINER`] of the configured image claims an injection that did not happen;
-/// - a pod the store selector matches that does not opt in (no annotation, or
-///   `disabled`) would run its store without a fence;
+/// Why the admin's selection makes a pod (template) a fenced store.
+struct Selected {
+    /// In words, for messages.
+    why: String,
+    /// Selected by its namespace: every pod of it is a store, and the
+    /// namespace-wide NetworkPolicy closes the default backend port for all.
+    by_namespace: bool,
+}
+
+/// Why the admin's selection makes this pod (template) a fenced store, or `None`.
+/// Only what the admins own selects for good: the namespace (from the scope, never
+/// the object) and its label; a service account or pod labels add pods, and a pod
+/// that leaves them is still selected by the namespace.
+fn selection(tpl: &Value, config: &Config, scope: &Scope) -> Option<Selected> {
+    let ns = scope.namespace.as_deref().unwrap_or("");
+    if scope.store_namespace {
+        return Some(Selected {
+            why: format!("the webhook configuration (namespace {ns:?} is labelled lockmesh.io/fence-injection=store)"),
+            by_namespace: true,
+        });
+    }
+    let sel = &config.store_selector;
+    if sel.namespaces.contains(ns) {
+        return Some(Selected { why: format!("the injector's store_selector.namespaces ({ns})"), by_namespace: true });
+    }
+    let sa = ["/spec/serviceAccountName", "/spec/serviceAccount"]
+        .iter()
+        .find_map(|p| tpl.pointer(p).and_then(Value::as_str).filter(|s| !s.is_empty()))
+        .unwrap_or("default");
+    if sel.service_accounts.contains(&(ns.to_owned(), sa.to_owned())) {
+        return Some(Selected {
+            why: format!("the injector's store_selector.service_accounts ({ns}/{sa})"),
+            by_namespace: false,
+        });
+    }
+    let labels = tpl.pointer("/metadata/labels");
+    let by_labels = !sel.pod_labels.is_empty()
+        && sel
+            .pod_labels
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v.as_str()));
+    by_labels.then(|| {
+        let pairs: Vec<String> = sel.pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        Selected { why: format!("the injector's store_selector ({})", pairs.join(",")), by_namespace: false }
+    })
+}
+
+/// The injector's admin-owned decisions a pod cannot override. Every refusal here
+/// is [`Code::AdminPolicy`]:
+/// - a selected pod that does not opt in (no annotation, or `disabled`) would run
+///   its store without a fence;
+/// - a selected pod when the injector has no `fence_config_map` would get the
+///   fence's trusted keys from a ConfigMap of its own choosing;
+/// - a pod selected by its namespace asking for a backend port other than the
+///   injector's `default_backend_port` would move its store to a port the
+///   namespace-wide NetworkPolicy leaves open;
 /// - a pod naming a fence ConfigMap other than `fence_config_map` would choose
 ///   the fence's trusted signing keys.
-fn admin_policy(object: &Value, kind: &str, config: &Config) -> Vec<Refusal> {
-    let (tpl, at) = match kind {
-        "Pod" => (Some(object), "metadata"),
-        "Deployment" | "StatefulSet" => (object.pointer("/spec/template"), "spec.template.metadata"),
-        _ => (None, ""),
-    };
-    let Some(tpl) = tpl else { return Vec::new() };
+fn admin_policy(tpl: &Value, at: &str, selected: Option<&Selected>, config: &Config) -> Vec<Refusal> {
     let mut errs = Vec::new();
     let ann = |k: &str| tpl.pointer("/metadata/annotations").and_then(|a| a.get(k)).and_then(Value::as_str);
     let field = |k: &str| format!("{at}.annotations[\"{k}\"]");
-    let fenced = tpl.pointer("/spec/containers").and_then(Value::as_array).is_some_and(|cs| {
-        cs.iter().any(|c| {
-            c.get("name").and_then(Value::as_str) == Some(CONTAINER)
-                && c.get("image").and_then(Value::as_str) == Some(config.image.as_str())
-        })
-    });
-    if ann(annotations::STATUS).is_some() && !fenced {
-        errs.push(Refusal::new(
-            Code::AdminPolicy,
-            field(annotations::STATUS),
-            format!(
-                "the status annotation is believed only with a {CONTAINER} container of image {}: remove it to be injected",
-                config.image
-            ),
-        ));
-    }
-    let labels = tpl.pointer("/metadata/labels");
-    let selected = !config.store_pod_labels.is_empty()
-        && config
-            .store_pod_labels
-            .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v.as_str()));
-    if selected && !fenced && ann(annotations::FENCE) != Some("enabled") {
-        let pairs: Vec<String> = config.store_pod_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        errs.push(Refusal::new(
-            Code::AdminPolicy,
-            field(annotations::FENCE),
-            format!(
-                "this pod is a fenced store by the injector's store_selector ({}): it is injected or refused, never \
-                 left unfenced; set lockmesh.io/fence: enabled with its settings",
-                pairs.join(",")
-            ),
-        ));
+    if let Some(Selected { why, by_namespace }) = selected {
+        let default = config.default_backend_port;
+        if let Some(port) = ann(annotations::BACKEND_PORT).filter(|p| *by_namespace && *p != default.to_string()) {
+            errs.push(Refusal::new(
+                Code::AdminPolicy,
+                field(annotations::BACKEND_PORT),
+                format!(
+                    "{port:?}: this pod is a fenced store by {why}, where every store's backend port is the \
+                     injector's default_backend_port {default}, the one the namespace's NetworkPolicy \
+                     (lockmesh-fence-store-namespace-{default}) closes to other pods"
+                ),
+            ));
+        }
+        if ann(annotations::FENCE) != Some("enabled") {
+            errs.push(Refusal::new(
+                Code::AdminPolicy,
+                field(annotations::FENCE),
+                format!(
+                    "this pod is a fenced store by {why}: it is injected or refused, never left unfenced; set \
+                     lockmesh.io/fence: enabled with its settings"
+                ),
+            ));
+        }
+        if config.fence_config_map.is_none() {
+            errs.push(Refusal::new(
+                Code::AdminPolicy,
+                field(annotations::CONFIG_MAP),
+                format!(
+                    "this pod is a fenced store by {why}, but the injector sets no fence_config_map: a store's fence \
+                     config and trusted keys must come from the admin's ConfigMap, never one the pod names"
+                ),
+            ));
+        }
     }
     if let (Some(want), Some(got)) = (&config.fence_config_map, ann(annotations::CONFIG_MAP)) {
         if want != got {
@@ -200,6 +328,108 @@ fn admin_policy(object: &Value, kind: &str, config: &Config) -> Vec<Refusal> {
         }
     }
     errs
+}
+
+/// The parts of a pod (template) only the injector should write, by name.
+fn markers(tpl: &Value) -> Vec<String> {
+    let named = |list: &str, name: &str| {
+        tpl.pointer(list)
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(name)))
+    };
+    let has = |pointer: &str, key: &str| tpl.pointer(pointer).and_then(|m| m.get(key)).is_some();
+    let mut out = Vec::new();
+    if named("/spec/containers", CONTAINER) {
+        out.push(format!("container {CONTAINER}"));
+    }
+    if named("/spec/initContainers", CONTAINER) {
+        out.push(format!("init container {CONTAINER}"));
+    }
+    if named("/spec/volumes", CONFIG_VOLUME) {
+        out.push(format!("volume {CONFIG_VOLUME}"));
+    }
+    if has("/metadata/annotations", annotations::STATUS) {
+        out.push(format!("annotation {}", annotations::STATUS));
+    }
+    for label in [annotations::FENCED_LABEL, annotations::BACKEND_PORT_LABEL] {
+        if has("/metadata/labels", label) {
+            out.push(format!("label {label}"));
+        }
+    }
+    out
+}
+
+/// `object` with every part named by [`markers`] removed (the marks volume stays:
+/// the pod's own choice, checked by the plan like any other).
+fn stripped(object: &Value, tpl_pointer: &str) -> Value {
+    let mut out = object.clone();
+    if let Some(tpl) = out.pointer_mut(tpl_pointer) {
+        strip(tpl);
+    }
+    out
+}
+
+fn strip(tpl: &mut Value) {
+    for (list, name) in [("containers", CONTAINER), ("initContainers", CONTAINER), ("volumes", CONFIG_VOLUME)] {
+        if let Some(a) = tpl.pointer_mut(&format!("/spec/{list}")).and_then(Value::as_array_mut) {
+            a.retain(|c| c.get("name").and_then(Value::as_str) != Some(name));
+        }
+    }
+    if let Some(a) = tpl.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+        a.remove(annotations::STATUS);
+    }
+    if let Some(l) = tpl.pointer_mut("/metadata/labels").and_then(Value::as_object_mut) {
+        l.remove(annotations::FENCED_LABEL);
+        l.remove(annotations::BACKEND_PORT_LABEL);
+    }
+}
+
+/// The objects an injected object may have been made from: [`strip`]ped, with
+/// the fence container's client port (its first) back on the store container,
+/// with and without the marks volume (injection adds it when the pod names a
+/// claim, and keeps it when the pod already has it). Only guesses, each checked by
+/// injecting it and comparing; none when the object has no single fence
+/// container to take the port from.
+fn uninjected(object: &Value, tpl_pointer: &str, req: &annotations::FenceRequest) -> Vec<Value> {
+    let Some(with_port) = port_back(object, tpl_pointer, req) else { return Vec::new() };
+    let mut without_marks = with_port.clone();
+    let mut added_by_injection = false;
+    if let Some(v) = without_marks.pointer_mut(tpl_pointer).and_then(|t| t.pointer_mut("/spec/volumes")) {
+        if let Some(a) = v.as_array_mut() {
+            a.retain(|v| {
+                let marks = v.get("name").and_then(Value::as_str) == Some(MARKS_VOLUME);
+                let claim = v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str);
+                added_by_injection |= marks && claim.is_some() && claim == req.marks_claim.as_deref();
+                !marks
+            });
+        }
+    }
+    // The likelier guess first: it is also the one a replacement is made from.
+    if added_by_injection {
+        vec![without_marks, with_port]
+    } else {
+        vec![with_port, without_marks]
+    }
+}
+
+fn port_back(object: &Value, tpl_pointer: &str, req: &annotations::FenceRequest) -> Option<Value> {
+    let tpl = object.pointer(tpl_pointer)?;
+    let is_fence = |c: &&Value| c.get("name").and_then(Value::as_str) == Some(CONTAINER);
+    let containers = tpl.pointer("/spec/containers")?.as_array()?;
+    let mut fences = containers.iter().filter(is_fence);
+    let port = fences.next()?.pointer("/ports/0")?.clone();
+    if fences.next().is_some() {
+        return None;
+    }
+    let mut out = stripped(object, tpl_pointer);
+    let list = out.pointer_mut(tpl_pointer)?.pointer_mut("/spec/containers")?.as_array_mut()?;
+    let store = match &req.store_container {
+        Some(name) => list.iter_mut().find(|c| c.get("name").and_then(Value::as_str) == Some(name.as_str()))?,
+        None if list.len() == 1 => list.first_mut()?,
+        None => return None,
+    };
+    array_at(store.as_object_mut()?, "ports").push(port);
+    Some(out)
 }
 
 /// A Deployment keeps one fence per store only with one replica and no overlap
@@ -225,25 +455,27 @@ fn deployment_shape(object: &Value) -> Vec<Refusal> {
     errs
 }
 
-fn refuse_other_kind(object: &Value, kind: &str) -> Option<Refusal> {
+fn refuse_other_kind(object: &Value, kind: &str, config: &Config, scope: &Scope) -> Option<Refusal> {
     let (pointer, at) = match kind {
-        "CronJob" => {
-            ("/spec/jobTemplate/spec/template/metadata/annotations", "spec.jobTemplate.spec.template.metadata")
-        }
-        _ => ("/spec/template/metadata/annotations", "spec.template.metadata"),
+        "CronJob" => ("/spec/jobTemplate/spec/template", "spec.jobTemplate.spec.template.metadata"),
+        _ => ("/spec/template", "spec.template.metadata"),
     };
-    let opted_in = object.pointer(pointer).and_then(|a| a.get(annotations::FENCE)).and_then(Value::as_str);
-    (opted_in == Some("enabled")).then(|| {
-        Refusal::new(
-            Code::WorkloadShape,
-            format!("{at}.annotations[\"{}\"]", annotations::FENCE),
-            format!("kind {kind} cannot be fenced: only a Pod, a single-replica Deployment or a StatefulSet keeps one fence with its own persistent marks per store"),
-        )
-    })
+    let tpl = object.pointer(pointer)?;
+    let opted_in = tpl.pointer("/metadata/annotations").and_then(|a| a.get(annotations::FENCE)).and_then(Value::as_str);
+    let why = match selection(tpl, config, scope) {
+        Some(Selected { why, .. }) => format!("its pods are fenced stores by {why}, and "),
+        None if opted_in == Some("enabled") => String::new(),
+        None => return None,
+    };
+    Some(Refusal::new(
+        Code::WorkloadShape,
+        format!("{at}.annotations[\"{}\"]", annotations::FENCE),
+        format!("{why}kind {kind} cannot be fenced: only a Pod, a single-replica Deployment or a StatefulSet keeps one fence with its own persistent marks per store"),
+    ))
 }
 
 /// Injects into the pod template at `at` (`""` for a Pod, `spec.template.` for a
-/// workload). `Ok(None)`: not requested or already injected.
+/// workload). `Ok(None)`: not requested.
 fn inject_template(
     root: &mut Value,
     at: &str,
@@ -256,7 +488,7 @@ fn inject_template(
     };
     let req = match annotations::read(tpl.pointer("/metadata/annotations"), &format!("{at}metadata"))? {
         Request::Inject(r) => r,
-        Request::NotRequested | Request::AlreadyInjected => return Ok(None),
+        Request::NotRequested => return Ok(None),
     };
     let has_claim_template = existing_claim_template(root).is_some();
     let plan = plan(tpl, at, &req, marks, has_claim_template, config)?;

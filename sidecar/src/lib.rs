@@ -31,5 +31,5 @@ pub mod server;
 pub mod webhook;
 
 pub use config::Config;
-pub use inject::{inject, Injected, Outcome};
+pub use inject::{inject, inject_in, Injected, Outcome, Scope};
 pub use refusal::{Code, InjectError, Refusal};

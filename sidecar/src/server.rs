@@ -1,7 +1,9 @@
 //! The webhook's HTTPS server: rustls (via tokio-rustls) in front of an axum
 //! router, HTTP/1.1 only.
 //!
-//! Routes: `POST /mutate` (AdmissionReview v1), `GET /healthz` and `GET /readyz`
+//! Routes: `POST /mutate` and `POST /mutate/store` (AdmissionReview v1; the
+//! second for store namespaces, every pod a store: `webhook::review_store`),
+//! `GET /healthz` and `GET /readyz`
 //! (200 while serving). The certificate and key are re-read when their files
 //! change (checked every [`RELOAD_EVERY`]), so a rotated Secret needs no restart;
 //! a rotation that fails to load is logged and the old certificate kept.
@@ -31,7 +33,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     config::Config,
-    webhook::{review, Verdict},
+    webhook::{review, review_store, ReviewError, Verdict},
 };
 
 /// How often the certificate files are checked for rotation.
@@ -144,6 +146,7 @@ pub async fn run(
     let acceptor = tokio_rustls::TlsAcceptor::from(certs.server_config()?);
     let app = Router::new()
         .route("/mutate", post(mutate))
+        .route("/mutate/store", post(mutate_store))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -202,7 +205,15 @@ pub async fn run(
 }
 
 async fn mutate(State(config): State<Arc<Config>>, body: Bytes) -> impl IntoResponse {
-    match review(&body, &config) {
+    respond(review(&body, &config))
+}
+
+async fn mutate_store(State(config): State<Arc<Config>>, body: Bytes) -> impl IntoResponse {
+    respond(review_store(&body, &config))
+}
+
+fn respond(reviewed: Result<(crate::webhook::AdmissionReview, Verdict), ReviewError>) -> axum::response::Response {
+    match reviewed {
         Ok((answer, verdict)) => {
             let uid = answer.response.as_ref().map(|r| r.uid.as_str()).unwrap_or("");
             match verdict {

@@ -2,12 +2,20 @@
 //! AdmissionReview request in, the AdmissionReview response out, with the
 //! injection as a base64 JSONPatch. No I/O here; `server` carries it over TLS.
 //!
+//! Two entry points, chosen by the MutatingWebhookConfiguration (admin-owned):
+//! [`review`] (`/mutate`: the injector's config decides which pods are stores)
+//! and [`review_store`] (`/mutate/store`: the namespace is a store namespace,
+//! every pod in it is a store).
+//!
 //! Answers:
-//! - a Pod CREATE that opted in: allowed, with the patch (and warnings);
-//! - a Pod without the opt-in, an injected Pod, another kind or operation:
-//!   allowed, no patch;
-//! - a Pod that opted in but cannot be injected: denied (HTTP code 400 in the
-//!   status), the message listing every reason with its code and field.
+//! - a Pod CREATE that is selected or opted in: allowed, with the patch (and
+//!   warnings); a `lockmesh-fence` container, fence volume, status annotation or
+//!   fenced label of the pod's own is replaced by the injector's;
+//! - a Pod neither selected nor opted in, a Pod that is already exactly what
+//!   injection makes of it, another kind or operation: allowed, no patch;
+//! - a Pod that is selected or opted in but cannot be injected: denied (HTTP
+//!   code 400 in the status), the message listing every reason with its code
+//!   and field.
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -15,7 +23,7 @@ use serde_json::Value;
 
 use crate::{
     config::Config,
-    inject::{inject, Outcome},
+    inject::{inject_in, Outcome, Scope},
     patch,
 };
 
@@ -49,7 +57,8 @@ pub struct AdmissionRequest {
     pub kind: GroupVersionKind,
     /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     pub operation: String,
-    /// The request's namespace (logged; an object may lack its own).
+    /// The request's namespace, set by the API server (the object may lack its
+    /// own); the store selection reads it.
     #[serde(default)]
     pub namespace: Option<String>,
     /// The object being admitted.
@@ -133,14 +142,26 @@ pub enum Verdict {
     Denied,
 }
 
-/// Answers one AdmissionReview body.
+/// Answers one AdmissionReview body sent to `/mutate`: the injector's config
+/// decides which pods are stores.
 pub fn review(body: &[u8], config: &Config) -> Result<(AdmissionReview, Verdict), ReviewError> {
+    answer(body, config, false)
+}
+
+/// Answers one AdmissionReview body sent to `/mutate/store`: the webhook
+/// configuration sends only namespaces labelled `lockmesh.io/fence-injection:
+/// store` there, and every pod in them is a fenced store (injected or refused).
+pub fn review_store(body: &[u8], config: &Config) -> Result<(AdmissionReview, Verdict), ReviewError> {
+    answer(body, config, true)
+}
+
+fn answer(body: &[u8], config: &Config, store_namespace: bool) -> Result<(AdmissionReview, Verdict), ReviewError> {
     let review: AdmissionReview = serde_json::from_slice(body)?;
     if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
         return Err(ReviewError::Version { api_version: review.api_version, kind: review.kind });
     }
     let request = review.request.ok_or(ReviewError::NoRequest)?;
-    let (response, verdict) = respond(&request, config);
+    let (response, verdict) = respond(&request, config, store_namespace);
     Ok((
         AdmissionReview {
             api_version: API_VERSION.into(),
@@ -152,7 +173,7 @@ pub fn review(body: &[u8], config: &Config) -> Result<(AdmissionReview, Verdict)
     ))
 }
 
-fn respond(request: &AdmissionRequest, config: &Config) -> (AdmissionResponse, Verdict) {
+fn respond(request: &AdmissionRequest, config: &Config, store_namespace: bool) -> (AdmissionResponse, Verdict) {
     let allow = AdmissionResponse {
         uid: request.uid.clone(),
         allowed: true,
@@ -171,7 +192,14 @@ fn respond(request: &AdmissionRequest, config: &Config) -> (AdmissionResponse, V
         m.entry("kind").or_insert_with(|| Value::from("Pod"));
         m.entry("apiVersion").or_insert_with(|| Value::from("v1"));
     }
-    match inject(&pod, config) {
+    // The namespace the API server admits the pod into (a pod's own
+    // metadata.namespace must equal it on CREATE; it is the fallback only).
+    let namespace = request
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_owned));
+    match inject_in(&pod, config, &Scope { namespace, store_namespace }) {
         Ok(Outcome::Injected(injected)) => {
             let ops = patch::diff(&pod, &injected.object);
             match serde_json::to_vec(&ops) {

@@ -62,7 +62,7 @@ pub(super) fn plan(
         errs.push(Refusal::new(
             Code::NameClash,
             format!("{at}spec.containers"),
-            format!("a container named {CONTAINER} already exists but {} is absent: remove it or the status annotation was lost", annotations::STATUS),
+            format!("a container named {CONTAINER} already exists"),
         ));
     }
     if volumes.iter().any(|v| name_of(v) == CONFIG_VOLUME) {

@@ -1,15 +1,18 @@
-//! Issue #17 item 7: injection decided by the admin, not by the pod. With the
-//! injector's `store_selector` (`app: ledger-store`) and `fence_config_map`
-//! (`ledger-fence`), every way a pod could opt out — the opt-in annotation set to
-//! `disabled` or absent, a forged `lockmesh.io/fence-status`, a fence ConfigMap of
-//! its own choosing (and so its own trusted signing keys) — is refused with
-//! `admin_policy`, never silently skipped; a selected pod that opts in is injected;
-//! an injected pod is recognised by its fence container; a pod the selector does
-//! not match is untouched (positive control). The same reviews also go through the
-//! real HTTPS webhook process started with that configuration.
+//! Issue #17 item 7 and issue 41: injection decided by the admin, not by the pod.
+//! With the injector's `store_selector` (`app: ledger-store`) and
+//! `fence_config_map` (`ledger-fence`), every way a pod could opt out — the opt-in
+//! annotation set to `disabled` or absent, a fence ConfigMap of its own choosing
+//! (and so its own trusted signing keys) — is refused with `admin_policy`, never
+//! silently skipped; a forged `lockmesh.io/fence-status` or a lookalike fence
+//! container is not believed (the injector's own fence replaces it); a selected
+//! pod that opts in is injected; an injected pod is recognised only by injecting
+//! it again; a pod the selector does not match is untouched (positive control).
+//! Selection by namespace and service account (config) and by the `/mutate/store`
+//! path. The same reviews also go through the real HTTPS webhook process started
+//! with that configuration (`lookalikes.rs` does so with the shipped one).
 
 use lockmesh_sidecar::{
-    webhook::{review, AdmissionResponse, Verdict},
+    webhook::{review, review_store, AdmissionResponse, Verdict},
     Config,
 };
 use serde_json::{json, Value};
@@ -52,24 +55,6 @@ pub fn opt_outs() -> Vec<(&'static str, Vec<u8>, &'static str)> {
                 annotations(p).remove("lockmesh.io/fence");
             }),
             "injected or refused, never left unfenced",
-        ),
-        (
-            "a forged fence-status",
-            ledger_review(|p| {
-                annotations(p).insert("lockmesh.io/fence-status".into(), json!("{\"injected\":true}"));
-            }),
-            "believed only with a lockmesh-fence container of image",
-        ),
-        (
-            "a forged fence-status and a lookalike container",
-            ledger_review(|p| {
-                annotations(p).insert("lockmesh.io/fence-status".into(), json!("{}"));
-                p["spec"]["containers"]
-                    .as_array_mut()
-                    .unwrap()
-                    .push(json!({"name": "lockmesh-fence", "image": "evil.example/not-a-fence:1"}));
-            }),
-            "believed only with a lockmesh-fence container of image",
         ),
         (
             "a fence ConfigMap of its own (its own trusted keys)",
@@ -116,15 +101,94 @@ fn a_selected_store_that_opts_in_is_injected_and_then_recognised() {
     )
     .unwrap();
     assert!(patch.contains("\"name\":\"ledger-fence\""), "{patch}");
-    // An injected pod (fence container of the configured image, status) is left alone.
-    let injected = ledger_review(|p| {
+    // An injected pod is left alone: injecting it again gives the same pod.
+    let (r, _) = answer(&ledger_review(|_| {}));
+    let once = apply(&ledger_object(|_| {}), &r);
+    let (again, verdict) = answer(&ledger_review(|p| *p = once.clone()));
+    assert_eq!(verdict, Verdict::Untouched, "{again:?}");
+    // A pod that only looks injected (status, a fence container of the configured
+    // image) gets the injector's fence in place of its own.
+    let lookalike = |p: &mut Value| {
         annotations(p).insert("lockmesh.io/fence-status".into(), json!("{}"));
         p["spec"]["containers"]
             .as_array_mut()
             .unwrap()
-            .push(json!({"name": "lockmesh-fence", "image": Config::default().image}));
+            .push(json!({"name": "lockmesh-fence", "image": Config::default().image, "command": ["sleep", "1d"]}));
+    };
+    let (r, verdict) = answer(&ledger_review(lookalike));
+    assert_eq!(verdict, Verdict::Injected, "{r:?}");
+    assert!(
+        r.warnings[0].contains(
+            "the pod's own container lockmesh-fence, annotation lockmesh.io/fence-status are not the injector's"
+        ),
+        "{:?}",
+        r.warnings
+    );
+    assert_eq!(apply(&ledger_object(lookalike), &r), once);
+}
+
+fn ledger_object(edit: impl FnOnce(&mut Value)) -> Value {
+    let r: Value = serde_json::from_slice(&ledger_review(edit)).unwrap();
+    r["request"]["object"].clone()
+}
+
+fn apply(pod: &Value, r: &AdmissionResponse) -> Value {
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, r.patch.as_ref().unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut doc = pod.clone();
+    json_patch::patch(&mut doc, &patch).unwrap();
+    doc
+}
+
+/// Selection by what the admins own: a namespace listed in the config, a service
+/// account, the store path. Leaving the pod-label selection does not leave these.
+#[test]
+fn namespaces_and_service_accounts_select_whatever_the_pod_says() {
+    let config =
+        Config::parse("store_selector:\n  namespaces: [payments]\nfence_config_map: ledger-fence\n", "injector.yaml")
+            .unwrap();
+    let plain = |p: &mut Value| {
+        p["metadata"]["labels"] = json!({"app": "web"});
+        p["metadata"]["annotations"] = json!({});
+    };
+    let (r, verdict) = review(&ledger_review(plain), &config).unwrap();
+    assert_eq!(verdict, Verdict::Denied, "{r:?}");
+    let message = r.response.unwrap().status.unwrap().message;
+    assert!(message.contains("store_selector.namespaces (payments)"), "{message}");
+    // The label dropped, the pod opted in: injected.
+    let (_, verdict) = review(&ledger_review(|p| p["metadata"]["labels"] = json!({})), &config).unwrap();
+    assert_eq!(verdict, Verdict::Injected);
+    // Another namespace: not selected.
+    let other = ledger_review(|p| {
+        plain(p);
+        p["metadata"]["namespace"] = json!("shop");
     });
-    assert_eq!(answer(&injected).1, Verdict::Untouched);
+    let mut other: Value = serde_json::from_slice(&other).unwrap();
+    other["request"]["namespace"] = json!("shop");
+    let (_, verdict) = review(&serde_json::to_vec(&other).unwrap(), &config).unwrap();
+    assert_eq!(verdict, Verdict::Untouched);
+
+    let by_sa = Config::parse(
+        "store_selector:\n  service_accounts: [payments/ledger]\nfence_config_map: ledger-fence\n",
+        "injector.yaml",
+    )
+    .unwrap();
+    let sa = |name: &'static str| {
+        ledger_review(move |p| {
+            plain(p);
+            p["spec"]["serviceAccountName"] = json!(name);
+        })
+    };
+    assert_eq!(review(&sa("ledger"), &by_sa).unwrap().1, Verdict::Denied);
+    // A pod choosing another account leaves that part of the selection only.
+    assert_eq!(review(&sa("default"), &by_sa).unwrap().1, Verdict::Untouched);
+
+    // The store path: every pod is a store, even with the default config.
+    let (r, verdict) = review_store(&ledger_review(plain), &Config::default()).unwrap();
+    assert_eq!(verdict, Verdict::Denied);
+    let message = r.response.unwrap().status.unwrap().message;
+    assert!(message.contains("lockmesh.io/fence-injection=store"), "{message}");
+    assert!(message.contains("sets no fence_config_map"), "{message}");
 }
 
 #[test]
@@ -146,12 +210,19 @@ fn the_config_check_says_what_it_selects_and_excludes() {
     assert!(lines.contains("every pod labelled app=ledger-store is injected or refused"), "{lines}");
     assert!(lines.contains("ConfigMap ledger-fence only"), "{lines}");
     assert!(lines.contains("never kube-system or lockmesh-system"), "{lines}");
+    assert!(!lines.contains("may opt out"), "{lines}");
     let default = Config::default().selection().join("\n");
     assert!(default.contains("a pod may opt out"), "{default}");
     let errs = Config::parse("store_selector: {pod_labels: {}}\nfence_config_map: Not_A_Name\n", "i.yaml").unwrap_err();
     let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
-    assert!(text.iter().any(|e| e.starts_with("i.yaml: store_selector.pod_labels:")), "{text:?}");
+    assert!(text.iter().any(|e| e.starts_with("i.yaml: store_selector: must name")), "{text:?}");
     assert!(text.iter().any(|e| e.starts_with("i.yaml: fence_config_map:")), "{text:?}");
+    let errs =
+        Config::parse("store_selector: {namespaces: [Bad_NS], service_accounts: [nobody]}\n", "i.yaml").unwrap_err();
+    let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert!(text.iter().any(|e| e.starts_with("i.yaml: store_selector.namespaces:")), "{text:?}");
+    assert!(text.iter().any(|e| e.contains("\"nobody\" is not NAMESPACE/SERVICE_ACCOUNT")), "{text:?}");
+    assert!(text.iter().any(|e| e.starts_with("i.yaml: fence_config_map: required with store_selector")), "{text:?}");
 }
 
 /// The same decisions through the real HTTPS webhook process started with the

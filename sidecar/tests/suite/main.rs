@@ -9,6 +9,7 @@
 mod admin_policy;
 mod cli;
 mod fixtures;
+mod lookalikes;
 mod tls;
 mod validate;
 mod webhook;

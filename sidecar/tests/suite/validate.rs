@@ -201,6 +201,62 @@ fn shipped_network_policy_is_the_generated_one() {
     let path = repo_root().join("deploy/fence/networkpolicy-backend-15081.yaml");
     let shipped: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(shipped, lockmesh_sidecar::policy::network_policy(None, lockmesh_sidecar::config::DEFAULT_BACKEND_PORT));
+    let path = repo_root().join("deploy/fence/networkpolicy-store-namespace-15081.yaml");
+    let shipped: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(
+        shipped,
+        lockmesh_sidecar::policy::store_namespace_policy(None, lockmesh_sidecar::config::DEFAULT_BACKEND_PORT)
+    );
+    // The example store namespace applies both.
+    let k = std::fs::read_to_string(repo_root().join("deploy/overlays/example/payments/kustomization.yaml")).unwrap();
+    assert!(k.contains("../../../fence"), "{k}");
+}
+
+/// Issue 41: the shipped webhook configuration sends store namespaces (label
+/// `lockmesh.io/fence-injection=store`, the admins') to `/mutate/store` and opt-in
+/// namespaces to `/mutate`, both failing closed, neither skippable by a pod's
+/// labels; the shipped injector configs (base and example) select stores and pin
+/// the fence ConfigMap; the example's store namespace carries the store label.
+#[test]
+fn shipped_webhook_configuration_selects_by_namespace_label() {
+    let text =
+        std::fs::read_to_string(repo_root().join("deploy/base/webhook/mutatingwebhookconfiguration.yaml")).unwrap();
+    let mwc: Value = serde_saphyr::from_str(&text).unwrap();
+    let hooks = mwc["webhooks"].as_array().unwrap();
+    let mut paths = Vec::new();
+    for h in hooks {
+        assert_eq!(h["failurePolicy"], "Fail", "{h}");
+        assert!(h.get("objectSelector").is_none(), "a pod's own labels must not decide: {h}");
+        assert_eq!(h["rules"][0]["operations"], serde_json::json!(["CREATE"]));
+        assert_eq!(h["rules"][0]["resources"], serde_json::json!(["pods"]));
+        let exprs = h["namespaceSelector"]["matchExpressions"].as_array().unwrap();
+        let value = exprs.iter().find(|e| e["key"] == "lockmesh.io/fence-injection").unwrap()["values"].clone();
+        assert!(
+            exprs.iter().any(|e| e["key"] == "kubernetes.io/metadata.name"
+                && e["operator"] == "NotIn"
+                && e["values"] == serde_json::json!(["kube-system", "lockmesh-system"])),
+            "{h}"
+        );
+        paths.push((h["clientConfig"]["service"]["path"].as_str().unwrap().to_owned(), value));
+    }
+    paths.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        paths,
+        [
+            ("/mutate".to_owned(), serde_json::json!(["enabled"])),
+            ("/mutate/store".to_owned(), serde_json::json!(["store"]))
+        ]
+    );
+    for file in ["deploy/base/webhook/injector.yaml", "deploy/overlays/example/injector.yaml"] {
+        let c = lockmesh_sidecar::Config::load(&repo_root().join(file)).unwrap();
+        assert!(!c.store_selector.is_empty(), "{file}");
+        assert_eq!(c.fence_config_map.as_deref(), Some("lockmesh-fence"), "{file}");
+    }
+    let ns: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/overlays/example/payments/namespace.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ns["metadata"]["labels"]["lockmesh.io/fence-injection"], "store");
 }
 
 #[test]

@@ -1,0 +1,556 @@
+//! Issue 41, row 1 / item 1: injection that cannot be talked out of. The real
+//! `lockmesh-sidecar-webhook` process, over TLS, started with the SHIPPED
+//! `deploy/base/webhook/injector.yaml`, on the two paths the shipped
+//! MutatingWebhookConfiguration calls (`/mutate` for namespaces labelled
+//! `lockmesh.io/fence-injection=enabled`, `/mutate/store` for those labelled
+//! `store`).
+//!
+//! Every lookalike a pod author can write — a `lockmesh-fence` container of the
+//! configured image with its own arguments and ConfigMap of signing keys, one
+//! running `sleep`, one holding the client port and forwarding to nothing, a
+//! forged `lockmesh.io/fence-status`, forged fenced labels, an init container of
+//! the fence's name, a tampered fence on a re-admitted pod — must come out with
+//! the webhook's OWN fence: the patched pod equals the patched normal store pod.
+//! Selection by namespace: in a store namespace a pod without the selector
+//! label, with another service account, or with no opt-in at all is injected or
+//! refused, never admitted unfenced. Positive controls: a normal store pod gets
+//! the patch, an injected pod re-admitted gets none, a pod outside selection is
+//! untouched.
+//!
+//! These tests use only the binary, HTTP and the shipped files, so they also run
+//! against an older webhook (issue 41: the lookalikes were admitted unpatched).
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::{fixtures, tls};
+
+/// The shipped injector configuration's fence ConfigMap and store label.
+const FENCE_CONFIG_MAP: &str = "lockmesh-fence";
+const STORE_LABEL: (&str, &str) = ("lockmesh.io/store", "true");
+const IMAGE: &str = "ghcr.io/lockmesh/fence-proxy:0.1.0";
+
+/// The real webhook process started with the shipped injector.yaml.
+struct Shipped {
+    _dir: tempfile::TempDir,
+    _webhook: tls::Webhook,
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Shipped {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tls::pki(dir.path());
+        let config = fixtures::repo_root().join("deploy/base/webhook/injector.yaml");
+        let (webhook, base) = tls::start_with(dir.path(), &["--config".as_ref(), config.as_os_str()]);
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        Self { _dir: dir, _webhook: webhook, base, client }
+    }
+
+    /// The AdmissionReview response for `pod` posted to `path`.
+    async fn post(&self, path: &str, pod: &Value) -> Value {
+        let body = review_of(pod);
+        let r = self.client.post(format!("{}{path}", self.base)).body(body).send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "{path}: {text}");
+        serde_json::from_str::<Value>(&text).unwrap()["response"].clone()
+    }
+}
+
+fn review_of(pod: &Value) -> Vec<u8> {
+    let mut r: Value = serde_json::from_slice(&fixtures::admission("pod-opted-in.json")).unwrap();
+    r["request"]["object"] = pod.clone();
+    serde_json::to_vec(&r).unwrap()
+}
+
+/// A normal store pod for the shipped config: the opted-in ledger pod with the
+/// store label and the shipped fence ConfigMap.
+fn store_pod() -> Value {
+    let r: Value = serde_json::from_slice(&fixtures::admission("pod-opted-in.json")).unwrap();
+    let mut pod = r["request"]["object"].clone();
+    pod["metadata"]["labels"][STORE_LABEL.0] = json!(STORE_LABEL.1);
+    pod["metadata"]["annotations"]["lockmesh.io/fence-config"] = json!(FENCE_CONFIG_MAP);
+    pod
+}
+
+fn containers(pod: &mut Value) -> &mut Vec<Value> {
+    pod["spec"]["containers"].as_array_mut().unwrap()
+}
+
+fn annotations(pod: &mut Value) -> &mut serde_json::Map<String, Value> {
+    pod["metadata"]["annotations"].as_object_mut().unwrap()
+}
+
+/// `pod` with the response's JSON Patch applied (the pod itself when there is none).
+fn patched(pod: &Value, response: &Value) -> Value {
+    let Some(patch) = response["patch"].as_str() else { return pod.clone() };
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut doc = pod.clone();
+    json_patch::patch(&mut doc, &patch).unwrap();
+    doc
+}
+
+/// The fence container of a patched pod; exactly one must exist.
+fn the_fence(pod: &Value) -> &Value {
+    let fences: Vec<&Value> =
+        pod["spec"]["containers"].as_array().unwrap().iter().filter(|c| c["name"] == "lockmesh-fence").collect();
+    assert_eq!(fences.len(), 1, "exactly one lockmesh-fence container: {pod}");
+    fences[0]
+}
+
+/// The normal store pod as the webhook injects it (on `/mutate`).
+async fn control(webhook: &Shipped) -> Value {
+    let pod = store_pod();
+    let r = webhook.post("/mutate", &pod).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = patched(&pod, &r);
+    let fence = the_fence(&out);
+    assert_eq!(fence["image"], IMAGE);
+    assert_eq!(fence["args"], json!(["--config", "/etc/lockmesh/fence/fence-proxy.yaml"]));
+    assert!(out["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["name"] == "lockmesh-fence-config" && v["configMap"]["name"] == FENCE_CONFIG_MAP));
+    out
+}
+
+/// Posts a lookalike and requires the webhook's own fence: allowed, patched, and
+/// the patched pod equal to `want` (the patched normal pod), so nothing of the
+/// lookalike survives.
+async fn must_get_own_fence(webhook: &Shipped, path: &str, what: &str, pod: &Value, want: &Value) {
+    let r = webhook.post(path, pod).await;
+    assert_eq!(r["allowed"], true, "{what}: refused: {r}");
+    assert!(r.get("patch").is_some(), "{what}: GOT THROUGH: admitted with no patch, its own fence kept: {r}");
+    let out = patched(pod, &r);
+    assert!(
+        out == *want,
+        "{what}: the patched pod is not the webhook's own injection:\n--- want\n{}\n--- got\n{}",
+        serde_json::to_string_pretty(want).unwrap(),
+        serde_json::to_string_pretty(&out).unwrap()
+    );
+}
+
+/// Posts a pod that cannot be injected and requires a refusal whose message
+/// contains `want`.
+async fn must_be_refused(webhook: &Shipped, path: &str, what: &str, pod: &Value, want: &str) {
+    let r = webhook.post(path, pod).await;
+    assert_eq!(r["allowed"], false, "{what}: GOT THROUGH: admitted: {r}");
+    assert!(r.get("patch").is_none(), "{what}: {r}");
+    let message = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(want), "{what}: expected {want:?} in: {message}");
+}
+
+/// A lookalike `lockmesh-fence` container of the configured image.
+fn lookalike(extra: Value) -> Value {
+    let mut c = json!({"name": "lockmesh-fence", "image": IMAGE});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn forge_status(pod: &mut Value) {
+    annotations(pod).insert(
+        "lockmesh.io/fence-status".into(),
+        json!(r#"{"version":1,"container":"lockmesh-fence","storePort":8080,"backendPort":15081,"marks":"claim:ledger-fence-marks","image":"ghcr.io/lockmesh/fence-proxy:0.1.0"}"#),
+    );
+}
+
+#[tokio::test]
+async fn control_a_normal_store_pod_gets_the_patch() {
+    let webhook = Shipped::start();
+    let out = control(&webhook).await;
+    let store = &out["spec"]["containers"][0];
+    assert!(store.get("ports").is_none(), "the store keeps no client port: {store}");
+    assert_eq!(the_fence(&out)["ports"][0]["containerPort"], 8080);
+}
+
+#[tokio::test]
+async fn lookalike_with_its_own_args_and_signing_keys_is_replaced() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    let mut pod = store_pod();
+    containers(&mut pod).push(lookalike(json!({
+        "args": ["--config", "/etc/lockmesh/fence/fence-proxy.yaml"],
+        "volumeMounts": [{"name": "lockmesh-fence-config", "mountPath": "/etc/lockmesh/fence", "readOnly": true}],
+    })));
+    pod["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "lockmesh-fence-config", "configMap": {"name": "my-own-signing-keys"}}));
+    forge_status(&mut pod);
+    must_get_own_fence(&webhook, "/mutate", "own args and keys", &pod, &want).await;
+    // The same with arguments naming another file outright.
+    let mut pod = store_pod();
+    containers(&mut pod).push(lookalike(json!({"args": ["--config", "/keys/evil.yaml"]})));
+    forge_status(&mut pod);
+    must_get_own_fence(&webhook, "/mutate", "own config file", &pod, &want).await;
+}
+
+#[tokio::test]
+async fn lookalike_running_sleep_is_replaced() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    let mut pod = store_pod();
+    containers(&mut pod).push(lookalike(json!({"command": ["sleep", "infinity"]})));
+    forge_status(&mut pod);
+    must_get_own_fence(&webhook, "/mutate", "sleep", &pod, &want).await;
+}
+
+/// The lookalike holds the client port (the store declares none) and forwards
+/// to nothing.
+#[tokio::test]
+async fn lookalike_holding_the_port_and_forwarding_to_nothing_is_replaced() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    let mut pod = store_pod();
+    let port = containers(&mut pod)[0].as_object_mut().unwrap().remove("ports").unwrap();
+    containers(&mut pod).push(lookalike(json!({
+        "ports": port,
+        "env": [{"name": "LOCKMESH_FENCE_UPSTREAM", "value": "http://127.0.0.1:1"}],
+    })));
+    forge_status(&mut pod);
+    pod["metadata"]["labels"]["lockmesh.io/fenced"] = json!("true");
+    pod["metadata"]["labels"]["lockmesh.io/fenced-backend-port"] = json!("15081");
+    must_get_own_fence(&webhook, "/mutate", "forwarding to nothing", &pod, &want).await;
+}
+
+#[tokio::test]
+async fn forged_status_annotation_alone_is_not_believed() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    // A selected store.
+    let mut pod = store_pod();
+    forge_status(&mut pod);
+    must_get_own_fence(&webhook, "/mutate", "forged status, selected", &pod, &want).await;
+    // An opted-in pod the selector does not match.
+    let mut pod = store_pod();
+    pod["metadata"]["labels"] = json!({"app": "ledger-store"});
+    forge_status(&mut pod);
+    let mut want_unlabelled = want.clone();
+    want_unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+    must_get_own_fence(&webhook, "/mutate", "forged status, opted in", &pod, &want_unlabelled).await;
+    // Forged fenced labels as well.
+    pod["metadata"]["labels"]["lockmesh.io/fenced"] = json!("true");
+    pod["metadata"]["labels"]["lockmesh.io/fenced-backend-port"] = json!("15081");
+    must_get_own_fence(&webhook, "/mutate", "forged status and labels", &pod, &want_unlabelled).await;
+}
+
+#[tokio::test]
+async fn an_init_container_of_the_fence_name_is_removed() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    let mut pod = store_pod();
+    pod["spec"]["initContainers"] = json!([lookalike(json!({"command": ["true"]}))]);
+    forge_status(&mut pod);
+    let r = webhook.post("/mutate", &pod).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let mut out = patched(&pod, &r);
+    assert_eq!(out["spec"]["initContainers"], json!([]), "{out}");
+    out["spec"].as_object_mut().unwrap().remove("initContainers");
+    assert_eq!(out, want);
+}
+
+/// An injected pod re-admitted is left as is (idempotence, by comparison); the
+/// same pod with its fence's arguments or image changed gets the fence back.
+#[tokio::test]
+async fn reinjection_compares_against_the_webhooks_own_spec() {
+    let webhook = Shipped::start();
+    let injected = control(&webhook).await;
+    for path in ["/mutate", "/mutate/store"] {
+        let r = webhook.post(path, &injected).await;
+        assert_eq!(r["allowed"], true, "{path}: {r}");
+        assert!(r.get("patch").is_none(), "{path}: an injected pod is patched again: {r}");
+    }
+    for (what, field, value) in [
+        ("tampered args", "args", json!(["--config", "/keys/evil.yaml"])),
+        ("tampered image", "image", json!("evil.example/not-a-fence:1")),
+        ("tampered command", "command", json!(["sleep", "infinity"])),
+    ] {
+        let mut pod = injected.clone();
+        let fence = containers(&mut pod).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap();
+        fence[field] = value;
+        must_get_own_fence(&webhook, "/mutate", what, &pod, &injected).await;
+        must_get_own_fence(&webhook, "/mutate/store", what, &pod, &injected).await;
+    }
+}
+
+/// Store namespaces (`/mutate/store`): the pod's labels, service account and
+/// opt-in decide nothing.
+#[tokio::test]
+async fn in_a_store_namespace_a_pod_without_the_selector_label_is_injected() {
+    let webhook = Shipped::start();
+    let mut want = control(&webhook).await;
+    want["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+    let mut pod = store_pod();
+    pod["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+    must_get_own_fence(&webhook, "/mutate/store", "no selector label", &pod, &want).await;
+    // The same pod with a forged status and lookalike.
+    containers(&mut pod).push(lookalike(json!({"command": ["sleep", "infinity"]})));
+    forge_status(&mut pod);
+    must_get_own_fence(&webhook, "/mutate/store", "no label, lookalike", &pod, &want).await;
+}
+
+#[tokio::test]
+async fn in_a_store_namespace_another_service_account_is_injected() {
+    let webhook = Shipped::start();
+    let want = control(&webhook).await;
+    let mut pod = store_pod();
+    pod["spec"]["serviceAccountName"] = json!("not-the-store");
+    pod["spec"]["serviceAccount"] = json!("not-the-store");
+    let mut want_sa = want.clone();
+    want_sa["spec"]["serviceAccountName"] = json!("not-the-store");
+    want_sa["spec"]["serviceAccount"] = json!("not-the-store");
+    must_get_own_fence(&webhook, "/mutate/store", "another service account", &pod, &want_sa).await;
+}
+
+#[tokio::test]
+async fn in_a_store_namespace_a_pod_cannot_opt_out() {
+    let webhook = Shipped::start();
+    // A plain pod with neither the label nor any annotation: refused, not skipped.
+    let mut pod = store_pod();
+    pod["metadata"]["labels"] = json!({"app": "ledger-store"});
+    pod["metadata"]["annotations"] = json!({});
+    must_be_refused(&webhook, "/mutate/store", "plain pod", &pod, "lockmesh.io/fence-injection=store").await;
+    // Opting out.
+    let mut pod = store_pod();
+    annotations(&mut pod).insert("lockmesh.io/fence".into(), json!("disabled"));
+    must_be_refused(&webhook, "/mutate/store", "fence: disabled", &pod, "never left unfenced").await;
+    // Its own signing keys.
+    let mut pod = store_pod();
+    annotations(&mut pod).insert("lockmesh.io/fence-config".into(), json!("my-own-keys"));
+    must_be_refused(&webhook, "/mutate/store", "own ConfigMap", &pod, "ConfigMap \"lockmesh-fence\" only").await;
+    // A backend port the namespace's NetworkPolicy does not close.
+    let mut pod = store_pod();
+    annotations(&mut pod).insert("lockmesh.io/fence-backend-port".into(), json!("9090"));
+    must_be_refused(&webhook, "/mutate/store", "backend port 9090", &pod, "default_backend_port 15081").await;
+}
+
+/// Positive control: outside every selection, a pod that does not opt in is
+/// untouched, on `/mutate` (an `enabled` namespace), lookalike container or not.
+#[tokio::test]
+async fn control_a_pod_outside_selection_is_untouched() {
+    let webhook = Shipped::start();
+    let mut pod = store_pod();
+    pod["metadata"]["labels"] = json!({"app": "web"});
+    pod["metadata"]["annotations"] = json!({});
+    let r = webhook.post("/mutate", &pod).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(r.get("patch").is_none(), "{r}");
+    containers(&mut pod).push(json!({"name": "lockmesh-fence", "image": "busybox", "command": ["sleep", "1"]}));
+    let r = webhook.post("/mutate", &pod).await;
+    assert!(r["allowed"] == true && r.get("patch").is_none(), "{r}");
+}
+
+/// The shipped configuration selects stores and names the fence ConfigMap: its
+/// check no longer says that a pod may opt out.
+#[test]
+fn the_shipped_injector_config_selects_and_pins_the_keys() {
+    let config = fixtures::repo_root().join("deploy/base/webhook/injector.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockmesh-sidecar-webhook"))
+        .arg("--check-config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains("may opt out"), "{stdout}");
+    for want in [
+        "lockmesh.io/fence-injection=store to /mutate/store",
+        "lockmesh.io/store=true",
+        "ConfigMap lockmesh-fence only",
+        "never believed",
+    ] {
+        assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
+    }
+}
+
+/// What a variant must come out as.
+enum Want {
+    /// Allowed with a patch whose result is this pod (the webhook's own fence).
+    Own(Value),
+    /// Refused.
+    Refused,
+}
+
+/// Every lookalike and escape of this module in one table, with the result of
+/// each printed (`--nocapture`): none may be admitted unpatched or with a fence
+/// that is not the webhook's own.
+fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> {
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut p = store_pod();
+        edit(&mut p);
+        p
+    };
+    let unlabelled = |p: &Value| {
+        let mut p = p.clone();
+        p["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+        p
+    };
+    let own_args = with(&|p| {
+        containers(p).push(lookalike(json!({"args": ["--config", "/keys/evil.yaml"]})));
+        p["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "lockmesh-fence-config", "configMap": {"name": "my-own-signing-keys"}}));
+        forge_status(p);
+    });
+    let sleep = with(&|p| {
+        containers(p).push(lookalike(json!({"command": ["sleep", "infinity"]})));
+        forge_status(p);
+    });
+    let nowhere = with(&|p| {
+        let port = containers(p)[0].as_object_mut().unwrap().remove("ports").unwrap();
+        containers(p).push(lookalike(
+            json!({"ports": port, "env": [{"name": "LOCKMESH_FENCE_UPSTREAM", "value": "http://127.0.0.1:1"}]}),
+        ));
+        forge_status(p);
+        p["metadata"]["labels"]["lockmesh.io/fenced"] = json!("true");
+    });
+    let status = with(&forge_status);
+    let status_opted_in = with(&|p| {
+        p["metadata"]["labels"] = json!({"app": "ledger-store"});
+        forge_status(p);
+    });
+    let init = with(&|p| {
+        p["spec"]["initContainers"] = json!([lookalike(json!({"command": ["true"]}))]);
+        forge_status(p);
+    });
+    let tampered = |field: &str, value: Value| {
+        let mut p = injected.clone();
+        containers(&mut p).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap()[field] = value;
+        p
+    };
+    let mut with_init_emptied = injected.clone();
+    with_init_emptied["spec"]["initContainers"] = json!([]);
+    let mut other_sa = injected.clone();
+    other_sa["spec"]["serviceAccountName"] = json!("not-the-store");
+    vec![
+        ("/mutate", "lookalike with own args and signing keys, forged status", own_args, Want::Own(injected.clone())),
+        ("/mutate", "lookalike running sleep, forged status", sleep.clone(), Want::Own(injected.clone())),
+        ("/mutate", "lookalike holding the port, forwarding to nothing", nowhere, Want::Own(injected.clone())),
+        ("/mutate", "forged status annotation, selected by label", status, Want::Own(injected.clone())),
+        (
+            "/mutate",
+            "forged status annotation, opted in, not selected",
+            status_opted_in,
+            Want::Own(unlabelled(injected)),
+        ),
+        ("/mutate", "init container named lockmesh-fence, forged status", init, Want::Own(with_init_emptied)),
+        (
+            "/mutate",
+            "injected pod, fence args tampered",
+            tampered("args", json!(["--config", "/x.yaml"])),
+            Want::Own(injected.clone()),
+        ),
+        (
+            "/mutate",
+            "injected pod, fence image tampered",
+            tampered("image", json!("evil.example/x:1")),
+            Want::Own(injected.clone()),
+        ),
+        (
+            "/mutate/store",
+            "injected pod, fence running sleep",
+            tampered("command", json!(["sleep", "1d"])),
+            Want::Own(injected.clone()),
+        ),
+        (
+            "/mutate/store",
+            "store namespace: no selector label",
+            unlabelled(&store_pod()),
+            Want::Own(unlabelled(injected)),
+        ),
+        (
+            "/mutate/store",
+            "store namespace: no label, lookalike, forged status",
+            unlabelled(&sleep),
+            Want::Own(unlabelled(injected)),
+        ),
+        (
+            "/mutate/store",
+            "store namespace: another service account",
+            with(&|p| p["spec"]["serviceAccountName"] = json!("not-the-store")),
+            Want::Own(other_sa),
+        ),
+        (
+            "/mutate/store",
+            "store namespace: no label, no annotations",
+            with(&|p| {
+                p["metadata"]["labels"] = json!({"app": "ledger-store"});
+                p["metadata"]["annotations"] = json!({});
+            }),
+            Want::Refused,
+        ),
+        (
+            "/mutate/store",
+            "store namespace: fence disabled",
+            with(&|p| {
+                annotations(p).insert("lockmesh.io/fence".into(), json!("disabled"));
+            }),
+            Want::Refused,
+        ),
+        (
+            "/mutate/store",
+            "store namespace: its own fence ConfigMap",
+            with(&|p| {
+                annotations(p).insert("lockmesh.io/fence-config".into(), json!("my-own-keys"));
+            }),
+            Want::Refused,
+        ),
+        (
+            "/mutate/store",
+            "store namespace: backend port 9090",
+            with(&|p| {
+                annotations(p).insert("lockmesh.io/fence-backend-port".into(), json!("9090"));
+            }),
+            Want::Refused,
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn no_variant_gets_through() {
+    let webhook = Shipped::start();
+    let injected = control(&webhook).await;
+    let mut through = Vec::new();
+    let all = variants(&injected);
+    for (path, what, pod, want) in &all {
+        let body = review_of(pod);
+        let r = webhook.client.post(format!("{}{path}", webhook.base)).body(body).send().await.unwrap();
+        let got = if r.status() != 200 {
+            format!("HTTP {}", r.status())
+        } else {
+            let r = r.json::<Value>().await.unwrap()["response"].clone();
+            match (r["allowed"].as_bool(), r.get("patch").is_some()) {
+                (Some(true), false) => "GOT THROUGH: admitted unpatched".to_owned(),
+                (Some(true), true) => match want {
+                    Want::Own(w) if patched(pod, &r) == *w => "ok: the webhook's own fence".to_owned(),
+                    _ => "GOT THROUGH: patched, but not with the webhook's own fence".to_owned(),
+                },
+                _ => match want {
+                    Want::Refused => "ok: refused".to_owned(),
+                    Want::Own(_) => format!("refused (wanted the own fence): {}", r["status"]["message"]),
+                },
+            }
+        };
+        println!("{path:14} {what:55} {got}");
+        if !got.starts_with("ok") {
+            through.push(format!("{path} {what}: {got}"));
+        }
+    }
+    assert!(through.is_empty(), "{} of {} variants not handled:\n{}", through.len(), all.len(), through.join("\n"));
+}
