@@ -33,6 +33,7 @@
 //! | `spool_full` | 503 | yes | 1 |
 //! | `quota_exceeded` | 429 | yes | 1 |
 //! | `keys_span_clusters` | 409 | no (name keys of one cluster) | |
+//! | `mode_conflict` | 409 | no (release first, or ask the held mode) | |
 
 use std::fmt;
 
@@ -91,6 +92,10 @@ pub enum Code {
     /// shard map homes them apart): one transaction cannot grant them, so nothing
     /// was granted.
     KeysSpanClusters,
+    /// The session already holds the key in another mode or with another number
+    /// of permits than this acquire asks for (`x-lock-mode`, `x-lock-permits`): a
+    /// held key's mode is never changed by a re-acquire. The body says what is held.
+    ModeConflict,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -136,7 +141,7 @@ const RETRY_AFTER_VALUE: &str = "1";
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -158,6 +163,7 @@ impl Code {
         Code::SpoolFull,
         Code::QuotaExceeded,
         Code::KeysSpanClusters,
+        Code::ModeConflict,
     ];
 
     /// The wire string (snake_case), as in the body's `code` and `x-lockmesh-error`.
@@ -184,6 +190,7 @@ impl Code {
             Code::SpoolFull => "spool_full",
             Code::QuotaExceeded => "quota_exceeded",
             Code::KeysSpanClusters => "keys_span_clusters",
+            Code::ModeConflict => "mode_conflict",
         }
     }
 
@@ -195,7 +202,7 @@ impl Code {
             Code::Denied => 403,
             Code::NotFound => 404,
             Code::WrongRegion => 421,
-            Code::Contended | Code::Leaked | Code::NotHolder | Code::KeysSpanClusters => 409,
+            Code::Contended | Code::Leaked | Code::NotHolder | Code::KeysSpanClusters | Code::ModeConflict => 409,
             Code::SessionExpired => 410,
             Code::LockRequired => 428,
             Code::QueueFull | Code::RateLimited | Code::QuotaExceeded => 429,
@@ -245,7 +252,8 @@ impl Code {
             | Code::LockRequired
             | Code::Internal
             | Code::WrongRegion
-            | Code::KeysSpanClusters => false,
+            | Code::KeysSpanClusters
+            | Code::ModeConflict => false,
         }
     }
 

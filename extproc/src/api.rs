@@ -282,7 +282,7 @@ async fn route(
         return Err(ApiError::new(Code::NotFound, format!("no route {} {}", req.method, req.path)));
     };
     let r = match route {
-        Route::Acquire => return acquire(state, req, caller, cancel).await,
+        Route::Acquire => return acquire(state, req, caller, false, cancel).await,
         Route::AcquireAll => return acquire_all(state, req, caller, cancel).await,
         Route::Release if lock.grant.is_some() => {
             // An unprotected grant (ADR-04) is released by its grant id, from memory.
@@ -484,7 +484,7 @@ async fn campaign(
     let key = need(lock.key.clone(), headers::KEY)?;
     election_class(state, lock, &key)?;
     one_slot_only(lock, "an election has one leader; send it on acquires only")?;
-    let mut granted = acquire(state, req, caller.clone(), cancel).await;
+    let mut granted = acquire(state, req, caller.clone(), true, cancel).await;
     if crate::test_faults::on(crate::test_faults::TestFault::CampaignAfterSessionLoss)
         && lock.session.is_some()
         && matches!(&granted, Err(e) if e.code == Code::SessionExpired)
@@ -493,7 +493,7 @@ async fn campaign(
         // it campaigns on with a new one (etcd's phantom leadership).
         let mut again = req.clone();
         again.lock.session = None;
-        granted = acquire(state, &again, caller.clone(), cancel).await;
+        granted = acquire(state, &again, caller.clone(), true, cancel).await;
     }
     let (r, undo) = granted?;
     let (Some(value), Some(Undo::Grant { grant, store, .. })) = (&lock.value, &undo) else {
@@ -620,6 +620,8 @@ async fn acquire_all(
             unverified_caller: req.unverified_caller.clone(),
             permits: Permits::Count(1),
             mode: None,
+            election: false,
+            session_indexed: false,
         })
         .collect();
     let reg = state.registry();
@@ -658,10 +660,12 @@ async fn acquire_all(
     Ok((r, Some(Undo::Grants { reqs, grants, store })))
 }
 
+/// An acquire (`election`: a campaign's, granted only under a limit of 1).
 async fn acquire(
     state: &Arc<State>,
     req: &ApiRequest,
     caller: Caller,
+    election: bool,
     cancel: &CancellationToken,
 ) -> Result<(ApiResponse, Option<Undo>), ApiError> {
     let lock = &req.lock;
@@ -681,6 +685,8 @@ async fn acquire(
         unverified_caller: req.unverified_caller.clone(),
         permits,
         mode: lock.mode,
+        election,
+        session_indexed: false,
     };
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
     let reg = state.registry();
@@ -734,7 +740,7 @@ async fn acquire(
         grant: None,
         new_session: g.new_session,
         permits: (g.permits > 1).then_some(g.permits),
-        mode: areq.mode,
+        mode: g.mode,
         outage: None,
         proof: proof.clone(),
         revision: g.token.revision(),

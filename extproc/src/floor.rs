@@ -250,6 +250,7 @@ impl Waiter {
             existing: false,
             new_session: self.record.is_some(),
             permits: 1,
+            mode: None,
         })
     }
 

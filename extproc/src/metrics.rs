@@ -434,7 +434,13 @@ pub(crate) fn outcome_label<T>(r: &Result<T, crate::lock::LockError>) -> &'stati
         Err(E::Draining(_)) => "draining",
         Err(E::SpoolFull(_)) => "spool_full",
         Err(E::QuotaExceeded(_)) => "quota_exceeded",
-        Err(E::PermitsAboveLimit { .. } | E::BadKeys(_) | E::KeysSpanClusters(_)) => "bad_request",
+        Err(
+            E::PermitsAboveLimit { .. }
+            | E::BadKeys(_)
+            | E::KeysSpanClusters(_)
+            | E::NotElectionClass(_)
+            | E::ModeConflict(_),
+        ) => "bad_request",
         Err(E::NotHolder | E::Internal(_)) => "error",
     }
 }

@@ -81,7 +81,8 @@ impl From<LockError> for ApiError {
             LockError::SpoolFull(_) => Code::SpoolFull,
             LockError::QuotaExceeded(_) => Code::QuotaExceeded,
             LockError::KeysSpanClusters(_) => Code::KeysSpanClusters,
-            LockError::BadKeys(_) => Code::BadRequest,
+            LockError::BadKeys(_) | LockError::NotElectionClass(_) => Code::BadRequest,
+            LockError::ModeConflict(_) => Code::ModeConflict,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),

@@ -154,6 +154,8 @@ async fn grant(
         unverified_caller: req.unverified_caller.clone(),
         permits,
         mode: req.lock.mode,
+        election: false,
+        session_indexed: false,
     };
     // A fail-open class during a declared quorum loss: unprotected, from memory.
     let open = if areq.class.on_quorum_loss == OnQuorumLoss::Open {

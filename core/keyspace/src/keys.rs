@@ -8,6 +8,8 @@
 //! <root>/l/<digest>/h/<slot:04>    one hold (slot 0..N-1)              session lease
 //! <root>/l/<digest>/h/<slot:04>.1  the same slot, after a hand-off     session lease
 //! <root>/l/<digest>/e              an election leader's proclaimed value the leader's session lease
+//! <root>/l/<digest>/w              exclusion record of an exclusive hold the holder's session lease
+//! <root>/i/<session>/<digest>      hold index of an acquire-opened session the session's lease
 //! <root>/q/<digest>/<waiter>       a durable waiter (fairness: durable) arbiter lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
@@ -84,6 +86,28 @@ impl Keys {
     /// The value an election's leader proclaimed ([`crate::ElectionValue`]).
     pub fn election_value(&self, d: &KeyDigest) -> String {
         format!("{}/l/{d}/e", self.root)
+    }
+
+    /// The exclusion record of a key: put by an exclusive grant (`x-lock-mode:
+    /// exclusive`) in its own transaction, on its session's lease, created at the
+    /// grant's revision; every other grant of the key compares it absent, so no
+    /// change of the key's limit can seat a holder beside an exclusive one. Outside
+    /// `h/`: no slot, no hold record.
+    pub fn exclusion(&self, d: &KeyDigest) -> String {
+        format!("{}/l/{d}/w", self.root)
+    }
+
+    /// The hold index of a session an acquire opened for itself: one key per key
+    /// it holds, put by the grant and deleted by the release, on the session's
+    /// lease. Closing such a session at its last release compares this range empty
+    /// in the closing transaction (`lockmesh_lock::session`).
+    pub fn hold_index(&self, s: SessionId, d: &KeyDigest) -> String {
+        format!("{}/i/{s}/{d}", self.root)
+    }
+
+    /// The prefix of a session's hold index ([`Keys::hold_index`]).
+    pub fn hold_indexes(&self, s: SessionId) -> String {
+        format!("{}/i/{s}/", self.root)
     }
 
     /// The prefix of every hold of a key (`.../h/`).

@@ -56,6 +56,7 @@ fn the_table() {
         (SpoolFull, 503, true),
         (QuotaExceeded, 429, true),
         (KeysSpanClusters, 409, false),
+        (ModeConflict, 409, false),
     ];
     assert_eq!(table.len(), Code::ALL.len());
     for (c, status, retryable) in table {

@@ -67,6 +67,8 @@ fn request(reg: &lockmesh_core::ClassRegistry, caller: &str, lease: i64) -> Acqu
         unverified_caller: None,
         permits: lockmesh_core::headers::Permits::Count(1),
         mode: None,
+        election: false,
+        session_indexed: false,
     }
 }
 
@@ -112,6 +114,7 @@ fn held_by(c: &mut Criterion) {
         existing: false,
         new_session: false,
         permits: 1,
+        mode: None,
     };
     let queues = Queues::default();
     // A thousand keys noted, as on an arbiter with that many held mutex keys.

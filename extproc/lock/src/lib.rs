@@ -149,6 +149,17 @@ pub enum LockError {
     /// message starts with the header at fault and names no key.
     #[error("{0}")]
     BadKeys(String),
+    /// The session already holds the key in another mode, or with another number
+    /// of permits, than the acquire asks for: a re-acquire never changes a held
+    /// key's mode (`mode_conflict`). Names what is held.
+    #[error("{0}")]
+    ModeConflict(String),
+    /// A campaign on a key whose authoritative limit (the class's policy record,
+    /// compared by the grant) is not 1: an election has one leader, so nothing is
+    /// granted while an operator's limit change leaves its class above 1
+    /// (`bad_request`).
+    #[error("{0}")]
+    NotElectionClass(String),
 }
 
 /// The arbiter's handle on etcd.

@@ -43,12 +43,16 @@ use super::{
 /// `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
 
-/// Compares and puts of a grant of `keys` keys at most (each key: its slot, no
-/// holder above the limit, a durable queue, two lock-delay records, its hold,
-/// its guard; the transaction: epoch, session (compare or put), clock (compare
-/// and put), policy, map, home).
+/// The longest list (compares, puts or failure reads; etcd bounds each by
+/// `--max-txn-ops`) of a grant of `keys` keys at most: its compares (each key:
+/// its slot, no holder above the limit, a durable queue, two lock-delay records,
+/// the exclusion record; the transaction: epoch, session, clock, policy, map,
+/// home) and its failure reads (each key: holders, two lock-delay records, the
+/// exclusion record; the transaction: session, epoch, clock, policy, map, home)
+/// are the longest, at six per key; the puts are three per key (hold, guard,
+/// session index) and two more.
 pub const fn worst_case_ops(keys: usize) -> usize {
-    keys * 7 + 8
+    keys * 6 + 8
 }
 
 const _: () = assert!(worst_case_ops(lockmesh_core::headers::MAX_KEYS) <= MAX_TXN_OPS);
@@ -97,8 +101,13 @@ impl Store {
             .iter()
             .map(|ns| super::quota::admit(self, ns, first.session.is_none()))
             .collect::<Result<Vec<_>, _>>()?;
-        let (mut gs, opened) =
-            self.in_session(first, async |sid, rec| self.acquire_all_in(reqs, sid, rec, cancel).await).await?;
+        let (mut gs, opened) = self
+            .in_session(first, async |sid, rec, indexed| {
+                let reqs: Vec<AcquireRequest> =
+                    reqs.iter().map(|r| super::mutex::indexed_on(r, indexed).into_owned()).collect();
+                self.acquire_all_in(&reqs, sid, rec, cancel).await
+            })
+            .await?;
         for g in &mut gs {
             g.new_session = opened;
         }
@@ -272,7 +281,7 @@ impl Store {
         let delay = if n == 1 { first.class.lock_delay_s } else { 0 };
         let fair = if first.class.fairness == Fairness::Durable { Fair::Arrival } else { Fair::Memory };
         let mut when = vec![Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision)];
-        let (mut then, mut els, mut delay_reads) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut then, mut els, mut delay_reads, mut excl_reads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut holds = Vec::with_capacity(reqs.len());
         let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
         for (i, (req, d)) in reqs.iter().zip(ds).enumerate() {
@@ -289,6 +298,13 @@ impl Store {
             when.extend(fair.compares(k, d));
             then.push(TxnOp::put(name.as_str(), hold_record(req, ep.epoch, 1, Some(count))?, Some(lease.clone())));
             holds.push(name);
+            // Exclusion (`Keys::exclusion`): no key of the acquire is held exclusively.
+            let excl = super::mutex::exclusion_ops(k, d, req, &lease);
+            when.extend(excl.compare);
+            excl_reads.extend(excl.read);
+            if req.session_indexed {
+                then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
+            }
             if delay > 0 {
                 let (cmp, put, reads) = self.delay_grant_ops(d, sid);
                 when.extend(cmp);
@@ -313,6 +329,8 @@ impl Store {
             els.push(TxnOp::get(k.clock(), None));
         }
         els.extend(delay_reads);
+        let excl_read = !excl_reads.is_empty();
+        els.extend(excl_reads);
         when.extend(gate.compares());
         els.extend(gate.reads());
         debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
@@ -346,6 +364,7 @@ impl Store {
                 existing: false,
                 new_session: false,
                 permits: 1,
+                mode: None,
             };
             return Ok(Attempt::Granted(reqs.iter().map(grant).collect()));
         }
@@ -376,6 +395,9 @@ impl Store {
         } else {
             vec![false; reqs.len()]
         };
+        // Per key: whether an exclusive hold's record stands.
+        let excluded: Vec<bool> =
+            (0..reqs.len()).map(|_| excl_read && gets.next().is_some_and(|g| !g.kvs().is_empty())).collect();
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }
@@ -386,7 +408,7 @@ impl Store {
         let revision = r.header().map_or(0, |h| h.revision());
         let mut gated = false;
         let mut free = Vec::with_capacity(reqs.len());
-        for (((req, d), h), kept) in reqs.iter().zip(ds).zip(&holders).zip(&delay_kept) {
+        for ((((req, d), h), kept), excluded) in reqs.iter().zip(ds).zip(&holders).zip(&delay_kept).zip(&excluded) {
             // Its own hold appearing since the first read (a concurrent request on
             // the same session) occupies the key like any other.
             if let Some(Err(e)) = self.classify_holders(req, sid, h.kvs()) {
@@ -402,7 +424,7 @@ impl Store {
             let taken: Vec<u32> = h.kvs().iter().filter_map(|kv| k.slot_of(kv.key())).collect();
             let within = h.kvs().iter().all(|kv| kv.key() < k.slot(d, n).as_bytes());
             match (0..n).find(|s| !taken.contains(s)) {
-                Some(s) if within => free.push(s),
+                Some(s) if within && !excluded => free.push(s),
                 _ => {
                     gated = true;
                     free.push(0);

@@ -65,6 +65,14 @@ pub struct AcquireRequest {
     pub permits: Permits,
     /// The read-write mode the caller named (`x-lock-mode`), recorded in the hold.
     pub mode: Option<LockMode>,
+    /// A campaign (`/v1/elections/campaign`): granted only while the key's
+    /// authoritative limit, which the grant compares, is 1.
+    pub election: bool,
+    /// The session the grant goes on is one an acquire opened for itself (set by
+    /// [`Store::in_session`]): the grant puts its hold index key
+    /// ([`Keys::hold_index`]) so the session's close at its last release can
+    /// compare that it holds nothing.
+    pub session_indexed: bool,
 }
 
 /// A granted (or already held) lock.
@@ -84,6 +92,9 @@ pub struct Grant {
     pub new_session: bool,
     /// How many slots the grant holds (1 but for `x-lock-permits` and exclusive holds).
     pub permits: u32,
+    /// The hold's read-write mode as recorded in it (`x-lock-mode`), for an
+    /// existing hold the one it was granted with, never the one asked for.
+    pub mode: Option<LockMode>,
 }
 
 /// A holder as inspection shows it.
@@ -179,6 +190,25 @@ pub(crate) fn existing_grant(
     epoch: u64,
 ) -> Result<Grant, LockError> {
     let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
+    let hold = hold_of(kv);
+    let (permits, mode) = (hold.as_ref().and_then(|h| h.permits).unwrap_or(1), hold.as_ref().and_then(|h| h.mode));
+    if test_faults::on(TestFault::EchoAskedMode) {
+        // PLANTED BUG (holder_safety scenario): the asked mode is the answer.
+        let (permits, mode) = (req.permits.of(permits), req.mode);
+        return FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
+            token,
+            session: sid,
+            ttl_s: req.class.ttl_s,
+            class: req.class.name.to_string(),
+            existing: true,
+            new_session: false,
+            permits,
+            mode,
+        });
+    }
+    if let Some(why) = mode_change(req, permits, mode) {
+        return Err(LockError::ModeConflict(why));
+    }
     FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
         token,
         session: sid,
@@ -186,8 +216,33 @@ pub(crate) fn existing_grant(
         class: req.class.name.to_string(),
         existing: true,
         new_session: false,
-        permits: hold_of(kv).and_then(|h| h.permits).unwrap_or(1),
+        permits,
+        mode,
     })
+}
+
+/// Why a re-acquire `req` of a key its session holds with `permits` slots in
+/// `mode` would change that hold, if it would: an exclusive hold asked of a shared
+/// or plain one, a shared hold asked of an exclusive one, or a number of permits
+/// other than the held one. A re-acquire that names neither (or the same) is the
+/// idempotent re-acquire, answered with what is held.
+fn mode_change(req: &AcquireRequest, permits: u32, mode: Option<LockMode>) -> Option<String> {
+    let held_exclusive = mode == Some(LockMode::Exclusive);
+    let held = match mode {
+        Some(m) => m.as_str(),
+        None if permits > 1 => "permits",
+        None => "plain",
+    };
+    match (req.mode, req.permits) {
+        (Some(LockMode::Exclusive), _) if !held_exclusive => {}
+        (Some(LockMode::Shared), _) if held_exclusive => {}
+        (_, Permits::Count(k)) if k > 1 && k != permits => {}
+        _ => return None,
+    }
+    Some(format!(
+        "x-lock-mode: the session holds the key {held} with {permits} permit(s); a re-acquire never changes a \
+         held key's mode: release it first"
+    ))
 }
 
 /// The hold value a grant of `req` at `epoch`, taking `permits` slots, writes
@@ -271,8 +326,12 @@ impl Store {
     ) -> Result<Grant, LockError> {
         // Quotas first (`quota`): over one, nothing is opened or granted.
         let _admitted = super::quota::admit(self, req.key.namespace(), req.session.is_none())?;
-        let (mut g, opened) =
-            self.in_session(req, async |sid, rec| self.acquire_in(req, sid, rec, cancel).await).await?;
+        let (mut g, opened) = self
+            .in_session(req, async |sid, rec, indexed| {
+                let req = indexed_on(req, indexed);
+                self.acquire_in(&req, sid, rec, cancel).await
+            })
+            .await?;
         g.new_session = opened;
         if cancel.is_cancelled() {
             // The caller left while the grant committed: release it at once.
@@ -286,12 +345,15 @@ impl Store {
     /// `body` gets the session and, for an opened one, the record its grant
     /// transaction must put. Also answers whether it opened one. An opened session
     /// is renewed while `body` runs (the caller cannot: it learns the session only
-    /// from the answer) and revoked if `body` fails.
+    /// from the answer) and revoked if `body` fails. `body` also learns whether the
+    /// session is one an acquire opened (this one, or an earlier one whose answer
+    /// named it): its grants index their holds ([`AcquireRequest::session_indexed`]).
     pub(crate) async fn in_session<T>(
         self: &Arc<Self>,
         req: &AcquireRequest,
-        body: impl AsyncFnOnce(SessionId, Option<SessionRecord>) -> Result<T, LockError>,
+        body: impl AsyncFnOnce(SessionId, Option<SessionRecord>, bool) -> Result<T, LockError>,
     ) -> Result<(T, bool), LockError> {
+        let mut by_acquire = true;
         let (sid, new_record) = match req.session {
             Some(sid) => {
                 let rec = self.owned_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller)).await?;
@@ -302,6 +364,7 @@ impl Store {
                         class_ttl: req.class.ttl_s,
                     });
                 }
+                by_acquire = rec.by_acquire;
                 (sid, None)
             }
             None => (
@@ -327,7 +390,10 @@ impl Store {
                 }
             }))
         });
-        let result = body(sid, new_record).await;
+        let indexed = by_acquire && !test_faults::on(TestFault::SessionHoldsUnindexed);
+        // PLANTED BUG (holder_safety scenario) when off: an acquire-opened
+        // session's holds are not indexed, so its close cannot see them.
+        let result = body(sid, new_record, indexed).await;
         drop(renew);
         match result {
             Ok(t) => Ok((t, opened)),
@@ -604,6 +670,7 @@ impl Store {
         digests.dedup();
         for d in digests {
             ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
+            ops.extend(end_ops(self.keys(), &d, revision, None));
         }
         let txn = Txn::new().when(cmp).and_then(ops);
         if let Err(e) = self.call(self.client().txn(txn)).await {
@@ -664,6 +731,16 @@ impl Store {
         } else {
             gate.limit
         };
+        // An election has one leader: a campaign is granted only under a limit of
+        // 1, read from the policy record this transaction compares (a limit change
+        // after this read fails the compare and the grant reads it again).
+        if req.election && n != 1 && !test_faults::on(TestFault::CampaignAnyLimit) {
+            return Err(LockError::NotElectionClass(format!(
+                "x-lock-key: the key's class {} allows {n} holders now (an operator's limit change); an election \
+                 needs a limit of 1, so nobody is elected while it is above 1",
+                req.class.name
+            )));
+        }
         // k permits (`x-lock-permits`, all N for an exclusive hold): k slots in this
         // one transaction. More than the limit can never be granted.
         let want = if test_faults::on(TestFault::ExclusiveOneSlot) && req.permits == Permits::All {
@@ -719,6 +796,15 @@ impl Store {
         for name in &slots {
             then.push(TxnOp::put(name.as_str(), hold.clone(), Some(lease.clone())));
         }
+        // Exclusion (`Keys::exclusion`): an exclusive grant puts the record, every
+        // grant compares it absent, whatever the limit is now.
+        let excl = exclusion_ops(k, d, req, &lease);
+        when.extend(excl.compare);
+        then.extend(excl.put);
+        // An acquire-opened session's hold index (`Keys::hold_index`).
+        if req.session_indexed {
+            then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
+        }
         // Lock-delay (`delay`): a mutex of a class with a delay puts its guard and
         // compares neither a guard nor a delay record left.
         let delay = if n == 1 && !test_faults::on(TestFault::SkipLockDelay) { req.class.lock_delay_s } else { 0 };
@@ -744,6 +830,7 @@ impl Store {
         }
         // Before the gate's reads: `policy_moved` reads those from the end.
         els.extend(delay_reads.into_iter().flatten());
+        els.extend(excl.read);
         // Shadow mode (`shadow`): a stricter candidate limit needs the holder count
         // after the grant; a read in the same transaction, no round trip.
         let count_after = super::shadow::wants_count(&req.class, n);
@@ -791,6 +878,7 @@ impl Store {
                     existing: false,
                     new_session: false,
                     permits: want,
+                    mode: req.mode,
                 })),
                 Err(e) => {
                     // Revision space exhausted: never hand out a token that does not fit.
@@ -817,6 +905,7 @@ impl Store {
         } else {
             false
         };
+        let excluded = excl.reads && gets.next().is_some_and(|g| !g.kvs().is_empty());
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }
@@ -826,6 +915,10 @@ impl Store {
         }
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
+        }
+        if excluded {
+            // An exclusive hold stands, whatever slots the limit leaves free.
+            return Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 });
         }
         if delay_kept && holders.kvs().is_empty() {
             // No holder, and a guard or a delay record: the last hold ended without
@@ -973,7 +1066,7 @@ impl Store {
                         .with_range(keys::prefix_end(&holds)),
                 ]
             };
-            if self.release_txn(&d, slot0, cmp, &marker).await? {
+            if self.release_txn(&d, slot0, cmp, &marker, (rev, sid.lease())).await? {
                 return Ok(());
             }
         }
@@ -999,7 +1092,7 @@ impl Store {
             Compare::create_revision(kv.key(), CompareOp::Equal, rev),
             Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
         ];
-        if self.release_txn(&d, kv.key().to_vec(), cmp, &marker).await? {
+        if self.release_txn(&d, kv.key().to_vec(), cmp, &marker, (rev, kv.lease())).await? {
             Ok(())
         } else {
             Err(LockError::NotHolder)
@@ -1020,7 +1113,8 @@ impl Store {
         // transaction): its create revision is the grant's, so a slot freed and
         // taken again since the read is another grant's and fails the compare.
         let cmp = grant.iter().map(|kv| Compare::create_revision(kv.key(), CompareOp::Equal, rev)).collect();
-        let ops = grant.iter().map(|kv| TxnOp::delete(kv.key(), None::<DeleteOptions>)).collect();
+        let mut ops: Vec<TxnOp> = grant.iter().map(|kv| TxnOp::delete(kv.key(), None::<DeleteOptions>)).collect();
+        ops.extend(end_ops(self.keys(), d, rev, grant.first().map(|kv| kv.lease())));
         self.release_plain(d, cmp, ops, marker).await
     }
 
@@ -1038,13 +1132,22 @@ impl Store {
         hold_key: Vec<u8>,
         cmp: Vec<Compare>,
         marker: &str,
+        (rev, lease): (i64, i64),
     ) -> Result<bool, LockError> {
+        let ends = end_ops(self.keys(), d, rev, Some(lease));
         let offer = match self.queues().take_offer(d) {
             Some(o) => Some(o),
             None => self.queues().offer_within_grace(d).await,
         };
         if let Some(offer) = offer {
-            let outcome = self.handoff(d, &hold_key, &cmp, marker, &offer).await;
+            // A waiter on the releaser's own session (a transparent VM's other
+            // request) is not handed the slot here: its index key would be deleted
+            // and put in one transaction, which etcd refuses.
+            let outcome = if offer.sid.lease() == lease && offer.req.session_indexed {
+                Ok(HandOff::NotDone)
+            } else {
+                self.handoff(d, &hold_key, &cmp, marker, &ends, &offer).await
+            };
             let c = &super::wait::HANDOFFS;
             let (answer, result, counter) = match outcome {
                 Ok(HandOff::Handed(g)) => (Handed::Granted(g), Some(Ok(true)), &c.granted),
@@ -1070,7 +1173,9 @@ impl Store {
                 return r;
             }
         }
-        self.release_plain(d, cmp, vec![TxnOp::delete(hold_key, None::<DeleteOptions>)], marker).await
+        let mut deletes = vec![TxnOp::delete(hold_key, None::<DeleteOptions>)];
+        deletes.extend(ends);
+        self.release_plain(d, cmp, deletes, marker).await
     }
 
     /// The release transaction: `deletes` (the grant's slot keys) under `cmp`, the
@@ -1132,6 +1237,7 @@ impl Store {
         hold_key: &[u8],
         release_cmp: &[Compare],
         marker: &str,
+        ends: &[TxnOp],
         offer: &Offer,
     ) -> Result<HandOff, LockError> {
         let req = &offer.req;
@@ -1188,6 +1294,14 @@ impl Store {
             TxnOp::put(k.release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
             TxnOp::put(new_key.clone(), hold, Some(PutOptions::new().with_lease(offer.sid.lease()))),
         ]);
+        // The releasing grant's ends (its exclusion record, its session's index
+        // key); the waiter's index key when its session is an acquire's. A waiter
+        // that is handed a slot asks for one slot, never exclusion.
+        then.extend(ends.iter().cloned());
+        if req.session_indexed {
+            let on = Some(PutOptions::new().with_lease(offer.sid.lease()));
+            then.push(TxnOp::put(k.hold_index(offer.sid, d), Vec::<u8>::new(), on));
+        }
         if let Some(c) = clock {
             // The grant clock, as in a grant: a failed compare hands nothing off
             // and the waiter's own grant attempt then seals.
@@ -1255,6 +1369,7 @@ impl Store {
                     existing: false,
                     new_session: false,
                     permits: 1,
+                    mode: req.mode,
                 }))
             }
             _ => {
@@ -1277,10 +1392,12 @@ impl Store {
         let Ok(r) = self.call(self.client().get(self.keys().holds(d), opts)).await else { return };
         if let Some(kv) = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease()) {
             let cmp = [Compare::create_revision(kv.key(), CompareOp::Equal, rev)];
-            let txn = Txn::new().when(cmp).and_then([
+            let mut ops = vec![
                 TxnOp::delete(kv.key(), None::<DeleteOptions>),
                 TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>),
-            ]);
+            ];
+            ops.extend(end_ops(self.keys(), d, rev, Some(kv.lease())));
+            let txn = Txn::new().when(cmp).and_then(ops);
             if self.call(self.client().txn(txn)).await.is_err() {
                 tracing::warn!(key = %d.short(), "could not take back a handed-over grant whose waiter left; it ends with its session");
             }
@@ -1324,6 +1441,61 @@ impl Store {
             });
         }
         Ok(out)
+    }
+}
+
+/// A grant's part in a key's exclusion record ([`Keys::exclusion`]).
+pub(crate) struct ExclusionOps {
+    /// The record absent (every grant).
+    pub compare: Option<Compare>,
+    /// The record put, on the grant's lease (an exclusive grant).
+    pub put: Option<TxnOp>,
+    /// The record read in the failure branch (with the compare).
+    pub read: Option<TxnOp>,
+    /// Whether `read` is there.
+    pub reads: bool,
+}
+
+/// The exclusion compares and writes of a grant of `req` on key `d`, on `lease`.
+pub(crate) fn exclusion_ops(k: &Keys, d: &KeyDigest, req: &AcquireRequest, lease: &PutOptions) -> ExclusionOps {
+    if test_faults::on(TestFault::SkipExclusion) {
+        // PLANTED BUG (holder_safety scenario): exclusion decided by the slots alone.
+        return ExclusionOps { compare: None, put: None, read: None, reads: false };
+    }
+    let key = k.exclusion(d);
+    let exclusive = req.mode == Some(LockMode::Exclusive) || req.permits == Permits::All;
+    ExclusionOps {
+        compare: Some(Compare::create_revision(key.as_str(), CompareOp::Equal, 0)),
+        put: exclusive.then(|| TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(lease.clone()))),
+        read: Some(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))),
+        reads: true,
+    }
+}
+
+/// The writes every end of grant `rev` of `d` on session lease `lease` adds to
+/// its transaction: the exclusion record deleted when this grant put it (a
+/// nested transaction comparing its create revision, which is the grant's), and
+/// the session's hold index key deleted (absent for sessions that keep none).
+pub(crate) fn end_ops(k: &Keys, d: &KeyDigest, rev: i64, lease: Option<i64>) -> Vec<TxnOp> {
+    let x = k.exclusion(d);
+    let mut ops = vec![TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(x.as_str(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(x.as_str(), None::<DeleteOptions>)]),
+    )];
+    if let Some(sid) = lease.and_then(SessionId::from_lease) {
+        ops.push(TxnOp::delete(k.hold_index(sid, d), None::<DeleteOptions>));
+    }
+    ops
+}
+
+/// `req` with [`AcquireRequest::session_indexed`] set to `indexed` (a copy only
+/// when that changes it).
+pub(crate) fn indexed_on(req: &AcquireRequest, indexed: bool) -> std::borrow::Cow<'_, AcquireRequest> {
+    if req.session_indexed == indexed {
+        std::borrow::Cow::Borrowed(req)
+    } else {
+        std::borrow::Cow::Owned(AcquireRequest { session_indexed: indexed, ..req.clone() })
     }
 }
 

@@ -153,6 +153,20 @@ pub enum TestFault {
     /// the session's record: the hold stands on a lease no record names, so the
     /// waiter cannot use or release its session (`tests/tests/scenarios/held_memo.rs`).
     HandoffDropsRecord,
+    /// Grants neither put nor compare a key's exclusion record: a shared grant
+    /// after a limit raise sits beside an exclusive hold
+    /// (`tests/tests/scenarios/holder_safety.rs`).
+    SkipExclusion,
+    /// A campaign is granted under whatever limit the class's policy record
+    /// has: two leaders after a limit raise (`tests/tests/scenarios/holder_safety.rs`).
+    CampaignAnyLimit,
+    /// An acquire-opened session's grants put no hold index: its close at its
+    /// last release cannot see a grant that raced it
+    /// (`tests/tests/scenarios/holder_safety.rs`).
+    SessionHoldsUnindexed,
+    /// A re-acquire of a held key answers the mode it asked for, not the held
+    /// one, and grants it (`tests/tests/scenarios/holder_safety.rs`).
+    EchoAskedMode,
 }
 
 #[cfg(feature = "test-faults")]
@@ -199,6 +213,10 @@ impl TestFault {
             "policy_watch_keeps_cache" => Some(Self::PolicyWatchKeepsCache),
             "keep_ended_held" => Some(Self::KeepEndedHeld),
             "handoff_drops_record" => Some(Self::HandoffDropsRecord),
+            "skip_exclusion" => Some(Self::SkipExclusion),
+            "campaign_any_limit" => Some(Self::CampaignAnyLimit),
+            "session_holds_unindexed" => Some(Self::SessionHoldsUnindexed),
+            "echo_asked_mode" => Some(Self::EchoAskedMode),
             _ => None,
         }
     }

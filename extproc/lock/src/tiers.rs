@@ -653,15 +653,33 @@ impl Tiers {
     }
 
     /// Ends session `sid`, which an acquire opened ([`Tiers::opened_by_acquire`]),
-    /// if it holds nothing any more, as a close (its close marker, then the revoke):
-    /// the audit reads a release and a close, never an expiry, and the lease does
-    /// not linger for its TTL counted against the namespace's session quota.
-    /// Answers whether it ended it.
+    /// if it holds nothing any more, as a close: the audit reads a release and a
+    /// close, never an expiry, and the lease does not linger for its TTL counted
+    /// against the namespace's session quota. Answers whether it ended it.
+    ///
+    /// "Holds nothing" is decided once, by the home's closing transaction
+    /// ([`Store::close_if_spent`]: the session's hold index empty, its record
+    /// deleted, which every grant on it compares), not by the read before it: a
+    /// grant on the session that commits after the read keeps it open, and one
+    /// after the close is refused `session_expired`. The read stays for holds
+    /// granted before their session's index existed and for the clusters a split
+    /// session extends to (docs/GUARANTEES.md says what a grant there may race).
     pub async fn end_if_spent(&self, sid: SessionId, caller: &Caller) -> Result<bool, LockError> {
         if !self.session_holds(sid, caller).await?.is_empty() {
             return Ok(false);
         }
-        self.close_session(sid, caller).await?;
+        let home = self.session_home(sid).await?;
+        if !home.close_if_spent(sid, caller).await? {
+            return Ok(false);
+        }
+        if self.split() {
+            for s in self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)) {
+                if let Err(e) = s.revoke_lease(sid).await {
+                    tracing::warn!(cluster = s.cluster_name(), error = %e, "could not revoke a closed session's extension; it expires with its ttl");
+                }
+            }
+        }
+        self.homes.invalidate(&sid);
         Ok(true)
     }
 

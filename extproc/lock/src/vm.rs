@@ -445,7 +445,7 @@ impl Store {
             Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
             Compare::lease(kv.key(), CompareOp::Equal, sid.lease()),
         ];
-        self.release_txn(d, kv.key().to_vec(), cmp, &marker).await
+        self.release_txn(d, kv.key().to_vec(), cmp, &marker, (kv.create_revision(), sid.lease())).await
     }
 
     /// Releases hold number `n` of `vm` on `key` (the filter's request ended).

@@ -135,6 +135,8 @@ async fn transparent_grant(
         unverified_caller: None,
         permits: Default::default(),
         mode: None,
+        election: false,
+        session_indexed: false,
     };
     let g = store.acquire(&req, &CancellationToken::new()).await?;
     Ok((g, store))

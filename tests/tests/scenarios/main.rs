@@ -34,6 +34,7 @@ mod gate;
 mod handoff;
 mod harness_selftest;
 mod held_memo;
+mod holder_safety;
 mod hold_waits;
 mod holds;
 mod jeopardy;

@@ -78,6 +78,8 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("l/", true),
                 rw("r/", true),
                 rw("x/", true),
+                // Hold indexes of sessions an acquire opened (`lock::session`).
+                rw("i/", true),
                 rw("c/", true),
                 rw("v/", true),
                 rw("q/", true),

@@ -356,6 +356,9 @@ pub async fn approve(
                     when.push(Compare::mod_revision(h.etcd_key.as_str(), CompareOp::Equal, h.mod_revision));
                     ops.push(TxnOp::delete(h.etcd_key.as_str(), None));
                 }
+                // An exclusive hold's exclusion record goes with its slots: left, it
+                // would keep every shared grant of the key out until its lease ends.
+                ops.push(TxnOp::delete(format!("{}/l/{digest}/w", root.trim_end_matches('/')), None));
                 if split {
                     // Still pending just before the release (the update below is
                     // the second transaction, on the coord cluster).

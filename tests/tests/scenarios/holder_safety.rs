@@ -1,0 +1,275 @@
+//! What a holder is told matches what it holds, under an operator's limit change
+//! and a session's close (GUARANTEES G1, G7, G13; docs/RECIPES.md).
+//!
+//! Each scenario decides one property that used to be decided in two places, and
+//! each has a planted twin that switches the fix off and must fail:
+//!
+//! - An exclusive hold stays alone when the class's limit is raised: every grant
+//!   compares the key's exclusion record absent (`skip_exclusion`).
+//! - A campaign is granted only while the election class's authoritative limit,
+//!   compared by the grant, is 1: a raise never elects a second leader
+//!   (`campaign_any_limit`).
+//! - A header-only session reused right after its release keeps the hold it was
+//!   just granted: the session's close compares its hold index empty in the
+//!   closing transaction (`session_holds_unindexed`).
+//! - A re-acquire is answered with the mode it holds, and one that asks another
+//!   mode is refused `mode_conflict` (`echo_asked_mode`).
+
+use std::{process::Command, time::Duration};
+
+use lockmesh_tests::{client::Resp, paths::profile_dir, LockClient, Stack};
+
+const ACQ: &str = "/v1/locks/acquire";
+const REL: &str = "/v1/locks/release";
+const INSPECT: &str = "/v1/locks";
+const CAMPAIGN: &str = "/v1/elections/campaign";
+const PROCLAIM: &str = "/v1/elections/proclaim";
+const KEEPALIVE: &str = "/v1/sessions/keepalive";
+
+const REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
+classes:
+  - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+  - { name: rw, prefixes: ["payments/rw"], ttl_s: 15, max_holders: 4, enforcement: advisory, risk_owner: t,
+      waiver_expiry: "2099-12-31" }
+  - { name: lead, prefixes: ["payments/lead"], ttl_s: 15, enforcement: advisory, risk_owner: t,
+      waiver_expiry: "2099-12-31" }
+"#;
+
+async fn stack(name: &str, fault: Option<&str>) -> Stack {
+    let mut b = Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY);
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    b.start().await.unwrap()
+}
+
+fn field(r: &Resp, name: &str) -> String {
+    r.json[name].as_str().unwrap_or_else(|| panic!("no {name}: {}", r.body)).to_owned()
+}
+
+/// Runs the real `lockctl limit change --class <class> --to <to>` (an immediate
+/// raise commits at once); returns its JSON answer.
+fn raise(st: &Stack, class: &str, to: u32) -> serde_json::Value {
+    let eps = st.etcd().endpoints().join(",");
+    let out = Command::new(profile_dir().join("lockctl"))
+        .args(["limit", "change", "--to", &to.to_string(), "--endpoints", &eps, "--root", st.root()])
+        .args(["--class", class, "--actor", "test", "--reason", "t"])
+        .envs(st.etcd_env("lockmesh-classes"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let j: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|_| panic!("lockctl: {stdout} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(j["outcome"], "raised", "{j}");
+    j
+}
+
+/// Opens a session of `key`'s class for `c`.
+async fn open(c: &LockClient, key: &str) -> String {
+    let r = c.post("/v1/sessions", &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    field(&r, "session")
+}
+
+// === an exclusive hold across a limit raise ===
+
+/// An exclusive holder of `payments/rw/k` (all 4 slots), the class raised to 6,
+/// then a shared try-once acquire by another session. Returns the shared answer's
+/// status and the modes `GET /v1/locks` shows after it.
+async fn shared_beside_exclusive(fault: Option<&str>) -> (u16, Vec<String>) {
+    let st = stack("excl-raise", fault).await;
+    let (a, b) = (st.client("payments", "writer").unwrap(), st.client("payments", "reader").unwrap());
+    let key = "payments/rw/k";
+    let sa = open(&a, key).await;
+    let w = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sa), ("x-lock-mode", "exclusive")]).await.unwrap();
+    assert_eq!((w.code(), w.json["permits"].as_u64()), (200, Some(4)), "{}", w.body);
+    raise(&st, "rw", 6);
+    let sb = open(&b, key).await;
+    let headers =
+        [("x-lock-key", key), ("x-lock-session", sb.as_str()), ("x-lock-mode", "shared"), ("x-lock-wait-ms", "0")];
+    // The arbiter's policy cache may still say 4 for a moment; the grant compares
+    // the record and reads it again. A shared grant beside the writer shows in
+    // either answer; the last one is the verdict.
+    let mut code = 0;
+    for _ in 0..5 {
+        let r = b.post(ACQ, &headers).await.unwrap();
+        code = r.code();
+        if code == 200 {
+            break;
+        }
+        assert_eq!((code, r.json["reason"].as_str()), (409, Some("key_gated")), "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let i = a.get(INSPECT, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(i.code(), 200, "{}", i.body);
+    let modes = i.json["holders"].as_array().unwrap().iter().map(|h| h["mode"].as_str().unwrap_or("").to_owned());
+    let modes = modes.collect();
+    if code != 200 {
+        // Positive control: once the writer releases, the reader is granted.
+        let t = field(&w, "token");
+        let r = a.post(REL, &[("x-lock-key", key), ("x-lock-session", &sa), ("x-lock-token", &t)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let r = b.post(ACQ, &headers).await.unwrap();
+        assert_eq!((r.code(), r.json["mode"].as_str()), (200, Some("shared")), "{}", r.body);
+    }
+    (code, modes)
+}
+
+#[tokio::test]
+async fn an_exclusive_hold_stays_alone_when_its_class_is_raised() {
+    let (code, modes) = shared_beside_exclusive(None).await;
+    assert_eq!(code, 409, "a shared acquire was granted beside the exclusive holder: {modes:?}");
+    assert_eq!(modes, ["exclusive"]);
+}
+
+#[tokio::test]
+async fn planted_exclusion_by_slots_alone_is_caught() {
+    let (code, modes) = shared_beside_exclusive(Some("skip_exclusion")).await;
+    assert_eq!(code, 200, "the planted arbiter kept the reader out: {modes:?}");
+    assert!(modes.iter().any(|m| m == "shared") && modes.iter().any(|m| m == "exclusive"), "{modes:?}");
+}
+
+// === an election across a limit raise ===
+
+/// Leader `a` campaigns on `payments/lead/e`, the class is raised to 2, then `b`
+/// campaigns (try once). Returns b's answer; checks that `a` still proclaims.
+async fn campaign_after_raise(fault: Option<&str>) -> Resp {
+    let st = stack("elect-raise", fault).await;
+    let (a, b) = (st.client("payments", "leader-a").unwrap(), st.client("payments", "leader-b").unwrap());
+    let key = "payments/lead/e";
+    let sa = open(&a, key).await;
+    let la = a.post(CAMPAIGN, &[("x-lock-key", key), ("x-lock-session", &sa), ("x-lock-value", "a")]).await.unwrap();
+    assert_eq!(la.code(), 200, "{}", la.body);
+    raise(&st, "lead", 2);
+    let sb = open(&b, key).await;
+    let headers =
+        [("x-lock-key", key), ("x-lock-session", sb.as_str()), ("x-lock-value", "b"), ("x-lock-wait-ms", "0")];
+    let lb = b.post(CAMPAIGN, &headers).await.unwrap();
+    let p = a
+        .post(
+            PROCLAIM,
+            &[
+                ("x-lock-key", key),
+                ("x-lock-session", &sa),
+                ("x-lock-token", &field(&la, "token")),
+                ("x-lock-value", "a2"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.code(), 200, "the first leader could not proclaim: {}", p.body);
+    lb
+}
+
+#[tokio::test]
+async fn a_campaign_is_refused_while_its_class_allows_two_holders() {
+    let lb = campaign_after_raise(None).await;
+    assert_eq!((lb.code(), lb.json["code"].as_str()), (400, Some("bad_request")), "a second leader: {}", lb.body);
+    assert!(lb.body.contains("limit of 1"), "{}", lb.body);
+}
+
+#[tokio::test]
+async fn planted_a_campaign_under_any_limit_is_caught() {
+    let lb = campaign_after_raise(Some("campaign_any_limit")).await;
+    assert_eq!(lb.code(), 200, "the planted arbiter refused the second campaign: {}", lb.body);
+}
+
+// === a header-only session reused across its release ===
+
+/// What happened to the hold of k2 granted on a header-only session right after
+/// that session's last release, over `rounds` rounds.
+#[derive(Debug, Default)]
+struct Reuse {
+    /// The acquire of k2 on the session was granted.
+    granted: usize,
+    /// ... and refused `session_expired` (the close won: the stable refusal).
+    refused: usize,
+    /// Granted, and then the hold was gone without its holder's release.
+    lost: usize,
+}
+
+async fn reuse_after_release(fault: Option<&str>, rounds: usize, stop_at_loss: bool) -> Reuse {
+    let st = stack("reuse", fault).await;
+    let c = st.client("payments", "reuser").unwrap();
+    let mut out = Reuse::default();
+    for i in 0..rounds {
+        let (k1, k2) = (format!("payments/reuse/a{i}"), format!("payments/reuse/b{i}"));
+        let a = c.post(ACQ, &[("x-lock-key", &k1)]).await.unwrap();
+        assert_eq!(a.code(), 200, "{}", a.body);
+        let sid = field(&a, "session");
+        let t1 = field(&a, "token");
+        let rel = c.post(REL, &[("x-lock-key", &k1), ("x-lock-session", &sid), ("x-lock-token", &t1)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "{}", rel.body);
+        // At once, as a client that keeps the session it was told about.
+        let b = c.post(ACQ, &[("x-lock-key", &k2), ("x-lock-session", &sid), ("x-lock-wait-ms", "0")]).await.unwrap();
+        match (b.code(), b.json["code"].as_str()) {
+            (200, _) => out.granted += 1,
+            (410, Some("session_expired")) => {
+                out.refused += 1;
+                continue;
+            }
+            _ => panic!("unexpected answer: {}", b.body),
+        }
+        // The close that k1's release started runs after its answer: give it
+        // time to finish (it is one transaction and a revoke), then the hold of
+        // k2 must still be there and released only by its holder.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let ka = c.post(KEEPALIVE, &[("x-lock-session", &sid)]).await.unwrap();
+        let t2 = field(&b, "token");
+        let r = c.post(REL, &[("x-lock-key", &k2), ("x-lock-session", &sid), ("x-lock-token", &t2)]).await.unwrap();
+        if ka.code() != 200 || r.code() != 200 {
+            out.lost += 1;
+            if stop_at_loss {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_header_only_session_reused_after_its_release_keeps_its_new_hold() {
+    let r = reuse_after_release(None, 30, false).await;
+    assert_eq!(r.lost, 0, "holds granted and then closed under their holder: {r:?}");
+    assert_eq!(r.granted + r.refused, 30, "{r:?}");
+}
+
+#[tokio::test]
+async fn planted_a_close_that_does_not_see_the_session_index_is_caught() {
+    let r = reuse_after_release(Some("session_holds_unindexed"), 200, true).await;
+    assert!(r.lost >= 1, "the planted close never took a hold it did not see: {r:?}");
+}
+
+// === a re-acquire in another mode ===
+
+/// A session holding `payments/rw/m` shared re-acquires it exclusive, then with no
+/// mode; another session then acquires it shared. Returns the three answers.
+async fn reacquire_in_another_mode(fault: Option<&str>) -> (Resp, Resp, Resp) {
+    let st = stack("mode-change", fault).await;
+    let (a, b) = (st.client("payments", "ra").unwrap(), st.client("payments", "rb").unwrap());
+    let key = "payments/rw/m";
+    let sa = open(&a, key).await;
+    let s = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sa), ("x-lock-mode", "shared")]).await.unwrap();
+    assert_eq!((s.code(), s.json["mode"].as_str()), (200, Some("shared")), "{}", s.body);
+    let x = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sa), ("x-lock-mode", "exclusive")]).await.unwrap();
+    let plain = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sa)]).await.unwrap();
+    let sb = open(&b, key).await;
+    let other = b.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sb), ("x-lock-mode", "shared")]).await.unwrap();
+    assert_eq!(other.code(), 200, "{}", other.body);
+    (x, plain, other)
+}
+
+#[tokio::test]
+async fn a_re_acquire_answers_the_held_mode_and_never_changes_it() {
+    let (x, plain, _) = reacquire_in_another_mode(None).await;
+    assert_eq!((x.code(), x.json["code"].as_str()), (409, Some("mode_conflict")), "{}", x.body);
+    assert_eq!(x.header("x-lockmesh-error"), Some("mode_conflict"));
+    let (existing, mode) = (plain.json["existing"].as_bool(), plain.json["mode"].as_str());
+    assert_eq!((plain.code(), existing, mode), (200, Some(true), Some("shared")), "{}", plain.body);
+}
+
+#[tokio::test]
+async fn planted_an_answer_that_echoes_the_asked_mode_is_caught() {
+    let (x, _, _) = reacquire_in_another_mode(Some("echo_asked_mode")).await;
+    assert_eq!((x.code(), x.json["mode"].as_str()), (200, Some("exclusive")), "{}", x.body);
+}
