@@ -407,3 +407,341 @@ fn every_shipped_config_loads_its_certificates_through_watched_sds() {
     assert_ne!(planted, secret);
     assert_eq!(sds_file_problems(&planted), ["no watched_directory"]);
 }
+
+// === Issue 41: sidecar identity, TLS resumption, override headers, bodies ===
+
+const DOWNSTREAM_TLS: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const HEADER_MUTATION: &str =
+    "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation";
+const LUA: &str = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua";
+
+/// The headers some frameworks read as the real path or method (issue 41 item 3).
+const OVERRIDE_HEADERS: [&str; 5] =
+    ["x-original-url", "x-rewrite-url", "x-http-method-override", "x-http-method", "x-method-override"];
+
+fn yaml(text: &str) -> serde_json::Value {
+    serde_saphyr::from_str(text).unwrap()
+}
+
+/// The quick start's configs as `scripts/up --configs-only` writes them (its run
+/// directory, with certificates in `certs/` and configs in `config/`).
+fn quick_start_configs() -> tempfile::TempDir {
+    let dir = lockmesh_tests::paths::temp_dir("up-configs-").unwrap();
+    let out = std::process::Command::new("bash")
+        .arg(repo_root().join("scripts/up"))
+        .arg("--configs-only")
+        .current_dir(repo_root())
+        .env("LOCKMESH_UP_DIR", dir.path())
+        .env("LOCKMESH_UP_BIN_DIR", lockmesh_tests::paths::profile_dir())
+        .output()
+        .expect("bash runs scripts/up");
+    assert!(
+        out.status.success(),
+        "scripts/up --configs-only failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// The quick start's Envoy configs (`config/*.yaml` that are Envoy bootstraps).
+fn quick_start_envoys(run: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let v: Vec<_> = ["lock-tier.yaml", "inbound-sidecar.yaml"].iter().map(|n| run.join("config").join(n)).collect();
+    v.iter().for_each(|p| assert!(p.is_file(), "{} not written", p.display()));
+    v
+}
+
+/// Every shipped config, the Kubernetes lock tier and the quick start's generated
+/// Envoy configs, each as (name, text).
+fn every_envoy_config(run: &std::path::Path) -> Vec<(String, String)> {
+    let mut paths = shipped();
+    paths.push(repo_root().join("deploy/base/lock-tier/envoy.yaml"));
+    paths.extend(quick_start_envoys(run));
+    paths.iter().map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap())).collect()
+}
+
+/// What is wrong with the downstream TLS contexts of `doc`: one that allows
+/// either kind of session resumption (issue 41 row 8).
+fn resumable_listeners(doc: &serde_json::Value) -> Vec<String> {
+    let mut ctxs = Vec::new();
+    find_all(doc, DOWNSTREAM_TLS, &mut ctxs);
+    let mut found = Vec::new();
+    for (i, c) in ctxs.iter().enumerate() {
+        for flag in ["disable_stateless_session_resumption", "disable_stateful_session_resumption"] {
+            if c[flag].as_bool() != Some(true) {
+                found.push(format!("downstream TLS context {i}: {flag} is not true"));
+            }
+        }
+    }
+    found
+}
+
+/// Issue 41 row 8: a resumed TLS session skips the client certificate's
+/// verification, so a caller whose SVID expired could go on locking. Every
+/// listener that authenticates callers (every `DownstreamTlsContext` of the
+/// shipped configs, the Kubernetes lock tier and the quick start's configs) turns
+/// off both stateless (tickets) and stateful (session id) resumption. Planted: the
+/// lock tier as shipped before (neither flag), and with only the stateful one
+/// missing, each caught. `tls_resumption::` shows it on a real Envoy.
+#[test]
+fn every_listener_that_authenticates_callers_turns_off_session_resumption() {
+    let run = quick_start_configs();
+    let mut listeners = 0;
+    for (name, text) in every_envoy_config(run.path()) {
+        let doc = yaml(&text);
+        let mut ctxs = Vec::new();
+        find_all(&doc, DOWNSTREAM_TLS, &mut ctxs);
+        listeners += ctxs.len();
+        let found = resumable_listeners(&doc);
+        assert!(found.is_empty(), "{name}: {found:?}");
+    }
+    // The lock tier and inbound sidecar, shipped, in Kubernetes and in the quick start.
+    assert!(listeners >= 5, "only {listeners} downstream TLS contexts");
+    let lt = std::fs::read_to_string(repo_root().join("envoy-config/lock-tier.yaml")).unwrap();
+    let old = lt.replace("              disable_stateless_session_resumption: true\n", "");
+    let old = old.replace("              disable_stateful_session_resumption: true\n", "");
+    assert_eq!(resumable_listeners(&yaml(&old)).len(), 2);
+    let stateful = lt.replace("              disable_stateful_session_resumption: true\n", "");
+    assert_eq!(
+        resumable_listeners(&yaml(&stateful)),
+        ["downstream TLS context 0: disable_stateful_session_resumption is not true"]
+    );
+}
+
+/// What is wrong with the connection managers of `doc` (issue 41 item 3): one
+/// that does not remove every override header in an early header mutation
+/// (before routing and every filter), and one with the lockmesh filter that does
+/// not run the body check on GET, HEAD and OPTIONS before it.
+fn override_and_body_problems(doc: &serde_json::Value) -> Vec<String> {
+    let mut hcms = Vec::new();
+    find_all(doc, HCM, &mut hcms);
+    let mut found = Vec::new();
+    for (i, hcm) in hcms.iter().enumerate() {
+        let removed: Vec<String> = hcm["early_header_mutation_extensions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["typed_config"]["@type"].as_str() == Some(HEADER_MUTATION))
+            .flat_map(|e| e["typed_config"]["mutations"].as_array().cloned().unwrap_or_default())
+            .filter_map(|m| m["remove"].as_str().map(str::to_ascii_lowercase))
+            .collect();
+        for h in OVERRIDE_HEADERS {
+            if !removed.iter().any(|r| r == h) {
+                found.push(format!("HCM {i}: {h} is not removed by an early header mutation"));
+            }
+        }
+        let Some(filters) = hcm["http_filters"].as_array() else { continue };
+        let ty = |f: &serde_json::Value| f["typed_config"]["@type"].as_str().unwrap_or_default().to_owned();
+        let Some(wasm_at) = filters.iter().position(|f| ty(f) == WASM) else { continue };
+        let check = filters.iter().position(|f| {
+            let inner = &f["typed_config"]["extension_config"]["typed_config"];
+            let code = inner["default_source_code"]["inline_string"].as_str().unwrap_or_default();
+            let skip = &f["typed_config"]["xds_matcher"]["matcher_list"]["matchers"][0];
+            let methods =
+                skip["predicate"]["not_matcher"]["single_predicate"]["value_match"]["safe_regex"]["regex"].as_str();
+            ty(f) == WITH_MATCHER
+                && inner["@type"].as_str() == Some(LUA)
+                && code.contains("h:body()")
+                && code.contains("\"400\"")
+                && methods == Some("GET|HEAD|OPTIONS")
+                && skip["on_match"]["action"]["typed_config"]["@type"].as_str()
+                    == Some("type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter")
+        });
+        match check {
+            Some(at) if at < wasm_at => {}
+            Some(_) => found.push(format!("HCM {i}: the body check runs after the lockmesh filter")),
+            None => found.push(format!("HCM {i}: no body check on GET, HEAD and OPTIONS")),
+        }
+    }
+    found
+}
+
+/// A fragment of envoy-config/src/fragments/ as rendered at `indent`.
+fn fragment(name: &str, indent: usize) -> String {
+    let text = std::fs::read_to_string(repo_root().join(format!("envoy-config/src/fragments/{name}.yaml"))).unwrap();
+    text.lines().map(|l| if l.is_empty() { "\n".to_owned() } else { format!("{:indent$}{l}\n", "") }).collect()
+}
+
+/// Issue 41 item 3, the configs: every connection manager shipped (lock tier,
+/// inbound and application sidecars, the Kubernetes lock tier and its health
+/// listener, the quick start's) removes x-original-url, x-rewrite-url,
+/// x-http-method-override, x-http-method and x-method-override before routing and
+/// before any filter, and every one with the lockmesh filter refuses a body on
+/// GET, HEAD and OPTIONS before that filter. Planted: the inbound sidecar without
+/// either block, each caught. On a real Envoy:
+/// [`the_shipped_sidecar_refuses_bodies_on_safe_methods_and_strips_override_headers`].
+#[test]
+fn every_connection_manager_strips_override_headers_and_refuses_bodies_on_safe_methods() {
+    let run = quick_start_configs();
+    let mut hcms = 0;
+    for (name, text) in every_envoy_config(run.path()) {
+        let doc = yaml(&text);
+        let mut found = Vec::new();
+        find_all(&doc, HCM, &mut found);
+        hcms += found.len();
+        let found = override_and_body_problems(&doc);
+        assert!(found.is_empty(), "{name}: {found:#?}");
+    }
+    assert!(hcms >= 7, "only {hcms} connection managers");
+    let sidecar = std::fs::read_to_string(repo_root().join("envoy-config/inbound-sidecar.yaml")).unwrap();
+    let (headers, body) = (fragment("hcm-override-headers", 16), fragment("no-body-on-safe-methods", 18));
+    assert!(sidecar.contains(&headers) && sidecar.contains(&body));
+    let found = override_and_body_problems(&yaml(&sidecar.replace(&headers, "")));
+    assert_eq!(found.len(), 5, "{found:#?}");
+    let found = override_and_body_problems(&yaml(&sidecar.replace(&body, "")));
+    assert_eq!(found, ["HCM 0: no body check on GET, HEAD and OPTIONS"]);
+}
+
+/// One request by curl to `https://localhost:{port}{path}` over `http`
+/// (`--http1.1`, `--http2`) as `who`, with `args`: the HTTP status curl saw
+/// (`000` when none).
+async fn curl(
+    pki: &lockmesh_tests::DevPki,
+    who: &lockmesh_tests::ClientCert,
+    port: u16,
+    http: &str,
+    path: &str,
+    args: &[&str],
+) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code}", http])
+        .arg("--cacert")
+        .arg(pki.ca_cert_path())
+        .arg("--cert")
+        .arg(&who.cert_path)
+        .arg("--key")
+        .arg(&who.key_path)
+        .args(args)
+        .arg(format!("https://localhost:{port}{path}"))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("curl runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What an inbound sidecar on `port` in front of `backend` did with the requests
+/// of issue 41 item 3, over HTTP/1.1 and HTTP/2, on its unlocked route (`/public`:
+/// forwarded without the arbiter, so no arbiter is needed): one line per request
+/// that Envoy did not answer as the shipped config must.
+async fn item3_violations(
+    pki: &lockmesh_tests::DevPki,
+    who: &lockmesh_tests::ClientCert,
+    port: u16,
+    backend: &lockmesh_tests::Backend,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for http in ["--http1.1", "--http2"] {
+        // A body on GET, HEAD or OPTIONS: with content-length, chunked (HTTP/1.1)
+        // or DATA frames without content-length (HTTP/2; curl drops the header).
+        for (method, framing) in [
+            ("GET", &[][..]),
+            ("GET", &["-H", "transfer-encoding: chunked"][..]),
+            ("HEAD", &[][..]),
+            ("HEAD", &["-H", "transfer-encoding: chunked"][..]),
+            ("OPTIONS", &[][..]),
+            ("OPTIONS", &["-H", "transfer-encoding: chunked"][..]),
+        ] {
+            backend.clear();
+            let mut args = vec!["-X", method, "--data-binary", "{\"write\":1}"];
+            args.extend_from_slice(framing);
+            let code = curl(pki, who, port, http, "/public/body", &args).await;
+            let reached = backend.requests().len();
+            if code != "400" || reached != 0 {
+                bad.push(format!("{http} {method} {framing:?} with a body: {code}, {reached} forwarded"));
+            }
+        }
+        // Controls: the same methods without a body (or an empty one), and a POST
+        // with a body, are forwarded.
+        for (method, args) in [
+            ("GET", &["-X", "GET"][..]),
+            ("GET", &["-X", "GET", "-H", "content-length: 0"][..]),
+            ("OPTIONS", &["-X", "OPTIONS"][..]),
+            ("POST", &["-X", "POST", "--data-binary", "{\"write\":1}"][..]),
+        ] {
+            backend.clear();
+            let code = curl(pki, who, port, http, "/public/ok", args).await;
+            let seen = backend.requests();
+            if code != "200" || seen.len() != 1 || seen[0].method != method {
+                bad.push(format!(
+                    "{http} {args:?}: {code}, forwarded {:?}",
+                    seen.iter().map(|r| &r.method).collect::<Vec<_>>()
+                ));
+            }
+        }
+        // The override headers never reach the upstream, whatever their case; the
+        // others do.
+        backend.clear();
+        let mut args = vec!["-H", "x-keep: 1"];
+        let sent: Vec<String> = OVERRIDE_HEADERS
+            .iter()
+            .enumerate()
+            .map(
+                |(i, h)| {
+                    if i % 2 == 0 {
+                        format!("{}: /orders/1", h.to_ascii_uppercase())
+                    } else {
+                        format!("{h}: DELETE")
+                    }
+                },
+            )
+            .collect();
+        for h in &sent {
+            args.extend(["-H", h.as_str()]);
+        }
+        let code = curl(pki, who, port, http, "/public/override", &args).await;
+        let seen = backend.requests();
+        match seen.first() {
+            Some(r) if code == "200" => {
+                for h in OVERRIDE_HEADERS {
+                    if let Some(v) = r.header(h) {
+                        bad.push(format!("{http}: {h}: {v} reached the upstream"));
+                    }
+                }
+                if r.header("x-keep") != Some("1") {
+                    bad.push(format!("{http}: x-keep did not reach the upstream"));
+                }
+            }
+            _ => bad.push(format!("{http}: the override request was not forwarded ({code})")),
+        }
+    }
+    bad
+}
+
+/// Issue 41 item 3 on a real Envoy, over HTTP/1.1 and HTTP/2: the shipped inbound
+/// sidecar answers 400 to a GET, HEAD or OPTIONS request with a body (with
+/// content-length, chunked, or HTTP/2 DATA without content-length) and forwards
+/// nothing, forwards the same methods without a body and a POST with one, and
+/// never passes x-original-url, x-rewrite-url, x-http-method-override,
+/// x-http-method or x-method-override upstream. Planted: the same config without
+/// the two blocks forwards every body and every override header (each case
+/// fails).
+#[tokio::test]
+async fn the_shipped_sidecar_refuses_bodies_on_safe_methods_and_strips_override_headers() {
+    let pki_dir = lockmesh_tests::paths::temp_dir("item3-").unwrap();
+    let pki = lockmesh_tests::DevPki::generate(pki_dir.path(), lockmesh_tests::TEST_TRUST_DOMAIN).unwrap();
+    pki.client("payments", "store").unwrap();
+    let who = pki.client("payments", "worker").unwrap();
+    let backend = lockmesh_tests::Backend::start().await.unwrap();
+    let envoy = EnvoyProcess::builder("inbound-sidecar")
+        .cert_dir(pki.dir())
+        .upstream_port(backend.port())
+        .start()
+        .await
+        .unwrap();
+    let bad = item3_violations(&pki, &who, envoy.listener_port(), &backend).await;
+    assert!(bad.is_empty(), "{bad:#?}");
+    drop(envoy);
+
+    let planted = EnvoyProcess::builder("inbound-sidecar")
+        .cert_dir(pki.dir())
+        .upstream_port(backend.port())
+        .replace(fragment("hcm-override-headers", 16), "")
+        .replace(fragment("no-body-on-safe-methods", 18), "")
+        .start()
+        .await
+        .unwrap();
+    let bad = item3_violations(&pki, &who, planted.listener_port(), &backend).await;
+    // Every body case (6 per protocol) and every override header (5 per protocol).
+    assert_eq!(bad.len(), 22, "{bad:#?}");
+}

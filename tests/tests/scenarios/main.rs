@@ -59,6 +59,7 @@ mod self_client;
 mod semaphore;
 mod shadow;
 mod split_faults;
+mod tls_resumption;
 mod transparent;
 mod upgrade;
 mod watch_hub;
