@@ -476,3 +476,52 @@ pub async fn run(
     tracing::info!("fence-proxy stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_quarantine_holds_until_its_bound_or_its_own_lift() {
+        let q = Quarantine::default();
+        assert!(!q.holds("r"));
+        let id = q.enter("r", Duration::from_secs(60));
+        assert!(q.holds("r") && !q.holds("other"));
+        // A lift by an older entry's id changes nothing; its own lifts it.
+        q.lift("r", id.wrapping_sub(1));
+        assert!(q.holds("r"));
+        q.lift("r", id);
+        assert!(!q.holds("r"));
+        // A newer entry is not lifted by the late answer of an older write.
+        let old = q.enter("r", Duration::from_secs(60));
+        let new = q.enter("r", Duration::from_secs(60));
+        q.lift("r", old);
+        assert!(q.holds("r"));
+        q.lift("r", new);
+        // The bound passes: the entry is gone.
+        q.enter("r", Duration::from_millis(50));
+        assert!(q.holds("r"));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert!(!q.holds("r"));
+        assert!(q.0.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_resource_guard_outlives_its_handler_when_a_task_owns_it() {
+        let locks: Arc<ResourceLocks> = Arc::default();
+        let g = locks.lock("r").await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _g = g;
+            let _ = rx.await;
+        });
+        // Another writer waits while the task holds the guard ...
+        assert!(tokio::time::timeout(Duration::from_millis(50), locks.lock("r")).await.is_err());
+        // ... and gets it once the task lets go; the map forgets an unused entry.
+        let _ = tx.send(());
+        task.await.unwrap();
+        drop(tokio::time::timeout(Duration::from_secs(1), locks.lock("r")).await.unwrap());
+        assert!(locks.0.lock().unwrap().is_empty());
+    }
+}

@@ -373,7 +373,7 @@ async fn fence_proxy_takes_its_addresses_from_the_lockmesh_fence_env_over_its_fi
 }
 
 #[tokio::test]
-async fn a_store_that_does_not_answer_in_time_gets_store_timeout_and_the_strict_grant_is_used_up() {
+async fn a_store_that_does_not_answer_in_time_gets_store_timeout_quarantine_and_the_strict_grant_is_used_up() {
     let dir = tempfile::tempdir().unwrap();
     let key = ensure_signing_key(dir.path()).unwrap();
     let store = KvStore::start().await.unwrap();
@@ -393,13 +393,21 @@ async fn a_store_that_does_not_answer_in_time_gets_store_timeout_and_the_strict_
     assert!(started.elapsed() < Duration::from_millis(1400), "answered after {:?}", started.elapsed());
     // The store did receive it: whether it landed is unknown to the client.
     assert!(store.requests().iter().any(|r| r.body == "slow"));
+    // It may still land: the resource is quarantined until the store answers it, and
+    // a later grant's write is refused meanwhile, not handed to the store.
+    let p2 = mint(&k, "payments/items/1", 51);
+    assert_eq!(send("PUT", &url, &[("x-lock-proof", &p2)], "early").await, (503, "fence_quarantined".into()));
+    assert!(!store.requests().iter().any(|r| r.body == "early"));
+    // The store answers the slow write (at 1.5 s): the quarantine lifts.
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(started.elapsed()) + Duration::from_millis(300))
+        .await;
     // The mark advanced before forwarding: under strict the same grant is used up ...
     assert_eq!(send("PUT", &url, &[("x-lock-proof", &p)], "retry").await, (409, "stale_token".into()));
-    // ... and the next grant writes (the resource lock was released at the timeout).
-    let p2 = mint(&k, "payments/items/1", 51);
+    // ... and the next grant writes (the quarantine did not touch the mark).
     assert_eq!(send("PUT", &url, &[("x-lock-proof", &p2)], "next").await.0, 200);
     let (_, metrics) = fence.admin_get("/metrics").await.unwrap();
     assert!(metrics.contains("outcome=\"store_timeout\"} 1"), "{metrics}");
+    assert!(metrics.contains("outcome=\"fence_quarantined\"} 1"), "{metrics}");
 }
 
 #[tokio::test]
