@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
+    annotations,
     config::Config,
+    inject::CONTAINER,
     inject::{inject_in, Outcome, Scope},
     patch,
 };
@@ -64,6 +66,12 @@ pub struct AdmissionRequest {
     /// The object being admitted.
     #[serde(default)]
     pub object: Option<Value>,
+    /// The object before an UPDATE.
+    #[serde(default)]
+    pub old_object: Option<Value>,
+    /// The subresource (`ephemeralcontainers` for `kubectl debug`), if any.
+    #[serde(default)]
+    pub sub_resource: Option<String>,
     /// Whether the request is a dry run (answered the same; the injector has no side effects).
     #[serde(default)]
     pub dry_run: Option<bool>,
@@ -183,6 +191,16 @@ fn respond(request: &AdmissionRequest, config: &Config, store_namespace: bool) -
         warnings: Vec::new(),
     };
     let is_pod = request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
+    if is_pod && request.operation == "UPDATE" {
+        if let (Some(old), Some(new)) = (&request.old_object, &request.object) {
+            let problems = guard_update(old, new, request.sub_resource.as_deref(), store_namespace);
+            if !problems.is_empty() {
+                let message = format!("lockmesh fence: update refused: {}", problems.join("; "));
+                return (deny(allow, message), Verdict::Denied);
+            }
+        }
+        return (allow, Verdict::Untouched);
+    }
     let Some(pod) = request.object.as_ref().filter(|_| is_pod && request.operation == "CREATE") else {
         return (allow, Verdict::Untouched);
     };
@@ -221,6 +239,49 @@ fn respond(request: &AdmissionRequest, config: &Config, store_namespace: bool) -
         Ok(Outcome::Untouched | Outcome::AlreadyInjected) => (allow, Verdict::Untouched),
         Err(e) => (deny(allow, format!("lockmesh fence injection refused: {e}")), Verdict::Denied),
     }
+}
+
+/// Why an UPDATE of a running pod would undo its fence (empty when it would not).
+/// The webhook injected the fence at CREATE; afterwards a pod's author could
+/// still change the fence container's image (the one container field an update
+/// may change), drop the labels the NetworkPolicy selects, or add an ephemeral
+/// container (`kubectl debug`), which shares the pod's loopback and so reaches
+/// the store's own port. For a pod with a `lockmesh-fence` container, and for
+/// every pod of a store namespace (`store_namespace`), those are refused.
+pub fn guard_update(old: &Value, new: &Value, sub_resource: Option<&str>, store_namespace: bool) -> Vec<String> {
+    let fence = |p: &Value| -> Vec<Value> {
+        p.pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().filter(|c| c.get("name").and_then(Value::as_str) == Some(CONTAINER)).cloned().collect())
+            .unwrap_or_default()
+    };
+    let label = |p: &Value, k: &str| p.pointer("/metadata/labels").and_then(|l| l.get(k)).cloned();
+    let fenced = !fence(old).is_empty() || store_namespace;
+    let mut problems = Vec::new();
+    if !fenced {
+        return problems;
+    }
+    if fence(old) != fence(new) {
+        problems.push(format!("the {CONTAINER} container is the injector's and cannot be changed or removed"));
+    }
+    for k in [annotations::FENCED_LABEL, annotations::BACKEND_PORT_LABEL] {
+        if label(old, k) != label(new, k) {
+            problems.push(format!("label {k} selects the fenced store's NetworkPolicy and cannot be changed"));
+        }
+    }
+    let ephemeral = |p: &Value| p.pointer("/spec/ephemeralContainers").cloned().unwrap_or(Value::Null);
+    let ephemeral_added = match (ephemeral(old), ephemeral(new)) {
+        (Value::Null, Value::Array(a)) => !a.is_empty(),
+        (o, n) => o != n && !n.is_null(),
+    };
+    if sub_resource == Some("ephemeralcontainers") && ephemeral_added {
+        problems.push(
+            "an ephemeral container in a fenced store's pod shares its loopback and would reach the store's own \
+             port past the fence: debug a copy of the pod instead (kubectl debug --copy-to)"
+                .to_owned(),
+        );
+    }
+    problems
 }
 
 fn deny(base: AdmissionResponse, message: String) -> AdmissionResponse {

@@ -554,3 +554,66 @@ async fn no_variant_gets_through() {
     }
     assert!(through.is_empty(), "{} of {} variants not handled:\n{}", through.len(), all.len(), through.join("\n"));
 }
+
+/// An UPDATE review of `old` into `new` (on the `ephemeralcontainers`
+/// subresource when `sub` is set), as the API server sends it.
+fn update_review(old: &Value, new: &Value, sub: Option<&str>) -> Vec<u8> {
+    let mut r: Value = serde_json::from_slice(&fixtures::admission("pod-opted-in.json")).unwrap();
+    r["request"]["operation"] = json!("UPDATE");
+    r["request"]["oldObject"] = old.clone();
+    r["request"]["object"] = new.clone();
+    r["request"]["options"] = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
+    if let Some(sub) = sub {
+        r["request"]["subResource"] = json!(sub);
+    }
+    serde_json::to_vec(&r).unwrap()
+}
+
+/// After admission the pod's author cannot undo the fence: the fence's image
+/// (`kubectl set image`), the fenced labels, an ephemeral container sharing the
+/// pod's loopback (`kubectl debug`). Other updates pass (positive controls).
+#[tokio::test]
+async fn an_admitted_fence_cannot_be_undone_by_an_update() {
+    let webhook = Shipped::start();
+    let injected = control(&webhook).await;
+    let post = async |path: &str, body: Vec<u8>| -> Value {
+        let r = webhook.client.post(format!("{}{path}", webhook.base)).body(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()["response"].clone()
+    };
+    let debug = json!([{"name": "debugger", "image": "busybox", "command": ["sh"], "targetContainerName": "ledger"}]);
+    let mut image = injected.clone();
+    containers(&mut image).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap()["image"] = json!("busybox");
+    let mut unlabelled = injected.clone();
+    unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove("lockmesh.io/fenced");
+    let mut ephemeral = injected.clone();
+    ephemeral["spec"]["ephemeralContainers"] = debug.clone();
+    for path in ["/mutate", "/mutate/store"] {
+        for (what, new, sub, want) in [
+            ("fence image changed", &image, None, "container is the injector's"),
+            ("fenced label removed", &unlabelled, None, "label lockmesh.io/fenced"),
+            ("ephemeral container", &ephemeral, Some("ephemeralcontainers"), "shares its loopback"),
+        ] {
+            let r = post(path, update_review(&injected, new, sub)).await;
+            assert_eq!(r["allowed"], false, "{path} {what}: GOT THROUGH: {r}");
+            let message = r["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(want), "{path} {what}: {message}");
+        }
+        // Positive control: an unrelated label change of the fenced pod.
+        let mut relabelled = injected.clone();
+        relabelled["metadata"]["labels"]["tier"] = json!("gold");
+        let r = post(path, update_review(&injected, &relabelled, None)).await;
+        assert!(r["allowed"] == true && r.get("patch").is_none(), "{path}: {r}");
+    }
+    // Positive control: a pod without a fence, outside store namespaces, may be debugged.
+    let mut web = store_pod();
+    web["metadata"]["labels"] = json!({"app": "web"});
+    web["metadata"]["annotations"] = json!({});
+    let mut debugged = web.clone();
+    debugged["spec"]["ephemeralContainers"] = debug;
+    let r = post("/mutate", update_review(&web, &debugged, Some("ephemeralcontainers"))).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    // In a store namespace it may not.
+    let r = post("/mutate/store", update_review(&web, &debugged, Some("ephemeralcontainers"))).await;
+    assert_eq!(r["allowed"], false, "{r}");
+}

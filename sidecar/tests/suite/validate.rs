@@ -229,6 +229,8 @@ fn shipped_webhook_configuration_selects_by_namespace_label() {
         assert!(h.get("objectSelector").is_none(), "a pod's own labels must not decide: {h}");
         assert_eq!(h["rules"][0]["operations"], serde_json::json!(["CREATE"]));
         assert_eq!(h["rules"][0]["resources"], serde_json::json!(["pods"]));
+        assert_eq!(h["rules"][1]["operations"], serde_json::json!(["UPDATE"]));
+        assert_eq!(h["rules"][1]["resources"], serde_json::json!(["pods", "pods/ephemeralcontainers"]));
         let exprs = h["namespaceSelector"]["matchExpressions"].as_array().unwrap();
         let value = exprs.iter().find(|e| e["key"] == "lockmesh.io/fence-injection").unwrap()["values"].clone();
         assert!(
