@@ -158,7 +158,9 @@ pub fn inject_in(object: &Value, config: &Config, scope: &Scope) -> Result<Outco
     let mut again = None;
     for before in uninjected(object, tpl_pointer, &req) {
         match fresh(&before, kind, config) {
-            Ok(Outcome::Injected(i)) if i.object == *object => return Ok(Outcome::AlreadyInjected),
+            Ok(Outcome::Injected(i)) if same_injection(&i.object, object, tpl_pointer) => {
+                return Ok(Outcome::AlreadyInjected)
+            }
             Ok(Outcome::Injected(i)) if again.is_none() => again = Some(i),
             _ => {}
         }
@@ -354,6 +356,55 @@ fn markers(tpl: &Value) -> Vec<String> {
     for label in [annotations::FENCED_LABEL, annotations::BACKEND_PORT_LABEL] {
         if has("/metadata/labels", label) {
             out.push(format!("label {label}"));
+        }
+    }
+    out
+}
+
+/// Whether two objects are equal once the API server's defaults of the parts the
+/// injector writes are taken out (a pod created from a `lockmesh-inject`ed
+/// template reaches the webhook with them filled in).
+fn same_injection(ours: &Value, theirs: &Value, tpl_pointer: &str) -> bool {
+    ours == theirs || without_defaults(ours, tpl_pointer) == without_defaults(theirs, tpl_pointer)
+}
+
+/// `object` with fields of the fence container and the fence config volume
+/// removed where they hold the value Kubernetes defaults them to.
+fn without_defaults(object: &Value, tpl_pointer: &str) -> Value {
+    fn drop_if(m: &mut Map<String, Value>, key: &str, default: &Value) {
+        if m.get(key) == Some(default) {
+            m.remove(key);
+        }
+    }
+    let mut out = object.clone();
+    let Some(spec) = out.pointer_mut(tpl_pointer).and_then(|t| t.get_mut("spec")) else { return out };
+    let named = |v: &Value, n: &str| v.get("name").and_then(Value::as_str) == Some(n);
+    if let Some(cs) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        for c in cs.iter_mut().filter(|c| named(c, CONTAINER)).filter_map(Value::as_object_mut) {
+            drop_if(c, "terminationMessagePath", &json!("/dev/termination-log"));
+            for p in c.get_mut("ports").and_then(Value::as_array_mut).into_iter().flatten() {
+                if let Some(p) = p.as_object_mut() {
+                    drop_if(p, "protocol", &json!("TCP"));
+                }
+            }
+            for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+                let Some(p) = c.get_mut(probe).and_then(Value::as_object_mut) else { continue };
+                for (k, v) in
+                    [("timeoutSeconds", 1), ("periodSeconds", 10), ("successThreshold", 1), ("failureThreshold", 3)]
+                {
+                    drop_if(p, k, &json!(v));
+                }
+                if let Some(h) = p.get_mut("httpGet").and_then(Value::as_object_mut) {
+                    drop_if(h, "scheme", &json!("HTTP"));
+                }
+            }
+        }
+    }
+    if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        for v in vs.iter_mut().filter(|v| named(v, CONFIG_VOLUME)) {
+            if let Some(cm) = v.get_mut("configMap").and_then(Value::as_object_mut) {
+                drop_if(cm, "defaultMode", &json!(420));
+            }
         }
     }
     out

@@ -617,3 +617,32 @@ async fn an_admitted_fence_cannot_be_undone_by_an_update() {
     let r = post("/mutate/store", update_review(&web, &debugged, Some("ephemeralcontainers"))).await;
     assert_eq!(r["allowed"], false, "{r}");
 }
+
+/// A pod whose fence came with it (a `lockmesh-inject`ed template) reaches the
+/// webhook with the API server's defaults filled in: still the injector's own,
+/// allowed with no patch; a default-looking change that is not a default is not.
+#[tokio::test]
+async fn an_injected_pod_with_api_defaults_is_recognised() {
+    let webhook = Shipped::start();
+    let injected = control(&webhook).await;
+    let mut defaulted = injected.clone();
+    let fence = containers(&mut defaulted).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap();
+    fence["terminationMessagePath"] = json!("/dev/termination-log");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        fence[probe]["successThreshold"] = json!(1);
+        fence[probe]["httpGet"]["scheme"] = json!("HTTP");
+    }
+    for v in defaulted["spec"]["volumes"].as_array_mut().unwrap() {
+        if v["name"] == "lockmesh-fence-config" {
+            v["configMap"]["defaultMode"] = json!(420);
+        }
+    }
+    for path in ["/mutate", "/mutate/store"] {
+        let r = webhook.post(path, &defaulted).await;
+        assert!(r["allowed"] == true && r.get("patch").is_none(), "{path}: {r}");
+    }
+    let mut https = defaulted.clone();
+    containers(&mut https).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap()["readinessProbe"]["httpGet"]
+        ["scheme"] = json!("HTTPS");
+    must_get_own_fence(&webhook, "/mutate/store", "probe scheme changed", &https, &injected).await;
+}
