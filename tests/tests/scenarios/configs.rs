@@ -411,6 +411,7 @@ fn every_shipped_config_loads_its_certificates_through_watched_sds() {
 // === Issue 41: sidecar identity, TLS resumption, override headers, bodies ===
 
 const DOWNSTREAM_TLS: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const UPSTREAM_TLS: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const HEADER_MUTATION: &str =
     "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation";
 const LUA: &str = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua";
@@ -449,6 +450,196 @@ fn quick_start_envoys(run: &std::path::Path) -> Vec<std::path::PathBuf> {
     let v: Vec<_> = ["lock-tier.yaml", "inbound-sidecar.yaml"].iter().map(|n| run.join("config").join(n)).collect();
     v.iter().for_each(|p| assert!(p.is_file(), "{} not written", p.display()));
     v
+}
+
+/// The Wasm plugin configurations (JSON) of an Envoy config.
+fn plugin_configs(doc: &serde_json::Value) -> Vec<serde_json::Value> {
+    let mut wasms = Vec::new();
+    find_all(doc, WASM, &mut wasms);
+    wasms
+        .iter()
+        .map(|w| serde_json::from_str(w["config"]["configuration"]["value"].as_str().unwrap_or("{}")).unwrap())
+        .collect()
+}
+
+/// An in-pod Envoy: a lockmesh filter with transparent routes or without the lock API.
+fn is_sidecar(doc: &serde_json::Value) -> bool {
+    plugin_configs(doc).iter().any(|c| c.get("transparent").is_some() || c["api"].as_bool() == Some(false))
+}
+
+/// The certificate files an Envoy config presents to the arbiters, as
+/// `(cluster, certificate file)`: every cluster its ext_proc filters call and its
+/// filter's transparent calls use, through the SDS files `sds` maps a
+/// `path_config_source` path to.
+fn arbiter_client_certs(doc: &serde_json::Value, sds: &dyn Fn(&str) -> std::path::PathBuf) -> Vec<(String, String)> {
+    let mut procs = Vec::new();
+    find_all(doc, EXT_PROC, &mut procs);
+    let mut clusters: Vec<String> = procs
+        .iter()
+        .filter_map(|p| p["grpc_service"]["envoy_grpc"]["cluster_name"].as_str().map(str::to_owned))
+        .collect();
+    clusters.extend(
+        plugin_configs(doc).iter().filter_map(|c| c["transparent"]["arbiter_cluster"].as_str().map(str::to_owned)),
+    );
+    clusters.sort();
+    clusters.dedup();
+    let mut out = Vec::new();
+    for name in clusters {
+        let all = doc["static_resources"]["clusters"].as_array().unwrap();
+        let c = all.iter().find(|c| c["name"] == name.as_str()).unwrap_or_else(|| panic!("no cluster {name}"));
+        let tls = &c["transport_socket"]["typed_config"];
+        assert_eq!(tls["@type"].as_str(), Some(UPSTREAM_TLS), "cluster {name}: the arbiter is reached over mTLS");
+        let secrets = tls["common_tls_context"]["tls_certificate_sds_secret_configs"].as_array();
+        let secrets = secrets.unwrap_or_else(|| panic!("cluster {name}: no client certificate through SDS"));
+        for s in secrets {
+            let file = sds(s["sds_config"]["path_config_source"]["path"].as_str().unwrap());
+            let secret = yaml(&std::fs::read_to_string(&file).unwrap());
+            let cert = secret["resources"][0]["tls_certificate"]["certificate_chain"]["filename"].as_str();
+            out.push((name.clone(), cert.unwrap_or_else(|| panic!("{}: no certificate_chain", file.display())).into()));
+        }
+    }
+    out
+}
+
+/// The one URI SAN (SPIFFE ID) of a PEM certificate file.
+fn spiffe_id(path: &std::path::Path) -> String {
+    use x509_parser::extensions::GeneralName;
+    let pem = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let sans = cert.subject_alternative_name().unwrap().map(|s| s.value.general_names.clone()).unwrap_or_default();
+    let uris: Vec<&str> =
+        sans.iter().filter_map(|n| if let GeneralName::URI(u) = n { Some(*u) } else { None }).collect();
+    assert_eq!(uris.len(), 1, "{}: {uris:?}", path.display());
+    uris[0].to_owned()
+}
+
+/// How the arbiter treats a client: `tls.allowed_clients` (exact) is vouching,
+/// `tls.self_clients` (exact, or `*` for one whole segment) a self client.
+#[derive(Debug, PartialEq)]
+enum Kind {
+    Vouching,
+    SelfClient,
+    Refused,
+}
+
+fn arbiter_kind(arbiter: &serde_json::Value, id: &str) -> Kind {
+    let list = |k: &str| -> Vec<String> {
+        arbiter["tls"][k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let matches = |pat: &str| {
+        let (p, i): (Vec<_>, Vec<_>) = (pat.split('/').collect(), id.split('/').collect());
+        p.len() == i.len() && p.iter().zip(&i).all(|(p, i)| *p == "*" || p == i)
+    };
+    if list("allowed_clients").iter().any(|c| c == id) {
+        Kind::Vouching
+    } else if list("self_clients").iter().any(|c| matches(c)) {
+        Kind::SelfClient
+    } else {
+        Kind::Refused
+    }
+}
+
+/// What is wrong with the sidecars among `configs` (name, document): a sidecar
+/// presents to the arbiters a certificate `id_of` reads as a vouching client
+/// (`kind`), or the certificate file a lock tier among them presents.
+fn vouching_sidecars(
+    configs: &[(String, serde_json::Value)],
+    sds: &dyn Fn(&str) -> std::path::PathBuf,
+    id_of: &dyn Fn(&str) -> String,
+    kind: &dyn Fn(&str) -> Kind,
+) -> Vec<String> {
+    let tier_certs: Vec<String> = configs
+        .iter()
+        .filter(|(_, d)| !is_sidecar(d) && !plugin_configs(d).is_empty())
+        .flat_map(|(_, d)| arbiter_client_certs(d, sds).into_iter().map(|(_, c)| c))
+        .collect();
+    let mut found = Vec::new();
+    for (name, doc) in configs.iter().filter(|(_, d)| is_sidecar(d)) {
+        let certs = arbiter_client_certs(doc, sds);
+        assert!(!certs.is_empty(), "{name}: a sidecar that presents nothing to the arbiters");
+        for (cluster, cert) in certs {
+            let id = id_of(&cert);
+            match kind(&id) {
+                Kind::SelfClient => {}
+                k => found.push(format!("{name}: cluster {cluster} presents {cert} ({id}), a {k:?} client")),
+            }
+            if tier_certs.contains(&cert) {
+                found.push(format!("{name}: cluster {cluster} presents the lock tier's certificate {cert}"));
+            }
+        }
+    }
+    found
+}
+
+/// Issue 41 row 6: an inbound sidecar runs in a workload's pod, whose processes
+/// can read its key and send ext_proc messages of their own, so it must present
+/// its pod's own SVID (a self client of the arbiter), never the lock tier's
+/// vouching certificate. Checked over the shipped configs (their certificates
+/// read from a dev PKI laid out as the harness lays it out: `envoy-client.pem` is
+/// the vouching ID the harness's arbiter admits) and over the quick start's
+/// generated configs against the arbiter config it writes beside them (vouching
+/// and self clients as `tls.allowed_clients` and `tls.self_clients` say). Planted:
+/// the sidecar as it shipped before (the lock tier's `arbiter-client-cert.yaml`)
+/// is refused in both.
+#[test]
+fn no_sidecar_presents_a_vouching_certificate_to_the_arbiter() {
+    let pki_dir = lockmesh_tests::paths::temp_dir("sidecar-ids-").unwrap();
+    let pki = lockmesh_tests::DevPki::generate(pki_dir.path(), lockmesh_tests::TEST_TRUST_DOMAIN).unwrap();
+    pki.client("payments", "store").unwrap();
+    pki.client("payments", "worker").unwrap();
+    let vouching = pki.envoy_spiffe_id();
+    let shipped_sds = |p: &str| repo_root().join(p);
+    let dev_id = |cert: &str| {
+        let file = cert.strip_prefix(lockmesh_tests::envoy::CERT_DIR_PREFIX).unwrap_or_else(|| panic!("{cert}"));
+        spiffe_id(&pki.dir().join(file))
+    };
+    let harness_kind = |id: &str| if id == vouching { Kind::Vouching } else { Kind::SelfClient };
+    let configs: Vec<(String, serde_json::Value)> =
+        shipped().iter().map(|p| (p.display().to_string(), yaml(&std::fs::read_to_string(p).unwrap()))).collect();
+    assert!(configs.iter().any(|(_, d)| is_sidecar(d)), "no sidecar among the shipped configs");
+    let found = vouching_sidecars(&configs, &shipped_sds, &dev_id, &harness_kind);
+    assert!(found.is_empty(), "{found:#?}");
+
+    // Planted: the inbound sidecar as shipped before (the lock tier's secret).
+    let sidecar = std::fs::read_to_string(repo_root().join("envoy-config/inbound-sidecar.yaml")).unwrap();
+    let old = sidecar.replace("sds/sidecar-svid.yaml", "sds/arbiter-client-cert.yaml");
+    assert_ne!(old, sidecar);
+    let mut planted = configs.clone();
+    planted.retain(|(_, d)| !is_sidecar(d));
+    planted.push(("planted inbound-sidecar.yaml".into(), yaml(&old)));
+    let found = vouching_sidecars(&planted, &shipped_sds, &dev_id, &harness_kind);
+    assert_eq!(found.len(), 4, "two clusters, each vouching and the lock tier's: {found:#?}");
+
+    // The quick start: the configs and arbiter config scripts/up writes.
+    let run = quick_start_configs();
+    let arbiter = yaml(&std::fs::read_to_string(run.path().join("config/arbiter.yaml")).unwrap());
+    let qs_kind = |id: &str| arbiter_kind(&arbiter, id);
+    let qs_sds = |p: &str| std::path::PathBuf::from(p);
+    let qs_id = |cert: &str| spiffe_id(std::path::Path::new(cert));
+    let configs: Vec<(String, serde_json::Value)> = quick_start_envoys(run.path())
+        .iter()
+        .map(|p| (p.display().to_string(), yaml(&std::fs::read_to_string(p).unwrap())))
+        .collect();
+    let found = vouching_sidecars(&configs, &qs_sds, &qs_id, &qs_kind);
+    assert!(found.is_empty(), "{found:#?}");
+    // ... and the lock tier is the vouching client it names.
+    let tier = configs.iter().find(|(_, d)| !is_sidecar(d)).unwrap();
+    for (cluster, cert) in arbiter_client_certs(&tier.1, &qs_sds) {
+        assert_eq!(qs_kind(&qs_id(&cert)), Kind::Vouching, "{}: cluster {cluster}", tier.0);
+    }
+    // Planted: the quick start's sidecar with the lock tier's certificate.
+    let at = run.path().join("config/inbound-sidecar.yaml");
+    let text = std::fs::read_to_string(&at).unwrap();
+    let old = text.replace("sds/sidecar-svid.yaml", "sds/arbiter-client-cert.yaml");
+    assert_ne!(old, text);
+    let planted = vec![configs[0].clone(), ("planted quick start sidecar".into(), yaml(&old))];
+    let found = vouching_sidecars(&planted, &qs_sds, &qs_id, &qs_kind);
+    assert_eq!(found.len(), 4, "{found:#?}");
+    assert!(found[0].contains("Vouching"), "{found:#?}");
 }
 
 /// Every shipped config, the Kubernetes lock tier and the quick start's generated

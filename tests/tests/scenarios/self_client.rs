@@ -275,3 +275,98 @@ async fn planted_control_the_sidecar_as_a_vouching_client_lets_the_forged_claim_
     assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
     assert_eq!(holds(&st).await, 1);
 }
+
+/// The certificate file (in the PKI directory) the shipped SDS secret `file`
+/// (`envoy-config/sds/<file>`) names.
+fn shipped_secret_cert(file: &str) -> String {
+    let text = std::fs::read_to_string(lockmesh_tests::repo_root().join("envoy-config/sds").join(file)).unwrap();
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let cert = doc["resources"][0]["tls_certificate"]["certificate_chain"]["filename"].as_str().unwrap();
+    cert.strip_prefix(lockmesh_tests::envoy::CERT_DIR_PREFIX).unwrap().to_owned()
+}
+
+/// The SDS secret file the shipped inbound sidecar presents to the arbiters with.
+fn shipped_sidecar_secret() -> String {
+    let text = std::fs::read_to_string(lockmesh_tests::repo_root().join("envoy-config/inbound-sidecar.yaml")).unwrap();
+    let files: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.split("path_config_source: { path: envoy-config/sds/").nth(1))
+        .filter_map(|l| l.split(',').next())
+        .filter(|f| *f != "server-cert.yaml" && *f != "mesh-ca.yaml")
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(files.len(), 1, "one client certificate to the arbiters: {files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// The stack's certificate at `file` (a PKI file name): the vouching
+/// `envoy-client.pem` or a workload's `<ns>_<sa>.pem`.
+fn pki_cert(st: &Stack, file: &str) -> ClientCert {
+    let stem = file.strip_suffix(".pem").unwrap();
+    if stem == "envoy-client" {
+        return st.pki().envoy_client();
+    }
+    let (ns, sa) = stem.split_once('_').unwrap_or_else(|| panic!("{file}: not <ns>_<sa>.pem"));
+    let cert = st.pki().client(ns, sa).unwrap();
+    assert!(cert.cert_path.ends_with(file), "{}", cert.cert_path.display());
+    cert
+}
+
+/// An acquire's grant proof (`proof` of the answer's JSON body), empty if none.
+fn proof(r: &processing_response::Response) -> String {
+    let processing_response::Response::ImmediateResponse(i) = r else { return String::new() };
+    let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap_or_default();
+    body["proof"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Issue 41 row 6, with the arbiter configured as the quick start configures it
+/// (the lock tier's certificate vouching, the inbound sidecar's SVID a self client,
+/// LockGrants in the registry, grant proofs signed): a hand-built ext_proc request
+/// presenting the certificate the shipped inbound sidecar presents (which any
+/// process in its pod can read) and claiming billing/job gets no grant and no
+/// proof for a billing key; its own payments key is held under its own identity.
+/// Planted: the certificate the sidecar presented before (the lock tier's vouching
+/// `arbiter-client-cert.yaml`) gets the forged claim its grant and signed proof.
+#[tokio::test]
+async fn the_shipped_sidecars_certificate_cannot_borrow_a_callers_identity() {
+    let registry = format!(
+        "{}grants:\n  - {{ identity: \"spiffe://lockmesh.test/ns/payments/\", prefixes: [\"payments\"], operations: \
+         [acquire] }}\n  - {{ identity: \"spiffe://lockmesh.test/ns/billing/\", prefixes: [\"billing\"], operations: \
+         [acquire] }}\n",
+        lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY
+    );
+    let keys = tempfile::tempdir().unwrap();
+    let signing = lockmesh_tests::fence::ensure_signing_key(keys.path()).unwrap();
+    let st = Stack::builder("self-client-shipped")
+        .registry(registry)
+        .arbiter_extra_yaml(signing.arbiter_yaml())
+        .start()
+        .await
+        .unwrap();
+    let secret = shipped_sidecar_secret();
+    let sidecar = pki_cert(&st, &shipped_secret_cert(&secret));
+    let envoy = st.pki().envoy_client();
+    assert_ne!(sidecar.spiffe_id, envoy.spiffe_id, "the shipped sidecar ({secret}) presents the vouching identity");
+    retrust(&st, &format!("  allowed_clients: [{:?}]\n  self_clients: [{:?}]", envoy.spiffe_id, sidecar.spiffe_id))
+        .await;
+    let job = st.pki().workload_spiffe_id("billing", "job");
+    let acquire = |key: &'static str| [(":method", "POST"), (":path", "/v1/locks/acquire"), (headers::KEY, key)];
+    let r = answer(&st, &sidecar, request(&job, &acquire("billing/forged"))).await.unwrap();
+    assert_eq!(immediate(&r), (403, "denied".to_owned()), "{r:?}");
+    assert_eq!(proof(&r), "");
+    assert_eq!(holds(&st).await, 0, "a forged claim left a hold");
+    // Its own namespace's key: granted, under its own identity.
+    let r = answer(&st, &sidecar, request(&job, &acquire("payments/own"))).await.unwrap();
+    assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
+    let mut etcd = st.etcd().client().await.unwrap();
+    let held = etcd.get(format!("{}/l/", st.root()), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(held.kvs()[0].value()).unwrap();
+    assert_eq!(rec["owner"], sidecar.spiffe_id.as_str(), "{rec}");
+    assert_eq!(rec["unverified_caller"], job.as_str(), "{rec}");
+
+    // Planted: the certificate the inbound sidecar shipped with before.
+    let old = pki_cert(&st, &shipped_secret_cert("arbiter-client-cert.yaml"));
+    let r = answer(&st, &old, request(&job, &acquire("billing/forged"))).await.unwrap();
+    assert_eq!(immediate(&r), (200, String::new()), "{r:?}");
+    assert!(!proof(&r).is_empty(), "the vouching certificate's forged grant carries a signed proof: {r:?}");
+}
