@@ -1,7 +1,13 @@
 //! lockmesh-sidecar injects fence-proxy in front of a legacy store's container.
 //!
-//! One pure function, [`inject::inject`], turns an opted-in Pod, Deployment or
-//! StatefulSet (JSON) into the same object with fence-proxy in front of its store.
+//! One pure function, [`inject::inject_in`] (and [`inject::inject`], which reads
+//! the namespace from the object), turns a Pod, Deployment or StatefulSet (JSON)
+//! that the admins' selection makes a store, or that opted in, into the same
+//! object with the injector's own fence-proxy in front of its store. Nothing the
+//! pod writes about its fence is believed: a fence container, volume, status
+//! annotation or label of its own is replaced unless the object is already
+//! exactly what injection makes of it.
+//!
 //! Two thin front ends share it: `lockmesh-inject` rewrites manifests like
 //! `istioctl kube-inject` ([`manifest`]), and `lockmesh-sidecar-webhook` is a
 //! mutating admission webhook answering AdmissionReview v1 with a JSON Patch
