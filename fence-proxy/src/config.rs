@@ -14,6 +14,8 @@
 //! admin_listen: "0.0.0.0:8081"    # /healthz /readyz /metrics
 //! upstream: "http://127.0.0.1:9000"
 //! marks_dir: /var/lib/lockmesh-fence   # a persistent volume, never scratch space
+//! upstream_timeout_ms: 10000      # a write not answered by then: 504, resource quarantined
+//! quarantine_ms: 30000            # until the store answers that write, at most this long
 //! trusted_keys:
 //!   - { key_id: k2026-01, public_key_file: /etc/lockmesh/grant-k2026-01.pub.pem }
 //! routes:
@@ -23,6 +25,7 @@
 //!     resource: "items/{id}"
 //!     lock_key: "orders/items/{id}"
 //!     equal: strict
+//!     delete_body: refuse         # or allow: a DELETE may carry a body
 //! ```
 
 use std::{

@@ -159,8 +159,11 @@ impl Quarantine {
     fn enter(&self, resource: &str, bound: std::time::Duration) -> u64 {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = Instant::now();
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(resource.to_owned(), (Instant::now() + bound, id));
+        // Expired entries of resources nobody wrote since go here.
+        map.retain(|_, (until, _)| *until > now);
+        map.insert(resource.to_owned(), (now + bound, id));
         id
     }
 

@@ -23,11 +23,7 @@
 //! canonical headers writes; a genuine read reads). To run them against another
 //! fence-proxy binary (the code before the fix): `FENCE_PROXY_BIN=/path/to/old`.
 
-use std::{
-    collections::BTreeMap,
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use lockmesh_tests::{
     fence::{ensure_signing_key, FenceProxyProcess},
@@ -37,7 +33,10 @@ use lockmesh_tests::{
 };
 use serde_json::Value;
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    time::Instant,
+};
 
 /// Every forged value contains it.
 const MARK: &str = "7777777777777777";
@@ -549,4 +548,76 @@ async fn a_quarantine_without_an_answer_lasts_its_bound_and_a_cut_connection_qua
     assert_eq!(f.write("PUT", "5", 200, &[], "t2").await.code(), (503, "fence_quarantined".to_owned()));
     let tokens: Vec<String> = applied(&store.writes().await, "/orders/5").into_iter().map(|(t, _)| t).collect();
     assert_eq!(tokens, ["100"], "the write after the cut never reached the store");
+}
+
+// === HTTP/2 (h2c) ===
+
+/// `curl --http2-prior-knowledge`: status and `x-lockmesh-error`, or `None` when the
+/// stream was reset before curl read an answer. A refusal sent before the request's
+/// DATA was read ends the stream with RST_STREAM(NO_ERROR), which curl 7.88 reports
+/// as a failed transfer (seen with `bad_token` before this change as well). `body`
+/// is sent as DATA; `no_length` drops curl's `content-length`, so only the DATA
+/// frames say there is a body.
+async fn h2(
+    port: u16,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+    no_length: bool,
+) -> Option<(u16, String)> {
+    let mut c = tokio::process::Command::new("curl");
+    c.args(["-s", "-o", "/dev/null", "--http2-prior-knowledge", "-X", method]);
+    c.args(["-w", "%{http_code} %{http_version} %header{x-lockmesh-error}"]);
+    for (n, v) in headers {
+        c.args(["-H", &format!("{n}: {v}")]);
+    }
+    if let Some(b) = body {
+        c.args(["--data-binary", b]);
+    }
+    if no_length {
+        c.args(["-H", "content-length:"]);
+    }
+    let out = c.arg(format!("http://127.0.0.1:{port}{target}")).output().await.expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut it = text.split(' ');
+    let status = it.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    if status == 0 {
+        return None;
+    }
+    assert_eq!(it.next(), Some("2"), "answered over HTTP/2: {text}");
+    Some((status, it.next().unwrap_or_default().to_owned()))
+}
+
+#[tokio::test]
+async fn over_http2_twins_overrides_and_read_bodies_are_refused_the_same() {
+    let store = Store::lenient().await;
+    let f = fence(&store, 3000, &[]).await;
+    let p = f.proof("payments/order-1", 10);
+    let genuine = [("x-lock-proof", p.as_str()), ("x-lock-token", "10")];
+    let mut twin = genuine.to_vec();
+    twin.push(("x_lock_token", MARK));
+    let refused = |code: &str| Some((400, code.to_owned()));
+    // Without DATA: the answer is always read.
+    assert_eq!(h2(f.port(), "PUT", "/orders/1", &twin, None, false).await, refused("header_twin"));
+    let ovr = [("x-http-method-override", "PUT")];
+    assert_eq!(h2(f.port(), "GET", "/orders/1", &ovr, None, false).await, refused("override_header"));
+    // With DATA on a GET, with and without content-length: refused (or the stream
+    // reset before curl read the refusal); never forwarded.
+    for no_length in [false, true] {
+        let a = h2(f.port(), "GET", "/orders/5", &[], Some(&smuggled()), no_length).await;
+        println!("HTTP/2 GET with DATA (no content-length: {no_length}): {a:?}");
+        assert!(a.is_none() || a == refused("body_not_allowed"), "{a:?}");
+    }
+    // Both were refused, whatever curl saw (the fence counts each answer).
+    let (_, metrics) = f.proc.admin_get("/metrics").await.unwrap();
+    let refusals = metrics.lines().find(|l| l.contains("outcome=\"body_not_allowed\"")).unwrap_or_default();
+    assert!(refusals.ends_with(" 2"), "{metrics}");
+    // Controls: the same genuine write and a read pass over HTTP/2.
+    assert_eq!(h2(f.port(), "PUT", "/orders/1", &genuine, Some("v1"), false).await, Some((200, String::new())));
+    assert_eq!(h2(f.port(), "GET", "/orders/1", &[], None, false).await, Some((200, String::new())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let writes = store.writes().await;
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!((writes[0]["path"].as_str(), writes[0]["token"].as_str()), (Some("/orders/1"), Some("10")));
 }
