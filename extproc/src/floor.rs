@@ -233,7 +233,7 @@ impl Waiter {
         Ok(Self {
             sid,
             key: req.key.clone(),
-            hold: lockmesh_lock::mutex::hold_record(req, epoch, 1, None)?,
+            hold: lockmesh_lock::mutex::hold_record(req, epoch, 1, None, None)?,
             record,
             class: req.class.name.to_string(),
             ttl_s: req.class.ttl_s,

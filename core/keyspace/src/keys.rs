@@ -10,6 +10,7 @@
 //! <root>/l/<digest>/e              an election leader's proclaimed value the leader's session lease
 //! <root>/l/<digest>/w              exclusion record of an exclusive hold the holder's session lease
 //! <root>/i/<session>/<digest>      hold index of an acquire-opened session the session's lease
+//! <root>/a/<attempt>               a grant attempt fenced off (unknown outcome) marker lease
 //! <root>/q/<digest>/<waiter>       a durable waiter (fairness: durable) arbiter lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
@@ -108,6 +109,14 @@ impl Keys {
     /// The prefix of a session's hold index ([`Keys::hold_index`]).
     pub fn hold_indexes(&self, s: SessionId) -> String {
         format!("{}/i/{s}/", self.root)
+    }
+
+    /// A grant attempt's fence: every grant on a session the caller keeps
+    /// compares this key absent; an arbiter that got no answer for the grant puts
+    /// it in a transaction of its own, after which the grant can no longer
+    /// commit, and reads whether it had (`lockmesh_lock::mutex`).
+    pub fn attempt(&self, id: &str) -> String {
+        format!("{}/a/{id}", self.root)
     }
 
     /// The prefix of every hold of a key (`.../h/`).

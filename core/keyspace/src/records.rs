@@ -68,6 +68,11 @@ pub struct HoldRecord {
     /// transaction, so they share one create revision (each key's token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<u32>,
+    /// The grant attempt that put it (`Keys::attempt`), for a grant on a session
+    /// the caller keeps: an attempt whose answer etcd never gave is resolved by
+    /// fencing that id and reading which holds carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
 }
 
 /// An election leader's proclaimed value (`<root>/l/<digest>/e`, on the leader's

@@ -47,7 +47,7 @@ pub const MAX_TXN_OPS: usize = 128;
 /// `--max-txn-ops`) of a grant of `keys` keys at most: its compares (each key:
 /// its slot, no holder above the limit, a durable queue, two lock-delay records,
 /// the exclusion record; the transaction: epoch, session, clock, policy, map,
-/// home) and its failure reads (each key: holders, two lock-delay records, the
+/// home, attempt) and its failure reads (each key: holders, two lock-delay records, the
 /// exclusion record; the transaction: session, epoch, clock, policy, map, home)
 /// are the longest, at six per key; the puts are three per key (hold, guard,
 /// session index) and two more.
@@ -254,7 +254,7 @@ impl Store {
     /// One grant transaction for every key of `reqs`, into slot `slots[i]` of
     /// key i (the lowest free one the last refusal saw).
     async fn try_grant_all(
-        &self,
+        self: &Arc<Self>,
         reqs: &[AcquireRequest],
         ds: &[KeyDigest],
         sid: SessionId,
@@ -284,6 +284,11 @@ impl Store {
         let (mut then, mut els, mut delay_reads, mut excl_reads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut holds = Vec::with_capacity(reqs.len());
         let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
+        // The attempt's fence (`Keys::attempt`, as a single-key grant's).
+        let attempt = new_record.is_none().then(super::mutex::attempt_id);
+        if let Some(a) = &attempt {
+            when.push(Compare::create_revision(k.attempt(a), CompareOp::Equal, 0));
+        }
         for (i, (req, d)) in reqs.iter().zip(ds).enumerate() {
             let slot = slots.get(i).copied().unwrap_or(0).min(n - 1);
             let name = k.slot(d, slot);
@@ -296,7 +301,11 @@ impl Store {
                 );
             }
             when.extend(fair.compares(k, d));
-            then.push(TxnOp::put(name.as_str(), hold_record(req, ep.epoch, 1, Some(count))?, Some(lease.clone())));
+            then.push(TxnOp::put(
+                name.as_str(),
+                hold_record(req, ep.epoch, 1, Some(count), attempt.as_deref())?,
+                Some(lease.clone()),
+            ));
             holds.push(name);
             // Exclusion (`Keys::exclusion`): no key of the acquire is held exclusively.
             let excl = super::mutex::exclusion_ops(k, d, req, &lease);
@@ -335,7 +344,31 @@ impl Store {
         els.extend(gate.reads());
         debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
         let txn = Txn::new().when(when).and_then(then).or_else(els);
-        let r = self.call_by(first.deadline, self.client().txn(txn)).await?;
+        let r = match self.call_by(first.deadline, self.client().txn(txn)).await {
+            Ok(r) => r,
+            // An unknown outcome: fenced off and read through the first key (all
+            // keys' holds carry the attempt and commit together or not at all).
+            Err(e) => {
+                return match &attempt {
+                    Some(a) if super::mutex::outcome_unknown(&e) => {
+                        let g = self.resolve_attempt(&ds[0], sid, a, e).await?;
+                        let token = g.token;
+                        let grant = |req: &AcquireRequest| Grant {
+                            token,
+                            session: sid,
+                            ttl_s: req.class.ttl_s,
+                            class: req.class.name.to_string(),
+                            existing: false,
+                            new_session: false,
+                            permits: 1,
+                            mode: None,
+                        };
+                        Ok(Attempt::Granted(reqs.iter().map(grant).collect()))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
         if let Some(rec) = new_record {
             // Either branch put it (as `try_grant`): cached for the release.
             self.sessions.insert(sid, std::sync::Arc::new(rec.clone()));

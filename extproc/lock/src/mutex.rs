@@ -247,8 +247,14 @@ fn mode_change(req: &AcquireRequest, permits: u32, mode: Option<LockMode>) -> Op
 
 /// The hold value a grant of `req` at `epoch`, taking `permits` slots, writes
 /// into each of its slots (also the arbiter's bench-floor build's, which writes
-/// what a grant writes).
-pub fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32, keys: Option<u32>) -> Result<Vec<u8>, LockError> {
+/// what a grant writes); `attempt` is its fenced attempt id, if any.
+pub fn hold_record(
+    req: &AcquireRequest,
+    epoch: u64,
+    permits: u32,
+    keys: Option<u32>,
+    attempt: Option<&str>,
+) -> Result<Vec<u8>, LockError> {
     let hold = HoldRecord {
         key: req.key.as_str().to_owned(),
         owner: req.caller.identity.clone(),
@@ -261,6 +267,7 @@ pub fn hold_record(req: &AcquireRequest, epoch: u64, permits: u32, keys: Option<
         permits: (permits > 1).then_some(permits),
         mode: req.mode,
         keys,
+        attempt: attempt.map(str::to_owned),
     };
     serde_json::to_vec(&hold).map_err(internal)
 }
@@ -706,7 +713,7 @@ impl Store {
     /// granted only while no durable waiter is queued, a waiter only while it is
     /// the oldest, and its waiter key goes in the same transaction.
     pub(crate) async fn try_grant(
-        &self,
+        self: &Arc<Self>,
         req: &AcquireRequest,
         d: &KeyDigest,
         sid: SessionId,
@@ -792,7 +799,13 @@ impl Store {
             }
             None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
         }
-        let hold = hold_record(req, ep.epoch, want, None)?;
+        // The attempt's fence (`Keys::attempt`), for a session the caller keeps: an
+        // answer etcd never gives is resolved by fencing the attempt off.
+        let attempt = new_record.is_none().then(attempt_id);
+        if let Some(a) = &attempt {
+            when.push(Compare::create_revision(k.attempt(a), CompareOp::Equal, 0));
+        }
+        let hold = hold_record(req, ep.epoch, want, None, attempt.as_deref())?;
         for name in &slots {
             then.push(TxnOp::put(name.as_str(), hold.clone(), Some(lease.clone())));
         }
@@ -842,8 +855,19 @@ impl Store {
         let txn = Txn::new().when(when).and_then(then).or_else(els);
         // An unknown outcome (timeout) may still commit: with a session opened for
         // this acquire the caller revokes it; with the caller's own session the
-        // hold shows in GET /v1/sessions/holds (docs/API.md).
-        let r = timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await?;
+        // attempt is fenced off and what it did is read ([`Store::resolve_attempt`]).
+        let r = match timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await {
+            Ok(r) => r,
+            Err(e) => {
+                return match &attempt {
+                    Some(a) if outcome_unknown(&e) => {
+                        let g = self.resolve_attempt(d, sid, a, e).await?;
+                        Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g }))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
         if let Some(rec) = new_record {
             // Either branch put it: the release that names the session finds its
             // owner here, with no read (`owned_session`).
@@ -953,6 +977,120 @@ impl Store {
                 Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 })
             }
         }
+    }
+
+    /// Resolves grant attempt `attempt` of key `d` on session `sid`, whose
+    /// transaction etcd never confirmed (`err`): a read proves nothing (the
+    /// transaction may still be in raft and commit after it), so this first puts
+    /// the attempt's fence key in a transaction of its own, which also reads the
+    /// key's holds. Every grant of the attempt compares that key absent, so after
+    /// the fence commits exactly one of the two did: a hold carrying the attempt
+    /// id is the grant (answered as granted, after the checks a grant gets), none
+    /// means nothing was granted (`err`). Tried until a little after the op
+    /// timeout; if etcd never answers, a task keeps fencing in the background and
+    /// takes back a grant it finds, so no hold is left on the caller's session
+    /// without its holder knowing.
+    pub(crate) async fn resolve_attempt(
+        self: &Arc<Self>,
+        d: &KeyDigest,
+        sid: SessionId,
+        attempt: &str,
+        err: LockError,
+    ) -> Result<Grant, LockError> {
+        if test_faults::on(TestFault::NoAttemptFence) {
+            return Err(err); // PLANTED BUG (holder_safety scenario): the outcome is guessed.
+        }
+        let until = Instant::now() + self.op_timeout * 3;
+        loop {
+            match self.fence_attempt(d, attempt).await {
+                Ok(holds) => return self.attempt_outcome(d, sid, attempt, &holds, err).await,
+                Err(_) if Instant::now() < until => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, key = %d.short(), "a grant's outcome is unknown and etcd does not answer; resolving it in the background");
+                    let (store, d, attempt) = (self.clone(), d.clone(), attempt.to_owned());
+                    tokio::spawn(async move {
+                        loop {
+                            if let Ok(holds) = store.fence_attempt(&d, &attempt).await {
+                                if let Some((slots, rev)) = attempt_holds(&holds, sid, &attempt) {
+                                    store.take_back(&slots, rev).await;
+                                }
+                                return;
+                            }
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        }
+                    });
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    /// Puts attempt `attempt`'s fence key (on the marker lease, if absent) and
+    /// reads `d`'s holds in the same transaction.
+    async fn fence_attempt(&self, d: &KeyDigest, attempt: &str) -> Result<etcd_client::GetResponse, LockError> {
+        let (k, lease) = (self.keys(), self.marker_lease().await?);
+        let key = k.attempt(attempt);
+        let holds = TxnOp::get(k.holds(d), Some(GetOptions::new().with_prefix()));
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(PutOptions::new().with_lease(lease))),
+                holds.clone(),
+            ])
+            .or_else([holds]);
+        let r = match self.call(self.client().txn(txn)).await {
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
+                self.drop_marker_lease().await;
+                return Err(LockError::Unavailable(m));
+            }
+            r => r?,
+        };
+        r.op_responses()
+            .into_iter()
+            .find_map(|o| match o {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .ok_or_else(|| internal("an attempt's fence without its read"))
+    }
+
+    /// What a fenced attempt did, from the holds its fence read.
+    async fn attempt_outcome(
+        &self,
+        d: &KeyDigest,
+        sid: SessionId,
+        attempt: &str,
+        holds: &etcd_client::GetResponse,
+        err: LockError,
+    ) -> Result<Grant, LockError> {
+        let Some((slots, rev)) = attempt_holds(holds, sid, attempt) else {
+            tracing::info!(key = %d.short(), "a grant whose answer was lost did not commit (its attempt is fenced off)");
+            return Err(err);
+        };
+        let Some(hold) = holds.kvs().iter().find(|kv| kv.create_revision() == rev).and_then(hold_of) else {
+            return Err(err);
+        };
+        // The checks a grant's answer gets (`settle`): not sealed, raft at mark.
+        if let Err(e) = self.unsealed() {
+            self.take_back(&slots, rev).await;
+            return Err(e);
+        }
+        if let Err(e) = self.raft_at_mark().await {
+            self.take_back(&slots, rev).await;
+            return Err(e);
+        }
+        tracing::info!(key = %d.short(), "a grant whose answer was lost had committed; answered as granted");
+        let token = FencingToken::mint(hold.epoch, u64::try_from(rev).unwrap_or(u64::MAX)).map_err(internal)?;
+        Ok(Grant {
+            token,
+            session: sid,
+            ttl_s: 0,
+            class: hold.class,
+            existing: false,
+            new_session: false,
+            permits: u32::try_from(slots.len()).unwrap_or(1),
+            mode: hold.mode,
+        })
     }
 
     /// The epoch and grant-clock reads of a refused grant (`clock`: this
@@ -1285,7 +1423,7 @@ impl Store {
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
         );
         when.extend(gate.compares());
-        let hold = hold_record(req, ep.epoch, 1, None)?;
+        let hold = hold_record(req, ep.epoch, 1, None, None)?;
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let lease = self.marker_lease().await?;
@@ -1489,6 +1627,24 @@ pub(crate) fn end_ops(k: &Keys, d: &KeyDigest, rev: i64, lease: Option<i64>) -> 
     ops
 }
 
+/// A fresh grant attempt id ([`Keys::attempt`]): 64 random bits.
+pub(crate) fn attempt_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Whether a grant call's error leaves its outcome unknown: anything but an
+/// answer etcd gave that says the transaction was not applied.
+pub(crate) fn outcome_unknown(e: &LockError) -> bool {
+    match e {
+        LockError::Unavailable(m) => {
+            !["lease not found", "permission denied", "too many operations", "duplicate key", "request is too large"]
+                .iter()
+                .any(|s| m.contains(s))
+        }
+        _ => false,
+    }
+}
+
 /// `req` with [`AcquireRequest::session_indexed`] set to `indexed` (a copy only
 /// when that changes it).
 pub(crate) fn indexed_on(req: &AcquireRequest, indexed: bool) -> std::borrow::Cow<'_, AcquireRequest> {
@@ -1497,6 +1653,18 @@ pub(crate) fn indexed_on(req: &AcquireRequest, indexed: bool) -> std::borrow::Co
     } else {
         std::borrow::Cow::Owned(AcquireRequest { session_indexed: indexed, ..req.clone() })
     }
+}
+
+/// The slot keys of session `sid` whose hold carries attempt id `attempt`, and
+/// their (shared) create revision.
+fn attempt_holds(holds: &etcd_client::GetResponse, sid: SessionId, attempt: &str) -> Option<(Vec<String>, i64)> {
+    let ours: Vec<&KeyValue> = holds
+        .kvs()
+        .iter()
+        .filter(|kv| kv.lease() == sid.lease() && hold_of(kv).and_then(|h| h.attempt).as_deref() == Some(attempt))
+        .collect();
+    let rev = ours.first()?.create_revision();
+    Some((ours.iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect(), rev))
 }
 
 /// A task aborted when its handle is dropped.

@@ -167,6 +167,10 @@ pub enum TestFault {
     /// A re-acquire of a held key answers the mode it asked for, not the held
     /// one, and grants it (`tests/tests/scenarios/holder_safety.rs`).
     EchoAskedMode,
+    /// A grant on the caller's session whose answer etcd never gave is answered
+    /// `unavailable` without fencing its attempt: it may commit after the answer
+    /// and leave a hold its holder does not know (`tests/tests/scenarios/holder_safety.rs`).
+    NoAttemptFence,
 }
 
 #[cfg(feature = "test-faults")]
@@ -217,6 +221,7 @@ impl TestFault {
             "campaign_any_limit" => Some(Self::CampaignAnyLimit),
             "session_holds_unindexed" => Some(Self::SessionHoldsUnindexed),
             "echo_asked_mode" => Some(Self::EchoAskedMode),
+            "no_attempt_fence" => Some(Self::NoAttemptFence),
             _ => None,
         }
     }

@@ -230,6 +230,7 @@ async fn reuse_after_release(fault: Option<&str>, rounds: usize, stop_at_loss: b
 #[tokio::test]
 async fn a_header_only_session_reused_after_its_release_keeps_its_new_hold() {
     let r = reuse_after_release(None, 30, false).await;
+    eprintln!("reuse after release: {r:?}");
     assert_eq!(r.lost, 0, "holds granted and then closed under their holder: {r:?}");
     assert_eq!(r.granted + r.refused, 30, "{r:?}");
 }
@@ -272,4 +273,91 @@ async fn a_re_acquire_answers_the_held_mode_and_never_changes_it() {
 async fn planted_an_answer_that_echoes_the_asked_mode_is_caught() {
     let (x, _, _) = reacquire_in_another_mode(Some("echo_asked_mode")).await;
     assert_eq!((x.code(), x.json["mode"].as_str()), (200, Some("exclusive")), "{}", x.body);
+}
+
+// === an acquire whose answer etcd never gave (an etcd pause) ===
+
+/// Acquires answered per outcome, and the holds on the caller's session nobody
+/// was answered for, over the rounds run.
+#[derive(Debug, Default)]
+struct Paused {
+    granted: usize,
+    refused: usize,
+    /// Holds on the session whose acquire was not answered 200.
+    leaked: Vec<String>,
+}
+
+/// Rounds of 12 concurrent try-once acquires on one kept session, etcd paused
+/// (SIGSTOP) for 1.2 s a few milliseconds after they were sent (1 to 12 ms, a
+/// different delay each round), so some grant transactions are in flight in
+/// etcd while the arbiter's call times out; whether one is depends on timing,
+/// hence the rounds. After each
+/// round, the session's holds (`GET /v1/sessions/holds`) must be exactly the
+/// keys answered 200.
+async fn acquires_across_an_etcd_pause(fault: Option<&str>, rounds: usize) -> Paused {
+    let mut b = Stack::builder("etcd-pause").envoy_config("lock-tier").registry(REGISTRY).own_etcd(1);
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let c = st.client("payments", "pauser").unwrap();
+    let mut out = Paused::default();
+    for round in 0..rounds {
+        let sid = open(&c, "payments/paused/x").await;
+        let keys: Vec<String> = (0..12).map(|i| format!("payments/paused/r{round}k{i}")).collect();
+        let sends = keys.iter().map(|k| {
+            let (c, sid, k) = (c.clone(), sid.clone(), k.clone());
+            tokio::spawn(async move {
+                let r = c.post(ACQ, &[("x-lock-key", &k), ("x-lock-session", &sid), ("x-lock-wait-ms", "0")]).await;
+                (k, r.unwrap())
+            })
+        });
+        let sends: Vec<_> = sends.collect();
+        tokio::time::sleep(Duration::from_millis([4, 2, 6, 1, 8, 3, 12, 5, 10, 7][round % 10])).await;
+        st.etcd().member(0).pause().unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        st.etcd().member(0).resume().unwrap();
+        let mut answered = Vec::new();
+        for s in sends {
+            let (k, r) = s.await.unwrap();
+            match r.code() {
+                200 => {
+                    out.granted += 1;
+                    answered.push(k);
+                }
+                503 | 409 => out.refused += 1,
+                _ => panic!("unexpected answer for {k}: {}", r.body),
+            }
+        }
+        // Whatever was still in raft has committed or never will by now.
+        st.etcd().wait_healthy().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let h = c.get("/v1/sessions/holds", &[("x-lock-session", &sid)]).await.unwrap();
+        assert_eq!(h.code(), 200, "{}", h.body);
+        for hold in h.json["holds"].as_array().unwrap() {
+            let k = hold["key"].as_str().unwrap().to_owned();
+            if !answered.contains(&k) {
+                out.leaked.push(k);
+            }
+        }
+        c.post("/v1/sessions/close", &[("x-lock-session", &sid)]).await.unwrap();
+        if !out.leaked.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_acquire_etcd_never_answered_leaves_no_hold_its_holder_does_not_know() {
+    let p = acquires_across_an_etcd_pause(None, 4).await;
+    eprintln!("across an etcd pause: {p:?}");
+    assert!(p.leaked.is_empty(), "holds on the session nobody was answered for: {p:?}");
+}
+
+#[tokio::test]
+async fn planted_an_unknown_outcome_answered_as_refused_is_caught() {
+    let p = acquires_across_an_etcd_pause(Some("no_attempt_fence"), 10).await;
+    eprintln!("planted, across an etcd pause: {p:?}");
+    assert!(!p.leaked.is_empty(), "the planted arbiter left no unknown hold: {p:?}");
 }

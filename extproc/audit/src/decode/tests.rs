@@ -17,6 +17,7 @@ fn hold(key: &str, owner: &str) -> Vec<u8> {
         permits: None,
         mode: None,
         keys: None,
+        attempt: None,
     })
     .unwrap()
 }
