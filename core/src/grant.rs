@@ -300,6 +300,20 @@ impl GrantSet {
             .any(|scope| key_prefixes.iter().any(|p| scope.by_prefix.get(*p).is_some_and(|ops| ops.contains(op))))
     }
 
+    /// The key namespaces (each prefix's first segment) in which `identity` holds
+    /// `op` on some prefix, sorted, without repeats.
+    pub fn namespaces(&self, identity: &str, op: Operation) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .scopes(identity)
+            .flat_map(|s| s.by_prefix.iter())
+            .filter(|(_, ops)| ops.contains(op))
+            .map(|(p, _)| p.split('/').next().unwrap_or_default().to_owned())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// True when `identity` holds `op` on at least one prefix (routes without a key,
     /// such as opening a session, need this).
     pub fn holds_any(&self, identity: &str, op: Operation) -> bool {

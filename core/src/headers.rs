@@ -112,6 +112,12 @@ pub const SEALED: &str = "x-lockmesh-sealed";
 /// Set by the filter on a transparent-mode request: the id of the filter's worker
 /// VM (32 hex characters), whose per-class sessions carry the request's hold.
 pub const VM: &str = "x-lockmesh-vm";
+/// Set by the filter on `POST /v1/sessions` without `x-lock-key`: the key
+/// namespaces (first segments of the prefixes) the caller's grants let it
+/// acquire in, comma-separated. The arbiter charges such a session to its class's
+/// namespace only when the caller is granted there (no tenant spends another's
+/// session quota).
+pub const GRANTED_NS: &str = "x-lockmesh-granted-ns";
 /// Set by the filter on a transparent-mode request: the hold id (a decimal counter,
 /// unique within the VM), by which the filter releases the hold when the request ends.
 pub const HOLD: &str = "x-lockmesh-hold";

@@ -154,6 +154,9 @@ pub struct ApiRequest {
     pub unverified_caller: Option<String>,
     /// True when the ext_proc client is a self client (`tls.self_clients`).
     pub self_client: bool,
+    /// The filter's `x-lockmesh-granted-ns` on a session opened without a key: the
+    /// key namespaces the caller's grants let it acquire in.
+    pub granted_ns: Option<Vec<String>>,
     /// When this arbiter received the request.
     pub received: Instant,
 }
@@ -350,7 +353,10 @@ async fn route(
                     .ok_or_else(|| ApiError::new(Code::BadRequest, format!("{}: no class {c}", headers::CLASS)))?,
                 (None, None) => state.registry().default_class().clone(),
             };
-            let ns = state.registry().session_namespace(class.name.as_str(), lock.key.as_ref());
+            let mut ns = state.registry().session_namespace(class.name.as_str(), lock.key.as_ref());
+            if lock.key.is_none() {
+                ns = keyless_namespace(state, req, ns)?;
+            }
             let sid = tiers.open_session(&caller, &class, lock.key.as_ref(), &ns).await?;
             let opened = SessionOpened { class: class.name.to_string(), session: sid, ttl_s: class.ttl_s };
             let mut r = if crate::test_faults::on(crate::test_faults::TestFault::WireDrift) {
@@ -440,6 +446,28 @@ async fn release(state: &Arc<State>, lock: &LockHeaders, caller: &Caller) -> Res
         }
     }
     Ok(ApiResponse::ok(&Released { released: true, unprotected: false }))
+}
+
+/// The quota namespace a session opened without a key is charged to: its class's
+/// (`ns`), when the caller is granted there, by the registry's grants when it has
+/// any, else by what the filter verified (`x-lockmesh-granted-ns`); refused
+/// `denied` when the caller is shown not to be (a tenant never spends another's
+/// session quota). With no proof either way (a filter older than this arbiter),
+/// the unscoped namespace, never another tenant's.
+fn keyless_namespace(state: &State, req: &ApiRequest, ns: String) -> Result<String, ApiError> {
+    if ns == lockmesh_core::quota::UNSCOPED || crate::test_faults::on(crate::test_faults::TestFault::ChargeAnyNamespace)
+    {
+        return Ok(ns); // PLANTED BUG (holder_safety scenario) when the fault is on.
+    }
+    let granted = match state.registry().grants() {
+        Some(g) => Some(g.namespaces(&req.identity, lockmesh_core::grant::Operation::Acquire)),
+        None => req.granted_ns.clone(),
+    };
+    match granted {
+        Some(list) if list.contains(&ns) => Ok(ns),
+        Some(_) => Err(ApiError::new(Code::Denied, "not permitted")),
+        None => Ok(lockmesh_core::quota::UNSCOPED.to_owned()),
+    }
 }
 
 /// The key's class, when it can hold an election: a mutex (one leader) that fails

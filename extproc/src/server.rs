@@ -288,7 +288,13 @@ async fn request_headers(
         }
     };
     let self_client = client.kind == ClientKind::SelfClient;
-    let req = ApiRequest { method, path, lock, budget_ms, identity, unverified_caller, self_client, received };
+    // Only what the filter stamped (it strips every client's `x-lockmesh-*`).
+    let granted_ns = hdrs
+        .iter()
+        .find(|(k, _)| k == headers::GRANTED_NS)
+        .map(|(_, v)| String::from_utf8_lossy(v).split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect());
+    let req =
+        ApiRequest { method, path, lock, budget_ms, identity, unverified_caller, self_client, granted_ns, received };
     // An acquire (a campaign too) or an election observer that may wait stretches
     // Envoy's per-message timer to cover the wait, but only once it has waited
     // OVERRIDE_AFTER: most grants answer well before Envoy's `message_timeout`,

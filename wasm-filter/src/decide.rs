@@ -230,6 +230,11 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     if !unlocked {
         set.push((headers::FILTERED, headers::FILTER_PROTOCOL.to_owned()));
     }
+    // A session opened without a key: the namespaces the caller may acquire in,
+    // so the arbiter charges the session to its class's namespace only there.
+    if route == Route::SessionOpen && lock.key.is_none() {
+        set.push((headers::GRANTED_NS, cfg.grants.namespaces(identity, op).join(",")));
+    }
     Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })
 }
 

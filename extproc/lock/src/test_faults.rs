@@ -171,6 +171,14 @@ pub enum TestFault {
     /// `unavailable` without fencing its attempt: it may commit after the answer
     /// and leave a hold its holder does not know (`tests/tests/scenarios/holder_safety.rs`).
     NoAttemptFence,
+    /// The lock API's release ends a transparent hold whose caller names its
+    /// token, while its request may still be at the upstream
+    /// (`tests/tests/scenarios/holder_safety.rs`).
+    ApiReleasesTransparent,
+    /// A session opened without a key is charged to its class's namespace
+    /// whoever opens it: one tenant spends another's session quota
+    /// (`tests/tests/scenarios/holder_safety.rs`).
+    ChargeAnyNamespace,
 }
 
 #[cfg(feature = "test-faults")]
@@ -222,6 +230,8 @@ impl TestFault {
             "session_holds_unindexed" => Some(Self::SessionHoldsUnindexed),
             "echo_asked_mode" => Some(Self::EchoAskedMode),
             "no_attempt_fence" => Some(Self::NoAttemptFence),
+            "api_releases_transparent" => Some(Self::ApiReleasesTransparent),
+            "charge_any_namespace" => Some(Self::ChargeAnyNamespace),
             _ => None,
         }
     }

@@ -14,6 +14,11 @@
 //!   closing transaction (`session_holds_unindexed`).
 //! - A re-acquire is answered with the mode it holds, and one that asks another
 //!   mode is refused `mode_conflict` (`echo_asked_mode`).
+//! - An acquire whose grant etcd never confirmed (an etcd pause) leaves no hold
+//!   its holder was not told of: the attempt is fenced off, then read
+//!   (`no_attempt_fence`).
+//! - A session opened without a key is charged to its class's namespace only when
+//!   its opener is granted there (`charge_any_namespace`).
 
 use std::{process::Command, time::Duration};
 
@@ -32,6 +37,8 @@ classes:
   - { name: rw, prefixes: ["payments/rw"], ttl_s: 15, max_holders: 4, enforcement: advisory, risk_owner: t,
       waiver_expiry: "2099-12-31" }
   - { name: lead, prefixes: ["payments/lead"], ttl_s: 15, enforcement: advisory, risk_owner: t,
+      waiver_expiry: "2099-12-31" }
+  - { name: batch, prefixes: ["billing/batch"], ttl_s: 15, enforcement: advisory, risk_owner: t,
       waiver_expiry: "2099-12-31" }
 "#;
 
@@ -360,4 +367,31 @@ async fn planted_an_unknown_outcome_answered_as_refused_is_caught() {
     let p = acquires_across_an_etcd_pause(Some("no_attempt_fence"), 10).await;
     eprintln!("planted, across an etcd pause: {p:?}");
     assert!(!p.leaked.is_empty(), "the planted arbiter left no unknown hold: {p:?}");
+}
+
+// === a session opened without a key, in another tenant's class ===
+
+/// `payments/worker` and `billing/worker` each open a session naming class
+/// `batch` (all its prefixes in namespace `billing`) and no key. Returns the two
+/// answers' statuses.
+async fn keyless_sessions(fault: Option<&str>) -> (u16, u16) {
+    let st = stack("keyless", fault).await;
+    let (p, b) = (st.client("payments", "worker").unwrap(), st.client("billing", "worker").unwrap());
+    let other = p.post("/v1/sessions", &[("x-lock-class", "batch")]).await.unwrap();
+    let own = b.post("/v1/sessions", &[("x-lock-class", "batch")]).await.unwrap();
+    assert_eq!(own.code(), 200, "{}", own.body);
+    if other.code() != 200 {
+        assert_eq!((other.code(), other.json["code"].as_str()), (403, Some("denied")), "{}", other.body);
+    }
+    (other.code(), own.code())
+}
+
+#[tokio::test]
+async fn a_session_without_a_key_is_charged_only_where_its_opener_is_granted() {
+    assert_eq!(keyless_sessions(None).await, (403, 200));
+}
+
+#[tokio::test]
+async fn planted_a_session_charged_to_any_namespace_is_caught() {
+    assert_eq!(keyless_sessions(Some("charge_any_namespace")).await, (200, 200));
 }
