@@ -24,8 +24,9 @@
 //!   when it ends by recovery (the file says which); by default no signal is sent,
 //!   since a signal the child does not handle would end it at every keepalive blip.
 //! - SIGTERM and SIGINT sent to `lockctl` are passed on to the child, and the
-//!   child gets SIGTERM if `lockctl` dies (Linux `PR_SET_PDEATHSIG`): its lock
-//!   ends with `lockctl`'s session.
+//!   child gets SIGKILL if `lockctl` dies (Linux `PR_SET_PDEATHSIG`): nobody
+//!   renews its lock any more, and nobody would be left to kill a child that
+//!   ignored a SIGTERM before the lock expired.
 //! - The exit code is the child's (128 + the signal number if a signal ended it);
 //!   the lock is released (the leadership resigned) when the child ends. Codes of
 //!   `lockctl` itself: 64 a usage or configuration error, 75 the lock (the
@@ -79,8 +80,11 @@ pub struct HoldArgs {
     /// Refuse unless the key's class is this one.
     #[cfg_attr(feature = "cli", arg(long))]
     pub class: Option<String>,
-    /// Time between SIGTERM and SIGKILL when the lock is lost, in ms.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10_000))]
+    /// Time between SIGTERM and SIGKILL when the lock is lost, in ms. Capped at
+    /// `--margin-ms`: SIGTERM comes at the fence deadline (`TTL - margin` after the
+    /// last acknowledged keepalive was sent), so the command is killed no later
+    /// than the hold's own expiry, never while another holder may have the lock.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1_000))]
     pub grace_ms: u64,
     /// Fence margin: the child is signalled at `last acknowledged keepalive send
     /// time + TTL - margin`, in ms.
@@ -320,7 +324,7 @@ impl Held {
                 let _ = told_tx.send(Told::Jeopardy(ev.state == HoldState::Jeopardy));
             },
         )?;
-        let grace = Duration::from_millis(args.grace_ms);
+        let grace = Duration::from_millis(args.grace_ms.min(args.margin_ms));
         Ok(Self { client, told, jeopardy, signal: args.jeopardy_signal, grace, names })
     }
 

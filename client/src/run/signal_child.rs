@@ -20,15 +20,16 @@ pub(crate) fn send(child: &Child, sig: libc::c_int) {
     }
 }
 
-/// The child gets SIGTERM if `lockctl` dies (even by SIGKILL): its lock ends with
-/// `lockctl`'s session, and nobody else would tell it.
+/// The child gets SIGKILL if `lockctl` dies (even by SIGKILL): its lock ends with
+/// `lockctl`'s session, and nobody would be left to kill a child that ignored a
+/// SIGTERM before that lock expired.
 pub(crate) fn term_with_parent(cmd: &mut Command) {
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: the closure runs between fork and exec and only calls the
     // async-signal-safe prctl(2) and getppid(2).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // The parent may have died before prctl: then we were reparented.

@@ -381,6 +381,32 @@ async fn lockctl_run_signals_its_command_when_the_lock_is_lost() {
     assert!(took < Duration::from_secs(3), "signalled {took:?} after the pause (TTL 3 s)");
 }
 
+/// A command that ignores SIGTERM is killed by the hold's own expiry, however long
+/// a grace it asked for: `--grace-ms` is capped at `--margin-ms`, so the command
+/// never runs while another holder may have the lock.
+#[tokio::test]
+async fn lockctl_run_kills_an_unwilling_command_before_its_hold_expires() {
+    let st = lock_tier("sdk-run-cap").start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = format!("trap '' TERM; echo started > {o}; while :; do sleep 0.1; done", o = out.display());
+    let child = lockctl_run(&st, "cap", "short/sdk-run-cap", &["--grace-ms", "10000"], &script).spawn().unwrap();
+    wait_for_file(&out).await;
+    // Envoy stops: keepalives fail; at the fence deadline (TTL 3 s - margin 1 s
+    // after the last acknowledged send) SIGTERM, and SIGKILL a margin later.
+    st.envoy().pause().unwrap();
+    let paused = Instant::now();
+    let o = tokio::time::timeout(Duration::from_secs(9), child.wait_with_output()).await.unwrap().unwrap();
+    let took = paused.elapsed();
+    st.envoy().resume().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(128 + 9), "{stderr}");
+    // The kill comes at the last acknowledged send + TTL (3 s), and that send came
+    // before the pause; 0.5 s for scheduling on a busy machine (the uncapped
+    // grace killed it 10 s after SIGTERM).
+    assert!(took < Duration::from_millis(3500), "killed {took:?} after the pause, past the hold's TTL: {stderr}");
+}
+
 #[tokio::test]
 async fn lockctl_run_kills_a_command_that_ignores_sigterm_when_the_session_is_revoked() {
     let st = lock_tier("sdk-run-kill").start().await.unwrap();
@@ -408,17 +434,15 @@ async fn lockctl_run_killed_takes_its_command_with_it() {
     let st = lock_tier("sdk-run-pdeath").start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let script = format!(
-        "trap 'echo term >> {o}; exit 0' TERM; echo started > {o}; while :; do sleep 0.1; done",
-        o = out.display()
-    );
+    // A command that ignores SIGTERM: only SIGKILL ends it.
+    let script = format!("trap '' TERM; echo $$ > {o}; while :; do sleep 0.1; done", o = out.display());
     let mut child = lockctl_run(&st, "pdeath", "payments/sdk-run-pdeath", &[], &script).spawn().unwrap();
-    wait_for_file(&out).await;
-    // SIGKILL: lockctl cannot pass anything on; the kernel tells the command.
+    let pid = wait_for_file(&out).await.trim().to_owned();
+    // SIGKILL: lockctl cannot pass anything on; the kernel kills the command.
     child.start_kill().unwrap();
     child.wait().await.unwrap();
-    eventually_true(Duration::from_secs(5), "the command got SIGTERM when lockctl died", || async {
-        std::fs::read_to_string(&out).unwrap_or_default().contains("term")
+    eventually_true(Duration::from_secs(5), "the command was killed when lockctl died", || async {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
     })
     .await;
 }
