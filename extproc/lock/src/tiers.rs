@@ -586,14 +586,15 @@ impl Tiers {
     /// everywhere) when a cluster it extends to lost it. Returns the TTL.
     pub async fn keepalive(&self, sid: SessionId, caller: &Caller) -> Result<u64, LockError> {
         let home = self.session_home(sid).await?;
-        let ttl = home.keepalive(sid, caller).await?;
         if !self.split() {
-            return Ok(ttl);
+            return home.keepalive(sid, caller).await;
         }
-        let marked = home.extensions(sid).await?;
         let others: Vec<&Arc<Store>> = self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)).collect();
         if crate::test_faults::on(crate::test_faults::TestFault::RenewInTurn) {
-            // PLANTED BUG (split scenarios): in turn, stopping at the first failure.
+            // PLANTED BUG (split scenarios): in turn, after the home, stopping at
+            // the first failure.
+            let ttl = home.keepalive(sid, caller).await?;
+            let marked = home.extensions(sid).await?;
             for s in others {
                 if !s.renew_lease(sid).await? && marked.iter().any(|m| m == s.cluster_name()) {
                     self.revoke_everywhere(sid).await;
@@ -602,7 +603,30 @@ impl Tiers {
             }
             return Ok(ttl);
         }
-        let renewed = join_all(others.iter().map(|s| s.renew_lease(sid))).await;
+        // The session's leases on the other clusters are renewed beside the home's
+        // renewal, not after its success: a home that lost its quorum must not take
+        // the session's holds on healthy clusters with it (the home's error still
+        // reaches the holder, which is in jeopardy until a keepalive succeeds). Only
+        // for the session's owner, as the home knows it (its record is cached where
+        // the session was used).
+        home.owned_session(sid, caller).await?;
+        let renew_others = join_all(others.iter().map(|s| s.renew_lease(sid)));
+        let (ttl, renewed) = futures::join!(home.keepalive(sid, caller), renew_others);
+        let ttl = ttl?;
+        let marked = home.extensions(sid).await?;
+        self.check_extensions(sid, &others, &marked, renewed).await?;
+        Ok(ttl)
+    }
+
+    /// The renewals `renewed` of session `sid` on the clusters `others`: a lease
+    /// lost on a cluster it extends to (`marked`) ends it everywhere.
+    async fn check_extensions(
+        &self,
+        sid: SessionId,
+        others: &[&Arc<Store>],
+        marked: &[String],
+        renewed: Vec<Result<bool, LockError>>,
+    ) -> Result<(), LockError> {
         for (s, r) in others.iter().zip(renewed) {
             if !marked.iter().any(|m| m == s.cluster_name()) {
                 continue;
@@ -620,7 +644,7 @@ impl Tiers {
                 Err(e) => return Err(e),
             }
         }
-        Ok(ttl)
+        Ok(())
     }
 
     async fn revoke_everywhere(&self, sid: SessionId) {
