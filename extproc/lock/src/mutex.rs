@@ -1182,7 +1182,11 @@ impl Store {
             transparent: false,
         };
         let marker = serde_json::to_string(&marker).map_err(internal)?;
-        if let Some(sid) = session {
+        // A token of a prior epoch (still honoured after a soft advance) goes the
+        // read path, which compares the hold's recorded epoch with the token's: the
+        // create revision alone names a grant only within one epoch.
+        let current = self.epoch_state().await?.epoch == token.epoch();
+        if let Some(sid) = session.filter(|_| current) {
             // One round trip for the common case: a mutex hold (slot 0) on the
             // caller's own session, whose owner was checked above. A hold this
             // arbiter handed over sits under the slot's other name.
@@ -1214,6 +1218,9 @@ impl Store {
         let grant: Vec<&KeyValue> = holds.kvs().iter().filter(|kv| kv.create_revision() == rev).collect();
         let kv = grant.first().ok_or(LockError::NotHolder)?;
         let hold = hold_of(kv).ok_or(LockError::NotHolder)?;
+        if hold.epoch != token.epoch() {
+            return Err(LockError::NotHolder);
+        }
         // Only the holder releases (a token seen in transit is not enough), and
         // through its own session when it names one. A transparent hold (its
         // request's, `hold_id`) ends with its request, through its filter's
