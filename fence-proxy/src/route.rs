@@ -7,11 +7,15 @@
 //! (`lockmesh_core::canon`; the server refuses every other spelling first), so one
 //! resource has one spelling here and one mark. A request no route matches is a
 //! write on the `unlisted` guard, or refused when there is none (fail closed); a
-//! method a route does not list as a read is a write.
+//! method a route does not list as a read is a write. A path of a route's shape
+//! whose typed variable does not fit (`/orders/07` against `/orders/{id:uint}`) is
+//! refused `400 bad_request` whatever the method, never given to the `unlisted`
+//! guard: under the guard's lock a store that reads `07` as 7 would take a write to
+//! order 7 that order 7's lock never saw.
 
 use http::HeaderMap;
 use lockmesh_core::{
-    template::{FillError, HeaderLookup, PathTemplate, TextTemplate, Vars},
+    template::{self, FillError, HeaderLookup, PathTemplate, Selected, TextTemplate, Vars},
     LockKey,
 };
 use serde::Deserialize;
@@ -83,21 +87,26 @@ pub enum RouteError {
     /// No route matched and there is no unlisted guard.
     #[error("no route matches this path; unlisted routes are writes nobody can authorise")]
     Unlisted,
-    /// A template could not be filled (missing header, invalid key).
+    /// A template could not be filled (missing header, invalid key), or a typed
+    /// path variable's value does not fit its type (the message names the
+    /// variable, never the value). Answered `400 bad_request`.
     #[error("{0}")]
     Unresolved(String),
 }
 
 // === impl Route ===
 
-/// The route a request takes: the first whose path template matches, else the
-/// unlisted guard, with the path's variables.
+/// The route a request takes: the first whose path template matches, else (when no
+/// route has the path's shape with a mistyped value: refused) the unlisted guard,
+/// with the path's variables. The same choice as the Wasm filter's
+/// (`template::select`).
 fn find<'a>(routes: &'a [Route], unlisted: Option<&'a Route>, path: &str) -> Result<(&'a Route, Vars), RouteError> {
-    let found = routes.iter().find_map(|r| r.path.as_ref()?.match_path(path).map(|v| (r, v)));
-    match (found, unlisted) {
-        (Some(f), _) => Ok(f),
-        (None, Some(u)) => Ok((u, Vars::new())),
-        (None, None) => Err(RouteError::Unlisted),
+    let templates = routes.iter().filter_map(|r| r.path.as_ref().map(|p| (r, p)));
+    match (template::select(templates, path), unlisted) {
+        (Selected::Matched(r, v), _) => Ok((r, v)),
+        (Selected::Mistyped(m), _) => Err(RouteError::Unresolved(format!("path: {m}"))),
+        (Selected::NoMatch, Some(u)) => Ok((u, Vars::new())),
+        (Selected::NoMatch, None) => Err(RouteError::Unlisted),
     }
 }
 
@@ -185,5 +194,69 @@ mod tests {
         assert!(matches!(c, Class::Write { resource, .. } if resource == "acme/1"));
         h.append("x-tenant", "evil".parse().unwrap());
         assert!(classify(&rs, None, "PUT", "/t/1", &h).is_err());
+    }
+
+    /// Spellings of item 7 other than `7`; each names another resource and another
+    /// key under an untyped `{id}`, and a store that parses numbers reads it as 7.
+    const ITEM_7_VARIANTS: &[&str] = &[
+        "/items/07",
+        "/items/007",
+        "/items/+7",
+        "/items/7.json",
+        "/items/7.",
+        "/items/7,",
+        "/items/7~",
+        "/items/7:",
+        "/items/7@",
+        "/items/7=",
+        "/items/7-",
+        "/items/7_",
+        "/items/0x7",
+        "/items/7e0",
+        "/items/18446744073709551623",
+    ];
+
+    fn guard() -> Route {
+        let mut g = route("/x", &[], "store", "orders/all");
+        g.path = None;
+        g.name = "unlisted".into();
+        g
+    }
+
+    #[test]
+    fn a_typed_id_refuses_other_spellings_instead_of_the_unlisted_guard() {
+        let rs = [route("/items/{id:uint}", &["GET"], "items/{id}", "orders/items/{id}")];
+        let (h, g) = (HeaderMap::new(), guard());
+        let (_, c) = classify(&rs, Some(&g), "PUT", "/items/7", &h).unwrap();
+        assert!(
+            matches!(c, Class::Write { resource, key, .. } if resource == "items/7" && key.as_str() == "orders/items/7")
+        );
+        for p in ITEM_7_VARIANTS {
+            for m in ["PUT", "GET", "DELETE"] {
+                let e = classify(&rs, Some(&g), m, p, &h).unwrap_err();
+                let RouteError::Unresolved(msg) = &e else { panic!("{p}: {e:?}") };
+                assert!(msg.starts_with("path: path segment {id} must be a uint"), "{p}: {msg}");
+                let seg = p.trim_start_matches("/items/");
+                assert!(!msg.contains(seg) || seg.chars().all(|c| c.is_ascii_digit()), "{p}: names the value: {msg}");
+                assert!(route_for(&rs, Some(&g), p).is_err(), "{p}");
+            }
+        }
+        // Another shape still goes to the guard.
+        assert_eq!(route_for(&rs, Some(&g), "/items/7/x").unwrap().name, "unlisted");
+    }
+
+    /// The detector, on the untyped template: each variant is a write on another
+    /// resource and key than item 7's.
+    #[test]
+    fn an_untyped_id_classifies_other_spellings_as_other_resources() {
+        let rs = [route("/items/{id}", &["GET"], "items/{id}", "orders/items/{id}")];
+        let h = HeaderMap::new();
+        let other = ITEM_7_VARIANTS
+            .iter()
+            .filter(|p| {
+                matches!(classify(&rs, None, "PUT", p, &h), Ok((_, Class::Write { resource, .. })) if resource != "items/7")
+            })
+            .count();
+        assert_eq!(other, ITEM_7_VARIANTS.len());
     }
 }

@@ -22,7 +22,7 @@ use lockmesh_core::{
     grant::{valid_key_prefix, GrantSet, RawGrant},
     headers,
     key::{covers, valid_namespace},
-    template::{HeaderLookup, PathTemplate, TextTemplate, Vars},
+    template::{self, HeaderLookup, Mistyped, PathTemplate, Selected, TextTemplate, Vars},
     LockKey,
 };
 use serde::Deserialize;
@@ -208,22 +208,32 @@ impl Config {
     /// [`Canon::path`](lockmesh_core::canon::Canon::path): no query), if any, with the
     /// variables its `path` template matched (none for a prefix route): the first
     /// listed `path` route that matches, else the longest matching `path_prefix`.
-    pub(crate) fn transparent_route(&self, path: &str) -> Option<(&TransparentRoute, Vars)> {
-        let t = self.transparent.as_ref()?;
-        let by_template = t.routes.iter().find_map(|r| match &r.matcher {
-            RouteMatch::Template(p) => p.match_path(path).map(|v| (r, v)),
+    ///
+    /// `Err` when no `path` route matches but one has the path's shape with a typed
+    /// value that does not fit (`/orders/07` against `/orders/{id:uint}`,
+    /// `template::select`): the request is refused, never given to a prefix route,
+    /// where its spelling would name another key or let the caller choose one.
+    pub(crate) fn transparent_route(&self, path: &str) -> Result<Option<(&TransparentRoute, Vars)>, Mistyped> {
+        let Some(t) = self.transparent.as_ref() else {
+            return Ok(None);
+        };
+        let templates = t.routes.iter().filter_map(|r| match &r.matcher {
+            RouteMatch::Template(p) => Some((r, p)),
             RouteMatch::Prefix(_) => None,
         });
-        by_template.or_else(|| {
-            t.routes
-                .iter()
-                .filter_map(|r| match &r.matcher {
-                    RouteMatch::Prefix(p) if canon::covers(p, path) => Some((r, p.len())),
-                    _ => None,
-                })
-                .max_by_key(|(_, len)| *len)
-                .map(|(r, _)| (r, Vars::new()))
-        })
+        match template::select(templates, path) {
+            Selected::Matched(r, v) => return Ok(Some((r, v))),
+            Selected::Mistyped(m) => return Err(m),
+            Selected::NoMatch => {}
+        }
+        Ok(t.routes
+            .iter()
+            .filter_map(|r| match &r.matcher {
+                RouteMatch::Prefix(p) if canon::covers(p, path) => Some((r, p.len())),
+                _ => None,
+            })
+            .max_by_key(|(_, len)| *len)
+            .map(|(r, _)| (r, Vars::new())))
     }
 
     /// The local limit `key` counts against: the longest covering prefix.
@@ -451,10 +461,11 @@ fn key_source(
     at: &dyn Fn(&str) -> String,
     errs: &mut Vec<String>,
 ) -> Option<KeySource> {
-    let vars = match matcher {
-        RouteMatch::Template(t) => t.vars(),
+    let kinds = match matcher {
+        RouteMatch::Template(t) => t.var_kinds(),
         RouteMatch::Prefix(_) => Vec::new(),
     };
+    let vars: Vec<&str> = kinds.iter().map(|(v, _)| *v).collect();
     match (key, caller_chooses == Some(true)) {
         (Some(_), true) => {
             errs.push(format!("{}: true and a key template are exclusive: give one", at("caller_chooses_key")));
@@ -496,8 +507,8 @@ fn key_source(
             // Plain values for every variable and header: a template that cannot give
             // a valid key even then is a typo, not a request's fault.
             let mut sample = Vars::new();
-            for v in &vars {
-                sample.insert(*v, "x");
+            for (v, kind) in &kinds {
+                sample.insert(*v, kind.sample());
             }
             if let Err(e) = t.fill_key(&sample, &|_| HeaderLookup::One(b"x".to_vec())) {
                 errs.push(format!("{}: {k:?} gives no valid key even for plain values: {e}", at("key")));

@@ -12,7 +12,12 @@
 //!    `/public/../orders/1` can never match `/public`; in a lock-tier configuration
 //!    (API routes only) it is an unknown route, `404 not_found` as in step 3: the
 //!    API's paths are a fixed table of canonical spellings;
-//! 3. `404 not_found`: a route the filter cannot classify, so cannot authorise;
+//! 3. `400 bad_request`: on a transparent `path` route with a typed variable, a path
+//!    of its shape whose value does not fit the type (`/orders/07` against
+//!    `/orders/{id:uint}`; `lockmesh_core::template::select`), naming the variable,
+//!    never the value: no other route (a prefix where the caller chooses the key)
+//!    may take it; then `404 not_found`: a route the filter cannot classify, so
+//!    cannot authorise;
 //! 4. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
 //!    header, a lock header also sent spelt with `_` (`x_lock_key`: a server that
 //!    reads `_` as `-` would see a value the filter never checked), a wait above
@@ -129,7 +134,15 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
         Err(_) => return Decision::reject(Code::NotFound, "no such route"),
     };
     let api_route = if cfg.api { Route::of(header(hdrs, ":method"), path.as_bytes()) } else { None };
-    let matched = if api_route.is_none() { cfg.transparent_route(path) } else { None };
+    // A typed path variable's value that does not fit (`/orders/07` against
+    // `/orders/{id:uint}`) is refused here, before any other route could take it.
+    let matched = match api_route {
+        Some(_) => None,
+        None => match cfg.transparent_route(path) {
+            Ok(m) => m,
+            Err(e) => return Decision::reject(Code::BadRequest, &format!(":path: {e}; the request was not forwarded")),
+        },
+    };
     let transparent = matched.as_ref().map(|(t, _)| *t);
     let route = match (api_route, transparent) {
         (Some(r), _) => r,

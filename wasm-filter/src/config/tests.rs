@@ -150,7 +150,7 @@ fn transparent_routes_and_their_errors() {
         (t.arbiter_authority.as_str(), t.callout_timeout_ms, t.reconcile_every_ms),
         ("lockmesh-arbiter", 2000, 5000)
     );
-    let route = |p: &str| c.transparent_route(p).unwrap().0;
+    let route = |p: &str| c.transparent_route(p).unwrap().unwrap().0;
     assert_eq!(route("/orders/1").default_wait_ms, 100);
     assert_eq!(prefix(route("/orders")), "/orders");
     assert_eq!(prefix(route("/orders-old")), "/");
@@ -215,15 +215,15 @@ fn a_bound_route_derives_its_key_from_a_path_template() {
     )
     .unwrap();
     assert!(c.warnings.is_empty(), "bound routes warn about nothing: {:?}", c.warnings);
-    let (r, vars) = c.transparent_route("/orders/7").unwrap();
+    let (r, vars) = c.transparent_route("/orders/7").unwrap().unwrap();
     assert!(matches!(&r.key, KeySource::Bound(t) if t.as_str() == "payments/order-{id}"));
     assert_eq!(vars.get("id"), Some("7"));
     // A template route wins over every prefix; among templates the first listed.
-    assert_eq!(prefix(c.transparent_route("/orders/new").unwrap().0), "/orders/{id}");
-    assert_eq!(prefix(c.transparent_route("/reports/q3").unwrap().0), "/reports");
+    assert_eq!(prefix(c.transparent_route("/orders/new").unwrap().unwrap().0), "/orders/{id}");
+    assert_eq!(prefix(c.transparent_route("/reports/q3").unwrap().unwrap().0), "/reports");
     // A path of another shape falls to the prefixes.
     for p in ["/orders/7/items", "/orders", "/orders/", "/x"] {
-        let (r, vars) = c.transparent_route(p).unwrap();
+        let (r, vars) = c.transparent_route(p).unwrap().unwrap();
         assert_eq!((prefix(r), vars.len()), ("/", 0), "{p}");
     }
 }
@@ -291,4 +291,110 @@ fn every_route_says_where_its_key_comes_from() {
     )
     .unwrap_err();
     assert_eq!(e[0], "transparent.routes[1].path: \"/o/{id}\" is listed twice");
+}
+
+#[test]
+fn a_typed_path_variable_refuses_other_spellings_instead_of_falling_through() {
+    let c = parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "arb", "routes": [
+              {"path": "/orders/{id:uint}", "key": "payments/order-{id}"},
+              {"path": "/orders/new", "key": "payments/order-new"},
+              {"path_prefix": "/orders", "key": "payments/orders"},
+              {"path_prefix": "/", "caller_chooses_key": true}]}}"#,
+    )
+    .unwrap();
+    let (r, vars) = c.transparent_route("/orders/7").unwrap().unwrap();
+    assert_eq!((prefix(r), vars.get("id")), ("/orders/{id:uint}", Some("7")));
+    // A literal route listed after the typed one still takes its path.
+    assert_eq!(prefix(c.transparent_route("/orders/new").unwrap().unwrap().0), "/orders/new");
+    for p in ["/orders/07", "/orders/+7", "/orders/7.json", "/orders/7%20", "/orders/18446744073709551616"] {
+        let e = c.transparent_route(p).unwrap_err();
+        assert_eq!(e.to_string().split(':').next(), Some("path segment {id} must be a uint"), "{p}");
+    }
+    // Another shape falls to the prefixes as before.
+    for (p, want) in [("/orders/7/items", "/orders"), ("/orders", "/orders"), ("/other", "/")] {
+        assert_eq!(prefix(c.transparent_route(p).unwrap().unwrap().0), want, "{p}");
+    }
+    let errs = |route: serde_json::Value| {
+        let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "a", "routes": [route]}});
+        parse(doc.to_string().as_bytes()).unwrap_err()
+    };
+    assert_eq!(
+        errs(serde_json::json!({"path": "/o/{id:int}", "key": "p/{id}"}))[0],
+        "transparent.routes[0].path: \"/o/{id:int}\": {id:int}: unknown type \"int\" (known: uint; write {id} for any segment)"
+    );
+    assert_eq!(
+        errs(serde_json::json!({"path": "/o/{id:uint}", "key": "p/{id:uint}"}))[0],
+        "transparent.routes[0].key: \"p/{id:uint}\": {id:uint}: a variable's type goes in the path template; write {id} here"
+    );
+    // The key check fills a typed variable with a value of its type.
+    assert!(parse(
+        br#"{"api": false, "transparent": {"arbiter_cluster": "a", "routes": [
+        {"path": "/o/{id:uint}", "key": "p/{id}"}]}}"#
+    )
+    .is_ok());
+}
+
+/// Every shipped transparent route whose path names an id (`{id}`, `{..._id}`)
+/// types it: the shipped ids are numeric, and an untyped one lets `/orders/07`
+/// lock a key other than `/orders/7`'s.
+#[test]
+fn every_shipped_id_placeholder_is_typed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let plugins: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("envoy-config/src/plugins.json")).unwrap()).unwrap();
+    let mut configs: Vec<(String, serde_json::Value)> = plugins
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, spec)| (format!("plugins.json {name}"), spec["fields"].clone()))
+        .collect();
+    let istio = std::fs::read_to_string(root.join("deploy/istio/wasmplugin.yaml")).unwrap();
+    for doc in istio.split("\n---") {
+        let v: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+        if let Some(c) = v.pointer("/spec/pluginConfig") {
+            configs.push(("deploy/istio/wasmplugin.yaml".into(), c.clone()));
+        }
+    }
+    // The rendered configs carry the plugin configuration as a JSON string.
+    fn plugin_strings(v: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let Ok(j @ serde_json::Value::Object(_)) = serde_json::from_str::<serde_json::Value>(s) {
+                    if j.get("transparent").is_some() {
+                        out.push(j);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| plugin_strings(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| plugin_strings(x, out)),
+            _ => {}
+        }
+    }
+    for rendered in
+        ["envoy-config/inbound-sidecar.yaml", "envoy-config/lock-tier.yaml", "envoy-config/app-sidecar.yaml"]
+    {
+        let v: serde_json::Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(root.join(rendered)).unwrap()).unwrap();
+        let mut found = Vec::new();
+        plugin_strings(&v, &mut found);
+        configs.extend(found.into_iter().map(|c| (rendered.to_owned(), c)));
+    }
+    let mut templates = 0;
+    let mut untyped = Vec::new();
+    for (name, c) in &configs {
+        let cfg = parse(c.to_string().as_bytes()).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        for r in cfg.transparent.iter().flat_map(|t| &t.routes) {
+            if let RouteMatch::Template(t) = &r.matcher {
+                templates += 1;
+                for (v, kind) in t.var_kinds() {
+                    if (v == "id" || v.ends_with("_id")) && kind != lockmesh_core::template::Kind::Uint {
+                        untyped.push(format!("{name}: {} {{{v}}}", t.as_str()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(templates >= 6, "found {templates} shipped path templates: {configs:?}");
+    assert!(untyped.is_empty(), "untyped id placeholders: {untyped:#?}");
 }

@@ -447,3 +447,100 @@ fn a_bound_route_refuses_another_key_and_requests_it_cannot_key() {
         assert_eq!(http_status(&on_request_headers(&bound(), &h("POST", p, &[]), Some(ID))), 400, "{p}");
     }
 }
+
+/// Spellings of order 7 (and values that wrap to 7) a caller may send instead of
+/// `/orders/7`: under an untyped `{id}` several derive another key, so they never
+/// wait for a holder of order 7's key.
+pub(crate) const ORDER_7_VARIANTS: &[&str] = &[
+    "/orders/07",
+    "/orders/007",
+    "/orders/00000000000000000007",
+    "/orders/+7",
+    "/orders/-7",
+    "/orders/7.json",
+    "/orders/7.",
+    "/orders/7.0",
+    "/orders/7,",
+    "/orders/7~",
+    "/orders/7:",
+    "/orders/7@",
+    "/orders/7=",
+    "/orders/7-",
+    "/orders/7_",
+    "/orders/7e0",
+    "/orders/0x7",
+    "/orders/%37",
+    "/orders/%2B7",
+    "/orders/7%20",
+    "/orders/7 ",
+    "/orders/18446744073709551623",
+    "/orders/07/",
+    "/orders/+7/",
+    "/orders/7.json/",
+];
+
+/// The shipped inbound sidecar's routes (`envoy-config/src/plugins.json`), with the
+/// id placeholder as `id` (`{id}` untyped, `{id:uint}` typed).
+fn shipped_shape(id: &str) -> Config {
+    let doc = serde_json::json!({"api": false, "transparent": {"arbiter_cluster": "lockmesh_arbiter", "routes": [
+        {"path": format!("/orders/{id}"), "key": "payments/order-{id}"},
+        {"path": format!("/orders/{id}/"), "key": "payments/order-{id}"},
+        {"path_prefix": "/", "caller_chooses_key": true},
+        {"path_prefix": "/public", "allow_unlocked": true, "caller_chooses_key": true}]},
+        "grants": [{"identity": "spiffe://lockmesh.test/ns/payments/", "prefixes": ["payments"], "operations": ["acquire"]}]});
+    crate::config::parse(doc.to_string().as_bytes()).unwrap()
+}
+
+/// How many variants pass with a key other than order 7's, and the refusals.
+fn other_keys(cfg: &Config, extra: &[(&str, &[u8])]) -> (Vec<String>, Vec<(String, String)>) {
+    let (mut other, mut refused) = (Vec::new(), Vec::new());
+    for p in ORDER_7_VARIANTS {
+        match on_request_headers(cfg, &h("POST", p, extra), Some(ID)) {
+            Decision::Pass(pass) if pass.key.as_ref().map(LockKey::as_str) != Some("payments/order-7") => {
+                other.push(format!("{p:?} -> {:?}", pass.key.as_ref().map(LockKey::as_str)));
+            }
+            Decision::Pass(_) => {}
+            Decision::Reject { status, body, .. } => refused.push((p.to_string(), format!("{status} {body}"))),
+        }
+    }
+    (other, refused)
+}
+
+#[test]
+fn a_typed_id_refuses_every_other_spelling_of_the_order() {
+    let typed = shipped_shape("{id:uint}");
+    let p = passed(&typed, &h("POST", "/orders/7", &[]));
+    assert_eq!(p.key.as_ref().map(LockKey::as_str), Some("payments/order-7"));
+    assert_eq!(passed(&typed, &h("POST", "/orders/7/", &[])).key, p.key);
+    assert_eq!(
+        passed(&typed, &h("POST", "/orders/0", &[])).key.map(|k| k.as_str().to_owned()).as_deref(),
+        Some("payments/order-0")
+    );
+    // With the caller's key, too: a mistyped id never falls to the `/` route where
+    // the caller chooses.
+    for extra in [&[][..], &[("x-lock-key", b"payments/anything".as_slice())][..]] {
+        let (other, refused) = other_keys(&typed, extra);
+        assert!(other.is_empty(), "derived another key: {other:#?}");
+        assert_eq!(refused.len(), ORDER_7_VARIANTS.len());
+        for (p, answer) in refused {
+            assert!(answer.starts_with("400 "), "{p}: {answer}");
+            // The canon refuses some first (`%37`, `%2B7`, a space); the rest name
+            // the placeholder, never the value.
+            assert!(answer.contains("\":path: "), "{p}: {answer}");
+            if !answer.contains(":path: path segment {id} must be a uint") {
+                assert!(["/orders/%37", "/orders/%2B7", "/orders/7 "].contains(&p.as_str()), "{p}: {answer}");
+            }
+            let seg = p.trim_start_matches("/orders/").trim_end_matches('/');
+            assert!(!answer.contains(&format!("{seg}\"")) && !answer.contains(&format!(" {seg} ")), "{p}: {answer}");
+        }
+    }
+}
+
+/// The detector, on the untyped template the configs shipped before: most
+/// variants lock a key other than order 7's.
+#[test]
+fn an_untyped_id_lets_other_spellings_derive_other_keys() {
+    let (other, _) = other_keys(&shipped_shape("{id}"), &[]);
+    assert_eq!(other.len(), 21, "{other:#?}");
+    assert!(other.iter().any(|o| o == "\"/orders/07\" -> Some(\"payments/order-07\")"), "{other:#?}");
+}
