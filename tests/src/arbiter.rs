@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use tempfile::TempDir;
 
 use crate::certs::DevPki;
@@ -49,6 +49,8 @@ pub struct ArbiterBuilder {
     registry: String,
     extra_yaml: Vec<String>,
     etcd_yaml: Vec<String>,
+    self_clients: Vec<String>,
+    sidecar_grants: bool,
     tls_reload_ms: Option<u64>,
     max_wait_ms: u64,
     grpc_port: Option<u16>,
@@ -86,6 +88,28 @@ impl ArbiterBuilder {
     /// [`DEFAULT_TEST_REGISTRY`].
     pub fn registry(mut self, yaml: impl Into<String>) -> Self {
         self.registry = yaml.into();
+        self
+    }
+
+    /// A self client (`tls.self_clients`, beside the vouching Envoy ID in
+    /// `tls.allowed_clients`): the arbiter believes no caller it claims and
+    /// authorises its requests by its own LockGrants, so the registry needs some
+    /// (see [`ArbiterBuilder::inbound_sidecar`]).
+    pub fn self_client(mut self, spiffe_id: impl Into<String>) -> Self {
+        self.self_clients.push(spiffe_id.into());
+        self
+    }
+
+    /// The shipped inbound sidecar calls this arbiter: its pod's own SVID
+    /// (`spiffe_id`, [`crate::envoy::sidecar_svid`]) is a self client, and the
+    /// registry written at start gains the test trust domain's LockGrants
+    /// ([`registry_with_sidecar_grants`]) unless it declares `grants:` itself.
+    pub fn inbound_sidecar(mut self, spiffe_id: impl Into<String>) -> Self {
+        let id = spiffe_id.into();
+        if !self.self_clients.contains(&id) {
+            self.self_clients.push(id);
+        }
+        self.sidecar_grants = true;
         self
     }
 
@@ -162,6 +186,10 @@ impl ArbiterBuilder {
             registry = registry_file.display(),
             max_wait = self.max_wait_ms,
         );
+        if !self.self_clients.is_empty() {
+            let at = yaml.find("etcd:\n").unwrap_or(yaml.len());
+            yaml.insert_str(at, &format!("  self_clients: [{}]\n", quoted(&self.self_clients)));
+        }
         if let Some(ms) = self.tls_reload_ms {
             let at = yaml.find("etcd:\n").unwrap_or(yaml.len());
             yaml.insert_str(at, &format!("  reload_ms: {ms}\n"));
@@ -178,6 +206,16 @@ impl ArbiterBuilder {
         yaml
     }
 
+    /// The registry as [`ArbiterBuilder::start`] writes it: the given text, with
+    /// the inbound sidecar's LockGrants added ([`ArbiterBuilder::inbound_sidecar`]).
+    pub fn registry_text(&self) -> Result<String> {
+        if self.sidecar_grants {
+            registry_with_sidecar_grants(&self.registry, &self.trust_domain, &self.self_clients)
+        } else {
+            Ok(self.registry.clone())
+        }
+    }
+
     /// Writes the config, starts the arbiter and waits until `/readyz` is 200.
     pub async fn start(self) -> Result<ArbiterProcess> {
         ensure!(!self.endpoints.is_empty(), "arbiter needs etcd endpoints");
@@ -187,7 +225,7 @@ impl ArbiterBuilder {
         let grpc_port = self.grpc_port.unwrap_or_else(free_port);
         let admin_port = self.admin_port.unwrap_or_else(free_port);
         let registry_file = dir.path().join("registry.yaml");
-        std::fs::write(&registry_file, &self.registry)?;
+        std::fs::write(&registry_file, self.registry_text()?)?;
         let config_path = dir.path().join("arbiter.yaml");
         std::fs::write(&config_path, self.render(grpc_port, admin_port, &registry_file))?;
         let mut process = ChildProcess::new(
@@ -220,6 +258,8 @@ impl ArbiterProcess {
             registry: DEFAULT_TEST_REGISTRY.to_owned(),
             extra_yaml: Vec::new(),
             etcd_yaml: Vec::new(),
+            self_clients: Vec::new(),
+            sidecar_grants: false,
             tls_reload_ms: None,
             max_wait_ms: 30_000,
             grpc_port: None,
@@ -311,6 +351,68 @@ impl ArbiterProcess {
     }
 }
 
+/// The filter's LockGrant documents as shipped (`envoy-config/src/grants.json`,
+/// from the frozen copy's `envoy-config/` when there is one).
+pub const SHIPPED_GRANTS: &str = "envoy-config/src/grants.json";
+
+/// The LockGrant documents (a `grants:` block) of a stack the shipped inbound
+/// sidecar calls, for `trust_domain`, as `scripts/up` writes the quick start's:
+///
+/// - every grant of [`SHIPPED_GRANTS`] for the trust domain (the filters enforce
+///   the same ones for their callers; with grants present the arbiter checks
+///   them for the lock tier's callers too, ADR-19);
+/// - for each self client in `self_clients` (the sidecar's pod SVID), `acquire`
+///   on every prefix those grants name: in the harness one sidecar fronts the
+///   application every test identity calls, so its own identity may lock what
+///   its filter lets any of them lock. The filter still checks each caller's own
+///   grants first; the arbiter records the hold under the sidecar's identity,
+///   the caller only as `unverified_caller` (docs/DEPLOY.md section 10).
+pub fn sidecar_grants(trust_domain: &str, self_clients: &[String]) -> Result<String> {
+    let path = crate::paths::frozen_bin_dir()
+        .map(|d| d.join(SHIPPED_GRANTS))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| crate::paths::repo_root().join(SHIPPED_GRANTS));
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let all: Vec<serde_json::Value> =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list of grants", path.display()))?;
+    let td = format!("spiffe://{trust_domain}/");
+    let ours: Vec<&serde_json::Value> =
+        all.iter().filter(|g| g["identity"].as_str().is_some_and(|i| i.starts_with(&td))).collect();
+    ensure!(!ours.is_empty(), "{}: no grant for trust domain {trust_domain}", path.display());
+    let mut prefixes: Vec<&str> = Vec::new();
+    for p in ours.iter().filter_map(|g| g["prefixes"].as_array()).flatten().filter_map(|p| p.as_str()) {
+        if !prefixes.contains(&p) {
+            prefixes.push(p);
+        }
+    }
+    let mut yaml = String::from("grants:\n");
+    for g in &ours {
+        yaml.push_str(&format!("  - {g}\n"));
+    }
+    for id in self_clients {
+        let g = serde_json::json!({ "identity": id, "prefixes": prefixes, "operations": ["acquire"] });
+        yaml.push_str(&format!("  - {g}\n"));
+    }
+    Ok(yaml)
+}
+
+/// `registry` with [`sidecar_grants`] appended, unless it declares a top-level
+/// `grants:` of its own (then the scenario owns the LockGrants, and must grant
+/// the sidecar's identity itself): the registry of an arbiter the shipped inbound
+/// sidecar calls (a self client, which the arbiter refuses without LockGrants).
+pub fn registry_with_sidecar_grants(registry: &str, trust_domain: &str, self_clients: &[String]) -> Result<String> {
+    if registry.lines().any(|l| l.starts_with("grants:")) {
+        return Ok(registry.to_owned());
+    }
+    let mut out = registry.to_owned();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str("# Added by the harness: LockGrant documents (the inbound sidecar is a self client).\n");
+    out.push_str(&sidecar_grants(trust_domain, self_clients)?);
+    Ok(out)
+}
+
 /// The arbiter binary, or a fix-it error.
 pub fn arbiter_bin() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("ARBITER_BIN").filter(|p| !p.is_empty()) {
@@ -359,5 +461,49 @@ future_field: 1
 "#
             )
         );
+    }
+
+    /// The inbound sidecar's arbiter: the sidecar a self client beside the
+    /// vouching Envoy, and a registry whose LockGrants the arbiter's loader takes
+    /// (the grants the filters carry for the test trust domain, and the sidecar's
+    /// own); a registry with grants of its own is left alone.
+    #[test]
+    fn an_inbound_sidecars_arbiter_lists_it_as_a_self_client_with_grants() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = DevPki::generate(dir.path(), "lockmesh.test").unwrap();
+        let store = crate::envoy::sidecar_svid(&pki).unwrap();
+        assert_eq!(store.spiffe_id, "spiffe://lockmesh.test/ns/payments/sa/store");
+        let b = ArbiterProcess::builder(&pki)
+            .etcd_endpoints(vec!["http://127.0.0.1:1".into()])
+            .root("/t/x")
+            .tls_reload_ms(200)
+            .inbound_sidecar(&store.spiffe_id);
+        let yaml = b.render(10, 11, Path::new("/r/registry.yaml"));
+        assert!(
+            yaml.contains(
+                "  allowed_clients: [\"spiffe://lockmesh.test/lockmesh/envoy\"]\n  \
+                 self_clients: [\"spiffe://lockmesh.test/ns/payments/sa/store\"]\n  reload_ms: 200\netcd:\n"
+            ),
+            "{yaml}"
+        );
+        let registry = b.registry_text().unwrap();
+        assert!(registry.starts_with(DEFAULT_TEST_REGISTRY), "{registry}");
+        let doc: serde_json::Value = serde_saphyr::from_str(&registry).unwrap();
+        let grants = doc["grants"].as_array().unwrap();
+        let raw: Vec<lockmesh_core::grant::RawGrant> =
+            grants.iter().map(|g| serde_json::from_value(g.clone()).unwrap()).collect();
+        let set = lockmesh_core::grant::GrantSet::try_from_raw(&raw).unwrap();
+        let key = |k: &str| lockmesh_core::LockKey::parse(k.as_bytes()).unwrap();
+        let acquire = lockmesh_core::grant::Operation::Acquire;
+        for k in ["payments/order-1", "short/job-1", "billing/x", "load/tax-1"] {
+            assert!(set.allowed(&store.spiffe_id, &key(k), acquire), "the sidecar may lock {k}");
+        }
+        let worker = pki.workload_spiffe_id("payments", "worker");
+        assert!(set.allowed(&worker, &key("payments/a"), acquire));
+        assert!(!set.allowed(&worker, &key("billing/a"), acquire), "the shipped grants, not a blanket one");
+        assert!(!set.allowed(&store.spiffe_id, &key("payments/a"), lockmesh_core::grant::Operation::Admin));
+
+        let own = format!("{DEFAULT_TEST_REGISTRY}grants:\n  - {{ identity: \"spiffe://lockmesh.test/\", prefixes: [x], operations: [acquire] }}\n");
+        assert_eq!(registry_with_sidecar_grants(&own, "lockmesh.test", &[store.spiffe_id]).unwrap(), own);
     }
 }

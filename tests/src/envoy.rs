@@ -36,7 +36,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use tempfile::TempDir;
 
-use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
+use crate::certs::{ClientCert, DevPki, TEST_TRUST_DOMAIN};
 use crate::kubelet::{read_plain_files, SecretDir};
 use crate::paths::{repo_root, target_dir, temp_dir, tool};
 use crate::ports::free_port;
@@ -213,12 +213,53 @@ impl EnvoyBuilder {
                 *text = text.replace(from.as_str(), to);
             }
         }
+        self.check_secret_files(&texts, cert_dir)?;
         for (path, text) in texts {
             let text = text.replace(CERT_DIR, &tls.display().to_string());
             let name = path.file_name().context("SDS secret file name")?;
             std::fs::write(sds.join(name), text)?;
         }
         Ok((tls, sds))
+    }
+
+    /// Fails, naming the file, if an SDS secret the config uses names a
+    /// certificate file `cert_dir` lacks (Envoy would only fail to become ready):
+    /// the inbound sidecar's own SVID ([`sidecar_svid`]) is not among the fixed
+    /// files of a dev PKI.
+    fn check_secret_files(&self, secrets: &[(PathBuf, String)], cert_dir: &Path) -> Result<()> {
+        let mut config = std::fs::read_to_string(&self.config).unwrap_or_default();
+        for (from, to) in &self.replacements {
+            config = config.replace(from.as_str(), to);
+        }
+        for (path, text) in secrets {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let used = format!("{SDS_DIR}/{name}");
+            if !config.lines().any(|l| !l.trim_start().starts_with('#') && l.contains(&used)) {
+                continue;
+            }
+            let named = format!("filename: {CERT_DIR_PREFIX}");
+            let files = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .flat_map(|l| l.split(named.as_str()).skip(1))
+                .filter_map(|rest| rest.split([' ', '}', ',']).next());
+            for file in files {
+                if !cert_dir.join(file).exists() {
+                    let hint = if name == SIDECAR_SVID_SDS {
+                        ": the inbound sidecar's own SVID, made by envoy::sidecar_svid (StackBuilder::inbound_sidecar \
+                         also lists it in the arbiters' tls.self_clients)"
+                    } else {
+                        ""
+                    };
+                    bail!(
+                        "{}: SDS secret {name} names {file}, which {} lacks{hint}",
+                        self.config.display(),
+                        cert_dir.display()
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     fn render_inner(&self, cert_dir: Option<&Path>, sds_dir: Option<&Path>) -> Result<Rendered> {
@@ -347,8 +388,10 @@ impl EnvoyBuilder {
             Some(d) => d.clone(),
             None => {
                 let pki = DevPki::generate(dir.path().join("certs"), TEST_TRUST_DOMAIN)?;
-                // The application sidecar presents the demo workload's certificate.
+                // The application sidecar presents the demo workload's certificate,
+                // the inbound sidecar its pod's own.
                 pki.client("payments", "worker")?;
+                sidecar_svid(&pki)?;
                 pki.dir().to_path_buf()
             }
         };
@@ -544,6 +587,42 @@ pub fn reissued_pki(pki: &DevPki, dir: impl AsRef<Path>) -> Result<DevPki> {
         std::fs::copy(pki.dir().join(name), dir.join(name)).with_context(|| format!("copy {name}"))?;
     }
     DevPki::generate(dir, pki.trust_domain())
+}
+
+/// The SDS secret (in [`SDS_DIR`]) the shipped inbound sidecar presents to the
+/// arbiters: its pod's own SVID, a self client of the arbiter (never the lock
+/// tier's vouching `arbiter-client-cert.yaml`).
+pub const SIDECAR_SVID_SDS: &str = "sidecar-svid.yaml";
+
+/// The workload `(namespace, service account)` of the certificate the shipped
+/// inbound sidecar presents to the arbiters: its SDS secret ([`SIDECAR_SVID_SDS`])
+/// names `run/certs/<ns>_<sa>.pem` (`payments_store.pem`, the demo store's pod).
+pub fn sidecar_svid_name() -> Result<(String, String)> {
+    let path = sds_source_dir().join(SIDECAR_SVID_SDS);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let file = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| l.split("certificate_chain: { filename: ").nth(1))
+        .and_then(|rest| rest.split([' ', '}']).next())
+        .with_context(|| format!("{}: no certificate_chain filename", path.display()))?;
+    let stem = file
+        .strip_prefix(CERT_DIR_PREFIX)
+        .and_then(|f| f.strip_suffix(".pem"))
+        .with_context(|| format!("{}: {file} is not {CERT_DIR_PREFIX}<name>.pem", path.display()))?;
+    let (ns, sa) = stem
+        .split_once('_')
+        .with_context(|| format!("{}: {file} is not a workload's <ns>_<sa>.pem", path.display()))?;
+    Ok((ns.to_owned(), sa.to_owned()))
+}
+
+/// The shipped inbound sidecar's own certificate in `pki` ([`sidecar_svid_name`]:
+/// `spiffe://<td>/ns/payments/sa/store`), created if missing. An arbiter the
+/// sidecar calls must list its SPIFFE ID in `tls.self_clients`
+/// ([`crate::ArbiterBuilder::inbound_sidecar`], [`crate::StackBuilder::inbound_sidecar`]).
+pub fn sidecar_svid(pki: &DevPki) -> Result<ClientCert> {
+    let (ns, sa) = sidecar_svid_name()?;
+    pki.client(&ns, &sa)
 }
 
 /// Where the SDS secrets come from: the frozen copy's `envoy-config/sds` when

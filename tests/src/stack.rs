@@ -18,6 +18,12 @@
 //! for its root, [`EtcdCluster::users_for`]; none on a plaintext etcd); then the
 //! arbiters (logged in as the arbiter role's user) and Envoy together (their
 //! ports are chosen up front, and Envoy is ready before its upstreams are).
+//!
+//! Identities to the arbiter (docs/DEPLOY.md section 10): the lock tier presents
+//! the vouching `envoy-client.pem` (`tls.allowed_clients`); a stack with the
+//! inbound sidecar ([`StackBuilder::inbound_sidecar`]) also has the sidecar's own
+//! SVID in `tls.self_clients` and LockGrants in its registry, as `scripts/up`
+//! configures the quick start.
 
 use std::ops::Deref;
 
@@ -26,12 +32,16 @@ use tempfile::TempDir;
 
 use crate::arbiter::{ArbiterProcess, DEFAULT_TEST_REGISTRY};
 use crate::backend::Backend;
-use crate::certs::{DevPki, TEST_TRUST_DOMAIN};
+use crate::certs::{ClientCert, DevPki, TEST_TRUST_DOMAIN};
 use crate::client::LockClient;
 use crate::envoy::EnvoyProcess;
 use crate::etcd::{shared_etcd, EtcdCluster, EtcdUsers};
 use crate::paths::temp_dir;
 use crate::ports::free_port;
+
+/// The shipped inbound sidecar's config name: a stack running it is
+/// [`StackBuilder::inbound_sidecar`].
+pub const INBOUND_SIDECAR: &str = "inbound-sidecar";
 
 /// Options for a [`Stack`].
 #[derive(Clone, Debug)]
@@ -53,6 +63,7 @@ pub struct StackBuilder {
     root: Option<String>,
     fleet: Option<usize>,
     envoy_arbiters: Vec<(usize, Vec<usize>)>,
+    inbound_sidecar: bool,
 }
 
 /// A running scenario stack. Drop order: Envoys, arbiters, backend, etcd, PKI.
@@ -67,6 +78,7 @@ pub struct Stack {
     users: EtcdUsers,
     root: String,
     pki: DevPki,
+    sidecar_svid: Option<ClientCert>,
     _pki_dir: TempDir,
     _users_dir: TempDir,
 }
@@ -86,6 +98,21 @@ impl StackBuilder {
     /// Envoy config `<repo>/envoy-config/<name>.yaml`. Without it no Envoy runs.
     pub fn envoy_config(mut self, name: impl Into<String>) -> Self {
         self.envoy_config = Some(name.into());
+        self
+    }
+
+    /// The shipped inbound sidecar calls this stack's arbiters: its own certificate
+    /// ([`crate::envoy::sidecar_svid`], `payments/store`) is made in the PKI, the
+    /// arbiters list it in `tls.self_clients` and their registry gains the test
+    /// trust domain's LockGrants ([`crate::arbiter::sidecar_grants`]; with grants
+    /// present the arbiter checks them for the lock tier's callers too). Implied
+    /// by `envoy_config("inbound-sidecar")`; call it when a scenario starts the
+    /// inbound sidecar itself ([`EnvoyProcess::builder`]) against the stack.
+    ///
+    /// The sidecar is a self client: the arbiter records its holds under the
+    /// sidecar's identity, the caller only as `unverified_caller`.
+    pub fn inbound_sidecar(mut self) -> Self {
+        self.inbound_sidecar = true;
         self
     }
 
@@ -220,6 +247,8 @@ impl StackBuilder {
         };
         let pki = async { DevPki::generate(pki_dir.path(), TEST_TRUST_DOMAIN) };
         let (etcd, backend, pki) = tokio::try_join!(etcd, Backend::start(), pki)?;
+        let sidecar = self.inbound_sidecar || self.envoy_config.as_deref() == Some(INBOUND_SIDECAR);
+        let sidecar_svid = if sidecar { Some(crate::envoy::sidecar_svid(&pki)?) } else { None };
 
         let (root, users) = match &self.root {
             Some(root) => (root.clone(), etcd.users_for(root, users_dir.path()).await),
@@ -250,6 +279,9 @@ impl StackBuilder {
             }
             for (k, v) in &self.arbiter_env {
                 b = b.env(k, v);
+            }
+            if let Some(svid) = &sidecar_svid {
+                b = b.inbound_sidecar(&svid.spiffe_id);
             }
             b.start()
         });
@@ -299,6 +331,7 @@ impl StackBuilder {
             users,
             root,
             pki,
+            sidecar_svid,
             _pki_dir: pki_dir,
             _users_dir: users_dir,
         })
@@ -328,6 +361,7 @@ impl Stack {
             root: None,
             fleet: None,
             envoy_arbiters: Vec::new(),
+            inbound_sidecar: false,
         }
     }
 
@@ -414,6 +448,12 @@ impl Stack {
         p["change_epoch"] = serde_json::json!(epoch + 1);
         etcd.put(key.as_str(), serde_json::to_vec(&p)?, None).await?;
         Ok(before)
+    }
+
+    /// The inbound sidecar's own certificate (its pod's SVID, a self client of the
+    /// arbiters), if the stack serves one ([`StackBuilder::inbound_sidecar`]).
+    pub fn sidecar_svid(&self) -> Option<&ClientCert> {
+        self.sidecar_svid.as_ref()
     }
 
     /// The stack's PKI (trust domain `lockmesh.test`).

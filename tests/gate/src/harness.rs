@@ -330,6 +330,10 @@ impl GateCluster {
             }
             proxies.push(row);
         }
+        // The transparent holders' sidecar presents its pod's own SVID to the
+        // arbiters, a self client: they list it and carry LockGrants for it.
+        let sidecar_svid =
+            if opts.transparent_holders > 0 { Some(lockmesh_tests::envoy::sidecar_svid(&pki)?) } else { None };
         let mut arbiters = Vec::new();
         let mut arbiter_clocks = Vec::new();
         for (i, row) in proxies.iter().enumerate() {
@@ -345,6 +349,9 @@ impl GateCluster {
                 ));
             if !shards.is_empty() {
                 b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.proxies[i].url()))));
+            }
+            if let Some(svid) = &sidecar_svid {
+                b = b.inbound_sidecar(&svid.spiffe_id);
             }
             if !opts.arbiter_faults.is_empty() {
                 b = b
@@ -580,7 +587,12 @@ impl GateCluster {
     /// arbiter's registry file (written whole, then renamed into place) and waits
     /// for the hot reload (a second; 2.5 s allowed).
     pub async fn set_ttl(&self, ttl_s: u64) -> Result<()> {
-        let text = gate_registry(ttl_s);
+        let mut text = gate_registry(ttl_s);
+        if self.sidecar.is_some() {
+            // Without the sidecar's LockGrants the reloaded registry would deny it.
+            let id = lockmesh_tests::envoy::sidecar_svid(&self.pki)?.spiffe_id;
+            text = lockmesh_tests::arbiter::registry_with_sidecar_grants(&text, self.pki.trust_domain(), &[id])?;
+        }
         for a in &self.arbiters {
             let dir = a.config_path().parent().context("arbiter config without a directory")?;
             let tmp = dir.join("registry.yaml.new");
@@ -1029,7 +1041,8 @@ impl GateCluster {
 /// The `clusters:` and `tiers:` YAML of a run with shards: each shard reached at
 /// the given URL, every shard in the first map's entity tier.
 /// The transparent holders' inbound sidecar: the shipped `inbound-sidecar`
-/// config listing every arbiter, in front of the gate's upstream, its bound
+/// config listing every arbiter (presenting its pod's own SVID, a self client of
+/// theirs: its holds are recorded under that identity), in front of the gate's upstream, its bound
 /// route `/orders/{id}` deriving the gate's transparent key `payments/gate/t/<id>`,
 /// and its reconcile every second (the shortest allowed), so a reconcile that
 /// released an open hold would do so while long requests run.
