@@ -202,6 +202,7 @@ impl Store {
             raft,
             clock_floor,
             clock,
+            prior: &state.prior,
         });
         if let Err(e) = self.seal().persist() {
             tracing::error!(error = %e, "cannot persist the high-water marks");

@@ -136,6 +136,9 @@ pub struct Observation<'a> {
     pub clock_floor: i64,
     /// The grant clock's mod revision (0: absent), `None` when it is off.
     pub clock: Option<i64>,
+    /// The record's `prior` epochs: a move's soft advance (`lock::home`) keeps the
+    /// epoch it advanced from there, a guarded (restore) advance clears them.
+    pub prior: &'a [u64],
 }
 
 /// Seal state and marks.
@@ -263,9 +266,26 @@ impl Seal {
     /// Checks one round of linearizable observations against the marks and, if
     /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
     pub fn check(&self, o: &Observation<'_>) {
-        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor, clock } = *o;
+        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor, clock, prior } =
+            *o;
         let cluster_hex = super::epoch::cluster_hex(cluster);
         let mut m = lock(&self.marks);
+        // A move's soft advance from the epoch this arbiter marked keeps that
+        // epoch's holds valid (`prior`): it is no guarded advance, so it neither
+        // clears a seal nor restarts the marks (a restore before it is still the
+        // restore it was). Only the guarded advance, which clears `prior`, does.
+        let soft = m.epoch > 0
+            && prior.contains(&m.epoch)
+            && !super::test_faults::on(super::test_faults::TestFault::SoftAdvanceUnseals);
+        if epoch > m.epoch && explicit.is_none() && soft {
+            m.epoch = epoch;
+            drop(m);
+            if self.current().is_some() {
+                tracing::warn!(epoch, "epoch advanced by a move while sealed: still sealed until the guarded advance");
+                return;
+            }
+            return self.check(&Observation { prior: &[], ..*o });
+        }
         if epoch > m.epoch && explicit.is_none() {
             // A newer epoch without an explicit seal: the guarded advance happened.
             // Marks restart in the new epoch; any seal clears.
@@ -381,7 +401,42 @@ mod tests {
         revision: i64,
         raft: Option<(u64, u64)>,
     ) -> Observation<'_> {
-        Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor: 0, clock: None }
+        Observation {
+            cluster,
+            record_cluster,
+            epoch,
+            explicit,
+            floor,
+            revision,
+            raft,
+            clock_floor: 0,
+            clock: None,
+            prior: &[],
+        }
+    }
+
+    #[test]
+    fn a_moves_soft_advance_neither_unseals_nor_restarts_the_marks() {
+        let s = seal();
+        s.check(&obs(7, 7, 1, None, 0, 15, Some((3, 9))));
+        // A restore: revisions back below the mark.
+        s.check(&obs(7, 7, 1, None, 15, 12, Some((3, 9))));
+        assert_eq!(s.current().map(|i| i.reason), Some(SealReason::RevisionBehindMark));
+        // `lockctl shard apply` advances the epoch softly (epoch 1 kept in prior).
+        s.check(&Observation { prior: &[1], ..obs(7, 7, 2, None, 15, 13, Some((3, 10))) });
+        assert_eq!(s.current().map(|i| i.reason), Some(SealReason::RevisionBehindMark), "a soft advance unsealed");
+        assert_eq!(s.marks().epoch, 2);
+        // Only the guarded advance (prior cleared) unseals.
+        s.check(&obs(7, 7, 3, None, 15, 14, Some((3, 11))));
+        assert_eq!(s.current(), None);
+        // On a healthy cluster a soft advance keeps the marks and stays unsealed.
+        let h = seal();
+        h.check(&obs(7, 7, 1, None, 0, 15, Some((3, 9))));
+        h.check(&Observation { prior: &[1], ..obs(7, 7, 2, None, 15, 16, Some((3, 10))) });
+        assert_eq!((h.current(), h.marks().epoch, h.marks().revision), (None, 2, 16));
+        // ... and still seals a restore after it.
+        h.check(&Observation { prior: &[1], ..obs(7, 7, 2, None, 16, 10, Some((3, 10))) });
+        assert_eq!(h.current().map(|i| i.reason), Some(SealReason::RevisionBehindMark));
     }
 
     #[test]

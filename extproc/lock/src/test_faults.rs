@@ -179,6 +179,9 @@ pub enum TestFault {
     /// whoever opens it: one tenant spends another's session quota
     /// (`tests/tests/scenarios/holder_safety.rs`).
     ChargeAnyNamespace,
+    /// A move's soft epoch advance is taken for the guarded one: a cluster sealed
+    /// after a restore is unsealed by `lockctl shard apply` (`lock::seal` tests).
+    SoftAdvanceUnseals,
 }
 
 #[cfg(feature = "test-faults")]
@@ -232,6 +235,7 @@ impl TestFault {
             "no_attempt_fence" => Some(Self::NoAttemptFence),
             "api_releases_transparent" => Some(Self::ApiReleasesTransparent),
             "charge_any_namespace" => Some(Self::ChargeAnyNamespace),
+            "soft_advance_unseals" => Some(Self::SoftAdvanceUnseals),
             _ => None,
         }
     }
