@@ -394,7 +394,9 @@ fn istio_hcm_patch() -> String {
 }
 
 /// A stack (etcd, one arbiter) for an inbound-sidecar-shaped Envoy in front of
-/// the WSGI application, with the corpus sent as `payments/worker`.
+/// the WSGI application, with the corpus sent as `payments/worker`. The arbiter
+/// lists the sidecar's own SVID as a self client, with LockGrants
+/// ([`lockmesh_tests::StackBuilder::inbound_sidecar`]).
 struct Setup {
     _stack: Stack,
     upstream: Upstream,
@@ -403,7 +405,7 @@ struct Setup {
 }
 
 async fn inbound(name: &str, envoy: EnvoyBuilder) -> Setup {
-    let (stack, upstream) = tokio::join!(Stack::builder(name).start(), Upstream::start());
+    let (stack, upstream) = tokio::join!(Stack::builder(name).inbound_sidecar().start(), Upstream::start());
     let (stack, upstream) = (stack.unwrap(), upstream.unwrap());
     let envoy = envoy
         .cert_dir(stack.pki().dir())

@@ -9,7 +9,8 @@
 //! - the lock tier's Envoy (`lock-tier.yaml`): listener certificate, client
 //!   certificate to the arbiter and both CAs through SDS `watched_directory`;
 //! - an inbound sidecar Envoy (`inbound-sidecar.yaml`), the transparent shape,
-//!   the same way;
+//!   the same way, presenting its pod's own SVID (`payments_store.pem`, a self
+//!   client of the arbiter) rather than the lock tier's `envoy-client.pem`;
 //! - the arbiter: its mTLS listener re-reads its set every `tls.reload_ms`;
 //! - SDK clients: `Config::cert_reload`.
 //!
@@ -57,8 +58,25 @@ const TRANSPARENT: [&str; 2] = ["rot-tp-a", "rot-tp-b"];
 const PROBE: &str = "rot-probe";
 const PLANTED: &str = "rot-once";
 
-fn identities() -> Vec<(&'static str, &'static str)> {
-    [HOLDER, PROBE, PLANTED].into_iter().chain(CYCLERS).chain(TRANSPARENT).map(|sa| ("payments", sa)).collect()
+/// Every workload certificate the roll reissues: the scenario's identities and
+/// the inbound sidecar's own SVID (`payments/store`, which it presents to the
+/// arbiter as a self client).
+fn identities() -> Vec<(String, String)> {
+    let sidecar = lockmesh_tests::envoy::sidecar_svid_name().unwrap();
+    [HOLDER, PROBE, PLANTED]
+        .into_iter()
+        .chain(CYCLERS)
+        .chain(TRANSPARENT)
+        .map(|sa| ("payments".to_owned(), sa.to_owned()))
+        .chain(std::iter::once(sidecar))
+        .collect()
+}
+
+/// The certificate file the inbound sidecar presents to the arbiter (its pod's
+/// own SVID, `payments_store.pem`); the lock tier presents `envoy-client.pem`.
+fn sidecar_client_file() -> String {
+    let (ns, sa) = lockmesh_tests::envoy::sidecar_svid_name().unwrap();
+    format!("{ns}_{sa}.pem")
 }
 
 fn cert_of<'a>(f: &'a Files, sa: &str) -> (&'a [u8], &'a [u8]) {
@@ -142,10 +160,15 @@ struct Rig {
 }
 
 async fn rig(name: &str, arbiter_reload_ms: u64) -> Rig {
-    let st =
-        Stack::builder(name).envoy_config("lock-tier").arbiter_tls_reload_ms(arbiter_reload_ms).start().await.unwrap();
+    let st = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .inbound_sidecar()
+        .arbiter_tls_reload_ms(arbiter_reload_ms)
+        .start()
+        .await
+        .unwrap();
     for (ns, sa) in identities() {
-        st.pki().client(ns, sa).unwrap();
+        st.pki().client(&ns, &sa).unwrap();
     }
     let sidecar = EnvoyProcess::builder("inbound-sidecar")
         .cert_dir(st.pki().dir())
@@ -297,14 +320,17 @@ fn traffic(r: &Rig, first: &Files, stop: &Arc<AtomicBool>) -> (Vec<tokio::task::
 /// its client certificate to the arbiter in `/certs`.
 async fn step_seen(r: &Rig, files: &Files) -> Result<(), String> {
     let server = serial(&files["envoy.pem"]);
-    let client = serial(&files["envoy-client.pem"]);
     for (what, port) in [("lock tier", r.st.envoy().listener_port()), ("sidecar", r.sidecar.listener_port())] {
         let seen = handshake_serial(port, files, &format!("payments_{PROBE}")).await?;
         if seen != server {
             return Err(format!("{what} presents {seen}, not {server}"));
         }
     }
-    for (what, envoy) in [("lock tier", r.st.envoy()), ("sidecar", &r.sidecar)] {
+    let sidecar_client = sidecar_client_file();
+    for (what, envoy, file) in
+        [("lock tier", r.st.envoy(), "envoy-client.pem"), ("sidecar", &r.sidecar, sidecar_client.as_str())]
+    {
+        let client = serial(&files[file]);
         let serials: Vec<String> =
             envoy.cert_serials().await.map_err(|e| e.to_string())?.iter().map(|s| normalise(s)).collect();
         if !serials.contains(&client) {
@@ -326,7 +352,8 @@ async fn roll(r: &Rig, within: Duration) -> (Vec<Files>, Arc<Traffic>, Result<()
     let (tasks, tr) = traffic(r, &first, &stop);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let ids = identities();
+    let owned = identities();
+    let ids: Vec<(&str, &str)> = owned.iter().map(|(ns, sa)| (ns.as_str(), sa.as_str())).collect();
     let rotated = issue(Some(&first), &ids);
     let new_ca = issue(None, &ids);
     let bundle = [first["ca.pem"].clone(), new_ca["ca.pem"].clone()].concat();

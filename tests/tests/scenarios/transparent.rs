@@ -217,12 +217,21 @@ async fn the_reconcile_releases_holds_whose_requests_ended_and_only_envoys_may_c
     })
     .await;
     assert_eq!(holds(&st).await, 1);
+    // The hold is the sidecar's (a self client acts only as itself); the caller
+    // it named is kept as unverified_caller, never as the owner.
+    let mut etcd = st.etcd().client().await.unwrap();
+    let held = etcd.get(format!("{}/l/", st.root()), Some(GetOptions::new().with_prefix())).await.unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(held.kvs()[0].value()).unwrap();
+    assert_eq!(rec["owner"], st.sidecar_svid().unwrap().spiffe_id.as_str(), "{rec}");
+    assert_eq!(rec["unverified_caller"], st.pki().workload_spiffe_id("payments", "worker").as_str(), "{rec}");
     let vms = vm_ids(&st).await;
     assert_eq!(vms.len(), 1, "one VM session: {vms:?}");
     let pki = st.pki();
-    let envoy = pki.envoy_client();
+    // The sidecar presents its pod's own SVID (a self client): its VM sessions are
+    // recorded under that identity, and only that identity reaches them.
+    let svid = st.sidecar_svid().unwrap();
     let as_envoy =
-        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&envoy.cert_path, &envoy.key_path)))
+        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&svid.cert_path, &svid.key_path)))
             .unwrap();
     let call = |client: LockClient, path: &'static str, body: serde_json::Value| async move {
         client
@@ -239,6 +248,17 @@ async fn the_reconcile_releases_holds_whose_requests_ended_and_only_envoys_may_c
         call(as_workload, "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1000 }))
             .await;
     assert_eq!(r.code(), 403, "{}", r.body);
+    assert_eq!(holds(&st).await, 1);
+    // Nor may another Envoy, even the lock tier's vouching one: the sidecar's VM
+    // sessions are not its own, so its reconcile saying hold 0 ended frees nothing.
+    let tier = pki.envoy_client();
+    let as_tier =
+        LockClient::new(st.arbiter(0).grpc_port(), &pki.ca_cert_path(), Some((&tier.cert_path, &tier.key_path)))
+            .unwrap();
+    let r =
+        call(as_tier, "/internal/v1/vm/keepalive", serde_json::json!({ "vm": vms[0], "open": [], "next": 1 })).await;
+    assert_eq!(r.code(), 200, "{}", r.body);
+    assert_eq!((r.json["sessions"].as_u64(), r.json["reconciled"].as_u64()), (Some(0), Some(0)), "{}", r.body);
     assert_eq!(holds(&st).await, 1);
 
     // Malformed bodies are refused with the field named.
