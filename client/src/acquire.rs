@@ -80,7 +80,7 @@ impl Acquire {
             Ok(a) => {
                 let mut grant = a.grant;
                 grant.ttl_s = session.ttl_s;
-                inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch());
+                inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch(), a.honoured_from);
                 let recorded = inner.ledger().acquired(&grant);
                 inner.changed.notify_waiters();
                 if recorded {
@@ -129,7 +129,7 @@ impl AcquireAll {
                 let mut lost = false;
                 for mut grant in grants {
                     grant.ttl_s = session.ttl_s;
-                    inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch());
+                    inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch(), None);
                     if inner.ledger().acquired(&grant) {
                         guards.push(LockGuard::new(inner.clone(), session.clone(), grant));
                     } else {
@@ -229,7 +229,7 @@ async fn list_after(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, at: I
         match inner.api.holds(session.id, inner.config.request_timeout).await {
             Ok(holds) => {
                 for h in &holds {
-                    inner.observe_epoch(h.cluster.as_deref(), h.token.epoch());
+                    inner.observe_epoch(h.cluster.as_deref(), h.token.epoch(), None);
                 }
                 return match holds.into_iter().find(|h| h.key == key) {
                     Some(mut g) => {

@@ -70,6 +70,9 @@ pub(crate) enum CallError {
 #[derive(Clone, Debug)]
 pub(crate) struct Acquired {
     pub grant: Grant,
+    /// The lowest epoch of its cluster whose holds are still honoured
+    /// (`honoured_from`; the token's own epoch when absent).
+    pub honoured_from: Option<u64>,
 }
 
 /// An opened session.
@@ -253,7 +256,7 @@ impl Api {
             cluster: a.cluster,
             proof: Proof(a.proof),
         };
-        Ok(Acquired { grant })
+        Ok(Acquired { grant, honoured_from: a.honoured_from })
     }
 
     /// `POST /v1/locks/acquire-all` of `keys` on `session`: one grant per key, in

@@ -578,10 +578,13 @@ impl Inner {
     }
 
     /// A grant or listing showed `epoch` of etcd cluster `cluster`: every session
-    /// holding an older grant *of that cluster* is lost (the service advanced that
-    /// cluster's epoch; its older tokens are void). Each cluster has its own epoch
-    /// (`docs/SCALE.md`): a higher epoch on one shard says nothing about another's.
-    pub(crate) fn observe_epoch(&self, cluster: Option<&str>, epoch: u64) {
+    /// holding a grant *of that cluster* older than the epochs still honoured is
+    /// lost (the service advanced that cluster's epoch; its older tokens are
+    /// void). `honoured_from` is the lowest epoch the service said it still
+    /// honours (a shard move's soft advance keeps earlier epochs' holds); without
+    /// it, only `epoch`. Each cluster has its own epoch (`docs/SCALE.md`): a
+    /// higher epoch on one shard says nothing about another's.
+    pub(crate) fn observe_epoch(&self, cluster: Option<&str>, epoch: u64, honoured_from: Option<u64>) {
         {
             let mut seen = self.max_epoch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let key = cluster.map(str::to_owned);
@@ -593,7 +596,7 @@ impl Inner {
             }
             seen.insert(key, epoch);
         }
-        let stale = self.ledger().sessions_below_epoch(cluster, epoch);
+        let stale = self.ledger().sessions_below_epoch(cluster, crate::ledger::fence_floor(epoch, honoured_from));
         for sid in stale {
             if let Some(s) = self.session_by_id(sid) {
                 self.fence(&s, LossReason::EpochChanged);

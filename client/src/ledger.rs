@@ -213,6 +213,7 @@ impl Ledger {
     /// cluster is never compared (a grant that names no cluster, from an older
     /// service, is compared with other such grants only).
     pub fn sessions_below_epoch(&self, cluster: Option<&str>, epoch: u64) -> Vec<SessionId> {
+        // (`fence_floor` says which epoch a grant's answer makes the floor.)
         let mut out: Vec<SessionId> = self
             .slots
             .values()
@@ -270,6 +271,13 @@ impl Ledger {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
+}
+
+/// The epoch below which a cluster's grants are void, after an answer showed
+/// `epoch` with the lowest still-honoured epoch `honoured_from` (a shard move's
+/// soft advance keeps earlier epochs' holds valid; absent: only `epoch`).
+pub(crate) fn fence_floor(epoch: u64, honoured_from: Option<u64>) -> u64 {
+    honoured_from.filter(|f| *f <= epoch).unwrap_or(epoch)
 }
 
 #[cfg(test)]
@@ -354,6 +362,22 @@ mod tests {
         assert!(l.acquired(&g));
         assert_eq!(l.adopt(&g), Adopt::Leave);
         assert_eq!(l.count("ns/a"), 1);
+    }
+
+    #[test]
+    fn a_soft_advance_keeps_the_holds_of_the_epochs_it_honours() {
+        let mut l = Ledger::default();
+        for g in [grant("k1", 1, 4, 10), grant("k2", 2, 3, 11)] {
+            let g = Grant { cluster: Some("shard-a".into()), ..g };
+            l.enter(&g.key, g.session);
+            l.acquired(&g);
+        }
+        // A grant at epoch 5 whose answer says epochs from 4 are honoured.
+        assert_eq!(l.sessions_below_epoch(Some("shard-a"), fence_floor(5, Some(4))), vec![sid(2)]);
+        // Without it (an older arbiter), every older epoch is void.
+        assert_eq!(l.sessions_below_epoch(Some("shard-a"), fence_floor(5, None)), vec![sid(1), sid(2)]);
+        // A floor above the epoch is no floor.
+        assert_eq!(fence_floor(5, Some(9)), 5);
     }
 
     #[test]

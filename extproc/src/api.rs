@@ -688,6 +688,14 @@ async fn acquire_all(
     Ok((r, Some(Undo::Grants { reqs, grants, store })))
 }
 
+/// The lowest epoch of `store`'s cluster whose holds are still honoured, when it
+/// is below `epoch` (a move's soft advance keeps them: `prior`). From the epoch
+/// state the grant itself used (cached), so no read.
+async fn honoured_from(store: &Store, epoch: u64) -> Option<u64> {
+    let st = store.epoch_state().await.ok()?;
+    st.prior.iter().copied().filter(|p| *p < epoch).min()
+}
+
 /// An acquire (`election`: a campaign's, granted only under a limit of 1).
 async fn acquire(
     state: &Arc<State>,
@@ -734,6 +742,7 @@ async fn acquire(
                 class: g.class.clone(),
                 cluster: None,
                 epoch: g.epoch,
+                honoured_from: None,
                 existing: g.existing,
                 grant: Some(g.grant.clone()),
                 new_session: false,
@@ -760,10 +769,15 @@ async fn acquire(
     let grant = result?;
     let g = &grant;
     let proof = crate::signing::proof_for(state.config.signing.as_ref(), &areq.key, g.token, &g.class);
+    let honoured_from = match &store {
+        Some(s) => honoured_from(s, g.token.epoch()).await,
+        None => None,
+    };
     let mut r = ApiResponse::ok(&AcquiredBody {
         class: g.class.to_string(),
         cluster: store.as_ref().map(|s| s.cluster_name().to_owned()),
         epoch: g.token.epoch(),
+        honoured_from,
         existing: g.existing,
         grant: None,
         new_session: g.new_session,

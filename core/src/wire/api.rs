@@ -36,6 +36,12 @@ pub struct Acquired {
     pub cluster: Option<String>,
     /// The token's epoch (for an unprotected grant: the epoch the arbiter last read).
     pub epoch: u64,
+    /// The lowest epoch of the granting cluster whose holds are still honoured,
+    /// when it is below `epoch`: a shard move's soft epoch advance keeps earlier
+    /// epochs' holds valid, so a holder fences its holds only below this one.
+    /// Absent when only `epoch` is honoured, and from an older arbiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honoured_from: Option<u64>,
     /// True when the caller's session already held the key (an idempotent retry):
     /// nothing new was granted.
     pub existing: bool,

@@ -380,6 +380,7 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         class: "default".into(),
         cluster: Some("coord".into()),
         epoch: 1,
+        honoured_from: None,
         existing: false,
         grant: None,
         new_session: true,
@@ -394,12 +395,17 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         unprotected: false,
     };
     let acquired_bare = Acquired { cluster: None, proof: None, existing: true, new_session: false, ..acquired.clone() };
-    let acquired_permits =
-        Acquired { permits: Some(3), mode: Some(lockmesh_core::headers::LockMode::Exclusive), ..acquired.clone() };
+    let acquired_permits = Acquired {
+        permits: Some(3),
+        mode: Some(lockmesh_core::headers::LockMode::Exclusive),
+        honoured_from: Some(0),
+        ..acquired.clone()
+    };
     let unprotected = Acquired {
         class: "batch".into(),
         cluster: None,
         epoch: 1,
+        honoured_from: None,
         existing: false,
         grant: Some("5f0c2b0123456789abcdef0123456789".into()),
         new_session: false,
