@@ -62,6 +62,7 @@ mod shadow;
 mod split_faults;
 mod tls_resumption;
 mod transparent;
+mod typed_keys;
 mod upgrade;
 mod watch_hub;
 
