@@ -395,3 +395,117 @@ async fn a_session_without_a_key_is_charged_only_where_its_opener_is_granted() {
 async fn planted_a_session_charged_to_any_namespace_is_caught() {
     assert_eq!(keyless_sessions(Some("charge_any_namespace")).await, (200, 200));
 }
+
+// === a transparent hold released through the lock API ===
+
+/// A transparent request holds `/jobs/…`'s key at a slow upstream; then a
+/// vouching client (the lock tier's certificate, as the lock tier's Envoy would
+/// after its filter) asks the lock API to release that hold by its token, for the
+/// identity the hold is recorded under. Returns the answer's status and whether a
+/// second transparent request of the key was granted while the first was still at
+/// the upstream.
+async fn api_release_of_a_transparent_hold(fault: Option<&str>) -> (u32, bool) {
+    use envoy_types::pb::{
+        envoy::{
+            config::core::v3::{HeaderMap, HeaderValue},
+            service::ext_proc::v3::{
+                external_processor_client::ExternalProcessorClient, processing_request, processing_response,
+                HttpHeaders, ProcessingRequest,
+            },
+        },
+        google::protobuf::{value::Kind, Struct, Value},
+    };
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+    // Two sidecars (two replicas of the application): the second one's filter
+    // knows nothing of the first's request, only the arbiter does.
+    let mut b = Stack::builder("tp-api-release").envoy_config("inbound-sidecar").registry(REGISTRY).envoys(2);
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    let key = "payments/tp/release";
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/jobs/1", &[("x-lock-key", key), (lockmesh_tests::backend::DELAY_HEADER, "4000")]).await }
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let token = loop {
+        if let Some(r) = st.backend().requests().first() {
+            break r.header("x-lock-token").unwrap().to_owned();
+        }
+        assert!(tokio::time::Instant::now() < until, "the first request never reached the upstream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The hold's recorded owner: the sidecar's own identity (a self client).
+    let owner = st.pki().workload_spiffe_id("payments", "store");
+    let h = |k: &str, v: &str| HeaderValue { key: k.into(), value: String::new(), raw_value: v.as_bytes().to_vec() };
+    let attrs = Struct {
+        fields: [("connection.uri_san_peer_certificate".to_string(), Value { kind: Some(Kind::StringValue(owner)) })]
+            .into_iter()
+            .collect(),
+    };
+    let req = ProcessingRequest {
+        attributes: std::collections::HashMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]),
+        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    h(":method", "POST"),
+                    h(":path", "/v1/locks/release"),
+                    h("x-lockmesh-filtered", "1"),
+                    h("x-lock-key", key),
+                    h("x-lock-token", &token),
+                ],
+            }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let env = st.pki().envoy_client();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(st.pki().ca_cert_path()).unwrap()))
+        .identity(Identity::from_pem(std::fs::read(&env.cert_path).unwrap(), std::fs::read(&env.key_path).unwrap()))
+        .domain_name("localhost");
+    let ch = Channel::from_shared(format!("https://127.0.0.1:{}", st.arbiter(0).grpc_port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // The request stream stays open until the answer came, as Envoy's does: a
+    // stream that ends first is a request that ended (the arbiter cancels it).
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(req).await.unwrap();
+    let mut out = ExternalProcessorClient::new(ch)
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = out.message().await.unwrap();
+    drop(tx);
+    let status = match answer.and_then(|m| m.response) {
+        Some(processing_response::Response::ImmediateResponse(i)) => i.status.map_or(0, |s| s.code as u32),
+        other => panic!("expected an immediate response, got {other:?}"),
+    };
+    // A second request of the key through the other replica's sidecar, try once,
+    // while the first is at the upstream.
+    let other = st.client_at(1, "payments", "worker").unwrap();
+    let second = other.post("/jobs/2", &[("x-lock-key", key), ("x-lock-wait-ms", "0")]).await.unwrap();
+    let granted = second.code() == 200;
+    assert_eq!(first.await.unwrap().unwrap().code(), 200);
+    (status, granted)
+}
+
+#[tokio::test]
+async fn a_transparent_hold_is_never_released_through_the_lock_api() {
+    let (status, granted) = api_release_of_a_transparent_hold(None).await;
+    assert_eq!((status, granted), (409, false), "the API released a request's hold while it was at the upstream");
+}
+
+#[tokio::test]
+async fn planted_an_api_release_of_a_transparent_hold_is_caught() {
+    let (status, granted) = api_release_of_a_transparent_hold(Some("api_releases_transparent")).await;
+    assert_eq!((status, granted), (200, true), "the planted arbiter kept the hold");
+}
