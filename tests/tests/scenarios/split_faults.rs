@@ -738,6 +738,55 @@ async fn renewals_through_a_shard_loss(name: &str, faults: &[&str]) -> Vec<Strin
     violations
 }
 
+/// Losing a session's *home* shard must not take its holds on healthy clusters
+/// with it (GUARANTEES, split sessions): a session opened on shard-a (its home)
+/// and extended to shard-b keeps renewing through shard-a's quorum loss for two
+/// TTLs; its keepalives answer the home's error (the holder is in jeopardy), and
+/// its shard-b hold is still current afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_holds_elsewhere_outlive_the_loss_of_its_home_shard() {
+    let violations = home_shard_lost("split-home", &[]).await;
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// The same with renewals that run only after the home's succeeded
+/// (`renew_in_turn`, the order before the fix): the shard-b hold lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_renewals_behind_the_home_lose_the_holds_elsewhere() {
+    let violations = home_shard_lost("split-home-planted", &["renew_in_turn"]).await;
+    assert!(violations.iter().any(|v| v.contains("shard-b hold")), "not caught: {violations:#?}");
+}
+
+/// The home-loss scenario; its findings (empty: none).
+async fn home_shard_lost(name: &str, faults: &[&str]) -> Vec<String> {
+    let shards = ["shard-a", "shard-b"];
+    let s = split(name, Setup { shards: &shards, entity: &shards, faults, ..Setup::default() }).await;
+    let m = map(&shards);
+    let (ka, kb) =
+        (homed(&m, keys("payments/hl1", 64, "k"), "shard-a"), homed(&m, keys("payments/hl2", 64, "k"), "shard-b"));
+    let h = s.st.client("payments", "home").unwrap();
+    // Opened by the acquire of a shard-a key: its home is shard-a.
+    let (_, sid) = acquire(&h, &ka, None).await;
+    let (tb, same) = acquire(&h, &kb, Some(&sid)).await;
+    assert_eq!(same, sid);
+    assert_eq!(s.held_on("shard-b").await, vec![kb.clone()]);
+    s.shards["shard-a"].member(0).kill();
+    let lost = Instant::now();
+    // Renewed every half second, as a client would, whatever the answers say.
+    while lost.elapsed() < OUTAGE {
+        h.post(KEEPALIVE, &[("x-lock-session", &sid)]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut violations = Vec::new();
+    match validate(&h, &kb, tb).await {
+        Ok(true) => {}
+        other => {
+            violations.push(format!("the session's shard-b hold is not current after its home was lost: {other:?}"))
+        }
+    }
+    violations
+}
+
 /// Issue 18 item 9: what a durable waiter (`fairness: durable`) sees when its key
 /// moves to another shard (`lockctl shard apply --add shard-b`). Waiters are not
 /// carried: the queue on the old home is [W1, another arbiter's waiter, W2] behind
