@@ -9,8 +9,8 @@
 //! <root>/l/<digest>/h/<slot:04>.1  the same slot, after a hand-off     session lease
 //! <root>/l/<digest>/e              an election leader's proclaimed value the leader's session lease
 //! <root>/l/<digest>/w              exclusion record of an exclusive hold the holder's session lease
-//! <root>/i/<session>/<digest>      hold index of an acquire-opened session the session's lease
-//! <root>/a/<attempt>               a grant attempt fenced off (unknown outcome) marker lease
+//! <root>/s/<session>/h/<digest>    hold index of an acquire-opened session the session's lease
+//! <root>/s/<session>/a/<attempt>   a grant attempt fenced off (unknown outcome) marker lease
 //! <root>/q/<digest>/<waiter>       a durable waiter (fairness: durable) arbiter lease
 //! <root>/r/<digest>                last release marker (audit)         marker lease
 //! <root>/x/<session>               session-close marker (audit)        marker lease
@@ -102,21 +102,27 @@ impl Keys {
     /// it holds, put by the grant and deleted by the release, on the session's
     /// lease. Closing such a session at its last release compares this range empty
     /// in the closing transaction (`lockmesh_lock::session`).
+    ///
+    /// It and [`Keys::attempt`] sit under the session's own prefix, beside (not at)
+    /// its record: every reader of `s/`, of this build and of earlier ones (the
+    /// quota ledger, the audit decoder, the gate checker), reads only session
+    /// records there and ignores a key that is none, and the arbiter role already
+    /// covers `s/`.
     pub fn hold_index(&self, s: SessionId, d: &KeyDigest) -> String {
-        format!("{}/i/{s}/{d}", self.root)
+        format!("{}/s/{s}/h/{d}", self.root)
     }
 
     /// The prefix of a session's hold index ([`Keys::hold_index`]).
     pub fn hold_indexes(&self, s: SessionId) -> String {
-        format!("{}/i/{s}/", self.root)
+        format!("{}/s/{s}/h/", self.root)
     }
 
     /// A grant attempt's fence: every grant on a session the caller keeps
     /// compares this key absent; an arbiter that got no answer for the grant puts
     /// it in a transaction of its own, after which the grant can no longer
     /// commit, and reads whether it had (`lockmesh_lock::mutex`).
-    pub fn attempt(&self, id: &str) -> String {
-        format!("{}/a/{id}", self.root)
+    pub fn attempt(&self, s: SessionId, id: &str) -> String {
+        format!("{}/s/{s}/a/{id}", self.root)
     }
 
     /// The prefix of every hold of a key (`.../h/`).

@@ -803,7 +803,7 @@ impl Store {
         // answer etcd never gives is resolved by fencing the attempt off.
         let attempt = new_record.is_none().then(attempt_id);
         if let Some(a) = &attempt {
-            when.push(Compare::create_revision(k.attempt(a), CompareOp::Equal, 0));
+            when.push(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
         }
         let hold = hold_record(req, ep.epoch, want, None, attempt.as_deref())?;
         for name in &slots {
@@ -1002,7 +1002,7 @@ impl Store {
         }
         let until = Instant::now() + self.op_timeout * 3;
         loop {
-            match self.fence_attempt(d, attempt).await {
+            match self.fence_attempt(d, sid, attempt).await {
                 Ok(holds) => return self.attempt_outcome(d, sid, attempt, &holds, err).await,
                 Err(_) if Instant::now() < until => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
                 Err(e) => {
@@ -1010,7 +1010,7 @@ impl Store {
                     let (store, d, attempt) = (self.clone(), d.clone(), attempt.to_owned());
                     tokio::spawn(async move {
                         loop {
-                            if let Ok(holds) = store.fence_attempt(&d, &attempt).await {
+                            if let Ok(holds) = store.fence_attempt(&d, sid, &attempt).await {
                                 if let Some((slots, rev)) = attempt_holds(&holds, sid, &attempt) {
                                     store.take_back(&slots, rev).await;
                                 }
@@ -1027,9 +1027,14 @@ impl Store {
 
     /// Puts attempt `attempt`'s fence key (on the marker lease, if absent) and
     /// reads `d`'s holds in the same transaction.
-    async fn fence_attempt(&self, d: &KeyDigest, attempt: &str) -> Result<etcd_client::GetResponse, LockError> {
+    async fn fence_attempt(
+        &self,
+        d: &KeyDigest,
+        sid: SessionId,
+        attempt: &str,
+    ) -> Result<etcd_client::GetResponse, LockError> {
         let (k, lease) = (self.keys(), self.marker_lease().await?);
-        let key = k.attempt(attempt);
+        let key = k.attempt(sid, attempt);
         let holds = TxnOp::get(k.holds(d), Some(GetOptions::new().with_prefix()));
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
@@ -1643,16 +1648,48 @@ pub(crate) fn attempt_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// Whether a grant call's error leaves its outcome unknown: anything but an
-/// answer etcd gave that says the transaction was not applied.
+/// Whether a grant call's error leaves its outcome unknown: no answer in time,
+/// a connection that broke, or etcd's own word that it does not know (`Unavailable`,
+/// `Unknown`, `DeadlineExceeded`, `Cancelled`: a leader change, a request that timed
+/// out inside etcd). Every other answer says the transaction was not applied (an
+/// auth store that moved, a permission, a lease not found, a malformed request), and
+/// is handed back at once (the stream re-runs a request refused for a login that
+/// went stale).
 pub(crate) fn outcome_unknown(e: &LockError) -> bool {
-    match e {
-        LockError::Unavailable(m) => {
-            !["lease not found", "permission denied", "too many operations", "duplicate key", "request is too large"]
-                .iter()
-                .any(|s| m.contains(s))
+    // etcd-client's errors print the gRPC code by its description.
+    const UNKNOWN: [&str; 6] = [
+        "did not answer within",
+        "code: 'The service is currently unavailable'",
+        "code: 'Unknown error'",
+        "code: 'Deadline expired",
+        "code: 'The operation was cancelled'",
+        "transport error",
+    ];
+    matches!(e, LockError::Unavailable(m) if UNKNOWN.iter().any(|s| m.contains(s)))
+}
+
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    #[test]
+    fn only_answers_that_leave_the_outcome_open_are_unknown() {
+        let un = |m: &str| outcome_unknown(&LockError::Unavailable(m.into()));
+        assert!(un("etcd did not answer within 500ms"));
+        let s = |code: tonic::Code| format!("grpc request error: code: '{}', message: \"x\"", code.description());
+        for c in [tonic::Code::Unavailable, tonic::Code::Unknown, tonic::Code::DeadlineExceeded, tonic::Code::Cancelled]
+        {
+            assert!(un(&s(c)), "{c:?}");
         }
-        _ => false,
+        for c in [
+            tonic::Code::InvalidArgument,
+            tonic::Code::PermissionDenied,
+            tonic::Code::NotFound,
+            tonic::Code::FailedPrecondition,
+        ] {
+            assert!(!un(&s(c)), "{c:?}");
+        }
+        assert!(!outcome_unknown(&LockError::NotHolder));
     }
 }
 

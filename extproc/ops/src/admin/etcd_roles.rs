@@ -78,10 +78,6 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("l/", true),
                 rw("r/", true),
                 rw("x/", true),
-                // Hold indexes of sessions an acquire opened (`lock::session`).
-                rw("i/", true),
-                // Grant attempts fenced off after an unknown outcome (`lock::mutex`).
-                rw("a/", true),
                 rw("c/", true),
                 rw("v/", true),
                 rw("q/", true),
