@@ -155,7 +155,12 @@ fn refusal(code: Code, message: &str) -> ApiResponse {
 
 /// How young a request must be for a rerun after etcd refused it for an auth
 /// store change ([`lockmesh_lock::auth_refusals`]).
-const AUTH_RERUN_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+const AUTH_RERUN_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How many times a request runs at most when etcd keeps refusing it for auth
+/// store changes (each refusal applied nothing; several may come in a row while an
+/// operator, or a test harness, adds users and roles one after the other).
+const AUTH_RUNS: u32 = 3;
 
 /// What the arbiter answers to `request_headers`.
 pub enum Answer {
@@ -324,9 +329,10 @@ async fn request_headers(
                 };
                 ran += 1;
                 // etcd refused a call because its users or roles changed under the
-                // login (nothing applied; the clients logged in again): once more,
-                // while the request is young, rather than a 503 the caller must retry.
-                let again = ran == 1
+                // login (nothing applied; the clients logged in again): again, up to
+                // AUTH_RUNS runs while the request is young, rather than a 503 the
+                // caller must retry.
+                let again = ran < AUTH_RUNS
                     && r.1.is_none()
                     && matches!(&r.0, Answer::Reply(a) if a.status == 503 && a.body.contains("\"unavailable\""))
                     && lockmesh_lock::auth_refusals() != refusals

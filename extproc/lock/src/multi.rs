@@ -352,18 +352,7 @@ impl Store {
                 return match &attempt {
                     Some(a) if super::mutex::outcome_unknown(&e) => {
                         let g = self.resolve_attempt(&ds[0], sid, a, e).await?;
-                        let token = g.token;
-                        let grant = |req: &AcquireRequest| Grant {
-                            token,
-                            session: sid,
-                            ttl_s: req.class.ttl_s,
-                            class: req.class.name.to_string(),
-                            existing: false,
-                            new_session: false,
-                            permits: 1,
-                            mode: None,
-                        };
-                        Ok(Attempt::Granted(reqs.iter().map(grant).collect()))
+                        Ok(Attempt::Granted(key_grants(reqs, g.token, sid)))
                     }
                     _ => Err(e),
                 };
@@ -389,17 +378,7 @@ impl Store {
                     return Err(LockError::Sealed(e.to_string()));
                 }
             };
-            let grant = |req: &AcquireRequest| Grant {
-                token,
-                session: sid,
-                ttl_s: req.class.ttl_s,
-                class: req.class.name.to_string(),
-                existing: false,
-                new_session: false,
-                permits: 1,
-                mode: None,
-            };
-            return Ok(Attempt::Granted(reqs.iter().map(grant).collect()));
+            return Ok(Attempt::Granted(key_grants(reqs, token, sid)));
         }
         let ops = r.op_responses();
         let mut gets = ops.iter().filter_map(|o| match o {
@@ -467,6 +446,22 @@ impl Store {
         let reason = if gated { Reason::KeyGated } else { Reason::LockContended };
         Ok(Attempt::Refused { reason, revision, free })
     }
+}
+
+/// The grants of a multi-key acquire of `reqs` committed under `token` on `sid`:
+/// one per key, in the order of `reqs`, all with the one token.
+fn key_grants(reqs: &[AcquireRequest], token: FencingToken, sid: SessionId) -> Vec<Grant> {
+    let grant = |req: &AcquireRequest| Grant {
+        token,
+        session: sid,
+        ttl_s: req.class.ttl_s,
+        class: req.class.name.to_string(),
+        existing: false,
+        new_session: false,
+        permits: 1,
+        mode: None,
+    };
+    reqs.iter().map(grant).collect()
 }
 
 #[cfg(test)]

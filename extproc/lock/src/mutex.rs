@@ -192,23 +192,14 @@ pub(crate) fn existing_grant(
     let rev = u64::try_from(kv.create_revision()).unwrap_or(0);
     let hold = hold_of(kv);
     let (permits, mode) = (hold.as_ref().and_then(|h| h.permits).unwrap_or(1), hold.as_ref().and_then(|h| h.mode));
-    if test_faults::on(TestFault::EchoAskedMode) {
+    let (permits, mode) = if test_faults::on(TestFault::EchoAskedMode) {
         // PLANTED BUG (holder_safety scenario): the asked mode is the answer.
-        let (permits, mode) = (req.permits.of(permits), req.mode);
-        return FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
-            token,
-            session: sid,
-            ttl_s: req.class.ttl_s,
-            class: req.class.name.to_string(),
-            existing: true,
-            new_session: false,
-            permits,
-            mode,
-        });
-    }
-    if let Some(why) = mode_change(req, permits, mode) {
+        (req.permits.of(permits), req.mode)
+    } else if let Some(why) = mode_change(req, permits, mode) {
         return Err(LockError::ModeConflict(why));
-    }
+    } else {
+        (permits, mode)
+    };
     FencingToken::mint(epoch, rev).map_err(internal).map(|token| Grant {
         token,
         session: sid,

@@ -610,9 +610,12 @@ impl Tiers {
         // for the session's owner, as the home knows it (its record is cached where
         // the session was used).
         home.owned_session(sid, caller).await?;
-        let renew_others = join_all(others.iter().map(|s| s.renew_lease(sid)));
-        let (ttl, renewed) = futures::join!(home.keepalive(sid, caller), renew_others);
-        let ttl = ttl?;
+        // In a task of their own: a home that fails answers at once (a lost shard
+        // takes an op timeout to answer), and the renewals still complete.
+        let stores: Vec<Arc<Store>> = others.iter().map(|s| Arc::clone(s)).collect();
+        let renewals = tokio::spawn(async move { join_all(stores.iter().map(|s| s.renew_lease(sid))).await });
+        let ttl = home.keepalive(sid, caller).await?;
+        let renewed = renewals.await.map_err(|e| LockError::Internal(format!("the renewals' task failed: {e}")))?;
         let marked = home.extensions(sid).await?;
         self.check_extensions(sid, &others, &marked, renewed).await?;
         Ok(ttl)

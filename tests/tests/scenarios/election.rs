@@ -254,7 +254,9 @@ fn replay(st: &Stack, events: &[Ev], key: &str) -> Election {
 fn session_ends(st: &Stack, events: &[Ev]) -> HashMap<i64, Option<i64>> {
     let prefix = format!("{}/s/", st.root());
     let mut out = HashMap::new();
-    for e in events.iter().filter(|e| e.key.starts_with(&prefix)) {
+    // Records only: a session an acquire opened also keeps its hold index under
+    // its own prefix (`<root>/s/<session>/h/<digest>`).
+    for e in events.iter().filter(|e| e.key.starts_with(&prefix) && !e.key[prefix.len()..].contains('/')) {
         let lease = lease_of(e.key.trim_start_matches(&prefix));
         if e.put {
             out.entry(lease).or_insert(None);
