@@ -155,12 +155,13 @@ fn refusal(code: Code, message: &str) -> ApiResponse {
 
 /// How young a request must be for a rerun after etcd refused it for an auth
 /// store change ([`lockmesh_lock::auth_refusals`]).
-const AUTH_RERUN_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+const AUTH_RERUN_WITHIN: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// How many times a request runs at most when etcd keeps refusing it for auth
-/// store changes (each refusal applied nothing; several may come in a row while an
-/// operator, or a test harness, adds users and roles one after the other).
-const AUTH_RUNS: u32 = 3;
+/// store changes (each refusal applied nothing; several come in a row while an
+/// operator, or a test harness, adds users and roles one after the other), the
+/// n-th rerun after 50 x 2^n ms.
+const AUTH_RUNS: u32 = 6;
 
 /// What the arbiter answers to `request_headers`.
 pub enum Answer {
@@ -341,7 +342,8 @@ async fn request_headers(
                 if !again {
                     break r;
                 }
-                tracing::debug!(route, "etcd's auth store moved under this request; running it once more");
+                tracing::debug!(route, "etcd's auth store moved under this request; running it again");
+                tokio::time::sleep(std::time::Duration::from_millis(50 << ran)).await;
             }
         }
     };

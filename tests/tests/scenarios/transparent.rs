@@ -33,9 +33,8 @@ async fn arbiter_count(st: &Stack, route: &str, code: &str) -> u64 {
 
 /// The transparent-mode VM ids with a session under the stack's root.
 async fn vm_ids(st: &Stack) -> Vec<String> {
-    let mut c = st.etcd().client().await.unwrap();
     let prefix = format!("{}/v/", st.root());
-    let r = c.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let r = etcd_get(st, prefix.clone(), GetOptions::new().with_prefix().with_keys_only()).await;
     let mut ids: Vec<String> = r
         .kvs()
         .iter()
@@ -47,20 +46,27 @@ async fn vm_ids(st: &Stack) -> Vec<String> {
     ids
 }
 
-/// Number of holds under the stack's root. Read again when etcd refuses the read
-/// for an auth store that moved since this client logged in (other scenarios add
-/// users to the shared etcd all the time).
-async fn holds(st: &Stack) -> usize {
-    let prefix = format!("{}/l/", st.root());
-    for _ in 0..5 {
+/// A read of the stack's etcd, made again (for about 5 s) while etcd refuses it
+/// for an auth store that moved since the client logged in: other scenarios add
+/// users and roles to the shared etcd all the time.
+async fn etcd_get(st: &Stack, key: String, opts: GetOptions) -> etcd_client::GetResponse {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
         let mut c = st.etcd().client().await.unwrap();
-        match c.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await {
-            Ok(r) => return r.count() as usize,
-            Err(e) if e.to_string().contains("revision of auth store is old") => continue,
+        match c.get(key.as_str(), Some(opts.clone())).await {
+            Ok(r) => return r,
+            Err(e) if e.to_string().contains("revision of auth store is old") && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             Err(e) => panic!("{e}"),
         }
     }
-    panic!("the holds could not be read: the auth store kept moving")
+}
+
+/// Number of holds under the stack's root.
+async fn holds(st: &Stack) -> usize {
+    let prefix = format!("{}/l/", st.root());
+    etcd_get(st, prefix, GetOptions::new().with_prefix().with_count_only()).await.count() as usize
 }
 
 #[tokio::test]
@@ -353,9 +359,8 @@ async fn a_long_request_keeps_its_hold_past_the_ttl() {
 
 /// The hold's creation revision, if the key is held.
 async fn hold_revision(st: &Stack) -> Option<i64> {
-    let mut c = st.etcd().client().await.unwrap();
     let prefix = format!("{}/l/", st.root());
-    let r = c.get(prefix, Some(GetOptions::new().with_prefix())).await.unwrap();
+    let r = etcd_get(st, prefix, GetOptions::new().with_prefix()).await;
     r.kvs().first().map(|kv| kv.create_revision())
 }
 
