@@ -89,7 +89,22 @@ async fn keepalive(AxState(state): AxState<Arc<State>>, req: Request) -> Respons
             let r = reconcile.as_ref().map(|r| (r.open.as_slice(), r.next));
             unprotected += fo.vm_keepalive(&envoy, &b.vm, r).await;
         }
-        let mut s = state.tiers.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await?;
+        // etcd refuses calls for an auth store that moved under the login (nothing
+        // applied; the clients log in again): renewed again at once rather than
+        // left to the VM's next renewal a third of a TTL later, a few times.
+        let mut runs = 0u32;
+        let mut s = loop {
+            let refusals = lockmesh_lock::auth_refusals();
+            match state.tiers.vm_keepalive(&envoy, &b.vm, reconcile.as_ref()).await {
+                Err(lockmesh_lock::LockError::Unavailable(_))
+                    if runs < 4 && lockmesh_lock::auth_refusals() != refusals =>
+                {
+                    runs += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(25 << runs)).await;
+                }
+                r => break r?,
+            }
+        };
         s.reconciled += unprotected;
         // Renew three times per shortest TTL; without sessions, poll every second.
         let renew_ms = if s.min_ttl_s == 0 { 1000 } else { (s.min_ttl_s * 1000 / 3).max(500) };
