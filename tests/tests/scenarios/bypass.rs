@@ -247,7 +247,9 @@ async fn send_all(entries: &[&Entry], proto: Proto, to: &Target) -> Result<Vec<u
         if i > 0 {
             args.push("--next".into());
         }
-        args.extend(["-s", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "10"].map(String::from));
+        args.extend(
+            ["-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}\\n", "--max-time", "10"].map(String::from),
+        );
         let url = match &to.tls {
             Some((ca, cert, key)) => {
                 for (flag, path) in [("--cacert", ca), ("--cert", cert), ("--key", key)] {
@@ -278,8 +280,17 @@ async fn send_all(entries: &[&Entry], proto: Proto, to: &Target) -> Result<Vec<u
         .output()
         .await
         .context("run curl (Debian package curl, built with HTTP/2)")?;
-    let codes: Vec<u16> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().parse().unwrap_or(0)).collect();
-    if codes.len() != entries.len() {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut codes = Vec::new();
+    for (line, e) in stdout.lines().zip(entries) {
+        let mut it = line.split_whitespace();
+        codes.push(it.next().and_then(|c| c.parse().ok()).unwrap_or(0));
+        // A slow answer is a cost of the run (or a lock wait): say which.
+        if let Some(t) = it.next().and_then(|t| t.parse::<f64>().ok()).filter(|t| *t > 1.0) {
+            println!("slow: {t:.1} s for {proto:?} {} {} {:?}", e.method, e.target, e.headers);
+        }
+    }
+    if stdout.lines().count() != entries.len() {
         bail!("curl answered {} of {} requests: {}", codes.len(), entries.len(), String::from_utf8_lossy(&out.stderr));
     }
     Ok(codes)
@@ -300,7 +311,9 @@ async fn run_corpus(
     let mut outcomes = Outcomes::new();
     for proto in [Proto::Http1, Proto::Http2] {
         let batch: Vec<&Entry> = entries.iter().filter(|e| e.protocols.contains(&proto)).collect();
+        let started = std::time::Instant::now();
         let codes = send_all(&batch, proto, to).await.unwrap();
+        println!("{} requests over {proto:?} answered in {:?}", batch.len(), started.elapsed());
         for (e, code) in batch.iter().zip(codes) {
             *outcomes.entry((e.class.clone(), proto)).or_default().entry(code).or_default() += 1;
             if let Some(want) = expect_of(e) {
