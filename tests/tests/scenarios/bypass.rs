@@ -311,7 +311,7 @@ async fn run_corpus(
     let mut outcomes = Outcomes::new();
     for proto in [Proto::Http1, Proto::Http2] {
         let batch: Vec<&Entry> = entries.iter().filter(|e| e.protocols.contains(&proto)).collect();
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let codes = send_all(&batch, proto, to).await.unwrap();
         println!("{} requests over {proto:?} answered in {:?}", batch.len(), started.elapsed());
         for (e, code) in batch.iter().zip(codes) {
@@ -1105,10 +1105,10 @@ async fn first_writes(name: &str, fenced: bool) -> (Vec<String>, Vec<String>, Th
     let (stack, store) = (stack.unwrap(), store.unwrap());
     let c = corpus();
     let a = stack.client("payments", "a").unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (variants, key_of) = first_write_variants(&c, &a).await;
     println!("{} variants, {} grants taken in {:?}", variants.len(), key_of.len(), started.elapsed());
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let out = if fenced {
         let fence = lockmesh_tests::fence::FenceProxyProcess::builder(store.port)
             .trust(&key.kid, &key.pub_file)
