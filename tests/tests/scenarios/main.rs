@@ -50,7 +50,6 @@ mod permits;
 mod pg_fence;
 mod quickstart;
 mod quotas;
-mod recipe_edges;
 mod restore;
 mod rotation;
 mod rotation_stack;
