@@ -34,6 +34,7 @@
 //! | `quota_exceeded` | 429 | yes | 1 |
 //! | `keys_span_clusters` | 409 | no (name keys of one cluster) | |
 //! | `mode_conflict` | 409 | no (release first, or ask the held mode) | |
+//! | `capability_disabled` | 503 | yes (once an operator enables it) | 1 |
 
 use std::fmt;
 
@@ -96,6 +97,10 @@ pub enum Code {
     /// of permits than this acquire asks for (`x-lock-mode`, `x-lock-permits`): a
     /// held key's mode is never changed by a re-acquire. The body says what is held.
     ModeConflict,
+    /// The acquire needs a record kind the keyspace has not enabled yet (a rolling
+    /// upgrade not finished: `lockctl upgrade enable`): k permits or an exclusive
+    /// hold of more than one slot before `multi_slot_holds`. Nothing was granted.
+    CapabilityDisabled,
 }
 
 /// Why an acquire was not granted (with [`Code::Contended`]).
@@ -141,7 +146,7 @@ const RETRY_AFTER_VALUE: &str = "1";
 
 impl Code {
     /// Every code, for docs and tests.
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 23] = [
         Code::BadRequest,
         Code::Unauthenticated,
         Code::Denied,
@@ -164,6 +169,7 @@ impl Code {
         Code::QuotaExceeded,
         Code::KeysSpanClusters,
         Code::ModeConflict,
+        Code::CapabilityDisabled,
     ];
 
     /// The wire string (snake_case), as in the body's `code` and `x-lockmesh-error`.
@@ -191,6 +197,7 @@ impl Code {
             Code::QuotaExceeded => "quota_exceeded",
             Code::KeysSpanClusters => "keys_span_clusters",
             Code::ModeConflict => "mode_conflict",
+            Code::CapabilityDisabled => "capability_disabled",
         }
     }
 
@@ -207,7 +214,7 @@ impl Code {
             Code::LockRequired => 428,
             Code::QueueFull | Code::RateLimited | Code::QuotaExceeded => 429,
             Code::Internal => 500,
-            Code::Sealed | Code::Unavailable | Code::Draining | Code::SpoolFull => 503,
+            Code::Sealed | Code::Unavailable | Code::Draining | Code::SpoolFull | Code::CapabilityDisabled => 503,
         }
     }
 
@@ -239,7 +246,8 @@ impl Code {
             | Code::QueueFull
             | Code::RateLimited
             | Code::SpoolFull
-            | Code::QuotaExceeded => true,
+            | Code::QuotaExceeded
+            | Code::CapabilityDisabled => true,
             Code::BadRequest
             | Code::Unauthenticated
             | Code::Denied
@@ -275,6 +283,7 @@ impl Code {
                 | Code::RateLimited
                 | Code::SpoolFull
                 | Code::QuotaExceeded
+                | Code::CapabilityDisabled
         )
     }
 

@@ -117,7 +117,10 @@ pub async fn run(
     // The keyspace version and capabilities (issue #19, `lock::upgrade`): advertise
     // what this build supports, then seal if the record names what it lacks; again
     // every second while `state` lives.
-    let _upgrade = state.upgrade.clone().start(state.store.clone(), state.config.listen.to_string()).await;
+    // The coord store first: it holds the record and the advertisements lockctl reads.
+    let mut gated = vec![state.store.clone()];
+    gated.extend(state.tiers.stores().filter(|s| !Arc::ptr_eq(s, &state.store)).cloned());
+    let _upgrade = state.upgrade.clone().start(gated, state.config.listen.to_string()).await;
     // The quota ledgers (`lock::quota`): each cluster's sessions and holds by
     // namespace, listed once and followed by a watch.
     for s in state.tiers.stores() {

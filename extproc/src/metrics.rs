@@ -434,6 +434,7 @@ pub(crate) fn outcome_label<T>(r: &Result<T, crate::lock::LockError>) -> &'stati
         Err(E::Draining(_)) => "draining",
         Err(E::SpoolFull(_)) => "spool_full",
         Err(E::QuotaExceeded(_)) => "quota_exceeded",
+        Err(E::CapabilityDisabled(_)) => "unavailable",
         Err(
             E::PermitsAboveLimit { .. }
             | E::BadKeys(_)

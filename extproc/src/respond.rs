@@ -83,6 +83,7 @@ impl From<LockError> for ApiError {
             LockError::KeysSpanClusters(_) => Code::KeysSpanClusters,
             LockError::BadKeys(_) | LockError::NotElectionClass(_) => Code::BadRequest,
             LockError::ModeConflict(_) => Code::ModeConflict,
+            LockError::CapabilityDisabled(_) => Code::CapabilityDisabled,
         };
         let reason = match e {
             LockError::Contended(r) => Some(r),

@@ -57,6 +57,8 @@ pub struct ArbiterBuilder {
     admin_port: Option<u16>,
     rust_log: String,
     envs: Vec<(String, String)>,
+    /// Another build's binary (the mixed-version rehearsal); this build's if `None`.
+    binary: Option<PathBuf>,
 }
 
 /// A running arbiter; killed on drop, its log printed if the test panics.
@@ -144,6 +146,12 @@ impl ArbiterBuilder {
         self
     }
 
+    /// Runs another build's arbiter binary (the mixed-version rehearsal).
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
     /// An environment variable for the arbiter process.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.envs.push((key.into(), value.into()));
@@ -220,7 +228,10 @@ impl ArbiterBuilder {
     pub async fn start(self) -> Result<ArbiterProcess> {
         ensure!(!self.endpoints.is_empty(), "arbiter needs etcd endpoints");
         ensure!(self.root.starts_with('/'), "etcd root {:?} must start with /", self.root);
-        let bin = arbiter_bin()?;
+        let bin = match &self.binary {
+            Some(b) => b.clone(),
+            None => arbiter_bin()?,
+        };
         let dir = temp_dir("arbiter-")?;
         let grpc_port = self.grpc_port.unwrap_or_else(free_port);
         let admin_port = self.admin_port.unwrap_or_else(free_port);
@@ -267,6 +278,7 @@ impl ArbiterProcess {
             // LOCKMESH_TEST_ARBITER_LOG: a RUST_LOG filter for every arbiter a run starts.
             rust_log: std::env::var("LOCKMESH_TEST_ARBITER_LOG").unwrap_or_else(|_| "info".into()),
             envs: Vec::new(),
+            binary: None,
         }
     }
 

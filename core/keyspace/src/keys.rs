@@ -62,6 +62,11 @@ impl Keys {
         Self { root: root.trim_end_matches('/').to_owned() }
     }
 
+    /// The root, without a trailing slash.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
     /// The epoch record.
     pub fn epoch(&self) -> String {
         format!("{}/sys/epoch", self.root)

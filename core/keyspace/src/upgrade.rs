@@ -36,27 +36,61 @@ use crate::Keys;
 /// `keys` (holds, sessions, markers, waiters, the epoch and class records).
 pub const KEYSPACE_VERSION: u32 = 1;
 
-/// A capability: one new record kind (or new meaning of a record) that is written
-/// only once enabled. This build knows these names and supports all of them
-/// (`lockmesh_lock::upgrade` can switch one off to stand in for an older build).
+/// A capability: one record kind that is written only once enabled. This build
+/// knows these names and supports all of them (`lockmesh_lock::upgrade` can switch
+/// one off to stand in for an older build).
 ///
-/// Reserved for the issues to come; no record of these kinds exists yet, so
-/// enabling one changes nothing this build writes, but the flip, the refusal of a
-/// build that lacks one, and the advertisements are the same as they will be.
+/// The first three names were advertised by every build since the record existed,
+/// before any of their kinds did: an arbiter that advertises them may lack the
+/// kinds, so they gate nothing and stay only so that records and advertisements
+/// naming them still read. Each kind written today has a name of its own, which
+/// no earlier build advertises, so none can be enabled while such a build runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Capability {
-    /// Shared-mode holds (readers beside readers, never beside a writer).
+    /// Reserved (gates nothing; see above).
     SharedHolds,
-    /// Permits: counted grants of a key that are not holder slots.
+    /// Reserved (gates nothing; see above).
     Permits,
-    /// Lock-delay: a key stays ungranted for a while after its holder's session
-    /// expired.
+    /// Reserved (gates nothing; see above).
     LockDelay,
+    /// Lock-delay guards and delay records (`<root>/g/`, `<root>/d/`).
+    LockDelayGuards,
+    /// Holds of more than one slot in one grant (k permits, an exclusive hold of a
+    /// class that allows more than one holder).
+    MultiSlotHolds,
+    /// Exclusion records (`<root>/l/<digest>/w`) of exclusive holds.
+    ExclusionRecords,
+    /// The hold index of a session an acquire opened (`<root>/s/<sid>/h/`).
+    SessionHoldIndex,
+    /// Grant attempt fences (`<root>/s/<sid>/a/`).
+    AttemptFences,
+    /// Shadow-decision audit records (`<root>/w/<class>`).
+    ShadowRecords,
 }
 
 impl Capability {
     /// Every capability this build knows.
-    pub const ALL: [Capability; 3] = [Capability::SharedHolds, Capability::Permits, Capability::LockDelay];
+    pub const ALL: [Capability; 9] = [
+        Capability::SharedHolds,
+        Capability::Permits,
+        Capability::LockDelay,
+        Capability::LockDelayGuards,
+        Capability::MultiSlotHolds,
+        Capability::ExclusionRecords,
+        Capability::SessionHoldIndex,
+        Capability::AttemptFences,
+        Capability::ShadowRecords,
+    ];
+
+    /// The capabilities that gate a record kind (all but the reserved names).
+    pub const GATED: [Capability; 6] = [
+        Capability::LockDelayGuards,
+        Capability::MultiSlotHolds,
+        Capability::ExclusionRecords,
+        Capability::SessionHoldIndex,
+        Capability::AttemptFences,
+        Capability::ShadowRecords,
+    ];
 
     /// The wire name (`lockctl upgrade enable NAME`, the records, metric labels).
     pub fn as_str(self) -> &'static str {
@@ -64,12 +98,30 @@ impl Capability {
             Capability::SharedHolds => "shared_holds",
             Capability::Permits => "permits",
             Capability::LockDelay => "lock_delay",
+            Capability::LockDelayGuards => "lock_delay_guards",
+            Capability::MultiSlotHolds => "multi_slot_holds",
+            Capability::ExclusionRecords => "exclusion_records",
+            Capability::SessionHoldIndex => "session_hold_index",
+            Capability::AttemptFences => "attempt_fences",
+            Capability::ShadowRecords => "shadow_records",
         }
     }
 
     /// The capability of a wire name, if this build knows it.
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
+    /// The key prefixes (under the root, without it) that hold this capability's
+    /// kind, for `lockctl doctor` and `lockctl upgrade disable` to count what is
+    /// left; empty for the reserved names and for multi-slot holds (their slots are
+    /// ordinary hold keys; doctor reads the hold records for them).
+    pub fn prefixes(self) -> &'static [&'static str] {
+        match self {
+            Capability::LockDelayGuards => &["/g/", "/d/"],
+            Capability::ShadowRecords => &["/w/"],
+            _ => &[],
+        }
     }
 }
 

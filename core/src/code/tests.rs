@@ -57,6 +57,7 @@ fn the_table() {
         (QuotaExceeded, 429, true),
         (KeysSpanClusters, 409, false),
         (ModeConflict, 409, false),
+        (CapabilityDisabled, 503, true),
     ];
     assert_eq!(table.len(), Code::ALL.len());
     for (c, status, retryable) in table {
@@ -90,7 +91,8 @@ fn retry_after_is_on_retryable_codes_only_and_in_the_headers() {
             Code::QueueFull,
             Code::RateLimited,
             Code::SpoolFull,
-            Code::QuotaExceeded
+            Code::QuotaExceeded,
+            Code::CapabilityDisabled
         ]
     );
 }

@@ -154,6 +154,10 @@ pub enum LockError {
     /// key's mode (`mode_conflict`). Names what is held.
     #[error("{0}")]
     ModeConflict(String),
+    /// The acquire needs a record kind the keyspace has not enabled yet
+    /// (`upgrade`; `capability_disabled`). Names the capability.
+    #[error("{0}")]
+    CapabilityDisabled(String),
     /// A campaign on a key whose authoritative limit (the class's policy record,
     /// compared by the grant) is not 1: an election has one leader, so nothing is
     /// granted while an operator's limit change leaves its class above 1
@@ -190,6 +194,9 @@ pub struct Store {
     ledger: Arc<quota::Ledger>,
     /// The one watch stream the waiters' hints share ([`watches`]).
     watches: watches::Watches,
+    /// What the keyspace gate lets this store's writers write, and the
+    /// advertisement their transactions compare ([`upgrade::Guard`]).
+    guard: upgrade::Guard,
 }
 
 /// How many calls of this process etcd refused with `revision of auth store is old`
@@ -317,6 +324,7 @@ impl Store {
             home: home::HomeCell::new(root),
             ledger: Arc::default(),
             watches: watches::Watches::default(),
+            guard: upgrade::Guard::default(),
         });
         Ok(store)
     }
@@ -496,6 +504,11 @@ impl Store {
     /// The waiter queues.
     pub fn queues(&self) -> &wait::Queues {
         &self.queues
+    }
+
+    /// What the keyspace gate lets this store write ([`upgrade::Guard`]).
+    pub fn guard(&self) -> &upgrade::Guard {
+        &self.guard
     }
 
     /// The seal state.

@@ -34,6 +34,7 @@ use super::{
     keys,
     mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant, Next, Retries},
     test_faults::{self, TestFault},
+    upgrade::Capability,
     wait::HeldBy,
     LockError, SessionRecord, Store,
 };
@@ -262,6 +263,8 @@ impl Store {
         slots: &[u32],
     ) -> Result<Attempt, LockError> {
         self.unsealed()?;
+        // The keyspace gate, as a single-key grant's (`try_grant`).
+        let ad = self.guard().advertisement().map_err(LockError::Unavailable)?;
         let ep = self.epoch_state().await?;
         if let Some(why) = &ep.sealed {
             return Err(LockError::Sealed(why.clone()));
@@ -278,14 +281,16 @@ impl Store {
         let lease = PutOptions::new().with_lease(sid.lease());
         let sess_key = k.session(sid);
         let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
-        let delay = if n == 1 { first.class.lock_delay_s } else { 0 };
+        let delay =
+            if n == 1 && self.guard().enabled(Capability::LockDelayGuards) { first.class.lock_delay_s } else { 0 };
         let fair = if first.class.fairness == Fairness::Durable { Fair::Arrival } else { Fair::Memory };
         let mut when = vec![Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision)];
         let (mut then, mut els, mut delay_reads, mut excl_reads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut holds = Vec::with_capacity(reqs.len());
         let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
         // The attempt's fence (`Keys::attempt`, as a single-key grant's).
-        let attempt = new_record.is_none().then(super::mutex::attempt_id);
+        let attempt =
+            (new_record.is_none() && self.guard().enabled(Capability::AttemptFences)).then(super::mutex::attempt_id);
         if let Some(a) = &attempt {
             when.push(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
         }
@@ -308,10 +313,10 @@ impl Store {
             ));
             holds.push(name);
             // Exclusion (`Keys::exclusion`): no key of the acquire is held exclusively.
-            let excl = super::mutex::exclusion_ops(k, d, req, &lease);
+            let excl = super::mutex::exclusion_ops(k, d, req, &lease, self.guard());
             when.extend(excl.compare);
             excl_reads.extend(excl.read);
-            if req.session_indexed {
+            if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
                 then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
             }
             if delay > 0 {
@@ -340,6 +345,10 @@ impl Store {
         els.extend(delay_reads);
         let excl_read = !excl_reads.is_empty();
         els.extend(excl_reads);
+        if let Some((key, lease)) = &ad {
+            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
+            els.push(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())));
+        }
         when.extend(gate.compares());
         els.extend(gate.reads());
         debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
@@ -353,6 +362,10 @@ impl Store {
                     Some(a) if super::mutex::outcome_unknown(&e) => {
                         let g = self.resolve_attempt(&ds[0], sid, a, e).await?;
                         Ok(Attempt::Granted(key_grants(reqs, g.token, sid)))
+                    }
+                    None if new_record.is_none() && super::mutex::outcome_unknown(&e) => {
+                        self.end_unfenced(sid);
+                        Err(e)
                     }
                     _ => Err(e),
                 };
@@ -410,6 +423,12 @@ impl Store {
         // Per key: whether an exclusive hold's record stands.
         let excluded: Vec<bool> =
             (0..reqs.len()).map(|_| excl_read && gets.next().is_some_and(|g| !g.kvs().is_empty())).collect();
+        if let Some((key, lease)) = &ad {
+            if gets.next().and_then(|g| g.kvs().first()).map(KeyValue::lease) != Some(*lease) {
+                self.guard().lapsed(key);
+                return Err(LockError::Unavailable(super::upgrade::NOT_ADVERTISED.into()));
+            }
+        }
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }

@@ -36,6 +36,7 @@ use super::{
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
 use crate::test_faults::{self, TestFault};
+use crate::upgrade::Capability;
 
 /// An acquire as the API hands it over.
 #[derive(Debug, Clone)]
@@ -315,6 +316,44 @@ impl Retries {
 // === impl Store ===
 
 impl Store {
+    /// Refuses (`capability_disabled`) an acquire of `slots` slots whose record
+    /// kind `cap` the keyspace has not enabled.
+    pub(crate) fn gated(&self, cap: Capability, slots: u32) -> Result<(), LockError> {
+        if self.guard().enabled(cap) {
+            return Ok(());
+        }
+        Err(LockError::CapabilityDisabled(format!(
+            "this acquire holds {slots} slots of the key, a record kind ({}) this keyspace has not enabled yet: a \
+             rolling upgrade is not finished (lockctl upgrade enable {})",
+            cap.as_str(),
+            cap.as_str()
+        )))
+    }
+
+    /// Ends session `sid` after a grant on it whose outcome etcd never confirmed,
+    /// while attempt fences are not enabled: without a fence nothing can tell
+    /// whether it committed, so the session goes (its holder learns it at its next
+    /// keepalive, `session_expired`) rather than keep a hold its holder does not
+    /// know. Tried in the background for up to a minute.
+    pub(crate) fn end_unfenced(self: &Arc<Self>, sid: SessionId) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + std::time::Duration::from_secs(60);
+            loop {
+                match store.call(store.client().lease_revoke(sid.lease())).await {
+                    Ok(_) => break,
+                    Err(e) if e.to_string().contains("lease not found") => break,
+                    Err(_) if Instant::now() < until => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+                    Err(e) => {
+                        tracing::error!(error = %e, "a session whose grant outcome is unknown could not be ended; it lives until its holder stops renewing it");
+                        break;
+                    }
+                }
+            }
+            store.forget_session(sid).await;
+        });
+    }
+
     /// Acquires `req.key`, waiting up to its deadline. A grant that commits after
     /// `cancel` fired is released before this returns `Cancelled`.
     pub async fn acquire(
@@ -684,7 +723,8 @@ impl Store {
     ) -> Option<Result<Grant, LockError>> {
         for kv in kvs {
             let Some(h) = hold_of(kv) else { continue };
-            if kv.lease() == sid.lease() && h.hold_id == req.hold_id {
+            let own = kv.lease() == sid.lease() || test_faults::on(TestFault::ExistingAnySession); // PLANTED BUG when on.
+            if own && h.hold_id == req.hold_id {
                 return Some(existing_grant(req, sid, kv, h.epoch));
             }
             if req.caller.instance.is_some() && h.owner == req.caller.identity && h.instance == req.caller.instance {
@@ -713,6 +753,9 @@ impl Store {
         fair: Fair<'_>,
     ) -> Result<Attempt, LockError> {
         self.unsealed()?;
+        // The keyspace gate (`upgrade::Guard`): the advertisement this grant
+        // compares, and which record kinds it may write.
+        let ad = self.guard().advertisement().map_err(LockError::Unavailable)?;
         let ep = self.epoch_state().await?;
         if let Some(why) = &ep.sealed {
             return Err(LockError::Sealed(why.clone()));
@@ -751,6 +794,9 @@ impl Store {
                 asked: want,
                 limit: n.min(lockmesh_core::headers::MAX_PERMITS),
             });
+        }
+        if want > 1 {
+            self.gated(Capability::MultiSlotHolds, want)?;
         }
         let (epoch_key, holds, sess_key) = (k.epoch(), k.holds(d), k.session(sid));
         let slot_nos = if want == 1 { vec![slot.min(n - 1)] } else { self.free_slots(d, n, want).await? };
@@ -792,7 +838,7 @@ impl Store {
         }
         // The attempt's fence (`Keys::attempt`), for a session the caller keeps: an
         // answer etcd never gives is resolved by fencing the attempt off.
-        let attempt = new_record.is_none().then(attempt_id);
+        let attempt = (new_record.is_none() && self.guard().enabled(Capability::AttemptFences)).then(attempt_id);
         if let Some(a) = &attempt {
             when.push(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
         }
@@ -802,16 +848,23 @@ impl Store {
         }
         // Exclusion (`Keys::exclusion`): an exclusive grant puts the record, every
         // grant compares it absent, whatever the limit is now.
-        let excl = exclusion_ops(k, d, req, &lease);
+        let excl = exclusion_ops(k, d, req, &lease, self.guard());
         when.extend(excl.compare);
         then.extend(excl.put);
         // An acquire-opened session's hold index (`Keys::hold_index`).
-        if req.session_indexed {
+        if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
             then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
         }
         // Lock-delay (`delay`): a mutex of a class with a delay puts its guard and
         // compares neither a guard nor a delay record left.
-        let delay = if n == 1 && !test_faults::on(TestFault::SkipLockDelay) { req.class.lock_delay_s } else { 0 };
+        let delay = if n == 1
+            && !test_faults::on(TestFault::SkipLockDelay)
+            && self.guard().enabled(Capability::LockDelayGuards)
+        {
+            req.class.lock_delay_s
+        } else {
+            0
+        };
         let delay_reads = if delay > 0 {
             let (cmp, put, reads) = self.delay_grant_ops(d, sid);
             when.extend(cmp);
@@ -841,12 +894,20 @@ impl Store {
         if count_after {
             then.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only())));
         }
+        // This arbiter's advertisement: an arbiter paused through a flip grants
+        // nothing until it has read the record again (before the gate's reads:
+        // `policy_moved` reads those from the end).
+        if let Some((key, lease)) = &ad {
+            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
+            els.push(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())));
+        }
         when.extend(gate.compares());
         els.extend(gate.reads());
         let txn = Txn::new().when(when).and_then(then).or_else(els);
         // An unknown outcome (timeout) may still commit: with a session opened for
         // this acquire the caller revokes it; with the caller's own session the
-        // attempt is fenced off and what it did is read ([`Store::resolve_attempt`]).
+        // attempt is fenced off and what it did is read ([`Store::resolve_attempt`]),
+        // or, before attempt fences are enabled, the session is ended.
         let r = match timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await {
             Ok(r) => r,
             Err(e) => {
@@ -854,6 +915,10 @@ impl Store {
                     Some(a) if outcome_unknown(&e) => {
                         let g = self.resolve_attempt(d, sid, a, e).await?;
                         Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g }))
+                    }
+                    None if new_record.is_none() && outcome_unknown(&e) => {
+                        self.end_unfenced(sid);
+                        Err(e)
                     }
                     _ => Err(e),
                 };
@@ -921,6 +986,12 @@ impl Store {
             false
         };
         let excluded = excl.reads && gets.next().is_some_and(|g| !g.kvs().is_empty());
+        if let Some((key, lease)) = &ad {
+            if gets.next().and_then(|g| g.kvs().first()).map(KeyValue::lease) != Some(*lease) {
+                self.guard().lapsed(key);
+                return Err(LockError::Unavailable(super::upgrade::NOT_ADVERTISED.into()));
+            }
+        }
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);
         }
@@ -1395,6 +1466,8 @@ impl Store {
             return Ok(HandOff::NotDone);
         }
         let Ok(gate) = self.policy_gate(req).await else { return Ok(HandOff::NotDone) };
+        // The advertisement, compared as a grant compares it (`try_grant`).
+        let Ok(ad) = self.guard().advertisement() else { return Ok(HandOff::NotDone) };
         let k = self.keys();
         let n = gate.limit;
         match k.slot_of(hold_key) {
@@ -1430,6 +1503,9 @@ impl Store {
             Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
         );
         when.extend(gate.compares());
+        if let Some((key, lease)) = &ad {
+            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
+        }
         let hold = hold_record(req, ep.epoch, 1, None, None)?;
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
@@ -1443,7 +1519,7 @@ impl Store {
         // key); the waiter's index key when its session is an acquire's. A waiter
         // that is handed a slot asks for one slot, never exclusion.
         then.extend(ends.iter().cloned());
-        if req.session_indexed {
+        if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
             let on = Some(PutOptions::new().with_lease(offer.sid.lease()));
             then.push(TxnOp::put(k.hold_index(offer.sid, d), Vec::<u8>::new(), on));
         }
@@ -1453,7 +1529,11 @@ impl Store {
             when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
             then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
         }
-        if n == 1 && req.class.lock_delay_s > 0 && !test_faults::on(TestFault::SkipLockDelay) {
+        if n == 1
+            && req.class.lock_delay_s > 0
+            && !test_faults::on(TestFault::SkipLockDelay)
+            && self.guard().enabled(Capability::LockDelayGuards)
+        {
             // A release: the key's lock-delay guard now names the waiter's session.
             then.push(TxnOp::put(k.delay_guard(d), super::delay::guard_value(offer.sid), None));
         } else {
@@ -1602,13 +1682,23 @@ pub(crate) struct ExclusionOps {
 }
 
 /// The exclusion compares and writes of a grant of `req` on key `d`, on `lease`.
-pub(crate) fn exclusion_ops(k: &Keys, d: &KeyDigest, req: &AcquireRequest, lease: &PutOptions) -> ExclusionOps {
+pub(crate) fn exclusion_ops(
+    k: &Keys,
+    d: &KeyDigest,
+    req: &AcquireRequest,
+    lease: &PutOptions,
+    guard: &super::upgrade::Guard,
+) -> ExclusionOps {
     if test_faults::on(TestFault::SkipExclusion) {
         // PLANTED BUG (holder_safety scenario): exclusion decided by the slots alone.
         return ExclusionOps { compare: None, put: None, read: None, reads: false };
     }
     let key = k.exclusion(d);
-    let exclusive = req.mode == Some(LockMode::Exclusive) || req.permits == Permits::All;
+    // Before `exclusion_records` is enabled nothing is put (an exclusive hold is
+    // then sized by its slots alone, and `lockctl limit change` refuses raises);
+    // the compare is kept: a record another arbiter put is always honoured.
+    let exclusive = (req.mode == Some(LockMode::Exclusive) || req.permits == Permits::All)
+        && guard.enabled(super::upgrade::Capability::ExclusionRecords);
     ExclusionOps {
         compare: Some(Compare::create_revision(key.as_str(), CompareOp::Equal, 0)),
         put: exclusive.then(|| TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(lease.clone()))),

@@ -177,9 +177,15 @@ impl Store {
     /// session compares the record, so none commits after the close, and a grant
     /// that committed before it put an index key, which fails the close. Answers
     /// whether it closed the session.
+    ///
+    /// Before `session_hold_index` is enabled (`upgrade`) no grant keeps the
+    /// index, so nothing is closed here: the session lapses with its TTL.
     pub async fn close_if_spent(&self, sid: SessionId, caller: &Caller) -> Result<bool, LockError> {
         use etcd_client::{Compare, CompareOp, DeleteOptions};
         self.owned_session(sid, caller).await?;
+        if !self.guard().enabled(super::upgrade::Capability::SessionHoldIndex) {
+            return Ok(false);
+        }
         let k = self.keys();
         let (sess, index) = (k.session(sid), k.hold_indexes(sid));
         // One integer member: serialising it cannot fail.

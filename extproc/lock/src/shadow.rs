@@ -149,10 +149,21 @@ pub(crate) fn note(
         candidate: values.1,
         at_ms: now,
     };
+    // A gated kind (`upgrade`): written only once enabled, comparing this
+    // arbiter's advertisement; otherwise only counted.
+    if !store.guard().enabled(super::upgrade::Capability::ShadowRecords) {
+        return;
+    }
+    let Ok(ad) = store.guard().advertisement() else { return };
     let (mut client, k) = (store.client(), store.keys().shadow_record(class.name.as_str()));
     tokio::spawn(async move {
         let Ok(v) = serde_json::to_vec(&rec) else { return };
-        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), client.put(k, v, None))
+        let cmp: Vec<etcd_client::Compare> = ad
+            .iter()
+            .map(|(key, lease)| etcd_client::Compare::lease(key.as_str(), etcd_client::CompareOp::Equal, *lease))
+            .collect();
+        let txn = etcd_client::Txn::new().when(cmp).and_then([etcd_client::TxnOp::put(k, v, None)]);
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), client.txn(txn))
             .await
             .unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("timed out".into())))
         {

@@ -171,6 +171,10 @@ pub enum TestFault {
     /// `unavailable` without fencing its attempt: it may commit after the answer
     /// and leave a hold its holder does not know (`tests/tests/scenarios/holder_safety.rs`).
     NoAttemptFence,
+    /// Writers of gated record kinds neither ask the keyspace gate nor compare
+    /// the arbiter's advertisement (`lock::upgrade::Guard`): a kind is written
+    /// before its capability is enabled (`tests/tests/scenarios/upgrade.rs`).
+    UngatedWrites,
     /// The lock API's release ends a transparent hold whose caller names its
     /// token, while its request may still be at the upstream
     /// (`tests/tests/scenarios/holder_safety.rs`).
@@ -182,6 +186,24 @@ pub enum TestFault {
     /// A move's soft epoch advance is taken for the guarded one: a cluster sealed
     /// after a restore is unsealed by `lockctl shard apply` (`lock::seal` tests).
     SoftAdvanceUnseals,
+    /// A re-acquire's check for the caller's own hold (`lock::mutex`,
+    /// `classify_holders`) takes any session's hold of the key for the caller's:
+    /// a contender is answered the holder's grant and token (the gate's
+    /// `tokens_increase`, per cluster and key).
+    ExistingAnySession,
+    /// A gated waiter (`lock::wait`) ignores its key's watch, releases through
+    /// its arbiter and the poll, and looks again only at its deadline: it waits
+    /// on a free key (the gate's `no_waiter_on_a_free_key`).
+    WaiterSleepsToDeadline,
+    /// The lock-delay watch (`lock::delay`) watches again from "now" after a
+    /// break, not from the last revision it saw: a hold that ended in the gap
+    /// starts its delay only at the key's next grant attempt
+    /// (`tests/tests/scenarios/recipe_edges.rs`).
+    DelayRewatchFromNow,
+    /// Not a bug: the lock-delay watch breaks right after each hold delete it
+    /// handles and watches again 5 s later, so a scenario can end a hold in the
+    /// gap (`tests/tests/scenarios/recipe_edges.rs`).
+    DelayWatchGap,
 }
 
 #[cfg(feature = "test-faults")]
@@ -233,9 +255,14 @@ impl TestFault {
             "session_holds_unindexed" => Some(Self::SessionHoldsUnindexed),
             "echo_asked_mode" => Some(Self::EchoAskedMode),
             "no_attempt_fence" => Some(Self::NoAttemptFence),
+            "ungated_writes" => Some(Self::UngatedWrites),
             "api_releases_transparent" => Some(Self::ApiReleasesTransparent),
             "charge_any_namespace" => Some(Self::ChargeAnyNamespace),
             "soft_advance_unseals" => Some(Self::SoftAdvanceUnseals),
+            "existing_any_session" => Some(Self::ExistingAnySession),
+            "waiter_sleeps_to_deadline" => Some(Self::WaiterSleepsToDeadline),
+            "delay_rewatch_from_now" => Some(Self::DelayRewatchFromNow),
+            "delay_watch_gap" => Some(Self::DelayWatchGap),
             _ => None,
         }
     }

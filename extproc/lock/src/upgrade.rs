@@ -32,12 +32,34 @@
 //! lacks an enabled capability never gains it, so the refusal lasts until the
 //! process is replaced by a newer build.
 //!
-//! What stays open: an arbiter paused for longer than [`AD_TTL_S`] while a flip
-//! commits serves, once resumed, until its next gate tick (at most about a
-//! second) before it seals. The capabilities of today ([`Capability`]) gate no
-//! record kind yet, so nothing is at stake; the first one that does must also make
-//! its writers' transactions compare their arbiter's advertisement key (it exists
-//! only while the lease lives).
+//! An arbiter paused for longer than [`AD_TTL_S`] while a flip commits cannot
+//! grant once resumed: every grant and hand-off transaction compares its
+//! arbiter's advertisement on that cluster ([`Guard`]: the key exists only while
+//! its lease lives), so the first one fails, the store refuses grants
+//! (`unavailable`) and the gate advertises again and reads the record before it
+//! grants again (or seals). Builds before this compare (every build up to the one
+//! that introduced it) can still serve about a second after such a flip: the
+//! mixed-version rehearsal (`scripts/rehearse-upgrade`) runs one.
+//!
+//! # Gated kinds, a fresh install, an existing keyspace
+//!
+//! Each record kind written since the gate exists has a capability of its own
+//! ([`Capability::GATED`]); its writers ask [`Guard::enabled`] and, when it is
+//! off, write nothing of the kind and fall back: lock-delay classes are granted
+//! without a guard (no delay), k permits and exclusive holds of more than one slot
+//! are refused `capability_disabled`, an exclusive hold puts no exclusion record
+//! (and `lockctl limit change` refuses raises), an acquire-opened session keeps no
+//! hold index (and is not closed at its last release: it lapses with its TTL), a
+//! grant on a caller's session has no attempt fence (an unknown outcome ends the
+//! session instead), and shadow decisions are only counted. Records of every kind
+//! already in the keyspace are honoured whatever the record says.
+//!
+//! A fresh install (no record, nothing under `l/`, `s/`, `g/`, `d/`, `w/`) gets a
+//! record enabling every gated capability all live arbiters support, written by
+//! the first arbiter's first gate round ([`bootstrap`]). A keyspace that holds
+//! anything and has no record (written by builds before the gate) keeps nothing
+//! enabled until `lockctl upgrade enable all`, run once every arbiter runs a
+//! build that supports them.
 //!
 //! # Switching a capability off
 //!
@@ -243,9 +265,11 @@ pub async fn enable(client: &mut Client, root: &str, cap: Capability, actor: &st
 }
 
 /// `lockctl upgrade disable CAP` (the rollback after a flip): removes `cap` from the
-/// record, compared unchanged. Safe for the capabilities of today, whose record
-/// kinds nobody writes yet; a capability that gates a real kind must first check
-/// here that no record of its kind is left.
+/// record, compared unchanged. Arbiters stop writing the kind within a gate round
+/// (about a second); records of it already written stay until they end with their
+/// holds or sessions (every gated kind but the lock-delay guard is on a lease), and
+/// this build honours them meanwhile. A build that lacks the capability must not
+/// run until they are gone (docs/OPERATIONS.md, "Rolling upgrades").
 pub async fn disable(client: &mut Client, root: &str, cap: Capability, actor: &str) -> Result<Flipped, UpgradeError> {
     flip(client, root, cap, actor, false).await
 }
@@ -308,6 +332,137 @@ async fn flip(
     Err(UpgradeError::Raced)
 }
 
+/// What one store's writers may write, as its arbiter's gate last decided: the
+/// enabled capabilities and the advertisement key on that store's cluster that
+/// every grant transaction compares (`Compare::lease(key) == lease`: the key
+/// exists only while the arbiter's advertisement lease lives).
+///
+/// A store no gate attached (`lockctl`, the ops crate, unit tests) writes every
+/// kind and compares nothing: those never grant. An attached store whose
+/// advertisement lapsed refuses every grant until the gate advertised again and
+/// read the record again, so an arbiter paused through a flip cannot write (or
+/// grant beside) a kind it has not yet learnt is enabled.
+#[derive(Debug, Default)]
+pub struct Guard {
+    state: Mutex<GuardState>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct GuardState {
+    attached: bool,
+    ad: Option<(String, i64)>,
+    enabled: u32,
+}
+
+/// Why a grant may not be written now (the advertisement lapsed or was never put).
+pub const NOT_ADVERTISED: &str =
+    "this arbiter's keyspace advertisement is not in etcd (lapsed or not yet put); it advertises again within a second";
+
+impl Guard {
+    fn state(&self) -> std::sync::MutexGuard<'_, GuardState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a record kind gated by `cap` may be written by this store now.
+    pub fn enabled(&self, cap: Capability) -> bool {
+        if crate::test_faults::on(crate::test_faults::TestFault::UngatedWrites) {
+            return true; // PLANTED BUG (upgrade scenario): the gate is not asked.
+        }
+        let g = self.state();
+        !g.attached || g.enabled & bit(cap) != 0
+    }
+
+    /// The advertisement a grant transaction compares: `Ok(None)` for a store no
+    /// gate is attached to, an error while attached without a live advertisement.
+    pub fn advertisement(&self) -> Result<Option<(String, i64)>, String> {
+        if crate::test_faults::on(crate::test_faults::TestFault::UngatedWrites) {
+            return Ok(None); // PLANTED BUG (upgrade scenario): nothing compared.
+        }
+        let g = self.state();
+        match (&g.ad, g.attached) {
+            (_, false) => Ok(None),
+            (Some(ad), true) => Ok(Some(ad.clone())),
+            (None, true) => Err(NOT_ADVERTISED.into()),
+        }
+    }
+
+    /// A transaction found advertisement `key` gone: nothing is granted until the
+    /// gate has advertised again and read the record after it.
+    pub fn lapsed(&self, key: &str) {
+        let mut g = self.state();
+        if g.ad.as_ref().is_some_and(|(k, _)| k == key) {
+            tracing::warn!(
+                "a grant found this arbiter's keyspace advertisement gone; refusing grants until it is put again"
+            );
+            g.ad = None;
+        }
+    }
+
+    fn attach(&self) {
+        self.state().attached = true;
+    }
+
+    fn set_ad(&self, ad: Option<(String, i64)>) {
+        self.state().ad = ad;
+    }
+
+    fn set_enabled(&self, bits: u32) {
+        self.state().enabled = bits;
+    }
+
+    fn ad_lease(&self) -> Option<i64> {
+        self.state().ad.as_ref().map(|(_, l)| *l)
+    }
+}
+
+fn bit(cap: Capability) -> u32 {
+    Capability::ALL.iter().position(|c| *c == cap).map_or(0, |i| 1 << i)
+}
+
+/// The key prefixes (under the root) whose keys make a keyspace not fresh.
+const DATA_PREFIXES: [&str; 5] = ["/l/", "/s/", "/g/", "/d/", "/w/"];
+
+/// A fresh install: no record, and nothing under [`DATA_PREFIXES`]. The record is
+/// written enabling every gated capability that every live arbiter supports, in
+/// one transaction comparing the record absent, every advertisement unchanged
+/// since the read and every data prefix empty; a keyspace that holds anything
+/// keeps the absent record (nothing enabled) until `lockctl upgrade enable`.
+/// Answers the record written, if it wrote one.
+pub async fn bootstrap(client: &mut Client, root: &str, actor: &str) -> Result<Option<KeyspaceRecord>, UpgradeError> {
+    let keys = Keys::new(root);
+    let view = read_view(client, &keys).await?;
+    if view.record.is_some() {
+        return Ok(None);
+    }
+    let caps: Vec<String> = Capability::GATED
+        .iter()
+        .filter(|c| view.advertisements.iter().all(|(_, ad, _)| ad.as_ref().is_some_and(|a| a.supports(c.as_str()))))
+        .map(|c| c.as_str().to_owned())
+        .collect();
+    if view.advertisements.is_empty() || caps.is_empty() {
+        return Ok(None);
+    }
+    let mut rec = KeyspaceRecord::baseline();
+    rec.enabled = caps;
+    rec.enabled.sort();
+    rec.changed_by = Some(format!("{actor}: a fresh keyspace, every capability of the live arbiters enabled"));
+    rec.changed_ms = now_ms();
+    let value = serde_json::to_vec(&rec).map_err(|e| UpgradeError::Etcd(e.to_string()))?;
+    let ads = keys.advertisements();
+    let root_prefix = keys.root();
+    let mut when = vec![
+        Compare::create_revision(keys.keyspace(), CompareOp::Equal, 0),
+        Compare::mod_revision(ads.as_str(), CompareOp::Less, view.revision + 1).with_range(prefix_end(&ads)),
+    ];
+    for p in DATA_PREFIXES {
+        let p = format!("{root_prefix}{p}");
+        when.push(Compare::create_revision(p.as_str(), CompareOp::Equal, 0).with_range(prefix_end(&p)));
+    }
+    let txn = Txn::new().when(when).and_then([TxnOp::put(keys.keyspace(), value, None)]);
+    let r = client.txn(txn).await.map_err(|e| UpgradeError::Etcd(e.to_string()))?;
+    Ok(r.succeeded().then_some(rec))
+}
+
 /// The gate's state as `/status` and doctor show it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GateStatus {
@@ -329,6 +484,7 @@ pub struct GateStatus {
 #[derive(Default)]
 struct Inner {
     record: Option<KeyspaceRecord>,
+    /// The coord cluster's advertisement lease (each store's is in its [`Guard`]).
     lease: Option<i64>,
     refusal: Option<Refusal>,
     unguarded: Option<String>,
@@ -383,53 +539,92 @@ impl Gate {
         }
     }
 
-    /// Advertises, reads the record (sealing `store` if it must refuse), then keeps
-    /// doing so every second in a task that ends once the gate is dropped. `listen`
-    /// tells arbiters apart in the advertisements.
-    pub async fn start(self: Arc<Self>, store: Arc<Store>, listen: String) -> tokio::task::JoinHandle<()> {
-        self.tick(&store, &listen).await;
+    /// Advertises on every store's cluster (`stores[0]` is the coord cluster,
+    /// which holds the record and the advertisements `lockctl upgrade enable`
+    /// reads; the others hold one only for their grants to compare), reads the
+    /// record (sealing the stores if it must refuse, writing it first on a fresh
+    /// install: [`bootstrap`]), then keeps doing so every second in a task that
+    /// ends once the gate is dropped. `listen` tells arbiters apart in the
+    /// advertisements. Each store's writers are attached to the gate
+    /// ([`Guard`]) before the first round.
+    pub async fn start(self: Arc<Self>, stores: Vec<Arc<Store>>, listen: String) -> tokio::task::JoinHandle<()> {
+        for s in &stores {
+            s.guard().attach();
+        }
+        self.tick(&stores, &listen).await;
         let weak = Arc::downgrade(&self);
         drop(self);
-        tokio::spawn(run(weak, store, listen))
+        tokio::spawn(run(weak, stores, listen))
     }
 
-    /// One round: renew (or put again) the advertisement, then read the record.
-    async fn tick(&self, store: &Store, listen: &str) {
-        let lease = lock(&self.inner).lease;
-        if let Some(id) = lease {
-            if let Err(e) = store.call(store.client().lease_keep_alive(id)).await {
-                if e.to_string().contains("lease not found") {
-                    tracing::warn!("the keyspace advertisement lapsed; advertising again");
-                    lock(&self.inner).lease = None;
-                    ADVERTISED.store(false, Ordering::Relaxed);
+    /// One round: renew (or put again) each advertisement, then read the record.
+    async fn tick(&self, stores: &[Arc<Store>], listen: &str) {
+        let Some(coord) = stores.first() else { return };
+        for (i, store) in stores.iter().enumerate() {
+            if let Some(id) = store.guard().ad_lease() {
+                if let Err(e) = store.call(store.client().lease_keep_alive(id)).await {
+                    if e.to_string().contains("lease not found") {
+                        tracing::warn!(
+                            cluster = store.cluster_name(),
+                            "the keyspace advertisement lapsed; advertising again"
+                        );
+                        store.guard().set_ad(None);
+                        if i == 0 {
+                            lock(&self.inner).lease = None;
+                            ADVERTISED.store(false, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            if store.guard().ad_lease().is_none() {
+                if let Err(e) = self.advertise(store, listen, i == 0).await {
+                    if i == 0 {
+                        self.etcd_failed(stores, "advertise", &e);
+                        return;
+                    }
+                    tracing::debug!(cluster = store.cluster_name(), error = %e, "keyspace gate: cannot advertise yet");
                 }
             }
         }
-        let lapsed = lock(&self.inner).lease.is_none();
-        if lapsed {
-            if let Err(e) = self.advertise(store, listen).await {
-                self.etcd_failed(store, "advertise", &e);
-                return;
-            }
-        }
-        // The record is read after the advertisement's put (the module docs' second order).
+        // The record is read after the advertisements' puts (the module docs' second order).
         if planted_ignore_record() {
+            // It writes what its build supports, as a build without the record would.
+            let own = self.support.capabilities.iter().fold(0, |b, c| b | bit(*c));
+            for s in stores {
+                s.guard().set_enabled(own);
+            }
             return;
         }
-        let mut client = store.client();
-        match tokio::time::timeout(Duration::from_secs(3), read_view(&mut client, store.keys())).await {
+        let mut client = coord.client();
+        let read = async {
+            let view = read_view(&mut client, coord.keys()).await?;
+            if view.record.is_none() {
+                match bootstrap(&mut client, coord.keys().root(), listen).await {
+                    Ok(Some(rec)) => {
+                        tracing::info!(enabled = ?rec.enabled, "a fresh keyspace: wrote its record");
+                        return read_view(&mut client, coord.keys()).await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not write a fresh keyspace's record (the arbiter's role needs sys/keyspace); nothing is enabled until `lockctl upgrade enable all`")
+                    }
+                }
+            }
+            Ok(view)
+        };
+        match tokio::time::timeout(Duration::from_secs(3), read).await {
             Ok(Ok(view)) => {
                 // The quotas counted at each arbiter are shared among the live ones.
                 super::quota::set_arbiters(view.advertisements.len());
-                self.observe(store, view.record)
+                self.observe(stores, view.record)
             }
-            Ok(Err(UpgradeError::Refused(r))) => self.refuse(store, r),
-            Ok(Err(e)) => self.etcd_failed(store, "read the keyspace record", &e.to_string()),
+            Ok(Err(UpgradeError::Refused(r))) => self.refuse(stores, r),
+            Ok(Err(e)) => self.etcd_failed(stores, "read the keyspace record", &e.to_string()),
             Err(_) => {}
         }
     }
 
-    async fn advertise(&self, store: &Store, listen: &str) -> Result<(), String> {
+    async fn advertise(&self, store: &Store, listen: &str, coord: bool) -> Result<(), String> {
         let mut client = store.client();
         let lease = store.call(client.lease_grant(AD_TTL_S, None)).await.map_err(|e| e.to_string())?.id();
         let ad = Advertisement {
@@ -442,13 +637,16 @@ impl Gate {
         let value = serde_json::to_vec(&ad).map_err(|e| e.to_string())?;
         let key = store.keys().advertisement(lease);
         store
-            .call(client.put(key, value, Some(PutOptions::new().with_lease(lease))))
+            .call(client.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))))
             .await
             .map_err(|e| e.to_string())?;
-        let mut g = lock(&self.inner);
-        g.lease = Some(lease);
-        g.unguarded = None;
-        ADVERTISED.store(true, Ordering::Relaxed);
+        store.guard().set_ad(Some((key, lease)));
+        if coord {
+            let mut g = lock(&self.inner);
+            g.lease = Some(lease);
+            g.unguarded = None;
+            ADVERTISED.store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -459,7 +657,7 @@ impl Gate {
     /// it lacks, so it refuses every request (sealed) until restarted with the
     /// grants. A plain failure is retried at the next tick (the lock calls fail
     /// closed on their own).
-    fn etcd_failed(&self, store: &Store, what: &str, e: &str) {
+    fn etcd_failed(&self, stores: &[Arc<Store>], what: &str, e: &str) {
         if e.contains("permission denied") {
             let mut g = lock(&self.inner);
             if g.unguarded.is_none() {
@@ -469,7 +667,7 @@ impl Gate {
             ADVERTISED.store(false, Ordering::Relaxed);
             drop(g);
             self.refuse(
-                store,
+                stores,
                 Refusal::Unreadable(format!(
                     "cannot {what}: the etcd role lacks the keyspace grants (read sys/keyspace, write sys/arbiters/)"
                 )),
@@ -479,16 +677,23 @@ impl Gate {
         }
     }
 
-    fn observe(&self, store: &Store, record: Option<KeyspaceRecord>) {
+    fn observe(&self, stores: &[Arc<Store>], record: Option<KeyspaceRecord>) {
         let refusal = self.support.refusal(record.as_ref());
-        ENABLED.store(enabled_bits(record.as_ref()), Ordering::Relaxed);
+        let bits = enabled_bits(record.as_ref());
+        ENABLED.store(bits, Ordering::Relaxed);
+        // What this build may write: enabled in the record and supported here.
+        let own = self.support.capabilities.iter().fold(0, |b, c| b | bit(*c));
+        let writable = if refusal.is_some() { 0 } else { bits & own };
+        for s in stores {
+            s.guard().set_enabled(writable);
+        }
         lock(&self.inner).record = record;
         if let Some(r) = refusal {
-            self.refuse(store, r);
+            self.refuse(stores, r);
         }
     }
 
-    fn refuse(&self, store: &Store, r: Refusal) {
+    fn refuse(&self, stores: &[Arc<Store>], r: Refusal) {
         let mut g = lock(&self.inner);
         if g.refusal.is_none() {
             tracing::error!(code = r.code(), "{r}; this arbiter refuses every request (sealed)");
@@ -496,12 +701,17 @@ impl Gate {
             g.refusal = Some(r.clone());
         }
         drop(g);
-        reseal(store, &r);
+        for s in stores {
+            s.guard().set_enabled(0);
+            reseal(s, &r);
+        }
     }
 
-    fn reassert(&self, store: &Store) {
+    fn reassert(&self, stores: &[Arc<Store>]) {
         if let Some(r) = self.refusal() {
-            reseal(store, &r);
+            for s in stores {
+                reseal(s, &r);
+            }
         }
     }
 }
@@ -513,18 +723,22 @@ fn reseal(store: &Store, r: &Refusal) {
     }
 }
 
-async fn run(gate: Weak<Gate>, store: Arc<Store>, listen: String) {
+async fn run(gate: Weak<Gate>, stores: Vec<Arc<Store>>, listen: String) {
     loop {
         let steps = (TICK.as_millis() / RESEAL.as_millis()).max(1);
         for _ in 0..steps {
             tokio::time::sleep(RESEAL).await;
             match gate.upgrade() {
-                Some(g) => g.reassert(&store),
+                Some(g) => g.reassert(&stores),
                 None => return,
+            }
+            // A grant that found an advertisement gone does not wait for the tick.
+            if stores.iter().any(|s| s.guard().ad_lease().is_none()) {
+                break;
             }
         }
         let Some(g) = gate.upgrade() else { return };
-        g.tick(&store, &listen).await;
+        g.tick(&stores, &listen).await;
     }
 }
 

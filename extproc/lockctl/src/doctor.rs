@@ -13,6 +13,7 @@
 //! | `etcd.leases` | etcd's lease list | never: above `--lease-warn` leases warns |
 //! | `keyspace.version` | `<root>/sys/keyspace` | this lockctl does not know its version or an enabled capability |
 //! | `keyspace.arbiters` | `<root>/sys/arbiters/` | a live arbiter lacks an enabled capability (it refuses every request) |
+//! | `keyspace.gated_kinds` | the keys of each gated kind (`g/`, `d/`, `w/`, `l/*/w`, `s/*/h/`, `s/*/a/`) | never: records of a kind whose capability is not enabled warn (written by an earlier build, or left after a disable) |
 //! | `seal.epoch` | `<root>/sys/epoch` | the record carries an explicit seal (an epoch advance is unfinished) |
 //! | `class.draining` | `<root>/c/<class>` | a class is draining (it admits nothing until resumed or cancelled) |
 //! | `class.pause_test` | `--registry` | a fenced class's PauseTestResult is missing, failing or expired (ending within `--warn-days` warns) |
@@ -374,6 +375,79 @@ impl Doctor {
                     ),
                 );
             }
+        }
+        self.gated_kinds(client, root, &rec, timeout).await;
+    }
+
+    /// `keyspace.gated_kinds`: how many records of each gated kind exist, read
+    /// with keys-only scans of `l/` and `s/` and counts of `g/`, `d/`, `w/`.
+    async fn gated_kinds(
+        &mut self,
+        client: &mut etcd_client::Client,
+        root: &str,
+        rec: &lockmesh_lock::upgrade::KeyspaceRecord,
+        timeout: Duration,
+    ) {
+        use lockmesh_lock::upgrade::Capability as C;
+        let root = root.trim_end_matches('/');
+        let scan = async {
+            let mut counts: Vec<(C, i64)> = Vec::new();
+            for (cap, p) in [(C::LockDelayGuards, "g/"), (C::LockDelayGuards, "d/"), (C::ShadowRecords, "w/")] {
+                let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+                let n = client.get(format!("{root}/{p}"), Some(opts)).await?.count();
+                counts.push((cap, n));
+            }
+            for (p, pick) in [
+                ("l/", &[(2usize, "w", C::ExclusionRecords)][..]),
+                ("s/", &[(2, "h", C::SessionHoldIndex), (2, "a", C::AttemptFences)][..]),
+            ] {
+                let opts = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+                let r = client.get(format!("{root}/{p}"), Some(opts)).await?;
+                for (at, seg, cap) in pick {
+                    let n = r
+                        .kvs()
+                        .iter()
+                        .filter(|kv| {
+                            let k = String::from_utf8_lossy(kv.key());
+                            k.get(root.len() + 1..).is_some_and(|rest| rest.split('/').nth(*at) == Some(*seg))
+                        })
+                        .count();
+                    counts.push((*cap, i64::try_from(n).unwrap_or(i64::MAX)));
+                }
+            }
+            Ok::<_, etcd_client::Error>(counts)
+        };
+        let counts = match tokio::time::timeout(timeout, scan).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return self.add("keyspace.gated_kinds", Status::Skip, root, e.to_string()),
+            Err(_) => {
+                return self.add("keyspace.gated_kinds", Status::Skip, root, format!("no answer within {timeout:?}"))
+            }
+        };
+        let mut total: Vec<(C, i64)> = Vec::new();
+        for (c, n) in counts {
+            match total.iter_mut().find(|(t, _)| *t == c) {
+                Some(t) => t.1 += n,
+                None => total.push((c, n)),
+            }
+        }
+        let detail: Vec<String> = total.iter().map(|(c, n)| format!("{} {n}", c.as_str())).collect();
+        let stray: Vec<&str> =
+            total.iter().filter(|(c, n)| *n > 0 && !rec.is_enabled(*c)).map(|(c, _)| c.as_str()).collect();
+        if stray.is_empty() {
+            self.add("keyspace.gated_kinds", Status::Ok, root, detail.join(", "));
+        } else {
+            self.add(
+                "keyspace.gated_kinds",
+                Status::Warn,
+                root,
+                format!(
+                    "{}: records of [{}] exist while not enabled (an earlier build wrote them, or a disable left them): \
+                     honoured; a build lacking them must not run until they are gone",
+                    detail.join(", "),
+                    stray.join(", ")
+                ),
+            );
         }
     }
 

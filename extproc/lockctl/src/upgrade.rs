@@ -41,8 +41,8 @@ pub struct UpgradeArgs {
 pub enum UpgradeCmd {
     /// The keyspace record and every live arbiter's advertisement.
     Status,
-    /// Enable a capability (shared_holds, permits, lock_delay) once every live
-    /// arbiter supports it.
+    /// Enable a capability once every live arbiter supports it (`all`: every
+    /// capability that gates a record kind, one after the other).
     Enable(FlipArgs),
     /// Disable a capability (the rollback after its flip).
     Disable(FlipArgs),
@@ -164,17 +164,43 @@ pub async fn main(a: &UpgradeArgs) -> ExitCode {
         }
         UpgradeCmd::Enable(f) | UpgradeCmd::Disable(f) => {
             let on = matches!(a.cmd, UpgradeCmd::Enable(_));
-            let Some(cap) = Capability::parse(&f.cap) else {
+            let caps: Vec<Capability> = if f.cap == "all" {
+                Capability::GATED.to_vec()
+            } else if let Some(cap) = Capability::parse(&f.cap) {
+                vec![cap]
+            } else {
                 let known: Vec<&str> = Capability::ALL.iter().map(|c| c.as_str()).collect();
-                eprintln!("lockctl upgrade: unknown capability {:?} (known: {})", f.cap, known.join(", "));
+                eprintln!("lockctl upgrade: unknown capability {:?} (known: all, {})", f.cap, known.join(", "));
                 return ExitCode::from(64);
             };
+            for cap in caps {
+                let code = flip_one(a, &mut client, root, cap, f, on).await;
+                if code != 0 {
+                    return ExitCode::from(code);
+                }
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// One capability's flip, retried as `--wait-s` says; the exit code.
+async fn flip_one(
+    a: &UpgradeArgs,
+    client: &mut etcd_client::Client,
+    root: &str,
+    cap: Capability,
+    f: &FlipArgs,
+    on: bool,
+) -> u8 {
+    {
+        {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(f.wait_s);
             loop {
                 let r = if on {
-                    upgrade::enable(&mut client, root, cap, &f.actor).await
+                    upgrade::enable(client, root, cap, &f.actor).await
                 } else {
-                    upgrade::disable(&mut client, root, cap, &f.actor).await
+                    upgrade::disable(client, root, cap, &f.actor).await
                 };
                 match r {
                     Ok(done) => {
@@ -191,7 +217,7 @@ pub async fn main(a: &UpgradeArgs) -> ExitCode {
                             format!("{} was already {verb}; nothing changed\n", cap.as_str())
                         };
                         print(a.json, &done, h);
-                        return ExitCode::SUCCESS;
+                        return 0;
                     }
                     Err(e @ (UpgradeError::Lacking { .. } | UpgradeError::Raced))
                         if tokio::time::Instant::now() < deadline =>
@@ -200,8 +226,8 @@ pub async fn main(a: &UpgradeArgs) -> ExitCode {
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                     Err(e) => {
-                        eprintln!("lockctl upgrade {}: {e}", if on { "enable" } else { "disable" });
-                        return ExitCode::from(code_of(&e));
+                        eprintln!("lockctl upgrade {} {}: {e}", if on { "enable" } else { "disable" }, cap.as_str());
+                        return code_of(&e);
                     }
                 }
             }

@@ -94,12 +94,15 @@ pub enum AdminError {
     /// entity clusters outside the fenced move (`apply::tier_crossings`).
     #[error("{0}")]
     CrossTier(String),
+    /// The change needs a capability the keyspace has not enabled.
+    #[error("{0}")]
+    NotEnabled(String),
 }
 
 impl AdminError {
     /// True when the protocol refused the step and nothing changed (exit 3).
     pub fn refused(&self) -> bool {
-        matches!(self, Self::Refused(_) | Self::CrossTier(_))
+        matches!(self, Self::Refused(_) | Self::CrossTier(_) | Self::NotEnabled(_))
     }
 }
 
@@ -110,6 +113,9 @@ pub struct Admin {
     /// This cluster's home record and (coord cluster) shard map.
     home: lockmesh_lock::home::HomeCell,
     actor: String,
+    /// Where the keyspace record is read (the coord cluster's client; this
+    /// cluster's own unless [`Admin::with_keyspace`]).
+    keyspace: Client,
 }
 
 fn etcd(e: impl std::fmt::Display) -> AdminError {
@@ -140,7 +146,32 @@ impl Admin {
     /// The same over an existing client (a cluster of `lockmesh_lock::tiers::Tiers`).
     pub fn from_client(client: Client, root: &str, actor: &str) -> Self {
         let home = lockmesh_lock::home::HomeCell::new(root);
-        Self { client, keys: Keys::new(root), home, actor: actor.to_owned() }
+        Self { keyspace: client.clone(), client, keys: Keys::new(root), home, actor: actor.to_owned() }
+    }
+
+    /// The same, reading the keyspace record through `coord` (a shard cluster's
+    /// handle: the record lives on the coord cluster only).
+    pub fn with_keyspace(self, coord: Client) -> Self {
+        Self { keyspace: coord, ..self }
+    }
+
+    /// Refuses a raise while `exclusion_records` is not enabled (`lockctl upgrade
+    /// enable`): before it, an exclusive hold is sized by the limit at its grant,
+    /// and a raise would seat holders beside it.
+    async fn raise_allowed(&self, class: &str) -> Result<(), AdminError> {
+        use lockmesh_lock::upgrade::Capability;
+        let mut c = self.keyspace.clone();
+        let view = lockmesh_lock::upgrade::read_view(&mut c, &self.keys).await.map_err(etcd)?;
+        if view.record.as_ref().is_some_and(|r| r.is_enabled(Capability::ExclusionRecords)) {
+            return Ok(());
+        }
+        Err(AdminError::NotEnabled(format!(
+            "refused: raising the limit of class {class} needs the capability {} enabled (an exclusive hold is \
+             otherwise sized by the limit at its grant); finish the rolling upgrade and run `lockctl upgrade enable \
+             {}`; nothing was written",
+            Capability::ExclusionRecords.as_str(),
+            Capability::ExclusionRecords.as_str()
+        )))
     }
 
     /// One cluster's step of a fleet-wide change to `target` (`lockctl limit
@@ -212,6 +243,7 @@ impl Admin {
     ) -> Result<Outcome, AdminError> {
         let (p, rev) = self.read(class).await?;
         if target > p.limit {
+            self.raise_allowed(class).await?;
             let n = p.raise(target, self.note("raise", reason)).map_err(AdminError::Refused)?;
             self.put_if(&n, rev).await?;
             return Ok(Outcome::Raised { policy: n });

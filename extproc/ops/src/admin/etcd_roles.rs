@@ -68,10 +68,11 @@ pub fn roles(root: &str) -> Vec<Role> {
                 rw("sys/shardmap", false),
                 rw("sys/epochs", false),
                 rw("sys/home", false),
-                // The keyspace version and capabilities (issue #19): the arbiter
-                // reads the record and advertises its own support on a lease; only
-                // operators flip capabilities.
-                g(Perm::Read, r, "sys/keyspace", false),
+                // The keyspace version and capabilities (`lock::upgrade`): the
+                // arbiter reads the record and advertises its own support on a
+                // lease; it writes the record only on a fresh install (compared
+                // absent, the keyspace empty); operators flip capabilities.
+                rw("sys/keyspace", false),
                 rw("sys/arbiters/", true),
                 rw("sx/", true),
                 rw("s/", true),
