@@ -661,6 +661,14 @@ impl Store {
         offered: bool,
         rx: &mut oneshot::Receiver<Handed>,
     ) -> WaitOutcome {
+        if crate::test_faults::on(crate::test_faults::TestFault::WaiterSleepsToDeadline) {
+            // PLANTED BUG (release gate): no hint wakes this waiter.
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = cancel.cancelled() => return WaitOutcome { handed: None, answered: false, result: Err(LockError::Cancelled) },
+            }
+            return WaitOutcome { handed: None, answered: false, result: Ok(()) };
+        }
         let notified = ticket.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();

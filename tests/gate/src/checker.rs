@@ -13,7 +13,11 @@
 //! | `grant_epoch_current` | etcd | a grant carries the epoch the epoch record holds at its commit, and no grant commits while the record carries an advance's seal |
 //! | `release_frees_only_its_grant` | etcd | a release transaction deletes exactly the grant its marker names, never a successor |
 //! | `deleted_hold_accounted` | etcd × client acquires | every deleted hold was released by its own holder (a marker naming it), expired or closed with its session (its session record deleted in the same revision), force-released on the record (`<root>/f/<digest>` in the same revision) or purged by an epoch advance; the one other delete allowed is an arbiter taking back a grant no client was answered with |
-//! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, unique, and increase per key in grant order, across restores (a campaign is an acquire, a resign a release) |
+//! | `tokens_increase` | client acquires × etcd | tokens handed to clients are committed grants, handed to one holder per cluster and key (a multi-key grant hands its one token for each of its keys), and increase per key in grant order, across restores (a campaign is an acquire, a resign a release) |
+//! | `one_leader_per_term` | etcd | an election key never has two leaderships open at once, whatever limit its class's policy record allows |
+//! | `close_only_when_asked` | etcd × client ops | a hold handed to a client and ended by its session's close (close marker) was released or closed by that client first: a reused header-only session's close never takes a hold it did not see |
+//! | `advisory_intervals_within_limit` | client acquires | for holders that keep the SDK's margin (an acquire that opened its session), the intervals from each answer to the earlier of its release call and its call time + TTL − margin never overlap beyond the key's limit (permits counted), per key and epoch |
+//! | `no_waiter_on_a_free_key` | client acquires × etcd × faults | outside fault windows, no single-key acquire of a plain mutex key waits more than 3 s while the key, per the store's history, was free the whole time |
 //! | `leader_on_own_session` | client campaigns × etcd | a campaign answered leadership holds it on the session it campaigned with, never on one it did not open (etcd's phantom leadership) |
 //! | `release_of_open_grant` | client releases × etcd | a release that answered success named a grant still open when it was called |
 //! | `quorum_loss_grants_nothing` | client ops × fault windows | no acquire or keepalive called in a quorum-loss window (after the grace) answered success |
@@ -162,6 +166,10 @@ struct State {
     waiters: BTreeMap<String, i64>,
     /// Sessions with a close marker (`<root>/x/<session>`): their end is a close.
     closed: HashSet<String>,
+    /// Leases whose session record a close deleted (with its close marker in the
+    /// same or an earlier transaction) before revoking the lease: the holds the
+    /// revoke deletes later ended with that close.
+    closed_records: HashSet<i64>,
     /// Keys (digests) whose lock-delay record (`<root>/d/<digest>`) exists.
     delays: HashSet<String>,
     /// Keys of a lock-delay class whose last hold, handed to a client, ended by an
@@ -253,6 +261,7 @@ fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), Time
     check_restored_epochs(h, b, &grants, &mut v)?;
     check_sdk_claims(h, b, &mut v)?;
     transparent::check(h, b, &grants, &mut v)?;
+    recipes::check(h, b, &grants, &mut v)?;
     homes::check(h, b, &grants, &mut v)?;
     Ok((stats, v))
 }
@@ -377,6 +386,13 @@ fn apply_txn(
     // transaction) is a release and then a grant, never two holds at once.
     let mut ordered: Vec<&EtcdEvent> = txn.iter().collect();
     ordered.sort_by_key(|e| e.put);
+    // Close markers this transaction puts (a close that deletes the session
+    // record and puts its marker in one transaction, then revokes the lease).
+    let marked: HashSet<&str> = txn
+        .iter()
+        .filter(|e| e.put)
+        .filter_map(|e| parse_kind(&h.root, &e.key).filter(|(k, _)| *k == "close").map(|(_, d)| d))
+        .collect();
     for e in ordered {
         b.tick("replay")?;
         let Some((kind, digest)) = parse_kind(&h.root, &e.key) else { continue };
@@ -392,8 +408,9 @@ fn apply_txn(
             ("session", false) => {
                 if let Some(l) = st.sessions.remove(&e.key) {
                     ended_leases.insert(l);
-                    if st.closed.contains(digest) {
+                    if st.closed.contains(digest) || marked.contains(digest) {
                         closed_leases.insert(l);
+                        st.closed_records.insert(l);
                     }
                 }
             }
@@ -478,6 +495,9 @@ fn apply_txn(
                     durable_order(h, (si, e), &hv.key, digest, &left, st, v);
                 }
                 writer_alone(&hv.key, (si, e), &open, grants, v);
+                if h.is_election(&hv.key) {
+                    one_leader(&hv.key, (si, e), &open, grants, v);
+                }
                 if open.len() > limit {
                     let first = open.iter().map(|gi| grants[*gi].revision).min().unwrap_or(e.revision);
                     let mut toks: Vec<u64> = open.iter().map(|gi| grants[*gi].token).collect();
@@ -544,7 +564,7 @@ fn apply_txn(
         let g = &mut grants[*gi];
         let end = if released {
             End::Released
-        } else if closed_leases.contains(&g.lease) {
+        } else if closed_leases.contains(&g.lease) || st.closed_records.contains(&g.lease) {
             End::SessionClosed
         } else if ended_leases.contains(&g.lease) {
             End::SessionEnded
@@ -566,7 +586,12 @@ fn apply_txn(
         if matches!(end, End::Released | End::SessionClosed) && st.owed.get(d).is_some_and(|&owed| g.revision > owed) {
             st.owed.remove(d);
         }
-        if released || ended_leases.contains(&g.lease) || forced.contains(d.as_str()) || advanced {
+        if released
+            || ended_leases.contains(&g.lease)
+            || end == End::SessionClosed
+            || forced.contains(d.as_str())
+            || advanced
+        {
             continue;
         }
         if !handed.contains(&(g.key.as_str(), g.token)) {
@@ -587,6 +612,30 @@ fn apply_txn(
         });
     }
     Ok(())
+}
+
+/// `one_leader_per_term` at the put `e` of a hold of election key `key` (`open`:
+/// the key's open holds after it): never two leaderships (grants, by revision) at
+/// once, whatever limit the class's policy record allows (`holders_within_limit`
+/// follows that record, so a raised election class passes it).
+fn one_leader(key: &str, (si, e): (usize, &EtcdEvent), open: &[usize], grants: &[Grant], v: &mut Vec<Violation>) {
+    let leaders: BTreeMap<i64, u64> = open.iter().map(|gi| (grants[*gi].revision, grants[*gi].token)).collect();
+    if leaders.len() < 2 {
+        return;
+    }
+    let first = leaders.keys().next().copied().unwrap_or(e.revision);
+    v.push(Violation {
+        check: "one_leader_per_term",
+        explanation: format!(
+            "election {key} has {} leaderships at once at revision {}: tokens {:?}",
+            leaders.len(),
+            e.revision,
+            leaders.values().collect::<Vec<_>>()
+        ),
+        segment: si,
+        revisions: (first, e.revision),
+        time_us: (e.observed_us, e.observed_us),
+    });
 }
 
 /// `writer_alone` at the put `e` of a hold of `key` (`open`: the key's open holds
@@ -822,7 +871,10 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
     // Acquires handed out: (segment, revision) order per key and cluster (across
     // clusters, `homes` orders them by time).
     let mut handed: BTreeMap<(&str, usize), Handed> = BTreeMap::new();
-    let mut seen_tokens: HashMap<u64, &str> = HashMap::new();
+    // Who was handed each token, per cluster and key: a multi-key grant hands
+    // one token (its revision) for each of its keys, so tokens are unique per
+    // key, not across keys.
+    let mut seen_tokens: HashMap<(usize, &str, u64), &str> = HashMap::new();
     for op in &h.ops {
         b.tick("clients")?;
         if op.outcome != Outcome::Ok {
@@ -850,11 +902,12 @@ fn check_clients(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Viol
                     });
                     continue;
                 };
-                if let Some(other) = seen_tokens.insert(t, op.process.as_str()) {
+                let first = *seen_tokens.entry((grants[gi].cluster, op.key.as_str(), t)).or_insert(op.process.as_str());
+                if first != op.process {
                     v.push(Violation {
                         check: "tokens_increase",
                         explanation: format!(
-                            "token {t} of {} was handed out twice ({other} and {})",
+                            "token {t} of {} was handed to two holders ({first} and {})",
                             op.key, op.process
                         ),
                         segment: grants[gi].segment,
@@ -953,6 +1006,8 @@ fn check_quorum_loss(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Res
 mod homes;
 
 mod open;
+
+mod recipes;
 
 mod transparent;
 pub use self::open::check_with_open;

@@ -72,6 +72,22 @@ pub const RW_PREFIX: &str = "payments/gate/rw";
 pub(crate) const RW_N: usize = 3;
 /// Prefix of the election keys (class `gatelead`, a mutex that fails closed).
 pub const LEAD_PREFIX: &str = "payments/gate/lead";
+/// The class of the election keys, whose limit a `policy_change` raises to 2
+/// (campaigns must then be refused) and sets back to 1.
+pub const LEAD_CLASS: &str = "gatelead";
+/// Prefix of the multi-key holders' keys (class `gatemk`, an advisory mutex).
+pub const MULTI_PREFIX: &str = "payments/gate/mk";
+/// Prefix of the reuse holders' keys (class `gatere`, an advisory mutex).
+pub const REUSE_PREFIX: &str = "payments/gate/re";
+/// Prefix of the permit holders' keys (class `gatepm`, [`PERMITS_N`] slots).
+pub const PERMITS_PREFIX: &str = "payments/gate/pm";
+/// Slots of a permits key.
+pub(crate) const PERMITS_N: usize = 4;
+/// The most permits a permit holder asks for at once.
+pub(crate) const PERMITS_ASKED: u32 = 3;
+/// How long the reuse holders' first acquire waits, ms: longer than the
+/// checker's bound on a wait for a free key (`no_waiter_on_a_free_key`).
+pub(crate) const REUSE_WAIT_MS: u64 = 5000;
 /// The class of the semaphore keys, whose limit a `policy_change` lowers.
 pub(crate) const SEM_CLASS: &str = "gatesem";
 /// The limit a `policy_change` lowers the semaphore class to.
@@ -97,8 +113,14 @@ classes:
       waiver_expiry: "2099-12-31" }}
   - {{ name: gaterw, prefixes: ["{RW_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {RW_N}, enforcement: advisory,
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
-  - {{ name: gatelead, prefixes: ["{LEAD_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+  - {{ name: {LEAD_CLASS}, prefixes: ["{LEAD_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
       waiver_expiry: "2099-12-31" }}
+  - {{ name: gatemk, prefixes: ["{MULTI_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: gatere, prefixes: ["{REUSE_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: gatepm, prefixes: ["{PERMITS_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {PERMITS_N}, enforcement: advisory,
+      risk_owner: gate, waiver_expiry: "2099-12-31" }}
 "#
     )
 }
@@ -158,6 +180,17 @@ pub struct GateOptions {
     /// Campaigners ([`GateCluster::spawn_workload`]: `e0`, ..): campaign on a
     /// session of their own, lead, resign.
     pub campaigners: usize,
+    /// Multi-key keys (`payments/gate/mk/<i>`).
+    pub multi_keys: usize,
+    /// Multi-key holders (`x0`, ..): two keys in one grant.
+    pub multi_holders: usize,
+    /// Reuse keys (`payments/gate/re/<i>`).
+    pub reuse_keys: usize,
+    /// Reuse holders (`u0`, ..): a header-only session reused across its release.
+    pub reuse_holders: usize,
+    /// Permit holders (`p0`, ..) on one key of [`PERMITS_N`] slots, asking 1 to
+    /// [`PERMITS_ASKED`] permits.
+    pub permit_holders: usize,
 }
 
 /// An entity shard of a run with shards: its etcd, recorder and clock ticks.
@@ -265,6 +298,11 @@ impl GateOptions {
             rw_holders: 3,
             elections: 1,
             campaigners: 2,
+            multi_keys: 3,
+            multi_holders: 2,
+            reuse_keys: 4,
+            reuse_holders: 2,
+            permit_holders: 2,
         }
     }
 
@@ -445,6 +483,37 @@ impl GateCluster {
         self.spawn_holder_args(name, &ports, keys, false, None, &["--rw".to_owned()])
     }
 
+    /// The multi-key holders' keys.
+    pub fn multi_keys(&self) -> Vec<String> {
+        (0..self.opts.multi_keys).map(|i| format!("{MULTI_PREFIX}/{i}")).collect()
+    }
+
+    /// The reuse holders' keys.
+    pub fn reuse_keys(&self) -> Vec<String> {
+        (0..self.opts.reuse_keys).map(|i| format!("{REUSE_PREFIX}/{i}")).collect()
+    }
+
+    /// Starts a multi-key holder (`holder --multi`) on `keys`.
+    pub fn spawn_multi_holder(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, false, None, &["--multi".to_owned()])
+    }
+
+    /// Starts a reuse holder (`holder --reuse`) on `keys`, its first acquire
+    /// waiting [`REUSE_WAIT_MS`].
+    pub fn spawn_reuse_holder(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let ports = self.envoy_ports();
+        let extra = ["--reuse".to_owned(), format!("--wait-ms={REUSE_WAIT_MS}")];
+        self.spawn_holder_args(name, &ports, keys, false, None, &extra)
+    }
+
+    /// Starts a permit holder (`holder --permits`) on the permits key.
+    pub fn spawn_permit_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys = [format!("{PERMITS_PREFIX}/0")];
+        self.spawn_holder_args(name, &ports, &keys, false, None, &[format!("--permits={PERMITS_ASKED}")])
+    }
+
     /// Starts a campaigner (`holder --campaign`) on the elections `keys`.
     pub fn spawn_campaigner(&mut self, name: &str, keys: &[String]) -> Result<()> {
         let ports = self.envoy_ports();
@@ -580,6 +649,21 @@ impl GateCluster {
                 self.spawn_campaigner(&format!("e{i}"), &lead)?;
             }
         }
+        let mk = self.multi_keys();
+        if mk.len() > 1 {
+            for i in 0..self.opts.multi_holders {
+                self.spawn_multi_holder(&format!("x{i}"), &mk)?;
+            }
+        }
+        let re = self.reuse_keys();
+        if re.len() > 1 {
+            for i in 0..self.opts.reuse_holders {
+                self.spawn_reuse_holder(&format!("u{i}"), &re)?;
+            }
+        }
+        for i in 0..self.opts.permit_holders {
+            self.spawn_permit_holder(&format!("p{i}"))?;
+        }
         Ok(())
     }
 
@@ -607,7 +691,14 @@ impl GateCluster {
     /// lowered limit drains, verifies and activates), run again until it reports
     /// success (60 s at most).
     pub async fn set_limit(&self, limit: usize) -> Result<()> {
-        let args: Vec<String> = ["limit", "change", "--class", SEM_CLASS, "--to", &limit.to_string()]
+        self.set_class_limit(SEM_CLASS, limit).await
+    }
+
+    /// `lockctl limit change --class <class> --to <limit>` (a raise commits at
+    /// once; a lowering drains, verifies and activates), run again until it
+    /// reports success (60 s at most).
+    pub async fn set_class_limit(&self, class: &str, limit: usize) -> Result<()> {
+        let args: Vec<String> = ["limit", "change", "--class", class, "--to", &limit.to_string()]
             .into_iter()
             .map(str::to_owned)
             .chain(["--verify-timeout-ms".to_owned(), MOVE_VERIFY_TIMEOUT_MS.to_string()])
@@ -632,11 +723,18 @@ impl GateCluster {
     pub async fn policy_change(&self) -> Result<()> {
         let start = now_us();
         let was = *self.changed.lock().unwrap_or_else(|p| p.into_inner());
-        let (limit, ttl) = if was { (SEM_N, GATE_TTL_S) } else { (SEM_LOWERED, GATE_TTL_RAISED_S) };
+        let (limit, ttl, lead) = if was { (SEM_N, GATE_TTL_S, 1) } else { (SEM_LOWERED, GATE_TTL_RAISED_S, 2) };
         self.set_limit(limit).await?;
         self.set_ttl(ttl).await?;
+        if self.opts.elections > 0 {
+            self.set_class_limit(LEAD_CLASS, lead).await?;
+        }
         *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = !was;
-        self.note("policy_change", format!("{SEM_CLASS} limit -> {limit}, gatem ttl_s -> {ttl}"), start);
+        self.note(
+            "policy_change",
+            format!("{SEM_CLASS} limit -> {limit}, gatem ttl_s -> {ttl}, {LEAD_CLASS} limit -> {lead}"),
+            start,
+        );
         Ok(())
     }
 
@@ -906,10 +1004,18 @@ impl GateCluster {
         }
         Ok(History {
             root: self.root.clone(),
-            limits: vec![(SEM_PREFIX.to_owned(), SEM_N), (RW_PREFIX.to_owned(), RW_N)],
-            classes: vec![(SEM_PREFIX.to_owned(), SEM_CLASS.to_owned())],
+            limits: vec![
+                (SEM_PREFIX.to_owned(), SEM_N),
+                (RW_PREFIX.to_owned(), RW_N),
+                (PERMITS_PREFIX.to_owned(), PERMITS_N),
+            ],
+            classes: vec![
+                (SEM_PREFIX.to_owned(), SEM_CLASS.to_owned()),
+                (LEAD_PREFIX.to_owned(), LEAD_CLASS.to_owned()),
+            ],
             durable: vec![DURABLE_PREFIX.to_owned()],
             delayed: vec![MUTEX_PREFIX.to_owned()],
+            elections: vec![LEAD_PREFIX.to_owned()],
             segments,
             shards,
             moves: self.moves.lock().unwrap_or_else(|p| p.into_inner()).clone(),

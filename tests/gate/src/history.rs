@@ -38,7 +38,7 @@ pub(crate) fn clock_skew_ms() -> i64 {
 }
 
 /// The outcome of one client operation. An unknown outcome stays unknown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The service (or store) answered success.
@@ -46,11 +46,12 @@ pub enum Outcome {
     /// It answered a refusal: nothing happened.
     Fail,
     /// No answer (timeout, connection lost, 5xx from Envoy without a code).
+    #[default]
     Unknown,
 }
 
 /// One client operation with its call and return times.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientOp {
     /// The holder process (`h0`, `s1`, ...).
     pub process: String,
@@ -86,7 +87,27 @@ pub struct ClientOp {
     /// checker compares it: a campaign's (`leader_on_own_session`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The session TTL an acquire that opened its own session was answered
+    /// (`ttl_s`), ms: its holder keeps the SDK's margin, so its hold is its own
+    /// from the answer until the call time + this TTL − [`SDK_MARGIN_US`] or its
+    /// release, whichever is first (`advisory_intervals_within_limit`). `None`
+    /// for every other op (an acquire on a session opened earlier, a renewal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The slots a grant holds (`permits` of the answer: `x-lock-permits`, all N
+    /// of an exclusive hold), when the answer said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// One key of a multi-key acquire (`/v1/locks/acquire-all`, one op per key,
+    /// all with the grant's one token): it may wait while this key is free.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi: bool,
 }
+
+/// The SDK's default margin (`lockmesh_client::Config::margin`, 1 s), µs: a
+/// holder that keeps it treats its hold as its own until its session's send
+/// time + TTL − this margin.
+pub const SDK_MARGIN_US: u64 = 1_000_000;
 
 impl ClientOp {
     /// An op that asks for a grant: an `acquire`, or a `campaign` (an acquire of
@@ -233,6 +254,10 @@ pub struct History {
     /// `lock_delay_kept` holds their keys to it.
     #[serde(default)]
     pub delayed: Vec<String>,
+    /// Lock-key prefixes of election classes: whatever the class's limit, never
+    /// two leaderships of one key at once (`one_leader_per_term`).
+    #[serde(default)]
+    pub elections: Vec<String>,
     /// Store segments of the coord cluster (the only one without shards), one per
     /// restore plus the first.
     pub segments: Vec<Segment>,
@@ -309,6 +334,11 @@ impl History {
     /// Whether `key` is of a durable-fairness class.
     pub(crate) fn is_durable(&self, key: &str) -> bool {
         self.durable.iter().any(|p| covers(p, key))
+    }
+
+    /// Whether `key` is an election's ([`History::elections`]).
+    pub(crate) fn is_election(&self, key: &str) -> bool {
+        self.elections.iter().any(|p| covers(p, key))
     }
 
     /// Whether `key`'s class has a lock-delay ([`History::delayed`]).

@@ -76,6 +76,23 @@ pub struct HolderArgs {
     /// resigns (op `resign`) and closes the session.
     #[arg(long)]
     pub campaign: bool,
+    /// `x-lock-wait-ms` of every acquire, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub wait_ms: u64,
+    /// Multi-key mode: each round acquires two distinct keys of `keys` in one
+    /// grant (`/v1/locks/acquire-all`, one `acquire` op per key, `multi`), renews,
+    /// releases each key by the grant's token and closes the session.
+    #[arg(long)]
+    pub multi: bool,
+    /// Reuse mode: each round acquires a key without a session (the answer names
+    /// the session S it opened), releases it, and at once acquires another key on
+    /// S (`x-lock-session`), renews S and releases that key; the session closes
+    /// at its last release, never by a call of the holder.
+    #[arg(long)]
+    pub reuse: bool,
+    /// Permits mode: each acquire asks `x-lock-permits`, 1 to this many.
+    #[arg(long)]
+    pub permits: Option<u32>,
 }
 
 /// How long a transparent holder waits for its request: the grant wait, a long
@@ -129,6 +146,10 @@ pub async fn run(args: HolderArgs) -> Result<()> {
         } else if h.args.campaign {
             n += 1;
             h.campaign_round(n).await;
+        } else if h.args.multi {
+            h.multi_round().await;
+        } else if h.args.reuse {
+            h.reuse_round().await;
         } else if sdk.is_empty() {
             h.round().await;
         } else {
@@ -159,6 +180,7 @@ fn sdk_clients(args: &HolderArgs, out: &Out) -> Result<Vec<lockmesh_client::Clie
                 skew_ms: clock_skew_ms(),
                 valid_until_us: None,
                 session: None,
+                ..Default::default()
             });
         })
         .map_err(|e| anyhow::anyhow!("SDK client for port {port}: {e}"))?;
@@ -175,7 +197,8 @@ impl Holder {
     }
 
     fn record(&mut self, op: &str, key: &str, token: Option<u64>, call_us: u64, res: (Outcome, u16, Option<String>)) {
-        self.record_on(op, key, token, call_us, res, None);
+        let rec = self.op(op, key, token, call_us, res);
+        self.out.write(&rec);
     }
 
     /// [`Holder::record`] of an op that named `session`.
@@ -188,8 +211,21 @@ impl Holder {
         res: (Outcome, u16, Option<String>),
         session: Option<String>,
     ) {
+        let rec = ClientOp { session, ..self.op(op, key, token, call_us, res) };
+        self.out.write(&rec);
+    }
+
+    /// The record of an op that returns now.
+    fn op(
+        &self,
+        op: &str,
+        key: &str,
+        token: Option<u64>,
+        call_us: u64,
+        res: (Outcome, u16, Option<String>),
+    ) -> ClientOp {
         let (outcome, status, code) = res;
-        let rec = ClientOp {
+        ClientOp {
             process: self.args.name.clone(),
             op: op.into(),
             key: key.into(),
@@ -200,10 +236,28 @@ impl Holder {
             status,
             code,
             skew_ms: clock_skew_ms(),
-            valid_until_us: None,
-            session,
-        };
-        self.out.write(&rec);
+            ..ClientOp::default()
+        }
+    }
+
+    /// The record of an acquire answered `json`. `opened`: it named no session,
+    /// so the session it holds on was opened for it, after its call: its holder
+    /// keeps the SDK's margin from that call (`ttl_ms`).
+    fn acquired(
+        &self,
+        key: &str,
+        token: Option<u64>,
+        call_us: u64,
+        res: (Outcome, u16, Option<String>),
+        json: &serde_json::Value,
+        opened: bool,
+    ) -> ClientOp {
+        let fresh = opened && json["existing"].as_bool() != Some(true);
+        ClientOp {
+            ttl_ms: json["ttl_s"].as_u64().filter(|_| fresh && token.is_some()).map(|s| s * 1000),
+            permits: json["permits"].as_u64().and_then(|p| u32::try_from(p).ok()),
+            ..self.op("acquire", key, token, call_us, res)
+        }
     }
 
     /// One SDK round on a client picked at random (see the module doc).
@@ -250,6 +304,7 @@ impl Holder {
                 skew_ms: clock_skew_ms(),
                 valid_until_us: Some(call.saturating_add(left)),
                 session: None,
+                ..Default::default()
             });
         }
         if guard.can_start() {
@@ -365,13 +420,19 @@ impl Holder {
         };
         let call = now_us();
         let mode = if rand::random_range(0..3) == 0 { "exclusive" } else { "shared" };
-        let mut ask = vec![("x-lock-key", key.as_str()), ("x-lock-wait-ms", "2000")];
+        let wait = self.args.wait_ms.to_string();
+        let permits = self.args.permits.map(|n| rand::random_range(1..=n.max(1)).to_string());
+        let mut ask = vec![("x-lock-key", key.as_str()), ("x-lock-wait-ms", wait.as_str())];
         if self.args.rw {
             ask.push(("x-lock-mode", mode));
         }
+        if let Some(p) = &permits {
+            ask.push(("x-lock-permits", p.as_str()));
+        }
         let (o, st, code, json) = self.call("/v1/locks/acquire", &ask).await;
         let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
-        self.record("acquire", &key, token, call, (o, st, code));
+        let rec = self.acquired(&key, token, call, (o, st, code), &json, true);
+        self.out.write(&rec);
         let (Outcome::Ok, Some(token)) = (o, token) else {
             tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
             return;
@@ -398,6 +459,101 @@ impl Holder {
 }
 
 impl Holder {
+    /// Two distinct keys of the holder's list, at random (one if it has one).
+    fn two_keys(&self) -> (String, String) {
+        let keys = &self.args.keys;
+        let a = rand::random_range(0..keys.len());
+        let b = if keys.len() > 1 { (a + rand::random_range(1..keys.len())) % keys.len() } else { a };
+        (keys[a].clone(), keys[b].clone())
+    }
+
+    /// One multi-key round (see [`HolderArgs::multi`]).
+    async fn multi_round(&mut self) {
+        let (a, b) = self.two_keys();
+        let list = format!("{a} {b}");
+        let wait = self.args.wait_ms.to_string();
+        let call = now_us();
+        let (o, st, code, json) = self
+            .call("/v1/locks/acquire-all", &[("x-lock-keys", list.as_str()), ("x-lock-wait-ms", wait.as_str())])
+            .await;
+        let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        for k in [&a, &b] {
+            let rec = ClientOp { multi: true, ..self.acquired(k, token, call, (o, st, code.clone()), &json, true) };
+            self.out.write(&rec);
+        }
+        let (Outcome::Ok, Some(token)) = (o, token) else {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+            return;
+        };
+        let session = json["session"].as_str().unwrap_or_default().to_owned();
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..=self.args.work_ms))).await;
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await;
+        self.record("keepalive", &a, Some(token), call, (o, st, code));
+        let tok = token.to_string();
+        for k in [&a, &b] {
+            let call = now_us();
+            let hs = [("x-lock-key", k.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+            let (o, st, code, _) = self.call("/v1/locks/release", &hs).await;
+            self.record("release", k, Some(token), call, (o, st, code));
+        }
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+        self.record("close", &a, Some(token), call, (o, st, code));
+    }
+
+    /// One reuse round (see [`HolderArgs::reuse`]).
+    async fn reuse_round(&mut self) {
+        let (k1, k2) = self.two_keys();
+        let wait = self.args.wait_ms.to_string();
+        let call = now_us();
+        let (o, st, code, json) =
+            self.call("/v1/locks/acquire", &[("x-lock-key", k1.as_str()), ("x-lock-wait-ms", wait.as_str())]).await;
+        let t1 = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        let rec = self.acquired(&k1, t1, call, (o, st, code), &json, true);
+        self.out.write(&rec);
+        let (Outcome::Ok, Some(t1)) = (o, t1) else {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+            return;
+        };
+        let session = json["session"].as_str().unwrap_or_default().to_owned();
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..=self.args.work_ms / 3))).await;
+        let tok = t1.to_string();
+        let call = now_us();
+        let hs = [("x-lock-key", k1.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+        let (o, st, code, _) = self.call("/v1/locks/release", &hs).await;
+        self.record_on("release", &k1, Some(t1), call, (o, st, code), Some(session.clone()));
+        if o != Outcome::Ok {
+            let call = now_us();
+            let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+            self.record("close", &k1, Some(t1), call, (o, st, code));
+            return;
+        }
+        // At once, on the session the first answer named.
+        let call = now_us();
+        let ask = [("x-lock-key", k2.as_str()), ("x-lock-session", session.as_str()), ("x-lock-wait-ms", "0")];
+        let (o, st, code, json) = self.call("/v1/locks/acquire", &ask).await;
+        let t2 = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        let rec =
+            ClientOp { session: Some(session.clone()), ..self.acquired(&k2, t2, call, (o, st, code), &json, false) };
+        self.out.write(&rec);
+        let (Outcome::Ok, Some(t2)) = (o, t2) else { return };
+        tokio::time::sleep(Duration::from_millis(rand::random_range(100..=200))).await;
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await;
+        self.record_on("keepalive", &k2, Some(t2), call, (o, st, code), Some(session.clone()));
+        let tok = t2.to_string();
+        let call = now_us();
+        let hs = [("x-lock-key", k2.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+        let (o, st, code, _) = self.call("/v1/locks/release", &hs).await;
+        self.record_on("release", &k2, Some(t2), call, (o, st, code), Some(session.clone()));
+        if o != Outcome::Ok {
+            let call = now_us();
+            let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+            self.record("close", &k2, Some(t2), call, (o, st, code));
+        }
+    }
+
     /// One election round (see [`HolderArgs::campaign`]).
     async fn campaign_round(&mut self, n: u64) {
         let key = {

@@ -11,7 +11,9 @@
 use std::time::Duration;
 
 use lockmesh_gate::clock::{ClockMode, ClockStep};
-use lockmesh_gate::harness::{GateCluster, GateOptions, DURABLE_PREFIX, MUTEX_PREFIX, SEM_PREFIX};
+use lockmesh_gate::harness::{
+    GateCluster, GateOptions, DURABLE_PREFIX, LEAD_CLASS, MUTEX_PREFIX, REUSE_PREFIX, SEM_PREFIX,
+};
 use lockmesh_gate::history::{ClientOp, Outcome};
 use lockmesh_gate::{check, report, schedule, History, Verdict, CHECK_BUDGET};
 use lockmesh_tests::client::LockClient;
@@ -30,6 +32,9 @@ fn small(name: &str) -> GateOptions {
         transparent_holders: 0,
         rw_holders: 0,
         campaigners: 0,
+        multi_holders: 0,
+        reuse_holders: 0,
+        permit_holders: 0,
         ..GateOptions::gate(name)
     }
 }
@@ -131,6 +136,19 @@ async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
     assert!(
         events().any(|e| e.put && e.key == policy && e.value.contains("\"limit\":2")),
         "the limit change never reached the policy record"
+    );
+    // Issue 40's workloads: multi-key grants, holds on reused header-only
+    // sessions, several permits at once, the election class raised.
+    let multi = h.ops.iter().filter(|o| o.multi && o.outcome == Outcome::Ok).count();
+    assert!(multi > 3, "the multi-key holders were granted {multi} keys");
+    let reused = |o: &&ClientOp| o.process.starts_with('u') && o.op == "acquire" && o.session.is_some();
+    assert!(h.ops.iter().filter(reused).any(|o| o.outcome == Outcome::Ok), "no hold on a reused session");
+    let permits = |o: &&ClientOp| o.process.starts_with('p') && o.outcome == Outcome::Ok;
+    assert!(h.ops.iter().filter(permits).any(|o| o.permits.is_some_and(|p| p > 1)), "no grant of several permits");
+    let lead = format!("{}/c/{LEAD_CLASS}", h.root);
+    assert!(
+        events().any(|e| e.put && e.key == lead && e.value.contains("\"limit\":2")),
+        "the election class's raise never reached its policy record"
     );
 }
 
@@ -557,6 +575,7 @@ async fn planted_stale_session_ttl_is_caught_by_the_sdk_claims_across_a_ttl_chan
                 skew_ms: 0,
                 valid_until_us: None,
                 session: None,
+                ..Default::default()
             });
             let v = check(&h, CHECK_BUDGET);
             if !v.passed() {
@@ -1071,6 +1090,7 @@ async fn planted_campaign_after_session_loss_is_caught_as_a_leadership_on_anothe
             skew_ms: 0,
             valid_until_us: None,
             session: Some(sp.clone()),
+            ..Default::default()
         });
         let v = check(&h, CHECK_BUDGET);
         let campaigns = h.ops.iter().filter(|o| o.op == "campaign" && o.outcome == Outcome::Ok).count();
@@ -1085,6 +1105,247 @@ async fn planted_campaign_after_session_loss_is_caught_as_a_leadership_on_anothe
                 "{}",
                 answer.body
             );
+            assert!(v.passed(), "control: {}", v.explain());
+        }
+    }
+}
+
+/// Tokens are unique per cluster and key, not across keys: the multi-key
+/// holders (`x0`, `x1`) are handed one token for both keys of each grant, which
+/// the control must pass. With `existing_any_session` planted, a contender of a
+/// held key is answered the holder's grant as its own (an idempotent
+/// re-acquire's answer given to another session): two raw holders of one key
+/// are handed the same token, which `tokens_increase` must catch.
+#[tokio::test]
+async fn planted_existing_hold_of_any_session_is_caught_per_key_beside_multi_key_grants() {
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "existing_any_session"),
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            multi_holders: 2,
+            ..small("plant-existing")
+        };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        g.spawn_workload(0, 0).unwrap();
+        let key = format!("{REUSE_PREFIX}/0");
+        for i in 0..2 {
+            g.spawn_holder(&format!("h{i}"), std::slice::from_ref(&key), false).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let (h, v) = finish_checked(&g, "fault schedule:").await;
+        if bug {
+            assert_caught(&v, "tokens_increase");
+            assert!(v.explain().contains("handed to two holders"), "{}", v.explain());
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            // Multi-key grants were handed out: one token on two keys.
+            let multi = h.ops.iter().filter(|o| o.multi && o.outcome == Outcome::Ok).count();
+            assert!(multi >= 6, "the multi-key holders were granted {multi} keys");
+        }
+    }
+}
+
+/// Elections under limit changes on their class: three campaigners contend on
+/// one election while `lockctl limit change` raises the class to 2 and later
+/// lowers it back to 1. The class's policy record says 2 in between, so
+/// `holders_within_limit` allows two holds; a campaign must still be refused
+/// while N != 1. With `campaign_any_limit` planted two campaigners lead at once:
+/// `one_leader_per_term` must catch it. The control passes, with campaigns
+/// refused while the limit was 2 and leaderships after it was set back.
+#[tokio::test]
+async fn planted_campaign_under_any_limit_is_caught_as_two_leaders_across_limit_changes() {
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "campaign_any_limit"),
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            ..small("plant-leaders")
+        };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        let keys = g.election_keys();
+        for i in 0..3 {
+            g.spawn_campaigner(&format!("e{i}"), &keys).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let start = lockmesh_gate::history::now_us();
+        g.set_class_limit(LEAD_CLASS, 2).await.unwrap();
+        let raised = lockmesh_gate::history::now_us();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        g.set_class_limit(LEAD_CLASS, 1).await.unwrap();
+        let lowered = lockmesh_gate::history::now_us();
+        g.note("policy_change", format!("{LEAD_CLASS} limit -> 2 -> 1"), start);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (h, v) = finish_checked(&g, "policy_change").await;
+        if bug {
+            assert_caught(&v, "one_leader_per_term");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            let refused = h
+                .ops
+                .iter()
+                .filter(|o| o.op == "campaign" && o.status == 400 && o.call_us > raised && o.ret_us < lowered)
+                .count();
+            let led_after =
+                h.ops.iter().filter(|o| o.op == "campaign" && o.outcome == Outcome::Ok && o.call_us > lowered).count();
+            assert!(refused > 0 && led_after > 0, "control: {refused} refused while N = 2, {led_after} led after");
+        }
+    }
+}
+
+/// Header-only sessions reused across releases: reuse holders (`u*`) acquire a
+/// key without a session, release it, and at once acquire another key on the
+/// session the first answer named. The session's close (started by the first
+/// release) compares the session's hold index empty, so it never takes the new
+/// hold. With `session_holds_unindexed` planted it does: `close_only_when_asked`
+/// must catch a hold lost to a close its holder did not ask for. The control
+/// passes with holds granted on reused sessions.
+#[tokio::test]
+async fn planted_close_blind_to_the_session_index_is_caught_with_reused_sessions() {
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "session_holds_unindexed"),
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            reuse_keys: 8,
+            reuse_holders: 3,
+            ..small("plant-reuse")
+        };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        g.spawn_workload(0, 0).unwrap();
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let (h, v) = finish_checked(&g, "fault schedule:").await;
+        let reused = h.ops.iter().filter(|o| o.op == "acquire" && o.session.is_some() && o.outcome == Outcome::Ok);
+        let reused = reused.count();
+        if bug {
+            assert_caught(&v, "close_only_when_asked");
+        } else {
+            assert!(v.passed(), "control: {}", v.explain());
+            assert!(reused > 3, "control: {reused} holds granted on a reused session");
+        }
+    }
+}
+
+/// A waiter is not left waiting on a free key. A holds a plain mutex key through
+/// arbiter 0; B asks for it through arbiter 1, waiting up to 5 s; A releases
+/// 300 ms later. B is woken by its key's watch and granted at once. With
+/// `waiter_sleeps_to_deadline` planted B looks again only at its deadline,
+/// 4.7 s on a free key: `no_waiter_on_a_free_key` must catch it. No fault runs.
+#[tokio::test]
+async fn planted_waiter_asleep_to_its_deadline_is_caught_on_a_free_key() {
+    for bug in [true, false] {
+        let opts = GateOptions {
+            arbiter_faults: planted(bug, "waiter_sleeps_to_deadline"),
+            arbiters: 2,
+            envoys: 2,
+            envoy_per_arbiter: true,
+            mutex_keys: 0,
+            sem_keys: 0,
+            durable_keys: 0,
+            ..small("plant-waiter")
+        };
+        let g = GateCluster::start(opts).await.unwrap();
+        let key = format!("{REUSE_PREFIX}/0");
+        let (a, b) = (client(&g, "a", 0), client(&g, "b", 1));
+        let held = a.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(held.code(), 200, "{}", held.body);
+        let call = lockmesh_gate::history::now_us();
+        let waiting = {
+            let key = key.clone();
+            tokio::spawn(async move { b.post(ACQ, &[("x-lock-key", &key), ("x-lock-wait-ms", "5000")]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (t, sid) = (held.json["token"].as_str().unwrap(), held.json["session"].as_str().unwrap());
+        let rel = a.post(REL, &[("x-lock-key", &key), ("x-lock-token", t), ("x-lock-session", sid)]).await.unwrap();
+        assert_eq!(rel.code(), 200, "{}", rel.body);
+        let answer = waiting.await.unwrap().unwrap();
+        let ret = lockmesh_gate::history::now_us();
+        let mut h = g.finish().await.unwrap();
+        let token = |r: &lockmesh_tests::client::Resp| r.json["token"].as_str().and_then(|t| t.parse().ok());
+        h.ops.push(ClientOp {
+            process: "a".into(),
+            op: "acquire".into(),
+            key: key.clone(),
+            token: token(&held),
+            call_us: call - 1,
+            ret_us: call - 1,
+            outcome: Outcome::Ok,
+            status: 200,
+            ..ClientOp::default()
+        });
+        h.ops.push(ClientOp {
+            process: "b".into(),
+            op: "acquire".into(),
+            key: key.clone(),
+            token: token(&answer),
+            call_us: call,
+            ret_us: ret,
+            outcome: if answer.code() == 200 { Outcome::Ok } else { Outcome::Fail },
+            status: answer.code(),
+            code: answer.header("x-lockmesh-error").map(str::to_owned),
+            ..ClientOp::default()
+        });
+        let v = check(&h, CHECK_BUDGET);
+        if !v.passed() {
+            report::write(g.dir(), &h, &v).unwrap();
+        }
+        eprintln!("waiter answered {} after {} ms", answer.code(), (ret - call) / 1000);
+        if bug {
+            assert!(ret - call > 4_000_000, "the planted waiter was answered early: {}", answer.body);
+            assert_caught(&v, "no_waiter_on_a_free_key");
+        } else {
+            assert_eq!(answer.code(), 200, "{}", answer.body);
+            assert!(v.passed(), "control: {}", v.explain());
+        }
+    }
+}
+
+/// Advisory holders that keep the SDK's margin: a holder whose acquire opened
+/// its session may treat the hold as its own until its call time + the TTL it
+/// was answered − 1 s. The fenced mutex class's TTL is raised from 3 s to 8 s
+/// (registry reload); h0 is stopped while it holds, under the new TTL, for 9 s.
+/// With `stale_session_ttl` planted its lease is 3 s although it was answered
+/// 8 s: h1 is granted the key about 5 s after h0's call (3 s and the 2 s
+/// lock-delay), inside h0's interval, which `advisory_intervals_within_limit`
+/// must catch. In the control h1 waits out the 8 s lease.
+#[tokio::test]
+async fn planted_stale_session_ttl_is_caught_by_the_advisory_intervals() {
+    for bug in [true, false] {
+        let opts = GateOptions { mutex_keys: 1, sem_keys: 0, durable_keys: 0, ..small("plant-intervals") };
+        let opts = GateOptions { arbiter_faults: planted(bug, "stale_session_ttl"), ..opts };
+        let mut g = GateCluster::start(opts).await.unwrap();
+        g.spawn_workload(2, 0).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        g.set_ttl(8).await.unwrap();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(tries <= 15, "h0 was never stopped while holding under the new TTL");
+            let since = lockmesh_gate::history::now_us();
+            let granted =
+                |o: &ClientOp| o.process == "h0" && o.op == "acquire" && o.ttl_ms == Some(8000) && o.ret_us > since;
+            assert!(g.wait_for_op(Duration::from_secs(20), granted).await, "h0 was never granted under 8 s");
+            let h0 = g.holders.iter().find(|h| h.name == "h0").unwrap();
+            h0.process.pause().unwrap();
+            let holding =
+                g.last_op("h0").is_some_and(|o| matches!(o.op.as_str(), "acquire" | "write") && o.token.is_some());
+            if !holding {
+                h0.process.resume().unwrap();
+                continue;
+            }
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            h0.process.resume().unwrap();
+            g.note("holder_pause", "h0", since);
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (_, v) = finish_checked(&g, "holder_pause").await;
+        if bug {
+            assert_caught(&v, "advisory_intervals_within_limit");
+        } else {
             assert!(v.passed(), "control: {}", v.explain());
         }
     }

@@ -338,6 +338,7 @@ mod tests {
             skew_ms: 0,
             valid_until_us: None,
             session: None,
+            ..Default::default()
         }
     }
 

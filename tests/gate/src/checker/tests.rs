@@ -49,6 +49,7 @@ fn op(op: &str, token: u64, call: u64, ret: u64) -> ClientOp {
         skew_ms: 0,
         valid_until_us: None,
         session: None,
+        ..Default::default()
     }
 }
 
@@ -450,5 +451,134 @@ fn a_grant_inside_an_owed_or_running_lock_delay_is_caught() {
     closed.push(close(4));
     closed.extend(expired());
     closed.push(grant(6, 0, "k/a", 1));
-    assert!(checks(&with(closed)).is_empty());
+    let mut closed = with(closed);
+    closed.ops.push(op("close", t(1, 3), 3600, 3700));
+    assert!(checks(&closed).is_empty(), "{:?}", checks(&closed));
+}
+
+/// A hold of `key` under digest `d`, slot 0, on lease 7.
+fn grant_at(rev: i64, d: &str, key: &str, e: u64) -> EtcdEvent {
+    ev(rev, true, &format!("{ROOT}/l/{d}/h/0000"), &format!(r#"{{"key":"{key}","epoch":{e},"owner":"x"}}"#), rev, None)
+}
+
+fn of(process: &str, o: ClientOp) -> ClientOp {
+    ClientOp { process: process.into(), ..o }
+}
+
+fn keyed(key: &str, o: ClientOp) -> ClientOp {
+    ClientOp { key: key.into(), ..o }
+}
+
+#[test]
+fn a_multi_key_grant_hands_one_token_per_key_and_only_a_second_holder_of_one_key_is_caught() {
+    // One transaction grants k/a and k/b: one revision, one token for both keys.
+    let h0 = |key: &str| ClientOp { multi: true, ..keyed(key, op("acquire", t(1, 2), 1000, 2500)) };
+    let mut h = base(vec![epoch(1, 1), grant_at(2, "d0", "k/a", 1), grant_at(2, "d1", "k/b", 1)]);
+    h.ops = vec![h0("k/a"), h0("k/b")];
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // The same token of k/a handed to another holder too.
+    h.ops.push(of("h1", keyed("k/a", op("acquire", t(1, 2), 1200, 2600))));
+    let v = check(&h, Duration::from_secs(5));
+    assert!(
+        v.violations().iter().any(|x| x.explanation.contains("handed to two holders (h0 and h1)")),
+        "{}",
+        v.explain()
+    );
+    assert!(v.violations().iter().all(|x| x.check == "tokens_increase"), "{}", v.explain());
+}
+
+#[test]
+fn two_leaders_of_one_election_are_caught_whatever_the_class_limit() {
+    let policy = ev(2, true, "/g/c/lead", r#"{"limit":2}"#, 2, None);
+    let mut h = base(vec![epoch(1, 1), policy, grant(3, 0, "k/lead/0", 1), grant(4, 1, "k/lead/0", 1)]);
+    h.classes = vec![("k/lead".into(), "lead".into())];
+    // Under a limit of 2 two holds pass the holder limit ...
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // ... but not as an election's leaderships.
+    h.elections = vec!["k/lead".into()];
+    assert_eq!(checks(&h), vec!["one_leader_per_term"]);
+}
+
+#[test]
+fn a_hold_lost_to_a_close_its_holder_did_not_ask_for_is_caught() {
+    let session = ev(2, true, "/g/s/0000000000000007", "{}", 2, None);
+    // The close marker, then the revoke (the session record and the hold).
+    let close = ev(4, true, "/g/x/0000000000000007", "{}", 4, None);
+    let ended = ev(5, false, "/g/s/0000000000000007", "", 0, Some("{}"));
+    let mut h = base(vec![epoch(1, 1), session, grant(3, 0, "k/a", 1), close, ended, del(5, 0)]);
+    h.ops = vec![op("acquire", t(1, 3), 2500, 3500)];
+    assert_eq!(checks(&h), vec!["close_only_when_asked"]);
+    // Its holder closed the session (or released the hold) first: asked for.
+    h.ops.push(op("close", t(1, 3), 3600, 5500));
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // A close of an acquire-opened session: one transaction deletes the record
+    // and puts the marker, then the revoke deletes what is left on the lease.
+    let session = ev(2, true, "/g/s/0000000000000007", "{}", 2, None);
+    let close = ev(4, true, "/g/x/0000000000000007", "{}", 4, None);
+    let record = ev(4, false, "/g/s/0000000000000007", "", 0, Some("{}"));
+    let mut h = base(vec![epoch(1, 1), session, grant(3, 0, "k/a", 1), close, record, del(5, 0)]);
+    h.ops = vec![op("acquire", t(1, 3), 2500, 3500)];
+    assert_eq!(checks(&h), vec!["close_only_when_asked"]);
+    h.ops.push(op("release", t(1, 3), 3600, 5500));
+    assert_eq!(checks(&h), Vec::<&str>::new());
+}
+
+#[test]
+fn advisory_intervals_that_overlap_on_a_mutex_are_caught() {
+    // h0's session ended at 3 (an expiry), h1 granted at 4: 1 ms apart, while h0
+    // was told a TTL of 8 s at 1 ms (its interval runs to 1 ms + 7 s).
+    let session = ev(1, true, "/g/s/0000000000000007", "{}", 1, None);
+    let ended = ev(3, false, "/g/s/0000000000000007", "", 0, Some("{}"));
+    let mut h = base(vec![epoch(1, 1), session, grant(2, 0, "k/a", 1), ended, del(3, 0), grant(4, 0, "k/a", 1)]);
+    let first = op("acquire", t(1, 2), 1000, 2500);
+    let second = ClientOp { ttl_ms: Some(3000), ..of("h1", op("acquire", t(1, 4), 3000, 4500)) };
+    h.ops = vec![first.clone(), second];
+    assert_eq!(checks(&h), Vec::<&str>::new(), "h0 does not keep the margin");
+    h.ops[0] = ClientOp { ttl_ms: Some(8000), ..first.clone() };
+    assert_eq!(checks(&h), vec!["advisory_intervals_within_limit"]);
+    // Released before the other's answer: no overlap.
+    h.ops.push(op("release", t(1, 2), 2800, 2900));
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // Three permits of four with one more permit beside them: within the limit;
+    // with two more, not.
+    let mut h = base(vec![epoch(1, 1), grant(2, 0, "k/sem/0", 1), grant(3, 1, "k/sem/0", 1)]);
+    h.limits = vec![("k/sem".into(), 4)];
+    let a = ClientOp { ttl_ms: Some(8000), permits: Some(3), ..keyed("k/sem/0", op("acquire", t(1, 2), 1000, 2500)) };
+    let b = ClientOp { ttl_ms: Some(8000), permits: Some(1), ..keyed("k/sem/0", op("acquire", t(1, 3), 1000, 3500)) };
+    h.ops = vec![a, of("h1", b.clone())];
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    h.ops[1] = of("h1", ClientOp { permits: Some(2), ..b });
+    assert_eq!(checks(&h), vec!["advisory_intervals_within_limit"]);
+}
+
+#[test]
+fn a_waiter_left_waiting_on_a_free_key_is_caught_outside_fault_windows() {
+    // k/x held from 2 ms, released at 3 ms; a waiter called at 2.5 ms is refused
+    // 4 s later: free for 4 s while it waited.
+    let mut h = base(vec![
+        epoch(1, 1),
+        grant_at(2, "d0", "k/x", 1),
+        ev(3, false, "/g/l/d0/h/0000", "", 0, Some("{}")),
+        ev(3, true, "/g/r/d0", r#"{"epoch":1,"revision":2}"#, 3, None),
+    ]);
+    let waited = ClientOp {
+        outcome: Outcome::Fail,
+        status: 409,
+        token: None,
+        ..of("h1", keyed("k/x", op("acquire", 0, 2500, 4_003_000)))
+    };
+    h.ops = vec![keyed("k/x", op("acquire", t(1, 2), 1000, 2200)), waited.clone()];
+    assert_eq!(checks(&h), vec!["no_waiter_on_a_free_key"]);
+    // Answered 2 s after the release: within the bound.
+    h.ops[1] = ClientOp { ret_us: 2_003_000, ..waited.clone() };
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    // A fault in force: not judged.
+    h.ops[1] = waited;
+    h.faults = vec![crate::history::Fault {
+        kind: "arbiter_pause".into(),
+        detail: String::new(),
+        start_us: 1_000_000,
+        end_us: 2_000_000,
+    }];
+    assert_eq!(checks(&h), Vec::<&str>::new());
 }
