@@ -1,8 +1,13 @@
 //! A userspace TCP fault proxy for one link (loopback only): it forwards bytes
 //! both ways, and on command cuts the link (closes every connection and refuses
-//! new ones: a partition) or delays every chunk (a slow link). No network
+//! new ones: a partition), delays every chunk (a slow link), holds every answer
+//! while requests still pass (a one-way link: what TCP does while one direction
+//! drops every packet, until it heals), or holds one chunk in five for 200-600 ms
+//! (a lossy link: a lost segment retransmitted, which stalls the stream behind
+//! it). It counts what it held, so a fault can show it took effect. No network
 //! namespaces or root needed; nothing leaves 127.0.0.1.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +28,19 @@ pub enum LinkMode {
     Cut,
     /// Forward each chunk after this delay.
     Delay(Duration),
+    /// Requests (client to server) pass; answers are held until the mode changes.
+    OneWay,
+    /// Each chunk, with this chance in percent, is held 200-600 ms (a lost segment
+    /// retransmitted: the stream stalls behind it).
+    Lossy(u8),
+}
+
+/// What a proxy held: answers held by [`LinkMode::OneWay`] and chunks "lost" by
+/// [`LinkMode::Lossy`], since it started.
+#[derive(Debug, Default)]
+struct Counts {
+    held: AtomicU64,
+    lost: AtomicU64,
 }
 
 /// One proxied link `127.0.0.1:<port>` → `127.0.0.1:<target>`.
@@ -30,6 +48,7 @@ pub enum LinkMode {
 pub struct FaultProxy {
     port: u16,
     mode: Arc<watch::Sender<LinkMode>>,
+    counts: Arc<Counts>,
     task: JoinHandle<()>,
 }
 
@@ -44,13 +63,20 @@ impl FaultProxy {
         let (tx, _) = watch::channel(LinkMode::Pass);
         let mode = Arc::new(tx);
         let m = mode.clone();
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
                 let rx = m.subscribe();
-                tokio::spawn(serve(down, target_port, rx));
+                tokio::spawn(serve(down, target_port, rx, c.clone()));
             }
         });
-        Ok(Self { port, mode, task })
+        Ok(Self { port, mode, counts, task })
+    }
+
+    /// Answers held by a one-way link and chunks a lossy link held, so far.
+    pub fn held(&self) -> (u64, u64) {
+        (self.counts.held.load(Ordering::Relaxed), self.counts.lost.load(Ordering::Relaxed))
     }
 
     /// The proxy's port.
@@ -80,7 +106,7 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>) {
+async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>, counts: Arc<Counts>) {
     if *mode.borrow() == LinkMode::Cut {
         return;
     }
@@ -89,8 +115,8 @@ async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>
     let _ = up.set_nodelay(true);
     let (dr, dw) = down.into_split();
     let (ur, uw) = up.into_split();
-    let a = pump(dr, uw, mode.clone());
-    let b = pump(ur, dw, mode.clone());
+    let a = pump(dr, uw, mode.clone(), counts.clone(), false);
+    let b = pump(ur, dw, mode.clone(), counts, true);
     let cut = async {
         loop {
             if *mode.borrow_and_update() == LinkMode::Cut {
@@ -108,10 +134,13 @@ async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>
     }
 }
 
+/// Forwards one direction (`answers`: server to client), counting what it held.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mode: watch::Receiver<LinkMode>,
+    mut mode: watch::Receiver<LinkMode>,
+    c: Arc<Counts>,
+    answers: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -119,11 +148,31 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let m = *mode.borrow();
+        let m = *mode.borrow_and_update();
         match m {
             LinkMode::Cut => return,
             LinkMode::Delay(d) => tokio::time::sleep(d).await,
             LinkMode::Pass => {}
+            LinkMode::OneWay => {
+                if answers {
+                    c.held.fetch_add(1, Ordering::Relaxed);
+                    // Held until the link heals (or is cut).
+                    while *mode.borrow_and_update() == LinkMode::OneWay {
+                        if mode.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    if *mode.borrow() == LinkMode::Cut {
+                        return;
+                    }
+                }
+            }
+            LinkMode::Lossy(pct) => {
+                if rand::random_range(0..100u8) < pct {
+                    c.lost.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(rand::random_range(200..600))).await;
+                }
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -170,5 +219,20 @@ mod tests {
         c3.write_all(b"ok").await.unwrap();
         c3.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"ok");
+        // One way: the request passes, its answer is held until the link heals.
+        p.set(LinkMode::OneWay);
+        c3.write_all(b"1w").await.unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(500), c3.read(&mut one)).await;
+        assert!(r.is_err(), "an answer passed a one-way link");
+        p.set(LinkMode::Pass);
+        c3.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"1w");
+        assert_eq!(p.held().0, 1, "the held answer was counted");
+        // Lossy: everything arrives, in order, some of it late.
+        p.set(LinkMode::Lossy(100));
+        c3.write_all(b"lo").await.unwrap();
+        c3.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"lo");
+        assert!(p.held().1 >= 1, "no chunk was held by the lossy link");
     }
 }

@@ -783,6 +783,26 @@ impl GateCluster {
         Ok(())
     }
 
+    /// Compacts the coord cluster (`None`) or shard `Some(i)` at the revision
+    /// its recorder has reached (a barrier first: the recorder has every event up
+    /// to it, so its watch never needs a compacted revision), and checks that it
+    /// took effect: a read at the revision before is refused as compacted.
+    /// Returns that revision.
+    pub async fn compact(&self, pick: Option<usize>) -> Result<i64> {
+        let (recorder, etcd) = match pick {
+            None => (&self.recorder, &self.etcd),
+            Some(i) => (&self.shards[i].recorder, &self.shards[i].etcd),
+        };
+        let rev = recorder.barrier(Duration::from_secs(30)).await?;
+        let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+        c.compact(rev, None).await.context("compact")?;
+        let old = c.get(self.root.as_str(), Some(etcd_client::GetOptions::new().with_revision(rev - 1))).await;
+        match old {
+            Err(e) if e.to_string().contains("compacted") => Ok(rev),
+            other => bail!("compaction at revision {rev} did not take effect: a read at {} gave {other:?}", rev - 1),
+        }
+    }
+
     /// Records a fault that ran from `start_us` until now.
     pub fn note(&self, kind: &str, detail: impl Into<String>, start_us: u64) {
         let f = Fault { kind: kind.into(), detail: detail.into(), start_us, end_us: now_us() };

@@ -103,7 +103,7 @@ impl Recorder {
 
     /// Writes a barrier key under the root and waits until the watch has seen it,
     /// so everything committed before the call is recorded.
-    pub(crate) async fn barrier(&self, deadline: Duration) -> Result<()> {
+    pub(crate) async fn barrier(&self, deadline: Duration) -> Result<i64> {
         let end = Instant::now() + deadline;
         let rev = loop {
             let attempt = async {
@@ -123,7 +123,7 @@ impl Recorder {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(())
+        Ok(rev)
     }
 
     /// The segments and gaps recorded so far.

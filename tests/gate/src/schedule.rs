@@ -68,6 +68,22 @@ pub enum FaultKind {
     /// Cut every arbiter's links to one cluster (coord or a shard) past the TTL
     /// while keys on the others are held and renewed (runs with shards only).
     ClusterPartition,
+    /// One arbiter's links pass its requests but hold etcd's answers past the
+    /// TTL (a one-way link): transactions commit whose answers come late or never.
+    OneWayLink,
+    /// One arbiter's links hold one chunk in five for 200-600 ms, both ways (a
+    /// lossy link: retransmissions), past the TTL.
+    LossyLink,
+    /// SIGSTOP the etcd leader for 900 ms, under the election timeout (a write
+    /// stall): writes in flight wait, nobody takes over.
+    WriteStall,
+    /// Compact the cluster's history at the revision the recorder has reached:
+    /// watches and reads of older revisions are refused from then on.
+    Compaction,
+    /// [`FaultKind::Restore`] with an arbiter killed before the snapshot and
+    /// started again while the restored cluster waits for its epoch advance: it
+    /// comes back to a rolled-back store with only its marks file to tell.
+    RestoreCrash,
 }
 
 /// How long the arbiters reach a restored cluster before its epoch advance.
@@ -77,8 +93,12 @@ pub(crate) const ADVANCE_AFTER: Duration = Duration::from_secs(1);
 pub(crate) const BUMP: u64 = 1_000_000;
 
 /// Every kind, in the quick gate's order.
-pub const ALL: [FaultKind; 16] = [
+pub const ALL: [FaultKind; 21] = [
     FaultKind::HolderPause,
+    FaultKind::OneWayLink,
+    FaultKind::Compaction,
+    FaultKind::LossyLink,
+    FaultKind::WriteStall,
     FaultKind::SidecarKill,
     FaultKind::PolicyChange,
     FaultKind::HolderClockStep,
@@ -92,6 +112,7 @@ pub const ALL: [FaultKind; 16] = [
     FaultKind::ArbiterRestart,
     FaultKind::EnvoyRestart,
     FaultKind::RestoreBumped,
+    FaultKind::RestoreCrash,
     FaultKind::QuorumLoss,
     FaultKind::Restore,
 ];
@@ -120,6 +141,11 @@ impl FaultKind {
             FaultKind::Rebalance => "rebalance",
             FaultKind::SidecarKill => "sidecar_kill",
             FaultKind::ClusterPartition => "cluster_partition",
+            FaultKind::OneWayLink => "one_way_link",
+            FaultKind::LossyLink => "lossy_link",
+            FaultKind::WriteStall => "write_stall",
+            FaultKind::Compaction => "compaction",
+            FaultKind::RestoreCrash => "restore_crash",
         }
     }
 }
@@ -130,8 +156,9 @@ impl FaultKind {
 /// restored coord cluster can take the shard map back: a manual repair,
 /// docs/SCALE.md).
 pub(crate) fn rebalance_kinds() -> Vec<FaultKind> {
-    let others =
-        ALL.into_iter().filter(|k| !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore | FaultKind::RestoreBumped));
+    let others = ALL.into_iter().filter(|k| {
+        !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore | FaultKind::RestoreBumped | FaultKind::RestoreCrash)
+    });
     [FaultKind::Rebalance, FaultKind::ClusterPartition].into_iter().chain(others).collect()
 }
 
@@ -249,6 +276,55 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
                 g.note(name, h.name.clone(), start);
             }
         }
+        FaultKind::OneWayLink | FaultKind::LossyLink => {
+            let i = rand::random_range(0..g.arbiters.len());
+            let links = || g.proxies[i].iter().chain(g.shards.iter().map(|s| &s.proxies[i]));
+            let sum = || links().map(FaultProxy::held).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            let before = sum();
+            let mode = if kind == FaultKind::OneWayLink { LinkMode::OneWay } else { LinkMode::Lossy(20) };
+            g.set_links(i, mode);
+            tokio::time::sleep(PAST_TTL).await;
+            g.set_links(i, LinkMode::Pass);
+            let after = sum();
+            let took = if kind == FaultKind::OneWayLink { after.0 - before.0 } else { after.1 - before.1 };
+            // The arbiter renews sessions and watches every second: a link that
+            // held nothing did not take effect, and the run fails.
+            anyhow::ensure!(took > 0, "{name} on arbiter {i} held nothing: the fault did not take effect");
+            g.note(name, format!("arbiter {i}: {took} chunk(s) held"), start);
+        }
+        FaultKind::WriteStall => {
+            let pick = pick_cluster(g);
+            let (etcd, cluster) = cluster_of(g, pick);
+            let i = if pick.is_none() { g.leader().await.unwrap_or(0) } else { 0 };
+            let m = etcd.member(i);
+            let mut c = etcd_client::Client::connect([m.client_url()], None).await?;
+            let root = g.root.clone();
+            m.pause()?;
+            let sent = tokio::time::Instant::now();
+            let put = tokio::spawn(async move { c.put(format!("{}/gate/stall", root), "1", None).await });
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            m.resume()?;
+            let waited = match tokio::time::timeout(Duration::from_secs(10), put).await {
+                Ok(Ok(Ok(_))) => sent.elapsed(),
+                other => anyhow::bail!("write_stall: the probe write through {cluster}m{i} failed: {other:?}"),
+            };
+            // A put sent to the stopped member is answered only after it runs
+            // again: an answer much sooner means the stall did not happen.
+            anyhow::ensure!(
+                waited >= Duration::from_millis(700),
+                "write_stall: a write through the paused {cluster}m{i} was answered in {waited:?}"
+            );
+            g.note(
+                name,
+                format!("{cluster}m{i} stopped 900 ms; a write through it waited {} ms", waited.as_millis()),
+                start,
+            );
+        }
+        FaultKind::Compaction => {
+            let pick = pick_cluster(g);
+            let rev = g.compact(pick).await?;
+            g.note(name, format!("{}compacted at revision {rev}", cluster_of(g, pick).1), start);
+        }
         FaultKind::ArbiterPause => {
             let i = rand::random_range(0..g.arbiters.len());
             g.arbiters[i].pause()?;
@@ -289,6 +365,28 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             g.note(
                 name,
                 format!("snapshot at revision {base}, same cluster id{bumped}, epoch advanced to {}", g.epoch()),
+                start,
+            );
+        }
+        FaultKind::RestoreCrash => {
+            let i = rand::random_range(0..g.arbiters.len());
+            g.arbiters[i].kill();
+            let restored = g.restore_unadvanced(Duration::from_secs(2), None).await?;
+            let advance = async {
+                tokio::time::sleep(ADVANCE_AFTER).await;
+                g.advance_epoch().await
+            };
+            let (started, advanced) = tokio::join!(g.arbiters[i].restart(), advance);
+            started?;
+            advanced?;
+            g.note(
+                name,
+                format!(
+                    "arbiter {i} killed before the snapshot at revision {}, started again before the epoch advance to {}{}",
+                    restored.base,
+                    g.epoch(),
+                    if restored.grant_lost { "; the restore lost a grant" } else { "" }
+                ),
                 start,
             );
         }
@@ -367,7 +465,7 @@ mod tests {
             assert!(v.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{v:?}");
             assert!(rebalance_kinds().iter().all(|k| v.contains(k)), "{v:?}");
             assert!(!v.contains(&FaultKind::Restore) && !v.contains(&FaultKind::QuorumLoss));
-            assert!(!v.contains(&FaultKind::RestoreBumped));
+            assert!(!v.contains(&FaultKind::RestoreBumped) && !v.contains(&FaultKind::RestoreCrash));
             let short = random_rebalance(3);
             assert!(short.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{short:?}");
         }
