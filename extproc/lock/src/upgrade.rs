@@ -551,15 +551,22 @@ impl Gate {
         for s in &stores {
             s.guard().attach();
         }
-        self.tick(&stores, &listen).await;
+        // Nothing is served before one round has read the record (and, on a fresh
+        // install, written it): a failed round is tried again for a while (an
+        // auth-store refusal while roles change, a member electing).
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !self.tick(&stores, &listen).await && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let weak = Arc::downgrade(&self);
         drop(self);
         tokio::spawn(run(weak, stores, listen))
     }
 
     /// One round: renew (or put again) each advertisement, then read the record.
-    async fn tick(&self, stores: &[Arc<Store>], listen: &str) {
-        let Some(coord) = stores.first() else { return };
+    /// Answers whether the record was read (and a fresh keyspace's written).
+    async fn tick(&self, stores: &[Arc<Store>], listen: &str) -> bool {
+        let Some(coord) = stores.first() else { return true };
         for (i, store) in stores.iter().enumerate() {
             if let Some(id) = store.guard().ad_lease() {
                 if let Err(e) = store.call(store.client().lease_keep_alive(id)).await {
@@ -580,7 +587,7 @@ impl Gate {
                 if let Err(e) = self.advertise(store, listen, i == 0).await {
                     if i == 0 {
                         self.etcd_failed(stores, "advertise", &e);
-                        return;
+                        return false;
                     }
                     tracing::debug!(cluster = store.cluster_name(), error = %e, "keyspace gate: cannot advertise yet");
                 }
@@ -593,7 +600,7 @@ impl Gate {
             for s in stores {
                 s.guard().set_enabled(own);
             }
-            return;
+            return true;
         }
         let mut client = coord.client();
         let read = async {
@@ -602,25 +609,33 @@ impl Gate {
                 match bootstrap(&mut client, coord.keys().root(), listen).await {
                     Ok(Some(rec)) => {
                         tracing::info!(enabled = ?rec.enabled, "a fresh keyspace: wrote its record");
-                        return read_view(&mut client, coord.keys()).await;
+                        return Ok((read_view(&mut client, coord.keys()).await?, true));
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "could not write a fresh keyspace's record (the arbiter's role needs sys/keyspace); nothing is enabled until `lockctl upgrade enable all`")
+                        tracing::warn!(error = %e, "could not write a fresh keyspace's record (the arbiter's role needs sys/keyspace); nothing is enabled until `lockctl upgrade enable all`");
+                        return Ok((view, false));
                     }
                 }
             }
-            Ok(view)
+            Ok((view, true))
         };
         match tokio::time::timeout(Duration::from_secs(3), read).await {
-            Ok(Ok(view)) => {
+            Ok(Ok((view, complete))) => {
                 // The quotas counted at each arbiter are shared among the live ones.
                 super::quota::set_arbiters(view.advertisements.len());
-                self.observe(stores, view.record)
+                self.observe(stores, view.record);
+                complete
             }
-            Ok(Err(UpgradeError::Refused(r))) => self.refuse(stores, r),
-            Ok(Err(e)) => self.etcd_failed(stores, "read the keyspace record", &e.to_string()),
-            Err(_) => {}
+            Ok(Err(UpgradeError::Refused(r))) => {
+                self.refuse(stores, r);
+                true
+            }
+            Ok(Err(e)) => {
+                self.etcd_failed(stores, "read the keyspace record", &e.to_string());
+                false
+            }
+            Err(_) => false,
         }
     }
 

@@ -409,14 +409,11 @@ async fn a_fresh_keyspace_enables_every_gated_kind_and_an_existing_one_none() {
 
 /// A stand-in old arbiter (multi-slot holds off) is paused past its
 /// advertisement's lease; `multi_slot_holds` is enabled meanwhile; at once after
-/// it resumes, an acquire is sent to it. Returns the statuses of the acquires
-/// answered within the first second (before its gate's round seals it).
-async fn paused_through_a_flip(fault: Option<&str>) -> Vec<u16> {
-    let st = Stack::builder(if fault.is_some() { "flip-pause-planted" } else { "flip-pause" })
+/// it resumes, acquires are sent to it for 800 ms. Returns their statuses.
+async fn paused_through_a_flip() -> Vec<u16> {
+    let st = Stack::builder("flip-pause")
         .envoy_config("lock-tier")
         .arbiter_env("LOCKMESH_CAPABILITIES_OFF", "multi_slot_holds")
-        .arbiter_env("LOCKMESH_TEST_FAULTS", "1")
-        .arbiter_extra_yaml(format!("test_faults: [{}]", fault.unwrap_or("")))
         .start()
         .await
         .unwrap();
@@ -440,16 +437,49 @@ async fn paused_through_a_flip(fault: Option<&str>) -> Vec<u16> {
     codes
 }
 
+/// The arbiter's advertisement key removed under it (as a lapsed lease removes
+/// it): the statuses of an acquire sent at once and of the first acquire granted
+/// after it (`None` if none within 5 s).
+async fn advertisement_removed(fault: Option<&str>) -> (u16, Option<u16>) {
+    let mut b = Stack::builder("ad-removed").envoy_config("lock-tier");
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let c = st.client("payments", "worker").unwrap();
+    let r = c.post(ACQ, &[("x-lock-key", "payments/ad/0")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let mut e = st.etcd().client().await.unwrap();
+    let ads = format!("{}/sys/arbiters/", st.root());
+    let gone = e.delete(ads.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(gone.deleted(), 1, "one advertisement");
+    let first = c.post(ACQ, &[("x-lock-key", "payments/ad/1"), ("x-lock-wait-ms", "0")]).await.unwrap().code();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut i = 2;
+    while tokio::time::Instant::now() < until {
+        let r = c.post(ACQ, &[("x-lock-key", &format!("payments/ad/{i}")), ("x-lock-wait-ms", "0")]).await.unwrap();
+        if r.code() == 200 {
+            return (first, Some(200));
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (first, None)
+}
+
 #[tokio::test]
 async fn an_arbiter_paused_through_a_flip_grants_nothing_before_it_reads_the_record() {
-    let codes = paused_through_a_flip(None).await;
+    let codes = paused_through_a_flip().await;
     assert!(!codes.is_empty() && codes.iter().all(|c| *c == 503), "{codes:?}");
+    // Without a flip: the grant that finds the advertisement gone is refused, and
+    // grants resume once the gate has put it again.
+    assert_eq!(advertisement_removed(None).await, (503, Some(200)));
 }
 
 #[tokio::test]
 async fn planted_an_arbiter_that_does_not_compare_its_advertisement_is_caught() {
-    let codes = paused_through_a_flip(Some("ungated_writes")).await;
-    assert!(codes.first() == Some(&200), "the first acquire after the pause is granted: {codes:?}");
+    let (first, _) = advertisement_removed(Some("ungated_writes")).await;
+    assert_eq!(first, 200, "the planted arbiter grants with its advertisement gone");
 }
 
 // === the mixed-version rehearsal (a real older build) ===
