@@ -95,6 +95,15 @@ fn code_of(e: &UpgradeError) -> u8 {
     }
 }
 
+/// How often a request etcd refused with `revision of auth store is old` (its
+/// users or roles changed under this login; nothing was applied) is sent again
+/// on a new login.
+const AUTH_RETRIES: usize = 3;
+
+fn auth_store_old<T>(r: &Result<T, UpgradeError>) -> bool {
+    matches!(r, Err(UpgradeError::Etcd(m)) if m.contains("revision of auth store is old"))
+}
+
 /// `lockctl upgrade ...`.
 pub async fn main(a: &UpgradeArgs) -> ExitCode {
     if a.etcd.endpoints.is_empty() {
@@ -111,7 +120,18 @@ pub async fn main(a: &UpgradeArgs) -> ExitCode {
     let root = a.etcd.root.as_str();
     match &a.cmd {
         UpgradeCmd::Status => {
-            let view = match upgrade::read_view(&mut client, &lockmesh_lock::Keys::new(root)).await {
+            let keys = lockmesh_lock::Keys::new(root);
+            let mut view = upgrade::read_view(&mut client, &keys).await;
+            for _ in 0..AUTH_RETRIES {
+                if !auth_store_old(&view) {
+                    break;
+                }
+                if let Ok(c) = connect(&a.etcd).await {
+                    client = c;
+                }
+                view = upgrade::read_view(&mut client, &keys).await;
+            }
+            let view = match view {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!("lockctl upgrade status: {e}");
@@ -193,43 +213,46 @@ async fn flip_one(
     f: &FlipArgs,
     on: bool,
 ) -> u8 {
-    {
-        {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(f.wait_s);
-            loop {
-                let r = if on {
-                    upgrade::enable(client, root, cap, &f.actor).await
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(f.wait_s);
+    let mut auth_reruns = 0;
+    loop {
+        let r = if on {
+            upgrade::enable(client, root, cap, &f.actor).await
+        } else {
+            upgrade::disable(client, root, cap, &f.actor).await
+        };
+        if auth_store_old(&r) && auth_reruns < AUTH_RETRIES {
+            // Nothing was applied; a new login reads the current roles.
+            auth_reruns += 1;
+            if let Ok(c) = connect(&a.etcd).await {
+                *client = c;
+            }
+            continue;
+        }
+        match r {
+            Ok(done) => {
+                let verb = if on { "enabled" } else { "disabled" };
+                let h = if done.changed {
+                    format!(
+                        "{} {verb} at revision {} ({} live arbiter(s) compared); enabled now [{}]\n",
+                        cap.as_str(),
+                        done.revision,
+                        done.arbiters,
+                        done.record.enabled.join(", ")
+                    )
                 } else {
-                    upgrade::disable(client, root, cap, &f.actor).await
+                    format!("{} was already {verb}; nothing changed\n", cap.as_str())
                 };
-                match r {
-                    Ok(done) => {
-                        let verb = if on { "enabled" } else { "disabled" };
-                        let h = if done.changed {
-                            format!(
-                                "{} {verb} at revision {} ({} live arbiter(s) compared); enabled now [{}]\n",
-                                cap.as_str(),
-                                done.revision,
-                                done.arbiters,
-                                done.record.enabled.join(", ")
-                            )
-                        } else {
-                            format!("{} was already {verb}; nothing changed\n", cap.as_str())
-                        };
-                        print(a.json, &done, h);
-                        return 0;
-                    }
-                    Err(e @ (UpgradeError::Lacking { .. } | UpgradeError::Raced))
-                        if tokio::time::Instant::now() < deadline =>
-                    {
-                        tracing::debug!(error = %e, "retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                    Err(e) => {
-                        eprintln!("lockctl upgrade {} {}: {e}", if on { "enable" } else { "disable" }, cap.as_str());
-                        return code_of(&e);
-                    }
-                }
+                print(a.json, &done, h);
+                return 0;
+            }
+            Err(e @ (UpgradeError::Lacking { .. } | UpgradeError::Raced)) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                eprintln!("lockctl upgrade {} {}: {e}", if on { "enable" } else { "disable" }, cap.as_str());
+                return code_of(&e);
             }
         }
     }

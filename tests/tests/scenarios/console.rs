@@ -245,10 +245,23 @@ async fn the_console_shows_a_running_system_in_chromium() {
     // Holds: pool/k1 at its limit (2/2), pool/k2 1/2, ledger/l1 at its limit (1/1),
     // batch/b1 twice (2/3), then batch lowered to 1: over target, so it drains.
     let c = st.client("payments", "a").unwrap();
+    let mut sessions = Vec::new();
     for key in [KEYS[0], KEYS[0], KEYS[1], KEYS[2], KEYS[3], KEYS[3]] {
         let r = c.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
         assert_eq!(r.code(), 200, "{key}: {}", r.body);
+        sessions.push(r.json["session"].as_str().unwrap().to_owned());
     }
+    // The holds must outlast the scenario (a browser starting on a loaded machine
+    // takes longer than the classes' 15 s TTL): their sessions are renewed.
+    let renew = c.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            for sid in &sessions {
+                let _ = renew.post("/v1/sessions/keepalive", &[("x-lock-session", sid.as_str())]).await;
+            }
+        }
+    });
     let out = Command::new(profile_dir().join("lockctl"))
         .args(["limit", "change", "--class", "batch", "--to", "1", "--root", st.root(), "--endpoints"])
         .arg(st.etcd().endpoints().join(","))
