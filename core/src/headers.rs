@@ -138,6 +138,26 @@ pub const FORGEABLE_IDENTITY: [&str; 3] = ["x-forwarded-client-cert", "x-spiffe-
 /// token, and a client's own grant evidence must not look like one.
 pub const UPSTREAM_RESERVED: [&str; 5] = [TOKEN, SESSION, INSTANCE, PROOF, GRANT];
 
+/// Method override headers (folded): some frameworks (Rails, Symfony, Laravel,
+/// Express's method-override, ASP.NET) run the method one names instead of the one
+/// on the wire, so a lock or fence that classified the request by its method would
+/// have classified another request than the one served.
+pub const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// Path override headers (folded): IIS and ASP.NET URL rewriting, Symfony and
+/// Laravel serve the path one names instead of `:path`, so a lock derived from
+/// `:path` would guard another resource than the one served.
+pub const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+
+/// The override header (of [`METHOD_OVERRIDES`] and [`PATH_OVERRIDES`]) that `name`
+/// spells in any case or `_`/`-` spelling ([`fold`]), if any: `X_Original_URL`
+/// gives `Some("x-original-url")`. The Wasm filter and fence-proxy refuse a request
+/// carrying one on every route.
+pub fn override_header(name: &str) -> Option<&'static str> {
+    let f = fold(name);
+    METHOD_OVERRIDES.iter().chain(&PATH_OVERRIDES).copied().find(|h| *h == f)
+}
+
 /// A header name as a permissive server reads it: ASCII lower-case, `_` read as `-`.
 /// CGI and WSGI servers (Python's `wsgiref` among them) map both `x_lock_token` and
 /// `X-Lock-Token` to `HTTP_X_LOCK_TOKEN`, so every comparison that decides whether
@@ -606,6 +626,23 @@ mod tests {
         assert_eq!(fold("_"), "-");
         // Non-ASCII bytes cannot occur in a header name Envoy accepts; they stay.
         assert_eq!(fold("x_\u{e9}"), "x-\u{e9}");
+    }
+
+    #[test]
+    fn every_spelling_of_an_override_header_is_one() {
+        for (sent, want) in [
+            ("x-original-url", "x-original-url"),
+            ("X_ORIGINAL_URL", "x-original-url"),
+            ("x_rewrite-url", "x-rewrite-url"),
+            ("x-http_method-override", "x-http-method-override"),
+            ("X-HTTP-Method", "x-http-method"),
+            ("x_method_override", "x-method-override"),
+        ] {
+            assert_eq!(override_header(sent), Some(want), "{sent}");
+        }
+        for other in ["x-request-url", "x-original-url-x", "x-http-methods", "x-lock-key", "", "_"] {
+            assert_eq!(override_header(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -35,10 +35,9 @@ use lockmesh_core::{headers, FencingToken};
 
 use crate::respond::FenceError;
 
-/// Method override headers (folded), refused on every route.
-pub const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
-/// Path override headers (folded), refused on every route.
-pub const PATH_OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+/// Method and path override headers (folded), refused on every route: the lists
+/// the Wasm filter refuses too, kept in `lockmesh_core::headers`.
+pub use lockmesh_core::headers::{METHOD_OVERRIDES, PATH_OVERRIDES};
 /// Methods that never carry a body through the fence.
 pub const BODILESS: [Method; 4] = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
 
@@ -64,7 +63,7 @@ pub fn is_lock_header(folded: &str) -> bool {
 
 /// Whether a folded name is a method or path override header.
 pub fn is_override_header(folded: &str) -> bool {
-    METHOD_OVERRIDES.contains(&folded) || PATH_OVERRIDES.contains(&folded)
+    headers::override_header(folded).is_some()
 }
 
 /// Refuses twins, duplicate lock headers and override headers (see the module doc).

@@ -20,7 +20,9 @@
 //!    cannot authorise;
 //! 4. `400 bad_request`: a malformed, duplicated or (for the route) missing lock
 //!    header, a lock header also sent spelt with `_` (`x_lock_key`: a server that
-//!    reads `_` as `-` would see a value the filter never checked), a wait above
+//!    reads `_` as `-` would see a value the filter never checked), a path or
+//!    method override header in any spelling (`headers::override_header`:
+//!    `X-Original-URL`, `x_http_method_override`; see below), a wait above
 //!    `max_wait_ms`, or on a transparent route with a `key` template a request the
 //!    template cannot derive a valid key from, or whose own `x-lock-key` differs
 //!    from the derived one;
@@ -28,6 +30,13 @@
 //!    the key (routes without a key: the identity holds the operation nowhere). The
 //!    answer depends on the configuration and the request only, never on the key's
 //!    state, so it is the same bytes whether or not the key exists or is held.
+//!
+//! Override headers are refused, not removed: the shipped connection managers
+//! remove the exact names before any filter runs and refuse `_` in a name, so one
+//! that reaches the filter was sent in a spelling no ordinary client uses, or the
+//! filter runs without those settings (a mesh's own HCM). Removing it would leave
+//! the request's meaning to whichever spellings the filter knew; refusing it answers
+//! a clear `400` and forwards nothing, as fence-proxy does for the same names.
 //!
 //! A passed request loses every header only lockmesh may set, compared by the name
 //! a server will read (`headers::fold`: lower-case, `_` as `-`): `x-lockmesh-*`, the
@@ -149,6 +158,15 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
         (None, Some(_)) => Route::Transparent,
         (None, None) => return Decision::reject(Code::NotFound, "no such route"),
     };
+    // An application that obeys a path or method override serves another request
+    // than the one the lock is for (module doc): refused in every spelling.
+    if let Some((sent, h)) = hdrs.iter().find_map(|(n, _)| headers::override_header(n).map(|h| (n, h))) {
+        let msg = format!(
+            "{sent:?}: a path or method override header (read as {h}) is not accepted: an application may \
+             serve another path or method than the one locked; the request was not forwarded"
+        );
+        return Decision::reject(Code::BadRequest, &msg);
+    }
     let mut lock = match headers::parse_lock_headers(hdrs.iter().map(|(n, v)| (n.as_str(), v.as_slice()))) {
         Ok(h) => h,
         Err(e) => return Decision::reject(Code::BadRequest, &e.to_string()),

@@ -140,7 +140,8 @@ proptest! {
             Just("x-lock-key".to_string()), Just("x-lock-wait-ms".to_string()),
             Just("x-lock-session".to_string()), Just("x-lock-token".to_string()),
             Just("x-lock-class".to_string()), Just("x-lock-instance".to_string()),
-            Just("x-lockmesh-x".to_string()), "[a-z-]{1,12}"], 0..8),
+            Just("x-lockmesh-x".to_string()), Just("x_original_url".to_string()),
+            Just("x-http-method-override".to_string()), "[a-z_-]{1,12}"], 0..8),
         vals in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..600), 8),
         id in proptest::option::of(prop_oneof![Just(ID.to_vec()), proptest::collection::vec(any::<u8>(), 0..64)]),
     ) {
@@ -291,6 +292,50 @@ fn a_twin_of_a_lock_header_the_filter_reads_is_refused() {
     let d = on_request_headers(&cfg(), &acq(&[("x_lock_key", b"payments/a")]), None);
     assert_eq!(http_status(&d), 401);
     assert_eq!(http_status(&on_request_headers(&cfg(), &h("GET", "/x", &[("x_lock_key", b"a/b")]), Some(ID))), 404);
+}
+
+#[test]
+fn an_override_header_in_any_spelling_is_refused_on_every_route() {
+    let spellings = [
+        "x-original-url",
+        "x_original_url",
+        "X_ORIGINAL_URL",
+        "x-original_url",
+        "x-rewrite-url",
+        "x_rewrite-url",
+        "x-http-method-override",
+        "x_http_method_override",
+        "x-http_method-override",
+        "x-http-method",
+        "x_http_method",
+        "x-method-override",
+        "x_method_override",
+        "X-Method-Override",
+    ];
+    let refused = |cfg: &Config, hdrs: &[(String, Vec<u8>)], name: &str| {
+        let d = on_request_headers(cfg, hdrs, Some(ID));
+        let Decision::Reject { status, code, body } = d else { panic!("{name}: {d:?}") };
+        assert_eq!((status, code), (400, Code::BadRequest), "{name}: {body}");
+        assert!(body.contains(&format!("\\\"{name}\\\"")), "{name}: names what was sent: {body}");
+        assert!(body.contains("override header") && !body.contains("/orders/2"), "never the value: {body}");
+    };
+    for name in spellings {
+        let v: &[u8] = if name.contains("url") || name.contains("URL") { b"/orders/2" } else { b"PUT" };
+        // The unlocked route (the finding: /public served as a locked path), a
+        // locked one, a bound one, and the lock API.
+        refused(&sidecar(), &h("GET", "/public/info", &[(name, v)]), name);
+        refused(&sidecar(), &h("POST", "/orders/1", &[("x-lock-key", b"payments/o-1"), (name, v)]), name);
+        refused(&bound(), &h("GET", "/orders/1", &[(name, v)]), name);
+        refused(&cfg(), &acq(&[("x-lock-key", b"payments/a"), (name, v)]), name);
+    }
+    // Headers that only look alike pass.
+    for other in ["x-request-url", "x-original-host", "x-http-methods", "x-forwarded-method"] {
+        let d = on_request_headers(&sidecar(), &h("GET", "/public/info", &[(other, b"/orders/2")]), Some(ID));
+        assert!(matches!(d, Decision::Pass(_)), "{other}: {d:?}");
+    }
+    // Unauthenticated still comes first.
+    let d = on_request_headers(&sidecar(), &h("GET", "/public/info", &[("x_original_url", b"/orders/2")]), None);
+    assert_eq!(http_status(&d), 401);
 }
 
 /// The bypasses and every other class the canon refuses, each with the
