@@ -702,7 +702,7 @@ fn every_listener_that_authenticates_callers_turns_off_session_resumption() {
 /// What is wrong with the connection managers of `doc` (issue 41 item 3): one
 /// that does not remove every override header in an early header mutation
 /// (before routing and every filter), and one with the lockmesh filter that does
-/// not run the body check on GET, HEAD and OPTIONS before it.
+/// not run the body check on GET, HEAD, OPTIONS and DELETE before it.
 fn override_and_body_problems(doc: &serde_json::Value) -> Vec<String> {
     let mut hcms = Vec::new();
     find_all(doc, HCM, &mut hcms);
@@ -734,14 +734,14 @@ fn override_and_body_problems(doc: &serde_json::Value) -> Vec<String> {
                 && inner["@type"].as_str() == Some(LUA)
                 && code.contains("h:body()")
                 && code.contains("\"400\"")
-                && methods == Some("GET|HEAD|OPTIONS")
+                && methods == Some("GET|HEAD|OPTIONS|DELETE")
                 && skip["on_match"]["action"]["typed_config"]["@type"].as_str()
                     == Some("type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter")
         });
         match check {
             Some(at) if at < wasm_at => {}
             Some(_) => found.push(format!("HCM {i}: the body check runs after the lockmesh filter")),
-            None => found.push(format!("HCM {i}: no body check on GET, HEAD and OPTIONS")),
+            None => found.push(format!("HCM {i}: no body check on GET, HEAD, OPTIONS and DELETE")),
         }
     }
     found
@@ -780,7 +780,7 @@ fn every_connection_manager_strips_override_headers_and_refuses_bodies_on_safe_m
     let found = override_and_body_problems(&yaml(&sidecar.replace(&headers, "")));
     assert_eq!(found.len(), 5, "{found:#?}");
     let found = override_and_body_problems(&yaml(&sidecar.replace(&body, "")));
-    assert_eq!(found, ["HCM 0: no body check on GET, HEAD and OPTIONS"]);
+    assert_eq!(found, ["HCM 0: no body check on GET, HEAD, OPTIONS and DELETE"]);
 }
 
 /// One request by curl to `https://localhost:{port}{path}` over `http`
