@@ -10,8 +10,8 @@
 //! `wsgiref` environ, which decodes the path and reads `x_lock_token` as
 //! `HTTP_X_LOCK_TOKEN`, and an application that obeys `X-Original-URL`,
 //! `X-Rewrite-URL` and the method override headers, reads `/orders/07` as order 7,
-//! never reads a GET, HEAD or OPTIONS body and keeps its connection alive, so such
-//! a body is read as the next request). The application logs every request it
+//! never reads a GET, HEAD, OPTIONS or DELETE body and keeps its connection alive,
+//! so such a body is read as the next request). The application logs every request it
 //! served with the path, method and order id as it understood them, and the
 //! verdict is taken from that log, not from the status codes:
 //!
@@ -32,8 +32,9 @@
 //!   none arrives at all). A `_method` query parameter, which no proxy can remove,
 //!   is read by the application on POST only (as Rails, Laravel, Symfony and
 //!   Express do) and is judged by the path rules alone;
-//! - no GET, HEAD or OPTIONS body reaches the application on a locked route, and no
-//!   request smuggled in such a body is served (on any route).
+//! - no GET, HEAD, OPTIONS or DELETE body reaches the application on a locked
+//!   route, and no request smuggled in such a body is served (on any route). The
+//!   shipped configs refuse DELETE bodies on every route (docs/DEPLOY.md).
 //!
 //! The canonical requests of the corpus (class `control`, some naming the class
 //! they accompany) must get their normal answers in the same run: a filter that
@@ -161,10 +162,20 @@ impl Seen {
     fn read_on_the_wire(&self) -> bool {
         READ_METHODS.contains(&self.method.as_str())
     }
+
+    /// Whether its body, if any, is one the application never reads (a read's or a
+    /// DELETE's): its bytes would be the next request on the connection.
+    fn body_unread(&self) -> bool {
+        UNREAD_BODY_METHODS.contains(&self.method.as_str())
+    }
 }
 
 /// Methods whose bodies the application never reads (and that carry none here).
 const READ_METHODS: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
+
+/// Methods whose bodies the application never reads (`wsgi_upstream.py`): the reads
+/// and DELETE.
+const UNREAD_BODY_METHODS: [&str; 4] = ["GET", "HEAD", "OPTIONS", "DELETE"];
 
 /// The method override headers as WSGI reads them (any spelling of each).
 const METHOD_OVERRIDES: [&str; 3] = ["HTTP_X_HTTP_METHOD_OVERRIDE", "HTTP_X_HTTP_METHOD", "HTTP_X_METHOD_OVERRIDE"];
@@ -467,7 +478,7 @@ fn bypasses(seen: &[Seen], marker: &str, oracle: &Oracle) -> Vec<String> {
                 ));
             }
         }
-        if locked && s.read_on_the_wire() && s.has_body() {
+        if locked && s.body_unread() && s.has_body() {
             found.push(format!(
                 "{at}: a body on {} reached the application on a locked route (content-length {:?}, chunked {})",
                 s.method, s.content_length, s.chunked
@@ -653,6 +664,8 @@ async fn through_a_gate_without_either_layer_the_corpus_finds_bypasses() {
         // read_body
         "a body on GET reached the application on a locked route",
         "a body on OPTIONS reached the application on a locked route",
+        "a body on DELETE reached the application on a locked route",
+        "a request smuggled in the unread body of \"DELETE ",
         "a request smuggled in the unread body",
         // numeric_key
         "the application read order 7, served under lock key Some(\"payments/order-07\")",
@@ -1017,10 +1030,11 @@ fn store_violations(s: &Seen, marker: &str, instance: Option<&str>, key_of: &BTr
         v.push(format!("a request smuggled in the unread body of {first:?}"));
     }
     let token = s.lock_headers.get("HTTP_X_LOCK_TOKEN");
+    // The fence's routes here allow no DELETE body (`delete_body: refuse`).
+    if s.body_unread() && s.has_body() {
+        v.push(format!("a body on {} (content-length {:?}, chunked {})", s.method, s.content_length, s.chunked));
+    }
     if s.read_on_the_wire() {
-        if s.has_body() {
-            v.push(format!("a body on {} (content-length {:?}, chunked {})", s.method, s.content_length, s.chunked));
-        }
         if let Some(t) = token {
             v.push(format!("a token {t:?} on a read"));
         }
@@ -1238,8 +1252,16 @@ fn the_corpus_has_ten_variants_of_every_class_over_both_protocols() {
         assert!(e.for_class.as_deref().is_none_or(|f| classes.contains(&f)), "{e:?}: unknown class");
         assert!(!e.protocols.is_empty(), "{e:?}: no protocol");
         if e.class == "read_body" {
-            assert!(READ_METHODS.contains(&e.method.as_str()) && e.body.is_some(), "{e:?}: a read with a body");
+            assert!(UNREAD_BODY_METHODS.contains(&e.method.as_str()) && e.body.is_some(), "{e:?}: a read with a body");
         }
+    }
+    // DELETE bodies: at least 10 variants over each protocol, and a control.
+    for proto in [Proto::Http1, Proto::Http2] {
+        let of = |e: &&Entry| e.method == "DELETE" && e.protocols.contains(&proto);
+        let n = c.entries.iter().filter(|e| e.class == "read_body").filter(of).count();
+        assert!(n >= 10, "DELETE bodies over {proto:?}: {n} variants, want at least 10");
+        let control = c.entries.iter().filter(|e| e.for_class.as_deref() == Some("read_body")).any(|e| of(&e));
+        assert!(control, "DELETE bodies over {proto:?}: no control");
     }
     // Every override header the application obeys is in the corpus, in its class.
     for (class, names) in [
