@@ -707,8 +707,18 @@ async fn the_corpus_cannot_leave_the_application_sidecars_lock_api_route() {
         .await
         .unwrap();
     let c = corpus();
-    let entries: Vec<Entry> =
-        c.entries.iter().cloned().map(|e| Entry { target: e.target.replace("/public", "/v1"), ..e }).collect();
+    // DELETE bodies are not sent here: the application sidecar has no body check of
+    // its own (it forwards `/v1/` only, to the lock tier, whose Envoy frames bodies
+    // itself and refuses DELETE bodies before its filter: lock-tier.yaml), so the
+    // WSGI stand-in for the lock tier would read their bytes as a request the real
+    // lock tier never sees.
+    let entries: Vec<Entry> = c
+        .entries
+        .iter()
+        .filter(|e| !(e.method == "DELETE" && e.body.is_some()))
+        .cloned()
+        .map(|e| Entry { target: e.target.replace("/public", "/v1"), ..e })
+        .collect();
     let to = Target { port: listen, tls: None };
     let expect = |e: &Entry| e.expect.map(|_| if e.target.starts_with("/v1/") { 200 } else { 404 });
     let (wrong, outcomes) = run_corpus(&entries, &to, expect).await;
