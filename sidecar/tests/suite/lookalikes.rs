@@ -386,10 +386,16 @@ enum Want {
     Refused,
 }
 
-/// Every lookalike and escape of this module in one table, with the result of
-/// each printed (`--nocapture`): none may be admitted unpatched or with a fence
-/// that is not the webhook's own.
-fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> {
+/// The kinds of row 1, each tried with at least [`MIN_PER_KIND`] variants.
+const LOOKALIKE: &str = "lookalike fence container";
+const FORGED: &str = "forged fence status";
+const ESCAPE: &str = "selection escape";
+const MIN_PER_KIND: usize = 10;
+
+/// Every lookalike and escape of this module in one table, by kind, with the
+/// result of each printed (`--nocapture`): none may be admitted unpatched or
+/// with a fence that is not the webhook's own.
+fn variants(injected: &Value) -> Vec<(&'static str, &'static str, &'static str, Value, Want)> {
     let with = |edit: &dyn Fn(&mut Value)| {
         let mut p = store_pod();
         edit(&mut p);
@@ -438,55 +444,104 @@ fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> 
     with_init_emptied["spec"]["initContainers"] = json!([]);
     let mut other_sa = injected.clone();
     other_sa["spec"]["serviceAccountName"] = json!("not-the-store");
+    // The injected pod with one more annotation, or the store label set to `v`.
+    let annotated = |p: &Value, k: &str, v: Value| {
+        let mut p = p.clone();
+        annotations(&mut p).insert(k.into(), v);
+        p
+    };
+    let store_label = |p: &Value, v: &str| {
+        let mut p = p.clone();
+        p["metadata"]["labels"][STORE_LABEL.0] = json!(v);
+        p
+    };
+    let status_of = |value: Value| {
+        with(&|p| {
+            annotations(p).insert("lockmesh.io/fence-status".into(), value.clone());
+        })
+    };
+    let mut own_keys_volume = injected.clone();
+    for v in own_keys_volume["spec"]["volumes"].as_array_mut().unwrap() {
+        if v["name"] == "lockmesh-fence-config" {
+            v["configMap"]["name"] = json!("my-own-signing-keys");
+        }
+    }
+    let digest = format!("ghcr.io/lockmesh/fence-proxy@sha256:{}", "0".repeat(64));
     vec![
-        ("/mutate", "lookalike with own args and signing keys, forged status", own_args, Want::Own(injected.clone())),
-        ("/mutate", "lookalike running sleep, forged status", sleep.clone(), Want::Own(injected.clone())),
-        ("/mutate", "lookalike holding the port, forwarding to nothing", nowhere, Want::Own(injected.clone())),
-        ("/mutate", "forged status annotation, selected by label", status, Want::Own(injected.clone())),
         (
+            LOOKALIKE,
+            "/mutate",
+            "lookalike with own args and signing keys, forged status",
+            own_args,
+            Want::Own(injected.clone()),
+        ),
+        (LOOKALIKE, "/mutate", "lookalike running sleep, forged status", sleep.clone(), Want::Own(injected.clone())),
+        (
+            LOOKALIKE,
+            "/mutate",
+            "lookalike holding the port, forwarding to nothing",
+            nowhere,
+            Want::Own(injected.clone()),
+        ),
+        (FORGED, "/mutate", "forged status annotation, selected by label", status, Want::Own(injected.clone())),
+        (
+            FORGED,
             "/mutate",
             "forged status annotation, opted in, not selected",
             status_opted_in,
             Want::Own(unlabelled(injected)),
         ),
-        ("/mutate", "init container named lockmesh-fence, forged status", init, Want::Own(with_init_emptied)),
         (
+            LOOKALIKE,
+            "/mutate",
+            "init container named lockmesh-fence, forged status",
+            init,
+            Want::Own(with_init_emptied),
+        ),
+        (
+            LOOKALIKE,
             "/mutate",
             "injected pod, fence args tampered",
             tampered("args", json!(["--config", "/x.yaml"])),
             Want::Own(injected.clone()),
         ),
         (
+            LOOKALIKE,
             "/mutate",
             "injected pod, fence image tampered",
             tampered("image", json!("evil.example/x:1")),
             Want::Own(injected.clone()),
         ),
         (
+            LOOKALIKE,
             "/mutate/store",
             "injected pod, fence running sleep",
             tampered("command", json!(["sleep", "1d"])),
             Want::Own(injected.clone()),
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: no selector label",
             unlabelled(&store_pod()),
             Want::Own(unlabelled(injected)),
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: no label, lookalike, forged status",
             unlabelled(&sleep),
             Want::Own(unlabelled(injected)),
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: another service account",
             with(&|p| p["spec"]["serviceAccountName"] = json!("not-the-store")),
-            Want::Own(other_sa),
+            Want::Own(other_sa.clone()),
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: no label, no annotations",
             with(&|p| {
@@ -496,6 +551,7 @@ fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> 
             Want::Refused,
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: fence disabled",
             with(&|p| {
@@ -504,6 +560,7 @@ fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> 
             Want::Refused,
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: its own fence ConfigMap",
             with(&|p| {
@@ -512,12 +569,131 @@ fn variants(injected: &Value) -> Vec<(&'static str, &'static str, Value, Want)> 
             Want::Refused,
         ),
         (
+            ESCAPE,
             "/mutate/store",
             "store namespace: backend port 9090",
             with(&|p| {
                 annotations(p).insert("lockmesh.io/fence-backend-port".into(), json!("9090"));
             }),
             Want::Refused,
+        ),
+        (
+            LOOKALIKE,
+            "/mutate",
+            "lookalike listed before the store, forged status",
+            with(&|p| {
+                containers(p).insert(0, lookalike(json!({"args": ["--config", "/keys/evil.yaml"]})));
+                forge_status(p);
+            }),
+            Want::Own(injected.clone()),
+        ),
+        (
+            LOOKALIKE,
+            "/mutate",
+            "lookalike of the image by digest, forged status",
+            with(&|p| {
+                containers(p).push(lookalike(json!({"image": digest.clone(), "command": ["sleep", "infinity"]})));
+                forge_status(p);
+            }),
+            Want::Own(injected.clone()),
+        ),
+        (
+            LOOKALIKE,
+            "/mutate",
+            "injected pod, fence upstream env tampered",
+            tampered("env", json!([{"name": "LOCKMESH_FENCE_UPSTREAM", "value": "http://127.0.0.1:1"}])),
+            Want::Own(injected.clone()),
+        ),
+        (LOOKALIKE, "/mutate", "injected pod, fence ports removed", tampered("ports", json!([])), Want::Refused),
+        (
+            LOOKALIKE,
+            "/mutate",
+            "injected pod, fence runs privileged as root",
+            tampered("securityContext", json!({"privileged": true, "runAsUser": 0})),
+            Want::Own(injected.clone()),
+        ),
+        (
+            LOOKALIKE,
+            "/mutate/store",
+            "injected pod, fence keys volume from the pod's own ConfigMap",
+            own_keys_volume,
+            Want::Own(injected.clone()),
+        ),
+        (
+            FORGED,
+            "/mutate",
+            "forged status naming another container",
+            status_of(json!(r#"{"version":1,"container":"app","storePort":8080,"backendPort":15081}"#)),
+            Want::Own(injected.clone()),
+        ),
+        (
+            FORGED,
+            "/mutate",
+            "forged status naming the store's port as the backend",
+            status_of(json!(r#"{"version":1,"container":"lockmesh-fence","storePort":8080,"backendPort":8080}"#)),
+            Want::Own(injected.clone()),
+        ),
+        (FORGED, "/mutate", "forged status as a bare word", status_of(json!("injected")), Want::Own(injected.clone())),
+        (FORGED, "/mutate", "forged status empty", status_of(json!("")), Want::Own(injected.clone())),
+        (
+            FORGED,
+            "/mutate",
+            "forged status of a later version",
+            status_of(json!(r#"{"version":2,"container":"lockmesh-fence"}"#)),
+            Want::Own(injected.clone()),
+        ),
+        (
+            FORGED,
+            "/mutate",
+            "forged status and fenced label",
+            with(&|p| {
+                forge_status(p);
+                p["metadata"]["labels"]["lockmesh.io/fenced"] = json!("true");
+            }),
+            Want::Own(injected.clone()),
+        ),
+        (
+            FORGED,
+            "/mutate",
+            "forged status under an upper-case key",
+            with(&|p| {
+                annotations(p).insert("Lockmesh.io/fence-status".into(), json!("injected"));
+            }),
+            Want::Own(annotated(injected, "Lockmesh.io/fence-status", json!("injected"))),
+        ),
+        (
+            FORGED,
+            "/mutate/store",
+            "store namespace: no label, forged status only",
+            with(&|p| {
+                p["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+                forge_status(p);
+            }),
+            Want::Own(unlabelled(injected)),
+        ),
+        (
+            ESCAPE,
+            "/mutate/store",
+            "store namespace: selector label set to false",
+            store_label(&store_pod(), "false"),
+            Want::Own(store_label(injected, "false")),
+        ),
+        (
+            ESCAPE,
+            "/mutate",
+            "selector label value in upper case, opted in",
+            store_label(&store_pod(), "TRUE"),
+            Want::Own(store_label(injected, "TRUE")),
+        ),
+        (
+            ESCAPE,
+            "/mutate/store",
+            "store namespace: another service account, no label",
+            with(&|p| {
+                p["spec"]["serviceAccountName"] = json!("not-the-store");
+                p["metadata"]["labels"].as_object_mut().unwrap().remove(STORE_LABEL.0);
+            }),
+            Want::Own(unlabelled(&other_sa)),
         ),
     ]
 }
@@ -528,7 +704,15 @@ async fn no_variant_gets_through() {
     let injected = control(&webhook).await;
     let mut through = Vec::new();
     let all = variants(&injected);
-    for (path, what, pod, want) in &all {
+    let mut per_kind = std::collections::BTreeMap::<&str, usize>::new();
+    for (kind, _, _, _, _) in &all {
+        *per_kind.entry(kind).or_default() += 1;
+    }
+    println!("variants per kind: {per_kind:?}");
+    for kind in [LOOKALIKE, FORGED, ESCAPE] {
+        assert!(per_kind.get(kind).copied().unwrap_or(0) >= MIN_PER_KIND, "{kind}: fewer than {MIN_PER_KIND} variants");
+    }
+    for (kind, path, what, pod, want) in &all {
         let body = review_of(pod);
         let r = webhook.client.post(format!("{}{path}", webhook.base)).body(body).send().await.unwrap();
         let got = if r.status() != 200 {
@@ -547,7 +731,7 @@ async fn no_variant_gets_through() {
                 },
             }
         };
-        println!("{path:14} {what:55} {got}");
+        println!("{kind:26} {path:14} {what:60} {got}");
         if !got.starts_with("ok") {
             through.push(format!("{path} {what}: {got}"));
         }
