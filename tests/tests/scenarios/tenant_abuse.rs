@@ -560,7 +560,7 @@ fn release_attempts(key: &str, token: u64, vm_sid: &str, vm: &str, own_sid: &str
                 "POST",
                 REL,
                 with(&t, &[("x-lock-session", vm_sid), ("x-lock-instance", vm)]),
-                "409 not_holder",
+                "410 session_expired",
             ),
         ),
         a(
@@ -765,6 +765,9 @@ async fn transparent_release(fault: Option<&str>) -> Run {
         release_attempts(key, token, &vm_sid, &vm, &own_sid).into_iter().partition(names_vm);
     for at in &mut vm_id {
         at.var.name = format!("{VM_ID}{}", at.var.name);
+        // A VM's session is owned by the instance `vm/<id>`, which no request can
+        // name (`x-lock-instance` allows no `/`): to anyone else it is not theirs.
+        at.var.expect = ["410 session_expired"; 2];
     }
     let mut run = Run::default();
     let mut released = false;
