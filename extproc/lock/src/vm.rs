@@ -311,9 +311,14 @@ fn insert_bounded(
 // === impl Store ===
 
 impl Store {
-    /// The caller that owns `vm`'s sessions.
+    /// The caller that owns `vm`'s sessions: the Envoy's identity and the
+    /// instance `vm/<id>`. No request of the lock API can present that instance
+    /// (`x-lock-instance` allows no `/`, `lockmesh_core::headers::parse_instance`),
+    /// so a workload holding the same SPIFFE ID as its sidecar (one service
+    /// account for the pod) can neither renew, close nor release through a VM's
+    /// session: a transparent hold ends with its request only.
     pub fn vm_owner(envoy: &str, vm: &str) -> Caller {
-        Caller { identity: envoy.to_owned(), instance: Some(vm.to_owned()) }
+        Caller { identity: envoy.to_owned(), instance: Some(format!("vm/{vm}")) }
     }
 
     /// The session of `vm` (of the Envoy `envoy`) for `class` with the class's
@@ -330,7 +335,16 @@ impl Store {
             let r = self.call(self.client().get(index.as_str(), None)).await?;
             if let Some(kv) = r.kvs().first() {
                 let sid = SessionId::from_lease(kv.lease()).ok_or(LockError::SessionExpired)?;
-                let rec = self.owned_session(sid, &owner).await?;
+                let rec = match self.owned_session(sid, &owner).await {
+                    Ok(rec) => rec,
+                    // A session an earlier build opened under the bare VM id (or
+                    // one that expired under its index): retired, a new one opened.
+                    Err(LockError::SessionExpired) => {
+                        self.retire_vm_session(vm, class.name.as_str(), sid, kv.mod_revision()).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 if rec.ttl_s == class.ttl_s {
                     self.vms.by_vm_class.insert(cache_key, VmSession { sid, ttl_s: rec.ttl_s });
                     return Ok(sid);
