@@ -174,6 +174,22 @@ async fn old_arbiter(st: &Stack, planted: bool) -> ArbiterProcess {
     b.start().await.unwrap()
 }
 
+/// A lock-tier Envoy in front of the older arbiter `old` only, and a client of it.
+async fn old_side(st: &Stack, old: &ArbiterProcess) -> (EnvoyProcess, LockClient) {
+    let envoy = EnvoyProcess::builder("lock-tier")
+        .cert_dir(st.pki().dir())
+        .upstream_port(st.backend().port())
+        .arbiter_port(old.grpc_port())
+        .start()
+        .await
+        .unwrap();
+    let cert = st.pki().client("payments", "old-side").unwrap();
+    let client =
+        LockClient::new(envoy.listener_port(), &st.pki().ca_cert_path(), Some((&cert.cert_path, &cert.key_path)))
+            .unwrap();
+    (envoy, client)
+}
+
 async fn metric(a: &ArbiterProcess, line: &str) -> bool {
     let (_, m) = a.admin_get("/metrics").await.unwrap();
     m.lines().any(|l| l == line)
@@ -195,17 +211,7 @@ async fn mixed_version(planted: bool) -> Result<(), String> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let start = next_revision(&st).await;
     let old = old_arbiter(&st, planted).await;
-    let old_envoy = EnvoyProcess::builder("lock-tier")
-        .cert_dir(st.pki().dir())
-        .upstream_port(st.backend().port())
-        .arbiter_port(old.grpc_port())
-        .start()
-        .await
-        .unwrap();
-    let cert = st.pki().client("payments", "old-side").unwrap();
-    let old_client =
-        LockClient::new(old_envoy.listener_port(), &st.pki().ca_cert_path(), Some((&cert.cert_path, &cert.key_path)))
-            .unwrap();
+    let (_old_envoy, old_client) = old_side(&st, &old).await;
     let new_client = st.client("payments", "new-side").unwrap();
 
     // 1. Both advertise and both grant.
@@ -567,17 +573,7 @@ async fn mixed_version_rehearsal() {
         b = b.etcd_yaml(line);
     }
     let old = b.start().await.expect("the older arbiter starts");
-    let old_envoy = EnvoyProcess::builder("lock-tier")
-        .cert_dir(st.pki().dir())
-        .upstream_port(st.backend().port())
-        .arbiter_port(old.grpc_port())
-        .start()
-        .await
-        .unwrap();
-    let cert = st.pki().client("payments", "old-side").unwrap();
-    let old_client =
-        LockClient::new(old_envoy.listener_port(), &st.pki().ca_cert_path(), Some((&cert.cert_path, &cert.key_path)))
-            .unwrap();
+    let (_old_envoy, old_client) = old_side(&st, &old).await;
     let new_client = st.client("payments", "new-side").unwrap();
     let (_, status, _) = ctl(&st, &["status"]);
     println!("rehearsal: status with both builds:\n{status}");
