@@ -43,6 +43,7 @@ use lockmesh_keyspace::{DelayGuard, LockDelayRecord};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::test_faults::{on, TestFault};
 use super::{keys, now_ms, HoldRecord, LockError, Store};
 
 /// `lock_delay_s` by class name, for the classes that set one (the registry's:
@@ -275,33 +276,57 @@ impl Store {
         }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
+            // The last revision the watch saw through (0: none yet). A watch that
+            // breaks resumes after it, so a hold that ended in the gap is still
+            // turned into its delay as the watch catches up, not at the key's next
+            // grant attempt.
+            let mut seen = 0i64;
             loop {
                 if !any_delay() {
+                    // Nothing watched while no class sets a delay: start afresh.
+                    seen = 0;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
                 let Some(store) = weak.upgrade() else { return };
-                if let Err(e) = follow_deletes(&store).await {
-                    tracing::debug!(error = %e, "the lock-delay watch ended; watching again");
+                if on(TestFault::DelayRewatchFromNow) {
+                    seen = 0; // PLANTED BUG (recipe_edges scenario): resume from "now".
                 }
+                let gap = match follow_deletes(&store, &mut seen).await {
+                    Err(e) => {
+                        tracing::debug!(error = %e, seen, "the lock-delay watch ended; watching again from where it was");
+                        Duration::from_secs(1)
+                    }
+                    // The test fault `delay_watch_gap` broke the watch on purpose.
+                    Ok(true) => Duration::from_secs(5),
+                    Ok(false) => Duration::from_secs(1),
+                };
                 drop(store);
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(gap).await;
             }
         });
     }
 }
 
-/// Follows hold deletes (with the deleted hold) until the watch breaks or no
-/// class sets a delay any more.
-async fn follow_deletes(store: &Arc<Store>) -> Result<(), LockError> {
+/// Follows hold deletes (with the deleted hold) from the revision after `seen`
+/// (from now when `seen` is 0) until the watch breaks or no class sets a delay any
+/// more, moving `seen` up to each revision it has handled. A resume point etcd
+/// compacted away cannot be replayed: the watch then resumes at the compaction,
+/// and a hold that ended before it is turned into its delay by the key's next
+/// grant attempt, which its guard refuses (docs/GUARANTEES.md G13). Answers
+/// `true` when the test fault `delay_watch_gap` broke it.
+async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, LockError> {
     let k = store.keys();
-    let opts = etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
+    let mut opts = etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
+    if *seen > 0 {
+        opts = opts.with_start_revision(*seen + 1);
+    }
     let mut client = store.client();
     let mut stream = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
         if !any_delay() {
-            return Ok(());
+            return Ok(false);
         }
         let r = match msg {
             Err(_) => continue,
@@ -309,20 +334,38 @@ async fn follow_deletes(store: &Arc<Store>) -> Result<(), LockError> {
             Ok(Ok(None)) => return Err(LockError::Unavailable("the watch ended".into())),
             Ok(Err(e)) => return Err(super::unavailable(e)),
         };
+        if r.compact_revision() > 0 {
+            tracing::warn!(
+                from = *seen + 1,
+                compacted = r.compact_revision(),
+                "the lock-delay watch resumes after a compaction: an end without a release before it starts its delay at the key's next grant attempt"
+            );
+            *seen = r.compact_revision() - 1;
+            return Err(LockError::Unavailable("the lock-delay watch's resume point was compacted".into()));
+        }
         if r.canceled() {
             return Err(LockError::Unavailable("the watch was cancelled".into()));
         }
+        if r.created() && *seen == 0 {
+            // Watching from now: everything up to the creation's revision is behind it.
+            *seen = r.header().map_or(0, |h| h.revision());
+        }
+        let mut gap = false;
         for ev in r.events() {
+            if let Some(kv) = ev.kv() {
+                *seen = (*seen).max(kv.mod_revision());
+            }
             if ev.event_type() != EventType::Delete {
                 continue;
             }
+            gap |= on(TestFault::DelayWatchGap);
             let Some(prev) = ev.prev_kv() else { continue };
             let Ok(hold) = serde_json::from_slice::<HoldRecord>(prev.value()) else { continue };
             let delay = delay_of(&hold.class);
             let Some(d) = k.digest_of_hold(prev.key()) else { continue };
             if super::shadow::delay_candidate(&hold.class).is_some() {
                 // Shadow mode: remember when this arbiter saw an end without a release.
-                let (store, rev, lease) = (store.clone(), r.header().map_or(0, |h| h.revision()), prev.lease());
+                let (store, rev, lease) = (store.clone(), ev.kv().map_or(0, |kv| kv.mod_revision()), prev.lease());
                 let d = d.clone();
                 tokio::spawn(async move {
                     if let Ok(true) = store.ended_unreleased(&d, rev, lease).await {
@@ -339,6 +382,10 @@ async fn follow_deletes(store: &Arc<Store>) -> Result<(), LockError> {
                     tracing::debug!(error = %e, key = %d.short(), "could not check a lock-delay guard; the next grant attempt will");
                 }
             });
+        }
+        if gap {
+            // Not a bug (test fault `delay_watch_gap`): a break right after a delete.
+            return Ok(true);
         }
     }
 }

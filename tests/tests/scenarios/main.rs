@@ -50,6 +50,7 @@ mod permits;
 mod pg_fence;
 mod quickstart;
 mod quotas;
+mod recipe_edges;
 mod restore;
 mod rotation;
 mod rotation_stack;
