@@ -95,10 +95,11 @@ fn code_of(e: &UpgradeError) -> u8 {
     }
 }
 
-/// How often a request etcd refused with `revision of auth store is old` (its
+/// How long a request etcd refused with `revision of auth store is old` (its
 /// users or roles changed under this login; nothing was applied) is sent again
-/// on a new login.
-const AUTH_RETRIES: usize = 3;
+/// on a new login, at least (a flip's `--wait-s` may allow longer): while other
+/// components' users are being created, a fresh login can be overtaken again.
+const AUTH_RETRY_FOR: Duration = Duration::from_secs(10);
 
 fn auth_store_old<T>(r: &Result<T, UpgradeError>) -> bool {
     matches!(r, Err(UpgradeError::Etcd(m)) if m.contains("revision of auth store is old"))
@@ -122,10 +123,9 @@ pub async fn main(a: &UpgradeArgs) -> ExitCode {
         UpgradeCmd::Status => {
             let keys = lockmesh_lock::Keys::new(root);
             let mut view = upgrade::read_view(&mut client, &keys).await;
-            for _ in 0..AUTH_RETRIES {
-                if !auth_store_old(&view) {
-                    break;
-                }
+            let until = tokio::time::Instant::now() + AUTH_RETRY_FOR;
+            while auth_store_old(&view) && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(200)).await;
                 if let Ok(c) = connect(&a.etcd).await {
                     client = c;
                 }
@@ -214,16 +214,16 @@ async fn flip_one(
     on: bool,
 ) -> u8 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(f.wait_s);
-    let mut auth_reruns = 0;
+    let auth_until = deadline.max(tokio::time::Instant::now() + AUTH_RETRY_FOR);
     loop {
         let r = if on {
             upgrade::enable(client, root, cap, &f.actor).await
         } else {
             upgrade::disable(client, root, cap, &f.actor).await
         };
-        if auth_store_old(&r) && auth_reruns < AUTH_RETRIES {
+        if auth_store_old(&r) && tokio::time::Instant::now() < auth_until {
             // Nothing was applied; a new login reads the current roles.
-            auth_reruns += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             if let Ok(c) = connect(&a.etcd).await {
                 *client = c;
             }
