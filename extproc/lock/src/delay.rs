@@ -317,7 +317,8 @@ impl Store {
 /// `true` when the test fault `delay_watch_gap` broke it.
 async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, LockError> {
     let k = store.keys();
-    let mut opts = etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
+    let mut opts =
+        etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
     if *seen > 0 {
         opts = opts.with_start_revision(*seen + 1);
     }
