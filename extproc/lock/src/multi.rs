@@ -423,11 +423,8 @@ impl Store {
         // Per key: whether an exclusive hold's record stands.
         let excluded: Vec<bool> =
             (0..reqs.len()).map(|_| excl_read && gets.next().is_some_and(|g| !g.kvs().is_empty())).collect();
-        if let Some((key, lease)) = &ad {
-            if gets.next().and_then(|g| g.kvs().first()).map(KeyValue::lease) != Some(*lease) {
-                self.guard().lapsed(key);
-                return Err(LockError::Unavailable(super::upgrade::NOT_ADVERTISED.into()));
-            }
+        if ad.is_some() {
+            self.guard().check_read(&ad, gets.next())?;
         }
         if self.policy_moved(&gate, &ops) {
             return Ok(Attempt::EpochMoved);

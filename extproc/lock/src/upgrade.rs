@@ -398,6 +398,22 @@ impl Guard {
         }
     }
 
+    /// The failure branch's read of advertisement `ad` (as a grant compared it):
+    /// gone or on another lease means the compare failed, so the advertisement is
+    /// marked lapsed and the grant refused `unavailable`.
+    pub fn check_read(
+        &self,
+        ad: &Option<(String, i64)>,
+        read: Option<&etcd_client::GetResponse>,
+    ) -> Result<(), crate::LockError> {
+        let Some((key, lease)) = ad else { return Ok(()) };
+        if read.and_then(|g| g.kvs().first()).map(etcd_client::KeyValue::lease) == Some(*lease) {
+            return Ok(());
+        }
+        self.lapsed(key);
+        Err(crate::LockError::Unavailable(NOT_ADVERTISED.into()))
+    }
+
     fn attach(&self) {
         self.state().attached = true;
     }
