@@ -445,10 +445,34 @@ const DATA_PREFIXES: [&str; 5] = ["/l/", "/s/", "/g/", "/d/", "/w/"];
 /// keeps the absent record (nothing enabled) until `lockctl upgrade enable`.
 /// Answers the record written, if it wrote one.
 pub async fn bootstrap(client: &mut Client, root: &str, actor: &str) -> Result<Option<KeyspaceRecord>, UpgradeError> {
+    // Arbiters that start together race here: one's advertisement changes the
+    // range another compared, so a transaction that failed only on that (no
+    // record yet, no data) reads again and tries again rather than leaving its
+    // arbiter serving with nothing enabled until its next round.
+    for _ in 0..8 {
+        match bootstrap_once(client, root, actor).await? {
+            Bootstrapped::Raced => continue,
+            Bootstrapped::Wrote(rec) => return Ok(Some(rec)),
+            Bootstrapped::Not => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
+/// What one bootstrap transaction did.
+enum Bootstrapped {
+    Wrote(KeyspaceRecord),
+    /// A record exists, the keyspace holds data, or nothing can be enabled.
+    Not,
+    /// It failed only because the advertisements changed after the read.
+    Raced,
+}
+
+async fn bootstrap_once(client: &mut Client, root: &str, actor: &str) -> Result<Bootstrapped, UpgradeError> {
     let keys = Keys::new(root);
     let view = read_view(client, &keys).await?;
     if view.record.is_some() {
-        return Ok(None);
+        return Ok(Bootstrapped::Not);
     }
     let caps: Vec<String> = Capability::GATED
         .iter()
@@ -456,7 +480,7 @@ pub async fn bootstrap(client: &mut Client, root: &str, actor: &str) -> Result<O
         .map(|c| c.as_str().to_owned())
         .collect();
     if view.advertisements.is_empty() || caps.is_empty() {
-        return Ok(None);
+        return Ok(Bootstrapped::Not);
     }
     let mut rec = KeyspaceRecord::baseline();
     rec.enabled = caps;
@@ -470,13 +494,22 @@ pub async fn bootstrap(client: &mut Client, root: &str, actor: &str) -> Result<O
         Compare::create_revision(keys.keyspace(), CompareOp::Equal, 0),
         Compare::mod_revision(ads.as_str(), CompareOp::Less, view.revision + 1).with_range(prefix_end(&ads)),
     ];
+    // The failure branch reads what else could have failed: the record, and one
+    // key of each data prefix.
+    let mut failed = vec![TxnOp::get(keys.keyspace(), Some(GetOptions::new().with_keys_only()))];
     for p in DATA_PREFIXES {
         let p = format!("{root_prefix}{p}");
         when.push(Compare::create_revision(p.as_str(), CompareOp::Equal, 0).with_range(prefix_end(&p)));
+        let opts = GetOptions::new().with_range(prefix_end(&p)).with_keys_only().with_limit(1);
+        failed.push(TxnOp::get(p.as_str(), Some(opts)));
     }
-    let txn = Txn::new().when(when).and_then([TxnOp::put(keys.keyspace(), value, None)]);
+    let txn = Txn::new().when(when).and_then([TxnOp::put(keys.keyspace(), value, None)]).or_else(failed);
     let r = client.txn(txn).await.map_err(|e| UpgradeError::Etcd(e.to_string()))?;
-    Ok(r.succeeded().then_some(rec))
+    if r.succeeded() {
+        return Ok(Bootstrapped::Wrote(rec));
+    }
+    let other = r.op_responses().into_iter().any(|op| matches!(op, TxnOpResponse::Get(g) if !g.kvs().is_empty()));
+    Ok(if other { Bootstrapped::Not } else { Bootstrapped::Raced })
 }
 
 /// The gate's state as `/status` and doctor show it.
@@ -627,7 +660,8 @@ impl Gate {
                         tracing::info!(enabled = ?rec.enabled, "a fresh keyspace: wrote its record");
                         return Ok((read_view(&mut client, coord.keys()).await?, true));
                     }
-                    Ok(None) => {}
+                    // Another arbiter may have written it meanwhile.
+                    Ok(None) => return Ok((read_view(&mut client, coord.keys()).await?, true)),
                     Err(e) => {
                         tracing::warn!(error = %e, "could not write a fresh keyspace's record (the arbiter's role needs sys/keyspace); nothing is enabled until `lockctl upgrade enable all`");
                         return Ok((view, false));
