@@ -90,6 +90,13 @@ pub async fn run(
     if let Err(e) = store.check_seal().await {
         tracing::warn!(error = %e, "etcd not reachable yet; every request fails closed until it is");
     }
+    // Every other cluster's too (the tiers' round repeats them every second): its
+    // marks are based before its first grant.
+    for s in tiers.stores().skip(1) {
+        if let Err(e) = s.check_seal().await {
+            tracing::warn!(cluster = s.cluster_name(), error = %e, "etcd of this cluster not reachable yet; its requests fail closed until it is");
+        }
+    }
     let checker = tokio::spawn({
         let (store, tiers) = (store.clone(), tiers.clone());
         async move {

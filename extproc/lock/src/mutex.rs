@@ -1198,7 +1198,7 @@ impl Store {
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if r.succeeded() && clock.is_some() {
-            self.seal().observe_clock(revision);
+            self.seal().observe_clock(revision, ep.epoch);
         }
         if revision < floor {
             self.seal().seal(
@@ -1218,7 +1218,7 @@ impl Store {
                 return Err(e);
             }
         }
-        self.seal().observe_revision(revision);
+        self.seal().observe_revision(revision, ep.epoch);
         Ok(revision)
     }
 
@@ -1554,7 +1554,7 @@ impl Store {
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if clock.is_some() {
-            self.seal().observe_clock(revision);
+            self.seal().observe_clock(revision, ep.epoch);
         }
         // The same checks as after a grant: a grant below the restore mark or on
         // another cluster is taken back, the release stands.
@@ -1571,7 +1571,7 @@ impl Store {
         };
         match (checked, token) {
             (Ok(()), Ok(token)) => {
-                self.seal().observe_revision(revision);
+                self.seal().observe_revision(revision, ep.epoch);
                 if let Some(rec) = &offer.record {
                     // Counted at once, before the ledger's watch shows it (`quota`),
                     // and cached, as a grant that puts a record does.

@@ -213,7 +213,9 @@ impl Seal {
             return None;
         }
         let m = lock(&self.marks);
-        (epoch <= m.epoch).then_some(m.clock)
+        // Marks not yet based on an epoch (no seal check and no grant yet) hold
+        // clock 0: the compare passes and the grant puts the clock.
+        (epoch <= m.epoch || m.epoch == 0).then_some(m.clock)
     }
 
     /// Why the grant clock is off, `None` when it is on.
@@ -237,12 +239,24 @@ impl Seal {
         say
     }
 
-    /// Raises the clock mark after a grant committed (its commit revision is the
-    /// clock's mod revision: the grant put it).
-    pub(crate) fn observe_clock(&self, rev: i64) {
+    /// Raises the clock mark after a grant in `epoch` committed (its commit
+    /// revision is the clock's mod revision: the grant put it).
+    pub(crate) fn observe_clock(&self, rev: i64, epoch: u64) {
         let mut m = lock(&self.marks);
+        Self::base(&mut m, epoch);
         if rev > m.clock {
             m.clock = rev;
+        }
+    }
+
+    /// Marks that no seal check has based yet take the epoch of the first grant
+    /// they observe (its transaction compared that epoch record): the first check
+    /// then compares against what the grants saw instead of taking its own read
+    /// as the start of a new epoch, which would accept a restore that came between
+    /// those grants and that check.
+    fn base(m: &mut Marks, epoch: u64) {
+        if m.epoch == 0 {
+            m.epoch = epoch;
         }
     }
 
@@ -255,9 +269,10 @@ impl Seal {
         }
     }
 
-    /// Raises the revision mark after a linearizable answer.
-    pub(crate) fn observe_revision(&self, rev: i64) {
+    /// Raises the revision mark after a grant in `epoch` committed.
+    pub(crate) fn observe_revision(&self, rev: i64, epoch: u64) {
         let mut m = lock(&self.marks);
+        Self::base(&mut m, epoch);
         if rev > m.revision {
             m.revision = rev;
         }
@@ -413,6 +428,26 @@ mod tests {
             clock: None,
             prior: &[],
         }
+    }
+
+    /// Grants before the first seal check: a restore between them and that check
+    /// is caught by it (it once took its own read as a new epoch's start), and the
+    /// grants put the clock.
+    #[test]
+    fn grants_before_the_first_check_base_the_marks_and_a_restore_before_it_seals() {
+        let s = seal();
+        assert_eq!(s.clock_floor(2), Some(0), "unbased marks: the first grants compare and put the clock");
+        s.observe_revision(13, 2);
+        s.observe_clock(13, 2);
+        assert_eq!((s.marks().epoch, s.marks().revision, s.clock_floor(2)), (2, 13, Some(13)));
+        // The first check reads the restored store: revision 7, same epoch.
+        s.check(&obs(7, 7, 2, None, s.revision_floor(), 7, None));
+        assert_eq!(s.current().map(|i| i.reason), Some(SealReason::RevisionBehindMark));
+        // A guarded advance after those grants still restarts the marks.
+        let a = seal();
+        a.observe_revision(13, 2);
+        a.check(&obs(7, 7, 3, None, a.revision_floor(), 7, None));
+        assert_eq!((a.current(), a.marks().epoch, a.marks().revision), (None, 3, 7));
     }
 
     #[test]
