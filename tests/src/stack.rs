@@ -26,6 +26,7 @@
 //! configures the quick start.
 
 use std::ops::Deref;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use tempfile::TempDir;
@@ -81,6 +82,38 @@ pub struct Stack {
     sidecar_svid: Option<ClientCert>,
     _pki_dir: TempDir,
     _users_dir: TempDir,
+    _watchdog: Watchdog,
+}
+
+/// Aborts the process, naming the stack, if a stack lives longer than
+/// `LOCKMESH_STACK_WATCHDOG_S` seconds (unset or 0: never; `scripts/test` sets
+/// it). A scenario that hangs then fails the run with its name, instead of
+/// holding the run until CI's own limit kills it with nothing said.
+#[derive(Debug)]
+struct Watchdog {
+    _stop: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Watchdog {
+    fn start(name: &str) -> Self {
+        let limit = std::env::var("LOCKMESH_STACK_WATCHDOG_S").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        if limit == 0 {
+            return Self { _stop: None };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let name = name.to_owned();
+        let test = std::thread::current().name().unwrap_or("?").to_owned();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(limit)) {
+                eprintln!(
+                    "lockmesh-tests watchdog: stack {name:?} of test {test} has run {limit} s \
+                     (LOCKMESH_STACK_WATCHDOG_S); aborting the run so that it fails here"
+                );
+                std::process::abort();
+            }
+        });
+        Self { _stop: Some(tx) }
+    }
 }
 
 /// The shared etcd or a cluster owned by one stack.
@@ -229,6 +262,7 @@ impl StackBuilder {
 
     /// Starts everything and waits until each part is ready.
     pub async fn start(self) -> Result<Stack> {
+        let watchdog = Watchdog::start(&self.name);
         let pki_dir = temp_dir("pki-")?;
         let users_dir = temp_dir("etcd-users-")?;
         let etcd = async {
@@ -334,6 +368,7 @@ impl StackBuilder {
             sidecar_svid,
             _pki_dir: pki_dir,
             _users_dir: users_dir,
+            _watchdog: watchdog,
         })
     }
 }

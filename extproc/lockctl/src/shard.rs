@@ -520,6 +520,28 @@ fn exit(e: &ShardError) -> ExitCode {
     }
 }
 
+/// How long a command etcd refused with `revision of auth store is old` is
+/// resumed (each refusal is followed by a new login: `Store::call`).
+const AUTH_RETRY_FOR: Duration = Duration::from_secs(10);
+
+fn auth_store_old(e: &ShardError) -> bool {
+    e.to_string().contains("revision of auth store is old")
+}
+
+/// `f` again while etcd refuses it as `auth_store_old`, for at most
+/// [`AUTH_RETRY_FOR`] (for reads only).
+async fn retry_auth<T>(f: impl AsyncFn() -> Result<T, ShardError>) -> Result<T, ShardError> {
+    let until = Instant::now() + AUTH_RETRY_FOR;
+    loop {
+        match f().await {
+            Err(e) if auth_store_old(&e) && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Runs `lockctl shard ...`.
 pub async fn main(args: &ShardArgs) -> ExitCode {
     let conn = match &args.cmd {
@@ -537,7 +559,7 @@ pub async fn main(args: &ShardArgs) -> ExitCode {
         MoveOptions { verify_timeout: Duration::from_secs(30), actor: conn.actor.clone(), reason: conn.reason.clone() };
     let mut say = |line: String| eprintln!("{line}");
     match &args.cmd {
-        ShardCmd::Show(_) => match show(&tiers).await {
+        ShardCmd::Show(_) => match retry_auth(async || show(&tiers).await).await {
             Ok(v) => {
                 // Through `serde_json::Value`, whose objects sort their keys: the
                 // records print with sorted members, the bytes `show` always printed
@@ -548,6 +570,20 @@ pub async fn main(args: &ShardArgs) -> ExitCode {
             Err(e) => exit(&e),
         },
         ShardCmd::Cancel(_) => match cancel(&tiers, &o, &mut say).await {
+            // As for apply: a cancel recorded and then refused is finished by an
+            // empty apply.
+            Err(e) if auth_store_old(&e) => {
+                let until = Instant::now() + AUTH_RETRY_FOR;
+                let mut r = Err(e);
+                while r.as_ref().is_err_and(auth_store_old) && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    r = apply(&tiers, &Change::default(), &o, &mut say).await;
+                }
+                match r {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => exit(&e),
+                }
+            }
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => exit(&e),
         },
@@ -571,7 +607,21 @@ pub async fn main(args: &ShardArgs) -> ExitCode {
             let change =
                 Change { add: a.add.clone(), remove: a.remove.clone(), assign, unassign: a.unassign.clone(), tier };
             let o = MoveOptions { verify_timeout: Duration::from_millis(a.verify_timeout_ms), ..o };
-            match apply(&tiers, &change, &o, &mut say).await {
+            let mut r = apply(&tiers, &change, &o, &mut say).await;
+            // A step etcd refused because its users or roles changed under this
+            // login (nothing of that step applied; the clients have logged in
+            // again) is resumed: the change is pending in the coord map, or, if it
+            // was already flipped, an empty apply finishes it.
+            let until = Instant::now() + AUTH_RETRY_FOR;
+            while r.as_ref().is_err_and(auth_store_old) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                say("etcd refused a step: its users or roles changed under this login; resuming".into());
+                r = match apply(&tiers, &change, &o, &mut say).await {
+                    Ok(rep) if rep.outcome == "unchanged" => apply(&tiers, &Change::default(), &o, &mut say).await,
+                    other => other,
+                };
+            }
+            match r {
                 Ok(r) => {
                     println!("{}", serde_json::to_string(&r).unwrap_or_default());
                     ExitCode::SUCCESS
