@@ -428,7 +428,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	// stdin closed: exit 0 (requests still running are abandoned, as the runner is gone).
+	// stdin closed: exit 0. Replies already due are written (up to a second); a
+	// request still waiting (a campaign) is abandoned, as the runner is gone.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
 }
 
 func code(err error) string {
