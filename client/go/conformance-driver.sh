@@ -4,7 +4,8 @@
 # <cargo target>/go/bin, once per source change (Go's build cache makes a rebuild of
 # unchanged sources a cache check; a lock serialises concurrent starts), then execs
 # it with stdin, stdout and the environment the runner gave. Exits 127 naming the
-# setup step when the toolchain is missing.
+# setup step when the toolchain is missing. `--build` only builds (scripts/setup
+# runs it, so the first scenario does not pay a cold build of the standard library).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 GOROOT=${LOCKMESH_GOROOT:-$(cat "$ROOT/.tools/go/GOROOT" 2>/dev/null || true)}
@@ -25,4 +26,5 @@ bin="$T/bin/lockmesh-go-conformance-driver"
   "$GOROOT/bin/go" build -o "$bin.tmp" ./cmd/conformance-driver >&2
   mv -f "$bin.tmp" "$bin"
 ) 9>"$T/bin/.build.lock" || { echo "go-driver: go build ./cmd/conformance-driver failed" >&2; exit 1; }
+[ "${1:-}" = --build ] && exit 0
 exec "$bin"

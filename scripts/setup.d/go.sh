@@ -65,3 +65,7 @@ if [ "$(cat "$GO_DIR/VERSION" 2>/dev/null)" = "" ] || ! go_ok; then
 fi
 go_ok || die "the Go toolchain in $(cat "$GO_DIR/GOROOT" 2>/dev/null || echo "$GO_DIR") does not run or is not go$GO_MINOR"
 say "go $(GOTOOLCHAIN=local "$(cat "$GO_DIR/GOROOT")/bin/go" version | awk '{print $3}') (Debian $GO_SUITE $(cat "$GO_DIR/VERSION"), $(cat "$GO_DIR/GOROOT"))"
+# The conformance driver, built into the cargo target directory (target/go, cached
+# per source change): a cold build compiles the standard library without cgo, which
+# would otherwise land inside the first conformance scenario's reply time.
+"$ROOT/client/go/conformance-driver.sh" --build || die "building the Go conformance driver (client/go/conformance-driver.sh --build) failed"
