@@ -35,21 +35,49 @@ ALTER TABLE lockmesh.audit_events ADD COLUMN IF NOT EXISTS unprotected Bool DEFA
 
 -- The reconciliation list (ADR-04): every unprotected grant (token 0, a fail-open
 -- class granted from an arbiter's memory during a quorum loss), one row per grant
--- id, with its end when that was shipped. Filter on granted_ms for an outage
--- window, or on outage.
-CREATE VIEW IF NOT EXISTS lockmesh.audit_unprotected_grants AS
+-- id (a record shipped into two histories is listed once: its first row by event
+-- key), with its end when that was shipped (the first by event key). Filter on
+-- granted_ms for an outage window, or on outage. `lockctl audit unprotected` answers
+-- the same rows (lockmesh_audit::query::unprotected); aggregates are named u_* and
+-- renamed outside (an alias equal to a column it reads would be cyclic).
+CREATE OR REPLACE VIEW lockmesh.audit_unprotected_grants AS
 SELECT
-    JSONExtractString(g.detail, 'grant_id') AS grant_id,
-    JSONExtractString(g.detail, 'outage')   AS outage,
-    JSONExtractString(g.detail, 'cluster')  AS cluster,
-    g.cluster_id                            AS cluster_id,
-    g.class                                 AS class,
-    g.digest                                AS digest,
-    g.key                                   AS key,
-    g.identity                              AS identity,
-    g.at_ms                                 AS granted_ms,
-    e.kind                                  AS end_kind,
-    e.at_ms                                 AS end_ms
-FROM (SELECT * FROM lockmesh.audit_events FINAL WHERE unprotected AND kind = 'grant') AS g
-LEFT JOIN (SELECT * FROM lockmesh.audit_events FINAL WHERE unprotected AND kind != 'grant') AS e
-    ON JSONExtractString(g.detail, 'grant_id') = JSONExtractString(e.detail, 'grant_id');
+    g.grant_id     AS grant_id,
+    g.outage       AS outage,
+    g.cluster      AS cluster,
+    g.u_cluster_id AS cluster_id,
+    g.u_class      AS class,
+    g.u_digest     AS digest,
+    g.u_key        AS key,
+    g.u_identity   AS identity,
+    g.granted_ms   AS granted_ms,
+    e.end_kind     AS end_kind,
+    e.end_ms       AS end_ms
+FROM
+(
+    SELECT
+        JSONExtractString(detail, 'grant_id')                     AS grant_id,
+        argMin(JSONExtractString(detail, 'outage'), event_key)    AS outage,
+        argMin(JSONExtractString(detail, 'cluster'), event_key)   AS cluster,
+        argMin(cluster_id, event_key)                             AS u_cluster_id,
+        argMin(toString(ifNull(class, '')), event_key)            AS u_class,
+        argMin(ifNull(digest, ''), event_key)                     AS u_digest,
+        argMin(ifNull(key, ''), event_key)                        AS u_key,
+        argMin(ifNull(identity, ''), event_key)                   AS u_identity,
+        argMin(at_ms, event_key)                                  AS granted_ms
+    FROM lockmesh.audit_events FINAL
+    WHERE unprotected AND kind = 'grant' AND JSONType(detail, 'grant_id') = 'String'
+    GROUP BY grant_id
+) AS g
+LEFT JOIN
+(
+    SELECT
+        JSONExtractString(detail, 'grant_id') AS grant_id,
+        argMin(kind, event_key)               AS end_kind,
+        argMin(at_ms, event_key)              AS end_ms
+    FROM lockmesh.audit_events FINAL
+    WHERE unprotected AND kind IN ('release', 'session_release', 'expiry', 'force_release', 'epoch_purge', 'unmarked_delete')
+      AND JSONType(detail, 'grant_id') = 'String'
+    GROUP BY grant_id
+) AS e ON g.grant_id = e.grant_id
+SETTINGS join_use_nulls = 1;

@@ -64,6 +64,10 @@ pub struct RawConfig {
     /// Tracing spans exported over OTLP/HTTP, like the arbiter's `telemetry`
     /// (`docs/OPERATIONS.md`). Default: off.
     pub telemetry: Option<lockmesh_telemetry::RawTelemetry>,
+    /// TEST ONLY: planted faults (`crate::test_faults`). Refused unless the
+    /// environment sets `LOCKMESH_TEST_FAULTS=1` and the build is a test build.
+    #[serde(default)]
+    pub test_faults: Vec<String>,
 }
 
 /// `query:`: who may call the query API, and how they prove it.
@@ -327,6 +331,8 @@ pub struct Config {
     pub clickhouse: Option<super::clickhouse::Sink>,
     /// OTLP span export, if configured.
     pub telemetry: Option<lockmesh_telemetry::Telemetry>,
+    /// TEST ONLY planted faults (see `RawConfig::test_faults`).
+    pub test_faults: Vec<crate::test_faults::TestFault>,
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -428,6 +434,7 @@ impl Config {
             .ok()
         });
         let etcd_auth = etcd_auth(&raw, base, name, &mut errs);
+        let test_faults = crate::test_faults::validate(&raw.test_faults, name, &mut errs);
         let telemetry = lockmesh_telemetry::validate(raw.telemetry.as_ref(), "lockmesh-audit", name, &mut errs);
         let instance = raw.instance.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_default();
@@ -449,6 +456,7 @@ impl Config {
                 seal_on_restore: raw.seal_on_restore.unwrap_or(true),
                 clickhouse,
                 telemetry,
+                test_faults,
             }),
             _ => Err(errs),
         }

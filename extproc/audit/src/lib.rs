@@ -12,6 +12,7 @@
 //! - [`stats`]: the tailer's metrics.
 //! - [`clickhouse`]: the optional ClickHouse sink and its DDL.
 //! - [`config`]: the configuration file, `audit.yaml`.
+//! - [`test_faults`]: planted faults, in test builds only.
 //! - [`cli`]: the `lockctl audit` queries.
 
 pub mod clickhouse;
@@ -23,6 +24,7 @@ pub mod query_port;
 pub mod stats;
 pub mod store;
 pub mod tailer;
+pub mod test_faults;
 
 pub use self::{
     config::Config,

@@ -68,6 +68,7 @@ pub async fn run(
             tracing::warn!("{w}");
         }
     }
+    crate::test_faults::install(&cfg.test_faults);
     let store = Arc::new(Store::open(&cfg.store_file)?);
     let etcd_certs = cfg.etcd_auth.reloading_certs(lockmesh_lock::connect::ETCD_CERT_RELOAD)?;
     let t = Arc::new(Tailer { keys: Keys::new(&cfg.etcd_root), store, stats: Stats::default(), etcd_certs, cfg });
@@ -260,6 +261,10 @@ impl Tailer {
     async fn commit_batch(&self, pending: &mut Vec<AuditEvent>, cp: &mut Checkpoint) -> Result<(), Error> {
         if let Some(sink) = &self.cfg.clickhouse {
             sink.insert(pending).await.map_err(e2s)?;
+            if !pending.is_empty() && crate::test_faults::on(crate::test_faults::TestFault::PauseAfterSink) {
+                tracing::error!(events = pending.len(), "AUDIT TEST: batch sent to clickhouse");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
         }
         cp.updated_ms = now_ms();
         let a = self.store.apply(pending, cp).map_err(e2s)?;
