@@ -3,3 +3,4 @@
 //! fence-proxy's check-then-forward. One module per store protocol.
 
 pub mod postgres;
+pub mod s3;
