@@ -309,6 +309,8 @@ func TestAFailedKeepaliveStopsNewWorkAndTheFenceCancelsTheContextAtTheDeadline(t
 	if !errors.As(context.Cause(g.Context()), &e) || e.Code != "session_lost" || e.Reason != "deadline" {
 		t.Fatalf("cause %v", context.Cause(g.Context()))
 	}
+	// The context is cancelled first (work stops at once), then the callback runs.
+	eventually(t, time.Second, "the fence callback", func() bool { ev, _ := f.get(); return len(ev) == 1 })
 	ev, j := f.get()
 	if len(ev) != 1 || ev[0].Reason != LossDeadline || len(ev[0].Keys) != 1 || len(j) != 1 || j[0].State != StateJeopardy {
 		t.Fatalf("fence %+v, jeopardy %+v", ev, j)
@@ -356,6 +358,7 @@ func TestSessionExpiredFencesAtOnce(t *testing.T) {
 	tr.expireKA = true
 	tr.mu.Unlock()
 	<-g.Context().Done()
+	eventually(t, time.Second, "the fence callback", func() bool { ev, _ := f.get(); return len(ev) == 1 })
 	ev, j := f.get()
 	if len(ev) != 1 || ev[0].Reason != LossSessionExpired || len(j) != 0 {
 		t.Fatalf("fence %+v jeopardy %+v", ev, j)
