@@ -51,6 +51,7 @@ use lockmesh_core::class::{
 use lockmesh_core::ClassRegistry;
 use lockmesh_lock::registry::crd;
 
+use lockmesh_ops::etcd_retry::retry_auth;
 use lockmesh_ops::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
 
 use crate::admin::EtcdArgs;
@@ -274,7 +275,7 @@ async fn quota_use(file: &Path, etcd: &EtcdArgs, json: bool) -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let mut client = match conn.connect().await {
+    let client = match conn.connect().await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockctl: etcd: {e}");
@@ -283,7 +284,13 @@ async fn quota_use(file: &Path, etcd: &EtcdArgs, json: bool) -> ExitCode {
     };
     lockmesh_lock::quota::set_registry(&reg);
     let keys = lockmesh_lock::Keys::new(&etcd.root);
-    let (used, revision) = match lockmesh_lock::quota::count(&mut client, &keys, Duration::from_secs(5)).await {
+    let keys = &keys;
+    let count =
+        retry_auth(
+            &client,
+            |mut c| async move { lockmesh_lock::quota::count(&mut c, keys, Duration::from_secs(5)).await },
+        );
+    let (used, revision) = match count.await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("lockctl: etcd: {e}");

@@ -42,6 +42,7 @@ use serde::Serialize;
 
 use lockmesh_lock::{epoch::EpochRecord, now_ms, Keys};
 use lockmesh_ops::{
+    etcd_retry::{retry_auth, Etcd},
     etcd_view::{cluster_view, lease_count, quota_use, ClusterView},
     inspect::{human_ms, read_policies, state_str},
 };
@@ -341,7 +342,9 @@ impl Doctor {
     /// `keyspace.version` and `keyspace.arbiters` (`lockmesh_lock::upgrade`).
     async fn keyspace(&mut self, client: &mut etcd_client::Client, root: &str, timeout: Duration) {
         use lockmesh_lock::upgrade::{read_view, KeyspaceRecord, Support};
-        let view = match tokio::time::timeout(timeout, read_view(client, &Keys::new(root))).await {
+        let keys = &Keys::new(root);
+        let read = retry_auth(client, |mut c| async move { read_view(&mut c, keys).await });
+        let view = match tokio::time::timeout(timeout, read).await {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return self.add("keyspace.version", Status::Fail, root, e.to_string()),
             Err(_) => return self.add("keyspace.version", Status::Fail, root, format!("no answer within {timeout:?}")),
@@ -394,7 +397,7 @@ impl Doctor {
             let mut counts: Vec<(C, i64)> = Vec::new();
             for (cap, p) in [(C::LockDelayGuards, "g/"), (C::LockDelayGuards, "d/"), (C::ShadowRecords, "w/")] {
                 let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
-                let n = client.get(format!("{root}/{p}"), Some(opts)).await?.count();
+                let n = Etcd::of(client).get(format!("{root}/{p}"), Some(opts)).await?.count();
                 counts.push((cap, n));
             }
             for (p, pick) in [
@@ -402,7 +405,7 @@ impl Doctor {
                 ("s/", &[(2, "h", C::SessionHoldIndex), (2, "a", C::AttemptFences)][..]),
             ] {
                 let opts = etcd_client::GetOptions::new().with_prefix().with_keys_only();
-                let r = client.get(format!("{root}/{p}"), Some(opts)).await?;
+                let r = Etcd::of(client).get(format!("{root}/{p}"), Some(opts)).await?;
                 for (at, seg, cap) in pick {
                     let n = r
                         .kvs()
@@ -458,7 +461,7 @@ impl Doctor {
         timeout: Duration,
     ) -> Option<Vec<lockmesh_core::policy::ClassPolicy>> {
         let keys = Keys::new(root);
-        match tokio::time::timeout(timeout, client.get(keys.epoch(), None)).await {
+        match tokio::time::timeout(timeout, Etcd::of(client).get(keys.epoch(), None)).await {
             Ok(Ok(r)) => match r.kvs().first().map(|kv| serde_json::from_slice::<EpochRecord>(kv.value())) {
                 None => self.add("seal.epoch", Status::Warn, root, "no epoch record: no arbiter has started under this root"),
                 Some(Err(e)) => self.add("seal.epoch", Status::Fail, root, format!("the epoch record is unreadable: {e}")),
@@ -631,8 +634,8 @@ async fn reads_where_status_is_denied(view: &mut ClusterView, etcd: &EtcdArgs, t
         let mut one = etcd.clone();
         one.endpoints = vec![url];
         let read = async {
-            let mut c = connect(&one).await.map_err(|e| e.to_string())?;
-            c.get(key.as_str(), None).await.map_err(|e| e.to_string())
+            let c = connect(&one).await.map_err(|e| e.to_string())?;
+            Etcd::of(&c).get(key.as_str(), None).await.map_err(|e| e.to_string())
         };
         if let Ok(Ok(_)) = tokio::time::timeout(timeout, read).await {
             m.reachable = true;

@@ -165,7 +165,7 @@ fn main() -> ExitCode {
     };
     // Each subcommand decides its own exit codes (`class` and `limit` have
     // several; `run` exits with its command's code, see lockmesh_client::run).
-    rt.block_on(async {
+    let code = rt.block_on(async {
         match &cli.cmd {
             Cmd::Class(c) => class::class(c).await,
             Cmd::Limit(l) => class::limit(l).await,
@@ -186,7 +186,17 @@ fn main() -> ExitCode {
             Cmd::Restore(r) => restore::main(r).await,
             Cmd::Completions { .. } | Cmd::Man { .. } => ExitCode::SUCCESS,
         }
-    })
+    });
+    // Said, not hidden: an operator (and the test suite) can tell that etcd's
+    // users or roles changed while the command ran.
+    let retried = lockmesh_ops::etcd_retry::auth_retries();
+    if retried > 0 {
+        eprintln!(
+            "lockctl: etcd refused {retried} request(s) because its users or roles changed under this login \
+             (nothing of them was applied); logged in again and sent them again"
+        );
+    }
+    code
 }
 
 /// `lockctl man DIR`: the man pages of lockctl and of every subcommand.

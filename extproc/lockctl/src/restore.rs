@@ -7,6 +7,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::Args;
+use lockmesh_ops::etcd_retry::retry_auth;
 use lockmesh_ops::restore::{self, Member, RestoreError};
 
 use crate::admin::EtcdArgs;
@@ -107,7 +108,9 @@ async fn target_of(a: &Advance) -> Result<u64, RestoreError> {
     let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config)
         .map_err(|e| RestoreError::Other(format!("--epochs-from: {}", e.join("; "))))?;
     let tiers = clusters.connect().await.map_err(|e| RestoreError::Other(format!("--epochs-from: {e}")))?;
-    match tiers.coord().allocate_epoch_above(floor).await {
+    let coord = tiers.coord();
+    // A refused allocation applied nothing (`retry_auth`): it is asked again.
+    match retry_auth(&coord.client(), move |_| coord.allocate_epoch_above(floor)).await {
         Ok(e) => Ok(e),
         Err(lockmesh_lock::LockError::Sealed(_)) => Err(RestoreError::EpochExhausted(floor + 1)),
         Err(e) => Err(RestoreError::Other(format!("--epochs-from: the coord epoch counter: {e}"))),

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use etcd_client::{AlarmAction, AlarmType, Client};
 
+use crate::etcd_retry::Etcd;
+
 pub use lockmesh_core::wire::console::{ClusterView, MemberView};
 
 /// What a member's view says when `Status` was refused to a non-root user.
@@ -28,7 +30,7 @@ where
     Fut: std::future::Future<Output = Result<Client, String>>,
 {
     let mut view = ClusterView::default();
-    let list = match tokio::time::timeout(timeout, client.member_list()).await {
+    let list = match tokio::time::timeout(timeout, Etcd::of(client).member_list()).await {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             view.error = Some(format!("member list: {e}"));
@@ -61,10 +63,10 @@ where
         };
         if let Some(url) = mv.url.clone() {
             let status = async {
-                let mut c = tokio::time::timeout(timeout, connect(url.clone()))
+                let c = tokio::time::timeout(timeout, connect(url.clone()))
                     .await
                     .map_err(|_| format!("connect: no answer within {timeout:?}"))??;
-                tokio::time::timeout(timeout, c.status())
+                tokio::time::timeout(timeout, Etcd::of(&c).status())
                     .await
                     .map_err(|_| format!("status: no answer within {timeout:?}"))?
                     .map_err(|e| format!("status: {e}"))
@@ -89,9 +91,11 @@ where
                     mv.reachable = true;
                     refused += 1;
                     mv.errors.push(STATUS_ROOT_ONLY.into());
-                    if let Ok(mut c) = connect(url.clone()).await {
+                    if let Ok(c) = connect(url.clone()).await {
                         led_by_someone |=
-                            match tokio::time::timeout(timeout, c.lease_time_to_live(PROBE_LEASE, None)).await {
+                            match tokio::time::timeout(timeout, Etcd::of(&c).lease_time_to_live(PROBE_LEASE, None))
+                                .await
+                            {
                                 Ok(Ok(_)) => true,
                                 Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
                                     st.message().contains("requested lease not found")
@@ -116,7 +120,7 @@ where
     }
     let leader_seen = view.leader.is_some() || (refused > 0 && leaders.is_empty() && led_by_someone);
     view.quorum = view.voting > 0 && view.voting_reachable * 2 > view.voting && leader_seen;
-    if let Ok(Ok(a)) = tokio::time::timeout(timeout, client.alarm(AlarmAction::Get, AlarmType::None, None)).await {
+    if let Ok(Ok(a)) = tokio::time::timeout(timeout, Etcd::of(client).alarm(AlarmAction::Get, AlarmType::None)).await {
         view.alarms = a
             .alarms()
             .iter()
@@ -132,7 +136,7 @@ where
 /// reports it beside the database size, because each lease costs etcd memory and
 /// a keepalive stream, and a leak of sessions shows here first.
 pub async fn lease_count(client: &mut Client, timeout: Duration) -> Result<usize, String> {
-    match tokio::time::timeout(timeout, client.leases()).await {
+    match tokio::time::timeout(timeout, Etcd::of(client).leases()).await {
         Ok(Ok(r)) => Ok(r.leases().len()),
         Ok(Err(e)) => Err(format!("lease list: {e}")),
         Err(_) => Err(format!("lease list: no answer within {timeout:?}")),

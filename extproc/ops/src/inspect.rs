@@ -18,6 +18,7 @@ use etcd_client::{Client, GetOptions};
 use lockmesh_core::{policy::ClassPolicy, LockKey};
 use serde::Serialize;
 
+use crate::etcd_retry::Etcd;
 use lockmesh_lock::{keys::prefix_end, policy::ClassMapRecord, HoldRecord, Keys};
 
 /// Holds read per etcd range request while scanning.
@@ -134,7 +135,7 @@ pub async fn read_policies(
     root: &str,
 ) -> Result<BTreeMap<String, ClassPolicy>, etcd_client::Error> {
     let keys = Keys::new(root);
-    let r = client.get(keys.class_policies(), Some(GetOptions::new().with_prefix())).await?;
+    let r = Etcd::of(client).get(keys.class_policies(), Some(GetOptions::new().with_prefix())).await?;
     Ok(r.kvs()
         .iter()
         .filter_map(|kv| serde_json::from_slice::<ClassPolicy>(kv.value()).ok())
@@ -151,7 +152,8 @@ pub async fn inspect_key(
 ) -> Result<KeyView, etcd_client::Error> {
     let keys = Keys::new(root);
     let d = key.digest();
-    let r = client.get(keys.holds(&d), Some(GetOptions::new().with_prefix())).await?;
+    let etcd = Etcd::of(client);
+    let r = etcd.get(keys.holds(&d), Some(GetOptions::new().with_prefix())).await?;
     let revision = r.header().map_or(0, |h| h.revision());
     let holders = r
         .kvs()
@@ -169,14 +171,14 @@ pub async fn inspect_key(
             })
         })
         .collect();
-    let map = client.get(keys.class_map(), None).await?;
+    let map = etcd.get(keys.class_map(), None).await?;
     let class = map
         .kvs()
         .first()
         .and_then(|kv| serde_json::from_slice::<ClassMapRecord>(kv.value()).ok())
         .map(|m| m.class_of(key.as_str()).to_owned());
     let policy = match &class {
-        Some(c) => client
+        Some(c) => etcd
             .get(keys.class_policy(c), None)
             .await?
             .kvs()
@@ -224,7 +226,7 @@ pub async fn scan_holds(
         if scan.revision > 0 {
             opts = opts.with_revision(scan.revision);
         }
-        let r = client.get(from.clone(), Some(opts)).await?;
+        let r = Etcd::of(client).get(from.clone(), Some(opts)).await?;
         if scan.revision == 0 {
             scan.revision = r.header().map_or(0, |h| h.revision());
         }

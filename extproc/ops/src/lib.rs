@@ -9,6 +9,8 @@
 //! - [`reconcile`]: live limit changes and class map changes (drain, verify,
 //!   activate; docs/CLASSES.md).
 //! - [`inspect`]: a key's holders and waiters, saturated keys by digest.
+//! - [`etcd_retry`]: etcd calls sent again when etcd refuses them because its
+//!   users or roles changed under the login (nothing applied).
 //! - [`etcd_view`]: the cluster's members, leader and health.
 //! - [`pause`]: pause-test verdicts of fenced classes (ADR-17).
 //! - [`audit_client`]: the audit tailer's query API, as a client.
@@ -16,6 +18,7 @@
 
 pub mod admin;
 pub mod audit_client;
+pub mod etcd_retry;
 pub mod etcd_view;
 pub mod inspect;
 pub mod pause;

@@ -22,6 +22,7 @@ use lockmesh_core::policy::{ChangeNote, ClassPolicy, PolicyError};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::etcd_retry::Etcd;
 use lockmesh_lock::{connect::EtcdConnection, keys::prefix_end, now_ms, policy::ClassMapRecord, HoldRecord, Keys};
 
 mod apply;
@@ -108,14 +109,15 @@ impl AdminError {
 
 /// An operator's handle on the policy records of one root.
 pub struct Admin {
-    client: Client,
+    /// This cluster (every call sent again on an `auth store is old` refusal).
+    client: Etcd,
     keys: Keys,
     /// This cluster's home record and (coord cluster) shard map.
     home: lockmesh_lock::home::HomeCell,
     actor: String,
     /// Where the keyspace record is read (the coord cluster's client; this
     /// cluster's own unless [`Admin::with_keyspace`]).
-    keyspace: Client,
+    keyspace: Etcd,
 }
 
 fn etcd(e: impl std::fmt::Display) -> AdminError {
@@ -146,13 +148,14 @@ impl Admin {
     /// The same over an existing client (a cluster of `lockmesh_lock::tiers::Tiers`).
     pub fn from_client(client: Client, root: &str, actor: &str) -> Self {
         let home = lockmesh_lock::home::HomeCell::new(root);
+        let client = Etcd::new(client);
         Self { keyspace: client.clone(), client, keys: Keys::new(root), home, actor: actor.to_owned() }
     }
 
     /// The same, reading the keyspace record through `coord` (a shard cluster's
     /// handle: the record lives on the coord cluster only).
     pub fn with_keyspace(self, coord: Client) -> Self {
-        Self { keyspace: coord, ..self }
+        Self { keyspace: Etcd::new(coord), ..self }
     }
 
     /// Refuses a raise while `exclusion_records` is not enabled (`lockctl upgrade
@@ -160,8 +163,9 @@ impl Admin {
     /// and a raise would seat holders beside it.
     async fn raise_allowed(&self, class: &str) -> Result<(), AdminError> {
         use lockmesh_lock::upgrade::Capability;
-        let mut c = self.keyspace.clone();
-        let view = lockmesh_lock::upgrade::read_view(&mut c, &self.keys).await.map_err(etcd)?;
+        let keys = &self.keys;
+        let read = |mut c| async move { lockmesh_lock::upgrade::read_view(&mut c, keys).await };
+        let view = self.keyspace.call(read).await.map_err(etcd)?;
         if view.record.as_ref().is_some_and(|r| r.is_enabled(Capability::ExclusionRecords)) {
             return Ok(());
         }
@@ -211,7 +215,7 @@ impl Admin {
 
     /// The record of `class` and its mod revision.
     pub async fn read(&self, class: &str) -> Result<(ClassPolicy, i64), AdminError> {
-        let r = self.client.clone().get(self.keys.class_policy(class), None).await.map_err(etcd)?;
+        let r = self.client.get(self.keys.class_policy(class), None).await.map_err(etcd)?;
         let kv = r.kvs().first().ok_or_else(|| AdminError::NoClass(class.to_owned()))?;
         Ok((serde_json::from_slice(kv.value()).map_err(etcd)?, kv.mod_revision()))
     }
@@ -224,7 +228,7 @@ impl Admin {
             serde_json::to_vec(p).map_err(etcd)?,
             None,
         )]);
-        let r = self.client.clone().txn(txn).await.map_err(etcd)?;
+        let r = self.client.txn(txn).await.map_err(etcd)?;
         if r.succeeded() {
             Ok(())
         } else {
@@ -308,7 +312,7 @@ impl Admin {
     /// The largest number of holds of any key whose authoritative class is
     /// `class`, and how many holds were read.
     pub async fn max_open(&self, class: &str) -> Result<(u32, u64), AdminError> {
-        let m = self.client.clone().get(self.keys.class_map(), None).await.map_err(etcd)?;
+        let m = self.client.get(self.keys.class_map(), None).await.map_err(etcd)?;
         let map: ClassMapRecord = m
             .kvs()
             .first()
@@ -336,7 +340,7 @@ impl Admin {
         let mut read = 0u64;
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_limit(VERIFY_PAGE);
-            let r = self.client.clone().get(from.clone(), Some(opts)).await.map_err(etcd)?;
+            let r = self.client.get(from.clone(), Some(opts)).await.map_err(etcd)?;
             for kv in r.kvs() {
                 read += 1;
                 let Ok(h) = serde_json::from_slice::<HoldRecord>(kv.value()) else { continue };

@@ -20,6 +20,8 @@ use std::{io::Write, path::Path, time::Duration};
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use lockmesh_core::token::{EPOCH_LIMIT, REVISION_LIMIT};
 
+use crate::etcd_retry::Etcd;
+
 use lockmesh_lock::{
     connect::EtcdConnection,
     epoch::{cluster_hex, EpochRecord},
@@ -110,7 +112,7 @@ pub fn epoch_floor(expected: u64, marks: &[&Path]) -> Result<u64, RestoreError> 
 }
 
 async fn read_record(client: &mut Client, keys: &Keys) -> Result<(EpochRecord, i64, u64), RestoreError> {
-    let r = client.get(keys.epoch(), None).await.map_err(other)?;
+    let r = Etcd::of(client).get(keys.epoch(), None).await.map_err(other)?;
     let cluster = r.header().map(|h| h.cluster_id()).unwrap_or_default();
     let kv = r.kvs().first().ok_or_else(|| other("no epoch record under this root"))?;
     let rec: EpochRecord = serde_json::from_slice(kv.value()).map_err(other)?;
@@ -127,7 +129,7 @@ async fn put_record(
     let mut ops = vec![TxnOp::put(keys.epoch(), serde_json::to_vec(rec).map_err(other)?, None::<PutOptions>)];
     ops.extend(extra);
     let txn = Txn::new().when([Compare::mod_revision(keys.epoch(), CompareOp::Equal, mod_rev)]).and_then(ops);
-    Ok(client.txn(txn).await.map_err(other)?.succeeded())
+    Ok(Etcd::of(client).txn(txn).await.map_err(other)?.succeeded())
 }
 
 /// Runs (or resumes) the epoch advance from `expected` to `target`, printing each
@@ -192,14 +194,17 @@ pub async fn advance(
                     say(out, format!("2/4 advanced earlier: the record already holds epoch {target} bound to cluster {bound} (an earlier run made the advance, with the delete of every restored hold and waiter)"));
                 }
                 let sessions = format!("{}/s/", root.trim_end_matches('/'));
-                let r = client.get(sessions.as_str(), Some(GetOptions::new().with_prefix())).await.map_err(other)?;
+                let r = Etcd::of(client)
+                    .get(sessions.as_str(), Some(GetOptions::new().with_prefix()))
+                    .await
+                    .map_err(other)?;
                 let mut revoked = 0;
                 for kv in r.kvs() {
-                    match client.lease_revoke(kv.lease()).await {
+                    match Etcd::of(client).lease_revoke(kv.lease()).await {
                         Ok(_) => revoked += 1,
                         Err(e) if e.to_string().contains("lease not found") => {
                             // Already gone: remove the record if the lease was.
-                            let _ = client.delete(kv.key(), None).await;
+                            let _ = Etcd::of(client).delete(kv.key(), None).await;
                         }
                         Err(e) => return Err(other(e)),
                     }
@@ -230,7 +235,8 @@ pub async fn advance(
 }
 
 async fn count(client: &mut Client, prefix: &str) -> Result<i64, RestoreError> {
-    let r = client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map_err(other)?;
+    let r =
+        Etcd::of(client).get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map_err(other)?;
     Ok(r.count())
 }
 
@@ -325,8 +331,8 @@ pub async fn wait_for_etcd(
     let end = tokio::time::Instant::now() + timeout;
     loop {
         let attempt = async {
-            let mut c = conn.connect().await?;
-            c.get(probe.as_str(), None).await?;
+            let c = conn.connect().await?;
+            Etcd::of(&c).get(probe.as_str(), None).await?;
             Ok::<_, etcd_client::Error>(c)
         };
         match tokio::time::timeout(Duration::from_secs(2), attempt).await {

@@ -6,6 +6,7 @@ use lockmesh_core::{class::Enforcement, headers::SessionId, ClassRegistry, KeyDi
 use serde::{Deserialize, Serialize};
 
 use super::{io, jwt::Operator, AdminError};
+use crate::etcd_retry::Etcd;
 use lockmesh_lock::{now_ms, HoldRecord, Keys};
 
 /// Longest reason accepted.
@@ -67,7 +68,7 @@ fn check_reason(reason: &str) -> Result<String, AdminError> {
 /// Appends a log entry; best effort for refusals (the refusal is reported anyway).
 pub async fn log(client: &mut Client, root: &str, entry: &LogEntry) -> Result<(), AdminError> {
     let key = format!("{}/adm/log/{:013}-{:08x}", root.trim_end_matches('/'), entry.at_ms, rand::random::<u32>());
-    client.put(key, serde_json::to_vec(entry).map_err(io)?, None).await.map_err(io)?;
+    Etcd::of(client).put(key, serde_json::to_vec(entry).map_err(io)?, None).await.map_err(io)?;
     Ok(())
 }
 
@@ -96,7 +97,7 @@ pub async fn log_refusal(
 /// Every log entry, oldest first.
 pub async fn read_log(client: &mut Client, root: &str) -> Result<Vec<LogEntry>, AdminError> {
     let p = format!("{}/adm/log/", root.trim_end_matches('/'));
-    let r = client.get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
+    let r = Etcd::of(client).get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
     Ok(r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect())
 }
 
@@ -128,7 +129,7 @@ pub async fn request(
         serde_json::to_vec(&req).map_err(io)?,
         None::<PutOptions>,
     )]);
-    if !client.txn(txn).await.map_err(io)?.succeeded() {
+    if !Etcd::of(client).txn(txn).await.map_err(io)?.succeeded() {
         return Err(io("request id collision; retry"));
     }
     let entry = LogEntry {
@@ -147,13 +148,13 @@ async fn read_request(client: &mut Client, root: &str, id: &str) -> Result<(Admi
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(AdminError::NotFound(id.to_owned()));
     }
-    let r = client.get(req_key(root, id), None).await.map_err(io)?;
+    let r = Etcd::of(client).get(req_key(root, id), None).await.map_err(io)?;
     let kv = r.kvs().first().ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
     let req = serde_json::from_slice(kv.value()).map_err(|e| io(format!("request {id}: unreadable record: {e}")))?;
     Ok((req, kv.mod_revision()))
 }
 
-async fn holds_of(client: &mut Client, root: &str, digest: &str) -> Result<Vec<Hold>, AdminError> {
+async fn holds_of(client: &Etcd, root: &str, digest: &str) -> Result<Vec<Hold>, AdminError> {
     let d = KeyDigest::parse(digest).ok_or_else(|| AdminError::BadKey(format!("{digest:?} is not a digest")))?;
     let keys = Keys::new(root);
     let r = client.get(keys.holds(&d), Some(GetOptions::new().with_prefix())).await.map_err(io)?;
@@ -225,7 +226,7 @@ pub async fn request_digest(client: &mut Client, root: &str, id: &str) -> Result
 /// How many holds of `digest` a cluster has (one count-only read).
 pub async fn hold_count(client: &mut Client, root: &str, digest: &str) -> Result<i64, AdminError> {
     let prefix = format!("{}/l/{digest}/h/", root.trim_end_matches('/'));
-    let r = client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map_err(io)?;
+    let r = Etcd::of(client).get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map_err(io)?;
     Ok(r.count())
 }
 
@@ -240,10 +241,10 @@ pub async fn preview(
 ) -> Result<Preview, AdminError> {
     let (request, _) = read_request(client, root, id).await?;
     let cluster = holds_at.as_ref().map(|h| h.cluster.clone());
-    let mut hc = holds_at.map_or_else(|| client.clone(), |h| h.client);
+    let hc = Etcd::new(holds_at.map_or_else(|| client.clone(), |h| h.client));
     let (holds, (enforcement, warning)) = match &request.action {
         Action::ForceRelease { digest, .. } => {
-            let holds: Vec<HoldView> = holds_of(&mut hc, root, digest).await?.into_iter().map(|h| h.view).collect();
+            let holds: Vec<HoldView> = holds_of(&hc, root, digest).await?.into_iter().map(|h| h.view).collect();
             let e = enforcement(&holds, registry);
             (holds, e)
         }
@@ -284,7 +285,7 @@ pub async fn approve(
 ) -> Result<Outcome, AdminError> {
     let cluster = holds_at.as_ref().map(|h| h.cluster.clone());
     let split = holds_at.is_some();
-    let mut hc = holds_at.map_or_else(|| client.clone(), |h| h.client);
+    let hc = Etcd::new(holds_at.map_or_else(|| client.clone(), |h| h.client));
     for _ in 0..5 {
         let (req, req_rev) = read_request(client, root, id).await?;
         if req.state != State::Pending {
@@ -305,7 +306,7 @@ pub async fn approve(
         let guard = Compare::mod_revision(req_key(root, id), CompareOp::Equal, req_rev);
         match &req.action {
             Action::ForceRelease { digest, revoke_session } => {
-                let read = holds_of(&mut hc, root, digest).await?;
+                let read = holds_of(&hc, root, digest).await?;
                 let holds: Vec<HoldView> = read.iter().map(|h| h.view.clone()).collect();
                 if let Some(shown) = shown {
                     let mut now_revs: Vec<i64> = holds.iter().map(|h| h.grant_revision).collect();
@@ -321,7 +322,7 @@ pub async fn approve(
                 if holds.is_empty() {
                     done.state = State::Void;
                     let put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);
-                    if client.txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?.succeeded() {
+                    if Etcd::of(client).txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?.succeeded() {
                         return Err(AdminError::NoHold(digest.clone()));
                     }
                     continue;
@@ -380,7 +381,7 @@ pub async fn approve(
                 }
                 let revision = r.header().map_or(0, |h| h.revision());
                 if split {
-                    let r = client.txn(Txn::new().when([guard]).and_then([done_put])).await.map_err(io)?;
+                    let r = Etcd::of(client).txn(Txn::new().when([guard]).and_then([done_put])).await.map_err(io)?;
                     if !r.succeeded() {
                         return Err(io(format!(
                             "released on cluster {} at revision {revision}, but the request changed before it was \
@@ -426,7 +427,7 @@ pub async fn approve(
             }
             Action::EpochAdvance { expected_epoch, new_epoch } => {
                 let put = TxnOp::put(req_key(root, id), serde_json::to_vec(&done).map_err(io)?, None);
-                let r = client.txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?;
+                let r = Etcd::of(client).txn(Txn::new().when([guard]).and_then([put])).await.map_err(io)?;
                 if !r.succeeded() {
                     continue;
                 }
@@ -464,7 +465,7 @@ pub async fn approve(
 /// Every request, oldest first.
 pub async fn list(client: &mut Client, root: &str) -> Result<Vec<AdminRequest>, AdminError> {
     let p = format!("{}/adm/req/", root.trim_end_matches('/'));
-    let r = client.get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
+    let r = Etcd::of(client).get(p, Some(GetOptions::new().with_prefix())).await.map_err(io)?;
     let mut v: Vec<AdminRequest> = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
     v.sort_by_key(|r| r.requested_ms);
     Ok(v)

@@ -103,13 +103,13 @@ impl Admin {
     /// deployment that never ran split).
     async fn shard_maps(&self) -> Result<Vec<ShardMap>, AdminError> {
         let mut maps = Vec::new();
-        let r = self.client.clone().get(self.home.home_key(), None).await.map_err(etcd)?;
+        let r = self.client.get(self.home.home_key(), None).await.map_err(etcd)?;
         if let Some(kv) = r.kvs().first() {
             let h: HomeRecord = serde_json::from_slice(kv.value()).map_err(etcd)?;
             maps.push(h.current);
             maps.extend(h.pending);
         }
-        let r = self.client.clone().get(self.home.map_key(), None).await.map_err(etcd)?;
+        let r = self.client.get(self.home.map_key(), None).await.map_err(etcd)?;
         if let Some(kv) = r.kvs().first() {
             let m: MapRecord = serde_json::from_slice(kv.value()).map_err(etcd)?;
             maps.push(m.current);
@@ -137,7 +137,7 @@ impl Admin {
 
     /// The authoritative map and its mod revision (`None`: not created yet).
     async fn read_map(&self) -> Result<Option<(ClassMapRecord, i64)>, AdminError> {
-        let r = self.client.clone().get(self.keys.class_map(), None).await.map_err(etcd)?;
+        let r = self.client.get(self.keys.class_map(), None).await.map_err(etcd)?;
         match r.kvs().first() {
             None => Ok(None),
             Some(kv) => Ok(Some((serde_json::from_slice(kv.value()).map_err(etcd)?, kv.mod_revision()))),
@@ -160,7 +160,7 @@ impl Admin {
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.as_str(), v, None)]);
-            let r = self.client.clone().txn(txn).await.map_err(etcd)?;
+            let r = self.client.txn(txn).await.map_err(etcd)?;
             return if r.succeeded() {
                 Ok(ApplyOutcome::Applied { classes: vec![] })
             } else {
@@ -214,7 +214,7 @@ impl Admin {
             when.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev));
             then.push(TxnOp::put(key.as_str(), serde_json::to_vec(&n).map_err(etcd)?, None));
         }
-        let r = self.client.clone().txn(Txn::new().when(when).and_then(then)).await.map_err(etcd)?;
+        let r = self.client.txn(Txn::new().when(when).and_then(then)).await.map_err(etcd)?;
         if r.succeeded() {
             Ok(ApplyOutcome::Applied { classes })
         } else {
@@ -226,7 +226,6 @@ impl Admin {
     async fn cancel_move(&self, reason: &str) -> Result<ApplyOutcome, AdminError> {
         let r = self
             .client
-            .clone()
             .get(self.keys.class_policies(), Some(etcd_client::GetOptions::new().with_prefix()))
             .await
             .map_err(etcd)?;
@@ -255,7 +254,7 @@ impl Admin {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&p).map_err(etcd)?, None)]);
-        self.client.clone().txn(txn).await.map_err(etcd).map(|_| ())
+        self.client.txn(txn).await.map_err(etcd).map(|_| ())
     }
 
     /// Open holds on keys whose class differs between `old` and `new`.
