@@ -16,8 +16,20 @@
 //! e.g. through fence-proxy), or the PostgreSQL reference fence when the URL is
 //! `postgres://...`: row `<lock key>` of `--pg-table`, written with the fenced
 //! statement of [`crate::store::postgres`] (strict); an applied write counts as
-//! 200, a stale one as 409. Progress goes to stderr; tokens and proofs are never
-//! printed.
+//! 200, a stale one as 409.
+//!
+//! Or the S3 reference fence ([`crate::store::s3`]) when the URL is
+//! `s3://<bucket>/<prefix>`: object `<prefix>/<lock key>` at `--s3-endpoint`
+//! (`AWS_ENDPOINT_URL_S3`; path-style), credentials from `AWS_ACCESS_KEY_ID` /
+//! `AWS_SECRET_ACCESS_KEY`. There the holder is frozen *inside* its late write:
+//! it reads the object and checks its token (`PREPARED`), and only after SIGCONT
+//! sends the conditional PUT. That is the window a check-then-write fence cannot
+//! close; only the `If-Match` on the ETag read before the pause refuses the write.
+//! The S3 writes use `allow` for equal tokens so that the holder's second write
+//! under its grant passes the check and reaches that PUT (under `strict` the check
+//! alone would refuse it, and the conditional header would go untested); a strict
+//! fence refuses everything an allow fence refuses. Progress goes to stderr;
+//! tokens and proofs are never printed.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -37,6 +49,7 @@ use lockmesh_core::{
 use crate::{
     route::EqualRule,
     store::postgres::{self, PgFence, PgFenceError, WriteOutcome},
+    store::s3::{self, Credentials, S3Client, S3Fence, S3FenceError},
 };
 
 /// Default `--pg-table`.
@@ -68,6 +81,18 @@ pub struct Target {
     /// row is the lock key.
     #[arg(long, default_value = DEFAULT_PG_TABLE)]
     pub pg_table: String,
+    /// With an `s3://bucket/prefix` resource: the S3 endpoint, `http(s)://host[:port]`
+    /// (path-style requests). Default `https://s3.<region>.amazonaws.com`.
+    #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
+    pub s3_endpoint: Option<String>,
+    /// With an `s3://` resource: the region requests are signed for.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    /// Test builds only: plant a fault in the S3 fence (`omit-condition`:
+    /// PUTs without `If-Match`; `token-in-metadata`: no envelope).
+    #[cfg(feature = "test-faults")]
+    #[arg(long, hide = true)]
+    pub s3_planted_fault: Option<String>,
 }
 
 /// Why the kit could not run (a failed verdict is not an error).
@@ -96,6 +121,9 @@ pub enum KitError {
     /// The PostgreSQL resource failed.
     #[error(transparent)]
     Postgres(#[from] PgFenceError),
+    /// The S3 resource failed.
+    #[error(transparent)]
+    S3(#[from] S3FenceError),
     /// The holder child broke the line protocol, or signalling it failed.
     #[error("{0}")]
     Holder(String),
@@ -110,6 +138,7 @@ pub enum KitError {
 enum Resource {
     Http(String),
     Postgres { fence: PgFence, client: Box<tokio_postgres::Client>, row: String },
+    S3 { fence: S3Fence, key: String },
 }
 
 /// One acquired grant.
@@ -136,8 +165,32 @@ fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
+/// `s3://bucket/prefix` → (bucket, object key `<prefix>/<lock key>`).
+fn s3_object(t: &Target) -> Result<Option<(String, String)>, KitError> {
+    let Some(rest) = t.resource_url.strip_prefix("s3://") else {
+        return Ok(None);
+    };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = prefix.trim_end_matches('/');
+    if bucket.is_empty() || prefix.contains("//") {
+        return Err(KitError::BadArgument(format!(
+            "--resource-url {:?}: expected s3://<bucket>[/<prefix>]",
+            t.resource_url
+        )));
+    }
+    let key = if prefix.is_empty() { t.lock_key.clone() } else { format!("{prefix}/{}", t.lock_key) };
+    Ok(Some((bucket.to_owned(), key)))
+}
+
+fn s3_endpoint(t: &Target) -> String {
+    t.s3_endpoint.clone().unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", t.s3_region))
+}
+
 /// What the result document names as the resource: the URL without credentials.
 fn describe(t: &Target) -> String {
+    if let Ok(Some((bucket, key))) = s3_object(t) {
+        return format!("s3 conditional-put fence {} bucket {bucket} object {key}", s3_endpoint(t));
+    }
     if !is_postgres(&t.resource_url) {
         return t.resource_url.clone();
     }
@@ -177,7 +230,18 @@ impl Kit {
             .build()
             .map_err(KitError::Tls)?;
         let plain = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().map_err(KitError::Tls)?;
-        let resource = if is_postgres(&target.resource_url) {
+        let resource = if let Some((bucket, key)) = s3_object(&target)? {
+            let client = S3Client::new(&s3_endpoint(&target), &target.s3_region, Credentials::from_env()?)?;
+            let fence = S3Fence::try_new(client, &bucket, EqualRule::Allow)?;
+            #[cfg(feature = "test-faults")]
+            let fence = match target.s3_planted_fault.as_deref() {
+                None => fence,
+                Some("omit-condition") => fence.planted(s3::PlantedFault::OmitCondition),
+                Some("token-in-metadata") => fence.planted(s3::PlantedFault::TokenInMetadata),
+                Some(other) => return Err(KitError::BadArgument(format!("--s3-planted-fault {other:?}"))),
+            };
+            Resource::S3 { fence, key }
+        } else if is_postgres(&target.resource_url) {
             let fence = PgFence::try_new(&target.pg_table, EqualRule::Strict)?;
             let client = postgres::connect(&target.resource_url).await?;
             Resource::Postgres { fence, client: Box::new(client), row: target.lock_key.clone() }
@@ -187,7 +251,7 @@ impl Kit {
         Ok(Self { target, http, plain, resource })
     }
 
-    /// Creates the PostgreSQL resource's table if missing (a no-op for HTTP).
+    /// Creates the PostgreSQL resource's table if missing (a no-op for HTTP and S3).
     pub(crate) async fn prepare(&self) -> Result<(), KitError> {
         if let Resource::Postgres { fence, client, .. } = &self.resource {
             fence.ensure_table(client.as_ref()).await?;
@@ -249,7 +313,37 @@ impl Kit {
                     WriteOutcome::Stale => 409,
                 })
             }
+            Resource::S3 { fence, key } => {
+                let token = Self::token(g)?;
+                Ok(s3_status(fence.write(key, value.as_bytes(), token).await?))
+            }
         }
+    }
+
+    fn token(g: &Grant) -> Result<lockmesh_core::FencingToken, KitError> {
+        headers::parse_token(g.token.as_bytes()).map_err(|e| KitError::Holder(format!("the grant's token: {e}")))
+    }
+
+    /// S3: the first half of a write (read and check); `None` for other resources.
+    pub async fn prepare_s3(&self, g: &Grant) -> Result<Option<s3::Prepare>, KitError> {
+        match &self.resource {
+            Resource::S3 { fence, key } => Ok(Some(fence.prepare(key, Self::token(g)?).await?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// S3: the conditional PUT of a prepared write (200 applied, 409 stale).
+    pub async fn commit(&self, p: s3::Prepare, value: &str) -> Result<u16, KitError> {
+        match (&self.resource, p) {
+            (Resource::S3 { fence, .. }, s3::Prepare::Ready(p)) => {
+                Ok(s3_status(fence.commit(p, Some(value.as_bytes())).await?))
+            }
+            _ => Ok(409),
+        }
+    }
+
+    fn is_s3(&self) -> bool {
+        matches!(self.resource, Resource::S3 { .. })
     }
 
     /// Reads the resource's current value (empty when there is none).
@@ -262,13 +356,24 @@ impl Kit {
             Resource::Postgres { fence, client, row } => {
                 Ok(fence.read(client.as_ref(), row).await?.map(|(v, _)| v).unwrap_or_default())
             }
+            Resource::S3 { fence, key } => {
+                Ok(fence.read(key).await?.map(|(v, _)| String::from_utf8_lossy(&v).into_owned()).unwrap_or_default())
+            }
         }
+    }
+}
+
+fn s3_status(o: s3::WriteOutcome) -> u16 {
+    match o {
+        s3::WriteOutcome::Applied => 200,
+        s3::WriteOutcome::Stale => 409,
     }
 }
 
 /// The holder child: acquire, write `<run>-first`, report, wait for `GO` on stdin,
 /// write `<run>-late`, report. Protocol lines on stdout: `ACQUIRED <token> <ttl_s>
-/// <class>`, `WROTE <status>`, `LATE <status>`.
+/// <class>`, `WROTE <status>`, `LATE <status>`. With an S3 resource the late write
+/// is read and checked before `GO` (`PREPARED <ready|stale>`) and PUT after it.
 pub async fn holder(target: Target, run: &str) -> Result<(), KitError> {
     let kit = Kit::new(target).await?;
     let g = kit.acquire(10_000).await?;
@@ -276,10 +381,18 @@ pub async fn holder(target: Target, run: &str) -> Result<(), KitError> {
     writeln!(out, "ACQUIRED {} {} {}", g.token, g.ttl_s, g.class)?;
     let st = kit.write(&g, &format!("{run}-first")).await?;
     writeln!(out, "WROTE {st}")?;
+    let prepared = kit.prepare_s3(&g).await?;
+    if let Some(p) = &prepared {
+        writeln!(out, "PREPARED {}", if matches!(p, s3::Prepare::Ready(_)) { "ready" } else { "stale" })?;
+    }
     out.flush()?;
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
-    let st = kit.write(&g, &format!("{run}-late")).await.unwrap_or(0);
+    let late = format!("{run}-late");
+    let st = match prepared {
+        Some(p) => kit.commit(p, &late).await.unwrap_or(0),
+        None => kit.write(&g, &late).await.unwrap_or(0),
+    };
     writeln!(out, "LATE {st}")?;
     out.flush()?;
     Ok(())
@@ -324,20 +437,25 @@ pub async fn run(target: Target, validity_s: u64) -> Result<PauseTestResult, Kit
     let kit = Kit::new(target.clone()).await?;
     kit.prepare().await?;
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .arg("holder")
+    let mut cmd = Command::new(exe);
+    cmd.arg("holder")
         .args(["--lock-url", &target.lock_url, "--lock-key", &target.lock_key, "--resource-url", &target.resource_url])
-        .args(["--pg-table", &target.pg_table])
+        .args(["--pg-table", &target.pg_table, "--s3-region", &target.s3_region])
         .arg("--ca")
         .arg(&target.ca)
         .arg("--cert")
         .arg(&target.cert)
         .arg("--key")
         .arg(&target.key)
-        .args(["--run", &run])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
+        .args(["--run", &run]);
+    if let Some(e) = &target.s3_endpoint {
+        cmd.args(["--s3-endpoint", e]);
+    }
+    #[cfg(feature = "test-faults")]
+    if let Some(f) = &target.s3_planted_fault {
+        cmd.args(["--s3-planted-fault", f]);
+    }
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
     let result = drive(&kit, &mut child, &run, &mut p).await;
     // Whatever happened, leave no frozen child behind.
     let _ = signal(&child, "CONT");
@@ -375,6 +493,13 @@ async fn drive(
     let w = tokio::task::block_in_place(|| read_line(&mut out, "WROTE"))?;
     let first_write_status: u16 = w.first().and_then(|s| s.parse().ok()).unwrap_or(0);
     p.step(format!("holder wrote {run}-first: {first_write_status}"));
+    if kit.is_s3() {
+        let r = tokio::task::block_in_place(|| read_line(&mut out, "PREPARED"))?;
+        p.step(format!(
+            "holder read the object and checked its token for {run}-late: {}; it is frozen before its conditional PUT",
+            r.first().map_or("?", String::as_str)
+        ));
+    }
     signal(child, "STOP")?;
     let paused_at = Instant::now();
     p.step("holder frozen (SIGSTOP); waiting for its session to expire and acquiring as the second holder");

@@ -19,6 +19,7 @@
 //! - [`demo_store`]: the quick start's key-value store behind fence-proxy (the
 //!   `lockmesh-demo-store` binary that `scripts/up` runs).
 //! - [`postgres`]: [`postgres::PostgresProcess`], a real PostgreSQL for the reference fence.
+//! - [`s3`]: [`s3::MotoServer`], a real S3-compatible server (moto), and a tiny S3 client.
 //! - [`client`]: [`LockClient`], an mTLS client per workload identity.
 //! - [`kubelet`]: [`kubelet::SecretDir`], a directory updated as the kubelet updates a Secret volume.
 //! - [`stack`]: [`Stack`], all of the above for one scenario.
@@ -49,6 +50,7 @@ pub mod ports;
 pub mod postgres;
 pub mod probe;
 pub mod process;
+pub mod s3;
 pub mod stack;
 
 pub use arbiter::{ArbiterBuilder, ArbiterProcess, DEFAULT_TEST_REGISTRY};

@@ -27,6 +27,7 @@ mod errors;
 mod etcd_auth;
 mod etcd_ca_roll;
 mod fail_open;
+mod fence_s3;
 mod fence_smuggle;
 mod fencing;
 mod filter;
