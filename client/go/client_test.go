@@ -46,6 +46,8 @@ type tier struct {
 	unprotected  bool   // answer acquires with an unprotected grant
 	relByGrant   int
 	lastInstance string
+	kaDelay      time.Duration // keepalive answers come this much after arrival
+	kaArrived    []time.Time
 }
 
 func newTier(t *testing.T, ttlS uint64) *tier {
@@ -134,6 +136,12 @@ func (tr *tier) serve(w http.ResponseWriter, r *http.Request) {
 		answer(map[string]any{"session": sid, "ttl_s": tr.ttlS, "class": "default"})
 	case "/v1/sessions/keepalive":
 		tr.keepalives++
+		tr.kaArrived = append(tr.kaArrived, time.Now())
+		if d := tr.kaDelay; d > 0 {
+			tr.mu.Unlock()
+			time.Sleep(d)
+			tr.mu.Lock()
+		}
 		switch {
 		case tr.expireKA:
 			tr.mu.Unlock()
@@ -244,6 +252,7 @@ func eventually(t *testing.T, within time.Duration, what string, ok func() bool)
 }
 
 func TestNestedAcquiresReachTheServiceOnceAndTheLastUnlockReleases(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	c, _ := newClient(t, tr.config())
 	ctx := context.Background()
@@ -279,6 +288,7 @@ func TestNestedAcquiresReachTheServiceOnceAndTheLastUnlockReleases(t *testing.T)
 }
 
 func TestAFailedKeepaliveStopsNewWorkAndTheFenceCancelsTheContextAtTheDeadline(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 3) // keepalive every 1 s; deadline 2 s after the last acknowledged send
 	cfg := tr.config()
 	c, f := newClient(t, cfg)
@@ -324,6 +334,7 @@ func TestAFailedKeepaliveStopsNewWorkAndTheFenceCancelsTheContextAtTheDeadline(t
 }
 
 func TestAJeopardyEndsWithRecovery(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 6)
 	c, f := newClient(t, tr.config())
 	g, err := c.Lock(context.Background(), "payments/j", LockOptions{})
@@ -348,6 +359,7 @@ func TestAJeopardyEndsWithRecovery(t *testing.T) {
 }
 
 func TestSessionExpiredFencesAtOnce(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 3)
 	c, f := newClient(t, tr.config())
 	g, err := c.Lock(context.Background(), "short/x", LockOptions{})
@@ -366,6 +378,7 @@ func TestSessionExpiredFencesAtOnce(t *testing.T) {
 }
 
 func TestALostAnswerIsOutcomeUnknownAndTheGrantIsReleased(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	c, _ := newClient(t, tr.config())
 	tr.mu.Lock()
@@ -394,6 +407,7 @@ func TestALostAnswerIsOutcomeUnknownAndTheGrantIsReleased(t *testing.T) {
 }
 
 func TestACallerThatStopsWaitingLeavesNoHold(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	c, _ := newClient(t, tr.config())
 	tr.mu.Lock()
@@ -408,6 +422,7 @@ func TestACallerThatStopsWaitingLeavesNoHold(t *testing.T) {
 }
 
 func TestRefusalsKeepTheirStableCodes(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	c, _ := newClient(t, tr.config())
 	for _, code := range []string{"leaked", "contended", "denied"} {
@@ -432,6 +447,7 @@ func TestRefusalsKeepTheirStableCodes(t *testing.T) {
 }
 
 func TestAnUnprotectedGrantIsReleasedAndRefusedFailedOpen(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	c, _ := newClient(t, tr.config())
 	tr.mu.Lock()
@@ -446,6 +462,7 @@ func TestAnUnprotectedGrantIsReleasedAndRefusedFailedOpen(t *testing.T) {
 }
 
 func TestBadConfigIsRefusedWithTheConfigCode(t *testing.T) {
+	t.Parallel()
 	tr := newTier(t, 15)
 	cfg := tr.config()
 	cfg.Endpoint = "http://plain"
@@ -460,5 +477,52 @@ func TestBadConfigIsRefusedWithTheConfigCode(t *testing.T) {
 	c, _ := newClient(t, cfg)
 	if _, err := c.Lock(context.Background(), "payments/m", LockOptions{}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("a margin above the TTL: %v", err)
+	}
+}
+
+// deadlineOffset holds a 3 s key while keepalives are answered 400 ms after they
+// arrive, and returns how far the session's fence deadline lies past the first
+// keepalive's arrival + TTL - margin (about zero when counted from the send).
+func deadlineOffset(t *testing.T, planted string) time.Duration {
+	tr := newTier(t, 3)
+	tr.kaDelay = 400 * time.Millisecond
+	c, _ := newClient(t, tr.config())
+	c.planted = planted
+	g, err := c.Lock(context.Background(), "short/send", LockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Unlock()
+	var arrived time.Time
+	eventually(t, 3*time.Second, "a keepalive acknowledged", func() bool {
+		g.s.mu.Lock()
+		acked := g.s.clock.acked
+		g.s.mu.Unlock()
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if acked >= 1 && len(tr.kaArrived) >= 1 {
+			arrived = tr.kaArrived[0]
+			return true
+		}
+		return false
+	})
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.s.clock.deadline().Sub(arrived.Add(3*time.Second - time.Second))
+}
+
+func TestTheKeepaliveLoopCountsTheDeadlineFromTheSend(t *testing.T) {
+	t.Parallel()
+	if off := deadlineOffset(t, ""); off > 100*time.Millisecond {
+		t.Fatalf("the deadline lies %v past send + TTL - margin: counted from the answer", off)
+	}
+}
+
+// The twin: the planted fault of the conformance suite (the deadline counted from
+// the answer) is seen by the same measurement.
+func TestThePlantedDeadlineFromTheAnswerIsSeen(t *testing.T) {
+	t.Parallel()
+	if off := deadlineOffset(t, "deadline_from_answer"); off < 300*time.Millisecond {
+		t.Fatalf("the planted fault moved the deadline by only %v", off)
 	}
 }
