@@ -557,6 +557,38 @@ mod tests {
 
     use super::*;
 
+    fn target(url: &str) -> Target {
+        Target {
+            lock_url: "https://localhost:1".into(),
+            ca: "ca.pem".into(),
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+            lock_key: "short/a".into(),
+            resource_url: url.into(),
+            pg_table: DEFAULT_PG_TABLE.into(),
+            s3_endpoint: None,
+            s3_region: "eu-west-1".into(),
+            #[cfg(feature = "test-faults")]
+            s3_planted_fault: None,
+        }
+    }
+
+    #[test]
+    fn s3_resources_name_the_bucket_and_the_object_under_the_prefix() {
+        let obj = |u: &str| s3_object(&target(u)).map_err(|e| e.to_string());
+        assert_eq!(obj("s3://b/p/q/").unwrap(), Some(("b".into(), "p/q/short/a".into())));
+        assert_eq!(obj("s3://b").unwrap(), Some(("b".into(), "short/a".into())));
+        assert_eq!(obj("s3://b/").unwrap(), Some(("b".into(), "short/a".into())));
+        assert_eq!(obj("http://h/x").unwrap(), None);
+        for bad in ["s3:///p", "s3://b/p//q"] {
+            assert!(obj(bad).unwrap_err().contains("expected s3://<bucket>[/<prefix>]"), "{bad}");
+        }
+        assert_eq!(
+            describe(&target("s3://b/p")),
+            "s3 conditional-put fence https://s3.eu-west-1.amazonaws.com bucket b object p/short/a"
+        );
+    }
+
     #[test]
     fn a_written_document_reads_back_equal_as_yaml_and_json() {
         let doc = PauseTestResult {

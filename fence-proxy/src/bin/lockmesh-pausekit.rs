@@ -1,7 +1,9 @@
 //! `lockmesh-pausekit run ... --out result.yaml`: the pause test kit (ADR-17; see
 //! `lockmesh_fence_proxy::pause`). Exits 0 when the verdict is pass, 1 when it is
 //! fail (the document is written either way), 2 when the run itself failed, 64 on
-//! invalid arguments.
+//! invalid arguments. The resource is an HTTP URL, a `postgres://` URL (the
+//! PostgreSQL reference fence) or `s3://bucket/prefix` (the S3 reference fence, at
+//! `--s3-endpoint`; credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`).
 
 use std::{path::PathBuf, process::ExitCode};
 

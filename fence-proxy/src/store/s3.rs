@@ -29,8 +29,8 @@
 //!
 //! **A delete** ([`S3Fence::delete`]) is a *tombstone*: an envelope `deleted` with the
 //! token, written under the same rule and precondition. It is not a conditional
-//! DeleteObject (moto 5.2 honours `If-Match` on DeleteObject; real S3's support
-//! depends on the bucket type and date): a deleted object forgets its token, and the
+//! DeleteObject (moto 5.2 honours `If-Match` on DeleteObject; other stores' support
+//! varies by product and bucket type): a deleted object forgets its token, and the
 //! next write, `If-None-Match: *`, would pass for any holder, a stale one included.
 //! [`S3Fence::read`] reads a tombstone as absent. Removing tombstones (by hand or a
 //! lifecycle rule) reopens that hole for the removed keys.
