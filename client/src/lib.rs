@@ -59,6 +59,8 @@ pub mod election;
 mod error;
 mod guard;
 pub mod ledger;
+#[doc(hidden)]
+pub mod planted;
 pub mod run;
 mod session;
 mod tls;

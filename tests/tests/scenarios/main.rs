@@ -14,6 +14,7 @@ mod bypass;
 mod class_dir;
 mod classes_min;
 mod configs;
+mod conformance;
 mod console;
 mod core_lock;
 mod doctor;
