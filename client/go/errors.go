@@ -68,10 +68,10 @@ func sessionLost(r LossReason) error { return &Error{Code: "session_lost", Reaso
 type callKind int
 
 const (
-	callNotSent callKind = iota + 1 // nothing was sent
-	callRefused                     // the service answered {code, message}
-	callUnknown                     // sent; the effect is unknown
-	callFailedOpen                  // an unprotected grant, released again
+	callNotSent    callKind = iota + 1 // nothing was sent
+	callRefused                        // the service answered {code, message}
+	callUnknown                        // sent; the effect is unknown
+	callFailedOpen                     // an unprotected grant, released again
 )
 
 type callError struct {
