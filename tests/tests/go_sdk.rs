@@ -73,7 +73,10 @@ fn the_go_module_declares_the_installed_toolchain_and_no_dependency() {
 }
 
 #[test]
-fn go_vet_and_go_test_pass() {
+fn go_vet_and_go_test_pass_and_the_sources_are_gofmt_clean() {
+    let (root, _) = go();
+    let fmt = Command::new(root.join("bin/gofmt")).args(["-l", "."]).current_dir(repo_root().join("client/go")).output().unwrap();
+    assert!(fmt.status.success() && fmt.stdout.is_empty(), "gofmt -l lists: {}", String::from_utf8_lossy(&fmt.stdout));
     run(&["vet", "./..."]);
     let out = run(&["test", "-count=1", "./..."]);
     let stdout = String::from_utf8_lossy(&out.stdout);
