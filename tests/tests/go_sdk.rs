@@ -20,7 +20,10 @@ fn go() -> (PathBuf, PathBuf) {
     let root = std::env::var_os("LOCKMESH_GOROOT").filter(|r| !r.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
         let file = repo_root().join(".tools/go/GOROOT");
         let named = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-            panic!("the Go toolchain is not installed ({}: {e}): run scripts/setup (scripts/setup.d/go.sh)", file.display())
+            panic!(
+                "the Go toolchain is not installed ({}: {e}): run scripts/setup (scripts/setup.d/go.sh)",
+                file.display()
+            )
         });
         PathBuf::from(named.trim())
     });
@@ -75,7 +78,11 @@ fn the_go_module_declares_the_installed_toolchain_and_no_dependency() {
 #[test]
 fn go_vet_and_go_test_pass_and_the_sources_are_gofmt_clean() {
     let (root, _) = go();
-    let fmt = Command::new(root.join("bin/gofmt")).args(["-l", "."]).current_dir(repo_root().join("client/go")).output().unwrap();
+    let fmt = Command::new(root.join("bin/gofmt"))
+        .args(["-l", "."])
+        .current_dir(repo_root().join("client/go"))
+        .output()
+        .unwrap();
     assert!(fmt.status.success() && fmt.stdout.is_empty(), "gofmt -l lists: {}", String::from_utf8_lossy(&fmt.stdout));
     run(&["vet", "./..."]);
     let out = run(&["test", "-count=1", "./..."]);
