@@ -1157,6 +1157,69 @@ impl Store {
         })
     }
 
+    /// Adds the grant clock to a transaction that ends holds or sessions (a
+    /// release, a close): compared at or above this arbiter's mark `clock` and
+    /// put, read in the failure branch. Such a write is lost by a restore as a
+    /// grant is (the hold or session would stand again), so it moves the clock
+    /// as a grant does.
+    pub(crate) fn push_clock(
+        &self,
+        clock: Option<i64>,
+        when: &mut Vec<Compare>,
+        then: &mut Vec<TxnOp>,
+        els: &mut Vec<TxnOp>,
+    ) {
+        if let Some(c) = clock {
+            let key = self.keys().clock();
+            when.push(Compare::mod_revision(key.as_str(), CompareOp::Greater, c - 1));
+            then.push(TxnOp::put(key.as_str(), Vec::<u8>::new(), None));
+            els.push(TxnOp::get(key.as_str(), None));
+        }
+    }
+
+    /// The clock mark a release or close in `epoch` compares ([`Store::push_clock`]).
+    pub(crate) fn end_clock(&self, epoch: u64) -> Option<i64> {
+        if test_faults::on(TestFault::ReleaseSkipsClock) {
+            return None; // PLANTED BUG (edges_grant scenario).
+        }
+        self.seal().clock_floor(epoch)
+    }
+
+    /// After a transaction [`Store::push_clock`] built: a commit raises the clock
+    /// mark; a refusal whose clock read is below the mark seals (a restore) and
+    /// answers `sealed`; any other refusal is the caller's to read.
+    pub(crate) fn clock_outcome(
+        &self,
+        clock: Option<i64>,
+        epoch: u64,
+        r: &etcd_client::TxnResponse,
+        what: &str,
+    ) -> Result<(), LockError> {
+        let Some(c) = clock else { return Ok(()) };
+        if r.succeeded() {
+            if let Some(h) = r.header() {
+                self.seal().observe_clock(h.revision(), epoch);
+            }
+            return Ok(());
+        }
+        let key = self.keys().clock();
+        let at = r
+            .op_responses()
+            .into_iter()
+            .filter_map(|o| match o {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .find_map(|g| g.kvs().iter().find(|kv| kv.key() == key.as_bytes()).map(KeyValue::mod_revision))
+            .unwrap_or(0);
+        if at < c {
+            let why = format!("grant clock {at} below mark {c} at {what}");
+            self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
+            return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
+        }
+        Ok(())
+    }
+
     /// The epoch and grant-clock reads of a refused grant (`clock`: this
     /// arbiter's mark and the clock record read): `true` when the epoch record
     /// moved (try again with the new one); sealed when the clock went back with
@@ -1403,18 +1466,29 @@ impl Store {
         deletes: Vec<TxnOp>,
         marker: &str,
     ) -> Result<bool, LockError> {
+        // The grant clock, as in a grant: a release is a write a restore can lose
+        // too (the released hold would stand again), so it compares the clock at
+        // or above this arbiter's mark and puts it. A failed clock compare writes
+        // nothing and seals (`refusal_moved`).
+        let epoch = self.epoch_state().await?.epoch;
+        let clock = self.end_clock(epoch);
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
+            let mut when = cmp.clone();
             let mut then = deletes.clone();
             then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
             then.push(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
-            let txn = Txn::new().when(cmp.clone()).and_then(then);
+            let mut els = Vec::new();
+            self.push_clock(clock, &mut when, &mut then, &mut els);
+            let txn = Txn::new().when(when).and_then(then).or_else(els);
             match timed(Step::ReleaseTxn, self.call(self.client().txn(txn))).await {
-                Ok(r) if r.succeeded() => {
-                    self.queues().hint(d);
-                    return Ok(true);
+                Ok(r) => {
+                    self.clock_outcome(clock, epoch, &r, "a release")?;
+                    if r.succeeded() {
+                        self.queues().hint(d);
+                    }
+                    return Ok(r.succeeded());
                 }
-                Ok(_) => return Ok(false),
                 Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
                 Err(e) => return Err(e),
             }

@@ -143,7 +143,21 @@ impl Store {
     /// Closes a session, releasing every hold on it in one committed entry.
     pub async fn close_session(&self, sid: SessionId, caller: &Caller) -> Result<(), LockError> {
         self.owned_session(sid, caller).await?;
-        // The close marker lets an audit reader tell this from an expiry.
+        match self.end_session(sid).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LockError::SessionExpired),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends session `sid` on this cluster (its home, or a cluster it extends to,
+    /// whose record is a copy on the same lease) as a close: the close marker, then
+    /// the lease revoked. Answers whether the lease existed here. The caller has
+    /// checked the owner (on the home).
+    ///
+    /// The marker lets an audit reader and the lock-delay watch tell this from an
+    /// expiry, on every cluster that held the session's holds.
+    pub(crate) async fn end_session(&self, sid: SessionId) -> Result<bool, LockError> {
         if let Ok(lease) = self.marker_lease().await {
             // One integer member: serialising it cannot fail.
             let marker =
@@ -156,16 +170,24 @@ impl Store {
             // expired).
             let alive =
                 etcd_client::Compare::lease(self.keys().session(sid), etcd_client::CompareOp::Equal, sid.lease());
-            let txn = Txn::new().when([alive]).and_then([TxnOp::put(self.keys().close_marker(sid), marker, opts)]);
-            if self.call(self.client().txn(txn)).await.is_err() {
-                self.drop_marker_lease().await;
+            // And the grant clock: a restore that loses this close brings the
+            // session and its holds back (`Store::push_clock`).
+            let epoch = self.epoch_state().await?.epoch;
+            let clock = self.end_clock(epoch);
+            let (mut when, mut then, mut els) =
+                (vec![alive], vec![TxnOp::put(self.keys().close_marker(sid), marker, opts)], Vec::new());
+            self.push_clock(clock, &mut when, &mut then, &mut els);
+            let txn = Txn::new().when(when).and_then(then).or_else(els);
+            match self.call(self.client().txn(txn)).await {
+                Ok(r) => self.clock_outcome(clock, epoch, &r, "a session close")?,
+                Err(_) => self.drop_marker_lease().await,
             }
         }
         let r = self.call(self.client().lease_revoke(sid.lease())).await;
         self.forget_session(sid).await;
         match r {
-            Ok(_) => Ok(()),
-            Err(LockError::Unavailable(m)) if m.contains("lease not found") => Err(LockError::SessionExpired),
+            Ok(_) => Ok(true),
+            Err(LockError::Unavailable(m)) if m.contains("lease not found") => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -191,6 +213,8 @@ impl Store {
         // One integer member: serialising it cannot fail.
         let marker = serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
         let mut closed = false;
+        let epoch = self.epoch_state().await?.epoch;
+        let clock = self.end_clock(epoch);
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
             let mut when = vec![Compare::lease(sess.as_str(), CompareOp::Equal, sid.lease())];
@@ -201,12 +225,16 @@ impl Store {
                         .with_range(lockmesh_keyspace::keys::prefix_end(&index)),
                 );
             }
-            let txn = Txn::new().when(when).and_then([
+            let mut then = vec![
                 TxnOp::delete(sess.as_str(), None::<DeleteOptions>),
                 TxnOp::put(k.close_marker(sid), marker.as_str(), Some(PutOptions::new().with_lease(lease))),
-            ]);
+            ];
+            let mut els = Vec::new();
+            self.push_clock(clock, &mut when, &mut then, &mut els);
+            let txn = Txn::new().when(when).and_then(then).or_else(els);
             match self.call(self.client().txn(txn)).await {
                 Ok(r) => {
+                    self.clock_outcome(clock, epoch, &r, "a session close")?;
                     closed = r.succeeded();
                     break;
                 }

@@ -186,6 +186,14 @@ pub enum TestFault {
     /// A move's soft epoch advance is taken for the guarded one: a cluster sealed
     /// after a restore is unsealed by `lockctl shard apply` (`lock::seal` tests).
     SoftAdvanceUnseals,
+    /// Releases and closes neither compare nor put the grant clock: a bumped
+    /// restore that lost only releases is not seen, and the released hold
+    /// stands again (`tests/tests/scenarios/edges_grant.rs`).
+    ReleaseSkipsClock,
+    /// A session's close revokes its lease bare on the clusters it extends to (no
+    /// close marker there): their holds' ends read as expiries and wait out the
+    /// lock-delay (`tests/tests/scenarios/recipe_edges.rs`).
+    ExtensionBareRevoke,
     /// A re-acquire's check for the caller's own hold (`lock::mutex`,
     /// `classify_holders`) takes any session's hold of the key for the caller's:
     /// a contender is answered the holder's grant and token (the gate's
@@ -259,6 +267,8 @@ impl TestFault {
             "api_releases_transparent" => Some(Self::ApiReleasesTransparent),
             "charge_any_namespace" => Some(Self::ChargeAnyNamespace),
             "soft_advance_unseals" => Some(Self::SoftAdvanceUnseals),
+            "release_skips_clock" => Some(Self::ReleaseSkipsClock),
+            "extension_bare_revoke" => Some(Self::ExtensionBareRevoke),
             "existing_any_session" => Some(Self::ExistingAnySession),
             "waiter_sleeps_to_deadline" => Some(Self::WaiterSleepsToDeadline),
             "delay_rewatch_from_now" => Some(Self::DelayRewatchFromNow),

@@ -664,8 +664,15 @@ impl Tiers {
         let home = self.session_home(sid).await?;
         if self.split() {
             home.owned_session(sid, caller).await?;
+            // Each cluster it extends to ends it as a close too (its own close
+            // marker), not as a bare revoke its delay watch and audit would read
+            // as an expiry.
             for s in self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)) {
-                s.revoke_lease(sid).await?;
+                if crate::test_faults::on(crate::test_faults::TestFault::ExtensionBareRevoke) {
+                    s.revoke_lease(sid).await?; // PLANTED BUG (recipe_edges scenario).
+                } else {
+                    s.end_session(sid).await?;
+                }
             }
         }
         self.homes.invalidate(&sid);
@@ -701,8 +708,8 @@ impl Tiers {
         }
         if self.split() {
             for s in self.stores.values().filter(|s| !Arc::ptr_eq(s, &home)) {
-                if let Err(e) = s.revoke_lease(sid).await {
-                    tracing::warn!(cluster = s.cluster_name(), error = %e, "could not revoke a closed session's extension; it expires with its ttl");
+                if let Err(e) = s.end_session(sid).await {
+                    tracing::warn!(cluster = s.cluster_name(), error = %e, "could not close a closed session's extension; it expires with its ttl");
                 }
             }
         }

@@ -236,3 +236,109 @@ async fn bumped_restore_under_load(name: &str, planted: bool) -> (Vec<String>, O
     }
     (bodies, sealed)
 }
+
+/// A bumped restore from a snapshot after which only releases happened (no
+/// grant): releases put the grant clock too, so the restore is sealed
+/// (`clock_behind_mark`) and the released hold is never honoured again; the
+/// holder released it and another caller is refused only `sealed`, never
+/// `contended`. Shipped shape (TLS, auth, the non-root arbiter role).
+#[tokio::test]
+async fn a_bumped_restore_that_lost_only_releases_is_sealed() {
+    let (contended, sealed) = restore_after_releases("edges-rel-bump", false).await;
+    assert_eq!(contended, 0, "the released hold was honoured again (sealed: {sealed:?})");
+    assert_eq!(sealed.as_deref(), Some("clock_behind_mark"));
+}
+
+/// The same with releases that leave the clock alone (`release_skips_clock`):
+/// nothing sees the restore and the released hold stands again.
+#[tokio::test]
+async fn planted_releases_without_the_grant_clock_leave_a_released_hold_standing() {
+    let (contended, sealed) = restore_after_releases("edges-rel-bump-planted", true).await;
+    assert!(contended > 0, "the released hold was not honoured again; sealed: {sealed:?}");
+}
+
+/// Holds keys, snapshots, releases them all (nothing granted after the snapshot),
+/// waits until the marks hold the clock of the last release (the grant's when
+/// planted), restores with a bump and asks for the keys as another caller for a
+/// few seconds. Returns how many answers were `409 contended` (a restored hold
+/// honoured) and the seal reason. Every other answer must be `503 sealed`.
+async fn restore_after_releases(name: &str, planted: bool) -> (usize, Option<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let mut b = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .own_etcd(1)
+        .secure_etcd()
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
+    if planted {
+        b = b.arbiter_extra_yaml("test_faults: [release_skips_clock]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let keys: Vec<String> = (0..4).map(|i| format!("payments/released-{i}")).collect();
+    let sessions = a.post("/v1/sessions", &[("x-lock-key", keys[0].as_str())]).await.unwrap();
+    assert_eq!(sessions.code(), 200, "{}", sessions.body);
+    let sid = sessions.json["session"].as_str().unwrap().to_owned();
+    let mut tokens = Vec::new();
+    for k in &keys {
+        let r = a.post(ACQ, &[("x-lock-key", k), ("x-lock-session", &sid)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        tokens.push(r.json["token"].as_str().unwrap().to_owned());
+    }
+    let snap = dir.path().join("snap.db");
+    st.etcd().snapshot_save(&snap).await.unwrap();
+    for (k, t) in keys.iter().zip(&tokens) {
+        let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", t), ("x-lock-session", &sid)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    }
+    // The holder keeps its session alive (it holds nothing now): a restored hold
+    // on it would stand as long as it does.
+    let stop = Arc::new(AtomicBool::new(false));
+    let renew = {
+        let (stop, a, sid) = (stop.clone(), st.client("payments", "a").unwrap(), sid.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = a.post("/v1/sessions/keepalive", &[("x-lock-session", &sid)]).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    // The marks are persisted with the clock of the last release (or, planted,
+    // of the last grant: the releases left the clock where the grants put it).
+    let mut etcd = st.etcd().client().await.unwrap();
+    let clock = etcd.get(format!("{}/sys/clock", st.root()), None).await.unwrap().kvs()[0].mod_revision();
+    eventually(Duration::from_secs(10), async || {
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&marks)?)?;
+        anyhow::ensure!(m["clock"].as_i64().unwrap_or(0) >= clock, "marks {m}, clock {clock}");
+        Ok(())
+    })
+    .await;
+    st.etcd().restore_from(&snap, Some(1_000_000)).await.unwrap();
+    let b = st.client("payments", "b").unwrap();
+    let (mut contended, mut sealed) = (0, None);
+    let until = tokio::time::Instant::now() + Duration::from_secs(6);
+    while tokio::time::Instant::now() < until {
+        for k in &keys {
+            let Ok(r) = b.post(ACQ, &[("x-lock-key", k), ("x-lock-wait-ms", "0")]).await else { continue };
+            match (r.code(), r.json["code"].as_str()) {
+                (409, _) => contended += 1,
+                (503, Some("sealed")) => {}
+                // A freed key granted after the restore: planted, where nothing
+                // sees the restore, once the restored hold has ended.
+                (200, _) if planted => {}
+                _ => panic!("{k}: {}", r.body),
+            }
+        }
+        if let Ok((_, body)) = st.arbiter(0).admin_get("/status").await {
+            let s: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if s["sealed"] == true {
+                sealed = Some(s["seal_reason"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    renew.await.unwrap();
+    (contended, sealed)
+}
