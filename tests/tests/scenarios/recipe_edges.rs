@@ -39,6 +39,9 @@ fn field(r: &Resp, name: &str) -> String {
 const SHARD_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
 classes:
   - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+  - { name: delayed, prefixes: ["payments/ld0", "payments/ld1", "payments/ld2", "payments/ld3", "payments/ld4",
+      "payments/ld5", "payments/ld6", "payments/ld7"], ttl_s: 15, lock_delay_s: 8, enforcement: advisory,
+      risk_owner: t, waiver_expiry: "2099-12-31" }
 "#;
 
 /// A lock tier over the shared etcd (coord) and two single-member entity shards,
@@ -294,4 +297,49 @@ async fn an_expiry_while_the_delay_watch_is_down_still_starts_its_delay() {
 #[tokio::test]
 async fn planted_a_delay_watch_that_resumes_from_now_is_caught() {
     assert!(!expiry_in_a_watch_gap(true).await, "the planted watch saw the expiry in its gap");
+}
+
+/// A session whose home is shard-a holds a lock-delay key homed on shard-b (the
+/// session extends there). Its holder closes the session: on shard-b too that is
+/// a close (shard-b's own close marker), so the key is free at once for the next
+/// caller, not held back by the lock-delay an expiry would start.
+#[tokio::test]
+async fn a_closed_sessions_keys_on_the_clusters_it_extends_to_are_free_at_once() {
+    let answer = close_across_clusters(None).await;
+    assert_eq!(answer.0, 200, "the key on the extension waited after a close: {}", answer.1);
+}
+
+/// The same with the close revoking the extension bare (`extension_bare_revoke`):
+/// shard-b reads the end as an expiry and the key waits out its lock-delay.
+#[tokio::test]
+async fn planted_a_bare_revoke_of_an_extension_reads_as_an_expiry() {
+    let (code, body) = close_across_clusters(Some("extension_bare_revoke")).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("lock_delay"), "{body}");
+}
+
+/// Opens a session on a shard-a key, takes a shard-b key on it, closes the
+/// session and answers another caller's try-once acquire of the shard-b key.
+async fn close_across_clusters(fault: Option<&str>) -> (u16, String) {
+    let s = shards(if fault.is_some() { "edge-close-planted" } else { "edge-close" }, fault).await;
+    let both: Vec<String> = vec!["shard-a".into(), "shard-b".into()];
+    let m = ShardMap::initial("coord", &both, Vec::<String>::new());
+    let on = |shard: &str| {
+        (0..8).map(|i| format!("payments/ld{i}/k")).find(|k| m.home("delayed", k) == Some(shard)).unwrap()
+    };
+    let (ka, kb) = (on("shard-a"), on("shard-b"));
+    let (a, b) = (s.st.client("payments", "a").unwrap(), s.st.client("payments", "b").unwrap());
+    let r = a.post(ACQ, &[("x-lock-key", &ka)]).await.unwrap();
+    assert_eq!((r.code(), r.json["cluster"].as_str()), (200, Some("shard-a")), "{}", r.body);
+    assert_eq!(r.json["class"], "delayed", "{}", r.body);
+    let sid = field(&r, "session");
+    let r = a.post(ACQ, &[("x-lock-key", &kb), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!((r.code(), r.json["cluster"].as_str()), (200, Some("shard-b")), "{}", r.body);
+    let r = a.post("/v1/sessions/close", &[("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    // The key on shard-a is free at once either way (its home wrote the marker).
+    let r = b.post(ACQ, &[("x-lock-key", &ka), ("x-lock-wait-ms", "0")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let r = b.post(ACQ, &[("x-lock-key", &kb), ("x-lock-wait-ms", "0")]).await.unwrap();
+    (r.code(), r.body)
 }
