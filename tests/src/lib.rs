@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 pub mod arbiter;
 pub mod backend;
+pub mod clickhouse;
 pub mod client;
 pub mod demo_store;
 pub mod envoy;

@@ -261,9 +261,9 @@ impl Tailer {
     async fn commit_batch(&self, pending: &mut Vec<AuditEvent>, cp: &mut Checkpoint) -> Result<(), Error> {
         if let Some(sink) = &self.cfg.clickhouse {
             sink.insert(pending).await.map_err(e2s)?;
-            if !pending.is_empty() && crate::test_faults::on(crate::test_faults::TestFault::PauseAfterSink) {
+            if !pending.is_empty() && crate::test_faults::pause_once() {
                 tracing::error!(events = pending.len(), "AUDIT TEST: batch sent to clickhouse");
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
             }
         }
         cp.updated_ms = now_ms();

@@ -22,10 +22,10 @@ pub enum TestFault {
     /// inserts (`clickhouse::Sink::rows`): the table then has the column's
     /// default (NULL) where the embedded store has the holder.
     ClickHouseDropsColumn,
-    /// Not a bug: after ClickHouse accepted a batch, the tailer logs
-    /// `AUDIT TEST: batch sent to clickhouse` and waits 2 s before the embedded
-    /// store commits it, so a scenario can kill it in between and see the batch
-    /// sent again after the restart.
+    /// Not a bug: after ClickHouse accepted the first batch with events of this
+    /// process, the tailer logs `AUDIT TEST: batch sent to clickhouse` and waits
+    /// 3 s before the embedded store commits it, so a scenario can kill it in
+    /// between and see the batch sent again after the restart ([`pause_once`]).
     PauseAfterSink,
 }
 
@@ -79,6 +79,14 @@ pub fn on(fault: TestFault) -> bool {
 #[inline(always)]
 pub const fn on(_fault: TestFault) -> bool {
     false
+}
+
+/// Whether to pause after this batch ([`TestFault::PauseAfterSink`]): true once
+/// per process, for its first batch with events.
+pub fn pause_once() -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    on(TestFault::PauseAfterSink) && !DONE.swap(true, Ordering::SeqCst)
 }
 
 /// Whether this build can plant faults at all (feature `test-faults`).
