@@ -11,7 +11,6 @@ mod arbiter_direct;
 mod audit;
 mod audit_clickhouse;
 mod audit_query;
-mod auth_churn;
 mod bypass;
 mod class_dir;
 mod classes_min;
