@@ -35,8 +35,11 @@ struct Lang {
 }
 
 /// One row per language.
-const DRIVERS: &[Lang] =
-    &[Lang { name: "rust", command: rust_driver }, Lang { name: "python", command: python_driver }];
+const DRIVERS: &[Lang] = &[
+    Lang { name: "rust", command: rust_driver },
+    Lang { name: "python", command: python_driver },
+    Lang { name: "go", command: go_driver },
+];
 
 fn rust_driver() -> Result<(PathBuf, Vec<String>), String> {
     let p = lockmesh_tests::paths::profile_dir().join("lockmesh-conformance-driver");
@@ -45,6 +48,19 @@ fn rust_driver() -> Result<(PathBuf, Vec<String>), String> {
     } else {
         Err(format!("{} not built: cargo test --workspace --no-run builds it", p.display()))
     }
+}
+
+/// The Go driver's launcher builds it with the pinned toolchain into `<target>/go/bin`
+/// (scripts/setup prebuilds it; a source change rebuilds) and execs it.
+fn go_driver() -> Result<(PathBuf, Vec<String>), String> {
+    let file = repo_root().join(".tools/go/GOROOT");
+    let missing =
+        || format!("the Go toolchain ({}) is missing: run scripts/setup (scripts/setup.d/go.sh)", file.display());
+    let root = std::fs::read_to_string(&file).map_err(|_| missing())?;
+    if !PathBuf::from(root.trim()).join("bin/go").is_file() {
+        return Err(missing());
+    }
+    Ok((repo_root().join("client/go/conformance-driver.sh"), vec![]))
 }
 
 fn python_driver() -> Result<(PathBuf, Vec<String>), String> {
@@ -104,7 +120,7 @@ macro_rules! languages {
     )*};
 }
 
-languages!(rust, python);
+languages!(rust, python, go);
 
 #[test]
 fn every_scenario_file_is_run_and_parses() {
@@ -125,7 +141,7 @@ fn every_scenario_file_is_run_and_parses() {
             assert!(step.is_object(), "{s} step {i}");
         }
     }
-    assert_eq!(DRIVERS.iter().map(|d| d.name).collect::<Vec<_>>(), ["rust", "python"]);
+    assert_eq!(DRIVERS.iter().map(|d| d.name).collect::<Vec<_>>(), ["rust", "python", "go"]);
 }
 
 fn load(scenario: &str) -> Result<Value, String> {
