@@ -11,8 +11,9 @@ import (
 type CampaignOptions struct {
 	// Value is proclaimed with the leadership (nil: none).
 	Value *string
-	// TryOnce: one try; otherwise the campaign waits until leader, or until ctx
-	// ends (then it answers contended).
+	// TryOnce: one try (contended if someone leads); otherwise the campaign waits
+	// until leader, or until ctx ends (ctx's error; a grant committing as it ends
+	// is released).
 	TryOnce bool
 	// Class, as LockOptions.Class.
 	Class string
