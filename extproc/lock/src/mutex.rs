@@ -391,6 +391,9 @@ impl Store {
         body: impl AsyncFnOnce(SessionId, Option<SessionRecord>, bool) -> Result<T, LockError>,
     ) -> Result<(T, bool), LockError> {
         let mut by_acquire = true;
+        // The lease's TTL runs from about when its grant is sent: renewals are
+        // counted from here.
+        let sent = tokio::time::Instant::now();
         let (sid, new_record) = match req.session {
             Some(sid) => {
                 let rec = self.owned_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller)).await?;
@@ -418,12 +421,23 @@ impl Store {
         let renew = opened.then(|| {
             let (store, ttl) = (self.clone(), req.class.ttl_s.max(1));
             AbortOnDrop(tokio::spawn(async move {
+                // Every third of the TTL counted from the lease's grant and from
+                // each renewal's send, not from its answer: a slow answer does not
+                // push the next renewal back. Each renewal runs on its own, ended
+                // with this task (the set is dropped with it).
                 let period = std::time::Duration::from_millis(ttl * 1000 / 3);
+                let mut tick = tokio::time::interval_at(sent + period, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut inflight = tokio::task::JoinSet::new();
                 loop {
-                    tokio::time::sleep(period).await;
-                    if let Err(e) = store.call(store.client().lease_keep_alive(sid.lease())).await {
-                        tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
-                    }
+                    tick.tick().await;
+                    while inflight.try_join_next().is_some() {}
+                    let store = store.clone();
+                    inflight.spawn(async move {
+                        if let Err(e) = store.call(store.client().lease_keep_alive(sid.lease())).await {
+                            tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
+                        }
+                    });
                 }
             }))
         });
