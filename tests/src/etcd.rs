@@ -478,6 +478,14 @@ impl EtcdCluster {
         self.client_on(&self.endpoints()).await
     }
 
+    /// [`EtcdCluster::client`] whose calls are sent again while etcd refuses them
+    /// because its users or roles changed since the login (nothing applied;
+    /// `lockmesh_ops::etcd_retry`): scenarios add users to a shared etcd all the
+    /// time, so a root login of test code is refused now and then.
+    pub async fn retrying_client(&self) -> Result<lockmesh_ops::etcd_retry::Etcd> {
+        Ok(lockmesh_ops::etcd_retry::Etcd::new(self.client().await?))
+    }
+
     /// Like [`EtcdCluster::client`], on the given endpoints only (e.g. one member).
     pub async fn client_on(&self, endpoints: &[String]) -> Result<etcd_client::Client> {
         let root = self.root_password.as_deref().map(|p| ("root", p));

@@ -456,23 +456,14 @@ const HOLD_MS: u64 = 40_000;
 /// The hold granted at `revision` under the stack's root, as (etcd key, lease).
 async fn hold_at(st: &Stack, revision: i64) -> Option<(String, i64)> {
     let prefix = format!("{}/l/", st.root());
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut c = st.etcd().client().await.unwrap();
-        match c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())).await {
-            Ok(r) => {
-                return r
-                    .kvs()
-                    .iter()
-                    .find(|kv| kv.create_revision() == revision)
-                    .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
-            }
-            Err(e) if e.to_string().contains("revision of auth store is old") && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    // Sent again while etcd refuses it for an auth store that moved since the
+    // login (other scenarios add users and roles to the shared etcd).
+    let c = st.etcd().retrying_client().await.unwrap();
+    let r = c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())).await.unwrap();
+    r.kvs()
+        .iter()
+        .find(|kv| kv.create_revision() == revision)
+        .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
 }
 
 /// The VM id of the sidecar whose hold is on `lease` (`<root>/v/<vm>/…` names it).

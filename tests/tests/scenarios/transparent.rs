@@ -46,21 +46,12 @@ async fn vm_ids(st: &Stack) -> Vec<String> {
     ids
 }
 
-/// A read of the stack's etcd, made again (for about 5 s) while etcd refuses it
-/// for an auth store that moved since the client logged in: other scenarios add
-/// users and roles to the shared etcd all the time.
+/// A read of the stack's etcd, made again while etcd refuses it for an auth
+/// store that moved since the client logged in: other scenarios add users and
+/// roles to the shared etcd all the time.
 async fn etcd_get(st: &Stack, key: String, opts: GetOptions) -> etcd_client::GetResponse {
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut c = st.etcd().client().await.unwrap();
-        match c.get(key.as_str(), Some(opts.clone())).await {
-            Ok(r) => return r,
-            Err(e) if e.to_string().contains("revision of auth store is old") && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let c = st.etcd().retrying_client().await.unwrap();
+    c.get(key, Some(opts)).await.unwrap()
 }
 
 /// Number of holds under the stack's root.
