@@ -11,6 +11,7 @@ mod arbiter_direct;
 mod audit;
 mod audit_clickhouse;
 mod audit_query;
+mod auth_churn;
 mod bypass;
 mod class_dir;
 mod classes_min;
