@@ -298,13 +298,21 @@ class Client:
         self.config = config
         self._on_fence = on_fence
         self._on_jeopardy = on_jeopardy
-        self._api = Api(config.endpoint, config.ca, config.cert, config.key, instance_id(), config.request_timeout)
+        self._api = self._make_api()
         self._cond = threading.Condition()
         self._sessions: Dict[int, _Session] = {}
         self._key_ttl: Dict[str, int] = {}
         self._held: Dict[str, _Held] = {}
         self._busy: Set[str] = set()
         self._epochs: Dict[Optional[str], int] = {}
+
+    def _make_api(self) -> Api:
+        c = self.config
+        try:
+            return Api(c.endpoint, c.ca, c.cert, c.key, instance_id(), c.request_timeout)
+        except (OSError, ValueError) as e:
+            # ssl.SSLError is an OSError: a PEM file that is not what it should be.
+            raise ConfigError(f"ca, cert, key: not a usable CA, certificate and key ({type(e).__name__})") from None
 
     # --- sessions ---
 
