@@ -19,7 +19,8 @@
 //! - [`MotoServer::start_threaded`]: `.tools/s3/bin/moto_server` as shipped
 //!   (threaded), for tests that do not race conditional writes.
 //!
-//! moto does not verify request signatures (its default): [`S3TestClient`] sends a
+//! moto does not verify request signatures by default (until
+//! [`MotoServer::enforce_signatures`]): [`S3TestClient`] sends a
 //! SigV4-shaped `Authorization` header with an `s3` credential scope, which is how
 //! moto's dispatcher tells an S3 request from another service's, and no signature.
 //! It works against moto only; the fence signs for real
@@ -149,6 +150,68 @@ impl MotoServer {
             ("AWS_REGION", TEST_REGION.to_owned()),
             ("AWS_ENDPOINT_URL_S3", self.endpoint()),
         ]
+    }
+
+    /// From now on, moto checks every request's SigV4 signature (botocore's
+    /// `S3SigV4Auth` over the request as received) and the caller's IAM policy.
+    /// Creates IAM user `lockmesh-fence` with an access key allowed `s3:*` and
+    /// returns the key id and secret. Create buckets first: [`S3TestClient`] does
+    /// not sign, so its requests are refused afterwards.
+    pub async fn enforce_signatures(&self) -> Result<(String, String)> {
+        let iam = |params: Vec<(&'static str, String)>| {
+            let mut form = vec![("Version", "2010-05-08".to_owned())];
+            form.extend(params);
+            let http = reqwest::Client::new();
+            let url = format!("{}/", self.endpoint());
+            async move {
+                let r = http
+                    .post(url)
+                    .header(
+                        "authorization",
+                        format!(
+                            "AWS4-HMAC-SHA256 Credential={TEST_ACCESS_KEY}/20260101/{TEST_REGION}/iam/aws4_request, \
+                             SignedHeaders=host, Signature=0"
+                        ),
+                    )
+                    .form(&form)
+                    .send()
+                    .await
+                    .context("IAM request")?;
+                let (status, text) = (r.status().as_u16(), r.text().await.unwrap_or_default());
+                if status != 200 {
+                    bail!("IAM {:?} answered {status}: {text}", form.get(1));
+                }
+                Ok::<_, anyhow::Error>(text)
+            }
+        };
+        let user = || ("UserName", "lockmesh-fence".to_owned());
+        iam(vec![("Action", "CreateUser".into()), user()]).await?;
+        let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}"#;
+        iam(vec![
+            ("Action", "PutUserPolicy".into()),
+            user(),
+            ("PolicyName", "s3".into()),
+            ("PolicyDocument", policy.into()),
+        ])
+        .await?;
+        let key = iam(vec![("Action", "CreateAccessKey".into()), user()]).await?;
+        let field = |tag: &str| {
+            key.split_once(&format!("<{tag}>"))
+                .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
+                .map(|(v, _)| v.to_owned())
+                .with_context(|| format!("no {tag} in CreateAccessKey's answer"))
+        };
+        let (id, secret) = (field("AccessKeyId")?, field("SecretAccessKey")?);
+        let r = reqwest::Client::new()
+            .post(format!("{}/moto-api/reset-auth", self.endpoint()))
+            .body("0")
+            .send()
+            .await
+            .context("moto-api/reset-auth")?;
+        if r.status() != 200 {
+            bail!("moto-api/reset-auth answered {}", r.status());
+        }
+        Ok((id, secret))
     }
 
     /// Creates `bucket`.

@@ -47,8 +47,9 @@
 //! tokio-postgres and jsonwebtoken): no new crate compiles. `aws-sigv4` would bring
 //! the aws-smithy runtime crates, and `rusty-s3` a second `hmac`/`sha2`/`md-5`
 //! generation, `quick-xml` and `time` for presigned URLs the fence does not need. The
-//! signer is checked against AWS's published example signature in the unit tests;
-//! the HTTP client is the workspace's reqwest.
+//! signer reproduces AWS's published example signature (unit test) and passes
+//! moto's botocore-based verification (tests/tests/scenarios/fence_s3.rs); the HTTP
+//! client is the workspace's reqwest.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
