@@ -179,6 +179,14 @@ pub async fn run(
     let _ = stop_tx.send(true);
     checker.abort();
     tiers_task.abort();
+    // The marks as they are now, not as the last once-a-second check left them:
+    // a restart after a clean stop starts from every grant this process saw.
+    let persist = !lock::test_faults::on(lock::test_faults::TestFault::NoPersistAtStop);
+    for s in state.tiers.stores().filter(|_| persist) {
+        if let Err(e) = s.seal().persist() {
+            tracing::error!(cluster = s.cluster_name(), error = %e, "cannot persist the high-water marks at stop");
+        }
+    }
     reloader.abort();
     history.abort();
     let _ = admin_task.await;

@@ -370,7 +370,7 @@ impl Seal {
     }
 
     /// Writes the marks durably (temp file, fsync, rename) when they changed.
-    pub(crate) fn persist(&self) -> std::io::Result<()> {
+    pub fn persist(&self) -> std::io::Result<()> {
         let Some(path) = &self.path else { return Ok(()) };
         let m = self.marks();
         {

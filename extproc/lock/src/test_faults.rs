@@ -194,6 +194,9 @@ pub enum TestFault {
     /// close marker there): their holds' ends read as expiries and wait out the
     /// lock-delay (`tests/tests/scenarios/recipe_edges.rs`).
     ExtensionBareRevoke,
+    /// A clean stop leaves the marks as the last once-a-second check wrote them
+    /// (`tests/tests/scenarios/edges_grant.rs`).
+    NoPersistAtStop,
     /// A re-acquire's check for the caller's own hold (`lock::mutex`,
     /// `classify_holders`) takes any session's hold of the key for the caller's:
     /// a contender is answered the holder's grant and token (the gate's
@@ -269,6 +272,7 @@ impl TestFault {
             "soft_advance_unseals" => Some(Self::SoftAdvanceUnseals),
             "release_skips_clock" => Some(Self::ReleaseSkipsClock),
             "extension_bare_revoke" => Some(Self::ExtensionBareRevoke),
+            "no_persist_at_stop" => Some(Self::NoPersistAtStop),
             "existing_any_session" => Some(Self::ExistingAnySession),
             "waiter_sleeps_to_deadline" => Some(Self::WaiterSleepsToDeadline),
             "delay_rewatch_from_now" => Some(Self::DelayRewatchFromNow),

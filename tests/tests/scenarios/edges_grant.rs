@@ -342,3 +342,60 @@ async fn restore_after_releases(name: &str, planted: bool) -> (usize, Option<Str
     renew.await.unwrap();
     (contended, sealed)
 }
+
+/// A clean stop writes the marks as they are: a grant made right after a seal
+/// check (so the next check has not run) is in the marks file once the arbiter
+/// has stopped, revision and clock, and the restarted arbiter starts from it.
+#[tokio::test]
+async fn a_clean_stop_writes_the_marks_of_its_last_grant() {
+    let (granted, marks) = stop_right_after_a_grant("edges-stop-marks", false).await;
+    assert!(marks["revision"].as_i64().unwrap() >= granted, "marks {marks} miss the grant at {granted}");
+    assert!(marks["clock"].as_i64().unwrap() >= granted, "marks {marks} miss the grant's clock at {granted}");
+}
+
+/// The same with the stop's write planted away (`no_persist_at_stop`): the file
+/// holds only what the last once-a-second check wrote, without the grant.
+#[tokio::test]
+async fn planted_a_stop_that_leaves_the_marks_misses_the_last_grant() {
+    let (granted, marks) = stop_right_after_a_grant("edges-stop-marks-planted", true).await;
+    assert!(
+        marks["revision"].as_i64().unwrap() < granted,
+        "the planted stop wrote the marks: {marks}, grant {granted}"
+    );
+}
+
+/// Grants one key, waits until a seal check has persisted the marks past it,
+/// grants a second at once and stops the arbiter cleanly (SIGTERM). Returns the
+/// second grant's revision and the marks file after the stop.
+async fn stop_right_after_a_grant(name: &str, planted: bool) -> (i64, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let mut b = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
+    if planted {
+        b = b.arbiter_extra_yaml("test_faults: [no_persist_at_stop]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let a = st.client("payments", "a").unwrap();
+    let revision =
+        |r: &lockmesh_tests::Resp| -> i64 { r.json["revision"].as_i64().unwrap_or_else(|| panic!("{}", r.body)) };
+    let r = a.post(ACQ, &[("x-lock-key", "payments/stop-first")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let first = revision(&r);
+    let read = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(&marks).unwrap_or_default()).unwrap_or_default()
+    };
+    // A check has just written the marks: the next one is about a second away.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while read()["revision"].as_i64().unwrap_or(0) < first {
+        assert!(std::time::Instant::now() < until, "no check wrote the marks past {first}: {}", read());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = a.post(ACQ, &[("x-lock-key", "payments/stop-second")]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let granted = revision(&r);
+    st.arbiter(0).stop().await.unwrap();
+    (granted, read())
+}
