@@ -64,6 +64,9 @@ pub struct RawConfig {
     /// Tracing spans exported over OTLP/HTTP, like the arbiter's `telemetry`
     /// (`docs/OPERATIONS.md`). Default: off.
     pub telemetry: Option<lockmesh_telemetry::RawTelemetry>,
+    /// The archives (`crate::archive`): closed grants as daily Parquet files and
+    /// force-release records under object lock, in S3. Default: off.
+    pub archive: Option<crate::archive::RawArchive>,
     /// TEST ONLY: planted faults (`crate::test_faults`). Refused unless the
     /// environment sets `LOCKMESH_TEST_FAULTS=1` and the build is a test build.
     #[serde(default)]
@@ -331,6 +334,8 @@ pub struct Config {
     pub clickhouse: Option<super::clickhouse::Sink>,
     /// OTLP span export, if configured.
     pub telemetry: Option<lockmesh_telemetry::Telemetry>,
+    /// The archives, if configured.
+    pub archive: Option<crate::archive::Archiver>,
     /// TEST ONLY planted faults (see `RawConfig::test_faults`).
     pub test_faults: Vec<crate::test_faults::TestFault>,
 }
@@ -435,6 +440,9 @@ impl Config {
         });
         let etcd_auth = etcd_auth(&raw, base, name, &mut errs);
         let test_faults = crate::test_faults::validate(&raw.test_faults, name, &mut errs);
+        let archive = raw.archive.as_ref().and_then(|a| {
+            crate::archive::Archiver::try_new(a).map_err(|e| errs.push(format!("{name}: archive.{e}"))).ok()
+        });
         let telemetry = lockmesh_telemetry::validate(raw.telemetry.as_ref(), "lockmesh-audit", name, &mut errs);
         let instance = raw.instance.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_default();
@@ -456,6 +464,7 @@ impl Config {
                 seal_on_restore: raw.seal_on_restore.unwrap_or(true),
                 clickhouse,
                 telemetry,
+                archive,
                 test_faults,
             }),
             _ => Err(errs),

@@ -10,11 +10,14 @@
 //! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, metrics port.
 //! - [`query_port`]: the operators' query API on its own mTLS port (`query:`).
 //! - [`stats`]: the tailer's metrics.
+//! - [`archive`]: daily Parquet files of closed grants, and force-release records
+//!   under object lock, in S3.
 //! - [`clickhouse`]: the optional ClickHouse sink and its DDL.
 //! - [`config`]: the configuration file, `audit.yaml`.
 //! - [`test_faults`]: planted faults, in test builds only.
 //! - [`cli`]: the `lockctl audit` queries.
 
+pub mod archive;
 pub mod clickhouse;
 pub mod config;
 pub mod decode;

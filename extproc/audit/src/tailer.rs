@@ -89,6 +89,7 @@ pub async fn run(
         }
         _ => None,
     };
+    let archive_task = t.cfg.archive.clone().map(|a| tokio::spawn(crate::archive::run(a, t.store.clone(), stop.clone())));
     let work = {
         let (t, stop) = (t.clone(), stop.clone());
         async move {
@@ -110,6 +111,9 @@ pub async fn run(
     }
     stop.cancel();
     let _ = admin_task.await;
+    if let Some(a) = archive_task {
+        let _ = a.await;
+    }
     if let Some(q) = query_task {
         let _ = q.await;
     }

@@ -27,6 +27,9 @@ pub enum TestFault {
     /// 3 s before the embedded store commits it, so a scenario can kill it in
     /// between and see the batch sent again after the restart ([`pause_once`]).
     PauseAfterSink,
+    /// The archiver leaves out the last day with ended holds (`archive::Archiver::pass`):
+    /// the current, partial day never reaches the grants bucket.
+    ArchiveSkipsLastDay,
 }
 
 #[cfg(feature = "test-faults")]
@@ -41,6 +44,7 @@ impl TestFault {
         match name {
             "clickhouse_drops_column" => Some(Self::ClickHouseDropsColumn),
             "pause_after_sink" => Some(Self::PauseAfterSink),
+            "archive_skips_last_day" => Some(Self::ArchiveSkipsLastDay),
             _ => None,
         }
     }

@@ -69,7 +69,7 @@ async fn tailer(st: &Stack, ch: &ChdbFront, faults: &[&str]) -> Tailer {
     t
 }
 
-async fn up(t: &Tailer) {
+pub(crate) async fn up(t: &Tailer) {
     let port = t.admin_port;
     t.process
         .wait_ready(Duration::from_secs(20), async || {
@@ -83,7 +83,7 @@ async fn up(t: &Tailer) {
 
 /// Stops the tailer once its checkpoint is the head and the head did not move
 /// before the stop: no batch can be half sent (in ClickHouse, not in the store).
-async fn quiet_stop(st: &Stack, tailer: &Tailer) {
+pub(crate) async fn quiet_stop(st: &Stack, tailer: &Tailer) {
     loop {
         let h = head(st).await;
         tailer.caught_up(h).await;

@@ -9,6 +9,7 @@
 mod admin;
 mod arbiter_direct;
 mod audit;
+mod audit_archive;
 mod audit_clickhouse;
 mod audit_query;
 mod auth_churn;
