@@ -231,7 +231,11 @@ impl Kit {
             .map_err(KitError::Tls)?;
         let plain = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().map_err(KitError::Tls)?;
         let resource = if let Some((bucket, key)) = s3_object(&target)? {
-            let client = S3Client::new(&s3_endpoint(&target), &target.s3_region, Credentials::from_env()?)?;
+            let client = S3Client::new(
+                &s3_endpoint(&target),
+                &target.s3_region,
+                Credentials::from_env().map_err(S3FenceError::Credentials)?,
+            )?;
             let fence = S3Fence::try_new(client, &bucket, EqualRule::Allow)?;
             #[cfg(feature = "test-faults")]
             let fence = match target.s3_planted_fault.as_deref() {

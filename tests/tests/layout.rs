@@ -26,10 +26,11 @@ use serde::Deserialize;
 /// layer, so no cycle and no upward arrow can be added without changing this table.
 ///
 /// 0 foundations: the wire types (`lockmesh-core`), the service runtime, the dev
-///   PKI; the empty Wasm filter the filter tax is measured against (no lockmesh crate)
+///   PKI; the empty Wasm filter the filter tax is measured against (no lockmesh crate);
+///   the S3 request signer
 /// 1 what builds on the wire types alone: the etcd records, telemetry, the SDK,
 ///   the Wasm filter, the fence proxy, the sidecar
-/// 2 the etcd recipe (`lockmesh-lock`)
+/// 2 the etcd recipe (`lockmesh-lock`); the SDK conformance suite's Rust driver
 /// 3 the operator workflows (`lockmesh-ops`)
 /// 4 the arbiter and the audit tailer (whose query port checks operators with the
 ///   ops verifier); the test harness, which gives each stack the shipped etcd roles
@@ -41,11 +42,13 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-runtime", 0, &[]),
     ("lockmesh-devcerts", 0, &[]),
     ("lockmesh-empty-filter", 0, &[]),
+    ("lockmesh-sigv4", 0, &[]),
     ("lockmesh-keyspace", 1, &["lockmesh-core"]),
     ("lockmesh-telemetry", 1, &["lockmesh-core"]),
     ("lockmesh-client", 1, &["lockmesh-core", "lockmesh-runtime"]),
+    ("lockmesh-conformance-driver", 2, &["lockmesh-client"]),
     ("lockmesh-wasm-filter", 1, &["lockmesh-core"]),
-    ("lockmesh-fence-proxy", 1, &["lockmesh-core", "lockmesh-runtime"]),
+    ("lockmesh-fence-proxy", 1, &["lockmesh-core", "lockmesh-runtime", "lockmesh-sigv4"]),
     ("lockmesh-sidecar", 1, &["lockmesh-runtime"]),
     ("lockmesh-tests", 4, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-ops"]),
     ("lockmesh-lock", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"]),
@@ -73,6 +76,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
             "lockmesh-lock",
             "lockmesh-ops",
             "lockmesh-runtime",
+            "lockmesh-sigv4",
             "lockmesh-telemetry",
         ],
     ),

@@ -13,7 +13,7 @@
 //!   `force_retention_days` from the write: no one, the root account included, can
 //!   delete or overwrite that version before then.
 //!
-//! Requests are path-style and signed with SigV4 (`lockmesh_fence_proxy::store::s3`,
+//! Requests are path-style and signed with SigV4 (`lockmesh_sigv4`,
 //! the S3 fence's signer); credentials from `AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`).
 
@@ -24,7 +24,7 @@ use std::{
 };
 
 use base64::Engine as _;
-use lockmesh_fence_proxy::store::s3::{amz_date, sign_v4, uri_encode, Credentials};
+use lockmesh_sigv4::{amz_date, sign_v4, uri_encode, Credentials};
 use parquet::{
     data_type::{ByteArray, ByteArrayType, Int64Type},
     file::{properties::WriterProperties, writer::SerializedFileWriter},
