@@ -61,7 +61,7 @@ pub const QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// How many key roots the shared etcd prepares users for at start, under auth
 /// ([`EtcdCluster::users_for_new_root`]): more than the scenarios' stacks on the
 /// shared etcd, so no user is created while arbiters run.
-const SHARED_USER_POOL: usize = 160;
+const SHARED_USER_POOL: usize = 224;
 
 /// How long `stop()` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
