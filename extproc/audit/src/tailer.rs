@@ -89,7 +89,8 @@ pub async fn run(
         }
         _ => None,
     };
-    let archive_task = t.cfg.archive.clone().map(|a| tokio::spawn(crate::archive::run(a, t.store.clone(), stop.clone())));
+    let archive_task =
+        t.cfg.archive.clone().map(|a| tokio::spawn(crate::archive::run(a, t.store.clone(), stop.clone())));
     let work = {
         let (t, stop) = (t.clone(), stop.clone());
         async move {
