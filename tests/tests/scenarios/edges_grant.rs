@@ -149,18 +149,8 @@ async fn planted_without_the_grant_clock_a_bumped_restore_grants_held_keys_again
 /// load, and returns the bodies of the acquires granted after the restore and the
 /// seal reason (`None`: not sealed within 15 s).
 async fn bumped_restore_under_load(name: &str, planted: bool) -> (Vec<String>, Option<String>) {
-    let dir = tempfile::tempdir().unwrap();
+    let (st, dir) = marked_stack(name, true, planted.then_some("skip_clock_compare")).await;
     let marks = dir.path().join("marks.json");
-    let mut b = Stack::builder(name)
-        .envoy_config("lock-tier")
-        .registry(REGISTRY)
-        .own_etcd(1)
-        .secure_etcd()
-        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
-    if planted {
-        b = b.arbiter_extra_yaml("test_faults: [skip_clock_compare]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
-    }
-    let st = b.start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let warm = a.post(ACQ, &[("x-lock-key", "payments/before-snapshot")]).await.unwrap();
     assert_eq!(warm.code(), 200, "{}", warm.body);
@@ -263,18 +253,8 @@ async fn planted_releases_without_the_grant_clock_leave_a_released_hold_standing
 /// few seconds. Returns how many answers were `409 contended` (a restored hold
 /// honoured) and the seal reason. Every other answer must be `503 sealed`.
 async fn restore_after_releases(name: &str, planted: bool) -> (usize, Option<String>) {
-    let dir = tempfile::tempdir().unwrap();
+    let (st, dir) = marked_stack(name, true, planted.then_some("release_skips_clock")).await;
     let marks = dir.path().join("marks.json");
-    let mut b = Stack::builder(name)
-        .envoy_config("lock-tier")
-        .registry(REGISTRY)
-        .own_etcd(1)
-        .secure_etcd()
-        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
-    if planted {
-        b = b.arbiter_extra_yaml("test_faults: [release_skips_clock]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
-    }
-    let st = b.start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let keys: Vec<String> = (0..4).map(|i| format!("payments/released-{i}")).collect();
     let sessions = a.post("/v1/sessions", &[("x-lock-key", keys[0].as_str())]).await.unwrap();
@@ -368,16 +348,8 @@ async fn planted_a_stop_that_leaves_the_marks_misses_the_last_grant() {
 /// grants a second at once and stops the arbiter cleanly (SIGTERM). Returns the
 /// second grant's revision and the marks file after the stop.
 async fn stop_right_after_a_grant(name: &str, planted: bool) -> (i64, serde_json::Value) {
-    let dir = tempfile::tempdir().unwrap();
+    let (st, dir) = marked_stack(name, false, planted.then_some("no_persist_at_stop")).await;
     let marks = dir.path().join("marks.json");
-    let mut b = Stack::builder(name)
-        .envoy_config("lock-tier")
-        .registry(REGISTRY)
-        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
-    if planted {
-        b = b.arbiter_extra_yaml("test_faults: [no_persist_at_stop]").arbiter_env("LOCKMESH_TEST_FAULTS", "1");
-    }
-    let st = b.start().await.unwrap();
     let a = st.client("payments", "a").unwrap();
     let revision =
         |r: &lockmesh_tests::Resp| -> i64 { r.json["revision"].as_i64().unwrap_or_else(|| panic!("{}", r.body)) };
@@ -398,4 +370,23 @@ async fn stop_right_after_a_grant(name: &str, planted: bool) -> (i64, serde_json
     let granted = revision(&r);
     st.arbiter(0).stop().await.unwrap();
     (granted, read())
+}
+
+/// A lock tier whose arbiter keeps marks in `<dir>/marks.json`, on an etcd of its
+/// own in the shipped shape (TLS, auth, the non-root role) when `own`, with the
+/// planted `fault` if any. The directory lives as long as the caller keeps it.
+async fn marked_stack(name: &str, own: bool, fault: Option<&str>) -> (Stack, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let mut b = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()));
+    if own {
+        b = b.own_etcd(1).secure_etcd();
+    }
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    (b.start().await.unwrap(), dir)
 }
