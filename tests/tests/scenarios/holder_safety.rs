@@ -509,3 +509,41 @@ async fn planted_an_api_release_of_a_transparent_hold_is_caught() {
     let (status, granted) = api_release_of_a_transparent_hold(Some("api_releases_transparent")).await;
     assert_eq!((status, granted), (200, true), "the planted arbiter kept the hold");
 }
+
+// === a re-acquire across a raise from one ===
+
+/// A holder of a key of a one-holder class re-acquires it on its own session
+/// after the class is raised to 2, once with the policy watch working and once
+/// with it blind to the raise (`policy_watch_keeps_cache`, the watch "down": the
+/// arbiter still sizes the class at 1). Either way the answer is the hold it has
+/// (`existing`, its token) and the key has one hold: the re-acquire's own-hold
+/// check reads the key's holds whatever limit the arbiter believes, so it never
+/// takes a second slot. (Suspicion from the review; this shows why it does not
+/// happen.)
+#[tokio::test]
+async fn a_re_acquire_on_its_session_after_a_raise_from_one_keeps_its_one_slot() {
+    for fault in [None, Some("policy_watch_keeps_cache")] {
+        let st = stack(if fault.is_some() { "reacq-raise-blind" } else { "reacq-raise" }, fault).await;
+        let a = st.client("billing", "a").unwrap();
+        let key = "billing/batch/r";
+        let sid = open(&a, key).await;
+        let first = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid)]).await.unwrap();
+        assert_eq!(first.code(), 200, "{}", first.body);
+        raise(&st, "batch", 2);
+        // The policy watch has had time to deliver the raise (when it works).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let again = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &sid)]).await.unwrap();
+        assert_eq!(again.code(), 200, "{fault:?}: {}", again.body);
+        assert_eq!(again.json["existing"], true, "{fault:?}: {}", again.body);
+        assert_eq!(field(&again, "token"), field(&first, "token"), "{fault:?}: {}", again.body);
+        let r = a.get(INSPECT, &[("x-lock-key", key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        assert_eq!(r.json["holders"].as_array().map(Vec::len), Some(1), "{fault:?}: a second slot: {}", r.body);
+        if fault.is_none() {
+            // The second slot was there to take: another session takes it.
+            let b = st.client("billing", "b").unwrap();
+            let other = b.post(ACQ, &[("x-lock-key", key), ("x-lock-wait-ms", "0")]).await.unwrap();
+            assert_eq!(other.code(), 200, "the raise did not open a second slot: {}", other.body);
+        }
+    }
+}
