@@ -108,6 +108,14 @@ struct Metadata {
 struct Package {
     name: String,
     dependencies: Vec<Dependency>,
+    targets: Vec<Target>,
+}
+
+#[derive(Deserialize)]
+struct Target {
+    name: String,
+    /// `bin`, `lib`, `test`, `bench`, `example`, ...
+    kind: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +159,27 @@ fn workspace_edges() -> BTreeMap<String, BTreeSet<String>> {
             (p.name.clone(), deps)
         })
         .collect()
+}
+
+/// scripts/test builds once with `cargo test --workspace --no-run`, and cargo builds a
+/// package's binaries as runnable executables (`target/<profile>/<bin>`, where the
+/// scenarios look for them) only for that package's own integration tests. So every
+/// package with a binary needs one, or a clean clone's scenarios find no binary
+/// (planted: delete client/conformance/driver-rust/tests/, which is how the Rust
+/// conformance driver went missing on CI once).
+#[test]
+fn every_package_with_a_binary_has_an_integration_test() {
+    let m: Metadata = serde_json::from_str(&cargo(&["metadata", "--format-version", "1", "--no-deps"])).unwrap();
+    let kind = |p: &Package, k: &str| -> Vec<String> {
+        p.targets.iter().filter(|t| t.kind.iter().any(|x| x == k)).map(|t| t.name.clone()).collect()
+    };
+    let missing: Vec<String> = m
+        .packages
+        .iter()
+        .filter(|p| !kind(p, "bin").is_empty() && kind(p, "test").is_empty())
+        .map(|p| format!("{} (bins {:?})", p.name, kind(p, "bin")))
+        .collect();
+    assert!(missing.is_empty(), "packages whose binaries `cargo test --no-run` would not build: {missing:?}");
 }
 
 /// Fails if any workspace crate depends on one its row does not allow (planted:

@@ -249,7 +249,14 @@ async fn an_acquire_whose_answer_is_lost_is_resolved_and_released() {
     assert_eq!(r.code(), 200, "{}", r.body);
     let sa = r.json["session"].as_str().unwrap().to_owned();
 
-    let opts = LockOptions::default().wait(Duration::from_secs(3)).timeout(Duration::from_millis(2000));
+    // b's session is open before the timed acquire, so its client-side bound counts
+    // only the acquire. That bound must outlast queueing, the pause and the grant after
+    // the revoke: if it fires first, the resumed Envoy cancels the wait and no grant is
+    // made (this once failed on CI's loaded cores with a 2 s bound that also covered
+    // opening the session).
+    b.lock("payments/sdk-unknown-warm", LockOptions::default()).await.unwrap().release().await.unwrap();
+    let before = b.stats();
+    let opts = LockOptions::default().wait(Duration::from_secs(8)).timeout(Duration::from_secs(5));
     let b2 = b.clone();
     let pending = tokio::spawn(async move { b2.lock(k, opts).await.map(|g| g.token()) });
     eventually_true(Duration::from_secs(5), "b's acquire queued", || async { waiting_here(&a, k).await == 1 }).await;
@@ -257,7 +264,7 @@ async fn an_acquire_whose_answer_is_lost_is_resolved_and_released() {
     // stuck in the stopped Envoy until b's client gives up on it.
     st.envoy().pause().unwrap();
     revoke(&st, &sa).await;
-    let out = tokio::time::timeout(Duration::from_secs(6), pending).await.unwrap().unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), pending).await.unwrap().unwrap();
     assert_eq!(out.err(), Some(Error::OutcomeUnknown));
     st.envoy().resume().unwrap();
     // The grant exists although b was never told (this is the case to resolve)...
@@ -265,11 +272,12 @@ async fn an_acquire_whose_answer_is_lost_is_resolved_and_released() {
     assert_eq!(h.len(), 1, "no grant was made: the answer was not lost after a commit");
     assert_eq!(h[0]["identity"], st.pki().workload_spiffe_id("payments", "b"));
     // ...and b's SDK finds it in its session's holds and releases it.
-    eventually_true(Duration::from_secs(10), "b resolved the lost answer", || async {
+    eventually_true(Duration::from_secs(15), "b resolved the lost answer", || async {
         holders(&a, k).await.is_empty()
     })
     .await;
-    assert!(b.stats().hold_listings >= 1 && b.stats().releases >= 1, "{:?}", b.stats());
+    let after = b.stats();
+    assert!(after.hold_listings > before.hold_listings && after.releases > before.releases, "{before:?} -> {after:?}");
     assert!(b.is_idle());
     // Asking again is safe and gets a fresh grant.
     let g = b.lock(k, LockOptions::default()).await.unwrap();
