@@ -8,6 +8,7 @@
 //! - [`store`]: the embedded store (redb) with the checkpoint.
 //! - [`query`]: history of a key, holds by identity, longest holds, expiries.
 //! - [`tailer`]: election, watch, checkpoints, gaps, restore detection, metrics port.
+//! - [`reader`]: the store the queries are answered from (embedded or ClickHouse).
 //! - [`query_port`]: the operators' query API on its own mTLS port (`query:`).
 //! - [`stats`]: the tailer's metrics.
 //! - [`archive`]: daily Parquet files of closed grants, and force-release records
@@ -24,6 +25,7 @@ pub mod decode;
 pub mod event;
 pub mod query;
 pub mod query_port;
+pub mod reader;
 pub mod stats;
 pub mod store;
 pub mod tailer;

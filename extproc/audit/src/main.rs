@@ -55,6 +55,10 @@ fn main() -> ExitCode {
                 }
                 let tokens = if q.operators.is_some() { "and a verified operator token" } else { "(no token check)" };
                 println!("query API on {}: client certificates {} {tokens}", q.listen, q.allowed_clients.join(", "));
+                match &config.clickhouse {
+                    Some(ch) => println!("query API answers from clickhouse ({})", ch.table_name()),
+                    None => println!("query API answers from the embedded store ({})", config.store_file.display()),
+                }
                 for w in q.weakened() {
                     println!("WARNING: {w}");
                 }

@@ -2,6 +2,10 @@
 //! /v1/audit/query` over HTTPS with client certificates, on a listener of its own
 //! so the metrics port, which scrapers reach, answers no query.
 //!
+//! Queries are answered by the configured store (`crate::reader`: ClickHouse when
+//! a `clickhouse:` section is set, else the embedded store), named in each answer's
+//! `x-lockmesh-audit-store` header; ClickHouse unreachable is `503`.
+//!
 //! Who may query is decided by [`Access::authorize`], before the store is read:
 //! the client certificate's SPIFFE ID must be one of `query.allowed_clients`
 //! and, when `query.operators` is set, an `Authorization: Bearer` token must
@@ -37,8 +41,11 @@ use tokio::net::TcpListener;
 use super::{
     config::{QueryApi, QueryOperators},
     query,
-    store::Store,
+    reader::Reader,
 };
+
+/// The response header naming the store that answered (`embedded`, `clickhouse`).
+pub const STORE_HEADER: &str = "x-lockmesh-audit-store";
 
 /// Largest query body accepted (a query is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -96,7 +103,8 @@ impl Access {
 /// The listener's state.
 struct Port {
     access: Access,
-    store: Arc<Store>,
+    /// The configured store (`crate::reader::for_config`).
+    reader: Arc<dyn Reader>,
 }
 
 /// An [`AdminError`] as the operator plane answers it: its status, the
@@ -131,10 +139,19 @@ async fn query_h(
         Err(e) => return refusal(&AdminError::BadCall(format!("query: {e}"))),
     };
     tracing::info!(client = %caller.client, sub = caller.sub.as_deref().unwrap_or("-"), query = kind_of(&q), "audit query");
-    match query::run(&port.store, &q, lockmesh_lock::now_ms()) {
+    let store = HeaderValue::from_static(port.reader.name());
+    let mut r = match port.reader.answer(&q, lockmesh_lock::now_ms()).await {
         Ok(a) => Json(a).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(AuditErrorBody { error: e.to_string() })).into_response(),
-    }
+        Err(e) => {
+            // The store's message (ClickHouse's starts with its error code), never the query.
+            tracing::warn!(store = port.reader.name(), query = kind_of(&q), error = %e.log_text(), "audit query failed");
+            let status =
+                if e.unavailable() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+            (status, Json(AuditErrorBody { error: e.to_string() })).into_response()
+        }
+    };
+    r.headers_mut().insert(STORE_HEADER, store);
+    r
 }
 
 /// A query's kind, as logged (what it names stays out of the log).
@@ -187,11 +204,11 @@ pub fn check(q: &QueryApi) -> anyhow::Result<()> {
 pub async fn serve(
     listener: TcpListener,
     q: &QueryApi,
-    store: Arc<Store>,
+    reader: Arc<dyn Reader>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let certs = certs(q, q.reload).map_err(|e| anyhow::anyhow!("query.tls: {e}"))?;
-    let port = Arc::new(Port { access: Access::of(q), store });
+    let port = Arc::new(Port { access: Access::of(q), reader });
     let make = move |peer: TlsPeer| router(port.clone(), peer.spiffe_id);
     lockmesh_runtime::serve_tls(listener, server_config(&certs), ServeTls::new("query port"), make, shutdown).await;
     Ok(())

@@ -80,9 +80,10 @@ pub async fn run(
     let admin_task = tokio::spawn(serve_admin(admin, t.clone(), stop.clone()));
     let query_task = match (query, t.cfg.query.clone()) {
         (Some(listener), Some(q)) => {
-            let (store, stop) = (t.store.clone(), stop.clone());
+            let (reader, stop) = (crate::reader::for_config(&t.cfg, t.store.clone()), stop.clone());
+            tracing::info!(store = reader.name(), "audit queries are answered from the {} store", reader.name());
             Some(tokio::spawn(async move {
-                if let Err(e) = crate::query_port::serve(listener, &q, store, stop.cancelled_owned()).await {
+                if let Err(e) = crate::query_port::serve(listener, &q, reader, stop.cancelled_owned()).await {
                     tracing::error!(error = %e, "audit query listener failed");
                 }
             }))

@@ -1,5 +1,5 @@
 //! TEST ONLY: planted faults of the audit tailer, for the scenarios that must
-//! catch them (`tests/tests/scenarios/audit_clickhouse.rs`).
+//! catch them (`tests/tests/scenarios/audit_clickhouse.rs`, `audit_archive.rs`).
 //!
 //! As the arbiter's (`lockmesh_lock::test_faults`): compiled in only with the
 //! cargo feature `test-faults`, which only the test harness turns on
@@ -30,6 +30,10 @@ pub enum TestFault {
     /// The archiver leaves out the last day with ended holds (`archive::Archiver::pass`):
     /// the current, partial day never reaches the grants bucket.
     ArchiveSkipsLastDay,
+    /// The query port answers from the embedded store although ClickHouse is the
+    /// configured store (`reader::ClickHouseReader::answer`), still naming
+    /// ClickHouse in its `x-lockmesh-audit-store` header.
+    QueryPortReadsEmbedded,
 }
 
 #[cfg(feature = "test-faults")]
@@ -45,6 +49,7 @@ impl TestFault {
             "clickhouse_drops_column" => Some(Self::ClickHouseDropsColumn),
             "pause_after_sink" => Some(Self::PauseAfterSink),
             "archive_skips_last_day" => Some(Self::ArchiveSkipsLastDay),
+            "query_port_reads_embedded" => Some(Self::QueryPortReadsEmbedded),
             _ => None,
         }
     }
