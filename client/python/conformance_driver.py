@@ -116,10 +116,14 @@ def handle(req: Dict[str, Any]) -> Dict[str, Any]:
         for g in h if isinstance(h, list) else [h]:
             g.release()
         return {}
-    if op in ("can_start", "token"):
+    if op in ("can_start", "token", "claim"):
         h = hold(req)
         g = h[0] if isinstance(h, list) else h
-        return {"can_start": g.can_start(), "state": g.state(), "token": str(g.token)}
+        # Floored: a caller that read its clock before this request may add it to
+        # that time and stay before the SDK's deadline.
+        left = int(g.remaining_ttl() * 1000)
+        return {"can_start": g.can_start(), "state": g.state(), "token": str(g.token), "proof": g.proof,
+                "remaining_ms": left}
     if op == "held":
         return {"held": [[k, n] for k, n in client(req).held()]}
     if op == "campaign":

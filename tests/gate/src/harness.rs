@@ -149,6 +149,14 @@ pub struct GateOptions {
     /// SDK holders ([`GateCluster::spawn_workload`]: `k0`, `k1`, .. on the fenced
     /// mutex keys, holding through `lockmesh-client`).
     pub sdk_holders: usize,
+    /// Python SDK holders (`kpy0`, ..) and Go SDK holders (`kgo0`, ..): the SDK
+    /// holders' loop through that language's SDK, by its conformance driver
+    /// (`holder --driver`, [`super::polyglot`]), on the fenced mutex keys, holder
+    /// i through Envoy i mod n. They run beside the Rust SDK holders: none when
+    /// `sdk_holders` is 0.
+    pub python_holders: usize,
+    /// See [`GateOptions::python_holders`].
+    pub go_holders: usize,
     /// Durable-fairness keys.
     pub durable_keys: usize,
     /// Holders on the durable keys ([`GateCluster::spawn_workload`]: `d0`, ..).
@@ -287,6 +295,8 @@ impl GateOptions {
             mutex_keys: 3,
             sem_keys: 2,
             sdk_holders: 2,
+            python_holders: 1,
+            go_holders: 1,
             durable_keys: 1,
             durable_holders: 2,
             transparent_keys: 2,
@@ -542,6 +552,46 @@ impl GateCluster {
         self.spawn_holder_args(name, &ports, keys, true, None, &["--sdk".to_owned(), format!("--hold-ms={hold_ms}")])
     }
 
+    /// Starts a driver holder (`holder --driver`, [`super::polyglot`]): the SDK
+    /// holders' loop through `lang`'s SDK, its endpoint `port` (an Envoy's
+    /// listener, or a proxy in front of one), fenced writes if `fenced`, `extra`
+    /// arguments after. A missing Python venv or Go toolchain is an error that
+    /// names its setup step: never skipped.
+    pub fn spawn_driver_holder(
+        &mut self,
+        name: &str,
+        lang: super::polyglot::Lang,
+        keys: &[String],
+        port: u16,
+        fenced: bool,
+        extra: &[String],
+    ) -> Result<()> {
+        lang.driver_command().with_context(|| format!("gate holder {name} ({} SDK)", lang.name()))?;
+        let mut args = vec![format!("--driver={}", lang.name())];
+        args.extend(extra.iter().cloned());
+        self.spawn_holder_args(name, &[port], keys, fenced, None, &args)
+    }
+
+    /// The options' Python and Go holders on `keys`, fenced (see
+    /// [`GateOptions::python_holders`]).
+    fn spawn_driver_holders(&mut self, keys: &[String]) -> Result<()> {
+        use super::polyglot::Lang;
+        if self.opts.sdk_holders == 0 || keys.is_empty() {
+            return Ok(());
+        }
+        let ports = self.envoy_ports();
+        ensure!(!ports.is_empty(), "driver holders need an Envoy");
+        let mut n = 0;
+        for (lang, count) in [(Lang::Python, self.opts.python_holders), (Lang::Go, self.opts.go_holders)] {
+            for i in 0..count {
+                let name = format!("{}{i}", lang.label());
+                self.spawn_driver_holder(&name, lang, keys, ports[n % ports.len()], true, &[])?;
+                n += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// [`GateCluster::spawn_holder`], under libfaketime with a clock in `mode` if given.
     pub(crate) fn spawn_holder_with_clock(
         &mut self,
@@ -626,6 +676,7 @@ impl GateCluster {
         for i in 0..self.opts.sdk_holders {
             self.spawn_sdk_holder(&format!("k{i}"), &m, 0)?;
         }
+        self.spawn_driver_holders(&m)?;
         if !d.is_empty() {
             for i in 0..self.opts.durable_holders {
                 self.spawn_holder(&format!("d{i}"), &d, false)?;
@@ -997,6 +1048,13 @@ impl GateCluster {
     /// Stops the holders, heals every link, waits for the recorder to catch up and
     /// returns the whole history.
     pub async fn finish(&self) -> Result<History> {
+        // A driver holder whose driver exited (it cannot start, or it broke) fails
+        // the run: its SDK must not drop out of the gate unnoticed.
+        for h in self.holders.iter().filter(|h| h.process.command_line().contains(" --driver=")) {
+            if let Some(st) = h.process.exit_status() {
+                bail!("holder {} exited ({st}) before the run ended: see {}", h.name, h.process.log_path().display());
+            }
+        }
         for h in &self.holders {
             let _ = h.process.resume();
             h.process.kill();

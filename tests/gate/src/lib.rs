@@ -8,6 +8,7 @@
 //!   proxies, 2 Envoys, a store behind fence-proxy, holder processes.
 //! - [`faultproxy`]: the userspace TCP fault proxy (cut, delay).
 //! - [`holder`]: the client process loop (`lockmesh-gate holder`).
+//! - [`polyglot`]: holders through the Python and Go SDKs (`holder --driver`).
 //! - [`recorder`]: the etcd watch with previous values (the store's history).
 //! - [`history`]: what a run records.
 //! - [`schedule`]: fault kinds and their injection.
@@ -25,6 +26,7 @@ pub mod faultproxy;
 pub mod harness;
 pub mod history;
 pub mod holder;
+pub mod polyglot;
 pub mod recorder;
 pub mod report;
 pub mod schedule;

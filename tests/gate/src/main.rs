@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockmesh_gate::{self as gate, holder::HolderArgs, schedule, GateOptions};
+use lockmesh_gate::{self as gate, holder::HolderArgs, polyglot::DriverArgs, schedule, GateOptions};
 use tokio::time::Instant;
 
 #[derive(Debug, Parser)]
@@ -52,11 +52,27 @@ enum Cmd {
         rebalance: bool,
     },
     /// A gate client process (internal).
-    Holder(HolderArgs),
+    Holder(HolderCmd),
+}
+
+/// A holder's arguments: its loop, and the SDK driver it holds through if any.
+#[derive(Debug, clap::Args)]
+struct HolderCmd {
+    #[command(flatten)]
+    args: HolderArgs,
+    #[command(flatten)]
+    driver: DriverArgs,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // A driver holder becomes its SDK's driver before any thread starts.
+    if let Cmd::Holder(h) = &args.cmd {
+        if h.driver.driver.is_some() && !h.driver.driven {
+            eprintln!("lockmesh-gate holder: {:#}", gate::polyglot::exec_driver(&h.args, &h.driver));
+            return ExitCode::from(1);
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lockmesh_gate=info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -68,13 +84,24 @@ fn main() -> ExitCode {
         }
     };
     match args.cmd {
-        Cmd::Holder(h) => match rt.block_on(gate::holder::run(h)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("lockmesh-gate holder: {e:#}");
-                ExitCode::from(1)
+        Cmd::Holder(h) => {
+            let r = rt.block_on(async {
+                if h.driver.driver.is_some() {
+                    gate::polyglot::run(h.args, h.driver).await
+                } else {
+                    gate::holder::run(h.args).await
+                }
+            });
+            // A driver holder's stdin reader would hold a waiting shutdown.
+            rt.shutdown_background();
+            match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("lockmesh-gate holder: {e:#}");
+                    ExitCode::from(1)
+                }
             }
-        },
+        }
         Cmd::Long { minutes, faults, gap_s, out, rebalance } => {
             if !(minutes > 0.0 && gap_s >= 0.0 && faults > 0) {
                 eprintln!("lockmesh-gate: --minutes and --faults must be positive, --gap-s not negative");

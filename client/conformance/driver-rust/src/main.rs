@@ -187,17 +187,23 @@ async fn handle(d: &Arc<Driver>, req: &Value) -> Result<Value, Fail> {
             }
             Ok(json!({}))
         }
-        "can_start" | "token" => {
+        "can_start" | "token" | "claim" => {
             let name = str_arg(req, "hold")?;
             let st = d.state.lock().unwrap_or_else(|e| e.into_inner());
-            let (can, state, token) = match st.holds.get(name).ok_or_else(|| unknown("hold"))? {
+            let (can, state, token, proof, left) = match st.holds.get(name).ok_or_else(|| unknown("hold"))? {
                 Hold::Guards(gs) => {
                     let g = gs.first().ok_or_else(|| bad("empty hold"))?;
-                    (g.can_start(), g.state(), g.token())
+                    (g.can_start(), g.state(), g.token(), g.proof().map(str::to_owned), g.remaining_ttl())
                 }
-                Hold::Leader(l) => (l.can_start(), l.state(), l.token()),
+                Hold::Leader(l) => {
+                    (l.can_start(), l.state(), l.token(), l.proof().map(str::to_owned), l.remaining_ttl())
+                }
             };
-            Ok(json!({"can_start": can, "state": state_name(state), "token": token.to_string()}))
+            // Floored to whole ms: a caller that read its clock before this request
+            // may add it to that time and stay before the SDK's deadline.
+            let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            Ok(json!({"can_start": can, "state": state_name(state), "token": token.to_string(), "proof": proof,
+                "remaining_ms": left}))
         }
         "held" => {
             let mut held = client(d, req)?.held();

@@ -274,7 +274,7 @@ func (d *driver) handle(ctx context.Context, r req) (map[string]any, error) {
 			}
 		}
 		return map[string]any{}, first
-	case "can_start", "token":
+	case "can_start", "token", "claim":
 		name, err := r.str("hold")
 		if err != nil {
 			return nil, err
@@ -286,7 +286,14 @@ func (d *driver) handle(ctx context.Context, r req) (map[string]any, error) {
 			return nil, unknown("hold")
 		}
 		g := h.first()
-		return map[string]any{"can_start": g.CanStartWork(), "state": string(g.State()), "token": strconv.FormatUint(g.Token(), 10)}, nil
+		var proof any
+		if p := g.Proof(); p != "" {
+			proof = p
+		}
+		// Truncated to whole ms: a caller that read its clock before this request
+		// may add it to that time and stay before the SDK's deadline.
+		return map[string]any{"can_start": g.CanStartWork(), "state": string(g.State()), "token": strconv.FormatUint(g.Token(), 10),
+			"proof": proof, "remaining_ms": g.RemainingTTL().Milliseconds()}, nil
 	case "held":
 		c, err := d.client(r)
 		if err != nil {
