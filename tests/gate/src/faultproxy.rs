@@ -4,8 +4,8 @@
 //! while requests still pass (a one-way link: what TCP does while one direction
 //! drops every packet, until it heals), or holds one chunk in five for 200-600 ms
 //! (a lossy link: a lost segment retransmitted, which stalls the stream behind
-//! it). It counts what it held, so a fault can show it took effect. No network
-//! namespaces or root needed; nothing leaves 127.0.0.1.
+//! it). It counts what it held, cut and delayed, so a fault can show it took
+//! effect. No network namespaces or root needed; nothing leaves 127.0.0.1.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,11 +36,14 @@ pub enum LinkMode {
 }
 
 /// What a proxy held: answers held by [`LinkMode::OneWay`] and chunks "lost" by
-/// [`LinkMode::Lossy`], since it started.
+/// [`LinkMode::Lossy`], connections a [`LinkMode::Cut`] closed or refused, and
+/// chunks a [`LinkMode::Delay`] delayed by at least its delay, since it started.
 #[derive(Debug, Default)]
 struct Counts {
     held: AtomicU64,
     lost: AtomicU64,
+    cut: AtomicU64,
+    delayed: AtomicU64,
 }
 
 /// One proxied link `127.0.0.1:<port>` → `127.0.0.1:<target>`.
@@ -79,6 +82,16 @@ impl FaultProxy {
         (self.counts.held.load(Ordering::Relaxed), self.counts.lost.load(Ordering::Relaxed))
     }
 
+    /// Connections a cut closed or refused, so far.
+    pub fn cut(&self) -> u64 {
+        self.counts.cut.load(Ordering::Relaxed)
+    }
+
+    /// Chunks a delayed link held for at least its delay, so far.
+    pub fn delayed(&self) -> u64 {
+        self.counts.delayed.load(Ordering::Relaxed)
+    }
+
     /// The proxy's port.
     pub fn port(&self) -> u16 {
         self.port
@@ -108,6 +121,7 @@ impl Drop for FaultProxy {
 
 async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>, counts: Arc<Counts>) {
     if *mode.borrow() == LinkMode::Cut {
+        counts.cut.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let Ok(up) = TcpStream::connect(("127.0.0.1", target)).await else { return };
@@ -116,7 +130,7 @@ async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>
     let (dr, dw) = down.into_split();
     let (ur, uw) = up.into_split();
     let a = pump(dr, uw, mode.clone(), counts.clone(), false);
-    let b = pump(ur, dw, mode.clone(), counts, true);
+    let b = pump(ur, dw, mode.clone(), counts.clone(), true);
     let cut = async {
         loop {
             if *mode.borrow_and_update() == LinkMode::Cut {
@@ -131,6 +145,9 @@ async fn serve(down: TcpStream, target: u16, mut mode: watch::Receiver<LinkMode>
         _ = a => {}
         _ = b => {}
         () = cut => {}
+    }
+    if *mode.borrow() == LinkMode::Cut {
+        counts.cut.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -151,7 +168,13 @@ async fn pump(
         let m = *mode.borrow_and_update();
         match m {
             LinkMode::Cut => return,
-            LinkMode::Delay(d) => tokio::time::sleep(d).await,
+            LinkMode::Delay(d) => {
+                let since = tokio::time::Instant::now();
+                tokio::time::sleep(d).await;
+                if since.elapsed() >= d {
+                    c.delayed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             LinkMode::Pass => {}
             LinkMode::OneWay => {
                 if answers {
@@ -214,6 +237,7 @@ mod tests {
         let _ = c2.write_all(b"x").await;
         let r = tokio::time::timeout(Duration::from_secs(2), c2.read(&mut one)).await.unwrap();
         assert!(matches!(r, Ok(0) | Err(_)), "a new connection is refused while cut");
+        assert!(p.cut() >= 2, "the cut and the refused connection were counted: {}", p.cut());
         p.set(LinkMode::Pass);
         let mut c3 = TcpStream::connect(("127.0.0.1", p.port())).await.unwrap();
         c3.write_all(b"ok").await.unwrap();
@@ -234,5 +258,11 @@ mod tests {
         c3.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"lo");
         assert!(p.held().1 >= 1, "no chunk was held by the lossy link");
+        // Delayed: each chunk waits at least the delay, and is counted.
+        p.set(LinkMode::Delay(Duration::from_millis(50)));
+        c3.write_all(b"dl").await.unwrap();
+        c3.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"dl");
+        assert!(p.delayed() >= 2, "the delayed chunks were not counted: {}", p.delayed());
     }
 }

@@ -274,6 +274,8 @@ pub struct GateCluster {
     quorum_loss: Mutex<Vec<(u64, u64)>>,
     epoch: Mutex<u64>,
     moves: Mutex<Vec<Move>>,
+    /// Fault kinds planted inert ([`GateCluster::plant_inert_faults`]).
+    inert: Mutex<Vec<String>>,
     tickers: Vec<Ticker>,
     lockctl_config: PathBuf,
     dir: TempDir,
@@ -451,6 +453,7 @@ impl GateCluster {
             quorum_loss: Mutex::new(Vec::new()),
             epoch: Mutex::new(1),
             moves: Mutex::new(Vec::new()),
+            inert: Mutex::new(Vec::new()),
             tickers,
             lockctl_config,
             dir,
@@ -1204,6 +1207,121 @@ impl GateCluster {
             (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
         tracing::debug!(%stdout, %stderr, "lockctl");
         Ok((out.status.code().unwrap_or(-1), stdout, stderr))
+    }
+
+    /// Plants fault kinds (by name, `FaultKind::name`) that do nothing: from now
+    /// on `schedule::inject` skips their action (the kill, pause, cut, restore,
+    /// step or move) and still runs their took-effect probe, which must fail
+    /// the run naming the kind. Empty: every kind acts again.
+    pub fn plant_inert_faults(&self, kinds: &[&str]) {
+        *self.inert.lock().unwrap_or_else(|p| p.into_inner()) = kinds.iter().map(|k| (*k).to_owned()).collect();
+    }
+
+    /// Appends `; <seen>` to the detail of the last fault of `kind` recorded (a
+    /// took-effect probe saying what it saw, for kinds the harness records).
+    pub(crate) fn annotate(&self, kind: &str, seen: &str) {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = faults.iter_mut().rev().find(|f| f.kind == kind) {
+            f.detail = format!("{}; {seen}", f.detail);
+        }
+    }
+
+    /// Whether fault kind `kind` is planted inert.
+    pub fn is_inert(&self, kind: &str) -> bool {
+        self.inert.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|k| k == kind)
+    }
+
+    /// The options the system was started with.
+    pub fn options(&self) -> &GateOptions {
+        &self.opts
+    }
+
+    /// Restores entity shard `i` from `snap` (revision `base`) with its original
+    /// cluster id: every arbiter's link to it cut, its recorder stopped after a
+    /// barrier (so nothing lands unrecorded before the old data goes away), the
+    /// restore, a new segment of its history, the links back as they were. No
+    /// epoch advance: see [`GateCluster::shard_epoch_advance`].
+    pub(crate) async fn restore_shard(&self, i: usize, snap: &Path, base: i64) -> Result<()> {
+        let s = &self.shards[i];
+        let modes: Vec<LinkMode> = s.proxies.iter().map(FaultProxy::mode).collect();
+        for p in &s.proxies {
+            p.set(LinkMode::Cut);
+        }
+        s.recorder.barrier(Duration::from_secs(30)).await?;
+        s.recorder.stop();
+        s.etcd.restore_from(snap, None).await?;
+        s.recorder.new_segment(base, 0);
+        for (p, m) in s.proxies.iter().zip(modes) {
+            p.set(m);
+        }
+        Ok(())
+    }
+
+    /// Record `<root>/sys/<name>` (`epoch`, `home`) of entity shard `i`, read
+    /// straight from its member.
+    pub(crate) async fn shard_record(&self, i: usize, name: &str) -> Result<serde_json::Value> {
+        let mut c = etcd_client::Client::connect(self.shards[i].etcd.endpoints(), None).await?;
+        let r = c.get(format!("{}/sys/{name}", self.root), None).await?;
+        let kv = r.kvs().first().with_context(|| format!("{}: no sys/{name} record", self.shards[i].name))?;
+        serde_json::from_slice(kv.value()).with_context(|| format!("{}: sys/{name} record", self.shards[i].name))
+    }
+
+    /// The guarded epoch advance of entity shard `i` (`lockctl epoch-advance
+    /// --expected-epoch <its record's epoch> --epochs-from <the lockctl config>`:
+    /// the new epoch comes from the coord cluster's counter, docs/SCALE.md), run
+    /// again until it reports success (30 s). Returns the epoch before and after,
+    /// read from the record.
+    pub(crate) async fn shard_epoch_advance(&self, i: usize) -> Result<(u64, u64)> {
+        let before = self.shard_record(i, "epoch").await?["epoch"].as_u64().context("epoch record without epoch")?;
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = tokio::process::Command::new(profile_dir().join("lockctl"))
+                .args([
+                    "epoch-advance",
+                    "--endpoints",
+                    &self.shards[i].etcd.endpoints().join(","),
+                    "--root",
+                    &self.root,
+                ])
+                .args(["--expected-epoch", &before.to_string(), "--epochs-from"])
+                .arg(&self.lockctl_config)
+                .kill_on_drop(true)
+                .output()
+                .await
+                .context("run lockctl (cargo build -p lockmesh-extproc)")?;
+            if out.status.success() {
+                break;
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!(
+                    "lockctl epoch-advance of {} from {before} failed: {}{}",
+                    self.shards[i].name,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let after = self.shard_record(i, "epoch").await?["epoch"].as_u64().context("epoch record without epoch")?;
+        Ok((before, after))
+    }
+
+    /// `lockctl shard apply` without a change (it finishes an interrupted move
+    /// and brings forward a home record behind the map), run again until it
+    /// exits 0 (60 s). Returns its output.
+    pub(crate) async fn shard_apply_unchanged(&self) -> Result<String> {
+        let args = ["apply".to_owned(), "--verify-timeout-ms".to_owned(), MOVE_VERIFY_TIMEOUT_MS.to_string()];
+        let end = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (code, out, err) = self.lockctl_shard(&args).await?;
+            if code == 0 {
+                return Ok(format!("{out}{err}"));
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!("lockctl shard apply (no change) did not finish in 60 s: exit {code}: {out}{err}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// The writes the store received through the fence, in arrival order.

@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, ensure, Context as _, Result};
 use rand::seq::SliceRandom as _;
 
 use super::clock::{ClockStep, FakeClock, STEPS};
 use super::faultproxy::{FaultProxy, LinkMode};
-use super::harness::{GateCluster, GATE_TTL_S};
+use super::harness::{snapshot_revision, GateCluster, GATE_TTL_S, MUTEX_PREFIX};
 use super::history::now_us;
 use lockmesh_tests::etcd::EtcdCluster;
 
@@ -84,6 +84,12 @@ pub enum FaultKind {
     /// started again while the restored cluster waits for its epoch advance: it
     /// comes back to a rolled-back store with only its marks file to tell.
     RestoreCrash,
+    /// Restore plus shard move (runs with shards only): snapshot the entity shard
+    /// that homes the gate keys, restore it 1 s later (same cluster id), move
+    /// every gate key off it at once while it is sealed (`lockctl shard apply`),
+    /// then its guarded epoch advance (`lockctl epoch-advance --epochs-from`)
+    /// and `lockctl shard apply` without a change, as docs/SCALE.md says.
+    RestoreMove,
 }
 
 /// How long the arbiters reach a restored cluster before its epoch advance.
@@ -146,20 +152,21 @@ impl FaultKind {
             FaultKind::WriteStall => "write_stall",
             FaultKind::Compaction => "compaction",
             FaultKind::RestoreCrash => "restore_crash",
+            FaultKind::RestoreMove => "restore_move",
         }
     }
 }
 
 /// The kinds of a run with shards: [`FaultKind::Rebalance`],
-/// [`FaultKind::ClusterPartition`] and every kind of [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
-/// knows one cluster; the gate keys live on the shards) and the restores (a
-/// restored coord cluster can take the shard map back: a manual repair,
-/// docs/SCALE.md).
+/// [`FaultKind::ClusterPartition`], [`FaultKind::RestoreMove`] and every kind of [`ALL`] but [`FaultKind::QuorumLoss`] (its check, `quorum_loss_grants_nothing`,
+/// knows one cluster; the gate keys live on the shards) and the restores of the
+/// coord cluster (a restored coord cluster can take the shard map back: a manual
+/// repair, docs/SCALE.md).
 pub(crate) fn rebalance_kinds() -> Vec<FaultKind> {
     let others = ALL.into_iter().filter(|k| {
         !matches!(k, FaultKind::QuorumLoss | FaultKind::Restore | FaultKind::RestoreBumped | FaultKind::RestoreCrash)
     });
-    [FaultKind::Rebalance, FaultKind::ClusterPartition].into_iter().chain(others).collect()
+    [FaultKind::Rebalance, FaultKind::ClusterPartition, FaultKind::RestoreMove].into_iter().chain(others).collect()
 }
 
 /// A random schedule of `n` faults (each kind at least once when `n` allows).
@@ -194,42 +201,123 @@ fn random_of(kinds: &[FaultKind], n: usize) -> Vec<FaultKind> {
     v
 }
 
-/// Injects `kind`, holds it, heals it and records it.
+/// Injects `kind`, holds it, heals it, checks that it took effect and records
+/// it with what its probe saw. A fault that did not take effect (or finds
+/// nothing to act on) is an error naming its kind: the run fails.
 pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
     let start = now_us();
     let name = kind.name();
+    // A kind planted inert (`GateCluster::plant_inert_faults`) skips its action
+    // and keeps its probe: the twin of every took-effect assertion.
+    let live = !g.is_inert(name);
+    let hold = |d: Duration| tokio::time::sleep(if live { d } else { INERT_HOLD });
     match kind {
         FaultKind::MemberKill => {
             let (etcd, cluster) = cluster_of(g, pick_cluster(g));
             let i = rand::random_range(0..etcd.members().len());
-            etcd.member(i).kill();
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            etcd.member(i).restart().await?;
-            g.note(name, format!("{cluster}m{i}"), start);
+            let m = etcd.member(i);
+            let before = m.pid();
+            if live {
+                m.kill();
+            }
+            // Took effect: the process is gone and its client port refuses.
+            let exited = m.pid().is_none();
+            let refused = tokio::net::TcpStream::connect(("127.0.0.1", m.client_port())).await.is_err();
+            hold(Duration::from_secs(3)).await;
+            if live {
+                m.restart().await?;
+            }
+            let (after, healthy) = (m.pid(), m.is_healthy().await);
+            ensure!(
+                exited && refused,
+                "member_kill: {cluster}m{i} did not go down (pid {} running after the kill: {}, client port refused: {refused}): the fault did not take effect",
+                pid(before),
+                !exited
+            );
+            ensure!(
+                healthy && after.is_some() && after != before,
+                "member_kill: {cluster}m{i} did not answer again after its restart (pid {} -> {}, healthy: {healthy})",
+                pid(before),
+                pid(after)
+            );
+            g.note(
+                name,
+                format!(
+                    "{cluster}m{i}: pid {} exited, its client port refused; pid {} healthy again",
+                    pid(before),
+                    pid(after)
+                ),
+                start,
+            );
         }
         FaultKind::QuorumLoss => {
             let n = g.etcd.members().len();
             let a = rand::random_range(0..n);
-            let b = (a + 1) % n;
-            g.etcd.member(a).kill();
-            g.etcd.member(b).kill();
+            // Two members of three; the only member of a one-member cluster.
+            let killed: Vec<usize> = if n > 1 { vec![a, (a + 1) % n] } else { vec![a] };
+            let on = (0..n).find(|i| !killed.contains(i)).unwrap_or(a);
+            let mut c = member_client(g.etcd.member(on)).await?;
+            if live {
+                for &i in &killed {
+                    g.etcd.member(i).kill();
+                }
+            }
             let lost = now_us();
-            tokio::time::sleep(Duration::from_secs(6)).await;
-            g.note_quorum_loss(lost, now_us());
-            let (ra, rb) = tokio::join!(g.etcd.member(a).restart(), g.etcd.member(b).restart());
-            ra?;
-            rb?;
-            g.note(name, format!("m{a}+m{b}"), start);
+            let t = tokio::time::Instant::now();
+            // Took effect: a linearizable read through the member left (through
+            // the killed one, on one member) is refused or times out.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let key = format!("{}/gate/stall", g.root);
+            let refused = match tokio::time::timeout(Duration::from_secs(2), c.get(key, None)).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(format!("refused ({e})")),
+                Err(_) => Some("not answered in 2 s".to_owned()),
+            };
+            let down = killed.iter().map(|i| format!("m{i}")).collect::<Vec<_>>().join("+");
+            if live {
+                tokio::time::sleep(Duration::from_secs(6).saturating_sub(t.elapsed())).await;
+                g.note_quorum_loss(lost, now_us());
+                futures::future::try_join_all(killed.iter().map(|&i| g.etcd.member(i).restart())).await?;
+            }
+            let Some(refused) = refused else {
+                bail!("quorum_loss: a linearizable read through m{on} was answered while {down} were down: the fault did not take effect")
+            };
+            g.note(name, format!("{down}; a linearizable read through m{on} {refused}"), start);
         }
         FaultKind::LeaderPause => {
             let pick = pick_cluster(g);
             let (etcd, cluster) = cluster_of(g, pick);
             // A single-member shard's only member is its leader.
             let i = if pick.is_none() { g.leader().await.unwrap_or(0) } else { 0 };
-            etcd.member(i).pause()?;
-            tokio::time::sleep(PAST_TTL).await;
-            etcd.member(i).resume()?;
-            g.note(name, format!("{cluster}m{i}"), start);
+            let m = etcd.member(i);
+            let mut c = member_client(m).await?;
+            if live {
+                m.pause()?;
+            }
+            // Took effect: the process is stopped (state T) the whole pause,
+            // and a put sent through it at the stop is not answered.
+            let at = m.pid().and_then(proc_state);
+            let key = format!("{}/gate/stall", g.root);
+            let put = tokio::spawn(async move { c.put(key, "1", None).await });
+            hold(PAST_TTL).await;
+            let (waited, end) = (!put.is_finished(), m.pid().and_then(proc_state));
+            if live {
+                m.resume()?;
+            }
+            put.abort();
+            ensure!(
+                at == Some('T') && end == Some('T') && waited,
+                "leader_pause: {cluster}m{i} was not stopped (process state {at:?} at the pause, {end:?} at its end; a put through it answered: {}): the fault did not take effect",
+                !waited
+            );
+            g.note(
+                name,
+                format!(
+                    "{cluster}m{i}: process state T the whole pause; a put through it waited {} ms",
+                    PAST_TTL.as_millis()
+                ),
+                start,
+            );
         }
         FaultKind::LeaderIsolation => {
             let pick = pick_cluster(g);
@@ -241,23 +329,51 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
                     (g.proxies.iter().map(|row| &row[i]).collect(), format!("m{i}"))
                 }
             };
-            for p in &links {
-                p.set(LinkMode::Cut);
+            let before = cut_count(&links);
+            if live {
+                for p in &links {
+                    p.set(LinkMode::Cut);
+                }
             }
-            tokio::time::sleep(PAST_TTL).await;
-            for p in &links {
-                p.set(LinkMode::Pass);
+            hold(PAST_TTL).await;
+            if live {
+                for p in &links {
+                    p.set(LinkMode::Pass);
+                }
             }
-            g.note(name, format!("{member} cut from every arbiter"), start);
+            // Took effect: the proxies closed or refused connections.
+            let cut = cut_count(&links) - before;
+            ensure!(cut > 0, "leader_isolation: the links to {member} closed or refused no connection: the fault did not take effect");
+            g.note(name, format!("{member} cut from every arbiter: {cut} connection(s) closed or refused"), start);
         }
         FaultKind::ArbiterPartition | FaultKind::SlowLink => {
             let i = rand::random_range(0..g.arbiters.len());
-            let mode =
-                if kind == FaultKind::SlowLink { LinkMode::Delay(Duration::from_millis(150)) } else { LinkMode::Cut };
-            g.set_links(i, mode);
-            tokio::time::sleep(PAST_TTL).await;
-            g.set_links(i, LinkMode::Pass);
-            g.note(name, format!("arbiter {i}"), start);
+            let links = arbiter_links(g, i);
+            let delay = Duration::from_millis(150);
+            let before = (cut_count(&links), links.iter().map(|p| p.delayed()).sum::<u64>());
+            let mode = if kind == FaultKind::SlowLink { LinkMode::Delay(delay) } else { LinkMode::Cut };
+            if live {
+                g.set_links(i, mode);
+            }
+            hold(PAST_TTL).await;
+            if live {
+                g.set_links(i, LinkMode::Pass);
+            }
+            // Took effect: the proxies cut connections, or held chunks for at
+            // least the delay (the arbiter renews sessions every second).
+            let seen = if kind == FaultKind::SlowLink {
+                let n = links.iter().map(|p| p.delayed()).sum::<u64>() - before.1;
+                ensure!(n > 0, "slow_link on arbiter {i} delayed no chunk by {delay:?}: the fault did not take effect");
+                format!("{n} chunk(s) delayed >= {} ms", delay.as_millis())
+            } else {
+                let n = cut_count(&links) - before.0;
+                ensure!(
+                    n > 0,
+                    "arbiter_partition of arbiter {i} closed or refused no connection: the fault did not take effect"
+                );
+                format!("{n} connection(s) closed or refused")
+            };
+            g.note(name, format!("arbiter {i}: {seen}"), start);
         }
         FaultKind::HolderPause => {
             // A fenced holder: raw (`h*`) or SDK (`k*`).
@@ -268,13 +384,25 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
                 .filter(|(_, h)| h.name.starts_with('h') || h.name.starts_with('k'))
                 .map(|(i, _)| i)
                 .collect();
-            if let Some(&i) = fenced.get(rand::random_range(0..fenced.len().max(1))) {
-                let h = &g.holders[i];
+            let Some(&i) = fenced.get(rand::random_range(0..fenced.len().max(1))) else {
+                bail!("holder_pause: no fenced holder runs")
+            };
+            let h = &g.holders[i];
+            if live {
                 h.process.pause()?;
-                tokio::time::sleep(PAST_TTL).await;
-                h.process.resume()?;
-                g.note(name, h.name.clone(), start);
             }
+            let at = h.process.pid().and_then(proc_state);
+            hold(PAST_TTL).await;
+            let end = h.process.pid().and_then(proc_state);
+            if live {
+                h.process.resume()?;
+            }
+            ensure!(
+                at == Some('T') && end == Some('T'),
+                "holder_pause: {} was not stopped (process state {at:?} at the pause, {end:?} at its end): the fault did not take effect",
+                h.name
+            );
+            g.note(name, format!("{}: process state T the whole pause", h.name), start);
         }
         FaultKind::OneWayLink | FaultKind::LossyLink => {
             let i = rand::random_range(0..g.arbiters.len());
@@ -282,9 +410,13 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             let sum = || links().map(FaultProxy::held).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
             let before = sum();
             let mode = if kind == FaultKind::OneWayLink { LinkMode::OneWay } else { LinkMode::Lossy(20) };
-            g.set_links(i, mode);
-            tokio::time::sleep(PAST_TTL).await;
-            g.set_links(i, LinkMode::Pass);
+            if live {
+                g.set_links(i, mode);
+            }
+            hold(PAST_TTL).await;
+            if live {
+                g.set_links(i, LinkMode::Pass);
+            }
             let after = sum();
             let took = if kind == FaultKind::OneWayLink { after.0 - before.0 } else { after.1 - before.1 };
             // The arbiter renews sessions and watches every second: a link that
@@ -299,13 +431,22 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             let m = etcd.member(i);
             let mut c = etcd_client::Client::connect([m.client_url()], None).await?;
             let root = g.root.clone();
-            m.pause()?;
+            if live {
+                m.pause()?;
+            }
             let sent = tokio::time::Instant::now();
-            let put = tokio::spawn(async move { c.put(format!("{}/gate/stall", root), "1", None).await });
+            // The wait is measured where the answer arrives (a wait measured
+            // after the stall would always be 900 ms).
+            let put = tokio::spawn(async move {
+                let r = c.put(format!("{}/gate/stall", root), "1", None).await;
+                (r, sent.elapsed())
+            });
             tokio::time::sleep(Duration::from_millis(900)).await;
-            m.resume()?;
+            if live {
+                m.resume()?;
+            }
             let waited = match tokio::time::timeout(Duration::from_secs(10), put).await {
-                Ok(Ok(Ok(_))) => sent.elapsed(),
+                Ok(Ok((Ok(_), waited))) => waited,
                 other => anyhow::bail!("write_stall: the probe write through {cluster}m{i} failed: {other:?}"),
             };
             // A put sent to the stopped member is answered only after it runs
@@ -322,26 +463,61 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
         }
         FaultKind::Compaction => {
             let pick = pick_cluster(g);
-            let rev = g.compact(pick).await?;
+            // Took effect: `compact` reads at the revision before and needs it refused.
+            let rev = if live { g.compact(pick).await? } else { not_compacted(g, pick).await? };
             g.note(name, format!("{}compacted at revision {rev}", cluster_of(g, pick).1), start);
         }
         FaultKind::ArbiterPause => {
             let i = rand::random_range(0..g.arbiters.len());
-            g.arbiters[i].pause()?;
-            tokio::time::sleep(PAST_TTL).await;
-            g.arbiters[i].resume()?;
-            g.note(name, format!("arbiter {i}"), start);
+            let a = &g.arbiters[i];
+            if live {
+                a.pause()?;
+            }
+            let at = a.pid().and_then(proc_state);
+            hold(PAST_TTL).await;
+            let end = a.pid().and_then(proc_state);
+            if live {
+                a.resume()?;
+            }
+            ensure!(
+                at == Some('T') && end == Some('T'),
+                "arbiter_pause: arbiter {i} was not stopped (process state {at:?} at the pause, {end:?} at its end): the fault did not take effect"
+            );
+            g.note(name, format!("arbiter {i}: process state T the whole pause"), start);
         }
         FaultKind::ArbiterRestart => {
             let i = rand::random_range(0..g.arbiters.len());
-            g.arbiters[i].kill();
-            g.arbiters[i].restart().await?;
-            g.note(name, format!("arbiter {i} killed and started"), start);
+            let a = &g.arbiters[i];
+            let before = a.pid();
+            if live {
+                a.kill();
+                a.restart().await?;
+            }
+            // Took effect: a new process that answers its ready check.
+            let after = a.pid();
+            let ready = ready_within(async || Ok(a.admin_get("/readyz").await?.0)).await;
+            ensure!(
+                after.is_some() && after != before && ready == Some(200),
+                "arbiter_restart: arbiter {i} is not a new ready process (pid {} -> {}, /readyz {ready:?}): the fault did not take effect",
+                pid(before),
+                pid(after)
+            );
+            g.note(
+                name,
+                format!("arbiter {i} killed and started: pid {} -> {}, /readyz 200", pid(before), pid(after)),
+                start,
+            );
         }
         FaultKind::EnvoyRestart => {
             let i = rand::random_range(0..g.envoys.len());
-            g.envoys[i].restart().await?;
-            g.note(name, format!("envoy {i}"), start);
+            let e = &g.envoys[i];
+            let before = pids_naming(e.config_path());
+            if live {
+                e.restart().await?;
+            }
+            let seen =
+                envoy_renewed(e, &before).await.map_err(|why| anyhow::anyhow!("envoy_restart: envoy {i} {why}"))?;
+            g.note(name, format!("envoy {i}: {seen}"), start);
         }
         FaultKind::HolderClockStep | FaultKind::ArbiterClockStep => {
             let clocks: Vec<&FakeClock> = if kind == FaultKind::HolderClockStep {
@@ -349,61 +525,116 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             } else {
                 g.arbiter_clocks.iter().flatten().collect()
             };
-            if let Some(c) = clocks.get(rand::random_range(0..clocks.len().max(1))) {
-                let step = STEPS[rand::random_range(0..STEPS.len())];
-                step_clock(g, name, c, step, CLOCK_HOLD).await?;
-            }
+            let Some(c) = clocks.get(rand::random_range(0..clocks.len().max(1))) else {
+                bail!("{name}: no process runs under libfaketime (GateOptions::clock_steps)")
+            };
+            let step = STEPS[rand::random_range(0..STEPS.len())];
+            step_clock_probed(g, name, c, step, live).await?;
         }
         FaultKind::Rebalance => {
             // Recorded by the harness (a `rebalance` fault and a move).
-            g.rebalance().await?;
+            let before = g.shard_map().await?.version;
+            if live {
+                g.rebalance().await?;
+            }
+            // Took effect: the coord cluster's shard map changed.
+            let after = g.shard_map().await?.version;
+            ensure!(
+                after > before,
+                "rebalance: the shard map stayed at version {before}: the fault did not take effect"
+            );
+            g.annotate(name, &format!("the coord shard map at version {after}"));
         }
         FaultKind::Restore | FaultKind::RestoreBumped => {
             let bump = (kind == FaultKind::RestoreBumped).then_some(BUMP);
-            let base = g.restore_with(Duration::from_secs(2), bump, ADVANCE_AFTER).await?;
+            let before = restore_marks(g).await?;
+            let base = if live { g.restore_with(Duration::from_secs(2), bump, ADVANCE_AFTER).await? } else { 0 };
+            let seen = restored(g, name, before).await?;
             let bumped = bump.map_or(String::new(), |b| format!(", revisions bumped by {b}"));
             g.note(
                 name,
-                format!("snapshot at revision {base}, same cluster id{bumped}, epoch advanced to {}", g.epoch()),
+                format!(
+                    "snapshot at revision {base}, same cluster id{bumped}, epoch advanced to {}; {seen}",
+                    g.epoch()
+                ),
                 start,
             );
         }
         FaultKind::RestoreCrash => {
             let i = rand::random_range(0..g.arbiters.len());
-            g.arbiters[i].kill();
-            let restored = g.restore_unadvanced(Duration::from_secs(2), None).await?;
-            let advance = async {
-                tokio::time::sleep(ADVANCE_AFTER).await;
-                g.advance_epoch().await
+            let before = restore_marks(g).await?;
+            let (base, lost) = if live {
+                g.arbiters[i].kill();
+                let restored = g.restore_unadvanced(Duration::from_secs(2), None).await?;
+                let advance = async {
+                    tokio::time::sleep(ADVANCE_AFTER).await;
+                    g.advance_epoch().await
+                };
+                let (started, advanced) = tokio::join!(g.arbiters[i].restart(), advance);
+                started?;
+                advanced?;
+                (restored.base, restored.grant_lost)
+            } else {
+                (0, false)
             };
-            let (started, advanced) = tokio::join!(g.arbiters[i].restart(), advance);
-            started?;
-            advanced?;
+            let seen = restored(g, name, before).await?;
             g.note(
                 name,
                 format!(
-                    "arbiter {i} killed before the snapshot at revision {}, started again before the epoch advance to {}{}",
-                    restored.base,
+                    "arbiter {i} killed before the snapshot at revision {base}, started again before the epoch advance to {}{}; {seen}",
                     g.epoch(),
-                    if restored.grant_lost { "; the restore lost a grant" } else { "" }
+                    if lost { "; the restore lost a grant" } else { "" }
                 ),
                 start,
             );
         }
         FaultKind::PolicyChange => {
             // Recorded by the harness.
-            g.policy_change().await?;
+            let before = policies(g, 0).await?;
+            if live {
+                g.policy_change().await?;
+            }
+            let seen = policy_changed(g, before).await?;
+            g.annotate(name, &seen);
         }
         FaultKind::SidecarKill => {
             // Recorded by the harness.
-            g.sidecar_kill().await?;
+            let Some(e) = &g.sidecar else {
+                bail!("sidecar_kill: no inbound sidecar runs (GateOptions::transparent_holders is 0)")
+            };
+            let before = pids_naming(e.config_path());
+            if live {
+                g.sidecar_kill().await?;
+            }
+            let seen = envoy_renewed(e, &before)
+                .await
+                .map_err(|why| anyhow::anyhow!("sidecar_kill: the inbound sidecar {why}"))?;
+            g.annotate(name, &seen);
         }
         FaultKind::ClusterPartition => {
             // Recorded by the harness; without shards there is no other cluster.
-            if !g.shards.is_empty() {
-                g.cluster_partition(pick_cluster(g)).await?;
+            ensure!(!g.shards.is_empty(), "cluster_partition: runs with shards only (GateOptions::shards)");
+            let pick = pick_cluster(g);
+            let links: Vec<&FaultProxy> = match pick {
+                None => g.proxies.iter().flatten().collect(),
+                Some(i) => g.shards[i].proxies.iter().collect(),
+            };
+            let before = cut_count(&links);
+            if live {
+                g.cluster_partition(pick).await?;
+            } else {
+                hold(PAST_TTL).await;
             }
+            let cut = cut_count(&links) - before;
+            let label = cluster_of(g, pick).1;
+            ensure!(
+                cut > 0,
+                "cluster_partition: the links to {}closed or refused no connection: the fault did not take effect",
+                if label.is_empty() { "the coord cluster ".to_owned() } else { label.replace('/', " ") }
+            );
+            g.annotate(name, &format!("{cut} connection(s) closed or refused"));
         }
+        FaultKind::RestoreMove => restore_move(g, live, start).await?,
     }
     Ok(())
 }
@@ -421,6 +652,335 @@ fn cluster_of(g: &GateCluster, pick: Option<usize>) -> (&EtcdCluster, String) {
         None => (&g.etcd, String::new()),
         Some(i) => (&g.shards[i].etcd, format!("{}/", g.shards[i].name)),
     }
+}
+
+/// How long a fault planted inert holds: long enough for its probe to look.
+const INERT_HOLD: Duration = Duration::from_millis(300);
+
+/// A pid for a fault's detail.
+fn pid(p: Option<u32>) -> String {
+    p.map_or_else(|| "none".to_owned(), |p| p.to_string())
+}
+
+/// The state of process `pid` (`/proc/<pid>/stat`: `T` stopped, `S` sleeping..).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The live processes whose command line names `path` (an Envoy's config file).
+fn pids_naming(path: &std::path::Path) -> Vec<u32> {
+    let needle = path.display().to_string();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(&needle) && !matches!(proc_state(*p), Some('Z') | None)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Polls `status` for up to 5 s until it answers 200; the last answer.
+async fn ready_within(mut status: impl AsyncFnMut() -> Result<u16>) -> Option<u16> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = status().await.ok();
+        if s == Some(200) || tokio::time::Instant::now() >= end {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An Envoy restarted: its processes differ from `before` and it answers `/ready`.
+async fn envoy_renewed(e: &lockmesh_tests::EnvoyProcess, before: &[u32]) -> std::result::Result<String, String> {
+    let port = e.admin_port();
+    let ready = ready_within(async || Ok(lockmesh_tests::probe::http_get(port, "/ready").await?.status)).await;
+    let after = pids_naming(e.config_path());
+    if after.is_empty() || after == before || ready != Some(200) {
+        return Err(format!(
+            "is not a new ready process (pids {before:?} -> {after:?}, /ready {ready:?}): the fault did not take effect"
+        ));
+    }
+    Ok(format!("pid {before:?} -> {after:?}, /ready 200"))
+}
+
+/// Every link of arbiter `i` (to every member of every cluster).
+fn arbiter_links(g: &GateCluster, i: usize) -> Vec<&FaultProxy> {
+    g.proxies[i].iter().chain(g.shards.iter().map(|s| &s.proxies[i])).collect()
+}
+
+/// Connections `links` closed or refused for a cut, so far.
+fn cut_count(links: &[&FaultProxy]) -> u64 {
+    links.iter().map(|p| p.cut()).sum()
+}
+
+/// A client of member `m` alone (3 s to connect).
+async fn member_client(m: &lockmesh_tests::EtcdMember) -> Result<etcd_client::Client> {
+    tokio::time::timeout(Duration::from_secs(3), etcd_client::Client::connect([m.client_url()], None))
+        .await
+        .with_context(|| format!("connect to etcd member {}: timed out", m.name()))?
+        .with_context(|| format!("connect to etcd member {}", m.name()))
+}
+
+/// The probe of a compaction that did not run: a read at the revision before
+/// the one the recorder has reached is answered, so the run fails.
+async fn not_compacted(g: &GateCluster, pick: Option<usize>) -> Result<i64> {
+    let (recorder, etcd) = match pick {
+        None => (&g.recorder, &g.etcd),
+        Some(i) => (&g.shards[i].recorder, &g.shards[i].etcd),
+    };
+    let rev = recorder.barrier(Duration::from_secs(30)).await?;
+    let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+    match c.get(g.root.as_str(), Some(etcd_client::GetOptions::new().with_revision(rev - 1))).await {
+        Err(e) if e.to_string().contains("compacted") => Ok(rev),
+        other => bail!(
+            "compaction at revision {rev} did not take effect: a read at {} was answered ({})",
+            rev - 1,
+            if other.is_ok() { "ok".to_owned() } else { format!("{other:?}") }
+        ),
+    }
+}
+
+/// The coord cluster's store segments recorded so far and its epoch record's epoch.
+async fn restore_marks(g: &GateCluster) -> Result<(usize, u64)> {
+    let mut c = etcd_client::Client::connect(g.etcd.endpoints(), None).await?;
+    let r = c.get(format!("{}/sys/epoch", g.root), None).await?;
+    let epoch = match r.kvs().first() {
+        Some(kv) => serde_json::from_slice::<serde_json::Value>(kv.value())?["epoch"].as_u64().unwrap_or(0),
+        None => 0,
+    };
+    Ok((g.recorder.take().0.len(), epoch))
+}
+
+/// The took-effect probe of a restore: the recorder started a new segment and the
+/// epoch record advanced, since `before` ([`restore_marks`]).
+async fn restored(g: &GateCluster, name: &str, before: (usize, u64)) -> Result<String> {
+    let after = restore_marks(g).await?;
+    ensure!(
+        after.0 > before.0 && after.1 > before.1,
+        "{name}: no restore took effect: store segments {} -> {}, epoch record {} -> {}",
+        before.0,
+        after.0,
+        before.1,
+        after.1
+    );
+    Ok(format!("store segment {} recorded, epoch record {} -> {}", after.0, before.1, after.1))
+}
+
+/// What arbiter `i`'s `/status` says of the policy-change classes: the
+/// authoritative limits of `gatesem` and `gatelead` and the registry TTL of `gatem`.
+async fn policies(g: &GateCluster, i: usize) -> Result<(Option<u64>, Option<u64>, Option<u64>)> {
+    let (code, body) = g.arbiters[i].admin_get("/status").await?;
+    ensure!(code == 200, "arbiter {i} /status: {code}");
+    let v: serde_json::Value = serde_json::from_str(&body).context("arbiter /status")?;
+    let field = |class: &str, f: &str| find_class(&v, class).and_then(|c| c[f].as_u64());
+    Ok((field(super::harness::SEM_CLASS, "limit"), field(super::harness::LEAD_CLASS, "limit"), field("gatem", "ttl_s")))
+}
+
+/// The class object named `name` anywhere in `v` (`/status` `classes`).
+fn find_class<'a>(v: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m)
+            if m.get("name").and_then(|n| n.as_str()) == Some(name) && m.contains_key("ttl_s") =>
+        {
+            Some(v)
+        }
+        serde_json::Value::Object(m) => m.values().find_map(|x| find_class(x, name)),
+        serde_json::Value::Array(a) => a.iter().find_map(|x| find_class(x, name)),
+        _ => None,
+    }
+}
+
+/// The took-effect probe of a policy change: every arbiter's `/status` shows the
+/// authoritative limits and the registry TTL the change set (from `before`, what
+/// arbiter 0 showed: lowered and raised, or set back), within 5 s.
+async fn policy_changed(g: &GateCluster, before: (Option<u64>, Option<u64>, Option<u64>)) -> Result<String> {
+    use super::harness::{GATE_TTL_RAISED_S, SEM_LOWERED, SEM_N};
+    let lowered = u64::try_from(SEM_LOWERED)?;
+    let back = before.0 == Some(lowered);
+    let sem = if back { u64::try_from(SEM_N)? } else { lowered };
+    let ttl = if back { GATE_TTL_S } else { GATE_TTL_RAISED_S };
+    let lead = (g.options().elections > 0).then_some(if back { 1 } else { 2 });
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    loop {
+        seen.clear();
+        for i in 0..g.arbiters.len() {
+            seen.push(policies(g, i).await.ok());
+        }
+        let ok = |p: &Option<(Option<u64>, Option<u64>, Option<u64>)>| {
+            p.is_some_and(|(s, l, t)| s == Some(sem) && t == Some(ttl) && (lead.is_none() || l == lead))
+        };
+        if seen.iter().all(ok) {
+            let lead = lead.map_or(String::new(), |l| format!(", gatelead limit {l}"));
+            return Ok(format!("every arbiter's /status shows gatesem limit {sem}{lead}, gatem ttl_s {ttl}"));
+        }
+        if tokio::time::Instant::now() >= end {
+            bail!(
+                "policy_change: the arbiters' /status do not show gatesem limit {sem}, gatelead limit {lead:?}, gatem ttl_s {ttl} (before: {before:?}; seen (gatesem, gatelead, gatem ttl) per arbiter: {seen:?}): the fault did not take effect"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Restore plus shard move ([`FaultKind::RestoreMove`]).
+async fn restore_move(g: &GateCluster, live: bool, start: u64) -> Result<()> {
+    let name = FaultKind::RestoreMove.name();
+    ensure!(g.shards.len() >= 2, "{name}: runs with shards only (GateOptions::shards)");
+    let key = format!("{MUTEX_PREFIX}/0");
+    let home = g.shard_map().await?.home("gatem", &key).context("the shard map homes no gate key")?.to_owned();
+    let a = g.shards.iter().position(|s| s.name == home).context("the gate keys' home is no entity shard")?;
+    let shard = &g.shards[a];
+    let segments = shard.recorder.take().0.len();
+    let snap = g.dir().join(format!("snap-{}-{}.db", shard.name, now_us()));
+    shard.etcd.snapshot_save(&snap).await?;
+    let base = snapshot_revision(&snap).await?;
+    // The lost stretch: the holders keep going on the shard.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut moved, mut epochs, mut apply) = (None, None, String::new());
+    if live {
+        g.restore_shard(a, &snap, base).await?;
+        // Right after the restore, before its epoch advance: the shard is sealed
+        // (its arbiters' marks are ahead of it) and every gate key moves off it.
+        moved = Some(g.rebalance().await?);
+        epochs = Some(g.shard_epoch_advance(a).await?);
+        apply = g.shard_apply_unchanged().await?;
+    }
+    // Took effect: the shard's recorder started a new segment (the restore), the
+    // keys live elsewhere (the move), its epoch record advanced (the guarded
+    // advance) and its home record is at the coord map's version.
+    let after = shard.recorder.take().0.len();
+    ensure!(after > segments, "{name}: {} recorded no new segment: no restore took effect", shard.name);
+    let map = g.shard_map().await?;
+    let now = map.home("gatem", &key).unwrap_or_default().to_owned();
+    ensure!(now != home, "{name}: the gate keys are still homed on the restored {home}: no move took effect");
+    let Some((e0, e1)) = epochs else { bail!("{name}: no epoch advance ran") };
+    ensure!(e1 > e0, "{name}: the epoch record of {home} stayed at {e0}: the guarded advance did not take effect");
+    let version = g.shard_record(a, "home").await?["current"]["version"].as_u64();
+    ensure!(
+        version == Some(map.version),
+        "{name}: the home record of {home} is at version {version:?}, the coord map at {}",
+        map.version
+    );
+    let outcome = apply.lines().rev().find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let outcome = outcome.as_ref().and_then(|v| v["outcome"].as_str()).unwrap_or("?").to_owned();
+    g.note(
+        name,
+        format!(
+            "{home} restored to revision {base} (store segment {after}), then {}/* moved {} -> {} (shard map v{}), epoch of {home} advanced {e0} -> {e1}, shard apply without a change: {outcome}; its home record at v{}",
+            super::harness::GATE_NAMESPACE,
+            moved.as_ref().map_or("?", |m| m.from.as_str()),
+            moved.as_ref().map_or("?", |m| m.to.as_str()),
+            map.version,
+            map.version
+        ),
+        start,
+    );
+    Ok(())
+}
+
+/// A clock step with its took-effect probe ([`FaultKind::HolderClockStep`],
+/// [`FaultKind::ArbiterClockStep`]): steps `clock` (unless planted inert), holds
+/// it at least [`CLOCK_HOLD`] and until the process shows the step (4 s more at
+/// most), steps it back unless kept, and records it. The probe: the faketime file
+/// holds the step, and the process read it: a holder recorded an operation with
+/// that skew, or an arbiter stamped its marks (`/status`, each second) or a hold
+/// it granted with that offset. A process whose monotonic clock steps back may
+/// show nothing while its timers stall: that alone is not a failure.
+async fn step_clock_probed(g: &GateCluster, kind: &str, clock: &FakeClock, step: ClockStep, live: bool) -> Result<()> {
+    let start = now_us();
+    let want = clock.step_offset() + step.seconds();
+    if live {
+        clock.step(step)?;
+    }
+    let file =
+        clock.env().into_iter().find(|(k, _)| k == "FAKETIME_TIMESTAMP_FILE").map(|(_, v)| v).unwrap_or_default();
+    let held = std::fs::read_to_string(&file).ok().and_then(|s| s.trim().parse::<i64>().ok());
+    let t = tokio::time::Instant::now();
+    let most = if live { CLOCK_HOLD + Duration::from_secs(4) } else { Duration::from_secs(2) };
+    let mut seen = None;
+    loop {
+        if seen.is_none() {
+            seen = clock_seen(g, clock, want, start).await;
+        }
+        if (seen.is_some() && t.elapsed() >= CLOCK_HOLD) || t.elapsed() >= most {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (end, how) = if step.kept() || !live { (clock.step_offset(), "kept") } else { (clock.heal()?, "then back") };
+    let label = clock.label();
+    ensure!(
+        held == Some(want),
+        "{kind}: the faketime file of {label} holds {held:?}, not the step to {want:+} s: the fault did not take effect"
+    );
+    let stalls = clock.mode() == super::clock::ClockMode::WallAndMonotonic && step.seconds() < 0;
+    let seen = match seen {
+        Some(s) => s,
+        None if stalls => "not seen while its timers stalled (monotonic clock stepped back)".to_owned(),
+        None => {
+            bail!("{kind}: {label} never showed its clock at {want:+} s in {most:?}: the fault did not take effect")
+        }
+    };
+    g.note(
+        kind,
+        format!(
+            "{label} ({} clock) stepped {:+} s, {how}; offset now {end:+} s; the file held {want:+} s; {seen}",
+            clock.mode().name(),
+            step.seconds()
+        ),
+        start,
+    );
+    Ok(())
+}
+
+/// Whether the process of `clock` shows an offset of `want` seconds since `since`
+/// (unix µs, real): what it saw, if so.
+async fn clock_seen(g: &GateCluster, clock: &FakeClock, want: i64, since: u64) -> Option<String> {
+    let want_ms = want * 1000;
+    let now_ms = i64::try_from(now_us() / 1000).ok()?;
+    if let Some(h) = g.holders.iter().find(|h| h.clock.as_ref().is_some_and(|c| std::ptr::eq(c, clock))) {
+        let ops = super::holder::read_ops(&h.out);
+        let o = ops.iter().find(|o| o.call_us >= since && (o.skew_ms - want_ms).abs() <= 2000)?;
+        return Some(format!("{} recorded a {} with a skew of {:+} ms", h.name, o.op, o.skew_ms));
+    }
+    let i = g.arbiter_clocks.iter().position(|c| c.as_ref().is_some_and(|c| std::ptr::eq(c, clock)))?;
+    if let Ok((200, body)) = g.arbiters[i].admin_get("/status").await {
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        if let Some(skew) = v["marks"]["updated_ms"].as_i64().map(|u| u - now_ms) {
+            if (skew - want_ms).abs() <= 2500 {
+                return Some(format!("arbiter {i} stamped its marks {skew:+} ms off the real clock"));
+            }
+        }
+    }
+    // A hold it granted, unless another arbiter's clock is near the same offset.
+    let others = g.arbiter_clocks.iter().flatten().filter(|c| !std::ptr::eq(*c, clock));
+    if others.into_iter().any(|c| (c.step_offset() - want).abs() < 10) {
+        return None;
+    }
+    let clusters = std::iter::once(g.etcd.endpoints()).chain(g.shards.iter().map(|s| s.etcd.endpoints()));
+    for eps in clusters {
+        let Ok(mut c) = etcd_client::Client::connect(eps, None).await else { continue };
+        let prefix = format!("{}/h/", g.root);
+        let Ok(r) = c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await else { continue };
+        for kv in r.kvs() {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(kv.value()) else { continue };
+            let Some(skew) = v["acquired_ms"].as_i64().map(|a| a - now_ms) else { continue };
+            if (want_ms - 8000..=want_ms + 1500).contains(&skew) {
+                return Some(format!(
+                    "a hold granted {skew:+} ms off the real clock (arbiter {i} alone is stepped so far)"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Steps `clock` by `step`, holds it for `hold` and steps it back unless the step
@@ -466,6 +1026,7 @@ mod tests {
             assert!(rebalance_kinds().iter().all(|k| v.contains(k)), "{v:?}");
             assert!(!v.contains(&FaultKind::Restore) && !v.contains(&FaultKind::QuorumLoss));
             assert!(!v.contains(&FaultKind::RestoreBumped) && !v.contains(&FaultKind::RestoreCrash));
+            assert!(v.contains(&FaultKind::RestoreMove) && !ALL.contains(&FaultKind::RestoreMove), "{v:?}");
             let short = random_rebalance(3);
             assert!(short.iter().filter(|k| **k == FaultKind::Rebalance).count() >= 2, "{short:?}");
         }

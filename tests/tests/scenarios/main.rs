@@ -37,6 +37,7 @@ mod fencing;
 mod filter;
 mod fleet;
 mod gate;
+mod gate_faults;
 mod gate_polyglot;
 mod handoff;
 mod harness_selftest;
