@@ -33,7 +33,10 @@ What it does NOT do or check (a production server may differ here):
     has its own thread, so an idle keep-alive connection blocks no one;
   - replication, distributed tables, TTLs over days, storage policies.
 
-Usage: chdb_front.py --port P --path DIR [--user U --password-file F]
+Usage: chdb_front.py --port P --path DIR [--user U --password-file F] [--init-sql FILE]
+`--init-sql` runs each statement of FILE before listening (split at a `;` that
+ends a line, `--` comment lines dropped, as `lockmesh_audit::clickhouse::ddl_statements`
+splits the shipped DDL); `scripts/up --clickhouse` applies `clickhouse.sql` so.
 It prints `chdb front ready on 127.0.0.1:P (engine <version>)` when it listens.
 """
 
@@ -179,12 +182,29 @@ class Front(http.server.BaseHTTPRequestHandler):
         self.answer(200, res.data() if res is not None else "")
 
 
+def statements_of(text):
+    """The statements of a DDL file, as `ddl_statements` splits them."""
+    out, cur = [], []
+    for line in text.splitlines():
+        if line.lstrip().startswith("--"):
+            continue
+        stripped = line.rstrip()
+        cur.append(stripped.rstrip(";"))
+        if stripped.endswith(";"):
+            out.append("\n".join(cur).strip())
+            cur = []
+    if "\n".join(cur).strip():
+        out.append("\n".join(cur).strip())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--path", required=True, help="the engine's data directory (kept across restarts)")
     ap.add_argument("--user")
     ap.add_argument("--password-file")
+    ap.add_argument("--init-sql", help="statements to run before listening (idempotent DDL)")
     a = ap.parse_args()
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", a.port), Front)
     srv.daemon_threads = True
@@ -192,6 +212,9 @@ def main():
     srv.session = chdb_session.Session(a.path)
     srv.user = a.user
     srv.password = open(a.password_file).read().strip() if a.password_file else None
+    if a.init_sql:
+        for stmt in statements_of(open(a.init_sql).read()):
+            srv.session.query(stmt)
     version = srv.session.query("SELECT version()", "TabSeparated").data().strip()
     print("chdb front ready on 127.0.0.1:%d (engine %s)" % (a.port, version), flush=True)
     srv.serve_forever()

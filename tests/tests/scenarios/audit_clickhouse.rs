@@ -6,12 +6,18 @@
 //! two operators, unprotected-grant and shadow records, a restore), with the tailer
 //! killed between ClickHouse's answer and its local commit and ClickHouse itself
 //! down for a while. Every row (read with FINAL) and every query's answer equal the
-//! embedded store's for the same history: no duplicate, no gap. The planted sink
-//! that leaves a column out (`test_faults: [clickhouse_drops_column]`) fails the
-//! same comparison.
+//! embedded store's for the same history: no duplicate, no gap. The query port
+//! answers every query alike with ClickHouse configured (it then reads ClickHouse)
+//! and without (it reads the embedded store). The planted sink that leaves a
+//! column out (`test_faults: [clickhouse_drops_column]`) fails the same
+//! comparison. A row only ClickHouse holds shows that the port reads ClickHouse;
+//! the planted port that reads the embedded store instead
+//! (`query_port_reads_embedded`) misses it. `scripts/up --clickhouse --demo` runs
+//! the quick start with the port answering from ClickHouse.
 
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
+use lockmesh_audit::query_port::STORE_HEADER;
 use lockmesh_audit::{
     clickhouse::{self, reports, Sink},
     query::{self, Query},
@@ -20,8 +26,9 @@ use lockmesh_audit::{
 };
 use lockmesh_devcerts::jwt::Issuer;
 use lockmesh_tests::{
-    clickhouse::ChdbFront, eventually, paths::profile_dir, ports::free_port, process::ChildProcess, Stack,
+    clickhouse::ChdbFront, eventually, paths::profile_dir, ports::free_port, process::ChildProcess, LockClient, Stack,
 };
+use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::{
@@ -33,28 +40,40 @@ const ACQ: &str = "/v1/locks/acquire";
 const REL: &str = "/v1/locks/release";
 const TABLE: &str = "lockmesh.audit_events";
 
-/// A tailer like [`Tailer::start`], with the ClickHouse sink on `ch` and the
-/// planted `faults` (the environment allows them).
+/// A tailer like [`Tailer::start`], with the ClickHouse sink on `ch`, the query
+/// port (lockctl's certificate, no token check) and the planted `faults` (the
+/// environment allows them). Its directory also holds `audit-embedded.yaml`: the
+/// same config without the `clickhouse:` section ([`embedded_tailer`]).
 async fn tailer(st: &Stack, ch: &ChdbFront, faults: &[&str]) -> Tailer {
     let dir = tempfile::tempdir().unwrap();
     let (admin_port, query_port) = (free_port(), free_port());
     let operator = st.pki().client("lockmesh-system", "lockctl").unwrap();
+    let server = st.pki().arbiter_server();
     let registry = st.arbiter(0).config_path().parent().unwrap().join("registry.yaml");
     let faults: Vec<String> = faults.iter().map(|f| format!("{f:?}")).collect();
     let cfg = format!(
         "etcd_endpoints: {:?}\netcd_root: {:?}\nstore_file: audit.redb\nadmin_listen: \"127.0.0.1:{admin_port}\"\n\
          checkpoint_interval_ms: 200\nelection_ttl_s: 3\nregistry_file: {:?}\n{}\
-         clickhouse: {{ url: {:?}, user: {:?}, password_file: {:?} }}\ntest_faults: [{}]\n",
+         query: {{ listen: \"127.0.0.1:{query_port}\", tls: {{ cert: {:?}, key: {:?}, client_ca: {:?} }}, \
+         allowed_clients: [{:?}] }}\ntest_faults: [{}]\n",
         st.etcd().endpoints(),
         st.root(),
         registry.display().to_string(),
         st.etcd_users().audit_yaml("lockmesh-audit"),
+        server.cert_path.display().to_string(),
+        server.key_path.display().to_string(),
+        st.pki().ca_cert_path().display().to_string(),
+        operator.spiffe_id,
+        faults.join(", "),
+    );
+    std::fs::write(dir.path().join("audit-embedded.yaml"), &cfg).unwrap();
+    let sink = format!(
+        "clickhouse: {{ url: {:?}, user: {:?}, password_file: {:?} }}\n",
         ch.url(),
         lockmesh_tests::clickhouse::CH_USER,
         ch.password_file().display().to_string(),
-        faults.join(", "),
     );
-    std::fs::write(dir.path().join("audit.yaml"), cfg).unwrap();
+    std::fs::write(dir.path().join("audit.yaml"), cfg + &sink).unwrap();
     let process = ChildProcess::new(
         "audit",
         profile_dir().join("lockmesh-audit"),
@@ -161,6 +180,27 @@ async fn differences(store_file: &Path, ch: &ChdbFront) -> (Vec<String>, usize) 
     }
     // 2. Every query, on both, at one `now`.
     let now = lockmesh_lock::now_ms();
+    let qs = queries(&ours, now);
+    let sink = sink(ch);
+    for q in &qs {
+        let a = serde_json::to_value(query::run(&store, q, now).unwrap()).unwrap();
+        let b = match sink.run(q, now, &cp).await {
+            Ok(b) => serde_json::to_value(b).unwrap(),
+            Err(e) => {
+                diffs.push(format!("{q:?}: clickhouse refused: {e}"));
+                continue;
+            }
+        };
+        if a != b {
+            diffs.push(format!("{q:?}:\n  store      {a}\n  clickhouse {b}"));
+        }
+    }
+    (diffs, qs.len())
+}
+
+/// Every audit query over the history `ours` at `now`: every kind of query, with
+/// windows that cut the history, each digest's history and each identity's holds.
+fn queries(ours: &[AuditEvent], now: u64) -> Vec<Query> {
     let mid = ours.iter().map(|e| e.at_ms).filter(|&t| t > 0).min().unwrap_or(0) / 2
         + ours.iter().map(|e| e.at_ms).max().unwrap_or(0) / 2;
     let mut qs = vec![
@@ -184,20 +224,85 @@ async fn differences(store_file: &Path, ch: &ChdbFront) -> (Vec<String>, usize) 
         qs.push(Query::ByIdentity { identity: identity.clone(), since_ms: 0, until_ms: u64::MAX });
         qs.push(Query::ByIdentity { identity, since_ms: mid, until_ms: now });
     }
-    let sink = sink(ch);
-    for q in &qs {
-        let a = serde_json::to_value(query::run(&store, q, now).unwrap()).unwrap();
-        let b = match sink.run(q, now, &cp).await {
-            Ok(b) => serde_json::to_value(b).unwrap(),
-            Err(e) => {
-                diffs.push(format!("{q:?}: clickhouse refused: {e}"));
-                continue;
-            }
-        };
-        if a != b {
-            diffs.push(format!("{q:?}:\n  store      {a}\n  clickhouse {b}"));
+    qs
+}
+
+/// The query port of a running tailer, as lockctl's certificate.
+fn api(t: &Tailer) -> LockClient {
+    let identity = (t.operator.cert_path.as_path(), t.operator.key_path.as_path());
+    LockClient::new(t.query_port, &t.ca, Some(identity)).unwrap()
+}
+
+/// `POST /v1/audit/query` with `q`: the answer (JSON; an open hold's `held_ms`,
+/// counted to the moment of the query, set to 0) and the store the port named.
+async fn ask(c: &LockClient, q: &Query) -> (Value, String) {
+    let body = serde_json::to_vec(q).unwrap();
+    let r = c.request(Method::POST, "/v1/audit/query", &[("content-type", "application/json")], body).await.unwrap();
+    assert_eq!(r.code(), 200, "{q:?}: {}", r.body);
+    let store = r.header(STORE_HEADER).unwrap_or("(none)").to_owned();
+    let mut a = r.json;
+    for h in a.get_mut("holds").and_then(Value::as_array_mut).into_iter().flatten() {
+        if h["open"] == json!(true) {
+            h["held_ms"] = json!(0);
         }
     }
+    (a, store)
+}
+
+/// The same tailer (store, ports) run from `audit-embedded.yaml`: no ClickHouse,
+/// so its query port answers from the embedded store.
+async fn embedded_tailer(t: &Tailer) -> ChildProcess {
+    let p = ChildProcess::new(
+        "audit-embedded",
+        profile_dir().join("lockmesh-audit"),
+        vec!["--config".into(), t.dir.path().join("audit-embedded.yaml").display().to_string()],
+        t.dir.path().join("audit-embedded.log"),
+    )
+    .env("RUST_LOG", "info")
+    .env("LOCKMESH_TEST_FAULTS", "1");
+    p.start().unwrap();
+    let port = t.admin_port;
+    p.wait_ready(Duration::from_secs(20), async || {
+        let r = lockmesh_tests::probe::http_get(port, "/metrics").await?;
+        anyhow::ensure!(r.body.contains("lockmesh_audit_leader 1"), "not leader yet");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    p
+}
+
+/// Every query through the query port: first of the tailer with ClickHouse
+/// (stopped on entry, stopped on return), then of the same tailer without it.
+/// Answers the differences (the answers, and each port naming its store) and how
+/// many queries were compared.
+async fn api_differences(st: &Stack, t: &Tailer) -> (Vec<String>, usize) {
+    let ours = Store::open(&t.dir.path().join("audit.redb")).unwrap().events().unwrap();
+    let qs = queries(&ours, lockmesh_lock::now_ms());
+    let mut diffs = Vec::new();
+    t.process.start().unwrap();
+    up(t).await;
+    let c = api(t);
+    let mut from_ch = Vec::new();
+    for q in &qs {
+        let (a, store) = ask(&c, q).await;
+        if store != "clickhouse" {
+            diffs.push(format!("{q:?}: the port with clickhouse configured answered from {store}"));
+        }
+        from_ch.push(a);
+    }
+    quiet_stop(st, t).await;
+    let embedded = embedded_tailer(t).await;
+    for (q, a) in qs.iter().zip(&from_ch) {
+        let (b, store) = ask(&c, q).await;
+        if store != "embedded" {
+            diffs.push(format!("{q:?}: the port without clickhouse answered from {store}"));
+        }
+        if *a != b {
+            diffs.push(format!("api {q:?}:\n  clickhouse {a}\n  embedded   {b}"));
+        }
+    }
+    embedded.stop(Duration::from_secs(5)).await.unwrap();
     (diffs, qs.len())
 }
 
@@ -366,7 +471,11 @@ async fn run(name: &str, faults: &[&str]) -> (Vec<String>, usize, u64, u64) {
 
     let raw = ch.number(&format!("SELECT count() FROM {TABLE}")).await.unwrap();
     let fin = ch.number(&format!("SELECT count() FROM {TABLE} FINAL")).await.unwrap();
-    let (diffs, n) = differences(&tailer.dir.path().join("audit.redb"), &ch).await;
+    let (mut diffs, n) = differences(&tailer.dir.path().join("audit.redb"), &ch).await;
+    // The query port answers the same through ClickHouse and through the embedded store.
+    let (api_diffs, api_n) = api_differences(&st, &tailer).await;
+    assert_eq!(api_n, n);
+    diffs.extend(api_diffs);
     // After the merge, the table holds each event once without FINAL too.
     ch.query(&format!("SYSTEM START MERGES {TABLE}")).await.unwrap();
     ch.query(&format!("OPTIMIZE TABLE {TABLE} FINAL")).await.unwrap();
@@ -394,7 +503,10 @@ async fn clickhouse_holds_the_stores_history_and_answers_every_query_alike() {
     let (diffs, queries, raw, fin) = run("audit-ch", &[]).await;
     assert!(diffs.is_empty(), "{} differences over {queries} queries:\n{}", diffs.len(), diffs.join("\n"));
     assert!(raw > fin, "the batch sent before the kill is in the table twice until merged ({raw} rows, {fin} FINAL)");
-    eprintln!("audit_clickhouse: {fin} events, {raw} rows before the merge, {queries} queries equal");
+    eprintln!(
+        "audit_clickhouse: {fin} events, {raw} rows before the merge, {queries} queries equal (store, SQL, and the \
+         query port on both stores)"
+    );
 }
 
 /// Planted: the sink leaves `identity` out of its rows. The rows and the
@@ -404,4 +516,138 @@ async fn planted_a_sink_that_drops_a_column_is_caught() {
     let (diffs, _, _, _) = run("audit-ch-planted", &["clickhouse_drops_column"]).await;
     assert!(diffs.iter().any(|d| d.starts_with("row ")), "the rows compare equal: {diffs:?}");
     assert!(diffs.iter().any(|d| d.starts_with("ByIdentity")), "the by-identity query compares equal: {diffs:?}");
+}
+
+/// A row only ClickHouse holds (inserted by the test beside the tailer's, never in
+/// etcd or the embedded store), asked for through the query port of a tailer with
+/// ClickHouse configured: answers how many events the port's `history` of that
+/// row's digest held, the store the port named, and how many recent events it
+/// answered before the insert.
+async fn clickhouse_only_row_seen(name: &str, faults: &[&str]) -> (usize, String, usize) {
+    let st = Stack::builder(name).envoy_config("lock-tier").own_etcd(1).plaintext_etcd().start().await.unwrap();
+    let ch = clickhouse().await;
+    let t = tailer(&st, &ch, faults).await;
+    let a = st.client("payments", "a").unwrap();
+    let k = "payments/ch-only";
+    let tk = tok(&a.post(ACQ, &[("x-lock-key", k)]).await.unwrap());
+    let r = a.post(REL, &[("x-lock-key", k), ("x-lock-token", &tk.to_string())]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    t.caught_up(head(&st).await).await;
+    let c = api(&t);
+    let (recent, _) = ask(&c, &Query::Recent { limit: 10 }).await;
+    let events: Vec<AuditEvent> = serde_json::from_value(recent["events"].clone()).unwrap();
+    let mut only = events.iter().find(|e| e.kind == EventKind::Grant).expect("the grant is recent").clone();
+    only.digest = Some("ee".repeat(32));
+    only.etcd_key.push_str("/clickhouse-only");
+    sink(&ch).insert(&[only]).await.unwrap();
+    let (history, store) = ask(&c, &Query::History { digest: "ee".repeat(32) }).await;
+    (history["events"].as_array().map_or(0, Vec::len), store, events.len())
+}
+
+#[tokio::test]
+async fn the_query_port_answers_from_clickhouse_when_it_is_the_store() {
+    let (seen, store, recent) = clickhouse_only_row_seen("audit-ch-port", &[]).await;
+    assert!(recent >= 2, "the port answered {recent} recent events for a grant and a release");
+    assert_eq!(store, "clickhouse");
+    assert_eq!(seen, 1, "the row only ClickHouse holds is not in the query port's answer");
+}
+
+/// Planted: the port answers from the embedded store while naming ClickHouse
+/// (`test_faults: [query_port_reads_embedded]`). Its answers equal ClickHouse's
+/// for the tailer's own history, so only the row ClickHouse alone holds tells.
+#[tokio::test]
+async fn planted_a_query_port_that_reads_the_embedded_store_is_caught() {
+    let (seen, store, recent) = clickhouse_only_row_seen("audit-ch-port-planted", &["query_port_reads_embedded"]).await;
+    assert!(recent >= 2, "the port answered {recent} recent events for a grant and a release");
+    assert_eq!(store, "clickhouse", "the planted port still names clickhouse");
+    assert_eq!(seen, 0, "the planted port answered the row only ClickHouse holds");
+}
+
+/// Every port `scripts/up --clickhouse` takes (`LOCKMESH_UP_PORT_<NAME>`).
+const UP_PORTS: [&str; 14] = [
+    "API",
+    "API_ADMIN",
+    "APP",
+    "APP_ADMIN",
+    "ARBITER",
+    "ARBITER_ADMIN",
+    "STORE",
+    "FENCE",
+    "FENCE_ADMIN",
+    "AUDIT_ADMIN",
+    "AUDIT_QUERY",
+    "ETCD",
+    "ETCD_PEER",
+    "CLICKHOUSE",
+];
+
+/// `scripts/up --clickhouse --demo --no-build`, the quick start a user runs (here
+/// on free ports and a temporary run directory): the walkthrough's five steps hold
+/// with the audit's query port answering from ClickHouse's engine (steps 4 and 5
+/// read it), and the script's own check after the demo says the port named
+/// `clickhouse` and answered the grants the table holds.
+#[tokio::test]
+async fn scripts_up_clickhouse_answers_the_audit_from_clickhouse() {
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let log = tmp.path().join("up.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(lockmesh_tests::repo_root().join("scripts/up"))
+        .args(["--clickhouse", "--demo", "--no-build"])
+        .current_dir(lockmesh_tests::repo_root())
+        .env("LOCKMESH_UP_DIR", &dir)
+        .env("LOCKMESH_UP_BIN_DIR", profile_dir())
+        .env_remove("LOCKMESH_TEST_FAULTS")
+        .env_remove("LOCKMESH_UP_FENCE_EXTRA")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .process_group(0)
+        .kill_on_drop(true);
+    for name in UP_PORTS {
+        cmd.env(format!("LOCKMESH_UP_PORT_{name}"), free_port().to_string());
+    }
+    let started = std::time::Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let pgid = child.id().unwrap();
+    let group = |sig: &str| {
+        let _ = std::process::Command::new("kill").arg(format!("-{sig}")).arg("--").arg(format!("-{pgid}")).status();
+    };
+    let status = match tokio::time::timeout(Duration::from_secs(300), child.wait()).await {
+        Ok(s) => s.unwrap(),
+        Err(_) => {
+            // Its cleanup stops what it started; then the whole group.
+            group("TERM");
+            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                group("KILL");
+            }
+            panic!(
+                "scripts/up --clickhouse --demo did not end within 300 s:\n{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+    };
+    // The output without terminal colours (ESC [ ... letter).
+    let raw = std::fs::read_to_string(&log).unwrap();
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(char::is_ascii_alphabetic);
+        } else {
+            out.push(c);
+        }
+    }
+    assert!(status.success(), "scripts/up --clickhouse --demo failed:\n{out}");
+    for step in 1..=5 {
+        assert!(out.contains(&format!("[demo] step {step} proved: ")), "step {step} said nothing:\n{out}");
+    }
+    assert!(out.contains("the query port answered from clickhouse: "), "no clickhouse check:\n{out}");
+    let cfg = std::fs::read_to_string(dir.join("config/audit.yaml")).unwrap();
+    assert!(cfg.contains("\nclickhouse: { url: \"http://127.0.0.1:"), "{cfg}");
+    let tailer_log = std::fs::read_to_string(dir.join("logs/audit.log")).unwrap();
+    assert!(tailer_log.contains("audit queries are answered from the clickhouse store"), "{tailer_log}");
+    eprintln!("scripts/up --clickhouse --demo: {:?}", started.elapsed());
 }
