@@ -94,6 +94,31 @@ pub(crate) const SEM_CLASS: &str = "gatesem";
 pub(crate) const SEM_LOWERED: usize = 2;
 /// The TTL a `policy_change` raises the fenced mutex class to, seconds.
 pub(crate) const GATE_TTL_RAISED_S: u64 = 5;
+/// Prefix of the quota holders' keys (class `gateq`, advisory mutex keys of
+/// namespace [`QUOTA_NAMESPACE`], whose quotas are [`QUOTA_HOLDS`] and [`QUOTA_WAITERS`]).
+pub const QUOTA_PREFIX: &str = "short/gate/q";
+/// The quota'd namespace (the lock tier lets the gate's `payments` identities acquire it).
+pub const QUOTA_NAMESPACE: &str = "short";
+/// The `holds` quota of [`QUOTA_NAMESPACE`].
+pub(crate) const QUOTA_HOLDS: usize = 1;
+/// The `waiters` quota of [`QUOTA_NAMESPACE`] (each arbiter enforces its share, rounded up).
+pub(crate) const QUOTA_WAITERS: usize = 1;
+/// Prefix of the fail-open holders' keys (class `gateo`: advisory, `purpose: efficiency`,
+/// `on_quorum_loss: open`).
+pub const OPEN_PREFIX: &str = "payments/gate/o";
+/// Prefix of the shadow holders' key (class `gatesh`, [`SHADOW_N`] slots enforced,
+/// a candidate of one slot: evaluated, counted, audited, never enforced).
+pub const SHADOW_PREFIX: &str = "payments/gate/sh";
+/// The enforced limit of the shadow class (its candidate's is 1).
+pub(crate) const SHADOW_N: usize = 2;
+/// Prefix of the class-apply holders' keys: class `gatecaa` (TTL 3 s) until a
+/// `class_apply` moves it to `gatecab` (TTL 4 s), and back (`super::actions`).
+pub const APPLY_PREFIX: &str = "payments/gate/ca";
+/// The prefix `class_apply` swaps with [`APPLY_PREFIX`] (no key uses it).
+pub(crate) const APPLY_SPARE_PREFIX: &str = "payments/gate/cz";
+/// The force-release victim's key: a fenced mutex key (class `gatem`, route
+/// `/items/f0`) no other holder uses (`force_release`, `super::actions`).
+pub const STICKY_KEY: &str = "payments/gate/m/f0";
 
 /// The gate's registry, with the fenced mutex class at `ttl_m` seconds: that
 /// class (with a lock-delay of [`GATE_LOCK_DELAY_S`]), an advisory class of N = 3, a durable-fairness advisory mutex class and
@@ -121,6 +146,19 @@ classes:
       waiver_expiry: "2099-12-31" }}
   - {{ name: gatepm, prefixes: ["{PERMITS_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {PERMITS_N}, enforcement: advisory,
       risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gateq, prefixes: ["{QUOTA_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: gateo, prefixes: ["{OPEN_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, purpose: efficiency,
+      on_quorum_loss: open, risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatesh, prefixes: ["{SHADOW_PREFIX}"], ttl_s: {GATE_TTL_S}, max_holders: {SHADOW_N}, candidate: {{ max_holders: 1 }},
+      enforcement: advisory, risk_owner: gate, waiver_expiry: "2099-12-31" }}
+  - {{ name: gatecaa, prefixes: ["{APPLY_PREFIX}"], ttl_s: {GATE_TTL_S}, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+  - {{ name: gatecab, prefixes: ["{APPLY_SPARE_PREFIX}"], ttl_s: 4, enforcement: advisory, risk_owner: gate,
+      waiver_expiry: "2099-12-31" }}
+quotas:
+  namespaces:
+    - {{ namespace: {QUOTA_NAMESPACE}, holds: {QUOTA_HOLDS}, waiters: {QUOTA_WAITERS} }}
 "#
     )
 }
@@ -199,7 +237,27 @@ pub struct GateOptions {
     /// Permit holders (`p0`, ..) on one key of [`PERMITS_N`] slots, asking 1 to
     /// [`PERMITS_ASKED`] permits.
     pub permit_holders: usize,
+    /// Quota holders (`q0`, ..) on the keys of namespace [`QUOTA_NAMESPACE`]
+    /// ([`QUOTA_KEYS`] of them), each hold up to 1 s. This and the next four are
+    /// the operator actions' workloads: [`GateCluster::spawn_workload`] starts
+    /// them on a three-member cluster only ([`GateCluster::spawn_ops_workload`]).
+    pub quota_holders: usize,
+    /// Fail-open holders (`o0`, ..) on the keys of the fail-open class.
+    pub open_holders: usize,
+    /// Shadow holders (`v0`, ..) on the shadow class's one key.
+    pub shadow_holders: usize,
+    /// Class-apply holders (`c0`, ..) on the keys `class_apply` moves between classes.
+    pub apply_holders: usize,
+    /// Run the force-release victim (`f0`, `holder --sticky-ms`) on [`STICKY_KEY`].
+    pub sticky_holder: bool,
 }
+
+/// Keys of the quota holders (`short/gate/q/<i>`).
+pub(crate) const QUOTA_KEYS: usize = 4;
+/// How long the force-release victim keeps each hold (renewing) before its
+/// fenced write, ms: long enough for a force release, the key's lock-delay and
+/// a probe's grant and write in between (`super::actions`).
+pub(crate) const STICKY_MS: u64 = 10_000;
 
 /// An entity shard of a run with shards: its etcd, recorder and clock ticks.
 #[derive(Debug)]
@@ -315,6 +373,11 @@ impl GateOptions {
             reuse_keys: 4,
             reuse_holders: 2,
             permit_holders: 2,
+            quota_holders: 2,
+            open_holders: 1,
+            shadow_holders: 2,
+            apply_holders: 1,
+            sticky_holder: true,
         }
     }
 
@@ -393,6 +456,7 @@ impl GateCluster {
                 .registry(gate_registry(GATE_TTL_S))
                 .max_wait_ms(5000)
                 .extra_yaml(key.arbiter_yaml())
+                .extra_yaml(super::actions::operators_yaml(dir.path())?)
                 .extra_yaml(format!(
                     "marks_file: {:?}",
                     dir.path().join(format!("marks-{i}.json")).display().to_string()
@@ -531,6 +595,45 @@ impl GateCluster {
     pub fn spawn_campaigner(&mut self, name: &str, keys: &[String]) -> Result<()> {
         let ports = self.envoy_ports();
         self.spawn_holder_args(name, &ports, keys, false, None, &["--campaign".to_owned()])
+    }
+
+    /// Starts a quota holder (`holder --work-ms 1000`) on the quota'd namespace's keys.
+    pub fn spawn_quota_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys: Vec<String> = (0..QUOTA_KEYS).map(|i| format!("{QUOTA_PREFIX}/{i}")).collect();
+        self.spawn_holder_args(name, &ports, &keys, false, None, &["--work-ms=1000".to_owned()])
+    }
+
+    /// Starts a fail-open holder (`holder --open`) on the fail-open class's keys.
+    pub fn spawn_open_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys: Vec<String> = (0..2).map(|i| format!("{OPEN_PREFIX}/{i}")).collect();
+        let fence = format!("--open-fence-url={}", self.fence.url());
+        self.spawn_holder_args(name, &ports, &keys, false, None, &["--open".to_owned(), fence])
+    }
+
+    /// Starts a shadow holder on the shadow class's key (plain rounds, holds up to
+    /// 800 ms, waits up to 300 ms: shorter than a hold, so a candidate that
+    /// decided would refuse).
+    pub fn spawn_shadow_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys = [format!("{SHADOW_PREFIX}/0")];
+        let extra = ["--work-ms=800".to_owned(), "--wait-ms=300".to_owned()];
+        self.spawn_holder_args(name, &ports, &keys, false, None, &extra)
+    }
+
+    /// Starts a class-apply holder (plain rounds) on the keys `class_apply` moves.
+    pub fn spawn_apply_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys: Vec<String> = (0..2).map(|i| format!("{APPLY_PREFIX}/{i}")).collect();
+        self.spawn_holder_args(name, &ports, &keys, false, None, &[])
+    }
+
+    /// Starts the force-release victim (`holder --sticky-ms`, fenced) on [`STICKY_KEY`].
+    pub fn spawn_sticky_holder(&mut self, name: &str) -> Result<()> {
+        let ports = self.envoy_ports();
+        let keys = [STICKY_KEY.to_owned()];
+        self.spawn_holder_args(name, &ports, &keys, true, None, &[format!("--sticky-ms={STICKY_MS}")])
     }
 
     /// The durable-fairness keys.
@@ -718,6 +821,33 @@ impl GateCluster {
         for i in 0..self.opts.permit_holders {
             self.spawn_permit_holder(&format!("p{i}"))?;
         }
+        // The operator actions' workloads run on the full topology only (three
+        // members): the targeted scenarios' one-member runs start them by name.
+        if self.opts.members >= 3 {
+            self.spawn_ops_workload()?;
+        }
+        Ok(())
+    }
+
+    /// The operator actions' workloads of the options: quota holders (`q*`),
+    /// fail-open holders (`o*`), shadow holders (`v*`), class-apply holders
+    /// (`c*`) and the force-release victim (`f0`).
+    pub fn spawn_ops_workload(&mut self) -> Result<()> {
+        for i in 0..self.opts.quota_holders {
+            self.spawn_quota_holder(&format!("q{i}"))?;
+        }
+        for i in 0..self.opts.open_holders {
+            self.spawn_open_holder(&format!("o{i}"))?;
+        }
+        for i in 0..self.opts.shadow_holders {
+            self.spawn_shadow_holder(&format!("v{i}"))?;
+        }
+        for i in 0..self.opts.apply_holders {
+            self.spawn_apply_holder(&format!("c{i}"))?;
+        }
+        if self.opts.sticky_holder {
+            self.spawn_sticky_holder("f0")?;
+        }
         Ok(())
     }
 
@@ -725,7 +855,7 @@ impl GateCluster {
     /// arbiter's registry file (written whole, then renamed into place) and waits
     /// for the hot reload (a second; 2.5 s allowed).
     pub async fn set_ttl(&self, ttl_s: u64) -> Result<()> {
-        let mut text = gate_registry(ttl_s);
+        let mut text = super::actions::registry_for(&self.root, ttl_s);
         if self.sidecar.is_some() {
             // Without the sidecar's LockGrants the reloaded registry would deny it.
             let id = lockmesh_tests::envoy::sidecar_svid(&self.pki)?.spiffe_id;
@@ -1089,11 +1219,16 @@ impl GateCluster {
                 (SEM_PREFIX.to_owned(), SEM_N),
                 (RW_PREFIX.to_owned(), RW_N),
                 (PERMITS_PREFIX.to_owned(), PERMITS_N),
+                (SHADOW_PREFIX.to_owned(), SHADOW_N),
             ],
             classes: vec![
                 (SEM_PREFIX.to_owned(), SEM_CLASS.to_owned()),
                 (LEAD_PREFIX.to_owned(), LEAD_CLASS.to_owned()),
+                (RW_PREFIX.to_owned(), super::actions::RW_CLASS.to_owned()),
             ],
+            quotas: vec![(QUOTA_NAMESPACE.to_owned(), super::actions::quota_bound(self.arbiters.len()))],
+            open: vec![OPEN_PREFIX.to_owned()],
+            shadow: vec![SHADOW_PREFIX.to_owned()],
             durable: vec![DURABLE_PREFIX.to_owned()],
             delayed: vec![MUTEX_PREFIX.to_owned()],
             elections: vec![LEAD_PREFIX.to_owned()],

@@ -275,6 +275,19 @@ pub struct History {
     /// inbound sidecar, in arrival order (`transparent_*` checks).
     #[serde(default)]
     pub upstream: Vec<UpstreamExec>,
+    /// Quota'd namespaces: (namespace, the most live hold slots its quotas allow
+    /// at once outside fault windows, the documented overshoot included;
+    /// `quota_holds_bounded`).
+    #[serde(default)]
+    pub quotas: Vec<(String, usize)>,
+    /// Lock-key prefixes of fail-open classes (`on_quorum_loss: open`): their
+    /// token-0 answers are unprotected grants (`checker::open`, `checker::ops`).
+    #[serde(default)]
+    pub open: Vec<String>,
+    /// Lock-key prefixes of classes with a candidate (shadow) policy: the
+    /// enforced limit alone decides (`candidate_never_decides`).
+    #[serde(default)]
+    pub shadow: Vec<String>,
     /// The fault schedule as executed.
     pub faults: Vec<Fault>,
     /// Quorum-loss windows, unix µs (start, end): no member majority ran.
@@ -339,6 +352,11 @@ impl History {
     /// Whether `key` is an election's ([`History::elections`]).
     pub(crate) fn is_election(&self, key: &str) -> bool {
         self.elections.iter().any(|p| covers(p, key))
+    }
+
+    /// Whether `key` is of a class with a candidate policy ([`History::shadow`]).
+    pub(crate) fn is_shadow(&self, key: &str) -> bool {
+        self.shadow.iter().any(|p| covers(p, key))
     }
 
     /// Whether `key`'s class has a lock-delay ([`History::delayed`]).

@@ -93,6 +93,22 @@ pub struct HolderArgs {
     /// Permits mode: each acquire asks `x-lock-permits`, 1 to this many.
     #[arg(long)]
     pub permits: Option<u32>,
+    /// Fail-open mode (keys of an `on_quorum_loss: open` class): plain rounds,
+    /// but an answer of token 0 (an unprotected grant) is recorded with the code
+    /// `unprotected` when the answer says `"unprotected": true`, then tried as a
+    /// fenced write (op `write`, token 0, at `--open-fence-url`; no fence may
+    /// accept it) and released by its grant id (`x-lock-grant`).
+    #[arg(long)]
+    pub open: bool,
+    /// Fail-open mode: the fence-proxy URL its token-0 writes go to.
+    #[arg(long)]
+    pub open_fence_url: Option<String>,
+    /// Sticky mode (the force-release victim): each round acquires a fenced key,
+    /// keeps the hold this long (renewing its session every second), then makes
+    /// its one fenced write, releases and closes. A hold force-released meanwhile
+    /// is not noticed: the write is the holder's next use of its token.
+    #[arg(long)]
+    pub sticky_ms: Option<u64>,
 }
 
 /// How long a transparent holder waits for its request: the grant wait, a long
@@ -150,6 +166,10 @@ pub async fn run(args: HolderArgs) -> Result<()> {
             h.multi_round().await;
         } else if h.args.reuse {
             h.reuse_round().await;
+        } else if h.args.open {
+            h.open_round().await;
+        } else if let Some(ms) = h.args.sticky_ms {
+            h.sticky_round(ms).await;
         } else if sdk.is_empty() {
             h.round().await;
         } else {
@@ -594,6 +614,95 @@ impl Holder {
         let call = now_us();
         let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
         self.record("close", &key, token, call, (o, st, code));
+    }
+}
+
+impl Holder {
+    /// One fail-open round (see [`HolderArgs::open`]).
+    async fn open_round(&mut self) {
+        let key = {
+            let keys = &self.args.keys;
+            keys[rand::random_range(0..keys.len())].clone()
+        };
+        let call = now_us();
+        let wait = self.args.wait_ms.to_string();
+        let (o, st, code, json) =
+            self.call("/v1/locks/acquire", &[("x-lock-key", key.as_str()), ("x-lock-wait-ms", wait.as_str())]).await;
+        let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        let unprotected = json["unprotected"].as_bool() == Some(true);
+        // The mark: an answer that says it is unprotected is recorded with the
+        // code `unprotected` (whatever its token; the checker holds the two together).
+        let code = if o == Outcome::Ok && unprotected { Some("unprotected".to_owned()) } else { code };
+        let rec = self.acquired(&key, token, call, (o, st, code), &json, true);
+        self.out.write(&rec);
+        let (Outcome::Ok, Some(token)) = (o, token) else {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+            return;
+        };
+        if token == 0 {
+            if let Some(url) = self.args.open_fence_url.clone() {
+                // The route's lock key is the fenced class's (`payments/gate/m/<id>`):
+                // token 0 must be refused whatever key it names.
+                let id = format!("o{}", key.rsplit('/').next().unwrap_or_default());
+                self.fenced_write(&url, &format!("payments/gate/m/{id}"), 0, "").await;
+            }
+            tokio::time::sleep(Duration::from_millis(rand::random_range(0..=self.args.work_ms))).await;
+            let grant = json["grant"].as_str().unwrap_or_default().to_owned();
+            let call = now_us();
+            let (o, st, code, _) =
+                self.call("/v1/locks/release", &[("x-lock-key", key.as_str()), ("x-lock-grant", grant.as_str())]).await;
+            self.record("release", &key, Some(0), call, (o, st, code));
+            return;
+        }
+        let session = json["session"].as_str().unwrap_or_default().to_owned();
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..=self.args.work_ms))).await;
+        let tok = token.to_string();
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await;
+        self.record("keepalive", &key, Some(token), call, (o, st, code));
+        let call = now_us();
+        let hs = [("x-lock-key", key.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+        let (o, st, code, _) = self.call("/v1/locks/release", &hs).await;
+        self.record("release", &key, Some(token), call, (o, st, code));
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+        self.record("close", &key, Some(token), call, (o, st, code));
+    }
+
+    /// One sticky round (see [`HolderArgs::sticky_ms`]).
+    async fn sticky_round(&mut self, hold_ms: u64) {
+        let key = self.args.keys[0].clone();
+        let call = now_us();
+        let wait = self.args.wait_ms.to_string();
+        let (o, st, code, json) =
+            self.call("/v1/locks/acquire", &[("x-lock-key", key.as_str()), ("x-lock-wait-ms", wait.as_str())]).await;
+        let token = json["token"].as_str().and_then(|t| t.parse::<u64>().ok());
+        let rec = self.acquired(&key, token, call, (o, st, code), &json, true);
+        self.out.write(&rec);
+        let (Outcome::Ok, Some(token)) = (o, token) else {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..150))).await;
+            return;
+        };
+        let session = json["session"].as_str().unwrap_or_default().to_owned();
+        let proof = json["proof"].as_str().unwrap_or_default().to_owned();
+        let end = tokio::time::Instant::now() + Duration::from_millis(hold_ms);
+        while tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let call = now_us();
+            let (o, st, code, _) = self.call("/v1/sessions/keepalive", &[("x-lock-session", &session)]).await;
+            self.record("keepalive", &key, Some(token), call, (o, st, code));
+        }
+        if let Some(url) = self.args.fence_url.clone() {
+            self.fenced_write(&url, &key, token, &proof).await;
+        }
+        let tok = token.to_string();
+        let call = now_us();
+        let hs = [("x-lock-key", key.as_str()), ("x-lock-token", tok.as_str()), ("x-lock-session", session.as_str())];
+        let (o, st, code, _) = self.call("/v1/locks/release", &hs).await;
+        self.record("release", &key, Some(token), call, (o, st, code));
+        let call = now_us();
+        let (o, st, code, _) = self.call("/v1/sessions/close", &[("x-lock-session", &session)]).await;
+        self.record("close", &key, Some(token), call, (o, st, code));
     }
 }
 

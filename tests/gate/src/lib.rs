@@ -12,6 +12,7 @@
 //! - [`recorder`]: the etcd watch with previous values (the store's history).
 //! - [`history`]: what a run records.
 //! - [`schedule`]: fault kinds and their injection.
+//! - [`actions`]: operator actions as schedule steps (force release, class apply, limit changes).
 //! - [`clock`]: clock steps of holders and arbiters (libfaketime).
 //! - [`checker`]: the checks; a timeout fails.
 //! - [`report`]: writes a failing history, its smallest window and the schedule.
@@ -20,6 +21,7 @@
 //! `docs/GATE.md` documents the modes (quick gate in the test command, long gate
 //! `lockmesh-gate long`).
 
+pub mod actions;
 pub mod checker;
 pub mod clock;
 pub mod faultproxy;

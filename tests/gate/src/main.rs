@@ -37,7 +37,7 @@ enum Cmd {
         #[arg(long, default_value_t = 60.0)]
         minutes: f64,
         /// Faults per history.
-        #[arg(long, default_value_t = 21)]
+        #[arg(long, default_value_t = 24)]
         faults: usize,
         /// Seconds of fault-free load between faults.
         #[arg(long, default_value_t = 2.0)]

@@ -90,6 +90,16 @@ pub enum FaultKind {
     /// then its guarded epoch advance (`lockctl epoch-advance --epochs-from`)
     /// and `lockctl shard apply` without a change, as docs/SCALE.md says.
     RestoreMove,
+    /// Two operators force-release the victim holder's live hold (`lockctl admin
+    /// request force-release`, `approve`); its next write must be refused by the
+    /// fence (`super::actions::force_release`).
+    ForceRelease,
+    /// Move a prefix between two classes (registry reload, `lockctl class apply`:
+    /// drain, verify, apply) while its holders contend (`super::actions::class_apply`).
+    ClassApply,
+    /// Lower the read-write class's limit from 3 to 2 (`lockctl limit change`:
+    /// drain, verify, activate), or raise it back (`super::actions::rw_limit_change`).
+    RwLimitChange,
 }
 
 /// How long the arbiters reach a restored cluster before its epoch advance.
@@ -99,8 +109,11 @@ pub(crate) const ADVANCE_AFTER: Duration = Duration::from_secs(1);
 pub(crate) const BUMP: u64 = 1_000_000;
 
 /// Every kind, in the quick gate's order.
-pub const ALL: [FaultKind; 21] = [
+pub const ALL: [FaultKind; 24] = [
     FaultKind::HolderPause,
+    FaultKind::ForceRelease,
+    FaultKind::RwLimitChange,
+    FaultKind::ClassApply,
     FaultKind::OneWayLink,
     FaultKind::Compaction,
     FaultKind::LossyLink,
@@ -153,6 +166,9 @@ impl FaultKind {
             FaultKind::Compaction => "compaction",
             FaultKind::RestoreCrash => "restore_crash",
             FaultKind::RestoreMove => "restore_move",
+            FaultKind::ForceRelease => "force_release",
+            FaultKind::ClassApply => "class_apply",
+            FaultKind::RwLimitChange => "rw_limit_change",
         }
     }
 }
@@ -635,6 +651,9 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             g.annotate(name, &format!("{cut} connection(s) closed or refused"));
         }
         FaultKind::RestoreMove => restore_move(g, live, start).await?,
+        FaultKind::ForceRelease => super::actions::force_release(g).await?,
+        FaultKind::ClassApply => super::actions::class_apply(g).await?,
+        FaultKind::RwLimitChange => super::actions::rw_limit_change(g).await?,
     }
     Ok(())
 }

@@ -38,6 +38,7 @@ mod filter;
 mod fleet;
 mod gate;
 mod gate_faults;
+mod gate_ops;
 mod gate_polyglot;
 mod handoff;
 mod harness_selftest;

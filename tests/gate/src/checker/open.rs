@@ -8,8 +8,10 @@
 //! writes are never exempt: no fence accepts token 0, and a fenced class cannot
 //! be declared open.
 //!
-//! [`super::check`] is [`check_with_open`] with no open class: the gate's runs
-//! declare none, so any token 0 there fails.
+//! [`super::check`] is [`check_with_open`] with the history's own fail-open
+//! prefixes ([`History::open`]); with none, any token 0 fails. The gate's runs
+//! declare one fail-open class (`harness::OPEN_PREFIX`), whose token-0 answers
+//! are held to the checks of `ops::unprotected` instead.
 
 use std::time::Duration;
 
@@ -27,8 +29,9 @@ fn covers(prefix: &str, key: &str) -> bool {
 /// their key prefixes (`namespace` or `namespace/path`, on `/` boundaries).
 pub fn check_with_open(h: &History, open: &[String], budget: Duration) -> Verdict {
     let is_open = |key: &str| open.iter().any(|p| covers(p, key));
-    let mut undeclared = Vec::new();
+    let mut undeclared = super::ops::unprotected(h, &is_open);
     let mut kept = h.clone();
+    kept.open.clear();
     kept.ops.retain(|op| {
         if op.token != Some(UNPROTECTED_TOKEN) {
             return true;
@@ -89,13 +92,15 @@ mod tests {
         v.violations().iter().map(|x| x.check).collect()
     }
 
-    /// Two processes hold `jobs/a` at once with token 0 during a quorum loss.
+    /// Two processes hold `jobs/a` at once with token 0 during a quorum loss
+    /// (each answer said it is unprotected: the holder's mark).
     fn loss_history(key: &str) -> History {
+        let marked = |o: ClientOp| ClientOp { code: Some(super::super::ops::UNPROTECTED_CODE.to_owned()), ..o };
         History {
             root: "/g".into(),
             ops: vec![
-                op("h0", "acquire", key, 0, 5_000_000, 5_100_000),
-                op("h1", "acquire", key, 0, 5_200_000, 5_300_000),
+                marked(op("h0", "acquire", key, 0, 5_000_000, 5_100_000)),
+                marked(op("h1", "acquire", key, 0, 5_200_000, 5_300_000)),
                 op("h0", "release", key, 0, 6_000_000, 6_100_000),
             ],
             quorum_loss: vec![(1_000_000, 9_000_000)],
