@@ -1,7 +1,7 @@
 //! The release gate's Python and Go holders (docs/GATE.md "What runs"): the SDK
 //! holders' loop through each language's SDK, by its conformance driver
 //! (`lockmesh-gate holder --driver`). A short history of them beside a raw and a
-//! Rust SDK holder on one fenced key, each stopped past its TTL once, passes with
+//! Rust SDK holder on two fenced keys, each stopped past its TTL once, passes with
 //! their claims and fenced writes in it; and the Python SDK's planted fault
 //! (`deadline_from_answer`) under a stop that makes it matter is caught by
 //! `sdk_deadline_conservative`, its control passing.
@@ -60,13 +60,13 @@ fn count(h: &History, process: &str, op: &str, outcome: Outcome) -> usize {
 }
 
 /// `kpy0` and `kgo0` (as `GateOptions::gate` spawns them: beside the Rust SDK
-/// holders, fenced) hold the one fenced key with a raw holder and a Rust SDK
+/// holders, fenced) hold two fenced keys with a raw holder and a Rust SDK
 /// holder; each driver is stopped past the TTL once (a `holder_pause` of the
 /// SDK's own process). The history passes every check, and each made claims,
 /// fenced writes with its SDK's token and proof, and releases.
 #[tokio::test]
 async fn python_and_go_holders_hold_the_fenced_keys_through_their_sdks() {
-    let opts = GateOptions { mutex_keys: 1, sdk_holders: 1, python_holders: 1, go_holders: 1, ..small("poly") };
+    let opts = GateOptions { mutex_keys: 2, sdk_holders: 1, python_holders: 1, go_holders: 1, ..small("poly") };
     let mut g = GateCluster::start(opts).await.unwrap();
     g.spawn_workload(1, 0).unwrap();
     let names: Vec<String> = g.holders.iter().map(|h| h.name.clone()).collect();
