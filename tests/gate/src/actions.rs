@@ -33,6 +33,7 @@ use super::harness::{
     RW_N, STICKY_KEY, STICKY_MS,
 };
 use super::history::{clock_skew_ms, now_us, ClientOp, Outcome};
+use super::recorder::EtcdLogin;
 use super::holder::read_ops;
 use lockmesh_tests::client::LockClient;
 use lockmesh_tests::paths::profile_dir;
@@ -124,19 +125,19 @@ async fn lockctl(g: &GateCluster, args: &[String]) -> Result<(i32, String, Strin
     ))
 }
 
-/// Every cluster's etcd endpoints (plaintext, no user: the gate's etcd):
+/// Every cluster's etcd endpoints and read-only login (`GateCluster::reader`):
 /// the coord cluster first, then each shard.
-fn clusters(g: &GateCluster) -> Result<Vec<(String, Vec<String>, ())>> {
-    let mut all = vec![("coord".to_owned(), g.etcd.endpoints(), ())];
-    for s in &g.shards {
-        all.push((s.name.clone(), s.etcd.endpoints(), ()));
+fn clusters(g: &GateCluster) -> Result<Vec<(String, Vec<String>, EtcdLogin)>> {
+    let mut all = vec![("coord".to_owned(), g.etcd.endpoints(), g.reader(None)?)];
+    for (i, s) in g.shards.iter().enumerate() {
+        all.push((s.name.clone(), s.etcd.endpoints(), g.reader(Some(i))?));
     }
     Ok(all)
 }
 
 /// The value of `key` on the cluster at `endpoints`, if any, with its mod revision.
-async fn read(_: &(), endpoints: &[String], key: &str) -> Result<Option<(serde_json::Value, i64)>> {
-    let mut c = etcd_client::Client::connect(endpoints, None).await?;
+async fn read(login: &EtcdLogin, endpoints: &[String], key: &str) -> Result<Option<(serde_json::Value, i64)>> {
+    let mut c = login.connect(endpoints).await?;
     let r = c.get(key, None).await?;
     Ok(r.kvs().first().map(|kv| (serde_json::from_slice(kv.value()).unwrap_or_default(), kv.mod_revision())))
 }
@@ -317,8 +318,8 @@ pub async fn force_release(g: &GateCluster) -> Result<()> {
     // victim's hold is gone.
     let mut record = false;
     let mut holds = 0;
-    for (_, eps, _) in clusters(g)? {
-        let mut c = etcd_client::Client::connect(&eps, None).await?;
+    for (_, eps, login) in clusters(g)? {
+        let mut c = login.connect(&eps).await?;
         let f = c.get(format!("{}/f/", g.root), Some(etcd_client::GetOptions::new().with_prefix())).await?;
         record |= f.kvs().iter().any(|kv| kv.mod_revision() == rev);
         let l = c.get(format!("{}/l/", g.root), Some(etcd_client::GetOptions::new().with_prefix())).await?;

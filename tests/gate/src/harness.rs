@@ -22,12 +22,12 @@ use super::clock::{ClockMode, FakeClock};
 use super::faultproxy::{FaultProxy, LinkMode};
 use super::history::{now_us, ClientOp, ClusterHistory, Fault, History, Move, Outcome, StoreWrite};
 use super::holder::read_ops;
-use super::recorder::{Recorder, Ticker};
+use super::recorder::{EtcdLogin, Recorder, Ticker};
 use super::upstream::Upstream;
 use lockmesh_devcerts::{DevPki, TEST_TRUST_DOMAIN};
 use lockmesh_tests::arbiter::ArbiterProcess;
 use lockmesh_tests::envoy::EnvoyProcess;
-use lockmesh_tests::etcd::EtcdCluster;
+use lockmesh_tests::etcd::{EtcdCluster, EtcdUsers};
 use lockmesh_tests::fence::{ensure_signing_key, FenceProxyProcess, KvStore};
 use lockmesh_tests::paths::{profile_dir, temp_dir};
 use lockmesh_tests::ports::free_port;
@@ -55,6 +55,23 @@ pub(crate) const REBALANCE_SHARDS: [&str; 2] = ["shard-a", "shard-b"];
 /// How long `lockctl shard apply` waits for holds of moving keys (the gate's
 /// holds are short; a paused holder's lasts the TTL).
 pub(crate) const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
+
+/// The shipped etcd role (`lockmesh_ops::admin::etcd_roles`) the arbiters log in as.
+pub(crate) const ARBITER_ROLE: &str = "lockmesh-arbiter";
+/// The shipped role of the gate's `lockctl` config (limit changes, `class apply`,
+/// `shard apply` and `show`): `lockmesh-classes`, as `etcd_roles::COMMAND_ROLES` says.
+pub(crate) const OPERATOR_ROLE: &str = "lockmesh-classes";
+/// The shipped break-glass role of `lockctl epoch-advance` after a restore, and
+/// of `lockctl shard` ([`SHARD_CONFIG`]).
+pub(crate) const EPOCH_ROLE: &str = "lockmesh-admin-epoch";
+/// The config `lockctl shard` runs with (in the run's directory), logged in as
+/// [`EPOCH_ROLE`], not [`OPERATOR_ROLE`] as `etcd_roles::COMMAND_ROLES` says:
+/// `shard apply`'s soft epoch advance puts each shard's epoch record
+/// (`<root>/sys/epoch`), which the shipped `lockmesh-classes` role may not write
+/// (etcd answers `permission denied` and the move stops at that step).
+pub(crate) const SHARD_CONFIG: &str = "lockctl-shard.yaml";
+/// The shipped read-only role (read the root, write nothing) the recorder watches as.
+pub(crate) const WATCH_ROLE: &str = "lockmesh-admin";
 
 /// Lock-key prefix of the gate's transparent keys (`<prefix>/<i>`): the inbound
 /// sidecar derives `payments/gate/t/<id>` from `/orders/<id>`.
@@ -168,6 +185,13 @@ quotas:
 pub struct GateOptions {
     /// Label of the etcd root.
     pub name: String,
+    /// Run etcd plaintext and without auth (every part connecting anonymously)
+    /// instead of production's shape (client TLS, auth, the shipped roles: the
+    /// default). The twin of the check that a gate member refuses a plaintext,
+    /// userless client (`gate_tls`), and the quick gate's etcd: its
+    /// `restore_crash` is sealed only by the raft check, which needs etcd's
+    /// root-only `Status` (docs/GATE.md "What runs").
+    pub plaintext_etcd: bool,
     /// etcd members (3 for the gate; 1 for fast targeted scenarios).
     pub members: usize,
     /// Arbiter processes to start.
@@ -269,6 +293,10 @@ pub struct GateShard {
     pub recorder: Recorder,
     /// Its single-member etcd cluster.
     pub etcd: EtcdCluster,
+    /// Its users of the shipped roles.
+    pub users: EtcdUsers,
+    /// The gate's own user on it ([`EtcdLogin::gate_marks`]).
+    marks: EtcdLogin,
 }
 
 /// A holder process and its output.
@@ -334,6 +362,10 @@ pub struct GateCluster {
     moves: Mutex<Vec<Move>>,
     /// Fault kinds planted inert ([`GateCluster::plant_inert_faults`]).
     inert: Mutex<Vec<String>>,
+    /// The coord cluster's users of the shipped roles.
+    users: EtcdUsers,
+    /// The gate's own user on the coord cluster ([`EtcdLogin::gate_marks`]).
+    marks: EtcdLogin,
     tickers: Vec<Ticker>,
     lockctl_config: PathBuf,
     dir: TempDir,
@@ -346,6 +378,7 @@ impl GateOptions {
     pub fn gate(name: &str) -> Self {
         Self {
             name: name.into(),
+            plaintext_etcd: false,
             members: 3,
             arbiters: 2,
             envoys: 2,
@@ -397,36 +430,49 @@ impl GateCluster {
         let dir = temp_dir("gate-")?;
         let pki = DevPki::generate(dir.path().join("pki"), TEST_TRUST_DOMAIN)?;
         let key = ensure_signing_key(&dir.path().join("signing"))?;
-        // Plaintext whatever LOCKMESH_TEST_ETCD says, until the gate is converted to
-        // production's TLS + auth etcd (issue #16 item 2): its recorder, tickers and
-        // direct member probes connect without TLS or a user.
+        // Production's etcd whatever LOCKMESH_TEST_ETCD says, unless the options ask
+        // for plaintext (docs/GATE.md "What runs"): client TLS with the harness CA,
+        // auth on, the shipped roles; each gate part logs in as the narrowest user
+        // it needs, and every cluster is checked to refuse a client without TLS or
+        // a user before anything uses it.
+        let builder = |members: usize| {
+            let b = EtcdCluster::builder().members(members);
+            if opts.plaintext_etcd {
+                b.plaintext()
+            } else {
+                b.secure()
+            }
+        };
         let (etcd, shard_etcd) = tokio::try_join!(
-            EtcdCluster::builder().members(opts.members).plaintext().start(),
-            futures::future::try_join_all(
-                opts.shards.iter().map(|_| EtcdCluster::builder().members(1).plaintext().start())
-            ),
+            builder(opts.members).start(),
+            futures::future::try_join_all(opts.shards.iter().map(|_| builder(1).start())),
         )?;
         let root = unique_prefix(&opts.name);
-        let recorder = Recorder::start(etcd.endpoints(), &root);
+        let users_dir = dir.path().join("etcd-users");
+        std::fs::create_dir_all(&users_dir)?;
+        let (users, marks) = cluster_logins(&etcd, &root, &users_dir, opts.plaintext_etcd).await?;
+        let recorder = Recorder::start(etcd.endpoints(), &root, EtcdLogin::role(&users, WATCH_ROLE)?, marks.clone());
         let mut shards = Vec::new();
         for (name, etcd) in opts.shards.iter().zip(shard_etcd) {
+            let (users, marks) = cluster_logins(&etcd, &root, &users_dir, opts.plaintext_etcd).await?;
             let mut proxies = Vec::new();
             for _ in 0..opts.arbiters {
                 proxies.push(FaultProxy::start(etcd.members()[0].client_port()).await?);
             }
-            let recorder = Recorder::start(etcd.endpoints(), &root);
-            shards.push(GateShard { name: name.clone(), proxies, recorder, etcd });
+            let watch = EtcdLogin::role(&users, WATCH_ROLE)?;
+            let recorder = Recorder::start(etcd.endpoints(), &root, watch, marks.clone());
+            shards.push(GateShard { name: name.clone(), proxies, recorder, etcd, users, marks });
         }
         // Clock ticks order the commits of different clusters (`checker::homes`).
         let tickers: Vec<Ticker> = if shards.is_empty() {
             Vec::new()
         } else {
-            std::iter::once(etcd.endpoints())
-                .chain(shards.iter().map(|s| s.etcd.endpoints()))
-                .map(|eps| Ticker::start(eps, &root))
+            std::iter::once((etcd.endpoints(), &marks))
+                .chain(shards.iter().map(|s| (s.etcd.endpoints(), &s.marks)))
+                .map(|(eps, marks)| Ticker::start(eps, &root, marks.clone()))
                 .collect()
         };
-        let lockctl_config = write_lockctl_config(dir.path(), &pki, &opts, &etcd, &shards, &root)?;
+        let lockctl_config = write_lockctl_config(dir.path(), &pki, &opts, &etcd, &users, &shards, &root)?;
         let store = KvStore::start().await?;
         let mut fb = FenceProxyProcess::builder(store.port()).trust(&key.kid, &key.pub_file).routes(format!(
             "routes:\n  - name: items\n    path: /items/{{id}}\n    reads: [GET]\n    resource: \"items/{{id}}\"\n    lock_key: \"{MUTEX_PREFIX}/{{id}}\""
@@ -451,7 +497,7 @@ impl GateCluster {
         let mut arbiter_clocks = Vec::new();
         for (i, row) in proxies.iter().enumerate() {
             let mut b = ArbiterProcess::builder(&pki)
-                .etcd_endpoints(row.iter().map(FaultProxy::url).collect())
+                .etcd_endpoints(row.iter().map(|p| proxy_url(p, &etcd)).collect())
                 .root(&root)
                 .registry(gate_registry(GATE_TTL_S))
                 .max_wait_ms(5000)
@@ -461,8 +507,13 @@ impl GateCluster {
                     "marks_file: {:?}",
                     dir.path().join(format!("marks-{i}.json")).display().to_string()
                 ));
+            for line in users.arbiter_yaml(ARBITER_ROLE) {
+                b = b.etcd_yaml(line);
+            }
             if !shards.is_empty() {
-                b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.proxies[i].url()))));
+                b = b.extra_yaml(shards_yaml(shards.iter().map(|s| {
+                    (s.name.as_str(), proxy_url(&s.proxies[i], &s.etcd), s.users.arbiter_yaml(ARBITER_ROLE))
+                })));
             }
             if let Some(svid) = &sidecar_svid {
                 b = b.inbound_sidecar(&svid.spiffe_id);
@@ -518,6 +569,8 @@ impl GateCluster {
             epoch: Mutex::new(1),
             moves: Mutex::new(Vec::new()),
             inert: Mutex::new(Vec::new()),
+            users,
+            marks,
             tickers,
             lockctl_config,
             dir,
@@ -527,6 +580,42 @@ impl GateCluster {
     /// The run's scratch directory.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// The users of the shipped roles on the coord cluster (`None`) or shard
+    /// `Some(i)`: how a part or a test logs in as one ([`EtcdLogin::role`],
+    /// `EtcdUsers::env` for `lockctl`).
+    pub fn etcd_users(&self, pick: Option<usize>) -> &EtcdUsers {
+        match pick {
+            None => &self.users,
+            Some(i) => &self.shards[i].users,
+        }
+    }
+
+    /// The read-only login (the shipped `lockmesh-admin` role: reads the root,
+    /// writes nothing) on the coord cluster (`None`) or shard `Some(i)`: for a
+    /// probe that reads records straight from the members.
+    pub fn reader(&self, pick: Option<usize>) -> Result<EtcdLogin> {
+        EtcdLogin::role(self.etcd_users(pick), WATCH_ROLE)
+    }
+
+    /// The gate's own user ([`EtcdLogin::gate_marks`]) on the coord cluster
+    /// (`None`) or shard `Some(i)`: for a probe that writes under `<root>/gate/`.
+    pub fn marks_login(&self, pick: Option<usize>) -> &EtcdLogin {
+        match pick {
+            None => &self.marks,
+            Some(i) => &self.shards[i].marks,
+        }
+    }
+
+    /// Checks that every member of every cluster refuses a client without TLS
+    /// or a user ([`refuses_plaintext`]), as [`GateCluster::start`] did.
+    pub async fn check_etcd_secured(&self) -> Result<()> {
+        refuses_plaintext(&self.etcd).await?;
+        for s in &self.shards {
+            refuses_plaintext(&s.etcd).await.with_context(|| s.name.clone())?;
+        }
+        Ok(())
     }
 
     /// The fenced mutex keys.
@@ -978,7 +1067,8 @@ impl GateCluster {
             Some(i) => (&self.shards[i].recorder, &self.shards[i].etcd),
         };
         let rev = recorder.barrier(Duration::from_secs(30)).await?;
-        let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+        // etcd 3.5 answers Compact to root only.
+        let mut c = etcd.client().await?;
         c.compact(rev, None).await.context("compact")?;
         let old = c.get(self.root.as_str(), Some(etcd_client::GetOptions::new().with_revision(rev - 1))).await;
         match old {
@@ -1006,17 +1096,17 @@ impl GateCluster {
         }
     }
 
-    /// The index of the member that leads, asked directly.
+    /// The index of the member that leads, asked directly: each member's own
+    /// `etcd_server_is_leader` gauge on its plain-HTTP metrics listener (as
+    /// deploy/base/etcd serves it to probes and Prometheus), which needs no etcd
+    /// user. etcd 3.5 answers `Status` to root only, and a login needs a quorum.
     pub async fn leader(&self) -> Option<usize> {
         for (i, m) in self.etcd.members().iter().enumerate() {
-            let Ok(Ok(mut c)) =
-                tokio::time::timeout(Duration::from_secs(1), etcd_client::Client::connect([m.client_url()], None))
-                    .await
+            let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(1), m.metric("etcd_server_is_leader")).await
             else {
                 continue;
             };
-            let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), c.status()).await else { continue };
-            if s.header().is_some_and(|h| h.member_id() == s.leader()) {
+            if v == 1.0 {
                 return Some(i);
             }
         }
@@ -1139,6 +1229,7 @@ impl GateCluster {
             let out = tokio::process::Command::new(profile_dir().join("lockctl"))
                 .args(["epoch-advance", "--endpoints", &self.etcd.endpoints().join(","), "--root", &self.root])
                 .args(["--expected-epoch", &expected.to_string(), "--new-epoch", &new.to_string()])
+                .envs(self.users.env(EPOCH_ROLE))
                 .kill_on_drop(true)
                 .output()
                 .await
@@ -1322,14 +1413,19 @@ impl GateCluster {
     /// stdout and stderr.
     async fn lockctl_shard(&self, args: &[String]) -> Result<(i32, String, String)> {
         let args: Vec<String> = std::iter::once("shard".to_owned()).chain(args.iter().cloned()).collect();
-        self.lockctl(&args).await
+        self.lockctl_as(&self.dir.path().join(SHARD_CONFIG), &args).await
     }
 
     /// `lockctl <args> --config <the gate's lockctl config>` as the gate's
     /// operator: exit code, stdout and stderr.
     async fn lockctl(&self, args: &[String]) -> Result<(i32, String, String)> {
+        self.lockctl_as(&self.lockctl_config, args).await
+    }
+
+    /// [`GateCluster::lockctl`] with the config at `config`.
+    async fn lockctl_as(&self, config: &Path, args: &[String]) -> Result<(i32, String, String)> {
         let mut cmd = tokio::process::Command::new(profile_dir().join("lockctl"));
-        cmd.args(args).arg("--config").arg(&self.lockctl_config);
+        cmd.args(args).arg("--config").arg(config);
         cmd.args(["--actor", "lockmesh-gate", "--reason", "gate fault"]).kill_on_drop(true);
         if !self.opts.move_faults.is_empty() {
             cmd.env(TEST_FAULTS_ENV, "1");
@@ -1395,7 +1491,7 @@ impl GateCluster {
     /// Record `<root>/sys/<name>` (`epoch`, `home`) of entity shard `i`, read
     /// straight from its member.
     pub(crate) async fn shard_record(&self, i: usize, name: &str) -> Result<serde_json::Value> {
-        let mut c = etcd_client::Client::connect(self.shards[i].etcd.endpoints(), None).await?;
+        let mut c = self.reader(Some(i))?.connect(&self.shards[i].etcd.endpoints()).await?;
         let r = c.get(format!("{}/sys/{name}", self.root), None).await?;
         let kv = r.kvs().first().with_context(|| format!("{}: no sys/{name} record", self.shards[i].name))?;
         serde_json::from_slice(kv.value()).with_context(|| format!("{}: sys/{name} record", self.shards[i].name))
@@ -1411,15 +1507,10 @@ impl GateCluster {
         let end = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let out = tokio::process::Command::new(profile_dir().join("lockctl"))
-                .args([
-                    "epoch-advance",
-                    "--endpoints",
-                    &self.shards[i].etcd.endpoints().join(","),
-                    "--root",
-                    &self.root,
-                ])
+                .args(["epoch-advance", "--endpoints", &self.shards[i].etcd.endpoints().join(","), "--root", &self.root])
                 .args(["--expected-epoch", &before.to_string(), "--epochs-from"])
                 .arg(&self.lockctl_config)
+                .envs(self.shards[i].users.env(EPOCH_ROLE))
                 .kill_on_drop(true)
                 .output()
                 .await
@@ -1495,40 +1586,103 @@ fn sidecar_builder(pki: &DevPki, arbiters: &[u16], upstream: u16) -> lockmesh_te
         )
 }
 
-fn shards_yaml<'a>(shards: impl Iterator<Item = (&'a str, String)>) -> String {
+fn shards_yaml<'a>(shards: impl Iterator<Item = (&'a str, String, Vec<String>)>) -> String {
     let (mut yaml, mut names) = (String::from("clusters:\n"), Vec::new());
-    for (name, url) in shards {
+    for (name, url, lines) in shards {
         yaml.push_str(&format!("  {name}:\n    endpoints: [{url:?}]\n"));
+        for line in lines {
+            yaml.push_str(&format!("    {line}\n"));
+        }
         names.push(name);
     }
     yaml.push_str(&format!("tiers:\n  entity: [{}]", names.join(", ")));
     yaml
 }
 
-/// The config `lockctl shard` is run with: the arbiters' clusters and key root,
+/// The config `lockctl` is run with: the arbiters' clusters and key root,
 /// reached straight (not through the fault proxies: a partitioned arbiter does
-/// not partition the operator), and the planted `lockctl` bugs, if any.
+/// not partition the operator) as the operators' shipped role on each
+/// ([`OPERATOR_ROLE`]), and the planted `lockctl` bugs, if any; and beside it
+/// the same as [`EPOCH_ROLE`] for `lockctl shard` ([`SHARD_CONFIG`]).
 fn write_lockctl_config(
     dir: &std::path::Path,
     pki: &DevPki,
     opts: &GateOptions,
     etcd: &EtcdCluster,
+    users: &EtcdUsers,
     shards: &[GateShard],
     root: &str,
 ) -> Result<PathBuf> {
     let registry = dir.join("lockctl-registry.yaml");
     std::fs::write(&registry, gate_registry(GATE_TTL_S))?;
-    let mut b =
-        ArbiterProcess::builder(pki).etcd_endpoints(etcd.endpoints()).root(root).registry(gate_registry(GATE_TTL_S));
-    if !shards.is_empty() {
-        b = b.extra_yaml(shards_yaml(shards.iter().map(|s| (s.name.as_str(), s.etcd.endpoints()[0].clone()))));
+    for (role, file) in [(EPOCH_ROLE, SHARD_CONFIG), (OPERATOR_ROLE, "lockctl.yaml")] {
+        let mut b = ArbiterProcess::builder(pki)
+            .etcd_endpoints(etcd.endpoints())
+            .root(root)
+            .registry(gate_registry(GATE_TTL_S));
+        for line in users.arbiter_yaml(role) {
+            b = b.etcd_yaml(line);
+        }
+        if !shards.is_empty() {
+            b = b.extra_yaml(shards_yaml(
+                shards.iter().map(|s| (s.name.as_str(), s.etcd.endpoints()[0].clone(), s.users.arbiter_yaml(role))),
+            ));
+        }
+        if !opts.move_faults.is_empty() {
+            b = b.extra_yaml(format!("test_faults: [{}]", opts.move_faults.join(", ")));
+        }
+        std::fs::write(dir.join(file), b.render(free_port(), free_port(), &registry))?;
     }
-    if !opts.move_faults.is_empty() {
-        b = b.extra_yaml(format!("test_faults: [{}]", opts.move_faults.join(", ")));
+    Ok(dir.join("lockctl.yaml"))
+}
+
+/// A cluster's logins for key root `root`: the shipped roles' users
+/// (`EtcdCluster::users_for`, password files in `dir`) and the gate's own
+/// ([`EtcdLogin::gate_marks`]); unless `plaintext`, the cluster is first checked
+/// to refuse a client without TLS or a user ([`refuses_plaintext`]).
+async fn cluster_logins(etcd: &EtcdCluster, root: &str, dir: &Path, plaintext: bool) -> Result<(EtcdUsers, EtcdLogin)> {
+    if !plaintext {
+        refuses_plaintext(etcd).await.context("the gate's etcd is not production's shape (TLS, auth)")?;
     }
-    let path = dir.join("lockctl.yaml");
-    std::fs::write(&path, b.render(free_port(), free_port(), &registry))?;
-    Ok(path)
+    let users = etcd.users_for(root, dir).await?;
+    let marks = EtcdLogin::gate_marks(etcd, root).await?;
+    Ok((users, marks))
+}
+
+/// Checks that every member of `etcd` refuses a client without TLS or a user:
+/// a plaintext (`http://`) client gets no answer to a read within 3 s, and a
+/// TLS client without a user is refused with `user name is empty`. A gate whose
+/// etcd fell back to plaintext or to no auth fails here.
+pub async fn refuses_plaintext(etcd: &EtcdCluster) -> Result<()> {
+    for m in etcd.members() {
+        let url = format!("http://127.0.0.1:{}", m.client_port());
+        let plain = async {
+            let mut c = etcd_client::Client::connect([url.as_str()], None).await?;
+            c.get("/", None).await.map_err(anyhow::Error::from)
+        };
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(3), plain).await {
+            bail!("etcd member {} answered a plaintext client without a user at {url}", m.name());
+        }
+        let ca = etcd.tls().with_context(|| format!("etcd member {} serves no client TLS", m.name()))?;
+        let mut c = EtcdLogin::new(Some(&ca.ca), None)?.connect(&[m.client_url()]).await?;
+        match tokio::time::timeout(Duration::from_secs(3), c.get("/", None)).await {
+            Ok(Err(e)) if e.to_string().contains("user name is empty") => {}
+            Ok(Ok(_)) => bail!("etcd member {} answered a TLS client without a user", m.name()),
+            other => {
+                bail!("etcd member {}: a TLS client without a user got {other:?}, not `user name is empty`", m.name())
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The URL an arbiter reaches a member through fault proxy `p` with: `https://`
+/// when `etcd` serves client TLS. The proxy forwards bytes on 127.0.0.1, which
+/// the members' certificate names (SAN 127.0.0.1), so the arbiter's server-name
+/// check holds through it.
+fn proxy_url(p: &FaultProxy, etcd: &EtcdCluster) -> String {
+    let scheme = if etcd.tls().is_some() { "https" } else { "http" };
+    format!("{scheme}://127.0.0.1:{}", p.port())
 }
 
 /// The clock of arbiter or fenced holder `i` under `clock_steps`: the first runs

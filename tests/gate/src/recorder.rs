@@ -1,6 +1,6 @@
 //! Records the store's own history: an etcd watch on the run's root with previous
 //! values, from revision 1, connected straight to the members (never through the
-//! fault proxies). It resumes after member failures from the last revision seen;
+//! fault proxies) as a read-only user ([`EtcdLogin`]). It resumes after member failures from the last revision seen;
 //! a restore starts a new segment from the snapshot's revision. A compacted or
 //! otherwise lost stretch is recorded as a gap, which fails the run.
 //!
@@ -8,12 +8,19 @@
 //! the cluster every [`TICK_PERIOD`]: a commit after a tick happened after the
 //! time the tick carries, which is what orders commits of different clusters
 //! (`checker::homes`).
+//!
+//! On production's etcd (client TLS, auth, the shipped roles: the gate's default)
+//! each of them logs in as the narrowest user it needs: the watch as the shipped
+//! read-only role `lockmesh-admin`, the barrier and the ticks as the gate's own
+//! user, which may read and write `<root>/gate/` only ([`EtcdLogin::gate_marks`]).
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use etcd_client::{Client, EventType, WatchOptions};
+use anyhow::{bail, Context as _, Result};
+use etcd_client::{Certificate, Client, ConnectOptions, EventType, Permission, TlsOptions, WatchOptions};
+use lockmesh_tests::etcd::{EtcdCluster, EtcdUsers};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -30,6 +37,93 @@ pub(crate) const TICK_KEY: &str = "gate/tick";
 /// How often a [`Ticker`] writes.
 pub(crate) const TICK_PERIOD: Duration = Duration::from_millis(50);
 
+/// The prefix under the run's root that the gate itself writes (barrier, ticks,
+/// the write-stall probe's put), and all its own etcd user may touch.
+pub(crate) const GATE_KEYS: &str = "gate/";
+
+/// How a gate part reaches one etcd cluster straight (never through the fault
+/// proxies): the CA its members' certificates chain to, with client TLS, and the
+/// user it logs in as, with auth. Both absent on a plaintext cluster.
+#[derive(Clone, Default)]
+pub struct EtcdLogin {
+    /// The CA (PEM).
+    ca: Option<Vec<u8>>,
+    /// User and password.
+    user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        write!(f, "EtcdLogin(tls: {}, user: {:?})", self.ca.is_some(), self.user.as_ref().map(|u| &u.0))
+    }
+}
+
+// === impl EtcdLogin ===
+
+impl EtcdLogin {
+    /// TLS with the CA in file `ca` (if any), logged in as `user` (if any).
+    pub fn new(ca: Option<&Path>, user: Option<(String, String)>) -> Result<Self> {
+        let ca = ca.map(|p| std::fs::read(p).with_context(|| format!("read {}", p.display()))).transpose()?;
+        Ok(Self { ca, user })
+    }
+
+    /// The user of shipped role `role` among `users` (`EtcdCluster::users_for`),
+    /// with its cluster's CA; anonymous on a cluster without auth.
+    pub fn role(users: &EtcdUsers, role: &str) -> Result<Self> {
+        let user = if users.is_secure() {
+            let file = users.password_file(role);
+            let pw = std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+            Some((users.user(role), pw.trim_end().to_owned()))
+        } else {
+            None
+        };
+        Self::new(users.ca(), user)
+    }
+
+    /// The gate's own user on `etcd` for key root `root`, made now with a role of
+    /// its own that may read and write `<root>/gate/` and nothing else: the
+    /// recorder's barrier, the clock ticks and the write-stall probe put there,
+    /// which no shipped role may (each covers lockmesh's records, or the whole
+    /// root). Made before any arbiter logs in: a change of users makes etcd
+    /// refuse every older token once. Anonymous on a cluster without auth.
+    pub async fn gate_marks(etcd: &EtcdCluster, root: &str) -> Result<Self> {
+        let ca = etcd.tls().map(|t| t.ca.clone());
+        if !etcd.is_secure() {
+            return Self::new(ca.as_deref(), None);
+        }
+        let name = format!("lockmesh-gate-{:08x}", rand::random::<u32>());
+        let password = format!("pw-gate-{:016x}", rand::random::<u64>());
+        let mut c = etcd.client().await?;
+        c.role_add(name.as_str()).await.with_context(|| format!("role add {name}"))?;
+        let keys = Permission::read_write(format!("{root}/{GATE_KEYS}")).with_prefix();
+        c.role_grant_permission(name.as_str(), keys).await.with_context(|| format!("grant {name}"))?;
+        c.user_add(name.as_str(), password.as_str(), None).await.with_context(|| format!("user add {name}"))?;
+        c.user_grant_role(name.as_str(), name.as_str()).await.with_context(|| format!("grant role {name}"))?;
+        Self::new(ca.as_deref(), Some((name, password)))
+    }
+
+    /// The user it logs in as, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_ref().map(|u| u.0.as_str())
+    }
+
+    /// A client of `endpoints` over TLS (with a CA) logged in (with a user); a
+    /// token etcd forgot (a restarted or restored member) is fetched again.
+    pub async fn connect(&self, endpoints: &[String]) -> Result<Client> {
+        let mut opts = ConnectOptions::new();
+        if let Some(ca) = &self.ca {
+            opts = opts.with_tls(TlsOptions::new().ca_certificate(Certificate::from_pem(ca.clone())));
+        }
+        if let Some((user, password)) = &self.user {
+            opts = opts.with_user(user.as_str(), password.as_str()).with_auto_token_refresh(true);
+        }
+        Client::connect(endpoints, Some(opts))
+            .await
+            .with_context(|| format!("connect to etcd {endpoints:?} as {self:?}"))
+    }
+}
+
 #[derive(Default)]
 struct RecState {
     segments: Vec<Segment>,
@@ -40,6 +134,10 @@ struct RecState {
 /// The running watch.
 pub struct Recorder {
     endpoints: Vec<String>,
+    /// The watch's login (read-only).
+    watch: EtcdLogin,
+    /// The barrier's login ([`EtcdLogin::gate_marks`]).
+    marks: EtcdLogin,
     root: String,
     state: Arc<Mutex<RecState>>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -54,10 +152,11 @@ impl std::fmt::Debug for Recorder {
 // === impl Recorder ===
 
 impl Recorder {
-    /// Starts watching `root` (prefix) from revision 1.
-    pub fn start(endpoints: Vec<String>, root: &str) -> Self {
+    /// Starts watching `root` (prefix) from revision 1, logged in as `watch`;
+    /// barriers are written as `marks`.
+    pub fn start(endpoints: Vec<String>, root: &str, watch: EtcdLogin, marks: EtcdLogin) -> Self {
         let state = Arc::new(Mutex::new(RecState { segments: vec![Segment::default()], ..RecState::default() }));
-        let r = Self { endpoints, root: format!("{root}/"), state, task: Mutex::new(None) };
+        let r = Self { endpoints, watch, marks, root: format!("{root}/"), state, task: Mutex::new(None) };
         r.spawn();
         r
     }
@@ -68,9 +167,10 @@ impl Recorder {
 
     fn spawn(&self) {
         let (endpoints, root, state) = (self.endpoints.clone(), self.root.clone(), self.state.clone());
+        let login = self.watch.clone();
         let task = tokio::spawn(async move {
             loop {
-                if let Err(e) = follow(&endpoints, &root, &state).await {
+                if let Err(e) = follow(&login, &endpoints, &root, &state).await {
                     tracing::debug!(error = %e, "gate recorder: watch interrupted; resuming");
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -107,7 +207,7 @@ impl Recorder {
         let end = Instant::now() + deadline;
         let rev = loop {
             let attempt = async {
-                let mut c = Client::connect(&self.endpoints, None).await?;
+                let mut c = self.marks.connect(&self.endpoints).await?;
                 let r = c.put(format!("{}{BARRIER_KEY}", self.root), now_us().to_string(), None).await?;
                 Ok::<_, anyhow::Error>(r.header().map_or(0, |h| h.revision()))
             };
@@ -141,7 +241,7 @@ impl Drop for Recorder {
 
 /// Writes `<root>/gate/tick` = the real time read before the put, every
 /// [`TICK_PERIOD`], straight to a cluster's members (never through the fault
-/// proxies), until dropped. A tick that fails (a member down) is skipped.
+/// proxies, as the gate's own user: [`EtcdLogin::gate_marks`]), until dropped. A tick that fails (a member down) is skipped.
 pub struct Ticker(JoinHandle<()>);
 
 impl std::fmt::Debug for Ticker {
@@ -153,8 +253,8 @@ impl std::fmt::Debug for Ticker {
 // === impl Ticker ===
 
 impl Ticker {
-    /// Starts ticking into the cluster at `endpoints` under `root`.
-    pub fn start(endpoints: Vec<String>, root: &str) -> Self {
+    /// Starts ticking into the cluster at `endpoints` under `root`, logged in as `marks`.
+    pub fn start(endpoints: Vec<String>, root: &str, marks: EtcdLogin) -> Self {
         let key = format!("{root}/{TICK_KEY}");
         Self(tokio::spawn(async move {
             let mut client: Option<Client> = None;
@@ -164,8 +264,7 @@ impl Ticker {
                 every.tick().await;
                 let c = match client.as_mut() {
                     Some(c) => c,
-                    None => match tokio::time::timeout(Duration::from_secs(1), Client::connect(&endpoints, None)).await
-                    {
+                    None => match tokio::time::timeout(Duration::from_secs(1), marks.connect(&endpoints)).await {
                         Ok(Ok(c)) => client.insert(c),
                         _ => continue,
                     },
@@ -191,8 +290,8 @@ impl Drop for Ticker {
     }
 }
 
-async fn follow(endpoints: &[String], root: &str, state: &Mutex<RecState>) -> Result<()> {
-    let mut c = Client::connect(endpoints, None).await?;
+async fn follow(login: &EtcdLogin, endpoints: &[String], root: &str, state: &Mutex<RecState>) -> Result<()> {
+    let mut c = login.connect(endpoints).await?;
     let from = state.lock().unwrap_or_else(|p| p.into_inner()).last_rev + 1;
     let opts = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(from);
     let mut stream = c.watch(root, Some(opts)).await?;

@@ -15,6 +15,7 @@ use super::clock::{ClockStep, FakeClock, STEPS};
 use super::faultproxy::{FaultProxy, LinkMode};
 use super::harness::{snapshot_revision, GateCluster, GATE_TTL_S, MUTEX_PREFIX};
 use super::history::now_us;
+use super::recorder::EtcdLogin;
 use lockmesh_tests::etcd::EtcdCluster;
 
 /// How long a pause or a partition lasts: past the TTL of the gate classes.
@@ -272,7 +273,7 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             // Two members of three; the only member of a one-member cluster.
             let killed: Vec<usize> = if n > 1 { vec![a, (a + 1) % n] } else { vec![a] };
             let on = (0..n).find(|i| !killed.contains(i)).unwrap_or(a);
-            let mut c = member_client(g.etcd.member(on)).await?;
+            let mut c = member_client(g.marks_login(None), g.etcd.member(on)).await?;
             if live {
                 for &i in &killed {
                     g.etcd.member(i).kill();
@@ -306,7 +307,7 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             // A single-member shard's only member is its leader.
             let i = if pick.is_none() { g.leader().await.unwrap_or(0) } else { 0 };
             let m = etcd.member(i);
-            let mut c = member_client(m).await?;
+            let mut c = member_client(g.marks_login(pick), m).await?;
             if live {
                 m.pause()?;
             }
@@ -445,7 +446,8 @@ pub async fn inject(g: &GateCluster, kind: FaultKind) -> Result<()> {
             let (etcd, cluster) = cluster_of(g, pick);
             let i = if pick.is_none() { g.leader().await.unwrap_or(0) } else { 0 };
             let m = etcd.member(i);
-            let mut c = etcd_client::Client::connect([m.client_url()], None).await?;
+            // As the gate's own user, which may write only under `<root>/gate/`.
+            let mut c = g.marks_login(pick).connect(&[m.client_url()]).await?;
             let root = g.root.clone();
             if live {
                 m.pause()?;
@@ -739,9 +741,9 @@ fn cut_count(links: &[&FaultProxy]) -> u64 {
     links.iter().map(|p| p.cut()).sum()
 }
 
-/// A client of member `m` alone (3 s to connect).
-async fn member_client(m: &lockmesh_tests::EtcdMember) -> Result<etcd_client::Client> {
-    tokio::time::timeout(Duration::from_secs(3), etcd_client::Client::connect([m.client_url()], None))
+/// A client of member `m` alone (3 s to connect), logged in as `login`.
+async fn member_client(login: &EtcdLogin, m: &lockmesh_tests::EtcdMember) -> Result<etcd_client::Client> {
+    tokio::time::timeout(Duration::from_secs(3), login.connect(&[m.client_url()]))
         .await
         .with_context(|| format!("connect to etcd member {}: timed out", m.name()))?
         .with_context(|| format!("connect to etcd member {}", m.name()))
@@ -755,7 +757,7 @@ async fn not_compacted(g: &GateCluster, pick: Option<usize>) -> Result<i64> {
         Some(i) => (&g.shards[i].recorder, &g.shards[i].etcd),
     };
     let rev = recorder.barrier(Duration::from_secs(30)).await?;
-    let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+    let mut c = g.reader(pick)?.connect(&etcd.endpoints()).await?;
     match c.get(g.root.as_str(), Some(etcd_client::GetOptions::new().with_revision(rev - 1))).await {
         Err(e) if e.to_string().contains("compacted") => Ok(rev),
         other => bail!(
@@ -768,7 +770,7 @@ async fn not_compacted(g: &GateCluster, pick: Option<usize>) -> Result<i64> {
 
 /// The coord cluster's store segments recorded so far and its epoch record's epoch.
 async fn restore_marks(g: &GateCluster) -> Result<(usize, u64)> {
-    let mut c = etcd_client::Client::connect(g.etcd.endpoints(), None).await?;
+    let mut c = g.reader(None)?.connect(&g.etcd.endpoints()).await?;
     let r = c.get(format!("{}/sys/epoch", g.root), None).await?;
     let epoch = match r.kvs().first() {
         Some(kv) => serde_json::from_slice::<serde_json::Value>(kv.value())?["epoch"].as_u64().unwrap_or(0),
@@ -984,9 +986,11 @@ async fn clock_seen(g: &GateCluster, clock: &FakeClock, want: i64, since: u64) -
     if others.into_iter().any(|c| (c.step_offset() - want).abs() < 10) {
         return None;
     }
-    let clusters = std::iter::once(g.etcd.endpoints()).chain(g.shards.iter().map(|s| s.etcd.endpoints()));
-    for eps in clusters {
-        let Ok(mut c) = etcd_client::Client::connect(eps, None).await else { continue };
+    let clusters = std::iter::once((None, g.etcd.endpoints()))
+        .chain(g.shards.iter().enumerate().map(|(i, s)| (Some(i), s.etcd.endpoints())));
+    for (pick, eps) in clusters {
+        let Ok(login) = g.reader(pick) else { continue };
+        let Ok(mut c) = login.connect(&eps).await else { continue };
         let prefix = format!("{}/h/", g.root);
         let Ok(r) = c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await else { continue };
         for kv in r.kvs() {

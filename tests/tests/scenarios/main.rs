@@ -40,6 +40,7 @@ mod gate;
 mod gate_faults;
 mod gate_ops;
 mod gate_polyglot;
+mod gate_tls;
 mod handoff;
 mod harness_selftest;
 mod held_memo;
