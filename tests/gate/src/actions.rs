@@ -18,6 +18,10 @@
 //!   it back (at once); asserts the class's policy record carries the new limit.
 //!   `writer_alone` and `holders_within_limit` (which follows that record) hold
 //!   across it.
+//!
+//! Planted inert (`GateCluster::plant_inert_faults`) an action skips what acts
+//! (the approval, the reload and apply, the limit change) and its took-effect
+//! check fails the run naming it (`gate_ops`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -33,8 +37,8 @@ use super::harness::{
     RW_N, STICKY_KEY, STICKY_MS,
 };
 use super::history::{clock_skew_ms, now_us, ClientOp, Outcome};
-use super::recorder::EtcdLogin;
 use super::holder::read_ops;
+use super::recorder::EtcdLogin;
 use lockmesh_tests::client::LockClient;
 use lockmesh_tests::paths::profile_dir;
 
@@ -145,14 +149,17 @@ async fn read(login: &EtcdLogin, endpoints: &[String], key: &str) -> Result<Opti
 /// A `class_apply` step (see the module doc).
 pub async fn class_apply(g: &GateCluster) -> Result<()> {
     let start = now_us();
+    let live = !g.is_inert("class_apply");
     let to_b = !toggled(&MOVED, &g.root);
     let class = if to_b { "gatecab" } else { "gatecaa" };
     // The arbiters' registry as it is now (TTL, sidecar grants), the prefix swapped.
     let first = g.arbiters.first().context("no arbiter")?;
     let dir0 = first.config_path().parent().context("arbiter config without a directory")?;
     let text = swap_apply_prefix(&std::fs::read_to_string(dir0.join("registry.yaml"))?);
-    toggle(&MOVED, &g.root);
-    for a in &g.arbiters {
+    if live {
+        toggle(&MOVED, &g.root);
+    }
+    for a in g.arbiters.iter().filter(|_| live) {
         let dir = a.config_path().parent().context("arbiter config without a directory")?;
         let tmp = dir.join("registry.yaml.new");
         std::fs::write(&tmp, &text)?;
@@ -169,7 +176,7 @@ pub async fn class_apply(g: &GateCluster) -> Result<()> {
         .collect();
     let end = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut tries = 0;
-    loop {
+    while live {
         tries += 1;
         let (code, out, err) = lockctl(g, &args).await?;
         if code == 0 {
@@ -215,8 +222,10 @@ pub async fn rw_limit_change(g: &GateCluster) -> Result<()> {
     let start = now_us();
     let lower = !toggled(&LOWERED, &g.root);
     let to = if lower { RW_LOWERED } else { RW_N };
-    g.set_class_limit(RW_CLASS, to).await?;
-    toggle(&LOWERED, &g.root);
+    if !g.is_inert("rw_limit_change") {
+        g.set_class_limit(RW_CLASS, to).await?;
+        toggle(&LOWERED, &g.root);
+    }
     // Took effect: the class's policy record carries the new limit on every
     // cluster that has one (the rw keys' home has).
     let key = format!("{}/c/{RW_CLASS}", g.root);
@@ -303,6 +312,10 @@ pub async fn force_release(g: &GateCluster) -> Result<()> {
         let (code, p) = admin(g, i, "alice", &["request", "force-release", STICKY_KEY, "--reason", reason]).await?;
         ensure!(code == 0, "force_release: lockctl admin request through arbiter {i}: exit {code}: {p}");
         let id = p["request"]["id"].as_str().context("force_release: the request has no id")?.to_owned();
+        if g.is_inert("force_release") {
+            // Planted inert: requested, never approved.
+            break (token, i, -1);
+        }
         let (code, o) = admin(g, i, "bob", &["approve", &id]).await?;
         if code == 0 {
             let rev = o["outcome"]["revision"].as_i64().context("force_release: the outcome has no revision")?;
@@ -403,7 +416,7 @@ async fn probe_write(g: &GateCluster, out: &Path) -> Result<(u64, u16)> {
     };
     let code_of = |r: &lockmesh_tests::client::Resp| r.header("x-lockmesh-error").map(str::to_owned);
     let call = now_us();
-    let r = c.post("/v1/locks/acquire", &[("x-lock-key", STICKY_KEY), ("x-lock-wait-ms", "6000")]).await;
+    let r = c.post("/v1/locks/acquire", &[("x-lock-key", STICKY_KEY), ("x-lock-wait-ms", "5000")]).await;
     let r = match r {
         Ok(r) => r,
         Err(e) => {

@@ -503,6 +503,9 @@ impl GateCluster {
                 .max_wait_ms(5000)
                 .extra_yaml(key.arbiter_yaml())
                 .extra_yaml(super::actions::operators_yaml(dir.path())?)
+                // The fail-open class's trigger at its floor (1 s of failed checks),
+                // so a 6 s quorum loss leaves seconds of declared loss.
+                .extra_yaml("fail_open: { quorum_loss_after_ms: 1000 }")
                 .extra_yaml(format!(
                     "marks_file: {:?}",
                     dir.path().join(format!("marks-{i}.json")).display().to_string()

@@ -14,6 +14,8 @@
 //!   planted twins of `quota_holds_bounded` and `candidate_never_decides`, each
 //!   with its control. The token-0 checks' twins are planted histories
 //!   (`checker::ops` unit tests).
+//! - [`every_operator_action_that_does_nothing_fails_naming_itself`]: each
+//!   action planted inert must fail the run naming itself.
 
 use std::time::Duration;
 
@@ -218,5 +220,22 @@ async fn planted_candidate_that_decides_is_caught() {
             assert!(v.passed(), "{}", v.explain());
             assert_eq!(most_held(&h, &format!("{SHADOW_PREFIX}/0")), 2, "the control held the key twice at once");
         }
+    }
+}
+
+/// Each operator action planted inert (`GateCluster::plant_inert_faults`: it
+/// skips the approval, the reload and apply, the limit change) must fail the
+/// run naming itself: its took-effect check is what catches it.
+#[tokio::test]
+async fn every_operator_action_that_does_nothing_fails_naming_itself() {
+    let opts = GateOptions { rw_holders: 2, apply_holders: 1, sticky_holder: true, ..ops_only("gate-ops-inert", 1) };
+    let mut g = GateCluster::start(opts).await.unwrap();
+    g.spawn_workload(0, 0).unwrap();
+    g.spawn_ops_workload().unwrap();
+    for k in [FaultKind::ForceRelease, FaultKind::ClassApply, FaultKind::RwLimitChange] {
+        g.plant_inert_faults(&[k.name()]);
+        let e = schedule::inject(&g, k).await.expect_err("an inert action passed");
+        let said = format!("{e:#}");
+        assert!(said.contains(k.name()) && said.contains("did not take effect"), "{}: {said}", k.name());
     }
 }
