@@ -46,6 +46,7 @@ pub mod envoy;
 pub mod etcd;
 pub mod fence;
 pub mod kubelet;
+pub mod latency;
 pub mod paths;
 pub mod ports;
 pub mod postgres;

@@ -37,6 +37,7 @@ use crate::certs::{ClientCert, DevPki, TEST_TRUST_DOMAIN};
 use crate::client::LockClient;
 use crate::envoy::EnvoyProcess;
 use crate::etcd::{shared_etcd, EtcdCluster, EtcdUsers};
+use crate::latency::LatencyProxy;
 use crate::paths::temp_dir;
 use crate::ports::free_port;
 
@@ -65,6 +66,8 @@ pub struct StackBuilder {
     fleet: Option<usize>,
     envoy_arbiters: Vec<(usize, Vec<usize>)>,
     inbound_sidecar: bool,
+    arbiter_etcd_latency: bool,
+    arbiter_etcd_yaml: Vec<String>,
 }
 
 /// A running scenario stack. Drop order: Envoys, arbiters, backend, etcd, PKI.
@@ -80,6 +83,7 @@ pub struct Stack {
     root: String,
     pki: DevPki,
     sidecar_svid: Option<ClientCert>,
+    latency: Option<LatencyProxy>,
     _pki_dir: TempDir,
     _users_dir: TempDir,
     _watchdog: Watchdog,
@@ -252,6 +256,19 @@ impl StackBuilder {
         self
     }
 
+    /// The arbiters reach etcd (member 0) through a [`LatencyProxy`] the stack
+    /// owns ([`Stack::etcd_latency`]; no delay until the scenario sets one).
+    pub fn arbiter_etcd_latency(mut self) -> Self {
+        self.arbiter_etcd_latency = true;
+        self
+    }
+
+    /// One more line of the arbiters' `etcd:` block (e.g. `op_timeout_ms: 5000`).
+    pub fn arbiter_etcd_yaml(mut self, line: impl Into<String>) -> Self {
+        self.arbiter_etcd_yaml.push(line.into());
+        self
+    }
+
     /// The etcd root, instead of a fresh `/t/<name>-<random>`: for a scenario that
     /// prepares other etcd clusters for the same root before the stack starts
     /// (their users: [`EtcdCluster::users_for`]).
@@ -292,14 +309,25 @@ impl StackBuilder {
             },
         };
         let users = users.context("create the stack's etcd users")?;
+        let latency = match self.arbiter_etcd_latency {
+            true => Some(LatencyProxy::start(etcd.member(0).client_port()).await?),
+            false => None,
+        };
+        let arbiter_etcd = match &latency {
+            Some(p) => {
+                let scheme = etcd.endpoints().first().and_then(|e| e.split("://").next()).unwrap_or("http").to_owned();
+                vec![format!("{scheme}://127.0.0.1:{}", p.port())]
+            }
+            None => etcd.endpoints(),
+        };
         let grpc_ports: Vec<u16> = (0..self.arbiters).map(|_| free_port()).collect();
         let arbiters = grpc_ports.iter().map(|&port| {
             let mut b = ArbiterProcess::builder(&pki)
-                .etcd_endpoints(etcd.endpoints())
+                .etcd_endpoints(arbiter_etcd.clone())
                 .root(&root)
                 .registry(&self.registry)
                 .grpc_port(port);
-            for line in users.arbiter_yaml("lockmesh-arbiter") {
+            for line in users.arbiter_yaml("lockmesh-arbiter").into_iter().chain(self.arbiter_etcd_yaml.clone()) {
                 b = b.etcd_yaml(line);
             }
             if let Some(ms) = self.max_wait_ms {
@@ -366,6 +394,7 @@ impl StackBuilder {
             root,
             pki,
             sidecar_svid,
+            latency,
             _pki_dir: pki_dir,
             _users_dir: users_dir,
             _watchdog: watchdog,
@@ -397,6 +426,8 @@ impl Stack {
             fleet: None,
             envoy_arbiters: Vec::new(),
             inbound_sidecar: false,
+            arbiter_etcd_latency: false,
+            arbiter_etcd_yaml: Vec::new(),
         }
     }
 
@@ -410,6 +441,15 @@ impl Stack {
             Some(envoy) => envoy,
             None => panic!("this stack has no Envoy: call .envoy_config(..) on the builder"),
         }
+    }
+
+    /// The proxy between the arbiters and etcd ([`StackBuilder::arbiter_etcd_latency`]).
+    ///
+    /// # Panics
+    ///
+    /// If the stack was built without it.
+    pub fn etcd_latency(&self) -> &LatencyProxy {
+        self.latency.as_ref().expect("built with .arbiter_etcd_latency()")
     }
 
     /// Envoy `i` of a fleet (0 is [`Stack::envoy`]).

@@ -384,7 +384,8 @@ impl Store {
     /// is renewed while `body` runs (the caller cannot: it learns the session only
     /// from the answer) and revoked if `body` fails. `body` also learns whether the
     /// session is one an acquire opened (this one, or an earlier one whose answer
-    /// named it): its grants index their holds ([`AcquireRequest::session_indexed`]).
+    /// named it) or a VM's: its grants index their holds
+    /// ([`AcquireRequest::session_indexed`]).
     pub(crate) async fn in_session<T>(
         self: &Arc<Self>,
         req: &AcquireRequest,
@@ -404,7 +405,10 @@ impl Store {
                         class_ttl: req.class.ttl_s,
                     });
                 }
-                by_acquire = rec.by_acquire;
+                // A VM's session (transparent mode, `vm`) indexes its holds too: a
+                // retired one is closed only while its index is empty.
+                let of_vm = rec.instance.as_deref().is_some_and(|i| i.starts_with(super::vm::VM_INSTANCE_PREFIX));
+                by_acquire = rec.by_acquire || of_vm;
                 (sid, None)
             }
             None => (
@@ -426,6 +430,13 @@ impl Store {
                 // push the next renewal back. Each renewal runs on its own, ended
                 // with this task (the set is dropped with it).
                 let period = std::time::Duration::from_millis(ttl * 1000 / 3);
+                if test_faults::on(TestFault::RenewAfterAnswer) {
+                    // PLANTED BUG (holder_safety scenario): a period after each answer.
+                    loop {
+                        tokio::time::sleep(period).await;
+                        let _ = store.call(store.client().lease_keep_alive(sid.lease())).await;
+                    }
+                }
                 let mut tick = tokio::time::interval_at(sent + period, period);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 let mut inflight = tokio::task::JoinSet::new();
@@ -1326,7 +1337,8 @@ impl Store {
         // A token of a prior epoch (still honoured after a soft advance) goes the
         // read path, which compares the hold's recorded epoch with the token's: the
         // create revision alone names a grant only within one epoch.
-        let current = self.epoch_state().await?.epoch == token.epoch();
+        let ep = self.epoch_state().await?;
+        let current = ep.epoch == token.epoch();
         if let Some(sid) = session.filter(|_| current) {
             // One round trip for the common case: a mutex hold (slot 0) on the
             // caller's own session, whose owner was checked above. A hold this
@@ -1340,14 +1352,25 @@ impl Store {
                 vec![Compare::version(slot0.clone(), CompareOp::Greater, 0)]
             } else {
                 let holds = self.keys().holds(&d);
-                vec![
+                let mut cmp = vec![
+                    // The epoch this arbiter read is still the record's: a revision
+                    // names one grant only within one epoch (a restore rolls
+                    // revisions back, then advances the epoch), so this path is
+                    // exact only while the epoch it read is current. Otherwise the
+                    // compare fails and the read path below compares the hold's own
+                    // epoch with the token's.
+                    Compare::mod_revision(self.keys().epoch(), CompareOp::Equal, ep.mod_revision),
                     Compare::create_revision(slot0.clone(), CompareOp::Equal, rev),
                     Compare::lease(slot0.clone(), CompareOp::Equal, sid.lease()),
                     // No other slot of this grant (k permits put theirs in one
                     // transaction, so they share its revision): those go below.
                     Compare::create_revision(self.keys().slot(&d, 1), CompareOp::NotEqual, rev)
                         .with_range(keys::prefix_end(&holds)),
-                ]
+                ];
+                if test_faults::on(TestFault::SkipEpochCompare) {
+                    cmp.remove(0); // PLANTED BUG (release gate): no epoch compare.
+                }
+                cmp
             };
             if self.release_txn(&d, slot0, cmp, &marker, (rev, sid.lease())).await? {
                 return Ok(());

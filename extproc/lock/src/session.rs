@@ -203,8 +203,14 @@ impl Store {
     /// Before `session_hold_index` is enabled (`upgrade`) no grant keeps the
     /// index, so nothing is closed here: the session lapses with its TTL.
     pub async fn close_if_spent(&self, sid: SessionId, caller: &Caller) -> Result<bool, LockError> {
-        use etcd_client::{Compare, CompareOp, DeleteOptions};
         self.owned_session(sid, caller).await?;
+        self.close_spent(sid).await
+    }
+
+    /// [`Store::close_if_spent`] without the owner check: the caller owns `sid` (a
+    /// VM session the keepalive found retired, `vm`).
+    pub(crate) async fn close_spent(&self, sid: SessionId) -> Result<bool, LockError> {
+        use etcd_client::{Compare, CompareOp, DeleteOptions};
         if !self.guard().enabled(super::upgrade::Capability::SessionHoldIndex) {
             return Ok(false);
         }

@@ -164,6 +164,14 @@ pub enum TestFault {
     /// last release cannot see a grant that raced it
     /// (`tests/tests/scenarios/holder_safety.rs`).
     SessionHoldsUnindexed,
+    /// A retired VM session that carries no hold is left to lapse instead of
+    /// closed: an arbiter that still caches it grants on it in its last second
+    /// (`tests/tests/scenarios/edges_vm.rs`).
+    RetiredLapseByRead,
+    /// A waiting acquire's own session is renewed a third of its TTL after each
+    /// renewal's answer, not from each send: slow answers push renewals past the
+    /// TTL (`tests/tests/scenarios/holder_safety.rs`).
+    RenewAfterAnswer,
     /// A re-acquire of a held key answers the mode it asked for, not the held
     /// one, and grants it (`tests/tests/scenarios/holder_safety.rs`).
     EchoAskedMode,
@@ -264,6 +272,8 @@ impl TestFault {
             "skip_exclusion" => Some(Self::SkipExclusion),
             "campaign_any_limit" => Some(Self::CampaignAnyLimit),
             "session_holds_unindexed" => Some(Self::SessionHoldsUnindexed),
+            "retired_lapse_by_read" => Some(Self::RetiredLapseByRead),
+            "renew_after_answer" => Some(Self::RenewAfterAnswer),
             "echo_asked_mode" => Some(Self::EchoAskedMode),
             "no_attempt_fence" => Some(Self::NoAttemptFence),
             "ungated_writes" => Some(Self::UngatedWrites),

@@ -19,6 +19,9 @@
 //!   (`no_attempt_fence`).
 //! - A session opened without a key is charged to its class's namespace only when
 //!   its opener is granted there (`charge_any_namespace`).
+//! - A header-only waiter keeps the session it opened over a slow etcd link: its
+//!   renewals leave from each send, not a period after each answer
+//!   (`renew_after_answer`).
 
 use std::{process::Command, time::Duration};
 
@@ -546,4 +549,107 @@ async fn a_re_acquire_on_its_session_after_a_raise_from_one_keeps_its_one_slot()
             assert_eq!(other.code(), 200, "the raise did not open a second slot: {}", other.body);
         }
     }
+}
+
+/// A registry whose `slow` class has a TTL (5 s) no other lease of the stack's own
+/// etcd has, so the waiter's lease is found by it.
+const SLOW_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
+classes:
+  - { name: default, default: true, ttl_s: 15, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+  - { name: slow, prefixes: ["payments/slow"], ttl_s: 5, enforcement: advisory, risk_owner: t, waiver_expiry: "2099-12-31" }
+"#;
+
+/// The least remaining TTL (whole seconds, as etcd reports it) a header-only
+/// waiter's own lease showed while it waited 8 s with every etcd answer to its
+/// arbiter held 2.5 s (requests pass at once), and what the waiter was answered
+/// once the key freed.
+async fn wait_over_slow_answers(fault: Option<&str>) -> (i64, u16, String) {
+    let mut b = Stack::builder(if fault.is_some() { "slow-wait-planted" } else { "slow-wait" })
+        .envoy_config("lock-tier")
+        .registry(SLOW_REGISTRY)
+        .own_etcd(1)
+        .arbiter_etcd_latency()
+        // Every call's answer takes 2.5 s on this link: inside this bound.
+        .arbiter_etcd_yaml("op_timeout_ms: 6000")
+        .max_wait_ms(20_000);
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let (a, w) = (st.client("payments", "a").unwrap(), st.client("payments", "w").unwrap());
+    let mut etcd = st.etcd().client().await.unwrap();
+    let key = "payments/slow/wait";
+    let held = a.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(held.code(), 200, "{}", held.body);
+    let leases = |r: etcd_client::LeaseLeasesResponse| r.leases().iter().map(|l| l.id()).collect::<Vec<i64>>();
+    let before = leases(etcd.leases().await.unwrap());
+    // TTL 5 s, renewals every 1.67 s. Each renewal reaches etcd at once and its
+    // answer comes 2.5 s later (under the 3 s HTTP/2 ping timeout). Sent a period
+    // after each answer, renewals reach etcd 4.17 s apart: the lease runs down to
+    // under a second. Sent from each send, one reaches etcd every 1.67 s, the first
+    // as soon as the lease's own grant is answered (2.5 s): never under 2.5 s left.
+    st.etcd_latency().set_delays(Duration::ZERO, Duration::from_millis(2500));
+    // The holder keeps its session alive meanwhile: a keepalive every second, none
+    // waiting for the one before (their answers may time out in Envoy; etcd has
+    // renewed the lease by then).
+    let sa = field(&held, "session");
+    let keep = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            loop {
+                let (a, sa) = (a.clone(), sa.clone());
+                tokio::spawn(async move { a.post(KEEPALIVE, &[("x-lock-session", sa.as_str())]).await });
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let waiter = {
+        let w = w.clone();
+        tokio::spawn(async move { w.post(ACQ, &[("x-lock-key", key), ("x-lock-wait-ms", "18000")]).await.unwrap() })
+    };
+    // Watch the waiter's lease (the one new lease of the class's TTL) from the
+    // test's own connection, which is not slowed.
+    let (mut least, mut found) = (i64::MAX, None);
+    let until = tokio::time::Instant::now() + Duration::from_secs(8);
+    while tokio::time::Instant::now() < until {
+        if found.is_none() {
+            for id in leases(etcd.leases().await.unwrap()).into_iter().filter(|id| !before.contains(id)) {
+                let t = etcd.lease_time_to_live(id, None).await.unwrap();
+                if t.granted_ttl() == 5 {
+                    found = Some(id);
+                }
+            }
+        }
+        if let Some(id) = found {
+            least = least.min(etcd.lease_time_to_live(id, None).await.unwrap().ttl().max(0));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(found.is_some(), "no lease of the waiter's class was opened");
+    assert!(st.etcd_latency().delayed() > 0, "the link held no answer");
+    st.etcd_latency().set_delays(Duration::ZERO, Duration::ZERO);
+    keep.abort();
+    let rel = a.post(REL, &[("x-lock-key", key), ("x-lock-token", &field(&held, "token"))]).await.unwrap();
+    let got = waiter.await.unwrap();
+    (least, got.code(), format!("release {}: {}; waiter: {}", rel.code(), rel.body, got.body))
+}
+
+/// A header-only acquire that waits longer than its session's TTL, while its
+/// arbiter's etcd link answers slowly, keeps the session it opened: renewals leave
+/// every third of the TTL counted from each send, not from each answer, so each
+/// reaches etcd in time. It is granted once the key frees and keeps the hold.
+/// (Suspicion from the review: renewals scheduled after each completion.)
+#[tokio::test]
+async fn a_header_only_waiter_keeps_its_session_over_a_slow_etcd_link() {
+    let (least, code, body) = wait_over_slow_answers(None).await;
+    assert!(least >= 2, "the waiter's lease ran down to {least} s: {body}");
+    assert_eq!(code, 200, "{body}");
+}
+
+/// Its planted twin: renewals a third of the TTL after each answer
+/// (`renew_after_answer`) let the waiter's lease run down to under a second.
+#[tokio::test]
+async fn planted_renewal_after_each_answer_is_caught_over_a_slow_etcd_link() {
+    let (least, _, body) = wait_over_slow_answers(Some("renew_after_answer")).await;
+    assert!(least < 2, "the planted renewal kept the lease above 2 s: {body}");
 }
