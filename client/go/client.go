@@ -724,14 +724,32 @@ func (c *Client) releaseGrant(s *session, g grant, resign bool) error {
 		if ce.kind == callRefused {
 			if ce.code == "session_expired" {
 				c.fence(s, LossSessionExpired)
+				return ce.public()
 			}
-			return ce.public()
+			// A refusal the service names as worth retrying (an arbiter cut from
+			// etcd answers unavailable) is retried like an unanswered call, as
+			// the Rust SDK does: given up, the hold would stay on the live session
+			// while this client forgot it.
+			if !releaseRetryable(ce.code) {
+				return ce.public()
+			}
 		}
 		if !s.sleepOrLost(backoff) {
 			return sessionLost(s.lost())
 		}
 		backoff = min(backoff*2, 2*time.Second)
 	}
+}
+
+// releaseRetryable is the service's list of refusals worth retrying
+// (lockmesh_core::Code::retryable) that can answer a release.
+func releaseRetryable(code string) bool {
+	switch code {
+	case "unavailable", "sealed", "draining", "rate_limited", "spool_full", "queue_full", "quota_exceeded",
+		"capability_disabled", "contended":
+		return true
+	}
+	return false
 }
 
 // Held lists the keys this client holds and their re-entrancy counts.

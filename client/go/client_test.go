@@ -39,11 +39,12 @@ type tier struct {
 	acquires     int
 	releases     int
 	keepalives   int
-	failKA       bool   // keepalives answer 503 unavailable
-	expireKA     bool   // keepalives answer 410 session_expired
-	hangAcquire  bool   // grant, then never answer
-	acquireCode  string // refuse acquires with this code
-	unprotected  bool   // answer acquires with an unprotected grant
+	failKA       bool     // keepalives answer 503 unavailable
+	expireKA     bool     // keepalives answer 410 session_expired
+	hangAcquire  bool     // grant, then never answer
+	acquireCode  string   // refuse acquires with this code
+	releaseCodes []string // refuse the next releases with these codes, in turn
+	unprotected  bool     // answer acquires with an unprotected grant
 	relByGrant   int
 	lastInstance string
 	kaDelay      time.Duration // keepalive answers come this much after arrival
@@ -175,6 +176,13 @@ func (tr *tier) serve(w http.ResponseWriter, r *http.Request) {
 		answer(map[string]any{"token": strconv.FormatUint(tok, 10), "epoch": 1, "session": sid, "ttl_s": tr.ttlS, "class": "default", "proof": "p", "unprotected": false})
 	case "/v1/locks/release":
 		tr.releases++
+		if len(tr.releaseCodes) > 0 {
+			code := tr.releaseCodes[0]
+			tr.releaseCodes = tr.releaseCodes[1:]
+			tr.mu.Unlock()
+			refuse(w, 503, code)
+			return
+		}
 		if r.Header.Get("x-lock-grant") != "" {
 			tr.relByGrant++
 			answer(map[string]any{"released": true, "unprotected": true})
@@ -419,6 +427,37 @@ func TestACallerThatStopsWaitingLeavesNoHold(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	eventually(t, 3*time.Second, "released", func() bool { return tr.held("payments/gone") == 0 && len(c.Held()) == 0 })
+}
+
+func TestARetryableRefusalOfAReleaseIsRetriedAndTheHoldReleased(t *testing.T) {
+	t.Parallel()
+	tr := newTier(t, 15)
+	c, _ := newClient(t, tr.config())
+	g, err := c.Lock(context.Background(), "payments/rr", LockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	tr.releaseCodes = []string{"unavailable", "sealed"}
+	tr.mu.Unlock()
+	if err := g.Unlock(); err != nil {
+		t.Fatalf("unlock: %v", err)
+	}
+	if tr.releases != 3 || tr.held("payments/rr") != 0 {
+		t.Fatalf("releases %d, held %d: the hold was given up on", tr.releases, tr.held("payments/rr"))
+	}
+	// A refusal not worth retrying is answered at once.
+	g, err = c.Lock(context.Background(), "payments/rr", LockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	tr.releaseCodes = []string{"denied"}
+	tr.mu.Unlock()
+	var e *Error
+	if err := g.Unlock(); !errors.As(err, &e) || e.Code != "denied" || tr.releases != 4 {
+		t.Fatalf("denied: %v after %d releases", err, tr.releases)
+	}
 }
 
 func TestRefusalsKeepTheirStableCodes(t *testing.T) {

@@ -4,6 +4,9 @@
 //! this test also makes `cargo test --workspace --no-run` build the driver binary
 //! those scenarios start.)
 
+// A test binary: a failed unwrap is a failed check, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
