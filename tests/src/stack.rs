@@ -449,7 +449,10 @@ impl Stack {
     ///
     /// If the stack was built without it.
     pub fn etcd_latency(&self) -> &LatencyProxy {
-        self.latency.as_ref().expect("built with .arbiter_etcd_latency()")
+        match &self.latency {
+            Some(p) => p,
+            None => panic!("this stack has no etcd latency proxy: call .arbiter_etcd_latency() on the builder"),
+        }
     }
 
     /// Envoy `i` of a fleet (0 is [`Stack::envoy`]).
