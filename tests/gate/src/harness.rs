@@ -1510,7 +1510,13 @@ impl GateCluster {
         let end = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let out = tokio::process::Command::new(profile_dir().join("lockctl"))
-                .args(["epoch-advance", "--endpoints", &self.shards[i].etcd.endpoints().join(","), "--root", &self.root])
+                .args([
+                    "epoch-advance",
+                    "--endpoints",
+                    &self.shards[i].etcd.endpoints().join(","),
+                    "--root",
+                    &self.root,
+                ])
                 .args(["--expected-epoch", &before.to_string(), "--epochs-from"])
                 .arg(&self.lockctl_config)
                 .envs(self.shards[i].users.env(EPOCH_ROLE))
