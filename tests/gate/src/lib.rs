@@ -45,6 +45,23 @@ pub use history::History;
 /// The checker's budget for one history.
 pub const CHECK_BUDGET: Duration = Duration::from_secs(60);
 
+/// Finishes `g`'s run and checks its history within [`CHECK_BUDGET`]; on anything
+/// but a pass the report is written under the run's directory and printed, and its
+/// text is returned with the verdict (the scenarios' one way to end a run).
+pub async fn finish_and_check(g: &GateCluster) -> Result<(History, Verdict, Option<String>)> {
+    let h = g.finish().await?;
+    let v = check(&h, CHECK_BUDGET);
+    let text = if v.passed() {
+        None
+    } else {
+        let dir = report::write(g.dir(), &h, &v)?;
+        let text = std::fs::read_to_string(dir.join("violation.txt"))?;
+        eprintln!("{text}");
+        Some(text)
+    };
+    Ok((h, v, text))
+}
+
 /// One fault-injected history on a fresh system: start, load, `schedule`, finish,
 /// check. On anything but a pass the history, the failing windows and the schedule
 /// are written to `out_dir` (see [`report::write`]) and the path is returned too.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lockmesh_gate::harness::{GateCluster, GateOptions};
 use lockmesh_gate::schedule::{self, FaultKind};
-use lockmesh_gate::{check, report, History, Verdict, CHECK_BUDGET};
+use lockmesh_gate::{History, Verdict};
 
 /// One member, one arbiter and one Envoy; arbiter 0 and h0 run under
 /// libfaketime (wall clock), h1 with wall and monotonic clocks; an inbound
@@ -37,11 +37,9 @@ fn small(name: &str) -> GateOptions {
 /// Finishes the run and checks its history; on failure the report is written
 /// and the test fails with it.
 async fn passed(g: &GateCluster) -> History {
-    let h = g.finish().await.unwrap();
-    let v = check(&h, CHECK_BUDGET);
-    if !v.passed() {
-        let dir = report::write(g.dir(), &h, &v).unwrap();
-        panic!("{}", std::fs::read_to_string(dir.join("violation.txt")).unwrap());
+    let (h, v, failed) = lockmesh_gate::finish_and_check(g).await.unwrap();
+    if let Some(text) = failed {
+        panic!("{text}");
     }
     let Verdict::Pass(s) = v else { unreachable!() };
     assert!(s.grants > 10, "the workload ran: {s:?}");

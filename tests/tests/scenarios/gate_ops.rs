@@ -22,7 +22,7 @@ use std::time::Duration;
 use lockmesh_gate::harness::{GateCluster, GateOptions, OPEN_PREFIX, QUOTA_PREFIX, SHADOW_PREFIX, STICKY_KEY};
 use lockmesh_gate::history::{ClientOp, Outcome};
 use lockmesh_gate::schedule::{self, FaultKind};
-use lockmesh_gate::{check, report, History, Verdict, CHECK_BUDGET};
+use lockmesh_gate::{History, Verdict};
 
 /// A one-member gate with no workload but what each test starts.
 fn ops_only(name: &str, arbiters: usize) -> GateOptions {
@@ -48,14 +48,9 @@ fn ops_only(name: &str, arbiters: usize) -> GateOptions {
     }
 }
 
-/// Finishes and checks; on failure writes the report and prints it.
+/// Finishes and checks (`lockmesh_gate::finish_and_check`).
 async fn finish_checked(g: &GateCluster) -> (History, Verdict) {
-    let h = g.finish().await.unwrap();
-    let v = check(&h, CHECK_BUDGET);
-    if !v.passed() {
-        let dir = report::write(g.dir(), &h, &v).unwrap();
-        eprintln!("{}", std::fs::read_to_string(dir.join("violation.txt")).unwrap());
-    }
+    let (h, v, _) = lockmesh_gate::finish_and_check(g).await.unwrap();
     (h, v)
 }
 

@@ -12,7 +12,7 @@ use lockmesh_gate::faultproxy::{FaultProxy, LinkMode};
 use lockmesh_gate::harness::{GateCluster, GateOptions, MULTI_PREFIX};
 use lockmesh_gate::history::{now_us, ClientOp, Outcome};
 use lockmesh_gate::polyglot::Lang;
-use lockmesh_gate::{check, report, History, Verdict, CHECK_BUDGET};
+use lockmesh_gate::{History, Verdict};
 use tokio::time::Instant;
 
 /// One member, one arbiter, one Envoy, no workload of its own.
@@ -37,14 +37,9 @@ fn small(name: &str) -> GateOptions {
     }
 }
 
-/// Finishes the run and checks its history; on failure writes the report.
+/// Finishes and checks (`lockmesh_gate::finish_and_check`).
 async fn finish_checked(g: &GateCluster) -> (History, Verdict) {
-    let h = g.finish().await.unwrap();
-    let v = check(&h, CHECK_BUDGET);
-    if !v.passed() {
-        let dir = report::write(g.dir(), &h, &v).unwrap();
-        eprintln!("{}", std::fs::read_to_string(dir.join("violation.txt")).unwrap());
-    }
+    let (h, v, _) = lockmesh_gate::finish_and_check(g).await.unwrap();
     (h, v)
 }
 
