@@ -59,9 +59,12 @@ pub const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
 /// How many key roots the shared etcd prepares users for at start, under auth
-/// ([`EtcdCluster::users_for_new_root`]): more than the scenarios' stacks on the
-/// shared etcd, so no user is created while arbiters run.
-const SHARED_USER_POOL: usize = 224;
+/// ([`EtcdCluster::users_for_new_root`]). Past them, roots of stacks that have
+/// ended are wiped and handed out again, so no user is created while arbiters
+/// run. etcd 3.5 rebuilds its permission cache for every user on each auth
+/// write, so filling takes time quadratic in this number (224: 31 s, 320: 61 s
+/// on a developer machine); recycling keeps it small.
+const SHARED_USER_POOL: usize = 160;
 
 /// How long `stop()` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -92,6 +95,12 @@ pub struct EtcdCluster {
     /// Key roots handed out or created here, so a second [`EtcdCluster::users_for`]
     /// of the same root reuses its users instead of changing etcd's auth.
     made: std::sync::Mutex<Vec<PooledUsers>>,
+    /// Roots handed out by [`EtcdCluster::users_for_new_root`] to stacks
+    /// ([`EtcdCluster::lend_root`]) and how many live stacks use each.
+    lent: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    /// Lent roots whose last stack has ended: their users are handed out again,
+    /// after their keys are deleted, once the pool is empty.
+    returned: std::sync::Mutex<Vec<PooledUsers>>,
     // Dropped after the members (fields drop in declaration order).
     _dir: TempDir,
 }
@@ -403,6 +412,8 @@ impl EtcdBuilder {
             root_password: None,
             pool: std::sync::Mutex::new(Vec::new()),
             made: std::sync::Mutex::new(Vec::new()),
+            lent: std::sync::Mutex::new(std::collections::HashMap::new()),
+            returned: std::sync::Mutex::new(Vec::new()),
             _dir: dir,
         };
         // All members must run before any can elect a leader and be healthy.
@@ -591,7 +602,14 @@ impl EtcdCluster {
     /// `/t/p<n>-<random>`, not named after the test); only past the pool are users
     /// created while others run.
     pub async fn users_for_new_root(&self, name: &str, dir: &Path) -> Result<(String, EtcdUsers)> {
-        let pooled = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let mut pooled = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        if pooled.is_none() && self.is_secure() {
+            let returned = self.returned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+            if let Some(p) = returned {
+                self.wipe_root(&p.root).await.with_context(|| format!("wipe returned root {}", p.root))?;
+                pooled = Some(p);
+            }
+        }
         if let Some(p) = pooled {
             let users = EtcdUsers { suffix: p.suffix.clone(), secret: p.secret, ..self.blank_users(dir) };
             users.write_password_files()?;
@@ -603,11 +621,62 @@ impl EtcdCluster {
         {
             // Past the pool: the users are made now, and every other stack's next
             // etcd call fails once. Raise SHARED_USER_POOL when this shows up.
-            eprintln!("lockmesh-tests: the etcd user pool is used up; creating users for {name} while others run");
+            eprintln!(
+                "lockmesh-tests: the etcd user pool is used up and no stack has ended; \
+                 creating users for {name} while others run"
+            );
         }
         let root = crate::unique_prefix(name);
         let users = self.users_for(&root, dir).await?;
         Ok((root, users))
+    }
+
+    /// Marks `root` (from [`EtcdCluster::users_for_new_root`]) as used by one
+    /// more live stack; when the last of them ends ([`EtcdCluster::return_root`])
+    /// its users may be handed out again. Roots taken without this are never
+    /// handed out again (a test may keep using them without a stack).
+    pub fn lend_root(&self, root: &str) {
+        let known = self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|p| p.root == root);
+        if known {
+            *self.lent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(root.to_owned()).or_insert(0) +=
+                1;
+        }
+    }
+
+    /// Another stack on a root already lent (a no-op for roots never lent).
+    pub fn share_root(&self, root: &str) {
+        if let Some(n) = self.lent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_mut(root) {
+            *n += 1;
+        }
+    }
+
+    /// One stack on a lent root ended; after the last, the root's users go back
+    /// to be handed out again, its keys deleted first.
+    pub fn return_root(&self, root: &str) {
+        let mut lent = self.lent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(n) = lent.get_mut(root) else { return };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        lent.remove(root);
+        drop(lent);
+        let made = self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = made.iter().find(|p| p.root == root) {
+            self.returned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(p.clone());
+        }
+    }
+
+    /// Deletes every key of a returned root (as root, which may), so that the
+    /// next stack finds it as fresh as a new one.
+    async fn wipe_root(&self, root: &str) -> Result<()> {
+        let mut c = self.client().await?;
+        c.delete(format!("{root}/"), Some(etcd_client::DeleteOptions::new().with_prefix())).await?;
+        c.delete(root, None).await?;
+        let left =
+            c.get(format!("{root}/"), Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await?;
+        ensure!(left.count() == 0, "{} keys left under {root}", left.count());
+        Ok(())
     }
 
     /// Creates the users of `n` key roots for [`EtcdCluster::users_for_new_root`].

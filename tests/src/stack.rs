@@ -384,6 +384,10 @@ impl StackBuilder {
         let mut envoys = envoys.into_iter().flatten();
         let envoy = envoys.next();
         let more_envoys = envoys.collect();
+        match self.root.is_none() {
+            true => etcd.lend_root(&root),
+            false => etcd.share_root(&root),
+        }
         Ok(Stack {
             envoy,
             more_envoys,
@@ -403,6 +407,19 @@ impl StackBuilder {
 }
 
 // === impl Stack ===
+
+impl Drop for Stack {
+    /// Stops every process that writes to the stack's key root, then gives the
+    /// root back ([`EtcdCluster::return_root`]): a later stack on the shared
+    /// etcd may get its users, with its keys deleted.
+    fn drop(&mut self) {
+        self.envoy.take();
+        self.more_envoys.clear();
+        self.arbiters.clear();
+        self.latency.take();
+        self.etcd.return_root(&self.root);
+    }
+}
 
 impl Stack {
     /// A builder; `name` labels the etcd root (`/t/<name>-<random>`).

@@ -218,3 +218,40 @@ async fn harness_stack_envoy_mtls_identities_reach_the_backend() {
     });
     assert!(envoy.stat("no.such.stat").await.unwrap().is_none());
 }
+
+/// Past the shared etcd's pool of users, a stack gets the users of a root whose
+/// stacks have all ended, with that root's keys deleted; a root still used by a
+/// stack, or taken without one, is never handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harness_a_returned_key_root_comes_back_empty_with_working_users() {
+    let etcd = EtcdCluster::builder().members(1).secure().start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["a", "b", "c", "d"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    let (root, users) = etcd.users_for_new_root("recycle", &dir.path().join("a")).await.unwrap();
+    etcd.lend_root(&root);
+    let mut arbiter = users.client("lockmesh-arbiter").await.unwrap();
+    arbiter.put(format!("{root}/sys/epoch"), "7", None).await.unwrap();
+
+    // Shared by a second stack: the first ending does not give it back.
+    etcd.share_root(&root);
+    etcd.return_root(&root);
+    let (other, _) = etcd.users_for_new_root("recycle", &dir.path().join("b")).await.unwrap();
+    assert_ne!(other, root, "a root still in use was handed out");
+
+    // The last stack ends: the next stack gets it, empty, and its users work.
+    etcd.return_root(&root);
+    let (again, users) = etcd.users_for_new_root("recycle", &dir.path().join("c")).await.unwrap();
+    assert_eq!(again, root);
+    let mut c = etcd.client().await.unwrap();
+    let left = c.get(format!("{root}/"), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(left.count(), 0, "the returned root kept its keys");
+    let mut arbiter = users.client("lockmesh-arbiter").await.unwrap();
+    arbiter.put(format!("{root}/sys/epoch"), "1", None).await.unwrap();
+
+    // A root taken without a stack (`other`, never lent) is never handed out again.
+    etcd.return_root(&other);
+    let (fresh, _) = etcd.users_for_new_root("recycle", &dir.path().join("d")).await.unwrap();
+    assert!(fresh != other && fresh != root, "{fresh}");
+}
