@@ -108,7 +108,7 @@ impl Store {
 
     /// Reads the epoch record (linearizable), creating epoch 1 on a fresh root.
     pub async fn refresh_epoch(&self) -> Result<EpochState, LockError> {
-        self.load_epoch().await.map(|(state, _, _)| state)
+        self.load_epoch().await.map(|(state, ..)| state)
     }
 
     /// `NotHolder` unless the current epoch holds `epoch`, for a call naming a
@@ -124,14 +124,16 @@ impl Store {
         }
     }
 
-    /// [`Store::refresh_epoch`], also returning the read's header revision and
-    /// cluster id (the seal check compares them, so it needs no second read).
-    async fn load_epoch(&self) -> Result<(EpochState, i64, u64), LockError> {
+    /// [`Store::refresh_epoch`], also returning the read's header revision,
+    /// cluster id and raft term (the seal check compares them, so it needs no
+    /// second read).
+    async fn load_epoch(&self) -> Result<(EpochState, i64, u64, u64), LockError> {
         let key = self.keys().epoch();
         for _ in 0..3 {
             let r = self.call(self.client().get(key.as_str(), None)).await?;
             let header_cluster = r.header().map(|h| h.cluster_id());
             let header_revision = r.header().map_or(0, |h| h.revision());
+            let header_term = r.header().map_or(0, |h| h.raft_term());
             if let Some(kv) = r.kvs().first() {
                 let rec: EpochRecord = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("epoch record is not valid: {e}")))?;
@@ -148,7 +150,7 @@ impl Store {
                 if let Ok(mut g) = self.epoch.0.write() {
                     *g = Some(state.clone());
                 }
-                return Ok((state, header_revision, header_cluster.unwrap_or(cluster_id)));
+                return Ok((state, header_revision, header_cluster.unwrap_or(cluster_id), header_term));
             }
             // A fresh root: create epoch 1 bound to this cluster, once.
             let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
@@ -184,7 +186,7 @@ impl Store {
     /// which are persisted when they moved.
     pub async fn check_seal(&self) -> Result<(), LockError> {
         let floor = self.seal().revision_floor();
-        let (state, revision, cluster) = match self.load_epoch().await {
+        let (state, revision, cluster, term) = match self.load_epoch().await {
             Ok(s) => s,
             Err(LockError::Sealed(_)) => return Ok(()),
             Err(e) => return Err(e),
@@ -202,6 +204,7 @@ impl Store {
             raft,
             clock_floor,
             clock,
+            term,
             prior: &state.prior,
         });
         if let Err(e) = self.seal().persist() {

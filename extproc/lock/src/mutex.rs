@@ -1160,6 +1160,8 @@ impl Store {
             return Err(err);
         };
         // The checks a grant's answer gets (`settle`): not sealed, raft at mark.
+        // A below-mark term seals; `unsealed` then refuses.
+        self.seal().observe_term(holds.header().map_or(0, |h| h.raft_term()), hold.epoch);
         if let Err(e) = self.unsealed() {
             self.take_back(&slots, rev).await;
             return Err(e);
@@ -1293,6 +1295,10 @@ impl Store {
                 super::seal::SealReason::RevisionBehindMark,
                 format!("grant revision {revision} below mark {floor}"),
             );
+        }
+        if r.succeeded() {
+            // A below-mark term seals; `unsealed` then refuses and takes back.
+            self.seal().observe_term(header.raft_term(), ep.epoch);
         }
         if let Err(e) = self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
@@ -1675,6 +1681,8 @@ impl Store {
                 format!("hand-off revision {revision} below mark {floor}"),
             );
         }
+        // A below-mark term seals; `unsealed` then refuses and takes the grant back.
+        self.seal().observe_term(header.raft_term(), ep.epoch);
         let token = FencingToken::mint(ep.epoch, u64::try_from(revision).unwrap_or(u64::MAX));
         let checked = match self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
             Ok(()) => self.raft_at_mark().await,

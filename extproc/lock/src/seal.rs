@@ -12,6 +12,7 @@
 //! | epoch | the epoch record vs mark | a restore to before an advance |
 //! | grant clock | the mod revision of `<root>/sys/clock`, which every grant puts and compares | restore with or without bump, under any etcd role |
 //! | raft (term, index) | status of the member that is leader, read after a linearizable read through it | restore with bump (the raft log restarts); root only |
+//! | raft term | the `raft_term` of every linearizable answer's header (seal-check reads, grant and hand-off commits) | a restore to a cluster whose term is below what this arbiter saw, even one it slept through; any role |
 //!
 //! The grant clock is one key every grant and hand-off transaction writes (an empty
 //! value, no lease), so its mod revision is the commit revision of the latest grant
@@ -25,6 +26,18 @@
 //! grants. A role without that grant (a deployment whose roles predate it) turns the
 //! clock off, loudly (`/status` `marks.clock_off`, a warning each minute), and the raft check
 //! is then the only guard against a bumped restore.
+//!
+//! The raft term needs no root either: etcd puts in every response header the
+//! term of the last entry the answering member applied (0 when it has applied
+//! none since it started: unknown, ignored). A linearizable answer comes after
+//! the member applied everything committed before the request, so across such
+//! answers the term never goes down; a restore starts a new raft log, and the
+//! restored cluster elects from term 1 again. So an answer below the term mark is
+//! from a restored cluster, even for an arbiter that was down through the whole
+//! lost stretch (its revision and clock marks predate the snapshot, so they cannot
+//! tell). It is blind when the cluster before the restore never got past the
+//! restored cluster's term (no leader change since it started or was last
+//! restored): docs/OPERATIONS.md says what the restore runbook does about it.
 //!
 //! A lagging follower cannot seal: revisions come from linearizable answers only,
 //! and raft positions only from a member that proves it leads by serving a
@@ -54,6 +67,9 @@ pub enum SealReason {
     RaftBehindMark,
     /// The grant clock's mod revision is below the mark (a restore, bumped or not).
     ClockBehindMark,
+    /// A linearizable answer's raft term is below the mark (a restore: the raft
+    /// log restarted).
+    TermBehindMark,
     /// The epoch record carries an explicit seal (an epoch advance in progress).
     Explicit,
 }
@@ -76,6 +92,7 @@ impl SealReason {
             SealReason::RevisionBehindMark => "revision_behind_mark",
             SealReason::EpochBehindMark => "epoch_behind_mark",
             SealReason::RaftBehindMark => "raft_behind_mark",
+            SealReason::TermBehindMark => "term_behind_mark",
             SealReason::ClockBehindMark => "clock_behind_mark",
             SealReason::Explicit => "explicit",
         }
@@ -111,6 +128,10 @@ pub struct Marks {
     /// marks files of builds before the clock have none).
     #[serde(default)]
     pub clock: i64,
+    /// Highest raft term a linearizable answer's header carried in this epoch
+    /// (0: none yet; marks files of builds before the term mark have none).
+    #[serde(default)]
+    pub term: u64,
     /// Last update, unix ms.
     pub updated_ms: u64,
 }
@@ -136,6 +157,8 @@ pub struct Observation<'a> {
     pub clock_floor: i64,
     /// The grant clock's mod revision (0: absent), `None` when it is off.
     pub clock: Option<i64>,
+    /// The raft term in the read's header.
+    pub term: u64,
     /// The record's `prior` epochs: a move's soft advance (`lock::home`) keeps the
     /// epoch it advanced from there, a guarded (restore) advance clears them.
     pub prior: &'a [u64],
@@ -269,6 +292,32 @@ impl Seal {
         }
     }
 
+    /// The raft term in the header of a committed grant or hand-off in `epoch`:
+    /// below the term mark it seals (a restore; the caller's `unsealed` check then
+    /// refuses), else it raises the mark.
+    pub(crate) fn observe_term(&self, term: u64, epoch: u64) {
+        // 0: a member that has applied no entry since it started (etcd takes the
+        // header's term from the last applied entry): unknown, not low.
+        if term == 0 || super::test_faults::on(super::test_faults::TestFault::SkipTermMark) {
+            return;
+        }
+        let mut m = lock(&self.marks);
+        Self::base(&mut m, epoch);
+        if m.epoch != epoch {
+            // A grant of an epoch the marks have not re-based to yet (a guarded
+            // advance the seal check has not read): its cluster restarted the
+            // marks, so this term is no evidence either way.
+            return;
+        }
+        if term < m.term {
+            let why = format!("raft term {term} below mark {}", m.term);
+            drop(m);
+            self.seal(SealReason::TermBehindMark, why);
+            return;
+        }
+        m.term = term;
+    }
+
     /// Raises the revision mark after a grant in `epoch` committed.
     pub(crate) fn observe_revision(&self, rev: i64, epoch: u64) {
         let mut m = lock(&self.marks);
@@ -281,8 +330,23 @@ impl Seal {
     /// Checks one round of linearizable observations against the marks and, if
     /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
     pub fn check(&self, o: &Observation<'_>) {
-        let Observation { cluster, record_cluster, epoch, explicit, floor, revision, raft, clock_floor, clock, prior } =
-            *o;
+        let Observation {
+            cluster,
+            record_cluster,
+            epoch,
+            explicit,
+            floor,
+            revision,
+            raft,
+            clock_floor,
+            clock,
+            term,
+            prior,
+        } = *o;
+        // 0: the member has applied no entry since it started (its term is
+        // unknown, not low).
+        let term =
+            Some(term).filter(|t| *t > 0 && !super::test_faults::on(super::test_faults::TestFault::SkipTermMark));
         let cluster_hex = super::epoch::cluster_hex(cluster);
         let mut m = lock(&self.marks);
         // A move's soft advance from the epoch this arbiter marked keeps that
@@ -315,6 +379,7 @@ impl Seal {
                 raft_term: 0,
                 raft_index: 0,
                 clock: clock.unwrap_or(0),
+                term: term.unwrap_or(0),
                 updated_ms: now_ms(),
             };
             if let Some((t, i)) = raft {
@@ -345,6 +410,8 @@ impl Seal {
                 SealReason::RaftBehindMark,
                 format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index),
             ))
+        } else if let Some(t) = term.filter(|t| *t < m.term) {
+            Some((SealReason::TermBehindMark, format!("raft term {t} below mark {}", m.term)))
         } else {
             None
         };
@@ -358,6 +425,9 @@ impl Seal {
                 m.epoch = m.epoch.max(epoch);
                 m.revision = m.revision.max(revision);
                 m.clock = m.clock.max(clock.unwrap_or(0));
+                if let Some(t) = term {
+                    m.term = m.term.max(t);
+                }
                 if let Some(ti) = raft {
                     if ti > (m.raft_term, m.raft_index) {
                         (m.raft_term, m.raft_index) = ti;
@@ -375,8 +445,8 @@ impl Seal {
         let m = self.marks();
         {
             let p = lock(&self.persisted);
-            if (p.epoch, p.revision, p.raft_term, p.raft_index, p.clock, &p.cluster_id)
-                == (m.epoch, m.revision, m.raft_term, m.raft_index, m.clock, &m.cluster_id)
+            if (p.epoch, p.revision, p.raft_term, p.raft_index, p.clock, p.term, &p.cluster_id)
+                == (m.epoch, m.revision, m.raft_term, m.raft_index, m.clock, m.term, &m.cluster_id)
             {
                 return Ok(());
             }
@@ -426,6 +496,7 @@ mod tests {
             raft,
             clock_floor: 0,
             clock: None,
+            term: 0,
             prior: &[],
         }
     }
@@ -506,6 +577,36 @@ mod tests {
         assert_eq!(s.current(), None);
         let m = s.marks();
         assert_eq!((m.epoch, m.revision, m.raft_term, m.raft_index), (1, 15, 3, 5));
+    }
+
+    /// The term of linearizable answers: a check or a committed grant below the
+    /// mark seals; a guarded advance re-bases it; a grant of an epoch the marks
+    /// have not re-based to is no evidence.
+    #[test]
+    fn a_raft_term_below_the_mark_seals_from_a_check_or_a_grant() {
+        let s = seal();
+        s.check(&Observation { term: 4, ..obs(7, 7, 1, None, 0, 10, None) });
+        s.observe_term(5, 1);
+        assert_eq!((s.marks().term, s.current()), (5, None));
+        // An arbiter that slept through a snapshot and restore: revision and
+        // clock are past its marks, only the term shows the restarted raft log.
+        s.check(&Observation { term: 2, ..obs(7, 7, 1, None, 10, 40, None) });
+        assert_eq!(s.current().map(|i| i.reason), Some(SealReason::TermBehindMark));
+        s.check(&Observation { term: 2, ..obs(7, 7, 2, None, 10, 40, None) });
+        assert_eq!((s.current(), s.marks().term), (None, 2), "the guarded advance re-bases the term");
+
+        let z = seal();
+        z.observe_term(3, 1);
+        z.observe_term(0, 1);
+        z.check(&Observation { term: 0, ..obs(7, 7, 1, None, 0, 10, None) });
+        assert_eq!((z.current(), z.marks().term), (None, 3), "0 is a member that applied nothing yet: unknown");
+
+        let g = seal();
+        g.observe_term(6, 1);
+        g.observe_term(2, 2);
+        assert_eq!(g.current(), None, "a grant of a newer epoch than the marks");
+        g.observe_term(3, 1);
+        assert_eq!(g.current().map(|i| i.reason), Some(SealReason::TermBehindMark));
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub enum TestFault {
     /// so without this switch the raft check would hide what the grant clock
     /// alone must catch after a bumped restore.
     NoRaftCheck,
+    /// The seal neither compares nor raises the raft-term mark that every
+    /// linearizable answer's header feeds (`lock::seal`): an arbiter down since
+    /// before a snapshot grants in the old epoch on the restored cluster.
+    SkipTermMark,
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
@@ -253,6 +257,7 @@ impl TestFault {
             "reconcile_open_holds" => Some(Self::ReconcileOpenHolds),
             "skip_lock_delay" => Some(Self::SkipLockDelay),
             "no_raft_check" => Some(Self::NoRaftCheck),
+            "skip_term_mark" => Some(Self::SkipTermMark),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),
