@@ -84,17 +84,13 @@ fn client(g: &GateCluster, sa: &str, envoy: usize) -> LockClient {
 /// a bumped restore, then later an unbumped one; a limit lowered and a TTL
 /// raised mid-run.
 ///
-/// On a plaintext etcd without auth (`plaintext_etcd`, docs/GATE.md "What
-/// runs"): `restore_crash` is sealed for the arbiter that was down across the
-/// whole lost stretch only by the raft check, which needs etcd's `Status`, root
-/// only in etcd 3.5; under the shipped `lockmesh-arbiter` role that arbiter
-/// serves the restored cluster at the old epoch until the epoch advance, and
-/// `restore_serves_new_epoch` fails. Every other gate scenario runs on TLS +
-/// auth + the shipped roles.
+/// On TLS + auth + the shipped roles, as every gate scenario. `restore_crash`
+/// keeps the arbiter that was down since before the snapshot down until the
+/// epoch advance has sealed the record, as docs/OPERATIONS.md's restore runbook
+/// says.
 #[tokio::test]
 async fn quick_gate_every_fault_kind_on_the_real_system_passes() {
-    let opts = GateOptions { plaintext_etcd: true, ..GateOptions::gate("quickgate") };
-    let mut g = GateCluster::start(opts).await.unwrap();
+    let mut g = GateCluster::start(GateOptions::gate("quickgate")).await.unwrap();
     g.spawn_workload(3, 3).unwrap();
     schedule::run(&g, &schedule::ALL, Duration::from_secs(1)).await.unwrap();
     // The restore is the last fault: the history must show the service granting
@@ -670,9 +666,10 @@ async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
 /// A restore with `--bump-revision`: revisions continue above the lost
 /// stretch's, so the revision floor cannot see it; the grant clock (compared by
 /// every grant) and the raft check (the seal loop, each second, root only) do.
-/// Both runs take `test_faults: [no_raft_check]`, which stands in for
-/// production's non-root etcd role (no `Status`), so the grant clock is the only
-/// guard, as it is there; the arbiters reach the restored cluster up to 5 s before
+/// Both runs take `test_faults: [no_raft_check, skip_term_mark]`: the first
+/// stands in for production's non-root etcd role (no `Status`), the second takes
+/// away the raft-term mark (which sees a restore whenever the cluster changed
+/// leader since it started), so the grant clock is the only guard; the arbiters reach the restored cluster up to 5 s before
 /// the epoch advance. Each restore loses at least one grant (the harness draws
 /// the lost stretch out until one is answered) and then starts a holder on a key
 /// never taken before, so a restored-free key is asked for in that window every
@@ -683,7 +680,7 @@ async fn planted_skipped_queue_compare_of_a_durable_key_is_caught() {
 async fn planted_skipped_clock_compare_is_caught_across_a_bumped_restore() {
     let _one_at_a_time = super::CONTENDED.lock().await;
     for bug in [true, false] {
-        let mut faults = vec!["no_raft_check".to_owned()];
+        let mut faults = vec!["no_raft_check".to_owned(), "skip_term_mark".to_owned()];
         if bug {
             faults.push("skip_clock_compare".to_owned());
         }
