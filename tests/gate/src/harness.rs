@@ -58,17 +58,15 @@ pub(crate) const MOVE_VERIFY_TIMEOUT_MS: u64 = 10_000;
 
 /// The shipped etcd role (`lockmesh_ops::admin::etcd_roles`) the arbiters log in as.
 pub(crate) const ARBITER_ROLE: &str = "lockmesh-arbiter";
-/// The shipped role of the gate's `lockctl` config (limit changes, `class apply`,
-/// `shard apply` and `show`): `lockmesh-classes`, as `etcd_roles::COMMAND_ROLES` says.
+/// The shipped role of the gate's `lockctl` config (limit changes, `class apply`):
+/// `lockmesh-classes`, as `etcd_roles::COMMAND_ROLES` says.
 pub(crate) const OPERATOR_ROLE: &str = "lockmesh-classes";
 /// The shipped break-glass role of `lockctl epoch-advance` after a restore, and
 /// of `lockctl shard` ([`SHARD_CONFIG`]).
 pub(crate) const EPOCH_ROLE: &str = "lockmesh-admin-epoch";
 /// The config `lockctl shard` runs with (in the run's directory), logged in as
-/// [`EPOCH_ROLE`], not [`OPERATOR_ROLE`] as `etcd_roles::COMMAND_ROLES` says:
-/// `shard apply`'s soft epoch advance puts each shard's epoch record
-/// (`<root>/sys/epoch`), which the shipped `lockmesh-classes` role may not write
-/// (etcd answers `permission denied` and the move stops at that step).
+/// [`EPOCH_ROLE`], as `etcd_roles::COMMAND_ROLES` says: `shard apply`'s soft
+/// epoch advance puts each shard's epoch record (`<root>/sys/epoch`).
 pub(crate) const SHARD_CONFIG: &str = "lockctl-shard.yaml";
 /// The shipped read-only role (read the root, write nothing) the recorder watches as.
 pub(crate) const WATCH_ROLE: &str = "lockmesh-admin";

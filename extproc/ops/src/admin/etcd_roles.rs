@@ -101,15 +101,17 @@ pub fn roles(root: &str) -> Vec<Role> {
         },
         Role {
             name: "lockmesh-admin-epoch",
-            purpose: "break glass: approved epoch advance and restore, session revokes (the whole root)",
+            purpose: "break glass: approved epoch advance and restore, shard moves (lockctl shard apply|cancel: \
+                      each moving cluster's epoch record), session revokes (the whole root)",
             grants: vec![rw("", true)],
         },
         Role {
             name: "lockmesh-classes",
-            purpose: "operators' limit, class, shard and capability changes (lockctl limit change|resume|cancel, \
-                      class apply, shard apply|cancel, upgrade enable|disable): read the root (verification \
-                      counts holds), write the class policies, the prefix map, the shard map, the epoch counter, \
-                      the home records and the keyspace record; no hold, session or epoch record",
+            purpose: "operators' limit, class and capability changes (lockctl limit change|resume|cancel, \
+                      class apply, upgrade enable|disable): read the root (verification counts holds), write \
+                      the class policies, the prefix map, the shard map, the epoch counter, the home records \
+                      and the keyspace record; no hold, session or epoch record (shard moves advance epoch \
+                      records: lockmesh-admin-epoch)",
             grants: vec![
                 g(Perm::Read, r, "", true),
                 rw("c/", true),
@@ -139,7 +141,9 @@ pub const COMMAND_ROLES: &[(&str, Option<&str>)] = &[
     ("shard show", Some("lockmesh-admin")),
     ("limit change|resume|cancel", Some("lockmesh-classes")),
     ("class apply", Some("lockmesh-classes")),
-    ("shard apply|cancel", Some("lockmesh-classes")),
+    // A move advances each moving cluster's epoch record (a soft advance that
+    // keeps the old epoch's holds valid): the break-glass role's power.
+    ("shard apply|cancel", Some("lockmesh-admin-epoch")),
     ("upgrade status", Some("lockmesh-admin")),
     ("upgrade enable|disable", Some("lockmesh-classes")),
     ("epoch-advance", Some("lockmesh-admin-epoch")),
