@@ -488,6 +488,16 @@ impl Store {
         }
     }
 
+    /// [`Store::renew_lease`] unless this cluster is sealed (`Sealed`, nothing
+    /// renewed): a session's keepalive does not keep a restored cluster's holds
+    /// standing (`Tiers::keepalive`).
+    pub(crate) async fn renew_unsealed(&self, sid: SessionId) -> Result<bool, LockError> {
+        if !crate::test_faults::on(crate::test_faults::TestFault::RenewSealed) {
+            self.unsealed()?;
+        }
+        self.renew_lease(sid).await
+    }
+
     /// Revokes lease `sid` here: `Ok(false)` when it did not exist here.
     pub(crate) async fn revoke_lease(&self, sid: SessionId) -> Result<bool, LockError> {
         let r = self.call(self.client().lease_revoke(sid.lease())).await;

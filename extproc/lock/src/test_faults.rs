@@ -80,6 +80,10 @@ pub enum TestFault {
     /// linearizable answer's header feeds (`lock::seal`): an arbiter down since
     /// before a snapshot grants in the old epoch on the restored cluster.
     SkipTermMark,
+    /// Session and VM keepalives renew leases on a sealed (restored) cluster too:
+    /// the snapshot's holds stay standing while their holders renew, and a move
+    /// of their keys off that cluster never verifies.
+    RenewSealed,
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
@@ -258,6 +262,7 @@ impl TestFault {
             "skip_lock_delay" => Some(Self::SkipLockDelay),
             "no_raft_check" => Some(Self::NoRaftCheck),
             "skip_term_mark" => Some(Self::SkipTermMark),
+            "renew_sealed" => Some(Self::RenewSealed),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),

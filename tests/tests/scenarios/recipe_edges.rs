@@ -228,6 +228,92 @@ async fn planted_a_move_that_unseals_a_restored_shard_is_caught() {
     assert!(served && honoured, "the planted arbiter stayed sealed (served {served}, honoured {honoured})");
 }
 
+/// A holder keeps renewing its session (homed on the healthy shard) while the
+/// other shard, where it holds a key, is restored (sealed until its guarded
+/// advance); then the namespace is moved off the restored shard (`lockctl shard
+/// apply --assign payments=<home>`, which waits for the holds of moving keys to
+/// end). A keepalive
+/// renews nothing on a sealed cluster, so the snapshot's hold lapses with its
+/// lease there and the move finishes. Returns lockctl's exit code and output, and
+/// the last keepalive's answer.
+async fn move_off_a_sealed_shard_while_its_holder_renews(fault: Option<&str>) -> (i32, String, Resp) {
+    let s = shards(if fault.is_some() { "edge-renew-sealed-planted" } else { "edge-renew-sealed" }, fault).await;
+    let both: Vec<String> = vec!["shard-a".into(), "shard-b".into()];
+    let m = ShardMap::initial("coord", &both, Vec::<String>::new());
+    // A session with no key opens on the shard its class hashes to; the key is
+    // on the other one, which is restored.
+    let home = lockmesh_core::shard::rendezvous(&both, "default").unwrap().to_owned();
+    let victim = both.iter().find(|n| **n != home).unwrap().clone();
+    let a = s.st.client("payments", "a").unwrap();
+    let opened = a.post("/v1/sessions", &[]).await.unwrap();
+    assert_eq!(opened.code(), 200, "{}", opened.body);
+    let sid = field(&opened, "session");
+    let k = homed(&m, "payments/rs-", &victim);
+    let held = a.post(ACQ, &[("x-lock-key", &k), ("x-lock-session", &sid)]).await.unwrap();
+    assert_eq!((held.code(), held.json["cluster"].as_str()), (200, Some(victim.as_str())), "{}", held.body);
+    let held_token = token(&held);
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snap.db");
+    s.shards[&victim].snapshot_save(&snap).await.unwrap();
+    // After the snapshot the hold is released and more grants move the marks on.
+    let r = a
+        .post(REL, &[("x-lock-key", &k), ("x-lock-token", &held_token.to_string()), ("x-lock-session", &sid)])
+        .await
+        .unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    for i in 0..3 {
+        let key = homed(&m, &format!("payments/rs-after{i}-"), &victim);
+        let r = a.post(ACQ, &[("x-lock-key", &key)]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+        let r = a.post(REL, &[("x-lock-key", &key), ("x-lock-token", &token(&r).to_string())]).await.unwrap();
+        assert_eq!(r.code(), 200, "{}", r.body);
+    }
+    s.shards[&victim].restore_from(&snap, None).await.unwrap();
+    // The restored hold's holder renews its session, as a live holder does.
+    let stop = Arc::new(AtomicBool::new(false));
+    let renew = {
+        let (stop, a, sid) = (stop.clone(), s.st.client("payments", "a").unwrap(), sid.clone());
+        tokio::spawn(async move {
+            let mut last = None;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(r) = a.post(KEEPALIVE, &[("x-lock-session", &sid)]).await {
+                    last = Some(r);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            last.expect("no keepalive answered")
+        })
+    };
+    let probe = homed(&m, "payments/rs-probe", &victim);
+    let b = s.st.client("payments", "b").unwrap();
+    eventually(Duration::from_secs(20), async || {
+        let r = b.post(ACQ, &[("x-lock-key", &probe), ("x-lock-wait-ms", "0")]).await?;
+        anyhow::ensure!(r.code() == 503 && r.json["code"] == "sealed", "not sealed yet: {}", r.body);
+        Ok(())
+    })
+    .await;
+    let assign = format!("payments={home}");
+    let (code, out) = s.shard(&["apply", "--assign", &assign, "--verify-timeout-ms", "25000"]);
+    stop.store(true, Ordering::Relaxed);
+    (code, out, renew.await.unwrap())
+}
+
+// Multi-threaded: `lockctl shard apply` runs as a blocking child process, and the
+// holder's renewals must go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_off_a_sealed_shard_finishes_while_a_restored_holder_renews() {
+    let (code, out, last) = move_off_a_sealed_shard_while_its_holder_renews(None).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!((last.code(), last.json["code"].as_str()), (503, Some("sealed")), "{}", last.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_renewals_on_a_sealed_shard_hold_a_move_off_it_forever() {
+    let (code, out, last) = move_off_a_sealed_shard_while_its_holder_renews(Some("renew_sealed")).await;
+    assert_eq!(code, 2, "the restored hold lapsed although its session was renewed there: {out} {}", last.body);
+    assert!(out.contains("held"), "{out}");
+}
+
 // === lock-delay across a watch break (L5) ===
 
 const DELAY_REGISTRY: &str = r#"platform: { min_ttl_s: 2, advisory_min_ttl_s: 2, lowered_floors_reason: "test registry: short TTLs" }
