@@ -488,13 +488,20 @@ impl Store {
         }
     }
 
-    /// [`Store::renew_lease`] unless this cluster is sealed (`Sealed`, nothing
-    /// renewed): a session's keepalive does not keep a restored cluster's holds
-    /// standing (`Tiers::keepalive`).
-    pub(crate) async fn renew_unsealed(&self, sid: SessionId) -> Result<bool, LockError> {
-        if !crate::test_faults::on(crate::test_faults::TestFault::RenewSealed) {
-            self.unsealed()?;
+    /// Whether leases may be renewed here: not while sealed (`Sealed`). A
+    /// restored cluster's holds are the snapshot's; renewing them would keep them
+    /// standing until the guarded advance, holding up a move of their keys off it
+    /// (`Tiers::keepalive`, `Store::vm_keepalive`).
+    pub(crate) fn renewable(&self) -> Result<(), LockError> {
+        if crate::test_faults::on(crate::test_faults::TestFault::RenewSealed) {
+            return Ok(()); // PLANTED BUG (recipe_edges scenario): renew while sealed.
         }
+        self.unsealed()
+    }
+
+    /// [`Store::renew_lease`] if [`Store::renewable`].
+    pub(crate) async fn renew_unsealed(&self, sid: SessionId) -> Result<bool, LockError> {
+        self.renewable()?;
         self.renew_lease(sid).await
     }
 

@@ -610,14 +610,10 @@ impl Tiers {
         // for the session's owner, as the home knows it (its record is cached where
         // the session was used).
         home.owned_session(sid, caller).await?;
-        // A sealed cluster (restored, its epoch not yet advanced) renews nothing:
-        // its holds are the snapshot's, and renewing them would keep them standing
-        // until the guarded advance, holding up a move of their keys off it. The
-        // session's holder is told (`sealed`) and is in jeopardy meanwhile; its
-        // lease there lapses, and the guarded advance ends it everywhere anyway.
-        if !crate::test_faults::on(crate::test_faults::TestFault::RenewSealed) {
-            home.unsealed()?;
-        }
+        // A sealed cluster renews nothing (`Store::renewable`). The session's
+        // holder is told (`sealed`) and is in jeopardy meanwhile; its lease there
+        // lapses, and the guarded advance ends it everywhere anyway.
+        home.renewable()?;
         // In a task of their own: a home that fails answers at once (a lost shard
         // takes an op timeout to answer), and the renewals still complete.
         let stores: Vec<Arc<Store>> = others.iter().map(|s| Arc::clone(s)).collect();

@@ -497,11 +497,9 @@ impl Store {
         let prefix = self.keys().vm_sessions(vm);
         let cluster = self.cluster_name();
         let attempt = Attempt { cluster, vm, started: Instant::now(), finished: false };
-        // A sealed cluster renews nothing (`Tiers::keepalive`): the VM's sessions
+        // A sealed cluster renews nothing (`Store::renewable`): the VM's sessions
         // there are in jeopardy (the unfinished attempt says so) and lapse.
-        if !crate::test_faults::on(crate::test_faults::TestFault::RenewSealed) {
-            self.unsealed()?;
-        }
+        self.renewable()?;
         let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
         let mut status = VmStatus::default();
         let mut live = Vec::new();
