@@ -8,7 +8,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::Args;
 use lockmesh_ops::etcd_retry::retry_auth;
-use lockmesh_ops::restore::{self, Member, RestoreError};
+use lockmesh_ops::restore::{self, Member, RestoreError, Target};
 
 use crate::admin::EtcdArgs;
 
@@ -76,7 +76,7 @@ async fn restore_snapshot(r: &Restore) -> Result<(), RestoreError> {
     // The flags are checked before etcdutl writes anything.
     let conn = r.advance.etcd.connection().map_err(RestoreError::Other)?;
     let target = target_of(&r.advance).await?;
-    println!("restore: new epoch will be {target}");
+    println!("restore: new epoch will be {}", target.epoch());
     restore::restore_snapshot(&r.etcdutl, &r.snapshot, &members, &r.initial_cluster_token, r.bump_revision, &mut out)?;
     let mut c =
         restore::wait_for_etcd(&conn, &r.advance.etcd.root, Duration::from_secs(r.wait_timeout_s), &mut out).await?;
@@ -99,10 +99,14 @@ fn exit(r: Result<(), RestoreError>) -> ExitCode {
     }
 }
 
-async fn target_of(a: &Advance) -> Result<u64, RestoreError> {
+/// The new epoch: the operator's `--new-epoch`, or one lockctl chooses (each
+/// run anew; a resumed advance keeps the epoch an earlier run took, see
+/// [`Target::Chosen`]).
+async fn target_of(a: &Advance) -> Result<Target, RestoreError> {
     let marks: Vec<&std::path::Path> = a.marks.iter().map(PathBuf::as_path).collect();
     let Some(config) = &a.epochs_from else {
-        return restore::choose_epoch(a.expected_epoch, a.new_epoch, &marks);
+        let e = restore::choose_epoch(a.expected_epoch, a.new_epoch, &marks)?;
+        return Ok(if a.new_epoch.is_some() { Target::Given(e) } else { Target::Chosen(e) });
     };
     let floor = restore::epoch_floor(a.expected_epoch, &marks)?;
     let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config)
@@ -111,7 +115,7 @@ async fn target_of(a: &Advance) -> Result<u64, RestoreError> {
     let coord = tiers.coord();
     // A refused allocation applied nothing (`retry_auth`): it is asked again.
     match retry_auth(&coord.client(), move |_| coord.allocate_epoch_above(floor)).await {
-        Ok(e) => Ok(e),
+        Ok(e) => Ok(Target::Chosen(e)),
         Err(lockmesh_lock::LockError::Sealed(_)) => Err(RestoreError::EpochExhausted(floor + 1)),
         Err(e) => Err(RestoreError::Other(format!("--epochs-from: the coord epoch counter: {e}"))),
     }

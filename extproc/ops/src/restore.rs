@@ -132,15 +132,42 @@ async fn put_record(
     Ok(Etcd::of(client).txn(txn).await.map_err(other)?.succeeded())
 }
 
+/// The new epoch of an advance, and who chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The operator named it (`--new-epoch`): a run that finds an advance to
+    /// another epoch in progress stops and names that epoch.
+    Given(u64),
+    /// lockctl chose it (from `--marks` or the coord cluster's counter), so each
+    /// run may choose anew. A run that finds an earlier run's advance made (the
+    /// record sealed in its target epoch) finishes that advance: its epoch is
+    /// already taken. A run that finds only a seal naming another target (an
+    /// earlier run's step 1, or the audit tailer's restore seal) re-aims it at
+    /// this run's epoch: a seal alone took no epoch, and this one is known to be
+    /// free.
+    Chosen(u64),
+}
+
+impl Target {
+    /// The epoch asked for.
+    pub fn epoch(self) -> u64 {
+        match self {
+            Target::Given(e) | Target::Chosen(e) => e,
+        }
+    }
+}
+
 /// Runs (or resumes) the epoch advance from `expected` to `target`, printing each
 /// step and what it verified.
 pub async fn advance(
     client: &mut Client,
     root: &str,
     expected: u64,
-    target: u64,
+    target: Target,
     out: &mut impl Write,
 ) -> Result<(), RestoreError> {
+    let chosen = matches!(target, Target::Chosen(_));
+    let mut target = target.epoch();
     let keys = Keys::new(root);
     let say = |out: &mut dyn Write, s: String| {
         let _ = writeln!(out, "{s}");
@@ -168,10 +195,16 @@ pub async fn advance(
                     say(out, format!("1/4 sealed: epoch record {expected} carries an explicit seal; every arbiter refuses requests"));
                 }
             }
-            (e, true, t) if e == expected => {
-                if t != Some(target) {
+            (e, true, t) if e == expected && t != Some(target) => {
+                if !chosen {
                     return Err(RestoreError::OtherTarget(t.unwrap_or_default()));
                 }
+                let aimed = EpochRecord { target: Some(target), ..rec };
+                if put_record(client, &keys, mod_rev, &aimed, vec![]).await? {
+                    say(out, format!("1/4 sealed: the epoch record {expected} was sealed for epoch {}; re-aimed at epoch {target}", t.map_or("?".to_owned(), |t| t.to_string())));
+                }
+            }
+            (e, true, _) if e == expected => {
                 let advanced = EpochRecord {
                     epoch: target,
                     cluster_id: bound.clone(),
@@ -227,6 +260,15 @@ pub async fn advance(
                         format!("4/4 unsealed: epoch {target}; every new token is above every token issued before"),
                     );
                 }
+            }
+            // An earlier run made the advance to another epoch (step 2's shape:
+            // sealed in its own target) and stopped before unsealing.
+            (e, true, Some(t)) if t == e && e > expected => {
+                if !chosen {
+                    return Err(RestoreError::OtherTarget(e));
+                }
+                say(out, format!("an earlier run advanced {expected} -> {e} and did not finish: finishing that advance (epoch {target} is not used)"));
+                target = e;
             }
             (current, _, _) => return Err(RestoreError::StaleExpected { expected, current }),
         }

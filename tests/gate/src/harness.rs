@@ -1506,6 +1506,8 @@ impl GateCluster {
     pub(crate) async fn shard_epoch_advance(&self, i: usize) -> Result<(u64, u64)> {
         let before = self.shard_record(i, "epoch").await?["epoch"].as_u64().context("epoch record without epoch")?;
         let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        // Every failed run's output, so a failure names its first cause too.
+        let mut failed = Vec::new();
         loop {
             let out = tokio::process::Command::new(profile_dir().join("lockctl"))
                 .args([
@@ -1525,14 +1527,16 @@ impl GateCluster {
             if out.status.success() {
                 break;
             }
+            failed.push(format!(
+                "run {}: {}{}",
+                failed.len() + 1,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
             if tokio::time::Instant::now() >= end {
-                bail!(
-                    "lockctl epoch-advance of {} from {before} failed: {}{}",
-                    self.shards[i].name,
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                bail!("lockctl epoch-advance of {} from {before} failed: {}", self.shards[i].name, failed.join("\n"));
             }
+            tracing::warn!(shard = %self.shards[i].name, output = %failed.last().map_or("", String::as_str), "lockctl epoch-advance failed; running it again");
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let after = self.shard_record(i, "epoch").await?["epoch"].as_u64().context("epoch record without epoch")?;

@@ -952,6 +952,77 @@ async fn a_shard_epoch_advance_takes_its_epoch_from_the_coord_counter() {
     }
 }
 
+/// A re-run of `lockctl epoch-advance --epochs-from` finishes what an earlier run
+/// left: each run allocates a fresh epoch from the coord counter, so a re-run
+/// after one that stopped between its advance (step 2) and its unseal used to
+/// refuse ("expected epoch E but the epoch record holds F") and leave the shard
+/// sealed for good; after one that stopped at its seal (step 1), or after the
+/// audit tailer's restore seal, it refused the other target. Now the epoch an
+/// earlier run took is finished, and a bare seal is re-aimed at the fresh
+/// epoch. An operator's own `--new-epoch` still stops on another target and
+/// names it. Shown failing by hand against the previous lockctl (both runs
+/// below exit 1).
+#[tokio::test]
+async fn a_shard_epoch_advance_rerun_finishes_what_an_earlier_run_left() {
+    let s = scale("scale-advance-rerun", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    let config = s.st.arbiter(0).config_path().display().to_string();
+    let ep = s.shards["shard-a"].endpoints()[0].clone();
+    let key = format!("{}/sys/epoch", s.st.root());
+    let mut shard = s.client_of("shard-a").await;
+    let record = async |c: &mut etcd_client::Client| -> serde_json::Value {
+        let r = c.get(key.as_str(), None).await.unwrap();
+        serde_json::from_slice(r.kvs()[0].value()).unwrap()
+    };
+    let advance = |expected: u64, extra: &[&str]| {
+        let out = Command::new(profile_dir().join("lockctl"))
+            .args(["epoch-advance", "--endpoints", &ep, "--root", s.st.root(), "--expected-epoch"])
+            .arg(expected.to_string())
+            .args(extra)
+            .envs(s.shard_users["shard-a"].env("lockmesh-admin-epoch"))
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let rec = record(&mut shard).await;
+    let e0 = rec["epoch"].as_u64().unwrap();
+    // An earlier run's step 2: sealed in its target epoch, restored holds gone,
+    // sessions not yet revoked.
+    let taken = e0 + 5;
+    let mut step2 = rec.clone();
+    step2["epoch"] = taken.into();
+    step2["target"] = taken.into();
+    step2["sealed"] = format!("epoch advance {e0} -> {taken}: revoking restored sessions").into();
+    shard.put(key.as_str(), step2.to_string(), None).await.unwrap();
+    let (ok, text) = advance(e0, &["--epochs-from", &config]);
+    assert!(ok, "{text}");
+    assert!(text.contains("finishing that advance") && text.contains("4/4 unsealed"), "{text}");
+    let rec = record(&mut shard).await;
+    assert_eq!((rec["epoch"].as_u64(), rec["sealed"].is_null()), (Some(taken), true), "{rec}");
+
+    // A bare seal naming an epoch this run did not allocate (shard-b's own, as a
+    // tailer on the shard's marks could name): re-aimed at a fresh coord epoch.
+    let mut b = s.client_of("shard-b").await;
+    let theirs = record(&mut b).await["epoch"].as_u64().unwrap();
+    let mut step1 = rec.clone();
+    step1["target"] = theirs.into();
+    step1["sealed"] = "restore detected".into();
+    shard.put(key.as_str(), step1.to_string(), None).await.unwrap();
+    // The operator's own epoch stops on it, changing nothing.
+    let (ok, text) = advance(taken, &["--new-epoch", &(taken + 100).to_string()]);
+    assert!(!ok && text.contains(&format!("an advance to epoch {theirs} is in progress")), "{text}");
+    assert_eq!(record(&mut shard).await, step1);
+    let (ok, text) = advance(taken, &["--epochs-from", &config]);
+    assert!(ok && text.contains("re-aimed at epoch"), "{text}");
+    let rec = record(&mut shard).await;
+    let mut coord = s.client_of("coord").await;
+    let counter = coord.get(format!("{}/sys/epochs", s.st.root()), None).await.unwrap();
+    let counter: serde_json::Value = serde_json::from_slice(counter.kvs()[0].value()).unwrap();
+    assert!(rec["sealed"].is_null(), "{rec}");
+    assert_eq!(rec["epoch"].as_u64(), counter["last"].as_u64(), "the epoch came from the coord counter: {text}");
+    assert_ne!(rec["epoch"].as_u64(), Some(theirs), "{text}");
+}
+
 /// `REGISTRY` with one more class: `pool` (entity tier, two holders) on `prefix`,
 /// or, with `to_leader`, `prefix` added to the coord-tier class `leader`.
 fn registry_with(prefix: &str, to_leader: bool) -> String {

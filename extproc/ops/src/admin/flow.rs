@@ -433,7 +433,8 @@ pub async fn approve(
                 }
                 let revision = r.header().map_or(0, |h| h.revision());
                 let mut out = Vec::new();
-                let res = crate::restore::advance(client, root, *expected_epoch, *new_epoch, &mut out).await;
+                let target = crate::restore::Target::Given(*new_epoch);
+                let res = crate::restore::advance(client, root, *expected_epoch, target, &mut out).await;
                 let advance_log: Vec<String> = String::from_utf8_lossy(&out).lines().map(str::to_owned).collect();
                 let entry = LogEntry {
                     step: "approve".into(),
