@@ -221,10 +221,9 @@ impl Store {
             .iter()
             .map(|d| TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())))
             .collect::<Vec<_>>();
-        let r = self.call_by(reqs[0].deadline, self.client().txn(Txn::new().and_then(gets))).await?;
+        let Some((_, reads)) = self.checked_read(reqs[0].deadline, gets).await? else { return Ok(None) };
         let mut own: Vec<Option<KeyValue>> = Vec::with_capacity(reqs.len());
-        for (req, o) in reqs.iter().zip(r.op_responses()) {
-            let TxnOpResponse::Get(g) = o else { return Err(internal("etcd txn answered a get with another op")) };
+        for (req, g) in reqs.iter().zip(reads) {
             own.push(
                 g.kvs()
                     .iter()

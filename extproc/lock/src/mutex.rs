@@ -177,6 +177,17 @@ enum HeldRead {
     Grant,
 }
 
+/// The reads of transaction answer `r`, in order.
+fn gets_of(r: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
+    r.op_responses()
+        .into_iter()
+        .filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The commit revision a grant's token carries.
 fn token_revision(g: &Grant) -> i64 {
     i64::try_from(g.token.revision()).unwrap_or(i64::MAX)
@@ -656,16 +667,13 @@ impl Store {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await; // TEST SWITCH (handoff scenario)
         }
         let policy_key = self.keys().class_policy(req.class.name.as_str());
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(policy_key, None),
-        ]);
-        let r = timed(Step::HeldRead, self.call_by(req.deadline, self.client().txn(txn))).await?;
-        let revision = r.header().map_or(0, |h| h.revision());
-        let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
+        let reads =
+            vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())), TxnOp::get(policy_key, None)];
+        let Some((revision, gets)) = timed(Step::HeldRead, self.checked_read(req.deadline, reads)).await? else {
+            // The epoch record moved: the grant transaction decides.
+            return Ok(HeldRead::Grant);
+        };
+        let mut gets = gets.into_iter();
         let (holders, policy) = (gets.next(), gets.next());
         let limit = policy
             .as_ref()
@@ -688,17 +696,18 @@ impl Store {
         d: &KeyDigest,
         sid: SessionId,
     ) -> Result<Option<Result<Grant, LockError>>, LockError> {
-        let opts = Some(GetOptions::new().with_prefix());
-        let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
-        Ok(self.classify_holders(req, sid, r.kvs()))
+        let reads = vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))];
+        let Some((_, gets)) = self.checked_read(req.deadline, reads).await? else { return Ok(None) };
+        Ok(gets.first().and_then(|holders| self.classify_holders(req, sid, holders.kvs())))
     }
 
     /// The hold of session `sid` on `d` with the request's hold id, as an
     /// `existing` grant (one read, no proposal).
     async fn own_hold(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Grant>, LockError> {
-        let opts = Some(GetOptions::new().with_prefix());
-        let r = self.call_by(req.deadline, self.client().get(self.keys().holds(d), opts)).await?;
-        for kv in r.kvs().iter().filter(|kv| kv.lease() == sid.lease()) {
+        let reads = vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))];
+        let Some((_, gets)) = self.checked_read(req.deadline, reads).await? else { return Ok(None) };
+        let kvs = gets.first().map_or(&[][..], |g| g.kvs());
+        for kv in kvs.iter().filter(|kv| kv.lease() == sid.lease()) {
             let Some(h) = hold_of(kv) else { continue };
             if h.hold_id == req.hold_id {
                 return existing_grant(req, sid, kv, h.epoch).map(Some);
@@ -1245,6 +1254,66 @@ impl Store {
             return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
         }
         Ok(())
+    }
+
+    /// Reads `reads` for an answer built from a read rather than from a refused
+    /// grant (an existing hold found by a read: an idempotent re-acquire, a
+    /// leak), checked as a refused grant's failure branch is: in one transaction
+    /// with the epoch record and the grant clock, this arbiter unsealed before and
+    /// after, the answer's cluster, its revision and raft term against the marks,
+    /// the grant clock at or above its mark. A hold a restore brought back is
+    /// never answered as held: the answer's revision, term or clock is behind, and
+    /// the arbiter seals. Returns the read's revision and the reads in order, or
+    /// `None` when the epoch record moved (the caller goes on to the grant
+    /// transaction, which decides with every check).
+    pub(crate) async fn checked_read(
+        &self,
+        deadline: tokio::time::Instant,
+        reads: Vec<TxnOp>,
+    ) -> Result<Option<(i64, Vec<etcd_client::GetResponse>)>, LockError> {
+        let n = reads.len();
+        let unchecked = test_faults::on(TestFault::UncheckedExistingRead); // PLANTED BUG when on.
+        if unchecked {
+            let r = self.call_by(deadline, self.client().txn(Txn::new().and_then(reads))).await?;
+            let revision = r.header().map_or(0, |h| h.revision());
+            let mut gets = gets_of(&r);
+            gets.truncate(n);
+            return Ok(Some((revision, gets)));
+        }
+        self.unsealed()?;
+        let ep = self.epoch_state().await?;
+        if let Some(why) = &ep.sealed {
+            return Err(LockError::Sealed(why.clone()));
+        }
+        let floor = self.seal().revision_floor();
+        let clock = self.seal().clock_floor(ep.epoch);
+        let mut ops = reads;
+        ops.push(TxnOp::get(self.keys().epoch(), None));
+        if clock.is_some() {
+            ops.push(TxnOp::get(self.keys().clock(), None));
+        }
+        let r = self.call_by(deadline, self.client().txn(Txn::new().and_then(ops))).await?;
+        let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
+        let (revision, cluster) = (header.revision(), header.cluster_id());
+        if revision < floor {
+            self.seal().seal(
+                super::seal::SealReason::RevisionBehindMark,
+                format!("read revision {revision} below mark {floor}"),
+            );
+        }
+        self.seal().observe_term(header.raft_term(), ep.epoch);
+        self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed())?;
+        let mut gets = gets_of(&r);
+        let (Some(epoch), clock_read) = (gets.get(n), clock.map(|c| (c, gets.get(n + 1)))) else {
+            return Err(internal("etcd txn answer without the expected reads"));
+        };
+        if self.refusal_moved(&ep, epoch, clock_read)? {
+            return Ok(None);
+        }
+        self.unsealed()?;
+        self.seal().observe_revision(revision, ep.epoch);
+        gets.truncate(n);
+        Ok(Some((revision, gets)))
     }
 
     /// The epoch and grant-clock reads of a refused grant (`clock`: this

@@ -84,6 +84,15 @@ pub enum TestFault {
     /// the snapshot's holds stay standing while their holders renew, and a move
     /// of their keys off that cluster never verifies.
     RenewSealed,
+    /// An existing hold found by a read (`Store::checked_read`: an idempotent
+    /// re-acquire, a leak) is answered with no seal, mark, clock or epoch check:
+    /// right after a restore, a hold the snapshot brought back is answered as
+    /// held, with a token older than grants made after the snapshot.
+    UncheckedExistingRead,
+    /// TEST SWITCH, not a bug: the arbiter's once-a-second seal round does not
+    /// run, so only requests can notice a restore (a scenario's window between a
+    /// restore and the round made as wide as it needs).
+    NoSealRound,
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
@@ -263,6 +272,8 @@ impl TestFault {
             "no_raft_check" => Some(Self::NoRaftCheck),
             "skip_term_mark" => Some(Self::SkipTermMark),
             "renew_sealed" => Some(Self::RenewSealed),
+            "unchecked_existing_read" => Some(Self::UncheckedExistingRead),
+            "no_seal_round" => Some(Self::NoSealRound),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),

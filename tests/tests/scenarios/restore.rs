@@ -447,3 +447,72 @@ async fn planted_without_the_term_mark_an_arbiter_that_slept_through_a_restore_g
     assert_eq!(r.code(), 200, "{}", r.body);
     assert_eq!(token(&r) >> 48, 1, "{}", r.body);
 }
+
+/// A re-acquire on a session that holds the key is answered from a read of the
+/// key's holds (`existing: true`). That read gets the checks a refused grant's
+/// answer gets: right after a restore, before anything else noticed it, a
+/// holder whose hold the snapshot brought back re-acquired on its session and
+/// was answered 200 with that hold's token, although the hold had been released
+/// and the key granted again after the snapshot (the rebalance gate's
+/// `tokens_increase` found it: one token handed twice). Now the read's revision
+/// is below the arbiter's mark: it seals and refuses. The seal round is switched
+/// off (`no_seal_round`) so that only the request can notice the restore. Twin:
+/// `unchecked_existing_read`.
+async fn re_acquire_after_restore(name: &str, planted: bool) -> (lockmesh_tests::Resp, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let registry = format!(
+        "{}  - {{ name: pair, prefixes: [\"payments/pair\"], max_holders: 2, ttl_s: 15, enforcement: advisory, \
+         risk_owner: t, waiver_expiry: \"2099-12-31\" }}\n",
+        lockmesh_tests::DEFAULT_TEST_REGISTRY
+    );
+    let faults = if planted { "[no_seal_round, unchecked_existing_read]" } else { "[no_seal_round]" };
+    let st = Stack::builder(name)
+        .envoy_config("lock-tier")
+        .own_etcd(1)
+        .registry(registry)
+        .arbiter_extra_yaml(format!("marks_file: {:?}", marks.display().to_string()))
+        .arbiter_extra_yaml(format!("test_faults: {faults}"))
+        .arbiter_env("LOCKMESH_TEST_FAULTS", "1")
+        .start()
+        .await
+        .unwrap();
+    let (a, b) = (st.client("payments", "a").unwrap(), st.client("payments", "b").unwrap());
+    let key = "payments/pair/k";
+    let first = a.post(ACQ, &[("x-lock-key", key)]).await.unwrap();
+    assert_eq!(first.code(), 200, "{}", first.body);
+    let (t1, session) = (token(&first), first.json["session"].as_str().unwrap().to_owned());
+    let snap = dir.path().join("snap.db");
+    st.etcd().snapshot_save(&snap).await.unwrap();
+    // After the snapshot: released, and the key granted again above it.
+    let rel = a
+        .post(
+            "/v1/locks/release",
+            &[("x-lock-key", key), ("x-lock-session", &session), ("x-lock-token", &t1.to_string())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rel.code(), 200, "{}", rel.body);
+    let later = token(&b.post(ACQ, &[("x-lock-key", key)]).await.unwrap());
+    // (The marks file is written by the seal round, switched off here: the marks
+    // in memory are the ones compared.)
+    grants(&b, "after-snap", 3).await;
+    st.etcd().restore_from(&snap, None).await.unwrap();
+    let r = a.post(ACQ, &[("x-lock-key", key), ("x-lock-session", &session)]).await.unwrap();
+    (r, t1, later)
+}
+
+#[tokio::test]
+async fn a_hold_a_restore_brought_back_is_not_answered_as_held() {
+    let (r, _, _) = re_acquire_after_restore("restore-existing", false).await;
+    assert_eq!((r.code(), r.json["code"].as_str()), (503, Some("sealed")), "{}", r.body);
+    assert_eq!(r.header("x-lockmesh-sealed"), Some("revision_behind_mark"), "{:?} {}", r.headers, r.body);
+}
+
+#[tokio::test]
+async fn planted_unchecked_existing_read_answers_a_restored_hold_as_held() {
+    let (r, t1, later) = re_acquire_after_restore("restore-existing-planted", true).await;
+    assert_eq!((r.code(), r.json["existing"].as_bool()), (200, Some(true)), "{}", r.body);
+    // The hold released before `later` was granted, answered as held.
+    assert!(token(&r) == t1 && t1 < later, "{} vs {later}", r.body);
+}
