@@ -307,10 +307,23 @@ pub async fn force_release(g: &GateCluster) -> Result<()> {
             ensure!(tokio::time::Instant::now() < wait_end, "force_release: the victim f0 held nothing to release");
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let i = rand::random_range(0..g.arbiters.len());
         let reason = "gate: holder f0 wedged (force_release step)";
-        let (code, p) = admin(g, i, "alice", &["request", "force-release", STICKY_KEY, "--reason", reason]).await?;
-        ensure!(code == 0, "force_release: lockctl admin request through arbiter {i}: exit {code}: {p}");
+        // An arbiter that cannot be reached (`admin.unavailable`: one a fault
+        // just paused or whose clock it stepped) is not the step's subject: the
+        // operator asks another, as here (three arbiters at most).
+        let mut asked = 0;
+        let (i, p) = loop {
+            let i = rand::random_range(0..g.arbiters.len());
+            let (code, p) = admin(g, i, "alice", &["request", "force-release", STICKY_KEY, "--reason", reason]).await?;
+            asked += 1;
+            if code != 0 && p["error"] == "admin.unavailable" && asked < 3 {
+                tracing::warn!(arbiter = i, %p, "gate force_release: arbiter unreachable; asking another");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            ensure!(code == 0, "force_release: lockctl admin request through arbiter {i}: exit {code}: {p}");
+            break (i, p);
+        };
         let id = p["request"]["id"].as_str().context("force_release: the request has no id")?.to_owned();
         if g.is_inert("force_release") {
             // Planted inert: requested, never approved.
