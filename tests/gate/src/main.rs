@@ -51,6 +51,12 @@ enum Cmd {
         #[arg(long)]
         rebalance: bool,
     },
+    /// Check a history a run wrote (`history.json` of a failing history) again,
+    /// with this build's checker: exit 0 if it passes, 1 if not.
+    Check {
+        /// The history file.
+        history: PathBuf,
+    },
     /// A gate client process (internal).
     Holder(HolderCmd),
 }
@@ -100,6 +106,25 @@ fn main() -> ExitCode {
                     eprintln!("lockmesh-gate holder: {e:#}");
                     ExitCode::from(1)
                 }
+            }
+        }
+        Cmd::Check { history } => {
+            let h: gate::history::History = match std::fs::read(&history)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("lockmesh-gate check: {}: {e}", history.display());
+                    return ExitCode::from(64);
+                }
+            };
+            let verdict = gate::checker::check(&h, Duration::from_secs(600));
+            println!("{}", verdict.explain());
+            if verdict.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
             }
         }
         Cmd::Long { minutes, faults, gap_s, out, rebalance } => {

@@ -2,8 +2,10 @@
 //!
 //! - `close_only_when_asked`: a hold handed to a client and ended by its
 //!   session's close (the close marker) was released or closed by that client
-//!   before: a header-only session reused across releases must not lose its new
-//!   hold to the close its earlier release started.
+//!   before, or its SDK fenced the session (the SDK closes a session it fences
+//!   for any reason but its expiry, so that its holds end at once): a
+//!   header-only session reused across releases must not lose its new hold to
+//!   the close its earlier release started.
 //! - `advisory_intervals_within_limit`: a holder that keeps the SDK's margin may
 //!   treat its hold as its own from the answer until the earlier of its release
 //!   call and its call time + TTL − margin; those intervals never overlap beyond
@@ -60,13 +62,23 @@ fn closes(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violation>)
             *e = (*e).min(o.call_us);
         }
     }
+    // SDK fences that close their session, by process and key: a fence names the
+    // keys the session held (no token), and for every reason but the session's
+    // expiry the SDK then closes the session itself.
+    let mut fenced: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
+    for o in h.ops.iter().filter(|o| o.op == "fenced" && o.code.as_deref() != Some("session_expired")) {
+        for key in o.key.split(',') {
+            fenced.entry((o.process.as_str(), key)).or_default().push(o.call_us);
+        }
+    }
     for g in grants.iter().filter(|g| g.end == Some(End::SessionClosed)) {
         b.tick("closes")?;
         let (Some(at), Some(ops)) = (g.closed_us, handed.get(&(g.key.as_str(), g.token))) else { continue };
         for o in ops {
             let p = o.process.as_str();
             let asked = released.get(&(p, g.key.as_str(), g.token)).is_some_and(|c| *c <= at)
-                || closed.get(&(p, g.token)).is_some_and(|c| *c <= at);
+                || closed.get(&(p, g.token)).is_some_and(|c| *c <= at)
+                || fenced.get(&(p, g.key.as_str())).is_some_and(|f| f.iter().any(|f| (o.call_us..=at).contains(f)));
             if asked {
                 continue;
             }
@@ -74,7 +86,8 @@ fn closes(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violation>)
                 check: "close_only_when_asked",
                 explanation: format!(
                     "{p} was answered grant {} of {} at {} (session {}), and the hold was deleted by its session's close at {} \
-                     although {p} had neither released it nor closed that session: a hold lost to a close its holder did not ask for",
+                     although {p} had neither released it, closed that session nor had it fenced by its SDK: a hold lost to a \
+                     close its holder did not ask for",
                     g.token,
                     g.key,
                     o.ret_us,

@@ -508,6 +508,17 @@ fn a_hold_lost_to_a_close_its_holder_did_not_ask_for_is_caught() {
     let mut h = base(vec![epoch(1, 1), session, grant(3, 0, "k/a", 1), close, ended, del(5, 0)]);
     h.ops = vec![op("acquire", t(1, 3), 2500, 3500)];
     assert_eq!(checks(&h), vec!["close_only_when_asked"]);
+    // Its SDK fenced the session for its expiry: the SDK closes nothing then.
+    let fence = |code: &str, at: u64| ClientOp { token: None, code: Some(code.into()), ..op("fenced", 0, at, at) };
+    h.ops.push(fence("session_expired", 3700));
+    assert_eq!(checks(&h), vec!["close_only_when_asked"]);
+    // A fence of an earlier round (before this acquire was called) is not this one.
+    h.ops.push(fence("deadline", 2000));
+    assert_eq!(checks(&h), vec!["close_only_when_asked"]);
+    // Fenced past its deadline: the SDK closes the session itself, asked for.
+    h.ops.push(fence("deadline", 3700));
+    assert_eq!(checks(&h), Vec::<&str>::new());
+    h.ops.truncate(1);
     // Its holder closed the session (or released the hold) first: asked for.
     h.ops.push(op("close", t(1, 3), 3600, 5500));
     assert_eq!(checks(&h), Vec::<&str>::new());
