@@ -53,7 +53,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-tests", 4, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-ops"]),
     ("lockmesh-lock", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"]),
     ("lockmesh-gate", 5, &["lockmesh-client", "lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
-    ("lockmesh-load", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
+    ("lockmesh-load", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-lock", "lockmesh-tests"]),
     ("lockmesh-ops", 3, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-lock", "lockmesh-runtime"]),
     (
         "lockmesh-extproc",

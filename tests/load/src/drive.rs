@@ -79,6 +79,8 @@ impl Worker {
                 };
                 Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, shape, rec).await?))
             }
+            // In this process, not through a client: `crate::engine` sets up its holders.
+            Workload::Engine => anyhow::bail!("the engine workload has no client of this kind"),
         })
     }
 

@@ -19,6 +19,10 @@
 //! - `raw-txn-marker` (by name only): `raw-txn` whose release transaction also puts
 //!   a marker key on the client's lease, as lockmesh's release writes its release
 //!   marker; beside `raw-txn` it prices the marker in etcd (docs/DECISIONS.md).
+//! - `engine` (by name only): the grant engine (`lockmesh_lock`) in this process,
+//!   no Envoy and no arbiter process: each client opens its own session on it
+//!   and runs the acquire and release the arbiter would (the [`engine`] module);
+//!   the project's own figure of what one transaction per grant costs.
 //!
 //! Every grant is recorded in grant order per key: tokens must strictly increase
 //! per key (and, for `lockmesh` and `raw-txn`, be unique across keys), and where
@@ -33,6 +37,7 @@
 //!   the same at scale for minutes, watching for false expiries (`--scale`).
 //! - [`etcdwork`]: what etcd did in a window, from its counters; [`prom`]: the
 //!   Prometheus text reader it and the scenarios share.
+//! - [`engine`]: the `engine` workload's holders and their cycle loop.
 //! - `drive`: one client's cycle loop; `lockmesh`, `v3lock`, `txn`, `lease`: the
 //!   three workloads' clients.
 
@@ -50,6 +55,7 @@ use lockmesh_tests::stack::Stack;
 
 pub mod cpu;
 mod drive;
+pub mod engine;
 pub mod etcdwork;
 mod lease;
 mod lockmesh;
@@ -99,6 +105,10 @@ pub enum Workload {
     /// check); a release transaction that deletes the hold and the lock-delay
     /// guard and puts the release marker.
     RawTxnDesign,
+    /// The grant engine in this process (run by name, issue 42's "Now"):
+    /// `lockmesh_lock`'s `Tiers` and `Store` as the arbiter connects them, each
+    /// client on its own session, no Envoy and no arbiter process.
+    Engine,
 }
 
 /// How clients map onto keys.
@@ -160,6 +170,10 @@ pub struct LoadOptions {
     pub progress: bool,
     /// Keep every grant in [`WorkloadResult::grants`] (tests).
     pub keep_grants: bool,
+    /// `engine`: the most grants one etcd transaction may carry (1: one
+    /// transaction per grant, today's engine; larger is refused until grants
+    /// are committed in groups, [`engine::check_max_group`]).
+    pub max_group: u32,
 }
 
 /// Where the load goes.
@@ -171,6 +185,8 @@ pub struct Target<'a> {
     etcd_prefix: String,
     key_namespace: String,
     procs: cpu::Procs,
+    /// How the `engine` workload connects (a stack this tool started).
+    engine: Option<engine::EngineAccess>,
 }
 
 /// How the etcd workloads reach etcd, and where its counters are read.
@@ -235,13 +251,14 @@ impl Workload {
 
     /// Every workload the command line names: [`Workload::ALL`] and those run
     /// only by name.
-    pub const NAMED: [Workload; 6] = [
+    pub const NAMED: [Workload; 7] = [
         Workload::Lockmesh,
         Workload::EtcdLock,
         Workload::RawTxn,
         Workload::RawTxnMarker,
         Workload::RawTxnDesign,
         Workload::LockmeshOneShot,
+        Workload::Engine,
     ];
 
     /// The name used on the command line and in reports.
@@ -253,6 +270,7 @@ impl Workload {
             Workload::RawTxnMarker => "raw-txn-marker",
             Workload::RawTxnDesign => "raw-txn-design",
             Workload::LockmeshOneShot => "lockmesh-oneshot",
+            Workload::Engine => "engine",
         }
     }
 
@@ -274,7 +292,7 @@ impl FromStr for Workload {
 
     fn from_str(s: &str) -> Result<Self> {
         Workload::NAMED.into_iter().find(|w| w.name() == s).with_context(|| {
-            format!("unknown workload {s:?}: lockmesh, lockmesh-oneshot, etcd-lock, raw-txn, raw-txn-marker or raw-txn-design")
+            format!("unknown workload {s:?}: lockmesh, lockmesh-oneshot, etcd-lock, raw-txn, raw-txn-marker, raw-txn-design or engine")
         })
     }
 }
@@ -405,6 +423,7 @@ impl Default for LoadOptions {
             rate: None,
             progress: false,
             keep_grants: false,
+            max_group: engine::TODAY_MAX_GROUP,
         }
     }
 }
@@ -423,6 +442,7 @@ impl LoadOptions {
         ensure!((1..=60_000).contains(&self.wait_ms), "wait_ms: {} must be in 1..=60000", self.wait_ms);
         ensure!(self.zipf.is_finite() && (0.0..=5.0).contains(&self.zipf), "zipf: {} must be in 0..=5", self.zipf);
         ensure!((1..=64).contains(&self.limit), "limit: {} must be in 1..=64", self.limit);
+        engine::check_max_group(self.max_group)?;
         if let Some(r) = self.rate {
             ensure!(r.is_finite() && (0.1..=100_000.0).contains(&r), "rate: {r} must be in 0.1..=100000 cycles/s");
         }
@@ -439,11 +459,36 @@ impl LoadOptions {
 impl<'a> Target<'a> {
     /// A harness stack: its Envoy (one `load/w<i>` identity per client), its etcd,
     /// keys under its root, and its processes for CPU accounting.
+    ///
+    /// A stack without Envoy (and arbiters) serves the etcd and `engine`
+    /// workloads only. The `engine` workload connects as the stack's arbiter
+    /// would: its root, its etcd TLS and the shipped arbiter role's user.
     pub fn from_stack(st: &'a Stack) -> Result<Self> {
-        let procs = cpu::Procs::of_stack(st);
+        let has_envoy = st.envoy_count() > 0;
+        let procs = if has_envoy {
+            cpu::Procs::of_stack(st)
+        } else {
+            cpu::Procs {
+                etcd: st.etcd().members().first().and_then(|m| m.pid()),
+                envoy: None,
+                arbiter: st.arbiters().first().and_then(|a| a.pid()),
+            }
+        };
+        let users = st.etcd_users();
+        let mut auth = lockmesh_lock::connect::EtcdClientAuth::default();
+        if let Some(ca) = users.ca() {
+            auth.ca = Some(std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?);
+            auth.ca_file = Some(ca.to_path_buf());
+        }
+        if users.is_secure() {
+            let file = users.password_file(engine::ARBITER_ROLE);
+            let pw = std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+            auth.user = Some((users.user(engine::ARBITER_ROLE), pw.trim().to_owned()));
+        }
+        let engine = engine::EngineAccess { endpoints: st.etcd().endpoints(), root: st.root().to_owned(), auth };
         Ok(Self {
             arbiter_admin: st.arbiters().first().map(|a| a.admin_port()),
-            lock_tier: Some(LockTier {
+            lock_tier: has_envoy.then(|| LockTier {
                 port: st.envoy().listener_port(),
                 ca: st.pki().ca_cert_path(),
                 identity: Identity::PerClient(st.pki()),
@@ -459,6 +504,7 @@ impl<'a> Target<'a> {
             etcd_prefix: format!("{}/load", st.root()),
             key_namespace: "load".into(),
             procs,
+            engine: Some(engine),
         })
     }
 
@@ -474,6 +520,7 @@ impl<'a> Target<'a> {
             etcd_prefix: "/lockmesh-load".into(),
             key_namespace: "load".into(),
             procs: cpu::Procs::default(),
+            engine: None,
         }
     }
 
@@ -488,6 +535,7 @@ impl<'a> Target<'a> {
         match w {
             Workload::Lockmesh => format!("{}/{run}/{}/k{k:04}", self.key_namespace, mode.name()),
             Workload::LockmeshOneShot => format!("{}/{run}/{}/o{k:04}", self.key_namespace, mode.name()),
+            Workload::Engine => format!("{}/{run}/{}/e{k:04}", self.key_namespace, mode.name()),
             _ => format!("{}/{run}/{}/{}/k{k:04}", self.etcd_prefix, w.name(), mode.name()),
         }
     }
@@ -519,9 +567,20 @@ impl Window {
 /// Runs every mode × workload of `opts` against `target`, one after the other.
 /// A workload that cannot start is reported as failed; the others still run.
 pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
+    run_noted(target, opts).await.map(|(r, _)| r)
+}
+
+/// etcd's count of WAL fsyncs (the count of its fsync duration histogram).
+const WAL_FSYNCS: &str = "etcd_disk_wal_fsync_duration_seconds_count";
+
+/// [`run`], and the lines its report's table does not carry, to print after it:
+/// etcd's WAL fsyncs per cycle of each workload (`fsyncs ...`), and with the
+/// `engine` workload the largest group it ran with (`engine ...`).
+pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Report, Vec<String>)> {
     opts.validate()?;
     let run_id = format!("{:08x}", rand::random::<u32>());
     let mut results = Vec::new();
+    let mut notes = Vec::new();
     for &mode in &opts.modes {
         for &w in &opts.workloads {
             if w.lock_tier() && target.lock_tier.is_none() {
@@ -530,11 +589,69 @@ pub async fn run(target: &Target<'_>, opts: &LoadOptions) -> Result<Report> {
             if !w.lock_tier() && target.etcd.endpoints.is_empty() {
                 bail!("the {} workload needs etcd endpoints (--etcd)", w.name());
             }
-            results.push(run_one(target, opts, &run_id, mode, w).await);
+            if w == Workload::Engine && target.engine.is_none() {
+                bail!("the engine workload needs a stack this tool starts (not --etcd or --envoy)");
+            }
+            if w == Workload::Engine && mode == Mode::Zipf {
+                let mut r = WorkloadResult::new(mode, w, mode.shape(opts.concurrency, opts.keys));
+                r.failed = Some("the engine workload keeps one key per client; zipf mode is not offered".into());
+                results.push(r);
+                continue;
+            }
+            let (r, fsyncs) = run_one(target, opts, &run_id, mode, w).await;
+            if let Some(f) = fsyncs {
+                notes.push(format!(
+                    "fsyncs {} {}: {f:.2} etcd WAL fsyncs per cycle (member 0's {WAL_FSYNCS})",
+                    mode.name(),
+                    w.name()
+                ));
+            }
+            results.push(r);
         }
     }
+    if let Some(access) = target.engine.as_ref().filter(|_| opts.workloads.contains(&Workload::Engine)) {
+        let login = match &access.auth.user {
+            Some(_) => "logged in as the shipped lockmesh-arbiter role",
+            None => "no etcd login (plaintext etcd)",
+        };
+        notes.push(format!(
+            "engine: lockmesh_lock in this process (no Envoy, no arbiter process), {login}; \
+             at most {} grant per etcd transaction (--max-group; 1 is today's engine)",
+            opts.max_group
+        ));
+    }
     let floor = report::Floor::from_env();
-    Ok(Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results, floor })
+    Ok((Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results, floor }, notes))
+}
+
+/// One client of a workload run, set up.
+enum Client {
+    /// The lock-tier and etcd workloads' clients (`drive`).
+    Driven(drive::Worker),
+    /// An `engine` holder.
+    Engine(engine::Holder),
+}
+
+/// What a client's task hands back: acquire and release latencies, and its close.
+type Done = (Vec<u32>, Vec<u32>, futures::future::BoxFuture<'static, ()>);
+
+/// The `engine` workload's engine for one run (the registry the stack's arbiter
+/// gets for `limit`).
+async fn connect_engine(target: &Target<'_>, opts: &LoadOptions) -> Result<Arc<engine::Engine>> {
+    let access = target.engine.as_ref().context("no engine access")?;
+    let registry = match opts.limit {
+        1 => lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY.to_owned(),
+        n => limited_registry(n),
+    };
+    match tokio::time::timeout(SETUP_TIMEOUT, engine::Engine::connect(access, &registry, opts.max_group)).await {
+        Ok(r) => r,
+        Err(_) => bail!("not connected within {SETUP_TIMEOUT:?}"),
+    }
+}
+
+async fn read_fsyncs(url: Option<&String>) -> Option<u64> {
+    let text = etcdwork::metrics_text(url?).await.ok()?;
+    etcdwork::counter(&text, WAL_FSYNCS)
 }
 
 async fn run_one(
@@ -543,13 +660,23 @@ async fn run_one(
     run_id: &str,
     mode: Mode,
     workload: Workload,
-) -> WorkloadResult {
+) -> (WorkloadResult, Option<f64>) {
     let shape = mode.shape(opts.concurrency, opts.keys);
     let mut result = WorkloadResult::new(mode, workload, shape);
+    let engine = match workload {
+        Workload::Engine => match connect_engine(target, opts).await {
+            Ok(e) => Some(e),
+            Err(e) => {
+                result.failed = Some(format!("engine: {e:#}"));
+                return (result, None);
+            }
+        },
+        _ => None,
+    };
     let keys: Vec<String> = (0..shape.keys).map(|k| target.key_name(workload, run_id, mode, k)).collect();
     // With more than one holder per key, concurrent grants answer in any order:
     // tokens are then checked for uniqueness, not for order per key.
-    let ordered = opts.limit == 1 || !workload.lock_tier();
+    let ordered = opts.limit == 1 || !(workload.lock_tier() || workload == Workload::Engine);
     let rec = Arc::new(record::Recorder::new(shape.keys, workload.tokens_unique(), opts.keep_grants).ordered(ordered));
     if opts.progress {
         eprintln!(
@@ -562,20 +689,29 @@ async fn run_one(
     }
     let setups = (0..shape.clients()).map(|i| {
         let key = &keys[i % shape.keys];
-        drive::Worker::setup(workload, target, i, key, opts, rec.clone())
+        let (rec, engine) = (rec.clone(), engine.clone());
+        async move {
+            match engine {
+                Some(e) => engine::Holder::open(e, i, key, opts.wait_ms, rec).await.map(Client::Engine),
+                None => drive::Worker::setup(workload, target, i, key, opts, rec).await.map(Client::Driven),
+            }
+        }
     });
     let workers = match tokio::time::timeout(SETUP_TIMEOUT, futures::future::try_join_all(setups)).await {
         Ok(Ok(w)) => w,
         Ok(Err(e)) => {
             result.failed = Some(format!("setup: {e:#}"));
-            return result;
+            return (result, None);
         }
         Err(_) => {
             result.failed = Some(format!("setup: not done within {SETUP_TIMEOUT:?}"));
-            return result;
+            return (result, None);
         }
     };
-    result.http_version = workers.iter().find_map(drive::Worker::http_version);
+    result.http_version = workers.iter().find_map(|c| match c {
+        Client::Driven(w) => w.http_version(),
+        Client::Engine(_) => None,
+    });
 
     let t0 = Instant::now();
     let window = Window { start: t0 + opts.warmup, end: t0 + opts.warmup + opts.seconds };
@@ -585,9 +721,22 @@ async fn run_one(
     let tasks: Vec<_> = workers
         .into_iter()
         .enumerate()
-        .map(|(i, w)| {
+        .map(|(i, c)| {
             let key = i % shape.keys;
-            tokio::spawn(drive::drive(w, plan.clone(), i, key, keys[key].clone(), rec.clone()))
+            let (plan, name, rec) = (plan.clone(), keys[key].clone(), rec.clone());
+            tokio::spawn(async move {
+                let done: Done = match c {
+                    Client::Driven(w) => {
+                        let d = drive::drive(w, plan, i, key, name, rec).await;
+                        (d.acquire_us, d.release_us, Box::pin(d.worker.close()))
+                    }
+                    Client::Engine(h) => {
+                        let d = engine::drive(h, plan, i, key, rec).await;
+                        (d.acquire_us, d.release_us, Box::pin(d.holder.close()))
+                    }
+                };
+                done
+            })
         })
         .collect();
 
@@ -598,6 +747,7 @@ async fn run_one(
         Some(url) => etcdwork::EtcdCounters::read(url).await,
         None => None,
     };
+    let f0 = read_fsyncs(etcd_metrics.as_ref()).await;
     // The arbiter's etcd steps (a stack's own arbiter, lock-tier workloads only).
     let steps_port = target.arbiter_admin.filter(|_| workload.lock_tier());
     let s0 = match steps_port {
@@ -634,6 +784,7 @@ async fn run_one(
         Some(url) => etcdwork::EtcdCounters::read(url).await,
         None => None,
     };
+    let f1 = read_fsyncs(etcd_metrics.as_ref()).await;
     let s1 = match steps_port {
         Some(port) => steps::StepCounters::read(port).await,
         None => None,
@@ -658,12 +809,13 @@ async fn run_one(
     let mut acquire = Vec::new();
     let mut release = Vec::new();
     let mut closing = Vec::new();
-    for d in driven {
-        acquire.extend(d.acquire_us);
-        release.extend(d.release_us);
-        closing.push(d.worker.close());
+    for (acq, rel, close) in driven {
+        acquire.extend(acq);
+        release.extend(rel);
+        closing.push(close);
     }
     futures::future::join_all(closing).await;
+    drop(engine);
     result.finish(plan.cycles.load(Ordering::Relaxed), acquire, release, &rec);
     if let (Some(before), Some(after)) = (&e0, &e1) {
         result.etcd = after.per_cycle_since(before, result.cycles);
@@ -674,7 +826,11 @@ async fn run_one(
     if opts.progress {
         eprintln!("[{} {}] done: {:.1} cycles/s", mode.name(), workload.name(), result.cycles_per_s);
     }
-    result
+    let fsyncs = match (f0, f1) {
+        (Some(a), Some(b)) if result.cycles > 0 => Some(b.saturating_sub(a) as f64 / result.cycles as f64),
+        _ => None,
+    };
+    (result, fsyncs)
 }
 
 /// The largest `lockmesh_arbiter_oldest_gated_wait_seconds` over its label pairs

@@ -50,7 +50,9 @@ struct Args {
     /// Keys in contended mode (each with --concurrency clients).
     #[arg(long, default_value_t = 16)]
     keys: usize,
-    /// Workloads, comma-separated: lockmesh, etcd-lock, raw-txn (and raw-txn-marker, by name only).
+    /// Workloads, comma-separated: lockmesh, etcd-lock, raw-txn (and, by name only,
+    /// lockmesh-oneshot, raw-txn-marker, raw-txn-design and engine: the grant
+    /// engine in this process, no Envoy and no arbiter process).
     #[arg(long, default_value = "lockmesh,etcd-lock,raw-txn")]
     workloads: String,
     /// `x-lock-wait-ms` of lockmesh acquires; the limit of every workload's acquire.
@@ -65,6 +67,19 @@ struct Args {
     /// every workload alike.
     #[arg(long)]
     secure_etcd: bool,
+    /// The engine workload: the most grants one etcd transaction may carry. 1 (one
+    /// transaction per grant) is today's engine; grants are not committed in
+    /// groups yet, so anything else is refused (exit 64).
+    #[arg(long, default_value_t = 1)]
+    max_group: u32,
+    /// Members of the etcd cluster this tool starts, on loopback (1 or 3).
+    #[arg(long, default_value_t = 1)]
+    etcd_members: usize,
+    /// Pin every etcd member to core 0 and this process to the other cores
+    /// (`taskset`; without it, or on one core, nothing is pinned and the output
+    /// says so).
+    #[arg(long)]
+    pin_etcd: bool,
     /// --mode zipf: the Zipf exponent s (key i from 1 drawn with weight 1/i^s over
     /// --keys keys, --concurrency clients in all).
     #[arg(long, default_value_t = 1.1)]
@@ -194,8 +209,18 @@ fn main() -> ExitCode {
         let render = |results: &Vec<_>| load::tax::render(results, args.concurrency, secs);
         return report(result, Some(describe_machine()), render, |results| results.iter().all(|r| r.errors == 0));
     }
-    let passed = |r: &load::Report| r.token_violations() == 0 && r.results.iter().all(|r| r.failed.is_none());
-    report(rt.block_on(run(&args, &opts)), None, load::Report::render, passed)
+    let passed = |(r, _): &(load::Report, Vec<String>)| {
+        r.token_violations() == 0 && r.results.iter().all(|r| r.failed.is_none())
+    };
+    let render = |(r, notes): &(load::Report, Vec<String>)| {
+        let mut s = r.render();
+        for n in notes {
+            s.push_str(n);
+            s.push('\n');
+        }
+        s
+    };
+    report(rt.block_on(run(&args, &opts)), None, render, passed)
 }
 
 /// Prints a finished run's report (after a `machine:` line when given) and
@@ -287,8 +312,11 @@ fn options(a: &Args) -> Result<LoadOptions> {
         limit: a.limit,
         progress: !a.quiet,
         keep_grants: false,
+        max_group: a.max_group,
     };
+    load::engine::check_max_group(a.max_group).context("--max-group")?;
     opts.validate()?;
+    ensure!(matches!(a.etcd_members, 1 | 3), "--etcd-members: {} must be 1 or 3", a.etcd_members);
     if a.envoy.is_some() || a.etcd.is_some() {
         if opts.workloads.iter().any(|w| w.lock_tier()) {
             ensure!(a.envoy.is_some(), "the lockmesh workloads need --envoy");
@@ -309,7 +337,7 @@ fn loopback_port(url: &str, scheme: &str) -> Result<u16> {
     u.port().with_context(|| format!("{url}: give the port"))
 }
 
-async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
+async fn run(a: &Args, opts: &LoadOptions) -> Result<(load::Report, Vec<String>)> {
     if a.envoy.is_some() || a.etcd.is_some() {
         let etcd: Vec<String> = match &a.etcd {
             Some(list) => list.split(',').map(|s| s.trim().to_owned()).collect(),
@@ -325,13 +353,21 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
         let file = |p: &Option<PathBuf>| p.clone().unwrap_or_default();
         let target =
             Target::external(etcd, port, file(&a.ca), file(&a.cert), file(&a.key)).with_key_prefix(&a.key_prefix);
+        ensure!(
+            a.etcd_members == 1 && !a.pin_etcd,
+            "--etcd-members and --pin-etcd apply to the stack this tool starts"
+        );
         println!("target: existing deployment ({}); run id below", describe_machine());
-        return load::run(&target, opts).await;
+        return load::run_noted(&target, opts).await;
     }
     // Plaintext whatever LOCKMESH_TEST_ETCD says unless --secure-etcd: every workload
     // then runs on the one production-shaped etcd (`Target::from_stack`).
-    let b = Stack::builder("load").envoy_config("lock-tier").envoy_concurrency(a.envoy_concurrency);
-    let mut b = if a.secure_etcd { b.secure_etcd() } else { b.plaintext_etcd() };
+    // Without a lock-tier workload no Envoy and no arbiter runs (the etcd and
+    // engine workloads alone).
+    let tier = opts.workloads.iter().any(|w| w.lock_tier());
+    let b = Stack::builder("load").envoy_concurrency(a.envoy_concurrency);
+    let b = if tier { b.envoy_config("lock-tier") } else { b.arbiters(0) };
+    let mut b = if a.secure_etcd { b.secure_etcd() } else { b.plaintext_etcd() }.own_etcd(a.etcd_members);
     for line in &a.arbiter_yaml {
         b = b.arbiter_extra_yaml(line.clone());
     }
@@ -341,26 +377,71 @@ async fn run(a: &Args, opts: &LoadOptions) -> Result<load::Report> {
     let st = b.start().await.context(
         "start the stack (scripts/setup installs etcd and Envoy; build the arbiter and the Wasm filter first)",
     )?;
-    println!(
-        "stack: etcd {} ({}{}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
-        st.etcd().endpoints().join(","),
-        tool_version(load_bin(lockmesh_tests::etcd::etcd_bin())),
-        if st.etcd().is_secure() {
-            "; TLS and auth: the arbiter as the shipped lockmesh-arbiter role, the etcd workloads as root"
-        } else {
-            "; plaintext, no auth"
-        },
-        st.envoy().listener_port(),
-        a.envoy_concurrency,
-        tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
-        describe_machine()
-    );
-    println!(
-        "arbiter: {} {}",
-        lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
-        if a.arbiter_yaml.is_empty() { String::new() } else { format!("with {:?}", a.arbiter_yaml) }
-    );
-    load::run(&Target::from_stack(&st)?.with_key_prefix(&a.key_prefix), opts).await
+    let members = match st.etcd().members().len() {
+        1 => String::new(),
+        n => format!(", {n} members on loopback"),
+    };
+    let etcd_shape = if st.etcd().is_secure() {
+        "; TLS and auth: the arbiter (and the engine workload) as the shipped lockmesh-arbiter role, the etcd workloads as root"
+    } else {
+        "; plaintext, no auth"
+    };
+    let etcd_version = tool_version(load_bin(lockmesh_tests::etcd::etcd_bin()));
+    if tier {
+        println!(
+            "stack: etcd {} ({etcd_version}{members}{etcd_shape}), envoy https://localhost:{} --concurrency {} ({}), 1 arbiter; {}",
+            st.etcd().endpoints().join(","),
+            st.envoy().listener_port(),
+            a.envoy_concurrency,
+            tool_version(load_bin(lockmesh_tests::envoy::envoy_bin())),
+            describe_machine()
+        );
+        println!(
+            "arbiter: {} {}",
+            lockmesh_tests::arbiter::arbiter_bin().map(|p| p.display().to_string()).unwrap_or_default(),
+            if a.arbiter_yaml.is_empty() { String::new() } else { format!("with {:?}", a.arbiter_yaml) }
+        );
+    } else {
+        println!(
+            "stack: etcd {} ({etcd_version}{members}{etcd_shape}), no Envoy, no arbiter process; {}",
+            st.etcd().endpoints().join(","),
+            describe_machine()
+        );
+    }
+    if a.pin_etcd {
+        let pids: Vec<u32> = st.etcd().members().iter().filter_map(|m| m.pid()).collect();
+        println!("pinned: {}", pin(&pids));
+    }
+    load::run_noted(&Target::from_stack(&st)?.with_key_prefix(&a.key_prefix), opts).await
+}
+
+/// Pins the etcd processes `pids` (every thread) to core 0 and this process
+/// (every thread, so the runtime's workers too) to cores 1.. with `taskset`;
+/// says what it did, or why nothing was pinned.
+fn pin(pids: &[u32]) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return "nothing (one core)".into();
+    }
+    let taskset = |cpus: &str, pid: u32| {
+        std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+    };
+    let rest = if cores == 2 { "1".to_owned() } else { format!("1-{}", cores - 1) };
+    for &pid in pids {
+        match taskset("0", pid) {
+            Ok(s) if s.success() => {}
+            Ok(s) => return format!("nothing (taskset -a -p -c 0 {pid} answered {s})"),
+            Err(e) => return format!("nothing (no taskset: {e})"),
+        }
+    }
+    match taskset(&rest, std::process::id()) {
+        Ok(s) if s.success() => format!("etcd ({} member(s)) on core 0, this load tool on cores {rest}", pids.len()),
+        Ok(s) => format!("etcd on core 0; this load tool not (taskset answered {s})"),
+        Err(e) => format!("etcd on core 0; this load tool not ({e})"),
+    }
 }
 
 fn load_bin(p: Result<PathBuf>) -> Option<PathBuf> {
