@@ -187,6 +187,9 @@ pub struct Target<'a> {
     procs: cpu::Procs,
     /// How the `engine` workload connects (a stack this tool started).
     engine: Option<engine::EngineAccess>,
+    /// Every etcd member's pid, when there is more than one (the `cpu` line
+    /// counts member 0 only; a note sums them all).
+    etcd_pids: Vec<u32>,
 }
 
 /// How the etcd workloads reach etcd, and where its counters are read.
@@ -505,6 +508,10 @@ impl<'a> Target<'a> {
             key_namespace: "load".into(),
             procs,
             engine: Some(engine),
+            etcd_pids: match st.etcd().members() {
+                [_] => Vec::new(),
+                ms => ms.iter().filter_map(|m| m.pid()).collect(),
+            },
         })
     }
 
@@ -521,6 +528,7 @@ impl<'a> Target<'a> {
             key_namespace: "load".into(),
             procs: cpu::Procs::default(),
             engine: None,
+            etcd_pids: Vec::new(),
         }
     }
 
@@ -598,7 +606,15 @@ pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Repor
                 results.push(r);
                 continue;
             }
-            let (r, fsyncs) = run_one(target, opts, &run_id, mode, w).await;
+            let (r, fsyncs, all_etcd) = run_one(target, opts, &run_id, mode, w).await;
+            if let Some(ms) = all_etcd {
+                notes.push(format!(
+                    "etcd-all {} {}: {ms:.3} ms of CPU per cycle over all {} etcd members",
+                    mode.name(),
+                    w.name(),
+                    target.etcd_pids.len()
+                ));
+            }
             if let Some(f) = fsyncs {
                 notes.push(format!(
                     "fsyncs {} {}: {f:.2} etcd WAL fsyncs per cycle (member 0's {WAL_FSYNCS})",
@@ -649,6 +665,18 @@ async fn connect_engine(target: &Target<'_>, opts: &LoadOptions) -> Result<Arc<e
     }
 }
 
+/// CPU ticks (USER_HZ) of every process of `pids`; `None` if one cannot be read.
+fn ticks_of(pids: &[u32]) -> Option<u64> {
+    pids.iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            // utime and stime: the 12th and 13th fields after the command name.
+            let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
 async fn read_fsyncs(url: Option<&String>) -> Option<u64> {
     let text = etcdwork::metrics_text(url?).await.ok()?;
     etcdwork::counter(&text, WAL_FSYNCS)
@@ -660,7 +688,7 @@ async fn run_one(
     run_id: &str,
     mode: Mode,
     workload: Workload,
-) -> (WorkloadResult, Option<f64>) {
+) -> (WorkloadResult, Option<f64>, Option<f64>) {
     let shape = mode.shape(opts.concurrency, opts.keys);
     let mut result = WorkloadResult::new(mode, workload, shape);
     let engine = match workload {
@@ -668,7 +696,7 @@ async fn run_one(
             Ok(e) => Some(e),
             Err(e) => {
                 result.failed = Some(format!("engine: {e:#}"));
-                return (result, None);
+                return (result, None, None);
             }
         },
         _ => None,
@@ -701,11 +729,11 @@ async fn run_one(
         Ok(Ok(w)) => w,
         Ok(Err(e)) => {
             result.failed = Some(format!("setup: {e:#}"));
-            return (result, None);
+            return (result, None, None);
         }
         Err(_) => {
             result.failed = Some(format!("setup: not done within {SETUP_TIMEOUT:?}"));
-            return (result, None);
+            return (result, None, None);
         }
     };
     result.http_version = workers.iter().find_map(|c| match c {
@@ -742,6 +770,7 @@ async fn run_one(
 
     tokio::time::sleep_until(window.start).await;
     let c0 = cpu::Sample::take(&target.procs);
+    let k0 = ticks_of(&target.etcd_pids).filter(|_| !target.etcd_pids.is_empty());
     let etcd_metrics = target.etcd.metrics.clone();
     let e0 = match &etcd_metrics {
         Some(url) => etcdwork::EtcdCounters::read(url).await,
@@ -779,6 +808,7 @@ async fn run_one(
         last = n;
     }
     let c1 = cpu::Sample::take(&target.procs);
+    let k1 = ticks_of(&target.etcd_pids).filter(|_| !target.etcd_pids.is_empty());
     result.cpu = Some(c1.since(&c0));
     let e1 = match &etcd_metrics {
         Some(url) => etcdwork::EtcdCounters::read(url).await,
@@ -830,7 +860,12 @@ async fn run_one(
         (Some(a), Some(b)) if result.cycles > 0 => Some(b.saturating_sub(a) as f64 / result.cycles as f64),
         _ => None,
     };
-    (result, fsyncs)
+    // USER_HZ is 100 on Linux: a tick is 10 ms.
+    let all_etcd = match (k0, k1) {
+        (Some(a), Some(b)) if result.cycles > 0 => Some(b.saturating_sub(a) as f64 * 10.0 / result.cycles as f64),
+        _ => None,
+    };
+    (result, fsyncs, all_etcd)
 }
 
 /// The largest `lockmesh_arbiter_oldest_gated_wait_seconds` over its label pairs
