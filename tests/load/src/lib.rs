@@ -644,8 +644,8 @@ pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Repor
 enum Client {
     /// The lock-tier and etcd workloads' clients (`drive`).
     Driven(drive::Worker),
-    /// An `engine` holder.
-    Engine(engine::Holder),
+    /// An `engine` holder (boxed: the clients differ much in size).
+    Engine(Box<engine::Holder>),
 }
 
 /// What a client's task hands back: acquire and release latencies, and its close.
@@ -720,7 +720,9 @@ async fn run_one(
         let (rec, engine) = (rec.clone(), engine.clone());
         async move {
             match engine {
-                Some(e) => engine::Holder::open(e, i, key, opts.wait_ms, rec).await.map(Client::Engine),
+                Some(e) => {
+                    engine::Holder::open(e, i, key, opts.wait_ms, rec).await.map(|h| Client::Engine(Box::new(h)))
+                }
                 None => drive::Worker::setup(workload, target, i, key, opts, rec).await.map(Client::Driven),
             }
         }
@@ -759,7 +761,7 @@ async fn run_one(
                         (d.acquire_us, d.release_us, Box::pin(d.worker.close()))
                     }
                     Client::Engine(h) => {
-                        let d = engine::drive(h, plan, i, key, rec).await;
+                        let d = engine::drive(*h, plan, i, key, rec).await;
                         (d.acquire_us, d.release_us, Box::pin(d.holder.close()))
                     }
                 };
