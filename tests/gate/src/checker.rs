@@ -267,7 +267,7 @@ fn check_in(h: &History, b: &mut Budget) -> Result<(Stats, Vec<Violation>), Time
     check_clients(h, b, &grants, &mut v)?;
     check_quorum_loss(h, b, &mut v)?;
     check_restored_epochs(h, b, &grants, &mut v)?;
-    check_sdk_claims(h, b, &mut v)?;
+    check_sdk_claims(h, b, &grants, &mut v)?;
     transparent::check(h, b, &grants, &mut v)?;
     recipes::check(h, b, &grants, &mut v)?;
     ops::check(h, b, &grants, &mut v)?;
@@ -783,7 +783,19 @@ fn check_restored_epochs(
 /// mutex key, in T's epoch and above T, before both V and the claimant's release
 /// of T was called. Such a T' committed after T's hold was deleted, which its
 /// holder had not asked for, at a time the SDK still called the hold valid.
-fn check_sdk_claims(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+///
+/// The claimant's release is the first of its recorded release call and the
+/// release etcd committed (T's hold deleted with its key's release marker, which
+/// only a release naming T on T's session writes, as a hand-off to T' does): a
+/// release still in flight when a history ends is in the store's history but in
+/// no client's.
+fn check_sdk_claims(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violation>) -> Result<(), TimedOut> {
+    // Holds their holder released, by key and token: the revision of the release.
+    let released_in_store: HashMap<(&str, u64), i64> = grants
+        .iter()
+        .filter(|g| g.end == Some(End::Released))
+        .filter_map(|g| g.close.map(|(_, rev)| ((g.key.as_str(), g.token), rev)))
+        .collect();
     let mut acquired: HashMap<&str, Vec<(&ClientOp, u64)>> = HashMap::new();
     let mut released: HashMap<(&str, &str, u64), u64> = HashMap::new();
     for o in &h.ops {
@@ -810,8 +822,14 @@ fn check_sdk_claims(h: &History, b: &mut Budget, v: &mut Vec<Violation>) -> Resu
         }
         let release = released.get(&(claim.process.as_str(), claim.key.as_str(), t)).copied().unwrap_or(u64::MAX);
         let bound = until.min(release);
+        let store_release = released_in_store.get(&(claim.key.as_str(), t)).copied();
         for (o, t2) in acquired.get(claim.key.as_str()).into_iter().flatten() {
             b.tick("sdk")?;
+            // T' committed at or after T's release in etcd (a hand-off commits both).
+            let rev2 = i64::try_from(t2 & ((1 << 48) - 1)).unwrap_or(i64::MAX);
+            if store_release.is_some_and(|r| r <= rev2) {
+                continue;
+            }
             if *t2 > t && t2 >> 48 == t >> 48 && o.ret_us < bound {
                 v.push(Violation {
                     check: "sdk_deadline_conservative",

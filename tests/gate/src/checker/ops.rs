@@ -12,7 +12,10 @@
 //!   policy is refused `contended` while the store shows fewer holds of the key
 //!   than the *enforced* limit for the whole of its call (holds counted from the
 //!   call of the acquire that was answered them, or 1 s before their commit was
-//!   observed, to the observation of their delete: leaning towards "held").
+//!   observed, to the observation of their delete: leaning towards "held"), and
+//!   no other client's acquire of the key was in flight beside it (an arbiter
+//!   lets the first acquire of a key it serves try first, whatever the limit,
+//!   so a short wait can run out behind another acquire's slow grant).
 //! - On the whole history, before the fail-open exemption ([`unprotected`], run
 //!   by [`super::open::check_with_open`]), for keys of fail-open classes
 //!   (GUARANTEES G8h, docs/API.md "Token 0"):
@@ -41,8 +44,10 @@ const COMMIT_SLACK_US: u64 = 1_000_000;
 /// The code a fail-open holder records on an answer that says it is unprotected.
 pub(crate) const UNPROTECTED_CODE: &str = "unprotected";
 /// The kinds of fault during which an arbiter can lose etcd's quorum from its
-/// view long enough to declare it (`fail_open.quorum_loss_after_ms`).
-const OUTAGE_KINDS: [&str; 13] = [
+/// view long enough to declare it (`fail_open.quorum_loss_after_ms`). Every
+/// restore cuts the restored cluster off while etcd is stopped and restored,
+/// `restore_move`'s shard included.
+const OUTAGE_KINDS: [&str; 14] = [
     "quorum_loss",
     "member_kill",
     "leader_pause",
@@ -54,6 +59,7 @@ const OUTAGE_KINDS: [&str; 13] = [
     "restore",
     "restore_bumped",
     "restore_crash",
+    "restore_move",
     "cluster_partition",
     "arbiter_clock_step",
 ];
@@ -169,12 +175,21 @@ fn candidates(h: &History, b: &mut Budget, grants: &[Grant], v: &mut Vec<Violati
         let to = if g.close.is_some() { g.closed_us.unwrap_or(u64::MAX) } else { u64::MAX };
         held.entry(g.key.as_str()).or_default().push((from.min(g.observed_us), to));
     }
+    // Every acquire of a shadow key, whatever its outcome: (process, call, answer).
+    let mut asked: HashMap<&str, Vec<(&str, u64, u64)>> = HashMap::new();
+    for o in h.ops.iter().filter(|o| o.asks_grant() && h.is_shadow(&o.key)) {
+        asked.entry(o.key.as_str()).or_default().push((o.process.as_str(), o.call_us, o.ret_us));
+    }
     for o in h.ops.iter().filter(|o| o.asks_grant() && o.outcome == Outcome::Fail && h.is_shadow(&o.key)) {
         b.tick("candidates")?;
         if o.code.as_deref() != Some("contended") {
             continue;
         }
         if windows.iter().any(|(s, e)| *s < o.ret_us && *e > o.call_us) {
+            continue;
+        }
+        let beside = asked.get(o.key.as_str()).into_iter().flatten();
+        if beside.into_iter().any(|(p, call, ret)| *p != o.process && *call < o.ret_us && *ret > o.call_us) {
             continue;
         }
         let limit = h.limit_of(&o.key);
@@ -401,6 +416,16 @@ mod tests {
         // At the enforced limit the refusal is the enforced policy's.
         let full = shadow_history(1_300_000, true);
         assert!(names(&full).is_empty(), "{:?}", names(&full));
+        // Another client's acquire of the key in flight beside it (answered after
+        // the refusal was called): the refusal may be the wait behind it.
+        let mut beside = shadow_history(1_300_000, false);
+        beside.ops.push(op("v2", "acquire", "p/sh/0", None, (1_200_000, 1_400_000), false));
+        assert!(names(&beside).is_empty(), "{:?}", names(&beside));
+        // One answered before the refusal was called is not beside it (and, itself
+        // refused below the limit with nothing beside it, is caught too).
+        let mut before = shadow_history(1_300_000, false);
+        before.ops.push(op("v2", "acquire", "p/sh/0", None, (1_100_000, 1_250_000), false));
+        assert_eq!(names(&before), ["candidate_never_decides", "candidate_never_decides"]);
     }
 
     fn open_history(ops: Vec<ClientOp>, writes: Vec<StoreWrite>) -> History {
@@ -432,6 +457,18 @@ mod tests {
     #[test]
     fn an_unprotected_grant_outside_an_outage_unmarked_or_fenced_is_caught() {
         let h = open_history(vec![zero(2_000_000, true)], Vec::new());
+        assert_eq!(names(&h), ["unprotected_only_in_outage"]);
+        // A shard restore (`restore_move`) cuts its cluster off: an outage.
+        let mut h = open_history(vec![zero(2_000_000, true)], Vec::new());
+        let restore = |kind: &str| crate::history::Fault {
+            kind: kind.into(),
+            detail: "shard-a restored".into(),
+            start_us: 1_000_000,
+            end_us: 1_500_000,
+        };
+        h.faults = vec![restore("restore_move")];
+        assert!(names(&h).is_empty(), "{:?}", names(&h));
+        h.faults = vec![restore("rebalance")];
         assert_eq!(names(&h), ["unprotected_only_in_outage"]);
         let h = open_history(vec![zero(13_000_000, false)], Vec::new());
         assert_eq!(names(&h), ["unprotected_marked"]);

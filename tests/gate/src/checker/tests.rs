@@ -355,6 +355,23 @@ fn an_sdk_claim_outliving_its_hold_is_caught() {
     h.ops.pop();
     h.ops[1] = ClientOp { op: "valid".into(), valid_until_us: Some(7000), ..op("valid", t(1, 2), 7000, 7000) };
     assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
+    // A release etcd committed (the release marker with the delete) but whose
+    // call no client recorded (in flight when the history ended): released.
+    h.ops[1] = claim(9000);
+    h.segments[0].events = vec![epoch(1, 1), grant(2, 0, "k/a", 1), del(4, 0), marker(4, 1, 2), grant(5, 0, "k/a", 1)];
+    assert!(!checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
+    // A successor committed before that release is still caught.
+    let other_early = ClientOp { process: "h1".into(), ..op("acquire", t(1, 3), 3500, 3600) };
+    h.segments[0].events = vec![
+        epoch(1, 1),
+        grant(2, 0, "k/a", 1),
+        grant(3, 1, "k/a", 1),
+        del(4, 0),
+        marker(4, 1, 2),
+        grant(5, 0, "k/a", 1),
+    ];
+    h.ops.push(other_early);
+    assert!(checks(&h).contains(&"sdk_deadline_conservative"), "{:?}", checks(&h));
 }
 
 #[test]
