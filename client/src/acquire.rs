@@ -124,12 +124,12 @@ impl AcquireAll {
         inner.count(1);
         let answer = inner.api.acquire_all(&keys, session.id, wait, class.as_deref(), timeout).await;
         let result = match answer {
-            Ok(grants) => {
+            Ok((grants, honoured_from)) => {
                 let mut guards = Vec::with_capacity(grants.len());
                 let mut lost = false;
                 for mut grant in grants {
                     grant.ttl_s = session.ttl_s;
-                    inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch(), None);
+                    inner.observe_epoch(grant.cluster.as_deref(), grant.token.epoch(), honoured_from);
                     if inner.ledger().acquired(&grant) {
                         guards.push(LockGuard::new(inner.clone(), session.clone(), grant));
                     } else {
@@ -228,10 +228,10 @@ async fn list_after(inner: &Arc<Inner>, session: &Arc<Session>, key: &str, at: I
         inner.count(3);
         match inner.api.holds(session.id, inner.config.request_timeout).await {
             Ok(holds) => {
-                for h in &holds {
-                    inner.observe_epoch(h.cluster.as_deref(), h.token.epoch(), None);
+                for (h, honoured_from) in &holds {
+                    inner.observe_epoch(h.cluster.as_deref(), h.token.epoch(), *honoured_from);
                 }
-                return match holds.into_iter().find(|h| h.key == key) {
+                return match holds.into_iter().map(|(h, _)| h).find(|h| h.key == key) {
                     Some(mut g) => {
                         g.ttl_s = session.ttl_s;
                         Listed::Present(g)

@@ -260,7 +260,8 @@ impl Api {
     }
 
     /// `POST /v1/locks/acquire-all` of `keys` on `session`: one grant per key, in
-    /// the order of `keys`.
+    /// the order of `keys`, and the lowest epoch their cluster still honours
+    /// (`honoured_from`; the tokens' own epoch when absent).
     pub(crate) async fn acquire_all(
         &self,
         keys: &[String],
@@ -268,7 +269,7 @@ impl Api {
         wait: Duration,
         class: Option<&str>,
         timeout: Duration,
-    ) -> Result<Vec<Grant>, CallError> {
+    ) -> Result<(Vec<Grant>, Option<u64>), CallError> {
         let mut h = vec![
             (headers::KEYS, keys.join(" ")),
             (headers::SESSION, session.to_string()),
@@ -280,7 +281,8 @@ impl Api {
         if a.session != session {
             return Err(CallError::Unknown("the grant names another session".into()));
         }
-        keys.iter()
+        let grants = keys
+            .iter()
             .map(|key| {
                 let k = a.keys.iter().find(|k| k.key == *key).ok_or_else(|| bad("keys"))?;
                 Ok(Grant {
@@ -293,7 +295,8 @@ impl Api {
                     proof: Proof(k.proof.clone()),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, CallError>>()?;
+        Ok((grants, a.honoured_from))
     }
 
     /// `POST /v1/locks/release` of exactly this grant, or `POST
@@ -343,20 +346,29 @@ impl Api {
     }
 
     /// `GET /v1/sessions/holds`.
-    pub(crate) async fn holds(&self, session: SessionId, timeout: Duration) -> Result<Vec<Grant>, CallError> {
+    /// `GET /v1/sessions/holds`: each hold, with the lowest epoch its cluster
+    /// still honours (`honoured_from`; the hold's own epoch when absent).
+    pub(crate) async fn holds(
+        &self,
+        session: SessionId,
+        timeout: Duration,
+    ) -> Result<Vec<(Grant, Option<u64>)>, CallError> {
         let l: SessionHolds =
             self.call(Method::GET, "/v1/sessions/holds", &[(headers::SESSION, session.to_string())], timeout).await?;
         // A listing names no TTL: the caller fills it in.
         let holds = l.holds.into_iter();
         Ok(holds
-            .map(|h| Grant {
-                key: h.key,
-                token: h.token,
-                session,
-                ttl_s: 0,
-                class: h.class,
-                cluster: h.cluster,
-                proof: Proof::default(),
+            .map(|h| {
+                let grant = Grant {
+                    key: h.key,
+                    token: h.token,
+                    session,
+                    ttl_s: 0,
+                    class: h.class,
+                    cluster: h.cluster,
+                    proof: Proof::default(),
+                };
+                (grant, h.honoured_from)
             })
             .collect())
     }

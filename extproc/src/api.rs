@@ -386,19 +386,25 @@ async fn route(
         }
         Route::SessionHolds => {
             let sid = need(lock.session, headers::SESSION)?;
-            let holds = tiers.session_holds(sid, &caller).await?;
-            let holds = holds
-                .into_iter()
-                .map(|h| SessionHold {
+            let mut holds = Vec::new();
+            for h in tiers.session_holds(sid, &caller).await? {
+                // The epochs its cluster still honours, as an acquire's answer
+                // says them: a holder fences nothing those keep valid.
+                let honoured_from = match tiers.stores().find(|s| s.cluster_name() == h.cluster) {
+                    Some(s) => honoured_from(s, h.token.epoch()).await,
+                    None => None,
+                };
+                holds.push(SessionHold {
                     acquired_ms: h.acquired_ms,
                     class: h.class,
                     cluster: Some(h.cluster),
                     epoch: h.token.epoch(),
+                    honoured_from,
                     key: h.key,
                     revision: h.token.revision(),
                     token: h.token,
-                })
-                .collect();
+                });
+            }
             ApiResponse::ok(&SessionHolds { holds, session: sid })
         }
         Route::Validate => {
@@ -666,6 +672,7 @@ async fn acquire_all(
         class: g.class.clone(),
         cluster: store.cluster_name().to_owned(),
         epoch: g.token.epoch(),
+        honoured_from: honoured_from(&store, g.token.epoch()).await,
         existing: g.existing,
         new_session: g.new_session,
         revision: g.token.revision(),

@@ -94,6 +94,11 @@ pub struct AcquiredAll {
     pub cluster: String,
     /// The tokens' epoch.
     pub epoch: u64,
+    /// The lowest epoch of the granting cluster whose holds are still honoured,
+    /// when it is below `epoch` (see [`Acquired::honoured_from`]). Absent when
+    /// only `epoch` is honoured, and from an older arbiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honoured_from: Option<u64>,
     /// True when the caller's session already held every key by one grant (an
     /// idempotent retry): nothing new was granted.
     pub existing: bool,
@@ -230,6 +235,12 @@ pub struct SessionHold {
     pub cluster: Option<String>,
     /// The token's epoch.
     pub epoch: u64,
+    /// The lowest epoch of the hold's cluster whose holds are still honoured,
+    /// when it is below `epoch` (a shard move's soft advance: see
+    /// [`Acquired::honoured_from`]). Absent when only `epoch` and later ones are
+    /// honoured, and from an older arbiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honoured_from: Option<u64>,
     /// The raw lock key (the caller's own).
     pub key: String,
     /// The token's etcd commit revision.

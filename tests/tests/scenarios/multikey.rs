@@ -346,3 +346,37 @@ async fn the_sdk_and_lockctl_run_take_several_keys_at_once() {
     }
     client.shutdown().await;
 }
+
+/// After a shard move's soft epoch advance its cluster still honours the earlier
+/// epoch's holds (`prior`), and an SDK holding a key at that epoch keeps it: the
+/// multi-key acquire answered in the new epoch names the lowest epoch still
+/// honoured (`honoured_from`), as a single acquire's answer does, so the SDK
+/// fences nothing. Before, the multi-key answer carried no floor, the SDK took the
+/// new epoch for a restore's and fenced the session of the older hold, and the
+/// multi-key grant on that same session with it. The soft advance is written as
+/// a move writes it (the epoch + 1, `prior` naming the old one) on a one-cluster
+/// stack. Shown failing by hand against the previous client.
+#[tokio::test]
+async fn an_sdk_keeps_its_older_epochs_hold_across_a_multi_key_grant_after_a_soft_advance() {
+    use lockmesh_client::LockOptions;
+    let st = stack("multikey-soft").start().await.unwrap();
+    let (client, fences) = super::sdk::sdk(super::sdk::config(&st, "payments", "sdk"));
+    let old = client.lock("payments/sdk-all/old", LockOptions::default()).await.unwrap();
+    let e0 = old.token().epoch();
+    let mut etcd = st.etcd().client().await.unwrap();
+    let key = format!("{}/sys/epoch", st.root());
+    let r = etcd.get(key.as_str(), None).await.unwrap();
+    let mut rec: Value = serde_json::from_slice(r.kvs()[0].value()).unwrap();
+    rec["epoch"] = (e0 + 1).into();
+    rec["prior"] = serde_json::json!([e0]);
+    etcd.put(key.as_str(), rec.to_string(), None).await.unwrap();
+    let guards = client.lock_all(&["payments/sdk-all/a", "payments/sdk-all/b"], LockOptions::default()).await;
+    let guards = guards.unwrap_or_else(|e| panic!("the multi-key grant after the soft advance: {e:?}"));
+    assert_eq!(guards[0].token().epoch(), e0 + 1, "granted in the new epoch");
+    assert!(fences.lock().unwrap().is_empty(), "fenced: {:?}", fences.lock().unwrap());
+    // The older hold is still the SDK's, and the cluster's: released as held.
+    old.release().await.unwrap();
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

@@ -449,12 +449,15 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         class: "default".into(),
         cluster: Some("coord".into()),
         epoch: 1,
+        honoured_from: None,
         key: "payments/orders-42".into(),
         revision: 3,
         token,
     };
     let hold_bare = SessionHold { cluster: None, ..hold.clone() };
-    let holds = SessionHolds { holds: vec![hold.clone(), hold_bare.clone()], session: sid };
+    // After a shard move's soft advance: epoch 2, epoch 1's holds still honoured.
+    let honoured = SessionHold { epoch: 2, honoured_from: Some(1), ..hold.clone() };
+    let holds = SessionHolds { holds: vec![hold.clone(), hold_bare.clone(), honoured], session: sid };
     let opened = SessionOpened { class: "default".into(), session: sid, ttl_s: 15 };
     let proclaimed = Proclaimed { proclaimed: true };
     let leader = Leader {
@@ -487,6 +490,7 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
         class: "default".into(),
         cluster: "coord".into(),
         epoch: 1,
+        honoured_from: None,
         existing: false,
         new_session: true,
         revision: 3,
@@ -497,6 +501,12 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     };
     let mut cases = vec![
         case(&schema("AcquiredAll"), "multi-key grant", &all, true),
+        case(
+            &schema("AcquiredAll"),
+            "multi-key grant after a soft advance",
+            &AcquiredAll { epoch: 2, honoured_from: Some(1), ..all.clone() },
+            true,
+        ),
         case(
             &schema("AcquiredAll"),
             "one key is no multi-key grant",
@@ -596,7 +606,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     let released =
         [v(&Released { released: true, unprotected: false }), v(&Released { released: true, unprotected: true })];
     assert_members(&doc, &schema("Released"), &released);
-    assert_members(&doc, &schema("AcquiredAll"), &[v(&all)]);
+    let all_honoured = AcquiredAll { epoch: 2, honoured_from: Some(1), ..all.clone() };
+    assert_members(&doc, &schema("AcquiredAll"), &[v(&all), v(&all_honoured)]);
     assert_members(&doc, &schema("KeyGrant"), &[v(&all.keys[0]), v(&all.keys[1])]);
     assert_members(&doc, &schema("LockInfo"), &[v(&info), v(&LockInfo { lock_delay_ms: None, ..info.clone() })]);
     assert_members(&doc, &schema("Holder"), &[v(&own), v(&other)]);
@@ -604,7 +615,8 @@ fn every_answer_body_is_a_wire_struct_the_document_allows() {
     assert_members(&doc, &schema("SessionRenewed"), &[v(&SessionRenewed { session: sid, ttl_s: 15 })]);
     assert_members(&doc, &schema("SessionClosed"), &[v(&SessionClosed { closed: true })]);
     assert_members(&doc, &schema("SessionHolds"), &[v(&holds)]);
-    assert_members(&doc, &schema("SessionHold"), &[v(&hold), v(&hold_bare)]);
+    let hold_honoured = SessionHold { epoch: 2, honoured_from: Some(1), ..hold.clone() };
+    assert_members(&doc, &schema("SessionHold"), &[v(&hold), v(&hold_bare), v(&hold_honoured)]);
     assert_members(&doc, &schema("TokenValidity"), &[v(&TokenValidity { current: true })]);
     assert_members(&doc, &schema("Proclaimed"), &[v(&proclaimed)]);
     assert_members(&doc, &schema("Election"), &[v(&election), v(&election_bare), v(&election_none)]);
