@@ -312,8 +312,10 @@ pub async fn force_release(g: &GateCluster) -> Result<()> {
         // just paused or whose clock it stepped) is not the step's subject: the
         // operator asks another, as here (three arbiters at most).
         let mut asked = 0;
+        let first = rand::random_range(0..g.arbiters.len());
         let (i, p) = loop {
-            let i = rand::random_range(0..g.arbiters.len());
+            // A different arbiter on each try, starting at a random one.
+            let i = (first + asked) % g.arbiters.len();
             let (code, p) = admin(g, i, "alice", &["request", "force-release", STICKY_KEY, "--reason", reason]).await?;
             asked += 1;
             if code != 0 && p["error"] == "admin.unavailable" && asked < 3 {
