@@ -89,6 +89,11 @@ pub enum TestFault {
     /// right after a restore, a hold the snapshot brought back is answered as
     /// held, with a token older than grants made after the snapshot.
     UncheckedExistingRead,
+    /// `lockctl epoch-advance --epochs-from` takes the epoch it allocated from the
+    /// coord counter for one the operator named: a re-run refuses the advance an
+    /// earlier run left half-done, and the shard stays sealed. Read by `lockctl`
+    /// from the config it is given, never by the arbiter.
+    AdvanceEpochAsGiven,
     /// TEST SWITCH, not a bug: the arbiter's once-a-second seal round does not
     /// run, so only requests can notice a restore (a scenario's window between a
     /// restore and the round made as wide as it needs).
@@ -273,6 +278,7 @@ impl TestFault {
             "skip_term_mark" => Some(Self::SkipTermMark),
             "renew_sealed" => Some(Self::RenewSealed),
             "unchecked_existing_read" => Some(Self::UncheckedExistingRead),
+            "advance_epoch_as_given" => Some(Self::AdvanceEpochAsGiven),
             "no_seal_round" => Some(Self::NoSealRound),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),

@@ -111,10 +111,15 @@ async fn target_of(a: &Advance) -> Result<Target, RestoreError> {
     let floor = restore::epoch_floor(a.expected_epoch, &marks)?;
     let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config)
         .map_err(|e| RestoreError::Other(format!("--epochs-from: {}", e.join("; "))))?;
+    lockmesh_lock::test_faults::install(&clusters.test_faults);
     let tiers = clusters.connect().await.map_err(|e| RestoreError::Other(format!("--epochs-from: {e}")))?;
     let coord = tiers.coord();
     // A refused allocation applied nothing (`retry_auth`): it is asked again.
     match retry_auth(&coord.client(), move |_| coord.allocate_epoch_above(floor)).await {
+        // PLANTED BUG (scale scenario) when on: the allocated epoch taken as given.
+        Ok(e) if lockmesh_lock::test_faults::on(lockmesh_lock::test_faults::TestFault::AdvanceEpochAsGiven) => {
+            Ok(Target::Given(e))
+        }
         Ok(e) => Ok(Target::Chosen(e)),
         Err(lockmesh_lock::LockError::Sealed(_)) => Err(RestoreError::EpochExhausted(floor + 1)),
         Err(e) => Err(RestoreError::Other(format!("--epochs-from: the coord epoch counter: {e}"))),

@@ -960,11 +960,27 @@ async fn a_shard_epoch_advance_takes_its_epoch_from_the_coord_counter() {
 /// audit tailer's restore seal, it refused the other target. Now the epoch an
 /// earlier run took is finished, and a bare seal is re-aimed at the fresh
 /// epoch. An operator's own `--new-epoch` still stops on another target and
-/// names it. Shown failing by hand against the previous lockctl (both runs
-/// below exit 1).
+/// names it. Twin: `advance_epoch_as_given`.
 #[tokio::test]
 async fn a_shard_epoch_advance_rerun_finishes_what_an_earlier_run_left() {
-    let s = scale("scale-advance-rerun", &["shard-a", "shard-b"], &["shard-a", "shard-b"], "").await;
+    rerun_after_an_earlier_advance(false).await;
+}
+
+/// Twin: `advance_epoch_as_given` (the allocated epoch treated as the operator's)
+/// refuses the re-run, naming the earlier run's epoch, and the shard stays sealed.
+#[tokio::test]
+async fn planted_a_rerun_that_insists_on_its_own_epoch_leaves_the_shard_sealed() {
+    rerun_after_an_earlier_advance(true).await;
+}
+
+async fn rerun_after_an_earlier_advance(planted: bool) {
+    let (name, extra) = if planted {
+        ("scale-advance-rerun-planted", "test_faults: [advance_epoch_as_given]\n")
+    } else {
+        ("scale-advance-rerun", "")
+    };
+    let env: &[(&str, &str)] = if planted { &[("LOCKMESH_TEST_FAULTS", "1")] } else { &[] };
+    let s = scale_with(name, &["shard-a", "shard-b"], &["shard-a", "shard-b"], extra, env).await;
     let config = s.st.arbiter(0).config_path().display().to_string();
     let ep = s.shards["shard-a"].endpoints()[0].clone();
     let key = format!("{}/sys/epoch", s.st.root());
@@ -979,6 +995,7 @@ async fn a_shard_epoch_advance_rerun_finishes_what_an_earlier_run_left() {
             .arg(expected.to_string())
             .args(extra)
             .envs(s.shard_users["shard-a"].env("lockmesh-admin-epoch"))
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -995,6 +1012,11 @@ async fn a_shard_epoch_advance_rerun_finishes_what_an_earlier_run_left() {
     step2["sealed"] = format!("epoch advance {e0} -> {taken}: revoking restored sessions").into();
     shard.put(key.as_str(), step2.to_string(), None).await.unwrap();
     let (ok, text) = advance(e0, &["--epochs-from", &config]);
+    if planted {
+        assert!(!ok && text.contains(&format!("an advance to epoch {taken} is in progress")), "{text}");
+        assert_eq!(record(&mut shard).await, step2, "the shard stays sealed mid-advance");
+        return;
+    }
     assert!(ok, "{text}");
     assert!(text.contains("finishing that advance") && text.contains("4/4 unsealed"), "{text}");
     let rec = record(&mut shard).await;
