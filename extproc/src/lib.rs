@@ -90,30 +90,25 @@ pub async fn run(
     if let Err(e) = store.check_seal().await {
         tracing::warn!(error = %e, "etcd not reachable yet; every request fails closed until it is");
     }
-    // Every other cluster's too (the tiers' round repeats them every second): its
+    // Every other cluster's too (the seal rounds repeat them every second): its
     // marks are based before its first grant.
     for s in tiers.stores().skip(1) {
         if let Err(e) = s.check_seal().await {
             tracing::warn!(cluster = s.cluster_name(), error = %e, "etcd of this cluster not reachable yet; its requests fail closed until it is");
         }
     }
-    let checker = tokio::spawn({
-        let (store, tiers) = (store.clone(), tiers.clone());
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if lock::test_faults::on(lock::test_faults::TestFault::NoSealRound) {
-                    continue; // TEST SWITCH (restore scenario): requests alone notice a restore
-                }
-                let started = tokio::time::Instant::now();
-                let r = store.check_seal().await;
-                metrics::ETCD.observe(r.is_ok(), started.elapsed());
-                // The fail-open trigger (ADR-04): a declared quorum loss, and the
-                // spool shipped once the quorum is back.
-                tiers.observe_quorum(&store, r.is_ok()).await;
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "seal check could not reach etcd");
-                }
+    // One seal round a second per cluster, each in its own task (a stalled
+    // cluster's long round never delays another's): restores are noticed
+    // without traffic, and the fail-open trigger (ADR-04) declares and ends a
+    // quorum loss and ships the spool once the quorum is back.
+    let checkers = tiers.spawn_seal_rounds({
+        let coord = store.clone();
+        move |s, r, took| {
+            if std::ptr::eq(s, &*coord) {
+                metrics::ETCD.observe(r.is_ok(), took);
+            }
+            if let Err(e) = r {
+                tracing::debug!(cluster = s.cluster_name(), error = %e, "seal check could not reach etcd");
             }
         }
     });
@@ -180,7 +175,9 @@ pub async fn run(
         .serve_with_incoming_shutdown(lockmesh_runtime::tls_incoming(grpc, tls, HANDSHAKE_TIMEOUT, "grpc"), shutdown)
         .await?;
     let _ = stop_tx.send(true);
-    checker.abort();
+    for c in &checkers {
+        c.abort();
+    }
     tiers_task.abort();
     // The marks as they are now, not as the last once-a-second check left them:
     // a restart after a clean stop starts from every grant this process saw.

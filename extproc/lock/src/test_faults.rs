@@ -98,6 +98,10 @@ pub enum TestFault {
     /// run, so only requests can notice a restore (a scenario's window between a
     /// restore and the round made as wide as it needs).
     NoSealRound,
+    /// The clusters' once-a-second seal rounds take turns (one round at a time,
+    /// as one loop over the clusters did): a cluster whose etcd stalls holds back
+    /// every other cluster's quorum-loss declaration and its end.
+    SealRoundsInTurn,
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
@@ -280,6 +284,7 @@ impl TestFault {
             "unchecked_existing_read" => Some(Self::UncheckedExistingRead),
             "advance_epoch_as_given" => Some(Self::AdvanceEpochAsGiven),
             "no_seal_round" => Some(Self::NoSealRound),
+            "seal_rounds_in_turn" => Some(Self::SealRoundsInTurn),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),

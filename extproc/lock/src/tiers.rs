@@ -340,17 +340,52 @@ impl Tiers {
         }
     }
 
-    /// One background round (every second): seal checks of the clusters other
-    /// than the coord one (the coord one has its own checker), the bootstrap until
-    /// it succeeded, and a fresh read of the shard map.
+    /// One cluster's seal round: its seal check, then the fail-open trigger with
+    /// the outcome. The arbiter runs one round a second **per cluster, each in its
+    /// own task** ([`Tiers::spawn_seal_rounds`]): a round of a stalled cluster lasts
+    /// several operation timeouts (the read, a login, the member probe), and
+    /// another cluster's quorum loss must still be declared, and ended, within
+    /// seconds of its own checks (GUARANTEES G8h).
+    pub async fn seal_round(&self, store: &Arc<Store>) -> Result<(), LockError> {
+        static IN_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _turn = match crate::test_faults::on(crate::test_faults::TestFault::SealRoundsInTurn) {
+            true => Some(IN_TURN.lock().await), // PLANTED FAULT seal_rounds_in_turn
+            false => None,
+        };
+        let r = store.check_seal().await;
+        self.observe_quorum(store, r.is_ok()).await;
+        r
+    }
+
+    /// Starts every cluster's seal round, once a second each (the coord cluster's
+    /// included); `each` runs after every round with its store, outcome and length.
+    pub fn spawn_seal_rounds(
+        self: &Arc<Self>,
+        each: impl Fn(&Store, &Result<(), LockError>, std::time::Duration) + Clone + Send + Sync + 'static,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        self.stores()
+            .cloned()
+            .map(|store| {
+                let (tiers, each) = (self.clone(), each.clone());
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        if crate::test_faults::on(crate::test_faults::TestFault::NoSealRound) {
+                            continue; // TEST SWITCH (restore scenario): requests alone notice a restore
+                        }
+                        let started = tokio::time::Instant::now();
+                        let r = tiers.seal_round(&store).await;
+                        each(&store, &r, started.elapsed());
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// One background round (every second): the bootstrap until it succeeded,
+    /// and a fresh read of the shard map. (Seal checks run in their own tasks,
+    /// [`Tiers::spawn_seal_rounds`].)
     pub async fn tick(&self, reg: &ClassRegistry) {
-        for s in self.stores().skip(1) {
-            let r = s.check_seal().await;
-            self.observe_quorum(s, r.is_ok()).await;
-            if let Err(e) = r {
-                tracing::debug!(cluster = s.cluster_name(), error = %e, "seal check could not reach etcd");
-            }
-        }
         if !self.bootstrapped.load(std::sync::atomic::Ordering::Relaxed) {
             if let Err(e) = self.bootstrap(reg).await {
                 tracing::debug!(error = %e, "could not create the shard map or home records yet");

@@ -1270,6 +1270,26 @@ impl GateCluster {
         }
     }
 
+    /// Copies the logs of the run's arbiters, Envoys and holders into `dir/logs/`
+    /// (a failing history's report: what the arbiters declared and refused is
+    /// often the only way to tell a product fault from a checker's).
+    pub fn keep_logs(&self, dir: &std::path::Path) -> Result<()> {
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let mut files: Vec<(String, std::path::PathBuf)> = Vec::new();
+        files.extend(
+            self.arbiters.iter().enumerate().map(|(i, a)| (format!("arbiter-{i}.log"), a.log_path().to_owned())),
+        );
+        files.extend(self.envoys.iter().enumerate().map(|(i, e)| (format!("envoy-{i}.log"), e.log_path())));
+        files.extend(self.holders.iter().map(|h| (format!("holder-{}.log", h.name), h.process.log_path().to_owned())));
+        for (name, from) in files {
+            if let Err(e) = std::fs::copy(&from, logs.join(&name)) {
+                std::fs::write(logs.join(format!("{name}.missing")), format!("{}: {e}\n", from.display()))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stops the holders, heals every link, waits for the recorder to catch up and
     /// returns the whole history.
     pub async fn finish(&self) -> Result<History> {

@@ -76,6 +76,13 @@ pub async fn run_history(
     schedule::run(&g, schedule, gap).await?;
     let h = g.finish().await?;
     let v = check(&h, CHECK_BUDGET);
-    let path = if v.passed() { None } else { Some(report::write(out_dir, &h, &v)?) };
+    let path = match v.passed() {
+        true => None,
+        false => {
+            let p = report::write(out_dir, &h, &v)?;
+            g.keep_logs(&p)?;
+            Some(p)
+        }
+    };
     Ok((h, v, path))
 }

@@ -9,6 +9,10 @@
 //!   a closed class there answers `unavailable`, every other cluster grants as
 //!   usual, and the shard's own spool (`<spool_file>.<cluster>`) is shipped to that
 //!   shard and audited there after the recovery.
+//! - A stalled shard (its member stopped: each call of its seal round runs into
+//!   the operation timeout) never delays another shard's quorum-loss declaration
+//!   or its end; with the rounds taking turns planted (`seal_rounds_in_turn`) it
+//!   does, and the same checks fail.
 //! - An arbiter without the shard map (started while the coord cluster is lost)
 //!   routes nothing: every key answers `unavailable`, a fail-open one included.
 //! - Under etcd auth an arbiter started while a shard is lost serves every other
@@ -79,6 +83,8 @@ struct Setup<'a> {
     /// The coord cluster is a plaintext etcd of the stack's own (so it can be lost),
     /// and so are the shards.
     own_plaintext_coord: bool,
+    /// The arbiters' `etcd.op_timeout_ms` (every cluster's), instead of 2000.
+    op_timeout_ms: Option<u64>,
 }
 
 struct Split {
@@ -138,6 +144,9 @@ async fn split(name: &str, setup: Setup<'_>) -> Split {
             .arbiter_extra_yaml(spool_yaml(spool));
         if plain {
             b = b.own_etcd(1).plaintext_etcd();
+        }
+        if let Some(ms) = setup.op_timeout_ms {
+            b = b.arbiter_etcd_yaml(format!("op_timeout_ms: {ms}"));
         }
         if !setup.faults.is_empty() {
             b = b.arbiter_env("LOCKMESH_TEST_FAULTS", "1");
@@ -440,6 +449,87 @@ async fn a_fail_open_class_fails_open_only_for_keys_homed_on_the_lost_shard() {
     let mut want = vec![(g1, "release".to_owned(), open_a), (g2, "release".to_owned(), open_a2)];
     want.sort();
     assert_eq!(got, want, "{v}");
+}
+
+/// How long `cluster`'s declared quorum loss took to become `declared` (polled
+/// every 200 ms, up to `within`), or `None`.
+async fn declared_within(st: &Stack, cluster: &str, declared: bool, within: Duration) -> Option<Duration> {
+    let from = Instant::now();
+    while from.elapsed() < within {
+        if fail_open_status(st).await[cluster]["quorum_loss_declared"] == declared {
+            return Some(from.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// GUARANTEES G8h's trigger is each cluster's own: with shard-a's etcd stalled
+/// (its member stopped, so each call of shard-a's seal round runs into the 10 s
+/// operation timeout: a round of 30 s), shard-b's quorum loss is declared within
+/// seconds of its member dying, a fail-open key homed on shard-b is granted
+/// unprotected, and within seconds of the member's return the loss ends and the
+/// key is granted from etcd again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_never_delays_another_shards_quorum_loss_or_its_end() {
+    let v = stalled_shard("split-stall", &[]).await;
+    assert!(v.is_empty(), "{v:#?}");
+}
+
+/// The twin: with the clusters' seal rounds taking turns (one loop over the
+/// clusters, as before the fix), shard-b's declaration needs two of its rounds,
+/// each behind one of shard-a's 30 s rounds, and the checks above fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_seal_rounds_in_turn_hold_back_another_shards_quorum_loss() {
+    let v = stalled_shard("split-stall-planted", &["seal_rounds_in_turn"]).await;
+    eprintln!("what the checks saw: {v:#?}");
+    assert!(!v.is_empty(), "the planted in-turn seal rounds went unnoticed");
+}
+
+/// The stalled-shard run; what went wrong, in words.
+async fn stalled_shard(name: &str, faults: &[&str]) -> Vec<String> {
+    /// Generous beside the 1 s rounds and 1 s declaration delay; far below the
+    /// 30 s a round of the stalled shard lasts.
+    const WITHIN: Duration = Duration::from_secs(12);
+    let shards = ["shard-a", "shard-b"];
+    let setup = Setup { shards: &shards, entity: &shards, faults, op_timeout_ms: Some(10_000), ..Setup::default() };
+    let s = split(name, setup).await;
+    let open_b = homed(&map(&shards), keys("payments/batch", 4, "b"), "shard-b");
+    let c = s.st.client("payments", "a").unwrap();
+    let (t, _) = acquire(&c, &open_b, None).await;
+    release(&c, &open_b, t).await;
+    let mut v = Vec::new();
+
+    s.shards["shard-a"].member(0).pause().unwrap();
+    // shard-a's rounds are in their stall (each call waits its 10 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.shards["shard-b"].member(0).kill();
+    match declared_within(&s.st, "shard-b", true, Duration::from_secs(75)).await {
+        Some(d) if d <= WITHIN => {}
+        d => v.push(format!("shard-b's quorum loss was declared after {d:?} (stalled shard-a beside it)")),
+    }
+    let r = c.post(ACQ, &[("x-lock-key", &open_b)]).await.unwrap();
+    match (r.code(), r.json["token"].as_str()) {
+        (200, Some("0")) => {
+            let g = field(&r, "grant");
+            let r = c.post(REL, &[("x-lock-key", &open_b), ("x-lock-grant", &g)]).await.unwrap();
+            assert_eq!(r.code(), 200, "{}", r.body);
+        }
+        _ => v.push(format!("shard-b's open key during its declared loss: {} {}", r.code(), r.body)),
+    }
+
+    s.shards["shard-b"].member(0).restart().await.unwrap();
+    match declared_within(&s.st, "shard-b", false, Duration::from_secs(75)).await {
+        Some(d) if d <= WITHIN => {}
+        d => v.push(format!("shard-b's quorum loss ended {d:?} after its member was back")),
+    }
+    let r = c.post(ACQ, &[("x-lock-key", &open_b)]).await.unwrap();
+    match (r.code(), r.json["token"].as_str().and_then(|t| t.parse::<u64>().ok())) {
+        (200, Some(t2)) if t2 > t => release(&c, &open_b, t2).await,
+        _ => v.push(format!("shard-b's open key after its return: {} {}", r.code(), r.body)),
+    }
+    s.shards["shard-a"].member(0).resume().unwrap();
+    v
 }
 
 /// An audit tailer over `cluster` (a shard: one tailer per cluster root).
