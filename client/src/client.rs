@@ -596,6 +596,7 @@ impl Inner {
             }
             seen.insert(key, epoch);
         }
+        let honoured_from = honoured_from.filter(|_| !crate::planted::ignore_honoured_from());
         let stale = self.ledger().sessions_below_epoch(cluster, crate::ledger::fence_floor(epoch, honoured_from));
         for sid in stale {
             if let Some(s) = self.session_by_id(sid) {

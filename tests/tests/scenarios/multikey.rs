@@ -355,11 +355,47 @@ async fn the_sdk_and_lockctl_run_take_several_keys_at_once() {
 /// new epoch for a restore's and fenced the session of the older hold, and the
 /// multi-key grant on that same session with it. The soft advance is written as
 /// a move writes it (the epoch + 1, `prior` naming the old one) on a one-cluster
-/// stack. Shown failing by hand against the previous client.
+/// stack. The planted twin below switches the SDK's use of the floor off.
 #[tokio::test]
 async fn an_sdk_keeps_its_older_epochs_hold_across_a_multi_key_grant_after_a_soft_advance() {
+    soft_advance_under_a_multi_key_grant("multikey-soft").await.unwrap();
+}
+
+/// Its planted twin, in a child process of this test binary (the SDK's planted
+/// faults are per process): with `ignore_honoured_from` the SDK fences the
+/// session of the older hold, and the multi-key grant on it.
+#[tokio::test]
+async fn planted_an_sdk_that_ignores_honoured_from_loses_its_older_hold() {
+    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "multikey::planted_child_ignore_honoured_from",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "the planted child did not run or failed: {text}");
+}
+
+/// The planted run (ignored: started only by its twin above).
+#[tokio::test]
+#[ignore = "a child of planted_an_sdk_that_ignores_honoured_from_loses_its_older_hold"]
+async fn planted_child_ignore_honoured_from() {
+    assert!(lockmesh_client::planted::plant("ignore_honoured_from"));
+    let r = soft_advance_under_a_multi_key_grant("multikey-soft-planted").await;
+    let e = r.expect_err("with ignore_honoured_from planted the SDK kept its older hold");
+    eprintln!("planted ignore_honoured_from: {e}");
+}
+
+/// Holds a key through the SDK, writes a soft advance, then takes two keys in one
+/// multi-key acquire; what went wrong, if anything.
+async fn soft_advance_under_a_multi_key_grant(name: &str) -> Result<(), String> {
     use lockmesh_client::LockOptions;
-    let st = stack("multikey-soft").start().await.unwrap();
+    let st = stack(name).start().await.unwrap();
     let (client, fences) = super::sdk::sdk(super::sdk::config(&st, "payments", "sdk"));
     let old = client.lock("payments/sdk-all/old", LockOptions::default()).await.unwrap();
     let e0 = old.token().epoch();
@@ -370,13 +406,20 @@ async fn an_sdk_keeps_its_older_epochs_hold_across_a_multi_key_grant_after_a_sof
     rec["epoch"] = (e0 + 1).into();
     rec["prior"] = serde_json::json!([e0]);
     etcd.put(key.as_str(), rec.to_string(), None).await.unwrap();
-    let guards = client.lock_all(&["payments/sdk-all/a", "payments/sdk-all/b"], LockOptions::default()).await;
-    let guards = guards.unwrap_or_else(|e| panic!("the multi-key grant after the soft advance: {e:?}"));
-    assert_eq!(guards[0].token().epoch(), e0 + 1, "granted in the new epoch");
-    assert!(fences.lock().unwrap().is_empty(), "fenced: {:?}", fences.lock().unwrap());
-    // The older hold is still the SDK's, and the cluster's: released as held.
-    old.release().await.unwrap();
-    for g in guards {
-        g.release().await.unwrap();
+    let guards = client
+        .lock_all(&["payments/sdk-all/a", "payments/sdk-all/b"], LockOptions::default())
+        .await
+        .map_err(|e| format!("the multi-key grant after the soft advance: {e:?}"))?;
+    if guards[0].token().epoch() != e0 + 1 {
+        return Err(format!("granted in epoch {}, not the new {}", guards[0].token().epoch(), e0 + 1));
     }
+    if !fences.lock().unwrap().is_empty() {
+        return Err(format!("fenced: {:?}", fences.lock().unwrap()));
+    }
+    // The older hold is still the SDK's, and the cluster's: released as held.
+    old.release().await.map_err(|e| format!("the older hold's release: {e:?}"))?;
+    for g in guards {
+        g.release().await.map_err(|e| format!("a multi-key hold's release: {e:?}"))?;
+    }
+    Ok(())
 }
