@@ -524,6 +524,17 @@ impl Store {
         }
     }
 
+    /// Refuses with `Sealed` while this arbiter has sealed the cluster or its
+    /// epoch record is sealed (as last read; the seal round reads it every
+    /// second): what must not even start on a sealed cluster, such as a session.
+    pub async fn serving(&self) -> Result<(), LockError> {
+        self.unsealed()?;
+        match self.epoch_state().await?.sealed {
+            Some(why) => Err(LockError::Sealed(why)),
+            None => Ok(()),
+        }
+    }
+
     /// Ready: etcd answers a linearizable read. A sealed arbiter stays ready: it
     /// answers every request with `sealed`, which callers must see (a removed
     /// endpoint would only show as an anonymous 503).

@@ -63,7 +63,14 @@ impl Store {
     /// Opens a session for `class` (`POST /v1/sessions`).
     /// It counts against the quota namespace `ns` (`quota`) and is refused
     /// `QuotaExceeded` there, before anything is opened.
+    ///
+    /// A sealed cluster opens none (`Sealed`): its guarded epoch advance revokes
+    /// every session on it, so a session opened there would be ended, with its
+    /// holds on other clusters, behind its holder's back.
     pub async fn open_session(&self, caller: &Caller, class: &ClassSpec, ns: &str) -> Result<SessionId, LockError> {
+        if !super::test_faults::on(super::test_faults::TestFault::SessionsIgnoreSeal) {
+            self.serving().await?;
+        }
         super::quota::admit_session(self, ns)?;
         let sid = self.grant_lease(super::test_faults::lease_ttl(class.name.as_str(), class.ttl_s)).await?;
         let rec = Self::new_record(caller, class, ns);

@@ -102,6 +102,10 @@ pub enum TestFault {
     /// as one loop over the clusters did): a cluster whose etcd stalls holds back
     /// every other cluster's quorum-loss declaration and its end.
     SealRoundsInTurn,
+    /// A sealed cluster still opens sessions, and a session homed on a sealed
+    /// cluster is still granted keys on the others: the guarded epoch advance
+    /// then ends that session and its holds elsewhere behind its holder's back.
+    SessionsIgnoreSeal,
     /// The first grant of a durable-fairness key does not compare the key's
     /// waiter range empty (`lock::durable`): an arrival overtakes queued waiters.
     SkipQueueCompare,
@@ -285,6 +289,7 @@ impl TestFault {
             "advance_epoch_as_given" => Some(Self::AdvanceEpochAsGiven),
             "no_seal_round" => Some(Self::NoSealRound),
             "seal_rounds_in_turn" => Some(Self::SealRoundsInTurn),
+            "sessions_ignore_seal" => Some(Self::SessionsIgnoreSeal),
             "wire_drift" => Some(Self::WireDrift),
             "proclaim_without_token" => Some(Self::ProclaimWithoutToken),
             "observe_coalesces" => Some(Self::ObserveCoalesces),

@@ -596,6 +596,12 @@ impl Tiers {
         if Arc::ptr_eq(&home, target) {
             return Ok(());
         }
+        // A session homed on a sealed cluster is doomed: the guarded epoch advance
+        // revokes it, and closes its extensions with their holds. Nothing is
+        // granted on it elsewhere meanwhile (its keepalive answers `sealed` too).
+        if !crate::test_faults::on(crate::test_faults::TestFault::SessionsIgnoreSeal) {
+            home.serving().await?;
+        }
         // Already extended there (the record is cached after the first use; the
         // grant compares the lease in any case).
         match target.owned_session(sid, owner).await {

@@ -13,6 +13,10 @@
 //!   the operation timeout) never delays another shard's quorum-loss declaration
 //!   or its end; with the rounds taking turns planted (`seal_rounds_in_turn`) it
 //!   does, and the same checks fail.
+//! - A sealed cluster opens no session, and a session homed on it is granted
+//!   nothing on the other clusters (the guarded advance would end it there
+//!   behind its holder's back); with both planted away (`sessions_ignore_seal`)
+//!   the same checks fail.
 //! - An arbiter without the shard map (started while the coord cluster is lost)
 //!   routes nothing: every key answers `unavailable`, a fail-open one included.
 //! - Under etcd auth an arbiter started while a shard is lost serves every other
@@ -449,6 +453,80 @@ async fn a_fail_open_class_fails_open_only_for_keys_homed_on_the_lost_shard() {
     let mut want = vec![(g1, "release".to_owned(), open_a), (g2, "release".to_owned(), open_a2)];
     want.sort();
     assert_eq!(got, want, "{v}");
+}
+
+/// G8 for sessions: a sealed cluster opens no session, and no grant on another
+/// cluster is made on a session homed there. Such a session is doomed: the
+/// guarded epoch advance revokes every session on the restored cluster and closes
+/// their extensions, so a hold granted elsewhere would be deleted behind its
+/// holder's back (the release gate saw it: a holder granted a key on shard-b 10 ms
+/// before shard-a's advance, on a session opened on sealed shard-a, lost the hold
+/// to that close 110 ms later). shard-a is sealed through its epoch record (as an
+/// epoch advance's first step seals it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_cluster_opens_no_session_and_its_sessions_take_nothing_elsewhere() {
+    let v = sealed_home("split-sealed-home", &[]).await;
+    assert!(v.is_empty(), "{v:#?}");
+}
+
+/// The twin: with `sessions_ignore_seal` the sealed shard opens a session, and a
+/// session homed there is granted a shard-b key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_sessions_that_ignore_their_homes_seal_are_caught() {
+    let v = sealed_home("split-sealed-home-planted", &["sessions_ignore_seal"]).await;
+    eprintln!("what the checks saw: {v:#?}");
+    assert!(v.len() >= 2, "the planted sessions_ignore_seal went unnoticed: {v:#?}");
+}
+
+/// The sealed-home run; what went wrong, in words.
+async fn sealed_home(name: &str, faults: &[&str]) -> Vec<String> {
+    const SESSIONS: &str = "/v1/sessions";
+    let shards = ["shard-a", "shard-b"];
+    let s = split(name, Setup { shards: &shards, entity: &shards, faults, ..Setup::default() }).await;
+    let m = map(&shards);
+    let (ka, ka2, kb) = (
+        homed(&m, keys("payments/sh1", 64, "k"), "shard-a"),
+        homed(&m, keys("payments/sh2", 64, "k"), "shard-a"),
+        homed(&m, keys("payments/sh3", 64, "k"), "shard-b"),
+    );
+    let h = s.st.client("payments", "home").unwrap();
+    let r = h.post(SESSIONS, &[("x-lock-key", &ka)]).await.unwrap();
+    assert_eq!(r.code(), 200, "{}", r.body);
+    let sid = field(&r, "session");
+
+    // Seal shard-a by its record, and wait until the arbiter refuses its keys.
+    let mut etcd = s.client_of("shard-a").await;
+    let key = format!("{}/sys/epoch", s.st.root());
+    let got = etcd.get(key.as_str(), None).await.unwrap();
+    let mut rec: Value = serde_json::from_slice(got.kvs()[0].value()).unwrap();
+    rec["sealed"] = "epoch advance in progress (test)".into();
+    etcd.put(key.as_str(), rec.to_string(), None).await.unwrap();
+    lockmesh_tests::assert_eventually!(20, async || {
+        let r = h.post(ACQ, &[("x-lock-key", &ka2), ("x-lock-wait-ms", "0")]).await?;
+        anyhow::ensure!(r.code() == 503 && r.json["code"] == "sealed", "shard-a not sealed yet: {}", r.body);
+        Ok(())
+    });
+
+    let mut v = Vec::new();
+    let r = h.post(SESSIONS, &[("x-lock-key", &ka2)]).await.unwrap();
+    if (r.code(), r.json["code"].as_str()) != (503, Some("sealed")) {
+        v.push(format!("a session opened on sealed shard-a: {} {}", r.code(), r.body));
+    }
+    let r = h.post(ACQ, &[("x-lock-key", &kb), ("x-lock-session", &sid), ("x-lock-wait-ms", "0")]).await.unwrap();
+    if (r.code(), r.json["code"].as_str()) != (503, Some("sealed")) {
+        v.push(format!("a shard-b key granted on a session homed on sealed shard-a: {} {}", r.code(), r.body));
+    }
+    let held = s.held_on("shard-b").await;
+    if !held.is_empty() {
+        v.push(format!("held on shard-b for the sealed shard's session: {held:?}"));
+    }
+    if r.code() == 200 {
+        release(&h, &kb, token(&r)).await;
+    }
+    // A session of its own (homed on shard-b) takes the shard-b key as usual.
+    let (t, _) = acquire(&h, &kb, None).await;
+    release(&h, &kb, t).await;
+    v
 }
 
 /// How long `cluster`'s declared quorum loss took to become `declared` (polled
