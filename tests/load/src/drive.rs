@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tokio::time::Instant;
 
+use super::engine::{Engine, Holder};
 use super::lockmesh::LockmeshClient;
 use super::record::Recorder;
 use super::txn::{RawTxnClient, TxnShape};
@@ -30,6 +31,8 @@ pub(crate) enum Worker {
     Lockmesh(Box<LockmeshClient>),
     EtcdLock(Box<EtcdLockClient>),
     RawTxn(Box<RawTxnClient>),
+    /// An `engine` holder: the grant engine in this process (`crate::engine`).
+    Engine(Box<Holder>),
 }
 
 /// What a client hands back when its loop ends.
@@ -42,7 +45,8 @@ pub(crate) struct Driven {
 // === impl Worker ===
 
 impl Worker {
-    /// Connects client `i` (and opens its session or lease).
+    /// Connects client `i` (and opens its session or lease); an `engine` holder
+    /// opens its session on `engine`.
     pub async fn setup(
         w: Workload,
         target: &Target<'_>,
@@ -50,6 +54,7 @@ impl Worker {
         key: &str,
         opts: &LoadOptions,
         rec: Arc<Recorder>,
+        engine: Option<Arc<Engine>>,
     ) -> Result<Self> {
         Ok(match w {
             Workload::Lockmesh | Workload::LockmeshOneShot => {
@@ -79,8 +84,10 @@ impl Worker {
                 };
                 Worker::RawTxn(Box::new(RawTxnClient::connect(&target.etcd, &idle, shape, rec).await?))
             }
-            // In this process, not through a client: `crate::engine` sets up its holders.
-            Workload::Engine => anyhow::bail!("the engine workload has no client of this kind"),
+            Workload::Engine => {
+                let engine = engine.ok_or_else(|| anyhow::anyhow!("the engine workload without its engine"))?;
+                Worker::Engine(Box::new(Holder::open(engine, i, key, opts.wait_ms, rec).await?))
+            }
         })
     }
 
@@ -97,6 +104,7 @@ impl Worker {
             Worker::Lockmesh(c) => c.acquire(key).await,
             Worker::EtcdLock(c) => c.acquire(key).await,
             Worker::RawTxn(c) => c.acquire(key).await,
+            Worker::Engine(h) => h.acquire().await,
         }
     }
 
@@ -105,6 +113,7 @@ impl Worker {
             Worker::Lockmesh(c) => c.release(key).await,
             Worker::EtcdLock(c) => c.release().await,
             Worker::RawTxn(c) => c.release(key).await,
+            Worker::Engine(h) => h.release().await,
         }
     }
 
@@ -114,6 +123,7 @@ impl Worker {
             Worker::Lockmesh(c) => c.reset().await,
             Worker::EtcdLock(c) => c.reset().await,
             Worker::RawTxn(c) => c.reset().await,
+            Worker::Engine(h) => h.reset().await,
         }
     }
 
@@ -123,6 +133,7 @@ impl Worker {
             Worker::Lockmesh(c) => (*c).close().await,
             Worker::EtcdLock(c) => (*c).close().await,
             Worker::RawTxn(c) => (*c).close().await,
+            Worker::Engine(h) => (*h).close().await,
         }
     }
 }
@@ -151,13 +162,14 @@ pub(crate) async fn drive(
             tokio::time::sleep_until(*at).await;
             *at = (*at + every).max(Instant::now());
         }
-        // Zipf: each cycle draws its key.
+        // Zipf: each cycle draws its key (an engine holder keeps its own key:
+        // its class and session are of that key).
         let (k, key) = match &plan.draw {
-            Some(d) => {
+            Some(d) if !matches!(w, Worker::Engine(_)) => {
                 let i = d.0.draw();
                 (i, d.1[i].as_str())
             }
-            None => (k, key.as_str()),
+            _ => (k, key.as_str()),
         };
         let asked = Instant::now();
         rec.requested(k, client);

@@ -42,12 +42,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::record::Recorder;
-use super::Plan;
-
-/// Pause after an error, so a failing holder does not spin (as `drive`).
-const ERROR_PAUSE: Duration = Duration::from_millis(50);
-/// Longest wait for a release's answer (as `drive`).
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shipped role the engine logs in as (deploy's etcd roles).
 pub(crate) const ARBITER_ROLE: &str = "lockmesh-arbiter";
@@ -294,82 +288,6 @@ impl Drop for Holder {
             k.abort();
         }
     }
-}
-
-/// What a holder hands back when its loop ends.
-pub(crate) struct Driven {
-    pub holder: Holder,
-    pub acquire_us: Vec<u32>,
-    pub release_us: Vec<u32>,
-}
-
-fn micros(d: Duration) -> u32 {
-    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
-}
-
-/// Holder `client` on key index `k` until the plan's window ends: the same loop
-/// and the same accounting as every other workload's (`drive`): latencies count
-/// when the grant or the release's answer falls inside the window, a cycle when
-/// its release answered inside it; after a timed-out acquire or a failed release
-/// the session is replaced.
-pub(crate) async fn drive(mut h: Holder, plan: Plan, client: usize, k: usize, rec: Arc<Recorder>) -> Driven {
-    let acquire_timeout = h.wait + Duration::from_secs(5);
-    let mut acquire_us = Vec::new();
-    let mut release_us = Vec::new();
-    let mut next = plan.every.map(|e| Instant::now() + e.mul_f64((client % 64) as f64 / 64.0));
-    while Instant::now() < plan.window.end {
-        if let (Some(at), Some(every)) = (next.as_mut(), plan.every) {
-            tokio::time::sleep_until(*at).await;
-            *at = (*at + every).max(Instant::now());
-        }
-        let asked = Instant::now();
-        rec.requested(k, client);
-        let token = match tokio::time::timeout(acquire_timeout, h.acquire()).await {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                rec.withdrawn(k, client);
-                rec.error("engine acquire", &format!("{e:#}"));
-                tokio::time::sleep(ERROR_PAUSE).await;
-                continue;
-            }
-            Err(_) => {
-                rec.withdrawn(k, client);
-                rec.error("engine acquire", "no answer in time");
-                if let Err(e) = h.reset().await {
-                    rec.error("engine reset", &format!("{e:#}"));
-                }
-                tokio::time::sleep(ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let granted = Instant::now();
-        rec.granted(k, client, token);
-        if plan.window.contains(granted) {
-            acquire_us.push(micros(granted - asked));
-        }
-        let r = tokio::time::timeout(RELEASE_TIMEOUT, h.release()).await;
-        let done = Instant::now();
-        match r {
-            Ok(Ok(())) => {
-                if plan.window.contains(done) {
-                    release_us.push(micros(done - granted));
-                    plan.cycles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            failed => {
-                let msg = match failed {
-                    Ok(Err(e)) => format!("{e:#}"),
-                    _ => "no answer in time".into(),
-                };
-                rec.error("engine release", &msg);
-                if let Err(e) = h.reset().await {
-                    rec.error("engine reset", &format!("{e:#}"));
-                }
-                tokio::time::sleep(ERROR_PAUSE).await;
-            }
-        }
-    }
-    Driven { holder: h, acquire_us, release_us }
 }
 
 #[cfg(test)]

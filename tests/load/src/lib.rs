@@ -640,17 +640,6 @@ pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Repor
     Ok((Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results, floor }, notes))
 }
 
-/// One client of a workload run, set up.
-enum Client {
-    /// The lock-tier and etcd workloads' clients (`drive`).
-    Driven(drive::Worker),
-    /// An `engine` holder (boxed: the clients differ much in size).
-    Engine(Box<engine::Holder>),
-}
-
-/// What a client's task hands back: acquire and release latencies, and its close.
-type Done = (Vec<u32>, Vec<u32>, futures::future::BoxFuture<'static, ()>);
-
 /// The `engine` workload's engine for one run (the registry the stack's arbiter
 /// gets for `limit`).
 async fn connect_engine(target: &Target<'_>, opts: &LoadOptions) -> Result<Arc<engine::Engine>> {
@@ -718,14 +707,7 @@ async fn run_one(
     let setups = (0..shape.clients()).map(|i| {
         let key = &keys[i % shape.keys];
         let (rec, engine) = (rec.clone(), engine.clone());
-        async move {
-            match engine {
-                Some(e) => {
-                    engine::Holder::open(e, i, key, opts.wait_ms, rec).await.map(|h| Client::Engine(Box::new(h)))
-                }
-                None => drive::Worker::setup(workload, target, i, key, opts, rec).await.map(Client::Driven),
-            }
-        }
+        drive::Worker::setup(workload, target, i, key, opts, rec, engine)
     });
     let workers = match tokio::time::timeout(SETUP_TIMEOUT, futures::future::try_join_all(setups)).await {
         Ok(Ok(w)) => w,
@@ -738,10 +720,7 @@ async fn run_one(
             return (result, None, None);
         }
     };
-    result.http_version = workers.iter().find_map(|c| match c {
-        Client::Driven(w) => w.http_version(),
-        Client::Engine(_) => None,
-    });
+    result.http_version = workers.iter().find_map(drive::Worker::http_version);
 
     let t0 = Instant::now();
     let window = Window { start: t0 + opts.warmup, end: t0 + opts.warmup + opts.seconds };
@@ -754,19 +733,7 @@ async fn run_one(
         .map(|(i, c)| {
             let key = i % shape.keys;
             let (plan, name, rec) = (plan.clone(), keys[key].clone(), rec.clone());
-            tokio::spawn(async move {
-                let done: Done = match c {
-                    Client::Driven(w) => {
-                        let d = drive::drive(w, plan, i, key, name, rec).await;
-                        (d.acquire_us, d.release_us, Box::pin(d.worker.close()))
-                    }
-                    Client::Engine(h) => {
-                        let d = engine::drive(*h, plan, i, key, rec).await;
-                        (d.acquire_us, d.release_us, Box::pin(d.holder.close()))
-                    }
-                };
-                done
-            })
+            tokio::spawn(drive::drive(c, plan, i, key, name, rec))
         })
         .collect();
 
@@ -841,10 +808,10 @@ async fn run_one(
     let mut acquire = Vec::new();
     let mut release = Vec::new();
     let mut closing = Vec::new();
-    for (acq, rel, close) in driven {
-        acquire.extend(acq);
-        release.extend(rel);
-        closing.push(close);
+    for d in driven {
+        acquire.extend(d.acquire_us);
+        release.extend(d.release_us);
+        closing.push(d.worker.close());
     }
     futures::future::join_all(closing).await;
     drop(engine);
