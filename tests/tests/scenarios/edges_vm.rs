@@ -249,12 +249,12 @@ async fn validate_token_refuses_on_a_restored_sealed_shard() {
     for i in 0..20 {
         c.put(format!("{}/x/{i}", split.root), "x", None).await.unwrap();
     }
-    tiers.tick(&reg).await;
+    let _ = tiers.seal_round(&store).await;
     shard.restore_from(&snap, None).await.unwrap();
     let until = Instant::now() + Duration::from_secs(20);
     while store.seal().current().is_none() {
         assert!(Instant::now() < until, "the restored shard was never sealed");
-        tiers.tick(&reg).await;
+        let _ = tiers.seal_round(&store).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(tiers.coord().unsealed().is_ok());
