@@ -741,6 +741,15 @@ impl GateCluster {
         self.spawn_holder_with_clock(name, keys, fenced, None)
     }
 
+    /// Starts a raw holder on `keys` whose acquires try once (`--wait-ms=0`): an
+    /// arbiter answers such an acquire of a held key from its holders as read by
+    /// the refused grant, never from its memo of the key's holder, so a try-once
+    /// holder beside another meets the other's hold every round it is held.
+    pub fn spawn_try_once_holder(&mut self, name: &str, keys: &[String]) -> Result<()> {
+        let ports = self.envoy_ports();
+        self.spawn_holder_args(name, &ports, keys, false, None, &["--wait-ms=0".to_owned()])
+    }
+
     /// Starts an SDK holder process (`holder --sdk`) looping over `keys`, with
     /// fenced writes, keeping each hold `hold_ms` after its write.
     pub fn spawn_sdk_holder(&mut self, name: &str, keys: &[String], hold_ms: u64) -> Result<()> {
