@@ -87,16 +87,16 @@ impl Store {
         &self,
         d: &KeyDigest,
         sid: lockmesh_core::headers::SessionId,
-    ) -> (Vec<Compare>, TxnOp, [TxnOp; 2]) {
+    ) -> crate::engine::grant::DelayOps {
         let (g, r) = (self.keys().delay_guard(d), self.keys().lock_delay(d));
-        (
-            vec![
+        crate::engine::grant::DelayOps {
+            compares: vec![
                 Compare::create_revision(g.as_str(), CompareOp::Equal, 0),
                 Compare::create_revision(r.as_str(), CompareOp::Equal, 0),
             ],
-            TxnOp::put(g.as_str(), guard_value(sid), None),
-            [TxnOp::get(g, None), TxnOp::get(r, None)],
-        )
+            put: TxnOp::put(g.as_str(), guard_value(sid), None),
+            reads: [g, r],
+        }
     }
 
     /// Deletes key `d`'s lock-delay guard if it names session `sid` (a grant this

@@ -93,9 +93,14 @@ impl HomeGate {
         Compare::mod_revision(self.key.as_str(), CompareOp::Equal, self.rev)
     }
 
-    /// The read its failure branch adds.
-    pub fn read(&self) -> TxnOp {
-        TxnOp::get(self.key.as_str(), None)
+    /// Adds the read of its failure branch.
+    pub(crate) fn add_read(&self, b: &mut crate::engine::txn::TxnBuilder) -> crate::engine::txn::Read {
+        b.read(crate::engine::txn::Branch::Failure, self.key.as_str(), None)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(key: &str, rev: i64) -> Self {
+        Self { key: key.into(), rev }
     }
 
     /// True when `got` (the failure branch's read) shows another record.

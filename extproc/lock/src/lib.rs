@@ -42,6 +42,7 @@ pub mod connect;
 pub mod delay;
 pub mod durable;
 pub mod election;
+pub(crate) mod engine;
 pub mod epoch;
 pub mod failopen;
 pub mod home;

@@ -24,14 +24,18 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{GetOptions, KeyValue, PutOptions, TxnOp, WatchOptions};
 use futures::future::select_all;
 use lockmesh_core::{class::Fairness, headers::SessionId, FencingToken, KeyDigest, Reason};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::{
+    grant::{self, MultiGrant, MultiKey},
+    txn::{found, Answer},
+};
+
 use super::{
-    keys,
     mutex::{existing_grant, hold_of, hold_record, AcquireRequest, Fair, Grant, Next, Retries},
     test_faults::{self, TestFault},
     upgrade::Capability,
@@ -278,80 +282,42 @@ impl Store {
         let (floor, clock) = (self.seal().revision_floor(), self.seal().clock_floor(ep.epoch));
         let (k, n) = (self.keys(), gate.limit.max(1));
         let lease = PutOptions::new().with_lease(sid.lease());
-        let sess_key = k.session(sid);
         let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
         let delay =
             if n == 1 && self.guard().enabled(Capability::LockDelayGuards) { first.class.lock_delay_s } else { 0 };
         let fair = if first.class.fairness == Fairness::Durable { Fair::Arrival } else { Fair::Memory };
-        let mut when = vec![Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision)];
-        let (mut then, mut els, mut delay_reads, mut excl_reads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut holds = Vec::with_capacity(reqs.len());
         let first_only = test_faults::on(TestFault::MultiKeyFirstOnly);
         // The attempt's fence (`Keys::attempt`, as a single-key grant's).
         let attempt =
             (new_record.is_none() && self.guard().enabled(Capability::AttemptFences)).then(super::mutex::attempt_id);
-        if let Some(a) = &attempt {
-            when.push(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
-        }
+        let mut each = Vec::with_capacity(reqs.len());
         for (i, (req, d)) in reqs.iter().zip(ds).enumerate() {
             let slot = slots.get(i).copied().unwrap_or(0).min(n - 1);
-            let name = k.slot(d, slot);
-            if !first_only || i == 0 {
+            each.push(MultiKey {
+                d,
+                slot: (slot, k.slot(d, slot)),
                 // PLANTED BUG (multi-key scenario) when only the first key is compared.
-                when.push(Compare::create_revision(name.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, slot + 1)));
-                when.push(
-                    Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0)
-                        .with_range(keys::prefix_end(&k.holds(d))),
-                );
-            }
-            when.extend(fair.compares(k, d));
-            then.push(TxnOp::put(
-                name.as_str(),
-                hold_record(req, ep.epoch, 1, Some(count), attempt.as_deref())?,
-                Some(lease.clone()),
-            ));
-            holds.push(name);
-            // Exclusion (`Keys::exclusion`): no key of the acquire is held exclusively.
-            let excl = super::mutex::exclusion_ops(k, d, req, &lease, self.guard());
-            when.extend(excl.compare);
-            excl_reads.extend(excl.read);
-            if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
-                then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
-            }
-            if delay > 0 {
-                let (cmp, put, reads) = self.delay_grant_ops(d, sid);
-                when.extend(cmp);
-                then.push(put);
-                delay_reads.extend(reads);
-            }
-            els.push(TxnOp::get(k.holds(d), Some(GetOptions::new().with_prefix())));
+                compared: !first_only || i == 0,
+                hold: hold_record(req, ep.epoch, 1, Some(count), attempt.as_deref())?,
+                exclusion: super::mutex::exclusion_ops(k, d, req, &lease, self.guard()),
+                indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
+                delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
+            });
         }
-        match new_record {
-            Some(rec) => {
-                let v = serde_json::to_vec(rec).map_err(internal)?;
-                then.push(TxnOp::put(sess_key.as_str(), v.clone(), Some(lease.clone())));
-                els.push(TxnOp::put(sess_key.as_str(), v, Some(lease.clone())));
-            }
-            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
-        }
-        els.push(TxnOp::get(sess_key.as_str(), None));
-        els.push(TxnOp::get(k.epoch(), None));
-        if let Some(c) = clock {
-            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
-            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
-            els.push(TxnOp::get(k.clock(), None));
-        }
-        els.extend(delay_reads);
-        let excl_read = !excl_reads.is_empty();
-        els.extend(excl_reads);
-        if let Some((key, lease)) = &ad {
-            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
-            els.push(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())));
-        }
-        when.extend(gate.compares());
-        els.extend(gate.reads());
-        debug_assert!(when.len() + then.len() <= MAX_TXN_OPS);
-        let txn = Txn::new().when(when).and_then(then).or_else(els);
+        let holds: Vec<String> = each.iter().map(|key| key.slot.1.clone()).collect();
+        let (txn, reads) = grant::multi(MultiGrant {
+            keys: k,
+            sid,
+            opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
+            epoch_rev: ep.mod_revision,
+            limit: n,
+            attempt: attempt.as_deref(),
+            each,
+            fair,
+            clock,
+            advert: ad.as_ref(),
+            gate: &gate,
+        });
         let r = match self.call_by(first.deadline, self.client().txn(txn)).await {
             Ok(r) => r,
             // An unknown outcome: fenced off and read through the first key (all
@@ -380,7 +346,7 @@ impl Store {
                 self.ledger().note_hold(name.as_bytes(), revision, req.key.namespace());
             }
             if new_record.is_some() {
-                self.ledger().note_session(sess_key.as_bytes(), revision, first.key.namespace());
+                self.ledger().note_session(k.session(sid).as_bytes(), revision, first.key.namespace());
             }
             let rev = u64::try_from(revision).unwrap_or(u64::MAX);
             let token = match FencingToken::mint(ep.epoch, rev) {
@@ -392,40 +358,24 @@ impl Store {
             };
             return Ok(Attempt::Granted(key_grants(reqs, token, sid)));
         }
-        let ops = r.op_responses();
-        let mut gets = ops.iter().filter_map(|o| match o {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
-        let holders: Vec<_> = gets.by_ref().take(reqs.len()).collect();
-        let (Some(sess), Some(epoch)) = (gets.next(), gets.next()) else {
-            return Err(internal("etcd txn failure branch without the expected reads"));
-        };
-        if holders.len() != reqs.len() {
-            return Err(internal("etcd txn failure branch without every key's holders"));
-        }
-        let clock_read = clock.map(|c| (c, gets.next()));
-        if self.refusal_moved(&ep, epoch, clock_read)? {
+        let a = Answer::of(&r);
+        let holders = reads.holders.iter().map(|h| a.must(*h)).collect::<Result<Vec<_>, _>>()?;
+        let sess = a.must(reads.session)?;
+        let clock_read = clock.map(|c| (c, reads.clock.and_then(|r| a.get(r))));
+        if self.refusal_moved(&ep, a.must(reads.epoch)?, clock_read)? {
             return Ok(Attempt::EpochMoved);
         }
         // Per key: whether a guard or a delay record is left (`delay`).
-        let delay_kept: Vec<bool> = if delay > 0 {
-            (0..reqs.len())
-                .map(|_| {
-                    let (guard, record) = (gets.next(), gets.next());
-                    guard.is_some_and(|g| !g.kvs().is_empty()) || record.is_some_and(|r| !r.kvs().is_empty())
-                })
-                .collect()
-        } else {
-            vec![false; reqs.len()]
-        };
+        let delay_kept: Vec<bool> = (0..reqs.len())
+            .map(|i| reads.delay.get(i).is_some_and(|[guard, record]| found(a.get(*guard)) || found(a.get(*record))))
+            .collect();
         // Per key: whether an exclusive hold's record stands.
         let excluded: Vec<bool> =
-            (0..reqs.len()).map(|_| excl_read && gets.next().is_some_and(|g| !g.kvs().is_empty())).collect();
-        if ad.is_some() {
-            self.guard().check_read(&ad, gets.next())?;
+            (0..reqs.len()).map(|i| reads.exclusion.get(i).is_some_and(|x| found(a.get(*x)))).collect();
+        if let Some(read) = reads.advert {
+            self.guard().check_read(&ad, a.get(read))?;
         }
-        if self.policy_moved(&gate, &ops) {
+        if self.policy_moved(&gate, &reads.gate, &a) {
             return Ok(Attempt::EpochMoved);
         }
         if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {

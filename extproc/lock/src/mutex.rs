@@ -35,6 +35,10 @@ use super::{
     wait::{Handed, HeldBy, Offer},
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
+use crate::engine::{
+    grant::{self, SingleGrant, SlotCompares},
+    txn::{found, Answer},
+};
 use crate::test_faults::{self, TestFault};
 use crate::upgrade::Capability;
 
@@ -149,7 +153,7 @@ impl Fair<'_> {
         }
     }
 
-    fn ops(&self) -> Vec<TxnOp> {
+    pub(crate) fn ops(&self) -> Vec<TxnOp> {
         match *self {
             Fair::Waiter { key, .. } => vec![TxnOp::delete(key, None::<DeleteOptions>)],
             _ => vec![],
@@ -832,63 +836,25 @@ impl Store {
         if want > 1 {
             self.gated(Capability::MultiSlotHolds, want)?;
         }
-        let (epoch_key, holds, sess_key) = (k.epoch(), k.holds(d), k.session(sid));
         let slot_nos = if want == 1 { vec![slot.min(n - 1)] } else { self.free_slots(d, n, want).await? };
-        let mut slots: Vec<String> = slot_nos.iter().map(|s| k.slot(d, *s)).collect();
-        let lease = PutOptions::new().with_lease(sid.lease());
-        let mut when = vec![Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, ep.mod_revision)];
-        for (no, name) in slot_nos.iter().zip(&slots) {
-            // The slot's range is empty: neither of its two names (`keys`) is held.
-            when.push(Compare::create_revision(name.as_str(), CompareOp::Equal, 0).with_range(k.slot(d, no + 1)));
-        }
-        // Empty range [slot N, end of the key's holds): no holder above the limit.
-        when.push(Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&holds)));
-        if test_faults::on(TestFault::SkipEpochCompare) {
-            when.remove(0); // PLANTED BUG (release gate): no epoch compare.
-        }
+        let mut slots: Vec<(u32, String)> = slot_nos.iter().map(|s| (*s, k.slot(d, *s))).collect();
+        let mut slot_compares = SlotCompares::Limit(n);
         if test_faults::on(TestFault::CountBeforeLock) {
             // PLANTED BUG (release gate): count the holders, then lock without comparing.
             let opts = Some(GetOptions::new().with_prefix().with_count_only());
-            let c = self.call(self.client().get(holds.as_str(), opts)).await?;
+            let c = self.call(self.client().get(k.holds(d), opts)).await?;
             let revision = c.header().map_or(0, |h| h.revision());
             if c.count() + i64::from(want) > i64::from(n) {
                 return Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 });
             }
-            when.truncate(1);
+            slot_compares = SlotCompares::Skipped;
             let base = 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0) * 64;
-            slots = (0..want).map(|i| k.slot(d, base + i)).collect();
+            slots = (0..want).map(|i| (base + i, k.slot(d, base + i))).collect();
         }
-        let mut then = Vec::with_capacity(2);
-        let mut els = Vec::with_capacity(4);
-        match new_record {
-            // A session opened for this acquire: its lease was just granted and a
-            // put on a dead lease fails the whole transaction.
-            Some(rec) => {
-                let v = serde_json::to_vec(rec).map_err(internal)?;
-                then.push(TxnOp::put(sess_key.as_str(), v.clone(), Some(lease.clone())));
-                els.push(TxnOp::put(sess_key.as_str(), v, Some(lease.clone())));
-            }
-            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, sid.lease())),
-        }
+        let lease = PutOptions::new().with_lease(sid.lease());
         // The attempt's fence (`Keys::attempt`), for a session the caller keeps: an
         // answer etcd never gives is resolved by fencing the attempt off.
         let attempt = (new_record.is_none() && self.guard().enabled(Capability::AttemptFences)).then(attempt_id);
-        if let Some(a) = &attempt {
-            when.push(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
-        }
-        let hold = hold_record(req, ep.epoch, want, None, attempt.as_deref())?;
-        for name in &slots {
-            then.push(TxnOp::put(name.as_str(), hold.clone(), Some(lease.clone())));
-        }
-        // Exclusion (`Keys::exclusion`): an exclusive grant puts the record, every
-        // grant compares it absent, whatever the limit is now.
-        let excl = exclusion_ops(k, d, req, &lease, self.guard());
-        when.extend(excl.compare);
-        then.extend(excl.put);
-        // An acquire-opened session's hold index (`Keys::hold_index`).
-        if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
-            then.push(TxnOp::put(k.hold_index(sid, d), Vec::<u8>::new(), Some(lease.clone())));
-        }
         // Lock-delay (`delay`): a mutex of a class with a delay puts its guard and
         // compares neither a guard nor a delay record left.
         let delay = if n == 1
@@ -899,45 +865,30 @@ impl Store {
         } else {
             0
         };
-        let delay_reads = if delay > 0 {
-            let (cmp, put, reads) = self.delay_grant_ops(d, sid);
-            when.extend(cmp);
-            then.push(put);
-            Some(reads)
-        } else {
-            None
-        };
-        when.extend(fair.compares(k, d));
-        then.extend(fair.ops());
-        els.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix())));
-        els.push(TxnOp::get(sess_key.as_str(), None));
-        els.push(TxnOp::get(epoch_key.as_str(), None));
-        if let Some(c) = clock {
-            // The grant clock (`seal`): at or above this arbiter's mark, and put, so
-            // a restored store fails here before it can grant anything.
-            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
-            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
-            els.push(TxnOp::get(k.clock(), None));
-        }
-        // Before the gate's reads: `policy_moved` reads those from the end.
-        els.extend(delay_reads.into_iter().flatten());
-        els.extend(excl.read);
-        // Shadow mode (`shadow`): a stricter candidate limit needs the holder count
-        // after the grant; a read in the same transaction, no round trip.
         let count_after = super::shadow::wants_count(&req.class, n);
-        if count_after {
-            then.push(TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only())));
-        }
-        // This arbiter's advertisement: an arbiter paused through a flip grants
-        // nothing until it has read the record again (before the gate's reads:
-        // `policy_moved` reads those from the end).
-        if let Some((key, lease)) = &ad {
-            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
-            els.push(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())));
-        }
-        when.extend(gate.compares());
-        els.extend(gate.reads());
-        let txn = Txn::new().when(when).and_then(then).or_else(els);
+        let (txn, reads) = grant::single(SingleGrant {
+            keys: k,
+            d,
+            sid,
+            opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
+            // PLANTED BUG (release gate) when skipped: no epoch compare.
+            epoch_rev: (!test_faults::on(TestFault::SkipEpochCompare)).then_some(ep.mod_revision),
+            slots: &slots,
+            slot_compares,
+            attempt: attempt.as_deref(),
+            hold: hold_record(req, ep.epoch, want, None, attempt.as_deref())?,
+            // Exclusion (`Keys::exclusion`): an exclusive grant puts the record,
+            // every grant compares it absent, whatever the limit is now.
+            exclusion: exclusion_ops(k, d, req, &lease, self.guard()),
+            // An acquire-opened session's hold index (`Keys::hold_index`).
+            indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
+            delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
+            fair,
+            clock,
+            count_after,
+            advert: ad.as_ref(),
+            gate: &gate,
+        });
         // An unknown outcome (timeout) may still commit: with a session opened for
         // this acquire the caller revokes it; with the caller's own session the
         // attempt is fenced off and what it did is read ([`Store::resolve_attempt`]),
@@ -963,24 +914,19 @@ impl Store {
             // owner here, with no read (`owned_session`).
             self.sessions.insert(sid, Arc::new(rec.clone()));
         }
-        let revision = self.settle(&ep, floor, clock, &r, &slots).await?;
-        if r.succeeded() {
-            let held = count_after
-                .then(|| {
-                    r.op_responses().iter().find_map(|o| match o {
-                        TxnOpResponse::Get(g) => Some(u64::try_from(g.count()).unwrap_or(0)),
-                        _ => None,
-                    })
-                })
-                .flatten();
+        let slot_names: Vec<String> = slots.into_iter().map(|(_, name)| name).collect();
+        let revision = self.settle(&ep, floor, clock, &r, &slot_names).await?;
+        let a = Answer::of(&r);
+        if a.succeeded() {
+            let held = reads.count.and_then(|c| a.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
             super::shadow::after_grant(self, &req.class, &req.key, held, n);
             // Counted at once, before the ledger's watch shows it (`quota`).
             let ns = req.key.namespace();
-            for name in &slots {
+            for name in &slot_names {
                 self.ledger().note_hold(name.as_bytes(), revision, ns);
             }
             if new_record.is_some() {
-                self.ledger().note_session(sess_key.as_bytes(), revision, ns);
+                self.ledger().note_session(k.session(sid).as_bytes(), revision, ns);
             }
             let rev = u64::try_from(revision).unwrap_or(u64::MAX);
             return match FencingToken::mint(ep.epoch, rev) {
@@ -996,34 +942,23 @@ impl Store {
                 })),
                 Err(e) => {
                     // Revision space exhausted: never hand out a token that does not fit.
-                    self.take_back(&slots, revision).await;
+                    self.take_back(&slot_names, revision).await;
                     Err(LockError::Sealed(e.to_string()))
                 }
             };
         }
-        let ops = r.op_responses();
-        let mut gets = ops.iter().filter_map(|o| match o {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
-        let (Some(holders), Some(sess), Some(epoch)) = (gets.next(), gets.next(), gets.next()) else {
-            return Err(internal("etcd txn failure branch without the expected reads"));
-        };
-        let clock_read = clock.map(|c| (c, gets.next()));
-        if self.refusal_moved(&ep, epoch, clock_read)? {
+        let (holders, sess) = (a.must(reads.holders[0])?, a.must(reads.session)?);
+        let clock_read = clock.map(|c| (c, reads.clock.and_then(|r| a.get(r))));
+        if self.refusal_moved(&ep, a.must(reads.epoch)?, clock_read)? {
             return Ok(Attempt::EpochMoved);
         }
-        let delay_kept = if delay > 0 {
-            let (guard, record) = (gets.next(), gets.next());
-            guard.is_some_and(|g| !g.kvs().is_empty()) || record.is_some_and(|r| !r.kvs().is_empty())
-        } else {
-            false
-        };
-        let excluded = excl.reads && gets.next().is_some_and(|g| !g.kvs().is_empty());
-        if ad.is_some() {
-            self.guard().check_read(&ad, gets.next())?;
+        let delay_kept =
+            reads.delay.first().is_some_and(|[guard, record]| found(a.get(*guard)) || found(a.get(*record)));
+        let excluded = reads.exclusion.first().is_some_and(|x| found(a.get(*x)));
+        if let Some(read) = reads.advert {
+            self.guard().check_read(&ad, a.get(read))?;
         }
-        if self.policy_moved(&gate, &ops) {
+        if self.policy_moved(&gate, &reads.gate, &a) {
             return Ok(Attempt::EpochMoved);
         }
         if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {
@@ -1860,10 +1795,8 @@ pub(crate) struct ExclusionOps {
     pub compare: Option<Compare>,
     /// The record put, on the grant's lease (an exclusive grant).
     pub put: Option<TxnOp>,
-    /// The record read in the failure branch (with the compare).
-    pub read: Option<TxnOp>,
-    /// Whether `read` is there.
-    pub reads: bool,
+    /// The record, read (keys only) in the failure branch (with the compare).
+    pub read: Option<String>,
 }
 
 /// The exclusion compares and writes of a grant of `req` on key `d`, on `lease`.
@@ -1876,7 +1809,7 @@ pub(crate) fn exclusion_ops(
 ) -> ExclusionOps {
     if test_faults::on(TestFault::SkipExclusion) {
         // PLANTED BUG (holder_safety scenario): exclusion decided by the slots alone.
-        return ExclusionOps { compare: None, put: None, read: None, reads: false };
+        return ExclusionOps { compare: None, put: None, read: None };
     }
     let key = k.exclusion(d);
     // Before `exclusion_records` is enabled nothing is put (an exclusive hold is
@@ -1887,8 +1820,7 @@ pub(crate) fn exclusion_ops(
     ExclusionOps {
         compare: Some(Compare::create_revision(key.as_str(), CompareOp::Equal, 0)),
         put: exclusive.then(|| TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(lease.clone()))),
-        read: Some(TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))),
-        reads: true,
+        read: Some(key),
     }
 }
 

@@ -31,7 +31,7 @@ use std::{
     },
 };
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockmesh_core::{
     policy::{ChangeNote, ClassPolicy},
     ClassRegistry, LockKey,
@@ -39,6 +39,7 @@ use lockmesh_core::{
 use serde::Serialize;
 
 use super::{mutex::AcquireRequest, now_ms, LockError, Store};
+use crate::engine::txn::{mod_revision, Answer, Branch, Read, TxnBuilder};
 pub use lockmesh_keyspace::ClassMapRecord;
 
 /// This arbiter's cached view of the records, with their mod revisions.
@@ -159,10 +160,36 @@ impl PolicyGate {
         ]
     }
 
-    /// The reads a grant's failure branch must add (after its own, last).
-    pub fn reads(&self) -> Vec<TxnOp> {
-        vec![TxnOp::get(self.policy_key.as_str(), None), TxnOp::get(self.map_key.as_str(), None), self.home.read()]
+    /// Adds the gate's compares and its failure-branch reads to a grant.
+    pub(crate) fn add_to(&self, b: &mut TxnBuilder) -> GateReads {
+        b.compares(self.compares());
+        GateReads {
+            policy: b.read(Branch::Failure, self.policy_key.as_str(), None),
+            map: b.read(Branch::Failure, self.map_key.as_str(), None),
+            home: self.home.add_read(b),
+        }
     }
+
+    /// A gate of the given records, for the transaction builders' tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(limit: u32, policy: (&str, i64), map: (&str, i64), home: (&str, i64)) -> Self {
+        Self {
+            limit,
+            class: "test".into(),
+            policy_key: policy.0.into(),
+            policy_rev: policy.1,
+            map_key: map.0.into(),
+            map_rev: map.1,
+            home: super::home::HomeGate::for_test(home.0, home.1),
+        }
+    }
+}
+
+/// Where a grant's failure branch read the gate's records.
+pub(crate) struct GateReads {
+    policy: Read,
+    map: Read,
+    home: Read,
 }
 
 fn note(actor: &str, action: &str, reason: &str) -> ChangeNote {
@@ -234,21 +261,12 @@ impl Store {
 
     /// After a failed grant transaction: true (and caches dropped) when the policy,
     /// the map or the home record moved since the gate was read, so the grant must
-    /// be retried. `ops` ends with the gate's [`PolicyGate::reads`].
-    pub(crate) fn policy_moved(&self, gate: &PolicyGate, ops: &[TxnOpResponse]) -> bool {
-        let gets: Vec<&etcd_client::GetResponse> = ops
-            .iter()
-            .filter_map(|o| match o {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .collect();
-        let rev =
-            |g: Option<&&etcd_client::GetResponse>| g.and_then(|g| g.kvs().first()).map_or(0, KeyValue::mod_revision);
-        let n = gets.len();
-        let (p, m) = (rev(gets.get(n.wrapping_sub(3))), rev(gets.get(n.wrapping_sub(2))));
-        let home_moved = n >= 3 && gate.home.moved(gets.get(n - 1).copied());
-        let moved = n >= 3 && (p != gate.policy_rev || m != gate.map_rev || home_moved);
+    /// be retried.
+    pub(crate) fn policy_moved(&self, gate: &PolicyGate, reads: &GateReads, a: &Answer) -> bool {
+        let home_moved = gate.home.moved(a.get(reads.home));
+        let moved = mod_revision(a.get(reads.policy)) != gate.policy_rev
+            || mod_revision(a.get(reads.map)) != gate.map_rev
+            || home_moved;
         if moved {
             self.forget_policies();
         }
