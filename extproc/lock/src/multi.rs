@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
-    grant::{self, MultiGrant, MultiKey},
+    grant::{self, GrantTxn, KeyGrant, SlotCompares},
     txn::{found, Answer},
 };
 
@@ -293,27 +293,27 @@ impl Store {
         let mut each = Vec::with_capacity(reqs.len());
         for (i, (req, d)) in reqs.iter().zip(ds).enumerate() {
             let slot = slots.get(i).copied().unwrap_or(0).min(n - 1);
-            each.push(MultiKey {
+            each.push(KeyGrant {
                 d,
-                slot: (slot, k.slot(d, slot)),
+                slots: vec![(slot, k.slot(d, slot))],
                 // PLANTED BUG (multi-key scenario) when only the first key is compared.
-                compared: !first_only || i == 0,
+                slot_compares: if !first_only || i == 0 { SlotCompares::Limit(n) } else { SlotCompares::Skipped },
                 hold: hold_record(req, ep.epoch, 1, Some(count), attempt.as_deref())?,
                 exclusion: super::mutex::exclusion_ops(k, d, req, &lease, self.guard()),
                 indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
                 delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
+                fair,
+                count_after: false,
             });
         }
-        let holds: Vec<String> = each.iter().map(|key| key.slot.1.clone()).collect();
-        let (txn, reads) = grant::multi(MultiGrant {
+        let holds: Vec<String> = each.iter().flat_map(|key| key.slots.iter().map(|(_, name)| name.clone())).collect();
+        let (txn, reads) = grant::build(GrantTxn {
             keys: k,
             sid,
             opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
-            epoch_rev: ep.mod_revision,
-            limit: n,
+            epoch_rev: Some(ep.mod_revision),
             attempt: attempt.as_deref(),
             each,
-            fair,
             clock,
             advert: ad.as_ref(),
             gate: &gate,
@@ -366,12 +366,13 @@ impl Store {
             return Ok(Attempt::EpochMoved);
         }
         // Per key: whether a guard or a delay record is left (`delay`).
-        let delay_kept: Vec<bool> = (0..reqs.len())
-            .map(|i| reads.delay.get(i).is_some_and(|[guard, record]| found(a.get(*guard)) || found(a.get(*record))))
+        let delay_kept: Vec<bool> = reads
+            .delay
+            .iter()
+            .map(|r| r.is_some_and(|[guard, rec]| found(a.get(guard)) || found(a.get(rec))))
             .collect();
         // Per key: whether an exclusive hold's record stands.
-        let excluded: Vec<bool> =
-            (0..reqs.len()).map(|i| reads.exclusion.get(i).is_some_and(|x| found(a.get(*x)))).collect();
+        let excluded: Vec<bool> = reads.exclusion.iter().map(|r| r.is_some_and(|x| found(a.get(x)))).collect();
         if let Some(read) = reads.advert {
             self.guard().check_read(&ad, a.get(read))?;
         }

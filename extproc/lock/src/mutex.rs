@@ -36,7 +36,7 @@ use super::{
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
 use crate::engine::{
-    grant::{self, SingleGrant, SlotCompares},
+    grant::{self, GrantTxn, KeyGrant, SlotCompares},
     txn::{found, Answer},
 };
 use crate::test_faults::{self, TestFault};
@@ -865,17 +865,11 @@ impl Store {
         } else {
             0
         };
-        let count_after = super::shadow::wants_count(&req.class, n);
-        let (txn, reads) = grant::single(SingleGrant {
-            keys: k,
+        let slot_names: Vec<String> = slots.iter().map(|(_, name)| name.clone()).collect();
+        let key = KeyGrant {
             d,
-            sid,
-            opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
-            // PLANTED BUG (release gate) when skipped: no epoch compare.
-            epoch_rev: (!test_faults::on(TestFault::SkipEpochCompare)).then_some(ep.mod_revision),
-            slots: &slots,
+            slots,
             slot_compares,
-            attempt: attempt.as_deref(),
             hold: hold_record(req, ep.epoch, want, None, attempt.as_deref())?,
             // Exclusion (`Keys::exclusion`): an exclusive grant puts the record,
             // every grant compares it absent, whatever the limit is now.
@@ -884,8 +878,17 @@ impl Store {
             indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
             delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
             fair,
+            count_after: super::shadow::wants_count(&req.class, n),
+        };
+        let (txn, reads) = grant::build(GrantTxn {
+            keys: k,
+            sid,
+            opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
+            // PLANTED BUG (release gate) when skipped: no epoch compare.
+            epoch_rev: (!test_faults::on(TestFault::SkipEpochCompare)).then_some(ep.mod_revision),
+            attempt: attempt.as_deref(),
+            each: vec![key],
             clock,
-            count_after,
             advert: ad.as_ref(),
             gate: &gate,
         });
@@ -914,11 +917,10 @@ impl Store {
             // owner here, with no read (`owned_session`).
             self.sessions.insert(sid, Arc::new(rec.clone()));
         }
-        let slot_names: Vec<String> = slots.into_iter().map(|(_, name)| name).collect();
         let revision = self.settle(&ep, floor, clock, &r, &slot_names).await?;
         let a = Answer::of(&r);
         if a.succeeded() {
-            let held = reads.count.and_then(|c| a.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
+            let held = reads.count[0].and_then(|c| a.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
             super::shadow::after_grant(self, &req.class, &req.key, held, n);
             // Counted at once, before the ledger's watch shows it (`quota`).
             let ns = req.key.namespace();
@@ -952,9 +954,8 @@ impl Store {
         if self.refusal_moved(&ep, a.must(reads.epoch)?, clock_read)? {
             return Ok(Attempt::EpochMoved);
         }
-        let delay_kept =
-            reads.delay.first().is_some_and(|[guard, record]| found(a.get(*guard)) || found(a.get(*record)));
-        let excluded = reads.exclusion.first().is_some_and(|x| found(a.get(*x)));
+        let delay_kept = reads.delay[0].is_some_and(|[guard, record]| found(a.get(guard)) || found(a.get(record)));
+        let excluded = reads.exclusion[0].is_some_and(|x| found(a.get(x)));
         if let Some(read) = reads.advert {
             self.guard().check_read(&ad, a.get(read))?;
         }

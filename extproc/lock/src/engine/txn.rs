@@ -56,6 +56,11 @@ impl TxnBuilder {
         self.then.push(op);
     }
 
+    /// Writes run when every compare held, in order.
+    pub(crate) fn on_success_all(&mut self, ops: impl IntoIterator<Item = TxnOp>) {
+        self.then.extend(ops);
+    }
+
     /// A write run when a compare failed.
     pub(crate) fn on_failure(&mut self, op: TxnOp) {
         self.els.push(op);
@@ -75,6 +80,17 @@ impl TxnBuilder {
     /// `--max-txn-ops` bounds each).
     pub(crate) fn lengths(&self) -> (usize, usize, usize) {
         (self.when.len(), self.then.len(), self.els.len())
+    }
+
+    /// Each list's operations as their `Debug` text (compares, success,
+    /// failure), for tests that compare what two builds hold.
+    #[cfg(test)]
+    pub(crate) fn debug_lists(&self) -> [Vec<String>; 3] {
+        [
+            self.when.iter().map(|c| format!("{c:?}")).collect(),
+            self.then.iter().map(|o| format!("{o:?}")).collect(),
+            self.els.iter().map(|o| format!("{o:?}")).collect(),
+        ]
     }
 
     /// The transaction.

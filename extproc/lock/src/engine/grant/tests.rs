@@ -1,6 +1,7 @@
-//! The builders send the bytes the grant paths sent before them: each is
-//! compared with a copy of the transaction as `try_grant` and `try_grant_all`
-//! assembled it inline, over every combination of the concerns.
+//! The builder sends what the grant paths sent before it: a grant of one key
+//! the same bytes as `try_grant` assembled inline, a grant of several keys the
+//! same compares, writes and reads as `try_grant_all` did (in the one order of
+//! the builder), over every combination of the concerns.
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use lockmesh_core::{headers::SessionId, KeyDigest, LockKey};
@@ -203,22 +204,24 @@ fn the_single_key_grant_is_the_transaction_try_grant_built() {
         } else {
             slot_nos.iter().map(|s| (*s, k.slot(&d, *s))).collect()
         };
-        let (built, _) = single(SingleGrant {
+        let (built, _) = build(GrantTxn {
             keys: &k,
-            d: &d,
             sid: sid(),
             opened: opened.clone(),
             epoch_rev: (c[2] == 0).then_some(5),
-            slots: &slots,
-            slot_compares: if c[3] == 1 { SlotCompares::Skipped } else { SlotCompares::Limit(n) },
             attempt,
-            hold: b"hold".to_vec(),
-            exclusion: exclusion(&k, &d, c[5]),
-            indexed: c[6] == 1,
-            delay: (c[7] == 1).then(|| delay_ops(&k, &d)),
-            fair,
+            each: vec![KeyGrant {
+                d: &d,
+                slots: slots.clone(),
+                slot_compares: if c[3] == 1 { SlotCompares::Skipped } else { SlotCompares::Limit(n) },
+                hold: b"hold".to_vec(),
+                exclusion: exclusion(&k, &d, c[5]),
+                indexed: c[6] == 1,
+                delay: (c[7] == 1).then(|| delay_ops(&k, &d)),
+                fair,
+                count_after: c[10] == 1,
+            }],
             clock,
-            count_after: c[10] == 1,
             advert,
             gate: &gate,
         });
@@ -253,7 +256,7 @@ fn the_single_key_grant_is_the_transaction_try_grant_built() {
     assert_eq!(n_checked, 6912);
 }
 
-/// The multi-key grant as `try_grant_all` built it inline.
+/// The lists of the multi-key grant as `try_grant_all` built it inline.
 #[allow(clippy::too_many_arguments)]
 fn legacy_multi(
     k: &Keys,
@@ -269,7 +272,7 @@ fn legacy_multi(
     fair: Fair<'_>,
     clock: Option<i64>,
     ad: Option<&(String, i64)>,
-) -> Txn {
+) -> [Vec<String>; 3] {
     let sid = sid();
     let lease = PutOptions::new().with_lease(sid.lease());
     let sess_key = k.session(sid);
@@ -325,11 +328,15 @@ fn legacy_multi(
     }
     when.extend(gate_compares());
     els.extend(gate_reads());
-    Txn::new().when(when).and_then(then).or_else(els)
+    [
+        when.iter().map(|c| format!("{c:?}")).collect(),
+        then.iter().map(|o| format!("{o:?}")).collect(),
+        els.iter().map(|o| format!("{o:?}")).collect(),
+    ]
 }
 
 #[test]
-fn the_multi_key_grant_is_the_transaction_try_grant_all_built() {
+fn the_multi_key_grant_holds_what_try_grant_all_sent() {
     let k = Keys::new("/t");
     let ds: Vec<KeyDigest> = ["payments/a", "payments/b", "payments/c"].iter().map(|s| digest(s)).collect();
     let gate = PolicyGate::for_test(1, POLICY, MAP, HOME);
@@ -343,51 +350,33 @@ fn the_multi_key_grant_is_the_transaction_try_grant_all_built() {
         let fair = if c[6] == 1 { Fair::Arrival } else { Fair::Memory };
         let clock = (c[7] == 1).then_some(42);
         let advert = (c[8] == 1).then_some(&ad);
-        let excl = |_| exclusion(&k, &ds[0], if c[3] == 1 { 1 } else { 0 });
         let each = ds
             .iter()
             .enumerate()
-            .map(|(i, d)| MultiKey {
+            .map(|(i, d)| KeyGrant {
                 d,
-                slot: (slots[i], k.slot(d, slots[i])),
-                compared: c[0] == 0 || i == 0,
+                slots: vec![(slots[i], k.slot(d, slots[i]))],
+                slot_compares: if c[0] == 0 || i == 0 { SlotCompares::Limit(1) } else { SlotCompares::Skipped },
                 hold: format!("hold{i}").into_bytes(),
-                exclusion: {
-                    let mut e = excl(i);
-                    if let Some(key) = &mut e.read {
-                        *key = k.exclusion(d);
-                        e.compare = Some(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
-                    }
-                    e
-                },
+                exclusion: exclusion(&k, d, if c[3] == 1 { 1 } else { 0 }),
                 indexed: c[4] == 1,
                 delay: (c[5] == 1).then(|| delay_ops(&k, d)),
+                fair,
+                count_after: false,
             })
             .collect();
-        let (built, _) = multi(MultiGrant {
+        let (built, _) = assemble(GrantTxn {
             keys: &k,
             sid: sid(),
             opened: opened.clone(),
-            epoch_rev: 5,
-            limit: 1,
+            epoch_rev: Some(5),
             attempt,
             each,
-            fair,
             clock,
             advert,
             gate: &gate,
         });
-        let excl: Vec<ExclusionOps> = ds
-            .iter()
-            .map(|d| {
-                let mut e = excl(0);
-                if let Some(key) = &mut e.read {
-                    *key = k.exclusion(d);
-                    e.compare = Some(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
-                }
-                e
-            })
-            .collect();
+        let excl: Vec<ExclusionOps> = ds.iter().map(|d| exclusion(&k, d, if c[3] == 1 { 1 } else { 0 })).collect();
         let legacy = legacy_multi(
             &k,
             &ds,
@@ -403,7 +392,19 @@ fn the_multi_key_grant_is_the_transaction_try_grant_all_built() {
             clock,
             advert,
         );
-        assert_eq!(format!("{built:?}"), format!("{legacy:?}"), "combination {c:?}");
+        let sorted = |mut lists: [Vec<String>; 3]| {
+            lists.iter_mut().for_each(|l| l.sort());
+            lists
+        };
+        let lists = built.debug_lists();
+        assert_eq!(sorted(lists.clone()), sorted(legacy), "combination {c:?}");
+        // The one order: the failure branch reads each key's holders first (after
+        // an opened session's record), in the order of the keys.
+        let first = usize::from(c[1] == 1);
+        for (i, d) in ds.iter().enumerate() {
+            let want = format!("{:?}", k.holds(d).into_bytes());
+            assert!(lists[2][first + i].contains(&want), "{}", lists[2][first + i]);
+        }
         n_checked += 1;
     }
     assert_eq!(n_checked, 512);
