@@ -35,13 +35,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-};
+use etcd_client::{Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType};
 use lockmesh_core::{ClassRegistry, KeyDigest, Reason};
 use lockmesh_keyspace::{DelayGuard, LockDelayRecord};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::engine::txn::{Answer, Branch, TxnBuilder};
 
 use super::test_faults::{on, TestFault};
 use super::{keys, now_ms, HoldRecord, LockError, Store};
@@ -118,23 +118,12 @@ impl Store {
         for _ in 0..3 {
             let k = self.keys();
             let (holds, g, r) = (k.holds(d), k.delay_guard(d), k.lock_delay(d));
-            let txn = Txn::new().and_then([
-                TxnOp::get(holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only())),
-                TxnOp::get(g.as_str(), None),
-                TxnOp::get(r.as_str(), None),
-            ]);
-            let resp = self.call(self.client().txn(txn)).await?;
-            let ops = resp.op_responses();
-            let gets: Vec<&etcd_client::GetResponse> = ops
-                .iter()
-                .filter_map(|o| match o {
-                    TxnOpResponse::Get(g) => Some(g),
-                    _ => None,
-                })
-                .collect();
-            let [held, guard, record] = gets.as_slice() else {
-                return Err(LockError::Internal("lock-delay read without its three answers".into()));
-            };
+            let mut b = TxnBuilder::new();
+            let held = b.read(Branch::Success, holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only()));
+            let (guard, record) =
+                (b.read(Branch::Success, g.as_str(), None), b.read(Branch::Success, r.as_str(), None));
+            let a = Answer::of(&self.call(self.client().txn(b.build())).await?);
+            let (held, guard, record) = (a.must(held)?, a.must(guard)?, a.must(record)?);
             if let Some(kv) = record.kvs().first() {
                 return Ok(Some(self.lease_left(kv.lease()).await));
             }
@@ -182,26 +171,18 @@ impl Store {
     /// later than that reads as an expiry.
     async fn end_cause(&self, d: &KeyDigest, guard: Option<&DelayGuard>) -> Result<Option<&'static str>, LockError> {
         let k = self.keys();
-        let mut ops = vec![TxnOp::get(k.force_record(d), Some(GetOptions::new().with_count_only()))];
+        let mut b = TxnBuilder::new();
+        let force = b.read(Branch::Success, k.force_record(d), Some(GetOptions::new().with_count_only()));
         let closed = guard
             .and_then(|g| i64::from_str_radix(&g.session, 16).ok())
-            .and_then(lockmesh_core::headers::SessionId::from_lease);
-        if let Some(sid) = closed {
-            ops.push(TxnOp::get(k.close_marker(sid), Some(GetOptions::new().with_count_only())));
-        }
-        let r = self.call(self.client().txn(Txn::new().and_then(ops))).await?;
-        let counts: Vec<i64> = r
-            .op_responses()
-            .iter()
-            .filter_map(|o| match o {
-                TxnOpResponse::Get(g) => Some(g.count()),
-                _ => None,
-            })
-            .collect();
-        if counts.first().copied().unwrap_or(0) > 0 {
+            .and_then(lockmesh_core::headers::SessionId::from_lease)
+            .map(|sid| b.read(Branch::Success, k.close_marker(sid), Some(GetOptions::new().with_count_only())));
+        let a = Answer::of(&self.call(self.client().txn(b.build())).await?);
+        let count = |read| a.get(read).map_or(0, etcd_client::GetResponse::count);
+        if count(force) > 0 {
             return Ok(Some("force"));
         }
-        if counts.get(1).copied().unwrap_or(0) > 0 {
+        if closed.is_some_and(|read| count(read) > 0) {
             return Ok(None);
         }
         Ok(Some("expiry"))

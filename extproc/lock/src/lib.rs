@@ -460,14 +460,14 @@ impl Store {
     }
 
     /// Runs an etcd call for a request with a deadline: the call may take the
-    /// caller's remaining wait, at least 500 ms and at most the operation timeout,
-    /// so an unreachable etcd answers `unavailable` close to the caller's deadline.
+    /// caller's remaining wait, at least 500 ms and at most the operation timeout
+    /// ([`call_budget`]), so an unreachable etcd answers `unavailable` close to the
+    /// caller's deadline.
     pub(crate) async fn call_by<T, F>(&self, deadline: tokio::time::Instant, f: F) -> Result<T, LockError>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let t = left.clamp(Duration::from_millis(500), self.op_timeout);
+        let t = call_budget(deadline.saturating_duration_since(tokio::time::Instant::now()), self.op_timeout);
         // A `lockmesh.etcd` span (op by response type; the txn is the grant's).
         let span = lockmesh_telemetry::etcd_span::<T>();
         let r = tokio::time::timeout(t, tracing::Instrument::instrument(f, span.clone())).await;
@@ -541,5 +541,29 @@ impl Store {
     /// endpoint would only show as an anonymous 503).
     pub async fn ready(&self) -> Result<(), LockError> {
         self.check_seal().await
+    }
+}
+
+/// How long an etcd call of a request with `left` until its deadline may take:
+/// `left`, but at least 500 ms (a try-once acquire still gets a round trip) and
+/// at most the operation timeout, which wins when it is set below 500 ms (a
+/// clamp would panic there: every request would fail).
+fn call_budget(left: Duration, op_timeout: Duration) -> Duration {
+    left.max(Duration::from_millis(500)).min(op_timeout)
+}
+
+#[cfg(test)]
+mod call_budget_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_budget_never_panics_and_the_op_timeout_bounds_it() {
+        let ms = Duration::from_millis;
+        assert_eq!(call_budget(ms(0), ms(2000)), ms(500));
+        assert_eq!(call_budget(ms(1200), ms(2000)), ms(1200));
+        assert_eq!(call_budget(ms(9000), ms(2000)), ms(2000));
+        // An operation timeout below 500 ms wins (it once panicked here).
+        assert_eq!(call_budget(ms(0), ms(400)), ms(400));
+        assert_eq!(call_budget(ms(9000), ms(400)), ms(400));
     }
 }

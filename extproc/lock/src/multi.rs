@@ -24,15 +24,16 @@
 
 use std::sync::Arc;
 
-use etcd_client::{GetOptions, KeyValue, PutOptions, TxnOp, WatchOptions};
+use etcd_client::{GetOptions, KeyValue, PutOptions, WatchOptions};
 use futures::future::select_all;
 use lockmesh_core::{class::Fairness, headers::SessionId, FencingToken, KeyDigest, Reason};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
+    commit::{Sending, Sent},
     grant::{self, GrantTxn, KeyGrant, SlotCompares},
-    txn::{found, Answer},
+    txn::{found, Branch, Read, TxnBuilder},
 };
 
 use super::{
@@ -221,15 +222,17 @@ impl Store {
         ds: &[KeyDigest],
         sid: SessionId,
     ) -> Result<Option<Vec<Grant>>, LockError> {
-        let gets = ds
-            .iter()
-            .map(|d| TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())))
-            .collect::<Vec<_>>();
-        let Some((_, reads)) = self.checked_read(reqs[0].deadline, gets).await? else { return Ok(None) };
+        let reads = |b: &mut TxnBuilder| -> Vec<Read> {
+            ds.iter()
+                .map(|d| b.read(Branch::Success, self.keys().holds(d), Some(GetOptions::new().with_prefix())))
+                .collect()
+        };
+        let Some((_, a, reads)) = self.checked_read(reqs[0].deadline, reads).await? else { return Ok(None) };
         let mut own: Vec<Option<KeyValue>> = Vec::with_capacity(reqs.len());
-        for (req, g) in reqs.iter().zip(reads) {
+        for (req, read) in reqs.iter().zip(reads) {
             own.push(
-                g.kvs()
+                a.must(read)?
+                    .kvs()
                     .iter()
                     .find(|kv| kv.lease() == sid.lease() && hold_of(kv).is_some_and(|h| h.hold_id == req.hold_id))
                     .cloned(),
@@ -265,22 +268,15 @@ impl Store {
         new_record: Option<&SessionRecord>,
         slots: &[u32],
     ) -> Result<Attempt, LockError> {
-        self.unsealed()?;
-        // The keyspace gate, as a single-key grant's (`try_grant`).
-        let ad = self.guard().advertisement().map_err(LockError::Unavailable)?;
-        let ep = self.epoch_state().await?;
-        if let Some(why) = &ep.sealed {
-            return Err(LockError::Sealed(why.clone()));
-        }
         let first = &reqs[0];
         // Every key's class as the authoritative map gives it; the first key's
         // compares cover all of them (one class map record, one class policy).
-        let gate = self.policy_gate(first).await?;
+        let basis = self.grant_basis(first).await?;
         for r in &reqs[1..] {
             self.policy_gate(r).await?;
         }
-        let (floor, clock) = (self.seal().revision_floor(), self.seal().clock_floor(ep.epoch));
-        let (k, n) = (self.keys(), gate.limit.max(1));
+        let ep = &basis.ep;
+        let (k, n) = (self.keys(), basis.gate.limit.max(1));
         let lease = PutOptions::new().with_lease(sid.lease());
         let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
         let delay =
@@ -306,7 +302,11 @@ impl Store {
                 count_after: false,
             });
         }
-        let holds: Vec<String> = each.iter().flat_map(|key| key.slots.iter().map(|(_, name)| name.clone())).collect();
+        let holds: Vec<(String, &str)> = each
+            .iter()
+            .zip(reqs)
+            .flat_map(|(key, req)| key.slots.iter().map(|(_, name)| (name.clone(), req.key.namespace())))
+            .collect();
         let (txn, reads) = grant::build(GrantTxn {
             keys: k,
             sid,
@@ -314,57 +314,26 @@ impl Store {
             epoch_rev: Some(ep.mod_revision),
             attempt: attempt.as_deref(),
             each,
-            clock,
-            advert: ad.as_ref(),
-            gate: &gate,
+            clock: basis.clock,
+            advert: basis.advert.as_ref(),
+            gate: &basis.gate,
         });
-        let r = match self.call_by(first.deadline, self.client().txn(txn)).await {
-            Ok(r) => r,
-            // An unknown outcome: fenced off and read through the first key (all
-            // keys' holds carry the attempt and commit together or not at all).
-            Err(e) => {
-                return match &attempt {
-                    Some(a) if super::mutex::outcome_unknown(&e) => {
-                        let g = self.resolve_attempt(&ds[0], sid, a, e).await?;
-                        Ok(Attempt::Granted(key_grants(reqs, g.token, sid)))
-                    }
-                    None if new_record.is_none() && super::mutex::outcome_unknown(&e) => {
-                        self.end_unfenced(sid);
-                        Err(e)
-                    }
-                    _ => Err(e),
-                };
-            }
+        let sending = Sending {
+            basis: &basis,
+            sid,
+            new_record,
+            attempt: attempt.as_deref(),
+            first: &ds[0],
+            holds: &holds,
+            deadline: first.deadline,
         };
-        if let Some(rec) = new_record {
-            // Either branch put it (as `try_grant`): cached for the release.
-            self.sessions.insert(sid, std::sync::Arc::new(rec.clone()));
-        }
-        let revision = self.settle(&ep, floor, clock, &r, &holds).await?;
-        if r.succeeded() {
-            for (req, name) in reqs.iter().zip(&holds) {
-                self.ledger().note_hold(name.as_bytes(), revision, req.key.namespace());
-            }
-            if new_record.is_some() {
-                self.ledger().note_session(k.session(sid).as_bytes(), revision, first.key.namespace());
-            }
-            let rev = u64::try_from(revision).unwrap_or(u64::MAX);
-            let token = match FencingToken::mint(ep.epoch, rev) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.take_back(&holds, revision).await;
-                    return Err(LockError::Sealed(e.to_string()));
-                }
-            };
-            return Ok(Attempt::Granted(key_grants(reqs, token, sid)));
-        }
-        let a = Answer::of(&r);
+        let (a, revision) = match self.send_grant(txn, &reads, sending).await? {
+            Sent::Granted { token, .. } => return Ok(Attempt::Granted(key_grants(reqs, token, sid))),
+            Sent::Resolved(g) => return Ok(Attempt::Granted(key_grants(reqs, g.token, sid))),
+            Sent::Moved => return Ok(Attempt::EpochMoved),
+            Sent::Refused { answer, revision } => (answer, revision),
+        };
         let holders = reads.holders.iter().map(|h| a.must(*h)).collect::<Result<Vec<_>, _>>()?;
-        let sess = a.must(reads.session)?;
-        let clock_read = clock.map(|c| (c, reads.clock.and_then(|r| a.get(r))));
-        if self.refusal_moved(&ep, a.must(reads.epoch)?, clock_read)? {
-            return Ok(Attempt::EpochMoved);
-        }
         // Per key: whether a guard or a delay record is left (`delay`).
         let delay_kept: Vec<bool> = reads
             .delay
@@ -373,17 +342,6 @@ impl Store {
             .collect();
         // Per key: whether an exclusive hold's record stands.
         let excluded: Vec<bool> = reads.exclusion.iter().map(|r| r.is_some_and(|x| found(a.get(x)))).collect();
-        if let Some(read) = reads.advert {
-            self.guard().check_read(&ad, a.get(read))?;
-        }
-        if self.policy_moved(&gate, &reads.gate, &a) {
-            return Ok(Attempt::EpochMoved);
-        }
-        if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {
-            self.forget_session(sid).await;
-            return Err(LockError::SessionExpired);
-        }
-        let revision = r.header().map_or(0, |h| h.revision());
         let mut gated = false;
         let mut free = Vec::with_capacity(reqs.len());
         for ((((req, d), h), kept), excluded) in reqs.iter().zip(ds).zip(&holders).zip(&delay_kept).zip(&excluded) {

@@ -36,8 +36,9 @@ use super::{
     HoldRecord, Keys, LockError, SessionRecord, Store,
 };
 use crate::engine::{
+    commit::{Sending, Sent},
     grant::{self, GrantTxn, KeyGrant, SlotCompares},
-    txn::{found, Answer},
+    txn::{found, Answer, Branch, TxnBuilder},
 };
 use crate::test_faults::{self, TestFault};
 use crate::upgrade::Capability;
@@ -181,15 +182,9 @@ enum HeldRead {
     Grant,
 }
 
-/// The reads of transaction answer `r`, in order.
-fn gets_of(r: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
-    r.op_responses()
-        .into_iter()
-        .filter_map(|o| match o {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        })
-        .collect()
+/// A prefix read.
+fn prefix() -> Option<GetOptions> {
+    Some(GetOptions::new().with_prefix())
 }
 
 /// The commit revision a grant's token carries.
@@ -671,16 +666,17 @@ impl Store {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await; // TEST SWITCH (handoff scenario)
         }
         let policy_key = self.keys().class_policy(req.class.name.as_str());
-        let reads =
-            vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix())), TxnOp::get(policy_key, None)];
-        let Some((revision, gets)) = timed(Step::HeldRead, self.checked_read(req.deadline, reads)).await? else {
+        let reads = |b: &mut TxnBuilder| {
+            (b.read(Branch::Success, self.keys().holds(d), prefix()), b.read(Branch::Success, policy_key, None))
+        };
+        let Some((revision, a, (holders, policy))) =
+            timed(Step::HeldRead, self.checked_read(req.deadline, reads)).await?
+        else {
             // The epoch record moved: the grant transaction decides.
             return Ok(HeldRead::Grant);
         };
-        let mut gets = gets.into_iter();
-        let (holders, policy) = (gets.next(), gets.next());
+        let (holders, policy) = (a.get(holders), a.get(policy));
         let limit = policy
-            .as_ref()
             .and_then(|p| p.kvs().first())
             .and_then(|kv| serde_json::from_slice::<lockmesh_core::policy::ClassPolicy>(kv.value()).ok())
             .map(|p| p.limit);
@@ -700,17 +696,17 @@ impl Store {
         d: &KeyDigest,
         sid: SessionId,
     ) -> Result<Option<Result<Grant, LockError>>, LockError> {
-        let reads = vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))];
-        let Some((_, gets)) = self.checked_read(req.deadline, reads).await? else { return Ok(None) };
-        Ok(gets.first().and_then(|holders| self.classify_holders(req, sid, holders.kvs())))
+        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.keys().holds(d), prefix());
+        let Some((_, a, holders)) = self.checked_read(req.deadline, read).await? else { return Ok(None) };
+        Ok(a.get(holders).and_then(|holders| self.classify_holders(req, sid, holders.kvs())))
     }
 
     /// The hold of session `sid` on `d` with the request's hold id, as an
     /// `existing` grant (one read, no proposal).
     async fn own_hold(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Grant>, LockError> {
-        let reads = vec![TxnOp::get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))];
-        let Some((_, gets)) = self.checked_read(req.deadline, reads).await? else { return Ok(None) };
-        let kvs = gets.first().map_or(&[][..], |g| g.kvs());
+        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.keys().holds(d), prefix());
+        let Some((_, a, holders)) = self.checked_read(req.deadline, read).await? else { return Ok(None) };
+        let kvs = a.get(holders).map_or(&[][..], |g| g.kvs());
         for kv in kvs.iter().filter(|kv| kv.lease() == sid.lease()) {
             let Some(h) = hold_of(kv) else { continue };
             if h.hold_id == req.hold_id {
@@ -732,10 +728,13 @@ impl Store {
         Ok(if free.len() == want as usize { free } else { (0..want).collect() })
     }
 
-    /// Deletes the holds `hold_keys` this arbiter's grant committed at `revision`,
-    /// compared by its create revision: the key may be another grant's by now
-    /// (released, expired, granted again), and a delete by name would free it.
-    pub(crate) async fn take_back(&self, hold_keys: &[String], revision: i64) {
+    /// Deletes the holds `hold_keys` this arbiter's grant on session `sid`
+    /// committed at `revision`, compared by its create revision: the key may be
+    /// another grant's by now (released, expired, granted again), and a delete by
+    /// name would free it. The grant's ends go with them: its exclusion record
+    /// and the session's hold index key (which would otherwise keep an
+    /// acquire-opened session from closing at its last release).
+    pub(crate) async fn take_back(&self, hold_keys: &[String], revision: i64, sid: SessionId) {
         let cmp: Vec<Compare> =
             hold_keys.iter().map(|h| Compare::create_revision(h.as_str(), CompareOp::Equal, revision)).collect();
         // With its lock-delay guard (`delay`): a grant taken back is no expiry.
@@ -745,11 +744,17 @@ impl Store {
         digests.dedup();
         for d in digests {
             ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
-            ops.extend(end_ops(self.keys(), &d, revision, None));
+            // PLANTED BUG (holder_safety scenario) when on: the index key stays.
+            let lease = (!test_faults::on(TestFault::TakeBackKeepsIndex)).then_some(sid.lease());
+            ops.extend(end_ops(self.keys(), &d, revision, lease));
         }
         let txn = Txn::new().when(cmp).and_then(ops);
-        if let Err(e) = self.call(self.client().txn(txn)).await {
-            tracing::warn!(error = %e, "could not take back a grant refused after its commit; it ends with its session");
+        match self.call(self.client().txn(txn)).await {
+            Ok(r) if r.succeeded() => tracing::info!(revision, "took back a grant whose answer was not a grant"),
+            Ok(_) => tracing::debug!(revision, "a grant to take back had ended already"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not take back a grant refused after its commit; it ends with its session")
+            }
         }
     }
 
@@ -790,49 +795,11 @@ impl Store {
         slot: u32,
         fair: Fair<'_>,
     ) -> Result<Attempt, LockError> {
-        self.unsealed()?;
-        // The keyspace gate (`upgrade::Guard`): the advertisement this grant
-        // compares, and which record kinds it may write.
-        let ad = self.guard().advertisement().map_err(LockError::Unavailable)?;
-        let ep = self.epoch_state().await?;
-        if let Some(why) = &ep.sealed {
-            return Err(LockError::Sealed(why.clone()));
-        }
-        // The authoritative class and limit (the policy records), compared below.
-        let gate = self.policy_gate(req).await?;
-        let floor = self.seal().revision_floor();
-        let clock = self.seal().clock_floor(ep.epoch);
+        // The authoritative class and limit (the policy records), compared.
+        let basis = self.grant_basis(req).await?;
+        let ep = &basis.ep;
         let k = self.keys();
-        let n = if test_faults::on(TestFault::RegistryLimit) {
-            req.class.max_holders // PLANTED BUG (release gate): the registry's limit.
-        } else if let Some(k) = req.class.candidate.filter(|_| test_faults::on(TestFault::ShadowDecides)) {
-            k.max_holders // PLANTED BUG (shadow scenario): the candidate decides.
-        } else {
-            gate.limit
-        };
-        // An election has one leader: a campaign is granted only under a limit of
-        // 1, read from the policy record this transaction compares (a limit change
-        // after this read fails the compare and the grant reads it again).
-        if req.election && n != 1 && !test_faults::on(TestFault::CampaignAnyLimit) {
-            return Err(LockError::NotElectionClass(format!(
-                "x-lock-key: the key's class {} allows {n} holders now (an operator's limit change); an election \
-                 needs a limit of 1, so nobody is elected while it is above 1",
-                req.class.name
-            )));
-        }
-        // k permits (`x-lock-permits`, all N for an exclusive hold): k slots in this
-        // one transaction. More than the limit can never be granted.
-        let want = if test_faults::on(TestFault::ExclusiveOneSlot) && req.permits == Permits::All {
-            1 // PLANTED BUG (release gate): an exclusive hold of one slot.
-        } else {
-            req.permits.of(n)
-        };
-        if want > n.min(lockmesh_core::headers::MAX_PERMITS) {
-            return Err(LockError::PermitsAboveLimit {
-                asked: want,
-                limit: n.min(lockmesh_core::headers::MAX_PERMITS),
-            });
-        }
+        let (n, want) = grant_size(req, &basis.gate)?;
         if want > 1 {
             self.gated(Capability::MultiSlotHolds, want)?;
         }
@@ -888,51 +855,26 @@ impl Store {
             epoch_rev: (!test_faults::on(TestFault::SkipEpochCompare)).then_some(ep.mod_revision),
             attempt: attempt.as_deref(),
             each: vec![key],
-            clock,
-            advert: ad.as_ref(),
-            gate: &gate,
+            clock: basis.clock,
+            advert: basis.advert.as_ref(),
+            gate: &basis.gate,
         });
-        // An unknown outcome (timeout) may still commit: with a session opened for
-        // this acquire the caller revokes it; with the caller's own session the
-        // attempt is fenced off and what it did is read ([`Store::resolve_attempt`]),
-        // or, before attempt fences are enabled, the session is ended.
-        let r = match timed(Step::GrantTxn, self.call_by(req.deadline, self.client().txn(txn))).await {
-            Ok(r) => r,
-            Err(e) => {
-                return match &attempt {
-                    Some(a) if outcome_unknown(&e) => {
-                        let g = self.resolve_attempt(d, sid, a, e).await?;
-                        Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g }))
-                    }
-                    None if new_record.is_none() && outcome_unknown(&e) => {
-                        self.end_unfenced(sid);
-                        Err(e)
-                    }
-                    _ => Err(e),
-                };
-            }
+        let ns = req.key.namespace();
+        let holds: Vec<(String, &str)> = slot_names.iter().map(|name| (name.clone(), ns)).collect();
+        let sending = Sending {
+            basis: &basis,
+            sid,
+            new_record,
+            attempt: attempt.as_deref(),
+            first: d,
+            holds: &holds,
+            deadline: req.deadline,
         };
-        if let Some(rec) = new_record {
-            // Either branch put it: the release that names the session finds its
-            // owner here, with no read (`owned_session`).
-            self.sessions.insert(sid, Arc::new(rec.clone()));
-        }
-        let revision = self.settle(&ep, floor, clock, &r, &slot_names).await?;
-        let a = Answer::of(&r);
-        if a.succeeded() {
-            let held = reads.count[0].and_then(|c| a.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
-            super::shadow::after_grant(self, &req.class, &req.key, held, n);
-            // Counted at once, before the ledger's watch shows it (`quota`).
-            let ns = req.key.namespace();
-            for name in &slot_names {
-                self.ledger().note_hold(name.as_bytes(), revision, ns);
-            }
-            if new_record.is_some() {
-                self.ledger().note_session(k.session(sid).as_bytes(), revision, ns);
-            }
-            let rev = u64::try_from(revision).unwrap_or(u64::MAX);
-            return match FencingToken::mint(ep.epoch, rev) {
-                Ok(token) => Ok(Attempt::Granted(Grant {
+        let (a, revision) = match self.send_grant(txn, &reads, sending).await? {
+            Sent::Granted { token, answer } => {
+                let held = reads.count[0].and_then(|c| answer.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
+                super::shadow::after_grant(self, &req.class, &req.key, held, n);
+                return Ok(Attempt::Granted(Grant {
                     token,
                     session: sid,
                     ttl_s: req.class.ttl_s,
@@ -941,31 +883,34 @@ impl Store {
                     new_session: false,
                     permits: want,
                     mode: req.mode,
-                })),
-                Err(e) => {
-                    // Revision space exhausted: never hand out a token that does not fit.
-                    self.take_back(&slot_names, revision).await;
-                    Err(LockError::Sealed(e.to_string()))
-                }
-            };
-        }
-        let (holders, sess) = (a.must(reads.holders[0])?, a.must(reads.session)?);
-        let clock_read = clock.map(|c| (c, reads.clock.and_then(|r| a.get(r))));
-        if self.refusal_moved(&ep, a.must(reads.epoch)?, clock_read)? {
-            return Ok(Attempt::EpochMoved);
-        }
+                }));
+            }
+            Sent::Resolved(g) => return Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g })),
+            Sent::Moved => return Ok(Attempt::EpochMoved),
+            Sent::Refused { answer, revision } => (answer, revision),
+        };
+        self.refusal(req, d, sid, (n, want, delay), &a, &reads, revision).await
+    }
+
+    /// What a refused grant of one key means (`a`, read through `reads`, at
+    /// `revision`): the caller's own hold (an idempotent re-acquire) or a leak,
+    /// an exclusive hold, a lock-delay, a slot freed meanwhile (retry at once) or
+    /// the key at its limit (wait).
+    #[allow(clippy::too_many_arguments)]
+    async fn refusal(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        d: &KeyDigest,
+        sid: SessionId,
+        (n, want, delay): (u32, u32, u64),
+        a: &crate::engine::txn::Answer,
+        reads: &crate::engine::grant::GrantReads,
+        revision: i64,
+    ) -> Result<Attempt, LockError> {
+        let k = self.keys();
+        let holders = a.must(reads.holders[0])?;
         let delay_kept = reads.delay[0].is_some_and(|[guard, record]| found(a.get(guard)) || found(a.get(record)));
         let excluded = reads.exclusion[0].is_some_and(|x| found(a.get(x)));
-        if let Some(read) = reads.advert {
-            self.guard().check_read(&ad, a.get(read))?;
-        }
-        if self.policy_moved(&gate, &reads.gate, &a) {
-            return Ok(Attempt::EpochMoved);
-        }
-        if new_record.is_none() && sess.kvs().first().map(KeyValue::lease) != Some(sid.lease()) {
-            self.forget_session(sid).await;
-            return Err(LockError::SessionExpired);
-        }
         if let Some(r) = self.classify_holders(req, sid, holders.kvs()) {
             return r.map(Attempt::Granted);
         }
@@ -1041,7 +986,7 @@ impl Store {
                         loop {
                             if let Ok(holds) = store.fence_attempt(&d, sid, &attempt).await {
                                 if let Some((slots, rev)) = attempt_holds(&holds, sid, &attempt) {
-                                    store.take_back(&slots, rev).await;
+                                    store.take_back(&slots, rev, sid).await;
                                 }
                                 return;
                             }
@@ -1064,28 +1009,22 @@ impl Store {
     ) -> Result<etcd_client::GetResponse, LockError> {
         let (k, lease) = (self.keys(), self.marker_lease().await?);
         let key = k.attempt(sid, attempt);
-        let holds = TxnOp::get(k.holds(d), Some(GetOptions::new().with_prefix()));
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(PutOptions::new().with_lease(lease))),
-                holds.clone(),
-            ])
-            .or_else([holds]);
-        let r = match self.call(self.client().txn(txn)).await {
+        // The fence key put if absent (it may be put already: an earlier try
+        // whose answer was lost), and the key's holds read either way.
+        let mut b = TxnBuilder::new();
+        b.compare(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
+        b.on_success(TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(PutOptions::new().with_lease(lease))));
+        let fenced = b.read(Branch::Success, k.holds(d), prefix());
+        let already = b.read(Branch::Failure, k.holds(d), prefix());
+        let r = match self.call(self.client().txn(b.build())).await {
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 self.drop_marker_lease().await;
                 return Err(LockError::Unavailable(m));
             }
             r => r?,
         };
-        r.op_responses()
-            .into_iter()
-            .find_map(|o| match o {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .ok_or_else(|| internal("an attempt's fence without its read"))
+        let a = Answer::of(&r);
+        a.get(fenced).or(a.get(already)).cloned().ok_or_else(|| internal("an attempt's fence without its read"))
     }
 
     /// What a fenced attempt did, from the holds its fence read.
@@ -1108,11 +1047,11 @@ impl Store {
         // A below-mark term seals; `unsealed` then refuses.
         self.seal().observe_term(holds.header().map_or(0, |h| h.raft_term()), hold.epoch);
         if let Err(e) = self.unsealed() {
-            self.take_back(&slots, rev).await;
+            self.take_back(&slots, rev, sid).await;
             return Err(e);
         }
         if let Err(e) = self.raft_at_mark().await {
-            self.take_back(&slots, rev).await;
+            self.take_back(&slots, rev, sid).await;
             return Err(e);
         }
         tracing::info!(key = %d.short(), "a grant whose answer was lost had committed; answered as granted");
@@ -1202,19 +1141,17 @@ impl Store {
     /// the arbiter seals. Returns the read's revision and the reads in order, or
     /// `None` when the epoch record moved (the caller goes on to the grant
     /// transaction, which decides with every check).
-    pub(crate) async fn checked_read(
+    pub(crate) async fn checked_read<H>(
         &self,
         deadline: tokio::time::Instant,
-        reads: Vec<TxnOp>,
-    ) -> Result<Option<(i64, Vec<etcd_client::GetResponse>)>, LockError> {
-        let n = reads.len();
-        let unchecked = test_faults::on(TestFault::UncheckedExistingRead); // PLANTED BUG when on.
-        if unchecked {
-            let r = self.call_by(deadline, self.client().txn(Txn::new().and_then(reads))).await?;
-            let revision = r.header().map_or(0, |h| h.revision());
-            let mut gets = gets_of(&r);
-            gets.truncate(n);
-            return Ok(Some((revision, gets)));
+        add: impl FnOnce(&mut TxnBuilder) -> H,
+    ) -> Result<Option<(i64, Answer, H)>, LockError> {
+        let mut b = TxnBuilder::new();
+        let reads = add(&mut b);
+        if test_faults::on(TestFault::UncheckedExistingRead) {
+            // PLANTED BUG (restore scenario) when on: the reads alone.
+            let r = self.call_by(deadline, self.client().txn(b.build())).await?;
+            return Ok(Some((r.header().map_or(0, |h| h.revision()), Answer::of(&r), reads)));
         }
         self.unsealed()?;
         let ep = self.epoch_state().await?;
@@ -1223,12 +1160,9 @@ impl Store {
         }
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
-        let mut ops = reads;
-        ops.push(TxnOp::get(self.keys().epoch(), None));
-        if clock.is_some() {
-            ops.push(TxnOp::get(self.keys().clock(), None));
-        }
-        let r = self.call_by(deadline, self.client().txn(Txn::new().and_then(ops))).await?;
+        let epoch_read = b.read(Branch::Success, self.keys().epoch(), None);
+        let clock_read = clock.map(|c| (c, b.read(Branch::Success, self.keys().clock(), None)));
+        let r = self.call_by(deadline, self.client().txn(b.build())).await?;
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if revision < floor {
@@ -1239,17 +1173,13 @@ impl Store {
         }
         self.seal().observe_term(header.raft_term(), ep.epoch);
         self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed())?;
-        let mut gets = gets_of(&r);
-        let (Some(epoch), clock_read) = (gets.get(n), clock.map(|c| (c, gets.get(n + 1)))) else {
-            return Err(internal("etcd txn answer without the expected reads"));
-        };
-        if self.refusal_moved(&ep, epoch, clock_read)? {
+        let a = Answer::of(&r);
+        if self.refusal_moved(&ep, a.must(epoch_read)?, clock_read.map(|(c, read)| (c, a.get(read))))? {
             return Ok(None);
         }
         self.unsealed()?;
         self.seal().observe_revision(revision, ep.epoch);
-        gets.truncate(n);
-        Ok(Some((revision, gets)))
+        Ok(Some((revision, a, reads)))
     }
 
     /// The epoch and grant-clock reads of a refused grant (`clock`: this
@@ -1289,6 +1219,7 @@ impl Store {
         clock: Option<i64>,
         r: &etcd_client::TxnResponse,
         slots: &[String],
+        sid: SessionId,
     ) -> Result<i64, LockError> {
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
@@ -1307,13 +1238,13 @@ impl Store {
         }
         if let Err(e) = self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
-                self.take_back(slots, revision).await;
+                self.take_back(slots, revision, sid).await;
             }
             return Err(e);
         }
         if r.succeeded() {
             if let Err(e) = self.raft_at_mark().await {
-                self.take_back(slots, revision).await;
+                self.take_back(slots, revision, sid).await;
                 return Err(e);
             }
         }
@@ -1720,9 +1651,11 @@ impl Store {
             }
             _ => {
                 let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
+                // The waiter's index key goes with its hold (it was put beside it).
                 let undo = Txn::new().when(cmp).and_then([
                     TxnOp::delete(new_key, None::<DeleteOptions>),
                     TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>),
+                    TxnOp::delete(k.hold_index(offer.sid, d), None::<DeleteOptions>),
                 ]);
                 let _ = self.call(self.client().txn(undo)).await;
                 Ok(HandOff::ReleasedOnly)
@@ -1840,6 +1773,39 @@ pub(crate) fn end_ops(k: &Keys, d: &KeyDigest, rev: i64, lease: Option<i64>) -> 
         ops.push(TxnOp::delete(k.hold_index(sid, d), None::<DeleteOptions>));
     }
     ops
+}
+
+/// The limit `n` a grant of `req` is decided under (the authoritative one,
+/// `gate`) and how many of its slots it takes (`want`).
+fn grant_size(req: &AcquireRequest, gate: &super::policy::PolicyGate) -> Result<(u32, u32), LockError> {
+    let n = if test_faults::on(TestFault::RegistryLimit) {
+        req.class.max_holders // PLANTED BUG (release gate): the registry's limit.
+    } else if let Some(k) = req.class.candidate.filter(|_| test_faults::on(TestFault::ShadowDecides)) {
+        k.max_holders // PLANTED BUG (shadow scenario): the candidate decides.
+    } else {
+        gate.limit
+    };
+    // An election has one leader: a campaign is granted only under a limit of
+    // 1, read from the policy record this transaction compares (a limit change
+    // after this read fails the compare and the grant reads it again).
+    if req.election && n != 1 && !test_faults::on(TestFault::CampaignAnyLimit) {
+        return Err(LockError::NotElectionClass(format!(
+            "x-lock-key: the key's class {} allows {n} holders now (an operator's limit change); an election \
+             needs a limit of 1, so nobody is elected while it is above 1",
+            req.class.name
+        )));
+    }
+    // k permits (`x-lock-permits`, all N for an exclusive hold): k slots in this
+    // one transaction. More than the limit can never be granted.
+    let want = if test_faults::on(TestFault::ExclusiveOneSlot) && req.permits == Permits::All {
+        1 // PLANTED BUG (release gate): an exclusive hold of one slot.
+    } else {
+        req.permits.of(n)
+    };
+    if want > n.min(lockmesh_core::headers::MAX_PERMITS) {
+        return Err(LockError::PermitsAboveLimit { asked: want, limit: n.min(lockmesh_core::headers::MAX_PERMITS) });
+    }
+    Ok((n, want))
 }
 
 /// A fresh grant attempt id ([`Keys::attempt`]): 64 random bits.

@@ -249,6 +249,12 @@ pub enum TestFault {
     /// starts its delay only at the key's next grant attempt
     /// (`tests/tests/scenarios/recipe_edges.rs`).
     DelayRewatchFromNow,
+    /// A grant taken back after its commit (`lock::mutex`, `take_back`: an
+    /// answer lost and resolved in the background, a seal found after the
+    /// commit) leaves its session's hold index key: an acquire-opened session
+    /// can then not close at its last release and lapses at its TTL
+    /// (`tests/tests/scenarios/holder_safety.rs`).
+    TakeBackKeepsIndex,
     /// Not a bug: the lock-delay watch breaks right after each hold delete it
     /// handles and watches again 5 s later, so a scenario can end a hold in the
     /// gap (`tests/tests/scenarios/recipe_edges.rs`).
@@ -324,6 +330,7 @@ impl TestFault {
             "waiter_sleeps_to_deadline" => Some(Self::WaiterSleepsToDeadline),
             "delay_rewatch_from_now" => Some(Self::DelayRewatchFromNow),
             "delay_watch_gap" => Some(Self::DelayWatchGap),
+            "take_back_keeps_index" => Some(Self::TakeBackKeepsIndex),
             _ => None,
         }
     }

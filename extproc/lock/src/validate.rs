@@ -1,26 +1,23 @@
 //! ValidateToken's read (ADR-16 in docs/DECISIONS.md): whether a token is the current
 //! grant of its key, by one linearizable etcd read.
 
-use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::GetOptions;
 use lockmesh_core::{FencingToken, LockKey};
 
-use crate::{epoch::EpochRecord, HoldRecord, LockError, Store};
+use crate::{
+    engine::txn::{Answer, Branch, TxnBuilder},
+    epoch::EpochRecord,
+    HoldRecord, LockError, Store,
+};
 
 /// Whether `token` is the current grant of `key`, by one linearizable read.
 pub async fn is_current(store: &Store, key: &LockKey, token: FencingToken) -> Result<bool, LockError> {
     let k = store.keys();
-    let txn = Txn::new().and_then([
-        TxnOp::get(k.holds(&key.digest()), Some(GetOptions::new().with_prefix())),
-        TxnOp::get(k.epoch(), None),
-    ]);
-    let r = store.call(store.client().txn(txn)).await?;
-    let mut ranges = r.op_responses().into_iter().filter_map(|op| match op {
-        TxnOpResponse::Get(g) => Some(g),
-        _ => None,
-    });
-    let (Some(holds), Some(epoch)) = (ranges.next(), ranges.next()) else {
-        return Err(LockError::Internal("validate read returned fewer ranges than asked".into()));
-    };
+    let mut b = TxnBuilder::new();
+    let holds = b.read(Branch::Success, k.holds(&key.digest()), Some(GetOptions::new().with_prefix()));
+    let epoch = b.read(Branch::Success, k.epoch(), None);
+    let a = Answer::of(&store.call(store.client().txn(b.build())).await?);
+    let (holds, epoch) = (a.must(holds)?, a.must(epoch)?);
     let record: EpochRecord = match epoch.kvs().first() {
         Some(kv) => serde_json::from_slice(kv.value())
             .map_err(|e| LockError::Internal(format!("epoch record does not parse: {e}")))?,

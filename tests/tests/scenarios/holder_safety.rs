@@ -372,6 +372,115 @@ async fn planted_an_unknown_outcome_answered_as_refused_is_caught() {
     assert!(!p.leaked.is_empty(), "the planted arbiter left no unknown hold: {p:?}");
 }
 
+// === a grant taken back on a session an acquire opened ===
+
+/// What a session an acquire opened kept after grants on it were taken back.
+#[derive(Debug, Default)]
+struct TakenBack {
+    /// Grants the arbiter took back after their commit (its log's count).
+    taken_back: usize,
+    /// Hold index keys left under the session once every hold was released.
+    stale_index: usize,
+    /// Whether the session closed at its last release (a keepalive is refused).
+    closed: bool,
+}
+
+/// Rounds until the arbiter has taken back a grant: a header-only acquire of
+/// `k0` opens session S (its grants index their holds); 12 try-once acquires
+/// on S are sent and etcd is paused (SIGSTOP) for 2.5 s a few milliseconds
+/// later, past the arbiter's resolution window (three 400 ms operation
+/// timeouts), so a grant etcd commits on resuming was answered `503` and is
+/// found and taken back in the background. Then every hold answered is
+/// released, `k0` last: S must close at that release, with no index key left.
+async fn grants_taken_back_on_an_acquire_opened_session(fault: Option<&str>) -> TakenBack {
+    let mut b = Stack::builder("take-back")
+        .envoy_config("lock-tier")
+        .registry(REGISTRY)
+        .own_etcd(1)
+        .arbiter_etcd_yaml("op_timeout_ms: 400");
+    if let Some(f) = fault {
+        b = b.arbiter_extra_yaml(format!("test_faults: [{f}]")).arbiter_env("LOCKMESH_TEST_FAULTS", "1");
+    }
+    let st = b.start().await.unwrap();
+    let c = st.client("payments", "taker").unwrap();
+    let mut out = TakenBack::default();
+    for round in 0..10 {
+        let k0 = format!("payments/taken/r{round}/k0");
+        let first = c.post(ACQ, &[("x-lock-key", &k0)]).await.unwrap();
+        assert_eq!(first.code(), 200, "{}", first.body);
+        let (sid, t0) = (field(&first, "session"), field(&first, "token"));
+        let sends: Vec<_> = (1..=12)
+            .map(|i| {
+                let (c, sid, k) = (c.clone(), sid.clone(), format!("payments/taken/r{round}/k{i}"));
+                tokio::spawn(async move {
+                    let r = c.post(ACQ, &[("x-lock-key", &k), ("x-lock-session", &sid), ("x-lock-wait-ms", "0")]).await;
+                    (k, r.unwrap())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis([4, 2, 6, 1, 8, 3, 12, 5, 10, 7][round % 10])).await;
+        st.etcd().member(0).pause().unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        st.etcd().member(0).resume().unwrap();
+        let mut granted = Vec::new();
+        for s in sends {
+            let (k, r) = s.await.unwrap();
+            match r.code() {
+                200 => granted.push((k, field(&r, "token"))),
+                503 | 409 => {}
+                _ => panic!("unexpected answer for {k}: {}", r.body),
+            }
+        }
+        st.etcd().wait_healthy().await.unwrap();
+        // The background resolution fences every second until etcd answers and
+        // takes back what it finds: wait until S holds only what was answered.
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let h = c.get("/v1/sessions/holds", &[("x-lock-session", &sid)]).await.unwrap();
+            assert_eq!(h.code(), 200, "{}", h.body);
+            if h.json["holds"].as_array().map_or(0, Vec::len) == granted.len() + 1 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "grants nobody was answered for stayed on S: {}", h.body);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for (k, t) in granted.iter().chain([(k0.clone(), t0.clone())].iter()) {
+            let r = c.post(REL, &[("x-lock-key", k), ("x-lock-session", &sid), ("x-lock-token", t)]).await.unwrap();
+            assert_eq!(r.code(), 200, "release of {k}: {}", r.body);
+        }
+        // The close at the last release runs after its answer.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let log = std::fs::read_to_string(st.arbiter(0).log_path()).unwrap();
+        out.taken_back = log.matches("took back a grant whose answer was not a grant").count();
+        if out.taken_back == 0 {
+            continue;
+        }
+        let mut etcd = st.etcd().client().await.unwrap();
+        let opts = Some(etcd_client::GetOptions::new().with_prefix().with_keys_only());
+        let index = etcd.get(format!("{}/s/{sid}/h/", st.root()), opts).await.unwrap();
+        out.stale_index = index.kvs().len();
+        out.closed = c.post(KEEPALIVE, &[("x-lock-session", &sid)]).await.unwrap().code() == 410;
+        break;
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_session_whose_grant_was_taken_back_closes_at_its_last_release() {
+    let t = grants_taken_back_on_an_acquire_opened_session(None).await;
+    eprintln!("taken back: {t:?}");
+    assert!(t.taken_back > 0, "no grant was taken back in 10 rounds: {t:?}");
+    assert_eq!((t.stale_index, t.closed), (0, true), "{t:?}");
+}
+
+#[tokio::test]
+async fn planted_a_take_back_that_keeps_the_index_key_is_caught() {
+    let t = grants_taken_back_on_an_acquire_opened_session(Some("take_back_keeps_index")).await;
+    eprintln!("planted, taken back: {t:?}");
+    assert!(t.taken_back > 0, "no grant was taken back in 10 rounds: {t:?}");
+    assert!(t.stale_index > 0 && !t.closed, "the planted take-back left no index key: {t:?}");
+}
+
 // === a session opened without a key, in another tenant's class ===
 
 /// `payments/worker` and `billing/worker` each open a session naming class
