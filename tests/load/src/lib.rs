@@ -640,6 +640,11 @@ pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Repor
     Ok((Report { run_id, seconds: opts.seconds.as_secs_f64(), rate: opts.rate, results, floor }, notes))
 }
 
+/// The `quotas:` section the `engine` workload's registry ends with.
+const ENGINE_QUOTAS: &str =
+    "quotas:\n  namespaces:\n    - {namespace: load, sessions: 100000, holds: 100000, waiters: 100000, \
+                             acquires_per_s: 1000000}\n";
+
 /// The `engine` workload's engine for one run (the registry the stack's arbiter
 /// gets for `limit`).
 async fn connect_engine(target: &Target<'_>, opts: &LoadOptions) -> Result<Arc<engine::Engine>> {
@@ -648,6 +653,10 @@ async fn connect_engine(target: &Target<'_>, opts: &LoadOptions) -> Result<Arc<e
         1 => lockmesh_tests::arbiter::DEFAULT_TEST_REGISTRY.to_owned(),
         n => limited_registry(n),
     };
+    // The load's namespace gets quotas above any rate a run reaches: the
+    // defaults (2,000 acquires a second per arbiter) would cap the engine, and
+    // the figure would be the quota's, not the engine's.
+    let registry = format!("{registry}{ENGINE_QUOTAS}");
     match tokio::time::timeout(SETUP_TIMEOUT, engine::Engine::connect(access, &registry, opts.max_group)).await {
         Ok(r) => r,
         Err(_) => bail!("not connected within {SETUP_TIMEOUT:?}"),
