@@ -61,6 +61,34 @@ pub struct Config {
     /// keys), chosen by the admin. When set, a pod naming another in
     /// `lockmesh.io/fence-config` is refused; a pod naming none gets this one.
     pub fence_config_map: Option<String>,
+    /// Containers the admins allow beside the store and the fence in a fenced
+    /// pod (`companions:`), each by name AND image. Every container of a pod
+    /// shares its loopback, so any other long-running container (a regular one,
+    /// or an init container with `restartPolicy: Always`) could re-expose the
+    /// store's own port past the fence: a fenced pod holding one is refused.
+    /// Default none.
+    pub companions: Vec<Companion>,
+}
+
+/// One container the admins allow beside a fenced store (`companions:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Companion {
+    /// The container's name, exactly.
+    pub name: String,
+    /// Its image: an exact reference, or a prefix ending in `*` (for example
+    /// `docker.io/istio/proxyv2:*`, or a registry path pinned by digest).
+    pub image: String,
+}
+
+impl Companion {
+    /// Whether a container named `name` running `image` is this companion.
+    pub fn admits(&self, name: &str, image: &str) -> bool {
+        name == self.name
+            && match self.image.strip_suffix('*') {
+                Some(prefix) => image.starts_with(prefix),
+                None => image == self.image,
+            }
+    }
 }
 
 /// Which pods are fenced stores, by what the admins own. Every part adds pods to
@@ -118,6 +146,16 @@ struct RawConfig {
     liveness_path: Option<String>,
     store_selector: Option<RawStoreSelector>,
     fence_config_map: Option<String>,
+    #[serde(default)]
+    companions: Vec<RawCompanion>,
+}
+
+/// One entry of `companions:` in the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompanion {
+    name: String,
+    image: String,
 }
 
 /// `store_selector:` in the file.
@@ -158,6 +196,7 @@ impl Default for Config {
             liveness_path: "/healthz".to_owned(),
             store_selector: StoreSelector::default(),
             fence_config_map: None,
+            companions: Vec::new(),
         }
     }
 }
@@ -214,6 +253,13 @@ impl Config {
              container, volume or status annotation of the pod's own is replaced, never believed",
             crate::inject::CONTAINER
         ));
+        out.push(if self.companions.is_empty() {
+            "beside the store and the fence: no other long-running container (it would share the store's loopback)"
+                .to_owned()
+        } else {
+            let list: Vec<String> = self.companions.iter().map(|c| format!("{} ({})", c.name, c.image)).collect();
+            format!("beside the store and the fence: only {}", list.join(", "))
+        });
         out
     }
 
@@ -351,6 +397,35 @@ impl Config {
             }
             c.fence_config_map = Some(cm);
         }
+        for (i, comp) in raw.companions.into_iter().enumerate() {
+            let field = format!("companions[{i}]");
+            if comp.name == crate::inject::CONTAINER || !crate::annotations::is_dns_label(&comp.name) {
+                err(
+                    &format!("{field}.name"),
+                    format!("{:?} is not a container name other than the fence's", comp.name),
+                );
+            }
+            let prefix = comp.image.strip_suffix('*').unwrap_or(&comp.image);
+            // A prefix names one repository up to its tag or digest: `*` alone or
+            // `registry/*` would admit any image there.
+            let last = prefix.rsplit('/').next().unwrap_or_default();
+            let one_repository = comp.image == prefix || last.contains([':', '@']);
+            if prefix.is_empty()
+                || comp.image.chars().any(char::is_whitespace)
+                || prefix.contains('*')
+                || !one_repository
+            {
+                err(
+                    &format!("{field}.image"),
+                    format!(
+                        "{:?} must be an image reference with a tag or digest, or a prefix of one ending in `*` \
+                         after its `:` or `@`",
+                        comp.image
+                    ),
+                );
+            }
+            c.companions.push(Companion { name: comp.name, image: comp.image });
+        }
         if !c.store_selector.is_empty() && c.fence_config_map.is_none() {
             err(
                 "fence_config_map",
@@ -415,6 +490,29 @@ mod tests {
         let errs = Config::parse("imagee: x\n", "c.yaml").unwrap_err();
         assert!(errs[0].message.contains("unknown field `imagee`"), "{errs:?}");
         assert_eq!(errs[0].field, "imagee", "{errs:?}");
+    }
+
+    #[test]
+    fn companions_name_one_repository_and_never_the_fence() {
+        let c = Config::parse(
+            "companions:\n- {name: istio-proxy, image: 'docker.io/istio/proxyv2:*'}\n- {name: exporter, image: 'reg:5000/exp@sha256:ab'}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert!(c.companions[0].admits("istio-proxy", "docker.io/istio/proxyv2:1.24.0"));
+        assert!(!c.companions[0].admits("istio-proxy", "docker.io/istio/proxyv2-evil:1"));
+        assert!(!c.companions[0].admits("relay", "docker.io/istio/proxyv2:1.24.0"));
+        assert!(c.companions[1].admits("exporter", "reg:5000/exp@sha256:ab"));
+        assert!(!c.companions[1].admits("exporter", "reg:5000/exp@sha256:abc"));
+        for bad in [
+            "{name: x, image: '*'}",
+            "{name: x, image: 'reg:5000/*'}",
+            "{name: lockmesh-fence, image: 'a:1'}",
+            "{name: x, image: 'a:*b*'}",
+        ] {
+            let errs = Config::parse(&format!("companions: [{bad}]\n"), "c.yaml").unwrap_err();
+            assert!(errs[0].field.starts_with("companions[0]"), "{bad}: {errs:?}");
+        }
     }
 
     #[test]

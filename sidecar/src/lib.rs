@@ -36,6 +36,6 @@ pub mod refusal;
 pub mod server;
 pub mod webhook;
 
-pub use config::Config;
+pub use config::{Companion, Config};
 pub use inject::{inject, inject_in, Injected, Outcome, Scope};
 pub use refusal::{Code, InjectError, Refusal};

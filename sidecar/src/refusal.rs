@@ -38,6 +38,9 @@ pub enum Code {
     /// config: a selected store opting out, a status annotation without the fence
     /// container, or a fence ConfigMap other than the configured one.
     AdminPolicy,
+    /// A long-running container other than the store and the fence, not one of
+    /// the injector's `companions`: it would share the store's loopback.
+    UnlistedContainer,
 }
 
 /// One reason an injection is refused.
@@ -78,6 +81,7 @@ impl Code {
             Code::WorkloadShape => "workload_shape",
             Code::Malformed => "malformed",
             Code::AdminPolicy => "admin_policy",
+            Code::UnlistedContainer => "unlisted_container",
         }
     }
 }

@@ -193,7 +193,7 @@ fn respond(request: &AdmissionRequest, config: &Config, store_namespace: bool) -
     let is_pod = request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
     if is_pod && request.operation == "UPDATE" {
         if let (Some(old), Some(new)) = (&request.old_object, &request.object) {
-            let problems = guard_update(old, new, request.sub_resource.as_deref(), store_namespace);
+            let problems = guard_update(old, new, request.sub_resource.as_deref(), store_namespace, &config.companions);
             if !problems.is_empty() {
                 let message = format!("lockmesh fence: update refused: {}", problems.join("; "));
                 return (deny(allow, message), Verdict::Denied);
@@ -246,9 +246,16 @@ fn respond(request: &AdmissionRequest, config: &Config, store_namespace: bool) -
 /// still change the fence container's image (the one container field an update
 /// may change), drop the labels the NetworkPolicy selects, or add an ephemeral
 /// container (`kubectl debug`), which shares the pod's loopback and so reaches
-/// the store's own port. For a pod with a `lockmesh-fence` container, and for
+/// the store's own port, or change a companion's image to one the admins did not
+/// list (`companions`). For a pod with a `lockmesh-fence` container, and for
 /// every pod of a store namespace (`store_namespace`), those are refused.
-pub fn guard_update(old: &Value, new: &Value, sub_resource: Option<&str>, store_namespace: bool) -> Vec<String> {
+pub fn guard_update(
+    old: &Value,
+    new: &Value,
+    sub_resource: Option<&str>,
+    store_namespace: bool,
+    companions: &[crate::config::Companion],
+) -> Vec<String> {
     let fence = |p: &Value| -> Vec<Value> {
         p.pointer("/spec/containers")
             .and_then(Value::as_array)
@@ -267,6 +274,28 @@ pub fn guard_update(old: &Value, new: &Value, sub_resource: Option<&str>, store_
     for k in [annotations::FENCED_LABEL, annotations::BACKEND_PORT_LABEL] {
         if label(old, k) != label(new, k) {
             problems.push(format!("label {k} selects the fenced store's NetworkPolicy and cannot be changed"));
+        }
+    }
+    // Containers named as a companion keep an image the admins listed for that
+    // name; the one other container is the store, whose image is its own.
+    let images = |p: &Value| -> Vec<(String, String)> {
+        let field = |c: &Value, k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        ["/spec/containers", "/spec/initContainers"]
+            .iter()
+            .filter_map(|at| p.pointer(at).and_then(Value::as_array))
+            .flatten()
+            .map(|c| (field(c, "name"), field(c, "image")))
+            .collect()
+    };
+    let before = images(old);
+    for (name, image) in images(new) {
+        let listed: Vec<_> = companions.iter().filter(|k| k.name == name).collect();
+        let changed = !before.iter().any(|(n, i)| *n == name && *i == image);
+        if changed && !listed.is_empty() && !listed.iter().any(|k| k.admits(&name, &image)) {
+            problems.push(format!(
+                "container {name:?} is a companion of a fenced store and may run only the images the admins listed \
+                 for it, not {image}"
+            ));
         }
     }
     let ephemeral = |p: &Value| p.pointer("/spec/ephemeralContainers").cloned().unwrap_or(Value::Null);

@@ -94,6 +94,34 @@ pub(super) fn plan(
         }
     };
 
+    // Every other long-running container shares the store's loopback, so it could
+    // re-expose the store's own port past the fence: only the admins' companions
+    // may run beside it. Init containers that run to completion end before the
+    // store starts; one with `restartPolicy: Always` runs beside it.
+    if let Some(si) = store {
+        let beside =
+            containers.iter().enumerate().filter(|(i, _)| *i != si).map(|(i, c)| (format!("containers[{i}]"), c));
+        let native = init
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.get("restartPolicy").and_then(Value::as_str) == Some("Always"))
+            .map(|(i, c)| (format!("initContainers[{i}]"), c));
+        for (field, c) in beside.chain(native) {
+            let (name, image) = (name_of(c), c.get("image").and_then(Value::as_str).unwrap_or(""));
+            if name != CONTAINER && !config.companions.iter().any(|k| k.admits(&name, image)) {
+                errs.push(Refusal::new(
+                    Code::UnlistedContainer,
+                    format!("{at}spec.{field}"),
+                    format!(
+                        "container {name:?} ({image}) would run beside the store and share its loopback, reaching \
+                         the store's own port past the fence: move it to another pod, or have the admins list it \
+                         (name and image) in the injector's companions"
+                    ),
+                ));
+            }
+        }
+    }
+
     // The client-facing port, moved to the proxy.
     let mut port = None;
     if let Some(si) = store {

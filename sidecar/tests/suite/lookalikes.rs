@@ -42,9 +42,23 @@ struct Shipped {
 
 impl Shipped {
     fn start() -> Self {
+        Self::start_adding("")
+    }
+
+    /// The webhook with the shipped injector.yaml, `extra` YAML lines appended
+    /// (a key given twice is refused, so only keys the shipped file leaves empty).
+    fn start_adding(extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = tls::pki(dir.path());
-        let config = fixtures::repo_root().join("deploy/base/webhook/injector.yaml");
+        let shipped = fixtures::repo_root().join("deploy/base/webhook/injector.yaml");
+        let config = if extra.is_empty() {
+            shipped
+        } else {
+            let text = std::fs::read_to_string(&shipped).unwrap().replace("companions: []\n", "");
+            let path = dir.path().join("injector.yaml");
+            std::fs::write(&path, format!("{text}{extra}")).unwrap();
+            path
+        };
         let (webhook, base) = tls::start_with(dir.path(), &["--config".as_ref(), config.as_os_str()]);
         let client = reqwest::Client::builder()
             .use_rustls_tls()
@@ -829,4 +843,115 @@ async fn an_injected_pod_with_api_defaults_is_recognised() {
     containers(&mut https).iter_mut().find(|c| c["name"] == "lockmesh-fence").unwrap()["readinessProbe"]["httpGet"]
         ["scheme"] = json!("HTTPS");
     must_get_own_fence(&webhook, "/mutate/store", "probe scheme changed", &https, &injected).await;
+}
+
+/// A pod holding another long-running container beside the store: every
+/// container shares the pod's loopback, so one of them could re-expose the
+/// store's own port (socat, an nginx stream, an SSH tunnel) past the fence.
+/// Only the admins' `companions` (by name and image) may run beside a store.
+fn relay_variants() -> Vec<(&'static str, &'static str, Value)> {
+    let beside = |extra: Value| {
+        let mut p = store_pod();
+        annotations(&mut p).insert("lockmesh.io/fence-store-container".into(), json!("ledger"));
+        containers(&mut p).push(extra);
+        p
+    };
+    let socat = json!({"name": "relay", "image": "alpine/socat:1.8",
+        "args": ["TCP-LISTEN:9000,fork,reuseaddr", "TCP:127.0.0.1:15081"], "ports": [{"containerPort": 9000}]});
+    let mut native = store_pod();
+    native["spec"]["initContainers"] = json!([{"name": "relay", "image": "alpine/socat:1.8", "restartPolicy": "Always",
+        "args": ["TCP-LISTEN:9000,fork", "TCP:127.0.0.1:15081"]}]);
+    let mut store_named_relay = store_pod();
+    annotations(&mut store_named_relay).insert("lockmesh.io/fence-store-container".into(), json!("relay"));
+    containers(&mut store_named_relay).push(json!({"name": "relay", "image": "alpine/socat:1.8",
+        "ports": [{"name": "http", "containerPort": 8081}], "env": [{"name": "PORT", "value": "8081"}]}));
+    annotations(&mut store_named_relay).insert("lockmesh.io/fence-store-port".into(), json!("8081"));
+    vec![
+        ("/mutate", "socat relay container", beside(socat.clone())),
+        ("/mutate/store", "socat relay container, store namespace", beside(socat)),
+        ("/mutate", "relay with no declared port", beside(json!({"name": "relay", "image": "alpine/socat:1.8"}))),
+        ("/mutate", "native sidecar init container relay", native),
+        (
+            "/mutate",
+            "relay under a companion's name (metrics), another image",
+            beside(json!({"name": "metrics", "image": "alpine/socat:1.8"})),
+        ),
+        (
+            "/mutate",
+            "companion's image under another name",
+            beside(json!({"name": "relay", "image": "registry.example.com/exporter:2.0"})),
+        ),
+        (
+            "/mutate",
+            "companion's repository as a longer name",
+            beside(json!({"name": "metrics", "image": "registry.example.com/exporter-evil:2.0"})),
+        ),
+        (
+            "/mutate",
+            "companion's image on another registry",
+            beside(json!({"name": "metrics", "image": "evil.example/registry.example.com/exporter:2.0"})),
+        ),
+        (
+            "/mutate",
+            "second copy of the store's own image",
+            beside(json!({"name": "ledger-2", "image": "registry.example.com/ledger-store:4.2.1"})),
+        ),
+        ("/mutate", "the relay named as the store, the real store beside it", store_named_relay),
+        ("/mutate", "two companions, one relay among them", {
+            let mut p = beside(json!({"name": "metrics", "image": "registry.example.com/exporter:2.0"}));
+            containers(&mut p).push(json!({"name": "nginx", "image": "nginx:1.27", "command": ["nginx"]}));
+            p
+        }),
+    ]
+}
+
+/// The admins' companion the relay tests list (a metrics exporter).
+const COMPANION: &str = "companions:\n- {name: metrics, image: 'registry.example.com/exporter:*'}\n";
+
+#[tokio::test]
+async fn no_container_beside_a_store_re_exposes_its_port() {
+    let variants = relay_variants();
+    assert!(variants.len() >= MIN_PER_KIND);
+    for (config, webhook) in [("shipped", Shipped::start()), ("with a companion", Shipped::start_adding(COMPANION))] {
+        for (path, what, pod) in &variants {
+            must_be_refused(&webhook, path, &format!("{config}: {what}"), pod, "[unlisted_container]").await;
+        }
+    }
+    // Positive controls: the listed companion beside the store is injected, the
+    // shipped config (no companions) refuses it, a run-to-completion init
+    // container is allowed.
+    let webhook = Shipped::start_adding(COMPANION);
+    let mut with_exporter = store_pod();
+    annotations(&mut with_exporter).insert("lockmesh.io/fence-store-container".into(), json!("ledger"));
+    containers(&mut with_exporter).push(json!({"name": "metrics", "image": "registry.example.com/exporter:2.0"}));
+    let r = webhook.post("/mutate", &with_exporter).await;
+    assert!(r["allowed"] == true && r.get("patch").is_some(), "the listed companion: {r}");
+    let out = patched(&with_exporter, &r);
+    the_fence(&out);
+    let shipped = Shipped::start();
+    must_be_refused(&shipped, "/mutate", "companion under the shipped config", &with_exporter, "[unlisted_container]")
+        .await;
+    let mut migrate = store_pod();
+    migrate["spec"]["initContainers"] =
+        json!([{"name": "migrate", "image": "registry.example.com/ledger-store:4.2.1"}]);
+    let r = shipped.post("/mutate", &migrate).await;
+    assert!(r["allowed"] == true && r.get("patch").is_some(), "a run-to-completion init container: {r}");
+
+    // After admission a companion keeps an image the admins listed for it.
+    let admitted = out;
+    let post = async |body: Vec<u8>| -> Value {
+        let r = webhook.client.post(format!("{}/mutate", webhook.base)).body(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()["response"].clone()
+    };
+    let mut swapped = admitted.clone();
+    containers(&mut swapped).iter_mut().find(|c| c["name"] == "metrics").unwrap()["image"] = json!("alpine/socat:1.8");
+    let r = post(update_review(&admitted, &swapped, None)).await;
+    assert_eq!(r["allowed"], false, "a companion's image swapped for a relay: GOT THROUGH: {r}");
+    assert!(r["status"]["message"].as_str().unwrap_or_default().contains("companion"), "{r}");
+    let mut upgraded = admitted.clone();
+    containers(&mut upgraded).iter_mut().find(|c| c["name"] == "metrics").unwrap()["image"] =
+        json!("registry.example.com/exporter:2.1");
+    let r = post(update_review(&admitted, &upgraded, None)).await;
+    assert_eq!(r["allowed"], true, "a listed image for the companion: {r}");
 }

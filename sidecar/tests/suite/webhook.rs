@@ -8,16 +8,23 @@ use lockmesh_sidecar::{
     annotations,
     inject::{self, Outcome},
     webhook::{review, AdmissionResponse, Verdict},
-    Config,
+    Companion, Config,
 };
 use serde_json::{json, Value};
 
 use crate::fixtures;
 
+/// The injector's defaults with the orders store's metrics exporter (a container
+/// of the StatefulSet fixture) listed as a companion by the admins.
+fn config() -> Config {
+    let companion = Companion { name: "metrics".into(), image: "registry.example.com/orders-exporter:*".into() };
+    Config { companions: vec![companion], ..Config::default() }
+}
+
 /// The webhook's response to a fixture, and the request's object.
 fn answer(body: &[u8]) -> (AdmissionResponse, Verdict, Value) {
     let request: Value = serde_json::from_slice(body).unwrap();
-    let (review, verdict) = review(body, &Config::default()).unwrap();
+    let (review, verdict) = review(body, &config()).unwrap();
     assert_eq!(review.api_version, "admission.k8s.io/v1");
     assert_eq!(review.kind, "AdmissionReview");
     let response = review.response.unwrap();
@@ -109,9 +116,9 @@ fn injection_is_idempotent() {
         let (response, _, pod) = answer(&fixtures::admission(fixture));
         let once = patched(&response, &pod);
         // The pure function: inject(inject(p)) == inject(p).
-        let Outcome::Injected(i) = inject::inject(&pod, &Config::default()).unwrap() else { panic!("not injected") };
+        let Outcome::Injected(i) = inject::inject(&pod, &config()).unwrap() else { panic!("not injected") };
         assert_eq!(i.object, once);
-        assert_eq!(inject::inject(&once, &Config::default()).unwrap(), Outcome::AlreadyInjected);
+        assert_eq!(inject::inject(&once, &config()).unwrap(), Outcome::AlreadyInjected);
         // The webhook: an injected pod is allowed with no patch.
         let (again, verdict, _) = answer(&review_of(&once, "5f5f5f5f-0000-4000-8000-000000000001"));
         assert_eq!(verdict, Verdict::Untouched);
