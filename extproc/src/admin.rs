@@ -24,7 +24,10 @@ pub async fn run(
         .route("/status", get(status))
         .with_state(state.clone())
         .merge(crate::console::router(state));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    // The peer's address: the console API answers only `console.api_from`.
+    axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 fn seal_line(state: &State) -> String {

@@ -223,6 +223,11 @@ pub struct RawConsole {
     /// Seconds between two samples of the console's history (its plots keep 360
     /// samples: an hour at the default 10; 1 to 60).
     pub history_interval_s: Option<u64>,
+    /// The networks whose peers the console API answers (CIDRs). The admin port
+    /// is plain HTTP, so by default only loopback peers (`kubectl port-forward`
+    /// arrives on the pod's loopback): an operator token never crosses the pod
+    /// network in clear. Default `["127.0.0.0/8", "::1/128"]`.
+    pub api_from: Option<Vec<String>>,
 }
 
 /// `console.audit_tls`: PEM file paths, relative to the config file.
@@ -238,7 +243,7 @@ pub struct RawConsoleAuditTls {
 }
 
 /// Validated `console`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Console {
     /// The audit tailer's query port, if any.
     pub audit_url: Option<String>,
@@ -250,6 +255,26 @@ pub struct Console {
     pub grafana_url: Option<String>,
     /// Time between two samples of the console's history.
     pub history_interval: std::time::Duration,
+    /// The networks whose peers the console API answers.
+    pub api_from: Vec<ipnet::IpNet>,
+}
+
+impl Default for Console {
+    fn default() -> Self {
+        Self {
+            audit_url: None,
+            audit_tls: None,
+            audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS,
+            grafana_url: None,
+            history_interval: std::time::Duration::from_secs(DEFAULT_CONSOLE_HISTORY_INTERVAL_S),
+            api_from: default_console_api_from(),
+        }
+    }
+}
+
+/// Default `console.api_from`: loopback only.
+pub fn default_console_api_from() -> Vec<ipnet::IpNet> {
+    ["127.0.0.0/8", "::1/128"].iter().filter_map(|n| n.parse().ok()).collect()
 }
 
 /// Validated `console.audit_tls`.
@@ -289,13 +314,24 @@ fn grafana_url_problem(u: &str) -> Option<&'static str> {
 
 fn console(raw: Option<&RawConsole>, base: &Path, name: &str, errs: &mut Vec<String>) -> Console {
     let Some(raw) = raw else {
-        return Console {
-            audit_url: None,
-            audit_tls: None,
-            audit_events: DEFAULT_CONSOLE_AUDIT_EVENTS,
-            grafana_url: None,
-            history_interval: std::time::Duration::from_secs(DEFAULT_CONSOLE_HISTORY_INTERVAL_S),
-        };
+        return Console::default();
+    };
+    let api_from = match &raw.api_from {
+        None => default_console_api_from(),
+        Some(nets) => {
+            if nets.is_empty() {
+                errs.push(format!("{name}: console.api_from: empty: the console API would answer no one"));
+            }
+            nets.iter()
+                .filter_map(|n| match n.parse::<ipnet::IpNet>() {
+                    Ok(net) => Some(net.trunc()),
+                    Err(e) => {
+                        errs.push(format!("{name}: console.api_from: {n:?} is not a CIDR (e.g. 10.0.0.0/8): {e}"));
+                        None
+                    }
+                })
+                .collect()
+        }
     };
     if let Some(u) = &raw.audit_url {
         let hostport = u.strip_prefix("https://").map(|h| h.trim_end_matches('/'));
@@ -340,6 +376,7 @@ fn console(raw: Option<&RawConsole>, base: &Path, name: &str, errs: &mut Vec<Str
         audit_events,
         grafana_url: raw.grafana_url.clone(),
         history_interval: std::time::Duration::from_secs(interval_s),
+        api_from,
     }
 }
 
@@ -960,6 +997,33 @@ mod tests {
         let (c, errs) = console_of("history_interval_s: 2\n");
         assert!(errs.is_empty(), "{errs:?}");
         assert_eq!(c.history_interval, std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_console_api_answers_loopback_unless_told_otherwise() {
+        let console_of = |yaml: &str| {
+            let raw: RawConsole = serde_saphyr::from_str(yaml).unwrap();
+            let mut errs = Vec::new();
+            let c = console(Some(&raw), Path::new("/nonexistent"), "a.yaml", &mut errs);
+            (c, errs)
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let answers = |c: &Console, s: &str| c.api_from.iter().any(|n| n.contains(&ip(s)));
+        for c in [Console::default(), console_of("grafana_url: https://g/d\n").0] {
+            assert!(answers(&c, "127.0.0.1") && answers(&c, "127.9.9.9") && answers(&c, "::1"), "{:?}", c.api_from);
+            assert!(
+                !answers(&c, "10.0.0.7") && !answers(&c, "192.0.2.2") && !answers(&c, "fd00::2"),
+                "{:?}",
+                c.api_from
+            );
+        }
+        let (c, errs) = console_of("api_from: [\"10.1.2.3/16\"]\n");
+        assert!(errs.is_empty(), "{errs:?}");
+        assert!(answers(&c, "10.1.200.1") && !answers(&c, "127.0.0.1"));
+        for bad in ["[]", "[\"10.0.0.0\"]", "[\"nope/8\"]"] {
+            let (_, errs) = console_of(&format!("api_from: {bad}\n"));
+            assert!(errs.iter().any(|e| e.contains("console.api_from")), "{bad}: {errs:?}");
+        }
     }
 
     fn tls(allowed: &[&str], own: &[&str]) -> RawTls {

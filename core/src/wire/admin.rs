@@ -215,7 +215,8 @@ pub struct ListReply {
 /// An operator-plane refusal: `{"code", "message"}`, answered by the admin-action
 /// routes and the console alike, with the status of `AdminError::status`
 /// (extproc/ops/src/admin/mod.rs, the one table). Codes are `admin.*` (and the
-/// console's `console.bad_digest` and `console.unknown_class`; docs/ADMIN.md);
+/// console's `console.bad_digest`, `console.unknown_class` and
+/// `console.remote_refused`; docs/ADMIN.md);
 /// `lockctl`'s exit code follows from the code. Arbiters of earlier builds named
 /// the code `error`; readers still accept that.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

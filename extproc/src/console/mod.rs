@@ -225,17 +225,42 @@ fn no_store(h: &mut HeaderMap) {
 
 /// The console routes, to merge into the admin router.
 pub fn router(state: Arc<State>) -> Router {
+    let api_from = Arc::new(state.config.console.api_from.clone());
     let console = Arc::new(Console { state, members: Default::default() });
+    let api = Router::new()
+        .route("/console/api/state", get(api_state))
+        .route("/console/api/history", get(api_history))
+        .route("/console/api/classes/{class}", get(api_class))
+        .route("/console/api/waiters/{digest}", get(api_waiters))
+        .route_layer(axum::middleware::from_fn_with_state(api_from, peer_allowed))
+        .with_state(console);
     Router::new()
         .route("/console", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
         .route("/console/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
         .route("/console/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
         .route("/console/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
-        .route("/console/api/state", get(api_state))
-        .route("/console/api/history", get(api_history))
-        .route("/console/api/classes/{class}", get(api_class))
-        .route("/console/api/waiters/{digest}", get(api_waiters))
-        .with_state(console)
+        .merge(api)
+}
+
+/// The console API answers only peers in `console.api_from` (default loopback),
+/// before the `Authorization` header is looked at: the admin port is plain HTTP,
+/// so a token from anywhere else would have crossed the network in clear, and a
+/// peer that cannot be told (no connection info) is refused too.
+async fn peer_allowed(
+    AxState(api_from): AxState<Arc<Vec<ipnet::IpNet>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let peer =
+        request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_canonical());
+    match peer {
+        Some(ip) if api_from.iter().any(|net| net.contains(&ip)) => next.run(request).await,
+        _ => {
+            let who = peer.map_or_else(|| "an unknown peer".to_owned(), |ip| ip.to_string());
+            tracing::info!(code = "console.remote_refused", "console: request refused");
+            Refusal(AdminError::RemoteRefused(who)).into_response()
+        }
+    }
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {

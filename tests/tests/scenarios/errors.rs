@@ -426,6 +426,57 @@ async fn operator_refusals_are_one_answer_on_both_ports() {
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
 }
 
+/// The console's API answers only peers in `console.api_from` (loopback by
+/// default): the admin port is plain HTTP, so an operator token must not be
+/// accepted from a peer whose traffic crossed a network. Here the arbiter answers
+/// only 127.0.0.2: the same valid token from 127.0.0.1 is refused with
+/// `403 console.remote_refused` before it is looked at (and with none), and from
+/// 127.0.0.2 it is let in; the page and /metrics stay open to every peer.
+/// Fails if the peer check is dropped (127.0.0.1 would get 200), or if it read a
+/// header a client writes (`x-forwarded-for` is sent naming the allowed peer).
+#[tokio::test]
+async fn the_console_api_answers_only_the_peers_it_is_configured_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = Issuer::generate("k1").unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, idp.jwks()).unwrap();
+    let extra = format!(
+        "operators: {{ allowed_clients: [\"spiffe://{TEST_TRUST_DOMAIN}/ns/lockmesh-system/sa/lockctl\"], \
+         jwks_file: {:?}, issuer: {ISS:?}, max_token_age_s: 900 }}\nconsole: {{ api_from: [\"127.0.0.2/32\"] }}",
+        jwks.display().to_string()
+    );
+    let st = Stack::builder("errors-console-peers").envoy_config("lock-tier").arbiter_extra_yaml(extra).start();
+    let st = st.await.unwrap();
+    let admin = st.arbiter(0).admin_port();
+    let token = operator_token(&idp, "alice", true);
+    let from = |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().unwrap();
+    let api = format!("http://127.0.0.1:{admin}/console/api/state");
+    for (what, tok, xff) in [
+        ("a valid token", Some(token.as_str()), None),
+        ("no token", None, None),
+        ("a valid token naming the allowed peer in x-forwarded-for", Some(token.as_str()), Some("127.0.0.2")),
+    ] {
+        let mut req = from([127, 0, 0, 1]).get(&api);
+        if let Some(t) = tok {
+            req = req.bearer_auth(t);
+        }
+        if let Some(x) = xff {
+            req = req.header("x-forwarded-for", x).header("forwarded", format!("for={x}"));
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!((status, body["code"].as_str()), (403, Some("console.remote_refused")), "{what}: {body}");
+    }
+    for path in ["/console", "/metrics", "/healthz"] {
+        let r = from([127, 0, 0, 1]).get(format!("http://127.0.0.1:{admin}{path}")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    // The control: the allowed peer with the operator's token.
+    let r = from([127, 0, 0, 2]).get(&api).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+}
+
 /// The SDK decides retries by `Code::retryable` for every code, through its public
 /// `Error` (refusals keep the service's code; `contended` and `unavailable` have
 /// variants of their own). Fails if `Error::retryable` in `client/src/error.rs`

@@ -112,6 +112,11 @@ pub enum AdminError {
     /// The lock key is not a valid key.
     #[error("KEY: {0}")]
     BadKey(String),
+    /// A console API request came from a peer outside `console.api_from`: the
+    /// admin port is plain HTTP, so an operator token may cross only loopback
+    /// (`kubectl port-forward`) or the networks the config names.
+    #[error("the console API answers only peers in console.api_from (default loopback: use kubectl port-forward); {0} is not one")]
+    RemoteRefused(String),
     /// A console route named something that is not a key digest.
     #[error("digest: 64 lowercase hex digits (lockctl inspect KEY prints it)")]
     BadDigest,
@@ -145,6 +150,7 @@ impl AdminError {
             Self::NoHold(_) => "admin.no_hold",
             Self::BadKey(_) => "admin.bad_key",
             Self::BadDigest => "console.bad_digest",
+            Self::RemoteRefused(_) => "console.remote_refused",
             Self::UnknownClass(_) => "console.unknown_class",
             Self::HoldsChanged(_) => "admin.holds_changed",
             Self::ClientDenied(_) => "admin.client_denied",
@@ -169,7 +175,7 @@ impl AdminError {
     /// |---|---|
     /// | 400 | `bad_call`, `bad_key`, `reason_missing`, `console.bad_digest` |
     /// | 401 | `token_missing`, `token_invalid`, `token_expired`, `token_stale` |
-    /// | 403 | `role_missing`, `mfa_missing`, `same_operator`, `client_denied` |
+    /// | 403 | `role_missing`, `mfa_missing`, `same_operator`, `client_denied`, `console.remote_refused` |
     /// | 404 | `request_not_found`, `not_configured`, `console.unknown_class` |
     /// | 409 | `request_not_pending`, `request_expired`, `no_hold`, `holds_changed` |
     /// | 503 | `jwks_invalid`, `advance_failed`, `unavailable` |
@@ -177,7 +183,11 @@ impl AdminError {
         match self {
             Self::BadCall(_) | Self::BadKey(_) | Self::ReasonMissing | Self::BadDigest => 400,
             Self::TokenMissing | Self::TokenInvalid(_) | Self::TokenExpired { .. } | Self::TokenStale { .. } => 401,
-            Self::RoleMissing(_) | Self::MfaMissing | Self::SameOperator { .. } | Self::ClientDenied(_) => 403,
+            Self::RoleMissing(_)
+            | Self::MfaMissing
+            | Self::SameOperator { .. }
+            | Self::ClientDenied(_)
+            | Self::RemoteRefused(_) => 403,
             Self::NotFound(_) | Self::NotConfigured | Self::UnknownClass(_) => 404,
             Self::NotPending { .. } | Self::RequestExpired(_) | Self::NoHold(_) | Self::HoldsChanged(_) => 409,
             Self::Jwks(_) | Self::Advance(_) | Self::Io(_) => 503,
@@ -207,7 +217,8 @@ pub fn exit_code_of(code: &str) -> u8 {
         | "admin.role_missing"
         | "admin.mfa_missing"
         | "admin.same_operator"
-        | "admin.client_denied" => 77,
+        | "admin.client_denied"
+        | "console.remote_refused" => 77,
         "admin.reason_missing"
         | "admin.request_not_found"
         | "admin.request_not_pending"
@@ -278,6 +289,7 @@ mod tests {
             AdminError::BadCall("x".into()),
             AdminError::BadKey("x".into()),
             AdminError::BadDigest,
+            AdminError::RemoteRefused("10.0.0.1".into()),
             AdminError::UnknownClass("c".into()),
             AdminError::Advance("x".into()),
             AdminError::Io("x".into()),
