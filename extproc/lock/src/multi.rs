@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
     commit::{Sending, Sent},
-    grant::{self, GrantTxn, KeyGrant, SlotCompares},
-    txn::{found, Branch, Read, TxnBuilder},
+    grant::{self, GrantReads, GrantTxn, KeyGrant, SlotCompares},
+    txn::{found, Answer, Branch, Read, TxnBuilder},
 };
 
 use super::{
@@ -333,6 +333,24 @@ impl Store {
             Sent::Moved => return Ok(Attempt::EpochMoved),
             Sent::Refused { answer, revision } => (answer, revision),
         };
+        self.refusal_all(reqs, ds, sid, slots, (n, delay), (&a, &reads), revision).await
+    }
+
+    /// What a refused multi-key grant means (`a`, read through `reads`, at
+    /// `revision`): a lock-delay on a key, or for each key the free slot to try
+    /// next (`0` and gated when it has none below its limit or an exclusive hold).
+    #[allow(clippy::too_many_arguments)]
+    async fn refusal_all(
+        self: &Arc<Self>,
+        reqs: &[AcquireRequest],
+        ds: &[KeyDigest],
+        sid: SessionId,
+        slots: &[u32],
+        (n, delay): (u32, u64),
+        (a, reads): (&Answer, &GrantReads),
+        revision: i64,
+    ) -> Result<Attempt, LockError> {
+        let k = self.keys();
         let holders = reads.holders.iter().map(|h| a.must(*h)).collect::<Result<Vec<_>, _>>()?;
         // Per key: whether a guard or a delay record is left (`delay`).
         let delay_kept: Vec<bool> = reads
@@ -375,17 +393,8 @@ impl Store {
 /// The grants of a multi-key acquire of `reqs` committed under `token` on `sid`:
 /// one per key, in the order of `reqs`, all with the one token.
 fn key_grants(reqs: &[AcquireRequest], token: FencingToken, sid: SessionId) -> Vec<Grant> {
-    let grant = |req: &AcquireRequest| Grant {
-        token,
-        session: sid,
-        ttl_s: req.class.ttl_s,
-        class: req.class.name.to_string(),
-        existing: false,
-        new_session: false,
-        permits: 1,
-        mode: None,
-    };
-    reqs.iter().map(grant).collect()
+    // Multi-key acquires take one exclusive slot of each key: no read-write mode.
+    reqs.iter().map(|req| Grant { mode: None, ..Grant::new(req, token, sid, 1) }).collect()
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use lockmesh_core::{
     class::Fairness,
     headers::{LockMode, Permits, SessionId},
@@ -30,14 +30,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     keys, now_ms,
+    policy::PolicyGate,
     session::Caller,
     steps::{timed, Step},
     wait::{Handed, HeldBy, Offer},
-    HoldRecord, Keys, LockError, SessionRecord, Store,
+    EpochState, HoldRecord, Keys, LockError, SessionRecord, Store,
 };
 use crate::engine::{
     commit::{Sending, Sent},
     grant::{self, GrantTxn, KeyGrant, SlotCompares},
+    handoff::{HandoffTxn, WaiterSession},
     txn::{found, Answer, Branch, TxnBuilder},
 };
 use crate::test_faults::{self, TestFault};
@@ -101,6 +103,23 @@ pub struct Grant {
     /// The hold's read-write mode as recorded in it (`x-lock-mode`), for an
     /// existing hold the one it was granted with, never the one asked for.
     pub mode: Option<LockMode>,
+}
+
+impl Grant {
+    /// A new grant of `permits` slots for `req` under `token` on `session` (not
+    /// an existing hold, the session not opened here; the caller says otherwise).
+    pub(crate) fn new(req: &AcquireRequest, token: FencingToken, session: SessionId, permits: u32) -> Self {
+        Self {
+            token,
+            session,
+            ttl_s: req.class.ttl_s,
+            class: req.class.name.to_string(),
+            existing: false,
+            new_session: false,
+            permits,
+            mode: req.mode,
+        }
+    }
 }
 
 /// A holder as inspection shows it.
@@ -529,66 +548,9 @@ impl Store {
             ticket.wait_head(req.deadline, cancel).await?;
         }
         // A mutex key granted here, with no release through here since, is most
-        // likely still held: instead of a grant transaction that can only be
-        // refused (a raft proposal), wait for the holder's release with an offer,
-        // so that release hands the key over in its own transaction. A release
-        // anywhere shows in the watch of the holders from the wait's revision.
-        //
-        // When the grant here was another session's and another caller's
-        // (`HeldBy`), nothing but the key's limit can change that, and the limit
-        // comes from the policy cache while the policy watch keeps it fresh
-        // (`policy_watch`): the head waits from the grant's revision with no read
-        // at all (on a hot key, one etcd round trip fewer per hand-over).
-        //
-        // Otherwise it reads the holders (no proposal; it answers an idempotent
-        // re-acquire and a leak) and the authoritative limit (`lock::policy`: the
-        // registry's may be behind a `lockctl limit` change, and a key with free
-        // slots must be granted, not waited for), and waits from that read's
-        // revision. The offer is posted before the read, not after it: a release
-        // that arrives while the read is in flight then still hands the key over
-        // in one transaction. Posted after, such a release found no offer and the
-        // key took two commits (the release's, then the waiter's grant after its
-        // watch woke it): 45 % of a hot key's hand-overs (docs/BENCHMARKS.md). A
-        // read that says not to wait ends the offer first (`settle_offer`): a
-        // releaser that took it meanwhile decides, and its grant is the answer.
-        if let Some(held) = self.queues().held_by(&d).filter(|_| !req.try_once) {
-            // An acquire that opened its session (the header-only path) offers the
-            // session's record with it: the releaser's transaction puts it beside
-            // the hold, so its session costs no refused grant first.
-            let record = new_record.as_ref();
-            if self.may_skip_held_read(req, sid, held) {
-                let posted = self.post_offer(&d, &ticket, req, sid, record);
-                let waited = self.wait_offered(&d, held.revision, req.deadline, cancel, &ticket, req, posted).await?;
-                if let Some(g) = waited {
-                    self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
-                    return Ok(g);
-                }
-            } else {
-                let late = test_faults::on(TestFault::OfferAfterRead);
-                let posted = (!late).then(|| self.post_offer(&d, &ticket, req, sid, record));
-                let next = self.held_read(req, &d, sid).await;
-                if let Ok(HeldRead::Wait(revision)) = next {
-                    // PLANTED BUG (handoff scenario) when `late`: the offer only now.
-                    let posted = posted.unwrap_or_else(|| self.post_offer(&d, &ticket, req, sid, record));
-                    let waited = self.wait_offered(&d, revision, req.deadline, cancel, &ticket, req, posted).await?;
-                    if let Some(g) = waited {
-                        self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
-                        return Ok(g);
-                    }
-                } else {
-                    let settled = match posted {
-                        Some(p) => self.settle_offer(&d, &ticket, p).await,
-                        None => None,
-                    };
-                    if let Some(g) = settled {
-                        self.queues().note_held(&d, HeldBy::of(req, &g, token_revision(&g)));
-                        return Ok(g);
-                    }
-                    if let HeldRead::Answer(answer) = next? {
-                        return answer;
-                    }
-                }
-            }
+        // likely still held: wait for its release with an offer (`wait_for_release`).
+        if let Some(g) = self.wait_for_release(req, &d, sid, new_record.as_ref(), &ticket, cancel).await? {
+            return Ok(g);
         }
         // A re-acquire on the caller's own session of a key with several slots:
         // the grant transaction compares one slot empty, so with that slot free it
@@ -640,6 +602,82 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// A mutex key granted here, with no release through here since, is most
+    /// likely still held: instead of a grant transaction that can only be
+    /// refused (a raft proposal), wait for the holder's release with an offer,
+    /// so that release hands the key over in its own transaction. A release
+    /// anywhere shows in the watch of the holders from the wait's revision.
+    ///
+    /// When the grant here was another session's and another caller's
+    /// (`HeldBy`), nothing but the key's limit can change that, and the limit
+    /// comes from the policy cache while the policy watch keeps it fresh
+    /// (`policy_watch`): the head waits from the grant's revision with no read
+    /// at all (on a hot key, one etcd round trip fewer per hand-over).
+    ///
+    /// Otherwise it reads the holders (no proposal; it answers an idempotent
+    /// re-acquire and a leak) and the authoritative limit (`lock::policy`: the
+    /// registry's may be behind a `lockctl limit` change, and a key with free
+    /// slots must be granted, not waited for), and waits from that read's
+    /// revision. The offer is posted before the read, not after it: a release
+    /// that arrives while the read is in flight then still hands the key over
+    /// in one transaction. Posted after, such a release found no offer and the
+    /// key took two commits (the release's, then the waiter's grant after its
+    /// watch woke it): 45 % of a hot key's hand-overs (docs/BENCHMARKS.md). A
+    /// read that says not to wait ends the offer first (`settle_offer`): a
+    /// releaser that took it meanwhile decides, and its grant is the answer.
+    ///
+    /// Answers the grant when a release handed the key over (or a read found
+    /// the answer), `None` when the caller goes on to its grant transaction.
+    async fn wait_for_release(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        d: &KeyDigest,
+        sid: SessionId,
+        new_record: Option<&SessionRecord>,
+        ticket: &super::wait::Ticket<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Grant>, LockError> {
+        let Some(held) = self.queues().held_by(d).filter(|_| !req.try_once) else { return Ok(None) };
+        // An acquire that opened its session (the header-only path) offers the
+        // session's record with it: the releaser's transaction puts it beside
+        // the hold, so its session costs no refused grant first.
+        let record = new_record;
+        if self.may_skip_held_read(req, sid, held) {
+            let posted = self.post_offer(d, ticket, req, sid, record);
+            let waited = self.wait_offered(d, held.revision, req.deadline, cancel, ticket, req, posted).await?;
+            if let Some(g) = waited {
+                self.queues().note_held(d, HeldBy::of(req, &g, token_revision(&g)));
+                return Ok(Some(g));
+            }
+        } else {
+            let late = test_faults::on(TestFault::OfferAfterRead);
+            let posted = (!late).then(|| self.post_offer(d, ticket, req, sid, record));
+            let next = self.held_read(req, d, sid).await;
+            if let Ok(HeldRead::Wait(revision)) = next {
+                // PLANTED BUG (handoff scenario) when `late`: the offer only now.
+                let posted = posted.unwrap_or_else(|| self.post_offer(d, ticket, req, sid, record));
+                let waited = self.wait_offered(d, revision, req.deadline, cancel, ticket, req, posted).await?;
+                if let Some(g) = waited {
+                    self.queues().note_held(d, HeldBy::of(req, &g, token_revision(&g)));
+                    return Ok(Some(g));
+                }
+            } else {
+                let settled = match posted {
+                    Some(p) => self.settle_offer(d, ticket, p).await,
+                    None => None,
+                };
+                if let Some(g) = settled {
+                    self.queues().note_held(d, HeldBy::of(req, &g, token_revision(&g)));
+                    return Ok(Some(g));
+                }
+                if let HeldRead::Answer(answer) = next? {
+                    return answer.map(Some);
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the head of `d`, which this arbiter granted as `held`, may wait
@@ -803,21 +841,10 @@ impl Store {
         if want > 1 {
             self.gated(Capability::MultiSlotHolds, want)?;
         }
-        let slot_nos = if want == 1 { vec![slot.min(n - 1)] } else { self.free_slots(d, n, want).await? };
-        let mut slots: Vec<(u32, String)> = slot_nos.iter().map(|s| (*s, k.slot(d, *s))).collect();
-        let mut slot_compares = SlotCompares::Limit(n);
-        if test_faults::on(TestFault::CountBeforeLock) {
-            // PLANTED BUG (release gate): count the holders, then lock without comparing.
-            let opts = Some(GetOptions::new().with_prefix().with_count_only());
-            let c = self.call(self.client().get(k.holds(d), opts)).await?;
-            let revision = c.header().map_or(0, |h| h.revision());
-            if c.count() + i64::from(want) > i64::from(n) {
-                return Ok(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 });
-            }
-            slot_compares = SlotCompares::Skipped;
-            let base = 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0) * 64;
-            slots = (0..want).map(|i| (base + i, k.slot(d, base + i))).collect();
-        }
+        let (slots, slot_compares) = match self.grant_slots(d, sid, (n, want), slot).await? {
+            Ok(slots) => slots,
+            Err(refused) => return Ok(refused),
+        };
         let lease = PutOptions::new().with_lease(sid.lease());
         // The attempt's fence (`Keys::attempt`), for a session the caller keeps: an
         // answer etcd never gives is resolved by fencing the attempt off.
@@ -874,22 +901,39 @@ impl Store {
             Sent::Granted { token, answer } => {
                 let held = reads.count[0].and_then(|c| answer.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
                 super::shadow::after_grant(self, &req.class, &req.key, held, n);
-                return Ok(Attempt::Granted(Grant {
-                    token,
-                    session: sid,
-                    ttl_s: req.class.ttl_s,
-                    class: req.class.name.to_string(),
-                    existing: false,
-                    new_session: false,
-                    permits: want,
-                    mode: req.mode,
-                }));
+                return Ok(Attempt::Granted(Grant::new(req, token, sid, want)));
             }
             Sent::Resolved(g) => return Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g })),
             Sent::Moved => return Ok(Attempt::EpochMoved),
             Sent::Refused { answer, revision } => (answer, revision),
         };
         self.refusal(req, d, sid, (n, want, delay), &a, &reads, revision).await
+    }
+
+    /// The slots a grant of `want` of `n` takes (slot `slot` for one, free ones
+    /// read for several) and the compares that guard them; `Err`: a refusal
+    /// without a transaction (only under a planted bug).
+    async fn grant_slots(
+        &self,
+        d: &KeyDigest,
+        sid: SessionId,
+        (n, want): (u32, u32),
+        slot: u32,
+    ) -> Result<Result<(Vec<(u32, String)>, SlotCompares), Attempt>, LockError> {
+        let k = self.keys();
+        if test_faults::on(TestFault::CountBeforeLock) {
+            // PLANTED BUG (release gate): count the holders, then lock without comparing.
+            let opts = Some(GetOptions::new().with_prefix().with_count_only());
+            let c = self.call(self.client().get(k.holds(d), opts)).await?;
+            let revision = c.header().map_or(0, |h| h.revision());
+            if c.count() + i64::from(want) > i64::from(n) {
+                return Ok(Err(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 }));
+            }
+            let base = 1000 + u32::try_from(sid.lease().rem_euclid(8000)).unwrap_or(0) * 64;
+            return Ok(Ok(((0..want).map(|i| (base + i, k.slot(d, base + i))).collect(), SlotCompares::Skipped)));
+        }
+        let slot_nos = if want == 1 { vec![slot.min(n - 1)] } else { self.free_slots(d, n, want).await? };
+        Ok(Ok((slot_nos.iter().map(|s| (*s, k.slot(d, *s))).collect(), SlotCompares::Limit(n))))
     }
 
     /// What a refused grant of one key means (`a`, read through `reads`, at
@@ -1068,67 +1112,12 @@ impl Store {
         })
     }
 
-    /// Adds the grant clock to a transaction that ends holds or sessions (a
-    /// release, a close): compared at or above this arbiter's mark `clock` and
-    /// put, read in the failure branch. Such a write is lost by a restore as a
-    /// grant is (the hold or session would stand again), so it moves the clock
-    /// as a grant does.
-    pub(crate) fn push_clock(
-        &self,
-        clock: Option<i64>,
-        when: &mut Vec<Compare>,
-        then: &mut Vec<TxnOp>,
-        els: &mut Vec<TxnOp>,
-    ) {
-        if let Some(c) = clock {
-            let key = self.keys().clock();
-            when.push(Compare::mod_revision(key.as_str(), CompareOp::Greater, c - 1));
-            then.push(TxnOp::put(key.as_str(), Vec::<u8>::new(), None));
-            els.push(TxnOp::get(key.as_str(), None));
-        }
-    }
-
-    /// The clock mark a release or close in `epoch` compares ([`Store::push_clock`]).
+    /// The clock mark a release or close in `epoch` compares (`engine::clock`).
     pub(crate) fn end_clock(&self, epoch: u64) -> Option<i64> {
         if test_faults::on(TestFault::ReleaseSkipsClock) {
             return None; // PLANTED BUG (edges_grant scenario).
         }
         self.seal().clock_floor(epoch)
-    }
-
-    /// After a transaction [`Store::push_clock`] built: a commit raises the clock
-    /// mark; a refusal whose clock read is below the mark seals (a restore) and
-    /// answers `sealed`; any other refusal is the caller's to read.
-    pub(crate) fn clock_outcome(
-        &self,
-        clock: Option<i64>,
-        epoch: u64,
-        r: &etcd_client::TxnResponse,
-        what: &str,
-    ) -> Result<(), LockError> {
-        let Some(c) = clock else { return Ok(()) };
-        if r.succeeded() {
-            if let Some(h) = r.header() {
-                self.seal().observe_clock(h.revision(), epoch);
-            }
-            return Ok(());
-        }
-        let key = self.keys().clock();
-        let at = r
-            .op_responses()
-            .into_iter()
-            .filter_map(|o| match o {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .find_map(|g| g.kvs().iter().find(|kv| kv.key() == key.as_bytes()).map(KeyValue::mod_revision))
-            .unwrap_or(0);
-        if at < c {
-            let why = format!("grant clock {at} below mark {c} at {what}");
-            self.seal().seal(super::seal::SealReason::ClockBehindMark, why.clone());
-            return Err(LockError::Sealed(format!("clock_behind_mark: {why}")));
-        }
-        Ok(())
     }
 
     /// Reads `reads` for an answer built from a read rather than from a refused
@@ -1445,58 +1434,32 @@ impl Store {
         deletes: Vec<TxnOp>,
         marker: &str,
     ) -> Result<bool, LockError> {
-        // The grant clock, as in a grant: a release is a write a restore can lose
-        // too (the released hold would stand again), so it compares the clock at
-        // or above this arbiter's mark and puts it. A failed clock compare writes
-        // nothing and seals (`refusal_moved`).
-        let epoch = self.epoch_state().await?.epoch;
-        let clock = self.end_clock(epoch);
-        for _ in 0..2 {
-            let lease = self.marker_lease().await?;
-            let mut when = cmp.clone();
-            let mut then = deletes.clone();
-            then.push(TxnOp::put(self.keys().release_marker(d), marker, Some(PutOptions::new().with_lease(lease))));
-            then.push(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
-            let mut els = Vec::new();
-            self.push_clock(clock, &mut when, &mut then, &mut els);
-            let txn = Txn::new().when(when).and_then(then).or_else(els);
-            match timed(Step::ReleaseTxn, self.call(self.client().txn(txn))).await {
-                Ok(r) => {
-                    self.clock_outcome(clock, epoch, &r, "a release")?;
-                    if r.succeeded() {
-                        self.queues().hint(d);
-                    }
-                    return Ok(r.succeeded());
-                }
-                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
-                Err(e) => return Err(e),
-            }
+        // The grant clock, as in a grant (`commit_end`): a failed clock compare
+        // writes nothing and seals.
+        let (answer, ()) = self
+            .commit_end(Some(Step::ReleaseTxn), "a release", |b, lease| {
+                b.compares(cmp.iter().cloned());
+                b.on_success_all(deletes.iter().cloned());
+                b.on_success(TxnOp::put(
+                    self.keys().release_marker(d),
+                    marker,
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+                b.on_success(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
+            })
+            .await?;
+        if answer.succeeded() {
+            self.queues().hint(d);
         }
-        Err(LockError::Unavailable("could not obtain a marker lease".into()))
+        Ok(answer.succeeded())
     }
 
     /// Releases `hold_key` (under the release compares `release_cmp`) and grants
-    /// the offering waiter the same slot under its other name, in one transaction:
-    ///
-    /// ```text
-    /// compare  release_cmp                                  the caller's grant
-    ///          mod_revision(epoch) == E.mod_revision        epoch unchanged
-    ///          lease(<root>/s/<waiter sid>) == waiter sid    waiter's session alive
-    ///            (or create_revision(...) == 0 when the waiter's acquire opened
-    ///            its session: then the record is put too, on the waiter's lease)
-    ///          create_revision(other name) == 0             the other name is free
-    ///          create_revision([slot N, end)) == 0          nothing above the limit
-    ///          policy and class map mod revisions           same as a grant
-    /// then     delete hold_key, put release marker, put other name = hold (waiter lease)
-    /// ```
-    ///
-    /// The slot keeps exactly one hold, so the count of holds of the key is the same
-    /// before and after: the limit holds as it held before. The new hold is a new
-    /// key, so its create revision (the token) is this commit's revision, above
-    /// every earlier one. Anything that stops the hand-off before the transaction
-    /// (a draining class, a slot above a lowered limit, a sealed service, durable
-    /// fairness) returns `NotDone` and the caller releases plainly; so does a failed
-    /// compare.
+    /// the offering waiter the same slot under its other name, in one
+    /// transaction (`engine::handoff` shows it). Anything that stops the
+    /// hand-off before the transaction (a draining class, a slot above a lowered
+    /// limit, a sealed service, durable fairness) returns `NotDone` and the
+    /// caller releases plainly; so does a failed compare.
     async fn handoff(
         &self,
         d: &KeyDigest,
@@ -1506,91 +1469,44 @@ impl Store {
         ends: &[TxnOp],
         offer: &Offer,
     ) -> Result<HandOff, LockError> {
-        let req = &offer.req;
-        // A hand-off moves one slot: a waiter for several looks again instead.
-        if req.class.fairness != Fairness::Memory || self.unsealed().is_err() || req.permits != Permits::Count(1) {
-            return Ok(HandOff::NotDone);
-        }
-        let Ok(ep) = self.epoch_state().await else { return Ok(HandOff::NotDone) };
-        if ep.sealed.is_some() {
-            return Ok(HandOff::NotDone);
-        }
-        let Ok(gate) = self.policy_gate(req).await else { return Ok(HandOff::NotDone) };
-        // The advertisement, compared as a grant compares it (`try_grant`).
-        let Ok(ad) = self.guard().advertisement() else { return Ok(HandOff::NotDone) };
-        let k = self.keys();
-        let n = gate.limit;
-        match k.slot_of(hold_key) {
-            Some(s) if s < n && k.digest_of_hold(hold_key).as_ref() == Some(d) => {}
-            _ => return Ok(HandOff::NotDone),
-        }
-        let new_key = Keys::other_name(hold_key);
-        let mut when = release_cmp.to_vec();
-        if !test_faults::on(TestFault::SkipEpochCompare) {
-            when.push(Compare::mod_revision(k.epoch(), CompareOp::Equal, ep.mod_revision));
-        }
-        let sess_key = k.session(offer.sid);
-        let mut then = Vec::with_capacity(6);
-        match &offer.record {
-            // The waiter's acquire opened its session and no transaction wrote its
-            // record yet: put here, on the waiter's lease (a lease revoked since
-            // fails the whole transaction, `lease not found`, and the release
-            // then runs plainly). The create compare keeps a record a concurrent
-            // transaction wrote.
-            Some(rec) => {
-                when.push(Compare::create_revision(sess_key.as_str(), CompareOp::Equal, 0));
-                if !test_faults::on(TestFault::HandoffDropsRecord) {
-                    // PLANTED BUG (held_memo scenario) when skipped.
-                    let v = serde_json::to_vec(rec).map_err(internal)?;
-                    then.push(TxnOp::put(sess_key.as_str(), v, Some(PutOptions::new().with_lease(offer.sid.lease()))));
-                }
+        let Some((ep, gate, ad)) = self.handoff_basis(d, hold_key, offer).await else { return Ok(HandOff::NotDone) };
+        let (req, k) = (&offer.req, self.keys());
+        let session = match &offer.record {
+            Some(rec) if !test_faults::on(TestFault::HandoffDropsRecord) => {
+                WaiterSession::Opens(Some(serde_json::to_vec(rec).map_err(internal)?))
             }
-            // The waiter's session alive.
-            None => when.push(Compare::lease(sess_key.as_str(), CompareOp::Equal, offer.sid.lease())),
-        }
-        when.push(Compare::create_revision(new_key.clone(), CompareOp::Equal, 0));
-        when.push(
-            Compare::create_revision(k.slot(d, n), CompareOp::Equal, 0).with_range(keys::prefix_end(&k.holds(d))),
-        );
-        when.extend(gate.compares());
-        if let Some((key, lease)) = &ad {
-            when.push(Compare::lease(key.as_str(), CompareOp::Equal, *lease));
-        }
-        let hold = hold_record(req, ep.epoch, 1, None, None)?;
+            // PLANTED BUG (held_memo scenario): the record is not put.
+            Some(_) => WaiterSession::Opens(None),
+            None => WaiterSession::Alive,
+        };
+        let delay_guard = (gate.limit == 1
+            && req.class.lock_delay_s > 0
+            && !test_faults::on(TestFault::SkipLockDelay)
+            && self.guard().enabled(Capability::LockDelayGuards))
+        .then(|| super::delay::guard_value(offer.sid));
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
         let lease = self.marker_lease().await?;
-        then.extend([
-            TxnOp::delete(hold_key.to_vec(), None::<DeleteOptions>),
-            TxnOp::put(k.release_marker(d), marker, Some(PutOptions::new().with_lease(lease))),
-            TxnOp::put(new_key.clone(), hold, Some(PutOptions::new().with_lease(offer.sid.lease()))),
-        ]);
-        // The releasing grant's ends (its exclusion record, its session's index
-        // key); the waiter's index key when its session is an acquire's. A waiter
-        // that is handed a slot asks for one slot, never exclusion.
-        then.extend(ends.iter().cloned());
-        if req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex) {
-            let on = Some(PutOptions::new().with_lease(offer.sid.lease()));
-            then.push(TxnOp::put(k.hold_index(offer.sid, d), Vec::<u8>::new(), on));
-        }
-        if let Some(c) = clock {
-            // The grant clock, as in a grant: a failed compare hands nothing off
-            // and the waiter's own grant attempt then seals.
-            when.push(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
-            then.push(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
-        }
-        if n == 1
-            && req.class.lock_delay_s > 0
-            && !test_faults::on(TestFault::SkipLockDelay)
-            && self.guard().enabled(Capability::LockDelayGuards)
-        {
-            // A release: the key's lock-delay guard now names the waiter's session.
-            then.push(TxnOp::put(k.delay_guard(d), super::delay::guard_value(offer.sid), None));
-        } else {
-            then.push(TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>));
-        }
-        let txn = Txn::new().when(when).and_then(then);
-        let r = match timed(Step::HandoffTxn, self.call(self.client().txn(txn))).await {
+        let (txn, new_key) = crate::engine::handoff::build(HandoffTxn {
+            keys: k,
+            d,
+            hold_key,
+            release_cmp,
+            ends,
+            epoch_rev: (!test_faults::on(TestFault::SkipEpochCompare)).then_some(ep.mod_revision),
+            waiter: offer.sid,
+            session,
+            limit: gate.limit,
+            gate: &gate,
+            advert: ad.as_ref().map(|(key, lease)| (key.as_str(), *lease)),
+            marker: (marker, lease),
+            hold: hold_record(req, ep.epoch, 1, None, None)?,
+            // A waiter that is handed a slot asks for one slot, never exclusion.
+            indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
+            clock,
+            delay_guard,
+        });
+        let r = match timed(Step::HandoffTxn, self.call(self.client().txn(txn.build()))).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 // The marker lease lapsed, or the lease of a waiter whose record
@@ -1605,12 +1521,53 @@ impl Store {
             return Ok(HandOff::NotDone);
         }
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
-        let (revision, cluster) = (header.revision(), header.cluster_id());
         if clock.is_some() {
-            self.seal().observe_clock(revision, ep.epoch);
+            self.seal().observe_clock(header.revision(), ep.epoch);
         }
-        // The same checks as after a grant: a grant below the restore mark or on
-        // another cluster is taken back, the release stands.
+        self.handed(d, offer, &ep, floor, new_key, header).await
+    }
+
+    /// What a hand-off needs read and checked before its transaction: the epoch
+    /// (unsealed), the waiter's class gate and this arbiter's advertisement, and
+    /// a slot of the key below the class's limit. `None`: no hand-off (the
+    /// waiter asks for several slots, durable fairness, sealed, a slot above a
+    /// lowered limit, a read failed).
+    async fn handoff_basis(
+        &self,
+        d: &KeyDigest,
+        hold_key: &[u8],
+        offer: &Offer,
+    ) -> Option<(EpochState, PolicyGate, Option<(String, i64)>)> {
+        let req = &offer.req;
+        // A hand-off moves one slot: a waiter for several looks again instead.
+        if req.class.fairness != Fairness::Memory || self.unsealed().is_err() || req.permits != Permits::Count(1) {
+            return None;
+        }
+        let ep = self.epoch_state().await.ok().filter(|ep| ep.sealed.is_none())?;
+        let gate = self.policy_gate(req).await.ok()?;
+        // The advertisement, compared as a grant compares it (`try_grant`).
+        let ad = self.guard().advertisement().ok()?;
+        let k = self.keys();
+        match k.slot_of(hold_key) {
+            Some(s) if s < gate.limit && k.digest_of_hold(hold_key).as_ref() == Some(d) => Some((ep, gate, ad)),
+            _ => None,
+        }
+    }
+
+    /// After a hand-off committed at `header`: the same checks as after a grant
+    /// (revision floor, raft term, cluster, seal); a hand-off that fails them is
+    /// taken back and the release stands (`ReleasedOnly`).
+    async fn handed(
+        &self,
+        d: &KeyDigest,
+        offer: &Offer,
+        ep: &EpochState,
+        floor: i64,
+        new_key: Vec<u8>,
+        header: &etcd_client::ResponseHeader,
+    ) -> Result<HandOff, LockError> {
+        let (req, k) = (&offer.req, self.keys());
+        let (revision, cluster) = (header.revision(), header.cluster_id());
         if revision < floor {
             self.seal().seal(
                 super::seal::SealReason::RevisionBehindMark,
@@ -1620,47 +1577,34 @@ impl Store {
         // A below-mark term seals; `unsealed` then refuses and takes the grant back.
         self.seal().observe_term(header.raft_term(), ep.epoch);
         let token = FencingToken::mint(ep.epoch, u64::try_from(revision).unwrap_or(u64::MAX));
-        let checked = match self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed()) {
+        let checked = match self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
             Ok(()) => self.raft_at_mark().await,
             Err(e) => Err(e),
         };
-        match (checked, token) {
-            (Ok(()), Ok(token)) => {
-                self.seal().observe_revision(revision, ep.epoch);
-                if let Some(rec) = &offer.record {
-                    // Counted at once, before the ledger's watch shows it (`quota`),
-                    // and cached, as a grant that puts a record does.
-                    self.ledger().note_session(sess_key.as_bytes(), revision, req.key.namespace());
-                    if !test_faults::on(TestFault::HandoffDropsRecord) {
-                        self.sessions.insert(offer.sid, Arc::new(rec.clone()));
-                    }
-                }
-                if new_key.ends_with(b".1") {
-                    self.queues().remember_handed_name(d, revision);
-                }
-                Ok(HandOff::Handed(Grant {
-                    token,
-                    session: offer.sid,
-                    ttl_s: req.class.ttl_s,
-                    class: req.class.name.to_string(),
-                    existing: false,
-                    new_session: false,
-                    permits: 1,
-                    mode: req.mode,
-                }))
-            }
-            _ => {
-                let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
-                // The waiter's index key goes with its hold (it was put beside it).
-                let undo = Txn::new().when(cmp).and_then([
-                    TxnOp::delete(new_key, None::<DeleteOptions>),
-                    TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>),
-                    TxnOp::delete(k.hold_index(offer.sid, d), None::<DeleteOptions>),
-                ]);
-                let _ = self.call(self.client().txn(undo)).await;
-                Ok(HandOff::ReleasedOnly)
+        let (Ok(()), Ok(token)) = (checked, token) else {
+            let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
+            // The waiter's index key goes with its hold (it was put beside it).
+            let undo = Txn::new().when(cmp).and_then([
+                TxnOp::delete(new_key, None::<DeleteOptions>),
+                TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>),
+                TxnOp::delete(k.hold_index(offer.sid, d), None::<DeleteOptions>),
+            ]);
+            let _ = self.call(self.client().txn(undo)).await;
+            return Ok(HandOff::ReleasedOnly);
+        };
+        self.seal().observe_revision(revision, ep.epoch);
+        if let Some(rec) = &offer.record {
+            // Counted at once, before the ledger's watch shows it (`quota`), and
+            // cached, as a grant that puts a record does.
+            self.ledger().note_session(k.session(offer.sid).as_bytes(), revision, req.key.namespace());
+            if !test_faults::on(TestFault::HandoffDropsRecord) {
+                self.sessions.insert(offer.sid, Arc::new(rec.clone()));
             }
         }
+        if new_key.ends_with(b".1") {
+            self.queues().remember_handed_name(d, revision);
+        }
+        Ok(HandOff::Handed(Grant::new(req, token, offer.sid, 1)))
     }
 
     /// Deletes the hold of grant `g` of `d` (compared by create revision and
@@ -1777,7 +1721,7 @@ pub(crate) fn end_ops(k: &Keys, d: &KeyDigest, rev: i64, lease: Option<i64>) -> 
 
 /// The limit `n` a grant of `req` is decided under (the authoritative one,
 /// `gate`) and how many of its slots it takes (`want`).
-fn grant_size(req: &AcquireRequest, gate: &super::policy::PolicyGate) -> Result<(u32, u32), LockError> {
+fn grant_size(req: &AcquireRequest, gate: &PolicyGate) -> Result<(u32, u32), LockError> {
     let n = if test_faults::on(TestFault::RegistryLimit) {
         req.class.max_holders // PLANTED BUG (release gate): the registry's limit.
     } else if let Some(k) = req.class.candidate.filter(|_| test_faults::on(TestFault::ShadowDecides)) {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use etcd_client::{GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockmesh_core::{headers::SessionId, ClassSpec, FencingToken};
 
 use super::{now_ms, HoldRecord, LockError, SessionRecord, Store};
@@ -165,30 +165,29 @@ impl Store {
     /// The marker lets an audit reader and the lock-delay watch tell this from an
     /// expiry, on every cluster that held the session's holds.
     pub(crate) async fn end_session(&self, sid: SessionId) -> Result<bool, LockError> {
-        if let Ok(lease) = self.marker_lease().await {
-            // One integer member: serialising it cannot fail.
-            let marker =
-                serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
-            let opts = Some(PutOptions::new().with_lease(lease));
-            // Only while the session is alive (its record on its lease): a marker
-            // written after an expiry would make that expiry read as a close, a
-            // release, and let the key skip its lock-delay (`delay::end_cause`;
-            // found by the long gate: a holder closing a session that had just
-            // expired).
-            let alive =
-                etcd_client::Compare::lease(self.keys().session(sid), etcd_client::CompareOp::Equal, sid.lease());
-            // And the grant clock: a restore that loses this close brings the
-            // session and its holds back (`Store::push_clock`).
-            let epoch = self.epoch_state().await?.epoch;
-            let clock = self.end_clock(epoch);
-            let (mut when, mut then, mut els) =
-                (vec![alive], vec![TxnOp::put(self.keys().close_marker(sid), marker, opts)], Vec::new());
-            self.push_clock(clock, &mut when, &mut then, &mut els);
-            let txn = Txn::new().when(when).and_then(then).or_else(els);
-            match self.call(self.client().txn(txn)).await {
-                Ok(r) => self.clock_outcome(clock, epoch, &r, "a session close")?,
-                Err(_) => self.drop_marker_lease().await,
-            }
+        // One integer member: serialising it cannot fail.
+        let marker = serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
+        // Only while the session is alive (its record on its lease): a marker
+        // written after an expiry would make that expiry read as a close, a
+        // release, and let the key skip its lock-delay (`delay::end_cause`;
+        // found by the long gate: a holder closing a session that had just
+        // expired). And with the grant clock (`commit_end`): a restore that
+        // loses this close brings the session and its holds back. Without a
+        // marker the lease is still revoked: an audit reader sees an expiry.
+        let marked = self
+            .commit_end(None, "a session close", |b, lease| {
+                b.compare(Compare::lease(self.keys().session(sid), CompareOp::Equal, sid.lease()));
+                b.on_success(TxnOp::put(
+                    self.keys().close_marker(sid),
+                    marker.as_str(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+            })
+            .await;
+        match marked {
+            Err(e @ LockError::Sealed(_)) => return Err(e),
+            Err(_) => self.drop_marker_lease().await,
+            Ok(_) => {}
         }
         let r = self.call(self.client().lease_revoke(sid.lease())).await;
         self.forget_session(sid).await;
@@ -217,7 +216,7 @@ impl Store {
     /// [`Store::close_if_spent`] without the owner check: the caller owns `sid` (a
     /// VM session the keepalive found retired, `vm`).
     pub(crate) async fn close_spent(&self, sid: SessionId) -> Result<bool, LockError> {
-        use etcd_client::{Compare, CompareOp, DeleteOptions};
+        use etcd_client::DeleteOptions;
         if !self.guard().enabled(super::upgrade::Capability::SessionHoldIndex) {
             return Ok(false);
         }
@@ -225,37 +224,25 @@ impl Store {
         let (sess, index) = (k.session(sid), k.hold_indexes(sid));
         // One integer member: serialising it cannot fail.
         let marker = serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
-        let mut closed = false;
-        let epoch = self.epoch_state().await?.epoch;
-        let clock = self.end_clock(epoch);
-        for _ in 0..2 {
-            let lease = self.marker_lease().await?;
-            let mut when = vec![Compare::lease(sess.as_str(), CompareOp::Equal, sid.lease())];
-            if !super::test_faults::on(super::test_faults::TestFault::SessionHoldsUnindexed) {
-                // PLANTED BUG (holder_safety scenario) when skipped.
-                when.push(
-                    Compare::create_revision(index.as_str(), CompareOp::Equal, 0)
-                        .with_range(lockmesh_keyspace::keys::prefix_end(&index)),
-                );
-            }
-            let mut then = vec![
-                TxnOp::delete(sess.as_str(), None::<DeleteOptions>),
-                TxnOp::put(k.close_marker(sid), marker.as_str(), Some(PutOptions::new().with_lease(lease))),
-            ];
-            let mut els = Vec::new();
-            self.push_clock(clock, &mut when, &mut then, &mut els);
-            let txn = Txn::new().when(when).and_then(then).or_else(els);
-            match self.call(self.client().txn(txn)).await {
-                Ok(r) => {
-                    self.clock_outcome(clock, epoch, &r, "a session close")?;
-                    closed = r.succeeded();
-                    break;
+        let (answer, ()) = self
+            .commit_end(None, "a session close", |b, lease| {
+                b.compare(Compare::lease(sess.as_str(), CompareOp::Equal, sid.lease()));
+                if !super::test_faults::on(super::test_faults::TestFault::SessionHoldsUnindexed) {
+                    // PLANTED BUG (holder_safety scenario) when skipped.
+                    b.compare(
+                        Compare::create_revision(index.as_str(), CompareOp::Equal, 0)
+                            .with_range(lockmesh_keyspace::keys::prefix_end(&index)),
+                    );
                 }
-                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
-                Err(e) => return Err(e),
-            }
-        }
-        if !closed {
+                b.on_success(TxnOp::delete(sess.as_str(), None::<DeleteOptions>));
+                b.on_success(TxnOp::put(
+                    k.close_marker(sid),
+                    marker.as_str(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+            })
+            .await?;
+        if !answer.succeeded() {
             return Ok(false);
         }
         self.forget_session(sid).await;

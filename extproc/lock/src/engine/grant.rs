@@ -167,11 +167,7 @@ fn assemble(g: GrantTxn<'_>) -> (TxnBuilder, GrantReads) {
     let epoch = b.read(Branch::Failure, k.epoch(), None);
     // The grant clock (`seal`): at or above this arbiter's mark, and put, so a
     // restored store fails here before it can grant anything.
-    let clock = g.clock.map(|c| {
-        b.compare(Compare::mod_revision(k.clock(), CompareOp::Greater, c - 1));
-        b.on_success(TxnOp::put(k.clock(), Vec::<u8>::new(), None));
-        b.read(Branch::Failure, k.clock(), None)
-    });
+    let clock = super::clock::guard(k, g.clock, &mut b).map(super::clock::ClockGuard::read);
     let delay = later
         .iter_mut()
         .map(|(_, delay, ..)| {

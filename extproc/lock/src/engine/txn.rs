@@ -102,12 +102,18 @@ impl TxnBuilder {
 /// A transaction's answer, read through [`Read`] handles.
 pub(crate) struct Answer {
     succeeded: bool,
+    revision: Option<i64>,
     ops: Vec<TxnOpResponse>,
 }
 
 impl Answer {
     pub(crate) fn of(r: &TxnResponse) -> Self {
-        Self { succeeded: r.succeeded(), ops: r.op_responses() }
+        Self { succeeded: r.succeeded(), revision: r.header().map(|h| h.revision()), ops: r.op_responses() }
+    }
+
+    /// The store's revision when etcd answered (the commit's, on a success).
+    pub(crate) fn revision(&self) -> Option<i64> {
+        self.revision
     }
 
     /// Whether the success branch ran.

@@ -1,0 +1,53 @@
+//! The transactions that end something: a release and a session close. Each
+//! puts a marker on this arbiter's marker lease (so an audit reader tells it from
+//! an expiry) and carries the grant clock as a grant does, since a restore can
+//! lose an end too (the released hold or closed session would stand again).
+
+use super::{
+    clock,
+    txn::{Answer, TxnBuilder},
+};
+use crate::{
+    steps::{timed, Step},
+    LockError, Store,
+};
+
+impl Store {
+    /// Sends the transaction `build` writes into a builder, given this arbiter's
+    /// marker lease, with the grant clock of the current epoch added after it
+    /// ([`clock::guard`]; [`Store::end_clock`] says when there is none). A marker
+    /// lease etcd no longer knows is replaced and the transaction built again,
+    /// once. Returns the answer, after the clock's outcome (a clock behind its
+    /// mark seals and answers `sealed`), and what `build` returned. `step` times
+    /// the call when given.
+    pub(crate) async fn commit_end<R>(
+        &self,
+        step: Option<Step>,
+        what: &str,
+        mut build: impl FnMut(&mut TxnBuilder, i64) -> R,
+    ) -> Result<(Answer, R), LockError> {
+        let epoch = self.epoch_state().await?.epoch;
+        let mark = self.end_clock(epoch);
+        for _ in 0..2 {
+            let lease = self.marker_lease().await?;
+            let mut b = TxnBuilder::new();
+            let out = build(&mut b, lease);
+            let guard = clock::guard(self.keys(), mark, &mut b);
+            let txn = b.build();
+            let sent = match step {
+                Some(step) => timed(step, self.call(self.client().txn(txn))).await,
+                None => self.call(self.client().txn(txn)).await,
+            };
+            match sent {
+                Ok(r) => {
+                    let answer = Answer::of(&r);
+                    self.clock_outcome(guard, epoch, &answer, what)?;
+                    return Ok((answer, out));
+                }
+                Err(LockError::Unavailable(m)) if m.contains("lease not found") => self.drop_marker_lease().await,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable("could not obtain a marker lease".into()))
+    }
+}
