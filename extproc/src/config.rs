@@ -974,14 +974,15 @@ mod tests {
         assert_eq!(o.force_record_retention_s, 86_400);
     }
 
+    fn console_of(yaml: &str) -> (Console, Vec<String>) {
+        let raw: RawConsole = serde_saphyr::from_str(yaml).unwrap();
+        let mut errs = Vec::new();
+        let c = console(Some(&raw), Path::new("/nonexistent"), "a.yaml", &mut errs);
+        (c, errs)
+    }
+
     #[test]
     fn the_grafana_link_is_an_http_url_and_the_history_interval_is_bounded() {
-        let console_of = |yaml: &str| {
-            let raw: RawConsole = serde_saphyr::from_str(yaml).unwrap();
-            let mut errs = Vec::new();
-            let c = console(Some(&raw), Path::new("/nonexistent"), "a.yaml", &mut errs);
-            (c, errs)
-        };
         let (c, errs) = console_of("grafana_url: https://grafana.example/d/lockmesh-overview?orgId=1\n");
         assert!(errs.is_empty(), "{errs:?}");
         assert_eq!(c.grafana_url.as_deref(), Some("https://grafana.example/d/lockmesh-overview?orgId=1"));
@@ -1001,12 +1002,6 @@ mod tests {
 
     #[test]
     fn the_console_api_answers_loopback_unless_told_otherwise() {
-        let console_of = |yaml: &str| {
-            let raw: RawConsole = serde_saphyr::from_str(yaml).unwrap();
-            let mut errs = Vec::new();
-            let c = console(Some(&raw), Path::new("/nonexistent"), "a.yaml", &mut errs);
-            (c, errs)
-        };
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
         let answers = |c: &Console, s: &str| c.api_from.iter().any(|n| n.contains(&ip(s)));
         for c in [Console::default(), console_of("grafana_url: https://g/d\n").0] {

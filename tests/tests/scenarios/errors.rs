@@ -370,6 +370,23 @@ impl OpAnswer {
     }
 }
 
+/// A lock-tier stack whose arbiter has an `operators` section (the lockctl
+/// client allowed, a fresh issuer's JWKS) and `extra` YAML after it; the issuer
+/// and the directory holding its JWKS come back with it.
+async fn operators_stack(name: &str, extra: &str) -> (Stack, Issuer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = Issuer::generate("k1").unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, idp.jwks()).unwrap();
+    let operators = format!(
+        "operators: {{ allowed_clients: [\"spiffe://{TEST_TRUST_DOMAIN}/ns/lockmesh-system/sa/lockctl\"], \
+         jwks_file: {:?}, issuer: {ISS:?}, max_token_age_s: 900 }}{extra}",
+        jwks.display().to_string()
+    );
+    let st = Stack::builder(name).envoy_config("lock-tier").arbiter_extra_yaml(operators).start().await.unwrap();
+    (st, idp, dir)
+}
+
 /// The same refusal on the admin-action routes (ext_proc port, an allowed admin
 /// client's certificate) and on the console's API (admin port): same status, same
 /// `{code, message}` body, `www-authenticate: Bearer` on the 401s on both. Fails if
@@ -377,17 +394,7 @@ impl OpAnswer {
 /// bypassed on either port (e.g. the admin actions answering 403 for a missing token).
 #[tokio::test]
 async fn operator_refusals_are_one_answer_on_both_ports() {
-    let dir = tempfile::tempdir().unwrap();
-    let idp = Issuer::generate("k1").unwrap();
-    let jwks = dir.path().join("jwks.json");
-    std::fs::write(&jwks, idp.jwks()).unwrap();
-    let operators = format!(
-        "operators: {{ allowed_clients: [\"spiffe://{TEST_TRUST_DOMAIN}/ns/lockmesh-system/sa/lockctl\"], \
-         jwks_file: {:?}, issuer: {ISS:?}, max_token_age_s: 900 }}",
-        jwks.display().to_string()
-    );
-    let st = Stack::builder("errors-operators").envoy_config("lock-tier").arbiter_extra_yaml(operators).start();
-    let st = st.await.unwrap();
+    let (st, idp, _dir) = operators_stack("errors-operators", "").await;
     let admin_client = st.pki().client("lockmesh-system", "lockctl").unwrap();
     let console = format!("http://127.0.0.1:{}/console/api/state", st.arbiter(0).admin_port());
     let http = reqwest::Client::new();
@@ -436,17 +443,8 @@ async fn operator_refusals_are_one_answer_on_both_ports() {
 /// header a client writes (`x-forwarded-for` is sent naming the allowed peer).
 #[tokio::test]
 async fn the_console_api_answers_only_the_peers_it_is_configured_for() {
-    let dir = tempfile::tempdir().unwrap();
-    let idp = Issuer::generate("k1").unwrap();
-    let jwks = dir.path().join("jwks.json");
-    std::fs::write(&jwks, idp.jwks()).unwrap();
-    let extra = format!(
-        "operators: {{ allowed_clients: [\"spiffe://{TEST_TRUST_DOMAIN}/ns/lockmesh-system/sa/lockctl\"], \
-         jwks_file: {:?}, issuer: {ISS:?}, max_token_age_s: 900 }}\nconsole: {{ api_from: [\"127.0.0.2/32\"] }}",
-        jwks.display().to_string()
-    );
-    let st = Stack::builder("errors-console-peers").envoy_config("lock-tier").arbiter_extra_yaml(extra).start();
-    let st = st.await.unwrap();
+    let extra = "\nconsole: { api_from: [\"127.0.0.2/32\"] }";
+    let (st, idp, _dir) = operators_stack("errors-console-peers", extra).await;
     let admin = st.arbiter(0).admin_port();
     let token = operator_token(&idp, "alice", true);
     let from = |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().unwrap();
