@@ -859,7 +859,8 @@ impl Store {
         } else {
             0
         };
-        let slot_names: Vec<String> = slots.iter().map(|(_, name)| name.clone()).collect();
+        // Every hold the grant puts, with the namespace the quota counts it in.
+        let holds: Vec<(String, &str)> = slots.iter().map(|(_, name)| (name.clone(), req.key.namespace())).collect();
         let key = KeyGrant {
             d,
             slots,
@@ -886,8 +887,6 @@ impl Store {
             advert: basis.advert.as_ref(),
             gate: &basis.gate,
         });
-        let ns = req.key.namespace();
-        let holds: Vec<(String, &str)> = slot_names.iter().map(|name| (name.clone(), ns)).collect();
         let sending = Sending {
             basis: &basis,
             sid,

@@ -330,19 +330,7 @@ impl Seal {
     /// Checks one round of linearizable observations against the marks and, if
     /// they pass, raises the marks. `raft` is `None` when no member proved it leads.
     pub fn check(&self, o: &Observation<'_>) {
-        let Observation {
-            cluster,
-            record_cluster,
-            epoch,
-            explicit,
-            floor,
-            revision,
-            raft,
-            clock_floor,
-            clock,
-            term,
-            prior,
-        } = *o;
+        let Observation { cluster, epoch, explicit, revision, raft, clock, term, prior, .. } = *o;
         // 0: the member has applied no entry since it started (its term is
         // unknown, not low).
         let term =
@@ -388,33 +376,7 @@ impl Seal {
             *lock(&self.state) = None;
             return;
         }
-        let verdict = if let Some(why) = explicit {
-            Some((SealReason::Explicit, format!("epoch record sealed: {why}")))
-        } else if (!m.cluster_id.is_empty() && m.cluster_id != cluster_hex) || cluster != record_cluster {
-            Some((
-                SealReason::ClusterIdMismatch,
-                format!(
-                    "cluster {cluster_hex}, mark {:?}, epoch record {}",
-                    m.cluster_id,
-                    super::epoch::cluster_hex(record_cluster)
-                ),
-            ))
-        } else if epoch < m.epoch {
-            Some((SealReason::EpochBehindMark, format!("epoch {epoch} below mark {}", m.epoch)))
-        } else if revision < floor {
-            Some((SealReason::RevisionBehindMark, format!("revision {revision} below mark {floor}")))
-        } else if let Some(c) = clock.filter(|c| *c < clock_floor) {
-            Some((SealReason::ClockBehindMark, format!("grant clock {c} below mark {clock_floor}")))
-        } else if let Some((t, i)) = raft.filter(|ti| *ti < (m.raft_term, m.raft_index)) {
-            Some((
-                SealReason::RaftBehindMark,
-                format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index),
-            ))
-        } else if let Some(t) = term.filter(|t| *t < m.term) {
-            Some((SealReason::TermBehindMark, format!("raft term {t} below mark {}", m.term)))
-        } else {
-            None
-        };
+        let verdict = verdict(&m, o, &cluster_hex, term);
         match verdict {
             Some((reason, detail)) => {
                 drop(m);
@@ -466,6 +428,38 @@ impl Seal {
         }
         *lock(&self.persisted) = m;
         Ok(())
+    }
+}
+
+/// The seal an observation `o` calls for against the marks `m` (`cluster_hex`:
+/// its cluster in hex; `term`: its raft term when known), or `None`.
+fn verdict(m: &Marks, o: &Observation<'_>, cluster_hex: &str, term: Option<u64>) -> Option<(SealReason, String)> {
+    if let Some(why) = o.explicit {
+        Some((SealReason::Explicit, format!("epoch record sealed: {why}")))
+    } else if (!m.cluster_id.is_empty() && m.cluster_id != *cluster_hex) || o.cluster != o.record_cluster {
+        Some((
+            SealReason::ClusterIdMismatch,
+            format!(
+                "cluster {cluster_hex}, mark {:?}, epoch record {}",
+                m.cluster_id,
+                super::epoch::cluster_hex(o.record_cluster)
+            ),
+        ))
+    } else if o.epoch < m.epoch {
+        Some((SealReason::EpochBehindMark, format!("epoch {} below mark {}", o.epoch, m.epoch)))
+    } else if o.revision < o.floor {
+        Some((SealReason::RevisionBehindMark, format!("revision {} below mark {}", o.revision, o.floor)))
+    } else if let Some(c) = o.clock.filter(|c| *c < o.clock_floor) {
+        Some((SealReason::ClockBehindMark, format!("grant clock {c} below mark {}", o.clock_floor)))
+    } else if let Some((t, i)) = o.raft.filter(|ti| *ti < (m.raft_term, m.raft_index)) {
+        Some((
+            SealReason::RaftBehindMark,
+            format!("leader raft ({t}, {i}) below mark ({}, {})", m.raft_term, m.raft_index),
+        ))
+    } else if let Some(t) = term.filter(|t| *t < m.term) {
+        Some((SealReason::TermBehindMark, format!("raft term {t} below mark {}", m.term)))
+    } else {
+        None
     }
 }
 
