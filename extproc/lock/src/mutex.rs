@@ -771,7 +771,9 @@ impl Store {
     /// another grant's by now (released, expired, granted again), and a delete by
     /// name would free it. The grant's ends go with them: its exclusion record
     /// and the session's hold index key (which would otherwise keep an
-    /// acquire-opened session from closing at its last release).
+    /// acquire-opened session from closing at its last release). Every grant
+    /// taken back goes here: one refused after its commit, a hand-off that failed
+    /// its checks, a hand-off whose waiter left.
     pub(crate) async fn take_back(&self, hold_keys: &[String], revision: i64, sid: SessionId) {
         let cmp: Vec<Compare> =
             hold_keys.iter().map(|h| Compare::create_revision(h.as_str(), CompareOp::Equal, revision)).collect();
@@ -1581,14 +1583,8 @@ impl Store {
             Err(e) => Err(e),
         };
         let (Ok(()), Ok(token)) = (checked, token) else {
-            let cmp = [Compare::create_revision(new_key.clone(), CompareOp::Equal, revision)];
-            // The waiter's index key goes with its hold (it was put beside it).
-            let undo = Txn::new().when(cmp).and_then([
-                TxnOp::delete(new_key, None::<DeleteOptions>),
-                TxnOp::delete(k.delay_guard(d), None::<DeleteOptions>),
-                TxnOp::delete(k.hold_index(offer.sid, d), None::<DeleteOptions>),
-            ]);
-            let _ = self.call(self.client().txn(undo)).await;
+            // Taken back with its lock-delay guard and the waiter's index key.
+            self.take_back(&[String::from_utf8_lossy(&new_key).into_owned()], revision, offer.sid).await;
             return Ok(HandOff::ReleasedOnly);
         };
         self.seal().observe_revision(revision, ep.epoch);
@@ -1612,17 +1608,9 @@ impl Store {
         let Ok(rev) = i64::try_from(g.token.revision()) else { return };
         let opts = Some(GetOptions::new().with_prefix());
         let Ok(r) = self.call(self.client().get(self.keys().holds(d), opts)).await else { return };
-        if let Some(kv) = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease()) {
-            let cmp = [Compare::create_revision(kv.key(), CompareOp::Equal, rev)];
-            let mut ops = vec![
-                TxnOp::delete(kv.key(), None::<DeleteOptions>),
-                TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>),
-            ];
-            ops.extend(end_ops(self.keys(), d, rev, Some(kv.lease())));
-            let txn = Txn::new().when(cmp).and_then(ops);
-            if self.call(self.client().txn(txn)).await.is_err() {
-                tracing::warn!(key = %d.short(), "could not take back a handed-over grant whose waiter left; it ends with its session");
-            }
+        let held = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease());
+        if let Some(name) = held.and_then(|kv| kv.key_str().ok()) {
+            self.take_back(&[name.to_owned()], rev, g.session).await;
         }
     }
 
