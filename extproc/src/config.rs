@@ -653,6 +653,8 @@ pub struct Config {
     pub etcd_root: String,
     /// etcd call timeout.
     pub op_timeout_ms: u64,
+    /// Grants and releases per etcd transaction, and etcd's limits (`etcd.max_group`).
+    pub group: lockmesh_lock::GroupLimits,
     /// etcd TLS and user.
     pub etcd_auth: EtcdClientAuth,
     /// More clusters, the entity tier and regional homing (`crate::topology`).
@@ -775,6 +777,7 @@ impl Config {
                 max_spool_bytes: self.fail_open.max_spool_bytes,
                 quorum_loss_after_ms: self.fail_open.quorum_loss_after_ms,
             },
+            group: self.group,
         }
     }
 
@@ -914,6 +917,7 @@ impl Config {
                 etcd_endpoints: clusters.endpoints,
                 etcd_root: clusters.root,
                 op_timeout_ms: clusters.op_timeout_ms,
+                group: clusters.group,
                 etcd_auth: clusters.auth,
                 topology: clusters.topology,
                 registry_file,

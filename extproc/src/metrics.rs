@@ -185,6 +185,43 @@ impl Collector for EtcdCollector {
                 ConstCounter::new(*n).encode(family.encode_family(&[("step", step.label())])?)?;
             }
         }
+        // Grants and releases committed in groups (`lockmesh_lock` `engine::group`).
+        let g = &crate::lock::GROUPS;
+        ConstCounter::new(g.groups()).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_group_commits",
+            "Groups of grants and releases this arbiter sent to etcd as one transaction of nested transactions (etcd.max_group).",
+            None,
+            MetricType::Counter,
+        )?)?;
+        ConstCounter::new(g.members()).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_group_members",
+            "Grants and releases the groups carried; divided by lockmesh_arbiter_group_commits_total, the mean group size.",
+            None,
+            MetricType::Counter,
+        )?)?;
+        ConstCounter::new(g.queued_seconds()).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_group_queued_seconds",
+            "Total time grants and releases waited for their group to be sent (behind the group in flight).",
+            None,
+            MetricType::Counter,
+        )?)?;
+        ConstGauge::new(i64::try_from(g.largest()).unwrap_or(i64::MAX)).encode(encoder.encode_descriptor(
+            "lockmesh_arbiter_group_largest",
+            "The largest group sent since this arbiter started.",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        {
+            let mut family = encoder.encode_descriptor(
+                "lockmesh_arbiter_group_refusals",
+                "Groups that did not run as one, by cause (moved: a new epoch or a restored store; duplicate_key, lease_not_found, too_many_ops, too_large, other: refused by etcd before applying); each member was then sent alone. Any but moved is a defect to report.",
+                None,
+                MetricType::Counter,
+            )?;
+            for cause in crate::lock::GroupRefusal::ALL {
+                ConstCounter::new(g.refused(cause)).encode(family.encode_family(&[("cause", cause.label())])?)?;
+            }
+        }
         ConstCounter::new(crate::lock::policy_watch::EVENTS.load(Ordering::Relaxed)).encode(
             encoder.encode_descriptor(
                 "lockmesh_arbiter_policy_watch_events",

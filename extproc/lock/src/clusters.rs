@@ -11,7 +11,7 @@ use crate::{
     test_faults::{self, TestFault},
     tiers::{FailOpenSettings, Tiers, TiersConfig},
     topology::{RawCluster, RawRegion, RawTiers, Topology},
-    LockError, Store,
+    GroupLimits, LockError, Store,
 };
 
 /// Default `etcd.op_timeout_ms`.
@@ -45,6 +45,8 @@ pub struct Clusters {
     pub root: String,
     /// Timeout of one etcd call, ms.
     pub op_timeout_ms: u64,
+    /// The largest group and etcd's limits (`etcd.max_group`, ...).
+    pub group: GroupLimits,
     /// TLS and user of the coord cluster.
     pub auth: EtcdClientAuth,
     /// The other clusters and the region.
@@ -90,6 +92,7 @@ impl Clusters {
         if !(100..=60_000).contains(&op_timeout_ms) {
             errs.push(format!("{name}: etcd.op_timeout_ms: {op_timeout_ms} is outside 100 to 60000"));
         }
+        let group = group_limits(etcd, name, errs);
         let mut test_faults = Vec::new();
         for (i, f) in faults.iter().enumerate() {
             match TestFault::parse(f) {
@@ -109,7 +112,7 @@ impl Clusters {
         }
         let topology = Topology::from_raw(clusters, tiers, region, name, errs, &mut |r, e| etcd_auth(r, base, name, e));
         let auth = etcd_auth(etcd, base, name, errs);
-        Self { endpoints: etcd.endpoints.clone(), root, op_timeout_ms, auth, topology, test_faults }
+        Self { endpoints: etcd.endpoints.clone(), root, op_timeout_ms, group, auth, topology, test_faults }
     }
 
     /// Reads the cluster sections of the arbiter config file at `path`.
@@ -147,9 +150,38 @@ impl Clusters {
             op_timeout,
             marks_file: None,
             fail_open: FailOpenSettings { spool_file: None, max_spool_bytes: 0, quorum_loss_after_ms: u64::MAX },
+            group: self.group,
         };
         Tiers::connect(&cfg, coord).await
     }
+}
+
+/// Default `etcd.max_group`.
+pub const DEFAULT_MAX_GROUP: usize = 64;
+
+/// Validates `etcd.max_group`, `etcd.max_txn_ops` and `etcd.max_request_bytes`.
+fn group_limits(raw: &RawEtcd, name: &str, errs: &mut Vec<String>) -> GroupLimits {
+    let d = GroupLimits::ALONE;
+    let l = GroupLimits {
+        max_group: raw.max_group.unwrap_or(DEFAULT_MAX_GROUP),
+        max_txn_ops: raw.max_txn_ops.unwrap_or(d.max_txn_ops),
+        max_request_bytes: raw.max_request_bytes.unwrap_or(d.max_request_bytes),
+    };
+    if !(1..=1024).contains(&l.max_group) {
+        errs.push(format!("{name}: etcd.max_group: {} is outside 1 to 1024 (1 sends each grant alone)", l.max_group));
+    }
+    // A lone multi-key grant must fit as it always had to (`multi::MAX_TXN_OPS`).
+    if l.max_txn_ops < crate::multi::MAX_TXN_OPS {
+        errs.push(format!(
+            "{name}: etcd.max_txn_ops: {} is below {}, the most a lone grant of the most keys can need",
+            l.max_txn_ops,
+            crate::multi::MAX_TXN_OPS
+        ));
+    }
+    if l.max_request_bytes < 65_536 {
+        errs.push(format!("{name}: etcd.max_request_bytes: {} is below 65536", l.max_request_bytes));
+    }
+    l
 }
 
 /// Validates `etcd.tls`, `etcd.user` and `etcd.password_file` against the endpoints.
@@ -175,6 +207,9 @@ mod etcd_auth_tests {
             endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
             root: "/lm".into(),
             op_timeout_ms: None,
+            max_group: None,
+            max_txn_ops: None,
+            max_request_bytes: None,
             tls,
             user: user.map(str::to_owned),
             password_file: pw.map(str::to_owned),

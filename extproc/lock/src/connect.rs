@@ -31,6 +31,14 @@ pub struct RawEtcd {
     pub root: String,
     /// Timeout of one etcd call, ms. Default 2000.
     pub op_timeout_ms: Option<u64>,
+    /// The most grants and releases one etcd transaction carries
+    /// (`engine::group`); 1 sends each alone. Default 64.
+    pub max_group: Option<usize>,
+    /// etcd's `--max-txn-ops`, which a group stays within. Default 128 (etcd's).
+    pub max_txn_ops: Option<usize>,
+    /// etcd's `--max-request-bytes`, which a group stays within. Default
+    /// 1572864 (etcd's).
+    pub max_request_bytes: Option<usize>,
     /// Client TLS to etcd (`https://` endpoints need it; docs/OPERATIONS.md).
     pub tls: Option<RawEtcdTls>,
     /// etcd user (auth enabled), with `password_file`.

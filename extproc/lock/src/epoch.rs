@@ -299,6 +299,20 @@ impl Store {
         super::steps::timed(super::steps::Step::RaftCheck, self.members_at(mark)).await
     }
 
+    /// [`Store::raft_at_mark`] for a grant answered at `answered`: a check that
+    /// started after it answers for it too, so the grants of one group (answered
+    /// together) share one check rather than asking every member each.
+    pub(crate) async fn raft_at_mark_since(&self, answered: tokio::time::Instant) -> Result<(), LockError> {
+        let mut last = self.raft_checked.lock().await;
+        if let Some((_, r)) = last.as_ref().filter(|(started, _)| *started >= answered) {
+            return r.clone();
+        }
+        let started = tokio::time::Instant::now();
+        let r = self.raft_at_mark().await;
+        *last = Some((started, r.clone()));
+        r
+    }
+
     /// The question of [`Store::raft_at_mark`], asked of every member.
     async fn members_at(&self, mark: (u64, u64)) -> Result<(), LockError> {
         use futures::stream::StreamExt;

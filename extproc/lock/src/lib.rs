@@ -65,6 +65,8 @@ pub mod vm;
 pub mod wait;
 pub mod watches;
 
+pub use engine::group::{GroupStats, Limits as GroupLimits, Refusal as GroupRefusal, GROUPS};
+
 use std::{sync::Arc, time::Duration};
 
 use etcd_client::Client;
@@ -198,6 +200,11 @@ pub struct Store {
     /// What the keyspace gate lets this store's writers write, and the
     /// advertisement their transactions compare ([`upgrade::Guard`]).
     guard: upgrade::Guard,
+    /// The group committer of this cluster (`engine::group`).
+    committer: Arc<engine::group::Committer>,
+    /// When the last raft position check started, and its answer
+    /// ([`Store::raft_at_mark_since`]).
+    raft_checked: Mutex<Option<(tokio::time::Instant, Result<(), LockError>)>>,
 }
 
 /// How many calls of this process etcd refused with `revision of auth store is old`
@@ -308,7 +315,10 @@ impl Store {
             Err(e) => return Err(unavailable(e)),
         };
         let seal = seal::Seal::load(marks_file, root).map_err(LockError::Internal)?;
+        let committer = Arc::new(engine::group::Committer::new(client.clone(), Keys::new(root), op_timeout));
         let store = Arc::new(Self {
+            committer,
+            raft_checked: Mutex::new(None),
             client,
             keys: Keys::new(root),
             op_timeout,
@@ -467,9 +477,24 @@ impl Store {
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
-        let t = call_budget(deadline.saturating_duration_since(tokio::time::Instant::now()), self.op_timeout);
         // A `lockmesh.etcd` span (op by response type; the txn is the grant's).
-        let span = lockmesh_telemetry::etcd_span::<T>();
+        self.call_by_in(deadline, lockmesh_telemetry::etcd_span::<T>(), f).await
+    }
+
+    /// [`Store::call_by`] of a transaction sent through the group committer
+    /// (`engine::group`), traced as the transaction it is.
+    pub(crate) async fn txn_by<T, F>(&self, deadline: tokio::time::Instant, f: F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_by_in(deadline, lockmesh_telemetry::etcd_span::<etcd_client::TxnResponse>(), f).await
+    }
+
+    async fn call_by_in<T, F>(&self, deadline: tokio::time::Instant, span: tracing::Span, f: F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let t = call_budget(deadline.saturating_duration_since(tokio::time::Instant::now()), self.op_timeout);
         let r = tokio::time::timeout(t, tracing::Instrument::instrument(f, span.clone())).await;
         lockmesh_telemetry::finish(&span, if matches!(r, Ok(Ok(_))) { "ok" } else { "error" }, None);
         match r {
@@ -490,6 +515,17 @@ impl Store {
         let r = self.call(self.client().lease_grant(120, None)).await?;
         *m = Some((r.id(), tokio::time::Instant::now()));
         Ok(r.id())
+    }
+
+    /// This cluster's group committer.
+    pub(crate) fn committer(&self) -> &Arc<engine::group::Committer> {
+        &self.committer
+    }
+
+    /// Commits grants and releases in groups of at most `limits.max_group`
+    /// (`engine::group`; 1: each alone).
+    pub fn set_group_limits(&self, limits: engine::group::Limits) {
+        self.committer.set_limits(limits);
     }
 
     /// Forgets a cached marker lease (it was not found).

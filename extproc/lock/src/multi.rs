@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
     commit::{Sending, Sent},
-    grant::{self, GrantReads, GrantTxn, KeyGrant, SlotCompares},
+    grant::{GrantReads, GrantTxn, KeyGrant, SlotCompares},
     txn::{found, Answer, Branch, Read, TxnBuilder},
 };
 
@@ -307,7 +307,7 @@ impl Store {
             .zip(reqs)
             .flat_map(|(key, req)| key.slots.iter().map(|(_, name)| (name.clone(), req.key.namespace())))
             .collect();
-        let (txn, reads) = grant::build(GrantTxn {
+        let spec = GrantTxn {
             keys: k,
             sid,
             opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
@@ -317,7 +317,7 @@ impl Store {
             clock: basis.clock,
             advert: basis.advert.as_ref(),
             gate: &basis.gate,
-        });
+        };
         let sending = Sending {
             basis: &basis,
             sid,
@@ -327,7 +327,8 @@ impl Store {
             holds: &holds,
             deadline: first.deadline,
         };
-        let (a, revision) = match self.send_grant(txn, &reads, sending).await? {
+        let (sent, reads) = self.send_grant(&spec, sending).await?;
+        let (a, revision) = match sent {
             Sent::Granted { token, .. } => return Ok(Attempt::Granted(key_grants(reqs, token, sid))),
             Sent::Resolved(g) => return Ok(Attempt::Granted(key_grants(reqs, g.token, sid))),
             Sent::Moved => return Ok(Attempt::EpochMoved),

@@ -38,7 +38,7 @@ use super::{
 };
 use crate::engine::{
     commit::{Sending, Sent},
-    grant::{self, GrantTxn, KeyGrant, SlotCompares},
+    grant::{GrantTxn, KeyGrant, SlotCompares},
     handoff::{HandoffTxn, WaiterSession},
     txn::{found, Answer, Branch, TxnBuilder},
 };
@@ -877,7 +877,7 @@ impl Store {
             fair,
             count_after: super::shadow::wants_count(&req.class, n),
         };
-        let (txn, reads) = grant::build(GrantTxn {
+        let spec = GrantTxn {
             keys: k,
             sid,
             opened: new_record.map(serde_json::to_vec).transpose().map_err(internal)?,
@@ -888,7 +888,7 @@ impl Store {
             clock: basis.clock,
             advert: basis.advert.as_ref(),
             gate: &basis.gate,
-        });
+        };
         let sending = Sending {
             basis: &basis,
             sid,
@@ -898,7 +898,8 @@ impl Store {
             holds: &holds,
             deadline: req.deadline,
         };
-        let (a, revision) = match self.send_grant(txn, &reads, sending).await? {
+        let (sent, reads) = self.send_grant(&spec, sending).await?;
+        let (a, revision) = match sent {
             Sent::Granted { token, answer } => {
                 let held = reads.count[0].and_then(|c| answer.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
                 super::shadow::after_grant(self, &req.class, &req.key, held, n);
@@ -1207,12 +1208,13 @@ impl Store {
         ep: &super::EpochState,
         floor: i64,
         clock: Option<i64>,
-        r: &etcd_client::TxnResponse,
+        r: &crate::engine::txn::Answer,
         slots: &[String],
         sid: SessionId,
     ) -> Result<i64, LockError> {
+        let answered = Instant::now();
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
-        let (revision, cluster) = (header.revision(), header.cluster_id());
+        let (revision, cluster) = (header.revision, header.cluster_id);
         if r.succeeded() && clock.is_some() {
             self.seal().observe_clock(revision, ep.epoch);
         }
@@ -1224,7 +1226,7 @@ impl Store {
         }
         if r.succeeded() {
             // A below-mark term seals; `unsealed` then refuses and takes back.
-            self.seal().observe_term(header.raft_term(), ep.epoch);
+            self.seal().observe_term(header.raft_term, ep.epoch);
         }
         if let Err(e) = self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
@@ -1233,7 +1235,7 @@ impl Store {
             return Err(e);
         }
         if r.succeeded() {
-            if let Err(e) = self.raft_at_mark().await {
+            if let Err(e) = self.raft_at_mark_since(answered).await {
                 self.take_back(slots, revision, sid).await;
                 return Err(e);
             }
@@ -1438,7 +1440,7 @@ impl Store {
         // The grant clock, as in a grant (`commit_end`): a failed clock compare
         // writes nothing and seals.
         let (answer, ()) = self
-            .commit_end(Some(Step::ReleaseTxn), "a release", |b, lease| {
+            .commit_end(Some(Step::ReleaseTxn), "a release", Some(d), |b, lease| {
                 b.compares(cmp.iter().cloned());
                 b.on_success_all(deletes.iter().cloned());
                 b.on_success(TxnOp::put(

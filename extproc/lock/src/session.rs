@@ -175,7 +175,7 @@ impl Store {
         // loses this close brings the session and its holds back. Without a
         // marker the lease is still revoked: an audit reader sees an expiry.
         let marked = self
-            .commit_end(None, "a session close", |b, lease| {
+            .commit_end(None, "a session close", None, |b, lease| {
                 b.compare(Compare::lease(self.keys().session(sid), CompareOp::Equal, sid.lease()));
                 b.on_success(TxnOp::put(
                     self.keys().close_marker(sid),
@@ -225,7 +225,7 @@ impl Store {
         // One integer member: serialising it cannot fail.
         let marker = serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
         let (answer, ()) = self
-            .commit_end(None, "a session close", |b, lease| {
+            .commit_end(None, "a session close", None, |b, lease| {
                 b.compare(Compare::lease(sess.as_str(), CompareOp::Equal, sid.lease()));
                 if !super::test_faults::on(super::test_faults::TestFault::SessionHoldsUnindexed) {
                     // PLANTED BUG (holder_safety scenario) when skipped.

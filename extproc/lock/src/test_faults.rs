@@ -259,6 +259,28 @@ pub enum TestFault {
     /// handles and watches again 5 s later, so a scenario can end a hold in the
     /// gap (`tests/tests/scenarios/recipe_edges.rs`).
     DelayWatchGap,
+    /// A grant committed in a group (`engine::group`) is answered granted
+    /// whatever its own nested compares said: a member refused inside a
+    /// committed group is told it holds the key
+    /// (`tests/tests/scenarios/group_commit.rs`).
+    GroupMemberOutcomeIgnored,
+    /// A grant member of a group does not compare its session record's lease:
+    /// a member whose session is gone puts on a dead lease, and etcd refuses the
+    /// whole group (its neighbours are sent alone).
+    GroupNoLeaseGuard,
+    /// The committer puts two operations on one lock key into one group.
+    GroupSameKey,
+    /// A grant member carries the grant clock's compare and put itself, as a
+    /// lone grant does: two members put the clock key and etcd refuses the group.
+    GroupClockInMember,
+    /// A group commits and its answer is lost (as when it misses the deadline);
+    /// with `GroupUnknownGuessed` the members take the loss for a refusal
+    /// instead of resolving it through the attempt fence.
+    GroupAnswerLost,
+    /// With `GroupAnswerLost`: a member whose group's outcome is unknown
+    /// answers `unavailable` without resolving it: the grant stands in etcd,
+    /// held by nobody who knows.
+    GroupUnknownGuessed,
 }
 
 #[cfg(feature = "test-faults")]
@@ -328,6 +350,12 @@ impl TestFault {
             "no_persist_at_stop" => Some(Self::NoPersistAtStop),
             "existing_any_session" => Some(Self::ExistingAnySession),
             "waiter_sleeps_to_deadline" => Some(Self::WaiterSleepsToDeadline),
+            "group_member_outcome_ignored" => Some(Self::GroupMemberOutcomeIgnored),
+            "group_no_lease_guard" => Some(Self::GroupNoLeaseGuard),
+            "group_same_key" => Some(Self::GroupSameKey),
+            "group_clock_in_member" => Some(Self::GroupClockInMember),
+            "group_answer_lost" => Some(Self::GroupAnswerLost),
+            "group_unknown_guessed" => Some(Self::GroupUnknownGuessed),
             "delay_rewatch_from_now" => Some(Self::DelayRewatchFromNow),
             "delay_watch_gap" => Some(Self::DelayWatchGap),
             "take_back_keeps_index" => Some(Self::TakeBackKeepsIndex),

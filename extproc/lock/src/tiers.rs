@@ -112,6 +112,8 @@ pub struct TiersConfig<'a> {
     pub marks_file: Option<&'a std::path::Path>,
     /// Fail-open settings (spool files named like the marks files).
     pub fail_open: FailOpenSettings<'a>,
+    /// The largest group and etcd's limits, for every cluster (`engine::group`).
+    pub group: crate::GroupLimits,
 }
 
 /// The fail-open part of [`TiersConfig`].
@@ -132,12 +134,14 @@ impl Tiers {
         let topo: &Topology = config.topology;
         let split = topo.is_split();
         coord.set_cluster(COORD_CLUSTER, split.then_some(&coord));
+        coord.set_group_limits(config.group);
         let mut stores = BTreeMap::from([(COORD_CLUSTER.to_owned(), coord.clone())]);
         for c in &topo.clusters {
             let marks = Topology::marks_file(config.marks_file, &c.name);
             let s =
                 Store::connect_with(&c.endpoints, config.root, config.op_timeout, marks.as_deref(), &c.auth).await?;
             s.set_cluster(&c.name, Some(&coord));
+            s.set_group_limits(config.group);
             stores.insert(c.name.clone(), s);
         }
         let fo = &config.fail_open;

@@ -18,10 +18,10 @@
 //! ([`Tiers::release`]). Holders of one key wait in the store's in-memory queue
 //! and are handed the key as through the arbiter.
 //!
-//! `max_group` is the largest number of grants one etcd transaction may carry.
-//! Today's engine commits one transaction per grant, release and hand-off, so
-//! only 1 is accepted ([`check_max_group`]); a group committer will read it from
-//! the [`Engine`], where [`Holder::acquire`] hands over its request.
+//! `max_group` is the largest number of grants and releases one etcd
+//! transaction may carry: 1 commits each alone (the engine before group
+//! commit), larger runs the store's group committer with etcd's default limits
+//! ([`check_max_group`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ use lockmesh_lock::{
     tiers::{Acquired, CancellationToken, FailOpenSettings, Tiers, TiersConfig},
     topology::Topology,
     upgrade::{Gate, Support},
-    Store,
+    GroupLimits, Store,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -47,21 +47,19 @@ use super::record::Recorder;
 pub(crate) const ARBITER_ROLE: &str = "lockmesh-arbiter";
 /// `etcd.op_timeout_ms` of the arbiter's config when unset.
 const OP_TIMEOUT: Duration = Duration::from_millis(2000);
-/// The `max_group` of today's engine: one etcd transaction per grant.
-pub const TODAY_MAX_GROUP: u32 = 1;
+/// One etcd transaction per grant and release: the engine before group commit.
+pub const ALONE_MAX_GROUP: u32 = 1;
 
-/// Refuses a `max_group` the engine cannot run.
+/// Refuses a `max_group` the engine cannot run (0, or above the arbiter's
+/// `etcd.max_group` bound).
 pub fn check_max_group(n: u32) -> Result<()> {
-    if n == TODAY_MAX_GROUP {
-        return Ok(());
-    }
     if n == 0 {
         bail!("max_group: 0 is not a group size (1 commits one etcd transaction per grant)");
     }
-    bail!(
-        "max_group: {n}: grants committed in groups do not exist yet in the grant engine; \
-         only 1 (one etcd transaction per grant, today's engine) runs"
-    )
+    if n > 1024 {
+        bail!("max_group: {n} is above 1024, the arbiter's bound (etcd.max_group)");
+    }
+    Ok(())
 }
 
 /// How the engine reaches etcd: the coord cluster as the arbiter's config
@@ -79,7 +77,6 @@ pub(crate) struct EngineAccess {
 pub(crate) struct Engine {
     tiers: Arc<Tiers>,
     registry: ClassRegistry,
-    max_group: u32,
     /// Keeps the keyspace gate's round running (it ends when the gate drops).
     _gate: Arc<Gate>,
     tasks: Vec<JoinHandle<()>>,
@@ -104,6 +101,7 @@ impl Engine {
             op_timeout: OP_TIMEOUT,
             marks_file: None,
             fail_open: FailOpenSettings { spool_file: None, max_spool_bytes: 0, quorum_loss_after_ms: u64::MAX },
+            group: GroupLimits { max_group: max_group as usize, ..GroupLimits::ALONE },
         };
         let tiers = Arc::new(Tiers::connect(&cfg, store.clone()).await.map_err(|e| anyhow!("engine tiers: {e}"))?);
         lockmesh_lock::quota::set_registry(&registry);
@@ -138,7 +136,7 @@ impl Engine {
                 }
             }
         }));
-        Ok(Arc::new(Self { tiers, registry, max_group, _gate: gate, tasks }))
+        Ok(Arc::new(Self { tiers, registry, _gate: gate, tasks }))
     }
 }
 
@@ -231,9 +229,6 @@ impl Holder {
             election: false,
             session_indexed: false,
         };
-        // Where a group committer takes the request (up to `max_group` grants per
-        // etcd transaction); today's engine commits each grant on its own.
-        debug_assert_eq!(self.engine.max_group, TODAY_MAX_GROUP, "no group committer yet");
         let cancel = CancellationToken::new();
         match self.engine.tiers.acquire_or_open(&req, None, &self.engine.registry, &cancel).await {
             Ok(Acquired::Protected(g, _)) => {
@@ -295,10 +290,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_todays_group_size_runs_and_a_larger_one_says_why() {
+    fn group_sizes_within_the_arbiters_bound_run() {
         assert!(check_max_group(1).is_ok());
-        let e = check_max_group(64).unwrap_err().to_string();
-        assert!(e.contains("do not exist yet") && e.contains("64"), "{e}");
+        assert!(check_max_group(64).is_ok());
+        let e = check_max_group(2000).unwrap_err().to_string();
+        assert!(e.contains("1024"), "{e}");
         assert!(check_max_group(0).is_err());
     }
 }

@@ -170,9 +170,8 @@ pub struct LoadOptions {
     pub progress: bool,
     /// Keep every grant in [`WorkloadResult::grants`] (tests).
     pub keep_grants: bool,
-    /// `engine`: the most grants one etcd transaction may carry (1: one
-    /// transaction per grant, today's engine; larger is refused until grants
-    /// are committed in groups, [`engine::check_max_group`]).
+    /// `engine`: the most grants and releases one etcd transaction may carry
+    /// (1: one transaction each; [`engine::check_max_group`]).
     pub max_group: u32,
 }
 
@@ -283,8 +282,9 @@ impl Workload {
     }
 
     /// Whether tokens are commit revisions of write transactions, hence unique
-    /// across keys. etcd-lock's token is the Lock response's header revision, which
-    /// after a wait is a read's revision: only per-key order holds.
+    /// per key (a group's grants share one revision across keys, ADR-02).
+    /// etcd-lock's token is the Lock response's header revision, which after a
+    /// wait is a read's revision: only per-key order holds.
     pub fn tokens_unique(self) -> bool {
         !matches!(self, Workload::EtcdLock)
     }
@@ -426,7 +426,7 @@ impl Default for LoadOptions {
             rate: None,
             progress: false,
             keep_grants: false,
-            max_group: engine::TODAY_MAX_GROUP,
+            max_group: engine::ALONE_MAX_GROUP,
         }
     }
 }
@@ -632,7 +632,7 @@ pub async fn run_noted(target: &Target<'_>, opts: &LoadOptions) -> Result<(Repor
         };
         notes.push(format!(
             "engine: lockmesh_lock in this process (no Envoy, no arbiter process), {login}; \
-             at most {} grant per etcd transaction (--max-group; 1 is today's engine)",
+             at most {} grants and releases per etcd transaction (--max-group; 1 sends each alone)",
             opts.max_group
         ));
     }

@@ -43,7 +43,9 @@ pub struct Fairness {
 /// The shared recorder of one workload run.
 pub(crate) struct Recorder {
     keys: Vec<Mutex<KeyState>>,
-    seen: Option<Mutex<HashSet<u64>>>,
+    /// Tokens seen, by key: grants of one group share a revision across keys
+    /// (docs/DECISIONS.md ADR-02), never on one key.
+    seen: Option<Mutex<HashSet<(u32, u64)>>>,
     duplicates: AtomicU64,
     grants: Option<Mutex<Vec<GrantRecord>>>,
     errors: Mutex<BTreeMap<String, u64>>,
@@ -72,7 +74,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 // === impl Recorder ===
 
 impl Recorder {
-    /// A recorder for `keys` keys; `unique` also checks tokens across keys.
+    /// A recorder for `keys` keys; `unique` also checks that no token is granted
+    /// twice on one key.
     pub fn new(keys: usize, unique: bool, keep_grants: bool) -> Self {
         Self {
             keys: (0..keys).map(|_| Mutex::default()).collect(),
@@ -125,7 +128,7 @@ impl Recorder {
         }
         st.fair = fair;
         if let Some(seen) = &self.seen {
-            if !lock(seen).insert(token) {
+            if !lock(seen).insert((key as u32, token)) {
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -146,7 +149,7 @@ impl Recorder {
         self.keys.iter().map(|k| lock(k).out_of_order).sum()
     }
 
-    /// Tokens seen twice (only when checked across keys).
+    /// Tokens seen twice on one key (only when checked).
     pub fn duplicates(&self) -> u64 {
         self.duplicates.load(Ordering::Relaxed)
     }
@@ -204,10 +207,12 @@ mod tests {
         r.granted(0, 0, 5);
         r.requested(0, 0);
         r.granted(0, 0, 4); // backwards, and client 0 again while 1 waits
-        r.granted(1, 2, 5); // same token on another key: a duplicate
+        r.granted(1, 2, 5); // same token on another key: one group's revision
+        assert_eq!(r.duplicates(), 0);
+        r.granted(1, 3, 5); // and again on that key: a duplicate
         let f = r.fairness();
         assert_eq!(f.max_by_one, 2);
-        assert_eq!(r.out_of_order(), 1);
+        assert_eq!(r.out_of_order(), 2);
         assert_eq!(r.duplicates(), 1);
         r.granted(0, 1, 6);
         assert_eq!(r.fairness().overtaken_waits, 1);

@@ -48,8 +48,9 @@ async fn every_workload_cycles_and_tokens_increase_per_key() {
             }
         }
         if r.workload.tokens_unique() {
-            let distinct: HashSet<u64> = r.grants.iter().map(|g| g.token).collect();
-            assert_eq!(distinct.len(), r.grants.len(), "{w}: a token was handed out twice");
+            // Unique per key: a group's grants share one revision across keys (ADR-02).
+            let distinct: HashSet<(u32, u64)> = r.grants.iter().map(|g| (g.key, g.token)).collect();
+            assert_eq!(distinct.len(), r.grants.len(), "{w}: a token was handed out twice on one key");
         }
         assert_eq!(r.token_violations(), 0, "{w}: the tool's own check disagrees");
         // etcd's own counters, read from its plain-HTTP metrics listener.

@@ -41,6 +41,7 @@ mod gate_faults;
 mod gate_ops;
 mod gate_polyglot;
 mod gate_tls;
+mod group_commit;
 mod handoff;
 mod harness_selftest;
 mod held_memo;

@@ -6,16 +6,18 @@
 
 use std::sync::Arc;
 
-use etcd_client::{KeyValue, Txn};
+use etcd_client::KeyValue;
 use lockmesh_core::{headers::SessionId, FencingToken, KeyDigest};
 use tokio::time::Instant;
 
-use super::grant::GrantReads;
+use super::grant::{self, Form, GrantReads, GrantTxn};
+use super::group::{Grouped, Member, Outer};
 use super::txn::Answer;
 use crate::{
     mutex::{outcome_unknown, AcquireRequest, Grant},
     policy::PolicyGate,
     steps::{timed, Step},
+    test_faults::{self, TestFault},
     EpochState, LockError, SessionRecord, Store,
 };
 
@@ -80,33 +82,85 @@ impl Store {
         Ok(Basis { advert, ep, gate, floor, clock })
     }
 
-    /// Sends grant transaction `txn` (its reads at `reads`) and checks its
-    /// answer. An unknown outcome (timeout) may still commit: with a session
-    /// opened for this acquire the caller revokes it; with the caller's own
-    /// session the attempt is fenced off and what it did is read
-    /// ([`Store::resolve_attempt`]), or, before attempt fences are enabled, the
-    /// session is ended.
+    /// Sends the grant transaction of `g` and checks its answer, with the
+    /// reads of the form it was sent in. Grouping on (`engine::group`), a grant on
+    /// the caller's session goes as a member of a group; one that opens its own
+    /// session, or whose group did not run as one, goes alone. An unknown outcome
+    /// (timeout) may still commit: with a session opened for this acquire the
+    /// caller revokes it; with the caller's own session the attempt is fenced off
+    /// and what it did is read ([`Store::resolve_attempt`]), or, before attempt
+    /// fences are enabled, the session is ended.
     pub(crate) async fn send_grant(
         self: &Arc<Self>,
-        txn: Txn,
+        g: &GrantTxn<'_>,
+        s: Sending<'_>,
+    ) -> Result<(Sent, GrantReads), LockError> {
+        let mut grouped = None;
+        if s.new_record.is_none() && self.committer().enabled() {
+            let (txn, reads, lengths) = grant::build(g, Form::Member);
+            let keys = g.each.iter().map(|k| k.d.as_str().as_bytes().to_vec()).collect();
+            let outer = Outer { epoch_rev: g.epoch_rev, clock: g.clock };
+            let member = Member::new(keys, lengths, txn, outer);
+            let answered = timed(Step::GrantTxn, self.txn_by(s.deadline, self.grouped(member))).await;
+            match answered {
+                Ok(Some(a)) => grouped = Some((a, reads)),
+                Ok(None) => {}
+                Err(e) if test_faults::on(TestFault::GroupUnknownGuessed) && outcome_unknown(&e) => {
+                    // PLANTED BUG (group scenarios): the unknown outcome guessed.
+                    return Err(LockError::Unavailable("the group's outcome taken for a refusal".into()));
+                }
+                Err(e) => return self.unanswered(e, &s).await.map(|sent| (sent, reads)),
+            }
+        }
+        let (answer, reads) = match grouped {
+            Some(a) => a,
+            None => {
+                let (txn, reads, _) = grant::build(g, Form::Alone);
+                match timed(Step::GrantTxn, self.call_by(s.deadline, self.client().txn(txn))).await {
+                    Ok(r) => (Answer::of(&r), reads),
+                    Err(e) => return self.unanswered(e, &s).await.map(|sent| (sent, reads)),
+                }
+            }
+        };
+        self.checked_grant(answer, &reads, s).await.map(|sent| (sent, reads))
+    }
+
+    /// A grant etcd did not answer.
+    async fn unanswered(self: &Arc<Self>, e: LockError, s: &Sending<'_>) -> Result<Sent, LockError> {
+        match s.attempt {
+            Some(a) if outcome_unknown(&e) => Ok(Sent::Resolved(self.resolve_attempt(s.first, s.sid, a, e).await?)),
+            None if s.new_record.is_none() && outcome_unknown(&e) => {
+                self.end_unfenced(s.sid);
+                Err(e)
+            }
+            _ => Err(e),
+        }
+    }
+
+    /// A member through this cluster's committer: its answer, `None` to send it
+    /// alone, or an unknown outcome as `unavailable`.
+    pub(crate) async fn grouped(&self, member: Member) -> Result<Option<Answer>, etcd_client::Error> {
+        match self.committer().submit(member).await {
+            Grouped::Answered { nested, header } => {
+                let mut a = Answer::member(&nested, header);
+                if test_faults::on(TestFault::GroupMemberOutcomeIgnored) {
+                    // PLANTED BUG (group scenarios): a refused member answered granted.
+                    a.planted_success();
+                }
+                Ok(Some(a))
+            }
+            Grouped::Alone => Ok(None),
+            Grouped::Unknown(text) => Err(etcd_client::Error::InvalidArgs(text)),
+        }
+    }
+
+    /// The checks every grant's answer gets.
+    async fn checked_grant(
+        self: &Arc<Self>,
+        answer: Answer,
         reads: &GrantReads,
         s: Sending<'_>,
     ) -> Result<Sent, LockError> {
-        let r = match timed(Step::GrantTxn, self.call_by(s.deadline, self.client().txn(txn))).await {
-            Ok(r) => r,
-            Err(e) => {
-                return match s.attempt {
-                    Some(a) if outcome_unknown(&e) => {
-                        Ok(Sent::Resolved(self.resolve_attempt(s.first, s.sid, a, e).await?))
-                    }
-                    None if s.new_record.is_none() && outcome_unknown(&e) => {
-                        self.end_unfenced(s.sid);
-                        Err(e)
-                    }
-                    _ => Err(e),
-                };
-            }
-        };
         if let Some(rec) = s.new_record {
             // Either branch put it: the release that names the session finds its
             // owner here, with no read (`owned_session`).
@@ -114,8 +168,7 @@ impl Store {
         }
         let names: Vec<String> = s.holds.iter().map(|(name, _)| name.clone()).collect();
         let b = s.basis;
-        let revision = self.settle(&b.ep, b.floor, b.clock, &r, &names, s.sid).await?;
-        let answer = Answer::of(&r);
+        let revision = self.settle(&b.ep, b.floor, b.clock, &answer, &names, s.sid).await?;
         if answer.succeeded() {
             // Counted at once, before the ledger's watch shows it (`quota`).
             for (name, ns) in s.holds {
@@ -134,7 +187,8 @@ impl Store {
                 }
             };
         }
-        let clock_read = b.clock.map(|c| (c, reads.clock.and_then(|r| answer.get(r))));
+        // A member's clock was compared by its group, which committed.
+        let clock_read = b.clock.zip(reads.clock).map(|(c, r)| (c, answer.get(r)));
         if self.refusal_moved(&b.ep, answer.must(reads.epoch)?, clock_read)? {
             return Ok(Sent::Moved);
         }

@@ -3,8 +3,11 @@
 //! an expiry) and carries the grant clock as a grant does, since a restore can
 //! lose an end too (the released hold or closed session would stand again).
 
+use lockmesh_core::KeyDigest;
+
 use super::{
     clock,
+    group::{Member, Outer},
     txn::{Answer, TxnBuilder},
 };
 use crate::{
@@ -19,15 +22,41 @@ impl Store {
     /// lease etcd no longer knows is replaced and the transaction built again,
     /// once. Returns the answer, after the clock's outcome (a clock behind its
     /// mark seals and answers `sealed`), and what `build` returned. `step` times
-    /// the call when given.
+    /// the call when given. The end of one lock key's hold (`group`: its digest)
+    /// goes as a member of a group when grouping is on.
     pub(crate) async fn commit_end<R>(
         &self,
         step: Option<Step>,
         what: &str,
+        group: Option<&KeyDigest>,
         mut build: impl FnMut(&mut TxnBuilder, i64) -> R,
     ) -> Result<(Answer, R), LockError> {
         let epoch = self.epoch_state().await?.epoch;
         let mark = self.end_clock(epoch);
+        if let (Some(d), true) = (group, self.committer().enabled()) {
+            // One lock key's end, as a member of a group (`engine::group`): the
+            // group puts the clock; anything that keeps the group from running as
+            // one sends it alone, below.
+            let lease = self.marker_lease().await?;
+            let mut b = TxnBuilder::new();
+            let out = build(&mut b, lease);
+            let member = Member::new(
+                vec![d.as_str().as_bytes().to_vec()],
+                b.lengths(),
+                b.build(),
+                Outer { epoch_rev: None, clock: mark },
+            );
+            let answered = match step {
+                Some(step) => timed(step, self.call(self.grouped(member))).await,
+                None => self.call(self.grouped(member)).await,
+            };
+            if let Some(answer) = answered? {
+                if let (Some(_), Some(rev)) = (mark, answer.revision()) {
+                    self.seal().observe_clock(rev, epoch);
+                }
+                return Ok((answer, out));
+            }
+        }
         for _ in 0..2 {
             let lease = self.marker_lease().await?;
             let mut b = TxnBuilder::new();

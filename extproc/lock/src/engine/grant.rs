@@ -13,7 +13,15 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, TxnOp};
 use lockmesh_core::{headers::SessionId, KeyDigest};
 
 use super::txn::{Branch, Read, TxnBuilder};
-use crate::{keys, mutex::ExclusionOps, mutex::Fair, policy::GateReads, policy::PolicyGate, Keys};
+use crate::{
+    keys,
+    mutex::ExclusionOps,
+    mutex::Fair,
+    policy::GateReads,
+    policy::PolicyGate,
+    test_faults::{self, TestFault},
+    Keys,
+};
 
 /// Which holder-slot compares a grant makes.
 pub(crate) enum SlotCompares {
@@ -67,6 +75,16 @@ pub(crate) struct GrantTxn<'a> {
     pub gate: &'a PolicyGate,
 }
 
+/// How a grant transaction is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Alone: with its epoch compare and the grant clock.
+    Alone,
+    /// As a member of a group (`engine::group`): the group makes the epoch
+    /// compare and the grant clock once, at the outer level.
+    Member,
+}
+
 /// Where a grant's reads landed.
 pub(crate) struct GrantReads {
     /// Each key's holder count after the grant (success branch; shadow only).
@@ -109,22 +127,27 @@ fn keys_only() -> Option<GetOptions> {
 /// grant clock. Failure: the opened session's record, and what the refusal is
 /// decided from. The order is fixed; a grant of one key is the order the
 /// single-key path always sent.
-pub(crate) fn build(g: GrantTxn<'_>) -> (etcd_client::Txn, GrantReads) {
-    let (b, reads) = assemble(g);
-    let (when, then, _) = b.lengths();
+///
+/// A [`Form::Member`] leaves the epoch compare and the grant clock to its group
+/// and keeps everything else, so its failure branch is decoded as a lone one's.
+pub(crate) fn build(g: &GrantTxn<'_>, form: Form) -> (etcd_client::Txn, GrantReads, (usize, usize, usize)) {
+    let (b, reads) = assemble(g, form);
+    let lengths = b.lengths();
+    let (when, then, _) = lengths;
     debug_assert!(when + then <= crate::multi::MAX_TXN_OPS, "{when} compares, {then} writes");
-    (b.build(), reads)
+    (b.build(), reads, lengths)
 }
 
-fn assemble(g: GrantTxn<'_>) -> (TxnBuilder, GrantReads) {
+fn assemble(g: &GrantTxn<'_>, form: Form) -> (TxnBuilder, GrantReads) {
     let (k, sid) = (g.keys, g.sid);
     let lease = Some(PutOptions::new().with_lease(sid.lease()));
+    let member = form == Form::Member;
     let mut b = TxnBuilder::new();
     if let Some(v) = &g.opened {
         b.on_success(TxnOp::put(k.session(sid), v.clone(), lease.clone()));
         b.on_failure(TxnOp::put(k.session(sid), v.clone(), lease.clone()));
     }
-    if let Some(rev) = g.epoch_rev {
+    if let (Some(rev), false) = (g.epoch_rev, member) {
         b.compare(Compare::mod_revision(k.epoch(), CompareOp::Equal, rev));
     }
     for key in &g.each {
@@ -132,7 +155,10 @@ fn assemble(g: GrantTxn<'_>) -> (TxnBuilder, GrantReads) {
             slot_compares(&mut b, k, key.d, &key.slots, n);
         }
     }
-    if g.opened.is_none() {
+    // The session's lease, compared: a put on a dead lease would fail the whole
+    // transaction (a group with it); the compare fails first and says why.
+    // PLANTED BUG (group scenarios) when a member skips it.
+    if g.opened.is_none() && !(member && test_faults::on(TestFault::GroupNoLeaseGuard)) {
         b.compare(Compare::lease(k.session(sid), CompareOp::Equal, sid.lease()));
     }
     // The attempt's fence (`Keys::attempt`), for a session the caller keeps.
@@ -140,24 +166,24 @@ fn assemble(g: GrantTxn<'_>) -> (TxnBuilder, GrantReads) {
         b.compare(Compare::create_revision(k.attempt(sid, a), CompareOp::Equal, 0));
     }
     let mut later = Vec::with_capacity(g.each.len());
-    for key in g.each {
+    for key in &g.each {
         for (_, name) in &key.slots {
             b.on_success(TxnOp::put(name.as_str(), key.hold.clone(), lease.clone()));
         }
-        let ExclusionOps { compare, put, read } = key.exclusion;
-        b.compares(compare);
-        b.on_success_all(put);
+        let ExclusionOps { compare, put, read } = &key.exclusion;
+        b.compares(compare.iter().cloned());
+        b.on_success_all(put.iter().cloned());
         if key.indexed {
             b.on_success(TxnOp::put(k.hold_index(sid, key.d), Vec::<u8>::new(), lease.clone()));
         }
-        let delay = key.delay.map(|ops| {
-            b.compares(ops.compares);
-            b.on_success(ops.put);
-            ops.reads
+        let delay = key.delay.as_ref().map(|ops| {
+            b.compares(ops.compares.iter().cloned());
+            b.on_success(ops.put.clone());
+            ops.reads.clone()
         });
         b.compares(key.fair.compares(k, key.d));
         b.on_success_all(key.fair.ops());
-        later.push((key.d, delay, read, key.count_after));
+        later.push((key.d, delay, read.clone(), key.count_after));
     }
     let holders = later
         .iter()
@@ -167,7 +193,9 @@ fn assemble(g: GrantTxn<'_>) -> (TxnBuilder, GrantReads) {
     let epoch = b.read(Branch::Failure, k.epoch(), None);
     // The grant clock (`seal`): at or above this arbiter's mark, and put, so a
     // restored store fails here before it can grant anything.
-    let clock = super::clock::guard(k, g.clock, &mut b).map(super::clock::ClockGuard::read);
+    // PLANTED BUG (group scenarios) when a member carries the clock.
+    let clock = g.clock.filter(|_| !member || test_faults::on(TestFault::GroupClockInMember));
+    let clock = super::clock::guard(k, clock, &mut b).map(super::clock::ClockGuard::read);
     let delay = later
         .iter_mut()
         .map(|(_, delay, ..)| {

@@ -67,9 +67,9 @@ struct Args {
     /// every workload alike.
     #[arg(long)]
     secure_etcd: bool,
-    /// The engine workload: the most grants one etcd transaction may carry. 1 (one
-    /// transaction per grant) is today's engine; grants are not committed in
-    /// groups yet, so anything else is refused (exit 64).
+    /// The engine workload: the most grants and releases one etcd transaction
+    /// may carry. 1 sends each alone (the engine before group commit); at most
+    /// 1024.
     #[arg(long, default_value_t = 1)]
     max_group: u32,
     /// Members of the etcd cluster this tool starts, on loopback (1 or 3).

@@ -204,27 +204,30 @@ fn the_single_key_grant_is_the_transaction_try_grant_built() {
         } else {
             slot_nos.iter().map(|s| (*s, k.slot(&d, *s))).collect()
         };
-        let (built, _) = build(GrantTxn {
-            keys: &k,
-            sid: sid(),
-            opened: opened.clone(),
-            epoch_rev: (c[2] == 0).then_some(5),
-            attempt,
-            each: vec![KeyGrant {
-                d: &d,
-                slots: slots.clone(),
-                slot_compares: if c[3] == 1 { SlotCompares::Skipped } else { SlotCompares::Limit(n) },
-                hold: b"hold".to_vec(),
-                exclusion: exclusion(&k, &d, c[5]),
-                indexed: c[6] == 1,
-                delay: (c[7] == 1).then(|| delay_ops(&k, &d)),
-                fair,
-                count_after: c[10] == 1,
-            }],
-            clock,
-            advert,
-            gate: &gate,
-        });
+        let (built, ..) = build(
+            &GrantTxn {
+                keys: &k,
+                sid: sid(),
+                opened: opened.clone(),
+                epoch_rev: (c[2] == 0).then_some(5),
+                attempt,
+                each: vec![KeyGrant {
+                    d: &d,
+                    slots: slots.clone(),
+                    slot_compares: if c[3] == 1 { SlotCompares::Skipped } else { SlotCompares::Limit(n) },
+                    hold: b"hold".to_vec(),
+                    exclusion: exclusion(&k, &d, c[5]),
+                    indexed: c[6] == 1,
+                    delay: (c[7] == 1).then(|| delay_ops(&k, &d)),
+                    fair,
+                    count_after: c[10] == 1,
+                }],
+                clock,
+                advert,
+                gate: &gate,
+            },
+            Form::Alone,
+        );
         let legacy = legacy_single(
             &k,
             &d,
@@ -365,17 +368,20 @@ fn the_multi_key_grant_holds_what_try_grant_all_sent() {
                 count_after: false,
             })
             .collect();
-        let (built, _) = assemble(GrantTxn {
-            keys: &k,
-            sid: sid(),
-            opened: opened.clone(),
-            epoch_rev: Some(5),
-            attempt,
-            each,
-            clock,
-            advert,
-            gate: &gate,
-        });
+        let (built, _) = assemble(
+            &GrantTxn {
+                keys: &k,
+                sid: sid(),
+                opened: opened.clone(),
+                epoch_rev: Some(5),
+                attempt,
+                each,
+                clock,
+                advert,
+                gate: &gate,
+            },
+            Form::Alone,
+        );
         let excl: Vec<ExclusionOps> = ds.iter().map(|d| exclusion(&k, d, if c[3] == 1 { 1 } else { 0 })).collect();
         let legacy = legacy_multi(
             &k,
