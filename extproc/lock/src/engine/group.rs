@@ -421,3 +421,99 @@ fn debug_len(txn: &Txn) -> usize {
     let _ = write!(c, "{txn:?}");
     c.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::TxnOp;
+
+    fn waiting(keys: &[&str], outer: Outer, ops: usize) -> (Waiting, oneshot::Receiver<Grouped>) {
+        let (tx, rx) = oneshot::channel();
+        let txn = Txn::new().and_then((0..ops).map(|i| TxnOp::put(format!("k{i}"), "v", None)).collect::<Vec<_>>());
+        let member = Member::new(keys.iter().map(|k| k.as_bytes().to_vec()).collect(), (0, ops, 0), txn, outer);
+        (Waiting { member, since: Instant::now(), tx }, rx)
+    }
+
+    const AT5: Outer = Outer { epoch_rev: Some(5), clock: Some(9) };
+    const RELEASE: Outer = Outer { epoch_rev: None, clock: Some(7) };
+
+    fn keys_of(group: &[Waiting]) -> Vec<String> {
+        group.iter().map(|w| w.member.keys.iter().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>().join("+")).collect()
+    }
+
+    #[test]
+    fn one_operation_per_key_and_a_skipped_key_blocks_its_later_operations() {
+        let limits = Limits { max_group: 64, ..Limits::ALONE };
+        let mut w: Vec<Waiting> = Vec::new();
+        let mut rxs = Vec::new();
+        for keys in [&["a"][..], &["b"], &["a"], &["c", "a"], &["c"], &["d"]] {
+            let (x, rx) = waiting(keys, AT5, 3);
+            w.push(x);
+            rxs.push(rx);
+        }
+        let g = take_group(&mut w, &limits);
+        // The second `a` waits; `c+a` waits behind it, and so does the `c` after it.
+        assert_eq!(keys_of(&g), ["a", "b", "d"]);
+        assert_eq!(keys_of(&w), ["a", "c+a", "c"]);
+        let g = take_group(&mut w, &limits);
+        assert_eq!(keys_of(&g), ["a"]);
+        let g = take_group(&mut w, &limits);
+        assert_eq!(keys_of(&g), ["c+a"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["c"]);
+        assert!(take_group(&mut w, &limits).is_empty());
+    }
+
+    #[test]
+    fn members_share_the_first_members_epoch_and_a_release_joins_any() {
+        let limits = Limits { max_group: 64, ..Limits::ALONE };
+        let other_epoch = Outer { epoch_rev: Some(6), clock: Some(9) };
+        let no_clock = Outer { epoch_rev: Some(5), clock: None };
+        let mut w = Vec::new();
+        let mut rxs = Vec::new();
+        for (k, o) in [("a", RELEASE), ("b", AT5), ("c", other_epoch), ("d", no_clock), ("e", RELEASE)] {
+            let (x, rx) = waiting(&[k], o, 3);
+            w.push(x);
+            rxs.push(rx);
+        }
+        let g = take_group(&mut w, &limits);
+        assert_eq!(keys_of(&g), ["a", "b", "e"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["c"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["d"]);
+    }
+
+    #[test]
+    fn a_group_stays_within_max_group_and_etcds_operation_limit() {
+        let mut w = Vec::new();
+        let mut rxs = Vec::new();
+        for i in 0..100 {
+            let (x, rx) = waiting(&[&format!("k{i}")], AT5, 20);
+            w.push(x);
+            rxs.push(rx);
+        }
+        assert_eq!(take_group(&mut w, &Limits { max_group: 8, ..Limits::ALONE }).len(), 8);
+        // etcd's rule: members plus the longest member's list (20), plus the
+        // clock put at the outer level, within --max-txn-ops.
+        let g = take_group(&mut w, &Limits { max_group: 1024, max_txn_ops: 128, max_request_bytes: 1 << 30 });
+        assert_eq!(g.len(), 128 - 20 - 1);
+        // A lone member goes even when it alone exceeds a limit (etcd answers).
+        let g = take_group(&mut w, &Limits { max_group: 64, max_txn_ops: 10, max_request_bytes: 1 << 30 });
+        assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn a_group_stays_within_the_request_size() {
+        let mut w = Vec::new();
+        let mut rxs = Vec::new();
+        for i in 0..64 {
+            let (x, rx) = waiting(&[&format!("k{i}")], AT5, 20);
+            w.push(x);
+            rxs.push(rx);
+        }
+        let one = debug_len(&w[0].member.txn);
+        let budget = 10 * one;
+        // A group takes seven eighths of the configured bytes: about ten members.
+        let limits = Limits { max_group: 64, max_txn_ops: 1024, max_request_bytes: budget * 8 / 7 + 1 };
+        let g = take_group(&mut w, &limits);
+        assert!((9..=10).contains(&g.len()), "{} members of {one} bytes within {budget}", g.len());
+    }
+}
