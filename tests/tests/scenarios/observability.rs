@@ -36,11 +36,13 @@ const ALLOWED_LABELS: &[&str] = &[
     "etcd_cluster",
     "quota",
     "step",
+    "cause",
 ];
 // `capability`: the closed set of keyspace capabilities (lockmesh_keyspace::upgrade);
 // `etcd_cluster`: the clusters of the arbiter's own config; `quota`: the four
 // quotas (lockmesh_core::quota::Quota); `step`: the five etcd steps of a lock cycle
-// (lockmesh_lock::steps::Step).
+// (lockmesh_lock::steps::Step); `cause`: the six causes a group of grants is
+// refused for (lockmesh_lock::GroupRefusal).
 
 fn promtool() -> PathBuf {
     let p = repo_root().join(".tools/promtool/usr/bin/promtool");

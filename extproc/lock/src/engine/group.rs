@@ -438,7 +438,10 @@ mod tests {
     const RELEASE: Outer = Outer { epoch_rev: None, clock: Some(7) };
 
     fn keys_of(group: &[Waiting]) -> Vec<String> {
-        group.iter().map(|w| w.member.keys.iter().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>().join("+")).collect()
+        group
+            .iter()
+            .map(|w| w.member.keys.iter().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>().join("+"))
+            .collect()
     }
 
     #[test]
@@ -485,7 +488,7 @@ mod tests {
     fn a_group_stays_within_max_group_and_etcds_operation_limit() {
         let mut w = Vec::new();
         let mut rxs = Vec::new();
-        for i in 0..100 {
+        for i in 0..200 {
             let (x, rx) = waiting(&[&format!("k{i}")], AT5, 20);
             w.push(x);
             rxs.push(rx);
