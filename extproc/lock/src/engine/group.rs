@@ -270,6 +270,9 @@ impl Committer {
 
     /// Sends groups until nothing waits.
     async fn run(self: Arc<Self>) {
+        // Should a send unwind, the next member to arrive starts a new task; the
+        // group's members hear an unknown outcome (their senders drop).
+        let mut flight = Flight { committer: &self, landed: false };
         loop {
             let group = {
                 let mut s = self.state();
@@ -277,6 +280,7 @@ impl Committer {
                 let group = take_group(&mut s.waiting, &limits);
                 if group.is_empty() {
                     s.running = false;
+                    flight.landed = true;
                     return;
                 }
                 group
@@ -349,6 +353,21 @@ impl Committer {
                 _ => unknown("an answer without the member's nested transaction".into()),
             };
             let _ = tx.send(out);
+        }
+    }
+}
+
+/// The committer's task in flight: if it ends other than by finding nothing to
+/// send, no task is running any more.
+struct Flight<'a> {
+    committer: &'a Committer,
+    landed: bool,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if !self.landed {
+            self.committer.state().running = false;
         }
     }
 }
