@@ -164,11 +164,15 @@ fn group_limits(raw: &RawEtcd, name: &str, errs: &mut Vec<String>) -> GroupLimit
     let d = GroupLimits::ALONE;
     let l = GroupLimits {
         max_group: raw.max_group.unwrap_or(DEFAULT_MAX_GROUP),
+        in_flight: raw.groups_in_flight.unwrap_or(d.in_flight),
         max_txn_ops: raw.max_txn_ops.unwrap_or(d.max_txn_ops),
         max_request_bytes: raw.max_request_bytes.unwrap_or(d.max_request_bytes),
     };
     if !(1..=1024).contains(&l.max_group) {
         errs.push(format!("{name}: etcd.max_group: {} is outside 1 to 1024 (1 sends each grant alone)", l.max_group));
+    }
+    if !(1..=8).contains(&l.in_flight) {
+        errs.push(format!("{name}: etcd.groups_in_flight: {} is outside 1 to 8", l.in_flight));
     }
     // A lone multi-key grant must fit as it always had to (`multi::MAX_TXN_OPS`).
     if l.max_txn_ops < crate::multi::MAX_TXN_OPS {
@@ -208,6 +212,7 @@ mod etcd_auth_tests {
             root: "/lm".into(),
             op_timeout_ms: None,
             max_group: None,
+            groups_in_flight: None,
             max_txn_ops: None,
             max_request_bytes: None,
             tls,

@@ -34,6 +34,8 @@ pub struct RawEtcd {
     /// The most grants and releases one etcd transaction carries
     /// (`engine::group`); 1 sends each alone. Default 64.
     pub max_group: Option<usize>,
+    /// Groups in flight at once per cluster (`engine::group`). Default 2.
+    pub groups_in_flight: Option<usize>,
     /// etcd's `--max-txn-ops`, which a group stays within. Default 128 (etcd's).
     pub max_txn_ops: Option<usize>,
     /// etcd's `--max-request-bytes`, which a group stays within. Default

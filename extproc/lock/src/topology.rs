@@ -163,6 +163,7 @@ impl Topology {
                 root: "/unused".into(),
                 op_timeout_ms: None,
                 max_group: None,
+                groups_in_flight: None,
                 max_txn_ops: None,
                 max_request_bytes: None,
                 tls: raw.tls.clone(),

@@ -42,7 +42,7 @@ classes:
 "#;
 
 /// Each way on the arbiter's etcd link.
-const LINK_DELAY: Duration = Duration::from_millis(4);
+const LINK_DELAY: Duration = Duration::from_millis(8);
 
 async fn stack(name: &str, faults: &[&str]) -> Stack {
     stack_of(name, faults, 1).await

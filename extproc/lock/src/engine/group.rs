@@ -52,6 +52,9 @@ use crate::test_faults::{self, TestFault};
 pub struct Limits {
     /// Members per group; 1 sends every transaction alone (no committer).
     pub max_group: usize,
+    /// Groups in flight at once (a member whose key is in flight waits for its
+    /// group's answer).
+    pub in_flight: usize,
     /// etcd's `--max-txn-ops` (default 128).
     pub max_txn_ops: usize,
     /// etcd's `--max-request-bytes` (default 1.5 MiB).
@@ -60,7 +63,7 @@ pub struct Limits {
 
 impl Limits {
     /// One transaction per grant and release.
-    pub const ALONE: Limits = Limits { max_group: 1, max_txn_ops: 128, max_request_bytes: 1_572_864 };
+    pub const ALONE: Limits = Limits { max_group: 1, in_flight: 2, max_txn_ops: 128, max_request_bytes: 1_572_864 };
 }
 
 impl Default for Limits {
@@ -86,13 +89,16 @@ pub(crate) struct Member {
     pub txn: Txn,
     /// The longest of its compare, success and failure lists.
     pub longest: usize,
+    /// An upper bound of its encoded size ([`debug_len`]).
+    pub bytes: usize,
     pub outer: Outer,
 }
 
 impl Member {
     /// A member of `txn` built by `b`'s lengths.
     pub(crate) fn new(keys: Vec<Vec<u8>>, lengths: (usize, usize, usize), txn: Txn, outer: Outer) -> Self {
-        Self { keys, txn, longest: lengths.0.max(lengths.1).max(lengths.2), outer }
+        let bytes = debug_len(&txn);
+        Self { keys, txn, longest: lengths.0.max(lengths.1).max(lengths.2), bytes, outer }
     }
 }
 
@@ -223,8 +229,10 @@ struct Waiting {
 struct State {
     limits: Limits,
     waiting: Vec<Waiting>,
-    /// Whether a group is in flight (its task forms the next one).
-    running: bool,
+    /// Groups in flight.
+    flying: usize,
+    /// The lock keys of the groups in flight.
+    in_flight: HashSet<Vec<u8>>,
 }
 
 /// The group committer of one etcd cluster.
@@ -256,36 +264,31 @@ impl Committer {
     /// Queues `member` and waits for what became of it.
     pub(crate) async fn submit(self: &Arc<Self>, member: Member) -> Grouped {
         let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut s = self.state();
-            s.waiting.push(Waiting { member, since: Instant::now(), tx });
-            !std::mem::replace(&mut s.running, true)
-        };
-        if start {
-            // Its own task: a caller that goes away never strands a group.
-            tokio::spawn(self.clone().run());
-        }
+        self.state().waiting.push(Waiting { member, since: Instant::now(), tx });
+        self.pump();
         rx.await.unwrap_or_else(|_| Grouped::Unknown("etcd did not answer within the group committer".into()))
     }
 
-    /// Sends groups until nothing waits.
-    async fn run(self: Arc<Self>) {
-        // Should a send unwind, the next member to arrive starts a new task; the
-        // group's members hear an unknown outcome (their senders drop).
-        let mut flight = Flight { committer: &self, landed: false };
-        loop {
-            let group = {
-                let mut s = self.state();
-                let limits = s.limits;
-                let group = take_group(&mut s.waiting, &limits);
-                if group.is_empty() {
-                    s.running = false;
-                    flight.landed = true;
-                    return;
-                }
-                group
-            };
-            self.send(group).await;
+    /// Sends the groups that can go: while fewer than `in_flight` are in flight
+    /// and a member waits whose keys are not. Each goes in its own task, so a
+    /// caller that leaves never strands a group.
+    fn pump(self: &Arc<Self>) {
+        let mut s = self.state();
+        while s.flying < s.limits.in_flight.max(1) {
+            let limits = s.limits;
+            let st = &mut *s;
+            let group = take_group(&mut st.waiting, &limits, &st.in_flight);
+            if group.is_empty() {
+                return;
+            }
+            let keys: Vec<Vec<u8>> = group.iter().flat_map(|w| w.member.keys.iter().cloned()).collect();
+            s.in_flight.extend(keys.iter().cloned());
+            s.flying += 1;
+            let landing = Landing { committer: self.clone(), keys };
+            tokio::spawn(async move {
+                landing.committer.send(group).await;
+                drop(landing);
+            });
         }
     }
 
@@ -357,18 +360,24 @@ impl Committer {
     }
 }
 
-/// The committer's task in flight: if it ends other than by finding nothing to
-/// send, no task is running any more.
-struct Flight<'a> {
-    committer: &'a Committer,
-    landed: bool,
+/// A group in flight: when its task ends (answered, or unwound: its members'
+/// senders drop and they hear an unknown outcome), its keys are free again and
+/// the next groups go.
+struct Landing {
+    committer: Arc<Committer>,
+    keys: Vec<Vec<u8>>,
 }
 
-impl Drop for Flight<'_> {
+impl Drop for Landing {
     fn drop(&mut self) {
-        if !self.landed {
-            self.committer.state().running = false;
+        {
+            let mut s = self.committer.state();
+            for k in &self.keys {
+                s.in_flight.remove(k);
+            }
+            s.flying = s.flying.saturating_sub(1);
         }
+        self.committer.pump();
     }
 }
 
@@ -383,31 +392,40 @@ fn answer_all(txs: Vec<oneshot::Sender<Grouped>>, out: impl Fn() -> Grouped) {
 }
 
 /// Takes the next group out of `waiting`, in arrival order: members of one
-/// outer shape as the first, one per lock key, within `limits`. A member left
-/// waiting blocks its keys for the rest of this group, so operations on one key
-/// keep their order.
-fn take_group(waiting: &mut Vec<Waiting>, limits: &Limits) -> Vec<Waiting> {
-    let Some(first) = waiting.first().map(|w| w.member.outer) else { return Vec::new() };
+/// outer shape as the first that joins, one per lock key and none of a key in
+/// flight, within `limits`. A member left waiting blocks its keys for the rest
+/// of this group, so operations on one key keep their order.
+fn take_group(waiting: &mut Vec<Waiting>, limits: &Limits, flying: &HashSet<Vec<u8>>) -> Vec<Waiting> {
     let (mut keys, mut blocked) = (HashSet::new(), HashSet::new());
     let (mut count, mut longest, mut bytes) = (0usize, 0usize, 0usize);
-    let mut epoch_rev = first.epoch_rev;
+    let mut shape: Option<Outer> = None;
+    let mut epoch_rev = None;
     let mut take = Vec::with_capacity(waiting.len());
     let budget = limits.max_request_bytes.saturating_sub(limits.max_request_bytes / 8);
+    // PLANTED BUG (group scenarios): two operations of one key in a group.
+    let same_key = test_faults::on(TestFault::GroupSameKey);
     for w in waiting.iter() {
         let m = &w.member;
-        let fits_outer = m.outer.clock.is_some() == first.clock.is_some()
-            && (m.outer.epoch_rev.is_none() || epoch_rev.is_none() || m.outer.epoch_rev == epoch_rev);
-        let free = m.keys.iter().all(|k| !blocked.contains(k) && !keys.contains(k));
-        let size = debug_len(&m.txn);
-        let fits_limits = count < limits.max_group
-            && (count + 2) + longest.max(m.longest) <= limits.max_txn_ops
-            && (count == 0 || bytes + size <= budget);
-        let joins = count == 0 || (fits_outer && (free || test_faults::on(TestFault::GroupSameKey)) && fits_limits);
+        let free =
+            m.keys.iter().all(|k| !flying.contains(k) && (same_key || !blocked.contains(k) && !keys.contains(k)));
+        let joins = free
+            && match shape {
+                // The first to join goes whatever its shape and size.
+                None => true,
+                Some(first) => {
+                    m.outer.clock.is_some() == first.clock.is_some()
+                        && (m.outer.epoch_rev.is_none() || epoch_rev.is_none() || m.outer.epoch_rev == epoch_rev)
+                        && count < limits.max_group
+                        && (count + 2) + longest.max(m.longest) <= limits.max_txn_ops
+                        && bytes + m.bytes <= budget
+                }
+            };
         take.push(joins);
         if joins {
+            shape = shape.or(Some(m.outer));
             count += 1;
             longest = longest.max(m.longest);
-            bytes += size;
+            bytes += m.bytes;
             epoch_rev = epoch_rev.or(m.outer.epoch_rev);
             keys.extend(m.keys.iter().cloned());
         } else {
@@ -473,16 +491,32 @@ mod tests {
             w.push(x);
             rxs.push(rx);
         }
-        let g = take_group(&mut w, &limits);
+        let g = take_group(&mut w, &limits, &HashSet::new());
         // The second `a` waits; `c+a` waits behind it, and so does the `c` after it.
         assert_eq!(keys_of(&g), ["a", "b", "d"]);
         assert_eq!(keys_of(&w), ["a", "c+a", "c"]);
-        let g = take_group(&mut w, &limits);
+        let g = take_group(&mut w, &limits, &HashSet::new());
         assert_eq!(keys_of(&g), ["a"]);
-        let g = take_group(&mut w, &limits);
+        let g = take_group(&mut w, &limits, &HashSet::new());
         assert_eq!(keys_of(&g), ["c+a"]);
-        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["c"]);
-        assert!(take_group(&mut w, &limits).is_empty());
+        assert_eq!(keys_of(&take_group(&mut w, &limits, &HashSet::new())), ["c"]);
+        assert!(take_group(&mut w, &limits, &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_key_in_flight_joins_no_group_and_holds_back_its_later_operations() {
+        let limits = Limits { max_group: 64, ..Limits::ALONE };
+        let mut w = Vec::new();
+        let mut rxs = Vec::new();
+        for keys in [&["a"][..], &["b"], &["b", "c"], &["c"]] {
+            let (x, rx) = waiting(keys, AT5, 3);
+            w.push(x);
+            rxs.push(rx);
+        }
+        let flying = HashSet::from([b"a".to_vec(), b"c".to_vec()]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits, &flying)), ["b"]);
+        assert_eq!(keys_of(&w), ["a", "b+c", "c"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits, &HashSet::new())), ["a", "b+c"]);
     }
 
     #[test]
@@ -497,10 +531,10 @@ mod tests {
             w.push(x);
             rxs.push(rx);
         }
-        let g = take_group(&mut w, &limits);
+        let g = take_group(&mut w, &limits, &HashSet::new());
         assert_eq!(keys_of(&g), ["a", "b", "e"]);
-        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["c"]);
-        assert_eq!(keys_of(&take_group(&mut w, &limits)), ["d"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits, &HashSet::new())), ["c"]);
+        assert_eq!(keys_of(&take_group(&mut w, &limits, &HashSet::new())), ["d"]);
     }
 
     #[test]
@@ -512,13 +546,21 @@ mod tests {
             w.push(x);
             rxs.push(rx);
         }
-        assert_eq!(take_group(&mut w, &Limits { max_group: 8, ..Limits::ALONE }).len(), 8);
+        assert_eq!(take_group(&mut w, &Limits { max_group: 8, ..Limits::ALONE }, &HashSet::new()).len(), 8);
         // etcd's rule: members plus the longest member's list (20), plus the
         // clock put at the outer level, within --max-txn-ops.
-        let g = take_group(&mut w, &Limits { max_group: 1024, max_txn_ops: 128, max_request_bytes: 1 << 30 });
+        let g = take_group(
+            &mut w,
+            &Limits { max_group: 1024, max_txn_ops: 128, max_request_bytes: 1 << 30, ..Limits::ALONE },
+            &HashSet::new(),
+        );
         assert_eq!(g.len(), 128 - 20 - 1);
         // A lone member goes even when it alone exceeds a limit (etcd answers).
-        let g = take_group(&mut w, &Limits { max_group: 64, max_txn_ops: 10, max_request_bytes: 1 << 30 });
+        let g = take_group(
+            &mut w,
+            &Limits { max_group: 64, max_txn_ops: 10, max_request_bytes: 1 << 30, ..Limits::ALONE },
+            &HashSet::new(),
+        );
         assert_eq!(g.len(), 1);
     }
 
@@ -531,11 +573,12 @@ mod tests {
             w.push(x);
             rxs.push(rx);
         }
-        let one = debug_len(&w[0].member.txn);
+        let one = w[0].member.bytes;
         let budget = 10 * one;
         // A group takes seven eighths of the configured bytes: about ten members.
-        let limits = Limits { max_group: 64, max_txn_ops: 1024, max_request_bytes: budget * 8 / 7 + 1 };
-        let g = take_group(&mut w, &limits);
+        let limits =
+            Limits { max_group: 64, max_txn_ops: 1024, max_request_bytes: budget * 8 / 7 + 1, ..Limits::ALONE };
+        let g = take_group(&mut w, &limits, &HashSet::new());
         assert!((9..=10).contains(&g.len()), "{} members of {one} bytes within {budget}", g.len());
     }
 }
