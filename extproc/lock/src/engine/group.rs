@@ -464,11 +464,12 @@ mod tests {
     use super::*;
     use etcd_client::TxnOp;
 
-    fn waiting(keys: &[&str], outer: Outer, ops: usize) -> (Waiting, oneshot::Receiver<Grouped>) {
-        let (tx, rx) = oneshot::channel();
+    /// A waiting member (nobody listens to its answer: formation never sends one).
+    fn waiting(keys: &[&str], outer: Outer, ops: usize) -> Waiting {
+        let (tx, _) = oneshot::channel();
         let txn = Txn::new().and_then((0..ops).map(|i| TxnOp::put(format!("k{i}"), "v", None)).collect::<Vec<_>>());
         let member = Member::new(keys.iter().map(|k| k.as_bytes().to_vec()).collect(), (0, ops, 0), txn, outer);
-        (Waiting { member, since: Instant::now(), tx }, rx)
+        Waiting { member, since: Instant::now(), tx }
     }
 
     const AT5: Outer = Outer { epoch_rev: Some(5), clock: Some(9) };
@@ -484,13 +485,10 @@ mod tests {
     #[test]
     fn one_operation_per_key_and_a_skipped_key_blocks_its_later_operations() {
         let limits = Limits { max_group: 64, ..Limits::ALONE };
-        let mut w: Vec<Waiting> = Vec::new();
-        let mut rxs = Vec::new();
-        for keys in [&["a"][..], &["b"], &["a"], &["c", "a"], &["c"], &["d"]] {
-            let (x, rx) = waiting(keys, AT5, 3);
-            w.push(x);
-            rxs.push(rx);
-        }
+        let mut w: Vec<Waiting> = [&["a"][..], &["b"], &["a"], &["c", "a"], &["c"], &["d"]]
+            .into_iter()
+            .map(|keys| waiting(keys, AT5, 3))
+            .collect();
         let g = take_group(&mut w, &limits, &HashSet::new());
         // The second `a` waits; `c+a` waits behind it, and so does the `c` after it.
         assert_eq!(keys_of(&g), ["a", "b", "d"]);
@@ -506,13 +504,8 @@ mod tests {
     #[test]
     fn a_key_in_flight_joins_no_group_and_holds_back_its_later_operations() {
         let limits = Limits { max_group: 64, ..Limits::ALONE };
-        let mut w = Vec::new();
-        let mut rxs = Vec::new();
-        for keys in [&["a"][..], &["b"], &["b", "c"], &["c"]] {
-            let (x, rx) = waiting(keys, AT5, 3);
-            w.push(x);
-            rxs.push(rx);
-        }
+        let mut w: Vec<Waiting> =
+            ([&["a"][..], &["b"], &["b", "c"], &["c"]]).into_iter().map(|keys| waiting(keys, AT5, 3)).collect();
         let flying = HashSet::from([b"a".to_vec(), b"c".to_vec()]);
         assert_eq!(keys_of(&take_group(&mut w, &limits, &flying)), ["b"]);
         assert_eq!(keys_of(&w), ["a", "b+c", "c"]);
@@ -524,13 +517,10 @@ mod tests {
         let limits = Limits { max_group: 64, ..Limits::ALONE };
         let other_epoch = Outer { epoch_rev: Some(6), clock: Some(9) };
         let no_clock = Outer { epoch_rev: Some(5), clock: None };
-        let mut w = Vec::new();
-        let mut rxs = Vec::new();
-        for (k, o) in [("a", RELEASE), ("b", AT5), ("c", other_epoch), ("d", no_clock), ("e", RELEASE)] {
-            let (x, rx) = waiting(&[k], o, 3);
-            w.push(x);
-            rxs.push(rx);
-        }
+        let mut w: Vec<Waiting> = [("a", RELEASE), ("b", AT5), ("c", other_epoch), ("d", no_clock), ("e", RELEASE)]
+            .into_iter()
+            .map(|(k, o)| waiting(&[k], o, 3))
+            .collect();
         let g = take_group(&mut w, &limits, &HashSet::new());
         assert_eq!(keys_of(&g), ["a", "b", "e"]);
         assert_eq!(keys_of(&take_group(&mut w, &limits, &HashSet::new())), ["c"]);
@@ -539,13 +529,7 @@ mod tests {
 
     #[test]
     fn a_group_stays_within_max_group_and_etcds_operation_limit() {
-        let mut w = Vec::new();
-        let mut rxs = Vec::new();
-        for i in 0..200 {
-            let (x, rx) = waiting(&[&format!("k{i}")], AT5, 20);
-            w.push(x);
-            rxs.push(rx);
-        }
+        let mut w: Vec<Waiting> = (0..200).map(|i| waiting(&[&format!("k{i}")], AT5, 20)).collect();
         assert_eq!(take_group(&mut w, &Limits { max_group: 8, ..Limits::ALONE }, &HashSet::new()).len(), 8);
         // etcd's rule: members plus the longest member's list (20), plus the
         // clock put at the outer level, within --max-txn-ops.
@@ -566,13 +550,7 @@ mod tests {
 
     #[test]
     fn a_group_stays_within_the_request_size() {
-        let mut w = Vec::new();
-        let mut rxs = Vec::new();
-        for i in 0..64 {
-            let (x, rx) = waiting(&[&format!("k{i}")], AT5, 20);
-            w.push(x);
-            rxs.push(rx);
-        }
+        let mut w: Vec<Waiting> = (0..64).map(|i| waiting(&[&format!("k{i}")], AT5, 20)).collect();
         let one = w[0].member.bytes;
         let budget = 10 * one;
         // A group takes seven eighths of the configured bytes: about ten members.
