@@ -60,6 +60,7 @@ pub struct StackBuilder {
     arbiter_tls_reload_ms: Option<u64>,
     max_wait_ms: Option<u64>,
     own_etcd: Option<usize>,
+    own_etcd_args: Vec<String>,
     plaintext_etcd: bool,
     secure_etcd: bool,
     root: Option<String>,
@@ -238,6 +239,14 @@ impl StackBuilder {
         self
     }
 
+    /// One more command-line flag for every member of a private etcd (of
+    /// `own_etcd` members, default 1), e.g. `--max-txn-ops=128`.
+    pub fn own_etcd_arg(mut self, arg: impl Into<String>) -> Self {
+        self.own_etcd_args.push(arg.into());
+        self.own_etcd = Some(self.own_etcd.unwrap_or(1));
+        self
+    }
+
     /// A private plaintext, unauthenticated etcd ([`crate::EtcdBuilder::plaintext`];
     /// of `own_etcd` members, default 1) whatever `LOCKMESH_TEST_ETCD` says: for a
     /// scenario about such an etcd (its doc comment says why).
@@ -287,6 +296,9 @@ impl StackBuilder {
                 None => EtcdHandle::Shared(shared_etcd().await),
                 Some(n) => {
                     let mut b = EtcdCluster::builder().members(n);
+                    for a in &self.own_etcd_args {
+                        b = b.arg(a.clone());
+                    }
                     if self.plaintext_etcd {
                         b = b.plaintext();
                     } else if self.secure_etcd {
@@ -437,6 +449,7 @@ impl Stack {
             arbiter_tls_reload_ms: None,
             max_wait_ms: None,
             own_etcd: None,
+            own_etcd_args: Vec::new(),
             plaintext_etcd: false,
             secure_etcd: false,
             root: None,

@@ -25,11 +25,16 @@
 //!   deadline) is resolved member by member through the attempt fence: the holds
 //!   on the session are exactly the keys answered 200
 //!   (`group_unknown_guessed`: members answer `unavailable` without resolving).
+//! - On an etcd started with small `--max-txn-ops` / `--max-request-bytes` and
+//!   an arbiter told the same, groups grow to the limit and etcd refuses none
+//!   (planted bad config: the arbiter told a larger limit than etcd's, and etcd
+//!   refuses groups as too many operations / too large).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use lockmesh_tests::{client::Resp, LockClient, Stack};
 use tokio::time::Instant;
 
@@ -124,21 +129,39 @@ struct Cycled {
 /// i % Envoys), each on its own session, cycling for `run`: acquire (trying
 /// once), hold `hold`, release.
 async fn cycle(st: &Stack, holders: usize, keys: usize, run: Duration, hold: Duration) -> Cycled {
+    cycle_waiting(st, (holders, keys), run, hold, "0").await
+}
+
+/// [`cycle`] whose acquires wait up to `wait_ms` (a grant's etcd call may take
+/// that long, not only the 500 ms a try-once acquire gets).
+async fn cycle_waiting(
+    st: &Stack,
+    (holders, keys): (usize, usize),
+    run: Duration,
+    hold: Duration,
+    wait_ms: &'static str,
+) -> Cycled {
     let book: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let out: Arc<Mutex<Cycled>> = Arc::default();
-    let mut clients = Vec::new();
-    for i in 0..holders {
-        let c = st.client_at(i % st.envoy_count(), "payments", &format!("h{i}")).unwrap();
-        let key = format!("payments/group/k{}", i % keys);
-        let sid = open(&c, &key).await;
-        clients.push((i, c, key, sid));
-    }
+    // Sessions opened together (16 at a time): one after the other, the first
+    // would be older than the class TTL by the end of a run of 256 holders.
+    let clients: Vec<_> = futures::stream::iter(0..holders)
+        .map(|i| async move {
+            let c = st.client_at(i % st.envoy_count(), "payments", &format!("h{i}")).unwrap();
+            let key = format!("payments/group/k{}", i % keys);
+            let sid = open(&c, &key).await;
+            (i, c, key, sid)
+        })
+        .buffered(16)
+        .collect()
+        .await;
     let until = Instant::now() + run;
     let tasks = clients.into_iter().map(|(i, c, key, sid)| {
         let (book, out) = (book.clone(), out.clone());
         tokio::spawn(async move {
             while Instant::now() < until {
-                let a = c.post(ACQ, &[("x-lock-key", &key), ("x-lock-session", &sid), ("x-lock-wait-ms", "0")]).await;
+                let a =
+                    c.post(ACQ, &[("x-lock-key", &key), ("x-lock-session", &sid), ("x-lock-wait-ms", wait_ms)]).await;
                 let a = a.unwrap();
                 match a.code() {
                     200 => {}
@@ -360,4 +383,85 @@ async fn a_group_whose_answer_is_lost_leaves_no_hold_its_holder_does_not_know() 
 async fn planted_a_lost_group_answer_guessed_is_caught() {
     let (_, leaked) = answers_lost("group-lost-planted", &["group_unknown_guessed"]).await;
     assert!(!leaked.is_empty(), "the guessed outcome left no unknown hold");
+}
+
+/// `HOLDERS_AT_LIMITS` holders cycling their own keys, through one group in
+/// flight at a time (so every other holder's operation waits for the next
+/// group), on an etcd started with `etcd_flags`, the arbiter's `etcd:` block
+/// given `arbiter`: (what they did, the largest group, refusals by cause).
+async fn at_limits(name: &str, etcd_flags: &[&str], arbiter: &[&str]) -> (Cycled, f64, HashMap<String, f64>) {
+    let mut b = Stack::builder(name).envoy_config("lock-tier").registry(REGISTRY).own_etcd(1).arbiter_etcd_latency();
+    for f in etcd_flags {
+        b = b.own_etcd_arg(*f);
+    }
+    for line in ["max_group: 1024", "groups_in_flight: 1"].iter().chain(arbiter) {
+        b = b.arbiter_etcd_yaml(*line);
+    }
+    let st = b.start().await.unwrap();
+    st.etcd_latency().set_delay(LINK_DELAY);
+    let holders = (HOLDERS_AT_LIMITS, HOLDERS_AT_LIMITS);
+    let c = cycle_waiting(&st, holders, Duration::from_secs(3), Duration::ZERO, "5000").await;
+    let (.., largest, refused) = groups(&st).await;
+    eprintln!("{name}: {} grants, largest group {largest}, {refused:?}", c.grants);
+    // What the arbiter said of each group etcd refused (its size by both limits).
+    let log = std::fs::read_to_string(st.arbiters()[0].log_path()).unwrap_or_default();
+    for line in log.lines().filter(|l| l.contains("refused a group")).take(5) {
+        eprintln!("{name}: {line}");
+    }
+    (c, largest, refused)
+}
+
+const HOLDERS_AT_LIMITS: usize = 256;
+
+/// etcd's operation limit at its least the arbiter accepts (128, etcd's
+/// default): an outer transaction of n members and the clock put leaves each
+/// nested member `128 - (n + 1)` operations, so groups stop near 120 members.
+const OPS_LIMIT: [&str; 1] = ["--max-txn-ops=128"];
+
+/// Groups fill to etcd's operation limit and never past it: the largest group
+/// is far above the 64 the default `max_group` would give (the limit, not the
+/// holders, stopped it) and etcd refuses none.
+#[tokio::test]
+async fn groups_fill_to_etcds_operation_limit_and_never_past_it() {
+    let (c, largest, refused) = at_limits("group-ops-limit", &OPS_LIMIT, &["max_txn_ops: 128"]).await;
+    assert!(c.errors.is_empty(), "{:?}", &c.errors[..c.errors.len().min(5)]);
+    assert!(largest >= 96.0 && largest < 128.0, "largest group {largest}: not at the operation limit");
+    assert_eq!(refused_by_etcd(&refused), vec![], "groups refused by etcd");
+}
+
+/// Its planted bad config: the arbiter told a limit above etcd's sends groups
+/// etcd refuses as too many operations (each member then goes alone).
+#[tokio::test]
+async fn planted_an_operation_limit_above_etcds_is_caught() {
+    let (c, _, refused) = at_limits("group-ops-limit-planted", &OPS_LIMIT, &["max_txn_ops: 1024"]).await;
+    assert!(c.errors.is_empty(), "{:?}", &c.errors[..c.errors.len().min(5)]);
+    assert!(refused.get("too_many_ops").copied().unwrap_or(0.0) > 0.0, "{refused:?}");
+}
+
+/// etcd's request size limit at the least the arbiter accepts, with room for
+/// more operations than the holders make. Groups are small under it (a
+/// member's size is bounded by its text, several times its encoding), so the
+/// holders wait longer than the default 500 ms deadline allows.
+const BYTES_LIMIT: [&str; 2] = ["--max-request-bytes=65536", "--max-txn-ops=1024"];
+const BYTES_ARBITER: [&str; 2] = ["max_txn_ops: 1024", "op_timeout_ms: 5000"];
+
+/// Groups stay within etcd's request size limit: etcd refuses none, while the
+/// same load with the arbiter told a larger size is refused (below).
+#[tokio::test]
+async fn groups_stay_within_etcds_request_size_limit() {
+    let arbiter = [&BYTES_ARBITER[..], &["max_request_bytes: 65536"]].concat();
+    let (c, largest, refused) = at_limits("group-bytes-limit", &BYTES_LIMIT, &arbiter).await;
+    assert!(c.errors.is_empty(), "{:?}", &c.errors[..c.errors.len().min(5)]);
+    assert!(largest >= 8.0, "largest group {largest}");
+    assert_eq!(refused_by_etcd(&refused), vec![], "groups refused by etcd");
+}
+
+/// Its planted bad config: the arbiter told etcd takes 16 MiB sends groups etcd
+/// refuses as too large (each member then goes alone).
+#[tokio::test]
+async fn planted_a_request_size_above_etcds_is_caught() {
+    let arbiter = [&BYTES_ARBITER[..], &["max_request_bytes: 16777216"]].concat();
+    let (c, _, refused) = at_limits("group-bytes-limit-planted", &BYTES_LIMIT, &arbiter).await;
+    assert!(c.errors.is_empty(), "{:?}", &c.errors[..c.errors.len().min(5)]);
+    assert!(refused.get("too_large").copied().unwrap_or(0.0) > 0.0, "{refused:?}");
 }
