@@ -126,7 +126,7 @@ async fn status(AxState(state): AxState<Arc<State>>) -> axum::Json<StatusReply> 
         seal_reason: seal.as_ref().map(|s| s.reason.as_str().to_owned()),
         sealed: seal.is_some(),
         sealed_since_ms: seal.as_ref().map(|s| s.since_ms),
-        shadow: crate::console::shadow_rows(),
+        shadow: crate::console::shadow_rows(state.store.runtime()),
         version: env!("CARGO_PKG_VERSION").to_owned(),
     })
 }

@@ -301,19 +301,21 @@ impl KeyState {
 /// The next live waiter of a chained key, waiting for one to arrive up to the
 /// shipped hand-off grace (`handoff_grace_ms`, as `lockmesh_lock::wait` does:
 /// on a hot key the next head is on its way through the mesh).
-async fn next_within_grace(state: &Mutex<KeyState>) -> Option<(Waiter, oneshot::Sender<Turn>)> {
-    let grace = lockmesh_lock::wait::HANDOFF_GRACE_MS.load(Ordering::Relaxed);
+async fn next_within_grace(
+    state: &Mutex<KeyState>,
+    grace: std::time::Duration,
+) -> Option<(Waiter, oneshot::Sender<Turn>)> {
     let arrived = {
         let mut st = lock(state);
         if let Some(n) = st.next_live() {
             return Some(n);
         }
-        if grace == 0 || !st.chained {
+        if grace.is_zero() || !st.chained {
             return None;
         }
         st.arrived.clone()
     };
-    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(grace);
+    let until = tokio::time::Instant::now() + grace;
     loop {
         let woke = tokio::time::timeout_at(until, arrived.notified()).await.is_ok();
         let next = lock(state).next_live();
@@ -422,7 +424,7 @@ async fn release_or_hand_off(
         return Err(LockError::NotHolder);
     };
     loop {
-        let next = next_within_grace(&state).await;
+        let next = next_within_grace(&state, store.runtime().handoff().grace).await;
         let mut held = vec![Compare::create_revision(name.as_str(), CompareOp::Equal, revision)];
         let mut released = vec![
             TxnOp::delete(name.as_str(), None::<DeleteOptions>),

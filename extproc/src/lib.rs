@@ -66,19 +66,21 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // What this arbiter configures, shared by every cluster's store.
+    let handoff = lock::wait::Handoff { on: config.handoff, grace: Duration::from_millis(config.handoff_grace_ms) };
+    let runtime = lock::Runtime::new(handoff);
     let store = lock::Store::connect_with(
         &config.etcd_endpoints,
         &config.etcd_root,
         Duration::from_millis(config.op_timeout_ms),
         config.marks_file.as_deref(),
         &config.etcd_auth,
+        &runtime,
     )
     .await?;
     // Every other cluster; names the clusters before any epoch record is created.
     let tiers = Arc::new(tiers::Tiers::connect(&config.tiers_config(), store.clone()).await?);
     crate::test_faults::install(&config.test_faults);
-    lock::wait::HANDOFF.store(config.handoff, std::sync::atomic::Ordering::Relaxed);
-    lock::wait::HANDOFF_GRACE_MS.store(config.handoff_grace_ms, std::sync::atomic::Ordering::Relaxed);
     if config.signing.is_none() {
         tracing::warn!("no signing key: grants carry no proof and fence-proxy will refuse their writes");
     }

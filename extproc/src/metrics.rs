@@ -291,8 +291,13 @@ impl Collector for VmRenewalCollector {
 /// `namespace` (`other` unless the registry names it) and `class`; every pair the
 /// registry's prefixes declare is there from the start, and a pair that had a
 /// hold or a waiter stays (at 0) once it has none.
-#[derive(Debug)]
-struct WaitCollector;
+struct WaitCollector(Arc<crate::lock::Runtime>);
+
+impl std::fmt::Debug for WaitCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WaitCollector")
+    }
+}
 
 /// The label pairs the oldest-hold gauge has shown: it keeps them at 0 afterwards
 /// (bounded: namespace and class labels are the registry's or `other`).
@@ -301,8 +306,8 @@ static HOLD_PAIRS: Mutex<std::collections::BTreeSet<(String, String)>> = Mutex::
 /// The open holds and the oldest hold's age (ms) by (namespace, class) label
 /// pair, over every cluster's quota ledger now: every pair the registry declares
 /// or that had a hold since this process started (at 0 without one).
-pub(crate) fn hold_rows() -> std::collections::BTreeMap<(String, String), (u64, u64)> {
-    let holds = crate::lock::quota::oldest_holds(crate::lock::now_ms());
+pub(crate) fn hold_rows(rt: &crate::lock::Runtime) -> std::collections::BTreeMap<(String, String), (u64, u64)> {
+    let holds = rt.quotas().oldest_holds(crate::lock::now_ms());
     let mut seen = HOLD_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
     let mut rows: std::collections::BTreeMap<(String, String), (u64, u64)> =
         seen.iter().map(|p| (p.clone(), (0, 0))).collect();
@@ -320,7 +325,7 @@ impl Collector for WaitCollector {
         };
         {
             // (namespace, class) -> (open holds, oldest age ms).
-            let rows = hold_rows();
+            let rows = hold_rows(&self.0);
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_oldest_hold_seconds",
                 "Age of the oldest open hold by namespace and class, over every etcd cluster (fleet-wide: every arbiter follows every hold and reports the same figure; 0 without one).",
@@ -341,7 +346,7 @@ impl Collector for WaitCollector {
                     .encode(family.encode_family(&pair(ns, class))?)?;
             }
         }
-        let gated = crate::lock::wait::gated();
+        let gated = crate::lock::wait::gated(&self.0.quotas().lock_labels());
         {
             let mut family = encoder.encode_descriptor(
                 "lockmesh_arbiter_gated_waiters",
@@ -486,7 +491,16 @@ pub(crate) fn outcome_label<T>(r: &Result<T, crate::lock::LockError>) -> &'stati
 // === impl Metrics ===
 
 impl Default for Metrics {
+    /// Metrics over a runtime and a keyspace gate of their own (tests).
     fn default() -> Self {
+        Self::new(Arc::default(), crate::lock::upgrade::Gate::new(crate::lock::upgrade::Support::full()))
+    }
+}
+
+impl Metrics {
+    /// The arbiter's metrics; the quota, wait and shadow families read `rt`, the
+    /// keyspace families `gate`.
+    pub fn new(rt: Arc<crate::lock::Runtime>, gate: Arc<crate::lock::upgrade::Gate>) -> Self {
         let m = Self {
             registry: Registry::default(),
             requests: Described::default(),
@@ -507,12 +521,10 @@ impl Default for Metrics {
         for reason in ["expired", "unavailable"] {
             m.renewal_failures.get_or_create_owned(&ReasonLabel { reason });
         }
-        m.registered()
+        m.registered(rt, gate)
     }
-}
 
-impl Metrics {
-    fn registered(mut self) -> Self {
+    fn registered(mut self, rt: Arc<crate::lock::Runtime>, gate: Arc<crate::lock::upgrade::Gate>) -> Self {
         let r = &mut self.registry;
         // prometheus-client appends `_total` to a counter's name and `.` to its help.
         r.register(
@@ -559,11 +571,11 @@ impl Metrics {
         self.classes.register(r);
         crate::lock::wait::HandoffCounts::register(r);
         r.register_collector(Box::new(EtcdCollector));
-        crate::lock::upgrade::register(r);
-        crate::lock::quota::register(r);
+        crate::lock::upgrade::register(r, gate);
+        crate::lock::quota::register(r, rt.quotas().clone());
         r.register_collector(Box::new(VmRenewalCollector));
-        r.register_collector(Box::new(WaitCollector));
-        r.register_collector(Box::new(shadow::ShadowCollector));
+        r.register_collector(Box::new(WaitCollector(rt.clone())));
+        r.register_collector(Box::new(shadow::ShadowCollector(rt)));
         self
     }
 

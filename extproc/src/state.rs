@@ -31,9 +31,8 @@ pub struct State {
 impl State {
     /// New state over one cluster (`store`) ([`State::with_tiers`] for more).
     pub fn new(config: Config, store: Arc<Store>) -> Self {
-        crate::lock::quota::set_registry(&config.registry);
-        crate::lock::delay::set_registry(&config.registry);
-        crate::lock::shadow::set_registry(&config.registry);
+        // Every store of this arbiter shares the coord store's runtime.
+        store.runtime().set_registry(&config.registry);
         let registry = RwLock::new(Arc::new(config.registry.clone()));
         let validate_limiter = crate::validate::RateLimiter::new(config.validate_rate_per_s);
         let tiers = Arc::new(crate::tiers::Tiers::new(
@@ -42,14 +41,16 @@ impl State {
             config.topology.region.clone(),
         ));
         let cursor = crate::cursor::CursorKey::new(config.signing.as_ref());
+        let upgrade = crate::lock::upgrade::Gate::new(support_from_env());
+        let metrics = Metrics::new(store.runtime().clone(), upgrade.clone());
         Self {
             config,
             store,
             tiers,
-            metrics: Metrics::default(),
+            metrics,
             validate_limiter,
             registry_status: Default::default(),
-            upgrade: crate::lock::upgrade::Gate::new(support_from_env()),
+            upgrade,
             cursor,
             registry,
         }
@@ -63,9 +64,7 @@ impl State {
 
     /// Replaces the class registry (a valid reload).
     pub(crate) fn set_registry(&self, reg: ClassRegistry) {
-        crate::lock::quota::set_registry(&reg);
-        crate::lock::delay::set_registry(&reg);
-        crate::lock::shadow::set_registry(&reg);
+        self.store.runtime().set_registry(&reg);
         let mut g = self.registry.write().unwrap_or_else(|p| p.into_inner());
         *g = Arc::new(reg);
     }

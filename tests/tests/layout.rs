@@ -6,7 +6,9 @@
 //! - the shipped build has no planted faults: `lockmesh-extproc` without the
 //!   release gate's `test-faults`, the Wasm module without `test-trap`, and no
 //!   shipped binary with the dev PKI's token minter (`lockmesh-devcerts`);
-//! - the services build their JSON bodies from `core::wire` types, not `json!`.
+//! - the services build their JSON bodies from `core::wire` types, not `json!`;
+//! - the lock recipe's process-wide statics are counters only: its
+//!   configuration is passed in (`lockmesh_lock::runtime`).
 //!
 //! Each check says in a comment which planted change makes it fail.
 
@@ -367,6 +369,66 @@ fn services_build_no_json_bodies_with_the_json_macro() {
     }
     let report: Vec<String> = found.iter().map(|(f, lines)| format!("{f}: lines {lines:?}")).collect();
     assert!(report.is_empty(), "json! outside tests (build the body from a type):\n  {}", report.join("\n  "));
+}
+
+/// The process-wide statics the lock recipe keeps, each with why it may be one:
+/// counters and figures `/metrics` shows once per process, which decide nothing,
+/// and the planted-fault hooks of test builds. Configuration and what decisions
+/// read (the hand-off policy, the registry's delays, candidates and quotas, the
+/// keyspace gate's state) live in the runtime context a store is given
+/// (`lockmesh_lock::runtime`), so two arbiters in one process never share them.
+const LOCK_STATICS: &[(&str, &str, &str)] = &[
+    ("wait.rs", "HANDOFFS", "hand-off counters"),
+    ("wait.rs", "BOOKS", "every store's waiters' book, for the gated-waiter figures"),
+    ("wait.rs", "FIGURES", "wake-up and pickup histograms"),
+    ("vm.rs", "RENEWAL_FAILURES", "keepalive failure counters"),
+    ("vm.rs", "JEOPARDY", "VM sessions in jeopardy, a gauge"),
+    ("engine/group.rs", "GROUPS", "group commit counters"),
+    ("policy_watch.rs", "EVENTS", "policy watch event counter"),
+    ("policy_watch.rs", "OPEN", "policy watches open, a gauge"),
+    ("lib.rs", "AUTH_REFUSALS", "auth-store refusal counter"),
+    ("steps.rs", "STEPS", "etcd step timings"),
+    ("failopen/mod.rs", "STATS", "fail-open counters"),
+    ("test_faults.rs", "ACTIVE", "planted faults (test builds)"),
+    ("test_faults.rs", "FIRST", "planted faults' first-time memory (test builds)"),
+    ("tiers.rs", "IN_TURN", "the planted fault seal_rounds_in_turn (test builds)"),
+];
+
+/// Fails when the lock recipe gains a process-wide static that is not a
+/// counter (planted: `static DELAYS: RwLock<..>` back in extproc/lock/src/delay.rs,
+/// the registry's lock-delays the runtime context holds).
+#[test]
+fn the_lock_recipe_keeps_its_configuration_in_the_runtime_context() {
+    let dir = root().join("extproc/lock/src");
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
+    let mut found = BTreeSet::new();
+    for f in files {
+        let rel = f.strip_prefix(&dir).unwrap().to_string_lossy().into_owned();
+        if rel.ends_with("/tests.rs") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&f).unwrap().lines() {
+            let code = line.trim_start();
+            if code.starts_with("#[cfg(test)]") {
+                break;
+            }
+            let item = code.strip_prefix("pub ").or_else(|| code.strip_prefix("pub(crate) ")).unwrap_or(code);
+            if let Some(rest) = item.strip_prefix("static ") {
+                let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                found.insert((rel.clone(), name));
+            }
+        }
+    }
+    let allowed: BTreeSet<(String, String)> =
+        LOCK_STATICS.iter().map(|(f, n, _)| ((*f).to_owned(), (*n).to_owned())).collect();
+    let extra: Vec<_> = found.difference(&allowed).collect();
+    let gone: Vec<_> = allowed.difference(&found).collect();
+    assert!(
+        extra.is_empty(),
+        "statics in extproc/lock/src outside LOCK_STATICS (pass them in the runtime context): {extra:?}"
+    );
+    assert!(gone.is_empty(), "LOCK_STATICS names statics that no longer exist: {gone:?}");
 }
 
 /// Every `.rs` file under `dir`.

@@ -140,10 +140,12 @@ impl Clusters {
     }
 
     /// Connects every cluster without marks files or fail-open spools (an operator
-    /// tool's view; the arbiter connects through [`Tiers::connect`] with its own).
+    /// tool's view: the default hand-off, no registry; the arbiter connects
+    /// through [`Tiers::connect`] with its own).
     pub async fn connect(&self) -> Result<Tiers, LockError> {
         let op_timeout = Duration::from_millis(self.op_timeout_ms);
-        let coord = Store::connect_with(&self.endpoints, &self.root, op_timeout, None, &self.auth).await?;
+        let rt = crate::Runtime::new(Default::default());
+        let coord = Store::connect_with(&self.endpoints, &self.root, op_timeout, None, &self.auth, &rt).await?;
         let cfg = TiersConfig {
             topology: &self.topology,
             root: &self.root,

@@ -46,31 +46,28 @@ use crate::engine::txn::{Answer, Branch, TxnBuilder};
 use super::test_faults::{on, TestFault};
 use super::{keys, now_ms, HoldRecord, LockError, Store};
 
-/// `lock_delay_s` by class name, for the classes that set one (the registry's:
-/// a reload replaces it).
-static DELAYS: RwLock<Option<HashMap<String, u64>>> = RwLock::new(None);
+/// `lock_delay_s` by class name, for the classes of the registry in force that
+/// set one (one arbiter's, [`crate::runtime::Runtime::delays`]: a reload
+/// replaces it).
+#[derive(Default)]
+pub struct Delays(RwLock<HashMap<String, u64>>);
 
-/// Stores whose watch of hold deletes runs (by address; stores live as long as
-/// the process).
-static WATCHED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+impl Delays {
+    /// Takes the delays of `reg`'s classes (at start and at every reload).
+    pub fn set_registry(&self, reg: &ClassRegistry) {
+        let m: HashMap<String, u64> =
+            reg.classes().iter().filter(|c| c.lock_delay_s > 0).map(|c| (c.name.to_string(), c.lock_delay_s)).collect();
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = m;
+    }
 
-/// Takes the delays of `reg`'s classes (at start and at every reload).
-pub fn set_registry(reg: &ClassRegistry) {
-    let m: HashMap<String, u64> =
-        reg.classes().iter().filter(|c| c.lock_delay_s > 0).map(|c| (c.name.to_string(), c.lock_delay_s)).collect();
-    *DELAYS.write().unwrap_or_else(|p| p.into_inner()) = Some(m);
-}
+    /// The delay of `class` (0: none).
+    fn of(&self, class: &str) -> u64 {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).get(class).copied().unwrap_or(0)
+    }
 
-/// The delay of `class` in the registry this process loaded (0: none).
-fn delay_of(class: &str) -> u64 {
-    DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(class).copied()).unwrap_or(0)
-}
-
-/// Whether any class sets a delay, or a candidate delay other than its own
-/// (shadow mode: the candidate's memory of ends without a release, `shadow`).
-fn any_delay() -> bool {
-    DELAYS.read().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|m| !m.is_empty())
-        || super::shadow::any_delay_candidate()
+    fn any(&self) -> bool {
+        !self.0.read().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
 }
 
 /// The guard a grant of a delay class puts for session `sid`.
@@ -81,6 +78,12 @@ pub(crate) fn guard_value(sid: lockmesh_core::headers::SessionId) -> Vec<u8> {
 // === impl Store ===
 
 impl Store {
+    /// Whether any class sets a delay, or a candidate delay other than its own
+    /// (shadow mode: the candidate's memory of ends without a release, `shadow`).
+    fn any_delay(&self) -> bool {
+        self.runtime().delays().any() || self.runtime().shadow().any_delay_candidate()
+    }
+
     /// The compares and the put a grant of a key of a class with a delay adds: no
     /// guard, no delay record; put the guard for `sid`.
     pub(crate) fn delay_grant_ops(
@@ -222,7 +225,13 @@ impl Store {
         cancel: &CancellationToken,
     ) -> Result<(), LockError> {
         let Some(left) = self.delay_left(d, req.class.lock_delay_s).await? else { return Ok(()) };
-        super::shadow::after_delayed(self, &req.class, &req.key, left, &(sid.lease(), d.clone(), req.deadline));
+        self.runtime().shadow().after_delayed(
+            self,
+            &req.class,
+            &req.key,
+            left,
+            &(sid.lease(), d.clone(), req.deadline),
+        );
         let until = Instant::now() + left;
         if until > req.deadline {
             return Err(LockError::Contended(Reason::LockDelay));
@@ -247,13 +256,8 @@ impl Store {
     /// delay classes into delay records as soon as a hold ends without a release.
     /// It watches only while some class sets a delay; otherwise it costs nothing.
     pub fn start_delay_watch(self: &Arc<Self>) {
-        {
-            let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
-            let me = Arc::as_ptr(self) as usize;
-            if w.contains(&me) {
-                return;
-            }
-            w.push(me);
+        if self.delay_watch.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
         }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -263,13 +267,14 @@ impl Store {
             // grant attempt.
             let mut seen = 0i64;
             loop {
-                if !any_delay() {
+                let Some(store) = weak.upgrade() else { return };
+                if !store.any_delay() {
                     // Nothing watched while no class sets a delay: start afresh.
+                    drop(store);
                     seen = 0;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
-                let Some(store) = weak.upgrade() else { return };
                 if on(TestFault::DelayRewatchFromNow) {
                     seen = 0; // PLANTED BUG (recipe_edges scenario): resume from "now".
                 }
@@ -307,7 +312,7 @@ async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, Lock
     let mut stream = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
-        if !any_delay() {
+        if !store.any_delay() {
             return Ok(false);
         }
         let r = match msg {
@@ -343,15 +348,15 @@ async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, Lock
             gap |= on(TestFault::DelayWatchGap);
             let Some(prev) = ev.prev_kv() else { continue };
             let Ok(hold) = serde_json::from_slice::<HoldRecord>(prev.value()) else { continue };
-            let delay = delay_of(&hold.class);
+            let delay = store.runtime().delays().of(&hold.class);
             let Some(d) = k.digest_of_hold(prev.key()) else { continue };
-            if super::shadow::delay_candidate(&hold.class).is_some() {
+            if store.runtime().shadow().delay_candidate(&hold.class).is_some() {
                 // Shadow mode: remember when this arbiter saw an end without a release.
                 let (store, rev, lease) = (store.clone(), ev.kv().map_or(0, |kv| kv.mod_revision()), prev.lease());
                 let d = d.clone();
                 tokio::spawn(async move {
                     if let Ok(true) = store.ended_unreleased(&d, rev, lease).await {
-                        super::shadow::saw_end(&d);
+                        store.runtime().shadow().saw_end(&d);
                     }
                 });
             }

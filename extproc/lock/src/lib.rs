@@ -30,6 +30,8 @@
 //! - [`vm`]: transparent-mode sessions, one per filter worker VM and class.
 //! - [`wait`]: the per-key FIFO of waiters on this arbiter, and the hand-off.
 //! - [`steps`]: how long the etcd steps of a lock cycle take here.
+//! - [`runtime`]: what one arbiter configures (hand-off, the registry's delays,
+//!   candidates and quotas), passed to every store it opens.
 //! - [`durable`]: waiters queued in etcd (`fairness: durable`, ADR-14).
 //! - [`validate`]: ValidateToken's read.
 //! - [`failopen`]: fail-open classes during a quorum loss (ADR-04).
@@ -52,6 +54,7 @@ pub mod policy;
 pub mod policy_watch;
 pub mod quota;
 pub mod registry;
+pub mod runtime;
 pub mod seal;
 pub mod session;
 pub mod shadow;
@@ -74,7 +77,7 @@ use lockmesh_core::{headers::SessionId, Reason};
 pub use lockmesh_keyspace::{keys, now_ms, HoldRecord, SessionRecord};
 use tokio::sync::Mutex;
 
-pub use self::{epoch::EpochState, keys::Keys};
+pub use self::{epoch::EpochState, keys::Keys, runtime::Runtime};
 
 /// The message of a `contended` answer.
 fn contended_message(r: Reason) -> &'static str {
@@ -200,6 +203,10 @@ pub struct Store {
     /// What the keyspace gate lets this store's writers write, and the
     /// advertisement their transactions compare ([`upgrade::Guard`]).
     guard: upgrade::Guard,
+    /// The arbiter's configuration and books this store follows ([`runtime`]).
+    runtime: Arc<Runtime>,
+    /// Whether the watch of hold deletes runs ([`Store::start_delay_watch`]).
+    delay_watch: std::sync::atomic::AtomicBool,
     /// The group committer of this cluster (`engine::group`).
     committer: Arc<engine::group::Committer>,
     /// When the last raft position check started, and its answer
@@ -249,23 +256,16 @@ pub fn release_outcome<T>(r: &Result<T, crate::LockError>) -> &'static str {
 // === impl Store ===
 
 impl Store {
-    /// Connects and loads (or creates) the epoch record.
-    pub async fn connect(
-        endpoints: &[String],
-        root: &str,
-        op_timeout: Duration,
-        marks_file: Option<&std::path::Path>,
-    ) -> Result<Arc<Self>, LockError> {
-        Self::connect_with(endpoints, root, op_timeout, marks_file, &Default::default()).await
-    }
-
-    /// [`Store::connect`] with etcd TLS and a user (`etcd.tls`, `etcd.user`).
+    /// Connects to one cluster with etcd TLS and a user (`etcd.tls`,
+    /// `etcd.user`), for the arbiter whose configuration is `runtime`. The epoch
+    /// record is loaded (or created) by the first seal check.
     pub async fn connect_with(
         endpoints: &[String],
         root: &str,
         op_timeout: Duration,
         marks_file: Option<&std::path::Path>,
         auth: &crate::connect::EtcdClientAuth,
+        runtime: &Arc<Runtime>,
     ) -> Result<Arc<Self>, LockError> {
         // The TLS files (the CA bundle, and a client certificate when set) are
         // re-read while the arbiter runs: every new connection (the first, and
@@ -326,7 +326,9 @@ impl Store {
             sessions: session::cache::new(),
             vms: vm::VmSessions::default(),
             marker: Mutex::new(None),
-            queues: wait::Queues::default(),
+            queues: wait::Queues::new(runtime.handoff(), runtime.quotas().clone()),
+            runtime: runtime.clone(),
+            delay_watch: std::sync::atomic::AtomicBool::new(false),
             seal,
             policies: policy::PolicyCache::default(),
             members,
@@ -536,6 +538,11 @@ impl Store {
     /// The cached authoritative class policies.
     pub(crate) fn policy_cache(&self) -> &policy::PolicyCache {
         &self.policies
+    }
+
+    /// The arbiter's configuration and books this store follows.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 
     /// The waiter queues.

@@ -105,7 +105,7 @@ impl Store {
         // Quotas first (`quota`): each namespace's; over one, nothing is granted.
         let _admitted = namespaces
             .iter()
-            .map(|ns| super::quota::admit(self, ns, first.session.is_none()))
+            .map(|ns| self.runtime().quotas().admit(self, ns, first.session.is_none()))
             .collect::<Result<Vec<_>, _>>()?;
         let (mut gs, opened) = self
             .in_session(first, async |sid, rec, indexed| {

@@ -391,7 +391,7 @@ impl Store {
         cancel: &CancellationToken,
     ) -> Result<Grant, LockError> {
         // Quotas first (`quota`): over one, nothing is opened or granted.
-        let _admitted = super::quota::admit(self, req.key.namespace(), req.session.is_none())?;
+        let _admitted = self.runtime().quotas().admit(self, req.key.namespace(), req.session.is_none())?;
         let (mut g, opened) = self
             .in_session(req, async |sid, rec, indexed| {
                 let req = indexed_on(req, indexed);
@@ -902,7 +902,7 @@ impl Store {
         let (a, revision) = match sent {
             Sent::Granted { token, answer } => {
                 let held = reads.count[0].and_then(|c| answer.get(c)).map(|g| u64::try_from(g.count()).unwrap_or(0));
-                super::shadow::after_grant(self, &req.class, &req.key, held, n);
+                self.runtime().shadow().after_grant(self, &req.class, &req.key, held, n);
                 return Ok(Attempt::Granted(Grant::new(req, token, sid, want)));
             }
             Sent::Resolved(g) => return Ok(Attempt::Granted(Grant { ttl_s: req.class.ttl_s, ..g })),
@@ -986,7 +986,7 @@ impl Store {
             }
             _ => {
                 let holders = u32::try_from(holders.kvs().len()).unwrap_or(u32::MAX);
-                super::shadow::after_gated(
+                self.runtime().shadow().after_gated(
                     self,
                     &req.class,
                     &req.key,

@@ -1,7 +1,7 @@
 //! Quota enforcement (issue #19; the quotas themselves: `lockmesh_core::quota`).
 //!
-//! Every acquire passes [`admit`] before anything is written, and a session
-//! opened on its own passes [`admit_session`]: over a quota the answer is
+//! Every acquire passes [`Quotas::admit`] before anything is written, and a session
+//! opened on its own passes [`Quotas::admit_session`]: over a quota the answer is
 //! `429 quota_exceeded` naming the quota, and nothing is granted or opened.
 //!
 //! # Counting, and how far off it can be
@@ -52,7 +52,7 @@ use std::{
     collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, LazyLock, Mutex, OnceLock, RwLock, Weak,
+        Arc, Mutex, OnceLock, RwLock, Weak,
     },
     time::Duration,
 };
@@ -116,8 +116,9 @@ struct Bucket {
     at: Instant,
 }
 
-/// The process-wide quota state: the table in force, the live arbiters, and what
-/// is counted here (waiters, rate buckets, refusals).
+/// One arbiter's quota state ([`crate::runtime::Runtime::quotas`]): the table in
+/// force, the live arbiters, and what is counted here (waiters, rate buckets,
+/// refusals, every cluster's ledger).
 pub struct Quotas {
     table: RwLock<Arc<QuotaTable>>,
     /// Class name to the one namespace of its prefixes (sessions with no `ns`).
@@ -134,18 +135,21 @@ pub struct Quotas {
     ledgers: Mutex<Vec<Weak<Ledger>>>,
 }
 
-/// The one [`Quotas`] of this process.
-pub static QUOTAS: LazyLock<Quotas> = LazyLock::new(|| Quotas {
-    table: RwLock::new(Arc::new(QuotaTable::default())),
-    class_ns: RwLock::new(Arc::default()),
-    labels: RwLock::new(Arc::default()),
-    lock_labels: RwLock::new(Arc::default()),
-    arbiters: AtomicUsize::new(1),
-    buckets: Mutex::new(HashMap::new()),
-    waiting: Mutex::new(HashMap::new()),
-    refusals: Mutex::new(HashMap::new()),
-    ledgers: Mutex::new(Vec::new()),
-});
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            table: RwLock::new(Arc::new(QuotaTable::default())),
+            class_ns: RwLock::new(Arc::default()),
+            labels: RwLock::new(Arc::default()),
+            lock_labels: RwLock::new(Arc::default()),
+            arbiters: AtomicUsize::new(1),
+            buckets: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
+            ledgers: Mutex::new(Vec::new()),
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -159,25 +163,27 @@ fn write<T>(m: &RwLock<T>, v: T) {
     *m.write().unwrap_or_else(|p| p.into_inner()) = v;
 }
 
-/// Takes the quotas of a (re)loaded registry.
-pub fn set_registry(reg: &ClassRegistry) {
-    let class_ns = reg
-        .classes()
-        .iter()
-        .filter_map(|c| reg.class_namespace(c.name.as_str()).map(|n| (c.name.to_string(), n.to_owned())))
-        .collect();
-    let mut labels: HashSet<String> = reg
-        .classes()
-        .iter()
-        .flat_map(|c| c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()))
-        .collect();
-    let lock_labels = LockLabelSet::of(reg, &labels);
-    labels.extend(reg.quotas().listed().map(|(n, _)| n.to_owned()));
-    labels.insert(UNSCOPED.to_owned());
-    write(&QUOTAS.table, Arc::new(reg.quotas().clone()));
-    write(&QUOTAS.class_ns, Arc::new(class_ns));
-    write(&QUOTAS.labels, Arc::new(labels));
-    write(&QUOTAS.lock_labels, Arc::new(lock_labels));
+impl Quotas {
+    /// Takes the quotas of a (re)loaded registry.
+    pub fn set_registry(&self, reg: &ClassRegistry) {
+        let class_ns = reg
+            .classes()
+            .iter()
+            .filter_map(|c| reg.class_namespace(c.name.as_str()).map(|n| (c.name.to_string(), n.to_owned())))
+            .collect();
+        let mut labels: HashSet<String> = reg
+            .classes()
+            .iter()
+            .flat_map(|c| c.prefixes.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()))
+            .collect();
+        let lock_labels = LockLabelSet::of(reg, &labels);
+        labels.extend(reg.quotas().listed().map(|(n, _)| n.to_owned()));
+        labels.insert(UNSCOPED.to_owned());
+        write(&self.table, Arc::new(reg.quotas().clone()));
+        write(&self.class_ns, Arc::new(class_ns));
+        write(&self.labels, Arc::new(labels));
+        write(&self.lock_labels, Arc::new(lock_labels));
+    }
 }
 
 /// What the lock metrics may name: the namespaces of the registry's prefixes and
@@ -229,46 +235,49 @@ impl LockLabelSet {
     }
 }
 
-/// The lock metrics' label set of the registry in force.
-pub fn lock_labels() -> Arc<LockLabelSet> {
-    read(&QUOTAS.lock_labels)
-}
-
-/// The number of live arbiters (the keyspace advertisements), for the shares.
-pub fn set_arbiters(n: usize) {
-    QUOTAS.arbiters.store(n.max(1), Ordering::Relaxed);
-}
-
-/// The table in force.
-pub fn table() -> Arc<QuotaTable> {
-    read(&QUOTAS.table)
-}
-
-/// The metrics label of namespace `ns`: itself when the registry names it.
-pub fn label(ns: &str) -> String {
-    if read(&QUOTAS.labels).contains(ns) {
-        ns.to_owned()
-    } else {
-        OTHER.to_owned()
+impl Quotas {
+    /// The lock metrics' label set of the registry in force.
+    pub fn lock_labels(&self) -> Arc<LockLabelSet> {
+        read(&self.lock_labels)
     }
-}
 
-/// The quota namespace of a session record.
-fn session_ns(rec: &SessionRecord) -> String {
-    match &rec.ns {
-        Some(n) => n.clone(),
-        None => read(&QUOTAS.class_ns).get(&rec.class).cloned().unwrap_or_else(|| UNSCOPED.to_owned()),
+    /// The number of live arbiters (the keyspace advertisements), for the shares.
+    pub fn set_arbiters(&self, n: usize) {
+        self.arbiters.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// The table in force.
+    pub fn table(&self) -> Arc<QuotaTable> {
+        read(&self.table)
+    }
+
+    /// The metrics label of namespace `ns`: itself when the registry names it.
+    pub fn label(&self, ns: &str) -> String {
+        if read(&self.labels).contains(ns) {
+            ns.to_owned()
+        } else {
+            OTHER.to_owned()
+        }
+    }
+
+    /// The quota namespace of a session record.
+    fn session_ns(&self, rec: &SessionRecord) -> String {
+        match &rec.ns {
+            Some(n) => n.clone(),
+            None => read(&self.class_ns).get(&rec.class).cloned().unwrap_or_else(|| UNSCOPED.to_owned()),
+        }
     }
 }
 
 /// An acquire admitted against the `waiters` quota; dropping it ends its count.
 pub struct Admitted {
     ns: String,
+    quotas: Arc<Quotas>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut w = lock(&QUOTAS.waiting);
+        let mut w = lock(&self.quotas.waiting);
         if let Some(n) = w.get_mut(&self.ns) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -278,87 +287,94 @@ impl Drop for Admitted {
     }
 }
 
-fn refuse(e: Exceeded) -> LockError {
-    *lock(&QUOTAS.refusals).entry((label(&e.namespace), e.quota)).or_default() += 1;
-    LockError::QuotaExceeded(e)
-}
-
-fn check_ledger(ledger: &Ledger, ns: &str, limits: &Limits, quota: Quota) -> Result<(), LockError> {
-    let Some(u) = ledger.use_of(ns) else { return Ok(()) };
-    let used = match quota {
-        Quota::Sessions => u.sessions,
-        _ => u.holds,
-    };
-    let limit = limits.of(quota);
-    if used >= limit {
-        return Err(refuse(Exceeded { quota, namespace: ns.to_owned(), used, limit }));
+impl Quotas {
+    fn refuse(&self, e: Exceeded) -> LockError {
+        *lock(&self.refusals).entry((self.label(&e.namespace), e.quota)).or_default() += 1;
+        LockError::QuotaExceeded(e)
     }
-    Ok(())
-}
 
-/// Admits an acquire of a key in `ns` on `store`'s cluster, in this order: the
-/// acquire rate, the waiters, the sessions (when it opens one), the holds. The
-/// returned guard counts it as waiting until dropped.
-pub fn admit(store: &Store, ns: &str, opens_session: bool) -> Result<Admitted, LockError> {
-    let table = table();
-    let limits = *table.limits(ns);
-    let arbiters = QUOTAS.arbiters.load(Ordering::Relaxed);
-    if test_faults_skip() {
-        return Ok(count_waiting(ns));
-    }
-    let rate = q::share(limits.acquires_per_s, arbiters);
-    {
-        let mut buckets = lock(&QUOTAS.buckets);
-        let now = Instant::now();
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(ns) {
-            // A refilled bucket says nothing a new one would not: drop those.
-            buckets.retain(|_, b| now.duration_since(b.at) < Duration::from_secs(1));
+    fn check_ledger(&self, ledger: &Ledger, ns: &str, limits: &Limits, quota: Quota) -> Result<(), LockError> {
+        let Some(u) = ledger.use_of(ns) else { return Ok(()) };
+        let used = match quota {
+            Quota::Sessions => u.sessions,
+            _ => u.holds,
+        };
+        let limit = limits.of(quota);
+        if used >= limit {
+            return Err(self.refuse(Exceeded { quota, namespace: ns.to_owned(), used, limit }));
         }
-        let b = buckets.entry(ns.to_owned()).or_insert(Bucket { tokens: rate as f64, at: now });
-        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate as f64).min(rate as f64);
-        b.at = now;
-        if b.tokens < 1.0 {
-            drop(buckets);
-            return Err(refuse(Exceeded {
-                quota: Quota::AcquireRate,
-                namespace: ns.to_owned(),
-                used: rate,
-                limit: rate,
-            }));
-        }
-        b.tokens -= 1.0;
+        Ok(())
     }
-    let waiters = q::share(limits.waiters, arbiters);
-    let admitted = {
-        let mut w = lock(&QUOTAS.waiting);
-        let used = w.get(ns).copied().unwrap_or(0);
-        if used >= waiters {
-            drop(w);
-            return Err(refuse(Exceeded { quota: Quota::Waiters, namespace: ns.to_owned(), used, limit: waiters }));
-        }
-        *w.entry(ns.to_owned()).or_default() += 1;
-        Admitted { ns: ns.to_owned() }
-    };
-    // A refusal below drops `admitted`, which ends its count.
-    if opens_session {
-        check_ledger(store.ledger(), ns, &limits, Quota::Sessions)?;
-    }
-    check_ledger(store.ledger(), ns, &limits, Quota::Holds)?;
-    Ok(admitted)
-}
 
-fn count_waiting(ns: &str) -> Admitted {
-    *lock(&QUOTAS.waiting).entry(ns.to_owned()).or_default() += 1;
-    Admitted { ns: ns.to_owned() }
-}
-
-/// Admits a session opened on its own (`POST /v1/sessions`) for `ns`.
-pub fn admit_session(store: &Store, ns: &str) -> Result<(), LockError> {
-    if test_faults_skip() {
-        return Ok(());
+    /// Admits an acquire of a key in `ns` on `store`'s cluster, in this order: the
+    /// acquire rate, the waiters, the sessions (when it opens one), the holds. The
+    /// returned guard counts it as waiting until dropped.
+    pub fn admit(self: &Arc<Self>, store: &Store, ns: &str, opens_session: bool) -> Result<Admitted, LockError> {
+        let table = self.table();
+        let limits = *table.limits(ns);
+        let arbiters = self.arbiters.load(Ordering::Relaxed);
+        if test_faults_skip() {
+            return Ok(self.count_waiting(ns));
+        }
+        let rate = q::share(limits.acquires_per_s, arbiters);
+        {
+            let mut buckets = lock(&self.buckets);
+            let now = Instant::now();
+            if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(ns) {
+                // A refilled bucket says nothing a new one would not: drop those.
+                buckets.retain(|_, b| now.duration_since(b.at) < Duration::from_secs(1));
+            }
+            let b = buckets.entry(ns.to_owned()).or_insert(Bucket { tokens: rate as f64, at: now });
+            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate as f64).min(rate as f64);
+            b.at = now;
+            if b.tokens < 1.0 {
+                drop(buckets);
+                return Err(self.refuse(Exceeded {
+                    quota: Quota::AcquireRate,
+                    namespace: ns.to_owned(),
+                    used: rate,
+                    limit: rate,
+                }));
+            }
+            b.tokens -= 1.0;
+        }
+        let waiters = q::share(limits.waiters, arbiters);
+        let admitted = {
+            let mut w = lock(&self.waiting);
+            let used = w.get(ns).copied().unwrap_or(0);
+            if used >= waiters {
+                drop(w);
+                return Err(self.refuse(Exceeded {
+                    quota: Quota::Waiters,
+                    namespace: ns.to_owned(),
+                    used,
+                    limit: waiters,
+                }));
+            }
+            *w.entry(ns.to_owned()).or_default() += 1;
+            Admitted { ns: ns.to_owned(), quotas: self.clone() }
+        };
+        // A refusal below drops `admitted`, which ends its count.
+        if opens_session {
+            self.check_ledger(store.ledger(), ns, &limits, Quota::Sessions)?;
+        }
+        self.check_ledger(store.ledger(), ns, &limits, Quota::Holds)?;
+        Ok(admitted)
     }
-    let limits = *table().limits(ns);
-    check_ledger(store.ledger(), ns, &limits, Quota::Sessions)
+
+    fn count_waiting(self: &Arc<Self>, ns: &str) -> Admitted {
+        *lock(&self.waiting).entry(ns.to_owned()).or_default() += 1;
+        Admitted { ns: ns.to_owned(), quotas: self.clone() }
+    }
+
+    /// Admits a session opened on its own (`POST /v1/sessions`) for `ns`.
+    pub fn admit_session(&self, store: &Store, ns: &str) -> Result<(), LockError> {
+        if test_faults_skip() {
+            return Ok(());
+        }
+        let limits = *self.table().limits(ns);
+        self.check_ledger(store.ledger(), ns, &limits, Quota::Sessions)
+    }
 }
 
 fn test_faults_skip() -> bool {
@@ -523,7 +539,7 @@ pub struct Ledger {
 }
 
 /// The namespace a listed or watched `kv` counts against, and a hold's age.
-fn seen(kind: Kind, kv: &KeyValue) -> Option<Seen> {
+fn seen(quotas: &Quotas, kind: Kind, kv: &KeyValue) -> Option<Seen> {
     let (ns, age) = match kind {
         Kind::Hold => {
             let h: HoldRecord = serde_json::from_slice(kv.value()).ok()?;
@@ -532,7 +548,7 @@ fn seen(kind: Kind, kv: &KeyValue) -> Option<Seen> {
         }
         Kind::Session => {
             let r: SessionRecord = serde_json::from_slice(kv.value()).ok()?;
-            (session_ns(&r), None)
+            (quotas.session_ns(&r), None)
         }
     };
     Some(Seen { kind, key: kv.key().to_vec(), ns, age })
@@ -606,14 +622,14 @@ impl Ledger {
             .collect()
     }
 
-    fn apply(&self, kind: Kind, ev: &etcd_client::Event) {
+    fn apply(&self, quotas: &Quotas, kind: Kind, ev: &etcd_client::Event) {
         let Some(kv) = ev.kv() else { return };
         let mut s = lock(&self.state);
         let i = LedgerState::slot(kind);
         s.applied[i] = s.applied[i].max(kv.mod_revision());
         match ev.event_type() {
             EventType::Put => {
-                if let Some(e) = seen(kind, kv) {
+                if let Some(e) = seen(quotas, kind, kv) {
                     s.put(kind, &e.key, &e.ns, e.age);
                 }
             }
@@ -658,10 +674,15 @@ async fn list(
 }
 
 /// Counts the sessions and holds of every namespace under `keys` with one paged
-/// list at one revision (what a ledger starts from; `lockctl class cost`). Call
-/// [`set_registry`] first: sessions of earlier builds count by their class.
-pub async fn count(client: &mut Client, keys: &Keys, timeout: Duration) -> Result<(HashMap<String, Use>, i64), String> {
-    let (listed, revision) = list_all(client, keys, timeout).await?;
+/// list at one revision (what a ledger starts from; `lockctl class cost`).
+/// Sessions of earlier builds count by their class, as `quotas`' registry maps it.
+pub async fn count(
+    quotas: &Quotas,
+    client: &mut Client,
+    keys: &Keys,
+    timeout: Duration,
+) -> Result<(HashMap<String, Use>, i64), String> {
+    let (listed, revision) = list_all(quotas, client, keys, timeout).await?;
     let mut s = LedgerState::default();
     for e in listed {
         s.put(e.kind, &e.key, &e.ns, None);
@@ -671,7 +692,7 @@ pub async fn count(client: &mut Client, keys: &Keys, timeout: Duration) -> Resul
 
 type Listed = Vec<Seen>;
 
-async fn list_all(client: &mut Client, k: &Keys, timeout: Duration) -> Result<(Listed, i64), String> {
+async fn list_all(quotas: &Quotas, client: &mut Client, k: &Keys, timeout: Duration) -> Result<(Listed, i64), String> {
     let (sessions, revision) = list(client, &k.all_sessions(), None, timeout).await?;
     let (holds, _) = list(client, &k.all_locks(), Some(revision), timeout).await?;
     let mut out = Vec::with_capacity(sessions.len() + holds.len());
@@ -680,7 +701,7 @@ async fn list_all(client: &mut Client, k: &Keys, timeout: Duration) -> Result<(L
             if kind == Kind::Hold && k.slot_of(kv.key()).is_none() {
                 continue;
             }
-            if let Some(e) = seen(kind, &kv) {
+            if let Some(e) = seen(quotas, kind, &kv) {
                 out.push(e);
             }
         }
@@ -703,7 +724,7 @@ impl Store {
         *lock(&self.ledger.cluster) = self.cluster_name().to_owned();
         let weak = Arc::downgrade(self);
         let _ = self.ledger.store.set(weak.clone());
-        lock(&QUOTAS.ledgers).push(Arc::downgrade(&self.ledger));
+        lock(&self.runtime().quotas().ledgers).push(Arc::downgrade(&self.ledger));
         tokio::spawn(async move {
             loop {
                 let Some(store) = weak.upgrade() else { return };
@@ -719,8 +740,10 @@ impl Store {
 
 /// Lists, then follows the watch until it breaks.
 async fn follow(store: &Store) -> Result<(), LockError> {
-    let (listed, revision) =
-        list_all(&mut store.client(), store.keys(), store.op_timeout()).await.map_err(LockError::Unavailable)?;
+    let quotas = store.runtime().quotas();
+    let (listed, revision) = list_all(quotas, &mut store.client(), store.keys(), store.op_timeout())
+        .await
+        .map_err(LockError::Unavailable)?;
     store.ledger.replace(listed, revision);
     let k = store.keys();
     let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
@@ -751,7 +774,7 @@ async fn follow(store: &Store) -> Result<(), LockError> {
                     store.queues().forget_held_before(&d, kv.mod_revision());
                 }
             }
-            store.ledger.apply(kind, ev);
+            store.ledger.apply(quotas, kind, ev);
         }
     }
 }
@@ -779,38 +802,40 @@ pub struct NamespaceUse {
     pub rate_share: u64,
 }
 
-/// Every namespace with a session, a hold or a waiter, or listed in the table.
-pub fn usage() -> Vec<NamespaceUse> {
-    let table = table();
-    let arbiters = QUOTAS.arbiters.load(Ordering::Relaxed);
-    let waiting = lock(&QUOTAS.waiting).clone();
-    let ledgers: Vec<Arc<Ledger>> = lock(&QUOTAS.ledgers).iter().filter_map(Weak::upgrade).collect();
-    let mut out = Vec::new();
-    for l in &ledgers {
-        let cluster = lock(&l.cluster).clone();
-        let mut seen: HashMap<String, Use> = l.usage().into_iter().collect();
-        for (n, _) in table.listed() {
-            seen.entry(n.to_owned()).or_default();
+impl Quotas {
+    /// Every namespace with a session, a hold or a waiter, or listed in the table.
+    pub fn usage(&self) -> Vec<NamespaceUse> {
+        let table = self.table();
+        let arbiters = self.arbiters.load(Ordering::Relaxed);
+        let waiting = lock(&self.waiting).clone();
+        let ledgers: Vec<Arc<Ledger>> = lock(&self.ledgers).iter().filter_map(Weak::upgrade).collect();
+        let mut out = Vec::new();
+        for l in &ledgers {
+            let cluster = lock(&l.cluster).clone();
+            let mut seen: HashMap<String, Use> = l.usage().into_iter().collect();
+            for (n, _) in table.listed() {
+                seen.entry(n.to_owned()).or_default();
+            }
+            for n in waiting.keys() {
+                seen.entry(n.clone()).or_default();
+            }
+            for (namespace, u) in seen {
+                let limits = *table.limits(&namespace);
+                out.push(NamespaceUse {
+                    cluster: cluster.clone(),
+                    waiters: waiting.get(&namespace).copied().unwrap_or(0),
+                    sessions: u.sessions,
+                    holds: u.holds,
+                    waiters_share: q::share(limits.waiters, arbiters),
+                    rate_share: q::share(limits.acquires_per_s, arbiters),
+                    limits,
+                    namespace,
+                });
+            }
         }
-        for n in waiting.keys() {
-            seen.entry(n.clone()).or_default();
-        }
-        for (namespace, u) in seen {
-            let limits = *table.limits(&namespace);
-            out.push(NamespaceUse {
-                cluster: cluster.clone(),
-                waiters: waiting.get(&namespace).copied().unwrap_or(0),
-                sessions: u.sessions,
-                holds: u.holds,
-                waiters_share: q::share(limits.waiters, arbiters),
-                rate_share: q::share(limits.acquires_per_s, arbiters),
-                limits,
-                namespace,
-            });
-        }
+        out.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
+        out
     }
-    out.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
-    out
 }
 
 /// The oldest open hold of one namespace and class label over every cluster.
@@ -826,26 +851,29 @@ pub struct OldestHold {
     pub age_ms: u64,
 }
 
-/// The oldest open hold of every (namespace, class) label pair, over every
-/// cluster's ledger, at wall time `now_ms`; every pair the registry's prefixes
-/// declare is there, at 0 without a hold. Sorted by labels.
-pub fn oldest_holds(now_ms: u64) -> Vec<OldestHold> {
-    let labels = lock_labels();
-    let mut rows: HashMap<(String, String), (u64, u64)> = labels.pairs().iter().map(|p| (p.clone(), (0, 0))).collect();
-    let ledgers: Vec<Arc<Ledger>> = lock(&QUOTAS.ledgers).iter().filter_map(Weak::upgrade).collect();
-    for l in &ledgers {
-        for (ns, class, holds, acquired_ms) in l.oldest() {
-            let r = rows.entry(labels.label(&ns, &class)).or_default();
-            r.0 += holds;
-            r.1 = r.1.max(now_ms.saturating_sub(acquired_ms));
+impl Quotas {
+    /// The oldest open hold of every (namespace, class) label pair, over every
+    /// cluster's ledger, at wall time `now_ms`; every pair the registry's prefixes
+    /// declare is there, at 0 without a hold. Sorted by labels.
+    pub fn oldest_holds(&self, now_ms: u64) -> Vec<OldestHold> {
+        let labels = self.lock_labels();
+        let mut rows: HashMap<(String, String), (u64, u64)> =
+            labels.pairs().iter().map(|p| (p.clone(), (0, 0))).collect();
+        let ledgers: Vec<Arc<Ledger>> = lock(&self.ledgers).iter().filter_map(Weak::upgrade).collect();
+        for l in &ledgers {
+            for (ns, class, holds, acquired_ms) in l.oldest() {
+                let r = rows.entry(labels.label(&ns, &class)).or_default();
+                r.0 += holds;
+                r.1 = r.1.max(now_ms.saturating_sub(acquired_ms));
+            }
         }
+        let mut out: Vec<OldestHold> = rows
+            .into_iter()
+            .map(|((namespace, class), (holds, age_ms))| OldestHold { namespace, class, holds, age_ms })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.class).cmp(&(&b.namespace, &b.class)));
+        out
     }
-    let mut out: Vec<OldestHold> = rows
-        .into_iter()
-        .map(|((namespace, class), (holds, age_ms))| OldestHold { namespace, class, holds, age_ms })
-        .collect();
-    out.sort_by(|a, b| (&a.namespace, &a.class).cmp(&(&b.namespace, &b.class)));
-    out
 }
 
 /// Adds the quota families to `registry`, read at scrape time:
@@ -855,16 +883,21 @@ pub fn oldest_holds(now_ms: u64) -> Vec<OldestHold> {
 /// `lockmesh_quota_use_ratio{cluster,namespace,quota}` (use over limit; for
 /// `waiters`, this arbiter's over its share). Namespaces the registry does not
 /// name share the label `other`, which carries the highest use among them.
-pub fn register(registry: &mut Registry) {
-    registry.register_collector(Box::new(QuotaCollector));
+pub fn register(registry: &mut Registry, quotas: Arc<Quotas>) {
+    registry.register_collector(Box::new(QuotaCollector(quotas)));
 }
 
-#[derive(Debug)]
-struct QuotaCollector;
+struct QuotaCollector(Arc<Quotas>);
+
+impl std::fmt::Debug for QuotaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QuotaCollector")
+    }
+}
 
 impl Collector for QuotaCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let refusals = lock(&QUOTAS.refusals).clone();
+        let refusals = lock(&self.0.refusals).clone();
         let mut family = encoder.encode_descriptor(
             "lockmesh_quota_refusals",
             "Acquires and session opens refused with quota_exceeded, by namespace and quota.",
@@ -879,8 +912,8 @@ impl Collector for QuotaCollector {
         }
         // (cluster, label, quota) -> (use, limit), the highest ratio per label.
         let mut rows: HashMap<(String, String, Quota), (u64, u64)> = HashMap::new();
-        for u in usage() {
-            let l = label(&u.namespace);
+        for u in self.0.usage() {
+            let l = self.0.label(&u.namespace);
             for (quota, used, limit) in [
                 (Quota::Sessions, u.sessions, u.limits.sessions),
                 (Quota::Holds, u.holds, u.limits.holds),

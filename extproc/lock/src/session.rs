@@ -71,7 +71,7 @@ impl Store {
         if !super::test_faults::on(super::test_faults::TestFault::SessionsIgnoreSeal) {
             self.serving().await?;
         }
-        super::quota::admit_session(self, ns)?;
+        self.runtime().quotas().admit_session(self, ns)?;
         let sid = self.grant_lease(super::test_faults::lease_ttl(class.name.as_str(), class.ttl_s)).await?;
         let rec = Self::new_record(caller, class, ns);
         let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
@@ -128,11 +128,11 @@ impl Store {
         let rec = self.owned_session(sid, caller).await?;
         // Shadow mode (`shadow`): a candidate TTL shorter than the enforced one
         // would have expired a session whose keepalive comes later than it.
-        if let Some(class) = super::shadow::ttl_candidate(&rec.class) {
+        if let Some(class) = self.runtime().shadow().ttl_candidate(&rec.class) {
             let r = self.call(self.client().lease_time_to_live(sid.lease(), None)).await;
             if let Ok(t) = r.as_ref().map(|t| t.ttl()).map(|t| u64::try_from(t).unwrap_or(0)) {
                 let ns = rec.ns.as_deref().unwrap_or("other");
-                super::shadow::at_keepalive(self, &class, ns, rec.ttl_s, std::time::Duration::from_secs(t));
+                self.runtime().shadow().at_keepalive(self, &class, ns, rec.ttl_s, std::time::Duration::from_secs(t));
             }
         }
         // lease_keep_alive sends one renewal and reads its answer; a TTL of zero

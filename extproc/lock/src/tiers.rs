@@ -129,7 +129,7 @@ pub struct FailOpenSettings<'a> {
 
 impl Tiers {
     /// Connects to every configured cluster. The coord store is `coord`
-    /// (connected by the caller from `etcd:`).
+    /// (connected by the caller from `etcd:`); the others share its runtime.
     pub async fn connect(config: &TiersConfig<'_>, coord: Arc<Store>) -> Result<Self, LockError> {
         let topo: &Topology = config.topology;
         let split = topo.is_split();
@@ -138,8 +138,8 @@ impl Tiers {
         let mut stores = BTreeMap::from([(COORD_CLUSTER.to_owned(), coord.clone())]);
         for c in &topo.clusters {
             let marks = Topology::marks_file(config.marks_file, &c.name);
-            let s =
-                Store::connect_with(&c.endpoints, config.root, config.op_timeout, marks.as_deref(), &c.auth).await?;
+            let (rt, marks) = (coord.runtime(), marks.as_deref());
+            let s = Store::connect_with(&c.endpoints, config.root, config.op_timeout, marks, &c.auth, rt).await?;
             s.set_cluster(&c.name, Some(&coord));
             s.set_group_limits(config.group);
             stores.insert(c.name.clone(), s);

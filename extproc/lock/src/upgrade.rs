@@ -544,6 +544,19 @@ struct Inner {
 pub struct Gate {
     support: Support,
     inner: Mutex<Inner>,
+    /// What `/metrics` shows of the gate ([`register`]), kept apart from `inner`
+    /// so a scrape never waits for it.
+    shown: Shown,
+}
+
+/// The gate's state as its metric families show it.
+#[derive(Default)]
+struct Shown {
+    /// 0 none; 1 version; 2 capability; 3 unreadable.
+    refused: AtomicU8,
+    advertised: AtomicBool,
+    /// Bit i: [`Capability::ALL`]`[i]` is enabled in the record.
+    enabled: AtomicU32,
 }
 
 fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
@@ -553,7 +566,7 @@ fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
 impl Gate {
     /// A gate for `support`; nothing happens until [`Gate::start`].
     pub fn new(support: Support) -> Arc<Self> {
-        Arc::new(Self { support, inner: Mutex::new(Inner::default()) })
+        Arc::new(Self { support, inner: Mutex::new(Inner::default()), shown: Shown::default() })
     }
 
     /// What this process supports.
@@ -627,7 +640,7 @@ impl Gate {
                         store.guard().set_ad(None);
                         if i == 0 {
                             lock(&self.inner).lease = None;
-                            ADVERTISED.store(false, Ordering::Relaxed);
+                            self.shown.advertised.store(false, Ordering::Relaxed);
                         }
                     }
                 }
@@ -673,7 +686,7 @@ impl Gate {
         match tokio::time::timeout(Duration::from_secs(3), read).await {
             Ok(Ok((view, complete))) => {
                 // The quotas counted at each arbiter are shared among the live ones.
-                super::quota::set_arbiters(view.advertisements.len());
+                coord.runtime().quotas().set_arbiters(view.advertisements.len());
                 self.observe(stores, view.record);
                 complete
             }
@@ -710,7 +723,7 @@ impl Gate {
             let mut g = lock(&self.inner);
             g.lease = Some(lease);
             g.unguarded = None;
-            ADVERTISED.store(true, Ordering::Relaxed);
+            self.shown.advertised.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -729,7 +742,7 @@ impl Gate {
                 tracing::error!(error = %e, "cannot {what}: the etcd role lacks the keyspace grants; this arbiter would be invisible to `lockctl upgrade enable`");
             }
             g.unguarded = Some(format!("{what}: {e}"));
-            ADVERTISED.store(false, Ordering::Relaxed);
+            self.shown.advertised.store(false, Ordering::Relaxed);
             drop(g);
             self.refuse(
                 stores,
@@ -745,7 +758,7 @@ impl Gate {
     fn observe(&self, stores: &[Arc<Store>], record: Option<KeyspaceRecord>) {
         let refusal = self.support.refusal(record.as_ref());
         let bits = enabled_bits(record.as_ref());
-        ENABLED.store(bits, Ordering::Relaxed);
+        self.shown.enabled.store(bits, Ordering::Relaxed);
         // What this build may write: enabled in the record and supported here.
         let own = self.support.capabilities.iter().fold(0, |b, c| b | bit(*c));
         let writable = if refusal.is_some() { 0 } else { bits & own };
@@ -762,7 +775,7 @@ impl Gate {
         let mut g = lock(&self.inner);
         if g.refusal.is_none() {
             tracing::error!(code = r.code(), "{r}; this arbiter refuses every request (sealed)");
-            REFUSED.store(reason_index(&r), Ordering::Relaxed);
+            self.shown.refused.store(reason_index(&r), Ordering::Relaxed);
             g.refusal = Some(r.clone());
         }
         drop(g);
@@ -807,12 +820,6 @@ async fn run(gate: Weak<Gate>, stores: Vec<Arc<Store>>, listen: String) {
     }
 }
 
-/// 0 none; 1 version; 2 capability; 3 unreadable.
-static REFUSED: AtomicU8 = AtomicU8::new(0);
-static ADVERTISED: AtomicBool = AtomicBool::new(false);
-/// Bit i: [`Capability::ALL`]`[i]` is enabled in the record.
-static ENABLED: AtomicU32 = AtomicU32::new(0);
-
 const REASONS: [&str; 3] = ["version", "capability", "unreadable"];
 
 fn reason_index(r: &Refusal) -> u8 {
@@ -835,16 +842,22 @@ fn enabled_bits(r: Option<&KeyspaceRecord>) -> u32 {
 /// `lockmesh_arbiter_keyspace_refused{reason}` (1 while refusing for that reason),
 /// `lockmesh_arbiter_keyspace_advertised` and
 /// `lockmesh_arbiter_keyspace_capability_enabled{capability}`.
-pub fn register(registry: &mut Registry) {
-    registry.register_collector(Box::new(GateCollector));
+pub fn register(registry: &mut Registry, gate: Arc<Gate>) {
+    registry.register_collector(Box::new(GateCollector(gate)));
 }
 
-#[derive(Debug)]
-struct GateCollector;
+struct GateCollector(Arc<Gate>);
+
+impl std::fmt::Debug for GateCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GateCollector")
+    }
+}
 
 impl Collector for GateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let refused = REFUSED.load(Ordering::Relaxed);
+        let shown = &self.0.shown;
+        let refused = shown.refused.load(Ordering::Relaxed);
         let mut family = encoder.encode_descriptor(
             "lockmesh_arbiter_keyspace_refused",
             "1 while this arbiter refuses every request because the keyspace record names a version or an enabled capability it does not support.",
@@ -855,13 +868,13 @@ impl Collector for GateCollector {
             let v = i64::from(usize::from(refused) == i + 1);
             ConstGauge::new(v).encode(family.encode_family(&[("reason", *reason)])?)?;
         }
-        ConstGauge::new(i64::from(ADVERTISED.load(Ordering::Relaxed))).encode(encoder.encode_descriptor(
+        ConstGauge::new(i64::from(shown.advertised.load(Ordering::Relaxed))).encode(encoder.encode_descriptor(
             "lockmesh_arbiter_keyspace_advertised",
             "1 while this arbiter's capability advertisement is in etcd (lockctl upgrade enable sees it).",
             None,
             MetricType::Gauge,
         )?)?;
-        let bits = ENABLED.load(Ordering::Relaxed);
+        let bits = shown.enabled.load(Ordering::Relaxed);
         let mut family = encoder.encode_descriptor(
             "lockmesh_arbiter_keyspace_capability_enabled",
             "1 when the keyspace record enables the capability (as this arbiter last read it).",
@@ -894,7 +907,7 @@ mod tests {
     #[test]
     fn the_collector_declares_every_label_from_zero() {
         let mut r = Registry::default();
-        register(&mut r);
+        register(&mut r, Gate::new(Support::full()));
         let mut s = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut s, &r).unwrap();
         for line in [

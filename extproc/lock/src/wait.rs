@@ -48,7 +48,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, LazyLock, Mutex, Weak,
     },
     time::Duration,
@@ -71,6 +71,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     mutex::{AcquireRequest, Grant},
+    quota::{LockLabelSet, Quotas},
     test_faults, Keys, LockError, SessionRecord, Store,
 };
 
@@ -84,13 +85,24 @@ pub const POLL: Duration = Duration::from_millis(1000);
 pub const WATCH_AFTER_OFFER: Duration = Duration::from_millis(5);
 
 /// Whether releases hand keys over (config `handoff`; on by default, off only to
-/// measure what it saves). Process-wide: every cluster's store follows it.
-pub static HANDOFF: AtomicBool = AtomicBool::new(true);
+/// measure what it saves), and how long a release of a key in a hand-off chain
+/// waits for the next head's offer when none is posted yet (config
+/// `handoff_grace_ms`, default 2 ms; zero: never waits; see [`Queues::chained`]).
+/// One arbiter's ([`crate::runtime::Runtime::handoff`]): every cluster's store
+/// follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// Releases hand keys over to a posted offer.
+    pub on: bool,
+    /// The grace a release in a chain waits for an offer.
+    pub grace: Duration,
+}
 
-/// How long a release of a key in a hand-off chain waits for the next head's
-/// offer when none is posted yet (config `handoff_grace_ms`, default 2 ms; 0: never
-/// waits). See [`Queues::chained`]. Process-wide: every cluster's store follows it.
-pub static HANDOFF_GRACE_MS: AtomicU64 = AtomicU64::new(2);
+impl Default for Handoff {
+    fn default() -> Self {
+        Self { on: true, grace: Duration::from_millis(2) }
+    }
+}
 
 /// Hand-off attempts by result (process-wide counters, exposed by [`HandoffCounts::register`]).
 pub static HANDOFFS: HandoffCounts = HandoffCounts {
@@ -260,13 +272,26 @@ pub struct Queues {
     pub(crate) durable: super::durable::WaiterLease,
     /// Gated waiters, wake-ups and releases of keys with a gated waiter here.
     book: Arc<WaitBook>,
+    /// Whether and how releases hand keys over.
+    handoff: Handoff,
 }
 
 impl Default for Queues {
+    /// Queues with the default hand-off, whose waiters' labels name nothing (all
+    /// `other`): benchmarks and tests.
     fn default() -> Self {
-        let book = Arc::new(WaitBook::default());
+        Self::new(Handoff::default(), Arc::default())
+    }
+}
+
+impl Queues {
+    /// The queues of one store: releases hand over as `handoff` says, gated
+    /// waiters are labelled by `quotas`' lock labels.
+    pub fn new(handoff: Handoff, quotas: Arc<Quotas>) -> Self {
+        let book = Arc::new(WaitBook::new(quotas));
         lock(&BOOKS).push(Arc::downgrade(&book));
         Self {
+            handoff,
             next: AtomicU64::new(0),
             map: Mutex::default(),
             handed_names: Mutex::default(),
@@ -355,7 +380,7 @@ impl Queues {
         record: Option<&SessionRecord>,
         tx: oneshot::Sender<Handed>,
     ) -> bool {
-        if !HANDOFF.load(Ordering::Relaxed) {
+        if !self.handoff.on {
             return false;
         }
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -392,16 +417,16 @@ impl Queues {
     /// ([`Queues::take_offer`]): when the key's last release here handed it over
     /// (a chain: a hot key's next head is usually on its way, passed on by the
     /// filter the moment the new holder was answered, and can arrive just after
-    /// that holder's release), the release waits up to [`HANDOFF_GRACE_MS`] for an
+    /// that holder's release), the release waits up to [`Handoff::grace`] for an
     /// offer; otherwise `None` at once. A release that hands over starts or
     /// continues the chain ([`Queues::chain`]); one that found no offer within
     /// the grace ends it, so only the last release of a burst waits.
     pub(crate) async fn offer_within_grace(&self, d: &KeyDigest) -> Option<Offer> {
-        let grace = HANDOFF_GRACE_MS.load(Ordering::Relaxed);
-        if grace == 0 || !HANDOFF.load(Ordering::Relaxed) || !self.chained(d) {
+        let Handoff { on, grace } = self.handoff;
+        if grace.is_zero() || !on || !self.chained(d) {
             return None;
         }
-        let until = Instant::now() + Duration::from_millis(grace);
+        let until = Instant::now() + grace;
         loop {
             let posted = self.offer_posted.notified();
             tokio::pin!(posted);
@@ -758,8 +783,8 @@ pub struct WaitLabels {
 }
 
 impl WaitLabels {
-    fn of(req: &AcquireRequest) -> Self {
-        let (namespace, class) = super::quota::lock_labels().label(req.key.namespace(), req.class.name.as_str());
+    fn of(labels: &LockLabelSet, req: &AcquireRequest) -> Self {
+        let (namespace, class) = labels.label(req.key.namespace(), req.class.name.as_str());
         Self { namespace, class }
     }
 }
@@ -782,6 +807,8 @@ struct KeyWaits {
 #[derive(Default)]
 pub(crate) struct WaitBook {
     keys: Mutex<HashMap<KeyDigest, KeyWaits>>,
+    /// The quotas whose lock labels name a gated waiter's key.
+    quotas: Arc<Quotas>,
     /// How many keys `keys` has: while 0, the release and grant paths stop at it.
     active: AtomicUsize,
 }
@@ -792,6 +819,10 @@ static BOOKS: Mutex<Vec<Weak<WaitBook>>> = Mutex::new(Vec::new());
 // === impl WaitBook ===
 
 impl WaitBook {
+    fn new(quotas: Arc<Quotas>) -> Self {
+        Self { quotas, ..Self::default() }
+    }
+
     fn gate(&self, d: &KeyDigest, id: u64, req: Option<&AcquireRequest>) {
         let mut keys = lock(&self.keys);
         if !keys.contains_key(d) {
@@ -801,7 +832,7 @@ impl WaitBook {
         let Some(w) = keys.get_mut(d) else { return };
         if w.labels.is_none() {
             if let Some(req) = req {
-                let labels = WaitLabels::of(req);
+                let labels = WaitLabels::of(&self.quotas.lock_labels(), req);
                 FIGURES.of(&labels);
                 w.labels = Some(Arc::new(labels));
             }
@@ -954,10 +985,10 @@ pub struct Gated {
 }
 
 /// The gated waiters of every store here by label pair, with every pair that ever
-/// had one here and every pair the registry's prefixes declare (at 0).
-pub fn gated() -> BTreeMap<WaitLabels, Gated> {
+/// had one here and every pair `labels` (the registry's prefixes) declare (at 0).
+pub fn gated(labels: &LockLabelSet) -> BTreeMap<WaitLabels, Gated> {
     let mut out: BTreeMap<WaitLabels, Gated> = BTreeMap::new();
-    for (namespace, class) in super::quota::lock_labels().pairs() {
+    for (namespace, class) in labels.pairs() {
         out.insert(WaitLabels { namespace: namespace.clone(), class: class.clone() }, Gated::default());
     }
     for (labels, _) in FIGURES.all() {
@@ -1040,14 +1071,14 @@ mod tests {
         labelled(&b, &d, 1, &labels);
         std::thread::sleep(Duration::from_millis(40));
         b.gate(&d, 2, None);
-        let g = gated().remove(&labels).unwrap();
+        let g = gated(&LockLabelSet::default()).remove(&labels).unwrap();
         assert_eq!(g.waiters, 2);
         assert!(g.oldest_ms >= 40, "{g:?}");
         b.ungate(&d, 1);
-        let g = gated().remove(&labels).unwrap();
+        let g = gated(&LockLabelSet::default()).remove(&labels).unwrap();
         assert_eq!(g.waiters, 1);
         assert!(g.oldest_ms < 40, "the first left: {g:?}");
         b.ungate(&d, 2);
-        assert_eq!(gated().remove(&labels), Some(Gated::default()), "the pair stays, at 0");
+        assert_eq!(gated(&LockLabelSet::default()).remove(&labels), Some(Gated::default()), "the pair stays, at 0");
     }
 }

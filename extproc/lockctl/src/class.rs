@@ -282,14 +282,12 @@ async fn quota_use(file: &Path, etcd: &EtcdArgs, json: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    lockmesh_lock::quota::set_registry(&reg);
-    let keys = lockmesh_lock::Keys::new(&etcd.root);
-    let keys = &keys;
-    let count =
-        retry_auth(
-            &client,
-            |mut c| async move { lockmesh_lock::quota::count(&mut c, keys, Duration::from_secs(5)).await },
-        );
+    let quotas = lockmesh_lock::quota::Quotas::default();
+    quotas.set_registry(&reg);
+    let (keys, quotas) = (&lockmesh_lock::Keys::new(&etcd.root), &quotas);
+    let count = retry_auth(&client, |mut c| async move {
+        lockmesh_lock::quota::count(quotas, &mut c, keys, Duration::from_secs(5)).await
+    });
     let (used, revision) = match count.await {
         Ok(r) => r,
         Err(e) => {

@@ -125,10 +125,11 @@ fn read(state: &State) -> Reading {
     for (class, totals) in state.metrics.class_totals() {
         classes.entry(class).or_default().totals = totals;
     }
-    for (labels, g) in crate::lock::wait::gated() {
+    let rt = state.store.runtime();
+    for (labels, g) in crate::lock::wait::gated(&rt.quotas().lock_labels()) {
         classes.entry(labels.class.clone()).or_default().gated_waiters += g.waiters;
     }
-    for ((_, class), (holds, age_ms)) in crate::metrics::hold_rows() {
+    for ((_, class), (holds, age_ms)) in crate::metrics::hold_rows(rt) {
         let c = classes.entry(class).or_default();
         c.open_holds += holds;
         c.oldest_hold_ms = c.oldest_hold_ms.max(age_ms);

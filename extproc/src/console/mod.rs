@@ -573,10 +573,10 @@ impl Console {
             operator: ConsoleOperator { sub: op.sub.clone() },
             policies_error: (!policy_errors.is_empty()).then(|| policy_errors.join("; ")),
             registry,
-            quotas: quota_rows(),
+            quotas: quota_rows(state.store.runtime()),
             saturated: saturated_keys,
             scan,
-            shadow: shadow_rows(),
+            shadow: shadow_rows(state.store.runtime()),
             seal: ConsoleSeal {
                 detail: seal.as_ref().map(|s| s.detail.clone()),
                 epoch: epoch.as_ref().map(|e| e.epoch),
@@ -635,11 +635,12 @@ impl Console {
 /// answers. Every pair any of them knows, by labels.
 fn hold_wait_rows(state: &State, reg: &lockmesh_core::ClassRegistry) -> Vec<ConsoleHoldWait> {
     let mut rows: BTreeMap<(String, String), ConsoleHoldWait> = BTreeMap::new();
-    for ((ns, class), (holds, age_ms)) in crate::metrics::hold_rows() {
+    let rt = state.store.runtime();
+    for ((ns, class), (holds, age_ms)) in crate::metrics::hold_rows(rt) {
         let r = hold_wait_row(&mut rows, &ns, &class);
         (r.open_holds, r.oldest_hold_ms) = (holds, age_ms);
     }
-    for (l, g) in crate::lock::wait::gated() {
+    for (l, g) in crate::lock::wait::gated(&rt.quotas().lock_labels()) {
         let r = hold_wait_row(&mut rows, &l.namespace, &l.class);
         (r.gated_waiters, r.oldest_gated_wait_ms) = (g.waiters, g.oldest_ms);
     }
@@ -684,9 +685,10 @@ fn hold_wait_row<'a>(
 }
 
 /// What promoting each class's candidate would have changed over the last 24
-/// hours at this arbiter (`lock::shadow::last_day`), for the console and `/status`.
-pub(crate) fn shadow_rows() -> Vec<ShadowCount> {
-    crate::lock::shadow::last_day()
+/// hours at this arbiter (`lock::shadow::Shadow::last_day`), for the console and `/status`.
+pub(crate) fn shadow_rows(rt: &crate::lock::Runtime) -> Vec<ShadowCount> {
+    rt.shadow()
+        .last_day()
         .into_iter()
         .map(|c| ShadowCount {
             class: c.class,
@@ -697,10 +699,11 @@ pub(crate) fn shadow_rows() -> Vec<ShadowCount> {
         .collect()
 }
 
-/// The quota table: every namespace this arbiter counts (`lock::quota::usage`).
-fn quota_rows() -> Vec<lockmesh_core::wire::console::ConsoleQuota> {
+/// The quota table: every namespace this arbiter counts (`lock::quota::Quotas::usage`).
+fn quota_rows(rt: &crate::lock::Runtime) -> Vec<lockmesh_core::wire::console::ConsoleQuota> {
     use lockmesh_core::wire::console::{ConsoleQuota, QuotaUse};
-    crate::lock::quota::usage()
+    rt.quotas()
+        .usage()
         .into_iter()
         .map(|u| {
             let (sessions, holds) =

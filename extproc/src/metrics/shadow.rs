@@ -10,9 +10,14 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, MetricType},
 };
 
-/// Encodes `lockmesh_lock::shadow::totals` at scrape time.
-#[derive(Debug)]
-pub(super) struct ShadowCollector;
+/// Encodes `lockmesh_lock::shadow::Shadow::totals` at scrape time.
+pub(super) struct ShadowCollector(pub(super) std::sync::Arc<crate::lock::Runtime>);
+
+impl std::fmt::Debug for ShadowCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShadowCollector")
+    }
+}
 
 impl Collector for ShadowCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -22,7 +27,7 @@ impl Collector for ShadowCollector {
             None,
             MetricType::Counter,
         )?;
-        for c in crate::lock::shadow::totals() {
+        for c in self.0.shadow().totals() {
             let labels = [
                 ("namespace", c.namespace.as_str()),
                 ("class", c.class.as_str()),

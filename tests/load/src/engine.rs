@@ -90,7 +90,9 @@ impl Engine {
         check_max_group(max_group)?;
         let registry = lockmesh_lock::registry::parse(registry)
             .map_err(|e| anyhow!("the engine's class registry: {}", e.join("; ")))?;
-        let store = Store::connect_with(&access.endpoints, &access.root, OP_TIMEOUT, None, &access.auth)
+        // The engine's own runtime: the registry before the first grant.
+        let runtime = lockmesh_lock::Runtime::with_registry(&registry);
+        let store = Store::connect_with(&access.endpoints, &access.root, OP_TIMEOUT, None, &access.auth, &runtime)
             .await
             .map_err(|e| anyhow!("connect the engine's store to etcd {:?}: {e}", access.endpoints))?;
         // One cluster backs both tiers, as an arbiter config without `tiers:` says.
@@ -104,9 +106,6 @@ impl Engine {
             group: GroupLimits { max_group: max_group as usize, ..GroupLimits::ALONE },
         };
         let tiers = Arc::new(Tiers::connect(&cfg, store.clone()).await.map_err(|e| anyhow!("engine tiers: {e}"))?);
-        lockmesh_lock::quota::set_registry(&registry);
-        lockmesh_lock::delay::set_registry(&registry);
-        lockmesh_lock::shadow::set_registry(&registry);
         store.check_seal().await.map_err(|e| anyhow!("engine seal check: {e}"))?;
         let gate = Gate::new(Support::full());
         let mut tasks = vec![gate.clone().start(vec![store.clone()], "lockmesh-load engine".into()).await];
