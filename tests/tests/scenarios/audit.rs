@@ -223,6 +223,16 @@ async fn the_store_reconstructs_a_scripted_run_across_a_tailer_crash() {
     let c = b.post("/v1/sessions/close", &[("x-lock-session", &sid_b)]).await.unwrap();
     assert_eq!(c.code(), 200, "{}", c.body);
 
+    // Session facts as the running tailer counted them: b's close was recorded,
+    // a's short session expired. Read before the next crash: a tailer counts
+    // what it stores itself, and one restarted after its checkpoint took them
+    // in stores (and counts) none of them again.
+    tailer.caught_up(head(&st).await).await;
+    let m = tailer.metrics().await;
+    assert!(audit_events(&m, "session_close") >= 1 && audit_events(&m, "session_expiry") >= 1, "{m}");
+    assert_eq!(audit_events(&m, "gap"), 0, "no gap in a run without compaction");
+    assert!(m.contains("lockmesh_audit_expiries_total{namespace=\"short\",class=\"short\",tier=\"entity\"} 2"), "{m}");
+
     // 4. Another crash with nothing new, then catch up.
     tailer.crash_and_restart().await;
     tailer.caught_up(head(&st).await).await;
@@ -271,17 +281,17 @@ async fn the_store_reconstructs_a_scripted_run_across_a_tailer_crash() {
     let l = longest["holds"].as_array().unwrap();
     assert_eq!(l.len(), 2);
     assert!(l[0]["held_ms"].as_u64() >= l[1]["held_ms"].as_u64());
-    // Session facts: b's close was recorded, a's short session expired.
+    // No gap in a run without compaction, after the second crash too.
     let m = tailer.metrics().await;
-    let count = |kind: &str| -> u64 {
-        m.lines()
-            .find(|l| l.starts_with(&format!("lockmesh_audit_events_total{{kind=\"{kind}\"}}")))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    assert!(count("session_close") >= 1 && count("session_expiry") >= 1, "{m}");
-    assert_eq!(count("gap"), 0, "no gap in a run without compaction");
-    assert!(m.contains("lockmesh_audit_expiries_total{namespace=\"short\",class=\"short\",tier=\"entity\"} 2"), "{m}");
+    assert_eq!(audit_events(&m, "gap"), 0, "{m}");
+}
+
+/// `lockmesh_audit_events_total{kind}` in the tailer's exposition `m`.
+fn audit_events(m: &str, kind: &str) -> u64 {
+    m.lines()
+        .find(|l| l.starts_with(&format!("lockmesh_audit_events_total{{kind=\"{kind}\"}}")))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
