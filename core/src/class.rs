@@ -63,7 +63,7 @@ pub const WHY_MAX_TTL: &str = "the TTL bounds how long a crashed holder blocks i
 
 /// The TTL limits in force (ADR-11): [`Platform::DEFAULT`] unless a registry's
 /// `platform:` section changes them. The arbiter's loader and the CRD generator
-/// (`lockmesh_lock::registry::crd`) both read their limits from this one value.
+/// (`lockmesh_registry::crd`) both read their limits from this one value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Platform {
     /// Lowest TTL any class may choose, seconds.
@@ -845,7 +845,7 @@ impl ClassRegistry {
         }
     }
 
-    /// The TTL limits in force (the CRDs for them: `lockmesh_lock::registry::crd`).
+    /// The TTL limits in force (the CRDs for them: `lockmesh_registry::crd`).
     pub fn platform(&self) -> Platform {
         self.platform
     }

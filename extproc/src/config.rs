@@ -44,7 +44,7 @@ pub struct RawConfig {
     /// A directory of `LockClass` and `LockGrant` manifests (ADR-24), as a GitOps
     /// sync or a projected ConfigMap volume lays them down: its `*.yaml`/`*.yml`
     /// files, dotfiles skipped, validated by the CRD's structure and the
-    /// registry loader (`lockmesh_lock::registry::crd::manifests`) and re-read
+    /// registry loader (`lockmesh_registry::crd::manifests`) and re-read
     /// every second. Exactly one of `registry_file` and `registry_dir`.
     pub registry_dir: Option<String>,
     /// With `registry_dir` only: the registry's `platform:` section (manifests

@@ -4,7 +4,7 @@
 //!
 //! The registry comes from one [`RegistrySource`]: a registry file
 //! (`registry_file`) or a directory of LockClass/LockGrant manifests
-//! (`registry_dir`, `lockmesh_lock::registry::crd::manifests`).
+//! (`registry_dir`, `lockmesh_registry::crd::manifests`).
 //!
 //! Hot reload (ADR-24): a task reads the source every second and compares a hash
 //! of its content (the file's bytes; the directory's file names and bytes) with
@@ -43,8 +43,8 @@ use crate::{
     state::State,
 };
 
-use lockmesh_lock::registry::crd::manifests::{self, Snapshot};
-pub use lockmesh_lock::registry::{check_pause_file, crd, load, parse, parse_at, today};
+use lockmesh_registry::crd::manifests::{self, Snapshot};
+pub use lockmesh_registry::{check_pause_file, crd, load, parse, parse_at, today};
 
 /// How often the registry file is read for changes.
 pub(crate) const RELOAD_PERIOD: Duration = Duration::from_secs(1);

@@ -1,5 +1,5 @@
 //! The class registry as a directory of LockClass/LockGrant manifests (ADR-24,
-//! `registry_dir`, `lockmesh_lock::registry::crd::manifests`): the shipped example
+//! `registry_dir`, `lockmesh_registry::crd::manifests`): the shipped example
 //! (deploy/overlays/registry-dir/classes) loads; the kubelet's `..data` swap is
 //! seen as one change of the directory's content hash; envelopes, unknown fields
 //! and duplicates are refused naming file, document and field; and a planted
@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use lockmesh_core::{class::RawPlatform, ClassRegistry};
-use lockmesh_lock::registry::{
-    self,
+use lockmesh_registry::{
+    self as registry,
     crd::{self, manifests::Snapshot},
 };
 use serde_json::Value;

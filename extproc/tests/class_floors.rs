@@ -32,7 +32,7 @@ use lockmesh_core::{
     class::Platform,
     pause::{PauseEvidence, PauseTestResult, Verdict, SCHEMA_VERSION},
 };
-use lockmesh_lock::registry::{self, crd};
+use lockmesh_registry::{self as registry, crd};
 use serde_json::{json, Value};
 
 fn repo() -> PathBuf {

@@ -7,7 +7,7 @@
 use std::{path::PathBuf, process::Command};
 
 use lockmesh_core::{class::RawClass, grant::RawGrant};
-use lockmesh_lock::registry::{self, crd};
+use lockmesh_registry::{self as registry, crd};
 use serde_json::{json, Value};
 
 fn repo() -> PathBuf {

@@ -30,9 +30,10 @@ use serde::Deserialize;
 /// 0 foundations: the wire types (`lockmesh-core`), the service runtime, the dev
 ///   PKI; the empty Wasm filter the filter tax is measured against (no lockmesh crate);
 ///   the S3 request signer
-/// 1 what builds on the wire types alone: the etcd records, telemetry, the SDK,
-///   the Wasm filter, the fence proxy, the sidecar
-/// 2 the etcd recipe (`lockmesh-lock`); the SDK conformance suite's Rust driver
+/// 1 what builds on the wire types alone: the etcd records, how to reach etcd,
+///   telemetry, the SDK, the Wasm filter, the fence proxy, the sidecar
+/// 2 the etcd recipe (`lockmesh-lock`); the class registry loader and its CRDs;
+///   the SDK conformance suite's Rust driver
 /// 3 the operator workflows (`lockmesh-ops`)
 /// 4 the arbiter and the audit tailer (whose query port checks operators with the
 ///   ops verifier); the test harness, which gives each stack the shipped etcd roles
@@ -46,6 +47,8 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-empty-filter", 0, &[]),
     ("lockmesh-sigv4", 0, &[]),
     ("lockmesh-keyspace", 1, &["lockmesh-core"]),
+    ("lockmesh-etcd", 1, &["lockmesh-runtime"]),
+    ("lockmesh-registry", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime"]),
     ("lockmesh-telemetry", 1, &["lockmesh-core"]),
     ("lockmesh-client", 1, &["lockmesh-core", "lockmesh-runtime"]),
     ("lockmesh-conformance-driver", 2, &["lockmesh-client"]),
@@ -53,9 +56,17 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
     ("lockmesh-fence-proxy", 1, &["lockmesh-core", "lockmesh-runtime", "lockmesh-sigv4"]),
     ("lockmesh-sidecar", 1, &["lockmesh-runtime"]),
     ("lockmesh-tests", 4, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-ops"]),
-    ("lockmesh-lock", 2, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"]),
+    (
+        "lockmesh-lock",
+        2,
+        &["lockmesh-core", "lockmesh-etcd", "lockmesh-keyspace", "lockmesh-runtime", "lockmesh-telemetry"],
+    ),
     ("lockmesh-gate", 5, &["lockmesh-client", "lockmesh-core", "lockmesh-devcerts", "lockmesh-tests"]),
-    ("lockmesh-load", 5, &["lockmesh-core", "lockmesh-devcerts", "lockmesh-lock", "lockmesh-tests"]),
+    (
+        "lockmesh-load",
+        5,
+        &["lockmesh-core", "lockmesh-devcerts", "lockmesh-lock", "lockmesh-registry", "lockmesh-tests"],
+    ),
     ("lockmesh-ops", 3, &["lockmesh-core", "lockmesh-keyspace", "lockmesh-lock", "lockmesh-runtime"]),
     (
         "lockmesh-extproc",
@@ -65,6 +76,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
             "lockmesh-keyspace",
             "lockmesh-lock",
             "lockmesh-ops",
+            "lockmesh-registry",
             "lockmesh-runtime",
             "lockmesh-telemetry",
         ],
@@ -74,9 +86,10 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
         4,
         &[
             "lockmesh-core",
+            "lockmesh-etcd",
             "lockmesh-keyspace",
-            "lockmesh-lock",
             "lockmesh-ops",
+            "lockmesh-registry",
             "lockmesh-runtime",
             "lockmesh-sigv4",
             "lockmesh-telemetry",
@@ -92,6 +105,7 @@ const LAYERS: &[(&str, u8, &[&str])] = &[
             "lockmesh-keyspace",
             "lockmesh-lock",
             "lockmesh-ops",
+            "lockmesh-registry",
             "lockmesh-runtime",
         ],
     ),
@@ -333,7 +347,7 @@ fn no_shipped_binary_links_the_token_minter() {
 const JSON_EXEMPT: &[(&str, &str)] = &[
     // Builds CustomResourceDefinition schemas: Kubernetes API objects, not
     // lockmesh wire bodies.
-    ("extproc/lock/src/registry/crd.rs", "Kubernetes CRD schemas"),
+    ("extproc/registry/src/crd.rs", "Kubernetes CRD schemas"),
 ];
 
 /// Fails while a service builds a JSON body with `json!` instead of a type

@@ -1,6 +1,6 @@
 //! A gRPC client channel (tonic) whose TLS handshakes present the current
 //! certificate of a [`ReloadingCerts`] and verify the server with its current
-//! bundle: the etcd client's transport (`lockmesh_lock::connect`), which
+//! bundle: the etcd client's transport (`lockmesh_etcd`), which
 //! etcd-client's own TLS options would fix at connect time.
 //!
 //! The channel holds one HTTP/2 connection. Its connector ignores the URI tonic

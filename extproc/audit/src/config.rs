@@ -26,7 +26,7 @@ pub struct RawConfig {
     pub etcd_root: String,
     /// Client TLS to etcd, like the arbiter's `etcd.tls`: `{ca, cert, key}`;
     /// `https://` endpoints need it, and with it every endpoint must be one.
-    pub etcd_tls: Option<lockmesh_lock::connect::RawEtcdTls>,
+    pub etcd_tls: Option<lockmesh_etcd::RawEtcdTls>,
     /// etcd user (auth enabled; the role `lockmesh-audit`, docs/ADMIN.md), with
     /// `etcd_password_file`.
     pub etcd_user: Option<String>,
@@ -311,7 +311,7 @@ pub struct Config {
     /// Key root, no trailing slash.
     pub etcd_root: String,
     /// etcd TLS and user (the password stays out of `Debug`).
-    pub etcd_auth: lockmesh_lock::connect::EtcdClientAuth,
+    pub etcd_auth: lockmesh_etcd::EtcdClientAuth,
     /// Store file.
     pub store_file: PathBuf,
     /// Metrics listen address.
@@ -351,19 +351,14 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 
 /// Validates `etcd_tls`, `etcd_user` and `etcd_password_file` against the
 /// endpoints, with the arbiter's own validator.
-fn etcd_auth(
-    raw: &RawConfig,
-    base: &Path,
-    name: &str,
-    errs: &mut Vec<String>,
-) -> lockmesh_lock::connect::EtcdClientAuth {
-    let parts = lockmesh_lock::connect::EtcdAuthFields {
+fn etcd_auth(raw: &RawConfig, base: &Path, name: &str, errs: &mut Vec<String>) -> lockmesh_etcd::EtcdClientAuth {
+    let parts = lockmesh_etcd::EtcdAuthFields {
         endpoints: &raw.etcd_endpoints,
         tls: raw.etcd_tls.as_ref(),
         user: raw.etcd_user.as_deref(),
         password_file: raw.etcd_password_file.as_deref(),
     };
-    lockmesh_lock::connect::validate_etcd_auth(&parts, "etcd_", base, name, errs)
+    lockmesh_etcd::validate_etcd_auth(&parts, "etcd_", base, name, errs)
 }
 
 // === impl Config ===
@@ -410,7 +405,7 @@ impl Config {
             errs.push(format!("{name}: election_ttl_s: {election_ttl_s} is outside 3 to 300"));
         }
         let registry = raw.registry_file.as_ref().and_then(|p| {
-            lockmesh_lock::registry::load(&resolve(base, p))
+            lockmesh_registry::load(&resolve(base, p))
                 .map_err(|e| {
                     errs.push(format!("{name}: registry_file:"));
                     errs.extend(e.into_iter().map(|m| format!("  {m}")));

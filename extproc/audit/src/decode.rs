@@ -16,7 +16,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
 use super::event::{AuditEvent, EventKind, UNVERIFIED_CALLER};
-use lockmesh_lock::HoldRecord;
+use lockmesh_keyspace::HoldRecord;
 
 /// A put or a delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ fn place<'k>(root: &str, key: &'k [u8]) -> Place<'k> {
     let parts: Vec<&str> = rest.split('/').collect();
     match parts.as_slice() {
         ["l", d, "h", slot] => {
-            lockmesh_lock::Keys::parse_slot(slot).map_or(Place::Other, |slot| Place::Hold { digest: d, slot })
+            lockmesh_keyspace::keys::Keys::parse_slot(slot).map_or(Place::Other, |slot| Place::Hold { digest: d, slot })
         }
         ["r", d] => Place::ReleaseMarker(d),
         ["x", sid] => Place::CloseMarker(sid),

@@ -125,7 +125,7 @@ async fn query_h(
     body: Bytes,
 ) -> Response {
     let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let now_s = lockmesh_lock::now_ms() / 1000;
+    let now_s = lockmesh_keyspace::now_ms() / 1000;
     let caller = match port.access.authorize(peer.as_deref(), authorization, now_s) {
         Ok(c) => c,
         Err(e) => {
@@ -140,7 +140,7 @@ async fn query_h(
     };
     tracing::info!(client = %caller.client, sub = caller.sub.as_deref().unwrap_or("-"), query = kind_of(&q), "audit query");
     let store = HeaderValue::from_static(port.reader.name());
-    let mut r = match port.reader.answer(&q, lockmesh_lock::now_ms()).await {
+    let mut r = match port.reader.answer(&q, lockmesh_keyspace::now_ms()).await {
         Ok(a) => Json(a).into_response(),
         Err(e) => {
             // The store's message (ClickHouse's starts with its error code), never the query.

@@ -31,9 +31,10 @@ use super::{
     stats::Stats,
     store::{Checkpoint, Store},
 };
-use lockmesh_lock::{
+use lockmesh_keyspace::{
     epoch::{cluster_hex, EpochRecord},
-    now_ms, Keys,
+    keys::Keys,
+    now_ms,
 };
 
 /// A running tailer's shared parts.
@@ -70,7 +71,7 @@ pub async fn run(
     }
     crate::test_faults::install(&cfg.test_faults);
     let store = Arc::new(Store::open(&cfg.store_file)?);
-    let etcd_certs = cfg.etcd_auth.reloading_certs(lockmesh_lock::connect::ETCD_CERT_RELOAD)?;
+    let etcd_certs = cfg.etcd_auth.reloading_certs(lockmesh_etcd::ETCD_CERT_RELOAD)?;
     let t = Arc::new(Tailer { keys: Keys::new(&cfg.etcd_root), store, stats: Stats::default(), etcd_certs, cfg });
     t.stats.set_window(t.cfg.compaction_window_s);
     if let Some(cp) = t.store.checkpoint()? {
@@ -122,7 +123,7 @@ pub async fn run(
     Ok(())
 }
 
-/// Connects to etcd over `lockmesh_lock::connect::EtcdClientAuth::connect`'s
+/// Connects to etcd over `lockmesh_etcd::EtcdClientAuth::connect`'s
 /// failover channel (reloading the CA bundle, and the client certificate when one
 /// is configured).
 async fn connect(cfg: &Config, certs: Option<&Arc<lockmesh_runtime::ReloadingCerts>>) -> Result<Client, Error> {
@@ -286,7 +287,7 @@ impl Tailer {
             .kvs()
             .iter()
             .filter_map(|kv| {
-                let h: lockmesh_lock::HoldRecord = serde_json::from_slice(kv.value()).ok()?;
+                let h: lockmesh_keyspace::HoldRecord = serde_json::from_slice(kv.value()).ok()?;
                 let labels = match &self.cfg.registry {
                     Some(reg) => lockmesh_telemetry::labels::labels_of_raw(reg, &h.key),
                     None => lockmesh_telemetry::labels::LockLabels {

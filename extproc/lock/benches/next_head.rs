@@ -41,7 +41,7 @@ fn registry() -> lockmesh_core::ClassRegistry {
              waiver_expiry: \"2099-12-31\" }}\n"
         ));
     }
-    lockmesh_lock::registry::parse(&yaml).unwrap()
+    lockmesh_registry::parse(&yaml).unwrap()
 }
 
 fn note() -> ChangeNote {

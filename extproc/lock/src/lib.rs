@@ -15,8 +15,8 @@
 //! - [`Store`] (this file): one cluster's handle: calls under a deadline, sessions,
 //!   the seal.
 //! - [`clusters`]: the clusters an arbiter config names, validated once.
-//! - [`connect`]: how to reach etcd (endpoints, TLS, user), validated once.
-//! - [`registry`]: the class registry file and the CRDs generated from its schema.
+//! - [`connect`]: how to reach etcd (endpoints, TLS, user), validated once (the
+//!   `lockmesh-etcd` crate, which the audit tailer shares).
 //! - [`topology`]: the clusters of a split deployment and regional homing.
 //! - [`tiers`]: routing a key to its cluster, and sessions that span clusters.
 //! - [`home`]: the home fence of every grant, epoch allocation, session extension
@@ -40,7 +40,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clusters;
-pub mod connect;
+pub use lockmesh_etcd as connect;
 pub mod delay;
 pub mod durable;
 pub mod election;
@@ -53,7 +53,6 @@ pub mod mutex;
 pub mod policy;
 pub mod policy_watch;
 pub mod quota;
-pub mod registry;
 pub mod runtime;
 pub mod seal;
 pub mod session;

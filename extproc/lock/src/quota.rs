@@ -1025,7 +1025,7 @@ mod tests {
 
     #[test]
     fn hold_labels_name_only_what_the_registry_names() {
-        let reg = crate::registry::parse(
+        let reg = lockmesh_registry::parse(
             "classes:\n  - name: pay\n    prefixes: [payments, payments/x, refunds/y]\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n  - name: d\n    default: true\n    ttl_s: 60\n    enforcement: advisory\n    risk_owner: t\n    waiver_expiry: \"2099-12-31\"\n",
         )
         .unwrap();

@@ -23,7 +23,7 @@ use lockmesh_ops::admin::{
 /// (inspect, saturated, doctor, class apply, limit, epoch-advance, restore), each
 /// flag also read from its `LOCKMESH_ETCD_*` variable; [`EtcdArgs::connection`]
 /// validates them as the config files' `etcd:` sections are validated
-/// (`lockmesh_lock::connect`). Which etcd role each command needs:
+/// (`lockmesh_etcd`). Which etcd role each command needs:
 /// `lockctl etcd-roles`.
 #[derive(Args, Debug, Clone)]
 pub struct EtcdArgs {

@@ -8,7 +8,7 @@
 //!   and any warnings (expired waivers, floors lowered below the ADR-11 defaults).
 //!
 //! Every FILE argument may also be a directory of LockClass/LockGrant manifests
-//! (the arbiter's `registry_dir`, `lockmesh_lock::registry::crd::manifests`),
+//! (the arbiter's `registry_dir`, `lockmesh_registry::crd::manifests`),
 //! checked under the ADR-11 default TTL limits (manifests carry no `platform:`;
 //! the arbiter's `registry_platform` can lower them).
 //! - `class crds [FILE] [--out DIR]`: the LockClass and LockGrant CRDs for the
@@ -49,7 +49,7 @@ use lockmesh_core::class::{
     Platform, PLATFORM_DEFAULT_TTL_S, WHY_ADVISORY_MIN_TTL, WHY_MAX_TTL, WHY_MIN_TTL,
 };
 use lockmesh_core::ClassRegistry;
-use lockmesh_lock::registry::crd;
+use lockmesh_registry::crd;
 
 use lockmesh_ops::etcd_retry::retry_auth;
 use lockmesh_ops::reconcile::{Admin, AdminError, ApplyOutcome, Outcome};
@@ -239,7 +239,7 @@ pub async fn class(cmd: &ClassCmd) -> ExitCode {
             println!("{}: OK ({} classes)", file.display(), reg.classes().len());
             print!("{}", floors_text(&reg, file));
             print!("{}", at_floor_text(&reg));
-            for w in reg.warnings(lockmesh_lock::registry::today()) {
+            for w in reg.warnings(lockmesh_registry::today()) {
                 println!("  warning: {}: {w}", file.display());
             }
         }
@@ -349,7 +349,7 @@ fn load(path: &Path) -> Result<ClassRegistry, Vec<String>> {
     if path.is_dir() {
         crd::load_dir(path, &lockmesh_core::class::RawPlatform::default())
     } else {
-        lockmesh_lock::registry::load(path)
+        lockmesh_registry::load(path)
     }
 }
 

@@ -543,7 +543,7 @@ impl Doctor {
         };
         let base = file.parent().unwrap_or(Path::new("."));
         let now_s = now_ms() / 1000;
-        let today = lockmesh_lock::registry::today();
+        let today = lockmesh_registry::today();
         let soon_s = warn_days.saturating_mul(86_400);
         for c in reg.classes() {
             let class = c.name.as_str();

@@ -88,8 +88,8 @@ impl Engine {
     /// Connects and starts everything the arbiter starts before it serves.
     pub async fn connect(access: &EngineAccess, registry: &str, max_group: u32) -> Result<Arc<Self>> {
         check_max_group(max_group)?;
-        let registry = lockmesh_lock::registry::parse(registry)
-            .map_err(|e| anyhow!("the engine's class registry: {}", e.join("; ")))?;
+        let registry =
+            lockmesh_registry::parse(registry).map_err(|e| anyhow!("the engine's class registry: {}", e.join("; ")))?;
         // The engine's own runtime: the registry before the first grant.
         let runtime = lockmesh_lock::Runtime::with_registry(&registry);
         let store = Store::connect_with(&access.endpoints, &access.root, OP_TIMEOUT, None, &access.auth, &runtime)

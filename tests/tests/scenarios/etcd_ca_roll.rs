@@ -67,7 +67,7 @@ const HELD: &str = "payments/etcd-ca-roll/held";
 /// The key two callers contend for throughout.
 const BUSY: &str = "payments/etcd-ca-roll/busy";
 /// How long the arbiter may take to log a bundle reload (it polls every 5 s,
-/// `lockmesh_lock::connect::ETCD_CERT_RELOAD`).
+/// `lockmesh_etcd::ETCD_CERT_RELOAD`).
 const RELOAD_WITHIN: Duration = Duration::from_secs(15);
 
 /// What one roll saw.

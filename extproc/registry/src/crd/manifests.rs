@@ -203,7 +203,7 @@ impl Snapshot {
         }
         let raw = RawRegistry { platform: platform.clone(), classes, grants, quotas: quotas.clone() };
         let now = now_ms() / 1000;
-        let check = |class: &str, file: Option<&str>| crate::registry::check_pause_file(&self.dir, class, file, now);
+        let check = |class: &str, file: Option<&str>| crate::check_pause_file(&self.dir, class, file, now);
         // With a document refused above, the registry-wide verdicts (exactly one
         // default, ...) judge an incomplete set: they wait for the documents' fix.
         let partial = !errs.is_empty();
@@ -405,7 +405,7 @@ fn one_line(s: &str) -> String {
 
 /// Loads the registry of the manifests in `dir` under the TTL limits `platform`
 /// ([`Snapshot::read`], then [`Snapshot::parse`]). A registry that lowers a
-/// platform floor is logged as a warning, as [`crate::registry::load`] logs a
+/// platform floor is logged as a warning, as [`crate::load`] logs a
 /// registry file's.
 pub fn load_dir(dir: &Path, platform: &RawPlatform) -> Result<ClassRegistry, Vec<String>> {
     load_dir_with(dir, platform, &RawQuotas::default())
