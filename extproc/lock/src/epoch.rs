@@ -59,23 +59,25 @@ impl Store {
     }
 
     /// Whether any member answers a `Status` call naming a leader (all asked at
-    /// once, each under the operation timeout). A cluster that lost its majority
-    /// has none once its election timeout ran out; an unreachable member names
-    /// none. The fail-open trigger (`failopen::quorum`) needs this to be false.
+    /// once, each within `within`, or the operation timeout if shorter). A
+    /// cluster that lost its majority has none once its election timeout ran out;
+    /// an unreachable member names none. The fail-open trigger
+    /// (`failopen::quorum`) needs this to be false.
     ///
     /// etcd 3.5 answers `Status` only to root under auth, and the arbiter's user is
     /// not root: a member that refuses it is asked `LeaseTimeToLive` of a lease that
     /// does not exist instead. A follower forwards that call to its leader, so an
     /// answer (`lease not found` included) proves a leader, and no leader means no
     /// answer within the timeout.
-    pub(crate) async fn member_names_leader(&self) -> bool {
+    pub(crate) async fn member_names_leader(&self, within: std::time::Duration) -> bool {
+        let t = within.min(self.op_timeout);
         let asks = self.members.iter().map(|m| {
             let mut m = m.clone();
             async move {
-                match self.call(m.status()).await {
-                    Ok(s) => s.leader() != 0,
-                    Err(LockError::Unavailable(e)) if e.contains("permission denied") => {
-                        match tokio::time::timeout(self.op_timeout, m.lease_time_to_live(PROBE_LEASE, None)).await {
+                match tokio::time::timeout(t, m.status()).await {
+                    Ok(Ok(s)) => s.leader() != 0,
+                    Ok(Err(e)) if e.to_string().contains("permission denied") => {
+                        match tokio::time::timeout(t, m.lease_time_to_live(PROBE_LEASE, None)).await {
                             Ok(Ok(_)) => true,
                             Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
                                 st.message().contains("requested lease not found")
@@ -83,7 +85,7 @@ impl Store {
                             _ => false,
                         }
                     }
-                    Err(_) => false,
+                    _ => false,
                 }
             }
         });

@@ -202,13 +202,18 @@ impl Tiers {
         self.fail_open.values()
     }
 
-    /// One seal check's outcome on `store`, for the fail-open trigger.
-    pub async fn observe_quorum(&self, store: &Arc<Store>, read_ok: bool) {
-        if !read_ok {
-            store.relogin_after_failed_read().await;
-        }
+    /// The outcome of one seal check on `store` that started at `started_ms`, for
+    /// the fail-open trigger. After a failed read the clients log in again (a
+    /// restored member refuses the tokens it issued before), in the background:
+    /// during a quorum loss the login waits out its own timeout, and the next
+    /// check must not wait for it.
+    pub async fn observe_quorum(&self, store: &Arc<Store>, started_ms: u64, read_ok: bool) {
         if let Some(fo) = self.fail_open.get(store.cluster_name()) {
-            fo.observe(store, read_ok).await;
+            fo.observe(store, started_ms, read_ok).await;
+        }
+        if !read_ok {
+            let store = store.clone();
+            tokio::spawn(async move { store.relogin_after_failed_read().await });
         }
     }
 
@@ -356,8 +361,15 @@ impl Tiers {
             true => Some(IN_TURN.lock().await), // PLANTED FAULT seal_rounds_in_turn
             false => None,
         };
-        let r = store.check_seal().await;
-        self.observe_quorum(store, r.is_ok()).await;
+        // Bounded by the fail-open check's timeout (`failopen::quorum`): a read
+        // etcd has not answered by then fails the check.
+        let started_ms = now_ms();
+        let within = crate::failopen::quorum::CHECK_TIMEOUT.min(store.op_timeout());
+        let r = match tokio::time::timeout(within, store.check_seal()).await {
+            Ok(r) => r,
+            Err(_) => Err(LockError::Unavailable(format!("the seal check got no answer within {within:?}"))),
+        };
+        self.observe_quorum(store, started_ms, r.is_ok()).await;
         r
     }
 
