@@ -25,7 +25,7 @@ use crate::{
     lock::{mutex::AcquireRequest, session::Caller, Store},
     respond::{ApiError, ApiResponse},
     state::State,
-    tiers::Acquired,
+    tiers::{Acquired, HoldFor},
 };
 
 /// A lock API route (`docs/API.md`). [`ROUTES`] is the one list the dispatch,
@@ -734,7 +734,7 @@ async fn acquire(
     let span = crate::telemetry::acquire_span(&state.registry(), &areq.key);
     let reg = state.registry();
     #[cfg(not(feature = "bench-floor"))]
-    let result = state.tiers.acquire_or_open(&areq, None, &reg, cancel).instrument(span.clone()).await;
+    let result = state.tiers.acquire_or_open(&areq, HoldFor::Caller, &reg, cancel).instrument(span.clone()).await;
     // The mesh floor (benchmark builds only, `crate::floor`): granted without etcd.
     #[cfg(feature = "bench-floor")]
     let result =

@@ -27,6 +27,10 @@ pub struct ApiResponse {
     pub body: String,
     /// Response headers besides `content-type` (always `application/json`).
     pub headers: Vec<(&'static str, String)>,
+    /// The refusal's stable code; `None` on an answer that is not a refusal.
+    /// What reads an answer (metrics, the re-run decision) reads this, never the
+    /// status or the body.
+    pub code: Option<Code>,
 }
 
 /// A refusal from the API layer.
@@ -107,7 +111,7 @@ impl From<ApiError> for ApiResponse {
         body.reason = e.reason.map(Into::into);
         body.region = e.region;
         body.quota = e.quota.map(|q| q.as_str().to_owned());
-        ApiResponse { status: e.code.status(), body: to_json(&body), headers }
+        ApiResponse { status: e.code.status(), body: to_json(&body), headers, code: Some(e.code) }
     }
 }
 
@@ -122,7 +126,7 @@ impl IntoResponse for ApiError {
 impl ApiResponse {
     /// A 200 with `body` (a `core::wire` answer).
     pub fn ok(body: &impl Serialize) -> Self {
-        Self { status: 200, body: to_json(body), headers: Vec::new() }
+        Self { status: 200, body: to_json(body), headers: Vec::new(), code: None }
     }
 }
 
@@ -210,6 +214,7 @@ mod tests {
         for c in Code::ALL {
             let r = ApiResponse::from(ApiError::new(c, "m \"quoted\"\n"));
             assert_eq!(r.status, c.status(), "{c}");
+            assert_eq!(r.code, Some(c), "{c}");
             let want: Vec<_> = c.error_headers().map(|(k, v)| (k, v.to_owned())).collect();
             assert_eq!(r.headers, want, "{c}");
             // The same bytes as the Wasm filter's hand-written body.

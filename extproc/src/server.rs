@@ -335,7 +335,7 @@ async fn request_headers(
                 // caller must retry.
                 let again = ran < AUTH_RUNS
                     && r.1.is_none()
-                    && matches!(&r.0, Answer::Reply(a) if a.status == 503 && a.body.contains("\"unavailable\""))
+                    && matches!(&r.0, Answer::Reply(a) if a.code == Some(Code::Unavailable))
                     && lockmesh_lock::auth_refusals() != refusals
                     && !cancel.is_cancelled()
                     && received.elapsed() < AUTH_RERUN_WITHIN;
@@ -398,9 +398,11 @@ async fn request_headers(
     }
 }
 
+/// The `code` label of an answer: its refusal's code, `ok` for a 200.
 fn code_of(r: &ApiResponse) -> &'static str {
-    if r.status == 200 {
-        return "ok";
+    match r.code {
+        Some(c) => c.as_str(),
+        None if r.status == 200 => "ok",
+        None => "other",
     }
-    r.headers.iter().find(|(k, _)| *k == headers::ERROR).and_then(|(_, v)| Code::parse(v)).map_or("other", Code::as_str)
 }

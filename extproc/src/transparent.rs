@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use lockmesh_core::{class::OnQuorumLoss, headers, Code};
+use lockmesh_core::{headers, Code};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -34,11 +34,12 @@ use crate::{
         mutex::AcquireRequest,
         session::Caller,
         vm::{self, valid_vm_id},
-        LockError, Store,
+        Store,
     },
     respond::ApiError,
     server::Answer,
     state::State,
+    tiers::{Acquired, HoldFor},
 };
 
 /// Internal headers removed before a transparent request goes upstream.
@@ -142,7 +143,7 @@ async fn grant(
         ));
     }
     let permits = api::permits_of(&req.lock, &class)?;
-    let mut areq = AcquireRequest {
+    let areq = AcquireRequest {
         key,
         class,
         caller: Caller { identity: req.identity.clone(), instance: None },
@@ -157,52 +158,13 @@ async fn grant(
         election: false,
         session_indexed: false,
     };
-    // A fail-open class during a declared quorum loss: unprotected, from memory.
-    let open = if areq.class.on_quorum_loss == OnQuorumLoss::Open {
-        let store = state.tiers.route(&areq.class, &areq.key, false).await?;
-        state.tiers.fail_open(store.cluster_name()).cloned().map(|fo| (store, fo))
-    } else {
-        None
-    };
-    if let Some((store, fo)) = &open {
-        if fo.declared().is_some() {
-            return unprotected(state, envoy, store, fo, areq, cancel).await;
-        }
-        fo.wait_free(&areq.key.digest(), areq.deadline, areq.try_once, cancel).await?;
-    }
-    // A VM session that expired (the filter stopped renewing for a while) is
-    // replaced once; so is one whose TTL is not the class's (`lock::vm`: a TTL
-    // change retires the old session, whose holds keep it). Each cluster has its own VM sessions; a key whose home moved
-    // is routed again (`crate::tiers`).
-    let (mut tries, mut moves) = (0, 0);
-    let (grant, store) = loop {
-        let store: Arc<Store> = state.tiers.route(&areq.class, &areq.key, moves > 0).await?;
-        let r = match store.vm_session(envoy, vm, &areq.class).await {
-            Ok(sid) => {
-                areq.session = Some(sid);
-                store.acquire(&areq, cancel).await
-            }
-            // Opening the VM's session failed: no retry (as before), but an
-            // unavailable etcd may still fall to memory below.
-            Err(LockError::Unavailable(m)) => Err(LockError::Unavailable(m)),
-            Err(e) => return Err(e.into()),
-        };
-        match r {
-            // Expired, or (another arbiter's registry disagrees on the class TTL)
-            // of another TTL: forget it and find or open the class TTL's session.
-            Err(LockError::SessionExpired | LockError::SessionClassMismatch { .. }) if tries == 0 => {
-                tries += 1;
-                store.forget_vm_session(vm, areq.class.name.as_str(), areq.class.ttl_s).await;
-            }
-            Err(LockError::Moved) if moves < 3 => moves += 1,
-            Err(LockError::Unavailable(m)) => match &open {
-                Some((store, fo)) if fo.declared().is_some() => {
-                    return unprotected(state, envoy, store, fo, areq, cancel).await;
-                }
-                _ => return Err(LockError::Unavailable(m).into()),
-            },
-            r => break (r?, store),
-        }
+    // The lock API's one entry: the VM's session on the key's home (replaced once
+    // when it expired or has another TTL), re-routing, and a fail-open class's
+    // unprotected grant during a declared quorum loss.
+    let holder = HoldFor::Vm { envoy, vm };
+    let (grant, store) = match state.tiers.acquire_or_open(&areq, holder, &state.registry(), cancel).await? {
+        Acquired::Protected(g, s) => (g, s),
+        Acquired::Unprotected(g, fo) => return Ok(unprotected(g, fo, areq)),
     };
     let t = grant.token;
     let mut set = vec![
@@ -219,24 +181,19 @@ async fn grant(
     Ok((set, Undo::Grant { req: areq, grant, store }))
 }
 
-/// The unprotected grant of a transparent request: token 0, because its class
+/// The answer to a transparent request granted unprotected (token 0): its class
 /// declared `on_quorum_loss: open` and the quorum loss is declared.
-async fn unprotected(
-    state: &Arc<State>,
-    envoy: &str,
-    store: &Arc<Store>,
-    fo: &Arc<crate::failopen::FailOpen>,
-    mut areq: AcquireRequest,
-    cancel: &CancellationToken,
-) -> Result<(Vec<(&'static str, String)>, Undo), ApiError> {
-    areq.session = None;
-    let g = fo.grant(store, &areq, Some(envoy), &state.registry(), cancel).await?;
+fn unprotected(
+    g: crate::failopen::MemGrant,
+    fo: Arc<crate::failopen::FailOpen>,
+    areq: AcquireRequest,
+) -> (Vec<(&'static str, String)>, Undo) {
     let set = vec![
         (headers::TOKEN, headers::UNPROTECTED_TOKEN.to_owned()),
         (headers::EPOCH, g.epoch.to_string()),
         (headers::REVISION, "0".to_owned()),
     ];
-    Ok((set, Undo::Unprotected { fail_open: fo.clone(), req: areq, grant: g.grant }))
+    (set, Undo::Unprotected { fail_open: fo, req: areq, grant: g.grant })
 }
 
 #[cfg(test)]

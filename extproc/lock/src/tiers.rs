@@ -52,6 +52,21 @@ use crate::{
 /// How many times a request is routed again after a moved home record.
 const REROUTES: usize = 3;
 
+/// Whom an acquire holds for, which decides where its session comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldFor<'a> {
+    /// A lock API caller: the request's session, or one opened for the acquire.
+    Caller,
+    /// A transparent request of `vm` behind the Envoy `envoy`: the VM's session
+    /// on the key's home cluster; the request's `hold_id` names the hold.
+    Vm {
+        /// The Envoy's identity (it owns the VM's sessions).
+        envoy: &'a str,
+        /// The filter VM's id.
+        vm: &'a str,
+    },
+}
+
 /// What an acquire got: an etcd grant, or (a fail-open class during a declared
 /// quorum loss, ADR-04) an unprotected one from memory.
 pub enum Acquired {
@@ -227,18 +242,23 @@ impl Tiers {
         Some((store, fo))
     }
 
-    /// [`Tiers::acquire`], except for a fail-open class (ADR-04): while its
+    /// [`Tiers::acquire_for`], except for a fail-open class (ADR-04): while its
     /// cluster's quorum loss is declared it is granted unprotected from memory
-    /// (`envoy` owns a transparent hold); otherwise it first waits until no
+    /// (a VM's grant is owned by its Envoy); otherwise it first waits until no
     /// unprotected hold of the key is left here, and an etcd grant that fails
     /// `unavailable` falls back to memory only if the loss is declared by then.
+    /// The one entry of the lock API's and transparent requests' acquires.
     pub async fn acquire_or_open(
         &self,
         req: &AcquireRequest,
-        envoy: Option<&str>,
+        holder: HoldFor<'_>,
         reg: &ClassRegistry,
         cancel: &CancellationToken,
     ) -> Result<Acquired, LockError> {
+        let envoy = match holder {
+            HoldFor::Caller => None,
+            HoldFor::Vm { envoy, .. } => Some(envoy),
+        };
         let open = self.open_home(req).await;
         if let Some((store, fo)) = &open {
             if fo.declared().is_some() {
@@ -247,7 +267,7 @@ impl Tiers {
             }
             fo.wait_free(&req.key.digest(), req.deadline, req.try_once, cancel).await?;
         }
-        match self.acquire(req, cancel).await {
+        match self.acquire_for(req, holder, cancel).await {
             Ok((g, s)) => Ok(Acquired::Protected(g, s)),
             Err(LockError::Unavailable(m)) => match &open {
                 Some((store, fo)) if fo.declared().is_some() => {
@@ -497,13 +517,45 @@ impl Tiers {
         req: &AcquireRequest,
         cancel: &CancellationToken,
     ) -> Result<(Grant, Arc<Store>), LockError> {
-        for attempt in 0..=REROUTES {
+        self.acquire_for(req, HoldFor::Caller, cancel).await
+    }
+
+    /// [`Tiers::acquire`] for `holder`. A VM's session is the one of its class
+    /// on the key's home cluster (found or opened there, [`Store::vm_session`]);
+    /// one that expired, or whose TTL is not the class's (another arbiter's
+    /// registry disagrees, or a TTL change retired it), is forgotten and replaced
+    /// once. A key whose home moved is routed again, up to `REROUTES` times.
+    pub async fn acquire_for(
+        &self,
+        req: &AcquireRequest,
+        holder: HoldFor<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(Grant, Arc<Store>), LockError> {
+        let (mut attempt, mut replaced) = (0, false);
+        while attempt <= REROUTES {
             let store = self.route(&req.class, &req.key, attempt > 0).await?;
-            if let Some(sid) = req.session {
-                self.ensure_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller), &store).await?;
-            }
-            match store.acquire(req, cancel).await {
-                Err(LockError::Moved) => continue,
+            let r = match holder {
+                HoldFor::Caller => {
+                    if let Some(sid) = req.session {
+                        self.ensure_session(sid, req.session_owner.as_ref().unwrap_or(&req.caller), &store).await?;
+                    }
+                    store.acquire(req, cancel).await
+                }
+                HoldFor::Vm { envoy, vm } => {
+                    let sid = store.vm_session(envoy, vm, &req.class).await?;
+                    store.acquire(&AcquireRequest { session: Some(sid), ..req.clone() }, cancel).await
+                }
+            };
+            match r {
+                Err(LockError::Moved) => attempt += 1,
+                Err(LockError::SessionExpired | LockError::SessionClassMismatch { .. })
+                    if !replaced && matches!(holder, HoldFor::Vm { .. }) =>
+                {
+                    replaced = true;
+                    if let HoldFor::Vm { vm, .. } = holder {
+                        store.forget_vm_session(vm, req.class.name.as_str(), req.class.ttl_s).await;
+                    }
+                }
                 Ok(g) => {
                     if g.new_session {
                         self.remember_home(g.session, &store, req.class.ttl_s);

@@ -33,7 +33,7 @@ use lockmesh_lock::{
     home::COORD_CLUSTER,
     mutex::AcquireRequest,
     session::Caller,
-    tiers::{Acquired, CancellationToken, FailOpenSettings, Tiers, TiersConfig},
+    tiers::{Acquired, CancellationToken, FailOpenSettings, HoldFor, Tiers, TiersConfig},
     topology::Topology,
     upgrade::{Gate, Support},
     GroupLimits, Store,
@@ -228,7 +228,7 @@ impl Holder {
             session_indexed: false,
         };
         let cancel = CancellationToken::new();
-        match self.engine.tiers.acquire_or_open(&req, None, &self.engine.registry, &cancel).await {
+        match self.engine.tiers.acquire_or_open(&req, HoldFor::Caller, &self.engine.registry, &cancel).await {
             Ok(Acquired::Protected(g, _)) => {
                 self.held = Some(g.token);
                 Ok(g.token.get())
