@@ -122,12 +122,18 @@ pub struct RawFailOpen {
     /// leader, before the quorum loss is declared and fail-open classes grant from
     /// memory. Default 3000 (1000 to 60000).
     pub quorum_loss_after_ms: Option<u64>,
+    /// How long a seal check's read and member probe wait for etcd before the
+    /// check counts as failed (the operation timeout if shorter). Default 2000
+    /// (200 to 60000).
+    pub check_timeout_ms: Option<u64>,
 }
 
 /// Default `fail_open.max_spool_bytes`.
 pub const DEFAULT_MAX_SPOOL_BYTES: u64 = 16 * 1024 * 1024;
 /// Default `fail_open.quorum_loss_after_ms`.
 pub const DEFAULT_QUORUM_LOSS_AFTER_MS: u64 = 3000;
+/// Default `fail_open.check_timeout_ms` (`lock::failopen::quorum::CHECK_TIMEOUT`).
+pub const DEFAULT_CHECK_TIMEOUT_MS: u64 = 2000;
 
 /// Validated `fail_open`.
 #[derive(Debug, Clone)]
@@ -139,6 +145,8 @@ pub struct FailOpenConfig {
     pub max_spool_bytes: u64,
     /// Declaration delay, ms.
     pub quorum_loss_after_ms: u64,
+    /// A seal check's wait for etcd, ms.
+    pub check_timeout_ms: u64,
 }
 
 fn fail_open(
@@ -169,7 +177,11 @@ fn fail_open(
     if !(1000..=60_000).contains(&quorum_loss_after_ms) {
         errs.push(format!("{name}: fail_open.quorum_loss_after_ms: {quorum_loss_after_ms} is outside 1000 to 60000"));
     }
-    FailOpenConfig { spool_file, max_spool_bytes, quorum_loss_after_ms }
+    let check_timeout_ms = raw.and_then(|r| r.check_timeout_ms).unwrap_or(DEFAULT_CHECK_TIMEOUT_MS);
+    if !(200..=60_000).contains(&check_timeout_ms) {
+        errs.push(format!("{name}: fail_open.check_timeout_ms: {check_timeout_ms} is outside 200 to 60000"));
+    }
+    FailOpenConfig { spool_file, max_spool_bytes, quorum_loss_after_ms, check_timeout_ms }
 }
 
 /// Two-person admin actions (`operators:`, `docs/ADMIN.md`).
@@ -776,6 +788,7 @@ impl Config {
                 spool_file: self.fail_open.spool_file.as_deref(),
                 max_spool_bytes: self.fail_open.max_spool_bytes,
                 quorum_loss_after_ms: self.fail_open.quorum_loss_after_ms,
+                check_timeout_ms: self.fail_open.check_timeout_ms,
             },
             group: self.group,
         }

@@ -151,7 +151,12 @@ impl Clusters {
             root: &self.root,
             op_timeout,
             marks_file: None,
-            fail_open: FailOpenSettings { spool_file: None, max_spool_bytes: 0, quorum_loss_after_ms: u64::MAX },
+            fail_open: FailOpenSettings {
+                spool_file: None,
+                max_spool_bytes: 0,
+                quorum_loss_after_ms: u64::MAX,
+                check_timeout_ms: 2000,
+            },
             group: self.group,
         };
         Tiers::connect(&cfg, coord).await

@@ -80,6 +80,8 @@ pub enum Acquired {
 pub struct Tiers {
     stores: BTreeMap<String, Arc<Store>>,
     fail_open: BTreeMap<String, Arc<FailOpen>>,
+    /// How long a seal check waits for etcd ([`FailOpenSettings::check_timeout_ms`]).
+    check_timeout: std::time::Duration,
     entity: Vec<String>,
     region: Option<Region>,
     map: RwLock<Option<ShardMap>>,
@@ -140,6 +142,9 @@ pub struct FailOpenSettings<'a> {
     pub max_spool_bytes: u64,
     /// How long etcd must be unreachable before a quorum loss is declared, ms.
     pub quorum_loss_after_ms: u64,
+    /// How long a seal check's read and member probe wait for etcd, ms (the
+    /// operation timeout if shorter; [`crate::failopen::quorum`]).
+    pub check_timeout_ms: u64,
 }
 
 impl Tiers {
@@ -168,7 +173,8 @@ impl Tiers {
                 (name.clone(), Arc::new(f))
             })
             .collect();
-        Ok(Self { fail_open, ..Self::new(stores, topo.entity.clone(), topo.region.clone()) })
+        let check_timeout = std::time::Duration::from_millis(fo.check_timeout_ms);
+        Ok(Self { fail_open, check_timeout, ..Self::new(stores, topo.entity.clone(), topo.region.clone()) })
     }
 
     /// Tiers over connected stores (named already).
@@ -179,6 +185,7 @@ impl Tiers {
         Self {
             stores,
             fail_open: BTreeMap::new(),
+            check_timeout: crate::failopen::quorum::CHECK_TIMEOUT,
             entity,
             region,
             map: RwLock::new(None),
@@ -224,7 +231,7 @@ impl Tiers {
     /// check must not wait for it.
     pub async fn observe_quorum(&self, store: &Arc<Store>, started_ms: u64, read_ok: bool) {
         if let Some(fo) = self.fail_open.get(store.cluster_name()) {
-            fo.observe(store, started_ms, read_ok).await;
+            fo.observe(store, started_ms, read_ok, self.check_timeout).await;
         }
         if !read_ok {
             let store = store.clone();
@@ -384,7 +391,7 @@ impl Tiers {
         // Bounded by the fail-open check's timeout (`failopen::quorum`): a read
         // etcd has not answered by then fails the check.
         let started_ms = now_ms();
-        let within = crate::failopen::quorum::CHECK_TIMEOUT.min(store.op_timeout());
+        let within = self.check_timeout.min(store.op_timeout());
         let r = match tokio::time::timeout(within, store.check_seal()).await {
             Ok(r) => r,
             Err(_) => Err(LockError::Unavailable(format!("the seal check got no answer within {within:?}"))),

@@ -102,7 +102,12 @@ impl Engine {
             root: &access.root,
             op_timeout: OP_TIMEOUT,
             marks_file: None,
-            fail_open: FailOpenSettings { spool_file: None, max_spool_bytes: 0, quorum_loss_after_ms: u64::MAX },
+            fail_open: FailOpenSettings {
+                spool_file: None,
+                max_spool_bytes: 0,
+                quorum_loss_after_ms: u64::MAX,
+                check_timeout_ms: 2000,
+            },
             group: GroupLimits { max_group: max_group as usize, ..GroupLimits::ALONE },
         };
         let tiers = Arc::new(Tiers::connect(&cfg, store.clone()).await.map_err(|e| anyhow!("engine tiers: {e}"))?);

@@ -89,6 +89,8 @@ struct Setup<'a> {
     own_plaintext_coord: bool,
     /// The arbiters' `etcd.op_timeout_ms` (every cluster's), instead of 2000.
     op_timeout_ms: Option<u64>,
+    /// The arbiters' `fail_open.check_timeout_ms`, instead of its default.
+    check_timeout_ms: Option<u64>,
 }
 
 struct Split {
@@ -132,8 +134,9 @@ async fn split(name: &str, setup: Setup<'_>) -> Split {
     }
     yaml.push_str(&format!("tiers:\n  entity: [{}]\n", setup.entity.join(", ")));
     // Every arbiter needs a spool (the registry has fail-open classes); each stack's is its own.
+    let check = setup.check_timeout_ms.map(|ms| format!(", check_timeout_ms: {ms}")).unwrap_or_default();
     let spool_yaml = |spool: &Path| {
-        format!("\nfail_open: {{ spool_file: {:?}, quorum_loss_after_ms: 1000 }}\n", spool.display().to_string())
+        format!("\nfail_open: {{ spool_file: {:?}, quorum_loss_after_ms: 1000{check} }}\n", spool.display().to_string())
     };
     let spool = users_dir.path().join("unprotected.spool");
     if !setup.faults.is_empty() {
@@ -543,8 +546,9 @@ async fn declared_within(st: &Stack, cluster: &str, declared: bool, within: Dura
 }
 
 /// GUARANTEES G8h's trigger is each cluster's own: with shard-a's etcd stalled
-/// (its member stopped, so each call of shard-a's seal round runs into the 10 s
-/// operation timeout: a round of 30 s), shard-b's quorum loss is declared within
+/// (its member stopped, so each check of shard-a's seal round runs into its
+/// timeout, set here to the 10 s operation timeout: a round of 20 s), shard-b's
+/// quorum loss is declared within
 /// seconds of its member dying, a fail-open key homed on shard-b is granted
 /// unprotected, and within seconds of the member's return the loss ends and the
 /// key is granted from etcd again.
@@ -556,7 +560,9 @@ async fn a_stalled_shard_never_delays_another_shards_quorum_loss_or_its_end() {
 
 /// The twin: with the clusters' seal rounds taking turns (one loop over the
 /// clusters, as before the fix), shard-b's declaration needs two of its rounds,
-/// each behind one of shard-a's 30 s rounds, and the checks above fail.
+/// each behind one of shard-a's 20 s rounds, and the checks above fail. (With
+/// the default 2 s check timeout a stalled round lasts about 4 s, and rounds in
+/// turn would delay another cluster's declaration by that much.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_seal_rounds_in_turn_hold_back_another_shards_quorum_loss() {
     let v = stalled_shard("split-stall-planted", &["seal_rounds_in_turn"]).await;
@@ -567,10 +573,17 @@ async fn planted_seal_rounds_in_turn_hold_back_another_shards_quorum_loss() {
 /// The stalled-shard run; what went wrong, in words.
 async fn stalled_shard(name: &str, faults: &[&str]) -> Vec<String> {
     /// Generous beside the 1 s rounds and 1 s declaration delay; far below the
-    /// 30 s a round of the stalled shard lasts.
+    /// 20 s a round of the stalled shard lasts.
     const WITHIN: Duration = Duration::from_secs(12);
     let shards = ["shard-a", "shard-b"];
-    let setup = Setup { shards: &shards, entity: &shards, faults, op_timeout_ms: Some(10_000), ..Setup::default() };
+    let setup = Setup {
+        shards: &shards,
+        entity: &shards,
+        faults,
+        op_timeout_ms: Some(10_000),
+        check_timeout_ms: Some(10_000),
+        ..Setup::default()
+    };
     let s = split(name, setup).await;
     let open_b = homed(&map(&shards), keys("payments/batch", 4, "b"), "shard-b");
     let c = s.st.client("payments", "a").unwrap();
@@ -579,7 +592,7 @@ async fn stalled_shard(name: &str, faults: &[&str]) -> Vec<String> {
     let mut v = Vec::new();
 
     s.shards["shard-a"].member(0).pause().unwrap();
-    // shard-a's rounds are in their stall (each call waits its 10 s).
+    // shard-a's rounds are in their stall (each check waits its 10 s).
     tokio::time::sleep(Duration::from_secs(3)).await;
     s.shards["shard-b"].member(0).kill();
     match declared_within(&s.st, "shard-b", true, Duration::from_secs(75)).await {

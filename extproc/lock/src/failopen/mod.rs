@@ -186,8 +186,8 @@ impl FailOpen {
     /// One seal check's outcome (`read_ok`), with a member probe when it failed;
     /// then lapsed holds are ended and, with the quorum back, the spool shipped
     /// (in the background, one ship at a time).
-    pub async fn observe(self: &Arc<Self>, store: &Arc<Store>, started_ms: u64, read_ok: bool) {
-        let leader_seen = read_ok || store.member_names_leader(quorum::CHECK_TIMEOUT).await;
+    pub async fn observe(self: &Arc<Self>, store: &Arc<Store>, started_ms: u64, read_ok: bool, within: Duration) {
+        let leader_seen = read_ok || store.member_names_leader(within).await;
         match self.quorum.observe(started_ms, now_ms(), read_ok, leader_seen) {
             Transition::Declared(o) => tracing::warn!(
                 cluster = %self.cluster,

@@ -5,8 +5,8 @@
 //! decision is the arbiter's 1 s seal check's, and it needs all of:
 //!
 //! 1. the check's linearizable read of the epoch record failed (etcd did not answer
-//!    within the check's timeout, [`CHECK_TIMEOUT`] or `etcd.op_timeout_ms` if
-//!    shorter, or answered an error);
+//!    within the check's timeout, `fail_open.check_timeout_ms` (default
+//!    [`CHECK_TIMEOUT`]) or `etcd.op_timeout_ms` if shorter, or answered an error);
 //! 2. no member answered a `Status` call naming a leader within that timeout (a
 //!    slow cluster still has one; a cluster without a majority has none once its
 //!    election timeout ran out, and a member that cannot be reached names none);
@@ -30,8 +30,8 @@ use std::sync::Mutex;
 /// Consecutive failed checks needed before a loss is declared.
 pub(crate) const MIN_ROUNDS: u32 = 2;
 
-/// The longest a seal check's read and member probe wait for etcd (less when
-/// `etcd.op_timeout_ms` is shorter).
+/// The longest a seal check's read and member probe wait for etcd by default
+/// (`fail_open.check_timeout_ms`; less when `etcd.op_timeout_ms` is shorter).
 pub const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A declared quorum loss on one cluster, as this arbiter saw it.
