@@ -18,6 +18,8 @@
 //!   surface: API, VM routes, `/status`, console, admin, audit, `lockctl --json`).
 //! - [`canon`]: the one canonical form of a request path, shared by the filter and
 //!   fence-proxy (issue #17).
+//! - [`route`]: the lock API's routes, one table of method and path read by the
+//!   filter's classification and the arbiter's dispatch.
 //! - [`template`]: path and key templates (`/orders/{id}` -> `payments/order-{id}`),
 //!   shared by the filter's bound keys and fence-proxy's routes.
 //! - `proof` (feature `proof`): Ed25519 grant proofs that fences verify offline.
@@ -34,6 +36,7 @@ pub mod policy;
 #[cfg(feature = "proof")]
 pub mod proof;
 pub mod quota;
+pub mod route;
 pub mod shard;
 pub mod template;
 pub mod token;

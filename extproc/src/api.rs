@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use lockmesh_core::{
     class::OnQuorumLoss,
-    grant::Operation,
     headers::{self, LockHeaders, Permits},
     wire::api::{
         Acquired as AcquiredBody, AcquiredAll, Election, Holder, KeyGrant, Leader, LockInfo, Proclaimed, Released,
@@ -28,112 +27,10 @@ use crate::{
     tiers::{Acquired, HoldFor},
 };
 
-/// A lock API route (`docs/API.md`). [`ROUTES`] is the one list the dispatch,
-/// the grant check ([`Route::operation`]) and the metrics label read, and a test
-/// holds it to the Wasm filter's route table and to docs/API.md.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// `POST /v1/locks/acquire`.
-    Acquire,
-    /// `POST /v1/locks/release`.
-    Release,
-    /// `POST /v1/locks/acquire-all`: every key of `x-lock-keys` in one grant, or none.
-    AcquireAll,
-    /// `GET /v1/locks`.
-    Inspect,
-    /// `POST /v1/sessions`.
-    SessionOpen,
-    /// `POST /v1/sessions/keepalive`.
-    SessionKeepalive,
-    /// `POST /v1/sessions/close`.
-    SessionClose,
-    /// `GET /v1/sessions/holds`.
-    SessionHolds,
-    /// `POST /v1/tokens/validate`.
-    Validate,
-    /// `POST /v1/elections/campaign`: an acquire of an election's key.
-    Campaign,
-    /// `POST /v1/elections/proclaim`.
-    Proclaim,
-    /// `POST /v1/elections/resign`: the release of a leadership.
-    Resign,
-    /// `GET /v1/elections`: the leadership, now or after a resume point.
-    Observe,
-}
-
-/// Every API route: method, path (without the query, matched byte for byte) and route.
-pub const ROUTES: [(&str, &str, Route); 13] = [
-    ("POST", "/v1/locks/acquire", Route::Acquire),
-    ("POST", "/v1/locks/acquire-all", Route::AcquireAll),
-    ("POST", "/v1/locks/release", Route::Release),
-    ("GET", "/v1/locks", Route::Inspect),
-    ("POST", "/v1/sessions", Route::SessionOpen),
-    ("POST", "/v1/sessions/keepalive", Route::SessionKeepalive),
-    ("POST", "/v1/sessions/close", Route::SessionClose),
-    ("GET", "/v1/sessions/holds", Route::SessionHolds),
-    ("POST", "/v1/tokens/validate", Route::Validate),
-    ("POST", "/v1/elections/campaign", Route::Campaign),
-    ("POST", "/v1/elections/proclaim", Route::Proclaim),
-    ("POST", "/v1/elections/resign", Route::Resign),
-    ("GET", "/v1/elections", Route::Observe),
-];
-
-/// Prefix of the paths the filter classifies as operator routes (no API route
-/// here answers them; the admin actions live under `/internal/v1/admin/`).
-pub(crate) const ADMIN_PREFIX: &str = "/v1/admin/";
-
-// === impl Route ===
-
-impl Route {
-    /// The route of `method` and `path` (query already removed), if it is one.
-    pub fn of(method: &str, path: &str) -> Option<Route> {
-        ROUTES.iter().find(|(m, p, _)| *m == method && *p == path).map(|(_, _, r)| *r)
-    }
-
-    /// The operation a LockGrant must allow for it (the filter's mapping:
-    /// acquire, release and the session routes need `acquire`).
-    pub fn operation(self) -> Operation {
-        match self {
-            Route::Acquire
-            | Route::AcquireAll
-            | Route::Release
-            | Route::SessionOpen
-            | Route::SessionKeepalive
-            | Route::SessionClose
-            | Route::SessionHolds
-            | Route::Campaign
-            | Route::Proclaim
-            | Route::Resign => Operation::Acquire,
-            Route::Inspect | Route::Observe => Operation::Inspect,
-            Route::Validate => Operation::Validate,
-        }
-    }
-
-    /// Routes that may wait (`x-lock-wait-ms`): the arbiter stretches Envoy's
-    /// ext_proc message timer for them (`server`).
-    pub fn waits(self) -> bool {
-        matches!(self, Route::Acquire | Route::AcquireAll | Route::Campaign | Route::Observe)
-    }
-
-    /// The `route` label of `lockmesh_arbiter_requests_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Route::Acquire => "acquire",
-            Route::AcquireAll => "acquire_all",
-            Route::Release => "release",
-            Route::Inspect => "inspect",
-            Route::SessionOpen => "session_open",
-            Route::SessionKeepalive => "keepalive",
-            Route::SessionClose => "session_close",
-            Route::SessionHolds => "session_holds",
-            Route::Validate => "validate",
-            Route::Campaign => "campaign",
-            Route::Proclaim => "proclaim",
-            Route::Resign => "resign",
-            Route::Observe => "observe",
-        }
-    }
-}
+/// A lock API route: core's table (`lockmesh_core::route`), which the Wasm filter
+/// classifies requests by too. The dispatch, the grant check
+/// ([`Route::operation`]) and the metrics label read it.
+pub use lockmesh_core::route::ApiRoute as Route;
 
 /// A request as the arbiter sees it.
 #[derive(Debug, Clone)]
@@ -281,7 +178,7 @@ async fn route(
             return Err(ApiError::wrong_region(key.namespace(), region));
         }
     }
-    let Some(route) = Route::of(&req.method, &req.path) else {
+    let Some(route) = Route::of(req.method.as_bytes(), req.path.as_bytes()) else {
         return Err(ApiError::new(Code::NotFound, format!("no route {} {}", req.method, req.path)));
     };
     let r = match route {
@@ -808,53 +705,19 @@ async fn acquire(
 
 #[cfg(test)]
 mod tests {
+    use lockmesh_core::grant::Operation;
+
     use super::*;
 
-    /// The Wasm filter's route table as its source writes it: `(b"M", b"/p") => Route::X`.
-    fn filter_routes() -> Vec<(String, String)> {
-        let src = include_str!("../../wasm-filter/src/route.rs");
-        src.lines()
-            .filter_map(|l| {
-                let l = l.trim().strip_prefix("(b\"")?;
-                let (method, rest) = l.split_once("\", b\"")?;
-                let (path, rest) = rest.split_once("\")")?;
-                rest.trim_start().starts_with("=> Route::").then(|| (method.to_owned(), path.to_owned()))
-            })
-            .collect()
-    }
-
-    /// The routes docs/API.md documents with a heading of their own (`### \`M /p\``).
-    fn documented_routes() -> Vec<(String, String)> {
-        include_str!("../../docs/API.md")
-            .lines()
-            .filter_map(|l| {
-                let (method, path) = l.strip_prefix("### `")?.strip_suffix('`')?.split_once(' ')?;
-                path.starts_with("/v1/").then(|| (method.to_owned(), path.to_owned()))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_route_table_is_the_filters_and_the_docs() {
-        let ours: Vec<(String, String)> = ROUTES.iter().map(|(m, p, _)| ((*m).to_owned(), (*p).to_owned())).collect();
-        let filter = filter_routes();
-        assert_eq!(filter.len(), ROUTES.len(), "the filter's table as parsed: {filter:?}");
-        for r in &filter {
-            assert!(ours.contains(r), "the filter classifies {r:?}; the arbiter does not");
-        }
-        let documented = documented_routes();
-        assert!(documented.len() >= 7, "docs/API.md's route headings as parsed: {documented:?}");
-        for r in &documented {
-            assert!(ours.contains(r), "docs/API.md documents {r:?}; the arbiter does not route it");
-        }
-    }
-
+    /// Core's table is the one both the filter (its tests hold its classification
+    /// to every row) and this dispatch read; docs/API.md is held to it in core.
     #[test]
     fn every_route_is_found_with_its_operation_and_label_and_nothing_else_is() {
         let mut labels = std::collections::HashSet::new();
-        for (m, p, r) in ROUTES {
-            assert_eq!(Route::of(m, p), Some(r), "{m} {p}");
+        for (m, p, r) in lockmesh_core::route::API_ROUTES {
+            assert_eq!(Route::of(m.as_bytes(), p.as_bytes()), Some(r), "{m} {p}");
             assert!(labels.insert(r.label()), "two routes share the label {}", r.label());
+            assert_eq!(crate::metrics::route_label(m, p), r.label(), "{m} {p}");
             let op = crate::registry::api_operation(m, p);
             assert_eq!(op, r.operation(), "{m} {p}");
         }
@@ -864,10 +727,10 @@ mod tests {
         assert_eq!(crate::registry::api_operation("POST", "/v1/sessions/close"), Operation::Acquire);
         assert_eq!(crate::registry::api_operation("DELETE", "/v1/admin/x"), Operation::Admin);
         // The old prefix test's false friend is no route and needs `acquire`.
-        assert_eq!(Route::of("POST", "/v1/validate"), None);
+        assert_eq!(Route::of(b"POST", b"/v1/validate"), None);
         assert_eq!(crate::registry::api_operation("POST", "/v1/validate"), Operation::Acquire);
         for (m, p) in [("GET", "/v1/locks/acquire"), ("POST", "/v1/locks/acquire/"), ("POST", "//v1/locks/acquire")] {
-            assert_eq!(Route::of(m, p), None, "{m} {p}");
+            assert_eq!(Route::of(m.as_bytes(), p.as_bytes()), None, "{m} {p}");
         }
         assert_eq!(crate::metrics::route_label("POST", "/v1/tokens/validate"), "validate");
         assert_eq!(crate::metrics::route_label("POST", "/nowhere"), "other");

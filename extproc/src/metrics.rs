@@ -398,7 +398,7 @@ impl Collector for WaitCollector {
 
 /// The route label of a request path: a closed set.
 pub(crate) fn route_label(method: &str, path: &str) -> &'static str {
-    crate::api::Route::of(method, path).map_or("other", crate::api::Route::label)
+    crate::api::Route::of(method.as_bytes(), path.as_bytes()).map_or("other", crate::api::Route::label)
 }
 
 /// The arbiter's registry and the families it records into.

@@ -259,9 +259,9 @@ pub fn authorise(state: &State, req: &ApiRequest, op: Operation) -> Result<(), A
 /// `/v1/admin/` needs `admin`, and an unknown route `acquire` (it is answered
 /// `not_found` after the check, so a refusal does not tell routes apart).
 pub fn api_operation(method: &str, path: &str) -> Operation {
-    match Route::of(method, path) {
+    match Route::of(method.as_bytes(), path.as_bytes()) {
         Some(r) => r.operation(),
-        None if path.starts_with(crate::api::ADMIN_PREFIX) => Operation::Admin,
+        None if path.starts_with(lockmesh_core::route::ADMIN_PREFIX) => Operation::Admin,
         None => Operation::Acquire,
     }
 }

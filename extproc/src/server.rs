@@ -305,7 +305,8 @@ async fn request_headers(
     // Envoy's per-message timer to cover the wait, but only once it has waited
     // OVERRIDE_AFTER: most grants answer well before Envoy's `message_timeout`,
     // and the extra message would cost every acquire a gRPC frame in both processes.
-    let waits = route == "transparent" || api::Route::of(&req.method, &req.path).is_some_and(api::Route::waits);
+    let waits = route == "transparent"
+        || api::Route::of(req.method.as_bytes(), req.path.as_bytes()).is_some_and(api::Route::waits);
     let mut stretch = if waits { api::wait_of(state, &req).ok().filter(|w| !w.is_zero()) } else { None };
     let stretch_at = received + OVERRIDE_AFTER;
     let cancel = CancellationToken::new();

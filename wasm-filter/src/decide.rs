@@ -43,7 +43,7 @@
 //! forgeable identity headers, the token's epoch and revision; on a transparent
 //! route also `headers::UPSTREAM_RESERVED` (token, session, instance, proof, grant).
 
-use lockmesh_core::{canon, code::error_body, headers, template::HeaderLookup, Code, LockKey};
+use lockmesh_core::{canon, code::error_body, headers, route::ApiRoute, template::HeaderLookup, Code, LockKey};
 
 use crate::{
     config::{Config, KeySource, TransparentRoute},
@@ -263,7 +263,7 @@ pub(crate) fn on_request_headers(cfg: &Config, hdrs: &[(String, Vec<u8>)], peer_
     }
     // A session opened without a key: the namespaces the caller may acquire in,
     // so the arbiter charges the session to its class's namespace only there.
-    if route == Route::SessionOpen && lock.key.is_none() {
+    if route == Route::Api(ApiRoute::SessionOpen) && lock.key.is_none() {
         set.push((headers::GRANTED_NS, cfg.grants.namespaces(identity, op).join(",")));
     }
     Decision::Pass(Pass { route, key: lock.key, wait_ms, remove, set, unlocked })

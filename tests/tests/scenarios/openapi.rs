@@ -2,8 +2,8 @@
 //! drift from the code that answers it.
 //!
 //! - [`the_document_names_every_route_code_and_header`]: the document is valid
-//!   OpenAPI 3.1 (`openapi-spec-validator`), its operations are the arbiter's route
-//!   table (`lockmesh_extproc::api::ROUTES`), its error codes are core's table with
+//!   OpenAPI 3.1 (`openapi-spec-validator`), its operations are the lock API's route
+//!   table (`lockmesh_core::route::API_ROUTES`), its error codes are core's table with
 //!   each code under its status and `retry-after` where the table says, and its
 //!   headers are core's header names.
 //! - [`every_answer_body_is_a_wire_struct_the_document_allows`]: every answer body
@@ -34,6 +34,7 @@ use lockmesh_core::{
     code::RETRY_AFTER_S,
     headers::{self, SessionId},
     quota::Quota,
+    route::API_ROUTES,
     wire::{
         api::{
             Acquired, AcquiredAll, Election, Holder, KeyGrant, Leader, LockInfo, Proclaimed, Released, SessionClosed,
@@ -43,7 +44,6 @@ use lockmesh_core::{
     },
     Code, FencingToken, Reason,
 };
-use lockmesh_extproc::api::ROUTES;
 use lockmesh_tests::{repo_root, Stack, DEFAULT_TEST_REGISTRY};
 use serde_json::{json, Value};
 
@@ -130,11 +130,11 @@ fn the_document_names_every_route_code_and_header() {
     let doc = doc();
     assert_eq!(doc["openapi"], "3.1.0");
 
-    // Routes: exactly the arbiter's table.
+    // Routes: exactly the route table.
     let documented: BTreeSet<(String, String)> = operations(&doc).into_iter().map(|(m, p, _)| (m, p)).collect();
     let routed: BTreeSet<(String, String)> =
-        ROUTES.iter().map(|(m, p, _)| ((*m).to_owned(), (*p).to_owned())).collect();
-    assert_eq!(documented, routed, "docs/openapi.yaml's operations vs lockmesh_extproc::api::ROUTES");
+        API_ROUTES.iter().map(|(m, p, _)| ((*m).to_owned(), (*p).to_owned())).collect();
+    assert_eq!(documented, routed, "docs/openapi.yaml's operations vs lockmesh_core::route::API_ROUTES");
 
     // Codes: the enum is Code::ALL, in order.
     let all: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();

@@ -59,7 +59,7 @@ fn a_multi_key_acquire_is_authorised_key_by_key_and_denied_as_one() {
     let all = |keys: &[u8]| h("POST", "/v1/locks/acquire-all", &[("x-lock-keys", keys)]);
     let d = on_request_headers(&cfg(), &all(b"payments/a payments/b"), Some(ID));
     let Decision::Pass(p) = d else { panic!("{d:?}") };
-    assert_eq!((p.route, p.key), (Route::AcquireAll, None), "never queued under a key");
+    assert_eq!((p.route, p.key), (Route::Api(ApiRoute::AcquireAll), None), "never queued under a key");
     // One key outside the caller's grants denies the request, wherever it stands,
     // with the one denial's bytes.
     let first = on_request_headers(&cfg(), &all(b"billing/x payments/b"), Some(ID));
@@ -126,7 +126,7 @@ fn strips_internal_and_identity_headers() {
     let Decision::Pass(p) = d else { panic!() };
     assert_eq!(p.remove, vec!["x-forwarded-client-cert", "x-lock-epoch", "x-lockmesh-budget-ms"]);
     assert_eq!(p.set, vec![(headers::FILTERED, "1".to_string())]);
-    assert_eq!((p.route, p.wait_ms), (Route::Acquire, 250));
+    assert_eq!((p.route, p.wait_ms), (Route::Api(ApiRoute::Acquire), 250));
 }
 
 proptest! {
