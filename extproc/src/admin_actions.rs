@@ -145,7 +145,7 @@ where
             state.metrics.request(route, e.code());
             tracing::info!(step, request = id.as_deref().unwrap_or("-"), code = e.code(), "admin call refused");
             if matches!(step, "request" | "approve") {
-                let mut c = state.store.client();
+                let mut c = state.store.cluster().client();
                 flow::log_refusal(&mut c, &state.config.etcd_root, step, id.as_deref(), who.as_ref(), &e).await;
             }
             crate::respond::admin_refusal(&e)
@@ -172,7 +172,7 @@ async fn request(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
                     b.ttl_s, ops.max_request_ttl_s
                 )));
             }
-            let (mut c, root) = (state.store.client(), state.config.etcd_root.as_str());
+            let (mut c, root) = (state.store.cluster().client(), state.config.etcd_root.as_str());
             let r = flow::request(&mut c, root, b.action, &b.reason, &op, b.ttl_s).await?;
             let reg = state.registry();
             let at = holds_at(&state, &r.id).await?;
@@ -193,7 +193,7 @@ async fn show(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
             Ok(b) => b,
             Err(e) => return (None, None, Err(e)),
         };
-        let (mut c, reg) = (state.store.client(), state.registry());
+        let (mut c, reg) = (state.store.cluster().client(), state.registry());
         let r = match holds_at(&state, &b.id).await {
             Ok(at) => flow::preview(&mut c, at, &state.config.etcd_root, &b.id, Some(&reg)).await.and_then(to_json),
             Err(e) => Err(e),
@@ -214,7 +214,7 @@ async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
             Ok(op) => op,
             Err(e) => return (None, Some(b.id), Err(e)),
         };
-        let (mut c, root, reg) = (state.store.client(), state.config.etcd_root.as_str(), state.registry());
+        let (mut c, root, reg) = (state.store.cluster().client(), state.config.etcd_root.as_str(), state.registry());
         let run = async {
             let at = holds_at(&state, &b.id).await?;
             let p = flow::preview(&mut c, at.clone(), root, &b.id, Some(&reg)).await?;
@@ -230,7 +230,7 @@ async fn approve(AxState(state): AxState<Arc<State>>, req: Request) -> Response 
 
 async fn list(AxState(state): AxState<Arc<State>>, req: Request) -> Response {
     serve(state, req, "list", |state, _ops, _req| async move {
-        let (mut c, root) = (state.store.client(), state.config.etcd_root.as_str());
+        let (mut c, root) = (state.store.cluster().client(), state.config.etcd_root.as_str());
         let run = async {
             let requests = flow::list(&mut c, root).await?;
             let log = flow::read_log(&mut c, root).await?;
@@ -251,19 +251,19 @@ async fn holds_at(state: &State, id: &str) -> Result<Option<flow::HoldsAt>, Admi
         return Ok(None);
     }
     let root = state.config.etcd_root.as_str();
-    let Some(digest) = flow::request_digest(&mut state.store.client(), root, id).await? else {
+    let Some(digest) = flow::request_digest(&mut state.store.cluster().client(), root, id).await? else {
         return Ok(None);
     };
     let mut found = Vec::new();
     for s in state.tiers.stores() {
-        if flow::hold_count(&mut s.client(), root, &digest).await? > 0 {
+        if flow::hold_count(&mut s.cluster().client(), root, &digest).await? > 0 {
             found.push(s.clone());
         }
     }
     match found.as_slice() {
         [] => Ok(None),
         [s] if s.cluster_name() == state.store.cluster_name() => Ok(None),
-        [s] => Ok(Some(flow::HoldsAt { cluster: s.cluster_name().to_owned(), client: s.client() })),
+        [s] => Ok(Some(flow::HoldsAt { cluster: s.cluster_name().to_owned(), client: s.cluster().client() })),
         many => Err(AdminError::BadCall(format!(
             "the key has holds on {} clusters ({}): a shard move is in progress; finish it (lockctl shard apply) \
              and ask again",

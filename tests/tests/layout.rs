@@ -400,7 +400,7 @@ const LOCK_STATICS: &[(&str, &str, &str)] = &[
     ("engine/group.rs", "GROUPS", "group commit counters"),
     ("policy_watch.rs", "EVENTS", "policy watch event counter"),
     ("policy_watch.rs", "OPEN", "policy watches open, a gauge"),
-    ("lib.rs", "AUTH_REFUSALS", "auth-store refusal counter"),
+    ("cluster.rs", "AUTH_REFUSALS", "auth-store refusal counter"),
     ("steps.rs", "STEPS", "etcd step timings"),
     ("failopen/mod.rs", "STATS", "fail-open counters"),
     ("test_faults.rs", "ACTIVE", "planted faults (test builds)"),

@@ -91,7 +91,7 @@ impl Store {
         d: &KeyDigest,
         sid: lockmesh_core::headers::SessionId,
     ) -> crate::engine::grant::DelayOps {
-        let (g, r) = (self.keys().delay_guard(d), self.keys().lock_delay(d));
+        let (g, r) = (self.cluster.keys().delay_guard(d), self.cluster.keys().lock_delay(d));
         crate::engine::grant::DelayOps {
             compares: vec![
                 Compare::create_revision(g.as_str(), CompareOp::Equal, 0),
@@ -105,11 +105,11 @@ impl Store {
     /// Deletes key `d`'s lock-delay guard if it names session `sid` (a grant this
     /// arbiter undoes by revoking the session it opened: no expiry).
     pub(crate) async fn drop_delay_guard(&self, d: &KeyDigest, sid: lockmesh_core::headers::SessionId) {
-        let g = self.keys().delay_guard(d);
+        let g = self.cluster.keys().delay_guard(d);
         let txn = Txn::new()
             .when([Compare::value(g.as_str(), CompareOp::Equal, guard_value(sid))])
             .and_then([TxnOp::delete(g.as_str(), None::<DeleteOptions>)]);
-        if let Err(e) = self.call(self.client().txn(txn)).await {
+        if let Err(e) = self.cluster.call(self.cluster.client().txn(txn)).await {
             tracing::debug!(error = %e, key = %d.short(), "could not drop an undone grant's lock-delay guard; the key may see one delay");
         }
     }
@@ -119,13 +119,13 @@ impl Store {
     /// it may be granted now (as far as the delay goes).
     pub(crate) async fn delay_left(&self, d: &KeyDigest, delay_s: u64) -> Result<Option<Duration>, LockError> {
         for _ in 0..3 {
-            let k = self.keys();
+            let k = self.cluster.keys();
             let (holds, g, r) = (k.holds(d), k.delay_guard(d), k.lock_delay(d));
             let mut b = TxnBuilder::new();
             let held = b.read(Branch::Success, holds.as_str(), Some(GetOptions::new().with_prefix().with_count_only()));
             let (guard, record) =
                 (b.read(Branch::Success, g.as_str(), None), b.read(Branch::Success, r.as_str(), None));
-            let a = Answer::of(&self.call(self.client().txn(b.build())).await?);
+            let a = Answer::of(&self.cluster.call(self.cluster.client().txn(b.build())).await?);
             let (held, guard, record) = (a.must(held)?, a.must(guard)?, a.must(record)?);
             if let Some(kv) = record.kvs().first() {
                 return Ok(Some(self.lease_left(kv.lease()).await));
@@ -144,24 +144,24 @@ impl Store {
             let Some(cause) = cause else {
                 // The holder closed its session: a release, no delay.
                 let txn = Txn::new().when(unchanged).and_then([TxnOp::delete(g.as_str(), None::<DeleteOptions>)]);
-                self.call(self.client().txn(txn)).await?;
+                self.cluster.call(self.cluster.client().txn(txn)).await?;
                 continue;
             };
             let ttl = i64::try_from(delay_s).map_err(|_| LockError::Internal("lock_delay_s out of range".into()))?;
-            let lease = self.call(self.client().lease_grant(ttl, None)).await?.id();
+            let lease = self.cluster.call(self.cluster.client().lease_grant(ttl, None)).await?.id();
             let rec = LockDelayRecord { cause: cause.to_owned(), delay_s, seen_ms: now_ms() };
             let rec = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let txn = Txn::new().when(unchanged).and_then([
                 TxnOp::delete(g.as_str(), None::<DeleteOptions>),
                 TxnOp::put(r.as_str(), rec, Some(PutOptions::new().with_lease(lease))),
             ]);
-            let done = self.call(self.client().txn(txn)).await?;
+            let done = self.cluster.call(self.cluster.client().txn(txn)).await?;
             if done.succeeded() {
                 tracing::info!(key = %d.short(), cause, delay_s, "a hold ended without a release: the key is in its lock-delay");
                 return Ok(Some(Duration::from_secs(delay_s)));
             }
             // Another arbiter turned it first, or the key was granted meanwhile.
-            let _ = self.call(self.client().lease_revoke(lease)).await;
+            let _ = self.cluster.call(self.cluster.client().lease_revoke(lease)).await;
         }
         Err(LockError::Unavailable("the lock-delay guard kept changing".into()))
     }
@@ -173,14 +173,14 @@ impl Store {
     /// `Some("expiry")`. Close markers live 120 s (the marker lease): an end turned
     /// later than that reads as an expiry.
     async fn end_cause(&self, d: &KeyDigest, guard: Option<&DelayGuard>) -> Result<Option<&'static str>, LockError> {
-        let k = self.keys();
+        let k = self.cluster.keys();
         let mut b = TxnBuilder::new();
         let force = b.read(Branch::Success, k.force_record(d), Some(GetOptions::new().with_count_only()));
         let closed = guard
             .and_then(|g| i64::from_str_radix(&g.session, 16).ok())
             .and_then(lockmesh_core::headers::SessionId::from_lease)
             .map(|sid| b.read(Branch::Success, k.close_marker(sid), Some(GetOptions::new().with_count_only())));
-        let a = Answer::of(&self.call(self.client().txn(b.build())).await?);
+        let a = Answer::of(&self.cluster.call(self.cluster.client().txn(b.build())).await?);
         let count = |read| a.get(read).map_or(0, etcd_client::GetResponse::count);
         if count(force) > 0 {
             return Ok(Some("force"));
@@ -195,20 +195,22 @@ impl Store {
     /// a release: no release marker of the key written at that revision, no close
     /// marker of its session. A read at that revision and one of the close marker.
     async fn ended_unreleased(&self, d: &KeyDigest, revision: i64, lease: i64) -> Result<bool, LockError> {
-        let k = self.keys();
-        let marker = self.call(self.client().get(k.release_marker(d), None)).await?;
+        let k = self.cluster.keys();
+        let marker = self.cluster.call(self.cluster.client().get(k.release_marker(d), None)).await?;
         if marker.kvs().first().is_some_and(|kv| kv.mod_revision() == revision) {
             return Ok(false);
         }
         let Some(sid) = lockmesh_core::headers::SessionId::from_lease(lease) else { return Ok(true) };
-        let closed =
-            self.call(self.client().get(k.close_marker(sid), Some(GetOptions::new().with_count_only()))).await?;
+        let closed = self
+            .cluster
+            .call(self.cluster.client().get(k.close_marker(sid), Some(GetOptions::new().with_count_only())))
+            .await?;
         Ok(closed.count() == 0)
     }
 
     /// Time left on lease `id` (a delay record's), at least 50 ms while it exists.
     async fn lease_left(&self, id: i64) -> Duration {
-        match self.call(self.client().lease_time_to_live(id, None)).await {
+        match self.cluster.call(self.cluster.client().lease_time_to_live(id, None)).await {
             Ok(r) if r.ttl() > 0 => Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(1)),
             _ => Duration::from_millis(50),
         }
@@ -245,7 +247,7 @@ impl Store {
     /// Time left of key `d`'s lock-delay without turning anything (inspection):
     /// `None` when no delay record exists.
     pub async fn delay_record_left(&self, d: &KeyDigest) -> Result<Option<Duration>, LockError> {
-        let r = self.call(self.client().get(self.keys().lock_delay(d), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().lock_delay(d), None)).await?;
         match r.kvs().first() {
             Some(kv) => Ok(Some(self.lease_left(kv.lease()).await)),
             None => Ok(None),
@@ -302,13 +304,13 @@ impl Store {
 /// grant attempt, which its guard refuses (docs/GUARANTEES.md G13). Answers
 /// `true` when the test fault `delay_watch_gap` broke it.
 async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, LockError> {
-    let k = store.keys();
+    let k = store.cluster().keys();
     let mut opts =
         etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
     if *seen > 0 {
         opts = opts.with_start_revision(*seen + 1);
     }
-    let mut client = store.client();
+    let mut client = store.cluster().client();
     let mut stream = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;

@@ -158,7 +158,7 @@ impl Drop for Queued {
                 _ => Compare::create_revision(key.as_str(), CompareOp::Equal, rev),
             };
             let txn = Txn::new().when([cmp]).and_then([TxnOp::delete(key.as_str(), None::<DeleteOptions>)]);
-            if let Err(e) = store.call(store.client().txn(txn)).await {
+            if let Err(e) = store.cluster().call(store.cluster().client().txn(txn)).await {
                 store.queues().durable.suspect.store(true, Ordering::Release);
                 tracing::warn!(error = %e, "could not delete a departed durable waiter; the orphan sweep will");
             }
@@ -245,7 +245,7 @@ impl Store {
                     slot = free_slot;
                     match reason {
                         Reason::KeyGated => {
-                            let holds = self.keys().holds(&d).into_bytes();
+                            let holds = self.cluster.keys().holds(&d).into_bytes();
                             self.wait_delete(holds, true, revision, req.deadline, cancel).await?;
                             self.queues().woke(&d);
                         }
@@ -267,10 +267,10 @@ impl Store {
                 return Ok(*id);
             }
         }
-        let id = self.call(self.client().lease_grant(WAITER_TTL_S, None)).await?.id();
+        let id = self.cluster.call(self.cluster.client().lease_grant(WAITER_TTL_S, None)).await?.id();
         let alive = Arc::new(AtomicBool::new(true));
-        let (client, flag) = (self.client(), alive.clone());
-        let (live, suspect, prefix) = (wl.live.clone(), wl.suspect.clone(), self.keys().all_waiters());
+        let (client, flag) = (self.cluster.client(), alive.clone());
+        let (live, suspect, prefix) = (wl.live.clone(), wl.suspect.clone(), self.cluster.keys().all_waiters());
         tokio::spawn(async move {
             let mut client = client;
             for tick in 1u64.. {
@@ -307,7 +307,7 @@ impl Store {
         for _ in 0..2 {
             let lease = self.waiter_lease().await?;
             let seq = wl.seq.fetch_add(1, Ordering::Relaxed);
-            let key = self.keys().waiter(d, lease, seq);
+            let key = self.cluster.keys().waiter(d, lease, seq);
             // Listed before the put: a sweep never takes a live waiter's key. If
             // this future is dropped or the put fails, dropping `q` deletes the
             // key (it may have committed) and strikes it.
@@ -315,9 +315,9 @@ impl Store {
             let gate = self.queues().next_id();
             self.queues().gate(d, gate, Some(req));
             let mut q = Queued { store: self.clone(), digest: d.clone(), gate, key, lease, rev: 0, done: false };
-            let mut client = self.client();
+            let mut client = self.cluster.client();
             let put = client.put(q.key.as_str(), value.as_str(), Some(PutOptions::new().with_lease(lease)));
-            match self.call_by(req.deadline, put).await {
+            match self.cluster.call_by(req.deadline, put).await {
                 Ok(r) => {
                     q.rev = r.header().map_or(0, |h| h.revision());
                     return Ok(q);
@@ -341,7 +341,10 @@ impl Store {
     /// Whether any durable waiter is queued for `d`.
     async fn waiters_queued(&self, d: &KeyDigest, deadline: Instant) -> Result<bool, LockError> {
         let opts = GetOptions::new().with_prefix().with_count_only();
-        let r = self.call_by(deadline, self.client().get(self.keys().waiters(d), Some(opts))).await?;
+        let r = self
+            .cluster
+            .call_by(deadline, self.cluster.client().get(self.cluster.keys().waiters(d), Some(opts)))
+            .await?;
         Ok(r.count() > 0)
     }
 
@@ -353,7 +356,10 @@ impl Store {
         deadline: Instant,
     ) -> Result<(Position, i64), LockError> {
         let opts = GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Ascend);
-        let r = self.call_by(deadline, self.client().get(self.keys().waiters(d), Some(opts))).await?;
+        let r = self
+            .cluster
+            .call_by(deadline, self.cluster.client().get(self.cluster.keys().waiters(d), Some(opts)))
+            .await?;
         let revision = r.header().map_or(0, |h| h.revision());
         let kvs = r.kvs();
         let pos = match kvs.iter().position(|kv| kv.key() == q.key.as_bytes() && kv.create_revision() == q.rev) {

@@ -96,7 +96,7 @@ impl Entries {
     /// The leader: the hold granted first (a mutex has one), with the value
     /// proclaimed under its token.
     fn leader(&self, store: &Store, d: &lockmesh_core::KeyDigest) -> Option<LeaderView> {
-        let k = store.keys();
+        let k = store.cluster().keys();
         let (hold, rev, lease) = self
             .0
             .iter()
@@ -147,7 +147,10 @@ impl Store {
         self.ensure_epoch_holds(token.epoch()).await?;
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
-        let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let holds = self
+            .cluster
+            .call(self.cluster.client().get(self.cluster.keys().holds(&d), Some(GetOptions::new().with_prefix())))
+            .await?;
         let mine = |kv: &&etcd_client::KeyValue| {
             hold_of(kv).is_some_and(|h| h.owner == caller.identity && session.is_none_or(|s| s.lease() == kv.lease()))
         };
@@ -175,11 +178,11 @@ impl Store {
                 Compare::lease(kv.key(), CompareOp::Equal, kv.lease()),
             ])
             .and_then([TxnOp::put(
-                self.keys().election_value(&d),
+                self.cluster.keys().election_value(&d),
                 record,
                 Some(PutOptions::new().with_lease(kv.lease())),
             )]);
-        match self.call(self.client().txn(txn)).await {
+        match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) if r.succeeded() => Ok(r.header().map_or(0, |h| h.revision())),
             Ok(_) => Err(LockError::NotHolder),
             // The hold's lease ended between the read and the put.
@@ -206,12 +209,12 @@ impl Store {
             self.owned_session(sid, caller).await?;
         }
         let d = key.digest();
-        let prefix = self.keys().lock_entries(&d);
+        let prefix = self.cluster.keys().lock_entries(&d);
         let Some(after) = after else {
             return self.observe_now(key, false).await;
         };
         let opts = GetOptions::new().with_prefix().with_revision(after);
-        let base = match self.call(self.client().get(prefix.as_str(), Some(opts))).await {
+        let base = match self.cluster.call(self.cluster.client().get(prefix.as_str(), Some(opts))).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("compacted") => return self.observe_now(key, true).await,
             Err(LockError::Unavailable(m)) if m.contains("future revision") => {
@@ -227,8 +230,8 @@ impl Store {
             return self.observe_coalesced(key, after, before, deadline, cancel).await;
         }
         let opts = WatchOptions::new().with_prefix().with_start_revision(after + 1);
-        let mut client = self.client();
-        let mut watch = self.call(client.watch(prefix.as_str(), Some(opts))).await?;
+        let mut client = self.cluster.client();
+        let mut watch = self.cluster.call(client.watch(prefix.as_str(), Some(opts))).await?;
         loop {
             let msg = tokio::select! {
                 m = watch.message() => m,
@@ -277,8 +280,12 @@ impl Store {
     /// could not be used).
     async fn observe_now(&self, key: &LockKey, gap: bool) -> Result<Observed, LockError> {
         let d = key.digest();
-        let r =
-            self.call(self.client().get(self.keys().lock_entries(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .cluster
+            .call(
+                self.cluster.client().get(self.cluster.keys().lock_entries(&d), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
         let revision = r.header().map_or(0, |h| h.revision());
         Ok(Observed { leader: entries(r.kvs()).leader(self, &d), revision, changed: gap, gap })
     }

@@ -11,9 +11,6 @@ use super::test_faults::{self, TestFault};
 
 use super::{LockError, Store};
 
-/// The lease the leader probe asks about: ids are positive, so this one never
-/// exists and the answer is always the leader's `lease not found`.
-const PROBE_LEASE: i64 = -1;
 pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};
 
 /// What the arbiter knows of the record.
@@ -58,40 +55,6 @@ impl Store {
         self.epoch.0.read().ok().and_then(|g| g.as_ref().map(|s| s.epoch))
     }
 
-    /// Whether any member answers a `Status` call naming a leader (all asked at
-    /// once, each within `within`, or the operation timeout if shorter). A
-    /// cluster that lost its majority has none once its election timeout ran out;
-    /// an unreachable member names none. The fail-open trigger
-    /// (`failopen::quorum`) needs this to be false.
-    ///
-    /// etcd 3.5 answers `Status` only to root under auth, and the arbiter's user is
-    /// not root: a member that refuses it is asked `LeaseTimeToLive` of a lease that
-    /// does not exist instead. A follower forwards that call to its leader, so an
-    /// answer (`lease not found` included) proves a leader, and no leader means no
-    /// answer within the timeout.
-    pub(crate) async fn member_names_leader(&self, within: std::time::Duration) -> bool {
-        let t = within.min(self.op_timeout);
-        let asks = self.members.iter().map(|m| {
-            let mut m = m.clone();
-            async move {
-                match tokio::time::timeout(t, m.status()).await {
-                    Ok(Ok(s)) => s.leader() != 0,
-                    Ok(Err(e)) if e.to_string().contains("permission denied") => {
-                        match tokio::time::timeout(t, m.lease_time_to_live(PROBE_LEASE, None)).await {
-                            Ok(Ok(_)) => true,
-                            Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
-                                st.message().contains("requested lease not found")
-                            }
-                            _ => false,
-                        }
-                    }
-                    _ => false,
-                }
-            }
-        });
-        futures::future::join_all(asks).await.into_iter().any(|seen| seen)
-    }
-
     /// Checks a response's cluster id against the epoch record's.
     pub(crate) fn check_cluster(&self, state: &EpochState, header_cluster: Option<u64>) -> Result<(), LockError> {
         match header_cluster {
@@ -130,9 +93,9 @@ impl Store {
     /// cluster id and raft term (the seal check compares them, so it needs no
     /// second read).
     async fn load_epoch(&self) -> Result<(EpochState, i64, u64, u64), LockError> {
-        let key = self.keys().epoch();
+        let key = self.cluster.keys().epoch();
         for _ in 0..3 {
-            let r = self.call(self.client().get(key.as_str(), None)).await?;
+            let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
             let header_cluster = r.header().map(|h| h.cluster_id());
             let header_revision = r.header().map_or(0, |h| h.revision());
             let header_term = r.header().map_or(0, |h| h.raft_term());
@@ -177,7 +140,7 @@ impl Store {
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.as_str(), value, None::<PutOptions>)]);
-            self.call(self.client().txn(txn)).await?;
+            self.cluster.call(self.cluster.client().txn(txn)).await?;
             tracing::info!(epoch = first, cluster = %cluster_hex(cluster), "created the epoch record");
         }
         Err(LockError::Internal("epoch record could not be read".into()))
@@ -225,12 +188,12 @@ impl Store {
             self.seal().set_clock_off(Some("planted fault skip_clock_compare".into()));
             return Ok(None);
         }
-        let key = self.keys().clock();
+        let key = self.cluster.keys().clock();
         let txn = Txn::new()
             .when([Compare::version(key.as_str(), CompareOp::Less, 0)])
             .and_then([TxnOp::put(key.as_str(), Vec::<u8>::new(), None::<PutOptions>)])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        match self.call(self.client().txn(txn)).await {
+        match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) => {
                 if self.seal().set_clock_off(None) && self.seal().marks().updated_ms > 0 {
                     tracing::warn!("the grant clock is on: grants compare it again (restore detection under any role)");
@@ -260,16 +223,16 @@ impl Store {
         if test_faults::on(TestFault::NoRaftCheck) {
             return None; // TEST SWITCH (release gate): as under a non-root etcd role.
         }
-        for m in &self.members {
-            let Ok(s) = self.call(m.clone().status()).await else { continue };
+        for m in self.cluster.members() {
+            let Ok(s) = self.cluster.call(m.clone().status()).await else { continue };
             let Some(h) = s.header() else { continue };
             if s.leader() != h.member_id() {
                 continue;
             }
-            if self.call(m.clone().get(self.keys().epoch(), None)).await.is_err() {
+            if self.cluster.call(m.clone().get(self.cluster.keys().epoch(), None)).await.is_err() {
                 return None;
             }
-            let Ok(s2) = self.call(m.clone().status()).await else { return None };
+            let Ok(s2) = self.cluster.call(m.clone().status()).await else { return None };
             if s2.leader() == h.member_id() && s2.raft_term() == s.raft_term() {
                 return Some((s2.raft_term(), s2.raft_index()));
             }
@@ -319,11 +282,12 @@ impl Store {
     async fn members_at(&self, mark: (u64, u64)) -> Result<(), LockError> {
         use futures::stream::StreamExt;
         let mut asks: futures::stream::FuturesUnordered<_> = self
-            .members
+            .cluster
+            .members()
             .iter()
             .map(|c| {
                 let mut c = c.clone();
-                async move { self.call(c.status()).await }
+                async move { self.cluster.call(c.status()).await }
             })
             .collect();
         let (mut refused, mut highest) = (0, None);
@@ -335,7 +299,7 @@ impl Store {
                 Err(_) => {}
             }
         }
-        if refused == self.members.len() {
+        if refused == self.cluster.members().len() {
             return Ok(());
         }
         Err(LockError::Unavailable(match highest {

@@ -195,11 +195,10 @@ impl Store {
         let ck = self.home.counter_key();
         for _ in 0..5 {
             let r = self
-                .call(
-                    self.client().txn(
-                        Txn::new().and_then([TxnOp::get(ck.as_str(), None), TxnOp::get(self.keys().epoch(), None)]),
-                    ),
-                )
+                .cluster
+                .call(self.cluster.client().txn(
+                    Txn::new().and_then([TxnOp::get(ck.as_str(), None), TxnOp::get(self.cluster.keys().epoch(), None)]),
+                ))
                 .await?;
             let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
                 TxnOpResponse::Get(g) => Some(g),
@@ -224,7 +223,7 @@ impl Store {
             let txn = Txn::new()
                 .when([Compare::mod_revision(ck.as_str(), CompareOp::Equal, rev)])
                 .and_then([TxnOp::put(ck.as_str(), v, None)]);
-            if self.call(self.client().txn(txn)).await?.succeeded() {
+            if self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded() {
                 return Ok(next);
             }
         }
@@ -236,9 +235,9 @@ impl Store {
     /// older epochs valid (`prior`). Returns the epoch in force; no change when it
     /// is already above `floor`.
     pub async fn advance_epoch_above(&self, floor: u64, coord: &Store) -> Result<u64, LockError> {
-        let key = self.keys().epoch();
+        let key = self.cluster.keys().epoch();
         for _ in 0..3 {
-            let r = self.call(self.client().get(key.as_str(), None)).await?;
+            let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
             let kv = r.kvs().first().ok_or_else(|| {
                 LockError::Unavailable(format!("cluster {} has no epoch record yet", self.cluster_name()))
             })?;
@@ -256,7 +255,7 @@ impl Store {
             let txn = Txn::new()
                 .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
                 .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&advanced).map_err(internal)?, None)]);
-            if self.call(self.client().txn(txn)).await?.succeeded() {
+            if self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded() {
                 self.forget_epoch();
                 tracing::info!(cluster = self.cluster_name(), epoch = next, "epoch advanced for a move (holds kept)");
                 return Ok(next);
@@ -267,13 +266,13 @@ impl Store {
 
     /// The epoch record as stored now (linearizable), if any.
     pub async fn read_epoch_record(&self) -> Result<Option<EpochRecord>, LockError> {
-        let r = self.call(self.client().get(self.keys().epoch(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().epoch(), None)).await?;
         r.kvs().first().map(|kv| serde_json::from_slice(kv.value()).map_err(internal)).transpose()
     }
 
     /// Reads this cluster's home record now.
     pub async fn read_home(&self) -> Result<Option<(HomeRecord, i64)>, LockError> {
-        let r = self.call(self.client().get(self.home.home_key(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.home.home_key(), None)).await?;
         r.kvs()
             .first()
             .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
@@ -367,7 +366,7 @@ impl Store {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&rec).map_err(internal)?, None)]);
-        self.call(self.client().txn(txn)).await.map(|_| ())
+        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
     }
 
     /// Writes this cluster's home record if its mod revision is still `expect`
@@ -377,14 +376,14 @@ impl Store {
         let txn = Txn::new()
             .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
-        let ok = self.call(self.client().txn(txn)).await?.succeeded();
+        let ok = self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded();
         self.forget_home();
         Ok(ok)
     }
 
     /// The coord map document now (coord cluster).
     pub async fn read_map(&self) -> Result<Option<(MapRecord, i64)>, LockError> {
-        let r = self.call(self.client().get(self.home.map_key(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.home.map_key(), None)).await?;
         r.kvs()
             .first()
             .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
@@ -397,13 +396,13 @@ impl Store {
         let txn = Txn::new()
             .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
-        Ok(self.call(self.client().txn(txn)).await?.succeeded())
+        Ok(self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded())
     }
 
     /// The record of session `sid` on this cluster, when its lease is `sid` here,
     /// with the cluster it was opened on (`None`: this one).
     pub(crate) async fn session_copy(&self, sid: SessionId) -> Result<Option<ExtensionRecord>, LockError> {
-        let r = self.call(self.client().get(self.keys().session(sid), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().session(sid), None)).await?;
         Ok(r.kvs()
             .first()
             .filter(|kv| kv.lease() == sid.lease())
@@ -421,22 +420,24 @@ impl Store {
         home: &str,
     ) -> Result<(), LockError> {
         let ttl = i64::try_from(rec.ttl_s).map_err(internal)?;
-        let granted =
-            self.call(self.client().lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(sid.lease())))).await;
+        let granted = self
+            .cluster
+            .call(self.cluster.client().lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(sid.lease()))))
+            .await;
         match granted {
             Ok(_) => {}
             Err(LockError::Unavailable(m)) if m.contains("lease already exists") => {}
             Err(e) => return Err(e),
         }
         let copy = ExtensionRecord { record: rec.clone(), home: Some(home.to_owned()) };
-        let key = self.keys().session(sid);
+        let key = self.cluster.keys().session(sid);
         let txn =
             Txn::new().when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
                 key.as_str(),
                 serde_json::to_vec(&copy).map_err(internal)?,
                 Some(PutOptions::new().with_lease(sid.lease())),
             )]);
-        match self.call(self.client().txn(txn)).await {
+        match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) if r.succeeded() => Ok(()),
             Ok(_) => match self.session_copy(sid).await? {
                 Some(c) if c.record.owner == rec.owner && c.record.instance == rec.instance => Ok(()),
@@ -455,7 +456,7 @@ impl Store {
     pub(crate) async fn mark_extension(&self, sid: SessionId, cluster: &str) -> Result<(), LockError> {
         let key = format!("{}{cluster}", self.home.extensions_prefix(sid));
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
-        match self.call(self.client().put(key, "", opts)).await {
+        match self.cluster.call(self.cluster.client().put(key, "", opts)).await {
             Ok(_) => Ok(()),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => Err(LockError::SessionExpired),
             Err(e) => Err(e),
@@ -466,7 +467,8 @@ impl Store {
     pub async fn extensions(&self, sid: SessionId) -> Result<Vec<String>, LockError> {
         let prefix = self.home.extensions_prefix(sid);
         let r = self
-            .call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_keys_only())))
+            .cluster
+            .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_keys_only())))
             .await?;
         Ok(r.kvs()
             .iter()
@@ -477,13 +479,13 @@ impl Store {
     /// True when lease `sid` exists here (read without renewing it: nothing renews
     /// a session on its holder's behalf).
     pub(crate) async fn lease_alive(&self, sid: SessionId) -> Result<bool, LockError> {
-        let r = self.call(self.client().lease_time_to_live(sid.lease(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().lease_time_to_live(sid.lease(), None)).await?;
         Ok(r.ttl() > 0)
     }
 
     /// Renews lease `sid` here once: `Ok(false)` when it does not exist here.
     pub(crate) async fn renew_lease(&self, sid: SessionId) -> Result<bool, LockError> {
-        match self.call(self.client().lease_keep_alive(sid.lease())).await {
+        match self.cluster.call(self.cluster.client().lease_keep_alive(sid.lease())).await {
             Ok(_) => Ok(true),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 self.forget_session(sid).await;
@@ -512,7 +514,7 @@ impl Store {
 
     /// Revokes lease `sid` here: `Ok(false)` when it did not exist here.
     pub(crate) async fn revoke_lease(&self, sid: SessionId) -> Result<bool, LockError> {
-        let r = self.call(self.client().lease_revoke(sid.lease())).await;
+        let r = self.cluster.call(self.cluster.client().lease_revoke(sid.lease())).await;
         self.forget_session(sid).await;
         match r {
             Ok(_) => Ok(true),
@@ -524,13 +526,13 @@ impl Store {
     /// How many holds on this cluster belong to keys that leave it going from
     /// `from` to `to`, and the revision of the (linearizable, paged) read.
     pub async fn moving_holds(&self, from: &ShardMap, to: &ShardMap) -> Result<(usize, i64), LockError> {
-        let prefix = self.keys().all_locks();
+        let prefix = self.cluster.keys().all_locks();
         let end = super::keys::prefix_end(&prefix);
         let mut start = prefix.into_bytes();
         let (mut count, mut revision) = (0, 0);
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_limit(1000);
-            let r = self.call(self.client().get(start.clone(), Some(opts))).await?;
+            let r = self.cluster.call(self.cluster.client().get(start.clone(), Some(opts))).await?;
             if revision == 0 {
                 revision = r.header().map_or(0, etcd_client::ResponseHeader::revision);
             }
@@ -552,7 +554,7 @@ impl Store {
 
     /// The header revision and cluster id of a linearizable read now.
     pub async fn position(&self) -> Result<(i64, String), LockError> {
-        let r = self.call(self.client().get(self.keys().epoch(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().epoch(), None)).await?;
         let h = r.header().ok_or_else(|| internal("etcd response without header"))?;
         Ok((h.revision(), cluster_hex(h.cluster_id())))
     }

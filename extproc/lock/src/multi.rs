@@ -204,7 +204,7 @@ impl Store {
     ) -> Result<(), LockError> {
         let watches = ds.iter().map(|d| {
             let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-            Box::pin(self.delete_seen(self.keys().holds(d), opts))
+            Box::pin(self.delete_seen(self.cluster.keys().holds(d), opts))
         });
         let any = select_all(watches);
         tokio::select! {
@@ -224,7 +224,7 @@ impl Store {
     ) -> Result<Option<Vec<Grant>>, LockError> {
         let reads = |b: &mut TxnBuilder| -> Vec<Read> {
             ds.iter()
-                .map(|d| b.read(Branch::Success, self.keys().holds(d), Some(GetOptions::new().with_prefix())))
+                .map(|d| b.read(Branch::Success, self.cluster.keys().holds(d), Some(GetOptions::new().with_prefix())))
                 .collect()
         };
         let Some((_, a, reads)) = self.checked_read(reqs[0].deadline, reads).await? else { return Ok(None) };
@@ -276,7 +276,7 @@ impl Store {
             self.policy_gate(r).await?;
         }
         let ep = &basis.ep;
-        let (k, n) = (self.keys(), basis.gate.limit.max(1));
+        let (k, n) = (self.cluster.keys(), basis.gate.limit.max(1));
         let lease = PutOptions::new().with_lease(sid.lease());
         let count = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
         let delay =
@@ -351,7 +351,7 @@ impl Store {
         (a, reads): (&Answer, &GrantReads),
         revision: i64,
     ) -> Result<Attempt, LockError> {
-        let k = self.keys();
+        let k = self.cluster.keys();
         let holders = reads.holders.iter().map(|h| a.must(*h)).collect::<Result<Vec<_>, _>>()?;
         // Per key: whether a guard or a delay record is left (`delay`).
         let delay_kept: Vec<bool> = reads

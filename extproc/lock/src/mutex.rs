@@ -369,7 +369,7 @@ impl Store {
         tokio::spawn(async move {
             let until = Instant::now() + std::time::Duration::from_secs(60);
             loop {
-                match store.call(store.client().lease_revoke(sid.lease())).await {
+                match store.cluster().call(store.cluster().client().lease_revoke(sid.lease())).await {
                     Ok(_) => break,
                     Err(e) if e.to_string().contains("lease not found") => break,
                     Err(_) if Instant::now() < until => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
@@ -463,7 +463,7 @@ impl Store {
                     // PLANTED BUG (holder_safety scenario): a period after each answer.
                     loop {
                         tokio::time::sleep(period).await;
-                        let _ = store.call(store.client().lease_keep_alive(sid.lease())).await;
+                        let _ = store.cluster().call(store.cluster().client().lease_keep_alive(sid.lease())).await;
                     }
                 }
                 let mut tick = tokio::time::interval_at(sent + period, period);
@@ -474,7 +474,9 @@ impl Store {
                     while inflight.try_join_next().is_some() {}
                     let store = store.clone();
                     inflight.spawn(async move {
-                        if let Err(e) = store.call(store.client().lease_keep_alive(sid.lease())).await {
+                        if let Err(e) =
+                            store.cluster().call(store.cluster().client().lease_keep_alive(sid.lease())).await
+                        {
                             tracing::debug!(error = %e, "renewing a waiting acquire's session failed");
                         }
                     });
@@ -703,9 +705,9 @@ impl Store {
         if test_faults::on(TestFault::SlowHeldRead) {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await; // TEST SWITCH (handoff scenario)
         }
-        let policy_key = self.keys().class_policy(req.class.name.as_str());
+        let policy_key = self.cluster.keys().class_policy(req.class.name.as_str());
         let reads = |b: &mut TxnBuilder| {
-            (b.read(Branch::Success, self.keys().holds(d), prefix()), b.read(Branch::Success, policy_key, None))
+            (b.read(Branch::Success, self.cluster.keys().holds(d), prefix()), b.read(Branch::Success, policy_key, None))
         };
         let Some((revision, a, (holders, policy))) =
             timed(Step::HeldRead, self.checked_read(req.deadline, reads)).await?
@@ -734,7 +736,7 @@ impl Store {
         d: &KeyDigest,
         sid: SessionId,
     ) -> Result<Option<Result<Grant, LockError>>, LockError> {
-        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.keys().holds(d), prefix());
+        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.cluster.keys().holds(d), prefix());
         let Some((_, a, holders)) = self.checked_read(req.deadline, read).await? else { return Ok(None) };
         Ok(a.get(holders).and_then(|holders| self.classify_holders(req, sid, holders.kvs())))
     }
@@ -742,7 +744,7 @@ impl Store {
     /// The hold of session `sid` on `d` with the request's hold id, as an
     /// `existing` grant (one read, no proposal).
     async fn own_hold(&self, req: &AcquireRequest, d: &KeyDigest, sid: SessionId) -> Result<Option<Grant>, LockError> {
-        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.keys().holds(d), prefix());
+        let read = |b: &mut TxnBuilder| b.read(Branch::Success, self.cluster.keys().holds(d), prefix());
         let Some((_, a, holders)) = self.checked_read(req.deadline, read).await? else { return Ok(None) };
         let kvs = a.get(holders).map_or(&[][..], |g| g.kvs());
         for kv in kvs.iter().filter(|kv| kv.lease() == sid.lease()) {
@@ -759,9 +761,9 @@ impl Store {
     /// fails and its refusal says why. A k-permit grant compares each one empty.
     async fn free_slots(&self, d: &KeyDigest, n: u32, want: u32) -> Result<Vec<u32>, LockError> {
         let opts = Some(GetOptions::new().with_prefix().with_keys_only());
-        let r = self.call(self.client().get(self.keys().holds(d), opts)).await?;
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().holds(d), opts)).await?;
         let taken: std::collections::HashSet<u32> =
-            r.kvs().iter().filter_map(|kv| self.keys().slot_of(kv.key())).collect();
+            r.kvs().iter().filter_map(|kv| self.cluster.keys().slot_of(kv.key())).collect();
         let free: Vec<u32> = (0..n).filter(|s| !taken.contains(s)).take(want as usize).collect();
         Ok(if free.len() == want as usize { free } else { (0..want).collect() })
     }
@@ -780,16 +782,16 @@ impl Store {
         // With its lock-delay guard (`delay`): a grant taken back is no expiry.
         let mut ops: Vec<TxnOp> = hold_keys.iter().map(|h| TxnOp::delete(h.as_str(), None::<DeleteOptions>)).collect();
         let mut digests: Vec<KeyDigest> =
-            hold_keys.iter().filter_map(|h| self.keys().digest_of_hold(h.as_bytes())).collect();
+            hold_keys.iter().filter_map(|h| self.cluster.keys().digest_of_hold(h.as_bytes())).collect();
         digests.dedup();
         for d in digests {
-            ops.push(TxnOp::delete(self.keys().delay_guard(&d), None::<DeleteOptions>));
+            ops.push(TxnOp::delete(self.cluster.keys().delay_guard(&d), None::<DeleteOptions>));
             // PLANTED BUG (holder_safety scenario) when on: the index key stays.
             let lease = (!test_faults::on(TestFault::TakeBackKeepsIndex)).then_some(sid.lease());
-            ops.extend(end_ops(self.keys(), &d, revision, lease));
+            ops.extend(end_ops(self.cluster.keys(), &d, revision, lease));
         }
         let txn = Txn::new().when(cmp).and_then(ops);
-        match self.call(self.client().txn(txn)).await {
+        match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) if r.succeeded() => tracing::info!(revision, "took back a grant whose answer was not a grant"),
             Ok(_) => tracing::debug!(revision, "a grant to take back had ended already"),
             Err(e) => {
@@ -838,7 +840,7 @@ impl Store {
         // The authoritative class and limit (the policy records), compared.
         let basis = self.grant_basis(req).await?;
         let ep = &basis.ep;
-        let k = self.keys();
+        let k = self.cluster.keys();
         let (n, want) = grant_size(req, &basis.gate)?;
         if want > 1 {
             self.gated(Capability::MultiSlotHolds, want)?;
@@ -922,11 +924,11 @@ impl Store {
         (n, want): (u32, u32),
         slot: u32,
     ) -> Result<Result<(Vec<(u32, String)>, SlotCompares), Attempt>, LockError> {
-        let k = self.keys();
+        let k = self.cluster.keys();
         if test_faults::on(TestFault::CountBeforeLock) {
             // PLANTED BUG (release gate): count the holders, then lock without comparing.
             let opts = Some(GetOptions::new().with_prefix().with_count_only());
-            let c = self.call(self.client().get(k.holds(d), opts)).await?;
+            let c = self.cluster.call(self.cluster.client().get(k.holds(d), opts)).await?;
             let revision = c.header().map_or(0, |h| h.revision());
             if c.count() + i64::from(want) > i64::from(n) {
                 return Ok(Err(Attempt::Refused { reason: Reason::KeyGated, revision, free_slot: 0 }));
@@ -953,7 +955,7 @@ impl Store {
         reads: &crate::engine::grant::GrantReads,
         revision: i64,
     ) -> Result<Attempt, LockError> {
-        let k = self.keys();
+        let k = self.cluster.keys();
         let holders = a.must(reads.holders[0])?;
         let delay_kept = reads.delay[0].is_some_and(|[guard, record]| found(a.get(guard)) || found(a.get(record)));
         let excluded = reads.exclusion[0].is_some_and(|x| found(a.get(x)));
@@ -1020,7 +1022,7 @@ impl Store {
         if test_faults::on(TestFault::NoAttemptFence) {
             return Err(err); // PLANTED BUG (holder_safety scenario): the outcome is guessed.
         }
-        let until = Instant::now() + self.op_timeout * 3;
+        let until = Instant::now() + self.cluster.op_timeout() * 3;
         loop {
             match self.fence_attempt(d, sid, attempt).await {
                 Ok(holds) => return self.attempt_outcome(d, sid, attempt, &holds, err).await,
@@ -1053,7 +1055,7 @@ impl Store {
         sid: SessionId,
         attempt: &str,
     ) -> Result<etcd_client::GetResponse, LockError> {
-        let (k, lease) = (self.keys(), self.marker_lease().await?);
+        let (k, lease) = (self.cluster.keys(), self.marker_lease().await?);
         let key = k.attempt(sid, attempt);
         // The fence key put if absent (it may be put already: an earlier try
         // whose answer was lost), and the key's holds read either way.
@@ -1062,7 +1064,7 @@ impl Store {
         b.on_success(TxnOp::put(key.as_str(), Vec::<u8>::new(), Some(PutOptions::new().with_lease(lease))));
         let fenced = b.read(Branch::Success, k.holds(d), prefix());
         let already = b.read(Branch::Failure, k.holds(d), prefix());
-        let r = match self.call(self.client().txn(b.build())).await {
+        let r = match self.cluster.call(self.cluster.client().txn(b.build())).await {
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 self.drop_marker_lease().await;
                 return Err(LockError::Unavailable(m));
@@ -1141,7 +1143,7 @@ impl Store {
         let reads = add(&mut b);
         if test_faults::on(TestFault::UncheckedExistingRead) {
             // PLANTED BUG (restore scenario) when on: the reads alone.
-            let r = self.call_by(deadline, self.client().txn(b.build())).await?;
+            let r = self.cluster.call_by(deadline, self.cluster.client().txn(b.build())).await?;
             return Ok(Some((r.header().map_or(0, |h| h.revision()), Answer::of(&r), reads)));
         }
         self.unsealed()?;
@@ -1151,9 +1153,9 @@ impl Store {
         }
         let floor = self.seal().revision_floor();
         let clock = self.seal().clock_floor(ep.epoch);
-        let epoch_read = b.read(Branch::Success, self.keys().epoch(), None);
-        let clock_read = clock.map(|c| (c, b.read(Branch::Success, self.keys().clock(), None)));
-        let r = self.call_by(deadline, self.client().txn(b.build())).await?;
+        let epoch_read = b.read(Branch::Success, self.cluster.keys().epoch(), None);
+        let clock_read = clock.map(|c| (c, b.read(Branch::Success, self.cluster.keys().clock(), None)));
+        let r = self.cluster.call_by(deadline, self.cluster.client().txn(b.build())).await?;
         let header = r.header().ok_or_else(|| internal("etcd txn response without header"))?;
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if revision < floor {
@@ -1277,7 +1279,7 @@ impl Store {
             // One round trip for the common case: a mutex hold (slot 0) on the
             // caller's own session, whose owner was checked above. A hold this
             // arbiter handed over sits under the slot's other name.
-            let mut slot0 = self.keys().slot(&d, 0).into_bytes();
+            let mut slot0 = self.cluster.keys().slot(&d, 0).into_bytes();
             if self.queues().take_handed_name(&d, rev) {
                 slot0 = Keys::other_name(&slot0);
             }
@@ -1285,7 +1287,7 @@ impl Store {
                 // PLANTED BUG (release gate): delete by key name (etcd #22082).
                 vec![Compare::version(slot0.clone(), CompareOp::Greater, 0)]
             } else {
-                let holds = self.keys().holds(&d);
+                let holds = self.cluster.keys().holds(&d);
                 let mut cmp = vec![
                     // The epoch this arbiter read is still the record's: a revision
                     // names one grant only within one epoch (a restore rolls
@@ -1293,12 +1295,12 @@ impl Store {
                     // exact only while the epoch it read is current. Otherwise the
                     // compare fails and the read path below compares the hold's own
                     // epoch with the token's.
-                    Compare::mod_revision(self.keys().epoch(), CompareOp::Equal, ep.mod_revision),
+                    Compare::mod_revision(self.cluster.keys().epoch(), CompareOp::Equal, ep.mod_revision),
                     Compare::create_revision(slot0.clone(), CompareOp::Equal, rev),
                     Compare::lease(slot0.clone(), CompareOp::Equal, sid.lease()),
                     // No other slot of this grant (k permits put theirs in one
                     // transaction, so they share its revision): those go below.
-                    Compare::create_revision(self.keys().slot(&d, 1), CompareOp::NotEqual, rev)
+                    Compare::create_revision(self.cluster.keys().slot(&d, 1), CompareOp::NotEqual, rev)
                         .with_range(keys::prefix_end(&holds)),
                 ];
                 if test_faults::on(TestFault::SkipEpochCompare) {
@@ -1310,7 +1312,10 @@ impl Store {
                 return Ok(());
             }
         }
-        let holds = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let holds = self
+            .cluster
+            .call(self.cluster.client().get(self.cluster.keys().holds(&d), Some(GetOptions::new().with_prefix())))
+            .await?;
         // Every slot of the grant: one for most, k for `x-lock-permits`, N for an
         // exclusive hold; all put by its one transaction, so all at its revision.
         let grant: Vec<&KeyValue> = holds.kvs().iter().filter(|kv| kv.create_revision() == rev).collect();
@@ -1361,7 +1366,7 @@ impl Store {
         // taken again since the read is another grant's and fails the compare.
         let cmp = grant.iter().map(|kv| Compare::create_revision(kv.key(), CompareOp::Equal, rev)).collect();
         let mut ops: Vec<TxnOp> = grant.iter().map(|kv| TxnOp::delete(kv.key(), None::<DeleteOptions>)).collect();
-        ops.extend(end_ops(self.keys(), d, rev, grant.first().map(|kv| kv.lease())));
+        ops.extend(end_ops(self.cluster.keys(), d, rev, grant.first().map(|kv| kv.lease())));
         self.release_plain(d, cmp, ops, marker).await
     }
 
@@ -1381,7 +1386,7 @@ impl Store {
         marker: &str,
         (rev, lease): (i64, i64),
     ) -> Result<bool, LockError> {
-        let ends = end_ops(self.keys(), d, rev, Some(lease));
+        let ends = end_ops(self.cluster.keys(), d, rev, Some(lease));
         let offer = match self.queues().take_offer(d) {
             Some(o) => Some(o),
             None => self.queues().offer_within_grace(d).await,
@@ -1444,11 +1449,11 @@ impl Store {
                 b.compares(cmp.iter().cloned());
                 b.on_success_all(deletes.iter().cloned());
                 b.on_success(TxnOp::put(
-                    self.keys().release_marker(d),
+                    self.cluster.keys().release_marker(d),
                     marker,
                     Some(PutOptions::new().with_lease(lease)),
                 ));
-                b.on_success(TxnOp::delete(self.keys().delay_guard(d), None::<DeleteOptions>));
+                b.on_success(TxnOp::delete(self.cluster.keys().delay_guard(d), None::<DeleteOptions>));
             })
             .await?;
         if answer.succeeded() {
@@ -1473,7 +1478,7 @@ impl Store {
         offer: &Offer,
     ) -> Result<HandOff, LockError> {
         let Some((ep, gate, ad)) = self.handoff_basis(d, hold_key, offer).await else { return Ok(HandOff::NotDone) };
-        let (req, k) = (&offer.req, self.keys());
+        let (req, k) = (&offer.req, self.cluster.keys());
         let session = match &offer.record {
             Some(rec) if !test_faults::on(TestFault::HandoffDropsRecord) => {
                 WaiterSession::Opens(Some(serde_json::to_vec(rec).map_err(internal)?))
@@ -1509,7 +1514,7 @@ impl Store {
             clock,
             delay_guard,
         });
-        let r = match timed(Step::HandoffTxn, self.call(self.client().txn(txn.build()))).await {
+        let r = match timed(Step::HandoffTxn, self.cluster.call(self.cluster.client().txn(txn.build()))).await {
             Ok(r) => r,
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 // The marker lease lapsed, or the lease of a waiter whose record
@@ -1550,7 +1555,7 @@ impl Store {
         let gate = self.policy_gate(req).await.ok()?;
         // The advertisement, compared as a grant compares it (`try_grant`).
         let ad = self.guard().advertisement().ok()?;
-        let k = self.keys();
+        let k = self.cluster.keys();
         match k.slot_of(hold_key) {
             Some(s) if s < gate.limit && k.digest_of_hold(hold_key).as_ref() == Some(d) => Some((ep, gate, ad)),
             _ => None,
@@ -1569,7 +1574,7 @@ impl Store {
         new_key: Vec<u8>,
         header: &etcd_client::ResponseHeader,
     ) -> Result<HandOff, LockError> {
-        let (req, k) = (&offer.req, self.keys());
+        let (req, k) = (&offer.req, self.cluster.keys());
         let (revision, cluster) = (header.revision(), header.cluster_id());
         if revision < floor {
             self.seal().seal(
@@ -1609,7 +1614,9 @@ impl Store {
     async fn drop_grant(&self, d: &KeyDigest, g: &Grant) {
         let Ok(rev) = i64::try_from(g.token.revision()) else { return };
         let opts = Some(GetOptions::new().with_prefix());
-        let Ok(r) = self.call(self.client().get(self.keys().holds(d), opts)).await else { return };
+        let Ok(r) = self.cluster.call(self.cluster.client().get(self.cluster.keys().holds(d), opts)).await else {
+            return;
+        };
         let held = r.kvs().iter().find(|kv| kv.create_revision() == rev && kv.lease() == g.session.lease());
         if let Some(name) = held.and_then(|kv| kv.key_str().ok()) {
             self.take_back(&[name.to_owned()], rev, g.session).await;
@@ -1628,7 +1635,10 @@ impl Store {
             self.owned_session(sid, caller).await?;
         }
         let d = key.digest();
-        let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(self.cluster.keys().holds(&d), Some(GetOptions::new().with_prefix())))
+            .await?;
         let now = now_ms();
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();

@@ -251,9 +251,9 @@ impl Store {
         Ok(PolicyGate {
             limit: policy.limit.max(1),
             class: class.clone(),
-            policy_key: self.keys().class_policy(&class),
+            policy_key: self.cluster.keys().class_policy(&class),
             policy_rev,
-            map_key: self.keys().class_map(),
+            map_key: self.cluster.keys().class_map(),
             map_rev,
             home,
         })
@@ -293,9 +293,9 @@ impl Store {
         if let Some(m) = self.policy_cache().map() {
             return Ok(m);
         }
-        let key = self.keys().class_map();
+        let key = self.cluster.keys().class_map();
         let generation = self.policy_cache().generation();
-        let r = self.call_by(req.deadline, self.client().get(key.as_str(), None)).await?;
+        let r = self.cluster.call_by(req.deadline, self.cluster.client().get(key.as_str(), None)).await?;
         let m: (Arc<ClassMapRecord>, i64) = match r.kvs().first() {
             Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
             None => {
@@ -316,9 +316,9 @@ impl Store {
         if let Some(p) = self.policy_cache().policy(class) {
             return Ok(p);
         }
-        let key = self.keys().class_policy(class);
+        let key = self.cluster.keys().class_policy(class);
         let generation = self.policy_cache().generation();
-        let r = self.call(self.client().get(key.as_str(), None)).await?;
+        let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
         let found: (Arc<ClassPolicy>, i64) = match r.kvs().first() {
             Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
             None => {
@@ -345,14 +345,14 @@ impl Store {
             serde_json::to_vec(v).map_err(internal)?,
             None,
         )]);
-        self.call(self.client().txn(txn)).await.map(|_| ())
+        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
     }
 
     /// Creates the map and every class's policy that do not exist yet from
     /// `reg` (the first writer wins; later differences are reported, not applied).
     pub async fn bootstrap_policies(&self, reg: &ClassRegistry) -> Result<(), LockError> {
         let map = ClassMapRecord::from_registry(reg, note("arbiter", "create", "bootstrap from the registry"));
-        self.create_if_missing(&self.keys().class_map(), &map).await?;
+        self.create_if_missing(&self.cluster.keys().class_map(), &map).await?;
         for c in reg.classes() {
             self.class_policy(c.name.as_str(), Some(c.max_holders)).await?;
         }
@@ -362,10 +362,13 @@ impl Store {
 
     /// Every policy record and the map, read now (for `/status` and metrics).
     pub async fn read_policies(&self) -> Result<(Vec<ClassPolicy>, Option<ClassMapRecord>), LockError> {
-        let prefix = self.keys().class_policies();
-        let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        let prefix = self.cluster.keys().class_policies();
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .await?;
         let policies = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
-        let m = self.call(self.client().get(self.keys().class_map(), None)).await?;
+        let m = self.cluster.call(self.cluster.client().get(self.cluster.keys().class_map(), None)).await?;
         let map = m.kvs().first().and_then(|kv| serde_json::from_slice(kv.value()).ok());
         Ok((policies, map))
     }

@@ -64,8 +64,9 @@ async fn run(store: Weak<Store>) {
     // Logged when it opens and when it stops being open, not once per retry.
     let mut failing = false;
     loop {
-        let Some((client, policies, map)) =
-            store.upgrade().map(|s| (s.client(), s.keys().class_policies(), s.keys().class_map()))
+        let Some((client, policies, map)) = store
+            .upgrade()
+            .map(|s| (s.cluster().client(), s.cluster().keys().class_policies(), s.cluster().keys().class_map()))
         else {
             return;
         };

@@ -588,7 +588,7 @@ impl Ledger {
     /// waiters' book (`wait`) that the key was granted here.
     pub(crate) fn note_hold(&self, key: &[u8], revision: i64, ns: &str) {
         if let Some(store) = self.store.get().and_then(Weak::upgrade) {
-            store.queues().granted_hold(store.keys(), key);
+            store.queues().granted_hold(store.cluster().keys(), key);
         }
         self.note(Kind::Hold, key, revision, ns);
     }
@@ -741,13 +741,14 @@ impl Store {
 /// Lists, then follows the watch until it breaks.
 async fn follow(store: &Store) -> Result<(), LockError> {
     let quotas = store.runtime().quotas();
-    let (listed, revision) = list_all(quotas, &mut store.client(), store.keys(), store.op_timeout())
-        .await
-        .map_err(LockError::Unavailable)?;
+    let (listed, revision) =
+        list_all(quotas, &mut store.cluster().client(), store.cluster().keys(), store.cluster().op_timeout())
+            .await
+            .map_err(LockError::Unavailable)?;
     store.ledger.replace(listed, revision);
-    let k = store.keys();
+    let k = store.cluster().keys();
     let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let mut client = store.client();
+    let mut client = store.cluster().client();
     let mut sessions = client.watch(k.all_sessions(), Some(opts.clone())).await.map_err(super::unavailable)?;
     let mut holds = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
     loop {

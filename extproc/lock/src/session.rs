@@ -43,7 +43,7 @@ impl Store {
     /// the first grant transaction, or by [`Store::open_session`]).
     pub(crate) async fn grant_lease(&self, ttl_s: u64) -> Result<SessionId, LockError> {
         let ttl = i64::try_from(ttl_s).map_err(|_| LockError::Internal("ttl out of range".into()))?;
-        let r = self.call(self.client().lease_grant(ttl, None)).await?;
+        let r = self.cluster.call(self.cluster.client().lease_grant(ttl, None)).await?;
         SessionId::from_lease(r.id()).ok_or_else(|| LockError::Internal("etcd granted lease id 0".into()))
     }
 
@@ -76,8 +76,8 @@ impl Store {
         let rec = Self::new_record(caller, class, ns);
         let value = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
-        let key = self.keys().session(sid);
-        match self.call(self.client().put(key.as_str(), value, opts)).await {
+        let key = self.cluster.keys().session(sid);
+        match self.cluster.call(self.cluster.client().put(key.as_str(), value, opts)).await {
             Ok(r) => {
                 let revision = r.header().map_or(0, |h| h.revision());
                 self.ledger().note_session(key.as_bytes(), revision, ns);
@@ -103,7 +103,7 @@ impl Store {
         let rec = match cached {
             Some(r) => r,
             None => {
-                let r = self.call(self.client().get(self.keys().session(sid), None)).await?;
+                let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().session(sid), None)).await?;
                 let kv = r.kvs().first().ok_or(LockError::SessionExpired)?;
                 if kv.lease() != sid.lease() {
                     return Err(LockError::SessionExpired);
@@ -129,7 +129,7 @@ impl Store {
         // Shadow mode (`shadow`): a candidate TTL shorter than the enforced one
         // would have expired a session whose keepalive comes later than it.
         if let Some(class) = self.runtime().shadow().ttl_candidate(&rec.class) {
-            let r = self.call(self.client().lease_time_to_live(sid.lease(), None)).await;
+            let r = self.cluster.call(self.cluster.client().lease_time_to_live(sid.lease(), None)).await;
             if let Ok(t) = r.as_ref().map(|t| t.ttl()).map(|t| u64::try_from(t).unwrap_or(0)) {
                 let ns = rec.ns.as_deref().unwrap_or("other");
                 self.runtime().shadow().at_keepalive(self, &class, ns, rec.ttl_s, std::time::Duration::from_secs(t));
@@ -137,7 +137,7 @@ impl Store {
         }
         // lease_keep_alive sends one renewal and reads its answer; a TTL of zero
         // (the lease is gone) comes back as "lease not found".
-        match self.call(self.client().lease_keep_alive(sid.lease())).await {
+        match self.cluster.call(self.cluster.client().lease_keep_alive(sid.lease())).await {
             Ok(_) => Ok(rec.ttl_s),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => {
                 self.forget_session(sid).await;
@@ -176,9 +176,9 @@ impl Store {
         // marker the lease is still revoked: an audit reader sees an expiry.
         let marked = self
             .commit_end(None, "a session close", None, |b, lease| {
-                b.compare(Compare::lease(self.keys().session(sid), CompareOp::Equal, sid.lease()));
+                b.compare(Compare::lease(self.cluster.keys().session(sid), CompareOp::Equal, sid.lease()));
                 b.on_success(TxnOp::put(
-                    self.keys().close_marker(sid),
+                    self.cluster.keys().close_marker(sid),
                     marker.as_str(),
                     Some(PutOptions::new().with_lease(lease)),
                 ));
@@ -189,7 +189,7 @@ impl Store {
             Err(_) => self.drop_marker_lease().await,
             Ok(_) => {}
         }
-        let r = self.call(self.client().lease_revoke(sid.lease())).await;
+        let r = self.cluster.call(self.cluster.client().lease_revoke(sid.lease())).await;
         self.forget_session(sid).await;
         match r {
             Ok(_) => Ok(true),
@@ -220,7 +220,7 @@ impl Store {
         if !self.guard().enabled(super::upgrade::Capability::SessionHoldIndex) {
             return Ok(false);
         }
-        let k = self.keys();
+        let k = self.cluster.keys();
         let (sess, index) = (k.session(sid), k.hold_indexes(sid));
         // One integer member: serialising it cannot fail.
         let marker = serde_json::to_string(&lockmesh_keyspace::CloseMarker { closed_ms: now_ms() }).unwrap_or_default();
@@ -246,7 +246,7 @@ impl Store {
             return Ok(false);
         }
         self.forget_session(sid).await;
-        if let Err(e) = self.call(self.client().lease_revoke(sid.lease())).await {
+        if let Err(e) = self.cluster.call(self.cluster.client().lease_revoke(sid.lease())).await {
             // Nothing is attached that a grant can use: the record is gone.
             tracing::debug!(error = %e, "a closed session's lease could not be revoked; it expires with its ttl");
         }
@@ -258,19 +258,22 @@ impl Store {
     pub async fn session_holds(&self, sid: SessionId, caller: &Caller) -> Result<Vec<OwnHold>, LockError> {
         self.owned_session(sid, caller).await?;
         let ttl = self
-            .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
+            .cluster
+            .call(
+                self.cluster.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())),
+            )
             .await?;
         if ttl.ttl() <= 0 {
             self.forget_session(sid).await;
             return Err(LockError::SessionExpired);
         }
-        let prefix = self.keys().all_locks();
+        let prefix = self.cluster.keys().all_locks();
         let hold_keys: Vec<Vec<u8>> = ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect();
         if hold_keys.is_empty() {
             return Ok(Vec::new());
         }
         let gets: Vec<TxnOp> = hold_keys.iter().map(|k| TxnOp::get(k.clone(), None::<GetOptions>)).collect();
-        let r = self.call(self.client().txn(Txn::new().and_then(gets))).await?;
+        let r = self.cluster.call(self.cluster.client().txn(Txn::new().and_then(gets))).await?;
         let mut out = Vec::new();
         for op in r.op_responses() {
             let TxnOpResponse::Get(g) = op else { continue };
@@ -304,7 +307,7 @@ impl Store {
     /// Revokes a lease, ignoring failures (used to drop a session this arbiter
     /// created for a request that did not get its lock).
     pub(crate) async fn revoke_quietly(&self, sid: SessionId) {
-        if let Err(e) = self.call(self.client().lease_revoke(sid.lease())).await {
+        if let Err(e) = self.cluster.call(self.cluster.client().lease_revoke(sid.lease())).await {
             tracing::warn!(error = %e, "could not revoke an unused session; it expires with its ttl");
         }
         self.forget_session(sid).await;

@@ -176,7 +176,7 @@ impl Shadow {
             return;
         }
         let Ok(ad) = store.guard().advertisement() else { return };
-        let (mut client, k) = (store.client(), store.keys().shadow_record(class.name.as_str()));
+        let (mut client, k) = (store.cluster().client(), store.cluster().keys().shadow_record(class.name.as_str()));
         tokio::spawn(async move {
             let Ok(v) = serde_json::to_vec(&rec) else { return };
             let cmp: Vec<etcd_client::Compare> = ad

@@ -235,7 +235,7 @@ impl Tiers {
         }
         if !read_ok {
             let store = store.clone();
-            tokio::spawn(async move { store.relogin_after_failed_read().await });
+            tokio::spawn(async move { store.cluster().relogin_after_failed_read().await });
         }
     }
 
@@ -391,7 +391,7 @@ impl Tiers {
         // Bounded by the fail-open check's timeout (`failopen::quorum`): a read
         // etcd has not answered by then fails the check.
         let started_ms = now_ms();
-        let within = self.check_timeout.min(store.op_timeout());
+        let within = self.check_timeout.min(store.cluster().op_timeout());
         let r = match tokio::time::timeout(within, store.check_seal()).await {
             Ok(r) => r,
             Err(_) => Err(LockError::Unavailable(format!("the seal check got no answer within {within:?}"))),

@@ -631,7 +631,7 @@ impl Gate {
         let Some(coord) = stores.first() else { return true };
         for (i, store) in stores.iter().enumerate() {
             if let Some(id) = store.guard().ad_lease() {
-                if let Err(e) = store.call(store.client().lease_keep_alive(id)).await {
+                if let Err(e) = store.cluster().call(store.cluster().client().lease_keep_alive(id)).await {
                     if e.to_string().contains("lease not found") {
                         tracing::warn!(
                             cluster = store.cluster_name(),
@@ -664,17 +664,17 @@ impl Gate {
             }
             return true;
         }
-        let mut client = coord.client();
+        let mut client = coord.cluster().client();
         let read = async {
-            let view = read_view(&mut client, coord.keys()).await?;
+            let view = read_view(&mut client, coord.cluster().keys()).await?;
             if view.record.is_none() {
-                match bootstrap(&mut client, coord.keys().root(), listen).await {
+                match bootstrap(&mut client, coord.cluster().keys().root(), listen).await {
                     Ok(Some(rec)) => {
                         tracing::info!(enabled = ?rec.enabled, "a fresh keyspace: wrote its record");
-                        return Ok((read_view(&mut client, coord.keys()).await?, true));
+                        return Ok((read_view(&mut client, coord.cluster().keys()).await?, true));
                     }
                     // Another arbiter may have written it meanwhile.
-                    Ok(None) => return Ok((read_view(&mut client, coord.keys()).await?, true)),
+                    Ok(None) => return Ok((read_view(&mut client, coord.cluster().keys()).await?, true)),
                     Err(e) => {
                         tracing::warn!(error = %e, "could not write a fresh keyspace's record (the arbiter's role needs sys/keyspace); nothing is enabled until `lockctl upgrade enable all`");
                         return Ok((view, false));
@@ -703,8 +703,8 @@ impl Gate {
     }
 
     async fn advertise(&self, store: &Store, listen: &str, coord: bool) -> Result<(), String> {
-        let mut client = store.client();
-        let lease = store.call(client.lease_grant(AD_TTL_S, None)).await.map_err(|e| e.to_string())?.id();
+        let mut client = store.cluster().client();
+        let lease = store.cluster().call(client.lease_grant(AD_TTL_S, None)).await.map_err(|e| e.to_string())?.id();
         let ad = Advertisement {
             version: self.support.version,
             capabilities: self.support.names().into_iter().map(String::from).collect(),
@@ -713,8 +713,9 @@ impl Gate {
             started_ms: now_ms(),
         };
         let value = serde_json::to_vec(&ad).map_err(|e| e.to_string())?;
-        let key = store.keys().advertisement(lease);
+        let key = store.cluster().keys().advertisement(lease);
         store
+            .cluster()
             .call(client.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))))
             .await
             .map_err(|e| e.to_string())?;

@@ -12,11 +12,11 @@ use crate::{
 
 /// Whether `token` is the current grant of `key`, by one linearizable read.
 pub async fn is_current(store: &Store, key: &LockKey, token: FencingToken) -> Result<bool, LockError> {
-    let k = store.keys();
+    let k = store.cluster().keys();
     let mut b = TxnBuilder::new();
     let holds = b.read(Branch::Success, k.holds(&key.digest()), Some(GetOptions::new().with_prefix()));
     let epoch = b.read(Branch::Success, k.epoch(), None);
-    let a = Answer::of(&store.call(store.client().txn(b.build())).await?);
+    let a = Answer::of(&store.cluster().call(store.cluster().client().txn(b.build())).await?);
     let (holds, epoch) = (a.must(holds)?, a.must(epoch)?);
     let record: EpochRecord = match epoch.kvs().first() {
         Some(kv) => serde_json::from_slice(kv.value())

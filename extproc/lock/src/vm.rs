@@ -333,10 +333,10 @@ impl Store {
             return Ok(s.sid);
         }
         let owner = Self::vm_owner(envoy, vm);
-        let index = self.keys().vm_session(vm, class.name.as_str());
+        let index = self.cluster.keys().vm_session(vm, class.name.as_str());
         for _ in 0..3 {
             // An existing session of this VM and class (opened by any arbiter).
-            let r = self.call(self.client().get(index.as_str(), None)).await?;
+            let r = self.cluster.call(self.cluster.client().get(index.as_str(), None)).await?;
             if let Some(kv) = r.kvs().first() {
                 let sid = SessionId::from_lease(kv.lease()).ok_or(LockError::SessionExpired)?;
                 let rec = match self.owned_session(sid, &owner).await {
@@ -372,10 +372,10 @@ impl Store {
             let v = serde_json::to_vec(&rec).map_err(|e| LockError::Internal(e.to_string()))?;
             let lease = Some(PutOptions::new().with_lease(sid.lease()));
             let txn = Txn::new().when([Compare::create_revision(index.as_str(), CompareOp::Equal, 0)]).and_then([
-                TxnOp::put(self.keys().session(sid), v, lease.clone()),
+                TxnOp::put(self.cluster.keys().session(sid), v, lease.clone()),
                 TxnOp::put(index.as_str(), sid.to_string(), lease),
             ]);
-            match self.call(self.client().txn(txn)).await {
+            match self.cluster.call(self.cluster.client().txn(txn)).await {
                 Ok(r) if r.succeeded() => {
                     self.vms.by_vm_class.insert(cache_key, VmSession { sid, ttl_s: rec.ttl_s });
                     self.sessions.insert(sid, Arc::new(rec));
@@ -394,7 +394,7 @@ impl Store {
 
     /// The retired index key of VM session `sid` of `class`.
     fn retired_vm_session(&self, vm: &str, class: &str, sid: SessionId) -> String {
-        format!("{}{RETIRED}{sid}", self.keys().vm_session(vm, class))
+        format!("{}{RETIRED}{sid}", self.cluster.keys().vm_session(vm, class))
     }
 
     /// Moves the index of `vm`'s session `sid` of `class` (last modified at
@@ -408,13 +408,13 @@ impl Store {
         sid: SessionId,
         mod_revision: i64,
     ) -> Result<(), LockError> {
-        let index = self.keys().vm_session(vm, class);
+        let index = self.cluster.keys().vm_session(vm, class);
         let lease = Some(PutOptions::new().with_lease(sid.lease()));
         let txn = Txn::new().when([Compare::mod_revision(index.as_str(), CompareOp::Equal, mod_revision)]).and_then([
             TxnOp::put(self.retired_vm_session(vm, class, sid), sid.to_string(), lease),
             TxnOp::delete(index.as_str(), None),
         ]);
-        match self.call(self.client().txn(txn)).await {
+        match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) => {
                 if r.succeeded() {
                     tracing::info!(
@@ -439,7 +439,10 @@ impl Store {
     /// Releases the hold `hold_id` of the key with digest `d` on session `sid`, if it
     /// still exists; returns whether one was released.
     pub(crate) async fn release_hold(&self, d: &KeyDigest, sid: SessionId, hold_id: &str) -> Result<bool, LockError> {
-        let r = self.call(self.client().get(self.keys().holds(d), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(self.cluster.keys().holds(d), Some(GetOptions::new().with_prefix())))
+            .await?;
         // Every slot of the hold (several for `x-lock-permits` or an exclusive hold).
         let slots: Vec<&etcd_client::KeyValue> = r
             .kvs()
@@ -471,7 +474,10 @@ impl Store {
         let owner = Self::vm_owner(envoy, vm);
         let d = key.digest();
         let id = hold_id(vm, n);
-        let r = self.call(self.client().get(self.keys().holds(&d), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(self.cluster.keys().holds(&d), Some(GetOptions::new().with_prefix())))
+            .await?;
         let Some(kv) = r.kvs().iter().find(|kv| hold_of(kv).and_then(|h| h.hold_id).as_deref() == Some(id.as_str()))
         else {
             return Ok(false);
@@ -494,13 +500,16 @@ impl Store {
         reconcile: Option<&Reconcile>,
     ) -> Result<VmStatus, LockError> {
         let owner = Self::vm_owner(envoy, vm);
-        let prefix = self.keys().vm_sessions(vm);
+        let prefix = self.cluster.keys().vm_sessions(vm);
         let cluster = self.cluster_name();
         let attempt = Attempt { cluster, vm, started: Instant::now(), finished: false };
         // A sealed cluster renews nothing (`Store::renewable`): the VM's sessions
         // there are in jeopardy (the unfinished attempt says so) and lapse.
         self.renewable()?;
-        let r = self.call(self.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .await?;
         let mut status = VmStatus::default();
         let mut live = Vec::new();
         for kv in r.kvs() {
@@ -517,7 +526,7 @@ impl Store {
                     continue;
                 }
             };
-            let retired = kv.key() != self.keys().vm_session(vm, &rec.class).as_bytes();
+            let retired = kv.key() != self.cluster.keys().vm_session(vm, &rec.class).as_bytes();
             match self.renew_vm_session(sid, vm, retired, reconcile, rec.ttl_s).await {
                 Ok(Some(reconciled)) => {
                     live.push(sid);
@@ -575,7 +584,7 @@ impl Store {
             // A grant's index key appeared (or the index is not kept yet): renew.
         }
         let sent = Instant::now();
-        match self.call(self.client().lease_keep_alive(sid.lease())).await {
+        match self.cluster.call(self.cluster.client().lease_keep_alive(sid.lease())).await {
             Ok(_) => JEOPARDY.renewed(self.cluster_name(), vm, sid, ttl_s, sent),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => return Err(LockError::SessionExpired),
             Err(e) => return Err(e),
@@ -589,12 +598,15 @@ impl Store {
     /// The hold keys attached to lease `sid`.
     async fn lease_hold_keys(&self, sid: SessionId) -> Result<Vec<Vec<u8>>, LockError> {
         let ttl = self
-            .call(self.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())))
+            .cluster
+            .call(
+                self.cluster.client().lease_time_to_live(sid.lease(), Some(LeaseTimeToLiveOptions::new().with_keys())),
+            )
             .await?;
         if ttl.ttl() <= 0 {
             return Err(LockError::SessionExpired);
         }
-        let prefix = self.keys().all_locks();
+        let prefix = self.cluster.keys().all_locks();
         Ok(ttl.keys().iter().filter(|k| k.starts_with(prefix.as_bytes())).cloned().collect())
     }
 
@@ -604,7 +616,7 @@ impl Store {
             return Ok(0);
         }
         let gets: Vec<TxnOp> = hold_keys.iter().map(|k| TxnOp::get(k.clone(), None::<GetOptions>)).collect();
-        let r = self.call(self.client().txn(Txn::new().and_then(gets))).await?;
+        let r = self.cluster.call(self.cluster.client().txn(Txn::new().and_then(gets))).await?;
         let mut released = 0;
         for op in r.op_responses() {
             let TxnOpResponse::Get(g) = op else { continue };
@@ -615,7 +627,7 @@ impl Store {
                 if n >= rc.next || (rc.open.contains(&n) && !planted) {
                     continue;
                 }
-                let Some(d) = self.keys().digest_of_hold(kv.key()) else { continue };
+                let Some(d) = self.cluster.keys().digest_of_hold(kv.key()) else { continue };
                 if self.release_hold(&d, sid, &id).await? {
                     released += 1;
                 }

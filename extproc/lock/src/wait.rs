@@ -709,7 +709,7 @@ impl Store {
             if offered {
                 tokio::time::sleep(WATCH_AFTER_OFFER).await;
             }
-            self.delete_seen(self.keys().holds(d), opts).await
+            self.delete_seen(self.cluster.keys().holds(d), opts).await
         };
         let handed = async {
             if offered {
@@ -745,7 +745,7 @@ impl Store {
     /// or breaks: a lost watch is only a lost hint, the caller's poll still runs.
     /// One watcher on the store's one watch stream ([`crate::watches`]).
     pub(super) async fn delete_seen(&self, key: impl Into<Vec<u8>>, opts: WatchOptions) {
-        self.watches.delete_seen(&self.client, key, opts).await;
+        self.watches.delete_seen(&self.cluster.client(), key, opts).await;
     }
 }
 

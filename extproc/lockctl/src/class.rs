@@ -634,9 +634,9 @@ where
     let (mut rows, mut exit) = (Vec::new(), 0u8);
     let mut stores: Vec<_> = tiers.stores().cloned().collect();
     stores.sort_by(|a, b| a.cluster_name().cmp(b.cluster_name()));
-    let coord = tiers.coord().client();
+    let coord = tiers.coord().cluster().client();
     for store in stores {
-        let admin = Admin::from_client(store.client(), &clusters.root, actor).with_keyspace(coord.clone());
+        let admin = Admin::from_client(store.cluster().client(), &clusters.root, actor).with_keyspace(coord.clone());
         let cluster = store.cluster_name().to_owned();
         let (outcome, error, code) = match step(admin).await {
             Ok((code, o)) => (serde_json::to_value(&o).ok(), None, code),

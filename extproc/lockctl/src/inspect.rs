@@ -190,13 +190,13 @@ async fn home_view(config: &std::path::Path, key: &LockKey) -> Result<(KeyView, 
     let clusters = lockmesh_lock::clusters::Clusters::load_arbiter_file(config).map_err(|e| e.join("; "))?;
     let tiers = clusters.connect().await.map_err(|e| e.to_string())?;
     let coord = tiers.coord();
-    let at_coord = view_on(&mut coord.client(), &clusters.root, key).await?;
-    let map = retry_auth(&coord.client(), move |_| coord.read_map()).await.map_err(|e| e.to_string())?;
+    let at_coord = view_on(&mut coord.cluster().client(), &clusters.root, key).await?;
+    let map = retry_auth(&coord.cluster().client(), move |_| coord.read_map()).await.map_err(|e| e.to_string())?;
     let class = at_coord.class.clone().unwrap_or_default();
     let home = map.as_ref().and_then(|(m, _)| m.current.home(&class, key.as_str()).map(str::to_owned));
     match home.and_then(|h| tiers.get(&h).cloned()) {
         Some(store) if store.cluster_name() != coord.cluster_name() => {
-            let mut view = view_on(&mut store.client(), &clusters.root, key).await?;
+            let mut view = view_on(&mut store.cluster().client(), &clusters.root, key).await?;
             // The class comes from the coord cluster's map, the authoritative one.
             view.class = at_coord.class;
             Ok((view, store.cluster_name().to_owned()))

@@ -374,7 +374,7 @@ impl Console {
     /// One cluster's policies and hold scan, each bounded.
     async fn read_holds(&self, store: Arc<Store>, now: u64) -> ClusterHolds {
         let (timeout, root) = (self.timeout(), self.state.config.etcd_root.clone());
-        let mut client = store.client();
+        let mut client = store.cluster().client();
         let policies = match tokio::time::timeout(timeout, read_policies(&mut client, &root)).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(format!("class policies: {e}")),
@@ -392,7 +392,7 @@ impl Console {
     async fn read_cluster(&self, store: Arc<Store>, now: u64) -> ClusterRead {
         let timeout = self.timeout();
         let holds = self.read_holds(store.clone(), now).await;
-        let mut client = store.client();
+        let mut client = store.cluster().client();
         let auth = self.auth_of(store.cluster_name());
         let view = cluster_view(&mut client, timeout, |url| self.member(url, auth)).await;
         let epoch = match tokio::time::timeout(timeout, store.epoch_state()).await {

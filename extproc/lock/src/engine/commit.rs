@@ -101,7 +101,7 @@ impl Store {
             let keys = g.each.iter().map(|k| k.d.as_str().as_bytes().to_vec()).collect();
             let outer = Outer { epoch_rev: g.epoch_rev, clock: g.clock };
             let member = Member::new(keys, lengths, txn, outer);
-            let answered = timed(Step::GrantTxn, self.txn_by(s.deadline, self.grouped(member))).await;
+            let answered = timed(Step::GrantTxn, self.cluster.txn_by(s.deadline, self.grouped(member))).await;
             match answered {
                 Ok(Some(a)) => grouped = Some((a, reads)),
                 Ok(None) => {}
@@ -116,7 +116,7 @@ impl Store {
             Some(a) => a,
             None => {
                 let (txn, reads, _) = grant::build(g, Form::Alone);
-                match timed(Step::GrantTxn, self.call_by(s.deadline, self.client().txn(txn))).await {
+                match timed(Step::GrantTxn, self.cluster.call_by(s.deadline, self.cluster.client().txn(txn))).await {
                     Ok(r) => (Answer::of(&r), reads),
                     Err(e) => return self.unanswered(e, &s).await.map(|sent| (sent, reads)),
                 }
@@ -175,7 +175,7 @@ impl Store {
                 self.ledger().note_hold(name.as_bytes(), revision, ns);
             }
             if let (Some(_), Some((_, ns))) = (s.new_record, s.holds.first()) {
-                self.ledger().note_session(self.keys().session(s.sid).as_bytes(), revision, ns);
+                self.ledger().note_session(self.cluster.keys().session(s.sid).as_bytes(), revision, ns);
             }
             let rev = u64::try_from(revision).unwrap_or(u64::MAX);
             return match FencingToken::mint(b.ep.epoch, rev) {

@@ -47,8 +47,8 @@ impl Store {
                 Outer { epoch_rev: None, clock: mark },
             );
             let answered = match step {
-                Some(step) => timed(step, self.call(self.grouped(member))).await,
-                None => self.call(self.grouped(member)).await,
+                Some(step) => timed(step, self.cluster.call(self.grouped(member))).await,
+                None => self.cluster.call(self.grouped(member)).await,
             };
             if let Some(answer) = answered? {
                 if let (Some(_), Some(rev)) = (mark, answer.revision()) {
@@ -61,11 +61,11 @@ impl Store {
             let lease = self.marker_lease().await?;
             let mut b = TxnBuilder::new();
             let out = build(&mut b, lease);
-            let guard = clock::guard(self.keys(), mark, &mut b);
+            let guard = clock::guard(self.cluster.keys(), mark, &mut b);
             let txn = b.build();
             let sent = match step {
-                Some(step) => timed(step, self.call(self.client().txn(txn))).await,
-                None => self.call(self.client().txn(txn)).await,
+                Some(step) => timed(step, self.cluster.call(self.cluster.client().txn(txn))).await,
+                None => self.cluster.call(self.cluster.client().txn(txn)).await,
             };
             match sent {
                 Ok(r) => {

@@ -187,7 +187,7 @@ impl FailOpen {
     /// then lapsed holds are ended and, with the quorum back, the spool shipped
     /// (in the background, one ship at a time).
     pub async fn observe(self: &Arc<Self>, store: &Arc<Store>, started_ms: u64, read_ok: bool, within: Duration) {
-        let leader_seen = read_ok || store.member_names_leader(within).await;
+        let leader_seen = read_ok || store.cluster().member_names_leader(within).await;
         match self.quorum.observe(started_ms, now_ms(), read_ok, leader_seen) {
             Transition::Declared(o) => tracing::warn!(
                 cluster = %self.cluster,
@@ -459,15 +459,19 @@ impl FailOpen {
     }
 
     async fn put_records(&self, store: &Store, records: &[SpoolRecord]) -> Result<(), LockError> {
-        let lease = store.call(store.client().lease_grant(SHIP_LEASE_TTL_S, None)).await?.id();
+        let lease = store.cluster().call(store.cluster().client().lease_grant(SHIP_LEASE_TTL_S, None)).await?.id();
         let opts = PutOptions::new().with_lease(lease);
         for chunk in records.chunks(SHIP_BATCH) {
             let mut ops = Vec::with_capacity(chunk.len());
             for r in chunk {
                 let v = serde_json::to_vec(r).map_err(|e| LockError::Internal(e.to_string()))?;
-                ops.push(TxnOp::put(store.keys().unprotected(&r.grant, r.op.as_str()), v, Some(opts.clone())));
+                ops.push(TxnOp::put(
+                    store.cluster().keys().unprotected(&r.grant, r.op.as_str()),
+                    v,
+                    Some(opts.clone()),
+                ));
             }
-            store.call(store.client().txn(Txn::new().and_then(ops))).await?;
+            store.cluster().call(store.cluster().client().txn(Txn::new().and_then(ops))).await?;
         }
         Ok(())
     }
