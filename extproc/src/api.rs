@@ -228,7 +228,11 @@ async fn route(
                 })
                 .collect();
             let lock_delay_ms = if class.lock_delay_s > 0 {
-                store.delay_record_left(&key.digest()).await?.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                store
+                    .lock_delay()
+                    .record_left(&key.digest())
+                    .await?
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             } else {
                 None
             };

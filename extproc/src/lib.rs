@@ -133,7 +133,7 @@ pub async fn run(
     for s in state.tiers.stores() {
         s.start_ledger();
         // Lock-delay (`lock::delay`): a watch of hold deletes while a class sets one.
-        s.start_delay_watch();
+        s.lock_delay().start_watch();
     }
     // The authoritative class records (created from the registry if missing), and
     // the registry's hot reload.

@@ -16,8 +16,8 @@
 //! ```
 //!
 //! A guard whose key has no hold marks an end without a release. The first
-//! arbiter to see one ([`Store::delay_left`]: a grant attempt refused by the guard,
-//! or this module's watch of hold deletes, [`Store::start_delay_watch`]) turns it
+//! arbiter to see one ([`LockDelay::left`]: a grant attempt refused by the guard,
+//! or this module's watch of hold deletes, [`LockDelay::start_watch`]) turns it
 //! into the delay record in one transaction (guard unchanged, no hold) on a new
 //! lease of `lock_delay_s`: etcd's lease clock ends the delay, the same for every
 //! arbiter and across restarts. A guard whose session has a close marker was a
@@ -32,7 +32,7 @@
 //! full TTL again (no lease checkpoints by default), up to one more `lock_delay_s`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{atomic::AtomicBool, Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType};
@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::txn::{Answer, Branch, TxnBuilder};
 
 use super::test_faults::{on, TestFault};
-use super::{keys, now_ms, HoldRecord, LockError, Store};
+use super::{keys, now_ms, Cluster, HoldRecord, LockError, Runtime, Store};
 
 /// `lock_delay_s` by class name, for the classes of the registry in force that
 /// set one (one arbiter's, [`crate::runtime::Runtime::delays`]: a reload
@@ -77,16 +77,31 @@ pub(crate) fn guard_value(sid: lockmesh_core::headers::SessionId) -> Vec<u8> {
 
 // === impl Store ===
 
-impl Store {
+/// The lock-delay of one cluster: the guard and record transactions and the
+/// watch of hold deletes (see the module doc).
+pub struct LockDelay {
+    cluster: Arc<Cluster>,
+    runtime: Arc<Runtime>,
+    /// Whether the watch of hold deletes runs ([`LockDelay::start_watch`]).
+    watching: AtomicBool,
+}
+
+// === impl LockDelay ===
+
+impl LockDelay {
+    pub(crate) fn new(cluster: Arc<Cluster>, runtime: Arc<Runtime>) -> Self {
+        Self { cluster, runtime, watching: AtomicBool::new(false) }
+    }
+
     /// Whether any class sets a delay, or a candidate delay other than its own
     /// (shadow mode: the candidate's memory of ends without a release, `shadow`).
-    fn any_delay(&self) -> bool {
-        self.runtime().delays().any() || self.runtime().shadow().any_delay_candidate()
+    fn any(&self) -> bool {
+        self.runtime.delays().any() || self.runtime.shadow().any_delay_candidate()
     }
 
     /// The compares and the put a grant of a key of a class with a delay adds: no
     /// guard, no delay record; put the guard for `sid`.
-    pub(crate) fn delay_grant_ops(
+    pub(crate) fn grant_ops(
         &self,
         d: &KeyDigest,
         sid: lockmesh_core::headers::SessionId,
@@ -104,7 +119,7 @@ impl Store {
 
     /// Deletes key `d`'s lock-delay guard if it names session `sid` (a grant this
     /// arbiter undoes by revoking the session it opened: no expiry).
-    pub(crate) async fn drop_delay_guard(&self, d: &KeyDigest, sid: lockmesh_core::headers::SessionId) {
+    pub(crate) async fn drop_guard(&self, d: &KeyDigest, sid: lockmesh_core::headers::SessionId) {
         let g = self.cluster.keys().delay_guard(d);
         let txn = Txn::new()
             .when([Compare::value(g.as_str(), CompareOp::Equal, guard_value(sid))])
@@ -117,7 +132,7 @@ impl Store {
     /// How long key `d` (of a class with `delay_s`) is still in its lock-delay,
     /// turning a guard whose hold is gone into the delay record first; `None` when
     /// it may be granted now (as far as the delay goes).
-    pub(crate) async fn delay_left(&self, d: &KeyDigest, delay_s: u64) -> Result<Option<Duration>, LockError> {
+    pub(crate) async fn left(&self, d: &KeyDigest, delay_s: u64) -> Result<Option<Duration>, LockError> {
         for _ in 0..3 {
             let k = self.cluster.keys();
             let (holds, g, r) = (k.holds(d), k.delay_guard(d), k.lock_delay(d));
@@ -216,37 +231,9 @@ impl Store {
         }
     }
 
-    /// Waits out key `d`'s lock-delay (the grant of `req` on session `sid` was
-    /// refused `lock_delay`), or answers `contended` (`lock_delay`) at once when it
-    /// outlasts the deadline.
-    pub(crate) async fn wait_delay(
-        &self,
-        d: &KeyDigest,
-        req: &super::mutex::AcquireRequest,
-        sid: lockmesh_core::headers::SessionId,
-        cancel: &CancellationToken,
-    ) -> Result<(), LockError> {
-        let Some(left) = self.delay_left(d, req.class.lock_delay_s).await? else { return Ok(()) };
-        self.runtime().shadow().after_delayed(
-            self,
-            &req.class,
-            &req.key,
-            left,
-            &(sid.lease(), d.clone(), req.deadline),
-        );
-        let until = Instant::now() + left;
-        if until > req.deadline {
-            return Err(LockError::Contended(Reason::LockDelay));
-        }
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => Ok(()),
-            () = cancel.cancelled() => Err(LockError::Cancelled),
-        }
-    }
-
     /// Time left of key `d`'s lock-delay without turning anything (inspection):
     /// `None` when no delay record exists.
-    pub async fn delay_record_left(&self, d: &KeyDigest) -> Result<Option<Duration>, LockError> {
+    pub async fn record_left(&self, d: &KeyDigest) -> Result<Option<Duration>, LockError> {
         let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().lock_delay(d), None)).await?;
         match r.kvs().first() {
             Some(kv) => Ok(Some(self.lease_left(kv.lease()).await)),
@@ -257,8 +244,8 @@ impl Store {
     /// Starts (once per store) the watch of hold deletes that turns the guards of
     /// delay classes into delay records as soon as a hold ends without a release.
     /// It watches only while some class sets a delay; otherwise it costs nothing.
-    pub fn start_delay_watch(self: &Arc<Self>) {
-        if self.delay_watch.swap(true, std::sync::atomic::Ordering::SeqCst) {
+    pub fn start_watch(self: &Arc<Self>) {
+        if self.watching.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -270,7 +257,7 @@ impl Store {
             let mut seen = 0i64;
             loop {
                 let Some(store) = weak.upgrade() else { return };
-                if !store.any_delay() {
+                if !store.any() {
                     // Nothing watched while no class sets a delay: start afresh.
                     drop(store);
                     seen = 0;
@@ -296,6 +283,38 @@ impl Store {
     }
 }
 
+// === impl Store ===
+
+impl Store {
+    /// Waits out key `d`'s lock-delay (the grant of `req` on session `sid` was
+    /// refused `lock_delay`), or answers `contended` (`lock_delay`) at once when it
+    /// outlasts the deadline.
+    pub(crate) async fn wait_delay(
+        &self,
+        d: &KeyDigest,
+        req: &super::mutex::AcquireRequest,
+        sid: lockmesh_core::headers::SessionId,
+        cancel: &CancellationToken,
+    ) -> Result<(), LockError> {
+        let Some(left) = self.delay.left(d, req.class.lock_delay_s).await? else { return Ok(()) };
+        self.runtime().shadow().after_delayed(
+            self,
+            &req.class,
+            &req.key,
+            left,
+            &(sid.lease(), d.clone(), req.deadline),
+        );
+        let until = Instant::now() + left;
+        if until > req.deadline {
+            return Err(LockError::Contended(Reason::LockDelay));
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => Ok(()),
+            () = cancel.cancelled() => Err(LockError::Cancelled),
+        }
+    }
+}
+
 /// Follows hold deletes (with the deleted hold) from the revision after `seen`
 /// (from now when `seen` is 0) until the watch breaks or no class sets a delay any
 /// more, moving `seen` up to each revision it has handled. A resume point etcd
@@ -303,18 +322,18 @@ impl Store {
 /// and a hold that ended before it is turned into its delay by the key's next
 /// grant attempt, which its guard refuses (docs/GUARANTEES.md G13). Answers
 /// `true` when the test fault `delay_watch_gap` broke it.
-async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, LockError> {
-    let k = store.cluster().keys();
+async fn follow_deletes(store: &Arc<LockDelay>, seen: &mut i64) -> Result<bool, LockError> {
+    let k = store.cluster.keys();
     let mut opts =
         etcd_client::WatchOptions::new().with_prefix().with_prev_key().with_filters([WatchFilterType::NoPut]);
     if *seen > 0 {
         opts = opts.with_start_revision(*seen + 1);
     }
-    let mut client = store.cluster().client();
+    let mut client = store.cluster.client();
     let mut stream = client.watch(k.all_locks(), Some(opts)).await.map_err(super::unavailable)?;
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
-        if !store.any_delay() {
+        if !store.any() {
             return Ok(false);
         }
         let r = match msg {
@@ -350,15 +369,15 @@ async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, Lock
             gap |= on(TestFault::DelayWatchGap);
             let Some(prev) = ev.prev_kv() else { continue };
             let Ok(hold) = serde_json::from_slice::<HoldRecord>(prev.value()) else { continue };
-            let delay = store.runtime().delays().of(&hold.class);
+            let delay = store.runtime.delays().of(&hold.class);
             let Some(d) = k.digest_of_hold(prev.key()) else { continue };
-            if store.runtime().shadow().delay_candidate(&hold.class).is_some() {
+            if store.runtime.shadow().delay_candidate(&hold.class).is_some() {
                 // Shadow mode: remember when this arbiter saw an end without a release.
                 let (store, rev, lease) = (store.clone(), ev.kv().map_or(0, |kv| kv.mod_revision()), prev.lease());
                 let d = d.clone();
                 tokio::spawn(async move {
                     if let Ok(true) = store.ended_unreleased(&d, rev, lease).await {
-                        store.runtime().shadow().saw_end(&d);
+                        store.runtime.shadow().saw_end(&d);
                     }
                 });
             }
@@ -367,7 +386,7 @@ async fn follow_deletes(store: &Arc<Store>, seen: &mut i64) -> Result<bool, Lock
             }
             let store = store.clone();
             tokio::spawn(async move {
-                if let Err(e) = store.delay_left(&d, delay).await {
+                if let Err(e) = store.left(&d, delay).await {
                     tracing::debug!(error = %e, key = %d.short(), "could not check a lock-delay guard; the next grant attempt will");
                 }
             });

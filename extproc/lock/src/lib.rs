@@ -203,8 +203,8 @@ pub struct Store {
     guard: upgrade::Guard,
     /// The arbiter's configuration and books this store follows ([`runtime`]).
     runtime: Arc<Runtime>,
-    /// Whether the watch of hold deletes runs ([`Store::start_delay_watch`]).
-    delay_watch: std::sync::atomic::AtomicBool,
+    /// The lock-delay guards, records and their watch ([`delay`]).
+    delay: Arc<delay::LockDelay>,
     /// The group committer of this cluster (`engine::group`).
     committer: Arc<engine::group::Committer>,
     /// When the last raft position check started, and its answer
@@ -242,6 +242,7 @@ impl Store {
         let cluster = Arc::new(cluster::Cluster::connect(endpoints, root, op_timeout, auth).await?);
         let seal = seal::Seal::load(marks_file, root).map_err(LockError::Internal)?;
         let committer = Arc::new(engine::group::Committer::new(cluster.client(), Keys::new(root), op_timeout));
+        let delay = Arc::new(delay::LockDelay::new(cluster.clone(), runtime.clone()));
         let store = Arc::new(Self {
             committer,
             raft_checked: Mutex::new(None),
@@ -252,7 +253,7 @@ impl Store {
             marker: Mutex::new(None),
             queues: wait::Queues::new(runtime.handoff(), runtime.quotas().clone()),
             runtime: runtime.clone(),
-            delay_watch: std::sync::atomic::AtomicBool::new(false),
+            delay,
             seal,
             policies: policy::PolicyCache::default(),
             home: home::HomeCell::new(root),
@@ -266,6 +267,11 @@ impl Store {
     /// The etcd cluster this store works on.
     pub fn cluster(&self) -> &Arc<cluster::Cluster> {
         &self.cluster
+    }
+
+    /// The lock-delay of this cluster's keys.
+    pub fn lock_delay(&self) -> &Arc<delay::LockDelay> {
+        &self.delay
     }
 
     /// A lease to hang audit markers on; re-granted every minute (TTL 120 s) so

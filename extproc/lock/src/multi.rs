@@ -132,7 +132,7 @@ impl Store {
             Some(g) if g.new_session => {
                 for r in reqs.iter().filter(|r| r.class.lock_delay_s > 0) {
                     // The revoke ends the hold: not an expiry (`delay`).
-                    self.drop_delay_guard(&r.key.digest(), g.session).await;
+                    self.delay.drop_guard(&r.key.digest(), g.session).await;
                 }
                 self.revoke_quietly(g.session).await;
             }
@@ -297,7 +297,7 @@ impl Store {
                 hold: hold_record(req, ep.epoch, 1, Some(count), attempt.as_deref())?,
                 exclusion: super::mutex::exclusion_ops(k, d, req, &lease, self.guard()),
                 indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
-                delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
+                delay: (delay > 0).then(|| self.delay.grant_ops(d, sid)),
                 fair,
                 count_after: false,
             });
@@ -372,7 +372,7 @@ impl Store {
             if *kept && h.kvs().is_empty() {
                 // No holder and a lock-delay record: turned into the delay here if
                 // no arbiter has yet (`delay`).
-                if self.delay_left(d, delay).await?.is_some() {
+                if self.delay.left(d, delay).await?.is_some() {
                     return Ok(Attempt::Refused { reason: Reason::LockDelay, revision, free: slots.to_vec() });
                 }
             }

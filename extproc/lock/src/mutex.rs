@@ -507,7 +507,7 @@ impl Store {
         if g.new_session {
             if req.class.lock_delay_s > 0 {
                 // The revoke ends the hold: not an expiry (`delay`).
-                self.drop_delay_guard(&req.key.digest(), g.session).await;
+                self.delay.drop_guard(&req.key.digest(), g.session).await;
             }
             self.revoke_quietly(g.session).await;
         } else if let Some(hold) = &req.hold_id {
@@ -875,7 +875,7 @@ impl Store {
             exclusion: exclusion_ops(k, d, req, &lease, self.guard()),
             // An acquire-opened session's hold index (`Keys::hold_index`).
             indexed: req.session_indexed && self.guard().enabled(Capability::SessionHoldIndex),
-            delay: (delay > 0).then(|| self.delay_grant_ops(d, sid)),
+            delay: (delay > 0).then(|| self.delay.grant_ops(d, sid)),
             fair,
             count_after: super::shadow::wants_count(&req.class, n),
         };
@@ -970,7 +970,7 @@ impl Store {
             // No holder, and a guard or a delay record: the last hold ended without
             // a release. Turned into the delay here if no arbiter has yet; a guard
             // of a closed session is dropped and the grant retried at once.
-            return Ok(match self.delay_left(d, delay).await? {
+            return Ok(match self.delay.left(d, delay).await? {
                 Some(_) => Attempt::Refused { reason: Reason::LockDelay, revision, free_slot: 0 },
                 None => Attempt::Refused { reason: Reason::LockContended, revision, free_slot: 0 },
             });

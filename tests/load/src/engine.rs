@@ -118,7 +118,7 @@ impl Engine {
             bail!("the keyspace gate refuses the engine: {r}");
         }
         store.start_ledger();
-        store.start_delay_watch();
+        store.lock_delay().start_watch();
         let mut boot = tiers.bootstrap(&registry).await;
         for _ in 0..20 {
             if boot.is_ok() {
