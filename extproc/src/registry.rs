@@ -272,7 +272,7 @@ pub(crate) async fn classes_status(state: &State) -> ClassesStatus {
     let r = state.registry_status.get();
     let reg = state.registry();
     let now = now_ms();
-    let (policies, map) = match state.store.read_policies().await {
+    let (policies, map) = match state.store.policies().read_all().await {
         Ok(p) => p,
         Err(e) => return ClassesStatus::Unreadable { error: e.to_string() },
     };
@@ -402,7 +402,7 @@ pub(crate) async fn class_values(state: &State) -> ClassValues {
     let expired = reg.expired_waivers(today());
     let waiver_expired = reg.classes().iter().map(|c| (c.name.to_string(), expired.contains(&&c.name))).collect();
     let now = now_ms();
-    let policies = state.store.read_policies().await.ok().map(|(policies, _)| {
+    let policies = state.store.policies().read_all().await.ok().map(|(policies, _)| {
         policies
             .iter()
             .filter(|p| reg.get(&p.class).is_some())

@@ -191,7 +191,8 @@ pub struct Store {
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
     seal: seal::Seal,
-    policies: policy::PolicyCache,
+    /// The authoritative class policies and map ([`policy`]).
+    policies: policy::Policies,
     /// The cluster's name, epoch source and home record (`home`).
     home: home::HomeCell,
     /// Sessions and holds by namespace, followed by a watch ([`quota`]).
@@ -243,6 +244,7 @@ impl Store {
         let seal = seal::Seal::load(marks_file, root).map_err(LockError::Internal)?;
         let committer = Arc::new(engine::group::Committer::new(cluster.client(), Keys::new(root), op_timeout));
         let delay = Arc::new(delay::LockDelay::new(cluster.clone(), runtime.clone()));
+        let policies = policy::Policies::new(cluster.clone());
         let store = Arc::new(Self {
             committer,
             raft_checked: Mutex::new(None),
@@ -255,7 +257,7 @@ impl Store {
             runtime: runtime.clone(),
             delay,
             seal,
-            policies: policy::PolicyCache::default(),
+            policies,
             home: home::HomeCell::new(root),
             ledger: Arc::default(),
             watches: watches::Watches::default(),
@@ -304,8 +306,8 @@ impl Store {
         *self.marker.lock().await = None;
     }
 
-    /// The cached authoritative class policies.
-    pub(crate) fn policy_cache(&self) -> &policy::PolicyCache {
+    /// The authoritative class policies and map.
+    pub fn policies(&self) -> &policy::Policies {
         &self.policies
     }
 

@@ -559,7 +559,8 @@ impl Store {
         // would commit a second hold for the same session. Its existing hold is the
         // answer (`existing: true`). A mutex needs no read: its one slot is the one
         // compared, and the refusal's reads find the hold.
-        if new_record.is_none() && !matches!(self.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1))) {
+        if new_record.is_none() && !matches!(self.policies.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1)))
+        {
             if let Some(g) = self.own_hold(req, &d, sid).await? {
                 return Ok(g);
             }
@@ -695,7 +696,7 @@ impl Store {
         let anyone = test_faults::on(TestFault::SkipReadForAnyone);
         (anyone || !held.may_answer(req, sid))
             && self.policies_watched()
-            && matches!(self.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1)))
+            && matches!(self.policies.cached_limit(req.class.name.as_str(), &req.key), Ok(Some(1)))
     }
 
     /// The read of a mutex key's holders and authoritative limit that

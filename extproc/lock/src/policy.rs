@@ -38,7 +38,7 @@ use lockmesh_core::{
 };
 use serde::Serialize;
 
-use super::{mutex::AcquireRequest, now_ms, LockError, Store};
+use super::{mutex::AcquireRequest, now_ms, Cluster, LockError, Store};
 use crate::engine::txn::{mod_revision, Answer, Branch, Read, TxnBuilder};
 pub use lockmesh_keyspace::ClassMapRecord;
 
@@ -200,16 +200,136 @@ fn internal(e: impl std::fmt::Display) -> LockError {
     LockError::Internal(e.to_string())
 }
 
+/// The authoritative class policies and map of one cluster: read through
+/// [`PolicyCache`], created from the registry when missing.
+pub struct Policies {
+    cluster: Arc<Cluster>,
+    cache: PolicyCache,
+}
+
+// === impl Policies ===
+
+impl Policies {
+    pub(crate) fn new(cluster: Arc<Cluster>) -> Self {
+        Self { cluster, cache: PolicyCache::default() }
+    }
+
+    /// The cached view of the records.
+    pub(crate) fn cache(&self) -> &PolicyCache {
+        &self.cache
+    }
+
+    /// The authoritative limit of `class` for `key` as last read, without reading
+    /// (for an unprotected grant, when nothing can be read): `None` when nothing
+    /// was cached; refused like a grant when the cached map gives the key another
+    /// class or the cached policy is draining.
+    pub(crate) fn cached_limit(&self, class: &str, key: &LockKey) -> Result<Option<u32>, LockError> {
+        self.cache.limit(class, key.as_str())
+    }
+
+    /// Drops the cached records (they moved).
+    pub(crate) fn forget(&self) {
+        self.cache.forget();
+    }
+
+    pub(crate) async fn class_map(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Arc<ClassMapRecord>, i64), LockError> {
+        if let Some(m) = self.cache.map() {
+            return Ok(m);
+        }
+        let key = self.cluster.keys().class_map();
+        let generation = self.cache.generation();
+        let r = self.cluster.call_by(deadline, self.cluster.client().get(key.as_str(), None)).await?;
+        let m: (Arc<ClassMapRecord>, i64) = match r.kvs().first() {
+            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
+            None => {
+                return Err(LockError::Unavailable("no authoritative class map yet; the arbiter creates it".into()))
+            }
+        };
+        self.cache.keep_map(m.0.clone(), m.1, generation);
+        Ok(m)
+    }
+
+    /// The authoritative policy of `class` (cached), created with `create_limit`
+    /// if it does not exist yet.
+    pub async fn class_policy(
+        &self,
+        class: &str,
+        create_limit: Option<u32>,
+    ) -> Result<(Arc<ClassPolicy>, i64), LockError> {
+        if let Some(p) = self.cache.policy(class) {
+            return Ok(p);
+        }
+        let key = self.cluster.keys().class_policy(class);
+        let generation = self.cache.generation();
+        let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
+        let found: (Arc<ClassPolicy>, i64) = match r.kvs().first() {
+            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
+            None => {
+                let limit =
+                    create_limit.ok_or_else(|| LockError::Unavailable(format!("no policy for class {class}")))?;
+                let p = ClassPolicy::new(
+                    class,
+                    &format!("{class}/{}", now_ms()),
+                    limit,
+                    note("arbiter", "create", "bootstrap from the registry"),
+                )
+                .map_err(internal)?;
+                self.create_if_missing(&key, &p).await?;
+                return Box::pin(self.class_policy(class, None)).await;
+            }
+        };
+        self.cache.keep_policy(class, found.0.clone(), found.1, generation);
+        Ok(found)
+    }
+
+    async fn create_if_missing<T: Serialize>(&self, key: &str, v: &T) -> Result<(), LockError> {
+        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key,
+            serde_json::to_vec(v).map_err(internal)?,
+            None,
+        )]);
+        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
+    }
+
+    /// Creates the map and every class's policy that do not exist yet from
+    /// `reg` (the first writer wins; later differences are reported, not applied).
+    pub async fn bootstrap(&self, reg: &ClassRegistry) -> Result<(), LockError> {
+        let map = ClassMapRecord::from_registry(reg, note("arbiter", "create", "bootstrap from the registry"));
+        self.create_if_missing(&self.cluster.keys().class_map(), &map).await?;
+        for c in reg.classes() {
+            self.class_policy(c.name.as_str(), Some(c.max_holders)).await?;
+        }
+        self.forget();
+        Ok(())
+    }
+
+    /// Every policy record and the map, read now (for `/status` and metrics).
+    pub async fn read_all(&self) -> Result<(Vec<ClassPolicy>, Option<ClassMapRecord>), LockError> {
+        let prefix = self.cluster.keys().class_policies();
+        let r = self
+            .cluster
+            .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .await?;
+        let policies = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
+        let m = self.cluster.call(self.cluster.client().get(self.cluster.keys().class_map(), None)).await?;
+        let map = m.kvs().first().and_then(|kv| serde_json::from_slice(kv.value()).ok());
+        Ok((policies, map))
+    }
+}
+
 // === impl Store ===
 
 impl Store {
     /// The gate of one grant: the authoritative class and limit of `req.key`.
     pub(crate) async fn policy_gate(&self, req: &AcquireRequest) -> Result<PolicyGate, LockError> {
-        let (mut map, mut map_rev) = self.class_map(req).await?;
+        let (mut map, mut map_rev) = self.policies.class_map(req.deadline).await?;
         if map.class_of(req.key.as_str()) != req.class.name.as_str() {
             // The cached map may predate an apply: a refusal is decided on a fresh read.
-            self.forget_policies();
-            (map, map_rev) = self.class_map(req).await?;
+            self.policies.forget();
+            (map, map_rev) = self.policies.class_map(req.deadline).await?;
         }
         let class = map.class_of(req.key.as_str()).to_owned();
         if class != req.class.name.as_str() {
@@ -219,13 +339,13 @@ impl Store {
                 req.class.name
             )));
         }
-        let (mut policy, mut policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+        let (mut policy, mut policy_rev) = self.policies.class_policy(&class, Some(req.class.max_holders)).await?;
         if !policy.admits() {
             // A cached draining record may have been activated or cancelled since:
             // a refusal is decided on a fresh read (an admitting cache is checked
             // by the grant's compare instead).
-            self.forget_policies();
-            (policy, policy_rev) = self.class_policy(&class, Some(req.class.max_holders)).await?;
+            self.policies.forget();
+            (policy, policy_rev) = self.policies.class_policy(&class, Some(req.class.max_holders)).await?;
         }
         if !policy.admits() {
             return Err(LockError::Draining(format!(
@@ -268,108 +388,11 @@ impl Store {
             || mod_revision(a.get(reads.map)) != gate.map_rev
             || home_moved;
         if moved {
-            self.forget_policies();
+            self.policies.forget();
         }
         if home_moved {
             self.forget_home();
         }
         moved
-    }
-
-    /// The authoritative limit of `class` for `key` as last read, without reading
-    /// (for an unprotected grant, when nothing can be read): `None` when nothing
-    /// was cached; refused like a grant when the cached map gives the key another
-    /// class or the cached policy is draining.
-    pub(crate) fn cached_limit(&self, class: &str, key: &LockKey) -> Result<Option<u32>, LockError> {
-        self.policy_cache().limit(class, key.as_str())
-    }
-
-    /// Drops the cached records (they moved).
-    pub(crate) fn forget_policies(&self) {
-        self.policy_cache().forget();
-    }
-
-    async fn class_map(&self, req: &AcquireRequest) -> Result<(Arc<ClassMapRecord>, i64), LockError> {
-        if let Some(m) = self.policy_cache().map() {
-            return Ok(m);
-        }
-        let key = self.cluster.keys().class_map();
-        let generation = self.policy_cache().generation();
-        let r = self.cluster.call_by(req.deadline, self.cluster.client().get(key.as_str(), None)).await?;
-        let m: (Arc<ClassMapRecord>, i64) = match r.kvs().first() {
-            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
-            None => {
-                return Err(LockError::Unavailable("no authoritative class map yet; the arbiter creates it".into()))
-            }
-        };
-        self.policy_cache().keep_map(m.0.clone(), m.1, generation);
-        Ok(m)
-    }
-
-    /// The authoritative policy of `class` (cached), created with `create_limit`
-    /// if it does not exist yet.
-    pub async fn class_policy(
-        &self,
-        class: &str,
-        create_limit: Option<u32>,
-    ) -> Result<(Arc<ClassPolicy>, i64), LockError> {
-        if let Some(p) = self.policy_cache().policy(class) {
-            return Ok(p);
-        }
-        let key = self.cluster.keys().class_policy(class);
-        let generation = self.policy_cache().generation();
-        let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
-        let found: (Arc<ClassPolicy>, i64) = match r.kvs().first() {
-            Some(kv) => (Arc::new(serde_json::from_slice(kv.value()).map_err(internal)?), kv.mod_revision()),
-            None => {
-                let limit =
-                    create_limit.ok_or_else(|| LockError::Unavailable(format!("no policy for class {class}")))?;
-                let p = ClassPolicy::new(
-                    class,
-                    &format!("{class}/{}", now_ms()),
-                    limit,
-                    note("arbiter", "create", "bootstrap from the registry"),
-                )
-                .map_err(internal)?;
-                self.create_if_missing(&key, &p).await?;
-                return Box::pin(self.class_policy(class, None)).await;
-            }
-        };
-        self.policy_cache().keep_policy(class, found.0.clone(), found.1, generation);
-        Ok(found)
-    }
-
-    async fn create_if_missing<T: Serialize>(&self, key: &str, v: &T) -> Result<(), LockError> {
-        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-            key,
-            serde_json::to_vec(v).map_err(internal)?,
-            None,
-        )]);
-        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
-    }
-
-    /// Creates the map and every class's policy that do not exist yet from
-    /// `reg` (the first writer wins; later differences are reported, not applied).
-    pub async fn bootstrap_policies(&self, reg: &ClassRegistry) -> Result<(), LockError> {
-        let map = ClassMapRecord::from_registry(reg, note("arbiter", "create", "bootstrap from the registry"));
-        self.create_if_missing(&self.cluster.keys().class_map(), &map).await?;
-        for c in reg.classes() {
-            self.class_policy(c.name.as_str(), Some(c.max_holders)).await?;
-        }
-        self.forget_policies();
-        Ok(())
-    }
-
-    /// Every policy record and the map, read now (for `/status` and metrics).
-    pub async fn read_policies(&self) -> Result<(Vec<ClassPolicy>, Option<ClassMapRecord>), LockError> {
-        let prefix = self.cluster.keys().class_policies();
-        let r = self
-            .cluster
-            .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
-            .await?;
-        let policies = r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
-        let m = self.cluster.call(self.cluster.client().get(self.cluster.keys().class_map(), None)).await?;
-        let map = m.kvs().first().and_then(|kv| serde_json::from_slice(kv.value()).ok());
-        Ok((policies, map))
     }
 }

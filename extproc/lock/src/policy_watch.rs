@@ -48,7 +48,7 @@ pub static OPEN: AtomicI64 = AtomicI64::new(0);
 impl Store {
     /// Starts this store's policy watch once (a task that ends with the store).
     pub(crate) fn watch_policies(self: &Arc<Self>) {
-        self.policy_cache().watch_started.get_or_init(|| {
+        self.policies().cache().watch_started.get_or_init(|| {
             tokio::spawn(run(Arc::downgrade(self)));
         });
     }
@@ -56,7 +56,7 @@ impl Store {
     /// Whether the policy watch is open, so the cache may be acted on without a
     /// compare.
     pub(crate) fn policies_watched(&self) -> bool {
-        self.policy_cache().watched.load(Ordering::SeqCst)
+        self.policies().cache().watched.load(Ordering::SeqCst)
     }
 }
 
@@ -85,8 +85,8 @@ async fn run(store: Weak<Store>) {
             Ok((_sender, mut responses)) => {
                 let Some(s) = store.upgrade() else { return };
                 // Events from here on drop the cache; what was read before may be older.
-                s.forget_policies();
-                s.policy_cache().watched.store(true, Ordering::SeqCst);
+                s.policies().forget();
+                s.policies().cache().watched.store(true, Ordering::SeqCst);
                 OPEN.fetch_add(1, Ordering::Relaxed);
                 drop(s);
                 tracing::info!("the policy watch is open");
@@ -102,14 +102,14 @@ async fn run(store: Weak<Store>) {
                     if changed {
                         EVENTS.fetch_add(1, Ordering::Relaxed);
                         if !test_faults::on(TestFault::PolicyWatchKeepsCache) {
-                            s.forget_policies();
+                            s.policies().forget();
                         }
                     }
                 }
                 OPEN.fetch_sub(1, Ordering::Relaxed);
                 let Some(s) = store.upgrade() else { return };
-                s.policy_cache().watched.store(false, Ordering::SeqCst);
-                s.forget_policies();
+                s.policies().cache().watched.store(false, Ordering::SeqCst);
+                s.policies().forget();
                 tracing::warn!("the policy watch broke; heads read each held key's limit until it reopens");
                 failing = true;
             }

@@ -338,7 +338,7 @@ impl Tiers {
         }
         for s in self.stores() {
             s.create_home_if_missing(&map).await?;
-            s.bootstrap_policies(reg).await?;
+            s.policies().bootstrap(reg).await?;
             if s.cluster_name() == COORD_CLUSTER {
                 self.coord_bootstrapped.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -360,7 +360,7 @@ impl Tiers {
     /// Creates missing class policy records on every cluster (a registry reload).
     pub async fn bootstrap_policies(&self, reg: &ClassRegistry) -> Result<(), LockError> {
         for s in self.stores() {
-            s.bootstrap_policies(reg).await?;
+            s.policies().bootstrap(reg).await?;
         }
         if let Some(m) = self.current_map() {
             self.warn_tiers(reg, &m);
