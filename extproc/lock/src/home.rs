@@ -20,7 +20,7 @@
 //! ended and after its epoch was advanced above the old home's.
 //!
 //! Epochs of every cluster are allocated from the coord cluster's counter
-//! ([`Store::allocate_epoch`]), so two clusters created through it never share one.
+//! ([`Home::allocate_epoch`]), so two clusters created through it never share one.
 //! A move that needs it advances the new home's epoch **softly**
 //! ([`Store::advance_epoch_above`]): the record keeps its older epochs in `prior`,
 //! because holds granted under them are still live (unlike a restore advance, which
@@ -149,39 +149,31 @@ impl HomeCell {
     }
 }
 
-// === impl Store ===
+/// The home of one cluster's keys: its home record (read, cached, written),
+/// the coord map, the epoch counter, and the fence every grant passes.
+pub struct Home {
+    cluster: Arc<crate::Cluster>,
+    cell: HomeCell,
+}
 
-impl Store {
-    /// Names this store's cluster and, in a deployment of several clusters, the
-    /// coord store its fresh epoch records are allocated from. Call once, before
-    /// serving; later calls change nothing.
-    pub(crate) fn set_cluster(&self, name: &str, epoch_source: Option<&Arc<Store>>) {
-        let _ = self.home.name.set(name.to_owned());
-        if let Some(s) = epoch_source {
-            let _ = self.home.epoch_source.set(Arc::downgrade(s));
-        }
+// === impl Home ===
+
+impl Home {
+    pub(crate) fn new(cluster: Arc<crate::Cluster>, root: &str) -> Self {
+        Self { cluster, cell: HomeCell::new(root) }
     }
 
-    /// This store's cluster name ([`COORD_CLUSTER`] unless set).
-    pub fn cluster_name(&self) -> &str {
-        self.home.name.get().map_or(COORD_CLUSTER, String::as_str)
+    /// The record keys and cached record.
+    pub(crate) fn cell(&self) -> &HomeCell {
+        &self.cell
     }
 
-    /// The key builder of the records in this module.
-    pub(crate) fn home_cell(&self) -> &HomeCell {
-        &self.home
+    /// This cluster's name ([`COORD_CLUSTER`] unless set).
+    pub fn name(&self) -> &str {
+        self.cell.name.get().map_or(COORD_CLUSTER, String::as_str)
     }
 
-    /// The epoch of a fresh epoch record: allocated from the coord counter in a
-    /// deployment of several clusters, else [`FIRST_EPOCH`].
-    pub(crate) async fn first_epoch(&self) -> Result<u64, LockError> {
-        match self.home.epoch_source.get().and_then(Weak::upgrade) {
-            Some(coord) => coord.allocate_epoch(0).await,
-            None => Ok(FIRST_EPOCH),
-        }
-    }
-
-    /// [`Store::allocate_epoch`] for an operator tool (`lockctl epoch-advance
+    /// [`Home::allocate_epoch`] for an operator tool (`lockctl epoch-advance
     /// --epochs-from`): an epoch above `floor` and above every epoch the coord
     /// counter ever handed out, so a shard restored or advanced by hand never
     /// shares an epoch with another cluster. Call it on the coord cluster.
@@ -192,7 +184,7 @@ impl Store {
     /// Allocates a new epoch above `floor` from this (coord) cluster's counter: one
     /// above the counter, this cluster's own epoch record and `floor`.
     pub(crate) async fn allocate_epoch(&self, floor: u64) -> Result<u64, LockError> {
-        let ck = self.home.counter_key();
+        let ck = self.cell.counter_key();
         for _ in 0..5 {
             let r = self
                 .cluster
@@ -230,6 +222,197 @@ impl Store {
         Err(LockError::Unavailable("the epoch counter keeps changing".into()))
     }
 
+    /// Reads this cluster's home record now.
+    pub async fn read(&self) -> Result<Option<(HomeRecord, i64)>, LockError> {
+        let r = self.cluster.call(self.cluster.client().get(self.cell.home_key(), None)).await?;
+        r.kvs()
+            .first()
+            .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
+            .transpose()
+    }
+
+    /// The cached home record, read if not cached.
+    async fn record(&self) -> Result<(HomeRecord, i64), LockError> {
+        if let Some(r) = lock(&self.cell.record).clone() {
+            return Ok(r);
+        }
+        let found = self.read().await?.ok_or_else(|| {
+            LockError::Unavailable(format!(
+                "cluster {} has no home record yet (the arbiter creates it from the shard map)",
+                self.name()
+            ))
+        })?;
+        *lock(&self.cell.record) = Some(found.clone());
+        Ok(found)
+    }
+
+    /// Drops the cached home record (it moved).
+    pub(crate) fn forget(&self) {
+        *lock(&self.cell.record) = None;
+    }
+
+    /// The home fence of one grant of `key` (authoritative class `class`) on this
+    /// cluster: `Moved` if the key lives elsewhere, `Draining` while it moves. A
+    /// refusal is decided on a fresh read.
+    pub(crate) async fn gate(&self, class: &str, key: &LockKey) -> Result<HomeGate, LockError> {
+        let floor = self.cell.floor.load(Ordering::Relaxed);
+        let behind = |r: &HomeRecord| r.pending.as_ref().map_or(r.current.version, |p| p.version) < floor;
+        let (mut rec, mut rev) = self.record().await?;
+        let mut verdict = rec.admits(class, key.as_str());
+        if verdict != Admit::Here || behind(&rec) {
+            self.forget();
+            (rec, rev) = self.record().await?;
+            verdict = rec.admits(class, key.as_str());
+        }
+        if behind(&rec) {
+            // Every cluster that homes keys is resumed to each map it homes them in,
+            // so a record behind the coord map homes nothing now, unless the cluster
+            // was restored from an older snapshot: refuse until `lockctl shard
+            // apply` (no change) brings it forward.
+            tracing::error!(
+                cluster = self.name(),
+                recorded = rec.current.version,
+                floor,
+                "the home record is behind the shard map (a restored cluster?); refusing its keys"
+            );
+            return Err(LockError::Unavailable(format!(
+                "cluster {}'s home record (version {}) is behind the shard map (version {floor}); run lockctl \
+                 shard apply to repair it",
+                self.name(),
+                rec.current.version
+            )));
+        }
+        if verdict == Admit::Elsewhere && crate::test_faults::on(crate::test_faults::TestFault::SkipHomeGate) {
+            verdict = Admit::Here; // PLANTED BUG (scale scenarios): a moved key is granted here.
+        }
+        if rec.cluster != self.name() {
+            tracing::error!(
+                configured = self.name(),
+                recorded = %rec.cluster,
+                "the etcd cluster at these endpoints calls itself otherwise: check the arbiter's clusters"
+            );
+            return Err(LockError::Unavailable(format!(
+                "this arbiter calls the cluster {}, its home record says {}: refusing rather than guessing",
+                self.name(),
+                rec.cluster
+            )));
+        }
+        match verdict {
+            Admit::Here => Ok(HomeGate { key: self.cell.home_key(), rev }),
+            Admit::Moving { version } => Err(LockError::Draining(format!(
+                "the key's range is moving between clusters (shard map version {version}); retry shortly"
+            ))),
+            Admit::Elsewhere => Err(LockError::Moved),
+        }
+    }
+
+    /// Creates this cluster's home record from the coord map if it has none.
+    pub(crate) async fn create_if_missing(&self, map: &MapRecord) -> Result<(), LockError> {
+        let rec = HomeRecord::new(
+            self.name(),
+            map.current.clone(),
+            map.pending.clone(),
+            note("arbiter", "create", "bootstrap from the coord map"),
+        );
+        let key = self.cell.home_key();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&rec).map_err(internal)?, None)]);
+        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
+    }
+
+    /// Writes this cluster's home record if its mod revision is still `expect`
+    /// (0: absent). Returns whether it was written.
+    pub async fn put(&self, rec: &HomeRecord, expect: i64) -> Result<bool, LockError> {
+        let key = self.cell.home_key();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
+            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
+        let ok = self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded();
+        self.forget();
+        Ok(ok)
+    }
+
+    /// The coord map document now (coord cluster).
+    pub async fn read_map(&self) -> Result<Option<(MapRecord, i64)>, LockError> {
+        let r = self.cluster.call(self.cluster.client().get(self.cell.map_key(), None)).await?;
+        r.kvs()
+            .first()
+            .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
+            .transpose()
+    }
+
+    /// Writes the coord map document if its mod revision is still `expect`.
+    pub async fn put_map(&self, rec: &MapRecord, expect: i64) -> Result<bool, LockError> {
+        let key = self.cell.map_key();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
+            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
+        Ok(self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded())
+    }
+
+    /// How many holds on this cluster belong to keys that leave it going from
+    /// `from` to `to`, and the revision of the (linearizable, paged) read.
+    pub async fn moving_holds(&self, from: &ShardMap, to: &ShardMap) -> Result<(usize, i64), LockError> {
+        let prefix = self.cluster.keys().all_locks();
+        let end = super::keys::prefix_end(&prefix);
+        let mut start = prefix.into_bytes();
+        let (mut count, mut revision) = (0, 0);
+        loop {
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(1000);
+            let r = self.cluster.call(self.cluster.client().get(start.clone(), Some(opts))).await?;
+            if revision == 0 {
+                revision = r.header().map_or(0, etcd_client::ResponseHeader::revision);
+            }
+            for kv in r.kvs() {
+                let Some(h) = super::mutex::hold_of(kv) else { continue };
+                if from.moves_away(to, &h.class, &h.key, self.name()) {
+                    count += 1;
+                }
+            }
+            match r.kvs().last() {
+                Some(kv) if r.more() => {
+                    start = kv.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok((count, revision)),
+            }
+        }
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Names this store's cluster and, in a deployment of several clusters, the
+    /// coord store its fresh epoch records are allocated from. Call once, before
+    /// serving; later calls change nothing.
+    pub(crate) fn set_cluster(&self, name: &str, epoch_source: Option<&Arc<Store>>) {
+        let _ = self.home.cell.name.set(name.to_owned());
+        if let Some(s) = epoch_source {
+            let _ = self.home.cell.epoch_source.set(Arc::downgrade(s));
+        }
+    }
+
+    /// This store's cluster name ([`COORD_CLUSTER`] unless set).
+    pub fn cluster_name(&self) -> &str {
+        self.home.name()
+    }
+
+    /// The home of this cluster's keys: its record, the shard map, epochs.
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    /// The epoch of a fresh epoch record: allocated from the coord counter in a
+    /// deployment of several clusters, else [`FIRST_EPOCH`].
+    pub(crate) async fn first_epoch(&self) -> Result<u64, LockError> {
+        match self.home.cell.epoch_source.get().and_then(Weak::upgrade) {
+            Some(coord) => coord.home.allocate_epoch(0).await,
+            None => Ok(FIRST_EPOCH),
+        }
+    }
+
     /// Advances this cluster's epoch above `floor` (a move's old home's epoch)
     /// with an epoch allocated from `coord`, keeping the holds of its current and
     /// older epochs valid (`prior`). Returns the epoch in force; no change when it
@@ -248,7 +431,7 @@ impl Store {
             if let Some(why) = rec.sealed {
                 return Err(LockError::Sealed(why));
             }
-            let next = coord.allocate_epoch(floor).await?;
+            let next = coord.home.allocate_epoch(floor).await?;
             let mut prior = rec.prior.clone();
             prior.push(rec.epoch);
             let advanced = EpochRecord { epoch: next, prior, ..rec };
@@ -268,135 +451,6 @@ impl Store {
     pub async fn read_epoch_record(&self) -> Result<Option<EpochRecord>, LockError> {
         let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().epoch(), None)).await?;
         r.kvs().first().map(|kv| serde_json::from_slice(kv.value()).map_err(internal)).transpose()
-    }
-
-    /// Reads this cluster's home record now.
-    pub async fn read_home(&self) -> Result<Option<(HomeRecord, i64)>, LockError> {
-        let r = self.cluster.call(self.cluster.client().get(self.home.home_key(), None)).await?;
-        r.kvs()
-            .first()
-            .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
-            .transpose()
-    }
-
-    /// The cached home record, read if not cached.
-    async fn home_record(&self) -> Result<(HomeRecord, i64), LockError> {
-        if let Some(r) = lock(&self.home.record).clone() {
-            return Ok(r);
-        }
-        let found = self.read_home().await?.ok_or_else(|| {
-            LockError::Unavailable(format!(
-                "cluster {} has no home record yet (the arbiter creates it from the shard map)",
-                self.cluster_name()
-            ))
-        })?;
-        *lock(&self.home.record) = Some(found.clone());
-        Ok(found)
-    }
-
-    /// Drops the cached home record (it moved).
-    pub(crate) fn forget_home(&self) {
-        *lock(&self.home.record) = None;
-    }
-
-    /// The home fence of one grant of `key` (authoritative class `class`) on this
-    /// cluster: `Moved` if the key lives elsewhere, `Draining` while it moves. A
-    /// refusal is decided on a fresh read.
-    pub(crate) async fn home_gate(&self, class: &str, key: &LockKey) -> Result<HomeGate, LockError> {
-        let floor = self.home.floor.load(Ordering::Relaxed);
-        let behind = |r: &HomeRecord| r.pending.as_ref().map_or(r.current.version, |p| p.version) < floor;
-        let (mut rec, mut rev) = self.home_record().await?;
-        let mut verdict = rec.admits(class, key.as_str());
-        if verdict != Admit::Here || behind(&rec) {
-            self.forget_home();
-            (rec, rev) = self.home_record().await?;
-            verdict = rec.admits(class, key.as_str());
-        }
-        if behind(&rec) {
-            // Every cluster that homes keys is resumed to each map it homes them in,
-            // so a record behind the coord map homes nothing now, unless the cluster
-            // was restored from an older snapshot: refuse until `lockctl shard
-            // apply` (no change) brings it forward.
-            tracing::error!(
-                cluster = self.cluster_name(),
-                recorded = rec.current.version,
-                floor,
-                "the home record is behind the shard map (a restored cluster?); refusing its keys"
-            );
-            return Err(LockError::Unavailable(format!(
-                "cluster {}'s home record (version {}) is behind the shard map (version {floor}); run lockctl \
-                 shard apply to repair it",
-                self.cluster_name(),
-                rec.current.version
-            )));
-        }
-        if verdict == Admit::Elsewhere && crate::test_faults::on(crate::test_faults::TestFault::SkipHomeGate) {
-            verdict = Admit::Here; // PLANTED BUG (scale scenarios): a moved key is granted here.
-        }
-        if rec.cluster != self.cluster_name() {
-            tracing::error!(
-                configured = self.cluster_name(),
-                recorded = %rec.cluster,
-                "the etcd cluster at these endpoints calls itself otherwise: check the arbiter's clusters"
-            );
-            return Err(LockError::Unavailable(format!(
-                "this arbiter calls the cluster {}, its home record says {}: refusing rather than guessing",
-                self.cluster_name(),
-                rec.cluster
-            )));
-        }
-        match verdict {
-            Admit::Here => Ok(HomeGate { key: self.home.home_key(), rev }),
-            Admit::Moving { version } => Err(LockError::Draining(format!(
-                "the key's range is moving between clusters (shard map version {version}); retry shortly"
-            ))),
-            Admit::Elsewhere => Err(LockError::Moved),
-        }
-    }
-
-    /// Creates this cluster's home record from the coord map if it has none.
-    pub(crate) async fn create_home_if_missing(&self, map: &MapRecord) -> Result<(), LockError> {
-        let rec = HomeRecord::new(
-            self.cluster_name(),
-            map.current.clone(),
-            map.pending.clone(),
-            note("arbiter", "create", "bootstrap from the coord map"),
-        );
-        let key = self.home.home_key();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&rec).map_err(internal)?, None)]);
-        self.cluster.call(self.cluster.client().txn(txn)).await.map(|_| ())
-    }
-
-    /// Writes this cluster's home record if its mod revision is still `expect`
-    /// (0: absent). Returns whether it was written.
-    pub async fn put_home(&self, rec: &HomeRecord, expect: i64) -> Result<bool, LockError> {
-        let key = self.home.home_key();
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
-            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
-        let ok = self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded();
-        self.forget_home();
-        Ok(ok)
-    }
-
-    /// The coord map document now (coord cluster).
-    pub async fn read_map(&self) -> Result<Option<(MapRecord, i64)>, LockError> {
-        let r = self.cluster.call(self.cluster.client().get(self.home.map_key(), None)).await?;
-        r.kvs()
-            .first()
-            .map(|kv| Ok((serde_json::from_slice(kv.value()).map_err(internal)?, kv.mod_revision())))
-            .transpose()
-    }
-
-    /// Writes the coord map document if its mod revision is still `expect`.
-    pub async fn put_map(&self, rec: &MapRecord, expect: i64) -> Result<bool, LockError> {
-        let key = self.home.map_key();
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, expect)])
-            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(rec).map_err(internal)?, None)]);
-        Ok(self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded())
     }
 
     /// The record of session `sid` on this cluster, when its lease is `sid` here,
@@ -454,7 +508,7 @@ impl Store {
 
     /// Records on this (home) cluster that session `sid` extends to `cluster`.
     pub(crate) async fn mark_extension(&self, sid: SessionId, cluster: &str) -> Result<(), LockError> {
-        let key = format!("{}{cluster}", self.home.extensions_prefix(sid));
+        let key = format!("{}{cluster}", self.home.cell.extensions_prefix(sid));
         let opts = Some(PutOptions::new().with_lease(sid.lease()));
         match self.cluster.call(self.cluster.client().put(key, "", opts)).await {
             Ok(_) => Ok(()),
@@ -465,7 +519,7 @@ impl Store {
 
     /// The clusters session `sid` extends to, as its home records them.
     pub async fn extensions(&self, sid: SessionId) -> Result<Vec<String>, LockError> {
-        let prefix = self.home.extensions_prefix(sid);
+        let prefix = self.home.cell.extensions_prefix(sid);
         let r = self
             .cluster
             .call(self.cluster.client().get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_keys_only())))
@@ -520,35 +574,6 @@ impl Store {
             Ok(_) => Ok(true),
             Err(LockError::Unavailable(m)) if m.contains("lease not found") => Ok(false),
             Err(e) => Err(e),
-        }
-    }
-
-    /// How many holds on this cluster belong to keys that leave it going from
-    /// `from` to `to`, and the revision of the (linearizable, paged) read.
-    pub async fn moving_holds(&self, from: &ShardMap, to: &ShardMap) -> Result<(usize, i64), LockError> {
-        let prefix = self.cluster.keys().all_locks();
-        let end = super::keys::prefix_end(&prefix);
-        let mut start = prefix.into_bytes();
-        let (mut count, mut revision) = (0, 0);
-        loop {
-            let opts = GetOptions::new().with_range(end.clone()).with_limit(1000);
-            let r = self.cluster.call(self.cluster.client().get(start.clone(), Some(opts))).await?;
-            if revision == 0 {
-                revision = r.header().map_or(0, etcd_client::ResponseHeader::revision);
-            }
-            for kv in r.kvs() {
-                let Some(h) = super::mutex::hold_of(kv) else { continue };
-                if from.moves_away(to, &h.class, &h.key, self.cluster_name()) {
-                    count += 1;
-                }
-            }
-            match r.kvs().last() {
-                Some(kv) if r.more() => {
-                    start = kv.key().to_vec();
-                    start.push(0);
-                }
-                _ => return Ok((count, revision)),
-            }
         }
     }
 

@@ -194,7 +194,7 @@ pub struct Store {
     /// The authoritative class policies and map ([`policy`]).
     policies: policy::Policies,
     /// The cluster's name, epoch source and home record (`home`).
-    home: home::HomeCell,
+    home: home::Home,
     /// Sessions and holds by namespace, followed by a watch ([`quota`]).
     ledger: Arc<quota::Ledger>,
     /// The one watch stream the waiters' hints share ([`watches`]).
@@ -245,6 +245,7 @@ impl Store {
         let committer = Arc::new(engine::group::Committer::new(cluster.client(), Keys::new(root), op_timeout));
         let delay = Arc::new(delay::LockDelay::new(cluster.clone(), runtime.clone()));
         let policies = policy::Policies::new(cluster.clone());
+        let home = home::Home::new(cluster.clone(), root);
         let store = Arc::new(Self {
             committer,
             raft_checked: Mutex::new(None),
@@ -258,7 +259,7 @@ impl Store {
             delay,
             seal,
             policies,
-            home: home::HomeCell::new(root),
+            home,
             ledger: Arc::default(),
             watches: watches::Watches::default(),
             guard: upgrade::Guard::default(),

@@ -367,7 +367,7 @@ impl Store {
         }
         // Where the key lives: refused here if the shard map homes it elsewhere or
         // it is moving (compared by the grant like the records above).
-        let home = self.home_gate(&class, &req.key).await?;
+        let home = self.home().gate(&class, &req.key).await?;
         Ok(PolicyGate {
             limit: policy.limit.max(1),
             class: class.clone(),
@@ -391,7 +391,7 @@ impl Store {
             self.policies.forget();
         }
         if home_moved {
-            self.forget_home();
+            self.home().forget();
         }
         moved
     }

@@ -315,7 +315,7 @@ impl Tiers {
     /// record (from that map) and class policy records. The first writer wins.
     pub async fn bootstrap(&self, reg: &ClassRegistry) -> Result<(), LockError> {
         let coord = self.coord();
-        if coord.read_map().await?.is_none() {
+        if coord.home().read_map().await?.is_none() {
             let coord_classes = reg.classes().iter().filter(|c| c.tier == Tier::Coord).map(|c| c.name.to_string());
             let map = ShardMap::initial(COORD_CLUSTER, &self.entity, coord_classes);
             let rec = MapRecord {
@@ -328,16 +328,16 @@ impl Tiers {
                     action: "create".into(),
                 },
             };
-            coord.put_map(&rec, 0).await?;
+            coord.home().put_map(&rec, 0).await?;
         }
-        let (map, _) = coord.read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map".into()))?;
+        let (map, _) = coord.home().read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map".into()))?;
         for c in map.current.clusters() {
             if !self.stores.contains_key(&c) {
                 tracing::warn!(cluster = %c, "the shard map homes keys on a cluster this arbiter's config does not name; its keys answer unavailable here");
             }
         }
         for s in self.stores() {
-            s.create_home_if_missing(&map).await?;
+            s.home().create_if_missing(&map).await?;
             s.policies().bootstrap(reg).await?;
             if s.cluster_name() == COORD_CLUSTER {
                 self.coord_bootstrapped.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -445,7 +445,7 @@ impl Tiers {
 
     fn set_map(&self, m: ShardMap) {
         for s in self.stores.values() {
-            s.home_cell().raise_floor(m.version);
+            s.home().cell().raise_floor(m.version);
         }
         let mut g = self.map.write().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|old| old.version <= m.version) {
@@ -461,7 +461,7 @@ impl Tiers {
     /// Reads the coord map now.
     pub(crate) async fn refresh_map(&self) -> Result<ShardMap, LockError> {
         let (rec, _) =
-            self.coord().read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map yet".into()))?;
+            self.coord().home().read_map().await?.ok_or_else(|| LockError::Unavailable("no shard map yet".into()))?;
         self.set_map(rec.current.clone());
         Ok(rec.current)
     }

@@ -191,7 +191,8 @@ async fn home_view(config: &std::path::Path, key: &LockKey) -> Result<(KeyView, 
     let tiers = clusters.connect().await.map_err(|e| e.to_string())?;
     let coord = tiers.coord();
     let at_coord = view_on(&mut coord.cluster().client(), &clusters.root, key).await?;
-    let map = retry_auth(&coord.cluster().client(), move |_| coord.read_map()).await.map_err(|e| e.to_string())?;
+    let map =
+        retry_auth(&coord.cluster().client(), move |_| coord.home().read_map()).await.map_err(|e| e.to_string())?;
     let class = at_coord.class.clone().unwrap_or_default();
     let home = map.as_ref().and_then(|(m, _)| m.current.home(&class, key.as_str()).map(str::to_owned));
     match home.and_then(|h| tiers.get(&h).cloned()) {

@@ -115,7 +115,7 @@ async fn target_of(a: &Advance) -> Result<Target, RestoreError> {
     let tiers = clusters.connect().await.map_err(|e| RestoreError::Other(format!("--epochs-from: {e}")))?;
     let coord = tiers.coord();
     // A refused allocation applied nothing (`retry_auth`): it is asked again.
-    match retry_auth(&coord.cluster().client(), move |_| coord.allocate_epoch_above(floor)).await {
+    match retry_auth(&coord.cluster().client(), move |_| coord.home().allocate_epoch_above(floor)).await {
         // PLANTED BUG (scale scenario) when on: the allocated epoch taken as given.
         Ok(e) if lockmesh_lock::test_faults::on(lockmesh_lock::test_faults::TestFault::AdvanceEpochAsGiven) => {
             Ok(Target::Given(e))

@@ -225,6 +225,7 @@ pub async fn apply(
     let started = Instant::now();
     let coord = tiers.coord();
     let (rec, rev) = coord
+        .home()
         .read_map()
         .await?
         .ok_or_else(|| LockError::Unavailable("no shard map yet: start an arbiter on this config first".into()))?;
@@ -254,7 +255,7 @@ pub async fn apply(
             }
             let intent =
                 MapRecord { current: rec.current.clone(), pending: Some(next.clone()), last: note(o, "drain") };
-            if !coord.put_map(&intent, rev).await? {
+            if !coord.home().put_map(&intent, rev).await? {
                 return Err(ShardError::Raced("the coord map document".into()));
             }
             say(format!(
@@ -308,10 +309,11 @@ pub async fn apply(
     }
     say(format!("3/5 epochs: gainers {epochs:?} above losers {loser_epochs:?}"));
     // 5. Flip, only from the document that still has this change pending.
-    let (now, rev) = coord.read_map().await?.ok_or_else(|| LockError::Unavailable("the shard map vanished".into()))?;
+    let (now, rev) =
+        coord.home().read_map().await?.ok_or_else(|| LockError::Unavailable("the shard map vanished".into()))?;
     if now.pending.as_ref() == Some(&next) && now.current == cur {
         let flipped = MapRecord { current: next.clone(), pending: None, last: note(o, "flip") };
-        if !coord.put_map(&flipped, rev).await? {
+        if !coord.home().put_map(&flipped, rev).await? {
             return Err(ShardError::Raced("the coord map document at the flip".into()));
         }
     } else if now.current != next {
@@ -349,7 +351,7 @@ async fn verify(
     loop {
         let mut held = BTreeMap::new();
         for c in &cur.clusters() {
-            let (n, at) = store(tiers, c)?.moving_holds(cur, next).await?;
+            let (n, at) = store(tiers, c)?.home().moving_holds(cur, next).await?;
             if n > 0 {
                 held.insert(c.clone(), n);
             } else {
@@ -368,7 +370,7 @@ async fn verify(
 
 async fn drain(s: &Store, cur: &ShardMap, next: &ShardMap, o: &MoveOptions) -> Result<(), ShardError> {
     for _ in 0..5 {
-        let (rec, rev) = match s.read_home().await? {
+        let (rec, rev) = match s.home().read().await? {
             None => (None, 0),
             Some((h, rev)) => (Some(h), rev),
         };
@@ -387,7 +389,7 @@ async fn drain(s: &Store, cur: &ShardMap, next: &ShardMap, o: &MoveOptions) -> R
             }
         }
         let drained = HomeRecord::new(s.cluster_name(), cur.clone(), Some(next.clone()), note(o, "drain"));
-        if s.put_home(&drained, rev).await? {
+        if s.home().put(&drained, rev).await? {
             return Ok(());
         }
     }
@@ -396,7 +398,7 @@ async fn drain(s: &Store, cur: &ShardMap, next: &ShardMap, o: &MoveOptions) -> R
 
 async fn resume(s: &Store, next: &ShardMap, o: &MoveOptions) -> Result<(), ShardError> {
     for _ in 0..5 {
-        let (rec, rev) = match s.read_home().await? {
+        let (rec, rev) = match s.home().read().await? {
             None => (None, 0),
             Some((h, rev)) => (Some(h), rev),
         };
@@ -406,7 +408,7 @@ async fn resume(s: &Store, next: &ShardMap, o: &MoveOptions) -> Result<(), Shard
             }
         }
         let resumed = HomeRecord::new(s.cluster_name(), next.clone(), None, note(o, "resume"));
-        if s.put_home(&resumed, rev).await? {
+        if s.home().put(&resumed, rev).await? {
             return Ok(());
         }
     }
@@ -427,11 +429,11 @@ async fn finish(
 ) -> Result<MoveReport, ShardError> {
     let mut touched = 0;
     for s in tiers.stores() {
-        let Some((h, rev)) = s.read_home().await? else { continue };
+        let Some((h, rev)) = s.home().read().await? else { continue };
         let Some(p) = &h.pending else {
             if h.current.version < rec.current.version {
                 let fixed = HomeRecord::new(s.cluster_name(), rec.current.clone(), None, note(o, "repair"));
-                if !s.put_home(&fixed, rev).await? {
+                if !s.home().put(&fixed, rev).await? {
                     return Err(ShardError::Raced(format!("the home record of {}", s.cluster_name())));
                 }
                 touched += 1;
@@ -449,7 +451,7 @@ async fn finish(
         } else {
             HomeRecord::new(s.cluster_name(), h.current.clone(), None, note(o, "cancel"))
         };
-        if !s.put_home(&fixed, rev).await? {
+        if !s.home().put(&fixed, rev).await? {
             return Err(ShardError::Raced(format!("the home record of {}", s.cluster_name())));
         }
         touched += 1;
@@ -468,10 +470,10 @@ async fn finish(
 /// a concurrent apply cannot flip it any more), then every cluster's record.
 pub async fn cancel(tiers: &Tiers, o: &MoveOptions, say: &mut (dyn FnMut(String) + Send)) -> Result<(), ShardError> {
     let coord = tiers.coord();
-    let (rec, rev) = coord.read_map().await?.ok_or(ShardError::NothingPending)?;
+    let (rec, rev) = coord.home().read_map().await?.ok_or(ShardError::NothingPending)?;
     let Some(p) = rec.pending.clone() else { return Err(ShardError::NothingPending) };
     let cancelled = MapRecord { current: rec.current.clone(), pending: None, last: note(o, "cancel") };
-    if !coord.put_map(&cancelled, rev).await? {
+    if !coord.home().put_map(&cancelled, rev).await? {
         return Err(ShardError::Raced("the coord map document".into()));
     }
     say(format!("cancelled version {} in the coord cluster", p.version));
@@ -480,10 +482,10 @@ pub async fn cancel(tiers: &Tiers, o: &MoveOptions, say: &mut (dyn FnMut(String)
 
 /// The coord map and every cluster's home record and epoch.
 pub async fn show(tiers: &Tiers) -> Result<ShardShow<MapRecord, HomeRecord>, ShardError> {
-    let map = tiers.coord().read_map().await?.map(|(m, _)| m);
+    let map = tiers.coord().home().read_map().await?.map(|(m, _)| m);
     let mut clusters = BTreeMap::new();
     for s in tiers.stores() {
-        let home = s.read_home().await?.map(|(h, _)| h);
+        let home = s.home().read().await?.map(|(h, _)| h);
         let epoch = s.read_epoch_record().await?;
         clusters.insert(
             s.cluster_name().to_owned(),
