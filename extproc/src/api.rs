@@ -600,7 +600,7 @@ async fn acquire_all(
 /// is below `epoch` (a move's soft advance keeps them: `prior`). From the epoch
 /// state the grant itself used (cached), so no read.
 async fn honoured_from(store: &Store, epoch: u64) -> Option<u64> {
-    let st = store.epoch_state().await.ok()?;
+    let st = store.epoch().state().await.ok()?;
     st.prior.iter().copied().filter(|p| *p < epoch).min()
 }
 

@@ -89,13 +89,13 @@ pub async fn run(
     }
     // Check the seal (and load or create the epoch record) before serving; a
     // checker repeats it every second so a restore is noticed without traffic.
-    if let Err(e) = store.check_seal().await {
+    if let Err(e) = store.epoch().check_seal().await {
         tracing::warn!(error = %e, "etcd not reachable yet; every request fails closed until it is");
     }
     // Every other cluster's too (the seal rounds repeat them every second): its
     // marks are based before its first grant.
     for s in tiers.stores().skip(1) {
-        if let Err(e) = s.check_seal().await {
+        if let Err(e) = s.epoch().check_seal().await {
             tracing::warn!(cluster = s.cluster_name(), error = %e, "etcd of this cluster not reachable yet; its requests fail closed until it is");
         }
     }

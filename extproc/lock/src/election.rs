@@ -144,7 +144,7 @@ impl Store {
         if let Some(sid) = session {
             self.owned_session(sid, caller).await?;
         }
-        self.ensure_epoch_holds(token.epoch()).await?;
+        self.epoch().ensure_holds(token.epoch()).await?;
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(|e| LockError::Internal(e.to_string()))?;
         let holds = self

@@ -9,7 +9,13 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpRes
 
 use super::test_faults::{self, TestFault};
 
-use super::{LockError, Store};
+use std::sync::Arc;
+
+use super::{
+    home::{internal, Home},
+    seal::Seal,
+    Cluster, LockError,
+};
 
 pub use lockmesh_keyspace::epoch::{cluster_hex, EpochRecord, FIRST_EPOCH};
 
@@ -39,20 +45,42 @@ impl EpochState {
 #[derive(Default)]
 pub struct EpochCell(std::sync::RwLock<Option<EpochState>>);
 
-// === impl Store ===
+/// The epoch record of one cluster as this arbiter follows it: the cached state
+/// every grant compares, the seal that watches for a restore ([`super::seal`]),
+/// and the raft position check a grant makes before it answers.
+pub struct Epoch {
+    cluster: Arc<Cluster>,
+    home: Arc<Home>,
+    cell: EpochCell,
+    seal: Seal,
+    /// When the last raft position check started, and its answer
+    /// ([`Epoch::raft_at_mark_since`]).
+    raft_checked: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), LockError>)>>,
+}
 
-impl Store {
+// === impl Epoch ===
+
+impl Epoch {
+    pub(crate) fn new(cluster: Arc<Cluster>, home: Arc<Home>, seal: Seal) -> Self {
+        Self { cluster, home, cell: EpochCell::default(), seal, raft_checked: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The seal state.
+    pub fn seal(&self) -> &Seal {
+        &self.seal
+    }
+
     /// The cached epoch state, loading it on first use.
-    pub async fn epoch_state(&self) -> Result<EpochState, LockError> {
-        if let Some(s) = self.epoch.0.read().ok().and_then(|g| g.clone()) {
+    pub async fn state(&self) -> Result<EpochState, LockError> {
+        if let Some(s) = self.cell.0.read().ok().and_then(|g| g.clone()) {
             return Ok(s);
         }
-        self.refresh_epoch().await
+        self.refresh().await
     }
 
     /// The epoch as last read, without reading (`None` before the first read).
-    pub(crate) fn cached_epoch(&self) -> Option<u64> {
-        self.epoch.0.read().ok().and_then(|g| g.as_ref().map(|s| s.epoch))
+    pub(crate) fn cached(&self) -> Option<u64> {
+        self.cell.0.read().ok().and_then(|g| g.as_ref().map(|s| s.epoch))
     }
 
     /// Checks a response's cluster id against the epoch record's.
@@ -64,7 +92,7 @@ impl Store {
                     cluster_hex(c),
                     cluster_hex(state.cluster_id)
                 );
-                self.seal().seal(super::seal::SealReason::ClusterIdMismatch, detail.clone());
+                self.seal.seal(super::seal::SealReason::ClusterIdMismatch, detail.clone());
                 Err(LockError::Sealed(detail))
             }
             _ => Ok(()),
@@ -72,8 +100,8 @@ impl Store {
     }
 
     /// Reads the epoch record (linearizable), creating epoch 1 on a fresh root.
-    pub async fn refresh_epoch(&self) -> Result<EpochState, LockError> {
-        self.load_epoch().await.map(|(state, ..)| state)
+    pub async fn refresh(&self) -> Result<EpochState, LockError> {
+        self.load().await.map(|(state, ..)| state)
     }
 
     /// `NotHolder` unless the current epoch holds `epoch`, for a call naming a
@@ -81,18 +109,18 @@ impl Store {
     /// no. The cache may predate an advance (a shard move's, or another
     /// arbiter's grant in the new epoch), so a refusal is decided on a fresh read,
     /// once, never on the cache (the SDK takes `not_holder` as final).
-    pub(crate) async fn ensure_epoch_holds(&self, epoch: u64) -> Result<(), LockError> {
-        if self.epoch_state().await?.holds_epoch(epoch) || self.refresh_epoch().await?.holds_epoch(epoch) {
+    pub(crate) async fn ensure_holds(&self, epoch: u64) -> Result<(), LockError> {
+        if self.state().await?.holds_epoch(epoch) || self.refresh().await?.holds_epoch(epoch) {
             Ok(())
         } else {
             Err(LockError::NotHolder)
         }
     }
 
-    /// [`Store::refresh_epoch`], also returning the read's header revision,
+    /// [`Epoch::refresh`], also returning the read's header revision,
     /// cluster id and raft term (the seal check compares them, so it needs no
     /// second read).
-    async fn load_epoch(&self) -> Result<(EpochState, i64, u64, u64), LockError> {
+    async fn load(&self) -> Result<(EpochState, i64, u64, u64), LockError> {
         let key = self.cluster.keys().epoch();
         for _ in 0..3 {
             let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
@@ -112,23 +140,23 @@ impl Store {
                     prior: rec.prior,
                 };
                 self.check_cluster(&state, header_cluster)?;
-                if let Ok(mut g) = self.epoch.0.write() {
+                if let Ok(mut g) = self.cell.0.write() {
                     *g = Some(state.clone());
                 }
                 return Ok((state, header_revision, header_cluster.unwrap_or(cluster_id), header_term));
             }
             // A fresh root: create epoch 1 bound to this cluster, once.
             let cluster = header_cluster.ok_or_else(|| LockError::Internal("etcd response without header".into()))?;
-            if self.seal().marks().epoch > 0 {
+            if self.seal.marks().epoch > 0 {
                 // This arbiter has seen an epoch here before: a missing record means
                 // the store went back to before it existed.
                 let why = "the epoch record is missing".to_string();
-                self.seal().seal(super::seal::SealReason::EpochBehindMark, why.clone());
+                self.seal.seal(super::seal::SealReason::EpochBehindMark, why.clone());
                 return Err(LockError::Sealed(why));
             }
             // One cluster: epoch 1. Several: allocated from the coord cluster's
             // counter, so no two clusters share an epoch (`lock::home`).
-            let first = self.first_epoch().await?;
+            let first = self.home.first_epoch().await?;
             let rec = EpochRecord {
                 epoch: first,
                 cluster_id: cluster_hex(cluster),
@@ -150,16 +178,16 @@ impl Store {
     /// record, the leader's raft position, then the comparison with the marks,
     /// which are persisted when they moved.
     pub async fn check_seal(&self) -> Result<(), LockError> {
-        let floor = self.seal().revision_floor();
-        let (state, revision, cluster, term) = match self.load_epoch().await {
+        let floor = self.seal.revision_floor();
+        let (state, revision, cluster, term) = match self.load().await {
             Ok(s) => s,
             Err(LockError::Sealed(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let clock_floor = self.seal().marks().clock;
+        let clock_floor = self.seal.marks().clock;
         let clock = self.read_clock().await?;
         let raft = self.leader_position().await;
-        self.seal().check(&super::seal::Observation {
+        self.seal.check(&super::seal::Observation {
             cluster,
             record_cluster: state.cluster_id,
             epoch: state.epoch,
@@ -172,7 +200,7 @@ impl Store {
             term,
             prior: &state.prior,
         });
-        if let Err(e) = self.seal().persist() {
+        if let Err(e) = self.seal.persist() {
             tracing::error!(error = %e, "cannot persist the high-water marks");
         }
         Ok(())
@@ -185,7 +213,7 @@ impl Store {
     /// grants then neither compare nor put it) and back on once it has it.
     async fn read_clock(&self) -> Result<Option<i64>, LockError> {
         if test_faults::on(TestFault::SkipClockCompare) {
-            self.seal().set_clock_off(Some("planted fault skip_clock_compare".into()));
+            self.seal.set_clock_off(Some("planted fault skip_clock_compare".into()));
             return Ok(None);
         }
         let key = self.cluster.keys().clock();
@@ -195,7 +223,7 @@ impl Store {
             .or_else([TxnOp::get(key.as_str(), None)]);
         match self.cluster.call(self.cluster.client().txn(txn)).await {
             Ok(r) => {
-                if self.seal().set_clock_off(None) && self.seal().marks().updated_ms > 0 {
+                if self.seal.set_clock_off(None) && self.seal.marks().updated_ms > 0 {
                     tracing::warn!("the grant clock is on: grants compare it again (restore detection under any role)");
                 }
                 let got = r.op_responses().into_iter().find_map(|o| match o {
@@ -208,7 +236,7 @@ impl Store {
                 let why = "the etcd role may not read and write sys/clock: a restore with --bump-revision is then \
                            seen only by the raft check, which needs root (docs/ADMIN.md, roles)"
                     .to_owned();
-                if self.seal().set_clock_off(Some(why.clone())) {
+                if self.seal.set_clock_off(Some(why.clone())) {
                     tracing::warn!(reason = %why, "the grant clock is off");
                 }
                 Ok(None)
@@ -256,7 +284,7 @@ impl Store {
     /// asked; when every member refuses, the check is skipped, as the seal check's
     /// raft comparison is (docs/OPERATIONS.md).
     pub async fn raft_at_mark(&self) -> Result<(), LockError> {
-        let m = self.seal().marks();
+        let m = self.seal.marks();
         let mark = (m.raft_term, m.raft_index);
         if mark == (0, 0) {
             return Ok(());
@@ -264,7 +292,7 @@ impl Store {
         super::steps::timed(super::steps::Step::RaftCheck, self.members_at(mark)).await
     }
 
-    /// [`Store::raft_at_mark`] for a grant answered at `answered`: a check that
+    /// [`Epoch::raft_at_mark`] for a grant answered at `answered`: a check that
     /// started after it answers for it too, so the grants of one group (answered
     /// together) share one check rather than asking every member each.
     pub(crate) async fn raft_at_mark_since(&self, answered: tokio::time::Instant) -> Result<(), LockError> {
@@ -278,7 +306,7 @@ impl Store {
         r
     }
 
-    /// The question of [`Store::raft_at_mark`], asked of every member.
+    /// The question of [`Epoch::raft_at_mark`], asked of every member.
     async fn members_at(&self, mark: (u64, u64)) -> Result<(), LockError> {
         use futures::stream::StreamExt;
         let mut asks: futures::stream::FuturesUnordered<_> = self
@@ -313,9 +341,49 @@ impl Store {
     }
 
     /// Drops the cached state so the next grant reloads it.
-    pub(crate) fn forget_epoch(&self) {
-        if let Ok(mut g) = self.epoch.0.write() {
+    pub(crate) fn forget(&self) {
+        if let Ok(mut g) = self.cell.0.write() {
             *g = None;
         }
+    }
+
+    /// The epoch record as stored now (linearizable), if any.
+    pub async fn read_record(&self) -> Result<Option<EpochRecord>, LockError> {
+        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().epoch(), None)).await?;
+        r.kvs().first().map(|kv| serde_json::from_slice(kv.value()).map_err(internal)).transpose()
+    }
+
+    /// Advances this cluster's epoch above `floor` (a move's old home's epoch)
+    /// with an epoch allocated from `coord`, keeping the holds of its current and
+    /// older epochs valid (`prior`). Returns the epoch in force; no change when it
+    /// is already above `floor`.
+    pub async fn advance_above(&self, floor: u64, coord: &Home) -> Result<u64, LockError> {
+        let key = self.cluster.keys().epoch();
+        for _ in 0..3 {
+            let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
+            let kv = r.kvs().first().ok_or_else(|| {
+                LockError::Unavailable(format!("cluster {} has no epoch record yet", self.home.name()))
+            })?;
+            let rec: EpochRecord = serde_json::from_slice(kv.value()).map_err(internal)?;
+            if rec.epoch > floor {
+                return Ok(rec.epoch);
+            }
+            if let Some(why) = rec.sealed {
+                return Err(LockError::Sealed(why));
+            }
+            let next = coord.allocate_epoch(floor).await?;
+            let mut prior = rec.prior.clone();
+            prior.push(rec.epoch);
+            let advanced = EpochRecord { epoch: next, prior, ..rec };
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
+                .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&advanced).map_err(internal)?, None)]);
+            if self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded() {
+                self.forget();
+                tracing::info!(cluster = self.home.name(), epoch = next, "epoch advanced for a move (holds kept)");
+                return Ok(next);
+            }
+        }
+        Err(LockError::Unavailable("the epoch record keeps changing".into()))
     }
 }

@@ -60,7 +60,7 @@ pub struct HomeGate {
 pub struct HomeCell {
     root: String,
     name: OnceLock<String>,
-    epoch_source: OnceLock<Weak<Store>>,
+    epoch_source: OnceLock<Weak<Home>>,
     record: Mutex<Option<(HomeRecord, i64)>>,
     /// The newest coord map version this arbiter has read: a record behind it
     /// (a restored cluster) admits nothing until repaired.
@@ -73,7 +73,7 @@ struct EpochCounter {
     last: u64,
 }
 
-fn internal(e: impl std::fmt::Display) -> LockError {
+pub(crate) fn internal(e: impl std::fmt::Display) -> LockError {
     LockError::Internal(e.to_string())
 }
 
@@ -379,6 +379,15 @@ impl Home {
             }
         }
     }
+
+    /// The epoch of a fresh epoch record: allocated from the coord counter in a
+    /// deployment of several clusters, else [`FIRST_EPOCH`].
+    pub(crate) async fn first_epoch(&self) -> Result<u64, LockError> {
+        match self.cell.epoch_source.get().and_then(Weak::upgrade) {
+            Some(coord) => coord.allocate_epoch(0).await,
+            None => Ok(FIRST_EPOCH),
+        }
+    }
 }
 
 // === impl Store ===
@@ -390,7 +399,7 @@ impl Store {
     pub(crate) fn set_cluster(&self, name: &str, epoch_source: Option<&Arc<Store>>) {
         let _ = self.home.cell.name.set(name.to_owned());
         if let Some(s) = epoch_source {
-            let _ = self.home.cell.epoch_source.set(Arc::downgrade(s));
+            let _ = self.home.cell.epoch_source.set(Arc::downgrade(&s.home));
         }
     }
 
@@ -402,55 +411,6 @@ impl Store {
     /// The home of this cluster's keys: its record, the shard map, epochs.
     pub fn home(&self) -> &Home {
         &self.home
-    }
-
-    /// The epoch of a fresh epoch record: allocated from the coord counter in a
-    /// deployment of several clusters, else [`FIRST_EPOCH`].
-    pub(crate) async fn first_epoch(&self) -> Result<u64, LockError> {
-        match self.home.cell.epoch_source.get().and_then(Weak::upgrade) {
-            Some(coord) => coord.home.allocate_epoch(0).await,
-            None => Ok(FIRST_EPOCH),
-        }
-    }
-
-    /// Advances this cluster's epoch above `floor` (a move's old home's epoch)
-    /// with an epoch allocated from `coord`, keeping the holds of its current and
-    /// older epochs valid (`prior`). Returns the epoch in force; no change when it
-    /// is already above `floor`.
-    pub async fn advance_epoch_above(&self, floor: u64, coord: &Store) -> Result<u64, LockError> {
-        let key = self.cluster.keys().epoch();
-        for _ in 0..3 {
-            let r = self.cluster.call(self.cluster.client().get(key.as_str(), None)).await?;
-            let kv = r.kvs().first().ok_or_else(|| {
-                LockError::Unavailable(format!("cluster {} has no epoch record yet", self.cluster_name()))
-            })?;
-            let rec: EpochRecord = serde_json::from_slice(kv.value()).map_err(internal)?;
-            if rec.epoch > floor {
-                return Ok(rec.epoch);
-            }
-            if let Some(why) = rec.sealed {
-                return Err(LockError::Sealed(why));
-            }
-            let next = coord.home.allocate_epoch(floor).await?;
-            let mut prior = rec.prior.clone();
-            prior.push(rec.epoch);
-            let advanced = EpochRecord { epoch: next, prior, ..rec };
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
-                .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&advanced).map_err(internal)?, None)]);
-            if self.cluster.call(self.cluster.client().txn(txn)).await?.succeeded() {
-                self.forget_epoch();
-                tracing::info!(cluster = self.cluster_name(), epoch = next, "epoch advanced for a move (holds kept)");
-                return Ok(next);
-            }
-        }
-        Err(LockError::Unavailable("the epoch record keeps changing".into()))
-    }
-
-    /// The epoch record as stored now (linearizable), if any.
-    pub async fn read_epoch_record(&self) -> Result<Option<EpochRecord>, LockError> {
-        let r = self.cluster.call(self.cluster.client().get(self.cluster.keys().epoch(), None)).await?;
-        r.kvs().first().map(|kv| serde_json::from_slice(kv.value()).map_err(internal)).transpose()
     }
 
     /// The record of session `sid` on this cluster, when its lease is `sid` here,

@@ -183,18 +183,18 @@ pub enum LockError {
 pub struct Store {
     /// The etcd cluster: client, members, key layout, calls, logins.
     cluster: Arc<cluster::Cluster>,
-    epoch: epoch::EpochCell,
+    /// The epoch record, the seal and the raft check ([`epoch`]).
+    epoch: epoch::Epoch,
     /// Session records read or written here (`session::cache`: bounded, idle
     /// entries expire; never proof that a session is alive).
     sessions: moka::sync::Cache<SessionId, Arc<SessionRecord>>,
     vms: vm::VmSessions,
     marker: Mutex<Option<(i64, tokio::time::Instant)>>,
     queues: wait::Queues,
-    seal: seal::Seal,
     /// The authoritative class policies and map ([`policy`]).
     policies: policy::Policies,
     /// The cluster's name, epoch source and home record (`home`).
-    home: home::Home,
+    home: Arc<home::Home>,
     /// Sessions and holds by namespace, followed by a watch ([`quota`]).
     ledger: Arc<quota::Ledger>,
     /// The one watch stream the waiters' hints share ([`watches`]).
@@ -208,9 +208,6 @@ pub struct Store {
     delay: Arc<delay::LockDelay>,
     /// The group committer of this cluster (`engine::group`).
     committer: Arc<engine::group::Committer>,
-    /// When the last raft position check started, and its answer
-    /// ([`Store::raft_at_mark_since`]).
-    raft_checked: Mutex<Option<(tokio::time::Instant, Result<(), LockError>)>>,
 }
 
 /// The outcome label of a release.
@@ -245,19 +242,18 @@ impl Store {
         let committer = Arc::new(engine::group::Committer::new(cluster.client(), Keys::new(root), op_timeout));
         let delay = Arc::new(delay::LockDelay::new(cluster.clone(), runtime.clone()));
         let policies = policy::Policies::new(cluster.clone());
-        let home = home::Home::new(cluster.clone(), root);
+        let home = Arc::new(home::Home::new(cluster.clone(), root));
+        let epoch = epoch::Epoch::new(cluster.clone(), home.clone(), seal);
         let store = Arc::new(Self {
             committer,
-            raft_checked: Mutex::new(None),
             cluster,
-            epoch: epoch::EpochCell::default(),
+            epoch,
             sessions: session::cache::new(),
             vms: vm::VmSessions::default(),
             marker: Mutex::new(None),
             queues: wait::Queues::new(runtime.handoff(), runtime.quotas().clone()),
             runtime: runtime.clone(),
             delay,
-            seal,
             policies,
             home,
             ledger: Arc::default(),
@@ -329,12 +325,17 @@ impl Store {
 
     /// The seal state.
     pub fn seal(&self) -> &seal::Seal {
-        &self.seal
+        self.epoch.seal()
+    }
+
+    /// The epoch record as this store follows it.
+    pub fn epoch(&self) -> &epoch::Epoch {
+        &self.epoch
     }
 
     /// Refuses with `Sealed` while sealed.
     pub fn unsealed(&self) -> Result<(), LockError> {
-        match self.seal.current() {
+        match self.seal().current() {
             Some(s) => Err(LockError::Sealed(format!("{}: {}", s.reason.as_str(), s.detail))),
             None => Ok(()),
         }
@@ -345,7 +346,7 @@ impl Store {
     /// second): what must not even start on a sealed cluster, such as a session.
     pub async fn serving(&self) -> Result<(), LockError> {
         self.unsealed()?;
-        match self.epoch_state().await?.sealed {
+        match self.epoch().state().await?.sealed {
             Some(why) => Err(LockError::Sealed(why)),
             None => Ok(()),
         }
@@ -355,6 +356,6 @@ impl Store {
     /// answers every request with `sealed`, which callers must see (a removed
     /// endpoint would only show as an anonymous 503).
     pub async fn ready(&self) -> Result<(), LockError> {
-        self.check_seal().await
+        self.epoch().check_seal().await
     }
 }

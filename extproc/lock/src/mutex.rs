@@ -1099,7 +1099,7 @@ impl Store {
             self.take_back(&slots, rev, sid).await;
             return Err(e);
         }
-        if let Err(e) = self.raft_at_mark().await {
+        if let Err(e) = self.epoch().raft_at_mark().await {
             self.take_back(&slots, rev, sid).await;
             return Err(e);
         }
@@ -1148,7 +1148,7 @@ impl Store {
             return Ok(Some((r.header().map_or(0, |h| h.revision()), Answer::of(&r), reads)));
         }
         self.unsealed()?;
-        let ep = self.epoch_state().await?;
+        let ep = self.epoch().state().await?;
         if let Some(why) = &ep.sealed {
             return Err(LockError::Sealed(why.clone()));
         }
@@ -1166,7 +1166,7 @@ impl Store {
             );
         }
         self.seal().observe_term(header.raft_term(), ep.epoch);
-        self.check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed())?;
+        self.epoch().check_cluster(&ep, Some(cluster)).and_then(|()| self.unsealed())?;
         let a = Answer::of(&r);
         if self.refusal_moved(&ep, a.must(epoch_read)?, clock_read.map(|(c, read)| (c, a.get(read))))? {
             return Ok(None);
@@ -1188,7 +1188,7 @@ impl Store {
         clock: Option<(i64, Option<&etcd_client::GetResponse>)>,
     ) -> Result<bool, LockError> {
         if epoch.kvs().first().map(KeyValue::mod_revision) != Some(ep.mod_revision) {
-            self.forget_epoch();
+            self.epoch().forget();
             return Ok(true);
         }
         if let Some((c, read)) = clock {
@@ -1231,14 +1231,14 @@ impl Store {
             // A below-mark term seals; `unsealed` then refuses and takes back.
             self.seal().observe_term(header.raft_term, ep.epoch);
         }
-        if let Err(e) = self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
+        if let Err(e) = self.epoch().check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
             if r.succeeded() {
                 self.take_back(slots, revision, sid).await;
             }
             return Err(e);
         }
         if r.succeeded() {
-            if let Err(e) = self.raft_at_mark_since(answered).await {
+            if let Err(e) = self.epoch().raft_at_mark_since(answered).await {
                 self.take_back(slots, revision, sid).await;
                 return Err(e);
             }
@@ -1261,7 +1261,7 @@ impl Store {
         if let Some(sid) = session {
             self.owned_session(sid, caller).await?;
         }
-        self.ensure_epoch_holds(token.epoch()).await?;
+        self.epoch().ensure_holds(token.epoch()).await?;
         let d = key.digest();
         let rev = i64::try_from(token.revision()).map_err(internal)?;
         let marker = lockmesh_keyspace::ReleaseMarker {
@@ -1274,7 +1274,7 @@ impl Store {
         // A token of a prior epoch (still honoured after a soft advance) goes the
         // read path, which compares the hold's recorded epoch with the token's: the
         // create revision alone names a grant only within one epoch.
-        let ep = self.epoch_state().await?;
+        let ep = self.epoch().state().await?;
         let current = ep.epoch == token.epoch();
         if let Some(sid) = session.filter(|_| current) {
             // One round trip for the common case: a mutex hold (slot 0) on the
@@ -1552,7 +1552,7 @@ impl Store {
         if req.class.fairness != Fairness::Memory || self.unsealed().is_err() || req.permits != Permits::Count(1) {
             return None;
         }
-        let ep = self.epoch_state().await.ok().filter(|ep| ep.sealed.is_none())?;
+        let ep = self.epoch().state().await.ok().filter(|ep| ep.sealed.is_none())?;
         let gate = self.policy_gate(req).await.ok()?;
         // The advertisement, compared as a grant compares it (`try_grant`).
         let ad = self.guard().advertisement().ok()?;
@@ -1586,8 +1586,8 @@ impl Store {
         // A below-mark term seals; `unsealed` then refuses and takes the grant back.
         self.seal().observe_term(header.raft_term(), ep.epoch);
         let token = FencingToken::mint(ep.epoch, u64::try_from(revision).unwrap_or(u64::MAX));
-        let checked = match self.check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
-            Ok(()) => self.raft_at_mark().await,
+        let checked = match self.epoch().check_cluster(ep, Some(cluster)).and_then(|()| self.unsealed()) {
+            Ok(()) => self.epoch().raft_at_mark().await,
             Err(e) => Err(e),
         };
         let (Ok(()), Ok(token)) = (checked, token) else {

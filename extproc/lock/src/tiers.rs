@@ -392,7 +392,7 @@ impl Tiers {
         // etcd has not answered by then fails the check.
         let started_ms = now_ms();
         let within = self.check_timeout.min(store.cluster().op_timeout());
-        let r = match tokio::time::timeout(within, store.check_seal()).await {
+        let r = match tokio::time::timeout(within, store.epoch().check_seal()).await {
             Ok(r) => r,
             Err(_) => Err(LockError::Unavailable(format!("the seal check got no answer within {within:?}"))),
         };

@@ -289,21 +289,21 @@ pub async fn apply(
     let mut loser_epochs = BTreeMap::new();
     for l in &scope.losers {
         let s = store(tiers, l)?;
-        s.refresh_epoch().await?;
-        loser_epochs.insert(l.clone(), s.read_epoch_record().await?.map_or(0, |r| r.epoch));
+        s.epoch().refresh().await?;
+        loser_epochs.insert(l.clone(), s.epoch().read_record().await?.map_or(0, |r| r.epoch));
     }
     let mut epochs = BTreeMap::new();
     let planted = test_faults::on(TestFault::SkipMoveEpochAdvance);
     for g in &scope.gainers {
         let s = store(tiers, g)?;
-        s.refresh_epoch().await?;
+        s.epoch().refresh().await?;
         let floor = loser_epochs.iter().filter(|(l, _)| *l != g).map(|(_, e)| *e).max().unwrap_or(0);
         let e = if planted {
             // TEST ONLY (release gate): the gainer keeps whatever epoch it has.
             say(format!("TEST FAULT skip_move_epoch_advance: {g} not advanced above {floor}"));
-            s.read_epoch_record().await?.map_or(0, |r| r.epoch)
+            s.epoch().read_record().await?.map_or(0, |r| r.epoch)
         } else {
-            s.advance_epoch_above(floor, coord).await?
+            s.epoch().advance_above(floor, coord.home()).await?
         };
         epochs.insert(g.clone(), e);
     }
@@ -486,7 +486,7 @@ pub async fn show(tiers: &Tiers) -> Result<ShardShow<MapRecord, HomeRecord>, Sha
     let mut clusters = BTreeMap::new();
     for s in tiers.stores() {
         let home = s.home().read().await?.map(|(h, _)| h);
-        let epoch = s.read_epoch_record().await?;
+        let epoch = s.epoch().read_record().await?;
         clusters.insert(
             s.cluster_name().to_owned(),
             ClusterHome { epoch: epoch.as_ref().map(|e| e.epoch), home, prior_epochs: epoch.map(|e| e.prior) },

@@ -395,7 +395,7 @@ impl Console {
         let mut client = store.cluster().client();
         let auth = self.auth_of(store.cluster_name());
         let view = cluster_view(&mut client, timeout, |url| self.member(url, auth)).await;
-        let epoch = match tokio::time::timeout(timeout, store.epoch_state()).await {
+        let epoch = match tokio::time::timeout(timeout, store.epoch().state()).await {
             Ok(Ok(e)) => Some(e.epoch),
             _ => None,
         };
@@ -547,7 +547,7 @@ impl Console {
             })
             .collect();
         let seal = state.store.seal().current();
-        let epoch = state.store.epoch_state().await.ok();
+        let epoch = state.store.epoch().state().await.ok();
         let endpoints = state.config.etcd_endpoints.len() as u64;
         let cluster = coord.view.clone();
         let audit = self.audit(token).await;

@@ -111,7 +111,7 @@ impl Engine {
             group: GroupLimits { max_group: max_group as usize, ..GroupLimits::ALONE },
         };
         let tiers = Arc::new(Tiers::connect(&cfg, store.clone()).await.map_err(|e| anyhow!("engine tiers: {e}"))?);
-        store.check_seal().await.map_err(|e| anyhow!("engine seal check: {e}"))?;
+        store.epoch().check_seal().await.map_err(|e| anyhow!("engine seal check: {e}"))?;
         let gate = Gate::new(Support::full());
         let mut tasks = vec![gate.clone().start(vec![store.clone()], "lockmesh-load engine".into()).await];
         if let Some(r) = gate.refusal() {

@@ -73,7 +73,7 @@ impl Split {
         std::fs::write(&path, yaml).unwrap();
         let tiers = Clusters::load_arbiter_file(&path).unwrap_or_else(|e| panic!("{e:?}")).connect().await.unwrap();
         for s in tiers.stores() {
-            s.check_seal().await.unwrap();
+            s.epoch().check_seal().await.unwrap();
         }
         tiers.bootstrap(reg).await.unwrap();
         tiers

@@ -73,7 +73,7 @@ impl Store {
         // The keyspace gate (`upgrade::Guard`): the advertisement a grant
         // compares, and which record kinds it may write.
         let advert = self.guard().advertisement().map_err(LockError::Unavailable)?;
-        let ep = self.epoch_state().await?;
+        let ep = self.epoch().state().await?;
         if let Some(why) = &ep.sealed {
             return Err(LockError::Sealed(why.clone()));
         }

@@ -31,7 +31,7 @@ impl Store {
         group: Option<&KeyDigest>,
         mut build: impl FnMut(&mut TxnBuilder, i64) -> R,
     ) -> Result<(Answer, R), LockError> {
-        let epoch = self.epoch_state().await?.epoch;
+        let epoch = self.epoch().state().await?.epoch;
         let mark = self.end_clock(epoch);
         if let (Some(d), true) = (group, self.committer().enabled()) {
             // One lock key's end, as a member of a group (`engine::group`): the

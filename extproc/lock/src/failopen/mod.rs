@@ -268,7 +268,7 @@ impl FailOpen {
         let class = req.class.name.as_str();
         // The authoritative map and policy as last read (nothing can be read now).
         let limit = store.policies().cached_limit(class, &req.key)?.unwrap_or(req.class.max_holders);
-        let epoch = store.cached_epoch().unwrap_or(0);
+        let epoch = store.epoch().cached().unwrap_or(0);
         let d = req.key.digest();
         let grant = new_grant_id();
         loop {
