@@ -12,10 +12,22 @@
 //! ([`failopen`], ADR-04).
 //!
 //! # Layout
-//! - [`Store`] (this file): the lock recipe on one cluster: sessions, queues,
-//!   the seal, the caches, each part reaching etcd through [`cluster`].
-//! - [`cluster`]: one etcd cluster's handle: clients, key layout, calls under a
-//!   deadline, logins.
+//! A [`Store`] is the lock recipe on one cluster. What it is built from are
+//! types of their own, each holding the [`Cluster`] handle it reaches etcd
+//! through and nothing of the rest:
+//! - [`cluster::Cluster`]: one etcd cluster's handle: clients, key layout, calls
+//!   under a deadline, logins, the leader probe.
+//! - [`home::Home`]: the keys' home record and fence, the coord map, the epoch
+//!   counter (ADR-07, ADR-09).
+//! - [`epoch::Epoch`]: the epoch record every grant compares, the seal that
+//!   watches for a restore, the raft position check (ADR-03).
+//! - [`policy::Policies`]: the authoritative class policies and map.
+//! - [`delay::LockDelay`]: lock-delay guards, records and their watch.
+//!
+//! What still lives on [`Store`] (this file and the recipe files): sessions,
+//! grants, releases, hand-offs, waiting.
+//!
+//! Modules:
 //! - [`clusters`]: the clusters an arbiter config names, validated once.
 //! - [`connect`]: how to reach etcd (endpoints, TLS, user), validated once (the
 //!   `lockmesh-etcd` crate, which the audit tailer shares).
@@ -24,6 +36,7 @@
 //! - [`home`]: the home fence of every grant, epoch allocation, session extension
 //!   (ADR-07, ADR-09).
 //! - [`epoch`], [`seal`]: the epoch record and restore detection (ADR-03).
+//! - [`delay`]: lock-delay (Consul's `LockDelay`).
 //! - [`session`]: sessions (one lease each) and their owners (ADR-10).
 //! - [`mutex`]: grant, release and inspection.
 //! - [`election`]: leader election on the grant protocol: proclaim and observe.
