@@ -19,7 +19,7 @@
 //!   transaction (the epoch, slot-range, above-the-limit, session-lease and
 //!   grant-clock compares; the hold record on the session's lease and the grant
 //!   clock put), the grant-time raft check where etcd answers it
-//!   (`Store::raft_at_mark`), and the release transaction (the hold's create
+//!   (`Epoch::raft_at_mark`), and the release transaction (the hold's create
 //!   revision compared; the hold and the lock-delay guard deleted, the release
 //!   marker put on a lease). A release with a waiter queued here hands the key
 //!   over in that one transaction, as lockmesh's hand-off does (the waiter's hold

@@ -22,9 +22,9 @@
 //! Epochs of every cluster are allocated from the coord cluster's counter
 //! ([`Home::allocate_epoch`]), so two clusters created through it never share one.
 //! A move that needs it advances the new home's epoch **softly**
-//! ([`Store::advance_epoch_above`]): the record keeps its older epochs in `prior`,
-//! because holds granted under them are still live (unlike a restore advance, which
-//! deletes every hold).
+//! ([`crate::epoch::Epoch::advance_above`]): the record keeps its older epochs in
+//! `prior`, because holds granted under them are still live (unlike a restore
+//! advance, which deletes every hold).
 //!
 //! A session is one lease id; it is opened on one cluster (its home) and extended
 //! to another cluster, with the same lease id, the first time it holds a key there

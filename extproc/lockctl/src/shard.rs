@@ -523,7 +523,7 @@ fn exit(e: &ShardError) -> ExitCode {
 }
 
 /// How long a command etcd refused with `revision of auth store is old` is
-/// resumed (each refusal is followed by a new login: `Store::call`).
+/// resumed (each refusal is followed by a new login: `Cluster::call`).
 const AUTH_RETRY_FOR: Duration = Duration::from_secs(10);
 
 fn auth_store_old(e: &ShardError) -> bool {
