@@ -1284,31 +1284,7 @@ impl Store {
             if self.queues().take_handed_name(&d, rev) {
                 slot0 = Keys::other_name(&slot0);
             }
-            let cmp = if test_faults::on(TestFault::ReleaseByKeyName) {
-                // PLANTED BUG (release gate): delete by key name (etcd #22082).
-                vec![Compare::version(slot0.clone(), CompareOp::Greater, 0)]
-            } else {
-                let holds = self.cluster.keys().holds(&d);
-                let mut cmp = vec![
-                    // The epoch this arbiter read is still the record's: a revision
-                    // names one grant only within one epoch (a restore rolls
-                    // revisions back, then advances the epoch), so this path is
-                    // exact only while the epoch it read is current. Otherwise the
-                    // compare fails and the read path below compares the hold's own
-                    // epoch with the token's.
-                    Compare::mod_revision(self.cluster.keys().epoch(), CompareOp::Equal, ep.mod_revision),
-                    Compare::create_revision(slot0.clone(), CompareOp::Equal, rev),
-                    Compare::lease(slot0.clone(), CompareOp::Equal, sid.lease()),
-                    // No other slot of this grant (k permits put theirs in one
-                    // transaction, so they share its revision): those go below.
-                    Compare::create_revision(self.cluster.keys().slot(&d, 1), CompareOp::NotEqual, rev)
-                        .with_range(keys::prefix_end(&holds)),
-                ];
-                if test_faults::on(TestFault::SkipEpochCompare) {
-                    cmp.remove(0); // PLANTED BUG (release gate): no epoch compare.
-                }
-                cmp
-            };
+            let cmp = own_slot_compares(self.cluster.keys(), &d, &slot0, rev, sid, ep.mod_revision);
             if self.release_txn(&d, slot0, cmp, &marker, (rev, sid.lease())).await? {
                 return Ok(());
             }
@@ -1775,6 +1751,36 @@ pub(crate) fn outcome_unknown(e: &LockError) -> bool {
         "transport error",
     ];
     matches!(e, LockError::Unavailable(m) if UNKNOWN.iter().any(|s| m.contains(s)))
+}
+
+/// The compares of a release's one-round-trip path (see [`Store::release`]):
+/// the grant of revision `rev` is slot 0 `slot0` on session `sid`, alone, in
+/// the epoch whose record this arbiter read at `epoch_rev`.
+fn own_slot_compares(k: &Keys, d: &KeyDigest, slot0: &[u8], rev: i64, sid: SessionId, epoch_rev: i64) -> Vec<Compare> {
+    if test_faults::on(TestFault::ReleaseByKeyName) {
+        // PLANTED BUG (release gate): delete by key name (etcd #22082).
+        vec![Compare::version(slot0.to_vec(), CompareOp::Greater, 0)]
+    } else {
+        let holds = k.holds(d);
+        let mut cmp = vec![
+            // The epoch this arbiter read is still the record's: a revision
+            // names one grant only within one epoch (a restore rolls
+            // revisions back, then advances the epoch), so this path is
+            // exact only while the epoch it read is current. Otherwise the
+            // compare fails and the read path below compares the hold's own
+            // epoch with the token's.
+            Compare::mod_revision(k.epoch(), CompareOp::Equal, epoch_rev),
+            Compare::create_revision(slot0.to_vec(), CompareOp::Equal, rev),
+            Compare::lease(slot0.to_vec(), CompareOp::Equal, sid.lease()),
+            // No other slot of this grant (k permits put theirs in one
+            // transaction, so they share its revision): those go below.
+            Compare::create_revision(k.slot(d, 1), CompareOp::NotEqual, rev).with_range(keys::prefix_end(&holds)),
+        ];
+        if test_faults::on(TestFault::SkipEpochCompare) {
+            cmp.remove(0); // PLANTED BUG (release gate): no epoch compare.
+        }
+        cmp
+    }
 }
 
 #[cfg(test)]
