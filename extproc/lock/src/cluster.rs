@@ -293,7 +293,8 @@ impl Cluster {
     }
 
     /// Whether any member answers a `Status` call naming a leader (all asked at
-    /// once, each within `within`, or the operation timeout if shorter). A
+    /// once, each member's answer within `within`, or the operation timeout if
+    /// shorter). A
     /// cluster that lost its majority has none once its election timeout ran out;
     /// an unreachable member names none. The fail-open trigger
     /// (`failopen::quorum`) needs this to be false.
@@ -305,23 +306,25 @@ impl Cluster {
     /// answer within the timeout.
     pub(crate) async fn member_names_leader(&self, within: std::time::Duration) -> bool {
         let t = within.min(self.op_timeout);
+        // One bound for each member's whole answer, the fallback call included.
         let asks = self.members.iter().map(|m| {
             let mut m = m.clone();
-            async move {
-                match tokio::time::timeout(t, m.status()).await {
-                    Ok(Ok(s)) => s.leader() != 0,
-                    Ok(Err(e)) if e.to_string().contains("permission denied") => {
-                        match tokio::time::timeout(t, m.lease_time_to_live(PROBE_LEASE, None)).await {
-                            Ok(Ok(_)) => true,
-                            Ok(Err(etcd_client::Error::GRpcStatus(st))) => {
+            let ask = async move {
+                match m.status().await {
+                    Ok(s) => s.leader() != 0,
+                    Err(e) if e.to_string().contains("permission denied") => {
+                        match m.lease_time_to_live(PROBE_LEASE, None).await {
+                            Ok(_) => true,
+                            Err(etcd_client::Error::GRpcStatus(st)) => {
                                 st.message().contains("requested lease not found")
                             }
-                            _ => false,
+                            Err(_) => false,
                         }
                     }
-                    _ => false,
+                    Err(_) => false,
                 }
-            }
+            };
+            async move { tokio::time::timeout(t, ask).await.unwrap_or(false) }
         });
         futures::future::join_all(asks).await.into_iter().any(|seen| seen)
     }

@@ -17,9 +17,9 @@
 //! The check's timeout is short because the second condition, not the read, is
 //! what tells a lost quorum from a slow one: a read that is late because etcd is
 //! busy fails the check, and the leader its members name keeps the loss
-//! undeclared. A check bounded only by the operation timeout made each failed
-//! round last that long (5 s by default), so two rounds took most of a 12 s
-//! outage before the loss was declared.
+//! undeclared. A check whose read, login and member probe each waited out the
+//! operation timeout made each failed round last several of them, so two rounds
+//! took most of a 12 s outage before the loss was declared.
 //!
 //! One successful read or one member naming a leader ends the declaration at once
 //! (fail closed again). The state is pure here ([`QuorumWatch::observe`] takes the
